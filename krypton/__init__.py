@@ -1,0 +1,27 @@
+"""Krypton: fast occlusion-based explanations of CNN predictions.
+
+Incremental view maintenance over a CNN's tensors (Nakandala et al., SIGMOD 2019): each
+occluded image is a small update to the materialised tensors of the original image, so only
+what the patch changes is recomputed — the same heatmap, several times sooner.
+
+    >>> heatmap = krypton.explain(model, image, patch=16, stride=4, mode="exact")
+
+The engine has no UI dependencies; the Dash app lives in ``app.py``.
+"""
+from .analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
+from .engine import UnsupportedModelError
+from .explain import MODES, Heatmap, OcclusionExplainer, explain
+
+__all__ = [
+    "MODES",
+    "Heatmap",
+    "LayerCost",
+    "OcclusionExplainer",
+    "SpeedupReport",
+    "UnsupportedModelError",
+    "analyze",
+    "explain",
+    "theoretical_speedup",
+]
+
+__version__ = "0.1.0"
