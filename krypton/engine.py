@@ -62,39 +62,39 @@ class Step:
 
 @dataclass
 class Patched:
-    """A batch of tensors equal to ``view`` except inside one window per item."""
+    """A batch of tensors equal to a node's view except inside one window per item."""
 
     data: torch.Tensor  # (N, *mid, h, w) the update patch
     rows: torch.Tensor  # (N,) window start row per item
     cols: torch.Tensor  # (N,) window start column per item
-    view: torch.Tensor  # (1, *mid, H, W) materialised tensor of the unoccluded image
+    node: fx.Node  # whose materialised view the rest of the tensor comes from
+    view_shape: tuple[int, ...]  # (1, *mid, H, W)
 
 
 @dataclass
 class MaterializedViews:
-    """Every tensor of the unoccluded image that incremental inference reads (the views)."""
+    """The tensors of the unoccluded image that incremental inference reads (the views).
+
+    Only what some consumer reads is kept, in the layout it reads: spatial-last copies
+    (H + pad, W + pad, M) for read-in contexts — one per node and padding value, padded
+    for its most demanding consumer — and plain tensors where a batch is materialised.
+    """
 
     image_shape: tuple[int, ...]
-    values: dict[fx.Node, Any]
+    values: dict[fx.Node, Any]  # static values and views materialised in full
+    padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, int, int]]
     logits: torch.Tensor
-    _spatial_last: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
-    def spatial_last(self, node: fx.Node, pads: tuple[int, int, int, int] = (0, 0, 0, 0),
-                     pad_value: float = 0.0) -> torch.Tensor:
-        """The view of ``node`` as (H+pads, W+pads, M), padded with ``pad_value``; cached."""
-        key = (node, pads, pad_value)
-        cached = self._spatial_last.get(key)
-        if cached is None:
-            view = self.values[node]
-            height, width = view.shape[-2:]
-            flat = view.reshape(-1, height, width)
-            top, bottom, left, right = pads
-            if any(pads):
-                flat = torch.nn.functional.pad(flat, (left, right, top, bottom),
-                                               value=pad_value)
-            cached = flat.permute(1, 2, 0).contiguous()
-            self._spatial_last[key] = cached
-        return cached
+    def spatial(self, node: fx.Node, pad_value: float = 0.0) -> tuple[torch.Tensor, int, int]:
+        """(padded spatial-last view, top padding, left padding) of ``node``."""
+        return self.padded[(node, pad_value)]
+
+    def nbytes(self) -> int:
+        """Memory held by the views (static parameters excluded)."""
+        tensors = [t for t, _, _ in self.padded.values()]
+        tensors += [v for v in self.values.values() if isinstance(v, torch.Tensor)
+                    and not isinstance(v, nn.Parameter)]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass
@@ -128,6 +128,11 @@ def _flatten_nodes(value: Any) -> list[fx.Node]:
     return found
 
 
+def _out_of_place_name(method: str) -> str:
+    """'add_' -> 'add': the engine never lets an operation overwrite its input."""
+    return method[:-1] if method.endswith("_") and not method.endswith("__") else method
+
+
 def _is_full_slice(item: Any) -> bool:
     return isinstance(item, slice) and item == slice(None, None, None)
 
@@ -155,12 +160,20 @@ class IncrementalGraph:
                     f"single-image classifiers can be explained")
         self.image_shape = tuple(image.shape)
         self._users_after = self._last_uses()
-        views = self._run_full(image)
-        self.shapes = {n: tuple(v.shape) for n, v in views.items()
+        # Classification needs shapes and python values only: keep meta-device stand-ins
+        # instead of the activations, so capture costs no more memory than one inference.
+        described: dict[fx.Node, Any] = {}
+
+        def describe(node: fx.Node, value: Any) -> None:
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                value = torch.empty_like(value, device="meta")
+            described[node] = value
+
+        self._run_full(image, describe)
+        self.shapes = {n: tuple(v.shape) for n, v in described.items()
                        if isinstance(v, torch.Tensor)}
-        self.steps = self._classify(views, image.dtype, image.device)
-        self._step_of = {s.node: s for s in self.steps}
-        self._first_views = views
+        self.steps = self._classify(described, image.dtype, image.device)
+        self._padding_needs, self._kept_in_full = self._view_requirements()
 
     # ---------------------------------------------------------------------------------
     # Capture and classification
@@ -185,38 +198,46 @@ class IncrementalGraph:
                 return target(*args, **kwargs)
             return call_function
         if node.op == "call_method":
-            name = node.target
-            if name.endswith("_") and not name.endswith("__"):
+            name = _out_of_place_name(node.target)
+            if name != node.target:
                 mutated = node.args[0]
                 if isinstance(mutated, fx.Node) and len(mutated.users) > 1:
                     raise UnsupportedModelError(
                         f"node '{node.name}' modifies '{mutated.name}' in place "
-                        f"(.{name}) while other operations still read it")
-                name = name[:-1]
+                        f"(.{node.target}) while other operations still read it")
             return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
         return None
 
-    def _run_full(self, image: torch.Tensor) -> dict[fx.Node, Any]:
-        """Ordinary batch-1 inference recording every node's value (the materialisation)."""
+    def _run_full(self, image: torch.Tensor,
+                  on_value: Callable[[fx.Node, Any], None]) -> Any:
+        """Ordinary batch-1 inference that hands each node's value to ``on_value``.
+
+        Values are freed after their last use, as in eager execution, so this streams
+        through the graph; returns the model's output.
+        """
         values: dict[fx.Node, Any] = {}
         calls = getattr(self, "_calls", None)
         if calls is None:
             calls = self._calls = {n: self._call_for(n) for n in self.nodes}
-        for node in self.nodes:
+        for index, node in enumerate(self.nodes):
             if node.op == "placeholder":
-                values[node] = image.unsqueeze(0) if node is self.input_node else node.args[0]
+                value = image.unsqueeze(0) if node is self.input_node else node.args[0]
             elif node.op == "get_attr":
-                target = self.module
+                value = self.module
                 for part in node.target.split("."):
-                    target = getattr(target, part)
-                values[node] = target
+                    value = getattr(value, part)
             elif node.op == "output":
-                values[node] = fx.node.map_arg(node.args[0], lambda n: values[n])
+                return fx.node.map_arg(node.args[0], lambda n: values[n])
             else:
                 args = fx.node.map_arg(node.args, lambda n: values[n])
                 kwargs = fx.node.map_arg(node.kwargs, lambda n: values[n])
-                values[node] = calls[node](args, kwargs)
-        return values
+                value = calls[node](args, kwargs)
+            values[node] = value
+            on_value(node, value)
+            for used in _flatten_nodes((node.args, node.kwargs)):
+                if self._users_after.get(used, -1) <= index:
+                    values.pop(used, None)
+        raise UnsupportedModelError("the traced model has no output")
 
     def _classify(self, values: dict[fx.Node, Any], dtype: torch.dtype,
                   device: torch.device) -> list[Step]:
@@ -295,9 +316,11 @@ class IncrementalGraph:
             return Step(node, GLOBAL)
         out_hw = tuple(value.shape[-2:])
         ndim = value.dim()
+        reshapes_middle = (node.target in (operator.getitem, torch.unsqueeze)
+                           or (node.op == "call_method" and node.target == "unsqueeze"))
         for i in dependent_inputs:
             v = values[i]
-            if v.dim() != ndim or tuple(v.shape[-2:]) != out_hw:
+            if (v.dim() != ndim and not reshapes_middle) or tuple(v.shape[-2:]) != out_hw:
                 return Step(node, GLOBAL)
         cropped = []
         for i in inputs:
@@ -326,9 +349,10 @@ class IncrementalGraph:
         args = fx.node.map_arg(node.args, lambda n: values[n])
         kwargs = fx.node.map_arg(node.kwargs, lambda n: values[n])
         if node.op == "call_method":
-            if node.target == "unsqueeze":
+            name = _out_of_place_name(node.target)  # in-place methods run out of place
+            if name == "unsqueeze":
                 return self._mid_dim(args[1] if len(args) > 1 else kwargs.get("dim"), ndim)
-            return node.target in ops.ELEMENTWISE_METHODS
+            return name in ops.ELEMENTWISE_METHODS
         target = node.target
         if target is torch.cat or target is torch.concat:
             dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -357,19 +381,66 @@ class IncrementalGraph:
     # ---------------------------------------------------------------------------------
     # Views and geometry
     # ---------------------------------------------------------------------------------
+    def _view_requirements(self) -> tuple[dict, set]:
+        """Which views are read, and how: padding per (node, pad value); plain copies.
+
+        A conv output read only by its batch norm, say, needs no view at all: the batch
+        norm runs on the patch alone.
+        """
+        padding: dict[tuple[fx.Node, float], list[int]] = {}
+        kept_in_full: set[fx.Node] = set()
+        patched_kinds = (INPUT, LOCAL, ELEMENTWISE)
+
+        def need(node: fx.Node, pad_value: float, pads: tuple[int, int, int, int]) -> None:
+            if not any(pads):
+                pad_value = 0.0  # the padding value only matters where there is padding
+            current = padding.setdefault((node, pad_value), [0, 0, 0, 0])
+            for i, amount in enumerate(pads):
+                current[i] = max(current[i], amount)
+
+        kinds = {step.node: step.kind for step in self.steps}
+        for step in self.steps:
+            if step.kind == LOCAL:
+                top, bottom = padding_needed(step.local.rows)
+                left, right = padding_needed(step.local.cols)
+                need(step.node.args[0], step.local.pad_value, (top, bottom, left, right))
+            elif step.kind == ELEMENTWISE:
+                if len(step.patched_args) > 1:  # merges may read inputs in a bounding box
+                    for arg in step.patched_args:
+                        need(arg, 0.0, (0, 0, 0, 0))
+                for arg in step.cropped_statics:
+                    need(arg, 0.0, (0, 0, 0, 0))
+            elif step.kind in (GLOBAL, OUTPUT):
+                for arg in _flatten_nodes((step.node.args, step.node.kwargs)):
+                    if kinds.get(arg) in patched_kinds:
+                        kept_in_full.add(arg)  # materialised in full for a global op
+        return {key: tuple(pads) for key, pads in padding.items()}, kept_in_full
+
     def materialize(self, image: torch.Tensor) -> MaterializedViews:
         """Run the unoccluded image once and keep the tensors incremental inference reads."""
         if tuple(image.shape) != self.image_shape:
             raise ValueError(f"graph was built for images of shape {self.image_shape}, "
                              f"got {tuple(image.shape)}")
-        values = self._first_views if self._first_views is not None else self._run_full(image)
-        self._first_views = None
-        keep = {}
-        for step in self.steps:
-            if step.kind in (STATIC, INPUT, LOCAL, ELEMENTWISE, SHAPE):
-                keep[step.node] = values[step.node]
-        output = values[self.nodes[-1]]
-        return MaterializedViews(self.image_shape, keep, output)
+        kinds = {step.node: step.kind for step in self.steps}
+        pads_of: dict[fx.Node, list] = {}
+        for (node, pad_value), pads in self._padding_needs.items():
+            pads_of.setdefault(node, []).append((pad_value, pads))
+        kept: dict[fx.Node, Any] = {}
+        padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, int, int]] = {}
+
+        def keep(node: fx.Node, value: Any) -> None:
+            if kinds.get(node) in (STATIC, SHAPE) or node in self._kept_in_full:
+                kept[node] = value
+            for pad_value, (top, bottom, left, right) in pads_of.get(node, ()):
+                height, width = value.shape[-2:]
+                flat = value.reshape(-1, height, width)
+                if top or bottom or left or right:
+                    flat = torch.nn.functional.pad(flat, (left, right, top, bottom),
+                                                   value=pad_value)
+                padded[(node, pad_value)] = (flat.permute(1, 2, 0).contiguous(), top, left)
+
+        logits = self._run_full(image, keep)
+        return MaterializedViews(self.image_shape, kept, padded, logits)
 
     def geometry(self, ys: np.ndarray, xs: np.ndarray, patch_h: int, patch_w: int,
                  tau: float = 1.0) -> PatchGeometry:
@@ -437,7 +508,7 @@ class IncrementalGraph:
             if not isinstance(value, Patched):
                 return value
             if node not in full_cache:
-                full_cache[node] = _scatter_full(value, items)
+                full_cache[node] = _scatter_full(value, views.values[node], items)
             return full_cache[node]
 
         def concrete(node: fx.Node) -> Any:
@@ -453,7 +524,7 @@ class IncrementalGraph:
                 rows, cols = geometry.windows[node]
                 data = occluder.unsqueeze(0).expand(count, *occluder.shape)
                 env[node] = Patched(data, start_tensor(rows.start), start_tensor(cols.start),
-                                    views.values[node])
+                                    node, self.shapes[node])
             elif kind == LOCAL:
                 env[node] = self._run_local(step, env[node.args[0]], node.args[0], views,
                                             geometry, start_tensor, items)
@@ -464,8 +535,8 @@ class IncrementalGraph:
                 def stand_in(n: fx.Node) -> Any:
                     value = env[n]
                     if isinstance(value, Patched):
-                        shape = (count,) + tuple(value.view.shape[1:])
-                        return torch.empty(shape, dtype=value.view.dtype, device="meta")
+                        shape = (count,) + tuple(value.view_shape[1:])
+                        return torch.empty(shape, dtype=value.data.dtype, device="meta")
                     return value
                 args = fx.node.map_arg(node.args, stand_in)
                 kwargs = fx.node.map_arg(node.kwargs, stand_in)
@@ -488,9 +559,8 @@ class IncrementalGraph:
                    items: torch.Tensor) -> Patched:
         spec = step.local
         row_step, col_step = geometry.local_steps[step.node]
-        top, bottom = padding_needed(spec.rows)
-        left, right = padding_needed(spec.cols)
-        padded = views.spatial_last(source_node, (top, bottom, left, right), spec.pad_value)
+        has_padding = any(padding_needed(spec.rows) + padding_needed(spec.cols))
+        padded, top, left = views.spatial(source_node, spec.pad_value if has_padding else 0.0)
         read_rows = start_tensor(row_step.read.start)
         read_cols = start_tensor(col_step.read.start)
         if geometry.scatter_ok[step.node]:
@@ -510,7 +580,7 @@ class IncrementalGraph:
             factor = _gather_windows(spec.divisor_map.unsqueeze(-1), out_rows, out_cols,
                                      row_step.output.length, col_step.output.length)
             output = output * factor.permute(0, 3, 1, 2)
-        return Patched(output, out_rows, out_cols, views.values[step.node])
+        return Patched(output, out_rows, out_cols, step.node, self.shapes[step.node])
 
     def _run_elementwise(self, step: Step, env: dict, views: MaterializedViews,
                          geometry: PatchGeometry, start_tensor, items) -> Patched:
@@ -524,18 +594,20 @@ class IncrementalGraph:
             if (node, arg) in geometry.aligned:
                 replacements[arg] = value.data
             else:  # merge: bring the input to the bounding box (eq 20)
+                source, top, left = views.spatial(arg)
                 context = _read_in_context(
-                    views.spatial_last(arg), out_rows, out_cols, 0, 0, out_rows_w.length,
+                    source, out_rows, out_cols, top, left, out_rows_w.length,
                     out_cols_w.length, value, value.rows, value.data.shape[-2],
                     value.cols, value.data.shape[-1], items)
-                replacements[arg] = _to_logical(context, value.view.shape)
+                replacements[arg] = _to_logical(context, value.view_shape)
         for arg in step.cropped_statics:
-            context = _gather_windows(views.spatial_last(arg), out_rows, out_cols,
+            source, top, left = views.spatial(arg)
+            context = _gather_windows(source, out_rows + top, out_cols + left,
                                       out_rows_w.length, out_cols_w.length)
-            replacements[arg] = _to_logical(context, views.values[arg].shape)
+            replacements[arg] = _to_logical(context, self.shapes[arg])
         args = fx.node.map_arg(node.args, lambda n: replacements.get(n, env[n]))
         kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
-        return Patched(step.call(args, kwargs), out_rows, out_cols, views.values[node])
+        return Patched(step.call(args, kwargs), out_rows, out_cols, node, self.shapes[node])
 
 
 # ---------------------------------------------------------------------------------------
@@ -618,9 +690,8 @@ def _read_in_context_scatter(padded: torch.Tensor, read_rows: torch.Tensor,
     return context
 
 
-def _scatter_full(value: Patched, items: torch.Tensor) -> torch.Tensor:
+def _scatter_full(value: Patched, view: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     """Materialise a patched batch: copies of the view with each patch written in place."""
-    view = value.view
     count = value.data.shape[0]
     full = view.expand(count, *view.shape[1:]).contiguous()
     height, width = value.data.shape[-2:]

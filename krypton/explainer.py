@@ -372,8 +372,8 @@ class OcclusionExplainer:
         device = image.device
         patched = Patched(occluder.unsqueeze(0).expand(count, *occluder.shape),
                           torch.as_tensor(ys, device=device), torch.as_tensor(xs, device=device),
-                          image.unsqueeze(0))
-        return _scatter_full(patched, torch.arange(count, device=device))
+                          None, (1, *image.shape))
+        return _scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
 
 
 _explainers: "weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer]" = \
