@@ -10,7 +10,7 @@ The engine has no UI dependencies; the Dash app lives in ``app.py``.
 """
 from .analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
 from .engine import UnsupportedModelError
-from .explain import MODES, Heatmap, OcclusionExplainer, explain
+from .explainer import MODES, Heatmap, OcclusionExplainer, explain
 
 __all__ = [
     "MODES",

@@ -104,10 +104,12 @@ def local_step(op: AxisOp, incoming: Window, tau: float = 1.0) -> LocalStep:
     out_len = min(ceil_div(in_len + extent - 1, stride), op.out_size)
 
     if tau < 1.0:
-        limit = max(1, int(round(tau * op.out_size)))
+        # A single changed input cell already reaches ceil(extent / stride) outputs, so no
+        # centre crop can honour a smaller limit (eq 24 would give a width below 1).
+        limit = max(int(round(tau * op.out_size)), ceil_div(extent, stride))
         if out_len > limit:  # eq 22
             out_len = limit  # eq 23
-            new_in_len = max(1, out_len * stride - extent + 1)  # eq 24
+            new_in_len = out_len * stride - extent + 1  # eq 24 (>= 1 by the floor above)
             in_start = in_start + (in_len - new_in_len) // 2  # eq 25: centre crop
             in_len = new_in_len  # eq 26
 

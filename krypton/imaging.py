@@ -1,0 +1,105 @@
+"""Image files in, heatmap pictures out (numpy, Pillow and matplotlib's colormaps).
+
+No tensors here beyond the final conversion; shared by the CLI and the web app.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+__all__ = ["ImageLoadError", "load_image", "to_rgb", "heatmap_limits", "heatmap_rgba",
+           "overlay"]
+
+MAX_PIXELS = 50_000_000  # refuse decompression bombs long before memory runs out
+
+
+class ImageLoadError(ValueError):
+    """The file is not an image we can read."""
+
+
+def load_image(source: str | Path | bytes) -> Image.Image:
+    """Open an image file or bytes as an 8-bit RGB PIL image, with clear errors."""
+    name = "uploaded data" if isinstance(source, (bytes, bytearray)) else str(source)
+    try:
+        if isinstance(source, (bytes, bytearray)):
+            if not source:
+                raise ImageLoadError("the file is empty")
+            handle = io.BytesIO(source)
+        else:
+            handle = open(source, "rb")
+        with handle:
+            with Image.open(handle) as image:
+                if image.width * image.height > MAX_PIXELS:
+                    raise ImageLoadError(
+                        f"{name} is {image.width}x{image.height} pixels; the limit is "
+                        f"{MAX_PIXELS // 1_000_000} megapixels")
+                image.load()
+                return to_rgb(image)
+    except ImageLoadError:
+        raise
+    except FileNotFoundError as exc:
+        raise ImageLoadError(f"no such file: {name}") from exc
+    except UnidentifiedImageError as exc:
+        raise ImageLoadError(f"{name} is not an image file Pillow can read (PNG, JPEG, "
+                             f"TIFF, BMP, ...)") from exc
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageLoadError(f"{name} could not be decoded ({exc}); it may be truncated "
+                             f"or corrupt") from exc
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Convert any PIL mode to 8-bit RGB: grayscale, palette, alpha, 16-bit and float.
+
+    High bit-depth images are rescaled by their actual range rather than clipped, so a
+    16-bit scan that uses only the low 12 bits is not rendered black. Transparency is
+    composited onto white.
+    """
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        array = np.asarray(image, dtype=np.float64)
+        low, high = float(np.min(array)), float(np.max(array))
+        scaled = np.zeros_like(array) if high <= low else (array - low) / (high - low)
+        image = Image.fromarray(np.round(scaled * 255).astype(np.uint8), mode="L")
+    if image.mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    if image.mode in ("RGBA", "LA", "PA"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(background, rgba)
+    return image.convert("RGB")
+
+
+def heatmap_limits(prob: float) -> tuple[float, float]:
+    """Colour limits of the paper's heatmaps: 0.75p .. min(1, 1.25p) (§5)."""
+    return 0.75 * prob, min(1.0, 1.25 * prob)
+
+
+def heatmap_rgba(values: np.ndarray, low: float, high: float, alpha: float = 0.6) -> np.ndarray:
+    """jet_r colours (red = lowest probability = most sensitive); NaN cells transparent."""
+    from matplotlib import colormaps
+
+    span = max(high - low, 1e-12)
+    normalised = np.clip((np.nan_to_num(values, nan=high) - low) / span, 0.0, 1.0)
+    rgba = colormaps["jet_r"](normalised)
+    rgba[..., 3] = np.where(np.isnan(values), 0.0, alpha)
+    return (rgba * 255).round().astype(np.uint8)
+
+
+def overlay(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: np.ndarray,
+            patch: int, prob: float, alpha: float = 0.6) -> Image.Image:
+    """The heatmap drawn over the area its patch positions cover, on the image."""
+    low, high = heatmap_limits(prob)
+    colours = Image.fromarray(heatmap_rgba(values, low, high, alpha), mode="RGBA")
+    step_x = int(np.min(np.diff(xs))) if len(xs) > 1 else patch
+    step_y = int(np.min(np.diff(ys))) if len(ys) > 1 else patch
+    # Each cell stands for the patch centred on its position; cells tile the covered area.
+    left = int(xs[0]) + patch // 2 - step_x // 2
+    top = int(ys[0]) + patch // 2 - step_y // 2
+    width, height = step_x * len(xs), step_y * len(ys)
+    colours = colours.resize((max(1, width), max(1, height)), Image.NEAREST)
+    base = image.convert("RGBA")
+    layer = Image.new("RGBA", base.size, (0, 0, 0, 0))
+    layer.paste(colours, (left, top))
+    return Image.alpha_composite(base, layer).convert("RGB")

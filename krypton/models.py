@@ -1,0 +1,110 @@
+"""Loading models with their input size, normalisation and class names.
+
+ImageNet models come through torchvision's weights API (cached under TORCH_HOME). Where
+the weights are not cached and cannot be downloaded, loading fails with the reason — unless
+random weights are asked for explicitly (benchmarks), and then the result says so.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torchvision
+from PIL import Image
+from torch import nn
+
+__all__ = ["LoadedModel", "WeightsUnavailableError", "load_torchvision_model",
+           "torchvision_weights_path", "IMAGENET_MEAN", "IMAGENET_STD", "TORCHVISION_MODELS"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TORCHVISION_MODELS = ("resnet18", "vgg16", "inception_v3", "densenet121", "mobilenet_v2",
+                      "efficientnet_b0")
+
+
+class WeightsUnavailableError(RuntimeError):
+    """Trained weights for a model cannot be had on this machine."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to explain: eval module, classes, input size and preprocessing."""
+
+    name: str
+    module: nn.Module
+    classes: list[str]
+    input_size: tuple[int, int]  # (height, width)
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    random_weights: bool = False
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        """Resize to the input size and normalise: (3, H, W) float tensor."""
+        height, width = self.input_size
+        resized = image.convert("RGB").resize((width, height), Image.BILINEAR)
+        array = np.asarray(resized, dtype=np.float32) / 255.0
+        tensor = torch.from_numpy(array).permute(2, 0, 1)
+        mean = torch.tensor(self.mean).view(-1, 1, 1)
+        std = torch.tensor(self.std).view(-1, 1, 1)
+        return (tensor - mean) / std
+
+    def gray_fill(self) -> tuple[float, ...]:
+        """Occluding value of mid-gray (0.5) in this model's input space."""
+        return tuple((0.5 - m) / s for m, s in zip(self.mean, self.std))
+
+    def class_name(self, index: int) -> str:
+        return self.classes[index] if 0 <= index < len(self.classes) else str(index)
+
+
+def torchvision_weights_path(name: str) -> str:
+    """Where torchvision keeps the DEFAULT weights of ``name`` (under TORCH_HOME)."""
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
+
+
+def load_torchvision_model(name: str, random_weights: bool = False,
+                           download: bool = False,
+                           progress: Callable | None = None) -> LoadedModel:
+    """An ImageNet model from torchvision with its trained weights.
+
+    Args:
+        name: torchvision model name, e.g. "resnet18".
+        random_weights: build the architecture with random weights instead (benchmarks);
+            the returned model has ``random_weights=True``.
+        download: allow torchvision to download weights that are not cached.
+    """
+    try:
+        weights_enum = torchvision.models.get_model_weights(name)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"unknown torchvision model '{name}'") from exc
+    weights = weights_enum.DEFAULT
+    classes = list(weights.meta.get("categories", []))
+    size = 299 if name.startswith("inception") else 224
+    extra_kwargs = {"aux_logits": False, "init_weights": False} if name == "inception_v3" else {}
+    if random_weights:
+        torch.manual_seed(0)
+        module = torchvision.models.get_model(name, weights=None, **extra_kwargs)
+        return LoadedModel(name, module.eval(), classes, (size, size), random_weights=True,
+                           description=f"{name} architecture with RANDOM weights (untrained)")
+    path = torchvision_weights_path(name)
+    if not os.path.exists(path) and not download:
+        raise WeightsUnavailableError(
+            f"ImageNet weights for {name} are not cached at {path} and this machine cannot "
+            f"download them; run `make models` where the network allows, or copy the file "
+            f"there")
+    try:
+        module = torchvision.models.get_model(name, weights=weights, **(
+            {"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}))
+    except Exception as exc:  # network errors surface as many exception types
+        raise WeightsUnavailableError(f"could not load ImageNet weights for {name}: {exc}") \
+            from exc
+    if name == "inception_v3":
+        module.aux_logits = False
+        module.AuxLogits = None
+    return LoadedModel(name, module.eval(), classes, (size, size),
+                       description=f"{name} trained on ImageNet ({weights})")

@@ -1,0 +1,100 @@
+"""The command line: explain an image file, analyze a model, and refuse bad files."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from krypton.imaging import ImageLoadError, load_image, overlay, to_rgb
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "krypton", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_explain_writes_overlay_and_values(tmp_path):
+    out = tmp_path / "heat.png"
+    result = run_cli("explain", str(ROOT / "assets/samples/coffee.png"), "--model",
+                     "resnet18", "--patch", "32", "--stride", "16", "--region",
+                     "64,64,160,160", "--random-weights", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "RANDOM weights" in result.stderr and "RANDOM weights" in result.stdout
+    values = np.load(tmp_path / "heat.npy")
+    assert values.shape == (5, 5) and np.isfinite(values).all()
+    with Image.open(out) as picture:
+        assert picture.size == (224, 224)
+    assert "probability" in result.stdout and "time" in result.stdout
+
+
+def test_explain_without_weights_says_how_to_get_them(tmp_path, monkeypatch):
+    result = subprocess.run(
+        [sys.executable, "-m", "krypton", "explain", str(ROOT / "assets/samples/coffee.png")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={"TORCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert result.returncode != 0
+    assert "make models" in result.stderr and "--random-weights" in result.stderr
+
+
+def test_explain_rejects_non_image(tmp_path):
+    bogus = tmp_path / "notes.png"
+    bogus.write_text("this is not a picture")
+    result = run_cli("explain", str(bogus), "--random-weights")
+    assert result.returncode == 2
+    assert "is not an image file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_explain_reports_bad_arguments_cleanly():
+    result = run_cli("explain", str(ROOT / "assets/samples/coffee.png"), "--random-weights",
+                     "--stride", "0")
+    assert result.returncode == 2 and "stride must be positive" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_analyze_prints_per_layer_and_total():
+    result = run_cli("analyze", "--model", "vgg16", "--patch", "16")
+    assert result.returncode == 0, result.stderr
+    assert "features_0" in result.stdout
+    assert "theoretical speedup 6.8" in result.stdout
+
+
+@pytest.mark.parametrize("mode, maker", [
+    ("L", lambda: Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8))),
+    ("RGBA", lambda: Image.new("RGBA", (8, 8), (255, 0, 0, 0))),
+    ("P", lambda: Image.new("RGB", (8, 8), (0, 128, 255)).convert("P")),
+    ("I;16", lambda: Image.fromarray((np.arange(64).reshape(8, 8) * 64).astype(np.uint16))),
+])
+def test_image_modes_convert_to_rgb(mode, maker):
+    image = maker()
+    assert image.mode.startswith(mode[0])
+    rgb = to_rgb(image)
+    assert rgb.mode == "RGB" and rgb.size == (8, 8)
+    array = np.asarray(rgb)
+    if mode == "RGBA":
+        assert (array == 255).all()  # fully transparent red composites to white
+    if mode == "I;16":
+        assert array.max() == 255 and array.min() == 0  # rescaled, not clipped to black
+
+
+def test_truncated_and_empty_files(tmp_path):
+    source = ROOT / "assets/samples/coffee.png"
+    truncated = source.read_bytes()[:5000]
+    with pytest.raises(ImageLoadError, match="truncated"):
+        load_image(truncated)
+    with pytest.raises(ImageLoadError, match="empty"):
+        load_image(b"")
+    with pytest.raises(ImageLoadError, match="no such file"):
+        load_image(tmp_path / "missing.png")
+
+
+def test_overlay_covers_positions():
+    image = Image.new("RGB", (64, 64), (0, 0, 0))
+    values = np.array([[0.1, np.nan], [0.5, 0.9]], dtype=np.float32)
+    picture = np.asarray(overlay(image, values, np.array([0, 32]), np.array([0, 32]), 32, 0.5))
+    assert picture[16, 16].sum() > 0  # coloured cell
+    assert picture[16, 48].sum() == 0  # NaN cell left transparent

@@ -1,0 +1,187 @@
+"""Exact (incremental) equals naive (full re-inference) within 1e-4, everywhere."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+
+import krypton
+from krypton.engine import GLOBAL, LOCAL, IncrementalGraph
+
+TOLERANCE = 1e-4
+
+
+def assert_same_heatmap(model, image, **kwargs):
+    naive = krypton.explain(model, image, mode="naive", **kwargs)
+    exact = krypton.explain(model, image, mode="exact", **kwargs)
+    assert naive.values.shape == exact.values.shape
+    assert np.array_equal(np.isnan(naive.values), np.isnan(exact.values))
+    np.testing.assert_allclose(exact.values, naive.values, atol=TOLERANCE, rtol=0)
+    assert exact.label == naive.label and abs(exact.prob - naive.prob) < TOLERANCE
+    # The probabilities must actually move somewhere, or the comparison proves little.
+    return naive, exact
+
+
+def border_and_centre_positions(height, width, patch):
+    xs = [0, (width - patch) // 2, width - patch, 1, width - patch - 3]
+    ys = [0, (height - patch) // 2, height - patch, height - patch - 1, 2]
+    return list(zip(xs, ys)) + [(xs[1], 0), (0, ys[1]), (width - patch, 0)]
+
+
+def torchvision_model(name, **kwargs):
+    torch.manual_seed(0)
+    return torchvision.models.get_model(name, weights=None, **kwargs).eval()
+
+
+@pytest.mark.parametrize("name, size, patch", [
+    ("vgg16", (224, 224), 16),
+    ("resnet18", (224, 224), 16),
+    ("resnet18", (97, 131), 9),  # odd image size and patch
+    ("inception_v3", (299, 299), 16),
+    ("densenet121", (96, 96), 8),
+    ("mobilenet_v2", (123, 97), 11),
+    ("efficientnet_b0", (112, 112), 16),
+])
+def test_torchvision_architectures(name, size, patch):
+    kwargs = {"aux_logits": False, "init_weights": False} if name == "inception_v3" else {}
+    model = torchvision_model(name, **kwargs)
+    torch.manual_seed(1)
+    image = torch.randn(3, *size)
+    naive, exact = assert_same_heatmap(
+        model, image, patch=patch,
+        positions=border_and_centre_positions(size[0], size[1], patch), batch_size=3)
+    assert naive.positions_evaluated == exact.positions_evaluated == 8
+    assert exact.flops_spent <= exact.flops_naive
+
+
+def test_inception_with_input_transform_stays_incremental():
+    # ImageNet weights enable transform_input: channel indexing, unsqueeze and concat
+    # before the first conv must be handled as element-wise, not as global ops.
+    model = torchvision_model("inception_v3", aux_logits=False, init_weights=False,
+                              transform_input=True)
+    image = torch.randn(3, 299, 299)
+    with torch.inference_mode():
+        graph = IncrementalGraph(model, image)
+    kinds = [s.kind for s in graph.steps]
+    assert GLOBAL not in kinds[:40]
+    assert_same_heatmap(model, image, patch=16, positions=[(0, 0), (141, 141), (283, 283)])
+
+
+def test_region_grid_with_odd_stride_and_channel_fill():
+    model = torchvision_model("resnet18")
+    image = torch.randn(3, 64, 80)
+    naive, exact = assert_same_heatmap(model, image, patch=12, stride=7,
+                                       region=(5, 3, 60, 50), fill=(0.5, -1.0, 2.0),
+                                       batch_size=4)
+    assert exact.values.shape == (len(range(3, 50 - 12 + 1, 7)), len(range(5, 60 - 12 + 1, 7)))
+    assert list(exact.xs) == list(range(5, 60 - 12 + 1, 7))
+    assert not np.isnan(exact.values).any()
+
+
+class EveryOpNet(nn.Module):
+    """Exercises each op class and the awkward geometry cases."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 5, stride=2, padding=2)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool_ceil = nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)
+        self.dilated = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4)
+        self.same = nn.Conv2d(8, 8, 4, padding="same")  # asymmetric implicit padding
+        self.skip = nn.Conv2d(8, 8, 1, stride=3)  # stride larger than the kernel
+        self.after_skip = nn.Conv2d(8, 8, 3, stride=3, padding=0)
+        self.avg = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+        self.position = nn.Parameter(torch.randn(1, 16, 1, 1))
+        self.spatial_bias = nn.Parameter(torch.randn(1, 8, 1, 1))
+        self.reflect = nn.Conv2d(16, 16, 3, padding=1, padding_mode="reflect")
+        self.head = nn.Linear(16, 7)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)), inplace=True)
+        x = self.pool_ceil(x)
+        y = torch.sigmoid(self.dilated(x)) * x + 0.5
+        y = F.leaky_relu(self.same(y), 0.1).add_(1.0)
+        strided = self.after_skip(self.skip(y))  # stride 3 with a 1x1 kernel skips cells
+        z = torch.cat([y, x + self.spatial_bias], dim=1)  # channel concat (eq 20)
+        z = F.dropout(z, 0.3, training=False)
+        z = self.avg(z) + self.position
+        gate = torch.sigmoid(F.adaptive_avg_pool2d(z, 1))  # squeeze-excitation: global
+        z = self.reflect(z * gate)
+        z = z.view(z.size(0), z.shape[1], -1).mean(-1)
+        return self.head(z) + strided.mean() * 0.1
+
+
+class SkipNet(nn.Module):
+    """Residual merges whose branches have different windows, and a spatial static."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.a = nn.Conv2d(3, 6, 3, padding=1)
+        self.b = nn.Conv2d(6, 6, 7, stride=2, padding=3)
+        self.down = nn.Conv2d(6, 6, 1, stride=2)
+        self.embed = nn.Parameter(torch.randn(1, 6, size // 2, size // 2))
+        self.pool = nn.AvgPool2d(2)
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x):
+        x = F.relu(self.a(x))
+        x = self.b(x) + self.down(x) + self.embed
+        x = self.pool(F.hardswish(x))
+        return self.head(torch.flatten(F.adaptive_max_pool2d(x, 1), 1))
+
+
+@pytest.mark.parametrize("size", [33, 40])
+def test_every_op_class(size):
+    torch.manual_seed(size)
+    model = EveryOpNet().eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    image = torch.randn(3, size, size + 3)
+    with torch.inference_mode():
+        graph = IncrementalGraph(model, image)
+    kinds = {s.node.name: s.kind for s in graph.steps}
+    assert kinds["stem"] == kinds["pool_ceil"] == kinds["dilated"] == kinds["same"] == LOCAL
+    assert kinds["skip"] == kinds["after_skip"] == kinds["avg"] == LOCAL
+    assert kinds["reflect"] == GLOBAL
+    assert_same_heatmap(model, image, patch=5, stride=3, batch_size=7)
+
+
+def test_merges_with_different_windows_and_spatial_static():
+    torch.manual_seed(3)
+    model = SkipNet(30).eval()
+    image = torch.randn(3, 30, 30)
+    assert_same_heatmap(model, image, patch=4, stride=2, batch_size=16)
+
+
+def test_exact_is_deterministic_across_batch_sizes():
+    model = torchvision_model("resnet18")
+    image = torch.randn(3, 64, 64)
+    first = krypton.explain(model, image, patch=8, stride=8, batch_size=5)
+    second = krypton.explain(model, image, patch=8, stride=8, batch_size=64)
+    np.testing.assert_allclose(first.values, second.values, atol=1e-6)
+
+
+def test_views_refresh_when_weights_change():
+    model = torchvision_model("resnet18")
+    image = torch.randn(3, 64, 64)
+    before = krypton.explain(model, image, patch=16, positions=[(0, 0), (24, 24)])
+    with torch.no_grad():
+        model.fc.weight.mul_(3.0)
+        model.layer1[0].conv1.weight.add_(0.1)
+    after = krypton.explain(model, image, patch=16, positions=[(0, 0), (24, 24)],
+                            label=before.label)
+    naive = krypton.explain(model, image, patch=16, positions=[(0, 0), (24, 24)],
+                            label=before.label, mode="naive")
+    np.testing.assert_allclose(after.values, naive.values, atol=TOLERANCE)
+    assert np.nanmax(np.abs(after.values - before.values)) > 1e-3
+
+
+def test_sparse_positions_give_nan_elsewhere():
+    model = torchvision_model("resnet18")
+    image = torch.randn(3, 64, 64)
+    heatmap = krypton.explain(model, image, patch=8, positions=[(0, 0), (8, 16), (8, 16)])
+    assert heatmap.positions_evaluated == 2
+    assert list(heatmap.xs) == [0, 8] and list(heatmap.ys) == [0, 16]
+    assert np.isnan(heatmap.values[0, 1]) and np.isnan(heatmap.values[1, 0])
+    assert {(x, y) for x, y, _ in heatmap.position_values()} == {(0, 0), (8, 16)}
