@@ -1,0 +1,37 @@
+# Krypton — all set-up goes through these targets; a fresh clone needs only `make run`
+# or `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.requirements-installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8050
+
+.PHONY: setup test run bench analyze models clean
+
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+run: $(STAMP)
+	$(PY) -m krypton explain assets/samples/chelsea.png --model resnet18 --random-weights \
+		--out out/chelsea-heatmap.png
+
+bench: $(STAMP)
+	$(PY) -m bench.bench
+
+analyze: $(STAMP)
+	for model in vgg16 resnet18 inception_v3; do $(PY) -m krypton analyze --model $$model | tail -1; done
+
+# Fetch ImageNet weights through torchvision's weights API (needs network access).
+models: $(STAMP)
+	$(PY) -c "import torchvision as tv; [tv.models.get_model(n, weights='DEFAULT') for n in ('resnet18', 'vgg16', 'inception_v3')]"
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
