@@ -85,7 +85,8 @@ def load_torchvision_model(name: str, random_weights: bool = False,
     weights = weights_enum.DEFAULT
     classes = list(weights.meta.get("categories", []))
     size = 299 if name.startswith("inception") else 224
-    extra_kwargs = {"aux_logits": False, "init_weights": False} if name == "inception_v3" else {}
+    # torchvision's own init: under PyTorch's default one Inception3's activations vanish
+    extra_kwargs = {"aux_logits": False, "init_weights": True} if name == "inception_v3" else {}
     if random_weights:
         torch.manual_seed(0)
         module = torchvision.models.get_model(name, weights=None, **extra_kwargs)

@@ -19,8 +19,28 @@ def assert_same_heatmap(model, image, **kwargs):
     assert np.array_equal(np.isnan(naive.values), np.isnan(exact.values))
     np.testing.assert_allclose(exact.values, naive.values, atol=TOLERANCE, rtol=0)
     assert exact.label == naive.label and abs(exact.prob - naive.prob) < TOLERANCE
-    # The probabilities must actually move somewhere, or the comparison proves little.
+    assert_same_logits(model, image, kwargs.get("patch", 16), kwargs.get("fill", 0.0),
+                       naive.position_values())
     return naive, exact
+
+
+def assert_same_logits(model, image, patch, fill, position_values):
+    """Stronger than probabilities (an untrained net's softmax can be flat): every logit
+    of every occluded image, relative to the logits' scale, and the occlusion must move
+    them measurably or the comparison would prove nothing."""
+    explainer = krypton.OcclusionExplainer(model)
+    xs = np.array([x for x, _, _ in position_values])
+    ys = np.array([y for _, y, _ in position_values])
+    with torch.inference_mode():
+        graph, views = explainer.views_for(image)
+        geometry = graph.geometry(ys, xs, patch, patch)
+        occluder = torch.as_tensor(fill, dtype=image.dtype).reshape(-1, 1, 1) \
+            .expand(image.shape[0], patch, patch).contiguous()
+        incremental = graph.run_batch(views, geometry, slice(0, len(xs)), occluder)
+        full = model(explainer._occluded_batch(image, occluder, ys, xs))
+    scale = float(full.abs().max())
+    assert float((full - views.logits).abs().max()) > 1e-4 * scale, "occlusion changed nothing"
+    torch.testing.assert_close(incremental, full, rtol=0, atol=1e-5 * scale + 1e-6)
 
 
 def border_and_centre_positions(height, width, patch):
@@ -44,7 +64,9 @@ def torchvision_model(name, **kwargs):
     ("efficientnet_b0", (112, 112), 16),
 ])
 def test_torchvision_architectures(name, size, patch):
-    kwargs = {"aux_logits": False, "init_weights": False} if name == "inception_v3" else {}
+    # torchvision's own init: with PyTorch's default one Inception3's activations vanish
+    # and occlusion would change nothing, making the comparison vacuous.
+    kwargs = {"aux_logits": False, "init_weights": True} if name == "inception_v3" else {}
     model = torchvision_model(name, **kwargs)
     torch.manual_seed(1)
     image = torch.randn(3, *size)
@@ -58,7 +80,7 @@ def test_torchvision_architectures(name, size, patch):
 def test_inception_with_input_transform_stays_incremental():
     # ImageNet weights enable transform_input: channel indexing, unsqueeze and concat
     # before the first conv must be handled as element-wise, not as global ops.
-    model = torchvision_model("inception_v3", aux_logits=False, init_weights=False,
+    model = torchvision_model("inception_v3", aux_logits=False, init_weights=True,
                               transform_input=True)
     image = torch.randn(3, 299, 299)
     with torch.inference_mode():
