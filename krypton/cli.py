@@ -10,6 +10,7 @@ import numpy as np
 from . import analysis, explainer as explain_module
 from .imaging import ImageLoadError, load_image, overlay
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
+from .registry import RegistryError, available_models, default_model_name, load_model
 
 
 def _region(text: str) -> tuple[int, int, int, int]:
@@ -40,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("explain", help="occlusion heatmap of one image")
     run.add_argument("image", help="image file (PNG, JPEG, TIFF, BMP, ...)")
-    run.add_argument("--model", default="resnet18", choices=TORCHVISION_MODELS)
+    run.add_argument("--model", default=None,
+                     help="registered model name (see `python -m krypton models`); default "
+                          "the registry's default model")
     run.add_argument("--patch", type=int, default=16)
     run.add_argument("--stride", type=int, default=4)
     run.add_argument("--mode", default="exact", choices=explain_module.MODES)
@@ -54,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="heatmap.png",
                      help="overlay PNG; raw values go next to it as .npy")
 
+    commands.add_parser("models", help="list registered models and their availability")
+
     analyze = commands.add_parser("analyze", help="theoretical speedup (paper eqs 9-12)")
     analyze.add_argument("--model", default="vgg16", choices=TORCHVISION_MODELS)
     analyze.add_argument("--patch", type=int, default=16)
@@ -61,17 +66,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(name: str, random_weights: bool):
+def _load(name: str | None, random_weights: bool):
+    name = name or default_model_name()
+    if name is None:
+        raise SystemExit("error: no model is available; run `python -m krypton models`")
     try:
-        return load_torchvision_model(name)
+        return load_model(name)
+    except RegistryError as exc:
+        raise SystemExit(f"error: {exc}")
     except WeightsUnavailableError as exc:
-        if not random_weights:
+        if not random_weights or name not in TORCHVISION_MODELS:
             raise SystemExit(f"error: {exc}\n(or pass --random-weights to explain an "
-                             f"untrained network, which shows nothing meaningful)")
+                             f"untrained {name}, which shows nothing meaningful)")
         print(f"WARNING: {exc}", file=sys.stderr)
         print("WARNING: using RANDOM weights: this heatmap explains an untrained network "
               "and means nothing about the image", file=sys.stderr)
         return load_torchvision_model(name, random_weights=True)
+
+
+def run_models() -> int:
+    for info in available_models():
+        status = "available" if info.available else f"UNAVAILABLE: {info.reason}; fix: " \
+                                                     f"{info.fix}"
+        default = " (default)" if info.default else ""
+        print(f"{info.name}{default}: {len(info.classes)} classes, input "
+              f"{info.input_size[0]}x{info.input_size[1]} — {status}")
+    return 0
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -132,4 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "explain":
         return run_explain(args)
+    if args.command == "models":
+        return run_models()
     return run_analyze(args)

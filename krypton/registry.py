@@ -1,0 +1,338 @@
+"""Model registry: one small JSON file per model in ``models/``.
+
+A registry file names the architecture, where the weights come from, the input size, the
+normalisation and the class names (plus, later, calibration and tuning results):
+
+    {"name": "oct-resnet18", "architecture": "resnet18",
+     "weights": {"source": "file", "path": "oct-resnet18.pt", "format": "state_dict"},
+     "input_size": [224, 224], "mean": [...], "std": [...],
+     "classes": ["CNV", "DME", "DRUSEN", "NORMAL"]}
+
+Weight sources: ``torchvision`` (ImageNet weights through torchvision's weights API, cached
+under TORCH_HOME) and ``file`` (a state_dict for a torchvision architecture with any class
+count, or a TorchScript file). ``available_models()`` says which can be loaded here and,
+for those that cannot, why and what fixes it; nothing is ever silently random.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torchvision
+from torch import nn
+
+from .models import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, WeightsUnavailableError, \
+    torchvision_weights_path
+
+__all__ = ["ModelInfo", "CheckpointError", "RegistryError", "models_dir", "available_models",
+           "load_model", "register_model", "read_entry", "validate_entry",
+           "default_model_name"]
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class RegistryError(ValueError):
+    """A registry file is missing, malformed, or names an unknown model."""
+
+
+class CheckpointError(ValueError):
+    """A weights file is not a usable checkpoint for the declared architecture."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the registry knows about one model, and whether it can be loaded here."""
+
+    name: str
+    description: str
+    architecture: str | None
+    classes: tuple[str, ...]
+    input_size: tuple[int, int]
+    available: bool
+    reason: str | None  # why it is unavailable
+    fix: str | None  # the command or step that makes it available
+    default: bool
+    path: Path
+
+
+def models_dir() -> Path:
+    """The registry folder: $KRYPTON_MODELS_DIR, else the repository's models/."""
+    configured = os.environ.get("KRYPTON_MODELS_DIR")
+    return Path(configured) if configured else Path(__file__).resolve().parents[1] / "models"
+
+
+def _imagenet_classes() -> list[str]:
+    return list(torchvision.models.ResNet18_Weights.DEFAULT.meta["categories"])
+
+
+def read_entry(path: Path) -> dict[str, Any]:
+    """Parse and validate one registry file."""
+    try:
+        entry = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise RegistryError(f"no registry file {path}") from exc
+    except json.JSONDecodeError as exc:
+        raise RegistryError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(entry, dict):
+        raise RegistryError(f"{path} must hold a JSON object")
+    entry.setdefault("name", Path(path).stem)
+    return validate_entry(entry, str(path))
+
+
+def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
+    """Check a registry entry's fields (``path`` names it in messages); fills defaults."""
+    weights = entry.get("weights")
+    if not isinstance(weights, dict) or weights.get("source") not in ("torchvision", "file"):
+        raise RegistryError(f"{path}: 'weights' must be an object with source 'torchvision' "
+                            f"or 'file'")
+    if weights["source"] == "file":
+        if not weights.get("path"):
+            raise RegistryError(f"{path}: file weights need a 'path'")
+        if weights.get("format", "state_dict") not in ("state_dict", "torchscript"):
+            raise RegistryError(f"{path}: weights format must be 'state_dict' or "
+                                f"'torchscript'")
+    architecture = entry.get("architecture")
+    needs_architecture = weights["source"] == "torchvision" or \
+        weights.get("format", "state_dict") == "state_dict"
+    if needs_architecture:
+        if not architecture:
+            raise RegistryError(f"{path}: 'architecture' (a torchvision model name) is "
+                                f"required for state_dict weights")
+        if architecture not in torchvision.models.list_models(torchvision.models):
+            raise RegistryError(f"{path}: unknown torchvision architecture '{architecture}'")
+    classes = entry.get("classes")
+    if classes == "imagenet":
+        entry["classes"] = _imagenet_classes()
+    elif not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise RegistryError(f"{path}: 'classes' must be a non-empty list of names or "
+                            f"'imagenet'")
+    size = entry.get("input_size", [224, 224])
+    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0
+                                                               for v in size)):
+        raise RegistryError(f"{path}: 'input_size' must be [height, width]")
+    entry["input_size"] = size
+    for key, default in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
+        value = entry.get(key, list(default))
+        if not (isinstance(value, list) and len(value) == 3):
+            raise RegistryError(f"{path}: '{key}' must be three numbers")
+        entry[key] = value
+    if any(s <= 0 for s in entry["std"]):
+        raise RegistryError(f"{path}: 'std' values must be positive")
+    return entry
+
+
+def _weights_file(entry: dict, directory: Path) -> Path:
+    path = Path(entry["weights"]["path"])
+    return path if path.is_absolute() else directory / path
+
+
+def _availability(entry: dict, directory: Path) -> tuple[bool, str | None, str | None]:
+    weights = entry["weights"]
+    if weights["source"] == "torchvision":
+        cached = torchvision_weights_path(entry["architecture"])
+        if os.path.exists(cached):
+            return True, None, None
+        return (False, f"ImageNet weights are not cached at {cached} and this machine "
+                f"cannot download them", "make models (where the network allows)")
+    path = _weights_file(entry, directory)
+    if not path.exists():
+        return False, f"weights file {path} is missing", f"put the weights at {path}"
+    return True, None, None
+
+
+def _entries(directory: Path) -> list[tuple[Path, dict]]:
+    entries = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            entries.append((path, read_entry(path)))
+        except RegistryError:
+            continue  # a broken file is reported by load_model, not by the listing
+    return entries
+
+
+def available_models(directory: Path | None = None) -> list[ModelInfo]:
+    """Every registered model with its availability and, if unavailable, why."""
+    directory = directory or models_dir()
+    infos = []
+    for path, entry in _entries(directory):
+        available, reason, fix = _availability(entry, directory)
+        infos.append(ModelInfo(entry["name"], entry.get("description", ""),
+                               entry.get("architecture"), tuple(entry["classes"]),
+                               tuple(entry["input_size"]), available, reason, fix,
+                               bool(entry.get("default", False)), path))
+    return infos
+
+
+def default_model_name(directory: Path | None = None) -> str | None:
+    """The available model marked default, else the first available one."""
+    infos = [info for info in available_models(directory) if info.available]
+    for info in infos:
+        if info.default:
+            return info.name
+    return infos[0].name if infos else None
+
+
+def _find(name: str, directory: Path) -> tuple[Path, dict]:
+    for path, entry in _entries(directory):
+        if entry["name"] == name:
+            return path, entry
+    candidate = directory / f"{name}.json"
+    if candidate.exists():  # exists but did not parse: say why
+        return candidate, read_entry(candidate)
+    known = ", ".join(e["name"] for _, e in _entries(directory)) or "none"
+    raise RegistryError(f"no model named '{name}' in {directory} (registered: {known})")
+
+
+def _unwrap_state_dict(checkpoint: Any, source: str) -> dict[str, torch.Tensor]:
+    if isinstance(checkpoint, nn.Module):
+        checkpoint = checkpoint.state_dict()
+    if isinstance(checkpoint, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if isinstance(checkpoint.get(key), dict):
+                checkpoint = checkpoint[key]
+                break
+    if not isinstance(checkpoint, dict) or not checkpoint or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint.items()):
+        raise CheckpointError(f"{source} is not a state_dict (a mapping of parameter names "
+                              f"to tensors)")
+    if all(k.startswith("module.") for k in checkpoint):  # saved from DataParallel
+        checkpoint = {k[len("module."):]: v for k, v in checkpoint.items()}
+    return checkpoint
+
+
+def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Module:
+    source = path.name
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle errors, zip errors, unsafe globals...
+        raise CheckpointError(f"{source} is not a PyTorch checkpoint torch.load can read "
+                              f"safely ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    state = _unwrap_state_dict(checkpoint, source)
+    kwargs: dict[str, Any] = {"weights": None, "num_classes": classes}
+    if architecture == "inception_v3":
+        kwargs.update(aux_logits=any(k.startswith("AuxLogits.") for k in state),
+                      init_weights=False)
+    try:
+        model = torchvision.models.get_model(architecture, **kwargs)
+    except TypeError as exc:
+        raise CheckpointError(f"cannot build {architecture} with {classes} classes: {exc}") \
+            from exc
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source} does not match torchvision's {architecture}: "
+            + (f"missing {len(missing)} keys (e.g. {', '.join(missing[:3])})" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"unexpected {len(unexpected)} keys (e.g. {', '.join(unexpected[:3])})"
+               if unexpected else ""))
+    mismatched = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in expected.items()
+                  if tuple(state[k].shape) != tuple(v.shape)]
+    if mismatched:
+        key, got, want = mismatched[0]
+        hint = " (does the class list match the checkpoint's output layer?)" \
+            if key.endswith(("fc.weight", "fc.bias", "classifier.6.weight",
+                             "classifier.weight", "classifier.1.weight")) else ""
+        raise CheckpointError(f"{source}: {key} has shape {got} in the checkpoint but "
+                              f"{want} in {architecture} with {classes} classes{hint}")
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v
+                           for k, v in state.items()})
+    if architecture == "inception_v3" and model.aux_logits:
+        model.aux_logits = False
+        model.AuxLogits = None
+    return model
+
+
+def _load_torchscript(path: Path) -> nn.Module:
+    try:
+        return torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:
+        raise CheckpointError(f"{path.name} is not a TorchScript file ({type(exc).__name__}: "
+                              f"{str(exc)[:200]})") from exc
+
+
+def load_model(name: str, directory: Path | None = None) -> LoadedModel:
+    """Load a registered model: eval module, classes, input size and preprocessing."""
+    directory = directory or models_dir()
+    path, entry = _find(name, directory)
+    available, reason, fix = _availability(entry, directory)
+    if not available:
+        raise WeightsUnavailableError(f"model '{name}' is unavailable: {reason}; fix: {fix}")
+    weights = entry["weights"]
+    classes = entry["classes"]
+    if weights["source"] == "torchvision":
+        from .models import load_torchvision_model
+        loaded = load_torchvision_model(entry["architecture"])
+        module = loaded.module
+    elif weights.get("format", "state_dict") == "torchscript":
+        module = _load_torchscript(_weights_file(entry, directory))
+    else:
+        module = _load_state_dict_model(entry["architecture"], _weights_file(entry, directory),
+                                        len(classes))
+    module.eval()
+    return LoadedModel(name=entry["name"], module=module, classes=list(classes),
+                       input_size=tuple(entry["input_size"]), mean=tuple(entry["mean"]),
+                       std=tuple(entry["std"]), description=entry.get("description", ""),
+                       extra={"registry_file": str(path), "entry": entry})
+
+
+def register_model(name: str, weights: str | Path, classes: Sequence[str], *,
+                   architecture: str | None = None, format: str = "state_dict",
+                   input_size: Sequence[int] = (224, 224),
+                   mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                   description: str = "", directory: Path | None = None,
+                   overwrite: bool = False) -> LoadedModel:
+    """Add the user's own model: copy its weights into the registry and write its file.
+
+    The model is loaded once before anything is written, so a bad checkpoint is reported
+    and leaves the registry unchanged.
+    """
+    directory = directory or models_dir()
+    if not NAME_PATTERN.match(name):
+        raise RegistryError(f"model name '{name}' must be 1-64 letters, digits, '.', '_' or "
+                            f"'-', starting with a letter or digit")
+    entry_path = directory / f"{name}.json"
+    if entry_path.exists() and not overwrite:
+        raise RegistryError(f"a model named '{name}' is already registered ({entry_path})")
+    classes = [str(c).strip() for c in classes if str(c).strip()]
+    suffix = ".ts" if format == "torchscript" else ".pt"
+    entry = validate_entry({
+        "name": name, "description": description or f"user model '{name}'",
+        "architecture": architecture,
+        "weights": {"source": "file", "path": f"{name}{suffix}", "format": format},
+        "input_size": [int(v) for v in input_size], "mean": [float(v) for v in mean],
+        "std": [float(v) for v in std], "classes": classes}, f"model '{name}'")
+    source = Path(weights)
+    if not source.is_file():
+        raise CheckpointError(f"no weights file at {source}")
+    if format == "torchscript":
+        module = _load_torchscript(source)
+    else:
+        module = _load_state_dict_model(architecture, source, len(classes))
+    _check_output(module.eval(), tuple(entry["input_size"]), len(classes))
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, directory / entry["weights"]["path"])
+    entry_path.write_text(json.dumps(entry, indent=2) + "\n")
+    return load_model(name, directory)
+
+
+def _check_output(module: nn.Module, input_size: tuple[int, int], classes: int) -> None:
+    """One blank image through the model: the output must be (1, number of classes)."""
+    height, width = input_size
+    with torch.inference_mode():
+        try:
+            output = module(torch.zeros(1, 3, height, width))
+        except Exception as exc:
+            raise CheckpointError(f"the model fails on a {height}x{width} input: "
+                                  f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != (1, classes):
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
+        raise CheckpointError(f"the model outputs {shape} for one image but {classes} class "
+                              f"names were given")
