@@ -59,6 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("models", help="list registered models and their availability")
 
+    tune = commands.add_parser("tune", help="fit SSIM(tau) for approximate mode (§4.3)")
+    tune.add_argument("--model", default=None, help="registered model (default: the default)")
+    tune.add_argument("--images", help="folder of sample images from the application "
+                                       "domain (default: generated fundus images for "
+                                       "fundus-demo, scikit-image photos otherwise)")
+    tune.add_argument("--count", type=int, default=30, help="images for the fit")
+    tune.add_argument("--held-out", type=int, default=30, help="images for the check")
+    tune.add_argument("--patch", type=int, default=16)
+    tune.add_argument("--stride", type=int, default=4)
+    tune.add_argument("--target", type=float, default=0.9, help="target SSIM to check")
+
+    calibrate = commands.add_parser("calibrate", help="fit the runtime estimator on this host")
+    calibrate.add_argument("--model", default=None)
+    calibrate.add_argument("--patches", default="4,8,16,32")
+    calibrate.add_argument("--random-weights", action="store_true",
+                           help="time an ImageNet architecture whose weights are not cached "
+                                "(run time does not depend on the weights)")
+
     analyze = commands.add_parser("analyze", help="theoretical speedup (paper eqs 9-12)")
     analyze.add_argument("--model", default="vgg16", choices=TORCHVISION_MODELS)
     analyze.add_argument("--patch", type=int, default=16)
@@ -135,6 +153,79 @@ def run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample_images(args: argparse.Namespace, model, total: int) -> list:
+    """Tuning images: a folder, generated fundus images, or scikit-image's photos."""
+    if args.images:
+        folder = Path(args.images)
+        files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+        images = []
+        for path in files:
+            try:
+                images.append(model.preprocess(load_image(path)))
+            except ImageLoadError:
+                print(f"skipping {path.name}: not an image", file=sys.stderr)
+        if len(images) < 2:
+            raise SystemExit(f"error: need at least 2 images in {folder}, found {len(images)}")
+        return images[:total]
+    if model.name == "fundus-demo":
+        from PIL import Image
+
+        from .fundus import FundusGenerator
+        generator = FundusGenerator(seed=5)
+        return [model.preprocess(Image.fromarray(generator.sample(label=1 + i % 2).image))
+                for i in range(total)]
+    from PIL import Image
+    from skimage import data
+    photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
+    return [model.preprocess(Image.fromarray(p)) for p in photos][:total]
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from .tuning import tune_tau
+    import json
+    model = _load(args.model, random_weights=False)
+    images = _sample_images(args, model, args.count + args.held_out)
+    split = min(args.count, max(1, len(images) - args.held_out)) if args.held_out else \
+        len(images)
+    record = tune_tau(model.module, images[:split], patch=args.patch, stride=args.stride,
+                      fill=model.gray_fill(), held_out=images[split:], target_ssim=args.target,
+                      log=lambda line: print(line, file=sys.stderr))
+    record["sample"] = args.images or ("generated fundus images (seed 5)"
+                                       if model.name == "fundus-demo" else "scikit-image photos")
+    path = Path(model.extra["registry_file"])
+    entry = json.loads(path.read_text())
+    entry["tuning"] = record
+    path.write_text(json.dumps(entry, indent=2) + "\n")
+    a, b, c = record["coefficients"]
+    print(f"SSIM(tau) = {a:.3f} tau^2 + {b:.3f} tau + {c:.3f} over {split} images")
+    print(f"tau for SSIM {args.target}: {record['tau_for_target'][str(args.target)]}")
+    if "held_out" in record:
+        check = record["held_out"]
+        print(f"held-out ({check['images']} images): {check['fraction_at_or_above']:.0%} at "
+              f"or above {args.target}, worst shortfall {check['worst_shortfall']:.3f}")
+    print(f"wrote {path}")
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from .estimator import calibrate, save_calibration
+    from .registry import find_entry, models_dir
+    from .tuning import TauTuning
+    name = args.model or default_model_name()
+    path, entry = find_entry(name, models_dir())
+    model = _load(name, args.random_weights)
+    tuning = TauTuning.from_entry(entry)
+    tau = tuning.tau_for(0.9) if tuning else 1.0
+    patches = [int(p) for p in args.patches.split(",")]
+    record = calibrate(model.module, name, model.input_size, patches=patches, tau=tau,
+                       log=lambda line: print(line, file=sys.stderr))
+    record["weights"] = "random (timing only)" if model.random_weights else "trained"
+    save_calibration(path, record)
+    print(f"held-out median absolute error {record['held_out_median_abs_error_percent']:.1f}% "
+          f"over {record['held_out_runs']} runs; wrote {path}")
+    return 0
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     model = load_torchvision_model(args.model, random_weights=True)  # shapes only
     try:
@@ -154,4 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_explain(args)
     if args.command == "models":
         return run_models()
+    if args.command == "tune":
+        return run_tune(args)
+    if args.command == "calibrate":
+        return run_calibrate(args)
     return run_analyze(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -17,11 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import drilldown
 from .engine import IncrementalGraph, MaterializedViews, Patched, _scatter_full
+from .models import LoadedModel
+from .tuning import TauTuning
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
 
-MODES = ("naive", "exact")
+MODES = ("naive", "exact", "approximate")
 DEFAULT_BATCH = {"cpu": 16, "cuda": 128}
 
 ProgressCallback = Callable[[int, int], None]
@@ -291,8 +295,10 @@ class OcclusionExplainer:
     def explain(self, image: torch.Tensor, *, patch: int = 16, stride: int = 4,
                 mode: str = "exact", fill=0.0, label: int | None = None,
                 region: Sequence[int] | None = None, positions: Iterable | None = None,
-                batch_size: int | None = None,
-                progress: ProgressCallback | None = None) -> Heatmap:
+                batch_size: int | None = None, progress: ProgressCallback | None = None,
+                tau: float | None = None, target_ssim: float | None = None,
+                r_drill_down: float = 0.25, target_speedup: float = 3.0,
+                s1: int | None = None, tuning: TauTuning | None = None) -> Heatmap:
         """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments."""
         started = time.perf_counter()
         if mode not in MODES:
@@ -305,11 +311,12 @@ class OcclusionExplainer:
                 raise ValueError("give either region or positions, not both")
             ys, xs = _listed_positions(positions, (height, width), patch)
             stride_used = None
+            grid = None
         else:
             stride_used = _positive_int(stride, "stride")
-            grid_ys, grid_xs = grid_positions((height, width), patch, stride_used, region)
-            ys = np.repeat(grid_ys, len(grid_xs))
-            xs = np.tile(grid_xs, len(grid_ys))
+            grid = grid_positions((height, width), patch, stride_used, region)
+            ys = np.repeat(grid[0], len(grid[1]))
+            xs = np.tile(grid[1], len(grid[0]))
         if batch_size is None:
             batch_size = DEFAULT_BATCH.get(self.device.type, 16)
         batch_size = _positive_int(batch_size, "batch_size")
@@ -319,6 +326,8 @@ class OcclusionExplainer:
         if label is not None and (isinstance(label, bool)
                                   or not isinstance(label, (int, np.integer))):
             raise TypeError(f"label must be an integer class index, got {label!r}")
+        plan = _approximate_plan(mode, tau, target_ssim, r_drill_down, target_speedup, s1,
+                                 tuning, grid, patch, stride_used, region, (height, width))
 
         # The one unoccluded inference: gives the label, its probability and (exact) views.
         if mode == "naive":
@@ -335,35 +344,68 @@ class OcclusionExplainer:
                              f"(0..{classes - 1})")
         prob = float(torch.softmax(logits[0].float(), dim=0)[label])
 
-        total = len(ys)
-        probabilities = np.empty(total, dtype=np.float32)
-        if mode == "naive":
-            geometry = None
-            macs_spent = macs_naive = macs_per_image * total
+        run = _Run(self, image, occluder, label, batch_size, graph, views, progress,
+                   macs_per_image if mode == "naive" else 0)
+        extra: dict = {}
+        if plan is None or plan.s1 is None:  # one pass over all positions
+            tau_used = plan.tau if plan is not None else 1.0
+            run.expect(len(ys))
+            probabilities = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
+            unique_xs, col_of = np.unique(xs, return_inverse=True)
+            unique_ys, row_of = np.unique(ys, return_inverse=True)
+            values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
+            values[row_of, col_of] = probabilities
         else:
-            geometry = graph.geometry(ys, xs, patch, patch)
-            per_inc, per_full = geometry.macs_per_position(graph)
-            macs_spent, macs_naive = per_inc * total, per_full * total
-        for begin in range(0, total, batch_size):
-            batch = slice(begin, min(begin + batch_size, total))
-            if mode == "naive":
-                batch_logits = self.model(self._occluded_batch(image, occluder, ys[batch],
-                                                               xs[batch]))
-            else:
-                batch_logits = graph.run_batch(views, geometry, batch, occluder)
-            probabilities[batch] = torch.softmax(batch_logits.float(), dim=1)[:, label] \
-                .cpu().numpy()
-            if progress is not None:
-                progress(batch.stop, total)
-
-        unique_xs, col_of = np.unique(xs, return_inverse=True)
-        unique_ys, row_of = np.unique(ys, return_inverse=True)
-        values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
-        values[row_of, col_of] = probabilities
+            unique_ys, unique_xs = grid
+            values = self._drill_down(run, grid, patch, plan, region, extra)
+        if plan is not None:
+            extra.update(tau=plan.tau, tau_source=plan.tau_source,
+                         r_drill_down=plan.r_drill_down if plan.s1 is not None else 1.0)
         return Heatmap(values=values, xs=unique_xs, ys=unique_ys, label=label, prob=prob,
                        mode=mode, seconds=time.perf_counter() - started, patch=patch,
-                       stride=stride_used, positions_evaluated=total, macs_spent=macs_spent,
-                       macs_naive=macs_naive)
+                       stride=stride_used, positions_evaluated=run.evaluated,
+                       macs_spent=run.macs_spent, macs_naive=run.macs_naive, extra=extra)
+
+    def _drill_down(self, run: "_Run", grid: tuple[np.ndarray, np.ndarray], patch: int,
+                    plan: "_ApproximatePlan", region, extra: dict) -> np.ndarray:
+        """Adaptive drill-down (§4.2): stage one at S1, stage two at S2 where it matters."""
+        grid_ys, grid_xs = grid
+        s1 = plan.s1
+        stage_ys = grid_ys[0] + np.arange(0, grid_ys[-1] - grid_ys[0] + 1, s1)
+        stage_xs = grid_xs[0] + np.arange(0, grid_xs[-1] - grid_xs[0] + 1, s1)
+        stage_rows, stage_cols = np.repeat(stage_ys, len(stage_xs)), np.tile(stage_xs,
+                                                                              len(stage_ys))
+        blocks_per_cell = max(1, round((s1 / (grid_ys[1] - grid_ys[0] if len(grid_ys) > 1
+                                              else s1)) ** 2))
+        chosen = max(1, int(np.ceil(plan.r_drill_down * stage_rows.size)))
+        run.expect(stage_rows.size + chosen * blocks_per_cell)  # refined after stage one
+        stage_one = run.evaluate(stage_rows, stage_cols, patch, plan.tau) \
+            .reshape(len(stage_ys), len(stage_xs))
+
+        values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys,
+                                               grid_xs)
+        block_rows = drilldown.block_of(grid_ys, grid_ys[0], s1, len(stage_ys))
+        block_cols = drilldown.block_of(grid_xs, grid_xs[0], s1, len(stage_xs))
+        refine = drilldown.selected_blocks(stage_one, plan.r_drill_down)[
+            block_rows[:, None], block_cols[None, :]]
+        # positions computed in stage one keep their values and are not recomputed
+        on_stage_one = ((grid_ys - grid_ys[0]) % s1 == 0)[:, None] & \
+            ((grid_xs - grid_xs[0]) % s1 == 0)[None, :]
+        rows, cols = np.nonzero(refine & ~on_stage_one)
+        run.expect(stage_rows.size + len(rows))
+        values[rows, cols] = run.evaluate(grid_ys[rows], grid_xs[cols], patch, plan.tau)
+        stage_row_of = ((grid_ys - grid_ys[0]) // s1)
+        stage_col_of = ((grid_xs - grid_xs[0]) // s1)
+        exact_rows, exact_cols = np.nonzero(on_stage_one)
+        values[exact_rows, exact_cols] = stage_one[stage_row_of[exact_rows],
+                                                   stage_col_of[exact_cols]]
+        extra.update(s1=s1, s2=int(grid_ys[1] - grid_ys[0]) if len(grid_ys) > 1 else None,
+                     stage_one_positions=int(stage_rows.size),
+                     stage_two_positions=int(len(rows)),
+                     drilled_cells=int(refine.sum()),
+                     theoretical_drill_down_speedup=drilldown.drill_down_speedup(
+                         s1, plan.s2, plan.r_drill_down))
+        return values
 
     def _occluded_batch(self, image: torch.Tensor, occluder: torch.Tensor, ys: np.ndarray,
                         xs: np.ndarray) -> torch.Tensor:
@@ -376,41 +418,166 @@ class OcclusionExplainer:
         return _scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
 
 
+@dataclass
+class _ApproximatePlan:
+    tau: float
+    tau_source: str
+    r_drill_down: float
+    s1: int | None  # None: no drill-down
+    s2: int | None
+
+
+def _approximate_plan(mode, tau, target_ssim, r_drill_down, target_speedup, s1, tuning,
+                      grid, patch, stride, region, image_hw) -> _ApproximatePlan | None:
+    """Validate the approximate-mode settings before any work; None for other modes."""
+    if mode != "approximate":
+        return None
+    for name, value in (("tau", tau), ("target_ssim", target_ssim)):
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, (int, float, np.floating)) or not 0.0 < value <= 1.0):
+            raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    if isinstance(r_drill_down, bool) or not isinstance(r_drill_down, (int, float)) \
+            or not 0.0 < r_drill_down <= 1.0:
+        raise ValueError(f"r_drill_down must be in (0, 1], got {r_drill_down!r}")
+    if isinstance(target_speedup, bool) or not isinstance(target_speedup, (int, float)) \
+            or target_speedup <= 1.0:
+        raise ValueError(f"target_speedup must be greater than 1, got {target_speedup!r}")
+    if tau is not None and target_ssim is not None:
+        raise ValueError("give tau or target_ssim, not both")
+    if tau is not None:
+        tau_value, source = float(tau), "given"
+    elif target_ssim is not None:
+        if tuning is None:
+            raise ValueError("target_ssim needs this model's tuned SSIM(tau) curve, which it "
+                             "does not have; run `python -m krypton tune --model NAME` or "
+                             "pass tau")
+        tau_value, source = tuning.tau_for(float(target_ssim)), f"tuned for SSIM {target_ssim}"
+    elif tuning is not None:
+        tau_value, source = tuning.tau_for(0.9), "tuned for SSIM 0.9"
+    else:
+        warnings.warn("no tuned tau for this model: using tau=1.0 (no projective-field "
+                      "thresholding); run `python -m krypton tune` to tune it", stacklevel=3)
+        tau_value, source = 1.0, "default 1.0 (model not tuned)"
+    if grid is None or r_drill_down >= 1.0 or (len(grid[0]) < 2 and len(grid[1]) < 2):
+        return _ApproximatePlan(tau_value, source, r_drill_down, None, stride)
+    if s1 is not None:
+        s1 = _positive_int(s1, "s1")
+        if s1 <= stride:
+            raise ValueError(f"s1 ({s1}) must be larger than the stride ({stride})")
+    else:
+        if region is None:
+            width = min(image_hw)
+        else:
+            width = min(region[2] - region[0], region[3] - region[1])
+        s1 = drilldown.check_drill_down(float(target_speedup), float(r_drill_down), stride,
+                                        int(width))
+    return _ApproximatePlan(tau_value, source, float(r_drill_down), s1, stride)
+
+
+class _Run:
+    """Evaluates batches of positions for one explain() call and keeps its accounting."""
+
+    def __init__(self, explainer: "OcclusionExplainer", image, occluder, label, batch_size,
+                 graph, views, progress, macs_per_image):
+        self.explainer, self.image, self.occluder = explainer, image, occluder
+        self.label, self.batch_size = label, batch_size
+        self.graph, self.views, self.progress = graph, views, progress
+        self.macs_per_image = macs_per_image
+        self.evaluated = self.macs_spent = self.macs_naive = 0
+        self.total = 0
+
+    def expect(self, total: int) -> None:
+        """Set the total reported to progress (drill-down refines it after stage one)."""
+        self.total = max(total, self.evaluated)
+
+    def evaluate(self, ys: np.ndarray, xs: np.ndarray, patch: int, tau: float = 1.0,
+                 naive: bool = False) -> np.ndarray:
+        """Probabilities of the label with the patch at each (x, y), batch by batch."""
+        count = len(ys)
+        probabilities = np.empty(count, dtype=np.float32)
+        if count == 0:
+            return probabilities
+        if naive:
+            geometry = None
+            self.macs_spent += self.macs_per_image * count
+            self.macs_naive += self.macs_per_image * count
+        else:
+            geometry = self.graph.geometry(ys, xs, patch, patch, tau)
+            incremental, full = geometry.macs_per_position(self.graph)
+            self.macs_spent += incremental * count
+            self.macs_naive += full * count
+        for begin in range(0, count, self.batch_size):
+            batch = slice(begin, min(begin + self.batch_size, count))
+            if naive:
+                logits = self.explainer.model(self.explainer._occluded_batch(
+                    self.image, self.occluder, ys[batch], xs[batch]))
+            else:
+                logits = self.graph.run_batch(self.views, geometry, batch, self.occluder)
+            probabilities[batch] = torch.softmax(logits.float(), dim=1)[:, self.label] \
+                .cpu().numpy()
+            self.evaluated += batch.stop - batch.start
+            if self.progress is not None:
+                self.progress(self.evaluated, max(self.total, self.evaluated))
+        return probabilities
+
+
+
 _explainers: "weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer]" = \
     weakref.WeakKeyDictionary()
 
 
-def explain(model: nn.Module, image: torch.Tensor, *, patch: int = 16, stride: int = 4,
-            mode: str = "exact", fill=0.0, label: int | None = None,
+def explain(model: nn.Module | LoadedModel, image: torch.Tensor, *, patch: int = 16,
+            stride: int = 4, mode: str = "exact", fill=0.0, label: int | None = None,
             region: Sequence[int] | None = None, positions: Iterable | None = None,
             batch_size: int | None = None, device: torch.device | str | None = None,
-            progress: ProgressCallback | None = None) -> Heatmap:
+            progress: ProgressCallback | None = None, tau: float | None = None,
+            target_ssim: float | None = None, r_drill_down: float = 0.25,
+            target_speedup: float = 3.0, s1: int | None = None) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
     Args:
-        model: classifier in eval mode, (N, C, H, W) -> logits (N, classes).
+        model: classifier in eval mode, (N, C, H, W) -> logits (N, classes); or a
+            :class:`LoadedModel` from the registry (its tuned τ curve is then used).
         image: (C, H, W) tensor already in the model's input space (normalised).
         patch: side of the square occluding patch, in pixels.
-        stride: step between patch positions on the grid.
-        mode: "naive" (batched full re-inference) or "exact" (incremental, same numbers).
+        stride: step between patch positions on the grid (S2 in approximate mode).
+        mode: "naive" (batched full re-inference), "exact" (incremental, same numbers) or
+            "approximate" (incremental with projective-field thresholding and adaptive
+            drill-down).
         fill: occluding value in the input space, a float or one per channel (0.0 is mean
             gray under the usual mean/std normalisation).
         label: class to explain; default the class predicted on the unoccluded image.
         region: (x0, y0, x1, y1) to restrict the grid to; default the whole image.
-        positions: explicit list of (x, y) top-left corners instead of a grid.
+        positions: explicit list of (x, y) top-left corners instead of a grid (approximate
+            mode then applies thresholding only: drill-down needs a grid).
         batch_size: occluded images per batch; default 16 on CPU, 128 on CUDA.
         device: where to run; default the model's device (the model is not moved).
         progress: called as progress(done, total) after each batch; raising stops the run.
+            In drill-down the total is an estimate until stage one has finished.
+        tau: projective-field threshold in (0, 1] (eqs 21-27); 1 changes nothing.
+        target_ssim: pick τ from the model's tuned SSIM(τ) curve instead. With neither, τ
+            is the tuned value for SSIM 0.9, else 1.0 with a warning.
+        r_drill_down: fraction of the stage-one heatmap refined at full resolution; 1
+            skips drill-down.
+        target_speedup: drill-down speedup that sets the stage-one stride S1 (eq 29);
+            infeasible targets (eq 30) raise an error stating the largest achievable one.
+        s1: stage-one stride, overriding target_speedup.
 
     Returns:
         A :class:`Heatmap` of probabilities of ``label`` with the patch at each position.
     """
+    tuning = None
+    if isinstance(model, LoadedModel):
+        tuning = TauTuning.from_entry(model.extra.get("entry"))
+        model = model.module
+    _check_model(model)
     explainer = _explainers.get(model)
     wanted = torch.device(device) if device is not None else None
     if explainer is None or (wanted is not None and explainer.device != wanted):
         explainer = OcclusionExplainer(model, device=device)
         _explainers[model] = explainer
-    _check_model(model)
     return explainer.explain(image, patch=patch, stride=stride, mode=mode, fill=fill,
                              label=label, region=region, positions=positions,
-                             batch_size=batch_size, progress=progress)
+                             batch_size=batch_size, progress=progress, tau=tau,
+                             target_ssim=target_ssim, r_drill_down=r_drill_down,
+                             target_speedup=target_speedup, s1=s1, tuning=tuning)

@@ -178,7 +178,7 @@ def default_model_name(directory: Path | None = None) -> str | None:
     return infos[0].name if infos else None
 
 
-def _find(name: str, directory: Path) -> tuple[Path, dict]:
+def find_entry(name: str, directory: Path) -> tuple[Path, dict]:
     for path, entry in _entries(directory):
         if entry["name"] == name:
             return path, entry
@@ -261,7 +261,7 @@ def _load_torchscript(path: Path) -> nn.Module:
 def load_model(name: str, directory: Path | None = None) -> LoadedModel:
     """Load a registered model: eval module, classes, input size and preprocessing."""
     directory = directory or models_dir()
-    path, entry = _find(name, directory)
+    path, entry = find_entry(name, directory)
     available, reason, fix = _availability(entry, directory)
     if not available:
         raise WeightsUnavailableError(f"model '{name}' is unavailable: {reason}; fix: {fix}")

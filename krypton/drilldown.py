@@ -1,0 +1,80 @@
+"""Adaptive drill-down (paper §4.2-4.3): a coarse pass, then full resolution where it matters.
+
+Pure numpy. Stage one evaluates the region at stride S1; the fraction r_drill_down of its
+cells with the largest probability drops are refined at the original stride S2. Each S2
+position belongs to the S1 cell whose block [x, x + S1) contains it (the last block also
+takes the leftover margin).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.interpolate import RegularGridInterpolator
+
+__all__ = ["drill_down_speedup", "stage_one_stride", "max_drill_down_speedup",
+           "check_drill_down", "selected_blocks", "interpolate_to_grid"]
+
+
+def drill_down_speedup(s1: float, s2: float, r_drill_down: float) -> float:
+    """Theoretical speedup of drill-down over regular OBE at stride S2 (eq 28)."""
+    return s1 ** 2 / (s2 ** 2 + r_drill_down * s1 ** 2)
+
+
+def max_drill_down_speedup(width: int, s2: int, r_drill_down: float) -> float:
+    """Upper bound on achievable drill-down speedup for a region of this width (eq 30)."""
+    return min(width ** 2 / (s2 ** 2 + r_drill_down * width ** 2), 1.0 / r_drill_down)
+
+
+def stage_one_stride(target: float, r_drill_down: float, s2: int) -> float:
+    """S1 that gives the target speedup: eq 28 solved for S1 (eq 29)."""
+    return math.sqrt(target / (1.0 - r_drill_down * target)) * s2
+
+
+def check_drill_down(target: float, r_drill_down: float, s2: int, width: int) -> int:
+    """Validate the target against eq 30 and return the stage-one stride: eq 29 rounded to
+    the nearest multiple of S2 (at least 2 S2)."""
+    bound = max_drill_down_speedup(width, s2, r_drill_down)
+    if target >= bound:
+        raise ValueError(
+            f"target_speedup {target:g} is not achievable with r_drill_down "
+            f"{r_drill_down:g} on a {width}-pixel-wide region at stride {s2}: the largest "
+            f"achievable drill-down speedup is below {bound:.2f} (eq 30)")
+    s1 = stage_one_stride(target, r_drill_down, s2)  # eq 29
+    # A multiple of S2, so every stage-one position is also a stage-two grid position and
+    # its value is reused rather than interpolated past.
+    return s2 * max(2, int(round(s1 / s2)))
+
+
+def selected_blocks(stage_one: np.ndarray, r_drill_down: float) -> np.ndarray:
+    """Boolean mask of the stage-one cells to drill into: the ceil(r * cells) with the
+    lowest probability (largest drops), ties broken by position."""
+    flat = stage_one.ravel()
+    count = max(1, math.ceil(r_drill_down * flat.size))
+    chosen = np.argsort(flat, kind="stable")[:count]
+    mask = np.zeros(flat.size, dtype=bool)
+    mask[chosen] = True
+    return mask.reshape(stage_one.shape)
+
+
+def block_of(coordinates: np.ndarray, origin: int, s1: int, blocks: int) -> np.ndarray:
+    """Index of the stage-one block each stage-two coordinate falls in."""
+    return np.minimum((coordinates - origin) // s1, blocks - 1)
+
+
+def interpolate_to_grid(stage_ys: np.ndarray, stage_xs: np.ndarray, stage_one: np.ndarray,
+                        ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Bilinear interpolation of the stage-one heatmap onto the stage-two grid (values
+    beyond the outermost stage-one positions take the nearest edge value)."""
+    axes, values = [], stage_one.astype(np.float64)
+    for axis, coordinates in enumerate((stage_ys, stage_xs)):
+        coordinates = coordinates.astype(np.float64)
+        if len(coordinates) == 1:  # a single row/column: constant along that axis
+            coordinates = np.array([coordinates[0], coordinates[0] + 1.0])
+            values = np.repeat(values, 2, axis=axis)
+        axes.append(coordinates)
+    interpolator = RegularGridInterpolator(tuple(axes), values, method="linear")
+    grid_y = np.clip(ys.astype(np.float64), axes[0][0], axes[0][-1])
+    grid_x = np.clip(xs.astype(np.float64), axes[1][0], axes[1][-1])
+    points = np.stack(np.meshgrid(grid_y, grid_x, indexing="ij"), axis=-1)
+    return interpolator(points).astype(np.float32)

@@ -1,0 +1,176 @@
+"""Runtime estimation (thesis §7.1.3): a linear cost model per (model, patch, mode).
+
+With model, patch size and mode fixed, run time is close to linear in the number of patch
+positions evaluated. Calibration times explain() on this host over configurations with
+different position counts and fits scikit-learn's LinearRegression; approximate mode gets
+two features, the stage-one and stage-two position counts (both planned in advance, so the
+estimate needs nothing that only running would reveal).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from sklearn.linear_model import LinearRegression
+
+from . import drilldown
+from .explainer import MODES, OcclusionExplainer, grid_positions
+
+__all__ = ["NotCalibratedError", "planned_positions", "calibrate", "estimate_seconds",
+           "CALIBRATION_PATCHES"]
+
+CALIBRATION_PATCHES = (4, 8, 16, 32)
+
+
+class NotCalibratedError(LookupError):
+    """No cost model exists for this model, patch size and mode on this host."""
+
+
+def planned_positions(image_size: Sequence[int], patch: int, stride: int,
+                      region: Sequence[int] | None = None, mode: str = "exact",
+                      r_drill_down: float = 0.25, target_speedup: float = 3.0,
+                      s1: int | None = None) -> tuple[int, int]:
+    """(stage-one, stage-two) positions a run will evaluate; stage two is 0 except for
+    approximate mode with drill-down, where it is the expected count (eq 28's reasoning:
+    the chosen fraction of stage-one cells, each covering (S1/S2)^2 positions)."""
+    ys, xs = grid_positions(tuple(image_size), patch, stride, region)
+    total = len(ys) * len(xs)
+    if mode != "approximate" or r_drill_down >= 1.0 or (len(ys) < 2 and len(xs) < 2):
+        return total, 0
+    if s1 is None:
+        if region is None:
+            width = min(image_size)
+        else:
+            width = min(region[2] - region[0], region[3] - region[1])
+        s1 = drilldown.check_drill_down(target_speedup, r_drill_down, stride, width)
+    rows = len(range(0, ys[-1] - ys[0] + 1, s1))
+    cols = len(range(0, xs[-1] - xs[0] + 1, s1))
+    stage_one = rows * cols
+    chosen = max(1, math.ceil(r_drill_down * stage_one))
+    per_block = total / stage_one
+    stage_two = min(total - stage_one, round(chosen * per_block - chosen))
+    return stage_one, max(0, stage_two)
+
+
+def _features(mode: str, counts: tuple[int, int]) -> list[float]:
+    return [float(counts[0]), float(counts[1])] if mode == "approximate" else [float(counts[0])]
+
+
+def _configurations(image_size: Sequence[int], patch: int) -> list[dict]:
+    """Region/stride combinations spanning small to large position counts."""
+    height, width = image_size
+    configs = []
+    for fraction in (0.25, 0.4, 0.55, 0.7, 0.85, 1.0):
+        side_h = max(patch + 1, int(height * fraction))
+        side_w = max(patch + 1, int(width * fraction))
+        y0, x0 = (height - side_h) // 2, (width - side_w) // 2
+        for stride in (4, 8):
+            configs.append({"region": (x0, y0, x0 + side_w, y0 + side_h), "stride": stride})
+    return configs
+
+
+def calibrate(model, name: str, image_size: Sequence[int], *,
+              patches: Sequence[int] = CALIBRATION_PATCHES, modes: Sequence[str] = MODES,
+              tau: float = 1.0, r_drill_down: float = 0.25, target_speedup: float = 3.0,
+              held_out_every: int = 3, log: Callable[[str], None] = print) -> dict:
+    """Time explain() over several configurations and fit one cost model per (patch, mode).
+
+    Every ``held_out_every``-th configuration is kept out of the fit and used to report the
+    estimator's error. Returns the record stored under "calibration" in the registry file.
+    """
+    explainer = OcclusionExplainer(model)
+    torch.manual_seed(0)
+    image = torch.randn(3, *image_size)
+    explainer.explain(image, patch=patches[0], positions=[(0, 0)])  # capture + warm-up
+    record: dict = {"date": datetime.date.today().isoformat(),
+                    "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+                    "image_size": list(image_size), "tau": tau, "r_drill_down": r_drill_down,
+                    "target_speedup": target_speedup, "models": {}}
+    errors = []
+    for patch in patches:
+        configs = [c for c in _configurations(image_size, patch)
+                   if c["region"][2] - c["region"][0] >= patch]
+        for mode in modes:
+            rows = []
+            for index, config in enumerate(configs):
+                kwargs = {}
+                if mode == "approximate":
+                    kwargs = {"tau": tau, "r_drill_down": r_drill_down,
+                              "target_speedup": target_speedup}
+                    try:
+                        counts = planned_positions(image_size, patch, config["stride"],
+                                                   config["region"], mode, r_drill_down,
+                                                   target_speedup)
+                    except ValueError:  # drill-down target infeasible on this region
+                        continue
+                else:
+                    counts = planned_positions(image_size, patch, config["stride"],
+                                               config["region"], mode)
+                started = time.perf_counter()
+                explainer.explain(image, patch=patch, stride=config["stride"], mode=mode,
+                                  region=config["region"], **kwargs)
+                seconds = time.perf_counter() - started
+                rows.append((index % held_out_every == held_out_every - 1,
+                             _features(mode, counts), seconds))
+            fit_rows = [r for r in rows if not r[0]]
+            test_rows = [r for r in rows if r[0]]
+            if len(fit_rows) < 2:
+                continue
+            regression = LinearRegression().fit([r[1] for r in fit_rows],
+                                                [r[2] for r in fit_rows])
+            percent = [abs(regression.predict([r[1]])[0] - r[2]) / r[2] * 100
+                       for r in test_rows]
+            errors.extend(percent)
+            record["models"].setdefault(str(patch), {})[mode] = {
+                "coefficients": [float(c) for c in regression.coef_],
+                "intercept": float(regression.intercept_),
+                "fit_runs": len(fit_rows), "held_out_runs": len(test_rows),
+                "held_out_median_abs_error_percent":
+                    float(np.median(percent)) if percent else None,
+            }
+            log(f"{name} patch {patch} {mode}: {len(fit_rows)} fit runs, held-out median "
+                f"error {np.median(percent) if percent else float('nan'):.1f}%")
+    record["held_out_median_abs_error_percent"] = float(np.median(errors)) if errors else None
+    record["held_out_runs"] = len(errors)
+    return record
+
+
+def estimate_seconds(model_name: str, *, patch: int, stride: int,
+                     region: Sequence[int] | None = None, mode: str = "exact",
+                     image_size: Sequence[int] | None = None, r_drill_down: float = 0.25,
+                     target_speedup: float = 3.0, s1: int | None = None,
+                     directory: Path | None = None) -> float:
+    """Estimated seconds for an explain() call, from the model's calibration on this host.
+
+    Raises NotCalibratedError (with the command that fixes it) when no cost model exists,
+    and ValueError for settings explain() itself would refuse.
+    """
+    from .registry import find_entry, models_dir
+
+    path, entry = find_entry(model_name, directory or models_dir())
+    image_size = tuple(image_size or entry["input_size"])
+    calibration = entry.get("calibration", {}).get("models", {})
+    model = calibration.get(str(patch), {}).get(mode)
+    if model is None:
+        raise NotCalibratedError(
+            f"no runtime calibration for model '{model_name}' with patch {patch} in {mode} "
+            f"mode; run `python -m krypton calibrate --model {model_name}`")
+    counts = planned_positions(image_size, patch, stride, region, mode, r_drill_down,
+                               target_speedup, s1)
+    features = _features(mode, counts)
+    seconds = model["intercept"] + float(np.dot(model["coefficients"], features))
+    return max(seconds, 0.0)
+
+
+def save_calibration(path: Path, record: dict) -> None:
+    """Store a calibration record in a registry file, keeping everything else."""
+    entry = json.loads(path.read_text())
+    entry["calibration"] = record
+    path.write_text(json.dumps(entry, indent=2) + "\n")
