@@ -1,0 +1,196 @@
+"""The web app in a real (headless) Chromium, through dash[testing].
+
+upload -> drag a region -> run -> heatmap with progress; cancel; refinement reuses cells;
+a bad upload shows its message; a user model registered by upload. The first test saves
+the screenshot the README shows (docs/screenshot.png).
+"""
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from PIL import Image
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+
+from krypton.fundus import FundusGenerator
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def krypton_app(tmp_path):
+    from app import create_app
+    return create_app(tmp_path / "cache")
+
+
+SAMPLE = FundusGenerator(seed=11).sample(label=2, lesions=1)  # one planted exudate
+
+
+@pytest.fixture
+def fundus_png(tmp_path):
+    path = tmp_path / "fundus.png"
+    Image.fromarray(SAMPLE.image).save(path)
+    return path
+
+
+def around_lesion(margin=34):
+    """Drag fractions for a region around the planted lesion."""
+    lesion, size = SAMPLE.lesions[0], SAMPLE.image.shape[0]
+    low = [max(0.02, (v - margin) / size) for v in (lesion.x, lesion.y)]
+    high = [min(0.98, (v + margin) / size) for v in (lesion.x, lesion.y)]
+    return tuple(low), tuple(high)
+
+
+def upload(dash_duo, selector, path):
+    dash_duo.find_element(f"{selector} input[type=file]").send_keys(str(path))
+
+
+def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7)):
+    """Drag a box on the image figure (fractions of the plot area), as a mouse would."""
+    dash_duo.driver.execute_script("window.scrollTo(0, 0)")
+    layer = dash_duo.find_element("#image-graph .nsewdrag")
+    box = dash_duo.driver.execute_script(
+        "const r = arguments[0].getBoundingClientRect();"
+        "return [r.left, r.top, r.width, r.height];", layer)
+    left, top, width, height = box
+    x0, y0 = int(left + width * start[0]), int(top + height * start[1])
+    x1, y1 = int(left + width * end[0]), int(top + height * end[1])
+    actions = ActionChains(dash_duo.driver)
+    pointer = actions.w3c_actions.pointer_action
+    pointer.move_to_location(x0, y0)
+    pointer.pointer_down()
+    pointer.move_to_location((x0 + x1) // 2, (y0 + y1) // 2)
+    pointer.move_to_location(x1, y1)
+    pointer.pointer_up()
+    actions.perform()
+    dash_duo.wait_for_contains_text("#region-text", "Region", timeout=10)
+
+
+def choose(dash_duo, dropdown_id, text):
+    """Open a dcc.Dropdown and click the option with this text (Dash 4 renders the open
+    list in a portal, outside the dropdown element)."""
+    dash_duo.find_element(f"#{dropdown_id}").click()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        for option in dash_duo.driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option"):
+            if option.is_displayed() and option.text.strip() == text:
+                option.click()
+                dash_duo.wait_for_contains_text(f"#{dropdown_id}", text, timeout=10)
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no option {text!r} in #{dropdown_id}")
+
+
+def wait_for_result(dash_duo, timeout=240):
+    dash_duo.wait_for_contains_text("#result-summary", "positions computed", timeout=timeout)
+    return dash_duo.find_element("#result-summary").text
+
+
+def test_upload_region_run_shows_heatmap_with_progress(dash_duo, krypton_app, fundus_png):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    drag_region(dash_duo, *around_lesion())
+    region = dash_duo.find_element("#region-text").text
+    choose(dash_duo, "stride", "2")
+    dash_duo.find_element("#run").click()
+    progress_seen = ""
+    deadline = time.time() + 120
+    while time.time() < deadline and "positions computed" not in \
+            dash_duo.find_element("#result-summary").text:
+        status = dash_duo.find_element("#live-status").text
+        if " of " in status:
+            progress_seen = status
+        time.sleep(0.1)
+    summary = wait_for_result(dash_duo)
+    assert progress_seen, "no progress was shown while the run was going"
+    assert "EXUDATE" in summary and "exact" in summary
+    assert dash_duo.find_elements("#heatmap-graph .heatmaplayer") or \
+        dash_duo.find_elements("#heatmap-graph g.hm")
+    assert "Region x" in region
+    assert dash_duo.find_element("#run").is_enabled()
+    (ROOT / "docs").mkdir(exist_ok=True)
+    dash_duo.driver.save_screenshot(str(ROOT / "docs" / "screenshot.png"))
+
+
+def test_cancel_stops_the_run(dash_duo, krypton_app, fundus_png):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    choose(dash_duo, "stride", "2")
+    choose(dash_duo, "patch", "4x4")
+    dash_duo.find_element("input[value=naive]").click()  # 3,969 full inferences: long
+    dash_duo.find_element("#run").click()
+    dash_duo.wait_for_contains_text("#live-status", " of ", timeout=60)
+    dash_duo.find_element("#cancel").click()
+    dash_duo.wait_for_contains_text("#message", "Run cancelled", timeout=20)
+    time.sleep(2)
+    assert dash_duo.find_element("#run").is_enabled()
+    assert "positions computed" not in dash_duo.find_element("#result-summary").text
+
+
+def test_refinement_reuses_cells(dash_duo, krypton_app, fundus_png):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    drag_region(dash_duo, (0.05, 0.05), (0.6, 0.6))
+    dash_duo.find_element("#run").click()
+    first = wait_for_result(dash_duo)
+    drag_region(dash_duo, (0.3, 0.3), (0.95, 0.95))
+    dash_duo.find_element("#run").click()
+    dash_duo.wait_for_contains_text("#reuse-info", "Reused", timeout=120)
+    reused = int(dash_duo.find_element("#reuse-info").text.split()[1])
+    second = wait_for_result(dash_duo)
+    computed = int(second.split(" positions computed")[0].split()[-1])
+    assert reused > 0 and computed > 0
+    assert first != second
+
+
+def test_bad_upload_shows_message_and_server_keeps_serving(dash_duo, krypton_app, tmp_path,
+                                                           fundus_png):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    bogus = tmp_path / "scan.png"
+    bogus.write_text("this is not an image")
+    upload(dash_duo, "#upload", bogus)
+    dash_duo.wait_for_contains_text("#message", "is not an image file", timeout=20)
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(fundus_png.read_bytes()[:300])
+    upload(dash_duo, "#upload", truncated)
+    dash_duo.wait_for_contains_text("#message", "truncated", timeout=20)
+    upload(dash_duo, "#upload", fundus_png)  # still works afterwards
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+
+
+def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    for name in ("fundus-demo.json", "fundus-demo.pt"):
+        (registry / name).write_bytes((ROOT / "models" / name).read_bytes())
+    monkeypatch.setenv("KRYPTON_MODELS_DIR", str(registry))
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=4).eval()
+    torch.save(model.state_dict(), tmp_path / "oct.pt")
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    dash_duo.find_element("details summary").click()
+    upload(dash_duo, "#model-upload", tmp_path / "oct.pt")
+    dash_duo.wait_for_contains_text("#model-upload-name", "oct.pt", timeout=20)
+    dash_duo.find_element("#model-name").send_keys("oct-resnet18")
+    choose(dash_duo, "model-architecture", "resnet18")
+    dash_duo.find_element("#model-classes").send_keys("CNV, DME, DRUSEN")  # one short
+    dash_duo.find_element("#model-register").click()
+    dash_duo.wait_for_contains_text("#model-register-message", "fc.weight has shape",
+                                    timeout=60)
+    dash_duo.find_element("#model-classes").send_keys(", NORMAL")
+    dash_duo.find_element("#model-register").click()
+    dash_duo.wait_for_contains_text("#model-register-message", "registered 'oct-resnet18'",
+                                    timeout=60)
+    assert (registry / "oct-resnet18.json").exists()
+    dash_duo.wait_for_contains_text("#model", "oct-resnet18", timeout=20)

@@ -1,0 +1,1 @@
+"""The Krypton web app: layout, callbacks, helpers and the job manager (Dash)."""

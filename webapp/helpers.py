@@ -1,0 +1,268 @@
+"""Pure helpers for the web app: uploads, regions, figures, refinement and exports.
+
+No Dash callbacks and no tensor algebra here; everything is testable on its own.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import csv
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from PIL import Image
+
+from krypton.imaging import ImageLoadError, heatmap_limits, load_image, overlay
+
+MAX_UPLOAD_BYTES = 25 * 1024 * 1024
+HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
+
+
+class InputError(ValueError):
+    """Something the user gave that the app cannot use; shown in the page."""
+
+
+# -- images --------------------------------------------------------------------------------
+
+
+def decode_upload(contents: str, filename: str | None = None) -> Image.Image:
+    """A dcc.Upload data URL to an RGB image, with messages a user can act on."""
+    name = filename or "the file"
+    if not contents or "," not in contents:
+        raise InputError(f"{name} could not be read")
+    header, encoded = contents.split(",", 1)
+    try:
+        data = base64.b64decode(encoded, validate=False)
+    except (binascii.Error, ValueError) as exc:
+        raise InputError(f"{name} could not be decoded") from exc
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise InputError(f"{name} is {len(data) / 2**20:.1f} MB; the limit is "
+                         f"{MAX_UPLOAD_BYTES // 2**20} MB")
+    try:
+        return load_image(data)
+    except ImageLoadError as exc:
+        raise InputError(str(exc).replace("uploaded data", name)) from exc
+
+
+def image_key(image: Image.Image) -> str:
+    """Content hash of an image (same pixels, same key)."""
+    digest = hashlib.blake2b(image.tobytes(), digest_size=12)
+    digest.update(repr(image.size).encode())
+    return digest.hexdigest()
+
+
+class ImageStore:
+    """Images kept on the server by content key, so the browser only holds the key."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def put(self, image: Image.Image) -> str:
+        key = image_key(image)
+        path = self.directory / f"{key}.png"
+        if not path.exists():
+            image.save(path)
+        return key
+
+    def get(self, key: str) -> Image.Image:
+        if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
+            raise InputError("unknown image; load it again")
+        path = self.directory / f"{key}.png"
+        if not path.exists():
+            raise InputError("the image is no longer on the server; load it again")
+        with Image.open(path) as image:
+            return image.convert("RGB")
+
+
+def model_view(image: Image.Image, input_size: tuple[int, int]) -> Image.Image:
+    """The image as the model sees it (resized to its input size)."""
+    height, width = input_size
+    return image.convert("RGB").resize((width, height), Image.BILINEAR)
+
+
+def data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+# -- regions and settings ------------------------------------------------------------------
+
+
+def region_from_selection(selected: dict | None, size: tuple[int, int]) -> list[int] | None:
+    """A plotly box selection to (x0, y0, x1, y1) in model-input pixels, clamped."""
+    if not selected or "range" not in selected:
+        return None
+    ranges = selected["range"]
+    if "x" not in ranges or "y" not in ranges:
+        return None
+    height, width = size
+    xs = sorted(float(v) for v in ranges["x"])
+    ys = sorted(float(v) for v in ranges["y"])
+    x0 = int(np.clip(np.floor(xs[0] + 0.5), 0, width))
+    x1 = int(np.clip(np.ceil(xs[1] + 0.5), 0, width))
+    y0 = int(np.clip(np.floor(ys[0] + 0.5), 0, height))
+    y1 = int(np.clip(np.ceil(ys[1] + 0.5), 0, height))
+    if x1 <= x0 or y1 <= y0:
+        return None
+    return [x0, y0, x1, y1]
+
+
+def check_region(region: list[int] | None, size: tuple[int, int], patch: int,
+                 stride: int) -> None:
+    """Refuse a region the occluding patch cannot be placed in, with a clear message."""
+    height, width = size
+    x0, y0, x1, y1 = region or (0, 0, width, height)
+    if x1 - x0 < patch or y1 - y0 < patch:
+        raise InputError(f"the region is {x1 - x0}x{y1 - y0} pixels, smaller than the "
+                         f"{patch}-pixel patch; draw a larger region or pick a smaller patch")
+    if stride < 1:
+        raise InputError("the stride must be at least 1")
+
+
+def parse_colour(choice: str, custom: str | None) -> tuple[float, float, float]:
+    """Occlusion colour as RGB in [0, 1]: gray, black or a custom #rrggbb."""
+    if choice == "gray":
+        return (0.5, 0.5, 0.5)
+    if choice == "black":
+        return (0.0, 0.0, 0.0)
+    match = HEX_COLOUR.match((custom or "").strip())
+    if not match:
+        raise InputError(f"custom colour must look like #808080, got {custom!r}")
+    value = match.group(1)
+    return tuple(int(value[i:i + 2], 16) / 255 for i in (0, 2, 4))
+
+
+def normalised_fill(rgb: tuple[float, float, float], mean, std) -> tuple[float, ...]:
+    """An RGB colour in [0, 1] expressed in the model's normalised input space."""
+    return tuple((c - m) / s for c, m, s in zip(rgb, mean, std))
+
+
+def settings_key(image: str, model: str, patch: int, stride: int, colour, label: int) -> str:
+    """What must match for heatmap cells to be reused: image, model, patch, stride (the
+    grid), colour and label — but not the region."""
+    return json.dumps([image, model, int(patch), int(stride), [round(c, 6) for c in colour],
+                       int(label)])
+
+
+# -- refinement ----------------------------------------------------------------------------
+
+
+def known_cells(previous: dict | None, key: str) -> dict[tuple[int, int], float]:
+    """(x, y) -> probability from the previous exact/naive result with the same settings.
+
+    Approximate results are never reused: their cells are not exact.
+    """
+    if not previous or previous.get("key") != key or previous.get("mode") == "approximate":
+        return {}
+    return {(int(x), int(y)): float(p) for x, y, p in previous.get("cells", [])}
+
+
+def order_coarse_to_fine(ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Order grid cells so a coarse sub-grid comes first: the first batches already cover
+    the whole region and later ones sharpen it."""
+    rows = np.searchsorted(np.unique(ys), ys)
+    cols = np.searchsorted(np.unique(xs), xs)
+    level = np.zeros(len(ys), dtype=int)
+    for step in (8, 4, 2, 1):
+        on_grid = (rows % step == 0) & (cols % step == 0) & (level == 0)
+        level[on_grid] = step
+    return np.argsort(-level, kind="stable")
+
+
+def fill_for_display(values: np.ndarray) -> np.ndarray:
+    """Unknown (NaN) cells take the nearest known value, for the live partial picture."""
+    known = ~np.isnan(values)
+    if known.all() or not known.any():
+        return values
+    from scipy.ndimage import distance_transform_edt
+
+    _, (rows, cols) = distance_transform_edt(~known, return_indices=True)
+    return values[rows, cols]
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+def image_figure(image: Image.Image, region: list[int] | None) -> go.Figure:
+    """The model-input image; drag a box on it to choose the region."""
+    figure = go.Figure(go.Image(source=data_url(image), hoverinfo="x+y"))
+    if region:
+        x0, y0, x1, y1 = region
+        figure.add_shape(type="rect", x0=x0 - 0.5, y0=y0 - 0.5, x1=x1 - 0.5, y1=y1 - 0.5,
+                         line={"color": "#00e5ff", "width": 2})
+    figure.update_layout(dragmode="select", margin={"l": 0, "r": 0, "t": 0, "b": 0},
+                         xaxis={"visible": False}, yaxis={"visible": False},
+                         height=420, uirevision="image", newselection={"mode": "immediate"})
+    return figure
+
+
+def heatmap_figure(image: Image.Image, values: np.ndarray, xs, ys, patch: int,
+                   prob: float, title: str = "") -> go.Figure:
+    """The heatmap over the image: jet_r, red = lowest probability = most sensitive."""
+    low, high = heatmap_limits(prob)
+    figure = go.Figure(go.Image(source=data_url(image), hoverinfo="skip"))
+    centres_x = np.asarray(xs) + (patch - 1) / 2
+    centres_y = np.asarray(ys) + (patch - 1) / 2
+    figure.add_trace(go.Heatmap(
+        z=values, x=centres_x, y=centres_y, zmin=low, zmax=high, colorscale="Jet",
+        reversescale=True, opacity=0.55, hoverongaps=False,
+        hovertemplate="patch at (%{x:.0f}, %{y:.0f}): p = %{z:.4f}<extra></extra>",
+        colorbar={"title": {"text": "probability<br>(red = most<br>sensitive)"},
+                  "thickness": 14}))
+    figure.update_layout(margin={"l": 0, "r": 0, "t": 30 if title else 0, "b": 0},
+                         title={"text": title, "font": {"size": 13}},
+                         xaxis={"visible": False}, yaxis={"visible": False,
+                                                          "autorange": "reversed"},
+                         height=420)
+    return figure
+
+
+# -- exports -------------------------------------------------------------------------------
+
+
+@dataclass
+class ResultFiles:
+    png: bytes
+    npy: bytes
+    csv: str
+    json: str
+
+
+def export_files(image: Image.Image, result: dict) -> ResultFiles:
+    """Heatmap PNG, raw values (.npy and CSV) and a JSON of settings and result."""
+    values = np.array(result["values"], dtype=np.float32)
+    xs, ys = np.array(result["xs"]), np.array(result["ys"])
+    picture = overlay(image, values, xs, ys, result["patch"], result["prob"])
+    png = io.BytesIO()
+    picture.save(png, format="PNG")
+    npy = io.BytesIO()
+    np.save(npy, values)
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["x", "y", "probability"])
+    for row, y in enumerate(ys):
+        for col, x in enumerate(xs):
+            if not np.isnan(values[row, col]):
+                writer.writerow([int(x), int(y), f"{values[row, col]:.6f}"])
+    summary = {k: v for k, v in result.items() if k not in ("values", "cells")}
+    return ResultFiles(png.getvalue(), npy.getvalue(), text.getvalue(),
+                       json.dumps(summary, indent=2, default=_jsonable))
+
+
+def _jsonable(value: Any):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
