@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test run bench analyze models clean
+.PHONY: setup test run bench analyze models tune calibrate clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 run: $(STAMP)
-	$(PY) -m krypton explain assets/samples/chelsea.png --model resnet18 --random-weights \
-		--out out/chelsea-heatmap.png
+	$(PY) app.py --host $(HOST) --port $(PORT)
 
 bench: $(STAMP)
 	$(PY) -m bench.bench
@@ -33,5 +32,12 @@ analyze: $(STAMP)
 models: $(STAMP)
 	$(PY) -c "import torchvision as tv; [tv.models.get_model(n, weights='DEFAULT') for n in ('resnet18', 'vgg16', 'inception_v3')]"
 
+# Fit the demo model's SSIM(tau) curve and this host's runtime estimator (models/*.json).
+tune: $(STAMP)
+	$(PY) -m krypton tune --model fundus-demo --stride 8
+
+calibrate: $(STAMP)
+	$(PY) -m krypton calibrate --model fundus-demo
+
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out cache .pytest_cache

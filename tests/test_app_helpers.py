@@ -1,0 +1,136 @@
+"""The web app's pure helpers and its threaded job manager, without a browser."""
+import base64
+import io
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from webapp import helpers
+from webapp.helpers import InputError
+from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
+
+
+def data_url(payload: bytes, kind="image/png") -> str:
+    return f"data:{kind};base64," + base64.b64encode(payload).decode()
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_decode_upload_modes_and_errors():
+    gray16 = Image.fromarray((np.arange(64).reshape(8, 8) * 500).astype(np.uint16))
+    image = helpers.decode_upload(data_url(png_bytes(gray16)), "scan.png")
+    assert image.mode == "RGB" and image.size == (8, 8)
+    with pytest.raises(InputError, match="notes.txt is not an image file"):
+        helpers.decode_upload(data_url(b"hello", "text/plain"), "notes.txt")
+    with pytest.raises(InputError, match="truncated"):
+        helpers.decode_upload(data_url(png_bytes(Image.new("RGB", (64, 64)))[:60]), "t.png")
+    with pytest.raises(InputError, match="limit is 25 MB"):
+        helpers.decode_upload(data_url(b"\0" * (26 * 2**20)), "huge.png")
+    with pytest.raises(InputError, match="could not be read"):
+        helpers.decode_upload("", "x.png")
+
+
+def test_image_store_round_trip_and_bad_keys(tmp_path):
+    store = helpers.ImageStore(tmp_path)
+    image = Image.new("RGB", (10, 6), (1, 2, 3))
+    key = store.put(image)
+    assert key == helpers.image_key(image) and store.put(image) == key
+    assert store.get(key).tobytes() == image.tobytes()
+    with pytest.raises(InputError, match="unknown image"):
+        store.get("../../etc/passwd")
+    with pytest.raises(InputError, match="no longer on the server"):
+        store.get("0" * 24)
+
+
+def test_region_from_selection_clamps_and_rounds():
+    selection = {"range": {"x": [60.2, -5.0], "y": [10.4, 200.0]}}
+    assert helpers.region_from_selection(selection, (128, 128)) == [0, 10, 61, 128]
+    assert helpers.region_from_selection(None, (128, 128)) is None
+    assert helpers.region_from_selection({"points": []}, (128, 128)) is None
+
+
+def test_check_region_and_colours():
+    helpers.check_region([0, 0, 16, 16], (128, 128), 16, 4)
+    with pytest.raises(InputError, match="smaller than the 16-pixel patch"):
+        helpers.check_region([0, 0, 15, 40], (128, 128), 16, 4)
+    assert helpers.parse_colour("gray", None) == (0.5, 0.5, 0.5)
+    assert helpers.parse_colour("custom", "#ff0080") == (1.0, 0.0, 128 / 255)
+    with pytest.raises(InputError, match="#808080"):
+        helpers.parse_colour("custom", "red")
+    fill = helpers.normalised_fill((0.5, 0.5, 0.5), (0.5, 0.25, 0.0), (0.5, 0.25, 1.0))
+    assert fill == (0.0, 1.0, 0.5)
+
+
+def test_known_cells_only_for_same_settings_and_exact_results():
+    key = helpers.settings_key("img", "model", 16, 4, (0.5, 0.5, 0.5), 2)
+    assert key == helpers.settings_key("img", "model", 16, 4, (0.5, 0.5, 0.5), 2)
+    previous = {"key": key, "mode": "exact", "cells": [[0, 4, 0.5], [4, 4, 0.25]]}
+    assert helpers.known_cells(previous, key) == {(0, 4): 0.5, (4, 4): 0.25}
+    assert helpers.known_cells(dict(previous, mode="approximate"), key) == {}
+    other = helpers.settings_key("img", "model", 16, 8, (0.5, 0.5, 0.5), 2)
+    assert helpers.known_cells(previous, other) == {}
+
+
+def test_coarse_to_fine_order_covers_region_first():
+    ys, xs = np.meshgrid(np.arange(0, 64, 4), np.arange(0, 64, 4), indexing="ij")
+    order = helpers.order_coarse_to_fine(ys.ravel(), xs.ravel())
+    assert sorted(order.tolist()) == list(range(256))
+    first = order[:4]
+    assert set(zip(ys.ravel()[first], xs.ravel()[first])) == {(0, 0), (0, 32), (32, 0),
+                                                              (32, 32)}
+
+
+def test_fill_for_display_uses_nearest_known():
+    values = np.array([[0.1, np.nan, np.nan], [np.nan, np.nan, 0.9]], dtype=np.float32)
+    filled = helpers.fill_for_display(values)
+    assert not np.isnan(filled).any()
+    assert filled[0, 1] == pytest.approx(0.1) and filled[1, 1] == pytest.approx(0.9)
+
+
+def test_export_files():
+    image = Image.new("RGB", (32, 32), (200, 100, 50))
+    result = {"values": [[0.5, None], [0.25, 0.75]], "xs": [0, 16], "ys": [0, 16],
+              "patch": 16, "prob": 0.6, "cells": [[0, 0, 0.5]], "model": "m", "label": 1}
+    files = helpers.export_files(image, result)
+    assert files.png.startswith(b"\x89PNG")
+    assert np.load(io.BytesIO(files.npy)).shape == (2, 2)
+    rows = files.csv.strip().splitlines()
+    assert rows[0] == "x,y,probability" and len(rows) == 4  # the NaN cell is left out
+    summary = json.loads(files.json)
+    assert summary["model"] == "m" and "values" not in summary and "cells" not in summary
+
+
+def test_threaded_manager_runs_and_cancels(tmp_path):
+    import diskcache
+
+    manager = ThreadedDiskcacheManager(diskcache.Cache(str(tmp_path)))
+    started, outcome = threading.Event(), {}
+
+    def job_fn(key, progress_key, args, context):
+        started.set()
+        try:
+            for _ in range(200):
+                check_cancelled()
+                time.sleep(0.01)
+            outcome["result"] = "finished"
+        except JobCancelled:
+            outcome["result"] = "cancelled"
+
+    job = manager.call_job_fn("key", job_fn, (), {})
+    started.wait(5)
+    assert manager.job_running(job)
+    manager.terminate_job(job)
+    for _ in range(100):
+        if not manager.job_running(job):
+            break
+        time.sleep(0.02)
+    assert outcome["result"] == "cancelled" and not manager.job_running(job)
+    check_cancelled()  # outside a job it never raises
