@@ -24,7 +24,7 @@ from .imaging import heatmap_limits
 __all__ = ["TauTuning", "heatmap_ssim", "tune_tau", "DEFAULT_TAUS"]
 
 DEFAULT_TAUS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
-TAU_GRID = np.round(np.arange(0.30, 1.0001, 0.01), 2)
+TAU_GRID = np.round(np.arange(1.0, 0.3999, -0.01), 2)  # from 1 down to the lowest sampled
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,20 @@ class TauTuning:
         return float(np.polyval(self.coefficients, tau))
 
     def tau_for(self, target_ssim: float) -> float:
-        """Lowest τ on a 0.01 grid whose predicted SSIM meets the target (1.0 if none)."""
+        """Lowest τ whose predicted SSIM meets the target, walking down from τ = 1 in
+        0.01 steps and stopping at the first miss (1.0 if even 0.99 misses).
+
+        Stopping at the first miss keeps τ on the part of the curve the samples support:
+        a convex fit rises again at low τ, which is extrapolation, not quality.
+        """
         if not 0.0 < target_ssim <= 1.0:
             raise ValueError(f"target_ssim must be in (0, 1], got {target_ssim}")
-        if target_ssim >= 1.0:
-            return 1.0
-        meets = [tau for tau in TAU_GRID if self.predicted_ssim(tau) >= target_ssim]
-        return float(min(meets)) if meets else 1.0
+        chosen = 1.0
+        for tau in TAU_GRID[1:]:
+            if self.predicted_ssim(tau) < target_ssim:
+                break
+            chosen = float(tau)
+        return chosen
 
     @classmethod
     def from_entry(cls, entry: dict | None) -> "TauTuning | None":

@@ -149,6 +149,13 @@ def test_chosen_tau_falls_with_target():
     assert tuning.tau_for(1.0) == 1.0
     for target, tau in zip((0.99, 0.95, 0.9, 0.8, 0.7), taus):
         assert tuning.predicted_ssim(tau) >= target
+    # a convex fit (like fundus-demo's) rises again at low tau: never jump down there
+    convex = TauTuning((1.523, -1.665, 1.162))
+    assert convex.tau_for(0.9) == pytest.approx(0.91)
+    assert convex.predicted_ssim(0.3) > 0.72 > convex.predicted_ssim(0.55)
+    assert convex.tau_for(0.72) > 0.55  # lowest-meeting-tau alone would give 0.3
+    lowered = [convex.tau_for(t) for t in (0.95, 0.9, 0.85, 0.8, 0.75)]
+    assert lowered == sorted(lowered, reverse=True)
 
 
 def test_heatmap_ssim():
