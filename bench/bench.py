@@ -40,8 +40,17 @@ def _reset_peak_rss() -> None:
         handle.write("5")
 
 
-def measure(model_name: str, mode: str, region_side: int) -> dict:
-    """Run one (model, mode) measurement in this process; returns seconds and memory."""
+# Paper §5.1 settings (r_drill_down, target speedup) and, for random-weight speed runs, the
+# paper's auto-tuned tau for SSIM 0.9 (Fig 9b: VGG16 0.5, ResNet18 0.7, Inception3 0.9):
+# ImageNet weights cannot be had offline to tune tau here.
+APPROXIMATE_SETTINGS = ((0.1, 5.0), (0.4, 2.0), (0.25, 3.0))
+PAPER_TAU = {"vgg16": 0.5, "resnet18": 0.7, "inception_v3": 0.9}
+
+
+def measure(model_name: str, mode: str, region_side: int, settings: str = "") -> dict:
+    """Run one (model, mode) measurement in this process; returns seconds and memory.
+
+    ``settings`` is "r,target" for approximate mode."""
     import numpy as np
     import torch
 
@@ -64,8 +73,14 @@ def measure(model_name: str, mode: str, region_side: int) -> dict:
         positions = _captum(model, image, region)
         values = np.zeros(0)
     else:
+        extra = {}
+        if mode == "approximate":
+            r_drill_down, target = (float(v) for v in settings.split(","))
+            extra = {"tau": PAPER_TAU[model_name], "r_drill_down": r_drill_down,
+                     "target_speedup": target}
         heatmap = krypton.OcclusionExplainer(model).explain(
-            image, patch=PATCH, stride=STRIDE, mode=mode, region=region, batch_size=BATCH)
+            image, patch=PATCH, stride=STRIDE, mode=mode, region=region, batch_size=BATCH,
+            **extra)
         values = heatmap.values
         positions = heatmap.positions_evaluated
     seconds = time.perf_counter() - began
@@ -101,7 +116,8 @@ def _captum(model, image, region) -> int:
     return ((y1 - y0 - PATCH) // STRIDE + 1) * ((x1 - x0 - PATCH) // STRIDE + 1)
 
 
-def run_child(model_name: str, mode: str, region_side: int, for_memory: bool = False) -> dict:
+def run_child(model_name: str, mode: str, region_side: int, for_memory: bool = False,
+              settings: str = "") -> dict:
     """One measurement in a fresh interpreter.
 
     Timing runs use the default allocator. Memory runs fix glibc's mmap threshold: glibc
@@ -111,7 +127,7 @@ def run_child(model_name: str, mode: str, region_side: int, for_memory: bool = F
     runs are separate and short (peak memory is per batch, not per region).
     """
     command = [sys.executable, "-m", "bench.bench", "--child", model_name, mode,
-               str(region_side)]
+               str(region_side), settings]
     env = dict(os.environ)
     if for_memory:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
@@ -126,11 +142,13 @@ def main() -> None:
     parser.add_argument("--models", default="vgg16,resnet18,inception_v3")
     parser.add_argument("--quick", action="store_true", help="small regions (smoke run)")
     parser.add_argument("--no-captum", action="store_true")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--no-approximate", action="store_true")
+    parser.add_argument("--quality-images", type=int, default=20)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        name, mode, side = args.child
-        print(json.dumps(measure(name, mode, int(side))))
+        name, mode, side, settings = args.child
+        print(json.dumps(measure(name, mode, int(side), settings)))
         return
 
     import numpy as np
@@ -139,6 +157,7 @@ def main() -> None:
 
     regions = QUICK_REGIONS if args.quick else REGIONS
     rows = []
+    approximate_rows = []
     for name in args.models.split(","):
         side = regions[name]
         loaded = load_torchvision_model(name, random_weights=True)
@@ -152,6 +171,18 @@ def main() -> None:
                                                   for_memory=True)["peak_mib"]
             print(f"  {name:<13} {mode:<7} {results[mode]['seconds']:7.2f} s  "
                   f"peak +{results[mode]['peak_mib']:.0f} MiB", file=sys.stderr, flush=True)
+        if not args.no_approximate:
+            for r_drill_down, target in APPROXIMATE_SETTINGS:
+                label = f"approximate r={r_drill_down:g} target={target:g}"
+                timed = run_child(name, "approximate", side,
+                                  settings=f"{r_drill_down},{target}")
+                approximate_rows.append({
+                    "model": name, "setting": label, "tau": PAPER_TAU[name],
+                    "seconds": timed["seconds"],
+                    "speedup": results["naive"]["seconds"] / timed["seconds"],
+                    "positions": timed["positions"]})
+                print(f"  {name:<13} {label:<32} {timed['seconds']:7.2f} s",
+                      file=sys.stderr, flush=True)
         diff = float(np.max(np.abs(np.array(results["exact"]["values"])
                                    - np.array(results["naive"]["values"]))))
         naive_s = results["naive"]["seconds"]
@@ -178,6 +209,65 @@ def main() -> None:
         print(f"| {r['model']} | {r['mode']} | {r['region']} | {r['positions']} | "
               f"{r['seconds']:.2f} | {r['speedup_naive']:.2f}× | {r['speedup_captum']:.2f}× "
               f"| {theory} | {r['peak_mib']:.0f} | {diff} |")
+    if approximate_rows:
+        print("\nApproximate mode, speed (random weights; tau = the paper's tuned value for "
+              "SSIM 0.9), same regions, speedup over naive from the table above:\n")
+        print("| model | setting | tau | positions evaluated | seconds | × naive |")
+        print("|---|---|---|---|---|---|")
+        for r in approximate_rows:
+            print(f"| {r['model']} | {r['setting']} | {r['tau']} | {r['positions']} | "
+                  f"{r['seconds']:.2f} | {r['speedup']:.1f}× |")
+    if not args.no_approximate and args.quality_images > 0:
+        print_quality(args.quality_images)
+
+
+def print_quality(count: int) -> None:
+    """SSIM of approximate vs exact heatmaps with trained weights: the fundus demo model
+    (ResNet18) on held-out generated images, tau from its tuned curve for SSIM 0.9."""
+    import numpy as np
+    from PIL import Image
+
+    import krypton
+    from krypton.fundus import FundusGenerator
+    from krypton.tuning import TauTuning, heatmap_ssim
+
+    loaded = krypton.load_model("fundus-demo")
+    tuning = TauTuning.from_entry(loaded.extra["entry"])
+    tau = tuning.tau_for(0.9) if tuning else 1.0
+    generator = FundusGenerator(seed=7)
+    explainer = krypton.OcclusionExplainer(loaded.module)
+    fill = loaded.gray_fill()
+    scores = {setting: [] for setting in APPROXIMATE_SETTINGS}
+    times = {setting: [] for setting in APPROXIMATE_SETTINGS}
+    naive_times, exact_times = [], []
+    for index in range(count):
+        sample = generator.sample(label=1 + index % 2, lesions=1)
+        image = loaded.preprocess(Image.fromarray(sample.image))
+        if index < 3:  # naive on a few images: it is the slow one
+            naive_times.append(explainer.explain(image, patch=PATCH, stride=STRIDE,
+                                                 mode="naive", fill=fill).seconds)
+        exact = explainer.explain(image, patch=PATCH, stride=STRIDE, fill=fill)
+        exact_times.append(exact.seconds)
+        for setting in APPROXIMATE_SETTINGS:
+            approx = explainer.explain(image, patch=PATCH, stride=STRIDE, fill=fill,
+                                       mode="approximate", tau=tau, r_drill_down=setting[0],
+                                       target_speedup=setting[1], label=exact.label)
+            scores[setting].append(heatmap_ssim(exact.values, approx.values, exact.prob))
+            times[setting].append(approx.seconds)
+    naive = float(np.mean(naive_times))
+    print(f"\nApproximate mode, quality (trained weights: fundus-demo, ResNet18 at 128x128, "
+          f"{count} held-out generated images, patch {PATCH}, stride {STRIDE}, tau {tau} "
+          f"tuned for SSIM 0.9):\n")
+    print("| setting | mean SSIM vs exact | min SSIM | images ≥ 0.9 | mean seconds | × naive |")
+    print("|---|---|---|---|---|---|")
+    print(f"| exact | 1.000 | 1.000 | {count}/{count} | {np.mean(exact_times):.2f} | "
+          f"{naive / np.mean(exact_times):.1f}× |")
+    for setting in APPROXIMATE_SETTINGS:
+        values = np.array(scores[setting])
+        print(f"| r={setting[0]:g} target={setting[1]:g} | {values.mean():.3f} | "
+              f"{values.min():.3f} | {(values >= 0.9).sum()}/{count} | "
+              f"{np.mean(times[setting]):.2f} | {naive / np.mean(times[setting]):.1f}× |")
+    print(f"\n(naive: {naive:.2f} s per image, mean of {len(naive_times)})")
 
 
 if __name__ == "__main__":

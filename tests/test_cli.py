@@ -31,13 +31,30 @@ def test_explain_writes_overlay_and_values(tmp_path):
     assert "probability" in result.stdout and "time" in result.stdout
 
 
-def test_explain_without_weights_says_how_to_get_them(tmp_path, monkeypatch):
+def test_explain_without_weights_says_how_to_get_them(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "krypton", "explain", str(ROOT / "assets/samples/coffee.png")],
+        [sys.executable, "-m", "krypton", "explain", str(ROOT / "assets/samples/coffee.png"),
+         "--model", "resnet18"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={"TORCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert result.returncode != 0
     assert "make models" in result.stderr and "--random-weights" in result.stderr
+
+
+def test_default_model_explains_offline(tmp_path):
+    out = tmp_path / "retina.png"
+    result = run_cli("explain", str(ROOT / "assets/samples/retina.jpg"), "--stride", "16",
+                     "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "fundus-demo (trained weights)" in result.stdout
+    assert np.load(tmp_path / "retina.npy").shape == (8, 8)
+
+
+def test_models_lists_availability():
+    result = run_cli("models")
+    assert result.returncode == 0
+    assert "fundus-demo (default): 3 classes" in result.stdout
+    assert "make models" in result.stdout or "vgg16: 1000 classes" in result.stdout
 
 
 def test_explain_rejects_non_image(tmp_path):
