@@ -160,20 +160,28 @@ class IncrementalGraph:
                     f"single-image classifiers can be explained")
         self.image_shape = tuple(image.shape)
         self._users_after = self._last_uses()
-        # Classification needs shapes and python values only: keep meta-device stand-ins
-        # instead of the activations, so capture costs no more memory than one inference.
-        described: dict[fx.Node, Any] = {}
+        self._calls = {n: self._call_for(n) for n in self.nodes}
+        self.steps: list[Step] = []
+        self.shapes: dict[fx.Node, tuple[int, ...]] = {}
+        self._kinds: dict[fx.Node, str] = {}
+        # (node -> pad value -> [top, bottom, left, right]) and nodes kept whole
+        self._padding_needs: dict[fx.Node, dict[float, list[int]]] = {}
+        self._kept_in_full: set[fx.Node] = set()
+        depends: set[fx.Node] = set()
 
-        def describe(node: fx.Node, value: Any) -> None:
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                value = torch.empty_like(value, device="meta")
-            described[node] = value
+        def classify(node: fx.Node, value: Any, values: dict[fx.Node, Any]) -> None:
+            if isinstance(value, torch.Tensor):
+                self.shapes[node] = tuple(value.shape)
+            step = self._classify_node(node, values, depends, image.dtype, image.device)
+            self.steps.append(step)
+            self._kinds[node] = step.kind
+            self._note_requirements(step)
 
-        self._run_full(image, describe)
-        self.shapes = {n: tuple(v.shape) for n, v in described.items()
-                       if isinstance(v, torch.Tensor)}
-        self.steps = self._classify(described, image.dtype, image.device)
-        self._padding_needs, self._kept_in_full = self._view_requirements()
+        # One streaming pass classifies every node and materialises the first image's
+        # views: a node's value is released (and its views built) only after all its
+        # consumers have been classified, so its requirements are known by then.
+        self._first_image = image
+        self._first_views: MaterializedViews | None = self._stream(image, classify)
 
     # ---------------------------------------------------------------------------------
     # Capture and classification
@@ -209,16 +217,15 @@ class IncrementalGraph:
         return None
 
     def _run_full(self, image: torch.Tensor,
-                  on_value: Callable[[fx.Node, Any], None]) -> Any:
-        """Ordinary batch-1 inference that hands each node's value to ``on_value``.
+                  on_value: Callable[[fx.Node, Any, dict], None],
+                  on_release: Callable[[fx.Node, Any], None]) -> Any:
+        """Ordinary batch-1 inference that streams through the graph.
 
-        Values are freed after their last use, as in eager execution, so this streams
-        through the graph; returns the model's output.
+        ``on_value(node, value, live_values)`` sees each node's value as it is computed;
+        ``on_release(node, value)`` sees it when its last user has run and it is freed, as
+        in eager execution. Returns the model's output.
         """
         values: dict[fx.Node, Any] = {}
-        calls = getattr(self, "_calls", None)
-        if calls is None:
-            calls = self._calls = {n: self._call_for(n) for n in self.nodes}
         for index, node in enumerate(self.nodes):
             if node.op == "placeholder":
                 value = image.unsqueeze(0) if node is self.input_node else node.args[0]
@@ -227,44 +234,38 @@ class IncrementalGraph:
                 for part in node.target.split("."):
                     value = getattr(value, part)
             elif node.op == "output":
-                return fx.node.map_arg(node.args[0], lambda n: values[n])
+                output = fx.node.map_arg(node.args[0], lambda n: values[n])
+                on_value(node, output, values)
+                for remaining, value in list(values.items()):
+                    on_release(remaining, value)
+                return output
             else:
                 args = fx.node.map_arg(node.args, lambda n: values[n])
                 kwargs = fx.node.map_arg(node.kwargs, lambda n: values[n])
-                value = calls[node](args, kwargs)
+                value = self._calls[node](args, kwargs)
             values[node] = value
-            on_value(node, value)
+            on_value(node, value, values)
             for used in _flatten_nodes((node.args, node.kwargs)):
-                if self._users_after.get(used, -1) <= index:
-                    values.pop(used, None)
+                if self._users_after.get(used, -1) <= index and used in values:
+                    on_release(used, values.pop(used))
         raise UnsupportedModelError("the traced model has no output")
 
-    def _classify(self, values: dict[fx.Node, Any], dtype: torch.dtype,
-                  device: torch.device) -> list[Step]:
-        depends: set[fx.Node] = set()
-        kinds: dict[fx.Node, str] = {}
-        steps: list[Step] = []
-        for node in self.nodes:
-            inputs = _flatten_nodes((node.args, node.kwargs))
-            if node is self.input_node:
-                depends.add(node)
-                kinds[node] = INPUT
-                steps.append(Step(node, INPUT))
-                continue
-            if node.op == "output":
-                steps.append(Step(node, OUTPUT))
-                continue
-            if not any(i in depends for i in inputs):
-                kinds[node] = STATIC
-                steps.append(Step(node, STATIC))
-                continue
+    def _classify_node(self, node: fx.Node, values: dict[fx.Node, Any], depends: set,
+                       dtype: torch.dtype, device: torch.device) -> Step:
+        """Class of one node, from its inputs' classes and the live values' shapes."""
+        inputs = _flatten_nodes((node.args, node.kwargs))
+        if node is self.input_node:
             depends.add(node)
-            step = self._classify_dependent(node, inputs, kinds, values, dtype, device)
-            step.call = self._calls[node]
-            step.macs_full = self._macs(node, values)
-            kinds[node] = step.kind
-            steps.append(step)
-        return steps
+            return Step(node, INPUT)
+        if node.op == "output":
+            return Step(node, OUTPUT)
+        if not any(i in depends for i in inputs):
+            return Step(node, STATIC)
+        depends.add(node)
+        step = self._classify_dependent(node, inputs, self._kinds, values, dtype, device)
+        step.call = self._calls[node]
+        step.macs_full = self._macs(node, values)
+        return step
 
     def _macs(self, node: fx.Node, values: dict[fx.Node, Any]) -> int:
         if node.op != "call_module":
@@ -381,57 +382,48 @@ class IncrementalGraph:
     # ---------------------------------------------------------------------------------
     # Views and geometry
     # ---------------------------------------------------------------------------------
-    def _view_requirements(self) -> tuple[dict, set]:
-        """Which views are read, and how: padding per (node, pad value); plain copies.
+    def _note_requirements(self, step: Step) -> None:
+        """Record which views ``step`` reads, and how: padding per (input, pad value) for
+        read-in contexts; whole tensors where a batch is materialised for a global op.
 
         A conv output read only by its batch norm, say, needs no view at all: the batch
         norm runs on the patch alone.
         """
-        padding: dict[tuple[fx.Node, float], list[int]] = {}
-        kept_in_full: set[fx.Node] = set()
-        patched_kinds = (INPUT, LOCAL, ELEMENTWISE)
-
         def need(node: fx.Node, pad_value: float, pads: tuple[int, int, int, int]) -> None:
             if not any(pads):
                 pad_value = 0.0  # the padding value only matters where there is padding
-            current = padding.setdefault((node, pad_value), [0, 0, 0, 0])
+            current = self._padding_needs.setdefault(node, {}).setdefault(pad_value,
+                                                                          [0, 0, 0, 0])
             for i, amount in enumerate(pads):
                 current[i] = max(current[i], amount)
 
-        kinds = {step.node: step.kind for step in self.steps}
-        for step in self.steps:
-            if step.kind == LOCAL:
-                top, bottom = padding_needed(step.local.rows)
-                left, right = padding_needed(step.local.cols)
-                need(step.node.args[0], step.local.pad_value, (top, bottom, left, right))
-            elif step.kind == ELEMENTWISE:
-                if len(step.patched_args) > 1:  # merges may read inputs in a bounding box
-                    for arg in step.patched_args:
-                        need(arg, 0.0, (0, 0, 0, 0))
-                for arg in step.cropped_statics:
+        if step.kind == LOCAL:
+            top, bottom = padding_needed(step.local.rows)
+            left, right = padding_needed(step.local.cols)
+            need(step.node.args[0], step.local.pad_value, (top, bottom, left, right))
+        elif step.kind == ELEMENTWISE:
+            if len(step.patched_args) > 1:  # merges may read inputs in a bounding box
+                for arg in step.patched_args:
                     need(arg, 0.0, (0, 0, 0, 0))
-            elif step.kind in (GLOBAL, OUTPUT):
-                for arg in _flatten_nodes((step.node.args, step.node.kwargs)):
-                    if kinds.get(arg) in patched_kinds:
-                        kept_in_full.add(arg)  # materialised in full for a global op
-        return {key: tuple(pads) for key, pads in padding.items()}, kept_in_full
+            for arg in step.cropped_statics:
+                need(arg, 0.0, (0, 0, 0, 0))
+        elif step.kind in (GLOBAL, OUTPUT):
+            for arg in _flatten_nodes((step.node.args, step.node.kwargs)):
+                if self._kinds.get(arg) in (INPUT, LOCAL, ELEMENTWISE):
+                    self._kept_in_full.add(arg)  # materialised in full for a global op
 
-    def materialize(self, image: torch.Tensor) -> MaterializedViews:
-        """Run the unoccluded image once and keep the tensors incremental inference reads."""
-        if tuple(image.shape) != self.image_shape:
-            raise ValueError(f"graph was built for images of shape {self.image_shape}, "
-                             f"got {tuple(image.shape)}")
-        kinds = {step.node: step.kind for step in self.steps}
-        pads_of: dict[fx.Node, list] = {}
-        for (node, pad_value), pads in self._padding_needs.items():
-            pads_of.setdefault(node, []).append((pad_value, pads))
+    def _stream(self, image: torch.Tensor,
+                on_value: Callable[[fx.Node, Any, dict], None] | None = None
+                ) -> MaterializedViews:
+        """One streaming inference that keeps exactly the views incremental runs read."""
         kept: dict[fx.Node, Any] = {}
         padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, int, int]] = {}
 
-        def keep(node: fx.Node, value: Any) -> None:
-            if kinds.get(node) in (STATIC, SHAPE) or node in self._kept_in_full:
+        def release(node: fx.Node, value: Any) -> None:
+            if self._kinds.get(node) in (STATIC, SHAPE) or node in self._kept_in_full:
                 kept[node] = value
-            for pad_value, (top, bottom, left, right) in pads_of.get(node, ()):
+            for pad_value, (top, bottom, left, right) in \
+                    self._padding_needs.get(node, {}).items():
                 height, width = value.shape[-2:]
                 flat = value.reshape(-1, height, width)
                 if top or bottom or left or right:
@@ -439,8 +431,21 @@ class IncrementalGraph:
                                                    value=pad_value)
                 padded[(node, pad_value)] = (flat.permute(1, 2, 0).contiguous(), top, left)
 
-        logits = self._run_full(image, keep)
+        logits = self._run_full(image, on_value or (lambda node, value, values: None),
+                                release)
         return MaterializedViews(self.image_shape, kept, padded, logits)
+
+    def materialize(self, image: torch.Tensor) -> MaterializedViews:
+        """The views of ``image``: one streaming inference (none for the capture image)."""
+        if tuple(image.shape) != self.image_shape:
+            raise ValueError(f"graph was built for images of shape {self.image_shape}, "
+                             f"got {tuple(image.shape)}")
+        first, self._first_views = self._first_views, None
+        if first is not None and torch.equal(image, self._first_image):
+            self._first_image = None
+            return first
+        self._first_image = None
+        return self._stream(image)
 
     def geometry(self, ys: np.ndarray, xs: np.ndarray, patch_h: int, patch_w: int,
                  tau: float = 1.0) -> PatchGeometry:
