@@ -237,6 +237,9 @@ def register_callbacks(app, manager, services: Services) -> None:
     )
     def run(set_progress, n_clicks, session, image_data, model_name, patch, stride, mode,
             colour, custom, label, region, target_ssim, drill, speedup, previous):
+        # ``session`` is unused here on purpose: as a callback argument it is part of the
+        # background job's cache key, so two tabs with identical settings never share a
+        # job's progress or result.
         if not n_clicks:
             raise PreventUpdate
         try:
@@ -308,7 +311,7 @@ def register_callbacks(app, manager, services: Services) -> None:
                 tau=None if tuning else 1.0, r_drill_down=drill, target_speedup=speedup)
             values, prob[0], evaluated = heatmap.values, heatmap.prob, \
                 heatmap.positions_evaluated
-            extra = {k: v for k, v in heatmap.extra.items()}
+            extra = dict(heatmap.extra)
         seconds = time.perf_counter() - started
         cells = [[int(x), int(y), float(values[r, c])]
                  for r, y in enumerate(grid_ys) for c, x in enumerate(grid_xs)
