@@ -12,6 +12,7 @@ import torch
 import torchvision
 from PIL import Image
 from selenium.webdriver.common.action_chains import ActionChains
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 
 from krypton.fundus import FundusGenerator
@@ -49,24 +50,36 @@ def upload(dash_duo, selector, path):
 
 
 def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7)):
-    """Drag a box on the image figure (fractions of the plot area), as a mouse would."""
-    dash_duo.driver.execute_script("window.scrollTo(0, 0)")
-    layer = dash_duo.find_element("#image-graph .nsewdrag")
-    box = dash_duo.driver.execute_script(
-        "const r = arguments[0].getBoundingClientRect();"
-        "return [r.left, r.top, r.width, r.height];", layer)
-    left, top, width, height = box
-    x0, y0 = int(left + width * start[0]), int(top + height * start[1])
-    x1, y1 = int(left + width * end[0]), int(top + height * end[1])
-    actions = ActionChains(dash_duo.driver)
-    pointer = actions.w3c_actions.pointer_action
-    pointer.move_to_location(x0, y0)
-    pointer.pointer_down()
-    pointer.move_to_location((x0 + x1) // 2, (y0 + y1) // 2)
-    pointer.move_to_location(x1, y1)
-    pointer.pointer_up()
-    actions.perform()
-    dash_duo.wait_for_contains_text("#region-text", "Region", timeout=10)
+    """Drag a box on the image figure (fractions of the plot area), as a mouse would.
+
+    The figure re-renders when the prediction arrives; a drag that lands mid-render
+    selects nothing, so the gesture is repeated (up to three times) until the page shows
+    the region."""
+    dash_duo.wait_for_element("#image-graph .imagelayer image", timeout=30)
+    before = dash_duo.find_element("#region-text").text
+    for attempt in range(3):
+        dash_duo.driver.execute_script("window.scrollTo(0, 0)")
+        layer = dash_duo.find_element("#image-graph .nsewdrag")
+        left, top, width, height = dash_duo.driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect();"
+            "return [r.left, r.top, r.width, r.height];", layer)
+        x0, y0 = int(left + width * start[0]), int(top + height * start[1])
+        x1, y1 = int(left + width * end[0]), int(top + height * end[1])
+        actions = ActionChains(dash_duo.driver)
+        pointer = actions.w3c_actions.pointer_action
+        pointer.move_to_location(x0, y0)
+        pointer.pointer_down()
+        pointer.move_to_location((x0 + x1) // 2, (y0 + y1) // 2)
+        pointer.move_to_location(x1, y1)
+        pointer.pointer_up()
+        actions.perform()
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            text = dash_duo.find_element("#region-text").text
+            if text.startswith("Region") and text != before:
+                return
+            time.sleep(0.1)
+    raise TimeoutException(f"the drag did not change the region (still {before!r})")
 
 
 def choose(dash_duo, dropdown_id, text):
