@@ -207,3 +207,30 @@ def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch):
                                     timeout=60)
     assert (registry / "oct-resnet18.json").exists()
     dash_duo.wait_for_contains_text("#model", "oct-resnet18", timeout=20)
+
+
+def test_two_tabs_running_at_once_keep_their_own_results(dash_duo, krypton_app, fundus_png):
+    dash_duo.start_server(krypton_app)
+    driver = dash_duo.driver
+    first_tab = driver.current_window_handle
+    dash_duo.wait_for_element("#upload", timeout=20)
+    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    drag_region(dash_duo, (0.05, 0.05), (0.5, 0.5))
+    driver.switch_to.new_window("tab")
+    second_tab = driver.current_window_handle
+    driver.get(dash_duo.server_url)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    choose(dash_duo, "stride", "8")  # whole image at stride 8: 15 x 15 positions
+    dash_duo.find_element("#run").click()
+    driver.switch_to.window(first_tab)
+    dash_duo.find_element("#run").click()  # region at stride 4: a different grid
+    first = wait_for_result(dash_duo)
+    driver.switch_to.window(second_tab)
+    second = wait_for_result(dash_duo)
+    assert "225 positions computed" in second
+    assert "225 positions computed" not in first
+    driver.switch_to.window(first_tab)
+    assert dash_duo.find_element("#result-summary").text == first
