@@ -67,8 +67,7 @@ class Patched:
     data: torch.Tensor  # (N, *mid, h, w) the update patch
     rows: torch.Tensor  # (N,) window start row per item
     cols: torch.Tensor  # (N,) window start column per item
-    node: fx.Node  # whose materialised view the rest of the tensor comes from
-    view_shape: tuple[int, ...]  # (1, *mid, H, W)
+    view_shape: tuple[int, ...]  # (1, *mid, H, W) of the view supplying the other cells
 
 
 @dataclass
@@ -88,13 +87,6 @@ class MaterializedViews:
     def spatial(self, node: fx.Node, pad_value: float = 0.0) -> tuple[torch.Tensor, int, int]:
         """(padded spatial-last view, top padding, left padding) of ``node``."""
         return self.padded[(node, pad_value)]
-
-    def nbytes(self) -> int:
-        """Memory held by the views (static parameters excluded)."""
-        tensors = [t for t, _, _ in self.padded.values()]
-        tensors += [v for v in self.values.values() if isinstance(v, torch.Tensor)
-                    and not isinstance(v, nn.Parameter)]
-        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass
@@ -390,8 +382,6 @@ class IncrementalGraph:
         norm runs on the patch alone.
         """
         def need(node: fx.Node, pad_value: float, pads: tuple[int, int, int, int]) -> None:
-            if not any(pads):
-                pad_value = 0.0  # the padding value only matters where there is padding
             current = self._padding_needs.setdefault(node, {}).setdefault(pad_value,
                                                                           [0, 0, 0, 0])
             for i, amount in enumerate(pads):
@@ -400,7 +390,7 @@ class IncrementalGraph:
         if step.kind == LOCAL:
             top, bottom = padding_needed(step.local.rows)
             left, right = padding_needed(step.local.cols)
-            need(step.node.args[0], step.local.pad_value, (top, bottom, left, right))
+            need(step.node.args[0], _view_pad_value(step.local), (top, bottom, left, right))
         elif step.kind == ELEMENTWISE:
             if len(step.patched_args) > 1:  # merges may read inputs in a bounding box
                 for arg in step.patched_args:
@@ -529,7 +519,7 @@ class IncrementalGraph:
                 rows, cols = geometry.windows[node]
                 data = occluder.unsqueeze(0).expand(count, *occluder.shape)
                 env[node] = Patched(data, start_tensor(rows.start), start_tensor(cols.start),
-                                    node, self.shapes[node])
+                                    self.shapes[node])
             elif kind == LOCAL:
                 env[node] = self._run_local(step, env[node.args[0]], node.args[0], views,
                                             geometry, start_tensor, items)
@@ -564,8 +554,7 @@ class IncrementalGraph:
                    items: torch.Tensor) -> Patched:
         spec = step.local
         row_step, col_step = geometry.local_steps[step.node]
-        has_padding = any(padding_needed(spec.rows) + padding_needed(spec.cols))
-        padded, top, left = views.spatial(source_node, spec.pad_value if has_padding else 0.0)
+        padded, top, left = views.spatial(source_node, _view_pad_value(spec))
         read_rows = start_tensor(row_step.read.start)
         read_cols = start_tensor(col_step.read.start)
         if geometry.scatter_ok[step.node]:
@@ -585,7 +574,7 @@ class IncrementalGraph:
             factor = _gather_windows(spec.divisor_map.unsqueeze(-1), out_rows, out_cols,
                                      row_step.output.length, col_step.output.length)
             output = output * factor.permute(0, 3, 1, 2)
-        return Patched(output, out_rows, out_cols, step.node, self.shapes[step.node])
+        return Patched(output, out_rows, out_cols, self.shapes[step.node])
 
     def _run_elementwise(self, step: Step, env: dict, views: MaterializedViews,
                          geometry: PatchGeometry, start_tensor, items) -> Patched:
@@ -612,12 +601,19 @@ class IncrementalGraph:
             replacements[arg] = _to_logical(context, self.shapes[arg])
         args = fx.node.map_arg(node.args, lambda n: replacements.get(n, env[n]))
         kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
-        return Patched(step.call(args, kwargs), out_rows, out_cols, node, self.shapes[node])
+        return Patched(step.call(args, kwargs), out_rows, out_cols, self.shapes[node])
 
 
 # ---------------------------------------------------------------------------------------
 # Vectorised gather / scatter kernels (the batched form of Algorithm 1, lines 7-10)
 # ---------------------------------------------------------------------------------------
+
+
+def _view_pad_value(spec: ops.LocalOpSpec) -> float:
+    """Padding value of the view a local op reads: its own (0 or -inf) where it reads
+    padding, else 0, so ops needing no padding share the plain zero-padded view."""
+    return spec.pad_value if any(padding_needed(spec.rows) + padding_needed(spec.cols)) \
+        else 0.0
 
 
 def _same(first: Window, second: Window) -> bool:

@@ -394,11 +394,9 @@ class OcclusionExplainer:
         rows, cols = np.nonzero(refine & ~on_stage_one)
         run.expect(stage_rows.size + len(rows))
         values[rows, cols] = run.evaluate(grid_ys[rows], grid_xs[cols], patch, plan.tau)
-        stage_row_of = ((grid_ys - grid_ys[0]) // s1)
-        stage_col_of = ((grid_xs - grid_xs[0]) // s1)
         exact_rows, exact_cols = np.nonzero(on_stage_one)
-        values[exact_rows, exact_cols] = stage_one[stage_row_of[exact_rows],
-                                                   stage_col_of[exact_cols]]
+        values[exact_rows, exact_cols] = stage_one[block_rows[exact_rows],
+                                                   block_cols[exact_cols]]
         extra.update(s1=s1, s2=int(grid_ys[1] - grid_ys[0]) if len(grid_ys) > 1 else None,
                      stage_one_positions=int(stage_rows.size),
                      stage_two_positions=int(len(rows)),
@@ -414,7 +412,7 @@ class OcclusionExplainer:
         device = image.device
         patched = Patched(occluder.unsqueeze(0).expand(count, *occluder.shape),
                           torch.as_tensor(ys, device=device), torch.as_tensor(xs, device=device),
-                          None, (1, *image.shape))
+                          (1, *image.shape))
         return _scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
 
 

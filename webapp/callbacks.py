@@ -65,6 +65,15 @@ class Services:
         self.model(name)
         return self._explainers[name]
 
+    def logits(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Logits of the unoccluded image. For traceable models this also materialises
+        the views a Run will reuse; untraceable ones (naive only) run plainly."""
+        with torch.inference_mode():
+            try:
+                return self.explainer(name).views_for(tensor)[1].logits
+            except krypton.UnsupportedModelError:
+                return self.model(name).module(tensor.unsqueeze(0))
+
 
 def _estimate(name, patch, stride, mode, region, drill, speedup) -> float | None:
     try:
@@ -165,13 +174,8 @@ def register_callbacks(app, manager, services: Services) -> None:
             image = services.images.get(image_data["key"])
         except InputError as exc:
             return None, [], None, "", card, str(exc)
-        tensor = loaded.preprocess(image)
-        with torch.inference_mode():
-            try:  # materialise the views now, so the Run job only computes patches
-                _, views = services.explainer(model_name).views_for(tensor)
-                logits = views.logits
-            except krypton.UnsupportedModelError:
-                logits = loaded.module(tensor.unsqueeze(0))
+        # materialises the views now, so the Run job only computes patches
+        logits = services.logits(model_name, loaded.preprocess(image))
         probs = torch.softmax(logits[0].float(), 0)
         top = torch.topk(probs, min(5, probs.numel()))
         top5 = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
@@ -267,11 +271,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         shown = helpers.model_view(original, size)
         tensor = loaded.preprocess(original)
         explainer = services.explainer(model_name)
-        with torch.inference_mode():
-            try:
-                logits = explainer.views_for(tensor)[1].logits
-            except krypton.UnsupportedModelError:  # naive mode still works
-                logits = loaded.module(tensor.unsqueeze(0))
+        logits = services.logits(model_name, tensor)
         if label is None:
             label = int(logits[0].argmax())
         prob = [float(torch.softmax(logits[0].float(), 0)[label])]
