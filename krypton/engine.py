@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import ops
+from .capture_lock import CAPTURE_LOCK
 from .geometry import LocalStep, Window, bounding_window, local_step, padding_needed
 
 __all__ = ["IncrementalGraph", "MaterializedViews", "PatchGeometry", "UnsupportedModelError"]
@@ -134,7 +135,8 @@ class IncrementalGraph:
 
     def __init__(self, model: nn.Module, image: torch.Tensor):
         try:
-            self.module = fx.symbolic_trace(model)
+            with CAPTURE_LOCK.exclusive():  # symbolic_trace patches nn.Module process-wide
+                self.module = fx.symbolic_trace(model)
         except Exception as exc:  # torch.fx raises many kinds of errors on dynamic code
             raise UnsupportedModelError(
                 f"could not capture {type(model).__name__} as a torch.fx graph "
@@ -421,8 +423,9 @@ class IncrementalGraph:
                                                    value=pad_value)
                 padded[(node, pad_value)] = (flat.permute(1, 2, 0).contiguous(), top, left)
 
-        logits = self._run_full(image, on_value or (lambda node, value, values: None),
-                                release)
+        with CAPTURE_LOCK.shared():
+            logits = self._run_full(image, on_value or (lambda node, value, values: None),
+                                    release)
         return MaterializedViews(self.image_shape, kept, padded, logits)
 
     def materialize(self, image: torch.Tensor) -> MaterializedViews:
@@ -484,6 +487,11 @@ class IncrementalGraph:
 
         ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5).
         """
+        with CAPTURE_LOCK.shared():
+            return self._run_batch(views, geometry, batch, occluder)
+
+    def _run_batch(self, views: MaterializedViews, geometry: PatchGeometry, batch: slice,
+                   occluder: torch.Tensor) -> torch.Tensor:
         device = occluder.device
         count = len(range(*batch.indices(geometry.positions)))
         items = torch.arange(count, device=device)
@@ -694,7 +702,10 @@ def _read_in_context_scatter(padded: torch.Tensor, read_rows: torch.Tensor,
 def _scatter_full(value: Patched, view: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     """Materialise a patched batch: copies of the view with each patch written in place."""
     count = value.data.shape[0]
-    full = view.expand(count, *view.shape[1:]).contiguous()
+    # Always a fresh copy: ``expand(1, ...).contiguous()`` would return ``view`` itself for
+    # a batch of one, and the patch would be written into the cached view (or the
+    # caller's image).
+    full = view.expand(count, *view.shape[1:]).clone(memory_format=torch.contiguous_format)
     height, width = value.data.shape[-2:]
     row_index = value.rows.unsqueeze(1) + torch.arange(height, device=items.device)
     col_index = value.cols.unsqueeze(1) + torch.arange(width, device=items.device)
