@@ -8,12 +8,18 @@ import io
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 __all__ = ["ImageLoadError", "load_image", "to_rgb", "heatmap_limits", "heatmap_rgba",
            "overlay"]
 
 MAX_PIXELS = 50_000_000  # refuse decompression bombs long before memory runs out
+# The smallest side accepted: smaller images hold too little for a model to classify, and
+# upscaling them to the model's input size would explain interpolation, not content.
+MIN_SIDE = 16
+# The largest side kept: no model takes more than 1024 pixels (the registry's limit), so
+# larger images are reduced on load (aspect kept), identically in the CLI and the app.
+MAX_SIDE = 1024
 
 
 class ImageLoadError(ValueError):
@@ -36,8 +42,16 @@ def load_image(source: str | Path | bytes) -> Image.Image:
                     raise ImageLoadError(
                         f"{name} is {image.width}x{image.height} pixels; the limit is "
                         f"{MAX_PIXELS // 1_000_000} megapixels")
+                if min(image.width, image.height) < MIN_SIDE:
+                    raise ImageLoadError(
+                        f"{name} is {image.width}x{image.height} pixels; images need at "
+                        f"least {MIN_SIDE} pixels on each side")
                 image.load()
-                return to_rgb(image)
+                # Cameras store portrait photos sideways plus an orientation tag.
+                rgb = to_rgb(ImageOps.exif_transpose(image))
+                if max(rgb.size) > MAX_SIDE:
+                    rgb.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
+                return rgb
     except ImageLoadError:
         raise
     except FileNotFoundError as exc:
@@ -59,6 +73,10 @@ def to_rgb(image: Image.Image) -> Image.Image:
     """
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         array = np.asarray(image, dtype=np.float64)
+        if not np.isfinite(array).all():
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise ImageLoadError(f"the image has {bad} NaN or infinite pixel value(s); "
+                                 f"it cannot be shown or explained faithfully")
         low, high = float(np.min(array)), float(np.max(array))
         scaled = np.zeros_like(array) if high <= low else (array - low) / (high - low)
         image = Image.fromarray(np.round(scaled * 255).astype(np.uint8), mode="L")

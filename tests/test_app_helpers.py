@@ -25,9 +25,11 @@ def png_bytes(image: Image.Image) -> bytes:
 
 
 def test_decode_upload_modes_and_errors():
-    gray16 = Image.fromarray((np.arange(64).reshape(8, 8) * 500).astype(np.uint16))
+    gray16 = Image.fromarray((np.arange(256).reshape(16, 16) * 200).astype(np.uint16))
     image = helpers.decode_upload(data_url(png_bytes(gray16)), "scan.png")
-    assert image.mode == "RGB" and image.size == (8, 8)
+    assert image.mode == "RGB" and image.size == (16, 16)
+    with pytest.raises(InputError, match="scan.png is 8x8 pixels; images need at least 16"):
+        helpers.decode_upload(data_url(png_bytes(gray16.crop((0, 0, 8, 8)))), "scan.png")
     with pytest.raises(InputError, match="notes.txt is not an image file"):
         helpers.decode_upload(data_url(b"hello", "text/plain"), "notes.txt")
     with pytest.raises(InputError, match="truncated"):
