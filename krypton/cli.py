@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,8 @@ import numpy as np
 from . import analysis, explainer as explain_module
 from .imaging import ImageLoadError, load_image, overlay
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
-from .registry import RegistryError, available_models, default_model_name, load_model
+from .registry import (RegistryError, available_models, default_model_name, load_model,
+                       remove_model)
 
 
 def _region(text: str) -> tuple[int, int, int, int]:
@@ -59,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("models", help="list registered models and their availability")
 
+    remove = commands.add_parser("remove", help="remove a model you registered (shipped "
+                                                "models stay)")
+    remove.add_argument("name")
+
     tune = commands.add_parser("tune", help="fit SSIM(tau) for approximate mode (§4.3)")
     tune.add_argument("--model", default=None, help="registered model (default: the default)")
     tune.add_argument("--images", help="folder of sample images from the application "
@@ -102,6 +109,16 @@ def _load(name: str | None, random_weights: bool):
         return load_torchvision_model(name, random_weights=True)
 
 
+def run_remove(args: argparse.Namespace) -> int:
+    try:
+        path = remove_model(args.name)
+    except RegistryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"removed '{args.name}' ({path})")
+    return 0
+
+
 def run_models() -> int:
     for info in available_models():
         status = "available" if info.available else f"UNAVAILABLE: {info.reason}; fix: " \
@@ -112,7 +129,32 @@ def run_models() -> int:
     return 0
 
 
+def output_problem(out: Path) -> str | None:
+    """Why the heatmap cannot be written to ``out`` (checked before any computing)."""
+    if out.is_dir():
+        return f"--out '{out}' is a folder; name a .png file in it"
+    if out.suffix.lower() != ".png":
+        return f"--out must name a .png file, got '{out}'"
+    folder = out.parent
+    while not folder.exists():  # the first folder that exists must be writable
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"cannot create a folder under '{folder}': it is a file"
+    try:  # a real write: permission bits say nothing for root or special file systems
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".krypton-probe-"):
+            pass
+    except OSError as exc:
+        return f"cannot write in '{folder}': {exc.strerror or exc}"
+    if out.exists() and not os.access(out, os.W_OK):
+        return f"cannot write '{out}': permission denied"
+    return None
+
+
 def run_explain(args: argparse.Namespace) -> int:
+    problem = output_problem(Path(args.out))
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         picture = load_image(args.image)
     except ImageLoadError as exc:
@@ -209,10 +251,10 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from .estimator import calibrate, save_calibration
-    from .registry import find_entry, models_dir
+    from .registry import find_entry
     from .tuning import TauTuning
     name = args.model or default_model_name()
-    path, entry = find_entry(name, models_dir())
+    path, entry = find_entry(name)
     model = _load(name, args.random_weights)
     tuning = TauTuning.from_entry(entry)
     tau = tuning.tau_for(0.9) if tuning else 1.0
@@ -245,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_explain(args)
     if args.command == "models":
         return run_models()
+    if args.command == "remove":
+        return run_remove(args)
     if args.command == "tune":
         return run_tune(args)
     if args.command == "calibrate":

@@ -152,9 +152,9 @@ def estimate_seconds(model_name: str, *, patch: int, stride: int,
     Raises NotCalibratedError (with the command that fixes it) when no cost model exists,
     and ValueError for settings explain() itself would refuse.
     """
-    from .registry import find_entry, models_dir
+    from .registry import find_entry
 
-    path, entry = find_entry(model_name, directory or models_dir())
+    path, entry = find_entry(model_name, directory)
     image_size = tuple(image_size or entry["input_size"])
     calibration = entry.get("calibration", {}).get("models", {})
     model = calibration.get(str(patch), {}).get(mode)

@@ -27,14 +27,19 @@ import torch
 import torchvision
 from torch import nn
 
+from .capture_lock import CAPTURE_LOCK
 from .models import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, WeightsUnavailableError, \
     torchvision_weights_path
 
-__all__ = ["ModelInfo", "CheckpointError", "RegistryError", "models_dir", "available_models",
-           "load_model", "register_model", "read_entry", "validate_entry",
-           "default_model_name"]
+__all__ = ["ModelInfo", "CheckpointError", "RegistryError", "models_dir", "user_models_dir",
+           "available_models", "load_model", "register_model", "remove_model", "read_entry",
+           "validate_entry", "default_model_name", "MAX_INPUT_SIDE", "MAX_CLASSES"]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_INPUT_SIDE = 1024  # pixels; larger inputs cost gigabytes per batch
+MAX_CLASSES = 10_000
+MAX_CLASS_NAME = 200  # characters
+_RESERVED = ".reserved"  # one folder per lower-cased name: registration is atomic
 
 
 class RegistryError(ValueError):
@@ -59,12 +64,33 @@ class ModelInfo:
     fix: str | None  # the command or step that makes it available
     default: bool
     path: Path
+    user: bool = False  # registered by a user (removable), not shipped
 
 
 def models_dir() -> Path:
-    """The registry folder: $KRYPTON_MODELS_DIR, else the repository's models/."""
+    """The shipped models: $KRYPTON_MODELS_DIR, else the repository's models/ (read-only
+    for registration: users' models never go here)."""
     configured = os.environ.get("KRYPTON_MODELS_DIR")
     return Path(configured) if configured else Path(__file__).resolve().parents[1] / "models"
+
+
+def krypton_home() -> Path:
+    """Krypton's data folder: $KRYPTON_HOME, default ~/.krypton."""
+    configured = os.environ.get("KRYPTON_HOME")
+    return Path(configured) if configured else Path.home() / ".krypton"
+
+
+def user_models_dir() -> Path:
+    """Where models registered by users live: $KRYPTON_HOME/models."""
+    return krypton_home() / "models"
+
+
+def _search_dirs(directory: Path | None) -> list[tuple[Path, bool]]:
+    """(folder, holds user models) to search: the given folder alone, else shipped then
+    user models."""
+    if directory is not None:
+        return [(Path(directory), True)]
+    return [(models_dir(), False), (user_models_dir(), True)]
 
 
 def _imagenet_classes() -> list[str]:
@@ -113,9 +139,11 @@ def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
         raise RegistryError(f"{path}: 'classes' must be a non-empty list of names or "
                             f"'imagenet'")
     size = entry.get("input_size", [224, 224])
-    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0
-                                                               for v in size)):
-        raise RegistryError(f"{path}: 'input_size' must be [height, width]")
+    if not (isinstance(size, list) and len(size) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 16 <= v <= MAX_INPUT_SIDE
+            for v in size)):
+        raise RegistryError(f"{path}: 'input_size' must be [height, width], each from 16 "
+                            f"to {MAX_INPUT_SIDE} pixels")
     entry["input_size"] = size
     for key, default in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
         value = entry.get(key, list(default))
@@ -146,26 +174,35 @@ def _availability(entry: dict, directory: Path) -> tuple[bool, str | None, str |
     return True, None, None
 
 
-def _entries(directory: Path) -> list[tuple[Path, dict]]:
-    entries = []
-    for path in sorted(directory.glob("*.json")):
-        try:
-            entries.append((path, read_entry(path)))
-        except RegistryError:
-            continue  # a broken file is reported by load_model, not by the listing
+def _entries(directory: Path | None = None) -> list[tuple[Path, dict, bool]]:
+    """(file, entry, is a user model) for every readable registry file; a name found in
+    an earlier folder hides the same name (any case) in a later one."""
+    entries: list[tuple[Path, dict, bool]] = []
+    seen: set[str] = set()
+    for folder, user in _search_dirs(directory):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.json")):
+            try:
+                entry = read_entry(path)
+            except RegistryError:
+                continue  # a broken file is reported by load_model, not by the listing
+            if entry["name"].lower() in seen:
+                continue
+            seen.add(entry["name"].lower())
+            entries.append((path, entry, user))
     return entries
 
 
 def available_models(directory: Path | None = None) -> list[ModelInfo]:
     """Every registered model with its availability and, if unavailable, why."""
-    directory = directory or models_dir()
     infos = []
-    for path, entry in _entries(directory):
-        available, reason, fix = _availability(entry, directory)
+    for path, entry, user in _entries(directory):
+        available, reason, fix = _availability(entry, path.parent)
         infos.append(ModelInfo(entry["name"], entry.get("description", ""),
                                entry.get("architecture"), tuple(entry["classes"]),
                                tuple(entry["input_size"]), available, reason, fix,
-                               bool(entry.get("default", False)), path))
+                               bool(entry.get("default", False)), path, user))
     return infos
 
 
@@ -178,15 +215,20 @@ def default_model_name(directory: Path | None = None) -> str | None:
     return infos[0].name if infos else None
 
 
-def find_entry(name: str, directory: Path) -> tuple[Path, dict]:
-    for path, entry in _entries(directory):
+def find_entry(name: str, directory: Path | None = None) -> tuple[Path, dict]:
+    """The registry file and entry of ``name`` (in ``directory``, or shipped then user
+    models)."""
+    for path, entry, _ in _entries(directory):
         if entry["name"] == name:
             return path, entry
-    candidate = directory / f"{name}.json"
-    if candidate.exists():  # exists but did not parse: say why
-        return candidate, read_entry(candidate)
-    known = ", ".join(e["name"] for _, e in _entries(directory)) or "none"
-    raise RegistryError(f"no model named '{name}' in {directory} (registered: {known})")
+    if NAME_PATTERN.match(name or ""):
+        for folder, _ in _search_dirs(directory):
+            candidate = folder / f"{name}.json"
+            if candidate.exists():  # exists but did not parse: say why
+                return candidate, read_entry(candidate)
+    known = ", ".join(e["name"] for _, e, _ in _entries(directory)) or "none"
+    where = directory or f"{models_dir()} or {user_models_dir()}"
+    raise RegistryError(f"no model named '{name}' in {where} (registered: {known})")
 
 
 def _unwrap_state_dict(checkpoint: Any, source: str) -> dict[str, torch.Tensor]:
@@ -260,8 +302,8 @@ def _load_torchscript(path: Path) -> nn.Module:
 
 def load_model(name: str, directory: Path | None = None) -> LoadedModel:
     """Load a registered model: eval module, classes, input size and preprocessing."""
-    directory = directory or models_dir()
     path, entry = find_entry(name, directory)
+    directory = path.parent
     available, reason, fix = _availability(entry, directory)
     if not available:
         raise WeightsUnavailableError(f"model '{name}' is unavailable: {reason}; fix: {fix}")
@@ -287,21 +329,27 @@ def register_model(name: str, weights: str | Path, classes: Sequence[str], *,
                    architecture: str | None = None, format: str = "state_dict",
                    input_size: Sequence[int] = (224, 224),
                    mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                   description: str = "", directory: Path | None = None,
-                   overwrite: bool = False) -> LoadedModel:
+                   description: str = "", directory: Path | None = None) -> LoadedModel:
     """Add the user's own model: copy its weights into the registry and write its file.
 
-    The model is loaded once before anything is written, so a bad checkpoint is reported
-    and leaves the registry unchanged.
+    ``directory`` defaults to :func:`user_models_dir`; shipped models are never written.
+    Names are unique regardless of case, an existing model is never overwritten, and the
+    name is reserved atomically, so two registrations of one name cannot both succeed.
+    The model is loaded and run once before anything is written, so a bad checkpoint is
+    reported and leaves the registry unchanged. A TorchScript file runs its author's code:
+    register one only if you trust it.
     """
-    directory = directory or models_dir()
-    if not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise RegistryError(f"model name '{name}' must be 1-64 letters, digits, '.', '_' or "
                             f"'-', starting with a letter or digit")
-    entry_path = directory / f"{name}.json"
-    if entry_path.exists() and not overwrite:
-        raise RegistryError(f"a model named '{name}' is already registered ({entry_path})")
+    target = Path(directory) if directory is not None else user_models_dir()
     classes = [str(c).strip() for c in classes if str(c).strip()]
+    if len(classes) > MAX_CLASSES:
+        raise RegistryError(f"{len(classes)} class names given; the limit is {MAX_CLASSES}")
+    long_names = [c for c in classes if len(c) > MAX_CLASS_NAME]
+    if long_names:
+        raise RegistryError(f"class names must be at most {MAX_CLASS_NAME} characters "
+                            f"('{long_names[0][:40]}...' is {len(long_names[0])})")
     suffix = ".ts" if format == "torchscript" else ".pt"
     entry = validate_entry({
         "name": name, "description": description or f"user model '{name}'",
@@ -309,6 +357,7 @@ def register_model(name: str, weights: str | Path, classes: Sequence[str], *,
         "weights": {"source": "file", "path": f"{name}{suffix}", "format": format},
         "input_size": [int(v) for v in input_size], "mean": [float(v) for v in mean],
         "std": [float(v) for v in std], "classes": classes}, f"model '{name}'")
+    _refuse_taken_name(name, directory)
     source = Path(weights)
     if not source.is_file():
         raise CheckpointError(f"no weights file at {source}")
@@ -317,16 +366,70 @@ def register_model(name: str, weights: str | Path, classes: Sequence[str], *,
     else:
         module = _load_state_dict_model(architecture, source, len(classes))
     _check_output(module.eval(), tuple(entry["input_size"]), len(classes))
-    directory.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, directory / entry["weights"]["path"])
-    entry_path.write_text(json.dumps(entry, indent=2) + "\n")
+
+    target.mkdir(parents=True, exist_ok=True)
+    reservation = target / _RESERVED / name.lower()
+    reservation.parent.mkdir(exist_ok=True)
+    try:
+        reservation.mkdir()  # atomic: the loser of a race for one name stops here
+    except FileExistsError:
+        raise RegistryError(f"a model named '{name}' is already registered") from None
+    try:
+        _refuse_taken_name(name, directory)  # registered before reservations existed
+        weights_path = target / entry["weights"]["path"]
+        entry_path = target / f"{name}.json"
+        for path in (weights_path, entry_path):
+            if path.exists():
+                raise RegistryError(f"{path} already exists; it is left as it is")
+        _write_atomically(weights_path, source.read_bytes())
+        _write_atomically(entry_path, (json.dumps(entry, indent=2) + "\n").encode())
+    except BaseException:
+        shutil.rmtree(reservation, ignore_errors=True)
+        raise
     return load_model(name, directory)
+
+
+def _refuse_taken_name(name: str, directory: Path | None) -> None:
+    for path, entry, _ in _entries(directory):
+        if entry["name"].lower() == name.lower() or path.stem.lower() == name.lower():
+            raise RegistryError(f"a model named '{entry['name']}' is already registered "
+                                f"({path}); names are unique regardless of case")
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary name beside ``path``, then link it there (never replaces)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_bytes(data)
+    try:
+        os.link(temporary, path)  # fails if ``path`` appeared meanwhile
+    finally:
+        temporary.unlink()
+
+
+def remove_model(name: str, directory: Path | None = None) -> Path:
+    """Delete a user-registered model (its registry file, weights and reservation).
+
+    Shipped models cannot be removed this way. Returns the removed registry file.
+    """
+    path, entry = find_entry(name, directory)
+    user_folders = [Path(directory)] if directory is not None else [user_models_dir()]
+    if path.parent.resolve() not in [f.resolve() for f in user_folders]:
+        raise RegistryError(f"'{name}' is a shipped model ({path}); only models users "
+                            f"registered can be removed")
+    weights = entry.get("weights", {})
+    if weights.get("source") == "file":
+        weights_path = _weights_file(entry, path.parent)
+        if weights_path.parent.resolve() == path.parent.resolve():
+            weights_path.unlink(missing_ok=True)
+    path.unlink()
+    shutil.rmtree(path.parent / _RESERVED / entry["name"].lower(), ignore_errors=True)
+    return path
 
 
 def _check_output(module: nn.Module, input_size: tuple[int, int], classes: int) -> None:
     """One blank image through the model: the output must be (1, number of classes)."""
     height, width = input_size
-    with torch.inference_mode():
+    with torch.inference_mode(), CAPTURE_LOCK.shared():
         try:
             output = module(torch.zeros(1, 3, height, width))
         except Exception as exc:

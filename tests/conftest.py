@@ -31,3 +31,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "browser" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def krypton_home(tmp_path_factory, monkeypatch):
+    """Every test gets its own data folder: nothing is written under ~/.krypton."""
+    home = tmp_path_factory.mktemp("krypton-home")
+    monkeypatch.setenv("KRYPTON_HOME", str(home))
+    return home
