@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test run bench analyze models tune calibrate clean
+.PHONY: setup test run serve bench analyze models tune calibrate clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ test: $(STAMP)
 
 run: $(STAMP)
 	$(PY) app.py --host $(HOST) --port $(PORT)
+
+# Production entry for anything beyond localhost: gunicorn, one process with threads (jobs,
+# models and the queue live in the process). Set KRYPTON_USERNAME/KRYPTON_PASSWORD or
+# KRYPTON_AUTH_HEADER and KRYPTON_ALLOWED_HOSTS first (README: Security and limits).
+serve: $(STAMP)
+	KRYPTON_BIND_HOST=$(HOST) $(VENV)/bin/gunicorn --workers 1 --threads 16 \
+		--bind $(HOST):$(PORT) --timeout 300 --limit-request-line 8190 'app:serve_app()'
 
 bench: $(STAMP)
 	$(PY) -m bench.bench

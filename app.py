@@ -1,13 +1,18 @@
 """Krypton web app: interactive occlusion explanations in the browser.
 
-    python app.py [--host 127.0.0.1] [--port 8050]     (or: make run)
+    python app.py [--host 127.0.0.1] [--port 8050]     (or: make run; one local user)
+    make serve                                          (gunicorn, for a team; see README)
 
-Layout, callbacks and helpers live in webapp/; the engine in krypton/.
+Layout, callbacks and helpers live in webapp/; the engine in krypton/. Limits, access
+rules and the TorchScript switch come from KRYPTON_* environment variables
+(webapp/settings.py).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+import sys
 from pathlib import Path
 
 import diskcache
@@ -15,24 +20,65 @@ from dash import Dash
 
 from krypton.registry import default_model_name
 from webapp.callbacks import Services, model_options, register_callbacks
+from webapp.guard import RequestGuard
 from webapp.jobs import ThreadedDiskcacheManager
 from webapp.layout import build_layout
+from webapp.settings import LOCAL_HOSTS, ServerSettings, SettingsError
 
 ROOT = Path(__file__).resolve().parent
 
 
-def create_app(cache_dir: str | Path | None = None) -> Dash:
+def create_app(cache_dir: str | Path | None = None,
+               settings: ServerSettings | None = None) -> Dash:
     """Build the Dash app; ``cache_dir`` holds job results and uploaded images."""
+    settings = settings or ServerSettings.from_environment()
     cache_dir = Path(cache_dir or os.environ.get("KRYPTON_CACHE_DIR", ROOT / "cache"))
     cache_dir.mkdir(parents=True, exist_ok=True)
-    manager = ThreadedDiskcacheManager(diskcache.Cache(str(cache_dir / "jobs")), expire=3600)
+    manager = ThreadedDiskcacheManager(diskcache.Cache(str(cache_dir / "jobs")), expire=3600,
+                                       abandon_seconds=settings.abandon_seconds)
     app = Dash(__name__, title="Krypton", background_callback_manager=manager,
                assets_folder=str(ROOT / "assets"))
-    app.server.config["MAX_CONTENT_LENGTH"] = 700 * 2**20  # model uploads; images are 25 MB
-    services = Services(cache_dir)
-    app.layout = lambda: build_layout(model_options(), default_model_name())
+    guard = RequestGuard(app.server.wsgi_app, settings)
+    app.server.wsgi_app = guard  # host, authentication and size checks come first
+    app.server.config["MAX_CONTENT_LENGTH"] = guard.largest_limit()  # a second line
+    services = Services(cache_dir, settings)
+    app.layout = lambda: build_layout(model_options(), default_model_name(),
+                                      settings.max_image_bytes, settings.max_model_bytes,
+                                      settings.trusted_uploads)
     register_callbacks(app, manager, services)
     return app
+
+
+def serve_app():
+    """WSGI application for a production server: ``gunicorn 'app:serve_app()'``.
+
+    Run one worker process with threads: background jobs, loaded models and the job
+    queue live in the process (``make serve`` does exactly that).
+    """
+    settings = ServerSettings.from_environment(os.environ.get("KRYPTON_BIND_HOST"))
+    warn_if_exposed(os.environ.get("KRYPTON_BIND_HOST", "127.0.0.1"), settings)
+    return create_app(settings=settings).server
+
+
+def warn_if_exposed(host: str, settings: ServerSettings) -> None:
+    """Say so when the server listens beyond this machine without authentication."""
+    if host not in LOCAL_HOSTS and not settings.authenticates:
+        print(f"WARNING: serving on {host} without authentication: anyone who can reach "
+              f"this address can use the app and upload models. Set KRYPTON_USERNAME and "
+              f"KRYPTON_PASSWORD, or KRYPTON_AUTH_HEADER behind a trusted reverse proxy "
+              f"(README: Security and limits).", file=sys.stderr, flush=True)
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be served, or None if it is free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (f"cannot serve on {host}:{port}: {exc.strerror or exc}. Is Krypton "
+                    f"already running? Stop it, or choose another port (make run PORT=8051)")
+    return None
 
 
 def main() -> None:
@@ -40,7 +86,17 @@ def main() -> None:
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8050)))
     args = parser.parse_args()
-    app = create_app()
+    problem = port_problem(args.host, args.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        settings = ServerSettings.from_environment(args.host)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+    warn_if_exposed(args.host, settings)
+    app = create_app(settings=settings)
     print(f"Krypton is running at http://{args.host}:{args.port}/ (Ctrl+C to stop)",
           flush=True)
     app.run(host=args.host, port=args.port, debug=False)

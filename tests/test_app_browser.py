@@ -2,7 +2,8 @@
 
 upload -> drag a region -> run -> heatmap with progress; cancel; refinement reuses cells;
 a bad upload shows its message; a user model registered by upload. The first test saves
-the screenshot the README shows (docs/screenshot.png).
+the screenshot the README shows into out/screenshot.png (ignored by git; copy it to
+docs/screenshot.png to update README's picture).
 """
 import time
 from pathlib import Path
@@ -127,7 +128,8 @@ def test_upload_region_run_shows_heatmap_with_progress(dash_duo, krypton_app, fu
     assert "Region x" in region
     assert dash_duo.find_element("#run").is_enabled()
     (ROOT / "docs").mkdir(exist_ok=True)
-    dash_duo.driver.save_screenshot(str(ROOT / "docs" / "screenshot.png"))
+    (ROOT / "out").mkdir(exist_ok=True)
+    dash_duo.driver.save_screenshot(str(ROOT / "out" / "screenshot.png"))
 
 
 def test_cancel_stops_the_run(dash_duo, krypton_app, fundus_png):
@@ -181,7 +183,7 @@ def test_bad_upload_shows_message_and_server_keeps_serving(dash_duo, krypton_app
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
 
 
-def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch):
+def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch, krypton_home):
     registry = tmp_path / "registry"
     registry.mkdir()
     for name in ("fundus-demo.json", "fundus-demo.pt"):
@@ -205,7 +207,8 @@ def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch):
     dash_duo.find_element("#model-register").click()
     dash_duo.wait_for_contains_text("#model-register-message", "registered 'oct-resnet18'",
                                     timeout=60)
-    assert (registry / "oct-resnet18.json").exists()
+    assert (krypton_home / "models" / "oct-resnet18.json").exists()
+    assert not (registry / "oct-resnet18.json").exists()  # shipped models' folder untouched
     dash_duo.wait_for_contains_text("#model", "oct-resnet18", timeout=20)
 
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +17,18 @@ from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 import krypton
+from krypton.capture_lock import CAPTURE_LOCK
 from krypton.estimator import NotCalibratedError, estimate_seconds
 from krypton.explainer import grid_positions
-from krypton.registry import (CheckpointError, RegistryError, available_models, load_model,
-                              register_model)
+from krypton.registry import (CheckpointError, RegistryError, available_models,
+                              default_model_name, load_model, register_model, remove_model)
 from krypton.tuning import TauTuning
 
 from . import helpers
 from .helpers import InputError
-from .jobs import JobCancelled, check_cancelled
+from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled
 from .layout import SAMPLES_DIR
+from .settings import ServerSettings
 
 LIVE_UPDATE_SECONDS = 0.4
 logger = logging.getLogger("krypton.app")
@@ -41,13 +45,26 @@ def model_options() -> list[dict]:
 
 
 class Services:
-    """Loaded models, their explainers (graphs and views) and stored images, per server."""
+    """Loaded models, their explainers (graphs and views), stored images, the sessions'
+    last results and the job queue, per server."""
 
-    def __init__(self, cache_dir: Path):
-        self.images = helpers.ImageStore(Path(cache_dir) / "images")
+    def __init__(self, cache_dir: Path, settings: ServerSettings | None = None):
+        self.settings = settings or ServerSettings()
+        self.images = helpers.ImageStore(Path(cache_dir) / "images",
+                                         int(self.settings.image_store_mb * 2**20),
+                                         self.settings.image_store_count)
+        self.results = helpers.ResultStore(self.settings.results_kept)
+        self.jobs = JobQueue(self.settings.max_running_jobs, self.settings.max_queued_jobs,
+                             self.settings.max_jobs_per_session)
         self._models: dict[str, krypton.LoadedModel] = {}
         self._explainers: dict[str, krypton.OcclusionExplainer] = {}
         self._lock = threading.Lock()
+
+    def forget(self, name: str) -> None:
+        """Drop a removed model from memory."""
+        with self._lock:
+            self._models.pop(name, None)
+            self._explainers.pop(name, None)
 
     def model(self, name: str) -> krypton.LoadedModel:
         if not name:
@@ -65,14 +82,17 @@ class Services:
         self.model(name)
         return self._explainers[name]
 
-    def logits(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Logits of the unoccluded image. For traceable models this also materialises
-        the views a Run will reuse; untraceable ones (naive only) run plainly."""
+    def logits(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """Logits of the unoccluded image, and why exact/approximate modes cannot run
+        (None when they can). For traceable models this also materialises the views a Run
+        will reuse; a model that cannot be captured runs plainly, and the capture error is
+        returned for the page to show — any other error propagates."""
         with torch.inference_mode():
             try:
-                return self.explainer(name).views_for(tensor)[1].logits
-            except krypton.UnsupportedModelError:
-                return self.model(name).module(tensor.unsqueeze(0))
+                return self.explainer(name).views_for(tensor)[1].logits, None
+            except krypton.UnsupportedModelError as exc:
+                with CAPTURE_LOCK.shared():
+                    return self.model(name).module(tensor.unsqueeze(0)), str(exc)
 
 
 def _estimate(name, patch, stride, mode, region, drill, speedup) -> float | None:
@@ -109,7 +129,8 @@ def register_callbacks(app, manager, services: Services) -> None:
         trigger = ctx.triggered_id
         try:
             if trigger == "upload":
-                image = helpers.decode_upload(contents, filename)
+                image = helpers.decode_upload(contents, filename,
+                                              services.settings.max_image_bytes)
                 name = filename
             elif isinstance(trigger, dict) and any(sample_clicks):
                 name = trigger["name"]
@@ -175,7 +196,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         except InputError as exc:
             return None, [], None, "", card, str(exc)
         # materialises the views now, so the Run job only computes patches
-        logits = services.logits(model_name, loaded.preprocess(image))
+        logits, capture_error = services.logits(model_name, loaded.preprocess(image))
         probs = torch.softmax(logits[0].float(), 0)
         top = torch.topk(probs, min(5, probs.numel()))
         top5 = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
@@ -184,8 +205,10 @@ def register_callbacks(app, manager, services: Services) -> None:
                   for i in range(len(loaded.classes)) if i not in dict(top5)]
         table = html.Table([html.Tr([html.Td(loaded.class_name(i)), html.Td(f"{p:.1%}")])
                             for i, p in top5], className="top5-table")
+        message = "" if capture_error is None else \
+            f"Only naive mode works for this model: {capture_error}"
         return ({"top5": top5, "model": model_name, "image": image_data["key"]},
-                options + others, top5[0][0], table, card, "")
+                options + others, top5[0][0], table, card, message)
 
     @app.callback(Output("approximate-settings", "style"), Input("mode", "value"))
     def toggle_approximate(mode):
@@ -227,7 +250,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         State("colour", "value"), State("custom-colour", "value"), State("label", "value"),
         State("region-store", "data"), State("target-ssim", "value"),
         State("drill-down", "value"), State("target-speedup", "value"),
-        State("result-store", "data"),
         background=True, manager=manager, prevent_initial_call=True,
         running=[(Output("run", "disabled"), True, False),
                  (Output("cancel", "disabled"), False, True),
@@ -240,15 +262,25 @@ def register_callbacks(app, manager, services: Services) -> None:
         progress_default=["0", "1", _empty_figure(), ""],
     )
     def run(set_progress, n_clicks, session, image_data, model_name, patch, stride, mode,
-            colour, custom, label, region, target_ssim, drill, speedup, previous):
-        # ``session`` is unused here on purpose: as a callback argument it is part of the
-        # background job's cache key, so two tabs with identical settings never share a
-        # job's progress or result.
+            colour, custom, label, region, target_ssim, drill, speedup):
+        # ``session`` keys this tab's queue place and its last result on the server; as a
+        # callback argument it is also part of the background job's cache key, so two tabs
+        # with identical settings never share a job's progress or result.
         if not n_clicks:
             raise PreventUpdate
+
+        def waiting(ahead: int) -> None:
+            check_cancelled()
+            text = f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours"
+            set_progress(("0", "1", _empty_figure(text), text))
+
         try:
-            return _run(set_progress, image_data, model_name, patch, stride, mode, colour,
-                        custom, label, region, target_ssim, drill, speedup, previous)
+            with services.jobs.slot(str(session or ""), waiting):
+                return _run(set_progress, str(session or ""), image_data, model_name, patch,
+                            stride, mode, colour, custom, label, region, target_ssim, drill,
+                            speedup)
+        except QueueFull as exc:
+            return no_update, no_update, no_update, str(exc)
         except JobCancelled:
             raise PreventUpdate
         except (InputError, ValueError) as exc:
@@ -258,8 +290,8 @@ def register_callbacks(app, manager, services: Services) -> None:
             return no_update, no_update, no_update, \
                 f"The run failed unexpectedly ({type(exc).__name__}: {exc}); see the server log."
 
-    def _run(set_progress, image_data, model_name, patch, stride, mode, colour, custom,
-             label, region, target_ssim, drill, speedup, previous):
+    def _run(set_progress, session, image_data, model_name, patch, stride, mode, colour,
+             custom, label, region, target_ssim, drill, speedup):
         if not image_data:
             raise InputError("load an image first")
         loaded = services.model(model_name)
@@ -271,7 +303,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         shown = helpers.model_view(original, size)
         tensor = loaded.preprocess(original)
         explainer = services.explainer(model_name)
-        logits = services.logits(model_name, tensor)
+        logits, _ = services.logits(model_name, tensor)
         if label is None:
             label = int(logits[0].argmax())
         prob = [float(torch.softmax(logits[0].float(), 0)[label])]
@@ -301,7 +333,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         if mode in ("naive", "exact"):
             values, reused, evaluated = _run_grid(
                 explainer, tensor, grid_ys, grid_xs, patch, mode, fill, label,
-                helpers.known_cells(previous, key), report)
+                helpers.known_cells(services.results.get(session), key), report)
         else:
             tuning = TauTuning.from_entry(loaded.extra.get("entry"))
             heatmap = explainer.explain(
@@ -316,7 +348,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         cells = [[int(x), int(y), float(values[r, c])]
                  for r, y in enumerate(grid_ys) for c, x in enumerate(grid_xs)
                  if not np.isnan(values[r, c])]
-        result = {"key": key, "mode": mode, "model": model_name, "image": image_data["name"],
+        result = {"id": uuid.uuid4().hex, "key": key, "mode": mode, "model": model_name, "image": image_data["name"],
                   "label": label, "label_name": loaded.class_name(label), "prob": prob[0],
                   "patch": patch, "stride": stride, "region": region, "fill_rgb": rgb,
                   "xs": [int(x) for x in grid_xs], "ys": [int(y) for y in grid_ys],
@@ -325,7 +357,9 @@ def register_callbacks(app, manager, services: Services) -> None:
                   "naive_estimate_seconds": naive_estimate, "evaluated": evaluated,
                   "reused": reused, "approximate": extra, "image_key": image_data["key"]}
         figure = helpers.heatmap_figure(shown, values, grid_xs, grid_ys, patch, prob[0], title)
-        return figure, result, _summary(result), ""
+        services.results.put(session, result)
+        # The browser holds only a handle; exports and refinement read the server's copy.
+        return figure, {"id": result["id"]}, _summary(result), ""
 
     def _run_grid(explainer, tensor, grid_ys, grid_xs, patch, mode, fill, label, known,
                   report):
@@ -373,10 +407,14 @@ def register_callbacks(app, manager, services: Services) -> None:
 
     @app.callback(Output("download", "data"),
                   Input({"type": "export", "format": ALL}, "n_clicks"),
-                  State("result-store", "data"), prevent_initial_call=True)
-    def export(clicks, result):
-        if not any(clicks or []) or not result:
+                  State("session", "data"), State("result-store", "data"),
+                  prevent_initial_call=True)
+    def export(clicks, session, handle):
+        if not any(clicks or []) or not isinstance(handle, dict):
             raise PreventUpdate
+        result = services.results.get(session)
+        if result is None or result["id"] != handle.get("id"):
+            raise PreventUpdate  # not this tab's current result (or expired)
         fmt = ctx.triggered_id["format"]
         loaded = services.model(result["model"])
         image = helpers.model_view(services.images.get(result["image_key"]), loaded.input_size)
@@ -402,9 +440,16 @@ def register_callbacks(app, manager, services: Services) -> None:
                   State("model-classes", "value"), State("model-size", "value"),
                   prevent_initial_call=True)
     def register(n_clicks, contents, filename, name, architecture, classes, size):
+        settings = services.settings
         try:
             if not contents:
                 raise InputError("choose a weights file first")
+            if architecture == "torchscript" and not settings.trusted_uploads:
+                raise InputError("TorchScript uploads are turned off on this server: a "
+                                 "TorchScript file runs its author's code. Upload a "
+                                 "state_dict instead (the operator can allow TorchScript "
+                                 "with KRYPTON_TRUSTED_UPLOADS=1, for trusted uploaders "
+                                 "only).")
             if not name:
                 raise InputError("give the model a name")
             if not architecture:
@@ -413,11 +458,21 @@ def register_callbacks(app, manager, services: Services) -> None:
                      if c.strip()]
             if len(names) < 2:
                 raise InputError("give at least two class names")
-            data = base64.b64decode(contents.split(",", 1)[1])
-            with tempfile.TemporaryDirectory() as folder:
-                path = Path(folder) / (filename or "weights.pt")
-                path.write_bytes(data)
+            try:
+                data = base64.b64decode(contents.split(",", 1)[1])
+            except (IndexError, binascii.Error, ValueError):
+                raise InputError("the weights file could not be read") from None
+            if len(data) > settings.max_model_bytes:
+                raise InputError(f"the weights file is {len(data) / 2**20:.0f} MB; this "
+                                 f"server takes up to {settings.max_model_mb:g} MB")
+            try:
                 side = int(size or 224)
+            except (TypeError, ValueError):
+                raise InputError("the input size must be a whole number of pixels") from None
+            with tempfile.TemporaryDirectory() as folder:
+                # A name the server chooses: the client's file name is never part of a path.
+                path = Path(folder) / "upload.weights"
+                path.write_bytes(data)
                 register_model(name, path, names,
                                architecture=None if architecture == "torchscript"
                                else architecture,
@@ -426,6 +481,21 @@ def register_callbacks(app, manager, services: Services) -> None:
         except (InputError, RegistryError, CheckpointError) as exc:
             return no_update, no_update, html.Span(str(exc), className="warning")
         return model_options(), name, f"registered '{name}' with {len(names)} classes"
+
+    @app.callback(Output("model", "options", allow_duplicate=True),
+                  Output("model", "value", allow_duplicate=True),
+                  Output("model-register-message", "children", allow_duplicate=True),
+                  Input("model-remove", "n_clicks"), State("model", "value"),
+                  prevent_initial_call=True)
+    def remove(n_clicks, name):
+        if not n_clicks or not name:
+            raise PreventUpdate
+        try:
+            remove_model(name)
+        except RegistryError as exc:
+            return no_update, no_update, html.Span(str(exc), className="warning")
+        services.forget(name)
+        return model_options(), default_model_name(), f"removed '{name}'"
 
 
 def _model_card(loaded: krypton.LoadedModel) -> html.Div:

@@ -8,9 +8,13 @@ import base64
 import binascii
 import csv
 import hashlib
+import html
 import io
 import json
+import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from krypton.imaging import ImageLoadError, heatmap_limits, load_image, overlay
+from krypton.imaging import MAX_SIDE, ImageLoadError, heatmap_limits, load_image, overlay
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
@@ -32,7 +36,8 @@ class InputError(ValueError):
 # -- images --------------------------------------------------------------------------------
 
 
-def decode_upload(contents: str, filename: str | None = None) -> Image.Image:
+def decode_upload(contents: str, filename: str | None = None,
+                  max_bytes: int = MAX_UPLOAD_BYTES) -> Image.Image:
     """A dcc.Upload data URL to an RGB image, with messages a user can act on."""
     name = filename or "the file"
     if not contents or "," not in contents:
@@ -42,9 +47,9 @@ def decode_upload(contents: str, filename: str | None = None) -> Image.Image:
         data = base64.b64decode(encoded, validate=False)
     except (binascii.Error, ValueError) as exc:
         raise InputError(f"{name} could not be decoded") from exc
-    if len(data) > MAX_UPLOAD_BYTES:
+    if len(data) > max_bytes:
         raise InputError(f"{name} is {len(data) / 2**20:.1f} MB; the limit is "
-                         f"{MAX_UPLOAD_BYTES // 2**20} MB")
+                         f"{max_bytes / 2**20:g} MB")
     try:
         return load_image(data)
     except ImageLoadError as exc:
@@ -59,27 +64,95 @@ def image_key(image: Image.Image) -> str:
 
 
 class ImageStore:
-    """Images kept on the server by content key, so the browser only holds the key."""
+    """Images kept on the server by content key, so the browser only holds the key.
 
-    def __init__(self, directory: Path):
+    Bounded: at most ``max_bytes`` of PNG files and ``max_count`` images; the least
+    recently used go first. Images arrive already reduced to what any model can use
+    (:data:`krypton.imaging.MAX_SIDE`), and are stored at that resolution.
+    """
+
+    def __init__(self, directory: Path, max_bytes: int = 256 * 2**20, max_count: int = 500):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes, self.max_count = max_bytes, max_count
+        self._lock = threading.Lock()
 
     def put(self, image: Image.Image) -> str:
+        if max(image.size) > MAX_SIDE:
+            image = image.copy()
+            image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
         key = image_key(image)
         path = self.directory / f"{key}.png"
-        if not path.exists():
-            image.save(path)
+        with self._lock:
+            if path.exists():
+                os.utime(path)
+            else:
+                temporary = path.with_suffix(".tmp")
+                image.save(temporary, format="PNG")
+                os.replace(temporary, path)
+            self._evict(keep=path)
         return key
 
     def get(self, key: str) -> Image.Image:
         if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
             raise InputError("unknown image; load it again")
         path = self.directory / f"{key}.png"
-        if not path.exists():
-            raise InputError("the image is no longer on the server; load it again")
-        with Image.open(path) as image:
-            return image.convert("RGB")
+        try:
+            with self._lock:
+                os.utime(path)  # recently used
+            with Image.open(path) as image:
+                return image.convert("RGB")
+        except FileNotFoundError:
+            raise InputError("the image is no longer on the server; load it again") from None
+
+    def usage(self) -> tuple[int, int]:
+        """(images, bytes) stored."""
+        files = list(self.directory.glob("*.png"))
+        return len(files), sum(f.stat().st_size for f in files)
+
+    def _evict(self, keep: Path) -> None:
+        files = []
+        for path in self.directory.glob("*.png"):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            files.append((stat.st_mtime, stat.st_size, path))
+        files.sort()
+        total = sum(size for _, size, _ in files)
+        count = len(files)
+        for _, size, path in files:
+            if total <= self.max_bytes and count <= self.max_count:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
+            count -= 1
+
+
+class ResultStore:
+    """The last result of each session, kept on the server (bounded, least recently used
+    first out). Exports and refinements read it from here, never from the browser."""
+
+    def __init__(self, max_sessions: int = 256):
+        self.max_sessions = max_sessions
+        self._results: OrderedDict[str, dict] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, session: str, result: dict) -> None:
+        with self._lock:
+            self._results[session] = result
+            self._results.move_to_end(session)
+            while len(self._results) > self.max_sessions:
+                self._results.popitem(last=False)
+
+    def get(self, session: str | None) -> dict | None:
+        with self._lock:
+            result = self._results.get(session or "")
+            if result is not None:
+                self._results.move_to_end(session)
+            return result
 
 
 def model_view(image: Image.Image, input_size: tuple[int, int]) -> Image.Image:
@@ -192,6 +265,13 @@ def fill_for_display(values: np.ndarray) -> np.ndarray:
 # -- figures --------------------------------------------------------------------------------
 
 
+def plotly_text(text: str) -> str:
+    """User text (class, model and file names) for a Plotly title: Plotly renders a subset
+    of HTML there (links, styles), so every markup character is escaped."""
+    return html.escape(str(text), quote=True)
+
+
+
 def image_figure(image: Image.Image, region: list[int] | None) -> go.Figure:
     """The model-input image; drag a box on it to choose the region."""
     figure = go.Figure(go.Image(source=data_url(image), hoverinfo="x+y"))
@@ -219,7 +299,7 @@ def heatmap_figure(image: Image.Image, values: np.ndarray, xs, ys, patch: int,
         colorbar={"title": {"text": "probability<br>(red = most<br>sensitive)"},
                   "thickness": 14}))
     figure.update_layout(margin={"l": 0, "r": 0, "t": 30 if title else 0, "b": 0},
-                         title={"text": title, "font": {"size": 13}},
+                         title={"text": plotly_text(title), "font": {"size": 13}},
                          xaxis={"visible": False}, yaxis={"visible": False,
                                                           "autorange": "reversed"},
                          height=420)

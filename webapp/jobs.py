@@ -9,68 +9,182 @@ diskcache, so this is Dash's own background-callback protocol with a different e
 
 Threads cannot be killed, so cancellation is cooperative: ``terminate_job`` sets a flag
 that the running job reads through :func:`check_cancelled` (the engine calls it from its
-progress hook after every batch).
+progress hook after every batch). The same check cancels a job whose page has stopped
+polling for its result (the tab was closed or the client went away) for longer than the
+manager's ``abandon_seconds``: nobody would see its result.
+
+:class:`JobQueue` bounds how many jobs run at once, how many wait, and how many one
+session may have; a waiting job learns its place in the queue.
 """
 from __future__ import annotations
 
 import itertools
 import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from dash import DiskcacheManager
 
-__all__ = ["ThreadedDiskcacheManager", "JobCancelled", "check_cancelled"]
+__all__ = ["ThreadedDiskcacheManager", "JobCancelled", "JobQueue", "QueueFull",
+           "check_cancelled"]
 
 
 class JobCancelled(Exception):
-    """Raised inside a job whose Cancel button was pressed."""
+    """Raised inside a job whose Cancel button was pressed or whose page went away."""
+
+
+class QueueFull(Exception):
+    """The server or this session already has as many jobs as it allows."""
+
+
+class _Job:
+    def __init__(self, thread: threading.Thread, abandon_seconds: float):
+        self.thread = thread
+        self.cancel = threading.Event()
+        self.last_poll = time.monotonic()
+        self.abandon_seconds = abandon_seconds
+
+    def stop_reason(self) -> str | None:
+        if self.cancel.is_set():
+            return "cancelled"
+        if time.monotonic() - self.last_poll > self.abandon_seconds:
+            return "abandoned"
+        return None
 
 
 _job_ids = itertools.count(1)
-_jobs: dict[int, tuple[threading.Thread, threading.Event]] = {}
+_jobs: dict[int, _Job] = {}
 _current = threading.local()
 _lock = threading.Lock()
 
 
 def check_cancelled() -> None:
-    """Raise JobCancelled if the job running in this thread has been cancelled."""
-    event = getattr(_current, "cancel", None)
-    if event is not None and event.is_set():
-        raise JobCancelled()
+    """Raise JobCancelled if the job running in this thread was cancelled or abandoned."""
+    job = getattr(_current, "job", None)
+    if job is not None and job.stop_reason() is not None:
+        raise JobCancelled(job.stop_reason())
+
+
+class JobQueue:
+    """At most ``running`` jobs at once, ``waiting`` more in line (first come, first
+    served), and ``per_session`` jobs (running or waiting) per session."""
+
+    SESSION_GRACE_SECONDS = 5.0
+
+    def __init__(self, running: int, waiting: int, per_session: int):
+        self.running, self.waiting, self.per_session = running, waiting, per_session
+        self._condition = threading.Condition()
+        self._line: list[object] = []  # tickets of waiting jobs, oldest first
+        self._active = 0
+        self._sessions: Counter = Counter()
+
+    def status(self) -> dict:
+        with self._condition:
+            return {"running": self._active, "waiting": len(self._line)}
+
+    @contextmanager
+    def slot(self, session: str, on_wait: Callable[[int], None]) -> Iterator[None]:
+        """Hold a run slot; while waiting, ``on_wait(jobs ahead)`` is called about once a
+        second (it may raise, e.g. JobCancelled, to give up the place in line)."""
+        ticket = object()
+        with self._condition:
+            # A cancelled run stops at its next batch: give it that long to leave.
+            deadline = time.monotonic() + self.SESSION_GRACE_SECONDS
+            while self._sessions[session] >= self.per_session \
+                    and time.monotonic() < deadline:
+                self._condition.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if self._sessions[session] >= self.per_session:
+                raise QueueFull("this tab already has a run in progress; wait for it or "
+                                "cancel it first")
+            if self._active >= self.running and len(self._line) >= self.waiting:
+                raise QueueFull(f"the server is busy ({self._active} runs, "
+                                f"{len(self._line)} waiting); try again in a minute")
+            self._sessions[session] += 1
+            self._line.append(ticket)
+        try:
+            while True:
+                with self._condition:
+                    ahead = self._line.index(ticket)
+                    if ahead == 0 and self._active < self.running:
+                        self._line.pop(0)
+                        self._active += 1
+                        self._condition.notify_all()
+                        break
+                    ahead += self._active - self.running + 1
+                on_wait(max(1, ahead))
+                with self._condition:
+                    self._condition.wait(timeout=1.0)
+        except BaseException:
+            with self._condition:
+                self._line.remove(ticket)
+                self._sessions[session] -= 1
+                self._condition.notify_all()
+            raise
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._active -= 1
+                self._sessions[session] -= 1
+                self._condition.notify_all()
 
 
 class ThreadedDiskcacheManager(DiskcacheManager):
     """DiskcacheManager whose jobs are threads of this process (see module docstring)."""
 
+    def __init__(self, cache, *, abandon_seconds: float = 30.0, **kwargs):
+        super().__init__(cache, **kwargs)
+        self.abandon_seconds = abandon_seconds
+
     def call_job_fn(self, key, job_fn, args, context):
         job = next(_job_ids)
-        cancel = threading.Event()
 
         def run():
-            _current.cancel = cancel
+            _current.job = record
             try:
                 job_fn(key, self._make_progress_key(key), args, context)
             finally:
+                _current.job = None
                 with _lock:
                     _jobs.pop(job, None)
 
         thread = threading.Thread(target=run, name=f"krypton-job-{job}", daemon=True)
+        record = _Job(thread, self.abandon_seconds)
         with _lock:
-            _jobs[job] = (thread, cancel)
+            _jobs[job] = record
         thread.start()
         return job
+
+    def get_result(self, key, job):
+        """Called on every poll of the page: the job is still wanted."""
+        if job is not None:
+            with _lock:
+                record = _jobs.get(_job_number(job))
+            if record is not None:
+                record.last_poll = time.monotonic()
+        return super().get_result(key, job)
 
     def terminate_job(self, job):
         if job is None:
             return
         with _lock:
-            entry = _jobs.get(int(job))
+            entry = _jobs.get(_job_number(job))
         if entry is not None:
-            entry[1].set()
+            entry.cancel.set()
 
     def terminate_unhealthy_job(self, job):
         return False  # a thread that ended has already removed itself
 
     def job_running(self, job):
         with _lock:
-            entry = _jobs.get(int(job))
-        return entry is not None and entry[0].is_alive()
+            entry = _jobs.get(_job_number(job))
+        return entry is not None and entry.thread.is_alive()
+
+
+def _job_number(job) -> int:
+    try:
+        return int(job)
+    except (TypeError, ValueError):
+        return -1

@@ -31,32 +31,40 @@ def _gallery() -> html.Div:
     return html.Div(buttons, className="gallery")
 
 
-def _model_upload() -> html.Details:
+def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
+    torchscript = [{"label": "TorchScript file (trusted uploads only)",
+                    "value": "torchscript"}] if trusted_uploads else []
+    accepted = "a state_dict for a torchvision architecture (any number of classes)" + \
+        (" or a TorchScript file" if trusted_uploads else "")
     return html.Details([
         html.Summary("Add your own model"),
-        html.P("A state_dict for a torchvision architecture (any number of classes) or a "
-               "TorchScript file, plus its class names.", className="help"),
-        dcc.Upload(html.Div(["Weights file (.pt / .pth / .ts): drop or ",
-                             html.A("choose")]),
-                   id="model-upload", className="upload small", max_size=600 * 2**20),
+        html.P(f"Upload {accepted}, plus its class names (up to "
+               f"{max_model_bytes / 2**20:g} MB). Models you add can be removed again; "
+               f"shipped ones cannot.", className="help"),
+        dcc.Upload(html.Div(["Weights file (.pt / .pth): drop or ", html.A("choose")]),
+                   id="model-upload", className="upload small", max_size=max_model_bytes),
         html.Div(id="model-upload-name", className="help"),
         dcc.Input(id="model-name", placeholder="name, e.g. oct-resnet18", type="text",
                   className="text-input"),
         dcc.Dropdown(id="model-architecture", placeholder="architecture",
-                     options=[{"label": "TorchScript file", "value": "torchscript"}] +
-                     [{"label": a, "value": a} for a in
+                     options=torchscript + [{"label": a, "value": a} for a in
                       ("resnet18", "resnet50", "vgg16", "inception_v3", "densenet121",
                        "mobilenet_v2", "efficientnet_b0")]),
         dcc.Textarea(id="model-classes", placeholder="class names, one per line or "
                      "comma-separated", className="text-input"),
         dcc.Input(id="model-size", placeholder="input size, e.g. 224", type="number",
                   min=16, max=1024, className="text-input"),
-        html.Button("Register model", id="model-register", n_clicks=0),
+        html.Div([html.Button("Register model", id="model-register", n_clicks=0),
+                  html.Button("Remove selected model", id="model-remove", n_clicks=0,
+                              title="removes the model chosen above, if a user added it")],
+                 className="row"),
         html.Div(id="model-register-message", className="message"),
     ], className="panel")
 
 
-def build_layout(models: list[dict], default_model: str | None) -> html.Div:
+def build_layout(models: list[dict], default_model: str | None,
+                 max_image_bytes: int = 25 * 2**20, max_model_bytes: int = 200 * 2**20,
+                 trusted_uploads: bool = False) -> html.Div:
     """The whole page; a function so every browser tab gets its own session id."""
     return html.Div([
         dcc.Store(id="session", data=str(uuid.uuid4())),
@@ -73,8 +81,9 @@ def build_layout(models: list[dict], default_model: str | None) -> html.Div:
             html.Section([
                 html.H2("Image"),
                 dcc.Upload(html.Div(["Drop an image here or ", html.A("choose a file"),
-                                     html.Small(" (PNG, JPEG, TIFF, BMP; up to 25 MB)")]),
-                           id="upload", className="upload", max_size=25 * 2**20,
+                                     html.Small(f" (PNG, JPEG, TIFF, BMP; up to "
+                                                f"{max_image_bytes / 2**20:g} MB)")]),
+                           id="upload", className="upload", max_size=max_image_bytes,
                            accept="image/*"),
                 _gallery(),
                 dcc.Graph(id="image-graph", config={"displaylogo": False,
@@ -132,7 +141,7 @@ def build_layout(models: list[dict], default_model: str | None) -> html.Div:
                           html.Button("Cancel", id="cancel", n_clicks=0, disabled=True)],
                          className="row"),
                 html.Progress(id="progress", value="0", max="1"),
-                _model_upload(),
+                _model_upload(max_model_bytes, trusted_uploads),
             ], className="panel settings-panel"),
             html.Section([
                 html.H2("Heatmap"),

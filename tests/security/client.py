@@ -1,0 +1,223 @@
+"""A Dash client that speaks HTTP the way the browser's dash-renderer does.
+
+It loads the page (for the server-signed ``endId``), the layout (for the tab's session
+id) and the callback list, then posts callbacks to ``/_dash-update-component`` with the
+same JSON body the renderer builds, and polls background callbacks with their signed
+``cacheKey``/``job`` handles. Attack tests use it to send what a browser could never send.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+_CONFIG = re.compile(r'<script id="_dash-config" type="application/json">(.*?)</script>',
+                     re.S)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def png_data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def file_data_url(data: bytes) -> str:
+    return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+
+
+def find(layout, component_id: str):
+    """The component with ``component_id`` in a serialised layout, or None."""
+    if isinstance(layout, dict):
+        if layout.get("props", {}).get("id") == component_id:
+            return layout
+        for value in layout.values():
+            found = find(value, component_id)
+            if found is not None:
+                return found
+    elif isinstance(layout, list):
+        for value in layout:
+            found = find(value, component_id)
+            if found is not None:
+                return found
+    return None
+
+
+class Server:
+    """``python app.py`` in a subprocess on a free port, with its own folders."""
+
+    def __init__(self, tmp_path: Path, env: dict | None = None, models_dir: Path | None = None):
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.environment = dict(os.environ, KRYPTON_HOME=str(tmp_path / "home"),
+                                KRYPTON_CACHE_DIR=str(tmp_path / "cache"),
+                                PYTHONUNBUFFERED="1", **(env or {}))
+        if models_dir is not None:
+            self.environment["KRYPTON_MODELS_DIR"] = str(models_dir)
+        self.log = open(tmp_path / f"server-{self.port}.log", "w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "app.py", "--port", str(self.port)], cwd=ROOT,
+            env=self.environment, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.output()}")
+            try:
+                if requests.get(self.url + "/_dash-layout", timeout=2).status_code < 500:
+                    return  # answering (401 where authentication is required)
+            except requests.ConnectionError:
+                time.sleep(0.3)
+        raise RuntimeError(f"server did not start: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+class Tab:
+    """One browser tab: its own page load (endId) and session id."""
+
+    def __init__(self, url: str, auth=None):
+        self.url = url
+        self.http = requests.Session()
+        self.http.auth = auth
+        page = self.http.get(url + "/", timeout=30)
+        page.raise_for_status()
+        self.end_id = json.loads(_CONFIG.search(page.text).group(1))["end_id"]
+        self.layout = self.http.get(url + "/_dash-layout", timeout=30).json()
+        self.session = find(self.layout, "session")["props"]["data"]
+        self.callbacks = self.http.get(url + "/_dash-dependencies", timeout=30).json()
+
+    def spec(self, output_part: str) -> dict:
+        matches = [c for c in self.callbacks if output_part in c["output"]]
+        assert matches, f"no callback outputs {output_part}"
+        return matches[0]
+
+    def payload(self, spec: dict, values: dict) -> dict:
+        """The renderer's request body: ``values`` maps 'id.property' to a value (a
+        wildcard input gets an empty list unless given)."""
+        def fill(dependency):
+            key = f"{dependency['id']}.{dependency['property']}"
+            if dependency["id"].startswith("{"):
+                return values.get(key, [])
+            return {"id": dependency["id"], "property": dependency["property"],
+                    "value": values.get(key)}
+
+        outputs = []
+        for part in spec["output"].strip(".").split("..."):
+            ident, prop = part.rsplit(".", 1)
+            outputs.append({"id": ident, "property": prop.split("@")[0]})
+        inputs = [fill(d) for d in spec["inputs"]]
+        changed = [k for k in values if any(f"{d['id']}.{d['property']}" == k
+                                            for d in spec["inputs"])]
+        return {"output": spec["output"], "outputs": outputs if len(outputs) > 1
+                else outputs[0], "inputs": inputs, "changedPropIds": changed,
+                "state": [fill(d) for d in spec["state"]]}
+
+    def call(self, output_part: str, values: dict, timeout: float = 120,
+             poll: bool = True) -> requests.Response | dict:
+        """Post one callback; background callbacks are polled until they answer (the
+        final response's JSON is returned as a dict with 'progress' seen on the way)."""
+        spec = self.spec(output_part)
+        body = self.payload(spec, values)
+        response = self.http.post(f"{self.url}/_dash-update-component",
+                                  params={"endId": self.end_id}, json=body, timeout=timeout)
+        if not spec.get("background") or response.status_code != 200:
+            return response
+        handles = response.json()
+        if not poll:
+            return handles
+        return self.poll(output_part, handles, timeout)
+
+    def poll_once(self, output_part: str, handles: dict) -> dict | None:
+        """One poll, as the renderer sends it: the JSON answer (None for 204)."""
+        response = self.http.post(
+            f"{self.url}/_dash-update-component", json=self.payload(self.spec(output_part), {}),
+            timeout=60, params={"endId": self.end_id, "cacheKey": handles["cacheKey"],
+                                "job": handles["job"]})
+        return None if response.status_code == 204 else response.json()
+
+    def poll(self, output_part: str, handles: dict, timeout: float = 120) -> dict:
+        progress = []
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            data = self.poll_once(output_part, handles)
+            if data is None:
+                return {"response": None, "progress": progress}
+            if "progress" in data:
+                progress.append(data["progress"])
+            if "response" in data:
+                return {"response": data["response"], "progress": progress}
+            time.sleep(0.3)
+        raise TimeoutError(f"background callback {output_part} did not finish")
+
+    # -- what a user does ----------------------------------------------------------------
+    def upload_image(self, image: Image.Image, filename: str = "image.png") -> dict:
+        response = self.call("image-store.data", {"upload.contents": png_data_url(image),
+                                                  "upload.filename": filename})
+        assert response.status_code == 200, response.text[:300]
+        return response.json()["response"]["image-store"]["data"]
+
+    def predict(self, image_data: dict, model: str = "fundus-demo") -> dict:
+        response = self.call("prediction-store.data", {"image-store.data": image_data,
+                                                       "model.value": model})
+        assert response.status_code == 200, response.text[:300]
+        return response.json()["response"]
+
+    def run(self, image_data: dict, model: str = "fundus-demo", mode: str = "exact",
+            patch: int = 16, stride: int = 16, region=None, poll: bool = True,
+            timeout: float = 180):
+        values = {"run.n_clicks": 1, "session.data": self.session,
+                  "image-store.data": image_data, "model.value": model,
+                  "patch.value": patch, "stride.value": stride, "mode.value": mode,
+                  "colour.value": "gray", "custom-colour.value": "#808080",
+                  "label.value": None, "region-store.data": region,
+                  "target-ssim.value": 0.9, "drill-down.value": 0.25,
+                  "target-speedup.value": 3}
+        return self.call("heatmap-graph.figure", values, timeout=timeout, poll=poll)
+
+    def register(self, data: bytes, filename: str, name: str, architecture: str,
+                 classes: str, size: int = 64) -> str:
+        response = self.call("model-register-message.children", {
+            "model-register.n_clicks": 1, "model-upload.contents": file_data_url(data),
+            "model-upload.filename": filename, "model-name.value": name,
+            "model-architecture.value": architecture, "model-classes.value": classes,
+            "model-size.value": size})
+        assert response.status_code == 200, response.text[:300]
+        return json.dumps(response.json()["response"])

@@ -1,0 +1,104 @@
+"""The server's limits and deployment settings, read once from the environment.
+
+Every limit the app enforces is decided here (and documented in README, "Security and
+limits"); the rest of the app reads a :class:`ServerSettings`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["ServerSettings", "SettingsError", "LOCAL_HOSTS"]
+
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the server cannot use."""
+
+
+def _number(name: str, default: float, minimum: float = 0.0) -> float:
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {text!r}") from None
+    if value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, got {text!r}")
+    return value
+
+
+def _list(name: str) -> tuple[str, ...]:
+    return tuple(part.strip().lower() for part in os.environ.get(name, "").split(",")
+                 if part.strip())
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Limits and access rules of one server process."""
+
+    # Request bodies, checked from Content-Length before anything is read or parsed.
+    max_image_mb: float = 25.0  # an image file (the upload is base64: 4/3 of this)
+    max_model_mb: float = 200.0  # a weights file in "Add your own model"
+    max_request_kb: float = 1024.0  # every other request
+    # Background runs.
+    max_running_jobs: int = 2  # at once, all sessions together
+    max_queued_jobs: int = 16  # waiting behind them; more are refused
+    max_jobs_per_session: int = 1  # a browser tab runs one job at a time
+    abandon_seconds: float = 30.0  # a job whose page stopped polling is cancelled
+    # Uploaded images kept on the server (least recently used go first).
+    image_store_mb: float = 256.0
+    image_store_count: int = 500
+    results_kept: int = 256  # sessions whose last result is kept for export/refinement
+    # TorchScript runs its author's code: only for trusted uploaders.
+    trusted_uploads: bool = False
+    # Access.
+    allowed_hosts: tuple[str, ...] = field(default=LOCAL_HOSTS)  # "*" allows any
+    username: str | None = None
+    password: str | None = None
+    auth_header: str | None = None  # set by a trusted reverse proxy, e.g. X-Forwarded-User
+
+    @classmethod
+    def from_environment(cls, bind_host: str | None = None) -> "ServerSettings":
+        """Settings from KRYPTON_* variables; ``bind_host`` joins the allowed hosts."""
+        hosts = _list("KRYPTON_ALLOWED_HOSTS")
+        if not hosts:
+            hosts = LOCAL_HOSTS
+            if bind_host in ("0.0.0.0", "::", ""):
+                hosts = ("*",)  # bound to every interface: the operator decides (warned)
+            elif bind_host:
+                hosts = LOCAL_HOSTS + (bind_host.lower(),)
+        username = os.environ.get("KRYPTON_USERNAME") or None
+        password = os.environ.get("KRYPTON_PASSWORD") or None
+        if bool(username) != bool(password):
+            raise SettingsError("set both KRYPTON_USERNAME and KRYPTON_PASSWORD, or neither")
+        return cls(
+            max_image_mb=_number("KRYPTON_MAX_IMAGE_MB", cls.max_image_mb, 0.01),
+            max_model_mb=_number("KRYPTON_MAX_MODEL_MB", cls.max_model_mb, 0.01),
+            max_request_kb=_number("KRYPTON_MAX_REQUEST_KB", cls.max_request_kb, 16),
+            max_running_jobs=int(_number("KRYPTON_MAX_RUNNING_JOBS", cls.max_running_jobs, 1)),
+            max_queued_jobs=int(_number("KRYPTON_MAX_QUEUED_JOBS", cls.max_queued_jobs, 0)),
+            max_jobs_per_session=int(_number("KRYPTON_MAX_JOBS_PER_SESSION",
+                                             cls.max_jobs_per_session, 1)),
+            abandon_seconds=_number("KRYPTON_ABANDON_SECONDS", cls.abandon_seconds, 2),
+            image_store_mb=_number("KRYPTON_IMAGE_STORE_MB", cls.image_store_mb, 1),
+            image_store_count=int(_number("KRYPTON_IMAGE_STORE_COUNT",
+                                          cls.image_store_count, 1)),
+            trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,
+            allowed_hosts=hosts, username=username, password=password,
+            auth_header=os.environ.get("KRYPTON_AUTH_HEADER") or None)
+
+    @property
+    def authenticates(self) -> bool:
+        return bool(self.username or self.auth_header)
+
+    @property
+    def max_image_bytes(self) -> int:
+        return int(self.max_image_mb * 2**20)
+
+    @property
+    def max_model_bytes(self) -> int:
+        return int(self.max_model_mb * 2**20)
