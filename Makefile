@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test run serve bench analyze models tune calibrate clean
+.PHONY: setup test run serve bench bench-load analyze models tune calibrate clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.bench
+
+# 16 sessions + 3 abandoned jobs against a local server (loopback only, bounded).
+bench-load: $(STAMP)
+	$(PY) -m bench.load
 
 analyze: $(STAMP)
 	for model in vgg16 resnet18 inception_v3; do $(PY) -m krypton analyze --model $$model | tail -1; done

@@ -224,6 +224,7 @@ def main() -> None:
         print(f"| {r['model']} | {r['mode']} | {r['region']} | {r['positions']} | "
               f"{r['seconds']:.2f} | {r['speedup_naive']:.2f}× | {r['speedup_captum']:.2f}× "
               f"| {theory} | {r['peak_mib']:.0f} | {diff} |")
+    print_fingerprint_cost(rows)
     if approximate_rows:
         print("\nApproximate mode, speed (random weights; tau = the paper's tuned value for "
               "SSIM 0.9), same regions, speedup over naive from the table above:\n")
@@ -234,6 +235,29 @@ def main() -> None:
                   f"{r['seconds']:.2f} | {r['speedup']:.1f}× |")
     if not args.no_approximate and args.quality_images > 0:
         print_quality(args.quality_images)
+
+
+def print_fingerprint_cost(rows: list[dict]) -> None:
+    """What keying cached views on weight content costs, next to the exact runs above."""
+    import timeit
+
+    from krypton.explainer import model_fingerprint
+    from krypton.models import load_torchvision_model
+
+    print("\nCache key (content checksum of every weight, checked once per exact call), "
+          "median of 5, against the exact run above:\n")
+    print("| model | weights (MB) | checksum (ms) | exact run (s) | share of the run |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        if r["mode"] != "exact":
+            continue
+        module = load_torchvision_model(r["model"], random_weights=True).module
+        size = sum(t.numel() * t.element_size() for t in
+                   list(module.parameters()) + list(module.buffers())) / 1e6
+        seconds = sorted(timeit.repeat(lambda: model_fingerprint(module), number=1,
+                                       repeat=5))[2]
+        print(f"| {r['model']} | {size:.0f} | {seconds * 1000:.0f} | {r['seconds']:.2f} | "
+              f"{seconds / r['seconds']:.1%} |")
 
 
 def print_quality(count: int) -> None:

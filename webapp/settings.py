@@ -46,9 +46,9 @@ class ServerSettings:
     max_request_kb: float = 1024.0  # every other request
     # Background runs.
     max_running_jobs: int = 2  # at once, all sessions together
-    max_queued_jobs: int = 16  # waiting behind them; more are refused
+    max_queued_jobs: int = 32  # waiting behind them; more are refused
     max_jobs_per_session: int = 1  # a browser tab runs one job at a time
-    abandon_seconds: float = 30.0  # a job whose page stopped polling is cancelled
+    abandon_seconds: float = 15.0  # a job whose page stopped polling is cancelled
     # Uploaded images kept on the server (least recently used go first).
     image_store_mb: float = 256.0
     image_store_count: int = 500

@@ -18,7 +18,7 @@ from PIL import Image
 from krypton.fundus import FundusGenerator
 from krypton.registry import register_model
 
-from .client import ROOT, Server, Tab, find
+from bench.dash_client import ROOT, Server, Tab, find
 
 FUNDUS = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=1).image)
 
@@ -321,3 +321,21 @@ def test_host_check_and_basic_authentication(tmp_path, registry):
         assert tab.predict(tab.upload_image(FUNDUS))
     finally:
         server.stop()
+
+
+def test_the_page_removes_user_models_and_never_shipped_ones(server, registry, tmp_path):
+    tab = Tab(server.url)
+    assert "registered 'mine'" in tab.register(tiny_state_dict(tmp_path), "w.pt", "mine",
+                                               "resnet18", "a, b, c")
+
+    def remove(name):
+        response = tab.call("model-register-message.children", {
+            "model-remove.n_clicks": 1, "model.value": name})
+        return json.dumps(response.json()["response"])
+
+    before = sha(registry / "fundus-demo.pt")
+    assert "shipped model" in remove("fundus-demo")
+    assert sha(registry / "fundus-demo.pt") == before
+    answer = remove("mine")
+    assert "removed 'mine'" in answer and '"value": "fundus-demo"' in answer
+    assert not list((tmp_path / "home" / "models").glob("mine*"))

@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 _CONFIG = re.compile(r'<script id="_dash-config" type="application/json">(.*?)</script>',
                      re.S)
 
@@ -124,10 +124,14 @@ class Tab:
         self.session = find(self.layout, "session")["props"]["data"]
         self.callbacks = self.http.get(url + "/_dash-dependencies", timeout=30).json()
 
-    def spec(self, output_part: str) -> dict:
+    def spec(self, output_part: str, values: dict | None = None) -> dict:
+        """The callback writing ``output_part``; where several do, the one triggered by
+        an input named in ``values``."""
         matches = [c for c in self.callbacks if output_part in c["output"]]
         assert matches, f"no callback outputs {output_part}"
-        return matches[0]
+        triggered = [c for c in matches if any(
+            f"{d['id']}.{d['property']}" in (values or {}) for d in c["inputs"])]
+        return (triggered or matches)[0]
 
     def payload(self, spec: dict, values: dict) -> dict:
         """The renderer's request body: ``values`` maps 'id.property' to a value (a
@@ -154,7 +158,7 @@ class Tab:
              poll: bool = True) -> requests.Response | dict:
         """Post one callback; background callbacks are polled until they answer (the
         final response's JSON is returned as a dict with 'progress' seen on the way)."""
-        spec = self.spec(output_part)
+        spec = self.spec(output_part, values)
         body = self.payload(spec, values)
         response = self.http.post(f"{self.url}/_dash-update-component",
                                   params={"endId": self.end_id}, json=body, timeout=timeout)

@@ -1,0 +1,117 @@
+"""Load run against a real server: many sessions at once plus abandoned jobs.
+
+    python -m bench.load [--sessions 16] [--abandoned 3]      (or: make bench-load)
+
+Starts ``python app.py`` on a free local port (loopback only) with the shipped models,
+then at the same moment: ``--abandoned`` clients start a long naive run and never poll it
+again (their tab was closed), and ``--sessions`` clients each load the page, upload a
+fundus image, get the prediction and run an exact heatmap over a small region, polling as
+the browser does. Reports what each session saw (its queue position), the time to its
+result, light-request latency during the load, and the server's CPU use once every
+watched run has finished — where abandoned runs would show up as runaway CPU.
+Bounded: every client stops after its run or after ``--timeout`` seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from PIL import Image
+
+from bench.dash_client import Server, Tab
+from krypton.fundus import FundusGenerator
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=16)
+    parser.add_argument("--abandoned", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    image = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=1).image)
+    with tempfile.TemporaryDirectory() as folder:
+        server = Server(Path(folder))
+        try:
+            report(server, image, args)
+        finally:
+            server.stop()
+
+
+def report(server: Server, image: Image.Image, args) -> None:
+    results: dict[int, dict] = {}
+    light: list[float] = []
+    start = threading.Barrier(args.sessions + args.abandoned)
+
+    def abandon(index: int) -> None:
+        tab = Tab(server.url)
+        data = tab.upload_image(image)
+        start.wait()
+        tab.run(data, mode="naive", patch=4, stride=2, poll=False)  # then the tab closes
+
+    def session(index: int) -> None:
+        tab = Tab(server.url)
+        data = tab.upload_image(image)
+        start.wait()
+        began = time.perf_counter()
+        tab.predict(data)
+        handles = tab.run(data, mode="exact", region=[32, 32, 96, 96], stride=8,
+                          poll=False)
+        queue_positions = set()
+        deadline = time.time() + args.timeout
+        answer = None
+        while time.time() < deadline:
+            polled = time.perf_counter()
+            answer = tab.poll_once("heatmap-graph.figure", handles)
+            light.append(time.perf_counter() - polled)
+            if answer is None or "response" in answer:
+                break
+            status = (answer.get("progress") or {}).get("live-status.children") or ""
+            if status.startswith("Queued:"):
+                queue_positions.add(int(status.split()[1]))
+            time.sleep(0.5)
+        done = answer is not None and "result-store" in (answer.get("response") or {})
+        message = ((answer or {}).get("response") or {}).get("message", {}).get("children")
+        results[index] = {"seconds": time.perf_counter() - began, "done": done,
+                          "queued": sorted(queue_positions), "message": message}
+
+    threads = [threading.Thread(target=abandon, args=(i,)) for i in range(args.abandoned)]
+    threads += [threading.Thread(target=session, args=(i,)) for i in range(args.sessions)]
+    cpu_before = server.cpu_seconds()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(args.timeout + 60)
+    wall = time.perf_counter() - began
+    cpu_during = server.cpu_seconds() - cpu_before
+    settle = server.cpu_seconds()
+    time.sleep(5)
+    idle_cpu = (server.cpu_seconds() - settle) / 5
+
+    finished = [r for r in results.values() if r["done"]]
+    seen = sorted({p for r in results.values() for p in r["queued"]})
+    seconds = sorted(r["seconds"] for r in finished)
+    print(f"{args.sessions} sessions + {args.abandoned} abandoned naive runs (3969 positions "
+          f"each), one server, {wall:.0f} s wall, {cpu_during:.0f} CPU-s")
+    print(f"finished runs           {len(finished)} of {args.sessions}")
+    if seconds:
+        print(f"time to result          median {statistics.median(seconds):.1f} s, "
+              f"max {seconds[-1]:.1f} s")
+    print(f"queue positions shown   {seen or 'none'}")
+    refused = [r["message"] for r in results.values() if not r["done"]]
+    if refused:
+        print(f"not finished            {refused}")
+    if light:
+        light.sort()
+        print(f"poll latency            p50 {light[len(light) // 2] * 1000:.0f} ms, "
+              f"p95 {light[int(len(light) * 0.95)] * 1000:.0f} ms over {len(light)} polls")
+    print(f"server CPU after load   {idle_cpu:.2f} cores busy (abandoned runs stopped: "
+          f"{'yes' if idle_cpu < 0.2 else 'NO'})")
+
+
+if __name__ == "__main__":
+    main()
