@@ -12,7 +12,9 @@ import datetime
 import json
 import math
 import platform
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,7 +26,8 @@ from . import drilldown
 from .explainer import MODES, OcclusionExplainer, grid_positions
 
 __all__ = ["NotCalibratedError", "planned_positions", "calibrate", "estimate_seconds",
-           "CALIBRATION_PATCHES"]
+           "CALIBRATION_PATCHES", "Estimate", "estimate", "record_run", "logged_runs",
+           "measured_seconds", "runtime_log_path", "estimate_for_counts"]
 
 CALIBRATION_PATCHES = (4, 8, 16, 32)
 
@@ -156,16 +159,21 @@ def estimate_seconds(model_name: str, *, patch: int, stride: int,
 
     path, entry = find_entry(model_name, directory)
     image_size = tuple(image_size or entry["input_size"])
+    counts = planned_positions(image_size, patch, stride, region, mode, r_drill_down,
+                               target_speedup, s1)
+    return _calibrated_seconds(entry, model_name, mode, patch, counts)
+
+
+def _calibrated_seconds(entry: dict, model_name: str, mode: str, patch: int,
+                        counts: tuple[int, int]) -> float:
     calibration = entry.get("calibration", {}).get("models", {})
     model = calibration.get(str(patch), {}).get(mode)
     if model is None:
         raise NotCalibratedError(
             f"no runtime calibration for model '{model_name}' with patch {patch} in {mode} "
-            f"mode; run `python -m krypton calibrate --model {model_name}`")
-    counts = planned_positions(image_size, patch, stride, region, mode, r_drill_down,
-                               target_speedup, s1)
-    features = _features(mode, counts)
-    seconds = model["intercept"] + float(np.dot(model["coefficients"], features))
+            f"mode; run `krypton calibrate --model {model_name}`")
+    seconds = model["intercept"] + float(np.dot(model["coefficients"],
+                                                _features(mode, counts)))
     return max(seconds, 0.0)
 
 
@@ -174,3 +182,120 @@ def save_calibration(path: Path, record: dict) -> None:
     entry = json.loads(path.read_text())
     entry["calibration"] = record
     path.write_text(json.dumps(entry, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------
+# Learning on the host: every finished run is logged, and the estimate refits from the log
+# ---------------------------------------------------------------------------------------
+
+RECENT_RUNS = 40  # the estimate follows this host's recent load, not last month's
+MIN_LOGGED_RUNS = 3
+_log_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds a run should take, a plausible range, and where the numbers come from."""
+
+    seconds: float
+    low: float
+    high: float
+    source: str  # "this host's last N runs" or "calibration (DATE)"
+
+
+def runtime_log_path() -> Path:
+    """The per-host log of finished runs: $KRYPTON_HOME/runtime-log.jsonl."""
+    from .registry import krypton_home
+    return krypton_home() / "runtime-log.jsonl"
+
+
+def record_run(model_name: str, mode: str, patch: int, counts: tuple[int, int],
+               seconds: float, path: Path | None = None) -> None:
+    """Append one finished run (positions as planned: stage one, stage two) to the log."""
+    path = path or runtime_log_path()
+    line = json.dumps({"model": model_name, "mode": mode, "patch": int(patch),
+                       "stage_one": int(counts[0]), "stage_two": int(counts[1]),
+                       "seconds": round(float(seconds), 4), "when": time.time()})
+    with _log_lock:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            handle.write(line + "\n")
+
+
+def logged_runs(model_name: str, mode: str, patch: int,
+                path: Path | None = None) -> list[dict]:
+    """The most recent logged runs of (model, mode, patch), oldest first."""
+    path = path or runtime_log_path()
+    if not path.exists():
+        return []
+    rows = []
+    with _log_lock, open(path) as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if row.get("model") == model_name and row.get("mode") == mode \
+                    and row.get("patch") == patch:
+                rows.append(row)
+    return rows[-RECENT_RUNS:]
+
+
+def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> Estimate | None:
+    features = [_features(mode, (r["stage_one"], r["stage_two"])) for r in rows]
+    seconds = np.array([r["seconds"] for r in rows])
+    if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
+        return None
+    regression = LinearRegression(positive=True).fit(features, seconds)
+    predicted = float(regression.predict([_features(mode, counts)])[0])
+    fitted = regression.predict(features)
+    spread = float(np.quantile(np.abs(fitted - seconds) / np.maximum(seconds, 1e-3), 0.9))
+    spread = max(spread, 0.1)
+    predicted = max(predicted, 0.0)
+    return Estimate(predicted, predicted * (1 - spread), predicted * (1 + spread),
+                    f"this host's last {len(rows)} runs")
+
+
+def estimate(model_name: str, *, patch: int, stride: int,
+             region: Sequence[int] | None = None, mode: str = "exact",
+             image_size: Sequence[int] | None = None, r_drill_down: float = 0.25,
+             target_speedup: float = 3.0, s1: int | None = None,
+             directory: Path | None = None, log_path: Path | None = None) -> Estimate:
+    """Estimated run time with a range: refit from this host's logged runs when there are
+    enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
+    when neither exists."""
+    from .registry import find_entry
+
+    path, entry = find_entry(model_name, directory)
+    image_size = tuple(image_size or entry["input_size"])
+    counts = planned_positions(image_size, patch, stride, region, mode, r_drill_down,
+                               target_speedup, s1)
+    return estimate_for_counts(model_name, mode, patch, counts, directory, log_path)
+
+
+def estimate_for_counts(model_name: str, mode: str, patch: int, counts: tuple[int, int],
+                        directory: Path | None = None,
+                        log_path: Path | None = None) -> Estimate:
+    """:func:`estimate` for given (stage-one, stage-two) position counts."""
+    from .registry import find_entry
+
+    learned = _fit_log(logged_runs(model_name, mode, patch, log_path), mode, counts)
+    if learned is not None:
+        return learned
+    _, entry = find_entry(model_name, directory)
+    seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
+    calibration = entry.get("calibration", {})
+    error = (calibration.get("models", {}).get(str(patch), {}).get(mode, {})
+             .get("held_out_median_abs_error_percent") or 25.0) / 100
+    spread = max(2 * error, 0.1)  # the median error, doubled: most runs fall inside
+    return Estimate(seconds, seconds * (1 - spread), seconds * (1 + spread),
+                    f"calibration ({calibration.get('date', 'undated')})")
+
+
+def measured_seconds(model_name: str, mode: str, patch: int, counts: tuple[int, int],
+                     path: Path | None = None) -> float | None:
+    """Seconds of the latest logged run with exactly these settings' position counts."""
+    for row in reversed(logged_runs(model_name, mode, patch, path)):
+        if (row["stage_one"], row["stage_two"]) == tuple(counts):
+            return float(row["seconds"])
+    return None

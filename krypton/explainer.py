@@ -14,6 +14,7 @@ import time
 import warnings
 import weakref
 import zlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -34,6 +35,10 @@ MODES = ("naive", "exact", "approximate")
 DEFAULT_BATCH = {"cpu": 16, "cuda": 128}
 
 ProgressCallback = Callable[[int, int], None]
+PartialCallback = Callable[[np.ndarray], None]
+# Every class's probability is kept while positions x classes stays below this (float16
+# beyond a million values): 100 MB at most.
+ALL_CLASSES_LIMIT = 50_000_000
 
 
 @dataclass
@@ -57,6 +62,27 @@ class Heatmap:
     macs_spent: int
     macs_naive: int
     extra: dict = field(default_factory=dict)
+    class_values: np.ndarray | None = None  # (rows, cols, classes) softmax of every class
+    base_probs: np.ndarray | None = None  # (classes,) softmax of the unoccluded image
+
+    def for_label(self, label: int) -> "Heatmap":
+        """The same run's heatmap for another class, without recomputation.
+
+        Exact and naive runs keep every class's probability at every position (float16
+        where the array is large); approximate runs do not, because drill-down chooses
+        its positions by the explained class.
+        """
+        if self.class_values is None or self.base_probs is None:
+            reason = ("drill-down chose its positions for this class"
+                      if self.mode == "approximate" else "the run kept only one class")
+            raise ValueError(f"this heatmap cannot be re-coloured for another class "
+                             f"({reason}); run explain() again with label={label}")
+        if not 0 <= label < self.class_values.shape[-1]:
+            raise ValueError(f"label {label} is out of range: the model has "
+                             f"{self.class_values.shape[-1]} classes")
+        return dataclasses.replace(
+            self, values=self.class_values[..., label].astype(np.float32), label=int(label),
+            prob=float(self.base_probs[label]))
 
     @property
     def flops_spent(self) -> int:
@@ -396,7 +422,8 @@ class OcclusionExplainer:
                 batch_size: int | None = None, progress: ProgressCallback | None = None,
                 tau: float | None = None, target_ssim: float | None = None,
                 r_drill_down: float = 0.25, target_speedup: float = 3.0,
-                s1: int | None = None, tuning: TauTuning | None = None) -> Heatmap:
+                s1: int | None = None, tuning: TauTuning | None = None,
+                partial: PartialCallback | None = None) -> Heatmap:
         """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments."""
         started = time.perf_counter()
         if mode not in MODES:
@@ -444,34 +471,44 @@ class OcclusionExplainer:
         elif not 0 <= label < classes:
             raise ValueError(f"label {label} is out of range: the model has {classes} classes "
                              f"(0..{classes - 1})")
-        prob = float(torch.softmax(logits[0].float(), dim=0)[label])
+        base_probs = torch.softmax(logits[0].float(), dim=0).cpu().numpy()
+        prob = float(base_probs[label])
+        keep_all = mode != "approximate" and len(ys) * classes <= ALL_CLASSES_LIMIT
 
         run = _Run(self, image, occluder, label, batch_size, graph, views, progress,
-                   macs_per_image if mode == "naive" else 0)
+                   macs_per_image if mode == "naive" else 0, keep_all)
         extra: dict = {"batch_size": batch_size}
         if batch_size < requested_batch:  # changes speed only, never the numbers
             extra["batch_size_capped_from"] = requested_batch
+        class_values = None
         if plan is None or plan.s1 is None:  # one pass over all positions
             tau_used = plan.tau if plan is not None else 1.0
             run.expect(len(ys))
-            probabilities = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
+            probabilities, every = run.evaluate(ys, xs, patch, tau_used,
+                                                naive=mode == "naive")
             unique_xs, col_of = np.unique(xs, return_inverse=True)
             unique_ys, row_of = np.unique(ys, return_inverse=True)
             values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
             values[row_of, col_of] = probabilities
+            if every is not None:
+                class_values = np.full((len(unique_ys), len(unique_xs), classes), np.nan,
+                                       dtype=every.dtype)
+                class_values[row_of, col_of] = every
         else:
             unique_ys, unique_xs = grid
-            values = self._drill_down(run, grid, patch, plan, region, extra)
+            values = self._drill_down(run, grid, patch, plan, region, extra, partial)
         if plan is not None:
             extra.update(tau=plan.tau, tau_source=plan.tau_source,
                          r_drill_down=plan.r_drill_down if plan.s1 is not None else 1.0)
         return Heatmap(values=values, xs=unique_xs, ys=unique_ys, label=label, prob=prob,
                        mode=mode, seconds=time.perf_counter() - started, patch=patch,
                        stride=stride_used, positions_evaluated=run.evaluated,
-                       macs_spent=run.macs_spent, macs_naive=run.macs_naive, extra=extra)
+                       macs_spent=run.macs_spent, macs_naive=run.macs_naive, extra=extra,
+                       class_values=class_values, base_probs=base_probs)
 
     def _drill_down(self, run: "_Run", grid: tuple[np.ndarray, np.ndarray], patch: int,
-                    plan: "_ApproximatePlan", region, extra: dict) -> np.ndarray:
+                    plan: "_ApproximatePlan", region, extra: dict,
+                    partial: PartialCallback | None = None) -> np.ndarray:
         """Adaptive drill-down (§4.2): stage one at S1, stage two at S2 where it matters."""
         grid_ys, grid_xs = grid
         s1 = plan.s1
@@ -483,11 +520,13 @@ class OcclusionExplainer:
                                               else s1)) ** 2))
         chosen = max(1, int(np.ceil(plan.r_drill_down * stage_rows.size)))
         run.expect(stage_rows.size + chosen * blocks_per_cell)  # refined after stage one
-        stage_one = run.evaluate(stage_rows, stage_cols, patch, plan.tau) \
+        stage_one = run.evaluate(stage_rows, stage_cols, patch, plan.tau)[0] \
             .reshape(len(stage_ys), len(stage_xs))
 
         values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys,
                                                grid_xs)
+        if partial is not None:  # the whole picture, coarse, before stage two
+            partial(values.copy())
         block_rows = drilldown.block_of(grid_ys, grid_ys[0], s1, len(stage_ys))
         block_cols = drilldown.block_of(grid_xs, grid_xs[0], s1, len(stage_xs))
         refine = drilldown.selected_blocks(stage_one, plan.r_drill_down)[
@@ -497,7 +536,7 @@ class OcclusionExplainer:
             ((grid_xs - grid_xs[0]) % s1 == 0)[None, :]
         rows, cols = np.nonzero(refine & ~on_stage_one)
         run.expect(stage_rows.size + len(rows))
-        values[rows, cols] = run.evaluate(grid_ys[rows], grid_xs[cols], patch, plan.tau)
+        values[rows, cols] = run.evaluate(grid_ys[rows], grid_xs[cols], patch, plan.tau)[0]
         exact_rows, exact_cols = np.nonzero(on_stage_one)
         values[exact_rows, exact_cols] = stage_one[block_rows[exact_rows],
                                                    block_cols[exact_cols]]
@@ -551,14 +590,14 @@ def _approximate_plan(mode, tau, target_ssim, r_drill_down, target_speedup, s1, 
     elif target_ssim is not None:
         if tuning is None:
             raise ValueError("target_ssim needs this model's tuned SSIM(tau) curve, which it "
-                             "does not have; run `python -m krypton tune --model NAME` or "
+                             "does not have; run `krypton tune --model NAME` or "
                              "pass tau")
         tau_value, source = tuning.tau_for(float(target_ssim)), f"tuned for SSIM {target_ssim}"
     elif tuning is not None:
         tau_value, source = tuning.tau_for(0.9), "tuned for SSIM 0.9"
     else:
         warnings.warn("no tuned tau for this model: using tau=1.0 (no projective-field "
-                      "thresholding); run `python -m krypton tune` to tune it", stacklevel=3)
+                      "thresholding); run `krypton tune` to tune it", stacklevel=3)
         tau_value, source = 1.0, "default 1.0 (model not tuned)"
     if grid is None or r_drill_down >= 1.0 or (len(grid[0]) < 2 and len(grid[1]) < 2):
         return _ApproximatePlan(tau_value, source, r_drill_down, None, stride)
@@ -580,8 +619,9 @@ class _Run:
     """Evaluates batches of positions for one explain() call and keeps its accounting."""
 
     def __init__(self, explainer: "OcclusionExplainer", image, occluder, label, batch_size,
-                 graph, views, progress, macs_per_image):
+                 graph, views, progress, macs_per_image, keep_all: bool = False):
         self.explainer, self.image, self.occluder = explainer, image, occluder
+        self.keep_all = keep_all
         self.label, self.batch_size = label, batch_size
         self.graph, self.views, self.progress = graph, views, progress
         self.macs_per_image = macs_per_image
@@ -593,12 +633,14 @@ class _Run:
         self.total = max(total, self.evaluated)
 
     def evaluate(self, ys: np.ndarray, xs: np.ndarray, patch: int, tau: float = 1.0,
-                 naive: bool = False) -> np.ndarray:
-        """Probabilities of the label with the patch at each (x, y), batch by batch."""
+                 naive: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """Probabilities of the label with the patch at each (x, y), batch by batch, and
+        (when kept) every class's: (count,), (count, classes) or None."""
         count = len(ys)
         probabilities = np.empty(count, dtype=np.float32)
+        every = None
         if count == 0:
-            return probabilities
+            return probabilities, every
         if naive:
             geometry = None
             self.macs_spent += self.macs_per_image * count
@@ -617,12 +659,18 @@ class _Run:
                     logits = self.explainer.model(occluded)
             else:
                 logits = self.graph.run_batch(self.views, geometry, batch, self.occluder)
-            probabilities[batch] = torch.softmax(logits.float(), dim=1)[:, self.label] \
-                .cpu().numpy()
+            softmax = torch.softmax(logits.float(), dim=1)
+            probabilities[batch] = softmax[:, self.label].cpu().numpy()
+            if self.keep_all:
+                if every is None:
+                    large = count * softmax.shape[1] > 1_000_000
+                    every = np.empty((count, softmax.shape[1]),
+                                     dtype=np.float16 if large else np.float32)
+                every[batch] = softmax.cpu().numpy()
             self.evaluated += batch.stop - batch.start
             if self.progress is not None:
                 self.progress(self.evaluated, max(self.total, self.evaluated))
-        return probabilities
+        return probabilities, every
 
 
 
@@ -636,7 +684,8 @@ def explain(model: nn.Module | LoadedModel, image: torch.Tensor, *, patch: int =
             batch_size: int | None = None, device: torch.device | str | None = None,
             progress: ProgressCallback | None = None, tau: float | None = None,
             target_ssim: float | None = None, r_drill_down: float = 0.25,
-            target_speedup: float = 3.0, s1: int | None = None) -> Heatmap:
+            target_speedup: float = 3.0, s1: int | None = None,
+            partial: PartialCallback | None = None) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
     Args:
@@ -666,9 +715,12 @@ def explain(model: nn.Module | LoadedModel, image: torch.Tensor, *, patch: int =
         target_speedup: drill-down speedup that sets the stage-one stride S1 (eq 29);
             infeasible targets (eq 30) raise an error stating the largest achievable one.
         s1: stage-one stride, overriding target_speedup.
+        partial: approximate mode with drill-down calls ``partial(values)`` once stage one
+            has run, with the stage-one heatmap interpolated to the whole grid.
 
     Returns:
-        A :class:`Heatmap` of probabilities of ``label`` with the patch at each position.
+        A :class:`Heatmap` of probabilities of ``label`` with the patch at each position;
+        exact and naive runs also keep every class's (``heatmap.for_label(k)``).
     """
     tuning = None
     if isinstance(model, LoadedModel):
@@ -684,4 +736,5 @@ def explain(model: nn.Module | LoadedModel, image: torch.Tensor, *, patch: int =
                              label=label, region=region, positions=positions,
                              batch_size=batch_size, progress=progress, tau=tau,
                              target_ssim=target_ssim, r_drill_down=r_drill_down,
-                             target_speedup=target_speedup, s1=s1, tuning=tuning)
+                             target_speedup=target_speedup, s1=s1, tuning=tuning,
+                             partial=partial)
