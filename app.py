@@ -10,6 +10,7 @@ rules and the TorchScript switch come from KRYPTON_* environment variables
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -47,6 +48,16 @@ def create_app(cache_dir: str | Path | None = None,
                                       settings.trusted_uploads)
     register_callbacks(app, manager, services)
     return app
+
+
+class QuietPolls(logging.Filter):
+    """Drops the request log lines of successful callback polls: a running job is polled
+    several times a second, which would bury everything else in the server log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("/_dash-update-component" in message
+                    and ('" 200 ' in message or '" 204 ' in message))
 
 
 def serve_app():
@@ -97,6 +108,7 @@ def main() -> None:
         raise SystemExit(2)
     warn_if_exposed(args.host, settings)
     app = create_app(settings=settings)
+    logging.getLogger("werkzeug").addFilter(QuietPolls())
     print(f"Krypton is running at http://{args.host}:{args.port}/ (Ctrl+C to stop)",
           flush=True)
     app.run(host=args.host, port=args.port, debug=False)

@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 __all__ = ["ImageLoadError", "load_image", "to_rgb", "heatmap_limits", "heatmap_rgba",
-           "overlay"]
+           "overlay", "heatmap_picture"]
 
 MAX_PIXELS = 50_000_000  # refuse decompression bombs long before memory runs out
 # The smallest side accepted: smaller images hold too little for a model to classify, and
@@ -121,3 +121,47 @@ def overlay(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: np.ndarr
     layer = Image.new("RGBA", base.size, (0, 0, 0, 0))
     layer.paste(colours, (left, top))
     return Image.alpha_composite(base, layer).convert("RGB")
+
+
+def heatmap_picture(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: np.ndarray,
+                    patch: int, prob: float, input_size: tuple[int, int], title: str,
+                    min_side: int = 512) -> bytes:
+    """A PNG for the record: the heatmap over ``image`` at its own resolution (enlarged to
+    ``min_side`` on the long side if smaller), a labelled colour bar and a title.
+
+    ``xs``/``ys``/``patch`` are in the model's input pixels (``input_size`` = (H, W)).
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    picture = image.convert("RGB")
+    if max(picture.size) < min_side:
+        scale = min_side / max(picture.size)
+        picture = picture.resize((round(picture.width * scale), round(picture.height * scale)),
+                                 Image.LANCZOS)
+    width, height = picture.size
+    scale_x, scale_y = width / input_size[1], height / input_size[0]
+    step_x = int(np.min(np.diff(xs))) if len(xs) > 1 else patch
+    step_y = int(np.min(np.diff(ys))) if len(ys) > 1 else patch
+    left = (xs[0] + patch / 2 - step_x / 2) * scale_x
+    top = (ys[0] + patch / 2 - step_y / 2) * scale_y
+    extent = (left, left + step_x * len(xs) * scale_x, top + step_y * len(ys) * scale_y, top)
+    low, high = heatmap_limits(prob)
+    dpi = 100
+    figure = Figure(figsize=(width / dpi + 1.6, height / dpi + 0.9), dpi=dpi)
+    axes = figure.add_axes((0.02, 0.02, width / (width + 160), 1 - 90 / (height + 90)))
+    axes.imshow(np.asarray(picture), interpolation="nearest")
+    shown = axes.imshow(np.ma.masked_invalid(values), cmap=colormaps["jet_r"], vmin=low,
+                        vmax=high, alpha=0.55, extent=extent, interpolation="nearest")
+    axes.set_xlim(0, width)
+    axes.set_ylim(height, 0)
+    axes.axis("off")
+    bar = figure.colorbar(shown, ax=axes, fraction=0.04, pad=0.02)
+    bar.set_label("probability with the patch (red = most sensitive)")
+    bar.solids.set_alpha(1)
+    axes.set_title(title, fontsize=9, wrap=True)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()

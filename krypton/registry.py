@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 from dataclasses import dataclass
@@ -252,9 +253,14 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
     source = path.name
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle errors, zip errors, unsafe globals...
+    except pickle.UnpicklingError as exc:  # pickled objects other than tensors
+        raise CheckpointError(
+            f"{source} holds Python objects, not only tensors (a whole pickled model, or "
+            f"an optimizer or custom class), and Krypton never runs pickled code; save "
+            f"model.state_dict() with torch.save and upload that") from exc
+    except Exception as exc:  # zip errors, truncated files, text...
         raise CheckpointError(f"{source} is not a PyTorch checkpoint torch.load can read "
-                              f"safely ({type(exc).__name__}: {str(exc)[:200]})") from exc
+                              f"({type(exc).__name__})") from exc
     state = _unwrap_state_dict(checkpoint, source)
     kwargs: dict[str, Any] = {"weights": None, "num_classes": classes}
     if architecture == "inception_v3":

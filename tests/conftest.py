@@ -39,3 +39,29 @@ def krypton_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("krypton-home")
     monkeypatch.setenv("KRYPTON_HOME", str(home))
     return home
+
+
+# -- the web app (browser tests) ---------------------------------------------------------
+
+def _fundus_sample():
+    from krypton.fundus import FundusGenerator
+    return FundusGenerator(seed=11).sample(label=2, lesions=1)  # one planted exudate
+
+
+FUNDUS_SAMPLE = _fundus_sample()
+
+
+@pytest.fixture
+def krypton_app(tmp_path):
+    """The app, built the way `make run` builds it, with its own cache folder."""
+    from app import create_app
+    return create_app(tmp_path / "cache")
+
+
+@pytest.fixture
+def fundus_png(tmp_path):
+    """A generated fundus image with one planted exudate, as a PNG file."""
+    from PIL import Image
+    path = tmp_path / "fundus.png"
+    Image.fromarray(FUNDUS_SAMPLE.image).save(path)
+    return path

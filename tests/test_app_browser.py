@@ -11,31 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from PIL import Image
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 
-from krypton.fundus import FundusGenerator
+from conftest import FUNDUS_SAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture
-def krypton_app(tmp_path):
-    from app import create_app
-    return create_app(tmp_path / "cache")
-
-
-SAMPLE = FundusGenerator(seed=11).sample(label=2, lesions=1)  # one planted exudate
-
-
-@pytest.fixture
-def fundus_png(tmp_path):
-    path = tmp_path / "fundus.png"
-    Image.fromarray(SAMPLE.image).save(path)
-    return path
+SAMPLE = FUNDUS_SAMPLE  # one planted exudate (the fundus_png fixture, conftest.py)
 
 
 def around_lesion(margin=34):
@@ -83,14 +69,15 @@ def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7)):
     raise TimeoutException(f"the drag did not change the region (still {before!r})")
 
 
-def choose(dash_duo, dropdown_id, text):
-    """Open a dcc.Dropdown and click the option with this text (Dash 4 renders the open
-    list in a portal, outside the dropdown element)."""
+def choose(dash_duo, dropdown_id, text, prefix=False):
+    """Open a dcc.Dropdown and click the option with this text (or starting with it) —
+    Dash 4 renders the open list in a portal, outside the dropdown element."""
     dash_duo.find_element(f"#{dropdown_id}").click()
     deadline = time.time() + 10
     while time.time() < deadline:
         for option in dash_duo.driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option"):
-            if option.is_displayed() and option.text.strip() == text:
+            label = option.text.strip()
+            if option.is_displayed() and (label.startswith(text) if prefix else label == text):
                 option.click()
                 dash_duo.wait_for_contains_text(f"#{dropdown_id}", text, timeout=10)
                 return

@@ -1,7 +1,6 @@
 """The web app's pure helpers and its threaded job manager, without a browser."""
 import base64
 import io
-import json
 import threading
 import time
 
@@ -71,16 +70,6 @@ def test_check_region_and_colours():
     assert fill == (0.0, 1.0, 0.5)
 
 
-def test_known_cells_only_for_same_settings_and_exact_results():
-    key = helpers.settings_key("img", "model", 16, 4, (0.5, 0.5, 0.5), 2)
-    assert key == helpers.settings_key("img", "model", 16, 4, (0.5, 0.5, 0.5), 2)
-    previous = {"key": key, "mode": "exact", "cells": [[0, 4, 0.5], [4, 4, 0.25]]}
-    assert helpers.known_cells(previous, key) == {(0, 4): 0.5, (4, 4): 0.25}
-    assert helpers.known_cells(dict(previous, mode="approximate"), key) == {}
-    other = helpers.settings_key("img", "model", 16, 8, (0.5, 0.5, 0.5), 2)
-    assert helpers.known_cells(previous, other) == {}
-
-
 def test_coarse_to_fine_order_covers_region_first():
     ys, xs = np.meshgrid(np.arange(0, 64, 4), np.arange(0, 64, 4), indexing="ij")
     order = helpers.order_coarse_to_fine(ys.ravel(), xs.ravel())
@@ -97,17 +86,26 @@ def test_fill_for_display_uses_nearest_known():
     assert filled[0, 1] == pytest.approx(0.1) and filled[1, 1] == pytest.approx(0.9)
 
 
-def test_export_files():
-    image = Image.new("RGB", (32, 32), (200, 100, 50))
-    result = {"values": [[0.5, None], [0.25, 0.75]], "xs": [0, 16], "ys": [0, 16],
-              "patch": 16, "prob": 0.6, "cells": [[0, 0, 0.5]], "model": "m", "label": 1}
-    files = helpers.export_files(image, result)
-    assert files.png.startswith(b"\x89PNG")
-    assert np.load(io.BytesIO(files.npy)).shape == (2, 2)
-    rows = files.csv.strip().splitlines()
+def test_exports_for_the_record():
+    image = Image.new("RGB", (300, 200), (200, 100, 50))
+    result = {"values": np.array([[0.5, np.nan], [0.25, 0.75]], dtype=np.float32),
+              "xs": [0, 16], "ys": [0, 16], "patch": 16, "stride": 16, "prob": 0.6,
+              "model": "m", "label": 1, "label_name": "<b>EXU DATE</b>", "mode": "exact",
+              "image": "../scan 1.png", "region": [0, 0, 32, 32], "input_size": [32, 32],
+              "date": "2026-11-22 10:00"}
+    png = Image.open(io.BytesIO(helpers.export_png(image, result)))
+    assert max(png.size) >= 512 and png.size[0] > png.size[1]  # image shape, colour bar
+    assert np.load(io.BytesIO(helpers.export_npy(result))).shape == (2, 2)
+    rows = helpers.export_csv(result).strip().splitlines()
     assert rows[0] == "x,y,probability" and len(rows) == 4  # the NaN cell is left out
-    summary = json.loads(files.json)
-    assert summary["model"] == "m" and "values" not in summary and "cells" not in summary
+    assert helpers.export_stem(result) == "krypton-m-scan_1-exact-p16s16-x0-32_y0-32-b_EXU_DATE_b"
+    with pytest.raises(helpers.InputError, match="only the explained class"):
+        helpers.export_all_classes(result)
+    every = dict(result, class_values=np.zeros((2, 2, 3)), classes=["a", "b", "c"],
+                 base_probs=[0.2, 0.6, 0.2])
+    archive = np.load(io.BytesIO(helpers.export_all_classes(every)))
+    assert archive["probabilities"].shape == (2, 2, 3) and list(archive["classes"]) == \
+        ["a", "b", "c"]
 
 
 def test_threaded_manager_runs_and_cancels(tmp_path):

@@ -7,10 +7,8 @@ import logging
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
-import numpy as np
 import plotly.graph_objects as go
 import torch
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
@@ -18,19 +16,21 @@ from dash.exceptions import PreventUpdate
 
 import krypton
 from krypton.capture_lock import CAPTURE_LOCK
-from krypton.estimator import NotCalibratedError, estimate_seconds
-from krypton.explainer import grid_positions
+from krypton.estimator import Estimate, NotCalibratedError, estimate
+from krypton.explainer import grid_positions, model_fingerprint
 from krypton.registry import (CheckpointError, RegistryError, available_models,
                               default_model_name, load_model, register_model, remove_model)
 from krypton.tuning import TauTuning
 
 from . import helpers
 from .helpers import InputError
+from . import runs
 from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled
-from .layout import SAMPLES_DIR
+from .layout import SAMPLES_DIR, mode_options, placeholder_figure
 from .settings import ServerSettings
 
-LIVE_UPDATE_SECONDS = 0.4
+LIVE_UPDATE_SECONDS = 0.3
+NO_RESULT = "Press Run to compute the heatmap"
 logger = logging.getLogger("krypton.app")
 
 
@@ -54,6 +54,8 @@ class Services:
                                          int(self.settings.image_store_mb * 2**20),
                                          self.settings.image_store_count)
         self.results = helpers.ResultStore(self.settings.results_kept)
+        self.cells = runs.CellCache()
+        self._checksums: dict[str, str] = {}
         self.jobs = JobQueue(self.settings.max_running_jobs, self.settings.max_queued_jobs,
                              self.settings.max_jobs_per_session)
         self._models: dict[str, krypton.LoadedModel] = {}
@@ -65,6 +67,7 @@ class Services:
         with self._lock:
             self._models.pop(name, None)
             self._explainers.pop(name, None)
+            self._checksums.pop(name, None)
 
     def model(self, name: str) -> krypton.LoadedModel:
         if not name:
@@ -77,6 +80,14 @@ class Services:
                     raise InputError(str(exc)) from exc
                 self._explainers[name] = krypton.OcclusionExplainer(self._models[name].module)
             return self._models[name]
+
+    def weights_checksum(self, name: str) -> str:
+        """Digest of the model's weights and settings: which version made a result."""
+        module = self.model(name).module
+        with self._lock:
+            if name not in self._checksums:
+                self._checksums[name] = model_fingerprint(module)[1]
+            return self._checksums[name]
 
     def explainer(self, name: str) -> krypton.OcclusionExplainer:
         self.model(name)
@@ -95,27 +106,21 @@ class Services:
                     return self.model(name).module(tensor.unsqueeze(0)), str(exc)
 
 
-def _estimate(name, patch, stride, mode, region, drill, speedup) -> float | None:
+def _estimate(name, patch, stride, mode, region, drill, speedup) -> Estimate | None:
     try:
-        return estimate_seconds(name, patch=patch, stride=stride, mode=mode, region=region,
-                                r_drill_down=drill, target_speedup=speedup)
+        return estimate(name, patch=patch, stride=stride, mode=mode, region=region,
+                        r_drill_down=drill, target_speedup=speedup)
     except (NotCalibratedError, ValueError, RegistryError):
         return None
 
 
-def _format_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+def _record(found: Estimate) -> dict:
+    return {"seconds": found.seconds, "low": found.low, "high": found.high,
+            "source": found.source}
 
 
 def _empty_figure(text: str = "") -> go.Figure:
-    figure = go.Figure()
-    figure.update_layout(xaxis={"visible": False}, yaxis={"visible": False}, height=420,
-                         margin={"l": 0, "r": 0, "t": 0, "b": 0},
-                         annotations=[{"text": text, "showarrow": False,
-                                       "font": {"size": 14, "color": "#777"}}] if text else [])
-    return figure
+    return go.Figure(placeholder_figure(text))
 
 
 def register_callbacks(app, manager, services: Services) -> None:
@@ -181,20 +186,21 @@ def register_callbacks(app, manager, services: Services) -> None:
                   Output("label", "value"), Output("top5", "children"),
                   Output("model-card", "children"), Output("message", "children",
                                                            allow_duplicate=True),
+                  Output("mode", "options"), Output("mode", "value"),
                   Input("image-store", "data"), Input("model", "value"),
-                  prevent_initial_call="initial_duplicate")
-    def predict(image_data, model_name):
+                  State("mode", "value"), prevent_initial_call="initial_duplicate")
+    def predict(image_data, model_name, mode):
         try:
             loaded = services.model(model_name)
         except InputError as exc:
-            return None, [], None, "", "", str(exc)
+            return None, [], None, "", "", str(exc), no_update, no_update
         card = _model_card(loaded)
         if not image_data:
-            return None, [], None, "", card, no_update
+            return None, [], None, "", card, no_update, no_update, no_update
         try:
             image = services.images.get(image_data["key"])
         except InputError as exc:
-            return None, [], None, "", card, str(exc)
+            return None, [], None, "", card, str(exc), no_update, no_update
         # materialises the views now, so the Run job only computes patches
         logits, capture_error = services.logits(model_name, loaded.preprocess(image))
         probs = torch.softmax(logits[0].float(), 0)
@@ -207,8 +213,10 @@ def register_callbacks(app, manager, services: Services) -> None:
                             for i, p in top5], className="top5-table")
         message = "" if capture_error is None else \
             f"Only naive mode works for this model: {capture_error}"
+        traceable = capture_error is None
         return ({"top5": top5, "model": model_name, "image": image_data["key"]},
-                options + others, top5[0][0], table, card, message)
+                options + others, top5[0][0], table, card, message,
+                mode_options(traceable), mode if traceable else "naive")
 
     @app.callback(Output("approximate-settings", "style"), Input("mode", "value"))
     def toggle_approximate(mode):
@@ -221,23 +229,25 @@ def register_callbacks(app, manager, services: Services) -> None:
     @app.callback(Output("estimate", "children"),
                   Input("model", "value"), Input("patch", "value"), Input("stride", "value"),
                   Input("mode", "value"), Input("region-store", "data"),
-                  Input("drill-down", "value"), Input("target-speedup", "value"))
-    def estimate(model_name, patch, stride, mode, region, drill, speedup):
+                  Input("drill-down", "value"), Input("target-speedup", "value"),
+                  Input("result-store", "data"))  # refreshed after each run: it learns
+    def estimate(model_name, patch, stride, mode, region, drill, speedup, _result):
         try:
             size = services.model(model_name).input_size
             helpers.check_region(region, size, patch, stride)
             ys, xs = grid_positions(size, patch, stride, region)
         except (InputError, ValueError) as exc:
             return html.Span(str(exc), className="warning")
-        seconds = _estimate(model_name, patch, stride, mode, region, drill, speedup)
+        found = _estimate(model_name, patch, stride, mode, region, drill, speedup)
         naive = _estimate(model_name, patch, stride, "naive", region, drill, speedup)
         positions = len(ys) * len(xs)
-        if seconds is None:
+        if found is None:
             return (f"{positions} positions; no runtime estimate for this model and patch "
-                    f"size yet (python -m krypton calibrate --model {model_name})")
-        text = f"Estimated {_format_seconds(seconds)} for {positions} positions"
+                    f"size yet (make calibrate, or it learns from your first runs)")
+        text = (f"Estimated {runs.estimate_text(_record(found))} for {positions} "
+                f"positions, from {found.source}")
         if naive and mode != "naive":
-            text += f" (naive ≈ {_format_seconds(naive)})"
+            text += f" (naive ≈ {runs.format_seconds(naive.seconds)})"
         return text
 
     @app.callback(
@@ -250,7 +260,9 @@ def register_callbacks(app, manager, services: Services) -> None:
         State("colour", "value"), State("custom-colour", "value"), State("label", "value"),
         State("region-store", "data"), State("target-ssim", "value"),
         State("drill-down", "value"), State("target-speedup", "value"),
+        State("snap", "value"),
         background=True, manager=manager, prevent_initial_call=True,
+        interval=LIVE_UPDATE_SECONDS * 1000,
         running=[(Output("run", "disabled"), True, False),
                  (Output("cancel", "disabled"), False, True),
                  (Output("result-panel-body", "style"), {"display": "none"},
@@ -259,15 +271,16 @@ def register_callbacks(app, manager, services: Services) -> None:
         cancel=[Input("cancel", "n_clicks")],
         progress=[Output("progress", "value"), Output("progress", "max"),
                   Output("live-graph", "figure"), Output("live-status", "children")],
-        progress_default=["0", "1", _empty_figure(), ""],
+        progress_default=["0", "1", _empty_figure("Starting…"), ""],
     )
     def run(set_progress, n_clicks, session, image_data, model_name, patch, stride, mode,
-            colour, custom, label, region, target_ssim, drill, speedup):
-        # ``session`` keys this tab's queue place and its last result on the server; as a
+            colour, custom, label, region, target_ssim, drill, speedup, snap):
+        # ``session`` keys this tab's queue place and its results on the server; as a
         # callback argument it is also part of the background job's cache key, so two tabs
         # with identical settings never share a job's progress or result.
         if not n_clicks:
             raise PreventUpdate
+        session = str(session or "")
 
         def waiting(ahead: int) -> None:
             check_cancelled()
@@ -275,10 +288,22 @@ def register_callbacks(app, manager, services: Services) -> None:
             set_progress(("0", "1", _empty_figure(text), text))
 
         try:
-            with services.jobs.slot(str(session or ""), waiting):
-                return _run(set_progress, str(session or ""), image_data, model_name, patch,
-                            stride, mode, colour, custom, label, region, target_ssim, drill,
-                            speedup)
+            if not image_data:
+                raise InputError("load an image first")
+            loaded = services.model(model_name)
+            request = runs.RunRequest(
+                image_key=image_data["key"], image_name=str(image_data.get("name")),
+                model=model_name, patch=int(patch), stride=int(stride), mode=mode,
+                fill_rgb=helpers.parse_colour(colour, custom),
+                label=None if label is None else int(label),
+                region=tuple(region) if region else None, target_ssim=target_ssim,
+                r_drill_down=float(drill), target_speedup=float(speedup),
+                snap=bool(snap))
+            shown = helpers.model_view(services.images.get(request.image_key),
+                                       loaded.input_size)
+            with services.jobs.slot(session, waiting):
+                result = runs.execute(services, session, request,
+                                      _live_reporter(set_progress, shown))
         except QueueFull as exc:
             return no_update, no_update, no_update, str(exc)
         except JobCancelled:
@@ -289,121 +314,85 @@ def register_callbacks(app, manager, services: Services) -> None:
             logger.exception("run failed")
             return no_update, no_update, no_update, \
                 f"The run failed unexpectedly ({type(exc).__name__}: {exc}); see the server log."
-
-    def _run(set_progress, session, image_data, model_name, patch, stride, mode, colour,
-             custom, label, region, target_ssim, drill, speedup):
-        if not image_data:
-            raise InputError("load an image first")
-        loaded = services.model(model_name)
-        size = loaded.input_size
-        helpers.check_region(region, size, patch, stride)
-        rgb = helpers.parse_colour(colour, custom)
-        fill = helpers.normalised_fill(rgb, loaded.mean, loaded.std)
-        original = services.images.get(image_data["key"])
-        shown = helpers.model_view(original, size)
-        tensor = loaded.preprocess(original)
-        explainer = services.explainer(model_name)
-        logits, _ = services.logits(model_name, tensor)
-        if label is None:
-            label = int(logits[0].argmax())
-        prob = [float(torch.softmax(logits[0].float(), 0)[label])]
-        key = helpers.settings_key(image_data["key"], model_name, patch, stride, rgb, label)
-        grid_ys, grid_xs = grid_positions(size, patch, stride, region)
-        estimate = _estimate(model_name, patch, stride, mode, region, drill, speedup)
-        naive_estimate = _estimate(model_name, patch, stride, "naive", region, drill, speedup)
-        started = time.perf_counter()
-        last_update = [0.0]
-        title = f"{loaded.class_name(label)}"
-
-        def report(done, total, values=None):
-            check_cancelled()
-            now = time.perf_counter()
-            if values is None and now - last_update[0] < LIVE_UPDATE_SECONDS:
-                return
-            last_update[0] = now
-            figure = no_update
-            if values is not None:
-                figure = helpers.heatmap_figure(shown, helpers.fill_for_display(values),
-                                                grid_xs, grid_ys, patch, prob[0], title)
-            set_progress((str(done), str(max(total, 1)), figure,
-                          f"{done} of {total} positions"))
-
-        reused = 0
-        extra = {}
-        if mode in ("naive", "exact"):
-            values, reused, evaluated = _run_grid(
-                explainer, tensor, grid_ys, grid_xs, patch, mode, fill, label,
-                helpers.known_cells(services.results.get(session), key), report)
-        else:
-            tuning = TauTuning.from_entry(loaded.extra.get("entry"))
-            heatmap = explainer.explain(
-                tensor, patch=patch, stride=stride, mode="approximate", fill=fill,
-                label=label, region=region, progress=lambda d, t: report(d, t),
-                tuning=tuning, target_ssim=target_ssim if tuning else None,
-                tau=None if tuning else 1.0, r_drill_down=drill, target_speedup=speedup)
-            values, prob[0], evaluated = heatmap.values, heatmap.prob, \
-                heatmap.positions_evaluated
-            extra = dict(heatmap.extra)
-        seconds = time.perf_counter() - started
-        cells = [[int(x), int(y), float(values[r, c])]
-                 for r, y in enumerate(grid_ys) for c, x in enumerate(grid_xs)
-                 if not np.isnan(values[r, c])]
-        result = {"id": uuid.uuid4().hex, "key": key, "mode": mode, "model": model_name, "image": image_data["name"],
-                  "label": label, "label_name": loaded.class_name(label), "prob": prob[0],
-                  "patch": patch, "stride": stride, "region": region, "fill_rgb": rgb,
-                  "xs": [int(x) for x in grid_xs], "ys": [int(y) for y in grid_ys],
-                  "values": np.where(np.isnan(values), None, values).tolist(),
-                  "cells": cells, "seconds": seconds, "estimate_seconds": estimate,
-                  "naive_estimate_seconds": naive_estimate, "evaluated": evaluated,
-                  "reused": reused, "approximate": extra, "image_key": image_data["key"]}
-        figure = helpers.heatmap_figure(shown, values, grid_xs, grid_ys, patch, prob[0], title)
-        services.results.put(session, result)
+        figure = helpers.heatmap_figure(shown, result["values"], result["xs"], result["ys"],
+                                        result["patch"], result["prob"], result["label_name"])
         # The browser holds only a handle; exports and refinement read the server's copy.
         return figure, {"id": result["id"]}, _summary(result), ""
 
-    def _run_grid(explainer, tensor, grid_ys, grid_xs, patch, mode, fill, label, known,
-                  report):
-        """Exact/naive over the grid, reusing known cells, coarse-to-fine in chunks so the
-        picture appears early and sharpens."""
-        ys = np.repeat(grid_ys, len(grid_xs))
-        xs = np.tile(grid_xs, len(grid_ys))
-        values = np.full((len(grid_ys), len(grid_xs)), np.nan, dtype=np.float32)
-        row_of = {int(y): r for r, y in enumerate(grid_ys)}
-        col_of = {int(x): c for c, x in enumerate(grid_xs)}
-        reused = 0
-        todo = []
-        for index, (y, x) in enumerate(zip(ys, xs)):
-            probability = known.get((int(x), int(y)))
-            if probability is None:
-                todo.append(index)
-            else:
-                values[row_of[int(y)], col_of[int(x)]] = probability
-                reused += 1
-        todo = np.array(todo, dtype=int)
-        todo = todo[helpers.order_coarse_to_fine(ys[todo], xs[todo])] if len(todo) else todo
-        total = len(ys)
-        done = reused
-        chunk = 16
-        begin = 0
-        while begin < len(todo):
-            part = todo[begin:begin + chunk]
-            offset = done
-            heatmap = explainer.explain(
-                tensor, patch=patch, mode=mode, fill=fill, label=label,
-                positions=list(zip(xs[part].tolist(), ys[part].tolist())),
-                progress=lambda d, t, offset=offset: report(offset + d, total))
-            for x, y, p in heatmap.position_values():
-                values[row_of[y], col_of[x]] = p
-            done += len(part)
-            begin += len(part)
-            chunk = min(chunk * 2, 256)
-            report(done, total, values)
-        return values, reused, len(todo)
+    def _live_reporter(set_progress, shown) -> runs.Reporter:
+        """Progress to the page: the bar, the count and the live picture. Every update
+        carries the latest picture (a progress output cannot be left unchanged: Dash
+        would blank it), rebuilt when new values arrive, at most every
+        LIVE_UPDATE_SECONDS."""
+        state = {"figure": _empty_figure("Computing the first positions…"), "sent": 0.0}
+
+        def report(done: int, total: int, partial: runs.Partial | None = None) -> None:
+            check_cancelled()
+            now = time.perf_counter()
+            if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
+                return
+            if partial is not None:
+                state["figure"] = helpers.heatmap_figure(
+                    shown, helpers.fill_for_display(partial.values), partial.xs, partial.ys,
+                    partial.patch, partial.prob, f"{partial.label_name} (computing)")
+            state["sent"] = now
+            status = f"{done} of {total} positions" if total else "coarse picture ready"
+            set_progress((str(done), str(max(total, 1)), state["figure"], status))
+
+        return report
+
+    @app.callback(Output("heatmap-graph", "figure", allow_duplicate=True),
+                  Output("result-summary", "children", allow_duplicate=True),
+                  Output("message", "children", allow_duplicate=True),
+                  Input("label", "value"), State("session", "data"),
+                  State("result-store", "data"), prevent_initial_call=True)
+    def recolour(label, session, handle):
+        """Another class of the same run: re-coloured at once, nothing recomputed."""
+        result = services.results.get(session)
+        if label is None or not handle or result is None or result["id"] != handle.get("id") \
+                or int(label) == result["label"]:
+            raise PreventUpdate
+        try:
+            result = runs.relabel(result, int(label))
+        except InputError as exc:
+            return no_update, no_update, str(exc)
+        loaded = services.model(result["model"])
+        shown = helpers.model_view(services.images.get(result["image_key"]),
+                                   loaded.input_size)
+        services.results.put(session, result)
+        figure = helpers.heatmap_figure(shown, result["values"], result["xs"], result["ys"],
+                                        result["patch"], result["prob"], result["label_name"])
+        return figure, _summary(result), ""
+
+    @app.callback(Output("heatmap-graph", "figure", allow_duplicate=True),
+                  Output("result-summary", "children", allow_duplicate=True),
+                  Output("result-store", "data", allow_duplicate=True),
+                  Input("image-store", "data"), Input("model", "value"),
+                  prevent_initial_call=True)
+    def clear_result(image_data, model_name):
+        """A new image or model: the old heatmap, summary and downloads go."""
+        return _empty_figure(NO_RESULT), "", None
+
+    @app.callback(Output({"type": "export", "format": ALL}, "disabled"),
+                  Input("result-store", "data"),
+                  State({"type": "export", "format": ALL}, "id"))
+    def enable_exports(handle, buttons):
+        return [not handle for _ in buttons]
 
     @app.callback(Output("message", "children", allow_duplicate=True),
-                  Input("cancel", "n_clicks"), prevent_initial_call=True)
-    def cancelled(n_clicks):
-        return "Run cancelled; the previous heatmap is kept." if n_clicks else no_update
+                  Input("region-store", "data"), Input("patch", "value"),
+                  Input("stride", "value"), prevent_initial_call=True)
+    def clear_stale_message(*_):
+        """A message about the last settings goes when the settings change."""
+        return ""
+
+    @app.callback(Output("message", "children", allow_duplicate=True),
+                  Input("cancel", "n_clicks"), State("result-store", "data"),
+                  prevent_initial_call=True)
+    def cancelled(n_clicks, handle):
+        if not n_clicks:
+            return no_update
+        return "Run cancelled; the previous heatmap is kept." if handle else "Run cancelled."
 
     @app.callback(Output("download", "data"),
                   Input({"type": "export", "format": ALL}, "n_clicks"),
@@ -416,17 +405,17 @@ def register_callbacks(app, manager, services: Services) -> None:
         if result is None or result["id"] != handle.get("id"):
             raise PreventUpdate  # not this tab's current result (or expired)
         fmt = ctx.triggered_id["format"]
-        loaded = services.model(result["model"])
-        image = helpers.model_view(services.images.get(result["image_key"]), loaded.input_size)
-        files = helpers.export_files(image, result)
-        stem = f"krypton-{result['model']}-{Path(str(result['image'])).stem}"
+        original = services.images.get(result["image_key"])
+        stem = helpers.export_stem(result)
         if fmt == "png":
-            return dcc.send_bytes(files.png, f"{stem}.png")
+            return dcc.send_bytes(helpers.export_png(original, result), f"{stem}.png")
         if fmt == "npy":
-            return dcc.send_bytes(files.npy, f"{stem}.npy")
+            return dcc.send_bytes(helpers.export_npy(result), f"{stem}.npy")
+        if fmt == "npz":
+            return dcc.send_bytes(helpers.export_all_classes(result), f"{stem}-all.npz")
         if fmt == "csv":
-            return dcc.send_string(files.csv, f"{stem}.csv")
-        return dcc.send_string(files.json, f"{stem}.json")
+            return dcc.send_string(helpers.export_csv(result), f"{stem}.csv")
+        return dcc.send_string(runs.export_summary(result), f"{stem}.json")
 
     @app.callback(Output("model-upload-name", "children"), Input("model-upload", "filename"))
     def show_model_file(filename):
@@ -515,15 +504,12 @@ def _model_card(loaded: krypton.LoadedModel) -> html.Div:
 
 
 def _summary(result: dict) -> html.Div:
-    lines = [html.Strong(f"{result['label_name']}: p = {result['prob']:.3f}"),
-             html.Span(f" · {result['mode']} · {result['evaluated']} positions computed in "
-                       f"{_format_seconds(result['seconds'])}")]
-    if result["estimate_seconds"] is not None:
-        lines.append(html.Span(f" (estimated {_format_seconds(result['estimate_seconds'])})"))
-    if result["naive_estimate_seconds"] and result["seconds"] > 0:
-        lines.append(html.Span(f" · {result['naive_estimate_seconds'] / result['seconds']:.1f}× "
-                               f"faster than the naive estimate"))
-    if result["reused"]:
-        lines.append(html.Div(f"Reused {result['reused']} cells from the previous run",
-                              id="reuse-info"))
-    return html.Div(lines)
+    """The result line (wording decided by runs.summary_lines)."""
+    first, *rest = runs.summary_lines(result)
+    children = [html.Strong(first)]
+    for line in rest:
+        is_reuse = line.startswith("Reused")
+        children.append(html.Div(line, id="reuse-info") if is_reuse else html.Div(line))
+    if not result["reused"]:
+        children.append(html.Div("", id="reuse-info", style={"display": "none"}))
+    return html.Div(children)

@@ -10,12 +10,10 @@ import csv
 import hashlib
 import html
 import io
-import json
 import os
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from krypton.imaging import MAX_SIDE, ImageLoadError, heatmap_limits, load_image, overlay
+from krypton.imaging import (MAX_SIDE, ImageLoadError, heatmap_limits, heatmap_picture,
+                             load_image)
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
@@ -219,24 +218,7 @@ def normalised_fill(rgb: tuple[float, float, float], mean, std) -> tuple[float, 
     return tuple((c - m) / s for c, m, s in zip(rgb, mean, std))
 
 
-def settings_key(image: str, model: str, patch: int, stride: int, colour, label: int) -> str:
-    """What must match for heatmap cells to be reused: image, model, patch, stride (the
-    grid), colour and label — but not the region."""
-    return json.dumps([image, model, int(patch), int(stride), [round(c, 6) for c in colour],
-                       int(label)])
-
-
 # -- refinement ----------------------------------------------------------------------------
-
-
-def known_cells(previous: dict | None, key: str) -> dict[tuple[int, int], float]:
-    """(x, y) -> probability from the previous exact/naive result with the same settings.
-
-    Approximate results are never reused: their cells are not exact.
-    """
-    if not previous or previous.get("key") != key or previous.get("mode") == "approximate":
-        return {}
-    return {(int(x), int(y)): float(p) for x, y, p in previous.get("cells", [])}
 
 
 def order_coarse_to_fine(ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
@@ -309,36 +291,63 @@ def heatmap_figure(image: Image.Image, values: np.ndarray, xs, ys, patch: int,
 # -- exports -------------------------------------------------------------------------------
 
 
-@dataclass
-class ResultFiles:
-    png: bytes
-    npy: bytes
-    csv: str
-    json: str
+EXPORT_MIN_SIDE = 512  # pixels: exports are drawn at least this large
 
 
-def export_files(image: Image.Image, result: dict) -> ResultFiles:
-    """Heatmap PNG, raw values (.npy and CSV) and a JSON of settings and result."""
-    values = np.array(result["values"], dtype=np.float32)
-    xs, ys = np.array(result["xs"]), np.array(result["ys"])
-    picture = overlay(image, values, xs, ys, result["patch"], result["prob"])
-    png = io.BytesIO()
-    picture.save(png, format="PNG")
-    npy = io.BytesIO()
-    np.save(npy, values)
+def export_stem(result: dict) -> str:
+    """A file name that says what the export is: model, image, mode, region, class."""
+    region = "whole" if not result.get("region") else "x{}-{}_y{}-{}".format(
+        result["region"][0], result["region"][2], result["region"][1], result["region"][3])
+    parts = ["krypton", result["model"], Path(str(result["image"])).stem, result["mode"],
+             f"p{result['patch']}s{result['stride']}", region, result["label_name"]]
+    return "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", str(p)).strip("_.-") or "x"
+                    for p in parts)[:180]
+
+
+def export_png(original: Image.Image, result: dict) -> bytes:
+    """The heatmap over the image at the uploaded resolution (at least 512 px), with a
+    colour bar and a title: model, class, probability, mode, patch/stride, date."""
+    values = np.asarray(result["values"], dtype=np.float32)
+    title = (f"{result['model']} · {result['label_name']} (p = {result['prob']:.3f}) · "
+             f"{result['mode']} · patch {result['patch']}, stride {result['stride']} · "
+             f"{result.get('date', '')}")
+    return heatmap_picture(original, values, np.asarray(result["xs"]),
+                           np.asarray(result["ys"]), result["patch"], result["prob"],
+                           result["input_size"], title, EXPORT_MIN_SIDE)
+
+
+def export_npy(result: dict) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(result["values"], dtype=np.float32))
+    return buffer.getvalue()
+
+
+def export_all_classes(result: dict) -> bytes:
+    """Every class's probabilities (rows x cols x classes) with positions and names."""
+    if result.get("class_values") is None:
+        raise InputError("this run kept only the explained class (approximate mode)")
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, probabilities=np.asarray(result["class_values"]),
+                        xs=np.asarray(result["xs"]), ys=np.asarray(result["ys"]),
+                        classes=np.asarray(result["classes"]),
+                        unoccluded=np.asarray(result["base_probs"]))
+    return buffer.getvalue()
+
+
+def export_csv(result: dict) -> str:
+    values = np.asarray(result["values"], dtype=np.float32)
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(["x", "y", "probability"])
-    for row, y in enumerate(ys):
-        for col, x in enumerate(xs):
+    for row, y in enumerate(result["ys"]):
+        for col, x in enumerate(result["xs"]):
             if not np.isnan(values[row, col]):
                 writer.writerow([int(x), int(y), f"{values[row, col]:.6f}"])
-    summary = {k: v for k, v in result.items() if k not in ("values", "cells")}
-    return ResultFiles(png.getvalue(), npy.getvalue(), text.getvalue(),
-                       json.dumps(summary, indent=2, default=_jsonable))
+    return text.getvalue()
 
 
-def _jsonable(value: Any):
+def jsonable(value: Any):
+    """json.dumps default for numpy values."""
     if isinstance(value, (np.integer,)):
         return int(value)
     if isinstance(value, (np.floating,)):

@@ -7,10 +7,24 @@ from pathlib import Path
 from dash import dcc, html
 
 PATCH_SIZES = (4, 8, 16, 32)
+EXPORTS = (("PNG", "png", "heatmap over the image, with colour bar and title"),
+           (".npy", "npy", "the explained class's probabilities (rows x cols)"),
+           ("All classes (.npz)", "npz", "every class's probabilities, positions, names"),
+           ("CSV", "csv", "x, y, probability per position"),
+           ("JSON", "json", "settings and result"))
 STRIDES = (2, 4, 8, 16)
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "samples"
 SAMPLE_NAMES = {"retina.jpg": "Retina (fundus)", "microaneurysms.png": "Microaneurysms",
                 "chelsea.png": "Cat", "coffee.png": "Coffee"}
+
+
+def mode_options(traceable: bool = True) -> list[dict]:
+    """Naive always; Exact and Approximate only for models torch.fx can capture."""
+    why = "" if traceable else " (needs a model torch.fx can capture)"
+    return [{"label": "Naive", "value": "naive"},
+            {"label": "Exact" + why, "value": "exact", "disabled": not traceable},
+            {"label": "Approximate" + why, "value": "approximate",
+             "disabled": not traceable}]
 
 
 def _labelled(label: str, control, help_text: str | None = None) -> html.Div:
@@ -62,6 +76,15 @@ def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
     ], className="panel")
 
 
+def placeholder_figure(text: str) -> dict:
+    """An empty panel with a line of text, instead of bare axes."""
+    return {"data": [], "layout": {
+        "xaxis": {"visible": False}, "yaxis": {"visible": False}, "height": 420,
+        "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
+        "annotations": [{"text": text, "showarrow": False, "xref": "paper", "yref": "paper",
+                         "x": 0.5, "y": 0.5, "font": {"size": 14, "color": "#777"}}]}}
+
+
 def build_layout(models: list[dict], default_model: str | None,
                  max_image_bytes: int = 25 * 2**20, max_model_bytes: int = 200 * 2**20,
                  trusted_uploads: bool = False) -> html.Div:
@@ -108,11 +131,8 @@ def build_layout(models: list[dict], default_model: str | None,
                         id="stride", options=[{"label": str(s), "value": s} for s in STRIDES],
                         value=4, clearable=False)),
                 ], className="row two"),
-                _labelled("Mode", dcc.RadioItems(
-                    id="mode", value="exact", inline=True,
-                    options=[{"label": "Naive", "value": "naive"},
-                             {"label": "Exact", "value": "exact"},
-                             {"label": "Approximate", "value": "approximate"}])),
+                _labelled("Mode", dcc.RadioItems(id="mode", value="exact", inline=True,
+                                                 options=mode_options())),
                 html.Div([
                     _labelled("Target SSIM", dcc.Slider(
                         id="target-ssim", min=0.7, max=1.0, step=0.01, value=0.9,
@@ -134,7 +154,12 @@ def build_layout(models: list[dict], default_model: str | None,
                     dcc.Input(id="custom-colour", value="#808080", type="text",
                               debounce=True, className="colour-input"),
                 ], className="row")),
-                _labelled("Class to explain", dcc.Dropdown(id="label", clearable=False)),
+                _labelled("Class to explain", dcc.Dropdown(id="label", clearable=False),
+                          "switching class re-colours an exact or naive heatmap at once"),
+                dcc.Checklist(id="snap", value=["snap"], className="help",
+                              options=[{"label": " snap a new region to the last grid "
+                                                 "(reuses computed cells)",
+                                        "value": "snap"}]),
                 html.Div(id="top5", className="top5"),
                 html.Div(id="estimate", className="estimate"),
                 html.Div([html.Button("Run", id="run", n_clicks=0, className="primary"),
@@ -145,17 +170,18 @@ def build_layout(models: list[dict], default_model: str | None,
             ], className="panel settings-panel"),
             html.Section([
                 html.H2("Heatmap"),
-                html.Div([dcc.Graph(id="live-graph", config={"displaylogo": False}),
+                html.Div([dcc.Graph(id="live-graph", config={"displaylogo": False},
+                                    figure=placeholder_figure("Starting…")),
                           html.Div(id="live-status", className="status")],
                          id="live-panel", style={"display": "none"}),
                 html.Div([
-                    dcc.Graph(id="heatmap-graph", config={"displaylogo": False}),
+                    dcc.Graph(id="heatmap-graph", config={"displaylogo": False},
+                              figure=placeholder_figure("Press Run to compute the heatmap")),
                     html.Div(id="result-summary", className="summary"),
                     html.Div([html.Span("Download: "),
-                              html.Button("PNG", id={"type": "export", "format": "png"}),
-                              html.Button(".npy", id={"type": "export", "format": "npy"}),
-                              html.Button("CSV", id={"type": "export", "format": "csv"}),
-                              html.Button("JSON", id={"type": "export", "format": "json"})],
+                              *[html.Button(text, id={"type": "export", "format": fmt},
+                                            disabled=True, title=title)
+                                for text, fmt, title in EXPORTS]],
                              className="row exports"),
                 ], id="result-panel-body"),
             ], className="panel result-panel"),

@@ -1,0 +1,102 @@
+"""What the page shows during and after a run is true, in a real (headless) Chromium:
+the live heatmap stays on screen in every mode, the first picture comes within a second,
+a new image clears the old result, naive after exact computes, and switching class
+re-colours at once."""
+import time
+
+import pytest
+
+from test_app_browser import choose, upload, wait_for_result
+
+pytestmark = pytest.mark.browser
+
+HAS_HEATMAP = """
+const plot = document.querySelector('#live-graph .js-plotly-plot');
+const shown = document.querySelector('#live-panel');
+if (!plot || !shown || shown.style.display === 'none') return null;
+return (plot.data || []).some(trace => trace.type === 'heatmap');
+"""
+
+
+def sample_live_run(dash_duo, timeout=180):
+    """Press Run and sample the live panel every 50 ms until the result is shown:
+    (seconds to the first heatmap, [heatmap on screen?] after the first one)."""
+    driver = dash_duo.driver
+    pressed = time.perf_counter()
+    driver.find_element("css selector", "#run").click()
+    first, samples = None, []
+    deadline = pressed + timeout
+    while time.perf_counter() < deadline:
+        state = driver.execute_script(HAS_HEATMAP)
+        if state is None and first is not None:
+            break  # the live panel is hidden: the run has finished
+        if state and first is None:
+            first = time.perf_counter() - pressed
+        if first is not None and state is not None:
+            samples.append(state)
+        time.sleep(0.05)
+    return first, samples
+
+
+def test_live_heatmap_stays_on_screen_in_every_mode(dash_duo, krypton_app, fundus_png):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    firsts = {}
+    for mode, stride in (("exact", "4"), ("approximate", "4"), ("naive", "8")):
+        dash_duo.find_element(f"#mode input[value='{mode}']").click()
+        choose(dash_duo, "stride", stride)
+        first, samples = sample_live_run(dash_duo)
+        wait_for_result(dash_duo)
+        assert first is not None, f"{mode}: no live heatmap at all"
+        assert len(samples) >= 5, f"{mode}: the run was too short to sample"
+        shown = sum(samples) / len(samples)
+        assert shown >= 0.9, f"{mode}: a heatmap in only {shown:.0%} of {len(samples)} samples"
+        firsts[mode] = first
+        print(f"{mode}: first picture after {first:.2f} s, on screen in {shown:.0%} of "
+              f"{len(samples)} samples")
+    # a whole image on the default model, exact (the default mode): a picture in a second
+    assert firsts["exact"] < 1.0, firsts
+
+
+def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton_app,
+                                                               fundus_png):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    assert dash_duo.find_element("#result-summary").text == ""
+    assert all(button.get_attribute("disabled") for button in
+               dash_duo.find_elements("#result-panel-body .exports button"))
+    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    choose(dash_duo, "stride", "16")
+    dash_duo.find_element("#run").click()
+    exact = wait_for_result(dash_duo)
+    assert "exact · 64 positions computed" in exact
+    assert not any(button.get_attribute("disabled") for button in
+                   dash_duo.find_elements("#result-panel-body .exports button"))
+    # naive after exact computes its own positions and does not compare with itself
+    dash_duo.find_element("#mode input[value='naive']").click()
+    dash_duo.find_element("#run").click()
+    deadline = time.time() + 120
+    while time.time() < deadline and "naive ·" not in \
+            dash_duo.find_element("#result-summary").text:
+        time.sleep(0.3)
+    naive = dash_duo.find_element("#result-summary").text
+    assert "naive · 64 positions computed" in naive
+    assert "faster" not in naive and "slower" not in naive and "Reused" not in naive
+    # another class re-colours the same run at once
+    before = dash_duo.find_element("#heatmap-graph .gtitle").text
+    choose(dash_duo, "label", "NORMAL", prefix=True)
+    dash_duo.wait_for_contains_text("#heatmap-graph .gtitle", "NORMAL", timeout=10)
+    assert before != dash_duo.find_element("#heatmap-graph .gtitle").text
+    assert dash_duo.find_element("#result-summary").text.startswith("NORMAL: p = ")
+    # a new image clears the old result
+    dash_duo.find_element("#result-summary")
+    dash_duo.find_element(".gallery button:nth-child(3)").click()  # the cat
+    deadline = time.time() + 60
+    while time.time() < deadline and dash_duo.find_element("#result-summary").text:
+        time.sleep(0.3)
+    assert dash_duo.find_element("#result-summary").text == ""
+    assert all(button.get_attribute("disabled") for button in
+               dash_duo.find_elements("#result-panel-body .exports button"))

@@ -1,0 +1,383 @@
+"""One heatmap run of the app, orchestrated without a browser.
+
+The Run callback calls :func:`execute`; everything a run decides — reusing known cells on
+any grid (snapping a new region to the last grid), coarse-to-fine chunks for exact and
+naive runs, the live partial picture of approximate runs, the runtime log the estimator
+learns from, and the truthful result line — happens here and is tested without Chromium.
+Tensor algebra stays in the engine (krypton); the page stays in callbacks.py.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+import krypton
+from krypton.estimator import (Estimate, NotCalibratedError, estimate, estimate_for_counts,
+                               measured_seconds, record_run)
+from krypton.explainer import grid_positions
+from krypton.registry import RegistryError
+from krypton.tuning import TauTuning
+
+from . import helpers
+from .helpers import InputError
+
+__all__ = ["RunRequest", "CellCache", "Partial", "execute", "relabel", "summary_lines",
+           "Reporter"]
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The picture so far: the label's values on the whole grid (NaN where unknown)."""
+
+    values: np.ndarray
+    xs: np.ndarray
+    ys: np.ndarray
+    patch: int
+    label_name: str
+    prob: float
+
+
+# report(done, total, picture so far or None): called after every batch; raising stops
+Reporter = Callable[[int, int, "Partial | None"], None]
+FIRST_CHUNK = 16  # positions in the first batch: the first picture comes within a second
+LARGEST_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asked for on the page."""
+
+    image_key: str
+    image_name: str
+    model: str
+    patch: int
+    stride: int
+    mode: str
+    fill_rgb: tuple[float, float, float]
+    label: int | None = None
+    region: tuple[int, int, int, int] | None = None
+    target_ssim: float | None = 0.9
+    r_drill_down: float = 0.25
+    target_speedup: float = 3.0
+    snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
+
+
+class Services(Protocol):  # what callbacks.Services provides
+    images: helpers.ImageStore
+    results: helpers.ResultStore
+    cells: "CellCache"
+
+    def model(self, name: str) -> krypton.LoadedModel: ...
+    def explainer(self, name: str) -> krypton.OcclusionExplainer: ...
+    def logits(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, str | None]: ...
+    def weights_checksum(self, name: str) -> str: ...
+
+
+@dataclass
+class _Known:
+    cells: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # all classes
+    origin: tuple[int, int] | None = None  # (x, y) of a position of the last grid
+
+
+class CellCache:
+    """Every position computed for a session, per (image, model, patch, colour, mode):
+    probabilities of every class, so any later grid, region or class can reuse them.
+    Bounded: the most recent ``max_keys`` settings across all sessions."""
+
+    def __init__(self, max_keys: int = 64):
+        self.max_keys = max_keys
+        self._known: OrderedDict[tuple, _Known] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(session: str, request: RunRequest) -> tuple:
+        colour = tuple(round(c, 6) for c in request.fill_rgb)
+        return (session, request.image_key, request.model, request.patch, colour,
+                request.mode)
+
+    def get(self, key: tuple) -> _Known:
+        with self._lock:
+            known = self._known.get(key)
+            if known is None:
+                known = self._known[key] = _Known()
+            self._known.move_to_end(key)
+            while len(self._known) > self.max_keys:
+                self._known.popitem(last=False)
+            return known
+
+
+def snap_region(region: tuple[int, int, int, int], origin: tuple[int, int], stride: int,
+                patch: int) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
+    """Move the region's first position onto the grid through ``origin`` (never outside
+    the region): (snapped region, shift in pixels)."""
+    x0, y0, x1, y1 = region
+    shift_x = (origin[0] - x0) % stride
+    shift_y = (origin[1] - y0) % stride
+    if x0 + shift_x + patch > x1:
+        shift_x = 0
+    if y0 + shift_y + patch > y1:
+        shift_y = 0
+    return (x0 + shift_x, y0 + shift_y, x1, y1), (shift_x, shift_y)
+
+
+def execute(services: Services, session: str, request: RunRequest,
+            report: Reporter) -> dict:
+    """Run one heatmap and return its result record (also stored for the session)."""
+    if request.mode not in krypton.MODES:
+        raise InputError(f"unknown mode {request.mode!r}")
+    loaded = services.model(request.model)
+    size = loaded.input_size
+    height, width = size
+    region = tuple(request.region) if request.region else (0, 0, width, height)
+    helpers.check_region(list(region), size, request.patch, request.stride)
+    fill = helpers.normalised_fill(request.fill_rgb, loaded.mean, loaded.std)
+    original = services.images.get(request.image_key)
+    tensor = loaded.preprocess(original)
+    logits, capture_error = services.logits(request.model, tensor)
+    if capture_error and request.mode != "naive":
+        raise InputError(f"{request.mode} mode needs a model torch.fx can capture, and this "
+                         f"one cannot be ({capture_error}); choose Naive")
+    base_probs = torch.softmax(logits[0].float(), 0).cpu().numpy()
+    label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
+    if not 0 <= label < len(base_probs):
+        raise InputError(f"class {label} does not exist for {request.model}")
+
+    note = ""
+    known = None
+    if request.mode in ("exact", "naive"):
+        known = services.cells.get(CellCache.key(session, request))
+        if known.origin is not None and known.cells:
+            aligned = (region[0] - known.origin[0]) % request.stride == 0 and \
+                (region[1] - known.origin[1]) % request.stride == 0
+            if not aligned and request.snap:
+                region, shift = snap_region(region, known.origin, request.stride,
+                                            request.patch)
+                if any(shift):
+                    note = (f"the region's grid was moved by {shift[0]} px right and "
+                            f"{shift[1]} px down onto the last run's grid, to reuse its "
+                            f"cells")
+            elif not aligned:
+                offset = ((region[0] - known.origin[0]) % request.stride,
+                          (region[1] - known.origin[1]) % request.stride)
+                note = (f"no cells reused: the new region's grid is offset by {offset[0]} "
+                        f"px across and {offset[1]} px down from the last run's; turn on "
+                        f"'snap to the last grid' to reuse them")
+    whole = region == (0, 0, width, height)
+    grid_ys, grid_xs = grid_positions(size, request.patch, request.stride,
+                                      None if whole else region)
+
+    planned = _estimate(request, None if whole else region)  # what the page showed
+
+    def live(done: int, total: int, values: np.ndarray | None = None) -> None:
+        report(done, total, None if values is None else Partial(
+            values, grid_xs, grid_ys, request.patch, loaded.class_name(label),
+            float(base_probs[label])))
+
+    started = time.perf_counter()
+    explainer = services.explainer(request.model)
+    extra: dict = {}
+    class_values = None
+    if known is not None:
+        had_cells = bool(known.cells)
+        values, class_values, reused, evaluated = _run_grid(
+            explainer, tensor, grid_ys, grid_xs, request, fill, label, known, live)
+        if not reused and not note and had_cells:
+            note = "no cells reused: none of the earlier positions lies on this grid"
+        known.origin = (int(grid_xs[0]), int(grid_ys[0]))
+        counts = (evaluated, 0)
+    else:
+        tuning = TauTuning.from_entry(loaded.extra.get("entry"))
+        heatmap = explainer.explain(
+            tensor, patch=request.patch, stride=request.stride, mode="approximate",
+            fill=fill, label=label, region=None if whole else region,
+            progress=lambda done, total: live(done, total),
+            partial=lambda values: live(0, 0, values), tuning=tuning,
+            target_ssim=request.target_ssim if tuning else None,
+            tau=None if tuning else 1.0, r_drill_down=request.r_drill_down,
+            target_speedup=request.target_speedup)
+        values, evaluated, reused = heatmap.values, heatmap.positions_evaluated, 0
+        extra = dict(heatmap.extra)
+        counts = (extra.get("stage_one_positions", evaluated),
+                  extra.get("stage_two_positions", 0))
+    seconds = time.perf_counter() - started
+    if evaluated:
+        record_run(request.model, request.mode, request.patch, counts, seconds)
+
+    result = {
+        "id": uuid.uuid4().hex, "mode": request.mode, "model": request.model,
+        "weights_checksum": services.weights_checksum(request.model),
+        "image": request.image_name, "image_key": request.image_key, "label": label,
+        "label_name": loaded.class_name(label), "classes": list(loaded.classes),
+        "prob": float(base_probs[label]), "base_probs": base_probs.tolist(),
+        "patch": request.patch, "stride": request.stride, "input_size": list(size),
+        "region": None if whole else list(region), "fill_rgb": list(request.fill_rgb),
+        "xs": grid_xs.tolist(), "ys": grid_ys.tolist(), "values": values,
+        "class_values": class_values, "seconds": seconds, "evaluated": evaluated,
+        "reused": reused, "reuse_note": note, "approximate": extra,
+        "estimate": planned,
+        "naive": None if request.mode == "naive" else _naive_time(request, counts),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    services.results.put(session, result)
+    return result
+
+
+def _run_grid(explainer, tensor, grid_ys, grid_xs, request: RunRequest, fill, label: int,
+              known: _Known, report: Callable[..., None]):
+    """Exact/naive over the grid: known cells first, then coarse-to-fine chunks, so the
+    picture covers the region from the first chunk and sharpens."""
+    ys = np.repeat(grid_ys, len(grid_xs))
+    xs = np.tile(grid_xs, len(grid_ys))
+    rows = np.repeat(np.arange(len(grid_ys)), len(grid_xs))
+    cols = np.tile(np.arange(len(grid_xs)), len(grid_ys))
+    values = np.full((len(grid_ys), len(grid_xs)), np.nan, dtype=np.float32)
+    class_values = None
+    todo = []
+    for index, (x, y) in enumerate(zip(xs.tolist(), ys.tolist())):
+        cell = known.cells.get((x, y))
+        if cell is None:
+            todo.append(index)
+            continue
+        if class_values is None:
+            class_values = np.full(values.shape + (len(cell),), np.nan, dtype=np.float32)
+        class_values[rows[index], cols[index]] = cell
+        values[rows[index], cols[index]] = cell[label]
+    reused = len(ys) - len(todo)
+    todo = np.array(todo, dtype=int)
+    if len(todo):
+        todo = todo[helpers.order_coarse_to_fine(ys[todo], xs[todo])]
+    total = len(ys)
+    done = reused
+    if reused:
+        report(done, total, values.copy())
+    chunk, begin = FIRST_CHUNK, 0
+    while begin < len(todo):
+        part = todo[begin:begin + chunk]
+        offset = done
+        heatmap = explainer.explain(
+            tensor, patch=request.patch, mode=request.mode, fill=fill, label=label,
+            positions=list(zip(xs[part].tolist(), ys[part].tolist())),
+            progress=lambda d, t, offset=offset: report(offset + d, total))
+        found_rows = np.searchsorted(heatmap.ys, ys[part])
+        found_cols = np.searchsorted(heatmap.xs, xs[part])
+        values[rows[part], cols[part]] = heatmap.values[found_rows, found_cols]
+        if heatmap.class_values is not None:
+            every = heatmap.class_values[found_rows, found_cols].astype(np.float32)
+            if class_values is None:
+                class_values = np.full(values.shape + (every.shape[1],), np.nan,
+                                       dtype=np.float32)
+            class_values[rows[part], cols[part]] = every
+            for x, y, cell in zip(xs[part].tolist(), ys[part].tolist(), every):
+                known.cells[(x, y)] = cell
+        done += len(part)
+        begin += len(part)
+        chunk = min(chunk * 2, LARGEST_CHUNK)
+        report(done, total, values.copy())
+    return values, class_values, reused, len(todo)
+
+
+def _estimate(request: RunRequest, region) -> dict | None:
+    try:
+        found = estimate(request.model, patch=request.patch, stride=request.stride,
+                         region=region, mode=request.mode,
+                         r_drill_down=request.r_drill_down,
+                         target_speedup=request.target_speedup)
+    except (NotCalibratedError, ValueError, RegistryError):
+        return None
+    return _estimate_record(found)
+
+
+def _estimate_record(found: Estimate) -> dict:
+    return {"seconds": found.seconds, "low": found.low, "high": found.high,
+            "source": found.source}
+
+
+def _naive_time(request: RunRequest, counts: tuple[int, int]) -> dict | None:
+    """Naive seconds for the positions this run computed: measured (a logged naive run of
+    exactly as many positions) or estimated."""
+    positions = sum(counts)
+    if not positions:
+        return None
+    measured = measured_seconds(request.model, "naive", request.patch, (positions, 0))
+    if measured is not None:
+        return {"seconds": measured, "kind": "measured"}
+    try:
+        found = estimate_for_counts(request.model, "naive", request.patch, (positions, 0))
+    except (NotCalibratedError, RegistryError):
+        return None
+    return {"seconds": found.seconds, "kind": "estimated"}
+
+
+def estimate_text(found: dict | None) -> str:
+    """'4.0 s (3.1–5.6 s)' for an estimate record."""
+    if not found:
+        return "unknown"
+    return (f"{format_seconds(found['seconds'])} ({format_seconds(found['low'])}–"
+            f"{format_seconds(found['high'])})")
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def speed_text(seconds: float, naive: dict | None) -> str | None:
+    """'2.3× faster than naive (measured on this host)', '1.4× slower …', or None."""
+    if not naive or seconds <= 0 or naive["seconds"] <= 0:
+        return None
+    ratio = naive["seconds"] / seconds
+    where = "measured on this host" if naive["kind"] == "measured" else "estimated"
+    if ratio >= 1:
+        return f"{ratio:.1f}× faster than naive ({where})"
+    return f"{1 / ratio:.1f}× slower than naive ({where})"
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The result as the page states it: label, what ran and how long, against what."""
+    lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
+    if result["evaluated"]:
+        line = (f"{result['mode']} · {result['evaluated']} positions computed in "
+                f"{format_seconds(result['seconds'])}")
+        if result.get("estimate"):
+            line += f" (estimated {estimate_text(result['estimate'])})"
+        lines.append(line)
+        speed = speed_text(result["seconds"], result.get("naive"))
+        if speed:
+            lines.append(speed)
+    else:
+        lines.append(f"{result['mode']} · nothing computed: every cell was known from "
+                     f"earlier runs")
+    if result["reused"]:
+        lines.append(f"Reused {result['reused']} cells from earlier runs")
+    if result.get("reuse_note"):
+        lines.append(result["reuse_note"][0].upper() + result["reuse_note"][1:])
+    return lines
+
+
+def relabel(result: dict, label: int) -> dict:
+    """The same result for another class, from the probabilities kept for every class."""
+    if result.get("class_values") is None:
+        raise InputError("this heatmap was computed for one class only (approximate "
+                         "mode chooses its positions by the class); press Run to explain "
+                         "the new class")
+    if not 0 <= label < len(result["classes"]):
+        raise InputError(f"class {label} does not exist")
+    return dict(result, label=label, label_name=result["classes"][label],
+                prob=float(result["base_probs"][label]),
+                values=np.asarray(result["class_values"])[..., label].astype(np.float32))
+
+
+def export_summary(result: dict) -> str:
+    """The JSON export: settings and result, without the arrays."""
+    skipped = ("values", "class_values", "base_probs")
+    return json.dumps({k: v for k, v in result.items() if k not in skipped}, indent=2,
+                      default=helpers.jsonable)
