@@ -7,17 +7,26 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test run serve bench bench-load analyze models tune calibrate clean
+.PHONY: setup test test-quick lint run serve bench bench-load analyze models tune calibrate clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .  # the `krypton` command
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The quick loop: everything but the browser and security suites (real servers).
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not browser and not security"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 run: $(STAMP)
 	$(PY) app.py --host $(HOST) --port $(PORT)
@@ -37,7 +46,8 @@ bench-load: $(STAMP)
 	$(PY) -m bench.load
 
 analyze: $(STAMP)
-	for model in vgg16 resnet18 inception_v3; do $(PY) -m krypton analyze --model $$model | tail -1; done
+	for model in vgg16 resnet18 inception_v3 fundus-demo; do \
+		$(VENV)/bin/krypton analyze --model $$model | tail -1; done
 
 # Fetch ImageNet weights through torchvision's weights API (needs network access).
 models: $(STAMP)
@@ -45,10 +55,10 @@ models: $(STAMP)
 
 # Fit the demo model's SSIM(tau) curve and this host's runtime estimator (models/*.json).
 tune: $(STAMP)
-	$(PY) -m krypton tune --model fundus-demo --stride 8
+	$(VENV)/bin/krypton tune --model fundus-demo --stride 8
 
 calibrate: $(STAMP)
-	$(PY) -m krypton calibrate --model fundus-demo
+	$(VENV)/bin/krypton calibrate --model fundus-demo
 
 clean:
 	rm -rf $(VENV) out cache .pytest_cache

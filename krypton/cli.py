@@ -1,16 +1,22 @@
-"""Command line: ``python -m krypton explain IMAGE ...`` and ``python -m krypton analyze``."""
+"""Command line: ``krypton explain IMAGE ...``, ``krypton analyze``, ``krypton models`` ...
+
+Installed as the ``krypton`` command by ``make`` (``.venv/bin/krypton``);
+``python -m krypton`` is the same.
+"""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from . import analysis, explainer as explain_module
-from .imaging import ImageLoadError, load_image, overlay
+from .imaging import ImageLoadError, heatmap_picture, load_image
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
 from .registry import (RegistryError, available_models, default_model_name, load_model,
                        remove_model)
@@ -38,14 +44,14 @@ def _fill(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m krypton",
+    parser = argparse.ArgumentParser(prog="krypton",
                                      description="Fast occlusion-based CNN explanations.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("explain", help="occlusion heatmap of one image")
     run.add_argument("image", help="image file (PNG, JPEG, TIFF, BMP, ...)")
     run.add_argument("--model", default=None,
-                     help="registered model name (see `python -m krypton models`); default "
+                     help="registered model name (see `krypton models`); default "
                           "the registry's default model")
     run.add_argument("--patch", type=int, default=16)
     run.add_argument("--stride", type=int, default=4)
@@ -58,7 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--random-weights", action="store_true",
                      help="use an untrained network when trained weights are unavailable")
     run.add_argument("--out", default="heatmap.png",
-                     help="overlay PNG; raw values go next to it as .npy")
+                     help="heatmap PNG (image resolution, colour bar, title); the explained "
+                          "class's values go next to it as .npy, every class's as .npz")
+    approximate = run.add_argument_group(
+        "approximate mode (--mode approximate; default τ: the model's tuned value for "
+        "SSIM 0.9, as in the app)")
+    approximate.add_argument("--tau", type=float, help="projective-field threshold in (0, 1]")
+    approximate.add_argument("--target-ssim", type=float,
+                             help="choose τ from the model's tuned SSIM(τ) curve")
+    approximate.add_argument("--drill-down", type=float, default=0.25,
+                             help="fraction refined at full resolution (1: no drill-down)")
+    approximate.add_argument("--target-speedup", type=float, default=3.0,
+                             help="drill-down speedup that sets the stage-one stride")
+    approximate.add_argument("--s1", type=int, help="stage-one stride (overrides "
+                                                    "--target-speedup)")
 
     commands.add_parser("models", help="list registered models and their availability")
 
@@ -85,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(run time does not depend on the weights)")
 
     analyze = commands.add_parser("analyze", help="theoretical speedup (paper eqs 9-12)")
-    analyze.add_argument("--model", default="vgg16", choices=TORCHVISION_MODELS)
+    analyze.add_argument("--model", default="vgg16",
+                         help="a registered model or a torchvision architecture name "
+                              "(random weights: the analysis needs shapes only)")
     analyze.add_argument("--patch", type=int, default=16)
     analyze.add_argument("--tau", type=float, default=1.0)
     return parser
@@ -94,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(name: str | None, random_weights: bool):
     name = name or default_model_name()
     if name is None:
-        raise SystemExit("error: no model is available; run `python -m krypton models`")
+        raise SystemExit("error: no model is available; run `krypton models`")
     try:
         return load_model(name)
     except RegistryError as exc:
@@ -163,35 +184,65 @@ def run_explain(args: argparse.Namespace) -> int:
     model = _load(args.model, args.random_weights)
     image = model.preprocess(picture)
     fill = model.gray_fill() if args.fill == "gray" else args.fill
+    approximate = {}
+    if args.mode == "approximate":
+        approximate = {"tau": args.tau, "target_ssim": args.target_ssim,
+                       "r_drill_down": args.drill_down, "target_speedup": args.target_speedup,
+                       "s1": args.s1}
+    bar = tqdm(total=0, unit="pos", desc=args.mode, file=sys.stderr, leave=False,
+               disable=None)  # disabled automatically when stderr is not a terminal
 
     def progress(done: int, total: int) -> None:
-        print(f"\r{done}/{total} positions", end="", file=sys.stderr, flush=True)
+        bar.total = total
+        bar.n = done
+        bar.refresh()
 
     try:
+        # The LoadedModel itself: the registry's tuned τ applies, as in the app.
         heatmap = explain_module.explain(
-            model.module, image, patch=args.patch, stride=args.stride, mode=args.mode,
+            model, image, patch=args.patch, stride=args.stride, mode=args.mode,
             fill=fill, label=args.label, region=args.region, batch_size=args.batch_size,
-            progress=progress)
+            progress=progress, **approximate)
     except (ValueError, TypeError) as exc:
+        bar.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(file=sys.stderr)
+    bar.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    shown = picture.convert("RGB").resize(model.input_size[::-1])
-    overlay(shown, heatmap.values, heatmap.xs, heatmap.ys, heatmap.patch, heatmap.prob) \
-        .save(out)
+    random = " — RANDOM weights: this explains an untrained network" \
+        if model.random_weights else ""
+    label_name = model.class_name(heatmap.label)
+    title = (f"{model.name} · {label_name} (p = {heatmap.prob:.3f}) · {heatmap.mode} · "
+             f"patch {heatmap.patch}, stride {heatmap.stride} · "
+             f"{time.strftime('%Y-%m-%d %H:%M')}{random}")
+    out.write_bytes(heatmap_picture(picture, heatmap.values, heatmap.xs, heatmap.ys,
+                                    heatmap.patch, heatmap.prob, model.input_size, title))
     np.save(out.with_suffix(".npy"), heatmap.values)
+    written = [out, out.with_suffix(".npy")]
+    if heatmap.class_values is not None:
+        np.savez_compressed(out.with_suffix(".npz"), probabilities=heatmap.class_values,
+                            xs=heatmap.xs, ys=heatmap.ys, classes=np.asarray(model.classes),
+                            unoccluded=heatmap.base_probs)
+        written.append(out.with_suffix(".npz"))
     weights = "RANDOM weights" if model.random_weights else "trained weights"
     print(f"model      {model.name} ({weights})")
-    print(f"label      {heatmap.label} {model.class_name(heatmap.label)}")
+    print(f"label      {heatmap.label} {label_name}{random}")
     print(f"probability {heatmap.prob:.4f} (lowest with occlusion "
           f"{np.nanmin(heatmap.values):.4f})")
-    print(f"positions  {heatmap.positions_evaluated} ({heatmap.values.shape[0]}x"
-          f"{heatmap.values.shape[1]}), mode {heatmap.mode}")
-    print(f"time       {heatmap.seconds:.2f} s; FLOPs {heatmap.flops_ratio:.2f}x fewer "
-          f"than naive")
-    print(f"wrote      {out} and {out.with_suffix('.npy')}")
+    print(f"positions  {heatmap.positions_evaluated} evaluated on a "
+          f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid, mode {heatmap.mode}")
+    if heatmap.mode == "approximate":
+        per_position = heatmap.macs_naive / max(heatmap.positions_evaluated, 1)
+        fewer = heatmap.values.size * per_position / max(heatmap.macs_spent, 1)
+        print(f"tau        {heatmap.extra['tau']:.2f} ({heatmap.extra['tau_source']}); "
+              f"drill-down r {heatmap.extra['r_drill_down']:g}")
+        print(f"time       {heatmap.seconds:.2f} s; FLOPs {fewer:.2f}x fewer than naive "
+              f"over the whole grid (thresholding and drill-down)")
+    else:
+        print(f"time       {heatmap.seconds:.2f} s; FLOPs {heatmap.flops_ratio:.2f}x fewer "
+              f"than naive")
+    print(f"wrote      {', '.join(str(p) for p in written)}")
     return 0
 
 
@@ -268,8 +319,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shapes_only_model(name: str):
+    """A registered model (its own weights if available) or a torchvision architecture
+    with random weights: the analysis needs shapes only."""
+    known = {info.name: info for info in available_models()}
+    if name in known and known[name].available:
+        return load_model(name)
+    architecture = known[name].architecture if name in known else name
+    try:
+        return load_torchvision_model(architecture, random_weights=True)
+    except ValueError:
+        raise SystemExit(f"error: '{name}' is neither a registered model (see `krypton "
+                         f"models`) nor a torchvision architecture") from None
+
+
 def run_analyze(args: argparse.Namespace) -> int:
-    model = load_torchvision_model(args.model, random_weights=True)  # shapes only
+    model = _shapes_only_model(args.model)
     try:
         report = analysis.analyze(model.module, (3, *model.input_size), args.patch, args.tau)
     except ValueError as exc:
@@ -279,6 +344,11 @@ def run_analyze(args: argparse.Namespace) -> int:
           f"{args.patch} at the centre (worst case), tau {args.tau}")
     print(report.table())
     return 0
+
+
+def main_entry() -> None:
+    """The ``krypton`` console command."""
+    raise SystemExit(main())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,7 +158,8 @@ def out_of_place_call(target: Callable, args: tuple, kwargs: dict) -> tuple[tupl
 # ---------------------------------------------------------------------------------------
 
 
-def _conv_spec(conv: nn.Conv2d, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> LocalOpSpec | None:
+def _conv_spec(conv: nn.Conv2d, in_hw: tuple[int, int],
+               out_hw: tuple[int, int]) -> LocalOpSpec | None:
     if conv.padding_mode != "zeros":
         return None  # reflect/replicate/circular padding reads beyond the zero border model
     kh, kw = conv.kernel_size

@@ -1,8 +1,6 @@
 """Approximate mode: thresholding, drill-down, τ tuning and the runtime estimator."""
 import json
 import math
-import shutil
-import warnings
 
 import numpy as np
 import pytest
@@ -195,7 +193,7 @@ def test_tuning_and_calibration_round_trip(tmp_path, model, image):
     more = estimate_seconds("tiny", patch=16, stride=2, mode="exact", directory=registry)
     assert more > estimate_seconds("tiny", patch=16, stride=8, mode="exact",
                                    directory=registry)
-    with pytest.raises(NotCalibratedError, match="python -m krypton calibrate --model tiny"):
+    with pytest.raises(NotCalibratedError, match="krypton calibrate --model tiny"):
         estimate_seconds("tiny", patch=8, stride=4, directory=registry)
 
 

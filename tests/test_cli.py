@@ -26,9 +26,37 @@ def test_explain_writes_overlay_and_values(tmp_path):
     assert "RANDOM weights" in result.stderr and "RANDOM weights" in result.stdout
     values = np.load(tmp_path / "heat.npy")
     assert values.shape == (5, 5) and np.isfinite(values).all()
-    with Image.open(out) as picture:
-        assert picture.size == (224, 224)
+    with Image.open(out) as picture:  # the photo's own resolution (600x400), colour bar
+        assert picture.size[0] > 600 and picture.size[1] > 400
     assert "probability" in result.stdout and "time" in result.stdout
+    label_line = next(line for line in result.stdout.splitlines() if line.startswith("label"))
+    assert "RANDOM weights" in label_line
+    every = np.load(tmp_path / "heat.npz")
+    assert every["probabilities"].shape == (5, 5, 1000)
+    np.testing.assert_allclose(every["probabilities"][..., int(label_line.split()[1])],
+                               values, atol=1e-6)
+
+
+def test_the_installed_command_works_from_any_folder(tmp_path):
+    """README's commands as written: `.venv/bin/krypton ...` outside the repository."""
+    command = ROOT / ".venv" / "bin" / "krypton"
+    assert command.exists(), "make installs the package into .venv (pip install -e .)"
+    result = subprocess.run([str(command), "explain", str(ROOT / "assets/samples/retina.jpg"),
+                             "--mode", "approximate", "--stride", "8", "--out", "h.png"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "no tuned tau" not in result.stderr  # the registry's tuned τ is used
+    assert "tau        0.91 (tuned for SSIM 0.9)" in result.stdout
+    assert "over the whole grid (thresholding and drill-down)" in result.stdout
+    assert (tmp_path / "h.png").exists() and (tmp_path / "h.npy").exists()
+    result = subprocess.run([str(command), "explain", str(ROOT / "assets/samples/retina.jpg"),
+                             "--mode", "approximate", "--stride", "8", "--tau", "0.7",
+                             "--drill-down", "1", "--out", "g.png"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "tau        0.70 (given); drill-down r 1" in result.stdout, result.stderr
+    result = subprocess.run([str(command), "analyze", "--model", "fundus-demo"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "theoretical speedup" in result.stdout
 
 
 def test_explain_without_weights_says_how_to_get_them(tmp_path):

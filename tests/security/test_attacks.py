@@ -20,6 +20,8 @@ from krypton.registry import register_model
 
 from bench.dash_client import ROOT, Server, Tab, find
 
+pytestmark = pytest.mark.security
+
 FUNDUS = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=1).image)
 
 
