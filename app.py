@@ -7,6 +7,7 @@ Layout, callbacks and helpers live in webapp/; the engine in krypton/. Limits, a
 rules and the TorchScript switch come from KRYPTON_* environment variables
 (webapp/settings.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,23 +30,33 @@ from webapp.settings import LOCAL_HOSTS, ServerSettings, SettingsError
 ROOT = Path(__file__).resolve().parent
 
 
-def create_app(cache_dir: str | Path | None = None,
-               settings: ServerSettings | None = None) -> Dash:
+def create_app(cache_dir: str | Path | None = None, settings: ServerSettings | None = None) -> Dash:
     """Build the Dash app; ``cache_dir`` holds job results and uploaded images."""
     settings = settings or ServerSettings.from_environment()
     cache_dir = Path(cache_dir or os.environ.get("KRYPTON_CACHE_DIR", ROOT / "cache"))
     cache_dir.mkdir(parents=True, exist_ok=True)
-    manager = ThreadedDiskcacheManager(diskcache.Cache(str(cache_dir / "jobs")), expire=3600,
-                                       abandon_seconds=settings.abandon_seconds)
-    app = Dash(__name__, title="Krypton", background_callback_manager=manager,
-               assets_folder=str(ROOT / "assets"))
+    manager = ThreadedDiskcacheManager(
+        diskcache.Cache(str(cache_dir / "jobs")),
+        expire=3600,
+        abandon_seconds=settings.abandon_seconds,
+    )
+    app = Dash(
+        __name__,
+        title="Krypton",
+        background_callback_manager=manager,
+        assets_folder=str(ROOT / "assets"),
+    )
     guard = RequestGuard(app.server.wsgi_app, settings)
     app.server.wsgi_app = guard  # host, authentication and size checks come first
     app.server.config["MAX_CONTENT_LENGTH"] = guard.largest_limit()  # a second line
     services = Services(cache_dir, settings)
-    app.layout = lambda: build_layout(model_options(), default_model_name(),
-                                      settings.max_image_bytes, settings.max_model_bytes,
-                                      settings.trusted_uploads)
+    app.layout = lambda: build_layout(
+        model_options(),
+        default_model_name(),
+        settings.max_image_bytes,
+        settings.max_model_bytes,
+        settings.trusted_uploads,
+    )
     register_callbacks(app, manager, services)
     return app
 
@@ -56,8 +67,9 @@ class QuietPolls(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not ("/_dash-update-component" in message
-                    and ('" 200 ' in message or '" 204 ' in message))
+        return not (
+            "/_dash-update-component" in message and ('" 200 ' in message or '" 204 ' in message)
+        )
 
 
 def serve_app():
@@ -74,10 +86,14 @@ def serve_app():
 def warn_if_exposed(host: str, settings: ServerSettings) -> None:
     """Say so when the server listens beyond this machine without authentication."""
     if host not in LOCAL_HOSTS and not settings.authenticates:
-        print(f"WARNING: serving on {host} without authentication: anyone who can reach "
-              f"this address can use the app and upload models. Set KRYPTON_USERNAME and "
-              f"KRYPTON_PASSWORD, or KRYPTON_AUTH_HEADER behind a trusted reverse proxy "
-              f"(README: Security and limits).", file=sys.stderr, flush=True)
+        print(
+            f"WARNING: serving on {host} without authentication: anyone who can reach "
+            f"this address can use the app and upload models. Set KRYPTON_USERNAME and "
+            f"KRYPTON_PASSWORD, or KRYPTON_AUTH_HEADER behind a trusted reverse proxy "
+            f"(README: Security and limits).",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -87,8 +103,10 @@ def port_problem(host: str, port: int) -> str | None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            return (f"cannot serve on {host}:{port}: {exc.strerror or exc}. Is Krypton "
-                    f"already running? Stop it, or choose another port (make run PORT=8051)")
+            return (
+                f"cannot serve on {host}:{port}: {exc.strerror or exc}. Is Krypton "
+                f"already running? Stop it, or choose another port (make run PORT=8051)"
+            )
     return None
 
 
@@ -109,8 +127,7 @@ def main() -> None:
     warn_if_exposed(args.host, settings)
     app = create_app(settings=settings)
     logging.getLogger("werkzeug").addFilter(QuietPolls())
-    print(f"Krypton is running at http://{args.host}:{args.port}/ (Ctrl+C to stop)",
-          flush=True)
+    print(f"Krypton is running at http://{args.host}:{args.port}/ (Ctrl+C to stop)", flush=True)
     app.run(host=args.host, port=args.port, debug=False)
 
 

@@ -9,6 +9,7 @@ memory (growth of the resident set's high-water mark over the loaded, warmed-up 
 measured in a separate short run, see run_child) belongs to that mode alone; ratios are
 taken between runs of the same invocation, because this machine is shared and noisy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,18 +78,26 @@ def measure(model_name: str, mode: str, region_side: int, settings: str = "") ->
         extra = {}
         if mode == "approximate":
             r_drill_down, target = (float(v) for v in settings.split(","))
-            extra = {"tau": PAPER_TAU[model_name], "r_drill_down": r_drill_down,
-                     "target_speedup": target}
+            extra = {
+                "tau": PAPER_TAU[model_name],
+                "r_drill_down": r_drill_down,
+                "target_speedup": target,
+            }
         heatmap = krypton.OcclusionExplainer(model).explain(
-            image, patch=PATCH, stride=STRIDE, mode=mode, region=region, batch_size=BATCH,
-            **extra)
+            image, patch=PATCH, stride=STRIDE, mode=mode, region=region, batch_size=BATCH, **extra
+        )
         values = heatmap.values
         positions = heatmap.positions_evaluated
     seconds = time.perf_counter() - began
     peak = _status_mib("VmHWM")
-    return {"model": model_name, "mode": mode, "seconds": seconds,
-            "positions": int(positions), "peak_mib": peak - baseline,
-            "values": np.asarray(values, dtype=float).tolist()}
+    return {
+        "model": model_name,
+        "mode": mode,
+        "seconds": seconds,
+        "positions": int(positions),
+        "peak_mib": peak - baseline,
+        "values": np.asarray(values, dtype=float).tolist(),
+    }
 
 
 def _captum(model, image, region) -> int:
@@ -112,13 +121,18 @@ def _captum(model, image, region) -> int:
     with torch.no_grad():
         Occlusion(forward).attribute(
             image[:, y0:y1, x0:x1].unsqueeze(0).clone(),
-            sliding_window_shapes=(3, PATCH, PATCH), strides=(3, STRIDE, STRIDE),
-            baselines=0.0, target=label, perturbations_per_eval=BATCH)
+            sliding_window_shapes=(3, PATCH, PATCH),
+            strides=(3, STRIDE, STRIDE),
+            baselines=0.0,
+            target=label,
+            perturbations_per_eval=BATCH,
+        )
     return ((y1 - y0 - PATCH) // STRIDE + 1) * ((x1 - x0 - PATCH) // STRIDE + 1)
 
 
-def run_child(model_name: str, mode: str, region_side: int, for_memory: bool = False,
-              settings: str = "") -> dict:
+def run_child(
+    model_name: str, mode: str, region_side: int, for_memory: bool = False, settings: str = ""
+) -> dict:
     """One measurement in a fresh interpreter.
 
     Timing runs use the default allocator. Memory runs fix glibc's mmap threshold: glibc
@@ -127,8 +141,16 @@ def run_child(model_name: str, mode: str, region_side: int, for_memory: bool = F
     same for every mode) makes it measure memory in use, but slows both modes, so memory
     runs are separate and short (peak memory is per batch, not per region).
     """
-    command = [sys.executable, "-m", "bench.bench", "--child", model_name, mode,
-               str(region_side), settings]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.bench",
+        "--child",
+        model_name,
+        mode,
+        str(region_side),
+        settings,
+    ]
     env = dict(os.environ)
     if for_memory:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
@@ -143,8 +165,10 @@ def run_repeated(model_name: str, mode: str, region_side: int, settings: str = "
     processes, because transient load on a shared machine moves a 4 s run by 20-40%;
     naive and Captum runs (about 30 s each) average that noise out within one run."""
     repeats = REPEATS if mode in ("exact", "approximate") else 1
-    runs = sorted((run_child(model_name, mode, region_side, settings=settings)
-                   for _ in range(repeats)), key=lambda r: r["seconds"])
+    runs = sorted(
+        (run_child(model_name, mode, region_side, settings=settings) for _ in range(repeats)),
+        key=lambda r: r["seconds"],
+    )
     chosen = runs[len(runs) // 2]
     chosen["all_seconds"] = [round(r["seconds"], 2) for r in runs]
     return chosen
@@ -180,59 +204,93 @@ def main() -> None:
         modes = ["naive", "exact"] + ([] if args.no_captum else ["captum"])
         for mode in modes:
             results[mode] = run_repeated(name, mode, side)
-            results[mode]["peak_mib"] = run_child(name, mode, MEMORY_REGION,
-                                                  for_memory=True)["peak_mib"]
-            print(f"  {name:<13} {mode:<7} {results[mode]['seconds']:7.2f} s "
-                  f"{results[mode]['all_seconds']}  peak +{results[mode]['peak_mib']:.0f} MiB",
-                  file=sys.stderr, flush=True)
+            results[mode]["peak_mib"] = run_child(name, mode, MEMORY_REGION, for_memory=True)[
+                "peak_mib"
+            ]
+            print(
+                f"  {name:<13} {mode:<7} {results[mode]['seconds']:7.2f} s "
+                f"{results[mode]['all_seconds']}  peak +{results[mode]['peak_mib']:.0f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
         if not args.no_approximate:
             for r_drill_down, target in APPROXIMATE_SETTINGS:
                 label = f"approximate r={r_drill_down:g} target={target:g}"
-                timed = run_repeated(name, "approximate", side,
-                                     settings=f"{r_drill_down},{target}")
-                approximate_rows.append({
-                    "model": name, "setting": label, "tau": PAPER_TAU[name],
-                    "seconds": timed["seconds"],
-                    "speedup": results["naive"]["seconds"] / timed["seconds"],
-                    "positions": timed["positions"]})
-                print(f"  {name:<13} {label:<32} {timed['seconds']:7.2f} s "
-                      f"{timed['all_seconds']}", file=sys.stderr, flush=True)
-        diff = float(np.max(np.abs(np.array(results["exact"]["values"])
-                                   - np.array(results["naive"]["values"]))))
+                timed = run_repeated(name, "approximate", side, settings=f"{r_drill_down},{target}")
+                approximate_rows.append(
+                    {
+                        "model": name,
+                        "setting": label,
+                        "tau": PAPER_TAU[name],
+                        "seconds": timed["seconds"],
+                        "speedup": results["naive"]["seconds"] / timed["seconds"],
+                        "positions": timed["positions"],
+                    }
+                )
+                print(
+                    f"  {name:<13} {label:<32} {timed['seconds']:7.2f} s {timed['all_seconds']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        diff = float(
+            np.max(
+                np.abs(np.array(results["exact"]["values"]) - np.array(results["naive"]["values"]))
+            )
+        )
         naive_s = results["naive"]["seconds"]
         for mode in modes:
             r = results[mode]
-            rows.append({
-                "model": name, "mode": mode, "seconds": r["seconds"],
-                "speedup_naive": naive_s / r["seconds"],
-                "speedup_captum": (results["captum"]["seconds"] / r["seconds"]
-                                   if "captum" in results else float("nan")),
-                "theory": theory if mode == "exact" else 1.0,
-                "peak_mib": r["peak_mib"], "positions": r["positions"],
-                "region": side, "max_diff": diff if mode == "exact" else 0.0})
+            rows.append(
+                {
+                    "model": name,
+                    "mode": mode,
+                    "seconds": r["seconds"],
+                    "speedup_naive": naive_s / r["seconds"],
+                    "speedup_captum": (
+                        results["captum"]["seconds"] / r["seconds"]
+                        if "captum" in results
+                        else float("nan")
+                    ),
+                    "theory": theory if mode == "exact" else 1.0,
+                    "peak_mib": r["peak_mib"],
+                    "positions": r["positions"],
+                    "region": side,
+                    "max_diff": diff if mode == "exact" else 0.0,
+                }
+            )
 
-    print(f"\nWorkload: patch {PATCH}, stride {STRIDE}, batch {BATCH}, central region "
-          f"(side in pixels), random weights, {os.cpu_count()} CPU cores, torch "
-          f"{__import__('torch').__version__}. Exact and approximate times are the median "
-          f"of {REPEATS} fresh processes; naive and Captum one run each.\n")
-    print("| model | mode | region | positions | seconds | × naive | × Captum | theoretical "
-          "| peak memory (MiB) | max abs diff vs naive |")
+    print(
+        f"\nWorkload: patch {PATCH}, stride {STRIDE}, batch {BATCH}, central region "
+        f"(side in pixels), random weights, {os.cpu_count()} CPU cores, torch "
+        f"{__import__('torch').__version__}. Exact and approximate times are the median "
+        f"of {REPEATS} fresh processes; naive and Captum one run each.\n"
+    )
+    print(
+        "| model | mode | region | positions | seconds | × naive | × Captum | theoretical "
+        "| peak memory (MiB) | max abs diff vs naive |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         theory = f"{r['theory']:.2f}×" if r["mode"] == "exact" else ""
         diff = f"{r['max_diff']:.1e}" if r["mode"] == "exact" else ""
-        print(f"| {r['model']} | {r['mode']} | {r['region']} | {r['positions']} | "
-              f"{r['seconds']:.2f} | {r['speedup_naive']:.2f}× | {r['speedup_captum']:.2f}× "
-              f"| {theory} | {r['peak_mib']:.0f} | {diff} |")
+        print(
+            f"| {r['model']} | {r['mode']} | {r['region']} | {r['positions']} | "
+            f"{r['seconds']:.2f} | {r['speedup_naive']:.2f}× | {r['speedup_captum']:.2f}× "
+            f"| {theory} | {r['peak_mib']:.0f} | {diff} |"
+        )
     print_fingerprint_cost(rows)
     if approximate_rows:
-        print("\nApproximate mode, speed (random weights; tau = the paper's tuned value for "
-              "SSIM 0.9), same regions, speedup over naive from the table above:\n")
+        print(
+            "\nApproximate mode, speed (random weights; tau = the paper's tuned value for "
+            "SSIM 0.9), same regions, speedup over naive from the table above:\n"
+        )
         print("| model | setting | tau | positions evaluated | seconds | × naive |")
         print("|---|---|---|---|---|---|")
         for r in approximate_rows:
-            print(f"| {r['model']} | {r['setting']} | {r['tau']} | {r['positions']} | "
-                  f"{r['seconds']:.2f} | {r['speedup']:.1f}× |")
+            print(
+                f"| {r['model']} | {r['setting']} | {r['tau']} | {r['positions']} | "
+                f"{r['seconds']:.2f} | {r['speedup']:.1f}× |"
+            )
     if not args.no_approximate and args.quality_images > 0:
         print_quality(args.quality_images)
 
@@ -244,20 +302,28 @@ def print_fingerprint_cost(rows: list[dict]) -> None:
     from krypton.explainer import model_fingerprint
     from krypton.models import load_torchvision_model
 
-    print("\nCache key (content checksum of every weight, checked once per exact call), "
-          "median of 5, against the exact run above:\n")
+    print(
+        "\nCache key (content checksum of every weight, checked once per exact call), "
+        "median of 5, against the exact run above:\n"
+    )
     print("| model | weights (MB) | checksum (ms) | exact run (s) | share of the run |")
     print("|---|---|---|---|---|")
     for r in rows:
         if r["mode"] != "exact":
             continue
         module = load_torchvision_model(r["model"], random_weights=True).module
-        size = sum(t.numel() * t.element_size() for t in
-                   list(module.parameters()) + list(module.buffers())) / 1e6
-        seconds = sorted(timeit.repeat(lambda: model_fingerprint(module), number=1,
-                                       repeat=5))[2]
-        print(f"| {r['model']} | {size:.0f} | {seconds * 1000:.0f} | {r['seconds']:.2f} | "
-              f"{seconds / r['seconds']:.1%} |")
+        size = (
+            sum(
+                t.numel() * t.element_size()
+                for t in list(module.parameters()) + list(module.buffers())
+            )
+            / 1e6
+        )
+        seconds = sorted(timeit.repeat(lambda: model_fingerprint(module), number=1, repeat=5))[2]
+        print(
+            f"| {r['model']} | {size:.0f} | {seconds * 1000:.0f} | {r['seconds']:.2f} | "
+            f"{seconds / r['seconds']:.1%} |"
+        )
 
 
 def print_quality(count: int) -> None:
@@ -283,29 +349,46 @@ def print_quality(count: int) -> None:
         sample = generator.sample(label=1 + index % 2, lesions=1)
         image = loaded.preprocess(Image.fromarray(sample.image))
         if index < 3:  # naive on a few images: it is the slow one
-            naive_times.append(explainer.explain(image, patch=PATCH, stride=STRIDE,
-                                                 mode="naive", fill=fill).seconds)
+            naive_times.append(
+                explainer.explain(
+                    image, patch=PATCH, stride=STRIDE, mode="naive", fill=fill
+                ).seconds
+            )
         exact = explainer.explain(image, patch=PATCH, stride=STRIDE, fill=fill)
         exact_times.append(exact.seconds)
         for setting in APPROXIMATE_SETTINGS:
-            approx = explainer.explain(image, patch=PATCH, stride=STRIDE, fill=fill,
-                                       mode="approximate", tau=tau, r_drill_down=setting[0],
-                                       target_speedup=setting[1], label=exact.label)
+            approx = explainer.explain(
+                image,
+                patch=PATCH,
+                stride=STRIDE,
+                fill=fill,
+                mode="approximate",
+                tau=tau,
+                r_drill_down=setting[0],
+                target_speedup=setting[1],
+                label=exact.label,
+            )
             scores[setting].append(heatmap_ssim(exact.values, approx.values, exact.prob))
             times[setting].append(approx.seconds)
     naive = float(np.mean(naive_times))
-    print(f"\nApproximate mode, quality (trained weights: fundus-demo, ResNet18 at 128x128, "
-          f"{count} held-out generated images, patch {PATCH}, stride {STRIDE}, tau {tau} "
-          f"tuned for SSIM 0.9):\n")
+    print(
+        f"\nApproximate mode, quality (trained weights: fundus-demo, ResNet18 at 128x128, "
+        f"{count} held-out generated images, patch {PATCH}, stride {STRIDE}, tau {tau} "
+        f"tuned for SSIM 0.9):\n"
+    )
     print("| setting | mean SSIM vs exact | min SSIM | images ≥ 0.9 | mean seconds | × naive |")
     print("|---|---|---|---|---|---|")
-    print(f"| exact | 1.000 | 1.000 | {count}/{count} | {np.mean(exact_times):.2f} | "
-          f"{naive / np.mean(exact_times):.1f}× |")
+    print(
+        f"| exact | 1.000 | 1.000 | {count}/{count} | {np.mean(exact_times):.2f} | "
+        f"{naive / np.mean(exact_times):.1f}× |"
+    )
     for setting in APPROXIMATE_SETTINGS:
         values = np.array(scores[setting])
-        print(f"| r={setting[0]:g} target={setting[1]:g} | {values.mean():.3f} | "
-              f"{values.min():.3f} | {(values >= 0.9).sum()}/{count} | "
-              f"{np.mean(times[setting]):.2f} | {naive / np.mean(times[setting]):.1f}× |")
+        print(
+            f"| r={setting[0]:g} target={setting[1]:g} | {values.mean():.3f} | "
+            f"{values.min():.3f} | {(values >= 0.9).sum()}/{count} | "
+            f"{np.mean(times[setting]):.2f} | {naive / np.mean(times[setting]):.1f}× |"
+        )
     print(f"\n(naive: {naive:.2f} s per image, mean of {len(naive_times)})")
 
 

@@ -5,6 +5,7 @@ id) and the callback list, then posts callbacks to ``/_dash-update-component`` w
 same JSON body the renderer builds, and polls background callbacks with their signed
 ``cacheKey``/``job`` handles. Attack tests use it to send what a browser could never send.
 """
+
 from __future__ import annotations
 
 import base64
@@ -22,8 +23,7 @@ import requests
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-_CONFIG = re.compile(r'<script id="_dash-config" type="application/json">(.*?)</script>',
-                     re.S)
+_CONFIG = re.compile(r'<script id="_dash-config" type="application/json">(.*?)</script>', re.S)
 
 
 def free_port() -> int:
@@ -66,15 +66,23 @@ class Server:
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.environment = dict(os.environ, KRYPTON_HOME=str(tmp_path / "home"),
-                                KRYPTON_CACHE_DIR=str(tmp_path / "cache"),
-                                PYTHONUNBUFFERED="1", **(env or {}))
+        self.environment = dict(
+            os.environ,
+            KRYPTON_HOME=str(tmp_path / "home"),
+            KRYPTON_CACHE_DIR=str(tmp_path / "cache"),
+            PYTHONUNBUFFERED="1",
+            **(env or {}),
+        )
         if models_dir is not None:
             self.environment["KRYPTON_MODELS_DIR"] = str(models_dir)
         self.log = open(tmp_path / f"server-{self.port}.log", "w+")
         self.process = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(self.port)], cwd=ROOT,
-            env=self.environment, stdout=self.log, stderr=subprocess.STDOUT)
+            [sys.executable, "app.py", "--port", str(self.port)],
+            cwd=ROOT,
+            env=self.environment,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.time() + 90
         while time.time() < deadline:
             if self.process.poll() is not None:
@@ -129,39 +137,56 @@ class Tab:
         an input named in ``values``."""
         matches = [c for c in self.callbacks if output_part in c["output"]]
         assert matches, f"no callback outputs {output_part}"
-        triggered = [c for c in matches if any(
-            f"{d['id']}.{d['property']}" in (values or {}) for d in c["inputs"])]
+        triggered = [
+            c
+            for c in matches
+            if any(f"{d['id']}.{d['property']}" in (values or {}) for d in c["inputs"])
+        ]
         return (triggered or matches)[0]
 
     def payload(self, spec: dict, values: dict) -> dict:
         """The renderer's request body: ``values`` maps 'id.property' to a value (a
         wildcard input gets an empty list unless given)."""
+
         def fill(dependency):
             key = f"{dependency['id']}.{dependency['property']}"
             if dependency["id"].startswith("{"):
                 return values.get(key, [])
-            return {"id": dependency["id"], "property": dependency["property"],
-                    "value": values.get(key)}
+            return {
+                "id": dependency["id"],
+                "property": dependency["property"],
+                "value": values.get(key),
+            }
 
         outputs = []
         for part in spec["output"].strip(".").split("..."):
             ident, prop = part.rsplit(".", 1)
             outputs.append({"id": ident, "property": prop.split("@")[0]})
         inputs = [fill(d) for d in spec["inputs"]]
-        changed = [k for k in values if any(f"{d['id']}.{d['property']}" == k
-                                            for d in spec["inputs"])]
-        return {"output": spec["output"], "outputs": outputs if len(outputs) > 1
-                else outputs[0], "inputs": inputs, "changedPropIds": changed,
-                "state": [fill(d) for d in spec["state"]]}
+        changed = [
+            k for k in values if any(f"{d['id']}.{d['property']}" == k for d in spec["inputs"])
+        ]
+        return {
+            "output": spec["output"],
+            "outputs": outputs if len(outputs) > 1 else outputs[0],
+            "inputs": inputs,
+            "changedPropIds": changed,
+            "state": [fill(d) for d in spec["state"]],
+        }
 
-    def call(self, output_part: str, values: dict, timeout: float = 120,
-             poll: bool = True) -> requests.Response | dict:
+    def call(
+        self, output_part: str, values: dict, timeout: float = 120, poll: bool = True
+    ) -> requests.Response | dict:
         """Post one callback; background callbacks are polled until they answer (the
         final response's JSON is returned as a dict with 'progress' seen on the way)."""
         spec = self.spec(output_part, values)
         body = self.payload(spec, values)
-        response = self.http.post(f"{self.url}/_dash-update-component",
-                                  params={"endId": self.end_id}, json=body, timeout=timeout)
+        response = self.http.post(
+            f"{self.url}/_dash-update-component",
+            params={"endId": self.end_id},
+            json=body,
+            timeout=timeout,
+        )
         if not spec.get("background") or response.status_code != 200:
             return response
         handles = response.json()
@@ -172,9 +197,11 @@ class Tab:
     def poll_once(self, output_part: str, handles: dict) -> dict | None:
         """One poll, as the renderer sends it: the JSON answer (None for 204)."""
         response = self.http.post(
-            f"{self.url}/_dash-update-component", json=self.payload(self.spec(output_part), {}),
-            timeout=60, params={"endId": self.end_id, "cacheKey": handles["cacheKey"],
-                                "job": handles["job"]})
+            f"{self.url}/_dash-update-component",
+            json=self.payload(self.spec(output_part), {}),
+            timeout=60,
+            params={"endId": self.end_id, "cacheKey": handles["cacheKey"], "job": handles["job"]},
+        )
         return None if response.status_code == 204 else response.json()
 
     def poll(self, output_part: str, handles: dict, timeout: float = 120) -> dict:
@@ -193,35 +220,63 @@ class Tab:
 
     # -- what a user does ----------------------------------------------------------------
     def upload_image(self, image: Image.Image, filename: str = "image.png") -> dict:
-        response = self.call("image-store.data", {"upload.contents": png_data_url(image),
-                                                  "upload.filename": filename})
+        response = self.call(
+            "image-store.data",
+            {"upload.contents": png_data_url(image), "upload.filename": filename},
+        )
         assert response.status_code == 200, response.text[:300]
         return response.json()["response"]["image-store"]["data"]
 
     def predict(self, image_data: dict, model: str = "fundus-demo") -> dict:
-        response = self.call("prediction-store.data", {"image-store.data": image_data,
-                                                       "model.value": model})
+        response = self.call(
+            "prediction-store.data", {"image-store.data": image_data, "model.value": model}
+        )
         assert response.status_code == 200, response.text[:300]
         return response.json()["response"]
 
-    def run(self, image_data: dict, model: str = "fundus-demo", mode: str = "exact",
-            patch: int = 16, stride: int = 16, region=None, poll: bool = True,
-            timeout: float = 180):
-        values = {"run.n_clicks": 1, "session.data": self.session,
-                  "image-store.data": image_data, "model.value": model,
-                  "patch.value": patch, "stride.value": stride, "mode.value": mode,
-                  "colour.value": "gray", "custom-colour.value": "#808080",
-                  "label.value": None, "region-store.data": region,
-                  "target-ssim.value": 0.9, "drill-down.value": 0.25,
-                  "target-speedup.value": 3}
+    def run(
+        self,
+        image_data: dict,
+        model: str = "fundus-demo",
+        mode: str = "exact",
+        patch: int = 16,
+        stride: int = 16,
+        region=None,
+        poll: bool = True,
+        timeout: float = 180,
+    ):
+        values = {
+            "run.n_clicks": 1,
+            "session.data": self.session,
+            "image-store.data": image_data,
+            "model.value": model,
+            "patch.value": patch,
+            "stride.value": stride,
+            "mode.value": mode,
+            "colour.value": "gray",
+            "custom-colour.value": "#808080",
+            "label.value": None,
+            "region-store.data": region,
+            "target-ssim.value": 0.9,
+            "drill-down.value": 0.25,
+            "target-speedup.value": 3,
+        }
         return self.call("heatmap-graph.figure", values, timeout=timeout, poll=poll)
 
-    def register(self, data: bytes, filename: str, name: str, architecture: str,
-                 classes: str, size: int = 64) -> str:
-        response = self.call("model-register-message.children", {
-            "model-register.n_clicks": 1, "model-upload.contents": file_data_url(data),
-            "model-upload.filename": filename, "model-name.value": name,
-            "model-architecture.value": architecture, "model-classes.value": classes,
-            "model-size.value": size})
+    def register(
+        self, data: bytes, filename: str, name: str, architecture: str, classes: str, size: int = 64
+    ) -> str:
+        response = self.call(
+            "model-register-message.children",
+            {
+                "model-register.n_clicks": 1,
+                "model-upload.contents": file_data_url(data),
+                "model-upload.filename": filename,
+                "model-name.value": name,
+                "model-architecture.value": architecture,
+                "model-classes.value": classes,
+                "model-size.value": size,
+            },
+        )
         assert response.status_code == 200, response.text[:300]
         return json.dumps(response.json()["response"])

@@ -11,6 +11,7 @@ result, light-request latency during the load, and the server's CPU use once eve
 watched run has finished — where abandoned runs would show up as runaway CPU.
 Bounded: every client stops after its run or after ``--timeout`` seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,7 @@ def report(server: Server, image: Image.Image, args) -> None:
         start.wait()
         began = time.perf_counter()
         tab.predict(data)
-        handles = tab.run(data, mode="exact", region=[32, 32, 96, 96], stride=8,
-                          poll=False)
+        handles = tab.run(data, mode="exact", region=[32, 32, 96, 96], stride=8, poll=False)
         queue_positions = set()
         deadline = time.time() + args.timeout
         answer = None
@@ -75,8 +75,12 @@ def report(server: Server, image: Image.Image, args) -> None:
             time.sleep(0.5)
         done = answer is not None and "result-store" in (answer.get("response") or {})
         message = ((answer or {}).get("response") or {}).get("message", {}).get("children")
-        results[index] = {"seconds": time.perf_counter() - began, "done": done,
-                          "queued": sorted(queue_positions), "message": message}
+        results[index] = {
+            "seconds": time.perf_counter() - began,
+            "done": done,
+            "queued": sorted(queue_positions),
+            "message": message,
+        }
 
     threads = [threading.Thread(target=abandon, args=(i,)) for i in range(args.abandoned)]
     threads += [threading.Thread(target=session, args=(i,)) for i in range(args.sessions)]
@@ -95,22 +99,30 @@ def report(server: Server, image: Image.Image, args) -> None:
     finished = [r for r in results.values() if r["done"]]
     seen = sorted({p for r in results.values() for p in r["queued"]})
     seconds = sorted(r["seconds"] for r in finished)
-    print(f"{args.sessions} sessions + {args.abandoned} abandoned naive runs (3969 positions "
-          f"each), one server, {wall:.0f} s wall, {cpu_during:.0f} CPU-s")
+    print(
+        f"{args.sessions} sessions + {args.abandoned} abandoned naive runs (3969 positions "
+        f"each), one server, {wall:.0f} s wall, {cpu_during:.0f} CPU-s"
+    )
     print(f"finished runs           {len(finished)} of {args.sessions}")
     if seconds:
-        print(f"time to result          median {statistics.median(seconds):.1f} s, "
-              f"max {seconds[-1]:.1f} s")
+        print(
+            f"time to result          median {statistics.median(seconds):.1f} s, "
+            f"max {seconds[-1]:.1f} s"
+        )
     print(f"queue positions shown   {seen or 'none'}")
     refused = [r["message"] for r in results.values() if not r["done"]]
     if refused:
         print(f"not finished            {refused}")
     if light:
         light.sort()
-        print(f"poll latency            p50 {light[len(light) // 2] * 1000:.0f} ms, "
-              f"p95 {light[int(len(light) * 0.95)] * 1000:.0f} ms over {len(light)} polls")
-    print(f"server CPU after load   {idle_cpu:.2f} cores busy (abandoned runs stopped: "
-          f"{'yes' if idle_cpu < 0.2 else 'NO'})")
+        print(
+            f"poll latency            p50 {light[len(light) // 2] * 1000:.0f} ms, "
+            f"p95 {light[int(len(light) * 0.95)] * 1000:.0f} ms over {len(light)} polls"
+        )
+    print(
+        f"server CPU after load   {idle_cpu:.2f} cores busy (abandoned runs stopped: "
+        f"{'yes' if idle_cpu < 0.2 else 'NO'})"
+    )
 
 
 if __name__ == "__main__":

@@ -8,12 +8,19 @@ what the patch changes is recomputed — the same heatmap, several times sooner.
 
 The engine has no UI dependencies; the Dash app lives in ``app.py``.
 """
+
 from .analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
 from .engine import UnsupportedModelError
 from .explainer import MODES, Heatmap, OcclusionExplainer, explain
 from .models import LoadedModel, WeightsUnavailableError
-from .registry import CheckpointError, ModelInfo, RegistryError, available_models, \
-    load_model, register_model
+from .registry import (
+    CheckpointError,
+    ModelInfo,
+    RegistryError,
+    available_models,
+    load_model,
+    register_model,
+)
 
 __all__ = [
     "CheckpointError",

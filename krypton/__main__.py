@@ -1,4 +1,5 @@
 """``python -m krypton``: see :mod:`krypton.cli`."""
+
 import sys
 
 from .cli import main

@@ -4,6 +4,7 @@ Theoretical speedup Q / Q_inc over convolution layers (eqs 9-12) for one patch a
 centre of the input, the worst case. Shapes come from one inference on a blank image; no
 occluded image is ever run.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,16 +55,22 @@ class SpeedupReport:
 
     def table(self) -> str:
         """Human-readable per-layer table."""
-        lines = [f"{'layer':<34} {'op':<14} {'output':>16} {'patch':>9} "
-                 f"{'MMACs full':>11} {'MMACs inc':>10}"]
+        lines = [
+            f"{'layer':<34} {'op':<14} {'output':>16} {'patch':>9} "
+            f"{'MMACs full':>11} {'MMACs inc':>10}"
+        ]
         for layer in self.layers:
             shape = "x".join(str(d) for d in layer.output_shape[1:])
             patch = f"{layer.output_patch[0]}x{layer.output_patch[1]}"
-            lines.append(f"{layer.name[:34]:<34} {layer.op:<14} {shape:>16} {patch:>9} "
-                         f"{layer.macs_full / 1e6:>11.1f} {layer.macs_incremental / 1e6:>10.1f}")
-        lines.append(f"total conv MACs: full {self.macs_full / 1e9:.3f} G, incremental "
-                     f"{self.macs_incremental / 1e9:.3f} G -> theoretical speedup "
-                     f"{self.speedup:.2f}x (patch {self.patch}, tau {self.tau})")
+            lines.append(
+                f"{layer.name[:34]:<34} {layer.op:<14} {shape:>16} {patch:>9} "
+                f"{layer.macs_full / 1e6:>11.1f} {layer.macs_incremental / 1e6:>10.1f}"
+            )
+        lines.append(
+            f"total conv MACs: full {self.macs_full / 1e9:.3f} G, incremental "
+            f"{self.macs_incremental / 1e9:.3f} G -> theoretical speedup "
+            f"{self.speedup:.2f}x (patch {self.patch}, tau {self.tau})"
+        )
         return "\n".join(lines)
 
 
@@ -76,8 +83,9 @@ def _normalise_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
     return shape
 
 
-def analyze(model: nn.Module, input_shape: Sequence[int], patch: int,
-            tau: float = 1.0) -> SpeedupReport:
+def analyze(
+    model: nn.Module, input_shape: Sequence[int], patch: int, tau: float = 1.0
+) -> SpeedupReport:
     """Per-layer output patch sizes and conv FLOPs, full vs incremental (eqs 9-16, 21-27)."""
     channels, height, width = _normalise_shape(input_shape)
     if isinstance(patch, bool) or not isinstance(patch, int) or patch < 1:
@@ -92,8 +100,9 @@ def analyze(model: nn.Module, input_shape: Sequence[int], patch: int,
     device = parameter.device if parameter is not None else torch.device("cpu")
     dtype = parameter.dtype if parameter is not None else torch.float32
     with torch.inference_mode():
-        graph = IncrementalGraph(model, torch.zeros((channels, height, width), dtype=dtype,
-                                                    device=device))
+        graph = IncrementalGraph(
+            model, torch.zeros((channels, height, width), dtype=dtype, device=device)
+        )
     centre_y, centre_x = (height - patch) // 2, (width - patch) // 2
     geometry = graph.geometry(np.array([centre_y]), np.array([centre_x]), patch, patch, tau)
     layers = []
@@ -103,19 +112,42 @@ def analyze(model: nn.Module, input_shape: Sequence[int], patch: int,
         if step.kind == LOCAL:
             rows, cols = geometry.windows[node]
             is_conv = step.local.kind == "conv"
-            incremental = (step.local.conv_macs_per_output * shape[1] * rows.length
-                           * cols.length) if is_conv else 0
-            layers.append(LayerCost(node.name, step.local.kind, shape,
-                                    (rows.length, cols.length),
-                                    step.macs_full if is_conv else 0, incremental))
-        elif step.kind == GLOBAL and node.op == "call_module" and isinstance(
-                graph.module.get_submodule(node.target), nn.Conv2d) and len(shape) == 4:
-            layers.append(LayerCost(node.name, "conv (global)", shape, tuple(shape[2:]),
-                                    step.macs_full, step.macs_full))
+            incremental = (
+                (step.local.conv_macs_per_output * shape[1] * rows.length * cols.length)
+                if is_conv
+                else 0
+            )
+            layers.append(
+                LayerCost(
+                    node.name,
+                    step.local.kind,
+                    shape,
+                    (rows.length, cols.length),
+                    step.macs_full if is_conv else 0,
+                    incremental,
+                )
+            )
+        elif (
+            step.kind == GLOBAL
+            and node.op == "call_module"
+            and isinstance(graph.module.get_submodule(node.target), nn.Conv2d)
+            and len(shape) == 4
+        ):
+            layers.append(
+                LayerCost(
+                    node.name,
+                    "conv (global)",
+                    shape,
+                    tuple(shape[2:]),
+                    step.macs_full,
+                    step.macs_full,
+                )
+            )
     return SpeedupReport(type(model).__name__, (channels, height, width), patch, tau, layers)
 
 
-def theoretical_speedup(model: nn.Module, input_shape: Sequence[int], patch: int,
-                        tau: float = 1.0) -> float:
+def theoretical_speedup(
+    model: nn.Module, input_shape: Sequence[int], patch: int, tau: float = 1.0
+) -> float:
     """Q / Q_inc for a patch at the centre of the input (eqs 9-12; tau per eqs 21-27)."""
     return analyze(model, input_shape, patch, tau).speedup

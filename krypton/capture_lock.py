@@ -8,6 +8,7 @@ run in parallel with each other, never during a capture. Writers are preferred, 
 capture waits only for the forward passes already running (one batch each), never for a
 whole occlusion run.
 """
+
 from __future__ import annotations
 
 import threading
@@ -58,8 +59,9 @@ class CaptureLock:
         """Held while a graph is captured: no other capture and no forward pass runs."""
         me = threading.get_ident()
         if getattr(self._local, "depth", 0):
-            raise RuntimeError("a graph capture was started while this thread runs a "
-                               "model; capture before running")
+            raise RuntimeError(
+                "a graph capture was started while this thread runs a model; capture before running"
+            )
         with self._condition:
             self._writers_waiting += 1
             try:

@@ -3,6 +3,7 @@
 Installed as the ``krypton`` command by ``make`` (``.venv/bin/krypton``);
 ``python -m krypton`` is the same.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,7 @@ from tqdm import tqdm
 from . import analysis, explainer as explain_module
 from .imaging import ImageLoadError, heatmap_picture, load_image
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
-from .registry import (RegistryError, available_models, default_model_name, load_model,
-                       remove_model)
+from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
 
 
 def _region(text: str) -> tuple[int, int, int, int]:
@@ -38,58 +38,85 @@ def _fill(text: str):
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError("fill must be 'gray', a number or r,g,b numbers "
-                                         "in the model's input space") from exc
+        raise argparse.ArgumentTypeError(
+            "fill must be 'gray', a number or r,g,b numbers in the model's input space"
+        ) from exc
     return values[0] if len(values) == 1 else tuple(values)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="krypton",
-                                     description="Fast occlusion-based CNN explanations.")
+    parser = argparse.ArgumentParser(
+        prog="krypton", description="Fast occlusion-based CNN explanations."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("explain", help="occlusion heatmap of one image")
     run.add_argument("image", help="image file (PNG, JPEG, TIFF, BMP, ...)")
-    run.add_argument("--model", default=None,
-                     help="registered model name (see `krypton models`); default "
-                          "the registry's default model")
+    run.add_argument(
+        "--model",
+        default=None,
+        help="registered model name (see `krypton models`); default the registry's default model",
+    )
     run.add_argument("--patch", type=int, default=16)
     run.add_argument("--stride", type=int, default=4)
     run.add_argument("--mode", default="exact", choices=explain_module.MODES)
     run.add_argument("--region", type=_region, help="x0,y0,x1,y1 in model-input pixels")
     run.add_argument("--label", type=int, help="class index (default: the prediction)")
-    run.add_argument("--fill", type=_fill, default="gray",
-                     help="'gray' (default), or a value / r,g,b in normalised input space")
+    run.add_argument(
+        "--fill",
+        type=_fill,
+        default="gray",
+        help="'gray' (default), or a value / r,g,b in normalised input space",
+    )
     run.add_argument("--batch-size", type=int)
-    run.add_argument("--random-weights", action="store_true",
-                     help="use an untrained network when trained weights are unavailable")
-    run.add_argument("--out", default="heatmap.png",
-                     help="heatmap PNG (image resolution, colour bar, title); the explained "
-                          "class's values go next to it as .npy, every class's as .npz")
+    run.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="use an untrained network when trained weights are unavailable",
+    )
+    run.add_argument(
+        "--out",
+        default="heatmap.png",
+        help="heatmap PNG (image resolution, colour bar, title); the explained "
+        "class's values go next to it as .npy, every class's as .npz",
+    )
     approximate = run.add_argument_group(
         "approximate mode (--mode approximate; default τ: the model's tuned value for "
-        "SSIM 0.9, as in the app)")
+        "SSIM 0.9, as in the app)"
+    )
     approximate.add_argument("--tau", type=float, help="projective-field threshold in (0, 1]")
-    approximate.add_argument("--target-ssim", type=float,
-                             help="choose τ from the model's tuned SSIM(τ) curve")
-    approximate.add_argument("--drill-down", type=float, default=0.25,
-                             help="fraction refined at full resolution (1: no drill-down)")
-    approximate.add_argument("--target-speedup", type=float, default=3.0,
-                             help="drill-down speedup that sets the stage-one stride")
-    approximate.add_argument("--s1", type=int, help="stage-one stride (overrides "
-                                                    "--target-speedup)")
+    approximate.add_argument(
+        "--target-ssim", type=float, help="choose τ from the model's tuned SSIM(τ) curve"
+    )
+    approximate.add_argument(
+        "--drill-down",
+        type=float,
+        default=0.25,
+        help="fraction refined at full resolution (1: no drill-down)",
+    )
+    approximate.add_argument(
+        "--target-speedup",
+        type=float,
+        default=3.0,
+        help="drill-down speedup that sets the stage-one stride",
+    )
+    approximate.add_argument("--s1", type=int, help="stage-one stride (overrides --target-speedup)")
 
     commands.add_parser("models", help="list registered models and their availability")
 
-    remove = commands.add_parser("remove", help="remove a model you registered (shipped "
-                                                "models stay)")
+    remove = commands.add_parser(
+        "remove", help="remove a model you registered (shipped models stay)"
+    )
     remove.add_argument("name")
 
     tune = commands.add_parser("tune", help="fit SSIM(tau) for approximate mode (§4.3)")
     tune.add_argument("--model", default=None, help="registered model (default: the default)")
-    tune.add_argument("--images", help="folder of sample images from the application "
-                                       "domain (default: generated fundus images for "
-                                       "fundus-demo, scikit-image photos otherwise)")
+    tune.add_argument(
+        "--images",
+        help="folder of sample images from the application "
+        "domain (default: generated fundus images for "
+        "fundus-demo, scikit-image photos otherwise)",
+    )
     tune.add_argument("--count", type=int, default=30, help="images for the fit")
     tune.add_argument("--held-out", type=int, default=30, help="images for the check")
     tune.add_argument("--patch", type=int, default=16)
@@ -99,14 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = commands.add_parser("calibrate", help="fit the runtime estimator on this host")
     calibrate.add_argument("--model", default=None)
     calibrate.add_argument("--patches", default="4,8,16,32")
-    calibrate.add_argument("--random-weights", action="store_true",
-                           help="time an ImageNet architecture whose weights are not cached "
-                                "(run time does not depend on the weights)")
+    calibrate.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="time an ImageNet architecture whose weights are not cached "
+        "(run time does not depend on the weights)",
+    )
 
     analyze = commands.add_parser("analyze", help="theoretical speedup (paper eqs 9-12)")
-    analyze.add_argument("--model", default="vgg16",
-                         help="a registered model or a torchvision architecture name "
-                              "(random weights: the analysis needs shapes only)")
+    analyze.add_argument(
+        "--model",
+        default="vgg16",
+        help="a registered model or a torchvision architecture name "
+        "(random weights: the analysis needs shapes only)",
+    )
     analyze.add_argument("--patch", type=int, default=16)
     analyze.add_argument("--tau", type=float, default=1.0)
     return parser
@@ -122,11 +155,16 @@ def _load(name: str | None, random_weights: bool):
         raise SystemExit(f"error: {exc}")
     except WeightsUnavailableError as exc:
         if not random_weights or name not in TORCHVISION_MODELS:
-            raise SystemExit(f"error: {exc}\n(or pass --random-weights to explain an "
-                             f"untrained {name}, which shows nothing meaningful)")
+            raise SystemExit(
+                f"error: {exc}\n(or pass --random-weights to explain an "
+                f"untrained {name}, which shows nothing meaningful)"
+            )
         print(f"WARNING: {exc}", file=sys.stderr)
-        print("WARNING: using RANDOM weights: this heatmap explains an untrained network "
-              "and means nothing about the image", file=sys.stderr)
+        print(
+            "WARNING: using RANDOM weights: this heatmap explains an untrained network "
+            "and means nothing about the image",
+            file=sys.stderr,
+        )
         return load_torchvision_model(name, random_weights=True)
 
 
@@ -142,11 +180,12 @@ def run_remove(args: argparse.Namespace) -> int:
 
 def run_models() -> int:
     for info in available_models():
-        status = "available" if info.available else f"UNAVAILABLE: {info.reason}; fix: " \
-                                                     f"{info.fix}"
+        status = "available" if info.available else f"UNAVAILABLE: {info.reason}; fix: {info.fix}"
         default = " (default)" if info.default else ""
-        print(f"{info.name}{default}: {len(info.classes)} classes, input "
-              f"{info.input_size[0]}x{info.input_size[1]} — {status}")
+        print(
+            f"{info.name}{default}: {len(info.classes)} classes, input "
+            f"{info.input_size[0]}x{info.input_size[1]} — {status}"
+        )
     return 0
 
 
@@ -186,11 +225,16 @@ def run_explain(args: argparse.Namespace) -> int:
     fill = model.gray_fill() if args.fill == "gray" else args.fill
     approximate = {}
     if args.mode == "approximate":
-        approximate = {"tau": args.tau, "target_ssim": args.target_ssim,
-                       "r_drill_down": args.drill_down, "target_speedup": args.target_speedup,
-                       "s1": args.s1}
-    bar = tqdm(total=0, unit="pos", desc=args.mode, file=sys.stderr, leave=False,
-               disable=None)  # disabled automatically when stderr is not a terminal
+        approximate = {
+            "tau": args.tau,
+            "target_ssim": args.target_ssim,
+            "r_drill_down": args.drill_down,
+            "target_speedup": args.target_speedup,
+            "s1": args.s1,
+        }
+    bar = tqdm(
+        total=0, unit="pos", desc=args.mode, file=sys.stderr, leave=False, disable=None
+    )  # disabled automatically when stderr is not a terminal
 
     def progress(done: int, total: int) -> None:
         bar.total = total
@@ -200,9 +244,18 @@ def run_explain(args: argparse.Namespace) -> int:
     try:
         # The LoadedModel itself: the registry's tuned τ applies, as in the app.
         heatmap = explain_module.explain(
-            model, image, patch=args.patch, stride=args.stride, mode=args.mode,
-            fill=fill, label=args.label, region=args.region, batch_size=args.batch_size,
-            progress=progress, **approximate)
+            model,
+            image,
+            patch=args.patch,
+            stride=args.stride,
+            mode=args.mode,
+            fill=fill,
+            label=args.label,
+            region=args.region,
+            batch_size=args.batch_size,
+            progress=progress,
+            **approximate,
+        )
     except (ValueError, TypeError) as exc:
         bar.close()
         print(f"error: {exc}", file=sys.stderr)
@@ -210,38 +263,60 @@ def run_explain(args: argparse.Namespace) -> int:
     bar.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    random = " — RANDOM weights: this explains an untrained network" \
-        if model.random_weights else ""
+    random = " — RANDOM weights: this explains an untrained network" if model.random_weights else ""
     label_name = model.class_name(heatmap.label)
-    title = (f"{model.name} · {label_name} (p = {heatmap.prob:.3f}) · {heatmap.mode} · "
-             f"patch {heatmap.patch}, stride {heatmap.stride} · "
-             f"{time.strftime('%Y-%m-%d %H:%M')}{random}")
-    out.write_bytes(heatmap_picture(picture, heatmap.values, heatmap.xs, heatmap.ys,
-                                    heatmap.patch, heatmap.prob, model.input_size, title))
+    title = (
+        f"{model.name} · {label_name} (p = {heatmap.prob:.3f}) · {heatmap.mode} · "
+        f"patch {heatmap.patch}, stride {heatmap.stride} · "
+        f"{time.strftime('%Y-%m-%d %H:%M')}{random}"
+    )
+    out.write_bytes(
+        heatmap_picture(
+            picture,
+            heatmap.values,
+            heatmap.xs,
+            heatmap.ys,
+            heatmap.patch,
+            heatmap.prob,
+            model.input_size,
+            title,
+        )
+    )
     np.save(out.with_suffix(".npy"), heatmap.values)
     written = [out, out.with_suffix(".npy")]
     if heatmap.class_values is not None:
-        np.savez_compressed(out.with_suffix(".npz"), probabilities=heatmap.class_values,
-                            xs=heatmap.xs, ys=heatmap.ys, classes=np.asarray(model.classes),
-                            unoccluded=heatmap.base_probs)
+        np.savez_compressed(
+            out.with_suffix(".npz"),
+            probabilities=heatmap.class_values,
+            xs=heatmap.xs,
+            ys=heatmap.ys,
+            classes=np.asarray(model.classes),
+            unoccluded=heatmap.base_probs,
+        )
         written.append(out.with_suffix(".npz"))
     weights = "RANDOM weights" if model.random_weights else "trained weights"
     print(f"model      {model.name} ({weights})")
     print(f"label      {heatmap.label} {label_name}{random}")
-    print(f"probability {heatmap.prob:.4f} (lowest with occlusion "
-          f"{np.nanmin(heatmap.values):.4f})")
-    print(f"positions  {heatmap.positions_evaluated} evaluated on a "
-          f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid, mode {heatmap.mode}")
+    print(f"probability {heatmap.prob:.4f} (lowest with occlusion {np.nanmin(heatmap.values):.4f})")
+    print(
+        f"positions  {heatmap.positions_evaluated} evaluated on a "
+        f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid, mode {heatmap.mode}"
+    )
     if heatmap.mode == "approximate":
         per_position = heatmap.macs_naive / max(heatmap.positions_evaluated, 1)
         fewer = heatmap.values.size * per_position / max(heatmap.macs_spent, 1)
-        print(f"tau        {heatmap.extra['tau']:.2f} ({heatmap.extra['tau_source']}); "
-              f"drill-down r {heatmap.extra['r_drill_down']:g}")
-        print(f"time       {heatmap.seconds:.2f} s; FLOPs {fewer:.2f}x fewer than naive "
-              f"over the whole grid (thresholding and drill-down)")
+        print(
+            f"tau        {heatmap.extra['tau']:.2f} ({heatmap.extra['tau_source']}); "
+            f"drill-down r {heatmap.extra['r_drill_down']:g}"
+        )
+        print(
+            f"time       {heatmap.seconds:.2f} s; FLOPs {fewer:.2f}x fewer than naive "
+            f"over the whole grid (thresholding and drill-down)"
+        )
     else:
-        print(f"time       {heatmap.seconds:.2f} s; FLOPs {heatmap.flops_ratio:.2f}x fewer "
-              f"than naive")
+        print(
+            f"time       {heatmap.seconds:.2f} s; FLOPs {heatmap.flops_ratio:.2f}x fewer than naive"
+        )
     print(f"wrote      {', '.join(str(p) for p in written)}")
     return 0
 
@@ -264,11 +339,15 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
         from PIL import Image
 
         from .fundus import FundusGenerator
+
         generator = FundusGenerator(seed=5)
-        return [model.preprocess(Image.fromarray(generator.sample(label=1 + i % 2).image))
-                for i in range(total)]
+        return [
+            model.preprocess(Image.fromarray(generator.sample(label=1 + i % 2).image))
+            for i in range(total)
+        ]
     from PIL import Image
     from skimage import data
+
     photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
     return [model.preprocess(Image.fromarray(p)) for p in photos][:total]
 
@@ -276,15 +355,23 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
 def run_tune(args: argparse.Namespace) -> int:
     from .tuning import tune_tau
     import json
+
     model = _load(args.model, random_weights=False)
     images = _sample_images(args, model, args.count + args.held_out)
-    split = min(args.count, max(1, len(images) - args.held_out)) if args.held_out else \
-        len(images)
-    record = tune_tau(model.module, images[:split], patch=args.patch, stride=args.stride,
-                      fill=model.gray_fill(), held_out=images[split:], target_ssim=args.target,
-                      log=lambda line: print(line, file=sys.stderr))
-    record["sample"] = args.images or ("generated fundus images (seed 5)"
-                                       if model.name == "fundus-demo" else "scikit-image photos")
+    split = min(args.count, max(1, len(images) - args.held_out)) if args.held_out else len(images)
+    record = tune_tau(
+        model.module,
+        images[:split],
+        patch=args.patch,
+        stride=args.stride,
+        fill=model.gray_fill(),
+        held_out=images[split:],
+        target_ssim=args.target,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    record["sample"] = args.images or (
+        "generated fundus images (seed 5)" if model.name == "fundus-demo" else "scikit-image photos"
+    )
     path = Path(model.extra["registry_file"])
     entry = json.loads(path.read_text())
     entry["tuning"] = record
@@ -294,8 +381,10 @@ def run_tune(args: argparse.Namespace) -> int:
     print(f"tau for SSIM {args.target}: {record['tau_for_target'][str(args.target)]}")
     if "held_out" in record:
         check = record["held_out"]
-        print(f"held-out ({check['images']} images): {check['fraction_at_or_above']:.0%} at "
-              f"or above {args.target}, worst shortfall {check['worst_shortfall']:.3f}")
+        print(
+            f"held-out ({check['images']} images): {check['fraction_at_or_above']:.0%} at "
+            f"or above {args.target}, worst shortfall {check['worst_shortfall']:.3f}"
+        )
     print(f"wrote {path}")
     return 0
 
@@ -304,18 +393,27 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from .estimator import calibrate, save_calibration
     from .registry import find_entry
     from .tuning import TauTuning
+
     name = args.model or default_model_name()
     path, entry = find_entry(name)
     model = _load(name, args.random_weights)
     tuning = TauTuning.from_entry(entry)
     tau = tuning.tau_for(0.9) if tuning else 1.0
     patches = [int(p) for p in args.patches.split(",")]
-    record = calibrate(model.module, name, model.input_size, patches=patches, tau=tau,
-                       log=lambda line: print(line, file=sys.stderr))
+    record = calibrate(
+        model.module,
+        name,
+        model.input_size,
+        patches=patches,
+        tau=tau,
+        log=lambda line: print(line, file=sys.stderr),
+    )
     record["weights"] = "random (timing only)" if model.random_weights else "trained"
     save_calibration(path, record)
-    print(f"held-out median absolute error {record['held_out_median_abs_error_percent']:.1f}% "
-          f"over {record['held_out_runs']} runs; wrote {path}")
+    print(
+        f"held-out median absolute error {record['held_out_median_abs_error_percent']:.1f}% "
+        f"over {record['held_out_runs']} runs; wrote {path}"
+    )
     return 0
 
 
@@ -329,8 +427,10 @@ def _shapes_only_model(name: str):
     try:
         return load_torchvision_model(architecture, random_weights=True)
     except ValueError:
-        raise SystemExit(f"error: '{name}' is neither a registered model (see `krypton "
-                         f"models`) nor a torchvision architecture") from None
+        raise SystemExit(
+            f"error: '{name}' is neither a registered model (see `krypton "
+            f"models`) nor a torchvision architecture"
+        ) from None
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -340,8 +440,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.model}, input 3x{model.input_size[0]}x{model.input_size[1]}, patch "
-          f"{args.patch} at the centre (worst case), tau {args.tau}")
+    print(
+        f"{args.model}, input 3x{model.input_size[0]}x{model.input_size[1]}, patch "
+        f"{args.patch} at the centre (worst case), tau {args.tau}"
+    )
     print(report.table())
     return 0
 

@@ -5,6 +5,7 @@ cells with the largest probability drops are refined at the original stride S2. 
 position belongs to the S1 cell whose block [x, x + S1) contains it (the last block also
 takes the leftover margin).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,18 +13,24 @@ import math
 import numpy as np
 from scipy.interpolate import RegularGridInterpolator
 
-__all__ = ["drill_down_speedup", "stage_one_stride", "max_drill_down_speedup",
-           "check_drill_down", "selected_blocks", "interpolate_to_grid"]
+__all__ = [
+    "drill_down_speedup",
+    "stage_one_stride",
+    "max_drill_down_speedup",
+    "check_drill_down",
+    "selected_blocks",
+    "interpolate_to_grid",
+]
 
 
 def drill_down_speedup(s1: float, s2: float, r_drill_down: float) -> float:
     """Theoretical speedup of drill-down over regular OBE at stride S2 (eq 28)."""
-    return s1 ** 2 / (s2 ** 2 + r_drill_down * s1 ** 2)
+    return s1**2 / (s2**2 + r_drill_down * s1**2)
 
 
 def max_drill_down_speedup(width: int, s2: int, r_drill_down: float) -> float:
     """Upper bound on achievable drill-down speedup for a region of this width (eq 30)."""
-    return min(width ** 2 / (s2 ** 2 + r_drill_down * width ** 2), 1.0 / r_drill_down)
+    return min(width**2 / (s2**2 + r_drill_down * width**2), 1.0 / r_drill_down)
 
 
 def stage_one_stride(target: float, r_drill_down: float, s2: int) -> float:
@@ -39,7 +46,8 @@ def check_drill_down(target: float, r_drill_down: float, s2: int, width: int) ->
         raise ValueError(
             f"target_speedup {target:g} is not achievable with r_drill_down "
             f"{r_drill_down:g} on a {width}-pixel-wide region at stride {s2}: the largest "
-            f"achievable drill-down speedup is below {bound:.2f} (eq 30)")
+            f"achievable drill-down speedup is below {bound:.2f} (eq 30)"
+        )
     s1 = stage_one_stride(target, r_drill_down, s2)  # eq 29
     # A multiple of S2, so every stage-one position is also a stage-two grid position and
     # its value is reused rather than interpolated past.
@@ -62,8 +70,13 @@ def block_of(coordinates: np.ndarray, origin: int, s1: int, blocks: int) -> np.n
     return np.minimum((coordinates - origin) // s1, blocks - 1)
 
 
-def interpolate_to_grid(stage_ys: np.ndarray, stage_xs: np.ndarray, stage_one: np.ndarray,
-                        ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+def interpolate_to_grid(
+    stage_ys: np.ndarray,
+    stage_xs: np.ndarray,
+    stage_one: np.ndarray,
+    ys: np.ndarray,
+    xs: np.ndarray,
+) -> np.ndarray:
     """Bilinear interpolation of the stage-one heatmap onto the stage-two grid (values
     beyond the outermost stage-one positions take the nearest edge value)."""
     axes, values = [], stage_one.astype(np.float64)

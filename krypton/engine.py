@@ -13,6 +13,7 @@ update patch only:
 * the first global op materialises the full updated tensor; from there inference runs
   normally.
 """
+
 from __future__ import annotations
 
 import operator
@@ -108,8 +109,9 @@ class PatchGeometry:
             if step.kind == LOCAL and step.local.kind == "conv":
                 out_rows, out_cols = self.windows[step.node]
                 channels = graph.shapes[step.node][1]
-                incremental += (step.local.conv_macs_per_output * channels
-                                * out_rows.length * out_cols.length)  # eq 11
+                incremental += (
+                    step.local.conv_macs_per_output * channels * out_rows.length * out_cols.length
+                )  # eq 11
             else:
                 incremental += step.macs_full
         return incremental, full
@@ -141,7 +143,8 @@ class IncrementalGraph:
             raise UnsupportedModelError(
                 f"could not capture {type(model).__name__} as a torch.fx graph "
                 f"({type(exc).__name__}: {exc}); exact and approximate modes need a traceable "
-                f"model — use mode='naive' for this one") from exc
+                f"model — use mode='naive' for this one"
+            ) from exc
         self.nodes = list(self.module.graph.nodes)
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
         if not placeholders:
@@ -151,7 +154,8 @@ class IncrementalGraph:
             if not extra.args:  # placeholder args hold the default value, if any
                 raise UnsupportedModelError(
                     f"model.forward needs a second input '{extra.target}'; only "
-                    f"single-image classifiers can be explained")
+                    f"single-image classifiers can be explained"
+                )
         self.image_shape = tuple(image.shape)
         self._users_after = self._last_uses()
         self._calls = {n: self._call_for(n) for n in self.nodes}
@@ -198,6 +202,7 @@ class IncrementalGraph:
             def call_function(args, kwargs):
                 args, kwargs = ops.out_of_place_call(target, args, kwargs)
                 return target(*args, **kwargs)
+
             return call_function
         if node.op == "call_method":
             name = _out_of_place_name(node.target)
@@ -206,13 +211,17 @@ class IncrementalGraph:
                 if isinstance(mutated, fx.Node) and len(mutated.users) > 1:
                     raise UnsupportedModelError(
                         f"node '{node.name}' modifies '{mutated.name}' in place "
-                        f"(.{node.target}) while other operations still read it")
+                        f"(.{node.target}) while other operations still read it"
+                    )
             return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
         return None
 
-    def _run_full(self, image: torch.Tensor,
-                  on_value: Callable[[fx.Node, Any, dict], None],
-                  on_release: Callable[[fx.Node, Any], None]) -> Any:
+    def _run_full(
+        self,
+        image: torch.Tensor,
+        on_value: Callable[[fx.Node, Any, dict], None],
+        on_release: Callable[[fx.Node, Any], None],
+    ) -> Any:
         """Ordinary batch-1 inference that streams through the graph.
 
         ``on_value(node, value, live_values)`` sees each node's value as it is computed;
@@ -244,8 +253,14 @@ class IncrementalGraph:
                     on_release(used, values.pop(used))
         raise UnsupportedModelError("the traced model has no output")
 
-    def _classify_node(self, node: fx.Node, values: dict[fx.Node, Any], depends: set,
-                       dtype: torch.dtype, device: torch.device) -> Step:
+    def _classify_node(
+        self,
+        node: fx.Node,
+        values: dict[fx.Node, Any],
+        depends: set,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> Step:
         """Class of one node, from its inputs' classes and the live values' shapes."""
         inputs = _flatten_nodes((node.args, node.kwargs))
         if node is self.input_node:
@@ -272,19 +287,23 @@ class IncrementalGraph:
             return per_output * out.shape[1] * out.shape[2] * out.shape[3]  # eq 9
         return ops.linear_macs(module)
 
-    def _classify_dependent(self, node: fx.Node, inputs: list[fx.Node], kinds: dict,
-                            values: dict, dtype, device) -> Step:
+    def _classify_dependent(
+        self, node: fx.Node, inputs: list[fx.Node], kinds: dict, values: dict, dtype, device
+    ) -> Step:
         value = values[node]
         dependent_inputs = [i for i in inputs if kinds.get(i, STATIC) != STATIC]
         module = self.module.get_submodule(node.target) if node.op == "call_module" else None
 
         if not isinstance(value, torch.Tensor):
-            is_shape_query = (
-                (node.op == "call_method" and node.target in _SHAPE_METHODS)
-                or (node.op == "call_function" and node.target is getattr
-                    and len(node.args) > 1 and node.args[1] in _SHAPE_ATTRIBUTES))
-            if is_shape_query and all(kinds[i] in (INPUT, LOCAL, ELEMENTWISE, GLOBAL)
-                                      for i in dependent_inputs):
+            is_shape_query = (node.op == "call_method" and node.target in _SHAPE_METHODS) or (
+                node.op == "call_function"
+                and node.target is getattr
+                and len(node.args) > 1
+                and node.args[1] in _SHAPE_ATTRIBUTES
+            )
+            if is_shape_query and all(
+                kinds[i] in (INPUT, LOCAL, ELEMENTWISE, GLOBAL) for i in dependent_inputs
+            ):
                 return Step(node, SHAPE)
             if all(kinds[i] == SHAPE for i in dependent_inputs):
                 return Step(node, SHAPE)  # arithmetic on sizes
@@ -298,10 +317,17 @@ class IncrementalGraph:
         # Local spatial context: conv/pool whose only image-dependent input is its first.
         first = node.args[0] if node.args else None
         if isinstance(first, fx.Node) and dependent_inputs == [first]:
-            spec = ops.local_op_spec(node.op, node.target, module,
-                                     fx.node.map_arg(node.args, lambda n: values[n]),
-                                     fx.node.map_arg(node.kwargs, lambda n: values[n]),
-                                     values[first].shape, value.shape, dtype, device)
+            spec = ops.local_op_spec(
+                node.op,
+                node.target,
+                module,
+                fx.node.map_arg(node.args, lambda n: values[n]),
+                fx.node.map_arg(node.kwargs, lambda n: values[n]),
+                values[first].shape,
+                value.shape,
+                dtype,
+                device,
+            )
             if spec is not None:
                 return Step(node, LOCAL, local=spec)
             if module is not None and type(module) in (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d):
@@ -311,8 +337,9 @@ class IncrementalGraph:
             return Step(node, GLOBAL)
         out_hw = tuple(value.shape[-2:])
         ndim = value.dim()
-        reshapes_middle = (node.target in (operator.getitem, torch.unsqueeze)
-                           or (node.op == "call_method" and node.target == "unsqueeze"))
+        reshapes_middle = node.target in (operator.getitem, torch.unsqueeze) or (
+            node.op == "call_method" and node.target == "unsqueeze"
+        )
         for i in dependent_inputs:
             v = values[i]
             if (v.dim() != ndim and not reshapes_middle) or tuple(v.shape[-2:]) != out_hw:
@@ -333,8 +360,12 @@ class IncrementalGraph:
                 cropped.append(i)
                 continue
             return Step(node, GLOBAL)
-        return Step(node, ELEMENTWISE, patched_args=tuple(dict.fromkeys(dependent_inputs)),
-                    cropped_statics=tuple(cropped))
+        return Step(
+            node,
+            ELEMENTWISE,
+            patched_args=tuple(dict.fromkeys(dependent_inputs)),
+            cropped_statics=tuple(cropped),
+        )
 
     def _is_elementwise(self, node: fx.Node, module: nn.Module | None, values: dict) -> bool:
         value = values[node]
@@ -361,8 +392,7 @@ class IncrementalGraph:
                 return False
             if len(index) > source_dim - 2:
                 return False  # would touch the spatial dimensions
-            return all(isinstance(i, (int, slice)) and not isinstance(i, bool)
-                       for i in index[1:])
+            return all(isinstance(i, (int, slice)) and not isinstance(i, bool) for i in index[1:])
         return ops.is_elementwise_function(target, args, kwargs)
 
     @staticmethod
@@ -383,9 +413,9 @@ class IncrementalGraph:
         A conv output read only by its batch norm, say, needs no view at all: the batch
         norm runs on the patch alone.
         """
+
         def need(node: fx.Node, pad_value: float, pads: tuple[int, int, int, int]) -> None:
-            current = self._padding_needs.setdefault(node, {}).setdefault(pad_value,
-                                                                          [0, 0, 0, 0])
+            current = self._padding_needs.setdefault(node, {}).setdefault(pad_value, [0, 0, 0, 0])
             for i, amount in enumerate(pads):
                 current[i] = max(current[i], amount)
 
@@ -404,9 +434,9 @@ class IncrementalGraph:
                 if self._kinds.get(arg) in (INPUT, LOCAL, ELEMENTWISE):
                     self._kept_in_full.add(arg)  # materialised in full for a global op
 
-    def _stream(self, image: torch.Tensor,
-                on_value: Callable[[fx.Node, Any, dict], None] | None = None
-                ) -> MaterializedViews:
+    def _stream(
+        self, image: torch.Tensor, on_value: Callable[[fx.Node, Any, dict], None] | None = None
+    ) -> MaterializedViews:
         """One streaming inference that keeps exactly the views incremental runs read."""
         kept: dict[fx.Node, Any] = {}
         padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, int, int]] = {}
@@ -414,25 +444,25 @@ class IncrementalGraph:
         def release(node: fx.Node, value: Any) -> None:
             if self._kinds.get(node) in (STATIC, SHAPE) or node in self._kept_in_full:
                 kept[node] = value
-            for pad_value, (top, bottom, left, right) in \
-                    self._padding_needs.get(node, {}).items():
+            for pad_value, (top, bottom, left, right) in self._padding_needs.get(node, {}).items():
                 height, width = value.shape[-2:]
                 flat = value.reshape(-1, height, width)
                 if top or bottom or left or right:
-                    flat = torch.nn.functional.pad(flat, (left, right, top, bottom),
-                                                   value=pad_value)
+                    flat = torch.nn.functional.pad(
+                        flat, (left, right, top, bottom), value=pad_value
+                    )
                 padded[(node, pad_value)] = (flat.permute(1, 2, 0).contiguous(), top, left)
 
         with CAPTURE_LOCK.shared():
-            logits = self._run_full(image, on_value or (lambda node, value, values: None),
-                                    release)
+            logits = self._run_full(image, on_value or (lambda node, value, values: None), release)
         return MaterializedViews(self.image_shape, kept, padded, logits)
 
     def materialize(self, image: torch.Tensor) -> MaterializedViews:
         """The views of ``image``: one streaming inference (none for the capture image)."""
         if tuple(image.shape) != self.image_shape:
-            raise ValueError(f"graph was built for images of shape {self.image_shape}, "
-                             f"got {tuple(image.shape)}")
+            raise ValueError(
+                f"graph was built for images of shape {self.image_shape}, got {tuple(image.shape)}"
+            )
         first, self._first_views = self._first_views, None
         if first is not None and torch.equal(image, self._first_image):
             self._first_image = None
@@ -440,8 +470,9 @@ class IncrementalGraph:
         self._first_image = None
         return self._stream(image)
 
-    def geometry(self, ys: np.ndarray, xs: np.ndarray, patch_h: int, patch_w: int,
-                 tau: float = 1.0) -> PatchGeometry:
+    def geometry(
+        self, ys: np.ndarray, xs: np.ndarray, patch_h: int, patch_w: int, tau: float = 1.0
+    ) -> PatchGeometry:
         """Propagate the occlusion patch at every position through the graph (vectorised)."""
         ys = np.asarray(ys, dtype=np.int64)
         xs = np.asarray(xs, dtype=np.int64)
@@ -460,18 +491,22 @@ class IncrementalGraph:
                 local_steps[node] = (row_step, col_step)
                 windows[node] = (row_step.output, col_step.output)
                 # Untruncated patch wholly inside its read-in context: overlay by scatter.
-                scatter_ok[node] = (_same(row_step.input, in_rows)
-                                    and _same(col_step.input, in_cols)
-                                    and _inside(in_rows, row_step.read)
-                                    and _inside(in_cols, col_step.read))
+                scatter_ok[node] = (
+                    _same(row_step.input, in_rows)
+                    and _same(col_step.input, in_cols)
+                    and _inside(in_rows, row_step.read)
+                    and _inside(in_cols, col_step.read)
+                )
             elif step.kind == ELEMENTWISE:
                 parts = [windows[a] for a in step.patched_args]
                 if len(parts) == 1:
                     windows[node] = parts[0]
                 else:
                     height, width = self.shapes[node][-2:]
-                    windows[node] = (bounding_window([p[0] for p in parts], height),
-                                     bounding_window([p[1] for p in parts], width))
+                    windows[node] = (
+                        bounding_window([p[0] for p in parts], height),
+                        bounding_window([p[1] for p in parts], width),
+                    )
                 out_rows, out_cols = windows[node]
                 for arg, (rows, cols) in zip(step.patched_args, parts):
                     if _same(rows, out_rows) and _same(cols, out_cols):
@@ -481,8 +516,13 @@ class IncrementalGraph:
     # ---------------------------------------------------------------------------------
     # Batched incremental inference
     # ---------------------------------------------------------------------------------
-    def run_batch(self, views: MaterializedViews, geometry: PatchGeometry, batch: slice,
-                  occluder: torch.Tensor) -> torch.Tensor:
+    def run_batch(
+        self,
+        views: MaterializedViews,
+        geometry: PatchGeometry,
+        batch: slice,
+        occluder: torch.Tensor,
+    ) -> torch.Tensor:
         """Logits of the occluded images for positions ``batch`` (Algorithm 1 per layer).
 
         ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5).
@@ -490,8 +530,13 @@ class IncrementalGraph:
         with CAPTURE_LOCK.shared():
             return self._run_batch(views, geometry, batch, occluder)
 
-    def _run_batch(self, views: MaterializedViews, geometry: PatchGeometry, batch: slice,
-                   occluder: torch.Tensor) -> torch.Tensor:
+    def _run_batch(
+        self,
+        views: MaterializedViews,
+        geometry: PatchGeometry,
+        batch: slice,
+        occluder: torch.Tensor,
+    ) -> torch.Tensor:
         device = occluder.device
         count = len(range(*batch.indices(geometry.positions)))
         items = torch.arange(count, device=device)
@@ -526,21 +571,24 @@ class IncrementalGraph:
             elif kind == INPUT:
                 rows, cols = geometry.windows[node]
                 data = occluder.unsqueeze(0).expand(count, *occluder.shape)
-                env[node] = Patched(data, start_tensor(rows.start), start_tensor(cols.start),
-                                    self.shapes[node])
+                env[node] = Patched(
+                    data, start_tensor(rows.start), start_tensor(cols.start), self.shapes[node]
+                )
             elif kind == LOCAL:
-                env[node] = self._run_local(step, env[node.args[0]], node.args[0], views,
-                                            geometry, start_tensor, items)
+                env[node] = self._run_local(
+                    step, env[node.args[0]], node.args[0], views, geometry, start_tensor, items
+                )
             elif kind == ELEMENTWISE:
-                env[node] = self._run_elementwise(step, env, views, geometry, start_tensor,
-                                                  items)
+                env[node] = self._run_elementwise(step, env, views, geometry, start_tensor, items)
             elif kind == SHAPE:
+
                 def stand_in(n: fx.Node) -> Any:
                     value = env[n]
                     if isinstance(value, Patched):
                         shape = (count,) + tuple(value.view_shape[1:])
                         return torch.empty(shape, dtype=value.data.dtype, device="meta")
                     return value
+
                 args = fx.node.map_arg(node.args, stand_in)
                 kwargs = fx.node.map_arg(node.kwargs, stand_in)
                 env[node] = step.call(args, kwargs)
@@ -557,9 +605,16 @@ class IncrementalGraph:
                     full_cache.pop(used, None)
         raise AssertionError("graph has no output node")  # pragma: no cover
 
-    def _run_local(self, step: Step, source: Patched, source_node: fx.Node,
-                   views: MaterializedViews, geometry: PatchGeometry, start_tensor,
-                   items: torch.Tensor) -> Patched:
+    def _run_local(
+        self,
+        step: Step,
+        source: Patched,
+        source_node: fx.Node,
+        views: MaterializedViews,
+        geometry: PatchGeometry,
+        start_tensor,
+        items: torch.Tensor,
+    ) -> Patched:
         spec = step.local
         row_step, col_step = geometry.local_steps[step.node]
         padded, top, left = views.spatial(source_node, _view_pad_value(spec))
@@ -567,25 +622,55 @@ class IncrementalGraph:
         read_cols = start_tensor(col_step.read.start)
         if geometry.scatter_ok[step.node]:
             context = _read_in_context_scatter(
-                padded, read_rows, read_cols, top, left, row_step.read.length,
-                col_step.read.length, source, items)
+                padded,
+                read_rows,
+                read_cols,
+                top,
+                left,
+                row_step.read.length,
+                col_step.read.length,
+                source,
+                items,
+            )
         else:
             context = _read_in_context(
-                padded, read_rows, read_cols, top, left, row_step.read.length,
-                col_step.read.length, source, start_tensor(row_step.input.start),
-                row_step.input.length, start_tensor(col_step.input.start),
-                col_step.input.length, items)
+                padded,
+                read_rows,
+                read_cols,
+                top,
+                left,
+                row_step.read.length,
+                col_step.read.length,
+                source,
+                start_tensor(row_step.input.start),
+                row_step.input.length,
+                start_tensor(col_step.input.start),
+                col_step.input.length,
+                items,
+            )
         output = spec.apply(context.permute(0, 3, 1, 2))  # eq 19, on the whole batch
         out_rows = start_tensor(row_step.output.start)
         out_cols = start_tensor(col_step.output.start)
         if spec.divisor_map is not None:
-            factor = _gather_windows(spec.divisor_map.unsqueeze(-1), out_rows, out_cols,
-                                     row_step.output.length, col_step.output.length)
+            factor = _gather_windows(
+                spec.divisor_map.unsqueeze(-1),
+                out_rows,
+                out_cols,
+                row_step.output.length,
+                col_step.output.length,
+            )
             output = output * factor.permute(0, 3, 1, 2)
         return Patched(output, out_rows, out_cols, self.shapes[step.node])
 
-    def _run_elementwise(self, step: Step, env: dict, views: MaterializedViews,
-                         geometry: PatchGeometry, start_tensor, items) -> Patched:
+    def _run_elementwise(
+        self,
+        step: Step,
+        env: dict,
+        views: MaterializedViews,
+        geometry: PatchGeometry,
+        start_tensor,
+        items,
+    ) -> Patched:
         node = step.node
         out_rows_w, out_cols_w = geometry.windows[node]
         out_rows = start_tensor(out_rows_w.start)
@@ -598,14 +683,26 @@ class IncrementalGraph:
             else:  # merge: bring the input to the bounding box (eq 20)
                 source, top, left = views.spatial(arg)
                 context = _read_in_context(
-                    source, out_rows, out_cols, top, left, out_rows_w.length,
-                    out_cols_w.length, value, value.rows, value.data.shape[-2],
-                    value.cols, value.data.shape[-1], items)
+                    source,
+                    out_rows,
+                    out_cols,
+                    top,
+                    left,
+                    out_rows_w.length,
+                    out_cols_w.length,
+                    value,
+                    value.rows,
+                    value.data.shape[-2],
+                    value.cols,
+                    value.data.shape[-1],
+                    items,
+                )
                 replacements[arg] = _to_logical(context, value.view_shape)
         for arg in step.cropped_statics:
             source, top, left = views.spatial(arg)
-            context = _gather_windows(source, out_rows + top, out_cols + left,
-                                      out_rows_w.length, out_cols_w.length)
+            context = _gather_windows(
+                source, out_rows + top, out_cols + left, out_rows_w.length, out_cols_w.length
+            )
             replacements[arg] = _to_logical(context, self.shapes[arg])
         args = fx.node.map_arg(node.args, lambda n: replacements.get(n, env[n]))
         kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
@@ -620,8 +717,7 @@ class IncrementalGraph:
 def _view_pad_value(spec: ops.LocalOpSpec) -> float:
     """Padding value of the view a local op reads: its own (0 or -inf) where it reads
     padding, else 0, so ops needing no padding share the plain zero-padded view."""
-    return spec.pad_value if any(padding_needed(spec.rows) + padding_needed(spec.cols)) \
-        else 0.0
+    return spec.pad_value if any(padding_needed(spec.rows) + padding_needed(spec.cols)) else 0.0
 
 
 def _same(first: Window, second: Window) -> bool:
@@ -644,18 +740,30 @@ def _to_logical(context: torch.Tensor, view_shape: torch.Size) -> torch.Tensor:
     return context.permute(0, 3, 1, 2).reshape(count, *view_shape[1:-2], height, width)
 
 
-def _gather_windows(source: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                    height: int, width: int) -> torch.Tensor:
+def _gather_windows(
+    source: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, height: int, width: int
+) -> torch.Tensor:
     """Slice a (H, W, M) tensor at a per-item window: (N, height, width, M), eq 17."""
     row_index = rows.unsqueeze(1) + torch.arange(height, device=rows.device)
     col_index = cols.unsqueeze(1) + torch.arange(width, device=cols.device)
     return source[row_index[:, :, None], col_index[:, None, :]]
 
 
-def _read_in_context(padded: torch.Tensor, read_rows: torch.Tensor, read_cols: torch.Tensor,
-                     top: int, left: int, height: int, width: int, source: Patched,
-                     patch_rows: torch.Tensor, patch_height: int, patch_cols: torch.Tensor,
-                     patch_width: int, items: torch.Tensor) -> torch.Tensor:
+def _read_in_context(
+    padded: torch.Tensor,
+    read_rows: torch.Tensor,
+    read_cols: torch.Tensor,
+    top: int,
+    left: int,
+    height: int,
+    width: int,
+    source: Patched,
+    patch_rows: torch.Tensor,
+    patch_height: int,
+    patch_cols: torch.Tensor,
+    patch_width: int,
+    items: torch.Tensor,
+) -> torch.Tensor:
     """Read-in context with the update patch superimposed (eqs 17-18), general form.
 
     ``padded`` is the (H+pad, W+pad, M) view; read windows are in unpadded coordinates.
@@ -667,10 +775,12 @@ def _read_in_context(padded: torch.Tensor, read_rows: torch.Tensor, read_cols: t
     arange_w = torch.arange(width, device=read_cols.device)
     absolute_rows = read_rows.unsqueeze(1) + arange_h  # (N, height)
     absolute_cols = read_cols.unsqueeze(1) + arange_w
-    in_rows = (absolute_rows >= patch_rows.unsqueeze(1)) & \
-        (absolute_rows < (patch_rows + patch_height).unsqueeze(1))
-    in_cols = (absolute_cols >= patch_cols.unsqueeze(1)) & \
-        (absolute_cols < (patch_cols + patch_width).unsqueeze(1))
+    in_rows = (absolute_rows >= patch_rows.unsqueeze(1)) & (
+        absolute_rows < (patch_rows + patch_height).unsqueeze(1)
+    )
+    in_cols = (absolute_cols >= patch_cols.unsqueeze(1)) & (
+        absolute_cols < (patch_cols + patch_width).unsqueeze(1)
+    )
     # Positions inside the patch data (its window starts at source.rows/cols).
     data_rows = (absolute_rows - source.rows.unsqueeze(1)).clamp(0, source.data.shape[-2] - 1)
     data_cols = (absolute_cols - source.cols.unsqueeze(1)).clamp(0, source.data.shape[-1] - 1)
@@ -680,9 +790,17 @@ def _read_in_context(padded: torch.Tensor, read_rows: torch.Tensor, read_cols: t
     return torch.where(inside, values, context)
 
 
-def _read_in_context_scatter(padded: torch.Tensor, read_rows: torch.Tensor,
-                             read_cols: torch.Tensor, top: int, left: int, height: int,
-                             width: int, source: Patched, items: torch.Tensor) -> torch.Tensor:
+def _read_in_context_scatter(
+    padded: torch.Tensor,
+    read_rows: torch.Tensor,
+    read_cols: torch.Tensor,
+    top: int,
+    left: int,
+    height: int,
+    width: int,
+    source: Patched,
+    items: torch.Tensor,
+) -> torch.Tensor:
     """Read-in context when every patch lies inside its context (eqs 17-18, fast form).
 
     Gathers the context from the view, then writes the whole patch at its per-item offset:
@@ -690,12 +808,11 @@ def _read_in_context_scatter(padded: torch.Tensor, read_rows: torch.Tensor,
     """
     context = _gather_windows(padded, read_rows + top, read_cols + left, height, width)
     patch_h, patch_w = source.data.shape[-2:]
-    row_index = (source.rows - read_rows).unsqueeze(1) + torch.arange(patch_h,
-                                                                       device=items.device)
-    col_index = (source.cols - read_cols).unsqueeze(1) + torch.arange(patch_w,
-                                                                       device=items.device)
-    context[items[:, None, None], row_index[:, :, None], col_index[:, None, :]] = \
-        _spatial_last(source.data)
+    row_index = (source.rows - read_rows).unsqueeze(1) + torch.arange(patch_h, device=items.device)
+    col_index = (source.cols - read_cols).unsqueeze(1) + torch.arange(patch_w, device=items.device)
+    context[items[:, None, None], row_index[:, :, None], col_index[:, None, :]] = _spatial_last(
+        source.data
+    )
     return context
 
 
@@ -710,6 +827,7 @@ def _scatter_full(value: Patched, view: torch.Tensor, items: torch.Tensor) -> to
     row_index = value.rows.unsqueeze(1) + torch.arange(height, device=items.device)
     col_index = value.cols.unsqueeze(1) + torch.arange(width, device=items.device)
     target = _spatial_last(full)  # a view into ``full`` when it is contiguous
-    target[items[:, None, None], row_index[:, :, None], col_index[:, None, :]] = \
-        _spatial_last(value.data)
+    target[items[:, None, None], row_index[:, :, None], col_index[:, None, :]] = _spatial_last(
+        value.data
+    )
     return full

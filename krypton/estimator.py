@@ -6,6 +6,7 @@ different position counts and fits scikit-learn's LinearRegression; approximate 
 two features, the stage-one and stage-two position counts (both planned in advance, so the
 estimate needs nothing that only running would reveal).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,9 +26,20 @@ from sklearn.linear_model import LinearRegression
 from . import drilldown
 from .explainer import MODES, OcclusionExplainer, grid_positions
 
-__all__ = ["NotCalibratedError", "planned_positions", "calibrate", "estimate_seconds",
-           "CALIBRATION_PATCHES", "Estimate", "estimate", "record_run", "logged_runs",
-           "measured_seconds", "runtime_log_path", "estimate_for_counts"]
+__all__ = [
+    "NotCalibratedError",
+    "planned_positions",
+    "calibrate",
+    "estimate_seconds",
+    "CALIBRATION_PATCHES",
+    "Estimate",
+    "estimate",
+    "record_run",
+    "logged_runs",
+    "measured_seconds",
+    "runtime_log_path",
+    "estimate_for_counts",
+]
 
 CALIBRATION_PATCHES = (4, 8, 16, 32)
 
@@ -36,10 +48,16 @@ class NotCalibratedError(LookupError):
     """No cost model exists for this model, patch size and mode on this host."""
 
 
-def planned_positions(image_size: Sequence[int], patch: int, stride: int,
-                      region: Sequence[int] | None = None, mode: str = "exact",
-                      r_drill_down: float = 0.25, target_speedup: float = 3.0,
-                      s1: int | None = None) -> tuple[int, int]:
+def planned_positions(
+    image_size: Sequence[int],
+    patch: int,
+    stride: int,
+    region: Sequence[int] | None = None,
+    mode: str = "exact",
+    r_drill_down: float = 0.25,
+    target_speedup: float = 3.0,
+    s1: int | None = None,
+) -> tuple[int, int]:
     """(stage-one, stage-two) positions a run will evaluate; stage two is 0 except for
     approximate mode with drill-down, where it is the expected count (eq 28's reasoning:
     the chosen fraction of stage-one cells, each covering (S1/S2)^2 positions)."""
@@ -79,10 +97,19 @@ def _configurations(image_size: Sequence[int], patch: int) -> list[dict]:
     return configs
 
 
-def calibrate(model, name: str, image_size: Sequence[int], *,
-              patches: Sequence[int] = CALIBRATION_PATCHES, modes: Sequence[str] = MODES,
-              tau: float = 1.0, r_drill_down: float = 0.25, target_speedup: float = 3.0,
-              held_out_every: int = 3, log: Callable[[str], None] = print) -> dict:
+def calibrate(
+    model,
+    name: str,
+    image_size: Sequence[int],
+    *,
+    patches: Sequence[int] = CALIBRATION_PATCHES,
+    modes: Sequence[str] = MODES,
+    tau: float = 1.0,
+    r_drill_down: float = 0.25,
+    target_speedup: float = 3.0,
+    held_out_every: int = 3,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Time explain() over several configurations and fit one cost model per (patch, mode).
 
     Every ``held_out_every``-th configuration is kept out of the fit and used to report the
@@ -92,64 +119,97 @@ def calibrate(model, name: str, image_size: Sequence[int], *,
     torch.manual_seed(0)
     image = torch.randn(3, *image_size)
     explainer.explain(image, patch=patches[0], positions=[(0, 0)])  # capture + warm-up
-    record: dict = {"date": datetime.date.today().isoformat(),
-                    "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
-                    "image_size": list(image_size), "tau": tau, "r_drill_down": r_drill_down,
-                    "target_speedup": target_speedup, "models": {}}
+    record: dict = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "image_size": list(image_size),
+        "tau": tau,
+        "r_drill_down": r_drill_down,
+        "target_speedup": target_speedup,
+        "models": {},
+    }
     errors = []
     for patch in patches:
-        configs = [c for c in _configurations(image_size, patch)
-                   if c["region"][2] - c["region"][0] >= patch]
+        configs = [
+            c
+            for c in _configurations(image_size, patch)
+            if c["region"][2] - c["region"][0] >= patch
+        ]
         for mode in modes:
             rows = []
             for index, config in enumerate(configs):
                 kwargs = {}
                 if mode == "approximate":
-                    kwargs = {"tau": tau, "r_drill_down": r_drill_down,
-                              "target_speedup": target_speedup}
+                    kwargs = {
+                        "tau": tau,
+                        "r_drill_down": r_drill_down,
+                        "target_speedup": target_speedup,
+                    }
                     try:
-                        counts = planned_positions(image_size, patch, config["stride"],
-                                                   config["region"], mode, r_drill_down,
-                                                   target_speedup)
+                        counts = planned_positions(
+                            image_size,
+                            patch,
+                            config["stride"],
+                            config["region"],
+                            mode,
+                            r_drill_down,
+                            target_speedup,
+                        )
                     except ValueError:  # drill-down target infeasible on this region
                         continue
                 else:
-                    counts = planned_positions(image_size, patch, config["stride"],
-                                               config["region"], mode)
+                    counts = planned_positions(
+                        image_size, patch, config["stride"], config["region"], mode
+                    )
                 started = time.perf_counter()
-                explainer.explain(image, patch=patch, stride=config["stride"], mode=mode,
-                                  region=config["region"], **kwargs)
+                explainer.explain(
+                    image,
+                    patch=patch,
+                    stride=config["stride"],
+                    mode=mode,
+                    region=config["region"],
+                    **kwargs,
+                )
                 seconds = time.perf_counter() - started
-                rows.append((index % held_out_every == held_out_every - 1,
-                             _features(mode, counts), seconds))
+                rows.append(
+                    (index % held_out_every == held_out_every - 1, _features(mode, counts), seconds)
+                )
             fit_rows = [r for r in rows if not r[0]]
             test_rows = [r for r in rows if r[0]]
             if len(fit_rows) < 2:
                 continue
-            regression = LinearRegression().fit([r[1] for r in fit_rows],
-                                                [r[2] for r in fit_rows])
-            percent = [abs(regression.predict([r[1]])[0] - r[2]) / r[2] * 100
-                       for r in test_rows]
+            regression = LinearRegression().fit([r[1] for r in fit_rows], [r[2] for r in fit_rows])
+            percent = [abs(regression.predict([r[1]])[0] - r[2]) / r[2] * 100 for r in test_rows]
             errors.extend(percent)
             record["models"].setdefault(str(patch), {})[mode] = {
                 "coefficients": [float(c) for c in regression.coef_],
                 "intercept": float(regression.intercept_),
-                "fit_runs": len(fit_rows), "held_out_runs": len(test_rows),
-                "held_out_median_abs_error_percent":
-                    float(np.median(percent)) if percent else None,
+                "fit_runs": len(fit_rows),
+                "held_out_runs": len(test_rows),
+                "held_out_median_abs_error_percent": float(np.median(percent)) if percent else None,
             }
-            log(f"{name} patch {patch} {mode}: {len(fit_rows)} fit runs, held-out median "
-                f"error {np.median(percent) if percent else float('nan'):.1f}%")
+            log(
+                f"{name} patch {patch} {mode}: {len(fit_rows)} fit runs, held-out median "
+                f"error {np.median(percent) if percent else float('nan'):.1f}%"
+            )
     record["held_out_median_abs_error_percent"] = float(np.median(errors)) if errors else None
     record["held_out_runs"] = len(errors)
     return record
 
 
-def estimate_seconds(model_name: str, *, patch: int, stride: int,
-                     region: Sequence[int] | None = None, mode: str = "exact",
-                     image_size: Sequence[int] | None = None, r_drill_down: float = 0.25,
-                     target_speedup: float = 3.0, s1: int | None = None,
-                     directory: Path | None = None) -> float:
+def estimate_seconds(
+    model_name: str,
+    *,
+    patch: int,
+    stride: int,
+    region: Sequence[int] | None = None,
+    mode: str = "exact",
+    image_size: Sequence[int] | None = None,
+    r_drill_down: float = 0.25,
+    target_speedup: float = 3.0,
+    s1: int | None = None,
+    directory: Path | None = None,
+) -> float:
     """Estimated seconds for an explain() call, from the model's calibration on this host.
 
     Raises NotCalibratedError (with the command that fixes it) when no cost model exists,
@@ -159,21 +219,23 @@ def estimate_seconds(model_name: str, *, patch: int, stride: int,
 
     path, entry = find_entry(model_name, directory)
     image_size = tuple(image_size or entry["input_size"])
-    counts = planned_positions(image_size, patch, stride, region, mode, r_drill_down,
-                               target_speedup, s1)
+    counts = planned_positions(
+        image_size, patch, stride, region, mode, r_drill_down, target_speedup, s1
+    )
     return _calibrated_seconds(entry, model_name, mode, patch, counts)
 
 
-def _calibrated_seconds(entry: dict, model_name: str, mode: str, patch: int,
-                        counts: tuple[int, int]) -> float:
+def _calibrated_seconds(
+    entry: dict, model_name: str, mode: str, patch: int, counts: tuple[int, int]
+) -> float:
     calibration = entry.get("calibration", {}).get("models", {})
     model = calibration.get(str(patch), {}).get(mode)
     if model is None:
         raise NotCalibratedError(
             f"no runtime calibration for model '{model_name}' with patch {patch} in {mode} "
-            f"mode; run `krypton calibrate --model {model_name}`")
-    seconds = model["intercept"] + float(np.dot(model["coefficients"],
-                                                _features(mode, counts)))
+            f"mode; run `krypton calibrate --model {model_name}`"
+        )
+    seconds = model["intercept"] + float(np.dot(model["coefficients"], _features(mode, counts)))
     return max(seconds, 0.0)
 
 
@@ -206,24 +268,38 @@ class Estimate:
 def runtime_log_path() -> Path:
     """The per-host log of finished runs: $KRYPTON_HOME/runtime-log.jsonl."""
     from .registry import krypton_home
+
     return krypton_home() / "runtime-log.jsonl"
 
 
-def record_run(model_name: str, mode: str, patch: int, counts: tuple[int, int],
-               seconds: float, path: Path | None = None) -> None:
+def record_run(
+    model_name: str,
+    mode: str,
+    patch: int,
+    counts: tuple[int, int],
+    seconds: float,
+    path: Path | None = None,
+) -> None:
     """Append one finished run (positions as planned: stage one, stage two) to the log."""
     path = path or runtime_log_path()
-    line = json.dumps({"model": model_name, "mode": mode, "patch": int(patch),
-                       "stage_one": int(counts[0]), "stage_two": int(counts[1]),
-                       "seconds": round(float(seconds), 4), "when": time.time()})
+    line = json.dumps(
+        {
+            "model": model_name,
+            "mode": mode,
+            "patch": int(patch),
+            "stage_one": int(counts[0]),
+            "stage_two": int(counts[1]),
+            "seconds": round(float(seconds), 4),
+            "when": time.time(),
+        }
+    )
     with _log_lock:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as handle:
             handle.write(line + "\n")
 
 
-def logged_runs(model_name: str, mode: str, patch: int,
-                path: Path | None = None) -> list[dict]:
+def logged_runs(model_name: str, mode: str, patch: int, path: Path | None = None) -> list[dict]:
     """The most recent logged runs of (model, mode, patch), oldest first."""
     path = path or runtime_log_path()
     if not path.exists():
@@ -235,8 +311,11 @@ def logged_runs(model_name: str, mode: str, patch: int,
                 row = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
-            if row.get("model") == model_name and row.get("mode") == mode \
-                    and row.get("patch") == patch:
+            if (
+                row.get("model") == model_name
+                and row.get("mode") == mode
+                and row.get("patch") == patch
+            ):
                 rows.append(row)
     return rows[-RECENT_RUNS:]
 
@@ -252,15 +331,28 @@ def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> Estimate |
     spread = float(np.quantile(np.abs(fitted - seconds) / np.maximum(seconds, 1e-3), 0.9))
     spread = max(spread, 0.1)
     predicted = max(predicted, 0.0)
-    return Estimate(predicted, predicted * (1 - spread), predicted * (1 + spread),
-                    f"this host's last {len(rows)} runs")
+    return Estimate(
+        predicted,
+        predicted * (1 - spread),
+        predicted * (1 + spread),
+        f"this host's last {len(rows)} runs",
+    )
 
 
-def estimate(model_name: str, *, patch: int, stride: int,
-             region: Sequence[int] | None = None, mode: str = "exact",
-             image_size: Sequence[int] | None = None, r_drill_down: float = 0.25,
-             target_speedup: float = 3.0, s1: int | None = None,
-             directory: Path | None = None, log_path: Path | None = None) -> Estimate:
+def estimate(
+    model_name: str,
+    *,
+    patch: int,
+    stride: int,
+    region: Sequence[int] | None = None,
+    mode: str = "exact",
+    image_size: Sequence[int] | None = None,
+    r_drill_down: float = 0.25,
+    target_speedup: float = 3.0,
+    s1: int | None = None,
+    directory: Path | None = None,
+    log_path: Path | None = None,
+) -> Estimate:
     """Estimated run time with a range: refit from this host's logged runs when there are
     enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
     when neither exists."""
@@ -268,14 +360,20 @@ def estimate(model_name: str, *, patch: int, stride: int,
 
     path, entry = find_entry(model_name, directory)
     image_size = tuple(image_size or entry["input_size"])
-    counts = planned_positions(image_size, patch, stride, region, mode, r_drill_down,
-                               target_speedup, s1)
+    counts = planned_positions(
+        image_size, patch, stride, region, mode, r_drill_down, target_speedup, s1
+    )
     return estimate_for_counts(model_name, mode, patch, counts, directory, log_path)
 
 
-def estimate_for_counts(model_name: str, mode: str, patch: int, counts: tuple[int, int],
-                        directory: Path | None = None,
-                        log_path: Path | None = None) -> Estimate:
+def estimate_for_counts(
+    model_name: str,
+    mode: str,
+    patch: int,
+    counts: tuple[int, int],
+    directory: Path | None = None,
+    log_path: Path | None = None,
+) -> Estimate:
     """:func:`estimate` for given (stage-one, stage-two) position counts."""
     from .registry import find_entry
 
@@ -285,15 +383,25 @@ def estimate_for_counts(model_name: str, mode: str, patch: int, counts: tuple[in
     _, entry = find_entry(model_name, directory)
     seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
     calibration = entry.get("calibration", {})
-    error = (calibration.get("models", {}).get(str(patch), {}).get(mode, {})
-             .get("held_out_median_abs_error_percent") or 25.0) / 100
+    error = (
+        calibration.get("models", {})
+        .get(str(patch), {})
+        .get(mode, {})
+        .get("held_out_median_abs_error_percent")
+        or 25.0
+    ) / 100
     spread = max(2 * error, 0.1)  # the median error, doubled: most runs fall inside
-    return Estimate(seconds, seconds * (1 - spread), seconds * (1 + spread),
-                    f"calibration ({calibration.get('date', 'undated')})")
+    return Estimate(
+        seconds,
+        seconds * (1 - spread),
+        seconds * (1 + spread),
+        f"calibration ({calibration.get('date', 'undated')})",
+    )
 
 
-def measured_seconds(model_name: str, mode: str, patch: int, counts: tuple[int, int],
-                     path: Path | None = None) -> float | None:
+def measured_seconds(
+    model_name: str, mode: str, patch: int, counts: tuple[int, int], path: Path | None = None
+) -> float | None:
     """Seconds of the latest logged run with exactly these settings' position counts."""
     for row in reversed(logged_runs(model_name, mode, patch, path)):
         if (row["stage_one"], row["stage_two"]) == tuple(counts):

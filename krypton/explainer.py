@@ -5,6 +5,7 @@ web app call. ``OcclusionExplainer`` is the same thing as an object that keeps t
 graph and the materialised views of the last image, so refining a region or re-running with
 other positions on the same image skips capture and materialisation.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,13 @@ from torch import nn
 
 from . import drilldown
 from .capture_lock import CAPTURE_LOCK
-from .engine import (IncrementalGraph, MaterializedViews, Patched, UnsupportedModelError,
-                     _scatter_full)
+from .engine import (
+    IncrementalGraph,
+    MaterializedViews,
+    Patched,
+    UnsupportedModelError,
+    _scatter_full,
+)
 from .models import LoadedModel
 from .tuning import TauTuning
 
@@ -73,16 +79,26 @@ class Heatmap:
         its positions by the explained class.
         """
         if self.class_values is None or self.base_probs is None:
-            reason = ("drill-down chose its positions for this class"
-                      if self.mode == "approximate" else "the run kept only one class")
-            raise ValueError(f"this heatmap cannot be re-coloured for another class "
-                             f"({reason}); run explain() again with label={label}")
+            reason = (
+                "drill-down chose its positions for this class"
+                if self.mode == "approximate"
+                else "the run kept only one class"
+            )
+            raise ValueError(
+                f"this heatmap cannot be re-coloured for another class "
+                f"({reason}); run explain() again with label={label}"
+            )
         if not 0 <= label < self.class_values.shape[-1]:
-            raise ValueError(f"label {label} is out of range: the model has "
-                             f"{self.class_values.shape[-1]} classes")
+            raise ValueError(
+                f"label {label} is out of range: the model has "
+                f"{self.class_values.shape[-1]} classes"
+            )
         return dataclasses.replace(
-            self, values=self.class_values[..., label].astype(np.float32), label=int(label),
-            prob=float(self.base_probs[label]))
+            self,
+            values=self.class_values[..., label].astype(np.float32),
+            label=int(label),
+            prob=float(self.base_probs[label]),
+        )
 
     @property
     def flops_spent(self) -> int:
@@ -106,8 +122,9 @@ class Heatmap:
     def position_values(self) -> list[tuple[int, int, float]]:
         """(x, y, probability) for every evaluated position."""
         rows, cols = np.nonzero(~np.isnan(self.values))
-        return [(int(self.xs[c]), int(self.ys[r]), float(self.values[r, c]))
-                for r, c in zip(rows, cols)]
+        return [
+            (int(self.xs[c]), int(self.ys[r]), float(self.values[r, c])) for r, c in zip(rows, cols)
+        ]
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,27 +140,33 @@ def _check_model(model: nn.Module) -> None:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    training = [name or "(the model itself)" for name, module in model.named_modules()
-                if module.training]
+    training = [
+        name or "(the model itself)" for name, module in model.named_modules() if module.training
+    ]
     if training:
-        shown = ", ".join(training[:5]) + (f" and {len(training) - 5} more"
-                                           if len(training) > 5 else "")
-        raise ValueError(f"model is in training mode ({shown}); dropout and batch norm "
-                         f"would make results random or batch-dependent: call model.eval() "
-                         f"first")
+        shown = ", ".join(training[:5]) + (
+            f" and {len(training) - 5} more" if len(training) > 5 else ""
+        )
+        raise ValueError(
+            f"model is in training mode ({shown}); dropout and batch norm "
+            f"would make results random or batch-dependent: call model.eval() "
+            f"first"
+        )
 
 
 def _check_image(image: torch.Tensor) -> None:
     if not isinstance(image, torch.Tensor):
-        raise TypeError(f"image must be a torch.Tensor of shape (C, H, W), got "
-                        f"{type(image).__name__}")
+        raise TypeError(
+            f"image must be a torch.Tensor of shape (C, H, W), got {type(image).__name__}"
+        )
     if image.dim() != 3:
         raise ValueError(f"image must have shape (C, H, W), got {tuple(image.shape)}")
     if min(image.shape) < 1:
         raise ValueError(f"image is empty: shape {tuple(image.shape)}")
     if not image.is_floating_point():
-        raise ValueError(f"image must be a floating point tensor in the model's input space, "
-                         f"got {image.dtype}")
+        raise ValueError(
+            f"image must be a floating point tensor in the model's input space, got {image.dtype}"
+        )
     if not torch.isfinite(image).all():
         raise ValueError("image contains NaN or infinite values")
 
@@ -156,8 +179,9 @@ def _positive_int(value, name: str) -> int:
     return int(value)
 
 
-def grid_positions(image_hw: tuple[int, int], patch: int, stride: int,
-                   region: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+def grid_positions(
+    image_hw: tuple[int, int], patch: int, stride: int, region: Sequence[int] | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-left corners x = x0, x0+stride, ... while x + patch <= x1 (same for y)."""
     height, width = image_hw
     if region is None:
@@ -167,20 +191,22 @@ def grid_positions(image_hw: tuple[int, int], patch: int, stride: int,
             raise ValueError(f"region must be (x0, y0, x1, y1), got {region!r}")
         x0, y0, x1, y1 = (int(v) for v in region)
         if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
-            raise ValueError(f"region {tuple(region)} is outside the {width}x{height} image "
-                             f"or empty (need 0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= "
-                             f"{height})")
+            raise ValueError(
+                f"region {tuple(region)} is outside the {width}x{height} image "
+                f"or empty (need 0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= "
+                f"{height})"
+            )
     if patch > x1 - x0 or patch > y1 - y0:
         where = "image" if region is None else "region"
-        raise ValueError(f"patch {patch} is larger than the {where} "
-                         f"({x1 - x0}x{y1 - y0} pixels)")
+        raise ValueError(f"patch {patch} is larger than the {where} ({x1 - x0}x{y1 - y0} pixels)")
     xs = np.arange(x0, x1 - patch + 1, stride, dtype=np.int64)
     ys = np.arange(y0, y1 - patch + 1, stride, dtype=np.int64)
     return ys, xs
 
 
-def _listed_positions(positions: Iterable, image_hw: tuple[int, int],
-                      patch: int) -> tuple[np.ndarray, np.ndarray]:
+def _listed_positions(
+    positions: Iterable, image_hw: tuple[int, int], patch: int
+) -> tuple[np.ndarray, np.ndarray]:
     try:
         array = np.asarray(list(positions), dtype=np.int64)
     except (TypeError, ValueError) as exc:
@@ -190,12 +216,18 @@ def _listed_positions(positions: Iterable, image_hw: tuple[int, int],
     if array.ndim != 2 or array.shape[1] != 2:
         raise ValueError(f"positions must be a list of (x, y) pairs, got shape {array.shape}")
     height, width = image_hw
-    bad = (array[:, 0] < 0) | (array[:, 1] < 0) | (array[:, 0] + patch > width) | \
-        (array[:, 1] + patch > height)
+    bad = (
+        (array[:, 0] < 0)
+        | (array[:, 1] < 0)
+        | (array[:, 0] + patch > width)
+        | (array[:, 1] + patch > height)
+    )
     if bad.any():
         x, y = array[np.argmax(bad)]
-        raise ValueError(f"position (x={x}, y={y}) puts the {patch}-pixel patch outside the "
-                         f"{width}x{height} image")
+        raise ValueError(
+            f"position (x={x}, y={y}) puts the {patch}-pixel patch outside the "
+            f"{width}x{height} image"
+        )
     array = np.unique(array, axis=0)  # duplicates cost time and change nothing
     return array[:, 1], array[:, 0]
 
@@ -212,8 +244,7 @@ def _occluder(fill, channels: int, patch: int, dtype, device) -> torch.Tensor:
     if len(values) == 1:
         values = values * channels
     if len(values) != channels:
-        raise ValueError(f"fill has {len(values)} values but the image has {channels} "
-                         f"channels")
+        raise ValueError(f"fill has {len(values)} values but the image has {channels} channels")
     if not all(np.isfinite(values)):
         raise ValueError(f"fill must be finite, got {values}")
     column = torch.tensor(values, dtype=dtype, device=device).view(channels, 1, 1)
@@ -236,8 +267,9 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 def _check_logits(logits) -> int:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != 1:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"model output must be logits of shape (N, classes); for one image "
-                         f"it returned {shape}")
+        raise ValueError(
+            f"model output must be logits of shape (N, classes); for one image it returned {shape}"
+        )
     return int(logits.shape[1])
 
 
@@ -281,8 +313,10 @@ def model_fingerprint(model: nn.Module) -> tuple:
     checksum reads each weight once: about 10 ms for ResNet18 and 0.1 s for VGG16 on two
     CPU cores (``make bench`` prints it next to the runs).
     """
-    modules = tuple((name, id(module), type(module).__qualname__, module.training,
-                     _module_settings(module)) for name, module in model.named_modules())
+    modules = tuple(
+        (name, id(module), type(module).__qualname__, module.training, _module_settings(module))
+        for name, module in model.named_modules()
+    )
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
@@ -290,8 +324,7 @@ def model_fingerprint(model: nn.Module) -> tuple:
     return modules, digest.hexdigest()
 
 
-def _count_macs_with_hooks(model: nn.Module, image: torch.Tensor
-                           ) -> tuple[torch.Tensor, int, int]:
+def _count_macs_with_hooks(model: nn.Module, image: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """Run one image with forward hooks: (logits, conv/linear multiply-accumulates (eq 9),
     bytes of the largest activation a leaf module produced)."""
     total = 0
@@ -307,9 +340,11 @@ def _count_macs_with_hooks(model: nn.Module, image: torch.Tensor
         elif isinstance(module, nn.Linear):
             total += module.in_features * module.out_features
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if not any(True for _ in m.children())
-               and not isinstance(m, torch.jit.ScriptModule)]  # scripted: no hooks
+    handles = [
+        m.register_forward_hook(hook)
+        for m in model.modules()
+        if not any(True for _ in m.children()) and not isinstance(m, torch.jit.ScriptModule)
+    ]  # scripted: no hooks
     try:
         with CAPTURE_LOCK.shared():
             logits = model(image.unsqueeze(0))
@@ -366,10 +401,14 @@ class OcclusionExplainer:
         model_device = _model_device(model)
         self.device = torch.device(device) if device is not None else model_device
         if self.device.type != model_device.type or (
-                self.device.index is not None and model_device.index is not None
-                and self.device.index != model_device.index):
-            raise ValueError(f"model is on {model_device} but device={self.device} was asked "
-                             f"for; move the model first (model.to('{self.device}'))")
+            self.device.index is not None
+            and model_device.index is not None
+            and self.device.index != model_device.index
+        ):
+            raise ValueError(
+                f"model is on {model_device} but device={self.device} was asked "
+                f"for; move the model first (model.to('{self.device}'))"
+            )
         self.dtype = _model_dtype(model)
         self._graphs: dict[tuple, IncrementalGraph | UnsupportedModelError] = {}
         self._views: tuple[str, MaterializedViews] | None = None
@@ -416,14 +455,27 @@ class OcclusionExplainer:
 
     # -- the one method -------------------------------------------------------------------
     @torch.inference_mode()
-    def explain(self, image: torch.Tensor, *, patch: int = 16, stride: int = 4,
-                mode: str = "exact", fill=0.0, label: int | None = None,
-                region: Sequence[int] | None = None, positions: Iterable | None = None,
-                batch_size: int | None = None, progress: ProgressCallback | None = None,
-                tau: float | None = None, target_ssim: float | None = None,
-                r_drill_down: float = 0.25, target_speedup: float = 3.0,
-                s1: int | None = None, tuning: TauTuning | None = None,
-                partial: PartialCallback | None = None) -> Heatmap:
+    def explain(
+        self,
+        image: torch.Tensor,
+        *,
+        patch: int = 16,
+        stride: int = 4,
+        mode: str = "exact",
+        fill=0.0,
+        label: int | None = None,
+        region: Sequence[int] | None = None,
+        positions: Iterable | None = None,
+        batch_size: int | None = None,
+        progress: ProgressCallback | None = None,
+        tau: float | None = None,
+        target_ssim: float | None = None,
+        r_drill_down: float = 0.25,
+        target_speedup: float = 3.0,
+        s1: int | None = None,
+        tuning: TauTuning | None = None,
+        partial: PartialCallback | None = None,
+    ) -> Heatmap:
         """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments."""
         started = time.perf_counter()
         if mode not in MODES:
@@ -449,11 +501,24 @@ class OcclusionExplainer:
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable as progress(done, total)")
         occluder = _occluder(fill, image.shape[0], patch, image.dtype, image.device)
-        if label is not None and (isinstance(label, bool)
-                                  or not isinstance(label, (int, np.integer))):
+        if label is not None and (
+            isinstance(label, bool) or not isinstance(label, (int, np.integer))
+        ):
             raise TypeError(f"label must be an integer class index, got {label!r}")
-        plan = _approximate_plan(mode, tau, target_ssim, r_drill_down, target_speedup, s1,
-                                 tuning, grid, patch, stride_used, region, (height, width))
+        plan = _approximate_plan(
+            mode,
+            tau,
+            target_ssim,
+            r_drill_down,
+            target_speedup,
+            s1,
+            tuning,
+            grid,
+            patch,
+            stride_used,
+            region,
+            (height, width),
+        )
 
         # The one unoccluded inference: gives the label, its probability and (exact) views.
         if mode == "naive":
@@ -469,14 +534,25 @@ class OcclusionExplainer:
         if label is None:
             label = int(logits[0].argmax())
         elif not 0 <= label < classes:
-            raise ValueError(f"label {label} is out of range: the model has {classes} classes "
-                             f"(0..{classes - 1})")
+            raise ValueError(
+                f"label {label} is out of range: the model has {classes} classes (0..{classes - 1})"
+            )
         base_probs = torch.softmax(logits[0].float(), dim=0).cpu().numpy()
         prob = float(base_probs[label])
         keep_all = mode != "approximate" and len(ys) * classes <= ALL_CLASSES_LIMIT
 
-        run = _Run(self, image, occluder, label, batch_size, graph, views, progress,
-                   macs_per_image if mode == "naive" else 0, keep_all)
+        run = _Run(
+            self,
+            image,
+            occluder,
+            label,
+            batch_size,
+            graph,
+            views,
+            progress,
+            macs_per_image if mode == "naive" else 0,
+            keep_all,
+        )
         extra: dict = {"batch_size": batch_size}
         if batch_size < requested_batch:  # changes speed only, never the numbers
             extra["batch_size_capped_from"] = requested_batch
@@ -484,78 +560,112 @@ class OcclusionExplainer:
         if plan is None or plan.s1 is None:  # one pass over all positions
             tau_used = plan.tau if plan is not None else 1.0
             run.expect(len(ys))
-            probabilities, every = run.evaluate(ys, xs, patch, tau_used,
-                                                naive=mode == "naive")
+            probabilities, every = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
             unique_xs, col_of = np.unique(xs, return_inverse=True)
             unique_ys, row_of = np.unique(ys, return_inverse=True)
             values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
             values[row_of, col_of] = probabilities
             if every is not None:
-                class_values = np.full((len(unique_ys), len(unique_xs), classes), np.nan,
-                                       dtype=every.dtype)
+                class_values = np.full(
+                    (len(unique_ys), len(unique_xs), classes), np.nan, dtype=every.dtype
+                )
                 class_values[row_of, col_of] = every
         else:
             unique_ys, unique_xs = grid
             values = self._drill_down(run, grid, patch, plan, region, extra, partial)
         if plan is not None:
-            extra.update(tau=plan.tau, tau_source=plan.tau_source,
-                         r_drill_down=plan.r_drill_down if plan.s1 is not None else 1.0)
-        return Heatmap(values=values, xs=unique_xs, ys=unique_ys, label=label, prob=prob,
-                       mode=mode, seconds=time.perf_counter() - started, patch=patch,
-                       stride=stride_used, positions_evaluated=run.evaluated,
-                       macs_spent=run.macs_spent, macs_naive=run.macs_naive, extra=extra,
-                       class_values=class_values, base_probs=base_probs)
+            extra.update(
+                tau=plan.tau,
+                tau_source=plan.tau_source,
+                r_drill_down=plan.r_drill_down if plan.s1 is not None else 1.0,
+            )
+        return Heatmap(
+            values=values,
+            xs=unique_xs,
+            ys=unique_ys,
+            label=label,
+            prob=prob,
+            mode=mode,
+            seconds=time.perf_counter() - started,
+            patch=patch,
+            stride=stride_used,
+            positions_evaluated=run.evaluated,
+            macs_spent=run.macs_spent,
+            macs_naive=run.macs_naive,
+            extra=extra,
+            class_values=class_values,
+            base_probs=base_probs,
+        )
 
-    def _drill_down(self, run: "_Run", grid: tuple[np.ndarray, np.ndarray], patch: int,
-                    plan: "_ApproximatePlan", region, extra: dict,
-                    partial: PartialCallback | None = None) -> np.ndarray:
+    def _drill_down(
+        self,
+        run: "_Run",
+        grid: tuple[np.ndarray, np.ndarray],
+        patch: int,
+        plan: "_ApproximatePlan",
+        region,
+        extra: dict,
+        partial: PartialCallback | None = None,
+    ) -> np.ndarray:
         """Adaptive drill-down (§4.2): stage one at S1, stage two at S2 where it matters."""
         grid_ys, grid_xs = grid
         s1 = plan.s1
         stage_ys = grid_ys[0] + np.arange(0, grid_ys[-1] - grid_ys[0] + 1, s1)
         stage_xs = grid_xs[0] + np.arange(0, grid_xs[-1] - grid_xs[0] + 1, s1)
-        stage_rows, stage_cols = np.repeat(stage_ys, len(stage_xs)), np.tile(stage_xs,
-                                                                              len(stage_ys))
-        blocks_per_cell = max(1, round((s1 / (grid_ys[1] - grid_ys[0] if len(grid_ys) > 1
-                                              else s1)) ** 2))
+        stage_rows, stage_cols = (
+            np.repeat(stage_ys, len(stage_xs)),
+            np.tile(stage_xs, len(stage_ys)),
+        )
+        blocks_per_cell = max(
+            1, round((s1 / (grid_ys[1] - grid_ys[0] if len(grid_ys) > 1 else s1)) ** 2)
+        )
         chosen = max(1, int(np.ceil(plan.r_drill_down * stage_rows.size)))
         run.expect(stage_rows.size + chosen * blocks_per_cell)  # refined after stage one
-        stage_one = run.evaluate(stage_rows, stage_cols, patch, plan.tau)[0] \
-            .reshape(len(stage_ys), len(stage_xs))
+        stage_one = run.evaluate(stage_rows, stage_cols, patch, plan.tau)[0].reshape(
+            len(stage_ys), len(stage_xs)
+        )
 
-        values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys,
-                                               grid_xs)
+        values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys, grid_xs)
         if partial is not None:  # the whole picture, coarse, before stage two
             partial(values.copy())
         block_rows = drilldown.block_of(grid_ys, grid_ys[0], s1, len(stage_ys))
         block_cols = drilldown.block_of(grid_xs, grid_xs[0], s1, len(stage_xs))
         refine = drilldown.selected_blocks(stage_one, plan.r_drill_down)[
-            block_rows[:, None], block_cols[None, :]]
+            block_rows[:, None], block_cols[None, :]
+        ]
         # positions computed in stage one keep their values and are not recomputed
-        on_stage_one = ((grid_ys - grid_ys[0]) % s1 == 0)[:, None] & \
-            ((grid_xs - grid_xs[0]) % s1 == 0)[None, :]
+        on_stage_one = ((grid_ys - grid_ys[0]) % s1 == 0)[:, None] & (
+            (grid_xs - grid_xs[0]) % s1 == 0
+        )[None, :]
         rows, cols = np.nonzero(refine & ~on_stage_one)
         run.expect(stage_rows.size + len(rows))
         values[rows, cols] = run.evaluate(grid_ys[rows], grid_xs[cols], patch, plan.tau)[0]
         exact_rows, exact_cols = np.nonzero(on_stage_one)
-        values[exact_rows, exact_cols] = stage_one[block_rows[exact_rows],
-                                                   block_cols[exact_cols]]
-        extra.update(s1=s1, s2=int(grid_ys[1] - grid_ys[0]) if len(grid_ys) > 1 else None,
-                     stage_one_positions=int(stage_rows.size),
-                     stage_two_positions=int(len(rows)),
-                     drilled_cells=int(refine.sum()),
-                     theoretical_drill_down_speedup=drilldown.drill_down_speedup(
-                         s1, plan.s2, plan.r_drill_down))
+        values[exact_rows, exact_cols] = stage_one[block_rows[exact_rows], block_cols[exact_cols]]
+        extra.update(
+            s1=s1,
+            s2=int(grid_ys[1] - grid_ys[0]) if len(grid_ys) > 1 else None,
+            stage_one_positions=int(stage_rows.size),
+            stage_two_positions=int(len(rows)),
+            drilled_cells=int(refine.sum()),
+            theoretical_drill_down_speedup=drilldown.drill_down_speedup(
+                s1, plan.s2, plan.r_drill_down
+            ),
+        )
         return values
 
-    def _occluded_batch(self, image: torch.Tensor, occluder: torch.Tensor, ys: np.ndarray,
-                        xs: np.ndarray) -> torch.Tensor:
+    def _occluded_batch(
+        self, image: torch.Tensor, occluder: torch.Tensor, ys: np.ndarray, xs: np.ndarray
+    ) -> torch.Tensor:
         """Full occluded images (eq 5) for a batch of positions, built in one scatter."""
         count = len(ys)
         device = image.device
-        patched = Patched(occluder.unsqueeze(0).expand(count, *occluder.shape),
-                          torch.as_tensor(ys, device=device), torch.as_tensor(xs, device=device),
-                          (1, *image.shape))
+        patched = Patched(
+            occluder.unsqueeze(0).expand(count, *occluder.shape),
+            torch.as_tensor(ys, device=device),
+            torch.as_tensor(xs, device=device),
+            (1, *image.shape),
+        )
         return _scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
 
 
@@ -568,20 +678,41 @@ class _ApproximatePlan:
     s2: int | None
 
 
-def _approximate_plan(mode, tau, target_ssim, r_drill_down, target_speedup, s1, tuning,
-                      grid, patch, stride, region, image_hw) -> _ApproximatePlan | None:
+def _approximate_plan(
+    mode,
+    tau,
+    target_ssim,
+    r_drill_down,
+    target_speedup,
+    s1,
+    tuning,
+    grid,
+    patch,
+    stride,
+    region,
+    image_hw,
+) -> _ApproximatePlan | None:
     """Validate the approximate-mode settings before any work; None for other modes."""
     if mode != "approximate":
         return None
     for name, value in (("tau", tau), ("target_ssim", target_ssim)):
-        if value is not None and (isinstance(value, bool) or not isinstance(
-                value, (int, float, np.floating)) or not 0.0 < value <= 1.0):
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float, np.floating))
+            or not 0.0 < value <= 1.0
+        ):
             raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-    if isinstance(r_drill_down, bool) or not isinstance(r_drill_down, (int, float)) \
-            or not 0.0 < r_drill_down <= 1.0:
+    if (
+        isinstance(r_drill_down, bool)
+        or not isinstance(r_drill_down, (int, float))
+        or not 0.0 < r_drill_down <= 1.0
+    ):
         raise ValueError(f"r_drill_down must be in (0, 1], got {r_drill_down!r}")
-    if isinstance(target_speedup, bool) or not isinstance(target_speedup, (int, float)) \
-            or target_speedup <= 1.0:
+    if (
+        isinstance(target_speedup, bool)
+        or not isinstance(target_speedup, (int, float))
+        or target_speedup <= 1.0
+    ):
         raise ValueError(f"target_speedup must be greater than 1, got {target_speedup!r}")
     if tau is not None and target_ssim is not None:
         raise ValueError("give tau or target_ssim, not both")
@@ -589,15 +720,20 @@ def _approximate_plan(mode, tau, target_ssim, r_drill_down, target_speedup, s1, 
         tau_value, source = float(tau), "given"
     elif target_ssim is not None:
         if tuning is None:
-            raise ValueError("target_ssim needs this model's tuned SSIM(tau) curve, which it "
-                             "does not have; run `krypton tune --model NAME` or "
-                             "pass tau")
+            raise ValueError(
+                "target_ssim needs this model's tuned SSIM(tau) curve, which it "
+                "does not have; run `krypton tune --model NAME` or "
+                "pass tau"
+            )
         tau_value, source = tuning.tau_for(float(target_ssim)), f"tuned for SSIM {target_ssim}"
     elif tuning is not None:
         tau_value, source = tuning.tau_for(0.9), "tuned for SSIM 0.9"
     else:
-        warnings.warn("no tuned tau for this model: using tau=1.0 (no projective-field "
-                      "thresholding); run `krypton tune` to tune it", stacklevel=3)
+        warnings.warn(
+            "no tuned tau for this model: using tau=1.0 (no projective-field "
+            "thresholding); run `krypton tune` to tune it",
+            stacklevel=3,
+        )
         tau_value, source = 1.0, "default 1.0 (model not tuned)"
     if grid is None or r_drill_down >= 1.0 or (len(grid[0]) < 2 and len(grid[1]) < 2):
         return _ApproximatePlan(tau_value, source, r_drill_down, None, stride)
@@ -610,16 +746,28 @@ def _approximate_plan(mode, tau, target_ssim, r_drill_down, target_speedup, s1, 
             width = min(image_hw)
         else:
             width = min(region[2] - region[0], region[3] - region[1])
-        s1 = drilldown.check_drill_down(float(target_speedup), float(r_drill_down), stride,
-                                        int(width))
+        s1 = drilldown.check_drill_down(
+            float(target_speedup), float(r_drill_down), stride, int(width)
+        )
     return _ApproximatePlan(tau_value, source, float(r_drill_down), s1, stride)
 
 
 class _Run:
     """Evaluates batches of positions for one explain() call and keeps its accounting."""
 
-    def __init__(self, explainer: "OcclusionExplainer", image, occluder, label, batch_size,
-                 graph, views, progress, macs_per_image, keep_all: bool = False):
+    def __init__(
+        self,
+        explainer: "OcclusionExplainer",
+        image,
+        occluder,
+        label,
+        batch_size,
+        graph,
+        views,
+        progress,
+        macs_per_image,
+        keep_all: bool = False,
+    ):
         self.explainer, self.image, self.occluder = explainer, image, occluder
         self.keep_all = keep_all
         self.label, self.batch_size = label, batch_size
@@ -632,8 +780,9 @@ class _Run:
         """Set the total reported to progress (drill-down refines it after stage one)."""
         self.total = max(total, self.evaluated)
 
-    def evaluate(self, ys: np.ndarray, xs: np.ndarray, patch: int, tau: float = 1.0,
-                 naive: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    def evaluate(
+        self, ys: np.ndarray, xs: np.ndarray, patch: int, tau: float = 1.0, naive: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Probabilities of the label with the patch at each (x, y), batch by batch, and
         (when kept) every class's: (count,), (count, classes) or None."""
         count = len(ys)
@@ -653,8 +802,9 @@ class _Run:
         for begin in range(0, count, self.batch_size):
             batch = slice(begin, min(begin + self.batch_size, count))
             if naive:
-                occluded = self.explainer._occluded_batch(self.image, self.occluder,
-                                                          ys[batch], xs[batch])
+                occluded = self.explainer._occluded_batch(
+                    self.image, self.occluder, ys[batch], xs[batch]
+                )
                 with CAPTURE_LOCK.shared():
                     logits = self.explainer.model(occluded)
             else:
@@ -664,8 +814,9 @@ class _Run:
             if self.keep_all:
                 if every is None:
                     large = count * softmax.shape[1] > 1_000_000
-                    every = np.empty((count, softmax.shape[1]),
-                                     dtype=np.float16 if large else np.float32)
+                    every = np.empty(
+                        (count, softmax.shape[1]), dtype=np.float16 if large else np.float32
+                    )
                 every[batch] = softmax.cpu().numpy()
             self.evaluated += batch.stop - batch.start
             if self.progress is not None:
@@ -673,19 +824,32 @@ class _Run:
         return probabilities, every
 
 
-
-_explainers: "weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer]" = \
+_explainers: "weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer]" = (
     weakref.WeakKeyDictionary()
+)
 
 
-def explain(model: nn.Module | LoadedModel, image: torch.Tensor, *, patch: int = 16,
-            stride: int = 4, mode: str = "exact", fill=0.0, label: int | None = None,
-            region: Sequence[int] | None = None, positions: Iterable | None = None,
-            batch_size: int | None = None, device: torch.device | str | None = None,
-            progress: ProgressCallback | None = None, tau: float | None = None,
-            target_ssim: float | None = None, r_drill_down: float = 0.25,
-            target_speedup: float = 3.0, s1: int | None = None,
-            partial: PartialCallback | None = None) -> Heatmap:
+def explain(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    *,
+    patch: int = 16,
+    stride: int = 4,
+    mode: str = "exact",
+    fill=0.0,
+    label: int | None = None,
+    region: Sequence[int] | None = None,
+    positions: Iterable | None = None,
+    batch_size: int | None = None,
+    device: torch.device | str | None = None,
+    progress: ProgressCallback | None = None,
+    tau: float | None = None,
+    target_ssim: float | None = None,
+    r_drill_down: float = 0.25,
+    target_speedup: float = 3.0,
+    s1: int | None = None,
+    partial: PartialCallback | None = None,
+) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
     Args:
@@ -732,9 +896,22 @@ def explain(model: nn.Module | LoadedModel, image: torch.Tensor, *, patch: int =
     if explainer is None or (wanted is not None and explainer.device != wanted):
         explainer = OcclusionExplainer(model, device=device)
         _explainers[model] = explainer
-    return explainer.explain(image, patch=patch, stride=stride, mode=mode, fill=fill,
-                             label=label, region=region, positions=positions,
-                             batch_size=batch_size, progress=progress, tau=tau,
-                             target_ssim=target_ssim, r_drill_down=r_drill_down,
-                             target_speedup=target_speedup, s1=s1, tuning=tuning,
-                             partial=partial)
+    return explainer.explain(
+        image,
+        patch=patch,
+        stride=stride,
+        mode=mode,
+        fill=fill,
+        label=label,
+        region=region,
+        positions=positions,
+        batch_size=batch_size,
+        progress=progress,
+        tau=tau,
+        target_ssim=target_ssim,
+        r_drill_down=r_drill_down,
+        target_speedup=target_speedup,
+        s1=s1,
+        tuning=tuning,
+        partial=partial,
+    )

@@ -10,6 +10,7 @@ them we plant lesions at known positions:
 
 Everything is seeded: the same seed gives the same images, lesions and labels.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class Lesion:
         """True if a size x size occluder at (x0, y0) touches the lesion's disk."""
         nearest_x = min(max(self.x, x0), x0 + size - 1)
         nearest_y = min(max(self.y, y0), y0 + size - 1)
-        return (nearest_x - self.x) ** 2 + (nearest_y - self.y) ** 2 <= self.radius ** 2
+        return (nearest_x - self.x) ** 2 + (nearest_y - self.y) ** 2 <= self.radius**2
 
 
 @dataclass
@@ -95,7 +96,7 @@ class FundusGenerator:
             x = int(self.rng.integers(0, width - side))
             if self._inside_fraction(y, x, side) > 0.97:
                 break
-        crop = self.photo[y:y + side, x:x + side]
+        crop = self.photo[y : y + side, x : x + side]
         crop = resize(crop, (self.size, self.size), order=1, anti_aliasing=True)
         crop = np.rot90(crop, int(self.rng.integers(0, 4)))
         if self.rng.random() < 0.5:
@@ -112,15 +113,14 @@ class FundusGenerator:
         for _ in range(100):
             x = float(self.rng.uniform(margin, self.size - margin))
             y = float(self.rng.uniform(margin, self.size - margin))
-            if all((x - o.x) ** 2 + (y - o.y) ** 2 > (radius + o.radius + 8) ** 2
-                   for o in taken):
+            if all((x - o.x) ** 2 + (y - o.y) ** 2 > (radius + o.radius + 8) ** 2 for o in taken):
                 return x, y
         return x, y
 
     def _microaneurysm(self, image: np.ndarray, taken: list[Lesion]) -> Lesion:
         radius = float(self.rng.uniform(1.5, 3.0))
         x, y = self._place(radius, taken)
-        yy, xx = np.mgrid[0:self.size, 0:self.size]
+        yy, xx = np.mgrid[0 : self.size, 0 : self.size]
         profile = np.exp(-(((xx - x) ** 2 + (yy - y) ** 2) / (2 * (radius * 0.75) ** 2)))
         darkness = self.rng.uniform(0.55, 0.8)
         colour = np.array([0.42, 0.06, 0.05]) * self.rng.uniform(0.7, 1.2)
@@ -131,14 +131,15 @@ class FundusGenerator:
     def _exudate(self, image: np.ndarray, taken: list[Lesion]) -> Lesion:
         radius = float(self.rng.uniform(3.0, 7.0))
         x, y = self._place(radius, taken)
-        yy, xx = np.mgrid[0:self.size, 0:self.size]
+        yy, xx = np.mgrid[0 : self.size, 0 : self.size]
         blob = np.zeros((self.size, self.size))
         for _ in range(int(self.rng.integers(2, 5))):
             bx = x + self.rng.normal(0, radius * 0.35)
             by = y + self.rng.normal(0, radius * 0.35)
             br = radius * self.rng.uniform(0.45, 0.8)
-            blob = np.maximum(blob, np.exp(-(((xx - bx) ** 2 + (yy - by) ** 2)
-                                             / (2 * br ** 2)) ** 2))
+            blob = np.maximum(
+                blob, np.exp(-((((xx - bx) ** 2 + (yy - by) ** 2) / (2 * br**2)) ** 2))
+            )
         colour = np.array([1.0, 0.88, 0.45]) * self.rng.uniform(0.85, 1.0)
         alpha = (np.clip(blob * 1.3, 0, 1) * self.rng.uniform(0.6, 0.9))[..., None]
         image[:] = image * (1 - alpha) + colour * alpha
@@ -168,6 +169,6 @@ class FundusGenerator:
             x0 = int(self.rng.integers(0, self.size - side + 1))
             y0 = int(self.rng.integers(0, self.size - side + 1))
             if not any(lesion.covered_by(x0, y0, side) for lesion in sample.lesions):
-                image[y0:y0 + side, x0:x0 + side] = 128
+                image[y0 : y0 + side, x0 : x0 + side] = 128
                 break
         return image

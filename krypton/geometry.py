@@ -9,6 +9,7 @@ Faster Occlusion-based Deep CNN Explanations" (SIGMOD 2019).
 Every window has one *length* shared by all positions (the paper's uniform patch sizes,
 needed for batching) and a per-position *start* array.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -2,6 +2,7 @@
 
 No tensors here beyond the final conversion; shared by the CLI and the web app.
 """
+
 from __future__ import annotations
 
 import io
@@ -10,8 +11,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["ImageLoadError", "load_image", "to_rgb", "heatmap_limits", "heatmap_rgba",
-           "overlay", "heatmap_picture"]
+__all__ = [
+    "ImageLoadError",
+    "load_image",
+    "to_rgb",
+    "heatmap_limits",
+    "heatmap_rgba",
+    "overlay",
+    "heatmap_picture",
+]
 
 MAX_PIXELS = 50_000_000  # refuse decompression bombs long before memory runs out
 # The smallest side accepted: smaller images hold too little for a model to classify, and
@@ -41,11 +49,13 @@ def load_image(source: str | Path | bytes) -> Image.Image:
                 if image.width * image.height > MAX_PIXELS:
                     raise ImageLoadError(
                         f"{name} is {image.width}x{image.height} pixels; the limit is "
-                        f"{MAX_PIXELS // 1_000_000} megapixels")
+                        f"{MAX_PIXELS // 1_000_000} megapixels"
+                    )
                 if min(image.width, image.height) < MIN_SIDE:
                     raise ImageLoadError(
                         f"{name} is {image.width}x{image.height} pixels; images need at "
-                        f"least {MIN_SIDE} pixels on each side")
+                        f"least {MIN_SIDE} pixels on each side"
+                    )
                 image.load()
                 # Cameras store portrait photos sideways plus an orientation tag.
                 rgb = to_rgb(ImageOps.exif_transpose(image))
@@ -57,11 +67,13 @@ def load_image(source: str | Path | bytes) -> Image.Image:
     except FileNotFoundError as exc:
         raise ImageLoadError(f"no such file: {name}") from exc
     except UnidentifiedImageError as exc:
-        raise ImageLoadError(f"{name} is not an image file Pillow can read (PNG, JPEG, "
-                             f"TIFF, BMP, ...)") from exc
+        raise ImageLoadError(
+            f"{name} is not an image file Pillow can read (PNG, JPEG, TIFF, BMP, ...)"
+        ) from exc
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageLoadError(f"{name} could not be decoded ({exc}); it may be truncated "
-                             f"or corrupt") from exc
+        raise ImageLoadError(
+            f"{name} could not be decoded ({exc}); it may be truncated or corrupt"
+        ) from exc
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -75,8 +87,10 @@ def to_rgb(image: Image.Image) -> Image.Image:
         array = np.asarray(image, dtype=np.float64)
         if not np.isfinite(array).all():
             bad = int(np.count_nonzero(~np.isfinite(array)))
-            raise ImageLoadError(f"the image has {bad} NaN or infinite pixel value(s); "
-                                 f"it cannot be shown or explained faithfully")
+            raise ImageLoadError(
+                f"the image has {bad} NaN or infinite pixel value(s); "
+                f"it cannot be shown or explained faithfully"
+            )
         low, high = float(np.min(array)), float(np.max(array))
         scaled = np.zeros_like(array) if high <= low else (array - low) / (high - low)
         image = Image.fromarray(np.round(scaled * 255).astype(np.uint8), mode="L")
@@ -105,8 +119,15 @@ def heatmap_rgba(values: np.ndarray, low: float, high: float, alpha: float = 0.6
     return (rgba * 255).round().astype(np.uint8)
 
 
-def overlay(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: np.ndarray,
-            patch: int, prob: float, alpha: float = 0.6) -> Image.Image:
+def overlay(
+    image: Image.Image,
+    values: np.ndarray,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    patch: int,
+    prob: float,
+    alpha: float = 0.6,
+) -> Image.Image:
     """The heatmap drawn over the area its patch positions cover, on the image."""
     low, high = heatmap_limits(prob)
     colours = Image.fromarray(heatmap_rgba(values, low, high, alpha), mode="RGBA")
@@ -123,15 +144,24 @@ def overlay(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: np.ndarr
     return Image.alpha_composite(base, layer).convert("RGB")
 
 
-def heatmap_picture(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: np.ndarray,
-                    patch: int, prob: float, input_size: tuple[int, int], title: str,
-                    min_side: int = 512) -> bytes:
+def heatmap_picture(
+    image: Image.Image,
+    values: np.ndarray,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    patch: int,
+    prob: float,
+    input_size: tuple[int, int],
+    title: str,
+    min_side: int = 512,
+) -> bytes:
     """A PNG for the record: the heatmap over ``image`` at its own resolution (enlarged to
     ``min_side`` on the long side if smaller), a labelled colour bar and a title.
 
     ``xs``/``ys``/``patch`` are in the model's input pixels (``input_size`` = (H, W)).
     """
     import matplotlib
+
     matplotlib.use("Agg")
     from matplotlib import colormaps
     from matplotlib.figure import Figure
@@ -139,8 +169,9 @@ def heatmap_picture(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: 
     picture = image.convert("RGB")
     if max(picture.size) < min_side:
         scale = min_side / max(picture.size)
-        picture = picture.resize((round(picture.width * scale), round(picture.height * scale)),
-                                 Image.LANCZOS)
+        picture = picture.resize(
+            (round(picture.width * scale), round(picture.height * scale)), Image.LANCZOS
+        )
     width, height = picture.size
     scale_x, scale_y = width / input_size[1], height / input_size[0]
     step_x = int(np.min(np.diff(xs))) if len(xs) > 1 else patch
@@ -153,8 +184,15 @@ def heatmap_picture(image: Image.Image, values: np.ndarray, xs: np.ndarray, ys: 
     figure = Figure(figsize=(width / dpi + 1.6, height / dpi + 0.9), dpi=dpi)
     axes = figure.add_axes((0.02, 0.02, width / (width + 160), 1 - 90 / (height + 90)))
     axes.imshow(np.asarray(picture), interpolation="nearest")
-    shown = axes.imshow(np.ma.masked_invalid(values), cmap=colormaps["jet_r"], vmin=low,
-                        vmax=high, alpha=0.55, extent=extent, interpolation="nearest")
+    shown = axes.imshow(
+        np.ma.masked_invalid(values),
+        cmap=colormaps["jet_r"],
+        vmin=low,
+        vmax=high,
+        alpha=0.55,
+        extent=extent,
+        interpolation="nearest",
+    )
     axes.set_xlim(0, width)
     axes.set_ylim(height, 0)
     axes.axis("off")

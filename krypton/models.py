@@ -4,6 +4,7 @@ ImageNet models come through torchvision's weights API (cached under TORCH_HOME)
 the weights are not cached and cannot be downloaded, loading fails with the reason — unless
 random weights are asked for explicitly (benchmarks), and then the result says so.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,13 +17,26 @@ import torchvision
 from PIL import Image
 from torch import nn
 
-__all__ = ["LoadedModel", "WeightsUnavailableError", "load_torchvision_model",
-           "torchvision_weights_path", "IMAGENET_MEAN", "IMAGENET_STD", "TORCHVISION_MODELS"]
+__all__ = [
+    "LoadedModel",
+    "WeightsUnavailableError",
+    "load_torchvision_model",
+    "torchvision_weights_path",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "TORCHVISION_MODELS",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-TORCHVISION_MODELS = ("resnet18", "vgg16", "inception_v3", "densenet121", "mobilenet_v2",
-                      "efficientnet_b0")
+TORCHVISION_MODELS = (
+    "resnet18",
+    "vgg16",
+    "inception_v3",
+    "densenet121",
+    "mobilenet_v2",
+    "efficientnet_b0",
+)
 
 
 class WeightsUnavailableError(RuntimeError):
@@ -67,9 +81,12 @@ def torchvision_weights_path(name: str) -> str:
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
 
 
-def load_torchvision_model(name: str, random_weights: bool = False,
-                           download: bool = False,
-                           progress: Callable | None = None) -> LoadedModel:
+def load_torchvision_model(
+    name: str,
+    random_weights: bool = False,
+    download: bool = False,
+    progress: Callable | None = None,
+) -> LoadedModel:
     """An ImageNet model from torchvision with its trained weights.
 
     Args:
@@ -90,22 +107,36 @@ def load_torchvision_model(name: str, random_weights: bool = False,
     if random_weights:
         torch.manual_seed(0)
         module = torchvision.models.get_model(name, weights=None, **extra_kwargs)
-        return LoadedModel(name, module.eval(), classes, (size, size), random_weights=True,
-                           description=f"{name} architecture with RANDOM weights (untrained)")
+        return LoadedModel(
+            name,
+            module.eval(),
+            classes,
+            (size, size),
+            random_weights=True,
+            description=f"{name} architecture with RANDOM weights (untrained)",
+        )
     path = torchvision_weights_path(name)
     if not os.path.exists(path) and not download:
         raise WeightsUnavailableError(
             f"ImageNet weights for {name} are not cached at {path} and this machine cannot "
             f"download them; run `make models` where the network allows, or copy the file "
-            f"there")
+            f"there"
+        )
     try:
-        module = torchvision.models.get_model(name, weights=weights, **(
-            {"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}))
+        module = torchvision.models.get_model(
+            name,
+            weights=weights,
+            **({"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}),
+        )
     except Exception as exc:  # network errors surface as many exception types
-        raise WeightsUnavailableError(f"could not load ImageNet weights for {name}: {exc}") \
-            from exc
+        raise WeightsUnavailableError(f"could not load ImageNet weights for {name}: {exc}") from exc
     if name == "inception_v3":
         module.aux_logits = False
         module.AuxLogits = None
-    return LoadedModel(name, module.eval(), classes, (size, size),
-                       description=f"{name} trained on ImageNet ({weights})")
+    return LoadedModel(
+        name,
+        module.eval(),
+        classes,
+        (size, size),
+        description=f"{name} trained on ImageNet ({weights})",
+    )

@@ -9,6 +9,7 @@ Each torch.fx node that depends on the image falls in one of three classes:
 * global (everything else, including anything not understood): inputs are materialised in
   full and the op runs normally. Treating an unknown op as global is slower, never wrong.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,24 +56,79 @@ def _pair(value: Any) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------
 
 ELEMENTWISE_MODULES: tuple[type, ...] = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
-    nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus,
-    nn.Identity, nn.Dropout, nn.Dropout2d, nn.Dropout1d, nn.AlphaDropout, nn.PReLU,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Hardtanh,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Softplus,
+    nn.Identity,
+    nn.Dropout,
+    nn.Dropout2d,
+    nn.Dropout1d,
+    nn.AlphaDropout,
+    nn.PReLU,
 )
 
 ELEMENTWISE_FUNCTIONS: set[Any] = {
-    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg,
-    torch.add, torch.sub, torch.mul, torch.div, torch.neg,
-    torch.relu, F.relu, F.relu6, F.leaky_relu, F.elu, F.selu, F.celu, F.gelu, F.silu,
-    F.mish, F.hardswish, F.hardsigmoid, F.hardtanh, torch.sigmoid, F.sigmoid, torch.tanh,
-    F.tanh, F.softplus, torch.clamp, torch.clip, F.dropout, F.dropout2d,
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.truediv,
+    operator.neg,
+    torch.add,
+    torch.sub,
+    torch.mul,
+    torch.div,
+    torch.neg,
+    torch.relu,
+    F.relu,
+    F.relu6,
+    F.leaky_relu,
+    F.elu,
+    F.selu,
+    F.celu,
+    F.gelu,
+    F.silu,
+    F.mish,
+    F.hardswish,
+    F.hardsigmoid,
+    F.hardtanh,
+    torch.sigmoid,
+    F.sigmoid,
+    torch.tanh,
+    F.tanh,
+    F.softplus,
+    torch.clamp,
+    torch.clip,
+    F.dropout,
+    F.dropout2d,
 }
 if _stochastic_depth is not None:
     ELEMENTWISE_FUNCTIONS.add(_stochastic_depth)
 
 ELEMENTWISE_METHODS: set[str] = {
-    "relu", "sigmoid", "tanh", "add", "sub", "mul", "div", "neg", "clamp", "clip",
-    "contiguous", "clone",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "clamp",
+    "clip",
+    "contiguous",
+    "clone",
 }
 
 # Functions whose "training" argument must be False for them to be element-wise.
@@ -81,13 +137,21 @@ if _stochastic_depth is not None:
     _TRAINING_FLAG_FUNCTIONS.add(_stochastic_depth)
 
 
-def _max_pool2d_signature(input, kernel_size, stride=None, padding=0, dilation=1,
-                          ceil_mode=False, return_indices=False):  # pragma: no cover
+def _max_pool2d_signature(
+    input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
+):  # pragma: no cover
     """Stand-in with F.max_pool2d's documented signature (the real one hides it)."""
 
 
-def _avg_pool2d_signature(input, kernel_size, stride=None, padding=0, ceil_mode=False,
-                          count_include_pad=True, divisor_override=None):  # pragma: no cover
+def _avg_pool2d_signature(
+    input,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):  # pragma: no cover
     """Stand-in with F.avg_pool2d's documented signature (a builtin without one)."""
 
 
@@ -95,7 +159,6 @@ _SIGNATURE_STAND_INS: dict[Any, Callable] = {
     F.max_pool2d: _max_pool2d_signature,
     torch.max_pool2d: _max_pool2d_signature,
     F.avg_pool2d: _avg_pool2d_signature,
-
 }
 
 
@@ -158,8 +221,9 @@ def out_of_place_call(target: Callable, args: tuple, kwargs: dict) -> tuple[tupl
 # ---------------------------------------------------------------------------------------
 
 
-def _conv_spec(conv: nn.Conv2d, in_hw: tuple[int, int],
-               out_hw: tuple[int, int]) -> LocalOpSpec | None:
+def _conv_spec(
+    conv: nn.Conv2d, in_hw: tuple[int, int], out_hw: tuple[int, int]
+) -> LocalOpSpec | None:
     if conv.padding_mode != "zeros":
         return None  # reflect/replicate/circular padding reads beyond the zero border model
     kh, kw = conv.kernel_size
@@ -187,8 +251,9 @@ def _conv_spec(conv: nn.Conv2d, in_hw: tuple[int, int],
     )
 
 
-def _max_pool_spec(kernel, stride, padding, dilation, return_indices,
-                   in_hw, out_hw) -> LocalOpSpec | None:
+def _max_pool_spec(
+    kernel, stride, padding, dilation, return_indices, in_hw, out_hw
+) -> LocalOpSpec | None:
     if return_indices:
         return None
     kh, kw = _pair(kernel)
@@ -208,8 +273,18 @@ def _max_pool_spec(kernel, stride, padding, dilation, return_indices,
     )
 
 
-def _avg_pool_spec(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override,
-                   in_hw, out_hw, dtype, device) -> LocalOpSpec:
+def _avg_pool_spec(
+    kernel,
+    stride,
+    padding,
+    ceil_mode,
+    count_include_pad,
+    divisor_override,
+    in_hw,
+    out_hw,
+    dtype,
+    device,
+) -> LocalOpSpec:
     kh, kw = _pair(kernel)
     sh, sw = _pair(stride if stride not in (None, [], ()) else kernel)
     ph, pw = _pair(padding)
@@ -224,29 +299,44 @@ def _avg_pool_spec(kernel, stride, padding, ceil_mode, count_include_pad, diviso
     top, bottom = padding_needed(rows)
     left, right = padding_needed(cols)
     ones = torch.ones((1, 1) + tuple(in_hw), dtype=dtype, device=device)
-    averaged = F.avg_pool2d(ones, (kh, kw), (sh, sw), (ph, pw), ceil_mode,
-                            count_include_pad, divisor_override)
-    summed = F.avg_pool2d(F.pad(ones, (left, right, top, bottom)), (kh, kw), (sh, sw), 0,
-                          divisor_override=1)
+    averaged = F.avg_pool2d(
+        ones, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, divisor_override
+    )
+    summed = F.avg_pool2d(
+        F.pad(ones, (left, right, top, bottom)), (kh, kw), (sh, sw), 0, divisor_override=1
+    )
     factor = (averaged / summed)[0, 0]
     uniform = torch.allclose(factor, torch.full_like(factor, 1.0 / (kh * kw)), rtol=0, atol=0)
 
     if uniform:
+
         def apply(context: torch.Tensor) -> torch.Tensor:
             return F.avg_pool2d(context, (kh, kw), (sh, sw), 0)
+
         divisor_map = None
     else:
+
         def apply(context: torch.Tensor) -> torch.Tensor:
             return F.avg_pool2d(context, (kh, kw), (sh, sw), 0, divisor_override=1)
+
         divisor_map = factor
 
-    return LocalOpSpec(kind="avg_pool", rows=rows, cols=cols, pad_value=0.0, apply=apply,
-                       divisor_map=divisor_map)
+    return LocalOpSpec(
+        kind="avg_pool", rows=rows, cols=cols, pad_value=0.0, apply=apply, divisor_map=divisor_map
+    )
 
 
-def local_op_spec(node_op: str, target: Any, module: nn.Module | None, args: tuple,
-                  kwargs: dict, in_shape: torch.Size, out_shape: torch.Size,
-                  dtype: torch.dtype, device: torch.device) -> LocalOpSpec | None:
+def local_op_spec(
+    node_op: str,
+    target: Any,
+    module: nn.Module | None,
+    args: tuple,
+    kwargs: dict,
+    in_shape: torch.Size,
+    out_shape: torch.Size,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LocalOpSpec | None:
     """Describe a convolution/pooling node, or return None if it is not one we can do."""
     if len(in_shape) != 4 or len(out_shape) != 4:
         return None
@@ -255,12 +345,28 @@ def local_op_spec(node_op: str, target: Any, module: nn.Module | None, args: tup
         if type(module) is nn.Conv2d:
             return _conv_spec(module, in_hw, out_hw)
         if type(module) is nn.MaxPool2d:
-            return _max_pool_spec(module.kernel_size, module.stride, module.padding,
-                                  module.dilation, module.return_indices, in_hw, out_hw)
+            return _max_pool_spec(
+                module.kernel_size,
+                module.stride,
+                module.padding,
+                module.dilation,
+                module.return_indices,
+                in_hw,
+                out_hw,
+            )
         if type(module) is nn.AvgPool2d:
-            return _avg_pool_spec(module.kernel_size, module.stride, module.padding,
-                                  module.ceil_mode, module.count_include_pad,
-                                  module.divisor_override, in_hw, out_hw, dtype, device)
+            return _avg_pool_spec(
+                module.kernel_size,
+                module.stride,
+                module.padding,
+                module.ceil_mode,
+                module.count_include_pad,
+                module.divisor_override,
+                in_hw,
+                out_hw,
+                dtype,
+                device,
+            )
         return None
     if node_op == "call_function" and target in (F.max_pool2d, F.avg_pool2d, torch.max_pool2d):
         bound = bind_arguments(target, args, kwargs)
@@ -268,11 +374,27 @@ def local_op_spec(node_op: str, target: Any, module: nn.Module | None, args: tup
             return None
         a = bound.arguments
         if target in (F.max_pool2d, torch.max_pool2d):
-            return _max_pool_spec(a["kernel_size"], a["stride"], a["padding"], a["dilation"],
-                                  a.get("return_indices", False), in_hw, out_hw)
-        return _avg_pool_spec(a["kernel_size"], a["stride"], a["padding"], a["ceil_mode"],
-                              a["count_include_pad"], a["divisor_override"], in_hw, out_hw,
-                              dtype, device)
+            return _max_pool_spec(
+                a["kernel_size"],
+                a["stride"],
+                a["padding"],
+                a["dilation"],
+                a.get("return_indices", False),
+                in_hw,
+                out_hw,
+            )
+        return _avg_pool_spec(
+            a["kernel_size"],
+            a["stride"],
+            a["padding"],
+            a["ceil_mode"],
+            a["count_include_pad"],
+            a["divisor_override"],
+            in_hw,
+            out_hw,
+            dtype,
+            device,
+        )
     return None
 
 

@@ -13,6 +13,7 @@ under TORCH_HOME) and ``file`` (a state_dict for a torchvision architecture with
 count, or a TorchScript file). ``available_models()`` says which can be loaded here and,
 for those that cannot, why and what fixes it; nothing is ever silently random.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,30 @@ import torchvision
 from torch import nn
 
 from .capture_lock import CAPTURE_LOCK
-from .models import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, WeightsUnavailableError, \
-    torchvision_weights_path
+from .models import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    LoadedModel,
+    WeightsUnavailableError,
+    torchvision_weights_path,
+)
 
-__all__ = ["ModelInfo", "CheckpointError", "RegistryError", "models_dir", "user_models_dir",
-           "available_models", "load_model", "register_model", "remove_model", "read_entry",
-           "validate_entry", "default_model_name", "MAX_INPUT_SIDE", "MAX_CLASSES"]
+__all__ = [
+    "ModelInfo",
+    "CheckpointError",
+    "RegistryError",
+    "models_dir",
+    "user_models_dir",
+    "available_models",
+    "load_model",
+    "register_model",
+    "remove_model",
+    "read_entry",
+    "validate_entry",
+    "default_model_name",
+    "MAX_INPUT_SIDE",
+    "MAX_CLASSES",
+]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_INPUT_SIDE = 1024  # pixels; larger inputs cost gigabytes per batch
@@ -116,35 +135,43 @@ def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
     """Check a registry entry's fields (``path`` names it in messages); fills defaults."""
     weights = entry.get("weights")
     if not isinstance(weights, dict) or weights.get("source") not in ("torchvision", "file"):
-        raise RegistryError(f"{path}: 'weights' must be an object with source 'torchvision' "
-                            f"or 'file'")
+        raise RegistryError(
+            f"{path}: 'weights' must be an object with source 'torchvision' or 'file'"
+        )
     if weights["source"] == "file":
         if not weights.get("path"):
             raise RegistryError(f"{path}: file weights need a 'path'")
         if weights.get("format", "state_dict") not in ("state_dict", "torchscript"):
-            raise RegistryError(f"{path}: weights format must be 'state_dict' or "
-                                f"'torchscript'")
+            raise RegistryError(f"{path}: weights format must be 'state_dict' or 'torchscript'")
     architecture = entry.get("architecture")
-    needs_architecture = weights["source"] == "torchvision" or \
-        weights.get("format", "state_dict") == "state_dict"
+    needs_architecture = (
+        weights["source"] == "torchvision" or weights.get("format", "state_dict") == "state_dict"
+    )
     if needs_architecture:
         if not architecture:
-            raise RegistryError(f"{path}: 'architecture' (a torchvision model name) is "
-                                f"required for state_dict weights")
+            raise RegistryError(
+                f"{path}: 'architecture' (a torchvision model name) is "
+                f"required for state_dict weights"
+            )
         if architecture not in torchvision.models.list_models(torchvision.models):
             raise RegistryError(f"{path}: unknown torchvision architecture '{architecture}'")
     classes = entry.get("classes")
     if classes == "imagenet":
         entry["classes"] = _imagenet_classes()
     elif not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
-        raise RegistryError(f"{path}: 'classes' must be a non-empty list of names or "
-                            f"'imagenet'")
+        raise RegistryError(f"{path}: 'classes' must be a non-empty list of names or 'imagenet'")
     size = entry.get("input_size", [224, 224])
-    if not (isinstance(size, list) and len(size) == 2 and all(
+    if not (
+        isinstance(size, list)
+        and len(size) == 2
+        and all(
             isinstance(v, int) and not isinstance(v, bool) and 16 <= v <= MAX_INPUT_SIDE
-            for v in size)):
-        raise RegistryError(f"{path}: 'input_size' must be [height, width], each from 16 "
-                            f"to {MAX_INPUT_SIDE} pixels")
+            for v in size
+        )
+    ):
+        raise RegistryError(
+            f"{path}: 'input_size' must be [height, width], each from 16 to {MAX_INPUT_SIDE} pixels"
+        )
     entry["input_size"] = size
     for key, default in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
         value = entry.get(key, list(default))
@@ -167,8 +194,11 @@ def _availability(entry: dict, directory: Path) -> tuple[bool, str | None, str |
         cached = torchvision_weights_path(entry["architecture"])
         if os.path.exists(cached):
             return True, None, None
-        return (False, f"ImageNet weights are not cached at {cached} and this machine "
-                f"cannot download them", "make models (where the network allows)")
+        return (
+            False,
+            f"ImageNet weights are not cached at {cached} and this machine cannot download them",
+            "make models (where the network allows)",
+        )
     path = _weights_file(entry, directory)
     if not path.exists():
         return False, f"weights file {path} is missing", f"put the weights at {path}"
@@ -200,10 +230,21 @@ def available_models(directory: Path | None = None) -> list[ModelInfo]:
     infos = []
     for path, entry, user in _entries(directory):
         available, reason, fix = _availability(entry, path.parent)
-        infos.append(ModelInfo(entry["name"], entry.get("description", ""),
-                               entry.get("architecture"), tuple(entry["classes"]),
-                               tuple(entry["input_size"]), available, reason, fix,
-                               bool(entry.get("default", False)), path, user))
+        infos.append(
+            ModelInfo(
+                entry["name"],
+                entry.get("description", ""),
+                entry.get("architecture"),
+                tuple(entry["classes"]),
+                tuple(entry["input_size"]),
+                available,
+                reason,
+                fix,
+                bool(entry.get("default", False)),
+                path,
+                user,
+            )
+        )
     return infos
 
 
@@ -240,12 +281,18 @@ def _unwrap_state_dict(checkpoint: Any, source: str) -> dict[str, torch.Tensor]:
             if isinstance(checkpoint.get(key), dict):
                 checkpoint = checkpoint[key]
                 break
-    if not isinstance(checkpoint, dict) or not checkpoint or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint.items()):
-        raise CheckpointError(f"{source} is not a state_dict (a mapping of parameter names "
-                              f"to tensors)")
+    if (
+        not isinstance(checkpoint, dict)
+        or not checkpoint
+        or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint.items()
+        )
+    ):
+        raise CheckpointError(
+            f"{source} is not a state_dict (a mapping of parameter names to tensors)"
+        )
     if all(k.startswith("module.") for k in checkpoint):  # saved from DataParallel
-        checkpoint = {k[len("module."):]: v for k, v in checkpoint.items()}
+        checkpoint = {k[len("module.") :]: v for k, v in checkpoint.items()}
     return checkpoint
 
 
@@ -257,20 +304,20 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
         raise CheckpointError(
             f"{source} holds Python objects, not only tensors (a whole pickled model, or "
             f"an optimizer or custom class), and Krypton never runs pickled code; save "
-            f"model.state_dict() with torch.save and upload that") from exc
+            f"model.state_dict() with torch.save and upload that"
+        ) from exc
     except Exception as exc:  # zip errors, truncated files, text...
-        raise CheckpointError(f"{source} is not a PyTorch checkpoint torch.load can read "
-                              f"({type(exc).__name__})") from exc
+        raise CheckpointError(
+            f"{source} is not a PyTorch checkpoint torch.load can read ({type(exc).__name__})"
+        ) from exc
     state = _unwrap_state_dict(checkpoint, source)
     kwargs: dict[str, Any] = {"weights": None, "num_classes": classes}
     if architecture == "inception_v3":
-        kwargs.update(aux_logits=any(k.startswith("AuxLogits.") for k in state),
-                      init_weights=False)
+        kwargs.update(aux_logits=any(k.startswith("AuxLogits.") for k in state), init_weights=False)
     try:
         model = torchvision.models.get_model(architecture, **kwargs)
     except TypeError as exc:
-        raise CheckpointError(f"cannot build {architecture} with {classes} classes: {exc}") \
-            from exc
+        raise CheckpointError(f"cannot build {architecture} with {classes} classes: {exc}") from exc
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -279,19 +326,37 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
             f"{source} does not match torchvision's {architecture}: "
             + (f"missing {len(missing)} keys (e.g. {', '.join(missing[:3])})" if missing else "")
             + ("; " if missing and unexpected else "")
-            + (f"unexpected {len(unexpected)} keys (e.g. {', '.join(unexpected[:3])})"
-               if unexpected else ""))
-    mismatched = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in expected.items()
-                  if tuple(state[k].shape) != tuple(v.shape)]
+            + (
+                f"unexpected {len(unexpected)} keys (e.g. {', '.join(unexpected[:3])})"
+                if unexpected
+                else ""
+            )
+        )
+    mismatched = [
+        (k, tuple(state[k].shape), tuple(v.shape))
+        for k, v in expected.items()
+        if tuple(state[k].shape) != tuple(v.shape)
+    ]
     if mismatched:
         key, got, want = mismatched[0]
-        hint = " (does the class list match the checkpoint's output layer?)" \
-            if key.endswith(("fc.weight", "fc.bias", "classifier.6.weight",
-                             "classifier.weight", "classifier.1.weight")) else ""
-        raise CheckpointError(f"{source}: {key} has shape {got} in the checkpoint but "
-                              f"{want} in {architecture} with {classes} classes{hint}")
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v
-                           for k, v in state.items()})
+        hint = (
+            " (does the class list match the checkpoint's output layer?)"
+            if key.endswith(
+                (
+                    "fc.weight",
+                    "fc.bias",
+                    "classifier.6.weight",
+                    "classifier.weight",
+                    "classifier.1.weight",
+                )
+            )
+            else ""
+        )
+        raise CheckpointError(
+            f"{source}: {key} has shape {got} in the checkpoint but "
+            f"{want} in {architecture} with {classes} classes{hint}"
+        )
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     if architecture == "inception_v3" and model.aux_logits:
         model.aux_logits = False
         model.AuxLogits = None
@@ -302,8 +367,9 @@ def _load_torchscript(path: Path) -> nn.Module:
     try:
         return torch.jit.load(str(path), map_location="cpu")
     except Exception as exc:
-        raise CheckpointError(f"{path.name} is not a TorchScript file ({type(exc).__name__}: "
-                              f"{str(exc)[:200]})") from exc
+        raise CheckpointError(
+            f"{path.name} is not a TorchScript file ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from exc
 
 
 def load_model(name: str, directory: Path | None = None) -> LoadedModel:
@@ -317,25 +383,41 @@ def load_model(name: str, directory: Path | None = None) -> LoadedModel:
     classes = entry["classes"]
     if weights["source"] == "torchvision":
         from .models import load_torchvision_model
+
         loaded = load_torchvision_model(entry["architecture"])
         module = loaded.module
     elif weights.get("format", "state_dict") == "torchscript":
         module = _load_torchscript(_weights_file(entry, directory))
     else:
-        module = _load_state_dict_model(entry["architecture"], _weights_file(entry, directory),
-                                        len(classes))
+        module = _load_state_dict_model(
+            entry["architecture"], _weights_file(entry, directory), len(classes)
+        )
     module.eval()
-    return LoadedModel(name=entry["name"], module=module, classes=list(classes),
-                       input_size=tuple(entry["input_size"]), mean=tuple(entry["mean"]),
-                       std=tuple(entry["std"]), description=entry.get("description", ""),
-                       extra={"registry_file": str(path), "entry": entry})
+    return LoadedModel(
+        name=entry["name"],
+        module=module,
+        classes=list(classes),
+        input_size=tuple(entry["input_size"]),
+        mean=tuple(entry["mean"]),
+        std=tuple(entry["std"]),
+        description=entry.get("description", ""),
+        extra={"registry_file": str(path), "entry": entry},
+    )
 
 
-def register_model(name: str, weights: str | Path, classes: Sequence[str], *,
-                   architecture: str | None = None, format: str = "state_dict",
-                   input_size: Sequence[int] = (224, 224),
-                   mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                   description: str = "", directory: Path | None = None) -> LoadedModel:
+def register_model(
+    name: str,
+    weights: str | Path,
+    classes: Sequence[str],
+    *,
+    architecture: str | None = None,
+    format: str = "state_dict",
+    input_size: Sequence[int] = (224, 224),
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    description: str = "",
+    directory: Path | None = None,
+) -> LoadedModel:
     """Add the user's own model: copy its weights into the registry and write its file.
 
     ``directory`` defaults to :func:`user_models_dir`; shipped models are never written.
@@ -346,23 +428,34 @@ def register_model(name: str, weights: str | Path, classes: Sequence[str], *,
     register one only if you trust it.
     """
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise RegistryError(f"model name '{name}' must be 1-64 letters, digits, '.', '_' or "
-                            f"'-', starting with a letter or digit")
+        raise RegistryError(
+            f"model name '{name}' must be 1-64 letters, digits, '.', '_' or "
+            f"'-', starting with a letter or digit"
+        )
     target = Path(directory) if directory is not None else user_models_dir()
     classes = [str(c).strip() for c in classes if str(c).strip()]
     if len(classes) > MAX_CLASSES:
         raise RegistryError(f"{len(classes)} class names given; the limit is {MAX_CLASSES}")
     long_names = [c for c in classes if len(c) > MAX_CLASS_NAME]
     if long_names:
-        raise RegistryError(f"class names must be at most {MAX_CLASS_NAME} characters "
-                            f"('{long_names[0][:40]}...' is {len(long_names[0])})")
+        raise RegistryError(
+            f"class names must be at most {MAX_CLASS_NAME} characters "
+            f"('{long_names[0][:40]}...' is {len(long_names[0])})"
+        )
     suffix = ".ts" if format == "torchscript" else ".pt"
-    entry = validate_entry({
-        "name": name, "description": description or f"user model '{name}'",
-        "architecture": architecture,
-        "weights": {"source": "file", "path": f"{name}{suffix}", "format": format},
-        "input_size": [int(v) for v in input_size], "mean": [float(v) for v in mean],
-        "std": [float(v) for v in std], "classes": classes}, f"model '{name}'")
+    entry = validate_entry(
+        {
+            "name": name,
+            "description": description or f"user model '{name}'",
+            "architecture": architecture,
+            "weights": {"source": "file", "path": f"{name}{suffix}", "format": format},
+            "input_size": [int(v) for v in input_size],
+            "mean": [float(v) for v in mean],
+            "std": [float(v) for v in std],
+            "classes": classes,
+        },
+        f"model '{name}'",
+    )
     _refuse_taken_name(name, directory)
     source = Path(weights)
     if not source.is_file():
@@ -398,8 +491,10 @@ def register_model(name: str, weights: str | Path, classes: Sequence[str], *,
 def _refuse_taken_name(name: str, directory: Path | None) -> None:
     for path, entry, _ in _entries(directory):
         if entry["name"].lower() == name.lower() or path.stem.lower() == name.lower():
-            raise RegistryError(f"a model named '{entry['name']}' is already registered "
-                                f"({path}); names are unique regardless of case")
+            raise RegistryError(
+                f"a model named '{entry['name']}' is already registered "
+                f"({path}); names are unique regardless of case"
+            )
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -420,8 +515,9 @@ def remove_model(name: str, directory: Path | None = None) -> Path:
     path, entry = find_entry(name, directory)
     user_folders = [Path(directory)] if directory is not None else [user_models_dir()]
     if path.parent.resolve() not in [f.resolve() for f in user_folders]:
-        raise RegistryError(f"'{name}' is a shipped model ({path}); only models users "
-                            f"registered can be removed")
+        raise RegistryError(
+            f"'{name}' is a shipped model ({path}); only models users registered can be removed"
+        )
     weights = entry.get("weights", {})
     if weights.get("source") == "file":
         weights_path = _weights_file(entry, path.parent)
@@ -439,9 +535,12 @@ def _check_output(module: nn.Module, input_size: tuple[int, int], classes: int) 
         try:
             output = module(torch.zeros(1, 3, height, width))
         except Exception as exc:
-            raise CheckpointError(f"the model fails on a {height}x{width} input: "
-                                  f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise CheckpointError(
+                f"the model fails on a {height}x{width} input: "
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            ) from exc
     if not isinstance(output, torch.Tensor) or tuple(output.shape) != (1, classes):
         shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
-        raise CheckpointError(f"the model outputs {shape} for one image but {classes} class "
-                              f"names were given")
+        raise CheckpointError(
+            f"the model outputs {shape} for one image but {classes} class names were given"
+        )

@@ -7,6 +7,7 @@ Seeded and reproducible: training images come from FundusGenerator(seed=1), a fr
 stream every epoch (so the model never sees the same image twice), held-out test images
 from seed 3 and the pointing-game set from seed 4. Weights are stored as float16 (22 MB).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,25 +44,36 @@ def build_model() -> torch.nn.Module:
     return torchvision.models.resnet18(weights=None, num_classes=len(CLASSES))
 
 
-def _batch(generator: FundusGenerator, size: int, gray_boxes: bool) -> tuple[torch.Tensor,
-                                                                            torch.Tensor]:
+def _batch(
+    generator: FundusGenerator, size: int, gray_boxes: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     samples = [generator.sample(label=i % len(CLASSES)) for i in range(size)]
-    images = np.stack([generator.gray_box(s) if gray_boxes and generator.rng.random() < 0.5
-                       else s.image for s in samples])
+    images = np.stack(
+        [
+            generator.gray_box(s) if gray_boxes and generator.rng.random() < 0.5 else s.image
+            for s in samples
+        ]
+    )
     labels = torch.tensor([s.label for s in samples])
     return to_tensor(images), labels
 
 
-def train(epochs: int = 6, images_per_epoch: int = 2400, batch_size: int = 32,
-          seed: int = TRAIN_SEED, log=print) -> tuple[torch.nn.Module, dict]:
+def train(
+    epochs: int = 6,
+    images_per_epoch: int = 2400,
+    batch_size: int = 32,
+    seed: int = TRAIN_SEED,
+    log=print,
+) -> tuple[torch.nn.Module, dict]:
     """Train from scratch; returns the eval-mode model and a training record."""
     torch.manual_seed(seed)
     generator = FundusGenerator(seed=seed)
     model = build_model()
     steps_per_epoch = images_per_epoch // batch_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=2e-3,
-                                                   total_steps=epochs * steps_per_epoch)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=2e-3, total_steps=epochs * steps_per_epoch
+    )
     started = time.perf_counter()
     for epoch in range(epochs):
         model.train()
@@ -78,11 +90,17 @@ def train(epochs: int = 6, images_per_epoch: int = 2400, batch_size: int = 32,
             loss_sum += float(loss) * len(labels)
             correct += int((logits.argmax(1) == labels).sum())
             seen += len(labels)
-        log(f"epoch {epoch + 1}/{epochs}: loss {loss_sum / seen:.4f}, train accuracy "
-            f"{correct / seen:.3f}, {time.perf_counter() - started:.0f} s")
-    record = {"epochs": epochs, "images_per_epoch": images_per_epoch,
-              "batch_size": batch_size, "seed": seed,
-              "train_seconds": round(time.perf_counter() - started, 1)}
+        log(
+            f"epoch {epoch + 1}/{epochs}: loss {loss_sum / seen:.4f}, train accuracy "
+            f"{correct / seen:.3f}, {time.perf_counter() - started:.0f} s"
+        )
+    record = {
+        "epochs": epochs,
+        "images_per_epoch": images_per_epoch,
+        "batch_size": batch_size,
+        "seed": seed,
+        "train_seconds": round(time.perf_counter() - started, 1),
+    }
     return model.eval(), record
 
 
@@ -103,8 +121,9 @@ def pointing_set(count: int, seed: int = POINTING_SEED) -> list[Sample]:
     return [generator.sample(label=1 + i % 2, lesions=1) for i in range(count)]
 
 
-def pointing_game(model: torch.nn.Module, samples: list[Sample], patch: int = 16,
-                  stride: int = 8) -> float:
+def pointing_game(
+    model: torch.nn.Module, samples: list[Sample], patch: int = 16, stride: int = 8
+) -> float:
     """Fraction of images whose most sensitive heatmap cell lies on the lesion.
 
     The heatmap explains the true class; a hit is when the occluder at the cell with the
@@ -116,8 +135,9 @@ def pointing_game(model: torch.nn.Module, samples: list[Sample], patch: int = 16
     hits = 0
     for sample in samples:
         image = to_tensor(sample.image[None])[0]
-        heatmap = krypton.explain(model, image, patch=patch, stride=stride, fill=gray,
-                                  label=sample.label)
+        heatmap = krypton.explain(
+            model, image, patch=patch, stride=stride, fill=gray, label=sample.label
+        )
         row, col = np.unravel_index(np.nanargmin(heatmap.values), heatmap.values.shape)
         x0, y0 = int(heatmap.xs[col]), int(heatmap.ys[row])
         hits += sample.lesions[0].covered_by(x0, y0, patch)
@@ -127,16 +147,17 @@ def pointing_game(model: torch.nn.Module, samples: list[Sample], patch: int = 16
 def save(model: torch.nn.Module, record: dict, directory: Path = MODEL_DIR) -> Path:
     """Write float16 weights and the registry file; returns the registry file's path."""
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.half() if v.is_floating_point() else v)
-             for k, v in model.state_dict().items()}
+    state = {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
     torch.save(state, directory / WEIGHTS_FILE)
     entry = {
         "name": "fundus-demo",
-        "description": ("ResNet18 trained by this project on crops of the real retina "
-                        "photograph shipped with scikit-image, with synthetic lesions "
-                        "planted at known positions: small dark microaneurysm-like dots "
-                        "and bright exudate-like patches. A demonstration model, not a "
-                        "medical device."),
+        "description": (
+            "ResNet18 trained by this project on crops of the real retina "
+            "photograph shipped with scikit-image, with synthetic lesions "
+            "planted at known positions: small dark microaneurysm-like dots "
+            "and bright exudate-like patches. A demonstration model, not a "
+            "medical device."
+        ),
         "architecture": "resnet18",
         "weights": {"source": "file", "path": WEIGHTS_FILE, "format": "state_dict"},
         "input_size": [IMAGE_SIZE, IMAGE_SIZE],
@@ -162,19 +183,21 @@ def main(argv: list[str] | None = None) -> None:
         model, record = train(args.epochs, args.images_per_epoch)
     else:
         from .registry import load_model
+
         loaded = load_model("fundus-demo")
         model = loaded.module
         record = json.loads((MODEL_DIR / REGISTRY_FILE).read_text())["training"]
     started = time.perf_counter()
     record["held_out_accuracy"] = round(accuracy(model), 4)
     record["held_out_images"] = 600
-    record["pointing_game"] = round(pointing_game(model, pointing_set(args.pointing_images)),
-                                    4)
+    record["pointing_game"] = round(pointing_game(model, pointing_set(args.pointing_images)), 4)
     record["pointing_images"] = args.pointing_images
     record["evaluated"] = datetime.date.today().isoformat()
     record["machine"] = f"{platform.machine()}, {torch.get_num_threads()} threads"
-    print(f"held-out accuracy {record['held_out_accuracy']:.3f}, pointing game "
-          f"{record['pointing_game']:.3f} ({time.perf_counter() - started:.0f} s)")
+    print(
+        f"held-out accuracy {record['held_out_accuracy']:.3f}, pointing game "
+        f"{record['pointing_game']:.3f} ({time.perf_counter() - started:.0f} s)"
+    )
     if args.command == "train":
         print(f"wrote {save(model, record)}")
     else:

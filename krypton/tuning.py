@@ -7,6 +7,7 @@ SSIM(τ). Online: for a target SSIM pick the lowest τ whose predicted SSIM meet
 SSIM compares the heatmaps as the user sees them: both clipped to the display range
 0.75p .. min(1, 1.25p) and compared with that range as ``data_range``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -69,14 +70,21 @@ def heatmap_ssim(exact: np.ndarray, approximate: np.ndarray, prob: float) -> flo
     win_size = min(7, side if side % 2 else side - 1)
     if win_size < 3:
         raise ValueError(f"heatmaps of shape {first.shape} are too small for SSIM")
-    return float(structural_similarity(first, second, data_range=high - low,
-                                       win_size=win_size))
+    return float(structural_similarity(first, second, data_range=high - low, win_size=win_size))
 
 
-def tune_tau(model: torch.nn.Module, images: Sequence[torch.Tensor], *, patch: int = 16,
-             stride: int = 4, fill=0.0, taus: Sequence[float] = DEFAULT_TAUS,
-             held_out: Sequence[torch.Tensor] = (), target_ssim: float = 0.9,
-             log: Callable[[str], None] = print) -> dict:
+def tune_tau(
+    model: torch.nn.Module,
+    images: Sequence[torch.Tensor],
+    *,
+    patch: int = 16,
+    stride: int = 4,
+    fill=0.0,
+    taus: Sequence[float] = DEFAULT_TAUS,
+    held_out: Sequence[torch.Tensor] = (),
+    target_ssim: float = 0.9,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Fit SSIM(τ) on ``images``; check the chosen τ for ``target_ssim`` on ``held_out``.
 
     Returns the record stored in the model's registry file under "tuning".
@@ -94,37 +102,49 @@ def tune_tau(model: torch.nn.Module, images: Sequence[torch.Tensor], *, patch: i
             if tau >= 1.0:
                 scores.append(1.0)
                 continue
-            approx = explainer.explain(image, patch=patch, stride=stride, fill=fill,
-                                       mode="approximate", tau=tau, r_drill_down=1.0,
-                                       label=exact.label)
+            approx = explainer.explain(
+                image,
+                patch=patch,
+                stride=stride,
+                fill=fill,
+                mode="approximate",
+                tau=tau,
+                r_drill_down=1.0,
+                label=exact.label,
+            )
             scores.append(heatmap_ssim(exact.values, approx.values, exact.prob))
         return scores
 
     for index, image in enumerate(images):
         scores = curve_for(image, taus)
         points.extend(zip(taus, scores))
-        log(f"image {index + 1}/{len(images)}: SSIM " +
-            " ".join(f"{t:.1f}:{s:.3f}" for t, s in zip(taus, scores)))
+        log(
+            f"image {index + 1}/{len(images)}: SSIM "
+            + " ".join(f"{t:.1f}:{s:.3f}" for t, s in zip(taus, scores))
+        )
     tau_array, ssim_array = np.array(points).T
     coefficients = np.polyfit(tau_array, ssim_array, 2)
     tuning = TauTuning(tuple(float(c) for c in coefficients))
     chosen = tuning.tau_for(target_ssim)
     record = {
         "coefficients": [float(c) for c in coefficients],
-        "taus": list(taus), "patch": patch, "stride": stride,
+        "taus": list(taus),
+        "patch": patch,
+        "stride": stride,
         "sample_images": len(images),
-        "mean_ssim_by_tau": {f"{t:.1f}": float(np.mean(ssim_array[tau_array == t]))
-                             for t in taus},
+        "mean_ssim_by_tau": {f"{t:.1f}": float(np.mean(ssim_array[tau_array == t])) for t in taus},
         "tau_for_target": {str(target_ssim): chosen},
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
-                   + f", {torch.get_num_threads()} threads",
+        + f", {torch.get_num_threads()} threads",
     }
     if held_out:
         actual = [curve_for(image, [chosen])[0] for image in held_out]
         shortfall = [target_ssim - value for value in actual]
         record["held_out"] = {
-            "images": len(held_out), "target_ssim": target_ssim, "tau": chosen,
+            "images": len(held_out),
+            "target_ssim": target_ssim,
+            "tau": chosen,
             "fraction_at_or_above": float(np.mean([v >= target_ssim for v in actual])),
             "worst_shortfall": float(max(0.0, max(shortfall))),
             "mean_ssim": float(np.mean(actual)),

@@ -1,4 +1,5 @@
 """Shared pytest configuration: headless Debian Chromium for the browser tests."""
+
 import shutil
 
 import pytest
@@ -12,10 +13,18 @@ def pytest_setup_options():
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary:
         options.binary_location = binary
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-dev-shm-usage", "--window-size=1500,1000",
-                     "--disable-background-networking", "--disable-component-update",
-                     "--disable-sync", "--no-first-run", "--disable-quic"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,1000",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+    ):
         options.add_argument(argument)
     return options
 
@@ -23,11 +32,13 @@ def pytest_setup_options():
 def pytest_collection_modifyitems(config, items):
     """Browser tests need chromium and chromedriver; .ci/run installs both. Elsewhere say
     clearly why they are skipped rather than failing on a missing binary."""
-    if shutil.which("chromedriver") and (shutil.which("chromium")
-                                         or shutil.which("chromium-browser")):
+    if shutil.which("chromedriver") and (
+        shutil.which("chromium") or shutil.which("chromium-browser")
+    ):
         return
-    skip = pytest.mark.skip(reason="chromium/chromedriver not installed "
-                                   "(apt-get install chromium chromium-driver)")
+    skip = pytest.mark.skip(
+        reason="chromium/chromedriver not installed (apt-get install chromium chromium-driver)"
+    )
     for item in items:
         if "browser" in item.keywords:
             item.add_marker(skip)
@@ -43,8 +54,10 @@ def krypton_home(tmp_path_factory, monkeypatch):
 
 # -- the web app (browser tests) ---------------------------------------------------------
 
+
 def _fundus_sample():
     from krypton.fundus import FundusGenerator
+
     return FundusGenerator(seed=11).sample(label=2, lesions=1)  # one planted exudate
 
 
@@ -55,6 +68,7 @@ FUNDUS_SAMPLE = _fundus_sample()
 def krypton_app(tmp_path):
     """The app, built the way `make run` builds it, with its own cache folder."""
     from app import create_app
+
     return create_app(tmp_path / "cache")
 
 
@@ -62,6 +76,7 @@ def krypton_app(tmp_path):
 def fundus_png(tmp_path):
     """A generated fundus image with one planted exudate, as a PNG file."""
     from PIL import Image
+
     path = tmp_path / "fundus.png"
     Image.fromarray(FUNDUS_SAMPLE.image).save(path)
     return path

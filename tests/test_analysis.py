@@ -1,4 +1,5 @@
 """Static analysis (eqs 9-12) and its per-layer report."""
+
 import pytest
 import torch
 import torchvision
@@ -29,12 +30,14 @@ def test_speedup_falls_with_patch_size_and_rises_as_tau_falls(vgg16):
     small = krypton.theoretical_speedup(vgg16, (3, 224, 224), 8)
     large = krypton.theoretical_speedup(vgg16, (3, 224, 224), 32)
     assert small > krypton.theoretical_speedup(vgg16, (3, 224, 224), 16) > large
-    assert krypton.theoretical_speedup(vgg16, (3, 224, 224), 16, tau=0.5) > \
-        krypton.theoretical_speedup(vgg16, (3, 224, 224), 16, tau=1.0)
+    assert krypton.theoretical_speedup(
+        vgg16, (3, 224, 224), 16, tau=0.5
+    ) > krypton.theoretical_speedup(vgg16, (3, 224, 224), 16, tau=1.0)
 
 
-@pytest.mark.parametrize("name, size, low, high", [
-    ("resnet18", 224, 2.1, 2.3), ("inception_v3", 299, 1.7, 1.9)])
+@pytest.mark.parametrize(
+    "name, size, low, high", [("resnet18", 224, 2.1, 2.3), ("inception_v3", 299, 1.7, 1.9)]
+)
 def test_other_models(name, size, low, high):
     kwargs = {"aux_logits": False, "init_weights": False} if name == "inception_v3" else {}
     model = torchvision.models.get_model(name, weights=None, **kwargs).eval()
@@ -42,8 +45,12 @@ def test_other_models(name, size, low, high):
 
 
 def test_a_global_first_layer_gives_no_speedup():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular"),
-                          nn.Conv2d(4, 4, 3), nn.Flatten(), nn.LazyLinear(2))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular"),
+        nn.Conv2d(4, 4, 3),
+        nn.Flatten(),
+        nn.LazyLinear(2),
+    )
     model(torch.zeros(1, 3, 16, 16))
     report = krypton.analyze(model.eval(), (3, 16, 16), 4)
     assert report.speedup == pytest.approx(1.0)

@@ -5,6 +5,7 @@ a bad upload shows its message; a user model registered by upload. The first tes
 the screenshot the README shows into out/screenshot.png (ignored by git; copy it to
 docs/screenshot.png to update README's picture).
 """
+
 import time
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7)):
         layer = dash_duo.find_element("#image-graph .nsewdrag")
         left, top, width, height = dash_duo.driver.execute_script(
             "const r = arguments[0].getBoundingClientRect();"
-            "return [r.left, r.top, r.width, r.height];", layer)
+            "return [r.left, r.top, r.width, r.height];",
+            layer,
+        )
         x0, y0 = int(left + width * start[0]), int(top + height * start[1])
         x1, y1 = int(left + width * end[0]), int(top + height * end[1])
         actions = ActionChains(dash_duo.driver)
@@ -101,8 +104,10 @@ def test_upload_region_run_shows_heatmap_with_progress(dash_duo, krypton_app, fu
     dash_duo.find_element("#run").click()
     progress_seen = ""
     deadline = time.time() + 120
-    while time.time() < deadline and "positions computed" not in \
-            dash_duo.find_element("#result-summary").text:
+    while (
+        time.time() < deadline
+        and "positions computed" not in dash_duo.find_element("#result-summary").text
+    ):
         status = dash_duo.find_element("#live-status").text
         if " of " in status:
             progress_seen = status
@@ -110,8 +115,9 @@ def test_upload_region_run_shows_heatmap_with_progress(dash_duo, krypton_app, fu
     summary = wait_for_result(dash_duo)
     assert progress_seen, "no progress was shown while the run was going"
     assert "EXUDATE" in summary and "exact" in summary
-    assert dash_duo.find_elements("#heatmap-graph .heatmaplayer") or \
-        dash_duo.find_elements("#heatmap-graph g.hm")
+    assert dash_duo.find_elements("#heatmap-graph .heatmaplayer") or dash_duo.find_elements(
+        "#heatmap-graph g.hm"
+    )
     assert "Region x" in region
     assert dash_duo.find_element("#run").is_enabled()
     (ROOT / "docs").mkdir(exist_ok=True)
@@ -154,8 +160,9 @@ def test_refinement_reuses_cells(dash_duo, krypton_app, fundus_png):
     assert first != second
 
 
-def test_bad_upload_shows_message_and_server_keeps_serving(dash_duo, krypton_app, tmp_path,
-                                                           fundus_png):
+def test_bad_upload_shows_message_and_server_keeps_serving(
+    dash_duo, krypton_app, tmp_path, fundus_png
+):
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     bogus = tmp_path / "scan.png"
@@ -188,12 +195,12 @@ def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch, krypton
     choose(dash_duo, "model-architecture", "resnet18")
     dash_duo.find_element("#model-classes").send_keys("CNV, DME, DRUSEN")  # one short
     dash_duo.find_element("#model-register").click()
-    dash_duo.wait_for_contains_text("#model-register-message", "fc.weight has shape",
-                                    timeout=60)
+    dash_duo.wait_for_contains_text("#model-register-message", "fc.weight has shape", timeout=60)
     dash_duo.find_element("#model-classes").send_keys(", NORMAL")
     dash_duo.find_element("#model-register").click()
-    dash_duo.wait_for_contains_text("#model-register-message", "registered 'oct-resnet18'",
-                                    timeout=60)
+    dash_duo.wait_for_contains_text(
+        "#model-register-message", "registered 'oct-resnet18'", timeout=60
+    )
     assert (krypton_home / "models" / "oct-resnet18.json").exists()
     assert not (registry / "oct-resnet18.json").exists()  # shipped models' folder untouched
     dash_duo.wait_for_contains_text("#model", "oct-resnet18", timeout=20)

@@ -1,4 +1,5 @@
 """The web app's pure helpers and its threaded job manager, without a browser."""
+
 import base64
 import io
 import threading
@@ -75,8 +76,7 @@ def test_coarse_to_fine_order_covers_region_first():
     order = helpers.order_coarse_to_fine(ys.ravel(), xs.ravel())
     assert sorted(order.tolist()) == list(range(256))
     first = order[:4]
-    assert set(zip(ys.ravel()[first], xs.ravel()[first])) == {(0, 0), (0, 32), (32, 0),
-                                                              (32, 32)}
+    assert set(zip(ys.ravel()[first], xs.ravel()[first])) == {(0, 0), (0, 32), (32, 0), (32, 32)}
 
 
 def test_fill_for_display_uses_nearest_known():
@@ -88,11 +88,22 @@ def test_fill_for_display_uses_nearest_known():
 
 def test_exports_for_the_record():
     image = Image.new("RGB", (300, 200), (200, 100, 50))
-    result = {"values": np.array([[0.5, np.nan], [0.25, 0.75]], dtype=np.float32),
-              "xs": [0, 16], "ys": [0, 16], "patch": 16, "stride": 16, "prob": 0.6,
-              "model": "m", "label": 1, "label_name": "<b>EXU DATE</b>", "mode": "exact",
-              "image": "../scan 1.png", "region": [0, 0, 32, 32], "input_size": [32, 32],
-              "date": "2026-11-22 10:00"}
+    result = {
+        "values": np.array([[0.5, np.nan], [0.25, 0.75]], dtype=np.float32),
+        "xs": [0, 16],
+        "ys": [0, 16],
+        "patch": 16,
+        "stride": 16,
+        "prob": 0.6,
+        "model": "m",
+        "label": 1,
+        "label_name": "<b>EXU DATE</b>",
+        "mode": "exact",
+        "image": "../scan 1.png",
+        "region": [0, 0, 32, 32],
+        "input_size": [32, 32],
+        "date": "2026-11-22 10:00",
+    }
     png = Image.open(io.BytesIO(helpers.export_png(image, result)))
     assert max(png.size) >= 512 and png.size[0] > png.size[1]  # image shape, colour bar
     assert np.load(io.BytesIO(helpers.export_npy(result))).shape == (2, 2)
@@ -101,11 +112,18 @@ def test_exports_for_the_record():
     assert helpers.export_stem(result) == "krypton-m-scan_1-exact-p16s16-x0-32_y0-32-b_EXU_DATE_b"
     with pytest.raises(helpers.InputError, match="only the explained class"):
         helpers.export_all_classes(result)
-    every = dict(result, class_values=np.zeros((2, 2, 3)), classes=["a", "b", "c"],
-                 base_probs=[0.2, 0.6, 0.2])
+    every = dict(
+        result,
+        class_values=np.zeros((2, 2, 3)),
+        classes=["a", "b", "c"],
+        base_probs=[0.2, 0.6, 0.2],
+    )
     archive = np.load(io.BytesIO(helpers.export_all_classes(every)))
-    assert archive["probabilities"].shape == (2, 2, 3) and list(archive["classes"]) == \
-        ["a", "b", "c"]
+    assert archive["probabilities"].shape == (2, 2, 3) and list(archive["classes"]) == [
+        "a",
+        "b",
+        "c",
+    ]
 
 
 def test_threaded_manager_runs_and_cancels(tmp_path):

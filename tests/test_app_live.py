@@ -2,6 +2,7 @@
 the live heatmap stays on screen in every mode, the first picture comes within a second,
 a new image clears the old result, naive after exact computes, and switching class
 re-colours at once."""
+
 import time
 
 import pytest
@@ -54,33 +55,37 @@ def test_live_heatmap_stays_on_screen_in_every_mode(dash_duo, krypton_app, fundu
         shown = sum(samples) / len(samples)
         assert shown >= 0.9, f"{mode}: a heatmap in only {shown:.0%} of {len(samples)} samples"
         firsts[mode] = first
-        print(f"{mode}: first picture after {first:.2f} s, on screen in {shown:.0%} of "
-              f"{len(samples)} samples")
+        print(
+            f"{mode}: first picture after {first:.2f} s, on screen in {shown:.0%} of "
+            f"{len(samples)} samples"
+        )
     # a whole image on the default model, exact (the default mode): a picture in a second
     assert firsts["exact"] < 1.0, firsts
 
 
-def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton_app,
-                                                               fundus_png):
+def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton_app, fundus_png):
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     assert dash_duo.find_element("#result-summary").text == ""
-    assert all(button.get_attribute("disabled") for button in
-               dash_duo.find_elements("#result-panel-body .exports button"))
+    assert all(
+        button.get_attribute("disabled")
+        for button in dash_duo.find_elements("#result-panel-body .exports button")
+    )
     upload(dash_duo, "#upload", fundus_png)
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
     choose(dash_duo, "stride", "16")
     dash_duo.find_element("#run").click()
     exact = wait_for_result(dash_duo)
     assert "exact · 64 positions computed" in exact
-    assert not any(button.get_attribute("disabled") for button in
-                   dash_duo.find_elements("#result-panel-body .exports button"))
+    assert not any(
+        button.get_attribute("disabled")
+        for button in dash_duo.find_elements("#result-panel-body .exports button")
+    )
     # naive after exact computes its own positions and does not compare with itself
     dash_duo.find_element("#mode input[value='naive']").click()
     dash_duo.find_element("#run").click()
     deadline = time.time() + 120
-    while time.time() < deadline and "naive ·" not in \
-            dash_duo.find_element("#result-summary").text:
+    while time.time() < deadline and "naive ·" not in dash_duo.find_element("#result-summary").text:
         time.sleep(0.3)
     naive = dash_duo.find_element("#result-summary").text
     assert "naive · 64 positions computed" in naive
@@ -98,5 +103,7 @@ def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton
     while time.time() < deadline and dash_duo.find_element("#result-summary").text:
         time.sleep(0.3)
     assert dash_duo.find_element("#result-summary").text == ""
-    assert all(button.get_attribute("disabled") for button in
-               dash_duo.find_elements("#result-panel-body .exports button"))
+    assert all(
+        button.get_attribute("disabled")
+        for button in dash_duo.find_elements("#result-panel-body .exports button")
+    )

@@ -1,4 +1,5 @@
 """Approximate mode: thresholding, drill-down, τ tuning and the runtime estimator."""
+
 import json
 import math
 
@@ -9,8 +10,13 @@ import torchvision
 
 import krypton
 from krypton import drilldown
-from krypton.estimator import NotCalibratedError, calibrate, estimate_seconds, \
-    planned_positions, save_calibration
+from krypton.estimator import (
+    NotCalibratedError,
+    calibrate,
+    estimate_seconds,
+    planned_positions,
+    save_calibration,
+)
 from krypton.registry import load_model, register_model
 from krypton.tuning import TauTuning, heatmap_ssim, tune_tau
 
@@ -29,16 +35,18 @@ def image():
 
 def test_tau_one_without_drill_down_is_exact(model, image):
     exact = krypton.explain(model, image, patch=8, stride=4)
-    approx = krypton.explain(model, image, patch=8, stride=4, mode="approximate", tau=1.0,
-                             r_drill_down=1.0)
+    approx = krypton.explain(
+        model, image, patch=8, stride=4, mode="approximate", tau=1.0, r_drill_down=1.0
+    )
     np.testing.assert_array_equal(approx.values, exact.values)
     assert approx.extra["tau"] == 1.0 and approx.flops_spent == exact.flops_spent
 
 
 def test_thresholding_spends_fewer_flops_and_stays_close(model, image):
     exact = krypton.explain(model, image, patch=8, stride=4)
-    approx = krypton.explain(model, image, patch=8, stride=4, mode="approximate", tau=0.5,
-                             r_drill_down=1.0)
+    approx = krypton.explain(
+        model, image, patch=8, stride=4, mode="approximate", tau=0.5, r_drill_down=1.0
+    )
     assert approx.flops_spent < exact.flops_spent
     assert approx.values.shape == exact.values.shape
     assert np.abs(approx.values - exact.values).max() < 0.5
@@ -46,15 +54,19 @@ def test_thresholding_spends_fewer_flops_and_stays_close(model, image):
 
 def test_drill_down_shape_and_exact_cells(model, image):
     exact = krypton.explain(model, image, patch=8, stride=2)
-    approx = krypton.explain(model, image, patch=8, stride=2, mode="approximate", tau=1.0,
-                             r_drill_down=0.25, s1=6)
+    approx = krypton.explain(
+        model, image, patch=8, stride=2, mode="approximate", tau=1.0, r_drill_down=0.25, s1=6
+    )
     assert approx.values.shape == exact.values.shape
     assert list(approx.xs) == list(exact.xs) and list(approx.ys) == list(exact.ys)
     assert not np.isnan(approx.values).any()
     extra = approx.extra
     assert extra["s1"] == 6 and extra["stage_one_positions"] == 10 * 10
-    assert approx.positions_evaluated == extra["stage_one_positions"] + \
-        extra["stage_two_positions"] < exact.positions_evaluated
+    assert (
+        approx.positions_evaluated
+        == extra["stage_one_positions"] + extra["stage_two_positions"]
+        < exact.positions_evaluated
+    )
     # with tau = 1 every computed cell is exact: stage-one positions and drilled cells
     grid = np.zeros_like(exact.values, dtype=bool)
     grid[::3, ::3] = True
@@ -64,18 +76,29 @@ def test_drill_down_shape_and_exact_cells(model, image):
     # the drilled area holds the largest stage-one drops
     stage_one = exact.values[::3, ::3]
     worst = np.unravel_index(np.argmin(stage_one), stage_one.shape)
-    assert np.allclose(approx.values[worst[0] * 3:worst[0] * 3 + 3, worst[1] * 3:worst[1] * 3 + 3],
-                       exact.values[worst[0] * 3:worst[0] * 3 + 3, worst[1] * 3:worst[1] * 3 + 3],
-                       atol=1e-5)
+    assert np.allclose(
+        approx.values[worst[0] * 3 : worst[0] * 3 + 3, worst[1] * 3 : worst[1] * 3 + 3],
+        exact.values[worst[0] * 3 : worst[0] * 3 + 3, worst[1] * 3 : worst[1] * 3 + 3],
+        atol=1e-5,
+    )
 
 
 def test_drill_down_from_target_speedup(model, image):
-    approx = krypton.explain(model, image, patch=8, stride=2, mode="approximate", tau=1.0,
-                             r_drill_down=0.1, target_speedup=5)
+    approx = krypton.explain(
+        model,
+        image,
+        patch=8,
+        stride=2,
+        mode="approximate",
+        tau=1.0,
+        r_drill_down=0.1,
+        target_speedup=5,
+    )
     expected_s1 = 2 * round(math.sqrt(5 / (1 - 0.1 * 5)))  # eq 29, a multiple of S2 = 2
     assert approx.extra["s1"] == expected_s1
     assert approx.extra["theoretical_drill_down_speedup"] == pytest.approx(
-        expected_s1 ** 2 / (4 + 0.1 * expected_s1 ** 2))
+        expected_s1**2 / (4 + 0.1 * expected_s1**2)
+    )
 
 
 def test_equations_28_to_30():
@@ -83,7 +106,8 @@ def test_equations_28_to_30():
     s1 = drilldown.stage_one_stride(3, 0.25, 4)  # eq 29
     assert drilldown.drill_down_speedup(s1, 4, 0.25) == pytest.approx(3)
     assert drilldown.max_drill_down_speedup(224, 4, 0.25) == pytest.approx(
-        min(224 ** 2 / (16 + 0.25 * 224 ** 2), 4))  # eq 30
+        min(224**2 / (16 + 0.25 * 224**2), 4)
+    )  # eq 30
     with pytest.raises(ValueError, match="largest achievable drill-down speedup is below 3.99"):
         drilldown.check_drill_down(4.5, 0.25, 4, 224)
     assert drilldown.check_drill_down(3, 0.25, 4, 224) == 4 * round(s1 / 4)
@@ -93,28 +117,37 @@ def test_block_selection_and_interpolation():
     stage = np.array([[0.9, 0.1], [0.5, 0.8]])
     assert drilldown.selected_blocks(stage, 0.25).tolist() == [[False, True], [False, False]]
     assert drilldown.selected_blocks(stage, 0.5).sum() == 2
-    values = drilldown.interpolate_to_grid(np.array([0, 4]), np.array([0, 4]), stage,
-                                           np.array([0, 2, 4, 6]), np.array([0, 2]))
+    values = drilldown.interpolate_to_grid(
+        np.array([0, 4]), np.array([0, 4]), stage, np.array([0, 2, 4, 6]), np.array([0, 2])
+    )
     assert values[0, 0] == pytest.approx(0.9) and values[1, 0] == pytest.approx(0.7)
     assert values[3, 0] == pytest.approx(0.5)  # beyond the last row: nearest edge
-    single = drilldown.interpolate_to_grid(np.array([0]), np.array([0, 4]),
-                                           np.array([[1.0, 3.0]]), np.array([0, 2]),
-                                           np.array([0, 2, 4]))
+    single = drilldown.interpolate_to_grid(
+        np.array([0]),
+        np.array([0, 4]),
+        np.array([[1.0, 3.0]]),
+        np.array([0, 2]),
+        np.array([0, 2, 4]),
+    )
     assert single.tolist() == [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"tau": 0}, "tau must be in"), ({"tau": 1.5}, "tau must be in"),
-    ({"tau": 1.0, "r_drill_down": 0}, "r_drill_down must be in"),
-    ({"tau": 1.0, "r_drill_down": 1.2}, "r_drill_down must be in"),
-    ({"tau": 1.0, "target_speedup": 1}, "target_speedup must be greater than 1"),
-    ({"tau": 1.0, "target_speedup": 4.5}, "largest achievable"),
-    ({"target_ssim": 0}, "target_ssim must be in"),
-    ({"target_ssim": 1.1}, "target_ssim must be in"),
-    ({"target_ssim": 0.9}, "tuned SSIM"),
-    ({"tau": 0.5, "target_ssim": 0.9}, "not both"),
-    ({"tau": 1.0, "s1": 2}, "must be larger than the stride"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"tau": 0}, "tau must be in"),
+        ({"tau": 1.5}, "tau must be in"),
+        ({"tau": 1.0, "r_drill_down": 0}, "r_drill_down must be in"),
+        ({"tau": 1.0, "r_drill_down": 1.2}, "r_drill_down must be in"),
+        ({"tau": 1.0, "target_speedup": 1}, "target_speedup must be greater than 1"),
+        ({"tau": 1.0, "target_speedup": 4.5}, "largest achievable"),
+        ({"target_ssim": 0}, "target_ssim must be in"),
+        ({"target_ssim": 1.1}, "target_ssim must be in"),
+        ({"target_ssim": 0.9}, "tuned SSIM"),
+        ({"tau": 0.5, "target_ssim": 0.9}, "not both"),
+        ({"tau": 1.0, "s1": 2}, "must be larger than the stride"),
+    ],
+)
 def test_bad_approximate_parameters(image, kwargs, message):
     class Counting(torch.nn.Module):
         calls = 0
@@ -128,15 +161,15 @@ def test_bad_approximate_parameters(image, kwargs, message):
             return self.conv(x).mean((2, 3))
 
     with pytest.raises(ValueError, match=message):
-        krypton.explain(Counting().eval(), image, patch=8, stride=4, mode="approximate",
-                        **kwargs)
+        krypton.explain(Counting().eval(), image, patch=8, stride=4, mode="approximate", **kwargs)
     assert Counting.calls == 0
 
 
 def test_untuned_model_warns_and_uses_tau_one(model, image):
     with pytest.warns(UserWarning, match="no tuned tau"):
-        heatmap = krypton.explain(model, image, patch=8, stride=8, mode="approximate",
-                                  r_drill_down=1.0)
+        heatmap = krypton.explain(
+            model, image, patch=8, stride=8, mode="approximate", r_drill_down=1.0
+        )
     assert heatmap.extra["tau"] == 1.0
 
 
@@ -166,11 +199,24 @@ def test_heatmap_ssim():
 def test_tuning_and_calibration_round_trip(tmp_path, model, image):
     torch.save(model.state_dict(), tmp_path / "weights.pt")
     registry = tmp_path / "registry"
-    loaded = register_model("tiny", tmp_path / "weights.pt", list("abcde"),
-                            architecture="resnet18", input_size=(64, 64), directory=registry)
+    loaded = register_model(
+        "tiny",
+        tmp_path / "weights.pt",
+        list("abcde"),
+        architecture="resnet18",
+        input_size=(64, 64),
+        directory=registry,
+    )
     images = [torch.randn(3, 64, 64) for _ in range(4)]
-    record = tune_tau(loaded.module, images[:3], patch=16, stride=8, taus=(1.0, 0.7, 0.4),
-                      held_out=images[3:], log=lambda line: None)
+    record = tune_tau(
+        loaded.module,
+        images[:3],
+        patch=16,
+        stride=8,
+        taus=(1.0, 0.7, 0.4),
+        held_out=images[3:],
+        log=lambda line: None,
+    )
     path = registry / "tiny.json"
     entry = json.loads(path.read_text())
     entry["tuning"] = record
@@ -180,26 +226,33 @@ def test_tuning_and_calibration_round_trip(tmp_path, model, image):
 
     reloaded = load_model("tiny", registry)
     chosen = TauTuning.from_entry(reloaded.extra["entry"]).tau_for(0.9)
-    heatmap = krypton.explain(reloaded, image, patch=16, stride=8, mode="approximate",
-                              target_ssim=0.9, r_drill_down=1.0)
+    heatmap = krypton.explain(
+        reloaded, image, patch=16, stride=8, mode="approximate", target_ssim=0.9, r_drill_down=1.0
+    )
     assert heatmap.extra["tau"] == chosen
 
-    calibration = calibrate(reloaded.module, "tiny", (64, 64), patches=(16,),
-                            log=lambda line: None)
+    calibration = calibrate(reloaded.module, "tiny", (64, 64), patches=(16,), log=lambda line: None)
     save_calibration(path, calibration)
     for mode in ("naive", "exact", "approximate"):
         seconds = estimate_seconds("tiny", patch=16, stride=4, mode=mode, directory=registry)
         assert 0 < seconds < 60
     more = estimate_seconds("tiny", patch=16, stride=2, mode="exact", directory=registry)
-    assert more > estimate_seconds("tiny", patch=16, stride=8, mode="exact",
-                                   directory=registry)
+    assert more > estimate_seconds("tiny", patch=16, stride=8, mode="exact", directory=registry)
     with pytest.raises(NotCalibratedError, match="krypton calibrate --model tiny"):
         estimate_seconds("tiny", patch=8, stride=4, directory=registry)
 
 
 def test_planned_positions_match_runs(model, image):
-    heatmap = krypton.explain(model, image, patch=8, stride=2, mode="approximate", tau=1.0,
-                              r_drill_down=0.25, target_speedup=3)
+    heatmap = krypton.explain(
+        model,
+        image,
+        patch=8,
+        stride=2,
+        mode="approximate",
+        tau=1.0,
+        r_drill_down=0.25,
+        target_speedup=3,
+    )
     stage_one, stage_two = planned_positions((64, 64), 8, 2, None, "approximate", 0.25, 3)
     assert stage_one == heatmap.extra["stage_one_positions"]
     assert abs(stage_two - heatmap.extra["stage_two_positions"]) <= 0.35 * stage_two

@@ -1,4 +1,5 @@
 """Every bad input raises a clear error naming the problem, before any inference."""
+
 import numpy as np
 import pytest
 import torch
@@ -35,29 +36,33 @@ def image():
     return torch.randn(3, 32, 32)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"patch": 40}, "patch 40 is larger than the image"),
-    ({"patch": 0}, "patch must be positive"),
-    ({"stride": 0}, "stride must be positive"),
-    ({"stride": -2}, "stride must be positive"),
-    ({"region": (0, 0, 40, 20)}, "outside the 32x32 image"),
-    ({"region": (10, 10, 5, 20)}, "outside the 32x32 image or empty"),
-    ({"region": (0, 0, 10, 10), "patch": 16}, "larger than the region"),
-    ({"positions": []}, "positions is empty"),
-    ({"positions": [(30, 0)]}, "outside the 32x32 image"),
-    ({"positions": [(1, 2, 3)]}, "(x, y) pairs"),
-    ({"positions": [(0, 0)], "region": (0, 0, 20, 20)}, "either region or positions"),
-    ({"label": 4}, "label 4 is out of range: the model has 4 classes"),
-    ({"label": -1}, "label -1 is out of range"),
-    ({"mode": "fast"}, "mode must be one of"),
-    ({"fill": (0.0, 1.0)}, "fill has 2 values but the image has 3 channels"),
-    ({"batch_size": 0}, "batch_size must be positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"patch": 40}, "patch 40 is larger than the image"),
+        ({"patch": 0}, "patch must be positive"),
+        ({"stride": 0}, "stride must be positive"),
+        ({"stride": -2}, "stride must be positive"),
+        ({"region": (0, 0, 40, 20)}, "outside the 32x32 image"),
+        ({"region": (10, 10, 5, 20)}, "outside the 32x32 image or empty"),
+        ({"region": (0, 0, 10, 10), "patch": 16}, "larger than the region"),
+        ({"positions": []}, "positions is empty"),
+        ({"positions": [(30, 0)]}, "outside the 32x32 image"),
+        ({"positions": [(1, 2, 3)]}, "(x, y) pairs"),
+        ({"positions": [(0, 0)], "region": (0, 0, 20, 20)}, "either region or positions"),
+        ({"label": 4}, "label 4 is out of range: the model has 4 classes"),
+        ({"label": -1}, "label -1 is out of range"),
+        ({"mode": "fast"}, "mode must be one of"),
+        ({"fill": (0.0, 1.0)}, "fill has 2 values but the image has 3 channels"),
+        ({"batch_size": 0}, "batch_size must be positive"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["naive", "exact"])
 def test_bad_arguments(model, image, kwargs, message, mode):
     kwargs = {"mode": mode, **kwargs}
-    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(
-            ")", r"\)")):
+    with pytest.raises(
+        (ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
         krypton.explain(model, image, **kwargs)
     # at most the single unoccluded inference ran (label checks need the class count)
     assert model.calls <= 1
@@ -94,8 +99,7 @@ def test_untraceable_model_has_clear_error(image):
     model = Dynamic().eval()
     with pytest.raises(krypton.UnsupportedModelError, match="mode='naive'"):
         krypton.explain(model, image)
-    assert krypton.explain(model, image, mode="naive", patch=16, stride=16).values.shape == \
-        (2, 2)
+    assert krypton.explain(model, image, mode="naive", patch=16, stride=16).values.shape == (2, 2)
 
 
 def test_progress_can_stop_the_run(model, image):

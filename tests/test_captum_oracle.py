@@ -3,6 +3,7 @@
 With stride equal to the patch size every pixel lies under exactly one window, so Captum's
 attribution at that pixel is prob - occluded prob for that window.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -20,14 +21,21 @@ def test_naive_matches_captum_occlusion(fill):
     patch = 16
     heatmap = krypton.explain(model, image, patch=patch, stride=patch, mode="naive", fill=fill)
 
-    baselines = torch.as_tensor(fill, dtype=torch.float32).view(-1, 1, 1) \
-        if isinstance(fill, tuple) else fill
+    baselines = (
+        torch.as_tensor(fill, dtype=torch.float32).view(-1, 1, 1)
+        if isinstance(fill, tuple)
+        else fill
+    )
     occlusion = Occlusion(lambda x: torch.softmax(model(x), dim=1))
     with torch.no_grad():
         attribution = occlusion.attribute(
-            image.unsqueeze(0), sliding_window_shapes=(3, patch, patch),
-            strides=(3, patch, patch), baselines=baselines, target=heatmap.label,
-            perturbations_per_eval=8)[0, 0]
+            image.unsqueeze(0),
+            sliding_window_shapes=(3, patch, patch),
+            strides=(3, patch, patch),
+            baselines=baselines,
+            target=heatmap.label,
+            perturbations_per_eval=8,
+        )[0, 0]
     expected = heatmap.prob - attribution[heatmap.ys][:, heatmap.xs].numpy()
     assert heatmap.values.shape == (4, 5)
     np.testing.assert_allclose(heatmap.values, expected, atol=1e-5)

@@ -1,4 +1,5 @@
 """The command line: explain an image file, analyze a model, and refuse bad files."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +14,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "krypton", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "krypton", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_explain_writes_overlay_and_values(tmp_path):
     out = tmp_path / "heat.png"
-    result = run_cli("explain", str(ROOT / "assets/samples/coffee.png"), "--model",
-                     "resnet18", "--patch", "32", "--stride", "16", "--region",
-                     "64,64,160,160", "--random-weights", "--out", str(out))
+    result = run_cli(
+        "explain",
+        str(ROOT / "assets/samples/coffee.png"),
+        "--model",
+        "resnet18",
+        "--patch",
+        "32",
+        "--stride",
+        "16",
+        "--region",
+        "64,64,160,160",
+        "--random-weights",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert "RANDOM weights" in result.stderr and "RANDOM weights" in result.stdout
     values = np.load(tmp_path / "heat.npy")
@@ -33,46 +51,95 @@ def test_explain_writes_overlay_and_values(tmp_path):
     assert "RANDOM weights" in label_line
     every = np.load(tmp_path / "heat.npz")
     assert every["probabilities"].shape == (5, 5, 1000)
-    np.testing.assert_allclose(every["probabilities"][..., int(label_line.split()[1])],
-                               values, atol=1e-6)
+    np.testing.assert_allclose(
+        every["probabilities"][..., int(label_line.split()[1])], values, atol=1e-6
+    )
 
 
 def test_the_installed_command_works_from_any_folder(tmp_path):
     """README's commands as written: `.venv/bin/krypton ...` outside the repository."""
     command = ROOT / ".venv" / "bin" / "krypton"
     assert command.exists(), "make installs the package into .venv (pip install -e .)"
-    result = subprocess.run([str(command), "explain", str(ROOT / "assets/samples/retina.jpg"),
-                             "--mode", "approximate", "--stride", "8", "--out", "h.png"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            str(command),
+            "explain",
+            str(ROOT / "assets/samples/retina.jpg"),
+            "--mode",
+            "approximate",
+            "--stride",
+            "8",
+            "--out",
+            "h.png",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "no tuned tau" not in result.stderr  # the registry's tuned τ is used
     assert "tau        0.91 (tuned for SSIM 0.9)" in result.stdout
     assert "over the whole grid (thresholding and drill-down)" in result.stdout
     assert (tmp_path / "h.png").exists() and (tmp_path / "h.npy").exists()
-    result = subprocess.run([str(command), "explain", str(ROOT / "assets/samples/retina.jpg"),
-                             "--mode", "approximate", "--stride", "8", "--tau", "0.7",
-                             "--drill-down", "1", "--out", "g.png"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            str(command),
+            "explain",
+            str(ROOT / "assets/samples/retina.jpg"),
+            "--mode",
+            "approximate",
+            "--stride",
+            "8",
+            "--tau",
+            "0.7",
+            "--drill-down",
+            "1",
+            "--out",
+            "g.png",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "tau        0.70 (given); drill-down r 1" in result.stdout, result.stderr
-    result = subprocess.run([str(command), "analyze", "--model", "fundus-demo"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(command), "analyze", "--model", "fundus-demo"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0 and "theoretical speedup" in result.stdout
 
 
 def test_explain_without_weights_says_how_to_get_them(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "krypton", "explain", str(ROOT / "assets/samples/coffee.png"),
-         "--model", "resnet18"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={"TORCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        [
+            sys.executable,
+            "-m",
+            "krypton",
+            "explain",
+            str(ROOT / "assets/samples/coffee.png"),
+            "--model",
+            "resnet18",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"TORCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode != 0
     assert "make models" in result.stderr and "--random-weights" in result.stderr
 
 
 def test_default_model_explains_offline(tmp_path):
     out = tmp_path / "retina.png"
-    result = run_cli("explain", str(ROOT / "assets/samples/retina.jpg"), "--stride", "16",
-                     "--out", str(out))
+    result = run_cli(
+        "explain", str(ROOT / "assets/samples/retina.jpg"), "--stride", "16", "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
     assert "fundus-demo (trained weights)" in result.stdout
     assert np.load(tmp_path / "retina.npy").shape == (8, 8)
@@ -95,8 +162,9 @@ def test_explain_rejects_non_image(tmp_path):
 
 
 def test_explain_reports_bad_arguments_cleanly():
-    result = run_cli("explain", str(ROOT / "assets/samples/coffee.png"), "--random-weights",
-                     "--stride", "0")
+    result = run_cli(
+        "explain", str(ROOT / "assets/samples/coffee.png"), "--random-weights", "--stride", "0"
+    )
     assert result.returncode == 2 and "stride must be positive" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -108,12 +176,15 @@ def test_analyze_prints_per_layer_and_total():
     assert "theoretical speedup 6.8" in result.stdout
 
 
-@pytest.mark.parametrize("mode, maker", [
-    ("L", lambda: Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8))),
-    ("RGBA", lambda: Image.new("RGBA", (8, 8), (255, 0, 0, 0))),
-    ("P", lambda: Image.new("RGB", (8, 8), (0, 128, 255)).convert("P")),
-    ("I;16", lambda: Image.fromarray((np.arange(64).reshape(8, 8) * 64).astype(np.uint16))),
-])
+@pytest.mark.parametrize(
+    "mode, maker",
+    [
+        ("L", lambda: Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8))),
+        ("RGBA", lambda: Image.new("RGBA", (8, 8), (255, 0, 0, 0))),
+        ("P", lambda: Image.new("RGB", (8, 8), (0, 128, 255)).convert("P")),
+        ("I;16", lambda: Image.fromarray((np.arange(64).reshape(8, 8) * 64).astype(np.uint16))),
+    ],
+)
 def test_image_modes_convert_to_rgb(mode, maker):
     image = maker()
     assert image.mode.startswith(mode[0])

@@ -1,4 +1,5 @@
 """Exact (incremental) equals naive (full re-inference) within 1e-4, everywhere."""
+
 import numpy as np
 import pytest
 import torch
@@ -19,8 +20,9 @@ def assert_same_heatmap(model, image, **kwargs):
     assert np.array_equal(np.isnan(naive.values), np.isnan(exact.values))
     np.testing.assert_allclose(exact.values, naive.values, atol=TOLERANCE, rtol=0)
     assert exact.label == naive.label and abs(exact.prob - naive.prob) < TOLERANCE
-    assert_same_logits(model, image, kwargs.get("patch", 16), kwargs.get("fill", 0.0),
-                       naive.position_values())
+    assert_same_logits(
+        model, image, kwargs.get("patch", 16), kwargs.get("fill", 0.0), naive.position_values()
+    )
     return naive, exact
 
 
@@ -34,8 +36,12 @@ def assert_same_logits(model, image, patch, fill, position_values):
     with torch.inference_mode():
         graph, views = explainer.views_for(image)
         geometry = graph.geometry(ys, xs, patch, patch)
-        occluder = torch.as_tensor(fill, dtype=image.dtype).reshape(-1, 1, 1) \
-            .expand(image.shape[0], patch, patch).contiguous()
+        occluder = (
+            torch.as_tensor(fill, dtype=image.dtype)
+            .reshape(-1, 1, 1)
+            .expand(image.shape[0], patch, patch)
+            .contiguous()
+        )
         incremental = graph.run_batch(views, geometry, slice(0, len(xs)), occluder)
         full = model(explainer._occluded_batch(image, occluder, ys, xs))
     scale = float(full.abs().max())
@@ -54,15 +60,18 @@ def torchvision_model(name, **kwargs):
     return torchvision.models.get_model(name, weights=None, **kwargs).eval()
 
 
-@pytest.mark.parametrize("name, size, patch", [
-    ("vgg16", (224, 224), 16),
-    ("resnet18", (224, 224), 16),
-    ("resnet18", (97, 131), 9),  # odd image size and patch
-    ("inception_v3", (299, 299), 16),
-    ("densenet121", (96, 96), 8),
-    ("mobilenet_v2", (123, 97), 11),
-    ("efficientnet_b0", (112, 112), 16),
-])
+@pytest.mark.parametrize(
+    "name, size, patch",
+    [
+        ("vgg16", (224, 224), 16),
+        ("resnet18", (224, 224), 16),
+        ("resnet18", (97, 131), 9),  # odd image size and patch
+        ("inception_v3", (299, 299), 16),
+        ("densenet121", (96, 96), 8),
+        ("mobilenet_v2", (123, 97), 11),
+        ("efficientnet_b0", (112, 112), 16),
+    ],
+)
 def test_torchvision_architectures(name, size, patch):
     # torchvision's own init: with PyTorch's default one Inception3's activations vanish
     # and occlusion would change nothing, making the comparison vacuous.
@@ -71,8 +80,12 @@ def test_torchvision_architectures(name, size, patch):
     torch.manual_seed(1)
     image = torch.randn(3, *size)
     naive, exact = assert_same_heatmap(
-        model, image, patch=patch,
-        positions=border_and_centre_positions(size[0], size[1], patch), batch_size=3)
+        model,
+        image,
+        patch=patch,
+        positions=border_and_centre_positions(size[0], size[1], patch),
+        batch_size=3,
+    )
     assert naive.positions_evaluated == exact.positions_evaluated == 8
     assert exact.flops_spent <= exact.flops_naive
 
@@ -80,8 +93,9 @@ def test_torchvision_architectures(name, size, patch):
 def test_inception_with_input_transform_stays_incremental():
     # ImageNet weights enable transform_input: channel indexing, unsqueeze and concat
     # before the first conv must be handled as element-wise, not as global ops.
-    model = torchvision_model("inception_v3", aux_logits=False, init_weights=True,
-                              transform_input=True)
+    model = torchvision_model(
+        "inception_v3", aux_logits=False, init_weights=True, transform_input=True
+    )
     image = torch.randn(3, 299, 299)
     with torch.inference_mode():
         graph = IncrementalGraph(model, image)
@@ -93,9 +107,9 @@ def test_inception_with_input_transform_stays_incremental():
 def test_region_grid_with_odd_stride_and_channel_fill():
     model = torchvision_model("resnet18")
     image = torch.randn(3, 64, 80)
-    naive, exact = assert_same_heatmap(model, image, patch=12, stride=7,
-                                       region=(5, 3, 60, 50), fill=(0.5, -1.0, 2.0),
-                                       batch_size=4)
+    naive, exact = assert_same_heatmap(
+        model, image, patch=12, stride=7, region=(5, 3, 60, 50), fill=(0.5, -1.0, 2.0), batch_size=4
+    )
     assert exact.values.shape == (len(range(3, 50 - 12 + 1, 7)), len(range(5, 60 - 12 + 1, 7)))
     assert list(exact.xs) == list(range(5, 60 - 12 + 1, 7))
     assert not np.isnan(exact.values).any()
@@ -191,10 +205,12 @@ def test_views_refresh_when_weights_change():
     with torch.no_grad():
         model.fc.weight.mul_(3.0)
         model.layer1[0].conv1.weight.add_(0.1)
-    after = krypton.explain(model, image, patch=16, positions=[(0, 0), (24, 24)],
-                            label=before.label)
-    naive = krypton.explain(model, image, patch=16, positions=[(0, 0), (24, 24)],
-                            label=before.label, mode="naive")
+    after = krypton.explain(
+        model, image, patch=16, positions=[(0, 0), (24, 24)], label=before.label
+    )
+    naive = krypton.explain(
+        model, image, patch=16, positions=[(0, 0), (24, 24)], label=before.label, mode="naive"
+    )
     np.testing.assert_allclose(after.values, naive.values, atol=TOLERANCE)
     assert np.nanmax(np.abs(after.values - before.values)) > 1e-3
 

@@ -1,4 +1,5 @@
 """Patch geometry against brute force: no changed output escapes the computed patch."""
+
 import numpy as np
 import pytest
 import torch
@@ -6,8 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from krypton.geometry import AxisOp, Window, bounding_window, ceil_div, local_step, \
-    padding_needed
+from krypton.geometry import AxisOp, Window, bounding_window, ceil_div, local_step, padding_needed
 
 
 def output_size(in_size, kernel, stride, pad, dilation, ceil_mode=False):
@@ -41,8 +41,9 @@ def reads(op: AxisOp, output: int) -> set[int]:
 @given(op=axis_ops(), data=st.data())
 def test_changed_outputs_lie_in_output_patch_and_reads_in_context(op, data):
     length = data.draw(st.integers(1, op.in_size))
-    starts = np.array(data.draw(st.lists(st.integers(0, op.in_size - length), min_size=1,
-                                         max_size=6)))
+    starts = np.array(
+        data.draw(st.lists(st.integers(0, op.in_size - length), min_size=1, max_size=6))
+    )
     step = local_step(op, Window(starts, length))
     assert 1 <= step.output.length <= op.out_size
     assert step.read.length == op.extent + (step.output.length - 1) * op.stride  # eq 16
@@ -53,20 +54,23 @@ def test_changed_outputs_lie_in_output_patch_and_reads_in_context(op, data):
         out_lo = step.output.start[i]
         assert 0 <= out_lo and out_lo + step.output.length <= op.out_size
         assert affected <= set(range(out_lo, out_lo + step.output.length))
-        needed = set().union(*(reads(op, o) for o in
-                               range(out_lo, out_lo + step.output.length)))
+        needed = set().union(*(reads(op, o) for o in range(out_lo, out_lo + step.output.length)))
         read_lo = step.read.start[i]
         assert needed <= set(range(read_lo, read_lo + step.read.length))
         assert read_lo >= -low and read_lo + step.read.length <= op.in_size + high
 
 
 @settings(max_examples=200, deadline=None)
-@given(op=axis_ops(allow_ceil=False), data=st.data(),
-       tau=st.sampled_from([0.4, 0.5, 0.6, 0.7, 0.8, 0.9]))
+@given(
+    op=axis_ops(allow_ceil=False),
+    data=st.data(),
+    tau=st.sampled_from([0.4, 0.5, 0.6, 0.7, 0.8, 0.9]),
+)
 def test_thresholding_truncates_and_centre_crops(op, data, tau):
     length = data.draw(st.integers(1, op.in_size))
-    starts = np.array(data.draw(st.lists(st.integers(0, op.in_size - length), min_size=1,
-                                         max_size=4)))
+    starts = np.array(
+        data.draw(st.lists(st.integers(0, op.in_size - length), min_size=1, max_size=4))
+    )
     exact = local_step(op, Window(starts, length))
     approx = local_step(op, Window(starts, length), tau)
     limit = max(round(tau * op.out_size), -(-op.extent // op.stride))
@@ -86,8 +90,11 @@ def test_tau_one_is_exact():
     op = AxisOp(3, 1, 1, 1, 56, 56)
     window = Window(np.array([0, 20, 40]), 16)
     first, second = local_step(op, window, 1.0), local_step(op, window)
-    for a, b in ((first.input, second.input), (first.read, second.read),
-                 (first.output, second.output)):
+    for a, b in (
+        (first.input, second.input),
+        (first.read, second.read),
+        (first.output, second.output),
+    ):
         assert a.length == b.length and np.array_equal(a.start, b.start)
     assert first.input.length == 16 and np.array_equal(first.input.start, window.start)
 
@@ -128,8 +135,11 @@ def test_window_rejects_empty():
 def test_against_real_torch_ops(seed):
     """2-D conv/pool on real tensors: every changed output cell is inside the patch."""
     rng = np.random.default_rng(seed)
-    kernel, stride, dilation = int(rng.integers(1, 6)), int(rng.integers(1, 4)), \
-        int(rng.integers(1, 3))
+    kernel, stride, dilation = (
+        int(rng.integers(1, 6)),
+        int(rng.integers(1, 4)),
+        int(rng.integers(1, 3)),
+    )
     pad = int(rng.integers(0, (dilation * (kernel - 1) + 1) // 2 + 1))
     kind = ["conv", "max", "avg"][seed % 3]
     if kind != "conv":
@@ -153,12 +163,14 @@ def test_against_real_torch_ops(seed):
         length = int(rng.integers(1, size + 1))
         y0, x0 = (int(v) for v in rng.integers(0, size - length + 1, size=2))
         changed = x.clone()
-        changed[..., y0:y0 + length, x0:x0 + length] += 10 + torch.rand(1, 2, length, length,
-                                                                        dtype=torch.float64)
+        changed[..., y0 : y0 + length, x0 : x0 + length] += 10 + torch.rand(
+            1, 2, length, length, dtype=torch.float64
+        )
         diff = (run(changed) - base).abs().sum(dim=(0, 1)) > 0
         rows = local_step(op, Window(np.array([y0]), length)).output
         cols = local_step(op, Window(np.array([x0]), length)).output
         inside = torch.zeros_like(diff)
-        inside[rows.start[0]:rows.start[0] + rows.length,
-               cols.start[0]:cols.start[0] + cols.length] = True
+        inside[
+            rows.start[0] : rows.start[0] + rows.length, cols.start[0] : cols.start[0] + cols.length
+        ] = True
         assert not (diff & ~inside).any()

@@ -1,5 +1,6 @@
 """Engine hardening: nothing writes into the caller's image or a cached view; changed weights,
 settings or modes never reuse stale views; training-mode submodules are refused."""
+
 import hashlib
 
 import numpy as np
@@ -14,6 +15,7 @@ torch.manual_seed(0)
 
 def small_cnn() -> nn.Module:
     """Conv, batch norm, residual merge, pooling and a head: every view kind is used."""
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -90,14 +92,23 @@ def test_no_call_writes_into_the_image_or_a_cached_view(seed):
         batch = int(rng.choice([1, 2, 4, 16]))
         positions = [(int(x), int(y)) for x, y in rng.integers(0, 48 - 8 + 1, size=(count, 2))]
         kwargs = {"tau": 0.8} if mode == "approximate" else {}
-        heatmap = explainer.explain(image, mode=mode, patch=8, positions=positions,
-                                    batch_size=batch, **kwargs)
+        heatmap = explainer.explain(
+            image, mode=mode, patch=8, positions=positions, batch_size=batch, **kwargs
+        )
         assert np.isfinite(heatmap.values[~np.isnan(heatmap.values)]).all()
         assert digest(image) == image_digest
         after = view_digests(explainer)
         assert {k: v for k, v in after.items() if k in views_before} == views_before
-    grid = explainer.explain(image, mode="approximate", patch=8, stride=4, tau=0.8,
-                             r_drill_down=0.3, target_speedup=2.0, batch_size=1)
+    grid = explainer.explain(
+        image,
+        mode="approximate",
+        patch=8,
+        stride=4,
+        tau=0.8,
+        r_drill_down=0.3,
+        target_speedup=2.0,
+        batch_size=1,
+    )
     assert grid.extra["stage_one_positions"] > 0
     assert digest(image) == image_digest
 
@@ -135,8 +146,9 @@ def edit_stride(model):
     model.pool.stride = 1
 
 
-@pytest.mark.parametrize("edit", [edit_data_copy, edit_eps, edit_running_var_data,
-                                  edit_replaced_layer, edit_stride])
+@pytest.mark.parametrize(
+    "edit", [edit_data_copy, edit_eps, edit_running_var_data, edit_replaced_layer, edit_stride]
+)
 def test_changed_weights_and_settings_invalidate_cached_views(edit):
     model = small_cnn()
     image = torch.randn(3, 48, 48)
@@ -151,8 +163,14 @@ def test_changed_weights_and_settings_invalidate_cached_views(edit):
 
 @pytest.mark.parametrize("submodule", ["dropout", "bn"])
 def test_a_submodule_in_training_mode_is_refused(submodule):
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)).eval()
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.Dropout(0.5),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 2),
+    ).eval()
     image = torch.randn(3, 32, 32)
     krypton.explain(model, image, patch=8, stride=8)  # fine in eval mode
     index = 2 if submodule == "dropout" else 1
@@ -164,12 +182,12 @@ def test_a_submodule_in_training_mode_is_refused(submodule):
 
 def test_batch_size_is_capped_by_the_memory_budget(monkeypatch):
     from krypton.explainer import capped_batch_size
+
     model = small_cnn()
     image = torch.randn(3, 48, 48)
     monkeypatch.setenv("KRYPTON_MEMORY_BUDGET_MB", "1")
     for mode in ("naive", "exact"):
-        heatmap = krypton.explain(model, image, patch=16, stride=8, mode=mode,
-                                  batch_size=100_000)
+        heatmap = krypton.explain(model, image, patch=16, stride=8, mode=mode, batch_size=100_000)
         assert heatmap.extra["batch_size_capped_from"] == 100_000
         # largest activation: 8 x 48 x 48 floats; four of them live per image
         assert heatmap.extra["batch_size"] == 2**20 // (4 * 8 * 48 * 48 * 4)

@@ -1,5 +1,6 @@
 """Hardening at the edges: image files, the registry, the CLI, server start-up and graph
 capture under concurrency."""
+
 import io
 import socket
 import subprocess
@@ -91,13 +92,11 @@ def test_user_models_live_in_krypton_home_and_can_be_removed(weights, krypton_ho
 def test_names_are_unique_regardless_of_case_and_never_overwritten(weights, krypton_home):
     for taken in ("fundus-demo", "FUNDUS-DEMO"):
         with pytest.raises(RegistryError, match="already registered"):
-            register_model(taken, weights, ["a", "b"], architecture="resnet18",
-                           input_size=(64, 64))
+            register_model(taken, weights, ["a", "b"], architecture="resnet18", input_size=(64, 64))
     register_model("Scan", weights, ["a", "b"], architecture="resnet18", input_size=(64, 64))
     before = (krypton_home / "models" / "Scan.pt").read_bytes()
     with pytest.raises(RegistryError, match="already registered"):
-        register_model("scan", weights, ["x", "y"], architecture="resnet18",
-                       input_size=(64, 64))
+        register_model("scan", weights, ["x", "y"], architecture="resnet18", input_size=(64, 64))
     assert (krypton_home / "models" / "Scan.pt").read_bytes() == before
 
 
@@ -106,14 +105,14 @@ def test_concurrent_registrations_of_one_name_let_exactly_one_win(weights, krypt
 
     def register(name):
         try:
-            register_model(name, weights, ["a", "b"], architecture="resnet18",
-                           input_size=(64, 64))
+            register_model(name, weights, ["a", "b"], architecture="resnet18", input_size=(64, 64))
             outcomes.append("ok")
         except RegistryError as exc:
             outcomes.append(str(exc))
 
-    threads = [threading.Thread(target=register, args=(name,))
-               for name in ("race", "RACE", "Race", "race")]
+    threads = [
+        threading.Thread(target=register, args=(name,)) for name in ("race", "RACE", "Race", "race")
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -124,11 +123,9 @@ def test_concurrent_registrations_of_one_name_let_exactly_one_win(weights, krypt
 
 def test_registration_limits_input_size_and_class_names(weights):
     with pytest.raises(RegistryError, match="16 to 1024 pixels"):
-        register_model("big", weights, ["a", "b"], architecture="resnet18",
-                       input_size=(4000, 4000))
+        register_model("big", weights, ["a", "b"], architecture="resnet18", input_size=(4000, 4000))
     with pytest.raises(RegistryError, match="the limit is 10000"):
-        register_model("many", weights, [f"c{i}" for i in range(10_001)],
-                       architecture="resnet18")
+        register_model("many", weights, [f"c{i}" for i in range(10_001)], architecture="resnet18")
     with pytest.raises(RegistryError, match="at most 200 characters"):
         register_model("long", weights, ["a" * 201, "b"], architecture="resnet18")
 
@@ -137,22 +134,40 @@ def test_registration_limits_input_size_and_class_names(weights):
 
 
 def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "krypton", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "krypton", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
 
 
-@pytest.mark.parametrize("out, message", [
-    ("/proc/heatmap.png", "cannot write in '/proc'"),
-    ("heatmap.jpg", "must name a .png file"),
-    ("{tmp}", "is a folder"),
-    ("{tmp}/file.txt/heatmap.png", "it is a file"),
-])
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        ("/proc/heatmap.png", "cannot write in '/proc'"),
+        ("heatmap.jpg", "must name a .png file"),
+        ("{tmp}", "is a folder"),
+        ("{tmp}/file.txt/heatmap.png", "it is a file"),
+    ],
+)
 def test_a_bad_out_is_refused_before_computing(out, message, tmp_path):
     (tmp_path / "file.txt").write_text("x")
     started = time.perf_counter()
-    result = run_cli("explain", str(ROOT / "assets" / "samples" / "retina.jpg"), "--out",
-                     out.format(tmp=tmp_path), "--mode", "naive", "--stride", "2",
-                     "--patch", "4")
+    result = run_cli(
+        "explain",
+        str(ROOT / "assets" / "samples" / "retina.jpg"),
+        "--out",
+        out.format(tmp=tmp_path),
+        "--mode",
+        "naive",
+        "--stride",
+        "2",
+        "--patch",
+        "4",
+    )
     assert result.returncode == 2 and message in result.stderr
     assert "positions" not in result.stderr  # no progress: nothing was computed
     assert time.perf_counter() - started < 30
@@ -171,8 +186,13 @@ def test_port_in_use_is_said_first(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = subprocess.run([sys.executable, "app.py", "--port", str(port)], cwd=ROOT,
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "app.py", "--port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: cannot serve on 127.0.0.1:{port}")
     assert "Krypton is running" not in result.stdout
@@ -181,6 +201,7 @@ def test_port_in_use_is_said_first(tmp_path):
 def test_serving_beyond_localhost_without_authentication_warns(capsys):
     from app import warn_if_exposed
     from webapp.settings import ServerSettings
+
     warn_if_exposed("0.0.0.0", ServerSettings())
     assert "WARNING: serving on 0.0.0.0 without authentication" in capsys.readouterr().err
     warn_if_exposed("0.0.0.0", ServerSettings(username="a", password="b"))
@@ -191,15 +212,25 @@ def test_serving_beyond_localhost_without_authentication_warns(capsys):
 def test_make_serve_runs_gunicorn_with_authentication(tmp_path):
     """The production entry: gunicorn with threads, basic authentication, host check."""
     import requests
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    environment = dict(__import__("os").environ, KRYPTON_USERNAME="ana",
-                       KRYPTON_PASSWORD="pw", KRYPTON_HOME=str(tmp_path),
-                       KRYPTON_CACHE_DIR=str(tmp_path / "cache"))
-    process = subprocess.Popen(["make", "-s", "serve", "HOST=127.0.0.1", f"PORT={port}"],
-                               cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+    environment = dict(
+        __import__("os").environ,
+        KRYPTON_USERNAME="ana",
+        KRYPTON_PASSWORD="pw",
+        KRYPTON_HOME=str(tmp_path),
+        KRYPTON_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    process = subprocess.Popen(
+        ["make", "-s", "serve", "HOST=127.0.0.1", f"PORT={port}"],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/"
         deadline = time.time() + 90
@@ -211,11 +242,16 @@ def test_make_serve_runs_gunicorn_with_authentication(tmp_path):
                 time.sleep(0.5)
         assert answer.status_code == 401
         assert requests.get(url, auth=("ana", "pw"), timeout=10).status_code == 200
-        assert requests.get(url, auth=("ana", "pw"), timeout=10,
-                            headers={"Host": "evil.example"}).status_code == 400
+        assert (
+            requests.get(
+                url, auth=("ana", "pw"), timeout=10, headers={"Host": "evil.example"}
+            ).status_code
+            == 400
+        )
     finally:
         import os
         import signal
+
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
 
@@ -227,8 +263,7 @@ def test_captures_and_forward_passes_in_many_threads_agree():
     """symbolic_trace patches nn.Module process-wide: without the capture lock, a model
     running in another thread during a capture failed (NameError) or was traced."""
     torch.manual_seed(0)
-    models = [torchvision.models.resnet18(weights=None, num_classes=3).eval()
-              for _ in range(4)]
+    models = [torchvision.models.resnet18(weights=None, num_classes=3).eval() for _ in range(4)]
     running = torchvision.models.resnet18(weights=None, num_classes=3).eval()
     image = torch.randn(3, 64, 64)
     with torch.inference_mode():
@@ -240,10 +275,10 @@ def test_captures_and_forward_passes_in_many_threads_agree():
         try:
             while not stop.is_set():
                 with torch.inference_mode():
-                    heatmap = krypton.explain(running, image, mode="naive", patch=32,
-                                              stride=32)
+                    heatmap = krypton.explain(running, image, mode="naive", patch=32, stride=32)
                 assert heatmap.prob == pytest.approx(
-                    float(torch.softmax(expected[0], 0).max()), abs=1e-5)
+                    float(torch.softmax(expected[0], 0).max()), abs=1e-5
+                )
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
 

@@ -1,4 +1,5 @@
 """Model registry: parsing, unavailable weights, user checkpoints and their errors."""
+
 import json
 
 import numpy as np
@@ -7,14 +8,24 @@ import torch
 import torchvision
 
 import krypton
-from krypton.registry import CheckpointError, RegistryError, available_models, load_model, \
-    read_entry, register_model
+from krypton.registry import (
+    CheckpointError,
+    RegistryError,
+    available_models,
+    load_model,
+    read_entry,
+    register_model,
+)
 
 
 def write_entry(directory, name, **fields):
-    entry = {"name": name, "architecture": "resnet18",
-             "weights": {"source": "file", "path": f"{name}.pt"}, "classes": ["a", "b"],
-             **fields}
+    entry = {
+        "name": name,
+        "architecture": "resnet18",
+        "weights": {"source": "file", "path": f"{name}.pt"},
+        "classes": ["a", "b"],
+        **fields,
+    }
     (directory / f"{name}.json").write_text(json.dumps(entry))
     return directory / f"{name}.json"
 
@@ -37,14 +48,17 @@ def test_imagenet_models_unavailable_offline_with_reason_and_fix(tmp_path, monke
         load_model("vgg16")
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"weights": {"source": "http"}}, "source 'torchvision' or 'file'"),
-    ({"architecture": "resnet1800"}, "unknown torchvision architecture"),
-    ({"classes": []}, "'classes' must be a non-empty list"),
-    ({"input_size": [224]}, "'input_size' must be"),
-    ({"std": [0, 1, 1]}, "'std' values must be positive"),
-    ({"weights": {"source": "file", "path": "x.pt", "format": "onnx"}}, "format must be"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"weights": {"source": "http"}}, "source 'torchvision' or 'file'"),
+        ({"architecture": "resnet1800"}, "unknown torchvision architecture"),
+        ({"classes": []}, "'classes' must be a non-empty list"),
+        ({"input_size": [224]}, "'input_size' must be"),
+        ({"std": [0, 1, 1]}, "'std' values must be positive"),
+        ({"weights": {"source": "file", "path": "x.pt", "format": "onnx"}}, "format must be"),
+    ],
+)
 def test_bad_registry_files(tmp_path, fields, message):
     path = write_entry(tmp_path, "broken", **fields)
     with pytest.raises(RegistryError, match=message):
@@ -86,12 +100,19 @@ def test_user_checkpoint_round_trip(tmp_path):
     images = torch.randn(8, 3, 64, 64)
     labels = torch.tensor([0, 1, 2, 3] * 2)
     model = tiny_finetune(images, labels, 4)
-    torch.save({"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}},
-               tmp_path / "oct.pt")  # wrapped, DataParallel-prefixed: both unwrapped
+    torch.save(
+        {"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}},
+        tmp_path / "oct.pt",
+    )  # wrapped, DataParallel-prefixed: both unwrapped
     registry = tmp_path / "registry"
-    loaded = register_model("oct-resnet18", tmp_path / "oct.pt",
-                            ["CNV", "DME", "DRUSEN", "NORMAL"], architecture="resnet18",
-                            input_size=(64, 64), directory=registry)
+    loaded = register_model(
+        "oct-resnet18",
+        tmp_path / "oct.pt",
+        ["CNV", "DME", "DRUSEN", "NORMAL"],
+        architecture="resnet18",
+        input_size=(64, 64),
+        directory=registry,
+    )
     assert (registry / "oct-resnet18.json").exists() and (registry / "oct-resnet18.pt").exists()
     assert loaded.classes == ["CNV", "DME", "DRUSEN", "NORMAL"]
     again = load_model("oct-resnet18", registry)
@@ -102,18 +123,30 @@ def test_user_checkpoint_round_trip(tmp_path):
     np.testing.assert_allclose(heatmap.values, naive.values, atol=1e-4)
     assert {i.name for i in available_models(registry) if i.available} == {"oct-resnet18"}
     with pytest.raises(RegistryError, match="already registered"):
-        register_model("oct-resnet18", tmp_path / "oct.pt", ["a"] * 4,
-                       architecture="resnet18", directory=registry)
+        register_model(
+            "oct-resnet18",
+            tmp_path / "oct.pt",
+            ["a"] * 4,
+            architecture="resnet18",
+            directory=registry,
+        )
 
 
 def test_torchscript_checkpoint(tmp_path):
     model = torchvision.models.resnet18(weights=None, num_classes=3).eval()
     torch.jit.script(model).save(str(tmp_path / "scripted.ts"))
-    loaded = register_model("scripted", tmp_path / "scripted.ts", ["x", "y", "z"],
-                            format="torchscript", input_size=(64, 64), directory=tmp_path / "r")
+    loaded = register_model(
+        "scripted",
+        tmp_path / "scripted.ts",
+        ["x", "y", "z"],
+        format="torchscript",
+        input_size=(64, 64),
+        directory=tmp_path / "r",
+    )
     image = torch.randn(3, 64, 64)
-    assert krypton.explain(loaded.module, image, patch=32, stride=32,
-                           mode="naive").values.shape == (2, 2)
+    assert krypton.explain(
+        loaded.module, image, patch=32, stride=32, mode="naive"
+    ).values.shape == (2, 2)
     with pytest.raises(krypton.UnsupportedModelError, match="mode='naive'"):
         krypton.explain(loaded.module, image, patch=32, stride=32)
 
@@ -122,23 +155,28 @@ def test_bad_checkpoints_have_clear_messages(tmp_path):
     registry = tmp_path / "registry"
     (tmp_path / "text.pt").write_text("hello")
     with pytest.raises(CheckpointError, match="not a PyTorch checkpoint"):
-        register_model("t", tmp_path / "text.pt", ["a", "b"], architecture="resnet18",
-                       directory=registry)
+        register_model(
+            "t", tmp_path / "text.pt", ["a", "b"], architecture="resnet18", directory=registry
+        )
     torch.save({"weights": [1, 2, 3]}, tmp_path / "list.pt")
     with pytest.raises(CheckpointError, match="not a state_dict"):
-        register_model("l", tmp_path / "list.pt", ["a", "b"], architecture="resnet18",
-                       directory=registry)
+        register_model(
+            "l", tmp_path / "list.pt", ["a", "b"], architecture="resnet18", directory=registry
+        )
     vgg = torchvision.models.vgg11(weights=None, num_classes=2)
     torch.save(vgg.state_dict(), tmp_path / "vgg.pt")
     with pytest.raises(CheckpointError, match="does not match torchvision's resnet18: missing"):
-        register_model("v", tmp_path / "vgg.pt", ["a", "b"], architecture="resnet18",
-                       directory=registry)
+        register_model(
+            "v", tmp_path / "vgg.pt", ["a", "b"], architecture="resnet18", directory=registry
+        )
     resnet = torchvision.models.resnet18(weights=None, num_classes=4)
     torch.save(resnet.state_dict(), tmp_path / "four.pt")
     with pytest.raises(CheckpointError, match=r"fc.weight has shape \(4, 512\).*class list"):
-        register_model("f", tmp_path / "four.pt", ["a", "b", "c"], architecture="resnet18",
-                       directory=registry)
+        register_model(
+            "f", tmp_path / "four.pt", ["a", "b", "c"], architecture="resnet18", directory=registry
+        )
     with pytest.raises(RegistryError, match="model name"):
-        register_model("../evil", tmp_path / "four.pt", ["a"] * 4, architecture="resnet18",
-                       directory=registry)
+        register_model(
+            "../evil", tmp_path / "four.pt", ["a"] * 4, architecture="resnet18", directory=registry
+        )
     assert not registry.exists() or not list(registry.glob("*.json"))  # nothing written

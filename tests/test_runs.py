@@ -1,5 +1,6 @@
 """The app's run orchestration without a browser (webapp/runs.py): truthful result lines,
 reuse on any grid, live pictures in every mode, every class kept, an estimator that learns."""
+
 import numpy as np
 import pytest
 import torch
@@ -22,9 +23,16 @@ def services(tmp_path):
 
 def request(services, **changes) -> runs.RunRequest:
     key = services.images.put(IMAGE)
-    settings = dict(image_key=key, image_name="fundus.png", model="fundus-demo", patch=16,
-                    stride=8, mode="exact", fill_rgb=(0.5, 0.5, 0.5),
-                    region=(16, 16, 64, 64))
+    settings = dict(
+        image_key=key,
+        image_name="fundus.png",
+        model="fundus-demo",
+        patch=16,
+        stride=8,
+        mode="exact",
+        fill_rgb=(0.5, 0.5, 0.5),
+        region=(16, 16, 64, 64),
+    )
     settings.update(changes)
     return runs.RunRequest(**settings)
 
@@ -32,9 +40,16 @@ def request(services, **changes) -> runs.RunRequest:
 def direct(services, run: runs.RunRequest, label: int, region) -> np.ndarray:
     loaded = services.model(run.model)
     fill = tuple((0.5 - m) / s for m, s in zip(loaded.mean, loaded.std))
-    return krypton.explain(loaded.module, loaded.preprocess(IMAGE), patch=run.patch,
-                           stride=run.stride, region=region, fill=fill, label=label,
-                           mode="naive").values
+    return krypton.explain(
+        loaded.module,
+        loaded.preprocess(IMAGE),
+        patch=run.patch,
+        stride=run.stride,
+        region=region,
+        fill=fill,
+        label=label,
+        mode="naive",
+    ).values
 
 
 def test_naive_after_exact_computes_and_says_so(services):
@@ -51,20 +66,22 @@ def test_refinement_reuses_cells_on_any_grid_and_says_why_not(services):
     first = runs.execute(services, "s", request(services), lambda *a: None)
     assert first["reused"] == 0 and first["reuse_note"] == ""  # nothing to reuse yet
     assert len(runs.summary_lines(first)) == 3  # label; positions and time; speed
-    elsewhere = runs.execute(services, "s", request(services, region=(64, 64, 112, 112)),
-                             lambda *a: None)
+    elsewhere = runs.execute(
+        services, "s", request(services, region=(64, 64, 112, 112)), lambda *a: None
+    )
     assert elsewhere["reused"] == 0
     assert elsewhere["reuse_note"].startswith("no cells reused: none of the earlier")
     offset = request(services, region=(19, 21, 72, 72))  # 3 and 5 px off the last grid
     snapped = runs.execute(services, "s", offset, lambda *a: None)
     assert snapped["region"] == [24, 24, 72, 72] and snapped["reused"] == 16
     assert "moved by 5 px right and 3 px down" in snapped["reuse_note"]
-    np.testing.assert_allclose(snapped["values"],
-                               direct(services, offset, snapped["label"], (24, 24, 72, 72)),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        snapped["values"], direct(services, offset, snapped["label"], (24, 24, 72, 72)), atol=1e-5
+    )
     unsnapped = runs.execute(services, "other", request(services), lambda *a: None)
-    kept = runs.execute(services, "other", runs.RunRequest(**{
-        **offset.__dict__, "snap": False}), lambda *a: None)
+    kept = runs.execute(
+        services, "other", runs.RunRequest(**{**offset.__dict__, "snap": False}), lambda *a: None
+    )
     assert unsnapped["reused"] == 0 and kept["reused"] == 0
     assert "offset by 3 px across and 5 px down" in kept["reuse_note"]
     assert any("offset by 3 px" in line for line in runs.summary_lines(kept))
@@ -81,8 +98,9 @@ def test_every_chunk_reports_a_picture_in_every_mode(services):
             if partial is not None:
                 pictures.append(partial)
 
-        run = request(services, mode=mode, region=None, stride=4, r_drill_down=0.25,
-                      target_speedup=2.0)
+        run = request(
+            services, mode=mode, region=None, stride=4, r_drill_down=0.25, target_speedup=2.0
+        )
         result = runs.execute(services, f"live-{mode}", run, report)
         assert pictures, mode
         assert pictures[0].values.shape == np.asarray(result["values"]).shape
@@ -99,20 +117,27 @@ def test_switching_class_recolours_without_recomputation(services):
     result = runs.execute(services, "s", request(services), lambda *a: None)
     other = (result["label"] + 1) % len(result["classes"])
     again = runs.relabel(result, other)
-    assert again["label"] == other and again["prob"] == pytest.approx(
-        result["base_probs"][other])
-    np.testing.assert_allclose(again["values"], direct(services, request(services), other,
-                                                       (16, 16, 64, 64)), atol=1e-5)
-    approximate = runs.execute(services, "s", request(services, mode="approximate"),
-                               lambda *a: None)
+    assert again["label"] == other and again["prob"] == pytest.approx(result["base_probs"][other])
+    np.testing.assert_allclose(
+        again["values"], direct(services, request(services), other, (16, 16, 64, 64)), atol=1e-5
+    )
+    approximate = runs.execute(
+        services, "s", request(services, mode="approximate"), lambda *a: None
+    )
     with pytest.raises(InputError, match="press Run"):
         runs.relabel(approximate, other)
 
 
 def test_result_lines_compare_truthfully():
-    base = {"label_name": "EXUDATE", "prob": 0.9, "mode": "exact", "evaluated": 100,
-            "seconds": 2.0, "reused": 0, "estimate": {"seconds": 2.5, "low": 2.0,
-                                                      "high": 3.0, "source": "calibration"}}
+    base = {
+        "label_name": "EXUDATE",
+        "prob": 0.9,
+        "mode": "exact",
+        "evaluated": 100,
+        "seconds": 2.0,
+        "reused": 0,
+        "estimate": {"seconds": 2.5, "low": 2.0, "high": 3.0, "source": "calibration"},
+    }
     lines = runs.summary_lines(dict(base, naive={"seconds": 4.6, "kind": "measured"}))
     assert lines[1] == "exact · 100 positions computed in 2.0 s (estimated 2.5 s (2.0 s–3.0 s))"
     assert lines[2] == "2.3× faster than naive (measured on this host)"
@@ -139,14 +164,22 @@ def test_the_estimate_learns_from_this_hosts_runs(services, krypton_home):
 
 def test_modes_that_need_capture_are_refused_for_untraceable_models(services, tmp_path):
     from krypton.registry import register_model
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 2, 3), torch.nn.AdaptiveAvgPool2d(1),
-                                torch.nn.Flatten()).eval()
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 2, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()
+    ).eval()
     torch.jit.script(model).save(str(tmp_path / "m.ts"))
-    register_model("scripted", tmp_path / "m.ts", ["a", "b"], format="torchscript",
-                   input_size=(64, 64))
+    register_model(
+        "scripted", tmp_path / "m.ts", ["a", "b"], format="torchscript", input_size=(64, 64)
+    )
     with pytest.raises(InputError, match="choose Naive"):
-        runs.execute(services, "s", request(services, model="scripted", region=None),
-                     lambda *a: None)
-    naive = runs.execute(services, "s", request(services, model="scripted", region=None,
-                                                mode="naive"), lambda *a: None)
+        runs.execute(
+            services, "s", request(services, model="scripted", region=None), lambda *a: None
+        )
+    naive = runs.execute(
+        services,
+        "s",
+        request(services, model="scripted", region=None, mode="naive"),
+        lambda *a: None,
+    )
     assert naive["evaluated"] == 49

@@ -1,4 +1,5 @@
 """Callbacks of the Krypton app. Tensor work stays in the engine; this wires the page."""
+
 from __future__ import annotations
 
 import base64
@@ -18,8 +19,15 @@ import krypton
 from krypton.capture_lock import CAPTURE_LOCK
 from krypton.estimator import Estimate, NotCalibratedError, estimate
 from krypton.explainer import grid_positions, model_fingerprint
-from krypton.registry import (CheckpointError, RegistryError, available_models,
-                              default_model_name, load_model, register_model, remove_model)
+from krypton.registry import (
+    CheckpointError,
+    RegistryError,
+    available_models,
+    default_model_name,
+    load_model,
+    register_model,
+    remove_model,
+)
 from krypton.tuning import TauTuning
 
 from . import helpers
@@ -38,9 +46,14 @@ def model_options() -> list[dict]:
     options = []
     for info in available_models():
         label = info.name if info.available else f"{info.name} (unavailable)"
-        options.append({"label": label, "value": info.name, "disabled": not info.available,
-                        "title": info.description if info.available else
-                        f"{info.reason}; fix: {info.fix}"})
+        options.append(
+            {
+                "label": label,
+                "value": info.name,
+                "disabled": not info.available,
+                "title": info.description if info.available else f"{info.reason}; fix: {info.fix}",
+            }
+        )
     return options
 
 
@@ -50,14 +63,19 @@ class Services:
 
     def __init__(self, cache_dir: Path, settings: ServerSettings | None = None):
         self.settings = settings or ServerSettings()
-        self.images = helpers.ImageStore(Path(cache_dir) / "images",
-                                         int(self.settings.image_store_mb * 2**20),
-                                         self.settings.image_store_count)
+        self.images = helpers.ImageStore(
+            Path(cache_dir) / "images",
+            int(self.settings.image_store_mb * 2**20),
+            self.settings.image_store_count,
+        )
         self.results = helpers.ResultStore(self.settings.results_kept)
         self.cells = runs.CellCache()
         self._checksums: dict[str, str] = {}
-        self.jobs = JobQueue(self.settings.max_running_jobs, self.settings.max_queued_jobs,
-                             self.settings.max_jobs_per_session)
+        self.jobs = JobQueue(
+            self.settings.max_running_jobs,
+            self.settings.max_queued_jobs,
+            self.settings.max_jobs_per_session,
+        )
         self._models: dict[str, krypton.LoadedModel] = {}
         self._explainers: dict[str, krypton.OcclusionExplainer] = {}
         self._lock = threading.Lock()
@@ -108,15 +126,21 @@ class Services:
 
 def _estimate(name, patch, stride, mode, region, drill, speedup) -> Estimate | None:
     try:
-        return estimate(name, patch=patch, stride=stride, mode=mode, region=region,
-                        r_drill_down=drill, target_speedup=speedup)
+        return estimate(
+            name,
+            patch=patch,
+            stride=stride,
+            mode=mode,
+            region=region,
+            r_drill_down=drill,
+            target_speedup=speedup,
+        )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
 
 
 def _record(found: Estimate) -> dict:
-    return {"seconds": found.seconds, "low": found.low, "high": found.high,
-            "source": found.source}
+    return {"seconds": found.seconds, "low": found.low, "high": found.high, "source": found.source}
 
 
 def _empty_figure(text: str = "") -> go.Figure:
@@ -126,16 +150,20 @@ def _empty_figure(text: str = "") -> go.Figure:
 def register_callbacks(app, manager, services: Services) -> None:
     """Attach every callback to ``app``; jobs run on ``manager``."""
 
-    @app.callback(Output("image-store", "data"), Output("region-store", "data"),
-                  Output("message", "children"),
-                  Input("upload", "contents"), Input({"type": "sample", "name": ALL}, "n_clicks"),
-                  State("upload", "filename"), prevent_initial_call=True)
+    @app.callback(
+        Output("image-store", "data"),
+        Output("region-store", "data"),
+        Output("message", "children"),
+        Input("upload", "contents"),
+        Input({"type": "sample", "name": ALL}, "n_clicks"),
+        State("upload", "filename"),
+        prevent_initial_call=True,
+    )
     def load_image(contents, sample_clicks, filename):
         trigger = ctx.triggered_id
         try:
             if trigger == "upload":
-                image = helpers.decode_upload(contents, filename,
-                                              services.settings.max_image_bytes)
+                image = helpers.decode_upload(contents, filename, services.settings.max_image_bytes)
                 name = filename
             elif isinstance(trigger, dict) and any(sample_clicks):
                 name = trigger["name"]
@@ -147,9 +175,13 @@ def register_callbacks(app, manager, services: Services) -> None:
         key = services.images.put(image)
         return {"key": key, "name": name, "size": list(image.size)}, None, ""
 
-    @app.callback(Output("region-store", "data", allow_duplicate=True),
-                  Input("image-graph", "selectedData"), Input("reset-region", "n_clicks"),
-                  State("model", "value"), prevent_initial_call=True)
+    @app.callback(
+        Output("region-store", "data", allow_duplicate=True),
+        Input("image-graph", "selectedData"),
+        Input("reset-region", "n_clicks"),
+        State("model", "value"),
+        prevent_initial_call=True,
+    )
     def select_region(selected, reset, model_name):
         if ctx.triggered_id == "reset-region":
             return None
@@ -162,16 +194,19 @@ def register_callbacks(app, manager, services: Services) -> None:
             raise PreventUpdate
         return region
 
-    @app.callback(Output("image-graph", "figure"), Output("region-text", "children"),
-                  Input("image-store", "data"), Input("region-store", "data"),
-                  Input("model", "value"))
+    @app.callback(
+        Output("image-graph", "figure"),
+        Output("region-text", "children"),
+        Input("image-store", "data"),
+        Input("region-store", "data"),
+        Input("model", "value"),
+    )
     def draw_image(image_data, region, model_name):
         if not image_data:
             return _empty_figure("Load an image: upload one or pick a sample"), ""
         try:
             loaded = services.model(model_name)
-            image = helpers.model_view(services.images.get(image_data["key"]),
-                                       loaded.input_size)
+            image = helpers.model_view(services.images.get(image_data["key"]), loaded.input_size)
         except InputError as exc:
             return _empty_figure(str(exc)), ""
         height, width = loaded.input_size
@@ -182,13 +217,20 @@ def register_callbacks(app, manager, services: Services) -> None:
             text = f"Whole image ({width}×{height} px, the model's input size)"
         return helpers.image_figure(image, region), text
 
-    @app.callback(Output("prediction-store", "data"), Output("label", "options"),
-                  Output("label", "value"), Output("top5", "children"),
-                  Output("model-card", "children"), Output("message", "children",
-                                                           allow_duplicate=True),
-                  Output("mode", "options"), Output("mode", "value"),
-                  Input("image-store", "data"), Input("model", "value"),
-                  State("mode", "value"), prevent_initial_call="initial_duplicate")
+    @app.callback(
+        Output("prediction-store", "data"),
+        Output("label", "options"),
+        Output("label", "value"),
+        Output("top5", "children"),
+        Output("model-card", "children"),
+        Output("message", "children", allow_duplicate=True),
+        Output("mode", "options"),
+        Output("mode", "value"),
+        Input("image-store", "data"),
+        Input("model", "value"),
+        State("mode", "value"),
+        prevent_initial_call="initial_duplicate",
+    )
     def predict(image_data, model_name, mode):
         try:
             loaded = services.model(model_name)
@@ -207,16 +249,31 @@ def register_callbacks(app, manager, services: Services) -> None:
         top = torch.topk(probs, min(5, probs.numel()))
         top5 = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
         options = [{"label": f"{loaded.class_name(i)} ({p:.1%})", "value": i} for i, p in top5]
-        others = [{"label": loaded.class_name(i), "value": i}
-                  for i in range(len(loaded.classes)) if i not in dict(top5)]
-        table = html.Table([html.Tr([html.Td(loaded.class_name(i)), html.Td(f"{p:.1%}")])
-                            for i, p in top5], className="top5-table")
-        message = "" if capture_error is None else \
-            f"Only naive mode works for this model: {capture_error}"
+        others = [
+            {"label": loaded.class_name(i), "value": i}
+            for i in range(len(loaded.classes))
+            if i not in dict(top5)
+        ]
+        table = html.Table(
+            [html.Tr([html.Td(loaded.class_name(i)), html.Td(f"{p:.1%}")]) for i, p in top5],
+            className="top5-table",
+        )
+        message = (
+            ""
+            if capture_error is None
+            else f"Only naive mode works for this model: {capture_error}"
+        )
         traceable = capture_error is None
-        return ({"top5": top5, "model": model_name, "image": image_data["key"]},
-                options + others, top5[0][0], table, card, message,
-                mode_options(traceable), mode if traceable else "naive")
+        return (
+            {"top5": top5, "model": model_name, "image": image_data["key"]},
+            options + others,
+            top5[0][0],
+            table,
+            card,
+            message,
+            mode_options(traceable),
+            mode if traceable else "naive",
+        )
 
     @app.callback(Output("approximate-settings", "style"), Input("mode", "value"))
     def toggle_approximate(mode):
@@ -226,11 +283,17 @@ def register_callbacks(app, manager, services: Services) -> None:
     def toggle_custom_colour(colour):
         return {"display": "inline-block"} if colour == "custom" else {"display": "none"}
 
-    @app.callback(Output("estimate", "children"),
-                  Input("model", "value"), Input("patch", "value"), Input("stride", "value"),
-                  Input("mode", "value"), Input("region-store", "data"),
-                  Input("drill-down", "value"), Input("target-speedup", "value"),
-                  Input("result-store", "data"))  # refreshed after each run: it learns
+    @app.callback(
+        Output("estimate", "children"),
+        Input("model", "value"),
+        Input("patch", "value"),
+        Input("stride", "value"),
+        Input("mode", "value"),
+        Input("region-store", "data"),
+        Input("drill-down", "value"),
+        Input("target-speedup", "value"),
+        Input("result-store", "data"),
+    )  # refreshed after each run: it learns
     def estimate(model_name, patch, stride, mode, region, drill, speedup, _result):
         try:
             size = services.model(model_name).input_size
@@ -242,39 +305,75 @@ def register_callbacks(app, manager, services: Services) -> None:
         naive = _estimate(model_name, patch, stride, "naive", region, drill, speedup)
         positions = len(ys) * len(xs)
         if found is None:
-            return (f"{positions} positions; no runtime estimate for this model and patch "
-                    f"size yet (make calibrate, or it learns from your first runs)")
-        text = (f"Estimated {runs.estimate_text(_record(found))} for {positions} "
-                f"positions, from {found.source}")
+            return (
+                f"{positions} positions; no runtime estimate for this model and patch "
+                f"size yet (make calibrate, or it learns from your first runs)"
+            )
+        text = (
+            f"Estimated {runs.estimate_text(_record(found))} for {positions} "
+            f"positions, from {found.source}"
+        )
         if naive and mode != "naive":
             text += f" (naive ≈ {runs.format_seconds(naive.seconds)})"
         return text
 
     @app.callback(
-        Output("heatmap-graph", "figure"), Output("result-store", "data"),
-        Output("result-summary", "children"), Output("message", "children",
-                                                     allow_duplicate=True),
+        Output("heatmap-graph", "figure"),
+        Output("result-store", "data"),
+        Output("result-summary", "children"),
+        Output("message", "children", allow_duplicate=True),
         Input("run", "n_clicks"),
-        State("session", "data"), State("image-store", "data"), State("model", "value"),
-        State("patch", "value"), State("stride", "value"), State("mode", "value"),
-        State("colour", "value"), State("custom-colour", "value"), State("label", "value"),
-        State("region-store", "data"), State("target-ssim", "value"),
-        State("drill-down", "value"), State("target-speedup", "value"),
+        State("session", "data"),
+        State("image-store", "data"),
+        State("model", "value"),
+        State("patch", "value"),
+        State("stride", "value"),
+        State("mode", "value"),
+        State("colour", "value"),
+        State("custom-colour", "value"),
+        State("label", "value"),
+        State("region-store", "data"),
+        State("target-ssim", "value"),
+        State("drill-down", "value"),
+        State("target-speedup", "value"),
         State("snap", "value"),
-        background=True, manager=manager, prevent_initial_call=True,
+        background=True,
+        manager=manager,
+        prevent_initial_call=True,
         interval=LIVE_UPDATE_SECONDS * 1000,
-        running=[(Output("run", "disabled"), True, False),
-                 (Output("cancel", "disabled"), False, True),
-                 (Output("result-panel-body", "style"), {"display": "none"},
-                  {"display": "block"}),
-                 (Output("live-panel", "style"), {"display": "block"}, {"display": "none"})],
+        running=[
+            (Output("run", "disabled"), True, False),
+            (Output("cancel", "disabled"), False, True),
+            (Output("result-panel-body", "style"), {"display": "none"}, {"display": "block"}),
+            (Output("live-panel", "style"), {"display": "block"}, {"display": "none"}),
+        ],
         cancel=[Input("cancel", "n_clicks")],
-        progress=[Output("progress", "value"), Output("progress", "max"),
-                  Output("live-graph", "figure"), Output("live-status", "children")],
+        progress=[
+            Output("progress", "value"),
+            Output("progress", "max"),
+            Output("live-graph", "figure"),
+            Output("live-status", "children"),
+        ],
         progress_default=["0", "1", _empty_figure("Starting…"), ""],
     )
-    def run(set_progress, n_clicks, session, image_data, model_name, patch, stride, mode,
-            colour, custom, label, region, target_ssim, drill, speedup, snap):
+    def run(
+        set_progress,
+        n_clicks,
+        session,
+        image_data,
+        model_name,
+        patch,
+        stride,
+        mode,
+        colour,
+        custom,
+        label,
+        region,
+        target_ssim,
+        drill,
+        speedup,
+        snap,
+    ):
         # ``session`` keys this tab's queue place and its results on the server; as a
         # callback argument it is also part of the background job's cache key, so two tabs
         # with identical settings never share a job's progress or result.
@@ -292,18 +391,25 @@ def register_callbacks(app, manager, services: Services) -> None:
                 raise InputError("load an image first")
             loaded = services.model(model_name)
             request = runs.RunRequest(
-                image_key=image_data["key"], image_name=str(image_data.get("name")),
-                model=model_name, patch=int(patch), stride=int(stride), mode=mode,
+                image_key=image_data["key"],
+                image_name=str(image_data.get("name")),
+                model=model_name,
+                patch=int(patch),
+                stride=int(stride),
+                mode=mode,
                 fill_rgb=helpers.parse_colour(colour, custom),
                 label=None if label is None else int(label),
-                region=tuple(region) if region else None, target_ssim=target_ssim,
-                r_drill_down=float(drill), target_speedup=float(speedup),
-                snap=bool(snap))
-            shown = helpers.model_view(services.images.get(request.image_key),
-                                       loaded.input_size)
+                region=tuple(region) if region else None,
+                target_ssim=target_ssim,
+                r_drill_down=float(drill),
+                target_speedup=float(speedup),
+                snap=bool(snap),
+            )
+            shown = helpers.model_view(services.images.get(request.image_key), loaded.input_size)
             with services.jobs.slot(session, waiting):
-                result = runs.execute(services, session, request,
-                                      _live_reporter(set_progress, shown))
+                result = runs.execute(
+                    services, session, request, _live_reporter(set_progress, shown)
+                )
         except QueueFull as exc:
             return no_update, no_update, no_update, str(exc)
         except JobCancelled:
@@ -312,10 +418,21 @@ def register_callbacks(app, manager, services: Services) -> None:
             return no_update, no_update, no_update, str(exc)
         except Exception as exc:  # keep serving; say what happened instead of hanging
             logger.exception("run failed")
-            return no_update, no_update, no_update, \
-                f"The run failed unexpectedly ({type(exc).__name__}: {exc}); see the server log."
-        figure = helpers.heatmap_figure(shown, result["values"], result["xs"], result["ys"],
-                                        result["patch"], result["prob"], result["label_name"])
+            return (
+                no_update,
+                no_update,
+                no_update,
+                f"The run failed unexpectedly ({type(exc).__name__}: {exc}); see the server log.",
+            )
+        figure = helpers.heatmap_figure(
+            shown,
+            result["values"],
+            result["xs"],
+            result["ys"],
+            result["patch"],
+            result["prob"],
+            result["label_name"],
+        )
         # The browser holds only a handle; exports and refinement read the server's copy.
         return figure, {"id": result["id"]}, _summary(result), ""
 
@@ -333,71 +450,107 @@ def register_callbacks(app, manager, services: Services) -> None:
                 return
             if partial is not None:
                 state["figure"] = helpers.heatmap_figure(
-                    shown, helpers.fill_for_display(partial.values), partial.xs, partial.ys,
-                    partial.patch, partial.prob, f"{partial.label_name} (computing)")
+                    shown,
+                    helpers.fill_for_display(partial.values),
+                    partial.xs,
+                    partial.ys,
+                    partial.patch,
+                    partial.prob,
+                    f"{partial.label_name} (computing)",
+                )
             state["sent"] = now
             status = f"{done} of {total} positions" if total else "coarse picture ready"
             set_progress((str(done), str(max(total, 1)), state["figure"], status))
 
         return report
 
-    @app.callback(Output("heatmap-graph", "figure", allow_duplicate=True),
-                  Output("result-summary", "children", allow_duplicate=True),
-                  Output("message", "children", allow_duplicate=True),
-                  Input("label", "value"), State("session", "data"),
-                  State("result-store", "data"), prevent_initial_call=True)
+    @app.callback(
+        Output("heatmap-graph", "figure", allow_duplicate=True),
+        Output("result-summary", "children", allow_duplicate=True),
+        Output("message", "children", allow_duplicate=True),
+        Input("label", "value"),
+        State("session", "data"),
+        State("result-store", "data"),
+        prevent_initial_call=True,
+    )
     def recolour(label, session, handle):
         """Another class of the same run: re-coloured at once, nothing recomputed."""
         result = services.results.get(session)
-        if label is None or not handle or result is None or result["id"] != handle.get("id") \
-                or int(label) == result["label"]:
+        if (
+            label is None
+            or not handle
+            or result is None
+            or result["id"] != handle.get("id")
+            or int(label) == result["label"]
+        ):
             raise PreventUpdate
         try:
             result = runs.relabel(result, int(label))
         except InputError as exc:
             return no_update, no_update, str(exc)
         loaded = services.model(result["model"])
-        shown = helpers.model_view(services.images.get(result["image_key"]),
-                                   loaded.input_size)
+        shown = helpers.model_view(services.images.get(result["image_key"]), loaded.input_size)
         services.results.put(session, result)
-        figure = helpers.heatmap_figure(shown, result["values"], result["xs"], result["ys"],
-                                        result["patch"], result["prob"], result["label_name"])
+        figure = helpers.heatmap_figure(
+            shown,
+            result["values"],
+            result["xs"],
+            result["ys"],
+            result["patch"],
+            result["prob"],
+            result["label_name"],
+        )
         return figure, _summary(result), ""
 
-    @app.callback(Output("heatmap-graph", "figure", allow_duplicate=True),
-                  Output("result-summary", "children", allow_duplicate=True),
-                  Output("result-store", "data", allow_duplicate=True),
-                  Input("image-store", "data"), Input("model", "value"),
-                  prevent_initial_call=True)
+    @app.callback(
+        Output("heatmap-graph", "figure", allow_duplicate=True),
+        Output("result-summary", "children", allow_duplicate=True),
+        Output("result-store", "data", allow_duplicate=True),
+        Input("image-store", "data"),
+        Input("model", "value"),
+        prevent_initial_call=True,
+    )
     def clear_result(image_data, model_name):
         """A new image or model: the old heatmap, summary and downloads go."""
         return _empty_figure(NO_RESULT), "", None
 
-    @app.callback(Output({"type": "export", "format": ALL}, "disabled"),
-                  Input("result-store", "data"),
-                  State({"type": "export", "format": ALL}, "id"))
+    @app.callback(
+        Output({"type": "export", "format": ALL}, "disabled"),
+        Input("result-store", "data"),
+        State({"type": "export", "format": ALL}, "id"),
+    )
     def enable_exports(handle, buttons):
         return [not handle for _ in buttons]
 
-    @app.callback(Output("message", "children", allow_duplicate=True),
-                  Input("region-store", "data"), Input("patch", "value"),
-                  Input("stride", "value"), prevent_initial_call=True)
+    @app.callback(
+        Output("message", "children", allow_duplicate=True),
+        Input("region-store", "data"),
+        Input("patch", "value"),
+        Input("stride", "value"),
+        prevent_initial_call=True,
+    )
     def clear_stale_message(*_):
         """A message about the last settings goes when the settings change."""
         return ""
 
-    @app.callback(Output("message", "children", allow_duplicate=True),
-                  Input("cancel", "n_clicks"), State("result-store", "data"),
-                  prevent_initial_call=True)
+    @app.callback(
+        Output("message", "children", allow_duplicate=True),
+        Input("cancel", "n_clicks"),
+        State("result-store", "data"),
+        prevent_initial_call=True,
+    )
     def cancelled(n_clicks, handle):
         if not n_clicks:
             return no_update
         return "Run cancelled; the previous heatmap is kept." if handle else "Run cancelled."
 
-    @app.callback(Output("download", "data"),
-                  Input({"type": "export", "format": ALL}, "n_clicks"),
-                  State("session", "data"), State("result-store", "data"),
-                  prevent_initial_call=True)
+    @app.callback(
+        Output("download", "data"),
+        Input({"type": "export", "format": ALL}, "n_clicks"),
+        State("session", "data"),
+        State("result-store", "data"),
+        prevent_initial_call=True,
+    )
     def export(clicks, session, handle):
         if not any(clicks or []) or not isinstance(handle, dict):
             raise PreventUpdate
@@ -421,30 +574,39 @@ def register_callbacks(app, manager, services: Services) -> None:
     def show_model_file(filename):
         return f"selected: {filename}" if filename else ""
 
-    @app.callback(Output("model", "options"), Output("model", "value"),
-                  Output("model-register-message", "children"),
-                  Input("model-register", "n_clicks"),
-                  State("model-upload", "contents"), State("model-upload", "filename"),
-                  State("model-name", "value"), State("model-architecture", "value"),
-                  State("model-classes", "value"), State("model-size", "value"),
-                  prevent_initial_call=True)
+    @app.callback(
+        Output("model", "options"),
+        Output("model", "value"),
+        Output("model-register-message", "children"),
+        Input("model-register", "n_clicks"),
+        State("model-upload", "contents"),
+        State("model-upload", "filename"),
+        State("model-name", "value"),
+        State("model-architecture", "value"),
+        State("model-classes", "value"),
+        State("model-size", "value"),
+        prevent_initial_call=True,
+    )
     def register(n_clicks, contents, filename, name, architecture, classes, size):
         settings = services.settings
         try:
             if not contents:
                 raise InputError("choose a weights file first")
             if architecture == "torchscript" and not settings.trusted_uploads:
-                raise InputError("TorchScript uploads are turned off on this server: a "
-                                 "TorchScript file runs its author's code. Upload a "
-                                 "state_dict instead (the operator can allow TorchScript "
-                                 "with KRYPTON_TRUSTED_UPLOADS=1, for trusted uploaders "
-                                 "only).")
+                raise InputError(
+                    "TorchScript uploads are turned off on this server: a "
+                    "TorchScript file runs its author's code. Upload a "
+                    "state_dict instead (the operator can allow TorchScript "
+                    "with KRYPTON_TRUSTED_UPLOADS=1, for trusted uploaders "
+                    "only)."
+                )
             if not name:
                 raise InputError("give the model a name")
             if not architecture:
                 raise InputError("choose the architecture (or TorchScript)")
-            names = [c.strip() for c in (classes or "").replace(",", "\n").splitlines()
-                     if c.strip()]
+            names = [
+                c.strip() for c in (classes or "").replace(",", "\n").splitlines() if c.strip()
+            ]
             if len(names) < 2:
                 raise InputError("give at least two class names")
             try:
@@ -452,8 +614,10 @@ def register_callbacks(app, manager, services: Services) -> None:
             except (IndexError, binascii.Error, ValueError):
                 raise InputError("the weights file could not be read") from None
             if len(data) > settings.max_model_bytes:
-                raise InputError(f"the weights file is {len(data) / 2**20:.0f} MB; this "
-                                 f"server takes up to {settings.max_model_mb:g} MB")
+                raise InputError(
+                    f"the weights file is {len(data) / 2**20:.0f} MB; this "
+                    f"server takes up to {settings.max_model_mb:g} MB"
+                )
             try:
                 side = int(size or 224)
             except (TypeError, ValueError):
@@ -462,20 +626,26 @@ def register_callbacks(app, manager, services: Services) -> None:
                 # A name the server chooses: the client's file name is never part of a path.
                 path = Path(folder) / "upload.weights"
                 path.write_bytes(data)
-                register_model(name, path, names,
-                               architecture=None if architecture == "torchscript"
-                               else architecture,
-                               format="torchscript" if architecture == "torchscript"
-                               else "state_dict", input_size=(side, side))
+                register_model(
+                    name,
+                    path,
+                    names,
+                    architecture=None if architecture == "torchscript" else architecture,
+                    format="torchscript" if architecture == "torchscript" else "state_dict",
+                    input_size=(side, side),
+                )
         except (InputError, RegistryError, CheckpointError) as exc:
             return no_update, no_update, html.Span(str(exc), className="warning")
         return model_options(), name, f"registered '{name}' with {len(names)} classes"
 
-    @app.callback(Output("model", "options", allow_duplicate=True),
-                  Output("model", "value", allow_duplicate=True),
-                  Output("model-register-message", "children", allow_duplicate=True),
-                  Input("model-remove", "n_clicks"), State("model", "value"),
-                  prevent_initial_call=True)
+    @app.callback(
+        Output("model", "options", allow_duplicate=True),
+        Output("model", "value", allow_duplicate=True),
+        Output("model-register-message", "children", allow_duplicate=True),
+        Input("model-remove", "n_clicks"),
+        State("model", "value"),
+        prevent_initial_call=True,
+    )
     def remove(n_clicks, name):
         if not n_clicks or not name:
             raise PreventUpdate
@@ -489,17 +659,31 @@ def register_callbacks(app, manager, services: Services) -> None:
 
 def _model_card(loaded: krypton.LoadedModel) -> html.Div:
     entry = loaded.extra.get("entry", {})
-    lines = [html.P(loaded.description or loaded.name),
-             html.P(f"{len(loaded.classes)} classes · input {loaded.input_size[0]}×"
-                    f"{loaded.input_size[1]}", className="help")]
+    lines = [
+        html.P(loaded.description or loaded.name),
+        html.P(
+            f"{len(loaded.classes)} classes · input {loaded.input_size[0]}×{loaded.input_size[1]}",
+            className="help",
+        ),
+    ]
     training = entry.get("training")
     if training and "held_out_accuracy" in training:
-        lines.append(html.P(f"Held-out accuracy {training['held_out_accuracy']:.1%}, "
-                            f"pointing game {training['pointing_game']:.0%}", className="help"))
+        lines.append(
+            html.P(
+                f"Held-out accuracy {training['held_out_accuracy']:.1%}, "
+                f"pointing game {training['pointing_game']:.0%}",
+                className="help",
+            )
+        )
     tuning = TauTuning.from_entry(entry)
-    lines.append(html.P(f"Approximate mode: τ = {tuning.tau_for(0.9):.2f} for SSIM 0.9"
-                        if tuning else "Approximate mode: τ not tuned (uses τ = 1)",
-                        className="help"))
+    lines.append(
+        html.P(
+            f"Approximate mode: τ = {tuning.tau_for(0.9):.2f} for SSIM 0.9"
+            if tuning
+            else "Approximate mode: τ not tuned (uses τ = 1)",
+            className="help",
+        )
+    )
     return html.Div(lines)
 
 

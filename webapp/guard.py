@@ -7,6 +7,7 @@ most the first few kilobytes of the body to learn which callback is called, pick
 callback's limit (an image upload, a model upload, or anything else) and refuses a larger
 Content-Length with 413 before the rest is read — so a 700 MB upload costs nothing.
 """
+
 from __future__ import annotations
 
 import base64
@@ -51,15 +52,22 @@ class _Replayed(io.RawIOBase):
             return 0
         data = self._rest.read(min(len(buffer), self._remaining))
         self._remaining -= len(data)
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
 
-def _respond(start_response, status: str, text: str,
-             headers: Iterable[tuple[str, str]] = ()) -> list[bytes]:
+def _respond(
+    start_response, status: str, text: str, headers: Iterable[tuple[str, str]] = ()
+) -> list[bytes]:
     body = text.encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
-                            ("Content-Length", str(len(body))), *headers])
+    start_response(
+        status,
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+            *headers,
+        ],
+    )
     return [body]
 
 
@@ -103,7 +111,7 @@ class RequestGuard:
             return True
         host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
         if host.startswith("["):  # [::1]:8050
-            name = host[1:host.find("]")] if "]" in host else host
+            name = host[1 : host.find("]")] if "]" in host else host
         else:
             name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
         return name.lower() in hosts
@@ -118,24 +126,29 @@ class RequestGuard:
             header = environ.get("HTTP_AUTHORIZATION", "")
             if header.lower().startswith("basic "):
                 try:
-                    user, _, password = base64.b64decode(header[6:].strip()) \
-                        .decode("utf-8").partition(":")
+                    user, _, password = (
+                        base64.b64decode(header[6:].strip()).decode("utf-8").partition(":")
+                    )
                 except (binascii.Error, UnicodeDecodeError):
                     return False
-                return (hmac.compare_digest(user, settings.username)
-                        & hmac.compare_digest(password, settings.password or ""))
+                return hmac.compare_digest(user, settings.username) & hmac.compare_digest(
+                    password, settings.password or ""
+                )
         return not settings.authenticates
 
     # -- WSGI ---------------------------------------------------------------------------
     def __call__(self, environ, start_response):
         if not self._host_allowed(environ):
-            return _respond(start_response, "400 Bad Request",
-                            "this host name is not allowed (KRYPTON_ALLOWED_HOSTS)")
+            return _respond(
+                start_response,
+                "400 Bad Request",
+                "this host name is not allowed (KRYPTON_ALLOWED_HOSTS)",
+            )
         if not self._authenticated(environ):
-            headers = [("WWW-Authenticate", 'Basic realm="Krypton"')] \
-                if self.settings.username else []
-            return _respond(start_response, "401 Unauthorized", "authentication required",
-                            headers)
+            headers = (
+                [("WWW-Authenticate", 'Basic realm="Krypton"')] if self.settings.username else []
+            )
+            return _respond(start_response, "401 Unauthorized", "authentication required", headers)
         if environ.get("REQUEST_METHOD", "GET") in ("POST", "PUT", "PATCH"):
             refused = self._check_size(environ, start_response)
             if refused is not None:
@@ -145,8 +158,9 @@ class RequestGuard:
     def _check_size(self, environ, start_response):
         text = environ.get("CONTENT_LENGTH") or ""
         if not text.isdigit():
-            return _respond(start_response, "411 Length Required",
-                            "requests must state their Content-Length")
+            return _respond(
+                start_response, "411 Length Required", "requests must state their Content-Length"
+            )
         length = int(text)
         if length <= self.limit_for(None):
             return None
@@ -175,6 +189,9 @@ class RequestGuard:
 
     @staticmethod
     def _too_large(start_response, length: int, limit: int) -> list[bytes]:
-        return _respond(start_response, "413 Payload Too Large",
-                        f"the request is {length / 2**20:.1f} MB; this kind of request is "
-                        f"limited to {limit / 2**20:.1f} MB")
+        return _respond(
+            start_response,
+            "413 Payload Too Large",
+            f"the request is {length / 2**20:.1f} MB; this kind of request is "
+            f"limited to {limit / 2**20:.1f} MB",
+        )

@@ -2,6 +2,7 @@
 
 No Dash callbacks and no tensor algebra here; everything is testable on its own.
 """
+
 from __future__ import annotations
 
 import base64
@@ -21,8 +22,7 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from krypton.imaging import (MAX_SIDE, ImageLoadError, heatmap_limits, heatmap_picture,
-                             load_image)
+from krypton.imaging import MAX_SIDE, ImageLoadError, heatmap_limits, heatmap_picture, load_image
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
@@ -35,8 +35,9 @@ class InputError(ValueError):
 # -- images --------------------------------------------------------------------------------
 
 
-def decode_upload(contents: str, filename: str | None = None,
-                  max_bytes: int = MAX_UPLOAD_BYTES) -> Image.Image:
+def decode_upload(
+    contents: str, filename: str | None = None, max_bytes: int = MAX_UPLOAD_BYTES
+) -> Image.Image:
     """A dcc.Upload data URL to an RGB image, with messages a user can act on."""
     name = filename or "the file"
     if not contents or "," not in contents:
@@ -47,8 +48,9 @@ def decode_upload(contents: str, filename: str | None = None,
     except (binascii.Error, ValueError) as exc:
         raise InputError(f"{name} could not be decoded") from exc
     if len(data) > max_bytes:
-        raise InputError(f"{name} is {len(data) / 2**20:.1f} MB; the limit is "
-                         f"{max_bytes / 2**20:g} MB")
+        raise InputError(
+            f"{name} is {len(data) / 2**20:.1f} MB; the limit is {max_bytes / 2**20:g} MB"
+        )
     try:
         return load_image(data)
     except ImageLoadError as exc:
@@ -188,14 +190,15 @@ def region_from_selection(selected: dict | None, size: tuple[int, int]) -> list[
     return [x0, y0, x1, y1]
 
 
-def check_region(region: list[int] | None, size: tuple[int, int], patch: int,
-                 stride: int) -> None:
+def check_region(region: list[int] | None, size: tuple[int, int], patch: int, stride: int) -> None:
     """Refuse a region the occluding patch cannot be placed in, with a clear message."""
     height, width = size
     x0, y0, x1, y1 = region or (0, 0, width, height)
     if x1 - x0 < patch or y1 - y0 < patch:
-        raise InputError(f"the region is {x1 - x0}x{y1 - y0} pixels, smaller than the "
-                         f"{patch}-pixel patch; draw a larger region or pick a smaller patch")
+        raise InputError(
+            f"the region is {x1 - x0}x{y1 - y0} pixels, smaller than the "
+            f"{patch}-pixel patch; draw a larger region or pick a smaller patch"
+        )
     if stride < 1:
         raise InputError("the stride must be at least 1")
 
@@ -210,7 +213,7 @@ def parse_colour(choice: str, custom: str | None) -> tuple[float, float, float]:
     if not match:
         raise InputError(f"custom colour must look like #808080, got {custom!r}")
     value = match.group(1)
-    return tuple(int(value[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    return tuple(int(value[i : i + 2], 16) / 255 for i in (0, 2, 4))
 
 
 def normalised_fill(rgb: tuple[float, float, float], mean, std) -> tuple[float, ...]:
@@ -253,38 +256,64 @@ def plotly_text(text: str) -> str:
     return html.escape(str(text), quote=True)
 
 
-
 def image_figure(image: Image.Image, region: list[int] | None) -> go.Figure:
     """The model-input image; drag a box on it to choose the region."""
     figure = go.Figure(go.Image(source=data_url(image), hoverinfo="x+y"))
     if region:
         x0, y0, x1, y1 = region
-        figure.add_shape(type="rect", x0=x0 - 0.5, y0=y0 - 0.5, x1=x1 - 0.5, y1=y1 - 0.5,
-                         line={"color": "#00e5ff", "width": 2})
-    figure.update_layout(dragmode="select", margin={"l": 0, "r": 0, "t": 0, "b": 0},
-                         xaxis={"visible": False}, yaxis={"visible": False},
-                         height=420, uirevision="image", newselection={"mode": "immediate"})
+        figure.add_shape(
+            type="rect",
+            x0=x0 - 0.5,
+            y0=y0 - 0.5,
+            x1=x1 - 0.5,
+            y1=y1 - 0.5,
+            line={"color": "#00e5ff", "width": 2},
+        )
+    figure.update_layout(
+        dragmode="select",
+        margin={"l": 0, "r": 0, "t": 0, "b": 0},
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        height=420,
+        uirevision="image",
+        newselection={"mode": "immediate"},
+    )
     return figure
 
 
-def heatmap_figure(image: Image.Image, values: np.ndarray, xs, ys, patch: int,
-                   prob: float, title: str = "") -> go.Figure:
+def heatmap_figure(
+    image: Image.Image, values: np.ndarray, xs, ys, patch: int, prob: float, title: str = ""
+) -> go.Figure:
     """The heatmap over the image: jet_r, red = lowest probability = most sensitive."""
     low, high = heatmap_limits(prob)
     figure = go.Figure(go.Image(source=data_url(image), hoverinfo="skip"))
     centres_x = np.asarray(xs) + (patch - 1) / 2
     centres_y = np.asarray(ys) + (patch - 1) / 2
-    figure.add_trace(go.Heatmap(
-        z=values, x=centres_x, y=centres_y, zmin=low, zmax=high, colorscale="Jet",
-        reversescale=True, opacity=0.55, hoverongaps=False,
-        hovertemplate="patch at (%{x:.0f}, %{y:.0f}): p = %{z:.4f}<extra></extra>",
-        colorbar={"title": {"text": "probability<br>(red = most<br>sensitive)"},
-                  "thickness": 14}))
-    figure.update_layout(margin={"l": 0, "r": 0, "t": 30 if title else 0, "b": 0},
-                         title={"text": plotly_text(title), "font": {"size": 13}},
-                         xaxis={"visible": False}, yaxis={"visible": False,
-                                                          "autorange": "reversed"},
-                         height=420)
+    figure.add_trace(
+        go.Heatmap(
+            z=values,
+            x=centres_x,
+            y=centres_y,
+            zmin=low,
+            zmax=high,
+            colorscale="Jet",
+            reversescale=True,
+            opacity=0.55,
+            hoverongaps=False,
+            hovertemplate="patch at (%{x:.0f}, %{y:.0f}): p = %{z:.4f}<extra></extra>",
+            colorbar={
+                "title": {"text": "probability<br>(red = most<br>sensitive)"},
+                "thickness": 14,
+            },
+        )
+    )
+    figure.update_layout(
+        margin={"l": 0, "r": 0, "t": 30 if title else 0, "b": 0},
+        title={"text": plotly_text(title), "font": {"size": 13}},
+        xaxis={"visible": False},
+        yaxis={"visible": False, "autorange": "reversed"},
+        height=420,
+    )
     return figure
 
 
@@ -296,24 +325,47 @@ EXPORT_MIN_SIDE = 512  # pixels: exports are drawn at least this large
 
 def export_stem(result: dict) -> str:
     """A file name that says what the export is: model, image, mode, region, class."""
-    region = "whole" if not result.get("region") else "x{}-{}_y{}-{}".format(
-        result["region"][0], result["region"][2], result["region"][1], result["region"][3])
-    parts = ["krypton", result["model"], Path(str(result["image"])).stem, result["mode"],
-             f"p{result['patch']}s{result['stride']}", region, result["label_name"]]
-    return "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", str(p)).strip("_.-") or "x"
-                    for p in parts)[:180]
+    region = (
+        "whole"
+        if not result.get("region")
+        else "x{}-{}_y{}-{}".format(
+            result["region"][0], result["region"][2], result["region"][1], result["region"][3]
+        )
+    )
+    parts = [
+        "krypton",
+        result["model"],
+        Path(str(result["image"])).stem,
+        result["mode"],
+        f"p{result['patch']}s{result['stride']}",
+        region,
+        result["label_name"],
+    ]
+    return "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", str(p)).strip("_.-") or "x" for p in parts)[
+        :180
+    ]
 
 
 def export_png(original: Image.Image, result: dict) -> bytes:
     """The heatmap over the image at the uploaded resolution (at least 512 px), with a
     colour bar and a title: model, class, probability, mode, patch/stride, date."""
     values = np.asarray(result["values"], dtype=np.float32)
-    title = (f"{result['model']} · {result['label_name']} (p = {result['prob']:.3f}) · "
-             f"{result['mode']} · patch {result['patch']}, stride {result['stride']} · "
-             f"{result.get('date', '')}")
-    return heatmap_picture(original, values, np.asarray(result["xs"]),
-                           np.asarray(result["ys"]), result["patch"], result["prob"],
-                           result["input_size"], title, EXPORT_MIN_SIDE)
+    title = (
+        f"{result['model']} · {result['label_name']} (p = {result['prob']:.3f}) · "
+        f"{result['mode']} · patch {result['patch']}, stride {result['stride']} · "
+        f"{result.get('date', '')}"
+    )
+    return heatmap_picture(
+        original,
+        values,
+        np.asarray(result["xs"]),
+        np.asarray(result["ys"]),
+        result["patch"],
+        result["prob"],
+        result["input_size"],
+        title,
+        EXPORT_MIN_SIDE,
+    )
 
 
 def export_npy(result: dict) -> bytes:
@@ -327,10 +379,14 @@ def export_all_classes(result: dict) -> bytes:
     if result.get("class_values") is None:
         raise InputError("this run kept only the explained class (approximate mode)")
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, probabilities=np.asarray(result["class_values"]),
-                        xs=np.asarray(result["xs"]), ys=np.asarray(result["ys"]),
-                        classes=np.asarray(result["classes"]),
-                        unoccluded=np.asarray(result["base_probs"]))
+    np.savez_compressed(
+        buffer,
+        probabilities=np.asarray(result["class_values"]),
+        xs=np.asarray(result["xs"]),
+        ys=np.asarray(result["ys"]),
+        classes=np.asarray(result["classes"]),
+        unoccluded=np.asarray(result["base_probs"]),
+    )
     return buffer.getvalue()
 
 

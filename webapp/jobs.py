@@ -16,6 +16,7 @@ manager's ``abandon_seconds``: nobody would see its result.
 :class:`JobQueue` bounds how many jobs run at once, how many wait, and how many one
 session may have; a waiting job learns its place in the queue.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,8 +28,7 @@ from typing import Callable, Iterator
 
 from dash import DiskcacheManager
 
-__all__ = ["ThreadedDiskcacheManager", "JobCancelled", "JobQueue", "QueueFull",
-           "check_cancelled"]
+__all__ = ["ThreadedDiskcacheManager", "JobCancelled", "JobQueue", "QueueFull", "check_cancelled"]
 
 
 class JobCancelled(Exception):
@@ -92,15 +92,17 @@ class JobQueue:
         with self._condition:
             # A cancelled run stops at its next batch: give it that long to leave.
             deadline = time.monotonic() + self.SESSION_GRACE_SECONDS
-            while self._sessions[session] >= self.per_session \
-                    and time.monotonic() < deadline:
+            while self._sessions[session] >= self.per_session and time.monotonic() < deadline:
                 self._condition.wait(timeout=max(0.0, deadline - time.monotonic()))
             if self._sessions[session] >= self.per_session:
-                raise QueueFull("this tab already has a run in progress; wait for it or "
-                                "cancel it first")
+                raise QueueFull(
+                    "this tab already has a run in progress; wait for it or cancel it first"
+                )
             if self._active >= self.running and len(self._line) >= self.waiting:
-                raise QueueFull(f"the server is busy ({self._active} runs, "
-                                f"{len(self._line)} waiting); try again in a minute")
+                raise QueueFull(
+                    f"the server is busy ({self._active} runs, "
+                    f"{len(self._line)} waiting); try again in a minute"
+                )
             self._sessions[session] += 1
             self._line.append(ticket)
         try:

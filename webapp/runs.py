@@ -6,6 +6,7 @@ naive runs, the live partial picture of approximate runs, the runtime log the es
 learns from, and the truthful result line — happens here and is tested without Chromium.
 Tensor algebra stays in the engine (krypton); the page stays in callbacks.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ import numpy as np
 import torch
 
 import krypton
-from krypton.estimator import (Estimate, NotCalibratedError, estimate, estimate_for_counts,
-                               measured_seconds, record_run)
+from krypton.estimator import (
+    Estimate,
+    NotCalibratedError,
+    estimate,
+    estimate_for_counts,
+    measured_seconds,
+    record_run,
+)
 from krypton.explainer import grid_positions
 from krypton.registry import RegistryError
 from krypton.tuning import TauTuning
@@ -29,8 +36,7 @@ from krypton.tuning import TauTuning
 from . import helpers
 from .helpers import InputError
 
-__all__ = ["RunRequest", "CellCache", "Partial", "execute", "relabel", "summary_lines",
-           "Reporter"]
+__all__ = ["RunRequest", "CellCache", "Partial", "execute", "relabel", "summary_lines", "Reporter"]
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,7 @@ class CellCache:
     @staticmethod
     def key(session: str, request: RunRequest) -> tuple:
         colour = tuple(round(c, 6) for c in request.fill_rgb)
-        return (session, request.image_key, request.model, request.patch, colour,
-                request.mode)
+        return (session, request.image_key, request.model, request.patch, colour, request.mode)
 
     def get(self, key: tuple) -> _Known:
         with self._lock:
@@ -114,8 +119,9 @@ class CellCache:
             return known
 
 
-def snap_region(region: tuple[int, int, int, int], origin: tuple[int, int], stride: int,
-                patch: int) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
+def snap_region(
+    region: tuple[int, int, int, int], origin: tuple[int, int], stride: int, patch: int
+) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
     """Move the region's first position onto the grid through ``origin`` (never outside
     the region): (snapped region, shift in pixels)."""
     x0, y0, x1, y1 = region
@@ -128,8 +134,7 @@ def snap_region(region: tuple[int, int, int, int], origin: tuple[int, int], stri
     return (x0 + shift_x, y0 + shift_y, x1, y1), (shift_x, shift_y)
 
 
-def execute(services: Services, session: str, request: RunRequest,
-            report: Reporter) -> dict:
+def execute(services: Services, session: str, request: RunRequest, report: Reporter) -> dict:
     """Run one heatmap and return its result record (also stored for the session)."""
     if request.mode not in krypton.MODES:
         raise InputError(f"unknown mode {request.mode!r}")
@@ -143,8 +148,10 @@ def execute(services: Services, session: str, request: RunRequest,
     tensor = loaded.preprocess(original)
     logits, capture_error = services.logits(request.model, tensor)
     if capture_error and request.mode != "naive":
-        raise InputError(f"{request.mode} mode needs a model torch.fx can capture, and this "
-                         f"one cannot be ({capture_error}); choose Naive")
+        raise InputError(
+            f"{request.mode} mode needs a model torch.fx can capture, and this "
+            f"one cannot be ({capture_error}); choose Naive"
+        )
     base_probs = torch.softmax(logits[0].float(), 0).cpu().numpy()
     label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
     if not 0 <= label < len(base_probs):
@@ -155,31 +162,49 @@ def execute(services: Services, session: str, request: RunRequest,
     if request.mode in ("exact", "naive"):
         known = services.cells.get(CellCache.key(session, request))
         if known.origin is not None and known.cells:
-            aligned = (region[0] - known.origin[0]) % request.stride == 0 and \
-                (region[1] - known.origin[1]) % request.stride == 0
+            aligned = (region[0] - known.origin[0]) % request.stride == 0 and (
+                region[1] - known.origin[1]
+            ) % request.stride == 0
             if not aligned and request.snap:
-                region, shift = snap_region(region, known.origin, request.stride,
-                                            request.patch)
+                region, shift = snap_region(region, known.origin, request.stride, request.patch)
                 if any(shift):
-                    note = (f"the region's grid was moved by {shift[0]} px right and "
-                            f"{shift[1]} px down onto the last run's grid, to reuse its "
-                            f"cells")
+                    note = (
+                        f"the region's grid was moved by {shift[0]} px right and "
+                        f"{shift[1]} px down onto the last run's grid, to reuse its "
+                        f"cells"
+                    )
             elif not aligned:
-                offset = ((region[0] - known.origin[0]) % request.stride,
-                          (region[1] - known.origin[1]) % request.stride)
-                note = (f"no cells reused: the new region's grid is offset by {offset[0]} "
-                        f"px across and {offset[1]} px down from the last run's; turn on "
-                        f"'snap to the last grid' to reuse them")
+                offset = (
+                    (region[0] - known.origin[0]) % request.stride,
+                    (region[1] - known.origin[1]) % request.stride,
+                )
+                note = (
+                    f"no cells reused: the new region's grid is offset by {offset[0]} "
+                    f"px across and {offset[1]} px down from the last run's; turn on "
+                    f"'snap to the last grid' to reuse them"
+                )
     whole = region == (0, 0, width, height)
-    grid_ys, grid_xs = grid_positions(size, request.patch, request.stride,
-                                      None if whole else region)
+    grid_ys, grid_xs = grid_positions(
+        size, request.patch, request.stride, None if whole else region
+    )
 
     planned = _estimate(request, None if whole else region)  # what the page showed
 
     def live(done: int, total: int, values: np.ndarray | None = None) -> None:
-        report(done, total, None if values is None else Partial(
-            values, grid_xs, grid_ys, request.patch, loaded.class_name(label),
-            float(base_probs[label])))
+        report(
+            done,
+            total,
+            None
+            if values is None
+            else Partial(
+                values,
+                grid_xs,
+                grid_ys,
+                request.patch,
+                loaded.class_name(label),
+                float(base_probs[label]),
+            ),
+        )
 
     started = time.perf_counter()
     explainer = services.explainer(request.model)
@@ -188,7 +213,8 @@ def execute(services: Services, session: str, request: RunRequest,
     if known is not None:
         had_cells = bool(known.cells)
         values, class_values, reused, evaluated = _run_grid(
-            explainer, tensor, grid_ys, grid_xs, request, fill, label, known, live)
+            explainer, tensor, grid_ys, grid_xs, request, fill, label, known, live
+        )
         if not reused and not note and had_cells:
             note = "no cells reused: none of the earlier positions lies on this grid"
         known.origin = (int(grid_xs[0]), int(grid_ys[0]))
@@ -196,32 +222,54 @@ def execute(services: Services, session: str, request: RunRequest,
     else:
         tuning = TauTuning.from_entry(loaded.extra.get("entry"))
         heatmap = explainer.explain(
-            tensor, patch=request.patch, stride=request.stride, mode="approximate",
-            fill=fill, label=label, region=None if whole else region,
+            tensor,
+            patch=request.patch,
+            stride=request.stride,
+            mode="approximate",
+            fill=fill,
+            label=label,
+            region=None if whole else region,
             progress=lambda done, total: live(done, total),
-            partial=lambda values: live(0, 0, values), tuning=tuning,
+            partial=lambda values: live(0, 0, values),
+            tuning=tuning,
             target_ssim=request.target_ssim if tuning else None,
-            tau=None if tuning else 1.0, r_drill_down=request.r_drill_down,
-            target_speedup=request.target_speedup)
+            tau=None if tuning else 1.0,
+            r_drill_down=request.r_drill_down,
+            target_speedup=request.target_speedup,
+        )
         values, evaluated, reused = heatmap.values, heatmap.positions_evaluated, 0
         extra = dict(heatmap.extra)
-        counts = (extra.get("stage_one_positions", evaluated),
-                  extra.get("stage_two_positions", 0))
+        counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
     seconds = time.perf_counter() - started
     if evaluated:
         record_run(request.model, request.mode, request.patch, counts, seconds)
 
     result = {
-        "id": uuid.uuid4().hex, "mode": request.mode, "model": request.model,
+        "id": uuid.uuid4().hex,
+        "mode": request.mode,
+        "model": request.model,
         "weights_checksum": services.weights_checksum(request.model),
-        "image": request.image_name, "image_key": request.image_key, "label": label,
-        "label_name": loaded.class_name(label), "classes": list(loaded.classes),
-        "prob": float(base_probs[label]), "base_probs": base_probs.tolist(),
-        "patch": request.patch, "stride": request.stride, "input_size": list(size),
-        "region": None if whole else list(region), "fill_rgb": list(request.fill_rgb),
-        "xs": grid_xs.tolist(), "ys": grid_ys.tolist(), "values": values,
-        "class_values": class_values, "seconds": seconds, "evaluated": evaluated,
-        "reused": reused, "reuse_note": note, "approximate": extra,
+        "image": request.image_name,
+        "image_key": request.image_key,
+        "label": label,
+        "label_name": loaded.class_name(label),
+        "classes": list(loaded.classes),
+        "prob": float(base_probs[label]),
+        "base_probs": base_probs.tolist(),
+        "patch": request.patch,
+        "stride": request.stride,
+        "input_size": list(size),
+        "region": None if whole else list(region),
+        "fill_rgb": list(request.fill_rgb),
+        "xs": grid_xs.tolist(),
+        "ys": grid_ys.tolist(),
+        "values": values,
+        "class_values": class_values,
+        "seconds": seconds,
+        "evaluated": evaluated,
+        "reused": reused,
+        "reuse_note": note,
+        "approximate": extra,
         "estimate": planned,
         "naive": None if request.mode == "naive" else _naive_time(request, counts),
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -230,8 +278,17 @@ def execute(services: Services, session: str, request: RunRequest,
     return result
 
 
-def _run_grid(explainer, tensor, grid_ys, grid_xs, request: RunRequest, fill, label: int,
-              known: _Known, report: Callable[..., None]):
+def _run_grid(
+    explainer,
+    tensor,
+    grid_ys,
+    grid_xs,
+    request: RunRequest,
+    fill,
+    label: int,
+    known: _Known,
+    report: Callable[..., None],
+):
     """Exact/naive over the grid: known cells first, then coarse-to-fine chunks, so the
     picture covers the region from the first chunk and sharpens."""
     ys = np.repeat(grid_ys, len(grid_xs))
@@ -260,20 +317,24 @@ def _run_grid(explainer, tensor, grid_ys, grid_xs, request: RunRequest, fill, la
         report(done, total, values.copy())
     chunk, begin = FIRST_CHUNK, 0
     while begin < len(todo):
-        part = todo[begin:begin + chunk]
+        part = todo[begin : begin + chunk]
         offset = done
         heatmap = explainer.explain(
-            tensor, patch=request.patch, mode=request.mode, fill=fill, label=label,
+            tensor,
+            patch=request.patch,
+            mode=request.mode,
+            fill=fill,
+            label=label,
             positions=list(zip(xs[part].tolist(), ys[part].tolist())),
-            progress=lambda d, t, offset=offset: report(offset + d, total))
+            progress=lambda d, t, offset=offset: report(offset + d, total),
+        )
         found_rows = np.searchsorted(heatmap.ys, ys[part])
         found_cols = np.searchsorted(heatmap.xs, xs[part])
         values[rows[part], cols[part]] = heatmap.values[found_rows, found_cols]
         if heatmap.class_values is not None:
             every = heatmap.class_values[found_rows, found_cols].astype(np.float32)
             if class_values is None:
-                class_values = np.full(values.shape + (every.shape[1],), np.nan,
-                                       dtype=np.float32)
+                class_values = np.full(values.shape + (every.shape[1],), np.nan, dtype=np.float32)
             class_values[rows[part], cols[part]] = every
             for x, y, cell in zip(xs[part].tolist(), ys[part].tolist(), every):
                 known.cells[(x, y)] = cell
@@ -286,18 +347,22 @@ def _run_grid(explainer, tensor, grid_ys, grid_xs, request: RunRequest, fill, la
 
 def _estimate(request: RunRequest, region) -> dict | None:
     try:
-        found = estimate(request.model, patch=request.patch, stride=request.stride,
-                         region=region, mode=request.mode,
-                         r_drill_down=request.r_drill_down,
-                         target_speedup=request.target_speedup)
+        found = estimate(
+            request.model,
+            patch=request.patch,
+            stride=request.stride,
+            region=region,
+            mode=request.mode,
+            r_drill_down=request.r_drill_down,
+            target_speedup=request.target_speedup,
+        )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
     return _estimate_record(found)
 
 
 def _estimate_record(found: Estimate) -> dict:
-    return {"seconds": found.seconds, "low": found.low, "high": found.high,
-            "source": found.source}
+    return {"seconds": found.seconds, "low": found.low, "high": found.high, "source": found.source}
 
 
 def _naive_time(request: RunRequest, counts: tuple[int, int]) -> dict | None:
@@ -320,8 +385,10 @@ def estimate_text(found: dict | None) -> str:
     """'4.0 s (3.1–5.6 s)' for an estimate record."""
     if not found:
         return "unknown"
-    return (f"{format_seconds(found['seconds'])} ({format_seconds(found['low'])}–"
-            f"{format_seconds(found['high'])})")
+    return (
+        f"{format_seconds(found['seconds'])} ({format_seconds(found['low'])}–"
+        f"{format_seconds(found['high'])})"
+    )
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -345,8 +412,10 @@ def summary_lines(result: dict) -> list[str]:
     """The result as the page states it: label, what ran and how long, against what."""
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
     if result["evaluated"]:
-        line = (f"{result['mode']} · {result['evaluated']} positions computed in "
-                f"{format_seconds(result['seconds'])}")
+        line = (
+            f"{result['mode']} · {result['evaluated']} positions computed in "
+            f"{format_seconds(result['seconds'])}"
+        )
         if result.get("estimate"):
             line += f" (estimated {estimate_text(result['estimate'])})"
         lines.append(line)
@@ -354,8 +423,7 @@ def summary_lines(result: dict) -> list[str]:
         if speed:
             lines.append(speed)
     else:
-        lines.append(f"{result['mode']} · nothing computed: every cell was known from "
-                     f"earlier runs")
+        lines.append(f"{result['mode']} · nothing computed: every cell was known from earlier runs")
     if result["reused"]:
         lines.append(f"Reused {result['reused']} cells from earlier runs")
     if result.get("reuse_note"):
@@ -366,18 +434,25 @@ def summary_lines(result: dict) -> list[str]:
 def relabel(result: dict, label: int) -> dict:
     """The same result for another class, from the probabilities kept for every class."""
     if result.get("class_values") is None:
-        raise InputError("this heatmap was computed for one class only (approximate "
-                         "mode chooses its positions by the class); press Run to explain "
-                         "the new class")
+        raise InputError(
+            "this heatmap was computed for one class only (approximate "
+            "mode chooses its positions by the class); press Run to explain "
+            "the new class"
+        )
     if not 0 <= label < len(result["classes"]):
         raise InputError(f"class {label} does not exist")
-    return dict(result, label=label, label_name=result["classes"][label],
-                prob=float(result["base_probs"][label]),
-                values=np.asarray(result["class_values"])[..., label].astype(np.float32))
+    return dict(
+        result,
+        label=label,
+        label_name=result["classes"][label],
+        prob=float(result["base_probs"][label]),
+        values=np.asarray(result["class_values"])[..., label].astype(np.float32),
+    )
 
 
 def export_summary(result: dict) -> str:
     """The JSON export: settings and result, without the arrays."""
     skipped = ("values", "class_values", "base_probs")
-    return json.dumps({k: v for k, v in result.items() if k not in skipped}, indent=2,
-                      default=helpers.jsonable)
+    return json.dumps(
+        {k: v for k, v in result.items() if k not in skipped}, indent=2, default=helpers.jsonable
+    )

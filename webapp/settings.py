@@ -3,6 +3,7 @@
 Every limit the app enforces is decided here (and documented in README, "Security and
 limits"); the rest of the app reads a :class:`ServerSettings`.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def _number(name: str, default: float, minimum: float = 0.0) -> float:
 
 
 def _list(name: str) -> tuple[str, ...]:
-    return tuple(part.strip().lower() for part in os.environ.get(name, "").split(",")
-                 if part.strip())
+    return tuple(
+        part.strip().lower() for part in os.environ.get(name, "").split(",") if part.strip()
+    )
 
 
 @dataclass(frozen=True)
@@ -81,15 +83,18 @@ class ServerSettings:
             max_request_kb=_number("KRYPTON_MAX_REQUEST_KB", cls.max_request_kb, 16),
             max_running_jobs=int(_number("KRYPTON_MAX_RUNNING_JOBS", cls.max_running_jobs, 1)),
             max_queued_jobs=int(_number("KRYPTON_MAX_QUEUED_JOBS", cls.max_queued_jobs, 0)),
-            max_jobs_per_session=int(_number("KRYPTON_MAX_JOBS_PER_SESSION",
-                                             cls.max_jobs_per_session, 1)),
+            max_jobs_per_session=int(
+                _number("KRYPTON_MAX_JOBS_PER_SESSION", cls.max_jobs_per_session, 1)
+            ),
             abandon_seconds=_number("KRYPTON_ABANDON_SECONDS", cls.abandon_seconds, 2),
             image_store_mb=_number("KRYPTON_IMAGE_STORE_MB", cls.image_store_mb, 1),
-            image_store_count=int(_number("KRYPTON_IMAGE_STORE_COUNT",
-                                          cls.image_store_count, 1)),
+            image_store_count=int(_number("KRYPTON_IMAGE_STORE_COUNT", cls.image_store_count, 1)),
             trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,
-            allowed_hosts=hosts, username=username, password=password,
-            auth_header=os.environ.get("KRYPTON_AUTH_HEADER") or None)
+            allowed_hosts=hosts,
+            username=username,
+            password=password,
+            auth_header=os.environ.get("KRYPTON_AUTH_HEADER") or None,
+        )
 
     @property
     def authenticates(self) -> bool:

@@ -1,6 +1,7 @@
 """Each attack from the hardening issue, replayed through the real app over HTTP the way a
 browser (or a forged client) sends it. Every server here is `python app.py` in its own
 process with its own data folder and a copy of the shipped models."""
+
 import hashlib
 import json
 import shutil
@@ -61,8 +62,7 @@ def test_model_upload_cannot_write_anywhere_or_overwrite(server, registry, tmp_p
     tab = Tab(server.url)
     data = tiny_state_dict(tmp_path)
     escape = tmp_path / "escaped.pt"
-    for filename in (str(shipped), "../../../" + str(shipped), str(escape),
-                     "../escaped.pt"):
+    for filename in (str(shipped), "../../../" + str(shipped), str(escape), "../escaped.pt"):
         message = tab.register(data, filename, "fundus-demo", "resnet18", "a, b, c")
         assert "already registered" in message
     message = tab.register(data, str(shipped), "FUNDUS-demo", "resnet18", "a, b, c")
@@ -73,8 +73,10 @@ def test_model_upload_cannot_write_anywhere_or_overwrite(server, registry, tmp_p
     message = tab.register(data, "../../evil.pt", "mine", "resnet18", "a, b, c")
     assert "registered 'mine'" in message
     user = tmp_path / "home" / "models"
-    assert sorted(p.name for p in user.iterdir() if not p.name.startswith(".")) == \
-        ["mine.json", "mine.pt"]
+    assert sorted(p.name for p in user.iterdir() if not p.name.startswith(".")) == [
+        "mine.json",
+        "mine.pt",
+    ]
     assert sha(shipped) == before
 
 
@@ -95,8 +97,9 @@ def test_torchscript_upload_is_refused_and_never_run(server, tmp_path):
 
     torch.jit.script(Writer(str(victim))).save(str(tmp_path / "evil.ts"))
     tab = Tab(server.url)
-    message = tab.register((tmp_path / "evil.ts").read_bytes(), "evil.ts", "evil",
-                           "torchscript", "a, b, c")
+    message = tab.register(
+        (tmp_path / "evil.ts").read_bytes(), "evil.ts", "evil", "torchscript", "a, b, c"
+    )
     assert "TorchScript uploads are turned off" in message
     assert victim.read_bytes() == b"\x01" * 64
     assert not (tmp_path / "home" / "models" / "evil.json").exists()
@@ -109,8 +112,14 @@ def test_user_text_is_escaped_in_plotly_titles(server, tmp_path):
     model = torchvision.models.resnet18(weights=None, num_classes=2).eval()
     torch.save(model.state_dict(), tmp_path / "w.pt")
     evil = '<a href="https://example.invalid">click</a><span style="color:red">x</span>'
-    register_model("xss", tmp_path / "w.pt", [evil, evil + "2"], architecture="resnet18",
-                   input_size=(64, 64), directory=tmp_path / "home" / "models")
+    register_model(
+        "xss",
+        tmp_path / "w.pt",
+        [evil, evil + "2"],
+        architecture="resnet18",
+        input_size=(64, 64),
+        directory=tmp_path / "home" / "models",
+    )
     tab = Tab(server.url)
     image = tab.upload_image(FUNDUS)
     tab.predict(image, "xss")
@@ -127,7 +136,8 @@ def raw_post(url: str, length: int, head: bytes) -> tuple[int, float]:
         connection.sendall(
             f"POST /_dash-update-component HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode()
-            + head)
+            + head
+        )
         answer = connection.recv(200).decode(errors="replace")
     return int(answer.split()[1]), time.perf_counter() - started
 
@@ -156,28 +166,55 @@ def test_export_and_refinement_never_trust_client_arrays(server):
     image = tab.upload_image(FUNDUS)
     tab.predict(image)
     rss = server.rss_mb()
-    forged = {"id": "x", "key": "k", "xs": [0, 10000], "ys": [0, 10000], "patch": 16,
-              "values": [[0.5, 0.5], [0.5, 0.5]], "prob": 0.9, "model": "fundus-demo",
-              "image_key": image["key"], "image": "a.png"}
-    response = tab.call("download.data", {
-        '{"format":["ALL"],"type":"export"}.n_clicks': [
-            {"id": {"format": "png", "type": "export"}, "property": "n_clicks", "value": 1}],
-        "session.data": tab.session, "result-store.data": forged})
+    forged = {
+        "id": "x",
+        "key": "k",
+        "xs": [0, 10000],
+        "ys": [0, 10000],
+        "patch": 16,
+        "values": [[0.5, 0.5], [0.5, 0.5]],
+        "prob": 0.9,
+        "model": "fundus-demo",
+        "image_key": image["key"],
+        "image": "a.png",
+    }
+    response = tab.call(
+        "download.data",
+        {
+            '{"format":["ALL"],"type":"export"}.n_clicks': [
+                {"id": {"format": "png", "type": "export"}, "property": "n_clicks", "value": 1}
+            ],
+            "session.data": tab.session,
+            "result-store.data": forged,
+        },
+    )
     assert response.status_code == 204  # nothing to export: this tab has no result
     assert server.rss_mb() - rss < 100
     done = tab.run(image, region=[0, 0, 48, 48])
     handle = done["response"]["result-store"]["data"]
     assert set(handle) == {"id"}  # the browser holds a handle, not the arrays
-    response = tab.call("download.data", {
-        '{"format":["ALL"],"type":"export"}.n_clicks': [
-            {"id": {"format": "npy", "type": "export"}, "property": "n_clicks", "value": 1}],
-        "session.data": tab.session, "result-store.data": handle})
+    response = tab.call(
+        "download.data",
+        {
+            '{"format":["ALL"],"type":"export"}.n_clicks': [
+                {"id": {"format": "npy", "type": "export"}, "property": "n_clicks", "value": 1}
+            ],
+            "session.data": tab.session,
+            "result-store.data": handle,
+        },
+    )
     assert response.status_code == 200
     other_tab = Tab(server.url)  # another session cannot read this tab's result
-    response = other_tab.call("download.data", {
-        '{"format":["ALL"],"type":"export"}.n_clicks': [
-            {"id": {"format": "npy", "type": "export"}, "property": "n_clicks", "value": 1}],
-        "session.data": other_tab.session, "result-store.data": handle})
+    response = other_tab.call(
+        "download.data",
+        {
+            '{"format":["ALL"],"type":"export"}.n_clicks': [
+                {"id": {"format": "npy", "type": "export"}, "property": "n_clicks", "value": 1}
+            ],
+            "session.data": other_tab.session,
+            "result-store.data": handle,
+        },
+    )
     assert response.status_code == 204
 
 
@@ -213,8 +250,11 @@ def test_uploads_are_bounded_and_stored_at_the_resolution_used(tmp_path, registr
 
 def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
     """Runs started and abandoned kept both cores busy for 100 s with nobody watching."""
-    server = Server(tmp_path, models_dir=registry,
-                    env={"KRYPTON_MAX_RUNNING_JOBS": "1", "KRYPTON_ABANDON_SECONDS": "3"})
+    server = Server(
+        tmp_path,
+        models_dir=registry,
+        env={"KRYPTON_MAX_RUNNING_JOBS": "1", "KRYPTON_ABANDON_SECONDS": "3"},
+    )
     try:
         first, second = Tab(server.url), Tab(server.url)
         image = first.upload_image(FUNDUS)
@@ -236,12 +276,12 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
             again = first.run(image, mode="exact", region=[0, 0, 32, 32])
             assert "already has a run in progress" in json.dumps(again["response"])
             # another tab waits in line and sees its place
-            queued_handles = second.run(image, mode="exact", region=[0, 0, 32, 32],
-                                        poll=False)
+            queued_handles = second.run(image, mode="exact", region=[0, 0, 32, 32], poll=False)
             time.sleep(2.5)
             status = second.poll_once("heatmap-graph.figure", queued_handles)
-            assert status["progress"]["live-status.children"].startswith(
-                "Queued: 1 run ahead"), status
+            assert status["progress"]["live-status.children"].startswith("Queued: 1 run ahead"), (
+                status
+            )
         finally:
             watching.clear()  # the first page goes away
             poller.join()
@@ -273,8 +313,7 @@ def test_eight_sessions_loading_at_once_never_break_the_server(tmp_path, registr
                 except Exception as exc:  # collected and asserted below
                     errors.append(exc)
 
-            threads = [threading.Thread(target=first_load, args=pair)
-                       for pair in zip(tabs, images)]
+            threads = [threading.Thread(target=first_load, args=pair) for pair in zip(tabs, images)]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -294,8 +333,14 @@ def test_a_run_is_unharmed_by_another_tab_capturing_a_model(server, registry, tm
     for index in range(3):
         model = torchvision.models.resnet18(weights=None, num_classes=2).eval()
         torch.save(model.state_dict(), tmp_path / f"m{index}.pt")
-        register_model(f"other{index}", tmp_path / f"m{index}.pt", ["a", "b"],
-                       architecture="resnet18", input_size=(96, 96), directory=registry)
+        register_model(
+            f"other{index}",
+            tmp_path / f"m{index}.pt",
+            ["a", "b"],
+            architecture="resnet18",
+            input_size=(96, 96),
+            directory=registry,
+        )
     runner, loader = Tab(server.url), Tab(server.url)
     image = runner.upload_image(FUNDUS)
     runner.predict(image)
@@ -308,17 +353,24 @@ def test_a_run_is_unharmed_by_another_tab_capturing_a_model(server, registry, tm
 
 
 def test_host_check_and_basic_authentication(tmp_path, registry):
-    server = Server(tmp_path, models_dir=registry,
-                    env={"KRYPTON_USERNAME": "ana", "KRYPTON_PASSWORD": "s3cret"})
+    server = Server(
+        tmp_path, models_dir=registry, env={"KRYPTON_USERNAME": "ana", "KRYPTON_PASSWORD": "s3cret"}
+    )
     try:
         import requests
+
         assert requests.get(server.url + "/", timeout=10).status_code == 401
-        assert requests.get(server.url + "/", auth=("ana", "wrong"),
-                            timeout=10).status_code == 401
-        assert requests.get(server.url + "/", auth=("ana", "s3cret"),
-                            timeout=10).status_code == 200
-        assert requests.get(server.url + "/", auth=("ana", "s3cret"), timeout=10,
-                            headers={"Host": "attacker.example"}).status_code == 400
+        assert requests.get(server.url + "/", auth=("ana", "wrong"), timeout=10).status_code == 401
+        assert requests.get(server.url + "/", auth=("ana", "s3cret"), timeout=10).status_code == 200
+        assert (
+            requests.get(
+                server.url + "/",
+                auth=("ana", "s3cret"),
+                timeout=10,
+                headers={"Host": "attacker.example"},
+            ).status_code
+            == 400
+        )
         tab = Tab(server.url, auth=("ana", "s3cret"))
         assert tab.predict(tab.upload_image(FUNDUS))
     finally:
@@ -327,12 +379,14 @@ def test_host_check_and_basic_authentication(tmp_path, registry):
 
 def test_the_page_removes_user_models_and_never_shipped_ones(server, registry, tmp_path):
     tab = Tab(server.url)
-    assert "registered 'mine'" in tab.register(tiny_state_dict(tmp_path), "w.pt", "mine",
-                                               "resnet18", "a, b, c")
+    assert "registered 'mine'" in tab.register(
+        tiny_state_dict(tmp_path), "w.pt", "mine", "resnet18", "a, b, c"
+    )
 
     def remove(name):
-        response = tab.call("model-register-message.children", {
-            "model-remove.n_clicks": 1, "model.value": name})
+        response = tab.call(
+            "model-register-message.children", {"model-remove.n_clicks": 1, "model.value": name}
+        )
         return json.dumps(response.json()["response"])
 
     before = sha(registry / "fundus-demo.pt")
