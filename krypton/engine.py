@@ -525,7 +525,8 @@ class IncrementalGraph:
     ) -> torch.Tensor:
         """Logits of the occluded images for positions ``batch`` (Algorithm 1 per layer).
 
-        ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5).
+        ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5), or
+        (count, C, patch_h, patch_w): each position's own pixels.
         """
         with CAPTURE_LOCK.shared():
             return self._run_batch(views, geometry, batch, occluder)
@@ -570,7 +571,12 @@ class IncrementalGraph:
                 env[node] = views.values[node]
             elif kind == INPUT:
                 rows, cols = geometry.windows[node]
-                data = occluder.unsqueeze(0).expand(count, *occluder.shape)
+                # one occluder for every position, or one per position (N, C, h, w)
+                data = (
+                    occluder
+                    if occluder.dim() == 4
+                    else occluder.unsqueeze(0).expand(count, *occluder.shape)
+                )
                 env[node] = Patched(
                     data, start_tensor(rows.start), start_tensor(cols.start), self.shapes[node]
                 )

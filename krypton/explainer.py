@@ -597,6 +597,73 @@ class OcclusionExplainer:
             base_probs=base_probs,
         )
 
+    @torch.inference_mode()
+    def occluded_outputs(
+        self,
+        image: torch.Tensor,
+        ys: Sequence[int],
+        xs: Sequence[int],
+        patches: torch.Tensor,
+        *,
+        mode: str = "exact",
+        batch_size: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> torch.Tensor:
+        """Model outputs (P, classes) of ``image`` with ``patches[i]`` (C, h, w) pasted with
+        its top-left corner at ``(xs[i], ys[i])`` — each position's own pixels (a baseline
+        image, a partly occluded window), computed incrementally in exact mode.
+        """
+        if mode not in ("naive", "exact"):
+            raise ValueError(f"mode must be 'naive' or 'exact', got {mode!r}")
+        _check_model(self.model)
+        image = self._prepare(image)
+        ys = np.asarray(ys, dtype=np.int64)
+        xs = np.asarray(xs, dtype=np.int64)
+        if (
+            patches.dim() != 4
+            or patches.shape[0] != len(ys)
+            or len(ys) != len(xs)
+            or patches.shape[1] != image.shape[0]
+        ):
+            raise ValueError(
+                f"patches must be (positions, {image.shape[0]}, h, w) with one position per "
+                f"(x, y); got {tuple(patches.shape)} for {len(ys)} positions"
+            )
+        height, width = patches.shape[-2:]
+        if len(ys) and (
+            ys.min() < 0
+            or xs.min() < 0
+            or ys.max() + height > image.shape[1]
+            or xs.max() + width > image.shape[2]
+        ):
+            raise ValueError("every patch must lie inside the image")
+        patches = patches.detach().to(self.device, self.dtype)
+        if batch_size is None:
+            batch_size = DEFAULT_BATCH.get(self.device.type, 16)
+        batch_size = _positive_int(batch_size, "batch_size")
+        if mode == "naive":
+            _, _, largest = _count_macs_with_hooks(self.model, image)
+            graph = views = geometry = None
+        else:
+            graph, views = self.views_for(image)
+            largest = self.largest_activation_bytes(graph)
+            geometry = graph.geometry(ys, xs, height, width, 1.0)
+        batch_size = capped_batch_size(batch_size, largest)
+        outputs = []
+        for begin in range(0, len(ys), batch_size):
+            batch = slice(begin, min(begin + batch_size, len(ys)))
+            if mode == "naive":
+                occluded = self._occluded_batch(image, patches[batch], ys[batch], xs[batch])
+                with CAPTURE_LOCK.shared():
+                    outputs.append(self.model(occluded))
+            else:
+                outputs.append(graph.run_batch(views, geometry, batch, patches[batch]))
+            if progress is not None:
+                progress(batch.stop, len(ys))
+        if not outputs:
+            return torch.empty(0)
+        return torch.cat(outputs)
+
     def _drill_down(
         self,
         run: "_Run",
@@ -661,7 +728,9 @@ class OcclusionExplainer:
         count = len(ys)
         device = image.device
         patched = Patched(
-            occluder.unsqueeze(0).expand(count, *occluder.shape),
+            occluder
+            if occluder.dim() == 4
+            else occluder.unsqueeze(0).expand(count, *occluder.shape),
             torch.as_tensor(ys, device=device),
             torch.as_tensor(xs, device=device),
             (1, *image.shape),
