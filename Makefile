@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-quick lint run serve bench bench-load analyze models tune calibrate clean
+.PHONY: setup test test-quick lint run serve bench bench-load bench-dropin analyze models tune calibrate clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.bench
+
+# Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.
+bench-dropin: $(STAMP)
+	$(PY) -W ignore -m bench.dropin
 
 # 16 sessions + 3 abandoned jobs against a local server (loopback only, bounded).
 bench-load: $(STAMP)

@@ -3,6 +3,7 @@
 import warnings
 
 import pytest
+import timm
 import torch
 import torchvision
 from captum.attr import Occlusion as CaptumOcclusion
@@ -14,6 +15,7 @@ torch.manual_seed(0)
 MODELS = {
     "resnet18": torchvision.models.resnet18(num_classes=5).eval(),
     "mobilenet_v2": torchvision.models.mobilenet_v2(num_classes=5).eval(),
+    "timm_resnet18": timm.create_model("resnet18", pretrained=False, num_classes=5).eval(),
 }
 IMAGES = torch.randn(3, 3, 37, 42)  # strides below do not divide these sides
 

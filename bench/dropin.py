@@ -1,0 +1,135 @@
+"""Drop-in benchmark: Captum's Occlusion vs krypton.captum.Occlusion, MONAI's
+OcclusionSensitivity vs krypton.monai's — side by side in one run, same machine, same
+windows, same batch size, random weights (speed does not depend on them).
+
+    python -m bench.dropin [--models resnet18,vgg16,timm:resnet18] [--captum-stride 4]
+                           (or: make bench-dropin)
+
+Captum: 224 x 224 input, window (3, 16, 16), stride (3, S, S), 16 occluded images per
+forward. MONAI: a 2-D ResNet18 at MONAI's defaults (mask 16, overlap 0.6, gaussian, batch
+16). Every figure is one run of each library on the same image; the maximum difference
+between the two results is printed next to the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+
+import torch
+
+
+def build(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name.startswith("timm:"):
+        import timm
+
+        return timm.create_model(name[5:], pretrained=False).eval()
+    import torchvision
+
+    return torchvision.models.get_model(name, weights=None).eval()
+
+
+def timed(call):
+    started = time.perf_counter()
+    result = call()
+    return result, time.perf_counter() - started
+
+
+def captum_rows(names: list[str], stride: int) -> list[dict]:
+    from captum.attr import Occlusion as CaptumOcclusion
+
+    from krypton.captum import Occlusion
+
+    rows = []
+    image = torch.randn(1, 3, 224, 224)
+    arguments = dict(
+        sliding_window_shapes=(3, 16, 16),
+        strides=(3, stride, stride),
+        target=0,
+        perturbations_per_eval=16,
+    )
+    for name in names:
+        model = build(name)
+        ours = Occlusion(model)
+        krypton_result, krypton_seconds = timed(lambda: ours.attribute(image, **arguments))
+        captum_result, captum_seconds = timed(
+            lambda: CaptumOcclusion(model).attribute(image, **arguments)
+        )
+        rows.append(
+            {
+                "model": name,
+                "captum": captum_seconds,
+                "krypton": krypton_seconds,
+                "engine": ours.last_engine,
+                "diff": float((krypton_result - captum_result).abs().max()),
+            }
+        )
+        print(
+            f"  {name}: Captum {captum_seconds:.1f} s, Krypton {krypton_seconds:.1f} s "
+            f"({ours.last_engine})",
+            flush=True,
+        )
+    return rows
+
+
+def monai_row() -> dict:
+    from monai.visualize import OcclusionSensitivity as MonaiOcclusionSensitivity
+
+    from krypton.monai import OcclusionSensitivity
+
+    model = build("resnet18")
+    image = torch.randn(1, 3, 224, 224)
+    ours = OcclusionSensitivity(model, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        (krypton_map, _), krypton_seconds = timed(lambda: ours(image))
+        (monai_map, _), monai_seconds = timed(
+            lambda: MonaiOcclusionSensitivity(model, verbose=False)(image)
+        )
+    return {
+        "model": "resnet18",
+        "monai": monai_seconds,
+        "krypton": krypton_seconds,
+        "engine": ours.last_engine,
+        "diff": float((krypton_map - monai_map).abs().max()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet18,vgg16,timm:resnet18")
+    parser.add_argument("--captum-stride", type=int, default=4)
+    parser.add_argument("--no-monai", action="store_true")
+    args = parser.parse_args()
+    rows = captum_rows(args.models.split(","), args.captum_stride)
+    print(
+        f"\nCaptum's Occlusion vs krypton.captum.Occlusion: 224x224, window (3, 16, 16), "
+        f"stride (3, {args.captum_stride}, {args.captum_stride}), batch 16, "
+        f"{os.cpu_count()} cores, one run each:\n"
+    )
+    print("| model | Captum (s) | krypton.captum (s) | speedup | engine | max abs diff |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['captum']:.1f} | {r['krypton']:.1f} | "
+            f"{r['captum'] / r['krypton']:.2f}× | {r['engine']} | {r['diff']:.1e} |"
+        )
+    if not args.no_monai:
+        r = monai_row()
+        print(
+            "\nMONAI's OcclusionSensitivity vs krypton.monai's, 2-D ResNet18 224x224, "
+            "MONAI's defaults (mask 16, overlap 0.6, gaussian, batch 16):\n"
+        )
+        print("| model | MONAI (s) | krypton.monai (s) | speedup | engine | max abs diff |")
+        print("|---|---|---|---|---|---|")
+        print(
+            f"| {r['model']} | {r['monai']:.1f} | {r['krypton']:.1f} | "
+            f"{r['monai'] / r['krypton']:.2f}× | {r['engine']} | {r['diff']:.1e} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""A drop-in for MONAI's ``OcclusionSensitivity``: the same call, the same numbers, each
+occluded image computed incrementally.
+
+    from krypton.monai import OcclusionSensitivity   # instead of monai.visualize's
+
+    occ_map, most_probable_class = OcclusionSensitivity(model)(image)
+
+MONAI itself still does what makes its results MONAI's: the bounding-box crop of the
+coordinate grid, the window positions of ``sliding_window_inference`` at the given
+overlap, the Gaussian or constant weighting that blends overlapping windows, and the
+Gaussian kernel of ``mode="gaussian"``. Krypton replaces only the predictor: where MONAI
+runs the whole network on each occluded copy, the engine recomputes what each window
+changes (its pixels multiplied by MONAI's kernel and offset, or replaced by a patch
+mean — content that varies with position). 3-D volumes, extra forward arguments, callable
+modes and models torch.fx cannot capture go to MONAI's own class, with one warning.
+
+MONAI is optional: Krypton imports without it; this module needs ``pip install monai``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from .capture_lock import CAPTURE_LOCK
+from .engine import UnsupportedModelError
+from .explainer import OcclusionExplainer
+
+__all__ = ["OcclusionSensitivity"]
+
+
+def _monai_class():
+    try:
+        from monai.visualize import OcclusionSensitivity as MonaiOcclusionSensitivity
+    except ImportError as exc:  # Krypton itself does not need MONAI
+        raise ImportError("krypton.monai needs MONAI: pip install monai") from exc
+    return MonaiOcclusionSensitivity
+
+
+class OcclusionSensitivity:
+    """MONAI's ``OcclusionSensitivity`` with the same constructor and ``__call__``.
+
+    Args:
+        nn_module: the classifier (an ``nn.Module``).
+        mask_size: side of the occluded box, one number or one per spatial dimension.
+        n_batch: occluded images per forward pass.
+        verbose: a progress bar.
+        mode: "gaussian" (multiply by 1 - a Gaussian), "mean_patch", "mean_img", a float,
+            or a callable (handed to MONAI).
+        overlap: overlap of neighbouring windows, in [0, 1).
+        activate: softmax (sigmoid for one input channel, as MONAI does), False, or a
+            callable.
+    """
+
+    def __init__(
+        self,
+        nn_module: nn.Module,
+        mask_size: int | Sequence[int] = 16,
+        n_batch: int = 16,
+        verbose: bool = True,
+        mode: str | float | Callable = "gaussian",
+        overlap: float = 0.6,
+        activate: bool | Callable = True,
+    ) -> None:
+        self._monai = _monai_class()(
+            nn_module=nn_module,
+            mask_size=mask_size,
+            n_batch=n_batch,
+            verbose=verbose,
+            mode=mode,
+            overlap=overlap,
+            activate=activate,
+        )
+        self.nn_module = nn_module
+        self._explainer: OcclusionExplainer | None = None
+        self._warned: set[str] = set()
+        self.last_engine: str | None = None  # "krypton" or "monai": what ran last
+
+    def __call__(
+        self, x: torch.Tensor, b_box: Sequence[int] | None = None, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(occlusion map, most probable class), exactly as MONAI returns them."""
+        reason = self._why_not_incremental(x, kwargs)
+        if reason is None:
+            try:
+                result = self._incremental(x, b_box)
+                self.last_engine = "krypton"
+                return result
+            except UnsupportedModelError as exc:
+                reason = f"the model cannot be captured as a graph ({exc})"
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(
+                f"krypton.monai.OcclusionSensitivity: {reason}; using MONAI's own "
+                f"OcclusionSensitivity (same results, no incremental speedup)",
+                stacklevel=2,
+            )
+        self.last_engine = "monai"
+        return self._monai(x, b_box, **kwargs)
+
+    def _why_not_incremental(self, x, kwargs) -> str | None:
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            return "the incremental engine takes 2-D images (B, C, H, W)"
+        if x.shape[0] != 1:
+            return None  # MONAI refuses a batch larger than one: let it say so
+        if kwargs:
+            return "extra forward arguments are given"
+        if callable(self._monai.mode):
+            return "mode is a callable"
+        if not isinstance(self.nn_module, nn.Module):
+            return "nn_module is not an nn.Module"
+        return None
+
+    def _incremental(self, x: torch.Tensor, b_box) -> tuple[torch.Tensor, torch.Tensor]:
+        import numpy as np
+        from monai.data.meta_tensor import MetaTensor
+        from monai.inferers import sliding_window_inference
+        from monai.networks.utils import eval_mode
+        from monai.transforms import SpatialCrop
+        from monai.utils import ensure_tuple_rep
+
+        monai_sensitivity = self._monai
+        if x.shape[0] > 1:
+            raise ValueError("Expected batch size of 1.")
+        mask_size: Sequence = ensure_tuple_rep(monai_sensitivity.mask_size, 2)
+        grid = MetaTensor(
+            np.stack(np.meshgrid(*[np.arange(0, i) for i in x.shape[2:]], indexing="ij"))[None],
+            device=x.device,
+            dtype=x.dtype,
+        )
+        cropper = None
+        if b_box is not None:
+            grid, cropper, mask_size = monai_sensitivity.crop_meshgrid(grid, b_box, mask_size)
+        if any(m > g for g, m in zip(grid.shape[2:], mask_size)):
+            raise ValueError(
+                f"Image (spatial shape) {grid.shape[2:]} should be bigger than mask {mask_size}."
+            )
+        mode = monai_sensitivity.mode
+        mul: Any
+        add: Any
+        if isinstance(mode, float):
+            mul, add = monai_sensitivity.constant_occlusion(x, mode, mask_size)
+        elif mode == "mean_img":
+            mul, add = monai_sensitivity.constant_occlusion(x, x.mean().item(), mask_size)
+        elif mode == "gaussian":
+            mul, add = monai_sensitivity.gaussian_occlusion(x, mask_size)
+        else:  # mean_patch: per window, below
+            mul, add = None, None
+        if self._explainer is None:
+            self._explainer = OcclusionExplainer(self.nn_module.eval())
+        with eval_mode(self.nn_module):
+            self._explainer.views_for(x[0].detach().to(self._explainer.dtype))  # capture now
+            sensitivity = sliding_window_inference(
+                grid,
+                roi_size=mask_size,
+                sw_batch_size=monai_sensitivity.n_batch,
+                predictor=self._predictor,
+                overlap=monai_sensitivity.overlap,
+                mode="gaussian" if mode == "gaussian" else "constant",
+                progress=monai_sensitivity.verbose,
+                x=x,
+                mul=mul,
+                add=add,
+                mask_size=mask_size,
+                occ_mode=mode,
+                activate=monai_sensitivity.activate,
+            )
+        if b_box is not None:
+            sensitivity = cropper.inverse(sensitivity[0])[None]
+            bbox_min = [max(b, 0) for b in b_box[::2]]
+            bbox_max = [b if b > 0 else s for b, s in zip(b_box[1::2], x.shape[2:])]
+            sensitivity = SpatialCrop(roi_start=bbox_min, roi_end=bbox_max)(sensitivity[0])[None]
+        return sensitivity, sensitivity.argmax(dim=1, keepdim=True)
+
+    def _predictor(
+        self,
+        cropped_grid: torch.Tensor,
+        x: torch.Tensor,
+        mul: Any,
+        add: Any,
+        mask_size: Sequence[int],
+        occ_mode: Any,
+        activate: bool | Callable,
+    ) -> torch.Tensor:
+        """MONAI's predictor, incrementally: a batch of windows (their coordinate grids)
+        -> the activated outputs, spread over each window."""
+        corners = cropped_grid[:, :, 0, 0].round().long()  # top-left (row, column)
+        ys, xs = corners[:, 0], corners[:, 1]
+        height, width = mask_size
+        image = x[0]
+        rows = ys[:, None] + torch.arange(height, device=x.device)
+        cols = xs[:, None] + torch.arange(width, device=x.device)
+        windows = image[:, rows[:, :, None], cols[:, None, :]].permute(1, 0, 2, 3)
+        if occ_mode == "mean_patch":
+            # What MONAI 1.6 computes: its predictor unpacks constant_occlusion's
+            # (multiplicative, additive) = (0, mean) as (add, mul), so the box is
+            # *multiplied* by its mean rather than replaced by it. Same numbers as MONAI.
+            patches = windows * windows.mean(dim=(1, 2, 3), keepdim=True)
+        else:
+            patches = windows * mul + add
+        out = self._explainer.occluded_outputs(
+            image, ys.cpu().numpy(), xs.cpu().numpy(), patches.as_subclass(torch.Tensor)
+        )
+        if callable(activate):
+            with CAPTURE_LOCK.shared():
+                out = activate(out)
+        elif activate:
+            out = out.sigmoid() if x.shape[1] == 1 else out.softmax(1)
+        for m in mask_size:
+            out = torch.repeat_interleave(out.unsqueeze(-1), m, dim=-1)
+        return out

@@ -1,0 +1,69 @@
+"""krypton.monai.OcclusionSensitivity against MONAI's own: same call, same numbers."""
+
+import warnings
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+monai_visualize = pytest.importorskip("monai.visualize")
+from krypton.monai import OcclusionSensitivity  # noqa: E402
+
+torch.manual_seed(0)
+MODEL = torchvision.models.resnet18(num_classes=4).eval()
+IMAGE = torch.randn(1, 3, 48, 56)
+
+
+@pytest.mark.parametrize(
+    "settings, call",
+    [
+        ({}, {}),  # MONAI's defaults: gaussian, mask 16, overlap 0.6
+        ({"mode": "mean_patch", "overlap": 0.25}, {}),
+        ({"mode": "mean_img", "mask_size": (10, 14), "overlap": 0.5}, {}),
+        ({"mode": 0.5, "mask_size": 12, "overlap": 0.5, "n_batch": 5}, {"b_box": [4, 40, 2, 50]}),
+        ({"activate": False, "overlap": 0.0}, {"b_box": [-1, -1, 10, 40]}),
+    ],
+)
+def test_agrees_with_monai(settings, call):
+    settings = dict(settings, verbose=False)
+    expected, expected_class = monai_visualize.OcclusionSensitivity(MODEL, **settings)(
+        IMAGE, **call
+    )
+    sensitivity = OcclusionSensitivity(MODEL, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # MONAI's own indexing warnings
+        got, got_class = sensitivity(IMAGE, **call)
+    assert sensitivity.last_engine == "krypton"
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() <= 1e-5 * max(1.0, float(expected.abs().max()))
+    assert torch.equal(got_class, expected_class)
+
+
+def test_volumes_and_untraceable_models_go_to_monai():
+    class Dynamic(nn.Module):
+        def forward(self, x):
+            return MODEL(x) if x.sum() > -1e9 else -MODEL(x)
+
+    sensitivity = OcclusionSensitivity(Dynamic().eval(), mask_size=16, verbose=False)
+    with pytest.warns(UserWarning, match="using MONAI's own"):
+        got, _ = sensitivity(IMAGE)
+    assert sensitivity.last_engine == "monai"
+    expected, _ = monai_visualize.OcclusionSensitivity(Dynamic().eval(), verbose=False)(IMAGE)
+    torch.testing.assert_close(got, expected)
+
+    class Volume(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv3d(1, 2, 3)
+
+        def forward(self, x):
+            return self.conv(x).mean(dim=(2, 3, 4))
+
+    volume = torch.randn(1, 1, 8, 8, 8)
+    model = Volume().eval()
+    sensitivity = OcclusionSensitivity(model, mask_size=4, verbose=False)
+    with pytest.warns(UserWarning, match="2-D images"):
+        got, _ = sensitivity(volume)
+    expected, _ = monai_visualize.OcclusionSensitivity(model, mask_size=4, verbose=False)(volume)
+    torch.testing.assert_close(got, expected)
