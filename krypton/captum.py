@@ -25,7 +25,6 @@ same either way.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -33,13 +32,14 @@ import torch
 from torch import nn
 
 from .capture_lock import CAPTURE_LOCK
+from .dropin import DropIn
 from .engine import UnsupportedModelError
 from .explainer import OcclusionExplainer
 
 __all__ = ["Occlusion"]
 
 
-class Occlusion:
+class Occlusion(DropIn):
     """Captum's ``Occlusion`` with the same constructor and ``attribute()``.
 
     Args:
@@ -47,11 +47,14 @@ class Occlusion:
             any callable works through Captum).
     """
 
+    name = "krypton.captum.Occlusion"
+    library = "Captum's own Occlusion"
+    library_key = "captum"
+
     def __init__(self, forward_func: Callable[..., torch.Tensor]):
+        super().__init__()
         self.forward_func = forward_func
         self._explainer: OcclusionExplainer | None = None
-        self._warned: set[str] = set()
-        self.last_engine: str | None = None  # "krypton" or "captum": what ran last
 
     # ------------------------------------------------------------------------------------
     def attribute(
@@ -83,41 +86,33 @@ class Occlusion:
         reason = self._why_not_incremental(
             inputs, sliding_window_shapes, strides, baselines, target, additional_forward_args
         )
-        if reason is None:
-            try:
-                result = self._attribute_incrementally(
-                    inputs,
-                    tuple(sliding_window_shapes),
-                    strides,
-                    baselines,
-                    target,
-                    max(1, int(perturbations_per_eval)),
-                    show_progress,
-                )
-                self.last_engine = "krypton"
-                return result
-            except UnsupportedModelError as exc:
-                reason = f"the model cannot be captured as a graph ({exc})"
-        if reason not in self._warned:
-            self._warned.add(reason)
-            warnings.warn(
-                f"krypton.captum.Occlusion: {reason}; using Captum's own Occlusion "
-                f"(same results, no incremental speedup)",
-                stacklevel=2,
-            )
-        from captum.attr import Occlusion as CaptumOcclusion
 
-        self.last_engine = "captum"
-        return CaptumOcclusion(self.forward_func).attribute(
-            inputs,
-            sliding_window_shapes=sliding_window_shapes,
-            strides=strides,
-            baselines=baselines,
-            target=target,
-            additional_forward_args=additional_forward_args,
-            perturbations_per_eval=perturbations_per_eval,
-            show_progress=show_progress,
-        )
+        def incremental():
+            return self._attribute_incrementally(
+                inputs,
+                tuple(sliding_window_shapes),
+                strides,
+                baselines,
+                target,
+                max(1, int(perturbations_per_eval)),
+                show_progress,
+            )
+
+        def delegate():
+            from captum.attr import Occlusion as CaptumOcclusion
+
+            return CaptumOcclusion(self.forward_func).attribute(
+                inputs,
+                sliding_window_shapes=sliding_window_shapes,
+                strides=strides,
+                baselines=baselines,
+                target=target,
+                additional_forward_args=additional_forward_args,
+                perturbations_per_eval=perturbations_per_eval,
+                show_progress=show_progress,
+            )
+
+        return self._run(reason, incremental, delegate)
 
     # ------------------------------------------------------------------------------------
     def _why_not_incremental(

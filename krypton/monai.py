@@ -19,14 +19,13 @@ MONAI is optional: Krypton imports without it; this module needs ``pip install m
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from .capture_lock import CAPTURE_LOCK
-from .engine import UnsupportedModelError
+from .dropin import DropIn
 from .explainer import OcclusionExplainer
 
 __all__ = ["OcclusionSensitivity"]
@@ -40,7 +39,7 @@ def _monai_class():
     return MonaiOcclusionSensitivity
 
 
-class OcclusionSensitivity:
+class OcclusionSensitivity(DropIn):
     """MONAI's ``OcclusionSensitivity`` with the same constructor and ``__call__``.
 
     Args:
@@ -54,6 +53,10 @@ class OcclusionSensitivity:
         activate: softmax (sigmoid for one input channel, as MONAI does), False, or a
             callable.
     """
+
+    name = "krypton.monai.OcclusionSensitivity"
+    library = "MONAI's own OcclusionSensitivity"
+    library_key = "monai"
 
     def __init__(
         self,
@@ -74,32 +77,18 @@ class OcclusionSensitivity:
             overlap=overlap,
             activate=activate,
         )
+        super().__init__()
         self.nn_module = nn_module
         self._explainer: OcclusionExplainer | None = None
-        self._warned: set[str] = set()
-        self.last_engine: str | None = None  # "krypton" or "monai": what ran last
 
     def __call__(
         self, x: torch.Tensor, b_box: Sequence[int] | None = None, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(occlusion map, most probable class), exactly as MONAI returns them."""
         reason = self._why_not_incremental(x, kwargs)
-        if reason is None:
-            try:
-                result = self._incremental(x, b_box)
-                self.last_engine = "krypton"
-                return result
-            except UnsupportedModelError as exc:
-                reason = f"the model cannot be captured as a graph ({exc})"
-        if reason not in self._warned:
-            self._warned.add(reason)
-            warnings.warn(
-                f"krypton.monai.OcclusionSensitivity: {reason}; using MONAI's own "
-                f"OcclusionSensitivity (same results, no incremental speedup)",
-                stacklevel=2,
-            )
-        self.last_engine = "monai"
-        return self._monai(x, b_box, **kwargs)
+        return self._run(
+            reason, lambda: self._incremental(x, b_box), lambda: self._monai(x, b_box, **kwargs)
+        )
 
     def _why_not_incremental(self, x, kwargs) -> str | None:
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
@@ -151,22 +140,41 @@ class OcclusionSensitivity:
             mul, add = None, None
         if self._explainer is None:
             self._explainer = OcclusionExplainer(self.nn_module.eval())
+        sliding = dict(
+            roi_size=mask_size,
+            sw_batch_size=monai_sensitivity.n_batch,
+            overlap=monai_sensitivity.overlap,
+            mode="gaussian" if mode == "gaussian" else "constant",
+        )
         with eval_mode(self.nn_module):
-            self._explainer.views_for(x[0].detach().to(self._explainer.dtype))  # capture now
+            classes = self._explainer.views_for(x[0].detach().to(self._explainer.dtype))[
+                1
+            ].logits.shape[1]
+            # Pass 1: where MONAI's sliding window puts its windows, in its order.
+            corners: list[torch.Tensor] = []
+
+            def record(cropped_grid: torch.Tensor) -> torch.Tensor:
+                corners.append(cropped_grid[:, :, 0, 0].round().long())
+                return torch.zeros((cropped_grid.shape[0], classes, *mask_size), dtype=x.dtype)
+
+            sliding_window_inference(grid, predictor=record, progress=False, **sliding)
+            # Every window's occluded image at once, incrementally (one capture check,
+            # one geometry for all positions), then MONAI blends them as it would.
+            outputs = self._outputs(
+                x, torch.cat(corners), mul, add, mask_size, mode, monai_sensitivity.activate
+            )
+            position = [0]
+
+            def replay(cropped_grid: torch.Tensor) -> torch.Tensor:
+                count = cropped_grid.shape[0]
+                out = outputs[position[0] : position[0] + count]
+                position[0] += count
+                for m in mask_size:
+                    out = torch.repeat_interleave(out.unsqueeze(-1), m, dim=-1)
+                return out
+
             sensitivity = sliding_window_inference(
-                grid,
-                roi_size=mask_size,
-                sw_batch_size=monai_sensitivity.n_batch,
-                predictor=self._predictor,
-                overlap=monai_sensitivity.overlap,
-                mode="gaussian" if mode == "gaussian" else "constant",
-                progress=monai_sensitivity.verbose,
-                x=x,
-                mul=mul,
-                add=add,
-                mask_size=mask_size,
-                occ_mode=mode,
-                activate=monai_sensitivity.activate,
+                grid, predictor=replay, progress=monai_sensitivity.verbose, **sliding
             )
         if b_box is not None:
             sensitivity = cropper.inverse(sensitivity[0])[None]
@@ -175,22 +183,21 @@ class OcclusionSensitivity:
             sensitivity = SpatialCrop(roi_start=bbox_min, roi_end=bbox_max)(sensitivity[0])[None]
         return sensitivity, sensitivity.argmax(dim=1, keepdim=True)
 
-    def _predictor(
+    def _outputs(
         self,
-        cropped_grid: torch.Tensor,
         x: torch.Tensor,
+        corners: torch.Tensor,
         mul: Any,
         add: Any,
         mask_size: Sequence[int],
         occ_mode: Any,
         activate: bool | Callable,
     ) -> torch.Tensor:
-        """MONAI's predictor, incrementally: a batch of windows (their coordinate grids)
-        -> the activated outputs, spread over each window."""
-        corners = cropped_grid[:, :, 0, 0].round().long()  # top-left (row, column)
+        """What MONAI's predictor returns for each window (top-left ``corners``, (P, 2)),
+        before it is spread over the window: the activated outputs (P, classes)."""
         ys, xs = corners[:, 0], corners[:, 1]
         height, width = mask_size
-        image = x[0]
+        image = x[0].as_subclass(torch.Tensor)
         rows = ys[:, None] + torch.arange(height, device=x.device)
         cols = xs[:, None] + torch.arange(width, device=x.device)
         windows = image[:, rows[:, :, None], cols[:, None, :]].permute(1, 0, 2, 3)
@@ -202,13 +209,15 @@ class OcclusionSensitivity:
         else:
             patches = windows * mul + add
         out = self._explainer.occluded_outputs(
-            image, ys.cpu().numpy(), xs.cpu().numpy(), patches.as_subclass(torch.Tensor)
+            image,
+            ys.cpu().numpy(),
+            xs.cpu().numpy(),
+            torch.as_tensor(patches).as_subclass(torch.Tensor),
+            batch_size=self._monai.n_batch,
         )
         if callable(activate):
             with CAPTURE_LOCK.shared():
                 out = activate(out)
         elif activate:
             out = out.sigmoid() if x.shape[1] == 1 else out.softmax(1)
-        for m in mask_size:
-            out = torch.repeat_interleave(out.unsqueeze(-1), m, dim=-1)
         return out
