@@ -122,3 +122,15 @@ def test_what_the_engine_cannot_do_goes_to_captum_with_one_warning():
             strides=((3, 10, 10), (3, 10, 10)),
         )
     assert isinstance(got, tuple) and len(got) == 2
+
+
+def test_a_sequence_input_goes_to_captum():
+    """3-D inputs (N, C, L): not images, so Captum computes them, with its own result."""
+    model = nn.Sequential(nn.Conv1d(2, 4, 3), nn.AdaptiveAvgPool1d(1), nn.Flatten()).eval()
+    signal = torch.randn(3, 2, 20)
+    arguments = dict(sliding_window_shapes=(2, 5), strides=(2, 3), target=1)
+    occlusion = Occlusion(model)
+    with pytest.warns(UserWarning, match="one 4-D image batch"):
+        got = occlusion.attribute(signal, **arguments)
+    assert occlusion.last_engine == "captum"
+    torch.testing.assert_close(got, CaptumOcclusion(model).attribute(signal, **arguments))
