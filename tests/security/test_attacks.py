@@ -160,6 +160,20 @@ def test_oversized_requests_are_refused_before_the_body_is_read(server):
     assert Tab(server.url).session  # still serving
 
 
+def export(tab: Tab, fmt: str, handle) -> int:
+    """Press a download button as the browser does: the HTTP status of the answer."""
+    return tab.call(
+        "download.data",
+        {
+            '{"format":["ALL"],"type":"export"}.n_clicks': [
+                {"id": {"format": fmt, "type": "export"}, "property": "n_clicks", "value": 1}
+            ],
+            "session.data": tab.session,
+            "result-store.data": handle,
+        },
+    ).status_code
+
+
 def test_export_and_refinement_never_trust_client_arrays(server):
     """A forged 2 KB export request (xs=[0, 10000]) cost +1.47 GB."""
     tab = Tab(server.url)
@@ -178,44 +192,13 @@ def test_export_and_refinement_never_trust_client_arrays(server):
         "image_key": image["key"],
         "image": "a.png",
     }
-    response = tab.call(
-        "download.data",
-        {
-            '{"format":["ALL"],"type":"export"}.n_clicks': [
-                {"id": {"format": "png", "type": "export"}, "property": "n_clicks", "value": 1}
-            ],
-            "session.data": tab.session,
-            "result-store.data": forged,
-        },
-    )
-    assert response.status_code == 204  # nothing to export: this tab has no result
+    assert export(tab, "png", forged) == 204  # nothing to export: this tab has no result
     assert server.rss_mb() - rss < 100
     done = tab.run(image, region=[0, 0, 48, 48])
     handle = done["response"]["result-store"]["data"]
     assert set(handle) == {"id"}  # the browser holds a handle, not the arrays
-    response = tab.call(
-        "download.data",
-        {
-            '{"format":["ALL"],"type":"export"}.n_clicks': [
-                {"id": {"format": "npy", "type": "export"}, "property": "n_clicks", "value": 1}
-            ],
-            "session.data": tab.session,
-            "result-store.data": handle,
-        },
-    )
-    assert response.status_code == 200
-    other_tab = Tab(server.url)  # another session cannot read this tab's result
-    response = other_tab.call(
-        "download.data",
-        {
-            '{"format":["ALL"],"type":"export"}.n_clicks': [
-                {"id": {"format": "npy", "type": "export"}, "property": "n_clicks", "value": 1}
-            ],
-            "session.data": other_tab.session,
-            "result-store.data": handle,
-        },
-    )
-    assert response.status_code == 204
+    assert export(tab, "npy", handle) == 200
+    assert export(Tab(server.url), "npy", handle) == 204  # another session cannot read it
 
 
 def test_model_input_size_and_class_count_are_limited_on_the_server(server, tmp_path):
