@@ -40,6 +40,15 @@ class SpeedupReport:
     patch: int
     tau: float
     layers: list[LayerCost]
+    first_global: str | None = None  # the first image-dependent op that is not local
+    macs_before_first_global: int = 0  # conv + linear MACs of one image before it
+    macs_all: int = 0  # conv + linear MACs of one image
+
+    @property
+    def share_before_first_global(self) -> float:
+        """Share of the model's MACs computed before the first global op: the most that
+        incremental inference can ever touch."""
+        return self.macs_before_first_global / self.macs_all if self.macs_all else 0.0
 
     @property
     def macs_full(self) -> int:
@@ -71,6 +80,12 @@ class SpeedupReport:
             f"{self.macs_incremental / 1e9:.3f} G -> theoretical speedup "
             f"{self.speedup:.2f}x (patch {self.patch}, tau {self.tau})"
         )
+        if self.first_global is not None:
+            lines.insert(
+                -1,
+                f"first global op: {self.first_global}; "
+                f"{self.share_before_first_global:.0%} of the conv/linear MACs come before it",
+            )
         return "\n".join(lines)
 
 
@@ -143,7 +158,32 @@ def analyze(
                     step.macs_full,
                 )
             )
-    return SpeedupReport(type(model).__name__, (channels, height, width), patch, tau, layers)
+    first_global, before, total = None, 0, 0
+    for step in graph.steps:
+        if step.kind == GLOBAL and first_global is None:
+            first_global = f"{step.node.name} ({_describe(step.node)})"
+            before = total
+        total += step.macs_full
+    return SpeedupReport(
+        type(model).__name__,
+        (channels, height, width),
+        patch,
+        tau,
+        layers,
+        first_global,
+        before if first_global is not None else total,
+        total,
+    )
+
+
+def _describe(node) -> str:
+    """What a graph node does, in a few words: 'call_module AdaptiveAvgPool2d'."""
+    target = node.target
+    if node.op == "call_module":
+        return f"module {type(node.graph.owning_module.get_submodule(target)).__name__}"
+    if node.op == "call_function":
+        return f"function {getattr(target, '__name__', str(target))}"
+    return f"{node.op} {target}"
 
 
 def theoretical_speedup(

@@ -64,3 +64,13 @@ def test_bad_analysis_arguments(vgg16):
         krypton.analyze(vgg16, (3, 224, 224), 16, tau=0)
     with pytest.raises(ValueError, match=r"\(C, H, W\)"):
         krypton.analyze(vgg16, (224, 224), 16)
+
+
+def test_analysis_names_the_first_global_op_and_the_flops_before_it():
+    """Why exact mode gains little on squeeze-excitation nets: the first gate is global."""
+    efficient = krypton.analyze(torchvision.models.efficientnet_b0().eval(), (3, 224, 224), 16)
+    assert efficient.first_global.startswith("features_1_0_block_1_avgpool")
+    assert efficient.share_before_first_global < 0.05
+    vgg = krypton.analyze(torchvision.models.vgg16().eval(), (3, 224, 224), 16)
+    assert vgg.share_before_first_global > 0.8
+    assert "first global op:" in vgg.table()
