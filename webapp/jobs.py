@@ -136,7 +136,7 @@ class JobQueue:
 class ThreadedDiskcacheManager(DiskcacheManager):
     """DiskcacheManager whose jobs are threads of this process (see module docstring)."""
 
-    def __init__(self, cache, *, abandon_seconds: float = 15.0, **kwargs):
+    def __init__(self, cache, *, abandon_seconds: float = 75.0, **kwargs):
         super().__init__(cache, **kwargs)
         self.abandon_seconds = abandon_seconds
 

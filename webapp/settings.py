@@ -50,7 +50,10 @@ class ServerSettings:
     max_running_jobs: int = 2  # at once, all sessions together
     max_queued_jobs: int = 32  # waiting behind them; more are refused
     max_jobs_per_session: int = 1  # a browser tab runs one job at a time
-    abandon_seconds: float = 15.0  # a job whose page stopped polling is cancelled
+    # A job whose page stopped polling is cancelled. Over a minute: a browser tab hidden
+    # for five minutes may poll only once a minute (Chrome's timer throttling), and its
+    # run must not be taken for abandoned.
+    abandon_seconds: float = 75.0
     # Uploaded images kept on the server (least recently used go first).
     image_store_mb: float = 256.0
     image_store_count: int = 500
