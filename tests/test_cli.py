@@ -60,57 +60,35 @@ def test_the_installed_command_works_from_any_folder(tmp_path):
     """README's commands as written: `.venv/bin/krypton ...` outside the repository."""
     command = ROOT / ".venv" / "bin" / "krypton"
     assert command.exists(), "make installs the package into .venv (pip install -e .)"
-    result = subprocess.run(
-        [
-            str(command),
-            "explain",
-            str(ROOT / "assets/samples/retina.jpg"),
-            "--mode",
-            "approximate",
-            "--stride",
-            "8",
-            "--out",
-            "h.png",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def krypton(*args):
+        return subprocess.run(
+            [str(command), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+
+    retina = str(ROOT / "assets/samples/retina.jpg")
+    result = krypton("explain", retina, "--mode", "approximate", "--stride", "8", "--out", "h.png")
     assert result.returncode == 0, result.stderr
     assert "no tuned tau" not in result.stderr  # the registry's tuned τ is used
     assert "tau        0.91 (tuned for SSIM 0.9)" in result.stdout
     assert "over the whole grid (thresholding and drill-down)" in result.stdout
     assert (tmp_path / "h.png").exists() and (tmp_path / "h.npy").exists()
-    result = subprocess.run(
-        [
-            str(command),
-            "explain",
-            str(ROOT / "assets/samples/retina.jpg"),
-            "--mode",
-            "approximate",
-            "--stride",
-            "8",
-            "--tau",
-            "0.7",
-            "--drill-down",
-            "1",
-            "--out",
-            "g.png",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = krypton(
+        "explain",
+        retina,
+        "--mode",
+        "approximate",
+        "--stride",
+        "8",
+        "--tau",
+        "0.7",
+        "--drill-down",
+        "1",
+        "--out",
+        "g.png",
     )
     assert "tau        0.70 (given); drill-down r 1" in result.stdout, result.stderr
-    result = subprocess.run(
-        [str(command), "analyze", "--model", "fundus-demo"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = krypton("analyze", "--model", "fundus-demo")
     assert result.returncode == 0 and "theoretical speedup" in result.stdout
 
 

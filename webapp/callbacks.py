@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import binascii
 import logging
 import tempfile
@@ -17,7 +18,6 @@ from dash.exceptions import PreventUpdate
 
 import krypton
 from krypton.capture_lock import CAPTURE_LOCK
-from krypton.estimator import Estimate, NotCalibratedError, estimate
 from krypton.explainer import grid_positions, model_fingerprint
 from krypton.registry import (
     CheckpointError,
@@ -122,25 +122,6 @@ class Services:
             except krypton.UnsupportedModelError as exc:
                 with CAPTURE_LOCK.shared():
                     return self.model(name).module(tensor.unsqueeze(0)), str(exc)
-
-
-def _estimate(name, patch, stride, mode, region, drill, speedup) -> Estimate | None:
-    try:
-        return estimate(
-            name,
-            patch=patch,
-            stride=stride,
-            mode=mode,
-            region=region,
-            r_drill_down=drill,
-            target_speedup=speedup,
-        )
-    except (NotCalibratedError, ValueError, RegistryError):
-        return None
-
-
-def _record(found: Estimate) -> dict:
-    return {"seconds": found.seconds, "low": found.low, "high": found.high, "source": found.source}
 
 
 def _empty_figure(text: str = "") -> go.Figure:
@@ -301,8 +282,8 @@ def register_callbacks(app, manager, services: Services) -> None:
             ys, xs = grid_positions(size, patch, stride, region)
         except (InputError, ValueError) as exc:
             return html.Span(str(exc), className="warning")
-        found = _estimate(model_name, patch, stride, mode, region, drill, speedup)
-        naive = _estimate(model_name, patch, stride, "naive", region, drill, speedup)
+        found = runs.find_estimate(model_name, patch, stride, mode, region, drill, speedup)
+        naive = runs.find_estimate(model_name, patch, stride, "naive", region, drill, speedup)
         positions = len(ys) * len(xs)
         if found is None:
             return (
@@ -310,7 +291,7 @@ def register_callbacks(app, manager, services: Services) -> None:
                 f"size yet (make calibrate, or it learns from your first runs)"
             )
         text = (
-            f"Estimated {runs.estimate_text(_record(found))} for {positions} "
+            f"Estimated {runs.estimate_text(dataclasses.asdict(found))} for {positions} "
             f"positions, from {found.source}"
         )
         if naive and mode != "naive":

@@ -9,6 +9,7 @@ Tensor algebra stays in the engine (krypton); the page stays in callbacks.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -345,24 +346,42 @@ def _run_grid(
     return values, class_values, reused, len(todo)
 
 
-def _estimate(request: RunRequest, region) -> dict | None:
+def find_estimate(
+    model: str,
+    patch: int,
+    stride: int,
+    mode: str,
+    region,
+    r_drill_down: float,
+    target_speedup: float,
+) -> Estimate | None:
+    """The run-time estimate the page shows, or None where there is none (not calibrated,
+    settings explain() would refuse, an unknown model)."""
     try:
-        found = estimate(
-            request.model,
-            patch=request.patch,
-            stride=request.stride,
+        return estimate(
+            model,
+            patch=patch,
+            stride=stride,
+            mode=mode,
             region=region,
-            mode=request.mode,
-            r_drill_down=request.r_drill_down,
-            target_speedup=request.target_speedup,
+            r_drill_down=r_drill_down,
+            target_speedup=target_speedup,
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
-    return _estimate_record(found)
 
 
-def _estimate_record(found: Estimate) -> dict:
-    return {"seconds": found.seconds, "low": found.low, "high": found.high, "source": found.source}
+def _estimate(request: RunRequest, region) -> dict | None:
+    found = find_estimate(
+        request.model,
+        request.patch,
+        request.stride,
+        request.mode,
+        region,
+        request.r_drill_down,
+        request.target_speedup,
+    )
+    return None if found is None else dataclasses.asdict(found)
 
 
 def _naive_time(request: RunRequest, counts: tuple[int, int]) -> dict | None:
