@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .engine import GLOBAL, LOCAL, IncrementalGraph
+from .engine import IncrementalGraph, NodeKind
 
 __all__ = ["LayerCost", "SpeedupReport", "analyze", "theoretical_speedup"]
 
@@ -124,7 +124,7 @@ def analyze(
     for step in graph.steps:
         node = step.node
         shape = graph.shapes.get(node)
-        if step.kind == LOCAL:
+        if step.kind == NodeKind.LOCAL:
             rows, cols = geometry.windows[node]
             is_conv = step.local.kind == "conv"
             incremental = (
@@ -143,7 +143,7 @@ def analyze(
                 )
             )
         elif (
-            step.kind == GLOBAL
+            step.kind == NodeKind.GLOBAL
             and node.op == "call_module"
             and isinstance(graph.module.get_submodule(node.target), nn.Conv2d)
             and len(shape) == 4
@@ -160,7 +160,7 @@ def analyze(
             )
     first_global, before, total = None, 0, 0
     for step in graph.steps:
-        if step.kind == GLOBAL and first_global is None:
+        if step.kind == NodeKind.GLOBAL and first_global is None:
             first_global = f"{step.node.name} ({_describe(step.node)})"
             before = total
         total += step.macs_full

@@ -30,7 +30,7 @@ from .engine import (
     MaterializedViews,
     Patched,
     UnsupportedModelError,
-    _scatter_full,
+    scatter_full,
 )
 from .models import LoadedModel
 from .tuning import TauTuning
@@ -735,7 +735,7 @@ class OcclusionExplainer:
             torch.as_tensor(xs, device=device),
             (1, *image.shape),
         )
-        return _scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
+        return scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
 
 
 @dataclass
@@ -865,7 +865,7 @@ class _Run:
             self.macs_naive += self.macs_per_image * count
         else:
             geometry = self.graph.geometry(ys, xs, patch, patch, tau)
-            incremental, full = geometry.macs_per_position(self.graph)
+            incremental, full = self.graph.macs_per_position(geometry)
             self.macs_spent += incremental * count
             self.macs_naive += full * count
         for begin in range(0, count, self.batch_size):

@@ -8,7 +8,9 @@ import torchvision
 from torch import nn
 
 import krypton
-from krypton.engine import GLOBAL, LOCAL, IncrementalGraph
+from krypton.engine import IncrementalGraph, NodeKind
+
+GLOBAL, LOCAL = NodeKind.GLOBAL, NodeKind.LOCAL
 
 TOLERANCE = 1e-4
 

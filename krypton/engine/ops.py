@@ -18,11 +18,12 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .geometry import AxisOp
+from ..geometry import AxisOp, padding_needed
 
 try:  # torchvision's stochastic depth is traced as a leaf function
     from torchvision.ops import stochastic_depth as _stochastic_depth
@@ -155,10 +156,18 @@ def _avg_pool2d_signature(
     """Stand-in with F.avg_pool2d's documented signature (a builtin without one)."""
 
 
+def _conv2d_signature(
+    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
+):  # pragma: no cover
+    """Stand-in with F.conv2d's documented signature (a builtin without one)."""
+
+
 _SIGNATURE_STAND_INS: dict[Any, Callable] = {
     F.max_pool2d: _max_pool2d_signature,
     torch.max_pool2d: _max_pool2d_signature,
     F.avg_pool2d: _avg_pool2d_signature,
+    F.conv2d: _conv2d_signature,
+    torch.conv2d: _conv2d_signature,
 }
 
 
@@ -222,21 +231,26 @@ def out_of_place_call(target: Callable, args: tuple, kwargs: dict) -> tuple[tupl
 
 
 def _conv_spec(
-    conv: nn.Conv2d, in_hw: tuple[int, int], out_hw: tuple[int, int]
-) -> LocalOpSpec | None:
-    if conv.padding_mode != "zeros":
-        return None  # reflect/replicate/circular padding reads beyond the zero border model
-    kh, kw = conv.kernel_size
-    sh, sw = conv.stride
-    dh, dw = conv.dilation
-    if isinstance(conv.padding, str):
-        if conv.padding == "valid":
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    in_hw: tuple[int, int],
+    out_hw: tuple[int, int],
+) -> LocalOpSpec:
+    """A zero-padded 2-D convolution, module or functional (F.conv2d)."""
+    kh, kw = weight.shape[-2:]
+    sh, sw = _pair(stride)
+    dh, dw = _pair(dilation)
+    if isinstance(padding, str):
+        if padding == "valid":
             ph = pw = 0
         else:  # "same": PyTorch puts the odd cell of padding on the high side
             ph, pw = (dh * (kh - 1)) // 2, (dw * (kw - 1)) // 2
     else:
-        ph, pw = conv.padding
-    weight, bias, groups = conv.weight, conv.bias, conv.groups
+        ph, pw = _pair(padding)
 
     def apply(context: torch.Tensor) -> torch.Tensor:
         return F.conv2d(context, weight, bias, (sh, sw), 0, (dh, dw), groups)
@@ -247,7 +261,24 @@ def _conv_spec(
         cols=AxisOp(kw, sw, dw, pw, in_hw[1], out_hw[1]),
         pad_value=0.0,
         apply=apply,
-        conv_macs_per_output=(conv.in_channels // groups) * kh * kw,
+        conv_macs_per_output=int(weight.shape[1]) * kh * kw,
+    )
+
+
+def _conv_module_spec(
+    conv: nn.Conv2d, in_hw: tuple[int, int], out_hw: tuple[int, int]
+) -> LocalOpSpec | None:
+    if conv.padding_mode != "zeros":
+        return None  # reflect/replicate/circular padding reads beyond the zero border model
+    return _conv_spec(
+        conv.weight,
+        conv.bias,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups,
+        in_hw,
+        out_hw,
     )
 
 
@@ -294,8 +325,6 @@ def _avg_pool_spec(
     # The padding-free kernel sums each window; the divisor PyTorch uses depends on the
     # window's position (count_include_pad, ceil_mode overhang, divisor_override). Measure
     # it once on a tensor of ones: factor = avg(ones) / windowsum(ones inside input).
-    from .geometry import padding_needed
-
     top, bottom = padding_needed(rows)
     left, right = padding_needed(cols)
     ones = torch.ones((1, 1) + tuple(in_hw), dtype=dtype, device=device)
@@ -343,7 +372,7 @@ def local_op_spec(
     in_hw, out_hw = (in_shape[2], in_shape[3]), (out_shape[2], out_shape[3])
     if node_op == "call_module":
         if type(module) is nn.Conv2d:
-            return _conv_spec(module, in_hw, out_hw)
+            return _conv_module_spec(module, in_hw, out_hw)
         if type(module) is nn.MaxPool2d:
             return _max_pool_spec(
                 module.kernel_size,
@@ -368,6 +397,23 @@ def local_op_spec(
                 device,
             )
         return None
+    if node_op == "call_function" and target in (F.conv2d, torch.conv2d):
+        bound = bind_arguments(target, args, kwargs)
+        if bound is None or not isinstance(bound.arguments["weight"], torch.Tensor):
+            return None
+        a = bound.arguments
+        if a["weight"].dim() != 4:
+            return None
+        return _conv_spec(
+            a["weight"],
+            a["bias"],
+            a["stride"],
+            a["padding"],
+            a["dilation"],
+            a["groups"],
+            in_hw,
+            out_hw,
+        )
     if node_op == "call_function" and target in (F.max_pool2d, F.avg_pool2d, torch.max_pool2d):
         bound = bind_arguments(target, args, kwargs)
         if bound is None:
@@ -403,3 +449,95 @@ def linear_macs(module: nn.Module) -> int:
     if isinstance(module, nn.Linear):
         return module.in_features * module.out_features
     return 0
+
+
+# ---------------------------------------------------------------------------------------
+# Copy operators: padding of every mode, cropping
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemapSpec:
+    """An op whose every output cell copies one input cell (or is a constant).
+
+    ``row_map[o]`` is the input row output row ``o`` copies, -1 where it is ``fill``; the
+    same for columns. Constant, reflect, replicate and circular padding, and negative
+    padding (cropping), are all of this form, and their update windows follow from the
+    maps (:func:`krypton.engine.plan.remap_window`), not from a formula per mode.
+    """
+
+    row_map: np.ndarray
+    col_map: np.ndarray
+    fill: float
+
+
+_PAD_MODULES = {
+    nn.ZeroPad2d: "constant",
+    nn.ConstantPad2d: "constant",
+    nn.ReflectionPad2d: "reflect",
+    nn.ReplicationPad2d: "replicate",
+}
+if hasattr(nn, "CircularPad2d"):
+    _PAD_MODULES[nn.CircularPad2d] = "circular"
+
+
+def _pad_signature(input, pad, mode="constant", value=None):  # pragma: no cover
+    """Stand-in with F.pad's documented signature."""
+
+
+def _axis_map(size: int, low: int, high: int, mode: str) -> np.ndarray | None:
+    """Which input index each output index copies along one axis (-1: the fill value),
+    found by running F.pad itself on the indices, so every mode's rule is PyTorch's own."""
+    index = torch.arange(size, dtype=torch.float64).view(1, 1, size)
+    try:
+        if mode == "constant":
+            mapped = F.pad(index, (low, high), mode="constant", value=-1.0)
+        else:
+            mapped = F.pad(index, (low, high), mode=mode)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return None
+    return mapped.view(-1).to(torch.int64).numpy()
+
+
+def pad_spec(
+    node_op: str,
+    target: Any,
+    module: nn.Module | None,
+    args: tuple,
+    kwargs: dict,
+    in_shape: torch.Size,
+    out_shape: torch.Size,
+) -> RemapSpec | None:
+    """Describe F.pad / nn.*Pad2d on the two spatial (last) dimensions, or None."""
+    if len(in_shape) < 3 or len(out_shape) != len(in_shape):
+        return None
+    if node_op == "call_module" and type(module) in _PAD_MODULES:
+        pad = tuple(int(p) for p in module.padding)
+        mode = _PAD_MODULES[type(module)]
+        value = float(getattr(module, "value", 0.0))
+    elif node_op == "call_function" and target in (F.pad, torch.nn.functional.pad):
+        try:
+            bound = inspect.signature(_pad_signature).bind(*args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        a = bound.arguments
+        if not isinstance(a["pad"], (tuple, list)) or not all(isinstance(p, int) for p in a["pad"]):
+            return None
+        pad = tuple(a["pad"])
+        mode = a["mode"]
+        value = 0.0 if a["value"] is None else float(a["value"])
+    else:
+        return None
+    if len(pad) == 2:
+        pad = pad + (0, 0)
+    if len(pad) != 4 or mode not in ("constant", "reflect", "replicate", "circular"):
+        return None  # padding a non-spatial dimension
+    left, right, top, bottom = pad
+    row_map = _axis_map(int(in_shape[-2]), top, bottom, mode)
+    col_map = _axis_map(int(in_shape[-1]), left, right, mode)
+    if row_map is None or col_map is None:
+        return None
+    if (len(row_map), len(col_map)) != (out_shape[-2], out_shape[-1]):
+        return None
+    return RemapSpec(row_map, col_map, value)

@@ -1,0 +1,305 @@
+"""``IncrementalGraph``: a model captured once with torch.fx, ready for batched
+incremental inference at one input shape (paper §3, Algorithm 1; thesis §7.2).
+
+Capture traces the model, then one streaming inference on the first image classifies
+every node (:mod:`.classify`) and materialises that image's views (:mod:`.views`).
+:meth:`IncrementalGraph.geometry` propagates patches (:mod:`.plan`) and
+:meth:`IncrementalGraph.run_batch` executes a batch of positions (:mod:`.run`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch import nn
+
+from ..capture_lock import CAPTURE_LOCK
+from . import ops
+from .classify import PATCHED_KINDS, Classifier, NodeKind, Step, flatten_nodes
+from .plan import ExecutionPlan, PatchGeometry, propagate, static_plan
+from .run import run_batch, view_pad_value
+from .views import MaterializedViews, StreamingInterpreter, build_views
+
+__all__ = ["IncrementalGraph", "UnsupportedModelError"]
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be run incrementally (it could not be captured as a graph)."""
+
+
+def _out_of_place_name(method: str) -> str:
+    """'add_' -> 'add': the engine never lets an operation overwrite its input."""
+    return method[:-1] if method.endswith("_") and not method.endswith("__") else method
+
+
+class IncrementalGraph:
+    """A captured model ready for batched incremental inference at one input shape."""
+
+    def __init__(self, model: nn.Module, image: torch.Tensor):
+        try:
+            with CAPTURE_LOCK.exclusive():  # symbolic_trace patches nn.Module process-wide
+                self.module = fx.symbolic_trace(model)
+        except Exception as exc:  # torch.fx raises many kinds of errors on dynamic code
+            raise UnsupportedModelError(
+                f"could not capture {type(model).__name__} as a torch.fx graph "
+                f"({type(exc).__name__}: {exc}); exact and approximate modes need a traceable "
+                f"model — use mode='naive' for this one"
+            ) from exc
+        self.nodes = list(self.module.graph.nodes)
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        if not placeholders:
+            raise UnsupportedModelError("the traced model takes no input")
+        self.input_node = placeholders[0]
+        for extra in placeholders[1:]:
+            if not extra.args:  # placeholder args hold the default value, if any
+                raise UnsupportedModelError(
+                    f"model.forward needs a second input '{extra.target}'; only "
+                    f"single-image classifiers can be explained"
+                )
+        self.image_shape = tuple(image.shape)
+        self.last_use = self._last_uses()
+        self._calls = {n: self._call_for(n) for n in self.nodes}
+        self.steps: list[Step] = []
+        self.shapes: dict[fx.Node, tuple[int, ...]] = {}
+        self._classifier = Classifier(self.module, shapes=self.shapes)
+        # (node -> pad value -> [top, bottom, left, right]) and nodes kept whole
+        self._padding_needs: dict[fx.Node, dict[float, list[int]]] = {}
+        self._kept_in_full: set[fx.Node] = set()
+        self._maps: dict[tuple[fx.Node, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        depends: set[fx.Node] = set()
+        dtype, device = image.dtype, image.device
+
+        def classify(node: fx.Node, value: Any, values: dict[fx.Node, Any]) -> None:
+            if isinstance(value, torch.Tensor):
+                self.shapes[node] = tuple(value.shape)
+            step = self._classify_node(node, values, depends, dtype, device)
+            self.steps.append(step)
+            self._note_requirements(step)
+
+        # One streaming pass classifies every node and materialises the first image's
+        # views: a node's value is released (and its views built) only after all its
+        # consumers have been classified, so its requirements are known by then.
+        self._first_image = image
+        self._first_views: MaterializedViews | None = self._stream(image, classify)
+
+    # ---------------------------------------------------------------------------------
+    # Capture and classification
+    # ---------------------------------------------------------------------------------
+    @property
+    def kinds(self) -> dict[fx.Node, NodeKind]:
+        return self._classifier.kinds
+
+    def dims_of(self, node: fx.Node) -> tuple[int, int]:
+        """Where rows and columns are in ``node``'s tensor (the last two by default)."""
+        dims = self._classifier.dims.get(node)
+        if dims is None:
+            ndim = len(self.shapes[node])
+            dims = (ndim - 2, ndim - 1)
+        return dims
+
+    def _last_uses(self) -> dict[fx.Node, int]:
+        last: dict[fx.Node, int] = {}
+        for index, node in enumerate(self.nodes):
+            for used in flatten_nodes((node.args, node.kwargs)):
+                last[used] = index
+        return last
+
+    def _call_for(self, node: fx.Node) -> Callable[..., Any] | None:
+        """A callable evaluating ``node`` out of place (cached views must never change)."""
+        if node.op == "call_module":
+            module = ops.out_of_place_module(self.module.get_submodule(node.target))
+            return lambda args, kwargs: module(*args, **kwargs)
+        if node.op == "call_function":
+            target = node.target
+
+            def call_function(args, kwargs):
+                args, kwargs = ops.out_of_place_call(target, args, kwargs)
+                return target(*args, **kwargs)
+
+            return call_function
+        if node.op == "call_method":
+            name = _out_of_place_name(node.target)
+            if name != node.target:
+                mutated = node.args[0]
+                if isinstance(mutated, fx.Node) and len(mutated.users) > 1:
+                    raise UnsupportedModelError(
+                        f"node '{node.name}' modifies '{mutated.name}' in place "
+                        f"(.{node.target}) while other operations still read it"
+                    )
+            return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
+        return None
+
+    def _classify_node(
+        self,
+        node: fx.Node,
+        values: dict[fx.Node, Any],
+        depends: set,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> Step:
+        """Kind of one node, from its inputs' kinds and the live values."""
+        inputs = flatten_nodes((node.args, node.kwargs))
+        kinds = self._classifier.kinds
+        if node is self.input_node:
+            depends.add(node)
+            ndim = len(self.shapes[node])
+            step = Step(node, NodeKind.INPUT, spatial_dims=(ndim - 2, ndim - 1))
+        elif node.op == "output":
+            step = Step(node, NodeKind.OUTPUT)
+        elif not any(i in depends for i in inputs):
+            step = Step(node, NodeKind.STATIC)
+        else:
+            depends.add(node)
+            step = self._classifier.classify(node, values, dtype, device)
+            step.call = self._calls[node]
+            step.macs_full = self._macs(node, values)
+            return step
+        kinds[node] = step.kind
+        if step.spatial_dims is not None:
+            self._classifier.dims[node] = step.spatial_dims
+        return step
+
+    def _macs(self, node: fx.Node, values: dict[fx.Node, Any]) -> int:
+        """Conv and linear multiply-accumulates of one image at this node (eq 9)."""
+        out = values[node]
+        if not isinstance(out, torch.Tensor):
+            return 0
+        weight = None
+        if node.op == "call_module":
+            module = self.module.get_submodule(node.target)
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                weight = module.weight
+        elif node.op == "call_function" and node.target in (
+            torch.conv2d,
+            torch.nn.functional.conv2d,
+            torch.nn.functional.linear,
+        ):
+            candidate = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+            weight = values.get(candidate) if isinstance(candidate, fx.Node) else None
+        if not isinstance(weight, torch.Tensor):
+            return 0
+        if weight.dim() == 4:  # conv: Cin/groups * kh * kw per output value
+            return int(weight[0].numel()) * out[0].numel()
+        if weight.dim() == 2:  # linear: in_features per output value
+            return int(weight.shape[1]) * out[0].numel()
+        return 0
+
+    def _note_requirements(self, step: Step) -> None:
+        """Record which views ``step`` reads, and how: padding per (input, pad value) for
+        read-in contexts; whole tensors where a batch is materialised for a global op.
+
+        A conv output read only by its batch norm, say, needs no view at all: the batch
+        norm runs on the patch alone.
+        """
+
+        def need(node: fx.Node, pad_value: float, pads: tuple[int, int, int, int]) -> None:
+            current = self._padding_needs.setdefault(node, {}).setdefault(pad_value, [0, 0, 0, 0])
+            for i, amount in enumerate(pads):
+                current[i] = max(current[i], amount)
+
+        from ..geometry import padding_needed
+
+        if step.kind == NodeKind.LOCAL:
+            top, bottom = padding_needed(step.local.rows)
+            left, right = padding_needed(step.local.cols)
+            need(step.node.args[0], view_pad_value(step.local), (top, bottom, left, right))
+        elif step.kind == NodeKind.REMAP:
+            need(step.node.args[0], 0.0, (0, 0, 0, 0))
+        elif step.kind == NodeKind.POINTWISE and step.pick is None:
+            if len(step.patched_args) > 1:  # merges may read inputs in a bounding box
+                for arg in step.patched_args:
+                    need(arg, 0.0, (0, 0, 0, 0))
+            for arg in step.cropped_statics:
+                need(arg, 0.0, (0, 0, 0, 0))
+        elif step.kind in (NodeKind.GLOBAL, NodeKind.OUTPUT):
+            for arg in flatten_nodes((step.node.args, step.node.kwargs)):
+                if self.kinds.get(arg) in PATCHED_KINDS:
+                    self._kept_in_full.add(arg)  # materialised in full for a global op
+
+    # ---------------------------------------------------------------------------------
+    # Views
+    # ---------------------------------------------------------------------------------
+    def _keep_whole(self, node: fx.Node) -> bool:
+        return self.kinds.get(node) in (NodeKind.STATIC, NodeKind.SHAPE) or (
+            node in self._kept_in_full
+        )
+
+    def _stream(
+        self, image: torch.Tensor, on_value: Callable[[fx.Node, Any, dict], None] | None = None
+    ) -> MaterializedViews:
+        def interpreter(on_value, on_release) -> StreamingInterpreter:
+            return StreamingInterpreter(self.module, self._calls, on_value, on_release)
+
+        with CAPTURE_LOCK.shared():
+            return build_views(
+                image, interpreter, self._keep_whole, self._padding_needs, self.dims_of, on_value
+            )
+
+    def materialize(self, image: torch.Tensor) -> MaterializedViews:
+        """The views of ``image``: one streaming inference (none for the capture image)."""
+        if tuple(image.shape) != self.image_shape:
+            raise ValueError(
+                f"graph was built for images of shape {self.image_shape}, got {tuple(image.shape)}"
+            )
+        first, self._first_views = self._first_views, None
+        if first is not None and torch.equal(image, self._first_image):
+            self._first_image = None
+            return first
+        self._first_image = None
+        return self._stream(image)
+
+    # ---------------------------------------------------------------------------------
+    # Geometry, plan, execution
+    # ---------------------------------------------------------------------------------
+    def geometry(
+        self, ys: np.ndarray, xs: np.ndarray, patch_h: int, patch_w: int, tau: float = 1.0
+    ) -> PatchGeometry:
+        """Propagate the occlusion patch at every position through the graph (vectorised)."""
+        return propagate(self.steps, self.shapes, ys, xs, patch_h, patch_w, tau)
+
+    def macs_per_position(self, geometry: PatchGeometry) -> tuple[int, int]:
+        """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""
+        return geometry.macs_per_position(self.steps, self.shapes)
+
+    def first_global(self) -> tuple[str | None, float]:
+        """(name of the first image-dependent global op, share of MACs before it)."""
+        total = sum(step.macs_full for step in self.steps)
+        before = 0
+        for step in self.steps:
+            if step.kind == NodeKind.GLOBAL:
+                return step.node.name, (before / total if total else 0.0)
+            before += step.macs_full
+        return None, 1.0
+
+    def plan(self, geometry: PatchGeometry) -> ExecutionPlan:
+        """Static plan for these positions: incremental, or naive when it cannot gain."""
+        return static_plan(self, geometry)
+
+    def remap_maps(self, node: fx.Node, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy op's (row, column) index maps as tensors on ``device`` (cached)."""
+        key = (node, str(device))
+        if key not in self._maps:
+            step = next(s for s in self.steps if s.node is node)
+            self._maps[key] = (
+                torch.as_tensor(step.remap.row_map, device=device),
+                torch.as_tensor(step.remap.col_map, device=device),
+            )
+        return self._maps[key]
+
+    def run_batch(
+        self,
+        views: MaterializedViews,
+        geometry: PatchGeometry,
+        batch: slice,
+        occluder: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits of the occluded images for positions ``batch`` (Algorithm 1 per layer).
+
+        ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5), or
+        (count, C, patch_h, patch_w): each position's own pixels.
+        """
+        with CAPTURE_LOCK.shared():
+            return run_batch(self, views, geometry, batch, occluder)

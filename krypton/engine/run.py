@@ -1,0 +1,270 @@
+"""Batched incremental execution (Algorithm 1, one vectorised step per layer).
+
+For a slice of positions, every node runs once for the whole batch: local ops on read-in
+contexts (eqs 17-19), copy ops through their index maps, pointwise ops on the update
+patches (bounding boxes for merges, eq 20), and global ops on the full tensors scattered
+together at the first of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ..geometry import padding_needed
+from . import ops
+from .classify import NodeKind, Step, flatten_nodes
+from .kernels import (
+    Patched,
+    gather_remapped,
+    gather_windows,
+    read_in_context,
+    read_in_context_scatter,
+    scatter_full,
+    to_logical,
+)
+from .plan import PatchGeometry
+from .views import MaterializedViews
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import IncrementalGraph
+
+__all__ = ["run_batch", "view_pad_value"]
+
+StartTensor = Callable[[np.ndarray], torch.Tensor]
+
+
+def view_pad_value(spec: ops.LocalOpSpec) -> float:
+    """Padding value of the view a local op reads: its own (0 or -inf) where it reads
+    padding, else 0, so ops needing no padding share the plain zero-padded view."""
+    return spec.pad_value if any(padding_needed(spec.rows) + padding_needed(spec.cols)) else 0.0
+
+
+def run_batch(
+    graph: "IncrementalGraph",
+    views: MaterializedViews,
+    geometry: PatchGeometry,
+    batch: slice,
+    occluder: torch.Tensor,
+) -> Any:
+    """The model's output for the occluded images at positions ``batch``.
+
+    ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5), or
+    (count, C, patch_h, patch_w): each position's own pixels.
+    """
+    device = occluder.device
+    count = len(range(*batch.indices(geometry.positions)))
+    items = torch.arange(count, device=device)
+    starts: dict[int, torch.Tensor] = {}
+
+    def start_tensor(array: np.ndarray) -> torch.Tensor:
+        key = id(array)
+        if key not in starts:
+            starts[key] = torch.as_tensor(array[batch], device=device)
+        return starts[key]
+
+    env: dict[fx.Node, Any] = {}
+    full_cache: dict[fx.Node, torch.Tensor] = {}
+
+    def concrete(node: fx.Node) -> Any:
+        value = env[node]
+        if not isinstance(value, Patched):
+            return value
+        if node not in full_cache:
+            full_cache[node] = scatter_full(value, views.values[node], items)
+        return full_cache[node]
+
+    for index, step in enumerate(graph.steps):
+        node = step.node
+        kind = step.kind
+        if kind == NodeKind.STATIC:
+            env[node] = views.values[node]
+        elif kind == NodeKind.INPUT:
+            rows, cols = geometry.windows[node]
+            # one occluder for every position, or one per position (N, C, h, w)
+            data = (
+                occluder
+                if occluder.dim() == 4
+                else occluder.unsqueeze(0).expand(count, *occluder.shape)
+            )
+            env[node] = Patched(
+                data, start_tensor(rows.start), start_tensor(cols.start), graph.shapes[node]
+            )
+        elif kind == NodeKind.LOCAL:
+            env[node] = _run_local(graph, step, env, views, geometry, start_tensor, items)
+        elif kind == NodeKind.REMAP:
+            env[node] = _run_remap(graph, step, env, views, geometry, start_tensor, items)
+        elif kind == NodeKind.POINTWISE:
+            env[node] = _run_pointwise(graph, step, env, views, geometry, start_tensor, items)
+        elif kind == NodeKind.SHAPE:
+
+            def stand_in(n: fx.Node) -> Any:
+                value = env[n]
+                if isinstance(value, Patched):
+                    shape = (count,) + tuple(value.view_shape[1:])
+                    return torch.empty(shape, dtype=value.data.dtype, device="meta")
+                return value
+
+            args = fx.node.map_arg(node.args, stand_in)
+            kwargs = fx.node.map_arg(node.kwargs, stand_in)
+            env[node] = step.call(args, kwargs)
+        elif kind == NodeKind.GLOBAL:
+            args = fx.node.map_arg(node.args, concrete)
+            kwargs = fx.node.map_arg(node.kwargs, concrete)
+            env[node] = step.call(args, kwargs)
+        else:  # OUTPUT
+            return fx.node.map_arg(node.args[0], concrete)
+        # Free what no later node reads, to keep memory bounded.
+        for used in flatten_nodes((node.args, node.kwargs)):
+            if graph.last_use.get(used, -1) <= index:
+                env.pop(used, None)
+                full_cache.pop(used, None)
+    raise AssertionError("graph has no output node")  # pragma: no cover
+
+
+def _run_local(
+    graph: "IncrementalGraph",
+    step: Step,
+    env: dict,
+    views: MaterializedViews,
+    geometry: PatchGeometry,
+    start_tensor: StartTensor,
+    items: torch.Tensor,
+) -> Patched:
+    spec = step.local
+    source_node = step.node.args[0]
+    source: Patched = env[source_node]
+    row_step, col_step = geometry.local_steps[step.node]
+    padded, top, left = views.spatial(source_node, view_pad_value(spec))
+    read_rows = start_tensor(row_step.read.start)
+    read_cols = start_tensor(col_step.read.start)
+    if geometry.scatter_ok[step.node]:
+        context = read_in_context_scatter(
+            padded,
+            read_rows,
+            read_cols,
+            top,
+            left,
+            row_step.read.length,
+            col_step.read.length,
+            source,
+            items,
+        )
+    else:
+        context = read_in_context(
+            padded,
+            read_rows,
+            read_cols,
+            top,
+            left,
+            row_step.read.length,
+            col_step.read.length,
+            source,
+            start_tensor(row_step.input.start),
+            row_step.input.length,
+            start_tensor(col_step.input.start),
+            col_step.input.length,
+            items,
+        )
+    output = spec.apply(context.permute(0, 3, 1, 2))  # eq 19, on the whole batch
+    out_rows = start_tensor(row_step.output.start)
+    out_cols = start_tensor(col_step.output.start)
+    if spec.divisor_map is not None:
+        factor = gather_windows(
+            spec.divisor_map.unsqueeze(-1),
+            out_rows,
+            out_cols,
+            row_step.output.length,
+            col_step.output.length,
+        )
+        output = output * factor.permute(0, 3, 1, 2)
+    return Patched(output, out_rows, out_cols, graph.shapes[step.node])
+
+
+def _run_remap(
+    graph: "IncrementalGraph",
+    step: Step,
+    env: dict,
+    views: MaterializedViews,
+    geometry: PatchGeometry,
+    start_tensor: StartTensor,
+    items: torch.Tensor,
+) -> Patched:
+    source_node = step.node.args[0]
+    source: Patched = env[source_node]
+    view, _, _ = views.spatial(source_node)
+    out_rows_w, out_cols_w = geometry.windows[step.node]
+    out_rows = start_tensor(out_rows_w.start)
+    out_cols = start_tensor(out_cols_w.start)
+    row_map, col_map = graph.remap_maps(step.node, items.device)
+    device = items.device
+    source_rows = row_map[out_rows.unsqueeze(1) + torch.arange(out_rows_w.length, device=device)]
+    source_cols = col_map[out_cols.unsqueeze(1) + torch.arange(out_cols_w.length, device=device)]
+    context = gather_remapped(view, source_rows, source_cols, source, step.remap.fill, items)
+    shape = graph.shapes[step.node]
+    return Patched(
+        to_logical(context, shape, step.spatial_dims), out_rows, out_cols, shape, step.spatial_dims
+    )
+
+
+def _run_pointwise(
+    graph: "IncrementalGraph",
+    step: Step,
+    env: dict,
+    views: MaterializedViews,
+    geometry: PatchGeometry,
+    start_tensor: StartTensor,
+    items: torch.Tensor,
+) -> Any:
+    node = step.node
+    shape = graph.shapes.get(node)
+    if step.pick is not None:  # one piece of a split
+        return env[step.patched_args[0]][step.pick]
+    out_rows_w, out_cols_w = geometry.windows[node]
+    out_rows = start_tensor(out_rows_w.start)
+    out_cols = start_tensor(out_cols_w.start)
+    if step.patch_call is not None:  # layout op on a single, aligned patch
+        data = step.patch_call(env[step.patched_args[0]].data)
+        return Patched(data, out_rows, out_cols, shape, step.spatial_dims)
+    replacements: dict[fx.Node, Any] = {}
+    for arg in step.patched_args:
+        value: Patched = env[arg]
+        if (node, arg) in geometry.aligned:
+            replacements[arg] = value.data
+        else:  # merge: bring the input to the bounding box (eq 20)
+            source, top, left = views.spatial(arg)
+            rows, cols = value.spatial_dims
+            context = read_in_context(
+                source,
+                out_rows,
+                out_cols,
+                top,
+                left,
+                out_rows_w.length,
+                out_cols_w.length,
+                value,
+                value.rows,
+                value.data.shape[rows],
+                value.cols,
+                value.data.shape[cols],
+                items,
+            )
+            replacements[arg] = to_logical(context, value.view_shape, value.spatial_dims)
+    for arg in step.cropped_statics:
+        source, top, left = views.spatial(arg)
+        context = gather_windows(
+            source, out_rows + top, out_cols + left, out_rows_w.length, out_cols_w.length
+        )
+        replacements[arg] = to_logical(context, graph.shapes[arg], graph.dims_of(arg))
+    args = fx.node.map_arg(node.args, lambda n: replacements.get(n, env[n]))
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
+    output = step.call(args, kwargs)
+    if isinstance(output, (tuple, list)):  # a split: one patch per piece
+        return tuple(
+            Patched(piece, out_rows, out_cols, piece_shape, step.spatial_dims)
+            for piece, piece_shape in zip(output, step.element_shapes)
+        )
+    return Patched(output, out_rows, out_cols, shape, step.spatial_dims)
