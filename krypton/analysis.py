@@ -161,7 +161,8 @@ def analyze(
     first_global, before, total = None, 0, 0
     for step in graph.steps:
         if step.kind == NodeKind.GLOBAL and first_global is None:
-            first_global = f"{step.node.name} ({_describe(step.node)})"
+            why = f": {step.reason}" if step.reason else ""
+            first_global = f"{step.node.name} ({_describe(step.node)}{why})"
             before = total
         total += step.macs_full
     return SpeedupReport(

@@ -302,6 +302,8 @@ def run_explain(args: argparse.Namespace) -> int:
         f"positions  {heatmap.positions_evaluated} evaluated on a "
         f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid, mode {heatmap.mode}"
     )
+    if heatmap.mode == "exact":
+        print(f"plan       {heatmap.extra['plan']}")
     if heatmap.mode == "approximate":
         per_position = heatmap.macs_naive / max(heatmap.positions_evaluated, 1)
         fewer = heatmap.values.size * per_position / max(heatmap.macs_spent, 1)
@@ -418,8 +420,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _shapes_only_model(name: str):
-    """A registered model (its own weights if available) or a torchvision architecture
-    with random weights: the analysis needs shapes only."""
+    """A registered model (its own weights if available), a torchvision architecture or
+    a timm one ("timm:NAME") with random weights: the analysis needs shapes only."""
+    if name.startswith("timm:"):
+        return _timm_model(name[len("timm:") :])
     known = {info.name: info for info in available_models()}
     if name in known and known[name].available:
         return load_model(name)
@@ -429,8 +433,29 @@ def _shapes_only_model(name: str):
     except ValueError:
         raise SystemExit(
             f"error: '{name}' is neither a registered model (see `krypton "
-            f"models`) nor a torchvision architecture"
+            f"models`) nor a torchvision architecture (timm ones: timm:NAME)"
         ) from None
+
+
+def _timm_model(architecture: str):
+    """A timm architecture with random weights, at its default input size."""
+    import timm
+
+    from .models import LoadedModel
+
+    try:
+        module = timm.create_model(architecture, pretrained=False)
+    except RuntimeError as exc:  # timm's "Unknown model"
+        raise SystemExit(f"error: {exc}") from None
+    size = tuple(module.pretrained_cfg.get("input_size", (3, 224, 224))[1:])
+    return LoadedModel(
+        f"timm:{architecture}",
+        module.eval(),
+        [],
+        size,
+        random_weights=True,
+        description=f"timm {architecture} with RANDOM weights",
+    )
 
 
 def run_analyze(args: argparse.Namespace) -> int:

@@ -25,7 +25,9 @@ from torch import nn
 
 from . import drilldown
 from .capture_lock import CAPTURE_LOCK
+from .engine.plan import measured_plan
 from .engine import (
+    ExecutionPlan,
     IncrementalGraph,
     MaterializedViews,
     Patched,
@@ -38,6 +40,7 @@ from .tuning import TauTuning
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
 
 MODES = ("naive", "exact", "approximate")
+STRATEGIES = ("auto", "incremental", "naive")  # how exact mode runs: planned, or forced
 DEFAULT_BATCH = {"cpu": 16, "cuda": 128}
 
 ProgressCallback = Callable[[int, int], None]
@@ -414,6 +417,8 @@ class OcclusionExplainer:
         self._views: tuple[str, MaterializedViews] | None = None
         self._fingerprint: tuple | None = None
         self._lock = threading.Lock()  # one capture per shape, shared by every thread
+        # Plans confirmed by timing both on this host, per (shape, patch, batch size).
+        self.measured_plans: dict[tuple, ExecutionPlan] = {}
 
     # -- materialisation ----------------------------------------------------------------
     def views_for(self, image: torch.Tensor) -> tuple[IncrementalGraph, MaterializedViews]:
@@ -427,6 +432,7 @@ class OcclusionExplainer:
         with self._lock:
             if fingerprint != self._fingerprint:  # weights, settings or layers changed
                 self._graphs.clear()
+                self.measured_plans.clear()
                 self._views = None
                 self._fingerprint = fingerprint
             shape = tuple(image.shape)
@@ -475,11 +481,14 @@ class OcclusionExplainer:
         s1: int | None = None,
         tuning: TauTuning | None = None,
         partial: PartialCallback | None = None,
+        strategy: str = "auto",
     ) -> Heatmap:
         """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments."""
         started = time.perf_counter()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
         _check_model(self.model)  # a submodule may have been put in training mode since
         image = self._prepare(image)
         patch = _positive_int(patch, "patch")
@@ -560,7 +569,11 @@ class OcclusionExplainer:
         if plan is None or plan.s1 is None:  # one pass over all positions
             tau_used = plan.tau if plan is not None else 1.0
             run.expect(len(ys))
-            probabilities, every = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
+            if mode == "exact":
+                probabilities, every = run.evaluate_exact(ys, xs, patch, strategy)
+                extra["plan"] = str(run.plan)
+            else:
+                probabilities, every = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
             unique_xs, col_of = np.unique(xs, return_inverse=True)
             unique_ys, row_of = np.unique(ys, return_inverse=True)
             values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
@@ -573,6 +586,10 @@ class OcclusionExplainer:
         else:
             unique_ys, unique_xs = grid
             values = self._drill_down(run, grid, patch, plan, region, extra, partial)
+        if mode == "naive":
+            extra["plan"] = "naive: requested (mode='naive')"
+        elif mode == "approximate":
+            extra["plan"] = "incremental: approximate mode always runs incrementally"
         if plan is not None:
             extra.update(
                 tau=plan.tau,
@@ -844,13 +861,71 @@ class _Run:
         self.macs_per_image = macs_per_image
         self.evaluated = self.macs_spent = self.macs_naive = 0
         self.total = 0
+        self.plan: ExecutionPlan | None = None
+
+    def _full_macs(self, ys: np.ndarray, xs: np.ndarray, patch: int) -> int:
+        """MACs of one full inference, from the captured graph (eq 10)."""
+        geometry = self.graph.geometry(ys[:1], xs[:1], patch, patch)
+        return self.graph.macs_per_position(geometry)[1]
 
     def expect(self, total: int) -> None:
         """Set the total reported to progress (drill-down refines it after stage one)."""
         self.total = max(total, self.evaluated)
 
+    def evaluate_exact(
+        self, ys: np.ndarray, xs: np.ndarray, patch: int, strategy: str = "auto"
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Exact probabilities by the cheaper of incremental and naive inference.
+
+        The static plan (:func:`krypton.engine.plan.static_plan`) rules out incremental
+        inference where the FLOPs it can avoid cannot pay for its own work. Otherwise,
+        when the run has at least two batches and this host has not timed this model
+        yet, the first batch runs incrementally and the second naively — both are exact,
+        nothing is wasted — and the faster per position runs the rest (``self.plan``
+        says which and why). ``strategy`` "incremental" or "naive" forces one.
+        """
+        geometry = self.graph.geometry(ys, xs, patch, patch)
+        static = self.graph.plan(geometry)
+        if strategy != "auto":
+            forced = "incremental" if strategy == "incremental" else "naive"
+            self.plan = dataclasses.replace(
+                static, strategy=forced, reason=f"forced (strategy='{strategy}'); {static.reason}"
+            )
+            return self.evaluate(ys, xs, patch, naive=forced == "naive", geometry=geometry)
+        key = (tuple(self.image.shape), patch, self.batch_size)
+        known = self.explainer.measured_plans.get(key)
+        count, batch = len(ys), self.batch_size
+        if not static.incremental or known is not None or count < 2 * batch:
+            self.plan = static if (not static.incremental or known is None) else known
+            return self.evaluate(ys, xs, patch, naive=not self.plan.incremental, geometry=geometry)
+        # Time one batch of each on this host (same positions' kind, same batch size).
+        began = time.perf_counter()
+        first = self.evaluate(ys[:batch], xs[:batch], patch)
+        incremental_seconds = (time.perf_counter() - began) / batch
+        began = time.perf_counter()
+        second = self.evaluate(ys[batch : 2 * batch], xs[batch : 2 * batch], patch, naive=True)
+        naive_seconds = (time.perf_counter() - began) / batch
+        self.plan = measured_plan(static, incremental_seconds, naive_seconds)
+        self.explainer.measured_plans[key] = self.plan
+        rest = self.evaluate(
+            ys[2 * batch :], xs[2 * batch :], patch, naive=not self.plan.incremental
+        )
+        probabilities = np.concatenate([first[0], second[0], rest[0]])
+        every = None
+        if first[1] is not None:
+            every = np.concatenate(
+                [part[1] for part in (first, second, rest) if part[1] is not None]
+            )
+        return probabilities, every
+
     def evaluate(
-        self, ys: np.ndarray, xs: np.ndarray, patch: int, tau: float = 1.0, naive: bool = False
+        self,
+        ys: np.ndarray,
+        xs: np.ndarray,
+        patch: int,
+        tau: float = 1.0,
+        naive: bool = False,
+        geometry=None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Probabilities of the label with the patch at each (x, y), batch by batch, and
         (when kept) every class's: (count,), (count, classes) or None."""
@@ -860,11 +935,12 @@ class _Run:
         if count == 0:
             return probabilities, every
         if naive:
-            geometry = None
-            self.macs_spent += self.macs_per_image * count
-            self.macs_naive += self.macs_per_image * count
+            macs = self.macs_per_image if self.graph is None else self._full_macs(ys, xs, patch)
+            self.macs_spent += macs * count
+            self.macs_naive += macs * count
         else:
-            geometry = self.graph.geometry(ys, xs, patch, patch, tau)
+            if geometry is None:
+                geometry = self.graph.geometry(ys, xs, patch, patch, tau)
             incremental, full = self.graph.macs_per_position(geometry)
             self.macs_spent += incremental * count
             self.macs_naive += full * count
@@ -918,6 +994,7 @@ def explain(
     target_speedup: float = 3.0,
     s1: int | None = None,
     partial: PartialCallback | None = None,
+    strategy: str = "auto",
 ) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
@@ -950,6 +1027,10 @@ def explain(
         s1: stage-one stride, overriding target_speedup.
         partial: approximate mode with drill-down calls ``partial(values)`` once stage one
             has run, with the stage-one heatmap interpolated to the whole grid.
+        strategy: how exact mode computes its (identical) numbers: "auto" (default) runs
+            incremental inference where it is faster on this host and naive inference
+            where it is not (``heatmap.extra["plan"]`` says which and why); "incremental"
+            or "naive" forces one.
 
     Returns:
         A :class:`Heatmap` of probabilities of ``label`` with the patch at each position;
@@ -983,4 +1064,5 @@ def explain(
         s1=s1,
         tuning=tuning,
         partial=partial,
+        strategy=strategy,
     )

@@ -40,5 +40,7 @@ def test_naive_matches_captum_occlusion(fill):
     assert heatmap.values.shape == (4, 5)
     np.testing.assert_allclose(heatmap.values, expected, atol=1e-5)
     # and exact agrees with both
-    exact = krypton.explain(model, image, patch=patch, stride=patch, mode="exact", fill=fill)
+    exact = krypton.explain(
+        model, image, patch=patch, stride=patch, mode="exact", fill=fill, strategy="incremental"
+    )
     np.testing.assert_allclose(exact.values, expected, atol=1e-4)

@@ -154,6 +154,16 @@ def test_analyze_prints_per_layer_and_total():
     assert "theoretical speedup 6.8" in result.stdout
 
 
+def test_analyze_names_why_a_timm_model_cannot_gain():
+    result = run_cli("analyze", "--model", "timm:efficientnet_b0", "--patch", "16")
+    assert result.returncode == 0, result.stderr
+    assert "first global op: mean (call_method mean: " in result.stdout
+    assert "of the conv/linear MACs come before it" in result.stdout
+    result = run_cli("analyze", "--model", "timm:no_such_net")
+    assert result.returncode != 0 and "Unknown model" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     "mode, maker",
     [

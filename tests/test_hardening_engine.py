@@ -70,8 +70,10 @@ def test_one_position_exact_does_not_corrupt_the_cached_views():
     explainer = krypton.OcclusionExplainer(model)
     naive = explainer.explain(image, mode="naive", patch=8, stride=8)
     for _ in range(2):  # the second call reads views the first one would have corrupted
-        explainer.explain(image, mode="exact", patch=8, positions=[(24, 24)])
-        exact = explainer.explain(image, mode="exact", patch=8, stride=8)
+        explainer.explain(
+            image, mode="exact", patch=8, positions=[(24, 24)], strategy="incremental"
+        )
+        exact = explainer.explain(image, mode="exact", patch=8, stride=8, strategy="incremental")
         np.testing.assert_allclose(exact.values, naive.values, atol=1e-5)
 
 
@@ -92,6 +94,8 @@ def test_no_call_writes_into_the_image_or_a_cached_view(seed):
         batch = int(rng.choice([1, 2, 4, 16]))
         positions = [(int(x), int(y)) for x, y in rng.integers(0, 48 - 8 + 1, size=(count, 2))]
         kwargs = {"tau": 0.8} if mode == "approximate" else {}
+        if mode == "exact":
+            kwargs = {"strategy": "incremental"}
         heatmap = explainer.explain(
             image, mode=mode, patch=8, positions=positions, batch_size=batch, **kwargs
         )
@@ -117,8 +121,8 @@ def test_grid_with_a_last_batch_of_one_matches_naive():
     model = small_cnn()
     image = torch.randn(3, 40, 40)
     # 7 x 7 = 49 positions = 3 batches of 16 and one of 1
-    exact = krypton.explain(model, image, patch=16, stride=4, batch_size=16)
-    again = krypton.explain(model, image, patch=16, stride=4, batch_size=16)
+    exact = krypton.explain(model, image, patch=16, stride=4, batch_size=16, strategy="incremental")
+    again = krypton.explain(model, image, patch=16, stride=4, batch_size=16, strategy="incremental")
     naive = krypton.explain(model, image, patch=16, stride=4, mode="naive")
     assert exact.values.size == 49
     np.testing.assert_allclose(exact.values, naive.values, atol=1e-5)

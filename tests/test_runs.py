@@ -65,7 +65,9 @@ def test_naive_after_exact_computes_and_says_so(services):
 def test_refinement_reuses_cells_on_any_grid_and_says_why_not(services):
     first = runs.execute(services, "s", request(services), lambda *a: None)
     assert first["reused"] == 0 and first["reuse_note"] == ""  # nothing to reuse yet
-    assert len(runs.summary_lines(first)) == 3  # label; positions and time; speed
+    lines = runs.summary_lines(first)
+    assert len(lines) == 4  # label; positions and time; speed; the plan
+    assert lines[3].startswith("Plan: ")
     elsewhere = runs.execute(
         services, "s", request(services, region=(64, 64, 112, 112)), lambda *a: None
     )

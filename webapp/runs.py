@@ -211,9 +211,10 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     explainer = services.explainer(request.model)
     extra: dict = {}
     class_values = None
+    plan_line = None
     if known is not None:
         had_cells = bool(known.cells)
-        values, class_values, reused, evaluated = _run_grid(
+        values, class_values, reused, evaluated, plan_line = _run_grid(
             explainer, tensor, grid_ys, grid_xs, request, fill, label, known, live
         )
         if not reused and not note and had_cells:
@@ -271,6 +272,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         "reused": reused,
         "reuse_note": note,
         "approximate": extra,
+        "plan": plan_line or extra.get("plan"),
         "estimate": planned,
         "naive": None if request.mode == "naive" else _naive_time(request, counts),
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -317,6 +319,7 @@ def _run_grid(
     if reused:
         report(done, total, values.copy())
     chunk, begin = FIRST_CHUNK, 0
+    plan_line = None
     while begin < len(todo):
         part = todo[begin : begin + chunk]
         offset = done
@@ -329,6 +332,7 @@ def _run_grid(
             positions=list(zip(xs[part].tolist(), ys[part].tolist())),
             progress=lambda d, t, offset=offset: report(offset + d, total),
         )
+        plan_line = heatmap.extra.get("plan", plan_line)
         found_rows = np.searchsorted(heatmap.ys, ys[part])
         found_cols = np.searchsorted(heatmap.xs, xs[part])
         values[rows[part], cols[part]] = heatmap.values[found_rows, found_cols]
@@ -343,7 +347,7 @@ def _run_grid(
         begin += len(part)
         chunk = min(chunk * 2, LARGEST_CHUNK)
         report(done, total, values.copy())
-    return values, class_values, reused, len(todo)
+    return values, class_values, reused, len(todo), plan_line
 
 
 def find_estimate(
@@ -443,6 +447,8 @@ def summary_lines(result: dict) -> list[str]:
             lines.append(speed)
     else:
         lines.append(f"{result['mode']} · nothing computed: every cell was known from earlier runs")
+    if result.get("plan") and result["mode"] == "exact":
+        lines.append(f"Plan: {result['plan']}")
     if result["reused"]:
         lines.append(f"Reused {result['reused']} cells from earlier runs")
     if result.get("reuse_note"):

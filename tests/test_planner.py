@@ -1,0 +1,116 @@
+"""Exact mode's planner: incremental where it can gain, naive where it cannot, and it
+says which and why; the numbers are the same either way."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+
+import krypton
+from krypton.engine import IncrementalGraph
+from krypton.engine.plan import ExecutionPlan, measured_plan
+from webapp.runs import summary_lines
+
+
+class SqueezeExcitationFirst(nn.Module):
+    """A squeeze-excitation gate right after the stem: every cell depends on all."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.se_reduce = nn.Conv2d(8, 2, 1)
+        self.se_expand = nn.Conv2d(2, 8, 1)
+        self.body = nn.Sequential(*[nn.Conv2d(8, 8, 3, padding=1) for _ in range(4)])
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        gate = torch.sigmoid(self.se_expand(F.relu(self.se_reduce(x.mean((2, 3), keepdim=True)))))
+        x = self.body(x * gate)
+        return self.head(x.mean((2, 3)))
+
+
+def vgg():
+    torch.manual_seed(0)
+    return torchvision.models.vgg11(weights=None, num_classes=4).eval()
+
+
+def test_squeeze_excitation_in_the_first_block_runs_naive_and_says_why():
+    torch.manual_seed(0)
+    model = SqueezeExcitationFirst().eval()
+    image = torch.randn(3, 32, 32)
+    exact = krypton.explain(model, image, patch=6, stride=3, batch_size=8)
+    naive = krypton.explain(model, image, patch=6, stride=3, batch_size=8, mode="naive")
+    plan = exact.extra["plan"]
+    assert plan.startswith("naive: the first global op is mean"), plan
+    assert "of the FLOPs before it" in plan and "at most" in plan
+    np.testing.assert_allclose(exact.values, naive.values, atol=1e-6)
+    # Naive inference does the full work, and the heatmap's FLOP accounting says so.
+    assert exact.macs_spent == exact.macs_naive > 0
+
+
+def test_vgg_plans_incremental():
+    model = vgg()
+    image = torch.randn(3, 96, 96)
+    with torch.inference_mode():
+        graph = IncrementalGraph(model, image)
+        geometry = graph.geometry(np.arange(0, 80, 4), np.arange(0, 80, 4), 16, 16)
+    plan = graph.plan(geometry)
+    assert plan.incremental and plan.theoretical_speedup > 2, plan
+    assert plan.share_before_first_global > 0.9
+
+
+def test_long_runs_time_both_plans_once_and_reuse_the_verdict():
+    model = vgg()
+    image = torch.randn(3, 96, 96)
+    explainer = krypton.OcclusionExplainer(model)
+    first = explainer.explain(image, patch=16, stride=16, batch_size=4)
+    assert first.positions_evaluated == 36
+    plan = first.extra["plan"]
+    assert "measured here" in plan and "ms/position incremental" in plan, plan
+    assert len(explainer.measured_plans) == 1
+    second = explainer.explain(image, patch=16, stride=16, batch_size=4, region=(0, 0, 64, 64))
+    assert second.extra["plan"] == plan  # not timed again
+    naive = explainer.explain(image, patch=16, stride=16, batch_size=4, mode="naive")
+    np.testing.assert_allclose(first.values, naive.values, atol=1e-4)
+    assert naive.extra["plan"].startswith("naive: requested")
+
+
+def test_measured_plan_prefers_naive_when_incremental_is_not_faster():
+    static = ExecutionPlan(
+        "incremental", "the first global op is x, 50% of the FLOPs before it;", 1.6, "x", 0.5
+    )
+    slower = measured_plan(static, incremental_seconds=0.02, naive_seconds=0.019)
+    assert slower.strategy == "naive" and slower.measured
+    assert "incremental only 0.95x" in slower.reason
+    faster = measured_plan(static, incremental_seconds=0.01, naive_seconds=0.03)
+    assert faster.strategy == "incremental" and "3.00x faster" in faster.reason
+
+
+def test_forced_strategies_and_bad_strategy():
+    torch.manual_seed(0)
+    model = SqueezeExcitationFirst().eval()
+    image = torch.randn(3, 24, 24)
+    forced = krypton.explain(model, image, patch=4, stride=4, strategy="incremental")
+    assert forced.extra["plan"].startswith("incremental: forced (strategy='incremental')")
+    naive = krypton.explain(model, image, patch=4, stride=4, mode="naive")
+    np.testing.assert_allclose(forced.values, naive.values, atol=1e-5)
+    with pytest.raises(ValueError, match="strategy must be one of auto, incremental, naive"):
+        krypton.explain(model, image, strategy="fastest")
+
+
+def test_the_page_states_the_plan():
+    result = {
+        "label_name": "cat",
+        "prob": 0.9,
+        "mode": "exact",
+        "evaluated": 10,
+        "seconds": 1.0,
+        "reused": 0,
+        "plan": "naive: the first global op is mean, 3% of the FLOPs before it; at most 1.03x",
+    }
+    assert "Plan: naive: the first global op is mean, 3% of the FLOPs before it; at most 1.03x" in (
+        summary_lines(result)
+    )
