@@ -21,6 +21,7 @@ __all__ = [
     "Window",
     "LocalStep",
     "local_step",
+    "project_centre",
     "bounding_window",
     "padding_needed",
     "ceil_div",
@@ -87,14 +88,31 @@ class LocalStep:
     input: Window
     read: Window
     output: Window
+    centre: np.ndarray | None = None  # where the patch's centre lands in the output
 
 
-def local_step(op: AxisOp, incoming: Window, tau: float = 1.0) -> LocalStep:
+def project_centre(op: AxisOp, centre: np.ndarray) -> np.ndarray:
+    """The output coordinate whose receptive field is centred on input ``centre``
+    (inverse of eq 15 for the middle of a kernel), kept inside the output."""
+    projected = (centre + op.pad_before - (op.extent - 1) / 2) / op.stride
+    return np.clip(projected, 0, op.out_size - 1)
+
+
+def local_step(
+    op: AxisOp, incoming: Window, tau: float = 1.0, centre: np.ndarray | None = None
+) -> LocalStep:
     """Propagate an input update patch through a convolution/pooling axis.
 
     Exact mode (tau=1): eqs 13-16 with the border clamp of eq 31. With tau < 1 the output
-    patch is truncated to round(tau * out_size) and the input patch centre-cropped to match
+    patch is truncated to round(tau * out_size) and the input patch cropped to match
     (projective-field thresholding, eqs 21-27).
+
+    ``centre`` (per position, input coordinates) is where the occluding patch's centre
+    lies in this tensor. The crop of eq 25 keeps the cells around it, inside the incoming
+    window. Without it the crop is centred on the incoming window, which near a border has
+    been shifted by the clamp of eq 31 away from the patch: the crop then keeps cells the
+    patch barely changed and drops the ones it changed most (a lesion under the patch
+    vanished from approximate heatmaps in a band along the borders).
     """
     if not 0.0 < tau <= 1.0:
         raise ValueError(f"tau must be in (0, 1], got {tau}")
@@ -111,7 +129,11 @@ def local_step(op: AxisOp, incoming: Window, tau: float = 1.0) -> LocalStep:
         if out_len > limit:  # eq 22
             out_len = limit  # eq 23
             new_in_len = out_len * stride - extent + 1  # eq 24 (>= 1 by the floor above)
-            in_start = in_start + (in_len - new_in_len) // 2  # eq 25: centre crop
+            if centre is None:
+                in_start = in_start + (in_len - new_in_len) // 2  # eq 25: centre crop
+            else:  # eq 25 around the patch's own centre, inside the incoming window
+                wanted = np.floor(centre - (new_in_len - 1) / 2).astype(np.int64)
+                in_start = np.clip(wanted, in_start, in_start + in_len - new_in_len)
             in_len = new_in_len  # eq 26
 
     # eq 13 / eq 27: first output whose window touches the (possibly cropped) input patch.
@@ -125,6 +147,7 @@ def local_step(op: AxisOp, incoming: Window, tau: float = 1.0) -> LocalStep:
         input=Window(in_start, in_len),
         read=Window(read_start, read_len),
         output=Window(out_start, out_len),
+        centre=None if centre is None else project_centre(op, centre),
     )
 
 

@@ -34,7 +34,7 @@ def image():
 
 
 def test_tau_one_without_drill_down_is_exact(model, image):
-    exact = krypton.explain(model, image, patch=8, stride=4)
+    exact = krypton.explain(model, image, patch=8, stride=4, strategy="incremental")
     approx = krypton.explain(
         model, image, patch=8, stride=4, mode="approximate", tau=1.0, r_drill_down=1.0
     )

@@ -216,6 +216,12 @@ def out_of_place_module(module: nn.Module) -> nn.Module:
     return module
 
 
+def writes_in_place(target: Callable, args: tuple, kwargs: dict) -> bool:
+    """True if this call asks to overwrite its input (``inplace=True``)."""
+    bound = bind_arguments(target, args, kwargs)
+    return bound is not None and bool(bound.arguments.get("inplace", False))
+
+
 def out_of_place_call(target: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Rewrite a functional call so that it does not modify its input (inplace=False)."""
     bound = bind_arguments(target, args, kwargs)

@@ -8,7 +8,7 @@ naive inference for the requested positions, so exact mode never runs the slower
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = [
     "ExecutionPlan",
     "propagate",
     "remap_window",
+    "remap_centre",
     "static_plan",
     "measured_plan",
     "MIN_THEORETICAL_SPEEDUP",
@@ -48,6 +49,8 @@ class PatchGeometry:
     scatter_ok: dict[fx.Node, bool]  # overlay by scatter (patch inside read-in context)
     aligned: set[tuple[fx.Node, fx.Node]]  # (merge, input) pairs already on the merge's window
     positions: int
+    # (merge, input) pairs whose window lies inside the merge's: overlay by scatter
+    contained: set[tuple[fx.Node, fx.Node]] = field(default_factory=set)
 
     def macs_per_position(self, steps: list[Step], shapes: dict) -> tuple[int, int]:
         """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""
@@ -98,6 +101,14 @@ def remap_window(index_map: np.ndarray, incoming: Window) -> Window:
     return Window(np.minimum(start, size - length).astype(np.int64), length)
 
 
+def remap_centre(index_map: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """Where a copy op puts the cell at ``centre`` (its first copy; the nearest copied
+    cell where that one was cropped away)."""
+    valid = np.nonzero(index_map >= 0)[0]
+    distance = np.abs(index_map[valid][None, :] - np.round(centre)[:, None])
+    return valid[np.argmin(distance, axis=1)].astype(np.float64)
+
+
 def propagate(
     steps: list[Step],
     shapes: dict[fx.Node, tuple[int, ...]],
@@ -114,16 +125,23 @@ def propagate(
     local_steps: dict[fx.Node, tuple[LocalStep, LocalStep]] = {}
     scatter_ok: dict[fx.Node, bool] = {}
     aligned: set[tuple[fx.Node, fx.Node]] = set()
+    contained: set[tuple[fx.Node, fx.Node]] = set()
+    # Where the patch's centre lies in each tensor: projective-field thresholding crops
+    # around it (eq 25), wherever the border clamp (eq 31) has moved the window.
+    centres: dict[fx.Node, tuple[np.ndarray, np.ndarray]] = {}
     for step in steps:
         node = step.node
         if step.kind == NodeKind.INPUT:
             windows[node] = (Window(ys, patch_h), Window(xs, patch_w))
+            centres[node] = (ys + (patch_h - 1) / 2, xs + (patch_w - 1) / 2)
         elif step.kind == NodeKind.LOCAL:
             in_rows, in_cols = windows[node.args[0]]
-            row_step = local_step(step.local.rows, in_rows, tau)
-            col_step = local_step(step.local.cols, in_cols, tau)
+            centre_rows, centre_cols = centres[node.args[0]]
+            row_step = local_step(step.local.rows, in_rows, tau, centre_rows)
+            col_step = local_step(step.local.cols, in_cols, tau, centre_cols)
             local_steps[node] = (row_step, col_step)
             windows[node] = (row_step.output, col_step.output)
+            centres[node] = (row_step.centre, col_step.centre)
             # Untruncated patch wholly inside its read-in context: overlay by scatter.
             scatter_ok[node] = (
                 _same(row_step.input, in_rows)
@@ -137,8 +155,17 @@ def propagate(
                 remap_window(step.remap.row_map, in_rows),
                 remap_window(step.remap.col_map, in_cols),
             )
+            centre_rows, centre_cols = centres[node.args[0]]
+            centres[node] = (
+                remap_centre(step.remap.row_map, centre_rows),
+                remap_centre(step.remap.col_map, centre_cols),
+            )
         elif step.kind == NodeKind.POINTWISE:
             parts = [windows[a] for a in step.patched_args]
+            centres[node] = (
+                np.mean([centres[a][0] for a in step.patched_args], axis=0),
+                np.mean([centres[a][1] for a in step.patched_args], axis=0),
+            )
             if len(parts) == 1:
                 windows[node] = parts[0]
             else:
@@ -152,7 +179,9 @@ def propagate(
             for arg, (rows_w, cols_w) in zip(step.patched_args, parts):
                 if _same(rows_w, out_rows) and _same(cols_w, out_cols):
                     aligned.add((node, arg))
-    return PatchGeometry(windows, local_steps, scatter_ok, aligned, len(ys))
+                elif _inside(rows_w, out_rows) and _inside(cols_w, out_cols):
+                    contained.add((node, arg))
+    return PatchGeometry(windows, local_steps, scatter_ok, aligned, len(ys), contained)
 
 
 @dataclass(frozen=True)

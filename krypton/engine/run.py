@@ -234,6 +234,20 @@ def _run_pointwise(
         value: Patched = env[arg]
         if (node, arg) in geometry.aligned:
             replacements[arg] = value.data
+        elif (node, arg) in geometry.contained:  # merge, input inside the bounding box
+            source, top, left = views.spatial(arg)
+            context = read_in_context_scatter(
+                source,
+                out_rows,
+                out_cols,
+                top,
+                left,
+                out_rows_w.length,
+                out_cols_w.length,
+                value,
+                items,
+            )
+            replacements[arg] = to_logical(context, value.view_shape, value.spatial_dims)
         else:  # merge: bring the input to the bounding box (eq 20)
             source, top, left = views.spatial(arg)
             rows, cols = value.spatial_dims
