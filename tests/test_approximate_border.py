@@ -6,6 +6,7 @@ approximate heatmap in a band about 25 px wide along the borders of a 128 px inp
 """
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from torch import nn
 
 import krypton
 from krypton.engine import IncrementalGraph, NodeKind
-from krypton.fundus import FundusGenerator
+from krypton.fundus import FundusGenerator, Lesion
 from PIL import Image
 from krypton.registry import load_model
 
@@ -111,26 +112,29 @@ def test_the_crop_always_holds_the_patch_centre_on_resnet18():
             centre[step.node] = np.mean([centre[a] for a in step.patched_args], axis=0)
 
 
-def test_a_lesion_in_the_border_band_stays_visible_in_approximate_mode():
-    """The reported case: the demo model, a strong exudate 26 px from the bottom edge,
-    the patch on it. Exact: the probability collapses; approximate at τ 0.91 must too."""
+@pytest.mark.parametrize("lesion_x, lesion_y", [(102, 64), (64, 102), (106, 29)])
+def test_a_microaneurysm_in_the_border_band_stays_visible(lesion_x, lesion_y):
+    """The reported case: the demo model (128 px), one microaneurysm 22-26 px from an
+    edge, every stride-4 patch position that covers it. Occluding it makes the exact
+    probability collapse (~0.02); approximate at τ 0.91 used to keep 0.6-0.94 there."""
     loaded = load_model("fundus-demo")
     size = loaded.input_size[0]
-    generator = FundusGenerator(seed=5, size=size)
-    sample = generator.sample(label=0)
-    image = sample.image.astype(np.float32) / 255.0
+    background = FundusGenerator(seed=5, size=size).sample(label=0).image / 255.0
     yy, xx = np.mgrid[0:size, 0:size]
-    lesion_x, lesion_y = size // 2, size - 26
-    blob = np.exp(-((((xx - lesion_x) ** 2 + (yy - lesion_y) ** 2) / (2 * 4.0**2)) ** 2))
-    alpha = np.clip(blob * 1.3, 0, 1)[..., None] * 0.9
-    image = image * (1 - alpha) + np.array([1.0, 0.88, 0.45]) * alpha
+    profile = np.exp(-((xx - lesion_x) ** 2 + (yy - lesion_y) ** 2) / (2 * 1.875**2))
+    alpha = (profile * 0.7)[..., None]
+    image = background * (1 - alpha) + np.array([0.42, 0.06, 0.05]) * alpha
     tensor = loaded.preprocess(Image.fromarray((np.clip(image, 0, 1) * 255).astype(np.uint8)))
+    lesion = Lesion("MICROANEURYSM", lesion_x, lesion_y, 2.5)
+    covering = [
+        (x, y)
+        for x in range(0, size - 15, 4)
+        for y in range(0, size - 15, 4)
+        if lesion.covered_by(x, y, 16)
+    ]
     explainer = krypton.OcclusionExplainer(loaded.module)
-    exudate = loaded.classes.index("EXUDATE")
-    on_lesion = [(lesion_x - 8 + dx, lesion_y - 8 + dy) for dx in (-2, 0, 2) for dy in (-2, 0, 2)]
-    common = dict(patch=16, label=exudate, positions=on_lesion)
+    common = dict(patch=16, label=loaded.classes.index("MICROANEURYSM"), positions=covering)
     exact = explainer.explain(tensor, mode="exact", **common)
     approximate = explainer.explain(tensor, mode="approximate", tau=0.91, **common)
-    assert exact.prob > 0.9  # the model sees the lesion
-    assert np.nanmax(exact.values) < 0.3  # and occluding it removes the evidence
-    assert np.nanmax(approximate.values) < 0.5, approximate.values
+    assert exact.prob > 0.9 and np.nanmin(exact.values) < 0.1  # the evidence, and its loss
+    assert np.nanmin(approximate.values) < np.nanmin(exact.values) + 0.05
