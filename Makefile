@@ -40,6 +40,7 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.bench
+	$(PY) -m bench.architectures
 	$(PY) -W ignore -m bench.dropin
 
 # Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.
