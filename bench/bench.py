@@ -334,11 +334,11 @@ def print_quality(count: int) -> None:
 
     import krypton
     from krypton.fundus import FundusGenerator
-    from krypton.tuning import TauTuning, heatmap_ssim
+    from krypton.tuning import choose_tau, heatmap_ssim
 
     loaded = krypton.load_model("fundus-demo")
-    tuning = TauTuning.from_entry(loaded.extra["entry"])
-    tau = tuning.tau_for(0.9) if tuning else 1.0
+    choice = choose_tau(loaded.tuning)
+    tau = choice.tau
     generator = FundusGenerator(seed=7)
     explainer = krypton.OcclusionExplainer(loaded.module)
     fill = loaded.gray_fill()

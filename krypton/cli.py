@@ -20,6 +20,7 @@ from . import analysis, explainer as explain_module
 from .imaging import ImageLoadError, heatmap_picture, load_image
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
 from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
+from .tuning import DEFAULT_TARGET_SSIM
 
 
 def _region(text: str) -> tuple[int, int, int, int]:
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     approximate = run.add_argument_group(
         "approximate mode (--mode approximate; default τ: the model's tuned value for "
-        "SSIM 0.9, as in the app)"
+        "SSIM 0.9 and localisation, as in the app)"
     )
     approximate.add_argument("--tau", type=float, help="projective-field threshold in (0, 1]")
     approximate.add_argument(
@@ -121,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--held-out", type=int, default=30, help="images for the check")
     tune.add_argument("--patch", type=int, default=16)
     tune.add_argument("--stride", type=int, default=4)
-    tune.add_argument("--target", type=float, default=0.9, help="target SSIM to check")
+    tune.add_argument(
+        "--target", type=float, default=DEFAULT_TARGET_SSIM, help="target SSIM to tune for"
+    )
 
     calibrate = commands.add_parser("calibrate", help="fit the runtime estimator on this host")
     calibrate.add_argument("--model", default=None)
@@ -355,7 +358,7 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from .tuning import tune_tau
+    from .tune import tune_tau
     import json
 
     model = _load(args.model, random_weights=False)
@@ -380,12 +383,18 @@ def run_tune(args: argparse.Namespace) -> int:
     path.write_text(json.dumps(entry, indent=2) + "\n")
     a, b, c = record["coefficients"]
     print(f"SSIM(tau) = {a:.3f} tau^2 + {b:.3f} tau + {c:.3f} over {split} images")
-    print(f"tau for SSIM {args.target}: {record['tau_for_target'][str(args.target)]}")
+    chosen = record["chosen"]
+    print(
+        f"tau for SSIM {args.target} and localisation: {chosen['tau']} (the curve alone: "
+        f"{chosen['curve_tau']}; localisation floor {chosen['localisation_floor']})"
+    )
     if "held_out" in record:
         check = record["held_out"]
         print(
             f"held-out ({check['images']} images): {check['fraction_at_or_above']:.0%} at "
-            f"or above {args.target}, worst shortfall {check['worst_shortfall']:.3f}"
+            f"or above {args.target}, worst shortfall {check['worst_shortfall']:.3f}; "
+            f"lowest cell kept on {check['minimum_kept']:.0%}, lowest 5% overlap "
+            f"{check['lowest_overlap']:.0%}"
         )
     print(f"wrote {path}")
     return 0
@@ -394,13 +403,12 @@ def run_tune(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     from .estimator import calibrate, save_calibration
     from .registry import find_entry
-    from .tuning import TauTuning
+    from .tuning import TauTuning, choose_tau
 
     name = args.model or default_model_name()
     path, entry = find_entry(name)
     model = _load(name, args.random_weights)
-    tuning = TauTuning.from_entry(entry)
-    tau = tuning.tau_for(0.9) if tuning else 1.0
+    tau = choose_tau(TauTuning.from_record(entry.get("tuning"))).tau
     patches = [int(p) for p in args.patches.split(",")]
     record = calibrate(
         model.module,

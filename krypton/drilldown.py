@@ -1,9 +1,12 @@
 """Adaptive drill-down (paper §4.2-4.3): a coarse pass, then full resolution where it matters.
 
 Pure numpy. Stage one evaluates the region at stride S1; the fraction r_drill_down of its
-cells with the largest probability drops are refined at the original stride S2. Each S2
-position belongs to the S1 cell whose block [x, x + S1) contains it (the last block also
-takes the leftover margin).
+cells is refined at the original stride S2. The paper refines the cells with the largest
+probability drops ("drop"); the default here ("drop+variation") spends half of the same
+budget on them and half on the cells whose neighbours disagree most, so a lesion that
+falls between stage-one samples — a moderate drop beside no drop — is still drilled. Each
+S2 position belongs to the S1 cell whose block [x, x + S1) contains it (the last block
+also takes the leftover margin).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ __all__ = [
     "max_drill_down_speedup",
     "check_drill_down",
     "selected_blocks",
+    "local_variation",
+    "REFINE_RULES",
     "interpolate_to_grid",
 ]
 
@@ -54,14 +59,44 @@ def check_drill_down(target: float, r_drill_down: float, s2: int, width: int) ->
     return s2 * max(2, int(round(s1 / s2)))
 
 
-def selected_blocks(stage_one: np.ndarray, r_drill_down: float) -> np.ndarray:
-    """Boolean mask of the stage-one cells to drill into: the ceil(r * cells) with the
-    lowest probability (largest drops), ties broken by position."""
+REFINE_RULES = ("drop+variation", "drop")
+
+
+def local_variation(stage_one: np.ndarray) -> np.ndarray:
+    """Per cell, the largest absolute difference to any of its 8 neighbours."""
+    padded = np.pad(stage_one.astype(np.float64), 1, mode="edge")
+    height, width = stage_one.shape
+    largest = np.zeros((height, width))
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            neighbour = padded[1 + dy : 1 + dy + height, 1 + dx : 1 + dx + width]
+            largest = np.maximum(largest, np.abs(neighbour - stage_one))
+    return largest
+
+
+def selected_blocks(
+    stage_one: np.ndarray, r_drill_down: float, rule: str = "drop+variation"
+) -> np.ndarray:
+    """Boolean mask of the ceil(r * cells) stage-one cells to drill into.
+
+    "drop" (the paper): the lowest probabilities. "drop+variation": the lowest half of
+    that count by probability, the rest by local variation among the cells left — the
+    same number of positions, so the two rules cost the same. Ties go by position.
+    """
+    if rule not in REFINE_RULES:
+        raise ValueError(f"refine_by must be one of {', '.join(REFINE_RULES)}; got {rule!r}")
     flat = stage_one.ravel()
     count = max(1, math.ceil(r_drill_down * flat.size))
-    chosen = np.argsort(flat, kind="stable")[:count]
+    by_drop = count if rule == "drop" else math.ceil(count / 2)
+    chosen = np.argsort(flat, kind="stable")[:by_drop]
     mask = np.zeros(flat.size, dtype=bool)
     mask[chosen] = True
+    if count > by_drop:
+        variation = np.where(mask, -np.inf, local_variation(stage_one).ravel())
+        # largest variation first; among equals the lower probability (the dip itself
+        # before the neighbours that border it)
+        order = np.lexsort((flat, -variation))
+        mask[order[: count - by_drop]] = True
     return mask.reshape(stage_one.shape)
 
 

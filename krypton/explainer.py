@@ -35,7 +35,7 @@ from .engine import (
     scatter_full,
 )
 from .models import LoadedModel
-from .tuning import TauTuning
+from .tuning import TauTuning, choose_tau
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
 
@@ -414,16 +414,20 @@ class OcclusionExplainer:
             )
         self.dtype = _model_dtype(model)
         self._graphs: dict[tuple, IncrementalGraph | UnsupportedModelError] = {}
-        self._views: tuple[str, MaterializedViews] | None = None
+        self._views: dict[bool, tuple[str, MaterializedViews]] = {}  # per freeze_gates
         self._fingerprint: tuple | None = None
         self._lock = threading.Lock()  # one capture per shape, shared by every thread
         # Plans confirmed by timing both on this host, per (shape, patch, batch size).
         self.measured_plans: dict[tuple, ExecutionPlan] = {}
 
     # -- materialisation ----------------------------------------------------------------
-    def views_for(self, image: torch.Tensor) -> tuple[IncrementalGraph, MaterializedViews]:
+    def views_for(
+        self, image: torch.Tensor, freeze_gates: bool = False
+    ) -> tuple[IncrementalGraph, MaterializedViews]:
         """Captured graph and materialised views of ``image`` (cached for the last image).
 
+        ``freeze_gates``: the graph that keeps global-context gates at their unoccluded
+        values (approximate mode); a model without gates gets its ordinary graph.
         Raises :class:`UnsupportedModelError` when the model cannot be captured; the
         failure is remembered, so it is reported again without tracing again.
         """
@@ -433,21 +437,28 @@ class OcclusionExplainer:
             if fingerprint != self._fingerprint:  # weights, settings or layers changed
                 self._graphs.clear()
                 self.measured_plans.clear()
-                self._views = None
+                self._views = {}
                 self._fingerprint = fingerprint
             shape = tuple(image.shape)
-            graph = self._graphs.get(shape)
-            if graph is None:
-                try:
-                    graph = IncrementalGraph(self.model, image)
-                except UnsupportedModelError as exc:
-                    graph = exc
-                self._graphs[shape] = graph
-            if isinstance(graph, UnsupportedModelError):
-                raise graph
-            if self._views is None or self._views[0] != key:
-                self._views = (key, graph.materialize(image))
-            return graph, self._views[1]
+            graph = self._graph(image, shape, False)
+            if freeze_gates and graph.gate_candidates:
+                graph = self._graph(image, shape, True)
+            cached = self._views.get(graph.freeze_gates)
+            if cached is None or cached[0] != key:
+                self._views[graph.freeze_gates] = cached = (key, graph.materialize(image))
+            return graph, cached[1]
+
+    def _graph(self, image: torch.Tensor, shape: tuple, freeze_gates: bool) -> IncrementalGraph:
+        graph = self._graphs.get((shape, freeze_gates))
+        if graph is None:
+            try:
+                graph = IncrementalGraph(self.model, image, freeze_gates=freeze_gates)
+            except UnsupportedModelError as exc:
+                graph = exc
+            self._graphs[(shape, freeze_gates)] = graph
+        if isinstance(graph, UnsupportedModelError):
+            raise graph
+        return graph
 
     def largest_activation_bytes(self, graph: IncrementalGraph) -> int:
         """Bytes of the largest tensor one image produces in ``graph``."""
@@ -482,6 +493,8 @@ class OcclusionExplainer:
         tuning: TauTuning | None = None,
         partial: PartialCallback | None = None,
         strategy: str = "auto",
+        freeze_gates: bool | None = None,
+        refine_by: str = "drop+variation",
     ) -> Heatmap:
         """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments."""
         started = time.perf_counter()
@@ -527,6 +540,7 @@ class OcclusionExplainer:
             stride_used,
             region,
             (height, width),
+            refine_by,
         )
 
         # The one unoccluded inference: gives the label, its probability and (exact) views.
@@ -534,7 +548,8 @@ class OcclusionExplainer:
             logits, macs_per_image, largest = _count_macs_with_hooks(self.model, image)
             graph = views = None
         else:
-            graph, views = self.views_for(image)
+            freeze = mode == "approximate" and freeze_gates is not False
+            graph, views = self.views_for(image, freeze_gates=freeze)
             logits = views.logits
             largest = self.largest_activation_bytes(graph)
         requested_batch = batch_size
@@ -586,6 +601,8 @@ class OcclusionExplainer:
         else:
             unique_ys, unique_xs = grid
             values = self._drill_down(run, grid, patch, plan, region, extra, partial)
+        if mode == "approximate":
+            extra["frozen_gates"] = list(graph.frozen)
         if mode == "naive":
             extra["plan"] = "naive: requested (mode='naive')"
         elif mode == "approximate":
@@ -714,7 +731,7 @@ class OcclusionExplainer:
             partial(values.copy())
         block_rows = drilldown.block_of(grid_ys, grid_ys[0], s1, len(stage_ys))
         block_cols = drilldown.block_of(grid_xs, grid_xs[0], s1, len(stage_xs))
-        refine = drilldown.selected_blocks(stage_one, plan.r_drill_down)[
+        refine = drilldown.selected_blocks(stage_one, plan.r_drill_down, plan.refine_by)[
             block_rows[:, None], block_cols[None, :]
         ]
         # positions computed in stage one keep their values and are not recomputed
@@ -732,6 +749,7 @@ class OcclusionExplainer:
             stage_one_positions=int(stage_rows.size),
             stage_two_positions=int(len(rows)),
             drilled_cells=int(refine.sum()),
+            refine_by=plan.refine_by,
             theoretical_drill_down_speedup=drilldown.drill_down_speedup(
                 s1, plan.s2, plan.r_drill_down
             ),
@@ -762,6 +780,7 @@ class _ApproximatePlan:
     r_drill_down: float
     s1: int | None  # None: no drill-down
     s2: int | None
+    refine_by: str = "drop+variation"
 
 
 def _approximate_plan(
@@ -777,10 +796,15 @@ def _approximate_plan(
     stride,
     region,
     image_hw,
+    refine_by: str = "drop+variation",
 ) -> _ApproximatePlan | None:
     """Validate the approximate-mode settings before any work; None for other modes."""
     if mode != "approximate":
         return None
+    if refine_by not in drilldown.REFINE_RULES:
+        raise ValueError(
+            f"refine_by must be one of {', '.join(drilldown.REFINE_RULES)}; got {refine_by!r}"
+        )
     for name, value in (("tau", tau), ("target_ssim", target_ssim)):
         if value is not None and (
             isinstance(value, bool)
@@ -800,29 +824,16 @@ def _approximate_plan(
         or target_speedup <= 1.0
     ):
         raise ValueError(f"target_speedup must be greater than 1, got {target_speedup!r}")
-    if tau is not None and target_ssim is not None:
-        raise ValueError("give tau or target_ssim, not both")
-    if tau is not None:
-        tau_value, source = float(tau), "given"
-    elif target_ssim is not None:
-        if tuning is None:
-            raise ValueError(
-                "target_ssim needs this model's tuned SSIM(tau) curve, which it "
-                "does not have; run `krypton tune --model NAME` or "
-                "pass tau"
-            )
-        tau_value, source = tuning.tau_for(float(target_ssim)), f"tuned for SSIM {target_ssim}"
-    elif tuning is not None:
-        tau_value, source = tuning.tau_for(0.9), "tuned for SSIM 0.9"
-    else:
+    choice = choose_tau(tuning, tau, target_ssim)
+    if tau is None and target_ssim is None and tuning is None:
         warnings.warn(
             "no tuned tau for this model: using tau=1.0 (no projective-field "
             "thresholding); run `krypton tune` to tune it",
             stacklevel=3,
         )
-        tau_value, source = 1.0, "default 1.0 (model not tuned)"
+    tau_value, source = choice.tau, choice.source
     if grid is None or r_drill_down >= 1.0 or (len(grid[0]) < 2 and len(grid[1]) < 2):
-        return _ApproximatePlan(tau_value, source, r_drill_down, None, stride)
+        return _ApproximatePlan(tau_value, source, r_drill_down, None, stride, refine_by)
     if s1 is not None:
         s1 = _positive_int(s1, "s1")
         if s1 <= stride:
@@ -835,7 +846,7 @@ def _approximate_plan(
         s1 = drilldown.check_drill_down(
             float(target_speedup), float(r_drill_down), stride, int(width)
         )
-    return _ApproximatePlan(tau_value, source, float(r_drill_down), s1, stride)
+    return _ApproximatePlan(tau_value, source, float(r_drill_down), s1, stride, refine_by)
 
 
 class _Run:
@@ -995,6 +1006,8 @@ def explain(
     s1: int | None = None,
     partial: PartialCallback | None = None,
     strategy: str = "auto",
+    freeze_gates: bool | None = None,
+    refine_by: str = "drop+variation",
 ) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
@@ -1031,6 +1044,13 @@ def explain(
             incremental inference where it is faster on this host and naive inference
             where it is not (``heatmap.extra["plan"]`` says which and why); "incremental"
             or "naive" forces one.
+        freeze_gates: approximate mode keeps global-context gates (squeeze-excitation,
+            ECA) at their values on the unoccluded image, so computation stays
+            incremental past them; default on where the model has gates, False turns it
+            off. ``heatmap.extra["frozen_gates"]`` lists the gates kept.
+        refine_by: which stage-one cells drill-down refines: "drop+variation" (default)
+            half by the largest drops, half by the largest disagreement with neighbours;
+            "drop" the paper's largest drops only. Both refine the same number of cells.
 
     Returns:
         A :class:`Heatmap` of probabilities of ``label`` with the patch at each position;
@@ -1038,7 +1058,7 @@ def explain(
     """
     tuning = None
     if isinstance(model, LoadedModel):
-        tuning = TauTuning.from_entry(model.extra.get("entry"))
+        tuning = model.tuning
         model = model.module
     _check_model(model)
     explainer = _explainers.get(model)
@@ -1065,4 +1085,6 @@ def explain(
         tuning=tuning,
         partial=partial,
         strategy=strategy,
+        freeze_gates=freeze_gates,
+        refine_by=refine_by,
     )

@@ -17,6 +17,8 @@ import torchvision
 from PIL import Image
 from torch import nn
 
+from .tuning import TauTuning
+
 __all__ = [
     "LoadedModel",
     "WeightsUnavailableError",
@@ -56,6 +58,7 @@ class LoadedModel:
     random_weights: bool = False
     description: str = ""
     extra: dict = field(default_factory=dict)
+    tuning: TauTuning | None = None  # approximate mode's tuned τ (registry models only)
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:
         """Resize to the input size and normalise: (3, H, W) float tensor."""

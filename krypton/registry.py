@@ -30,6 +30,7 @@ import torchvision
 from torch import nn
 
 from .capture_lock import CAPTURE_LOCK
+from .tuning import TauTuning
 from .models import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -402,6 +403,7 @@ def load_model(name: str, directory: Path | None = None) -> LoadedModel:
         std=tuple(entry["std"]),
         description=entry.get("description", ""),
         extra={"registry_file": str(path), "entry": entry},
+        tuning=TauTuning.from_record(entry.get("tuning")),
     )
 
 

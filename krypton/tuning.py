@@ -1,38 +1,60 @@
-"""Tuning the projective-field threshold τ for a visual-quality target (paper §4.3).
+"""The projective-field threshold τ: its tuned curve, its quality metrics, and the one
+policy that picks it (paper §4.3).
 
-Offline: on sample images from the application domain, compute SSIM between the exact and
-the thresholded heatmap for τ = 1.0, 0.9, ..., 0.4 and fit a second-degree polynomial
-SSIM(τ). Online: for a target SSIM pick the lowest τ whose predicted SSIM meets it.
+Offline (:func:`krypton.tune.tune_tau`): on sample images from the application domain,
+SSIM between the exact and the thresholded heatmap for τ = 1.0, 0.9, ..., 0.4, fitted by a
+second-degree polynomial SSIM(τ), and the localisation of each thresholded heatmap.
+Online (:func:`choose_tau`): the tuned τ for the default target, or the curve's τ for
+another target, or 1.0 for an untuned model. The explainer, the CLI, the app and the
+benchmark all ask :func:`choose_tau`; nothing else decides τ.
 
 SSIM compares the heatmaps as the user sees them: both clipped to the display range
-0.75p .. min(1, 1.25p) and compared with that range as ``data_range``.
+0.75p .. min(1, 1.25p) and compared with that range as ``data_range``. SSIM can stay high
+while the evidence moves, so :func:`localisation` checks where the lowest cells are.
+
+This module is pure (numpy, scikit-image): it imports nothing that runs a model.
 """
 
 from __future__ import annotations
 
-import datetime
-import platform
-import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
-import torch
 from skimage.metrics import structural_similarity
 
 from .imaging import heatmap_limits
 
-__all__ = ["TauTuning", "heatmap_ssim", "tune_tau", "DEFAULT_TAUS"]
+__all__ = [
+    "DEFAULT_TARGET_SSIM",
+    "DEFAULT_TAUS",
+    "LOCALISATION_SHARE",
+    "Localisation",
+    "TauChoice",
+    "TauTuning",
+    "choose_tau",
+    "heatmap_ssim",
+    "localisation",
+]
 
 DEFAULT_TAUS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
 TAU_GRID = np.round(np.arange(1.0, 0.3999, -0.01), 2)  # from 1 down to the lowest sampled
+DEFAULT_TARGET_SSIM = 0.9  # the quality target approximate mode is tuned for by default
+LOCALISATION_SHARE = 0.9  # share of tuning images whose evidence must stay in place
 
 
 @dataclass(frozen=True)
 class TauTuning:
-    """A fitted SSIM(τ) curve: SSIM = a τ² + b τ + c."""
+    """A model's tuned τ: the fitted SSIM(τ) = a τ² + b τ + c, and the τ chosen for the
+    default target so that SSIM and localisation both hold (None in older records, which
+    had the curve only)."""
 
     coefficients: tuple[float, float, float]
+    chosen_tau: float | None = None
+    target_ssim: float = DEFAULT_TARGET_SSIM
+    # at chosen_tau on the tuning images: share keeping the exact minimum among the lowest
+    # cells, and mean share of the lowest 5% cells kept
+    minimum_kept: float | None = None
+    lowest_overlap: float | None = None
 
     def predicted_ssim(self, tau: float) -> float:
         return float(np.polyval(self.coefficients, tau))
@@ -54,11 +76,97 @@ class TauTuning:
         return chosen
 
     @classmethod
-    def from_entry(cls, entry: dict | None) -> "TauTuning | None":
-        """From a registry entry's "tuning" record, if it has one."""
-        if not entry or "tuning" not in entry:
+    def from_record(cls, record: dict | None) -> "TauTuning | None":
+        """From a registry entry's "tuning" record (what tune_tau wrote), if any."""
+        if not record:
             return None
-        return cls(tuple(float(c) for c in entry["tuning"]["coefficients"]))
+        chosen = record.get("chosen") or {}
+        return cls(
+            tuple(float(c) for c in record["coefficients"]),
+            chosen_tau=chosen.get("tau"),
+            target_ssim=float(chosen.get("target_ssim", DEFAULT_TARGET_SSIM)),
+            minimum_kept=chosen.get("minimum_kept"),
+            lowest_overlap=chosen.get("lowest_overlap"),
+        )
+
+    def describe(self) -> str:
+        """One line for a model card: the default τ and what it was tuned to keep."""
+        choice = choose_tau(self)
+        text = f"τ = {choice.tau:.2f} ({choice.source})"
+        if self.minimum_kept is not None and self.lowest_overlap is not None:
+            text += (
+                f"; on the tuning images the exact map's lowest cell stayed among the "
+                f"approximate map's lowest in {self.minimum_kept:.0%}, and "
+                f"{self.lowest_overlap:.0%} of its lowest 5% of cells were kept"
+            )
+        return text
+
+
+@dataclass(frozen=True)
+class TauChoice:
+    """The τ a run uses, and where it came from (shown with every approximate result)."""
+
+    tau: float
+    source: str
+
+
+def choose_tau(
+    tuning: TauTuning | None, tau: float | None = None, target_ssim: float | None = None
+) -> TauChoice:
+    """The one τ policy: a given τ; else the tuned curve's τ for a given target SSIM; else
+    the model's tuned τ for the default target (SSIM and localisation); else 1.0 (no
+    thresholding) for a model that was never tuned."""
+    if tau is not None and target_ssim is not None:
+        raise ValueError("give tau or target_ssim, not both")
+    if tau is not None:
+        return TauChoice(float(tau), "given")
+    if target_ssim is not None:
+        if tuning is None:
+            raise ValueError(
+                "target_ssim needs this model's tuned SSIM(tau) curve, which it does not "
+                "have; run `krypton tune --model NAME` or pass tau"
+            )
+        target_ssim = float(target_ssim)
+        if tuning.chosen_tau is not None and target_ssim == tuning.target_ssim:
+            return TauChoice(tuning.chosen_tau, f"tuned for SSIM {target_ssim:g} and localisation")
+        return TauChoice(tuning.tau_for(target_ssim), f"tuned for SSIM {target_ssim:g}")
+    if tuning is None:
+        return TauChoice(1.0, "default 1.0 (model not tuned)")
+    return choose_tau(tuning, target_ssim=tuning.target_ssim)
+
+
+@dataclass(frozen=True)
+class Localisation:
+    """Whether an approximate heatmap keeps the evidence where the exact one has it."""
+
+    minimum_kept: bool  # exact's lowest cell is among approximate's k lowest
+    lowest_overlap: float  # share of exact's 5% lowest cells among approximate's 5% lowest
+
+
+def _lowest(values: np.ndarray, count: int) -> np.ndarray:
+    """Flat indices of the ``count`` lowest cells (NaN cells are never among them)."""
+    flat = np.where(np.isnan(values), np.inf, values).ravel()
+    return np.argsort(flat, kind="stable")[:count]
+
+
+def localisation(exact: np.ndarray, approximate: np.ndarray) -> Localisation:
+    """Localisation of ``approximate`` against ``exact`` (same grid).
+
+    The minimum criterion: exact's lowest cell lies among approximate's k lowest cells,
+    k = 1% of the cells and at least 3. The overlap: the share of exact's 5% lowest cells
+    (at least 1) that are also among approximate's 5% lowest.
+    """
+    if exact.shape != approximate.shape:
+        raise ValueError(f"heatmaps differ in shape: {exact.shape} vs {approximate.shape}")
+    cells = int(np.sum(~np.isnan(exact)))
+    if cells == 0:
+        raise ValueError("the exact heatmap has no values")
+    k = max(3, int(np.ceil(0.01 * cells)))
+    exact_minimum = _lowest(exact, 1)[0]
+    minimum_kept = bool(exact_minimum in set(_lowest(approximate, k).tolist()))
+    share = max(1, int(np.ceil(0.05 * cells)))
+    overlap = len(set(_lowest(exact, share).tolist()) & set(_lowest(approximate, share).tolist()))
+    return Localisation(minimum_kept, overlap / share)
 
 
 def heatmap_ssim(exact: np.ndarray, approximate: np.ndarray, prob: float) -> float:
@@ -71,83 +179,3 @@ def heatmap_ssim(exact: np.ndarray, approximate: np.ndarray, prob: float) -> flo
     if win_size < 3:
         raise ValueError(f"heatmaps of shape {first.shape} are too small for SSIM")
     return float(structural_similarity(first, second, data_range=high - low, win_size=win_size))
-
-
-def tune_tau(
-    model: torch.nn.Module,
-    images: Sequence[torch.Tensor],
-    *,
-    patch: int = 16,
-    stride: int = 4,
-    fill=0.0,
-    taus: Sequence[float] = DEFAULT_TAUS,
-    held_out: Sequence[torch.Tensor] = (),
-    target_ssim: float = 0.9,
-    log: Callable[[str], None] = print,
-) -> dict:
-    """Fit SSIM(τ) on ``images``; check the chosen τ for ``target_ssim`` on ``held_out``.
-
-    Returns the record stored in the model's registry file under "tuning".
-    """
-    from .explainer import OcclusionExplainer
-
-    explainer = OcclusionExplainer(model)
-    points: list[tuple[float, float]] = []
-    started = time.perf_counter()
-
-    def curve_for(image: torch.Tensor, tau_values: Sequence[float]) -> list[float]:
-        exact = explainer.explain(image, patch=patch, stride=stride, fill=fill)
-        scores = []
-        for tau in tau_values:
-            if tau >= 1.0:
-                scores.append(1.0)
-                continue
-            approx = explainer.explain(
-                image,
-                patch=patch,
-                stride=stride,
-                fill=fill,
-                mode="approximate",
-                tau=tau,
-                r_drill_down=1.0,
-                label=exact.label,
-            )
-            scores.append(heatmap_ssim(exact.values, approx.values, exact.prob))
-        return scores
-
-    for index, image in enumerate(images):
-        scores = curve_for(image, taus)
-        points.extend(zip(taus, scores))
-        log(
-            f"image {index + 1}/{len(images)}: SSIM "
-            + " ".join(f"{t:.1f}:{s:.3f}" for t, s in zip(taus, scores))
-        )
-    tau_array, ssim_array = np.array(points).T
-    coefficients = np.polyfit(tau_array, ssim_array, 2)
-    tuning = TauTuning(tuple(float(c) for c in coefficients))
-    chosen = tuning.tau_for(target_ssim)
-    record = {
-        "coefficients": [float(c) for c in coefficients],
-        "taus": list(taus),
-        "patch": patch,
-        "stride": stride,
-        "sample_images": len(images),
-        "mean_ssim_by_tau": {f"{t:.1f}": float(np.mean(ssim_array[tau_array == t])) for t in taus},
-        "tau_for_target": {str(target_ssim): chosen},
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
-        + f", {torch.get_num_threads()} threads",
-    }
-    if held_out:
-        actual = [curve_for(image, [chosen])[0] for image in held_out]
-        shortfall = [target_ssim - value for value in actual]
-        record["held_out"] = {
-            "images": len(held_out),
-            "target_ssim": target_ssim,
-            "tau": chosen,
-            "fraction_at_or_above": float(np.mean([v >= target_ssim for v in actual])),
-            "worst_shortfall": float(max(0.0, max(shortfall))),
-            "mean_ssim": float(np.mean(actual)),
-        }
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    return record

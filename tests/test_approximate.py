@@ -18,7 +18,8 @@ from krypton.estimator import (
     save_calibration,
 )
 from krypton.registry import load_model, register_model
-from krypton.tuning import TauTuning, heatmap_ssim, tune_tau
+from krypton.tune import tune_tau
+from krypton.tuning import TauTuning, heatmap_ssim
 
 
 @pytest.fixture(scope="module")
@@ -225,11 +226,18 @@ def test_tuning_and_calibration_round_trip(tmp_path, model, image):
     assert record["held_out"]["images"] == 1
 
     reloaded = load_model("tiny", registry)
-    chosen = TauTuning.from_entry(reloaded.extra["entry"]).tau_for(0.9)
+    assert reloaded.tuning.chosen_tau == record["chosen"]["tau"]
+    assert record["chosen"]["tau"] >= record["chosen"]["localisation_floor"]
+    assert record["chosen"]["tau"] >= record["chosen"]["curve_tau"]
+    assert set(record["localisation_by_tau"]) == {"1.0", "0.7", "0.4"}
+    assert record["localisation_by_tau"]["1.0"]["minimum_kept"] == 1.0
     heatmap = krypton.explain(
         reloaded, image, patch=16, stride=8, mode="approximate", target_ssim=0.9, r_drill_down=1.0
     )
-    assert heatmap.extra["tau"] == chosen
+    assert heatmap.extra["tau"] == record["chosen"]["tau"]
+    assert heatmap.extra["tau_source"] == "tuned for SSIM 0.9 and localisation"
+    default = krypton.explain(reloaded, image, patch=16, stride=8, mode="approximate")
+    assert default.extra["tau"] == record["chosen"]["tau"]
 
     calibration = calibrate(reloaded.module, "tiny", (64, 64), patches=(16,), log=lambda line: None)
     save_calibration(path, calibration)
@@ -257,3 +265,31 @@ def test_planned_positions_match_runs(model, image):
     assert stage_one == heatmap.extra["stage_one_positions"]
     assert abs(stage_two - heatmap.extra["stage_two_positions"]) <= 0.35 * stage_two
     assert planned_positions((64, 64), 8, 4) == (15 * 15, 0)
+
+
+def test_refine_by_variation_drills_a_lesion_between_stage_one_samples():
+    """A drop that stage one only grazes — one sample at 0.6 beside samples at 1.0 — while
+    broad but shallow drops fill the lowest-probability budget: the paper's rule never
+    refines the grazed cell, drop+variation does, at the same number of cells."""
+    stage_one = np.ones((6, 6))
+    stage_one[0, :] = 0.55  # a broad, shallow drop along the top edge
+    stage_one[1, :] = 0.58
+    stage_one[2, :] = 0.8
+    stage_one[4, 3] = 0.6  # a lesion between samples: a partial drop beside none
+    budget = 0.25
+    by_drop = drilldown.selected_blocks(stage_one, budget, "drop")
+    by_quality = drilldown.selected_blocks(stage_one, budget, "drop+variation")
+    assert by_drop.sum() == by_quality.sum() == 9
+    assert not by_drop[4, 3] and by_quality[4, 3]
+    assert drilldown.local_variation(stage_one)[4, 3] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="refine_by must be one of"):
+        drilldown.selected_blocks(stage_one, budget, "largest")
+
+
+def test_refine_by_is_recorded_and_validated(model, image):
+    heatmap = krypton.explain(
+        model, image, patch=8, stride=4, mode="approximate", tau=1.0, refine_by="drop"
+    )
+    assert heatmap.extra["refine_by"] == "drop"
+    with pytest.raises(ValueError, match="refine_by must be one of"):
+        krypton.explain(model, image, mode="approximate", tau=1.0, refine_by="nope")

@@ -44,15 +44,14 @@ def digest(tensor: torch.Tensor) -> str:
 
 
 def view_digests(explainer: krypton.OcclusionExplainer) -> dict:
-    if explainer._views is None:
-        return {}
-    views = explainer._views[1]
-    found = {("logits",): digest(views.logits)}
-    for node, value in views.values.items():
-        if isinstance(value, torch.Tensor):
-            found[("value", node.name)] = digest(value)
-    for (node, pad), (tensor, _, _) in views.padded.items():
-        found[("padded", node.name, pad)] = digest(tensor)
+    found = {}
+    for frozen, (_, views) in explainer._views.items():
+        found[(frozen, "logits")] = digest(views.logits)
+        for node, value in views.values.items():
+            if isinstance(value, torch.Tensor):
+                found[(frozen, "value", node.name)] = digest(value)
+        for (node, pad), (tensor, _, _) in views.padded.items():
+            found[(frozen, "padded", node.name, pad)] = digest(tensor)
     return found
 
 

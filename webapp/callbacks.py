@@ -28,7 +28,7 @@ from krypton.registry import (
     register_model,
     remove_model,
 )
-from krypton.tuning import TauTuning
+from krypton.tuning import TauTuning, choose_tau
 
 from . import helpers
 from .helpers import InputError
@@ -656,12 +656,12 @@ def _model_card(loaded: krypton.LoadedModel) -> html.Div:
                 className="help",
             )
         )
-    tuning = TauTuning.from_entry(entry)
+    tuning = TauTuning.from_record(entry.get("tuning"))
     lines.append(
         html.P(
-            f"Approximate mode: τ = {tuning.tau_for(0.9):.2f} for SSIM 0.9"
+            f"Approximate mode: {tuning.describe()}"
             if tuning
-            else "Approximate mode: τ not tuned (uses τ = 1)",
+            else f"Approximate mode: {choose_tau(None).source}",
             className="help",
         )
     )

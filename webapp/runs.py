@@ -32,7 +32,7 @@ from krypton.estimator import (
 )
 from krypton.explainer import grid_positions
 from krypton.registry import RegistryError
-from krypton.tuning import TauTuning
+from krypton.tuning import DEFAULT_TARGET_SSIM, choose_tau
 
 from . import helpers
 from .helpers import InputError
@@ -71,7 +71,7 @@ class RunRequest:
     fill_rgb: tuple[float, float, float]
     label: int | None = None
     region: tuple[int, int, int, int] | None = None
-    target_ssim: float | None = 0.9
+    target_ssim: float | None = DEFAULT_TARGET_SSIM
     r_drill_down: float = 0.25
     target_speedup: float = 3.0
     snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
@@ -222,7 +222,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         known.origin = (int(grid_xs[0]), int(grid_ys[0]))
         counts = (evaluated, 0)
     else:
-        tuning = TauTuning.from_entry(loaded.extra.get("entry"))
+        tuning = loaded.tuning
         heatmap = explainer.explain(
             tensor,
             patch=request.patch,
@@ -235,7 +235,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
             partial=lambda values: live(0, 0, values),
             tuning=tuning,
             target_ssim=request.target_ssim if tuning else None,
-            tau=None if tuning else 1.0,
+            tau=None if tuning else choose_tau(None).tau,
             r_drill_down=request.r_drill_down,
             target_speedup=request.target_speedup,
         )

@@ -54,6 +54,7 @@ class NodeKind(str, enum.Enum):
     REMAP = "remap"  # copies of input cells (padding, cropping)
     POINTWISE = "pointwise"  # per-cell op, merge (eq 20) or layout op on update patches
     GLOBAL = "global"  # full materialisation, normal inference
+    FROZEN = "frozen"  # a global-context gate kept at its unoccluded value (approximate)
     SHAPE = "shape"  # python value (size/shape/dim) of an image-dependent tensor
     OUTPUT = "output"
 

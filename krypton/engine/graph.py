@@ -35,10 +35,50 @@ def _out_of_place_name(method: str) -> str:
     return method[:-1] if method.endswith("_") and not method.endswith("__") else method
 
 
-class IncrementalGraph:
-    """A captured model ready for batched incremental inference at one input shape."""
+def gate_roots(graph: fx.Graph, input_node: fx.Node) -> set[fx.Node]:
+    """Nodes that start a global-context gate: some node downstream of them combines
+    their result with an image-dependent tensor they do not feed (squeeze-excitation's
+    ``x * sigmoid(fc(mean(x)))``, ECA, channel attention). A classifier head's pooling
+    only flows to the output, so it is no gate root."""
+    nodes = list(graph.nodes)
+    depends: set[fx.Node] = {input_node}
+    for node in nodes:
+        if any(i in depends for i in flatten_nodes((node.args, node.kwargs))):
+            depends.add(node)
+    roots: set[fx.Node] = set()
+    for node in nodes:
+        if node not in depends or node is input_node or node.op == "output":
+            continue
+        downstream: set[fx.Node] = set()
+        frontier = list(node.users)
+        while frontier:
+            user = frontier.pop()
+            if user in downstream or user.op == "output":
+                continue
+            downstream.add(user)
+            frontier.extend(user.users)
+        for user in downstream:
+            for arg in flatten_nodes((user.args, user.kwargs)):
+                if arg in depends and arg is not node and arg not in downstream:
+                    roots.add(node)
+                    break
+            if node in roots:
+                break
+    return roots
 
-    def __init__(self, model: nn.Module, image: torch.Tensor):
+
+class IncrementalGraph:
+    """A captured model ready for batched incremental inference at one input shape.
+
+    ``freeze_gates`` (approximate mode only): global-context gates keep the values they
+    have on the unoccluded image, so inference stays incremental past them. A gate is a
+    global op with no spatial extent left (a (1, C, 1, 1) or (1, C) vector) that starts a
+    branch rejoining the image's tensors (:func:`gate_roots`); the patch contributes
+    about patch² / (H·W) of its input, so freezing it is an approximation, measured like
+    τ's.
+    """
+
+    def __init__(self, model: nn.Module, image: torch.Tensor, freeze_gates: bool = False):
         try:
             with CAPTURE_LOCK.exclusive():  # symbolic_trace patches nn.Module process-wide
                 self.module = fx.symbolic_trace(model)
@@ -60,6 +100,9 @@ class IncrementalGraph:
                     f"single-image classifiers can be explained"
                 )
         self.image_shape = tuple(image.shape)
+        self.freeze_gates = freeze_gates
+        self.gate_candidates = gate_roots(self.module.graph, self.input_node)
+        self.frozen: list[str] = []  # names of the gates kept at their unoccluded values
         self.last_use = self._last_uses()
         self._calls = {n: self._call_for(n) for n in self.nodes}
         self.steps: list[Step] = []
@@ -156,8 +199,13 @@ class IncrementalGraph:
         elif not any(i in depends for i in inputs):
             step = Step(node, NodeKind.STATIC)
         else:
-            depends.add(node)
             step = self._classifier.classify(node, values, dtype, device)
+            if step.kind == NodeKind.GLOBAL and self._freezes(node, values[node]):
+                step = Step(node, NodeKind.FROZEN, reason="gate kept at its unoccluded value")
+                self.frozen.append(node.name)
+                kinds[node] = step.kind  # not in ``depends``: its users see a constant
+                return step
+            depends.add(node)
             step.call = self._calls[node]
             step.macs_full = self._macs(node, values)
             return step
@@ -165,6 +213,15 @@ class IncrementalGraph:
         if step.spatial_dims is not None:
             self._classifier.dims[node] = step.spatial_dims
         return step
+
+    def _freezes(self, node: fx.Node, value: Any) -> bool:
+        """Whether this global node is a gate to keep at its unoccluded value."""
+        if not self.freeze_gates or node not in self.gate_candidates:
+            return False
+        if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[0] != 1:
+            return False
+        spatial = value.shape[2:] if value.dim() >= 3 else ()
+        return all(size == 1 for size in spatial)  # a channel vector: no spatial extent
 
     def _macs(self, node: fx.Node, values: dict[fx.Node, Any]) -> int:
         """Conv and linear multiply-accumulates of one image at this node (eq 9)."""
@@ -227,7 +284,7 @@ class IncrementalGraph:
     # Views
     # ---------------------------------------------------------------------------------
     def _keep_whole(self, node: fx.Node) -> bool:
-        return self.kinds.get(node) in (NodeKind.STATIC, NodeKind.SHAPE) or (
+        return self.kinds.get(node) in (NodeKind.STATIC, NodeKind.SHAPE, NodeKind.FROZEN) or (
             node in self._kept_in_full
         )
 

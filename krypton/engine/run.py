@@ -80,7 +80,7 @@ def run_batch(
     for index, step in enumerate(graph.steps):
         node = step.node
         kind = step.kind
-        if kind == NodeKind.STATIC:
+        if kind in (NodeKind.STATIC, NodeKind.FROZEN):
             env[node] = views.values[node]
         elif kind == NodeKind.INPUT:
             rows, cols = geometry.windows[node]

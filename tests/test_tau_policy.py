@@ -1,0 +1,65 @@
+"""One τ policy and the localisation metric (approximate mode's quality, beside SSIM)."""
+
+import numpy as np
+import pytest
+
+from krypton.tuning import TauTuning, choose_tau, localisation
+
+CURVE = (-1.2, 2.6, -0.4)  # concave, like the paper's Fig 9a
+
+
+def test_choose_tau_policy():
+    assert choose_tau(None).tau == 1.0 and "not tuned" in choose_tau(None).source
+    assert choose_tau(None, tau=0.7).tau == 0.7
+    with pytest.raises(ValueError, match="tuned SSIM"):
+        choose_tau(None, target_ssim=0.9)
+    with pytest.raises(ValueError, match="not both"):
+        choose_tau(TauTuning(CURVE), tau=0.5, target_ssim=0.9)
+    curve_only = TauTuning(CURVE)  # an older record: the curve decides
+    assert choose_tau(curve_only).tau == curve_only.tau_for(0.9)
+    assert choose_tau(curve_only).source == "tuned for SSIM 0.9"
+    # the tuned τ (SSIM and localisation) wins for the default target; other targets
+    # still come from the curve
+    tuned = TauTuning(CURVE, chosen_tau=0.95, minimum_kept=0.97, lowest_overlap=0.8)
+    assert choose_tau(tuned) == choose_tau(tuned, target_ssim=0.9)
+    assert choose_tau(tuned).tau == 0.95
+    assert choose_tau(tuned).source == "tuned for SSIM 0.9 and localisation"
+    assert choose_tau(tuned, target_ssim=0.8).tau == tuned.tau_for(0.8)
+    assert "97%" in tuned.describe() and "80%" in tuned.describe()
+
+
+def test_from_record_reads_old_and_new_records():
+    assert TauTuning.from_record(None) is None
+    old = TauTuning.from_record({"coefficients": list(CURVE)})
+    assert old.chosen_tau is None
+    new = TauTuning.from_record(
+        {
+            "coefficients": list(CURVE),
+            "chosen": {"tau": 0.93, "target_ssim": 0.9, "minimum_kept": 1.0, "lowest_overlap": 0.7},
+        }
+    )
+    assert new.chosen_tau == 0.93 and new.lowest_overlap == 0.7
+
+
+def test_localisation_metric():
+    exact = np.ones((10, 10), dtype=np.float32)
+    exact[2, 3] = 0.1  # the evidence
+    exact[2, 4] = 0.2
+    same = localisation(exact, exact.copy())
+    assert same.minimum_kept and same.lowest_overlap == 1.0
+    moved = exact.copy()
+    moved[2, 3] = 1.0  # the approximate map lost the lowest cell ...
+    moved[8, 8] = 0.05  # ... and shows evidence elsewhere
+    lost = localisation(exact, moved)
+    assert not lost.minimum_kept
+    assert lost.lowest_overlap < 1.0
+    # k = max(3, 1% of cells): the minimum may sit third-lowest and still count
+    close = exact.copy()
+    close[7, 7], close[7, 8], close[2, 3] = 0.01, 0.02, 0.15
+    assert localisation(exact, close).minimum_kept
+    # NaN cells (outside a region) are never "lowest"
+    with_nan = exact.copy()
+    with_nan[0, :] = np.nan
+    assert localisation(with_nan, with_nan).minimum_kept
+    with pytest.raises(ValueError, match="shape"):
+        localisation(exact, exact[:5])
