@@ -41,6 +41,8 @@ serve: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.bench
 	$(PY) -m bench.architectures
+	$(PY) -m bench.approximate
+	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin
 
 # Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.

@@ -180,7 +180,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small regions (smoke run)")
     parser.add_argument("--no-captum", action="store_true")
     parser.add_argument("--no-approximate", action="store_true")
-    parser.add_argument("--quality-images", type=int, default=20)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -291,8 +290,6 @@ def main() -> None:
                 f"| {r['model']} | {r['setting']} | {r['tau']} | {r['positions']} | "
                 f"{r['seconds']:.2f} | {r['speedup']:.1f}× |"
             )
-    if not args.no_approximate and args.quality_images > 0:
-        print_quality(args.quality_images)
 
 
 def print_fingerprint_cost(rows: list[dict]) -> None:
@@ -324,72 +321,6 @@ def print_fingerprint_cost(rows: list[dict]) -> None:
             f"| {r['model']} | {size:.0f} | {seconds * 1000:.0f} | {r['seconds']:.2f} | "
             f"{seconds / r['seconds']:.1%} |"
         )
-
-
-def print_quality(count: int) -> None:
-    """SSIM of approximate vs exact heatmaps with trained weights: the fundus demo model
-    (ResNet18) on held-out generated images, tau from its tuned curve for SSIM 0.9."""
-    import numpy as np
-    from PIL import Image
-
-    import krypton
-    from krypton.fundus import FundusGenerator
-    from krypton.tuning import choose_tau, heatmap_ssim
-
-    loaded = krypton.load_model("fundus-demo")
-    choice = choose_tau(loaded.tuning)
-    tau = choice.tau
-    generator = FundusGenerator(seed=7)
-    explainer = krypton.OcclusionExplainer(loaded.module)
-    fill = loaded.gray_fill()
-    scores = {setting: [] for setting in APPROXIMATE_SETTINGS}
-    times = {setting: [] for setting in APPROXIMATE_SETTINGS}
-    naive_times, exact_times = [], []
-    for index in range(count):
-        sample = generator.sample(label=1 + index % 2, lesions=1)
-        image = loaded.preprocess(Image.fromarray(sample.image))
-        if index < 3:  # naive on a few images: it is the slow one
-            naive_times.append(
-                explainer.explain(
-                    image, patch=PATCH, stride=STRIDE, mode="naive", fill=fill
-                ).seconds
-            )
-        exact = explainer.explain(image, patch=PATCH, stride=STRIDE, fill=fill)
-        exact_times.append(exact.seconds)
-        for setting in APPROXIMATE_SETTINGS:
-            approx = explainer.explain(
-                image,
-                patch=PATCH,
-                stride=STRIDE,
-                fill=fill,
-                mode="approximate",
-                tau=tau,
-                r_drill_down=setting[0],
-                target_speedup=setting[1],
-                label=exact.label,
-            )
-            scores[setting].append(heatmap_ssim(exact.values, approx.values, exact.prob))
-            times[setting].append(approx.seconds)
-    naive = float(np.mean(naive_times))
-    print(
-        f"\nApproximate mode, quality (trained weights: fundus-demo, ResNet18 at 128x128, "
-        f"{count} held-out generated images, patch {PATCH}, stride {STRIDE}, tau {tau} "
-        f"tuned for SSIM 0.9):\n"
-    )
-    print("| setting | mean SSIM vs exact | min SSIM | images ≥ 0.9 | mean seconds | × naive |")
-    print("|---|---|---|---|---|---|")
-    print(
-        f"| exact | 1.000 | 1.000 | {count}/{count} | {np.mean(exact_times):.2f} | "
-        f"{naive / np.mean(exact_times):.1f}× |"
-    )
-    for setting in APPROXIMATE_SETTINGS:
-        values = np.array(scores[setting])
-        print(
-            f"| r={setting[0]:g} target={setting[1]:g} | {values.mean():.3f} | "
-            f"{values.min():.3f} | {(values >= 0.9).sum()}/{count} | "
-            f"{np.mean(times[setting]):.2f} | {naive / np.mean(times[setting]):.1f}× |"
-        )
-    print(f"\n(naive: {naive:.2f} s per image, mean of {len(naive_times)})")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ def to_tensor(images: np.ndarray) -> torch.Tensor:
     return (tensor - mean) / std
 
 
-def build_model() -> torch.nn.Module:
-    return torchvision.models.resnet18(weights=None, num_classes=len(CLASSES))
+def build_model(architecture: str = "resnet18") -> torch.nn.Module:
+    """A torchvision architecture with random weights and one output per class."""
+    return torchvision.models.get_model(architecture, weights=None, num_classes=len(CLASSES))
 
 
 def _batch(
@@ -64,11 +65,12 @@ def train(
     batch_size: int = 32,
     seed: int = TRAIN_SEED,
     log=print,
+    architecture: str = "resnet18",
 ) -> tuple[torch.nn.Module, dict]:
     """Train from scratch; returns the eval-mode model and a training record."""
     torch.manual_seed(seed)
     generator = FundusGenerator(seed=seed)
-    model = build_model()
+    model = build_model(architecture)
     steps_per_epoch = images_per_epoch // batch_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
@@ -95,6 +97,7 @@ def train(
             f"{correct / seen:.3f}, {time.perf_counter() - started:.0f} s"
         )
     record = {
+        "architecture": architecture,
         "epochs": epochs,
         "images_per_epoch": images_per_epoch,
         "batch_size": batch_size,

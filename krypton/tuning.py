@@ -149,11 +149,19 @@ def _lowest(values: np.ndarray, count: int) -> np.ndarray:
     return np.argsort(flat, kind="stable")[:count]
 
 
+def _tolerance(values: np.ndarray) -> float:
+    """Cells within 1% of a heatmap's range count as tied (saturated probabilities differ
+    by 1e-7 where the picture shows one colour)."""
+    finite = values[~np.isnan(values)]
+    return 0.01 * float(finite.max() - finite.min()) if finite.size else 0.0
+
+
 def localisation(exact: np.ndarray, approximate: np.ndarray) -> Localisation:
     """Localisation of ``approximate`` against ``exact`` (same grid).
 
-    The minimum criterion: exact's lowest cell lies among approximate's k lowest cells,
-    k = 1% of the cells and at least 3. The overlap: the share of exact's 5% lowest cells
+    The minimum criterion: a lowest cell of exact lies among approximate's k lowest
+    cells, k = 1% of the cells and at least 3; cells within 1% of a map's range of its
+    minimum count as tied for lowest. The overlap: the share of exact's 5% lowest cells
     (at least 1) that are also among approximate's 5% lowest.
     """
     if exact.shape != approximate.shape:
@@ -162,8 +170,12 @@ def localisation(exact: np.ndarray, approximate: np.ndarray) -> Localisation:
     if cells == 0:
         raise ValueError("the exact heatmap has no values")
     k = max(3, int(np.ceil(0.01 * cells)))
-    exact_minimum = _lowest(exact, 1)[0]
-    minimum_kept = bool(exact_minimum in set(_lowest(approximate, k).tolist()))
+    exact_values = np.where(np.isnan(exact), np.inf, exact)
+    approx_values = np.where(np.isnan(approximate), np.inf, approximate)
+    exact_lowest = exact_values <= np.min(exact_values) + _tolerance(exact)
+    approx_lowest = approx_values <= np.min(approx_values) + _tolerance(approximate)
+    approx_lowest.ravel()[_lowest(approximate, k)] = True
+    minimum_kept = bool(np.any(exact_lowest & approx_lowest))
     share = max(1, int(np.ceil(0.05 * cells)))
     overlap = len(set(_lowest(exact, share).tolist()) & set(_lowest(approximate, share).tolist()))
     return Localisation(minimum_kept, overlap / share)
@@ -172,8 +184,8 @@ def localisation(exact: np.ndarray, approximate: np.ndarray) -> Localisation:
 def heatmap_ssim(exact: np.ndarray, approximate: np.ndarray, prob: float) -> float:
     """SSIM of two heatmaps in the display range (skimage, explicit data_range)."""
     low, high = heatmap_limits(prob)
-    first = np.clip(np.nan_to_num(exact, nan=high), low, high)
-    second = np.clip(np.nan_to_num(approximate, nan=high), low, high)
+    first = np.clip(np.nan_to_num(exact.astype(np.float64), nan=high), low, high)
+    second = np.clip(np.nan_to_num(approximate.astype(np.float64), nan=high), low, high)
     side = min(first.shape)
     win_size = min(7, side if side % 2 else side - 1)
     if win_size < 3:

@@ -92,3 +92,15 @@ def test_efficientnet_stays_incremental_with_frozen_gates():
     assert plain.first_global()[1] < 0.1
     assert len(frozen.frozen) == 16  # one gate per MBConv block
     assert frozen.first_global()[1] > 0.95
+
+
+def test_tuning_scores_approximate_mode_with_its_gates_frozen(model):
+    from krypton.tune import tune_tau
+
+    torch.manual_seed(4)
+    images = [torch.randn(3, 32, 32) for _ in range(2)]
+    record = tune_tau(model, images, patch=6, stride=4, taus=(1.0, 0.8), log=lambda line: None)
+    assert record["frozen_gates"] == 1
+    # τ 1 is measured, not assumed exact: the frozen gate moves the heatmap a little
+    assert record["mean_ssim_by_tau"]["1.0"] < 1.0
+    assert record["localisation_by_tau"]["1.0"]["lowest_overlap"] <= 1.0

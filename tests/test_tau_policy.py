@@ -57,6 +57,15 @@ def test_localisation_metric():
     close = exact.copy()
     close[7, 7], close[7, 8], close[2, 3] = 0.01, 0.02, 0.15
     assert localisation(exact, close).minimum_kept
+    # saturated maps: cells tied at the minimum (within 1% of the range) all count
+    flat = np.ones((10, 10))
+    flat[5:8, 5:8] = 1e-7
+    shifted = np.ones((10, 10))
+    shifted[7:9, 7:9] = 2e-7  # shares only cell (7, 7) with the exact minimum
+    assert localisation(flat, shifted).minimum_kept
+    elsewhere = np.ones((10, 10))
+    elsewhere[0:2, 0:2] = 1e-7
+    assert not localisation(flat, elsewhere).minimum_kept
     # NaN cells (outside a region) are never "lowest"
     with_nan = exact.copy()
     with_nan[0, :] = np.nan
