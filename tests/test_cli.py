@@ -70,7 +70,7 @@ def test_the_installed_command_works_from_any_folder(tmp_path):
     result = krypton("explain", retina, "--mode", "approximate", "--stride", "8", "--out", "h.png")
     assert result.returncode == 0, result.stderr
     assert "no tuned tau" not in result.stderr  # the registry's tuned τ is used
-    assert "tau        0.91 (tuned for SSIM 0.9)" in result.stdout
+    assert "tau        0.90 (tuned for SSIM 0.9 and localisation)" in result.stdout
     assert "over the whole grid (thresholding and drill-down)" in result.stdout
     assert (tmp_path / "h.png").exists() and (tmp_path / "h.npy").exists()
     result = krypton(

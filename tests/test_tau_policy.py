@@ -72,3 +72,12 @@ def test_localisation_metric():
     assert localisation(with_nan, with_nan).minimum_kept
     with pytest.raises(ValueError, match="shape"):
         localisation(exact, exact[:5])
+
+
+def test_model_card_states_the_tuned_tau_and_its_localisation():
+    import krypton
+    from webapp.callbacks import _model_card
+
+    card = str(_model_card(krypton.load_model("fundus-demo")))
+    assert "τ = 0.90 (tuned for SSIM 0.9 and localisation)" in card
+    assert "lowest cell stayed among the approximate map's lowest in 100%" in card

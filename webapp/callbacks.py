@@ -28,7 +28,7 @@ from krypton.registry import (
     register_model,
     remove_model,
 )
-from krypton.tuning import TauTuning, choose_tau
+from krypton.tuning import choose_tau
 
 from . import helpers
 from .helpers import InputError
@@ -656,12 +656,12 @@ def _model_card(loaded: krypton.LoadedModel) -> html.Div:
                 className="help",
             )
         )
-    tuning = TauTuning.from_record(entry.get("tuning"))
+    tuning = loaded.tuning
     lines.append(
         html.P(
             f"Approximate mode: {tuning.describe()}"
             if tuning
-            else f"Approximate mode: {choose_tau(None).source}",
+            else f"Approximate mode: τ {choose_tau(None).source}",
             className="help",
         )
     )
