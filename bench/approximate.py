@@ -26,12 +26,30 @@ SETTINGS = ((0.25, 3.0), (0.1, 5.0), (0.4, 2.0))  # the first is explain()'s def
 RULES = ("drop+variation", "drop")
 
 
+def add_scores(record: dict, exact, approx, lesion, seconds: float) -> None:
+    """Append one image's figures for an approximate heatmap against the exact one."""
+    from krypton.tuning import heatmap_ssim, localisation
+
+    where = localisation(exact.values, approx.values)
+    row, col = np.unravel_index(np.nanargmin(approx.values), approx.values.shape)
+    for key, value in (
+        ("ssim", heatmap_ssim(exact.values, approx.values, exact.prob)),
+        ("kept", where.minimum_kept),
+        ("overlap", where.lowest_overlap),
+        ("points", lesion.covered_by(int(approx.xs[col]), int(approx.ys[row]), PATCH)),
+        ("seconds", seconds),
+        ("positions", approx.positions_evaluated),
+        ("error", float(np.nanmax(np.abs(approx.values - exact.values)))),
+    ):
+        record.setdefault(key, []).append(value)
+
+
 def quality(count: int) -> None:
     from PIL import Image
 
     import krypton
     from krypton.fundus import FundusGenerator
-    from krypton.tuning import choose_tau, heatmap_ssim, localisation
+    from krypton.tuning import choose_tau
 
     loaded = krypton.load_model("fundus-demo")
     choice = choose_tau(loaded.tuning)
@@ -60,18 +78,8 @@ def quality(count: int) -> None:
                     label=exact.label,
                     **common,
                 )
-                where = localisation(exact.values, approx.values)
-                row, col = np.unravel_index(np.nanargmin(approx.values), approx.values.shape)
                 record = rows.setdefault((setting, rule), {})
-                for key, value in (
-                    ("ssim", heatmap_ssim(exact.values, approx.values, exact.prob)),
-                    ("kept", where.minimum_kept),
-                    ("overlap", where.lowest_overlap),
-                    ("points", lesion.covered_by(int(approx.xs[col]), int(approx.ys[row]), PATCH)),
-                    ("seconds", approx.seconds),
-                    ("positions", approx.positions_evaluated),
-                ):
-                    record.setdefault(key, []).append(value)
+                add_scores(record, exact, approx, lesion, approx.seconds)
         print(f"  image {index + 1}/{count}", flush=True)
     naive = float(np.mean(naive_times))
     print(

@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.approximate import PATCH, STRIDE, add_scores
+
 WEIGHTS = Path("out/fundus-gated-mobilenet_v3_small.pt")
-PATCH, STRIDE = 16, 4
 
 
 def trained(epochs: int) -> torch.nn.Module:
-    from krypton.train_fundus import accuracy, build_model, train
+    from krypton.train_fundus import accuracy, build_model, recalibrate_batch_norm, train
 
     model = build_model("mobilenet_v3_small")
     if WEIGHTS.exists():
@@ -37,7 +38,7 @@ def trained(epochs: int) -> torch.nn.Module:
         WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), WEIGHTS)
         print(f"trained in {record['train_seconds']:.0f} s; wrote {WEIGHTS}")
-    model.eval()
+    recalibrate_batch_norm(model)  # its BN momentum (0.01) leaves eval statistics stale
     print(f"held-out accuracy {accuracy(model, count=300):.3f} (300 generated images)")
     return model
 
@@ -51,7 +52,6 @@ def main() -> None:
     import krypton
     from krypton.fundus import FundusGenerator
     from krypton.train_fundus import to_tensor
-    from krypton.tuning import heatmap_ssim, localisation
 
     model = trained(args.epochs)
     explainer = krypton.OcclusionExplainer(model)
@@ -81,18 +81,7 @@ def main() -> None:
             )
             seconds = time.perf_counter() - began
             gates = max(gates, len(approx.extra["frozen_gates"]))
-            where = localisation(exact.values, approx.values)
-            row, col = np.unravel_index(np.nanargmin(approx.values), approx.values.shape)
-            points = sample.lesions[0].covered_by(int(approx.xs[col]), int(approx.ys[row]), PATCH)
-            for key, value in (
-                ("ssim", heatmap_ssim(exact.values, approx.values, exact.prob)),
-                ("kept", where.minimum_kept),
-                ("overlap", where.lowest_overlap),
-                ("points", points),
-                ("seconds", seconds),
-                ("error", float(np.nanmax(np.abs(approx.values - exact.values)))),
-            ):
-                rows[name].setdefault(key, []).append(value)
+            add_scores(rows[name], exact, approx, sample.lesions[0], seconds)
         print(f"  image {index + 1}/{args.images}", flush=True)
     naive = float(np.mean(naive_times))
     print(

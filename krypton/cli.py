@@ -386,7 +386,7 @@ def run_tune(args: argparse.Namespace) -> int:
     chosen = record["chosen"]
     print(
         f"tau for SSIM {args.target} and localisation: {chosen['tau']} (the curve alone: "
-        f"{chosen['curve_tau']}; localisation floor {chosen['localisation_floor']})"
+        f"{chosen['curve_tau']}; per-image SSIM and localisation floor {chosen['quality_floor']})"
     )
     if "held_out" in record:
         check = record["held_out"]

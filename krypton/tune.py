@@ -101,19 +101,22 @@ def tune_tau(
     tau_array, ssim_array, kept_array, overlap_array = values.T
     coefficients = np.polyfit(tau_array, ssim_array, 2)
     curve_tau = TauTuning(tuple(float(c) for c in coefficients)).tau_for(target_ssim)
+    both_array = (ssim_array >= target_ssim) & (kept_array > 0.5)
     by_tau = {
         float(t): {
             "mean_ssim": float(ssim_array[tau_array == t].mean()),
             "minimum_kept": float(kept_array[tau_array == t].mean()),
             "lowest_overlap": float(overlap_array[tau_array == t].mean()),
+            "ssim_and_minimum_kept": float(both_array[tau_array == t].mean()),
         }
         for t in taus
     }
-    # Localisation floor: the lowest sampled τ such that it and every sampled τ above it
-    # keep the minimum on >= 90% of the images (between samples, the next one up).
+    # Quality floor: the lowest sampled τ such that, at it and at every sampled τ above
+    # it, SSIM meets the target and the minimum is kept on >= 90% of the images (between
+    # samples, the next one up).
     floor = 1.0
     for tau in sorted(taus, reverse=True):
-        if by_tau[float(tau)]["minimum_kept"] < LOCALISATION_SHARE:
+        if by_tau[float(tau)]["ssim_and_minimum_kept"] < LOCALISATION_SHARE:
             break
         floor = float(tau)
     chosen = max(curve_tau, floor)
@@ -126,7 +129,11 @@ def tune_tau(
         "sample_images": len(images),
         "mean_ssim_by_tau": {f"{t:.1f}": v["mean_ssim"] for t, v in by_tau.items()},
         "localisation_by_tau": {
-            f"{t:.1f}": {"minimum_kept": v["minimum_kept"], "lowest_overlap": v["lowest_overlap"]}
+            f"{t:.1f}": {
+                "minimum_kept": v["minimum_kept"],
+                "lowest_overlap": v["lowest_overlap"],
+                "ssim_and_minimum_kept": v["ssim_and_minimum_kept"],
+            }
             for t, v in by_tau.items()
         },
         "tau_for_target": {str(target_ssim): chosen},
@@ -135,7 +142,7 @@ def tune_tau(
             "tau": chosen,
             "target_ssim": target_ssim,
             "curve_tau": curve_tau,
-            "localisation_floor": floor,
+            "quality_floor": floor,  # per image: SSIM and localisation on >= 90%
             # measured at the nearest sampled τ at or above the chosen one
             "minimum_kept": by_tau[at_chosen]["minimum_kept"],
             "lowest_overlap": by_tau[at_chosen]["lowest_overlap"],

@@ -227,7 +227,7 @@ def test_tuning_and_calibration_round_trip(tmp_path, model, image):
 
     reloaded = load_model("tiny", registry)
     assert reloaded.tuning.chosen_tau == record["chosen"]["tau"]
-    assert record["chosen"]["tau"] >= record["chosen"]["localisation_floor"]
+    assert record["chosen"]["tau"] >= record["chosen"]["quality_floor"]
     assert record["chosen"]["tau"] >= record["chosen"]["curve_tau"]
     assert set(record["localisation_by_tau"]) == {"1.0", "0.7", "0.4"}
     assert record["localisation_by_tau"]["1.0"]["minimum_kept"] == 1.0

@@ -8,6 +8,7 @@ together at the first of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -35,6 +36,19 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["run_batch", "view_pad_value"]
 
 StartTensor = Callable[[np.ndarray], torch.Tensor]
+
+
+@dataclass
+class _Batch:
+    """What every node of one batch reads: the graph, the values so far, the views, the
+    windows, per-position start tensors and the item index."""
+
+    graph: "IncrementalGraph"
+    env: dict
+    views: MaterializedViews
+    geometry: PatchGeometry
+    start_tensor: StartTensor
+    items: torch.Tensor
 
 
 def view_pad_value(spec: ops.LocalOpSpec) -> float:
@@ -68,6 +82,7 @@ def run_batch(
 
     env: dict[fx.Node, Any] = {}
     full_cache: dict[fx.Node, torch.Tensor] = {}
+    state = _Batch(graph, env, views, geometry, start_tensor, items)
 
     def concrete(node: fx.Node) -> Any:
         value = env[node]
@@ -94,11 +109,11 @@ def run_batch(
                 data, start_tensor(rows.start), start_tensor(cols.start), graph.shapes[node]
             )
         elif kind == NodeKind.LOCAL:
-            env[node] = _run_local(graph, step, env, views, geometry, start_tensor, items)
+            env[node] = _run_local(state, step)
         elif kind == NodeKind.REMAP:
-            env[node] = _run_remap(graph, step, env, views, geometry, start_tensor, items)
+            env[node] = _run_remap(state, step)
         elif kind == NodeKind.POINTWISE:
-            env[node] = _run_pointwise(graph, step, env, views, geometry, start_tensor, items)
+            env[node] = _run_pointwise(state, step)
         elif kind == NodeKind.SHAPE:
 
             def stand_in(n: fx.Node) -> Any:
@@ -125,15 +140,9 @@ def run_batch(
     raise AssertionError("graph has no output node")  # pragma: no cover
 
 
-def _run_local(
-    graph: "IncrementalGraph",
-    step: Step,
-    env: dict,
-    views: MaterializedViews,
-    geometry: PatchGeometry,
-    start_tensor: StartTensor,
-    items: torch.Tensor,
-) -> Patched:
+def _run_local(batch: _Batch, step: Step) -> Patched:
+    graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
+    start_tensor, items = batch.start_tensor, batch.items
     spec = step.local
     source_node = step.node.args[0]
     source: Patched = env[source_node]
@@ -184,15 +193,9 @@ def _run_local(
     return Patched(output, out_rows, out_cols, graph.shapes[step.node])
 
 
-def _run_remap(
-    graph: "IncrementalGraph",
-    step: Step,
-    env: dict,
-    views: MaterializedViews,
-    geometry: PatchGeometry,
-    start_tensor: StartTensor,
-    items: torch.Tensor,
-) -> Patched:
+def _run_remap(batch: _Batch, step: Step) -> Patched:
+    graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
+    start_tensor, items = batch.start_tensor, batch.items
     source_node = step.node.args[0]
     source: Patched = env[source_node]
     view, _, _ = views.spatial(source_node)
@@ -210,15 +213,9 @@ def _run_remap(
     )
 
 
-def _run_pointwise(
-    graph: "IncrementalGraph",
-    step: Step,
-    env: dict,
-    views: MaterializedViews,
-    geometry: PatchGeometry,
-    start_tensor: StartTensor,
-    items: torch.Tensor,
-) -> Any:
+def _run_pointwise(batch: _Batch, step: Step) -> Any:
+    graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
+    start_tensor, items = batch.start_tensor, batch.items
     node = step.node
     shape = graph.shapes.get(node)
     if step.pick is not None:  # one piece of a split
