@@ -102,6 +102,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="drill-down speedup that sets the stage-one stride",
     )
     approximate.add_argument("--s1", type=int, help="stage-one stride (overrides --target-speedup)")
+    approximate.add_argument(
+        "--refine-by",
+        default="drop+variation",
+        choices=("drop+variation", "drop"),
+        help="which stage-one cells drill-down refines (drop: the paper's rule)",
+    )
+    approximate.add_argument(
+        "--no-freeze-gates",
+        action="store_true",
+        help="compute squeeze-excitation gates exactly instead of keeping their values",
+    )
+    run.add_argument(
+        "--strategy",
+        default="auto",
+        choices=explain_module.STRATEGIES,
+        help="exact mode: run the faster of incremental and naive (auto) or force one",
+    )
 
     commands.add_parser("models", help="list registered models and their availability")
 
@@ -234,6 +251,8 @@ def run_explain(args: argparse.Namespace) -> int:
             "r_drill_down": args.drill_down,
             "target_speedup": args.target_speedup,
             "s1": args.s1,
+            "refine_by": args.refine_by,
+            "freeze_gates": False if args.no_freeze_gates else None,
         }
     bar = tqdm(
         total=0, unit="pos", desc=args.mode, file=sys.stderr, leave=False, disable=None
@@ -257,6 +276,7 @@ def run_explain(args: argparse.Namespace) -> int:
             region=args.region,
             batch_size=args.batch_size,
             progress=progress,
+            strategy=args.strategy,
             **approximate,
         )
     except (ValueError, TypeError) as exc:

@@ -121,6 +121,21 @@ def test_default_model_explains_offline(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "fundus-demo (trained weights)" in result.stdout
     assert np.load(tmp_path / "retina.npy").shape == (8, 8)
+    assert "the first global op is avgpool, 100% of the FLOPs before it" in result.stdout
+    incremental = np.load(tmp_path / "retina.npy")
+    forced = run_cli(
+        "explain",
+        str(ROOT / "assets/samples/retina.jpg"),
+        "--stride",
+        "16",
+        "--strategy",
+        "naive",
+        "--out",
+        str(out),
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert "plan       naive: forced (strategy='naive')" in forced.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "retina.npy"), incremental, atol=1e-4)
 
 
 def test_models_lists_availability():
