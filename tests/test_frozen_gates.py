@@ -104,3 +104,30 @@ def test_tuning_scores_approximate_mode_with_its_gates_frozen(model):
     # τ 1 is measured, not assumed exact: the frozen gate moves the heatmap a little
     assert record["mean_ssim_by_tau"]["1.0"] < 1.0
     assert record["localisation_by_tau"]["1.0"]["lowest_overlap"] <= 1.0
+
+
+def test_an_avg_plus_max_pooling_head_is_no_gate():
+    """timm's 'avgmax' pooling adds two pooled vectors: each rejoins the other, not an
+    ancestor, so freezing either would silently change the prediction."""
+
+    class AvgMaxHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            x = F.relu(self.conv(x))
+            pooled = 0.5 * (x.mean((2, 3)) + x.amax((2, 3)))
+            return self.fc(pooled)
+
+    model = AvgMaxHead().eval()
+    image = torch.randn(3, 16, 16)
+    with torch.inference_mode():
+        graph = IncrementalGraph(model, image, freeze_gates=True)
+    assert graph.frozen == []
+    exact = krypton.explain(model, image, patch=4, stride=4, strategy="incremental")
+    approximate = krypton.explain(
+        model, image, patch=4, stride=4, mode="approximate", tau=1.0, r_drill_down=1.0
+    )
+    np.testing.assert_array_equal(approximate.values, exact.values)

@@ -35,17 +35,34 @@ def _out_of_place_name(method: str) -> str:
     return method[:-1] if method.endswith("_") and not method.endswith("__") else method
 
 
-def gate_roots(graph: fx.Graph, input_node: fx.Node) -> set[fx.Node]:
-    """Nodes that start a global-context gate: some node downstream of them combines
-    their result with an image-dependent tensor they do not feed (squeeze-excitation's
-    ``x * sigmoid(fc(mean(x)))``, ECA, channel attention). A classifier head's pooling
-    only flows to the output, so it is no gate root."""
+def gate_roots(graph: fx.Graph, input_node: fx.Node) -> dict[fx.Node, set[fx.Node]]:
+    """Nodes that start a global-context gate, each with the tensors it gates.
+
+    A gate root R feeds a branch that rejoins one of R's own ancestors A (squeeze-
+    excitation's ``x * sigmoid(fc(mean(x)))``, ECA, CBAM's channel attention: A is x). A
+    classifier head's pooling only flows to the output, and the halves of an avg+max
+    pooling head rejoin each other, not an ancestor: neither is a gate.
+    """
     nodes = list(graph.nodes)
     depends: set[fx.Node] = {input_node}
     for node in nodes:
         if any(i in depends for i in flatten_nodes((node.args, node.kwargs))):
             depends.add(node)
-    roots: set[fx.Node] = set()
+    ancestors: dict[fx.Node, set[fx.Node]] = {}
+
+    def ancestors_of(node: fx.Node) -> set[fx.Node]:
+        if node not in ancestors:
+            found: set[fx.Node] = set()
+            frontier = flatten_nodes((node.args, node.kwargs))
+            while frontier:
+                parent = frontier.pop()
+                if parent not in found:
+                    found.add(parent)
+                    frontier.extend(flatten_nodes((parent.args, parent.kwargs)))
+            ancestors[node] = found
+        return ancestors[node]
+
+    roots: dict[fx.Node, set[fx.Node]] = {}
     for node in nodes:
         if node not in depends or node is input_node or node.op == "output":
             continue
@@ -57,13 +74,16 @@ def gate_roots(graph: fx.Graph, input_node: fx.Node) -> set[fx.Node]:
                 continue
             downstream.add(user)
             frontier.extend(user.users)
-        for user in downstream:
-            for arg in flatten_nodes((user.args, user.kwargs)):
-                if arg in depends and arg is not node and arg not in downstream:
-                    roots.add(node)
-                    break
-            if node in roots:
-                break
+        partners = {
+            arg
+            for user in downstream
+            for arg in flatten_nodes((user.args, user.kwargs))
+            if arg in depends and arg is not node and arg not in downstream
+        }
+        if partners:
+            gated = partners & ancestors_of(node)
+            if gated:
+                roots[node] = gated
     return roots
 
 
@@ -221,7 +241,13 @@ class IncrementalGraph:
         if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[0] != 1:
             return False
         spatial = value.shape[2:] if value.dim() >= 3 else ()
-        return all(size == 1 for size in spatial)  # a channel vector: no spatial extent
+        if any(size != 1 for size in spatial):
+            return False  # not a channel vector: it still has spatial extent
+        # it gates a tensor that does have spatial extent (known: an ancestor)
+        return any(
+            len(self.shapes.get(partner, ())) >= 3 and int(np.prod(self.shapes[partner][2:])) > 1
+            for partner in self.gate_candidates[node]
+        )
 
     def _macs(self, node: fx.Node, values: dict[fx.Node, Any]) -> int:
         """Conv and linear multiply-accumulates of one image at this node (eq 9)."""
