@@ -45,43 +45,30 @@ def _fill(text: str):
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="krypton", description="Fast occlusion-based CNN explanations."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    run = commands.add_parser("explain", help="occlusion heatmap of one image")
-    run.add_argument("image", help="image file (PNG, JPEG, TIFF, BMP, ...)")
-    run.add_argument(
+def add_explain_options(parser: argparse.ArgumentParser) -> None:
+    """The options of one explanation, shared by ``explain`` and ``batch``."""
+    parser.add_argument(
         "--model",
         default=None,
         help="registered model name (see `krypton models`); default the registry's default model",
     )
-    run.add_argument("--patch", type=int, default=16)
-    run.add_argument("--stride", type=int, default=4)
-    run.add_argument("--mode", default="exact", choices=explain_module.MODES)
-    run.add_argument("--region", type=_region, help="x0,y0,x1,y1 in model-input pixels")
-    run.add_argument("--label", type=int, help="class index (default: the prediction)")
-    run.add_argument(
+    parser.add_argument("--patch", type=int, default=16)
+    parser.add_argument("--stride", type=int, default=4)
+    parser.add_argument("--mode", default="exact", choices=explain_module.MODES)
+    parser.add_argument("--region", type=_region, help="x0,y0,x1,y1 in model-input pixels")
+    parser.add_argument(
         "--fill",
         type=_fill,
         default="gray",
         help="'gray' (default), or a value / r,g,b in normalised input space",
     )
-    run.add_argument("--batch-size", type=int)
-    run.add_argument(
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument(
         "--random-weights",
         action="store_true",
         help="use an untrained network when trained weights are unavailable",
     )
-    run.add_argument(
-        "--out",
-        default="heatmap.png",
-        help="heatmap PNG (image resolution, colour bar, title); the explained "
-        "class's values go next to it as .npy, every class's as .npz",
-    )
-    approximate = run.add_argument_group(
+    approximate = parser.add_argument_group(
         "approximate mode (--mode approximate; default τ: the model's tuned value for "
         "SSIM 0.9 and localisation, as in the app)"
     )
@@ -113,12 +100,69 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compute squeeze-excitation gates exactly instead of keeping their values",
     )
-    run.add_argument(
+    parser.add_argument(
         "--strategy",
         default="auto",
         choices=explain_module.STRATEGIES,
         help="exact mode: run the faster of incremental and naive (auto) or force one",
     )
+
+
+def explain_options(args: argparse.Namespace, model) -> dict:
+    """explain() keyword arguments from the parsed options (without the image)."""
+    options = dict(
+        patch=args.patch,
+        stride=args.stride,
+        mode=args.mode,
+        fill=model.gray_fill() if args.fill == "gray" else args.fill,
+        region=args.region,
+        batch_size=args.batch_size,
+        strategy=args.strategy,
+    )
+    if args.mode == "approximate":
+        options.update(
+            tau=args.tau,
+            target_ssim=args.target_ssim,
+            r_drill_down=args.drill_down,
+            target_speedup=args.target_speedup,
+            s1=args.s1,
+            refine_by=args.refine_by,
+            freeze_gates=False if args.no_freeze_gates else None,
+        )
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="krypton", description="Fast occlusion-based CNN explanations."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("explain", help="occlusion heatmap of one image")
+    run.add_argument("image", help="image file (PNG, JPEG, TIFF, BMP, ...)")
+    run.add_argument(
+        "--out",
+        default="heatmap.png",
+        help="heatmap PNG (image resolution, colour bar, title); the explained "
+        "class's values go next to it as .npy, every class's as .npz",
+    )
+    add_explain_options(run)
+    run.add_argument("--label", type=int, help="class index (default: the prediction)")
+
+    batch = commands.add_parser(
+        "batch",
+        help="heatmaps for a folder, a glob or a CSV list of images (resumable)",
+        description="Explain every image of INPUT into --out: per image an overlay PNG, "
+        ".npy/.npz values and a .json row; then summary.csv and index.html. Images "
+        "already done (their .json exists) are skipped, so an interrupted run picks up.",
+    )
+    batch.add_argument(
+        "input",
+        help="a folder, a glob pattern ('scans/*.png') or a CSV with a "
+        "'path' column and an optional 'label' column (index or class name)",
+    )
+    batch.add_argument("--out", required=True, help="output folder")
+    add_explain_options(batch)
 
     commands.add_parser("models", help="list registered models and their availability")
 
@@ -230,67 +274,14 @@ def output_problem(out: Path) -> str | None:
     return None
 
 
-def run_explain(args: argparse.Namespace) -> int:
-    problem = output_problem(Path(args.out))
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        picture = load_image(args.image)
-    except ImageLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    model = _load(args.model, args.random_weights)
-    image = model.preprocess(picture)
-    fill = model.gray_fill() if args.fill == "gray" else args.fill
-    approximate = {}
-    if args.mode == "approximate":
-        approximate = {
-            "tau": args.tau,
-            "target_ssim": args.target_ssim,
-            "r_drill_down": args.drill_down,
-            "target_speedup": args.target_speedup,
-            "s1": args.s1,
-            "refine_by": args.refine_by,
-            "freeze_gates": False if args.no_freeze_gates else None,
-        }
-    bar = tqdm(
-        total=0, unit="pos", desc=args.mode, file=sys.stderr, leave=False, disable=None
-    )  # disabled automatically when stderr is not a terminal
-
-    def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    try:
-        # The LoadedModel itself: the registry's tuned τ applies, as in the app.
-        heatmap = explain_module.explain(
-            model,
-            image,
-            patch=args.patch,
-            stride=args.stride,
-            mode=args.mode,
-            fill=fill,
-            label=args.label,
-            region=args.region,
-            batch_size=args.batch_size,
-            progress=progress,
-            strategy=args.strategy,
-            **approximate,
-        )
-    except (ValueError, TypeError) as exc:
-        bar.close()
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    bar.close()
-    out = Path(args.out)
+def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
+    """The overlay PNG at ``out`` (colour bar, title), the explained class's values next to
+    it as .npy and, where kept, every class's as .npz; returns the paths written."""
     out.parent.mkdir(parents=True, exist_ok=True)
     random = " — RANDOM weights: this explains an untrained network" if model.random_weights else ""
-    label_name = model.class_name(heatmap.label)
     title = (
-        f"{model.name} · {label_name} (p = {heatmap.prob:.3f}) · {heatmap.mode} · "
-        f"patch {heatmap.patch}, stride {heatmap.stride} · "
+        f"{model.name} · {model.class_name(heatmap.label)} (p = {heatmap.prob:.3f}) · "
+        f"{heatmap.mode} · patch {heatmap.patch}, stride {heatmap.stride} · "
         f"{time.strftime('%Y-%m-%d %H:%M')}{random}"
     )
     out.write_bytes(
@@ -317,6 +308,48 @@ def run_explain(args: argparse.Namespace) -> int:
             unoccluded=heatmap.base_probs,
         )
         written.append(out.with_suffix(".npz"))
+    return written
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    problem = output_problem(Path(args.out))
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        picture = load_image(args.image)
+    except ImageLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    model = _load(args.model, args.random_weights)
+    image = model.preprocess(picture)
+    bar = tqdm(
+        total=0, unit="pos", desc=args.mode, file=sys.stderr, leave=False, disable=None
+    )  # disabled automatically when stderr is not a terminal
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        # The LoadedModel itself: the registry's tuned τ applies, as in the app.
+        heatmap = explain_module.explain(
+            model,
+            image,
+            label=args.label,
+            progress=progress,
+            **explain_options(args, model),
+        )
+    except (ValueError, TypeError) as exc:
+        bar.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    bar.close()
+    out = Path(args.out)
+    written = write_heatmap_files(out, picture, heatmap, model)
+    random = " — RANDOM weights: this explains an untrained network" if model.random_weights else ""
+    label_name = model.class_name(heatmap.label)
     weights = "RANDOM weights" if model.random_weights else "trained weights"
     print(f"model      {model.name} ({weights})")
     print(f"label      {heatmap.label} {label_name}{random}")
@@ -344,6 +377,41 @@ def run_explain(args: argparse.Namespace) -> int:
         )
     print(f"wrote      {', '.join(str(p) for p in written)}")
     return 0
+
+
+def run_batch_command(args: argparse.Namespace) -> int:
+    from .batch import collect_inputs, run_batch
+
+    try:
+        items = collect_inputs(args.input)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not items:
+        print(f"error: no image files in {args.input}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"error: --out '{out}' is a file; name a folder", file=sys.stderr)
+        return 2
+    model = _load(args.model, args.random_weights)
+    options = explain_options(args, model)
+    bar = tqdm(total=len(items), unit="image", file=sys.stderr, disable=None)
+
+    def progress(done: int, total: int, name: str) -> None:
+        bar.n = done
+        bar.set_postfix_str(name[-30:])
+
+    rows = run_batch(items, model, out, options, write_heatmap_files, progress)
+    bar.close()
+    failed = [row for row in rows if row.error]
+    print(
+        f"{len(rows) - len(failed)} of {len(rows)} images explained into {out} "
+        f"(summary.csv, index.html)"
+    )
+    for row in failed:
+        print(f"  not explained: {row.image}: {row.error}", file=sys.stderr)
+    return 0 if not failed else 1
 
 
 def _sample_images(args: argparse.Namespace, model, total: int) -> list:
@@ -510,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "explain":
         return run_explain(args)
+    if args.command == "batch":
+        return run_batch_command(args)
     if args.command == "models":
         return run_models()
     if args.command == "remove":

@@ -1,0 +1,279 @@
+"""Heatmaps for a whole dataset: ``krypton batch INPUT --model NAME --out DIR``.
+
+INPUT is a folder (its image files, sorted), a glob pattern, or a CSV file with a
+``path`` column (relative to the CSV's folder) and an optional ``label`` column (class
+index or name: the class to explain). For every image the run writes into DIR:
+
+* ``<name>.png`` — the overlay with colour bar, as ``krypton explain`` writes it;
+* ``<name>.npy`` — the explained class's heatmap, and ``<name>.npz`` every class's
+  (exact and naive modes);
+* ``<name>.json`` — its summary row, written last: an image with one is done, and a run
+  that is interrupted and started again skips it.
+
+At the end ``summary.csv`` (one row per image, files that failed included with their
+error) and ``index.html`` (a contact sheet) are written from all the rows. Browser-free:
+the CLI calls :func:`run_batch`.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import html
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+from PIL import Image
+
+from .explainer import explain
+from .imaging import ImageLoadError, load_image
+from .models import LoadedModel
+
+__all__ = ["BatchItem", "BatchRow", "collect_inputs", "run_batch", "SUMMARY_FIELDS"]
+
+SUMMARY_FIELDS = (
+    "image",
+    "given_label",
+    "predicted_class",
+    "predicted_probability",
+    "explained_class",
+    "explained_probability",
+    "lowest_probability",
+    "lowest_at_x",
+    "lowest_at_y",
+    "mode",
+    "plan",
+    "seconds",
+    "ood_score",
+    "outputs",
+    "error",
+)
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One input image: where it is, the name of its outputs, its label if given."""
+
+    path: Path
+    name: str  # output stem, unique within the run
+    label: str | None = None
+
+
+@dataclass
+class BatchRow:
+    """One image's line of summary.csv."""
+
+    image: str
+    given_label: str = ""
+    predicted_class: str = ""
+    predicted_probability: float | str = ""
+    explained_class: str = ""
+    explained_probability: float | str = ""
+    lowest_probability: float | str = ""
+    lowest_at_x: int | str = ""
+    lowest_at_y: int | str = ""
+    mode: str = ""
+    plan: str = ""
+    seconds: float | str = ""
+    ood_score: float | str = ""  # models with an out-of-distribution reference only
+    outputs: str = ""
+    error: str = ""
+    extra: dict = field(default_factory=dict, repr=False)
+
+
+def _output_name(relative: str) -> str:
+    """A file-name-safe stem from an input's relative path ('a/b c.png' -> 'a__b_c')."""
+    stem = os.path.splitext(relative)[0].replace(os.sep, "__").replace("/", "__")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "image"
+
+
+def _unique(items: list[tuple[Path, str, str | None]]) -> list[BatchItem]:
+    taken: set[str] = set()
+    result = []
+    for path, relative, label in items:
+        name = _output_name(relative)
+        candidate, number = name, 2
+        while candidate.lower() in taken:
+            candidate, number = f"{name}-{number}", number + 1
+        taken.add(candidate.lower())
+        result.append(BatchItem(path, candidate, label))
+    return result
+
+
+def collect_inputs(source: str) -> list[BatchItem]:
+    """The images of a folder, a glob pattern or a CSV list (see the module docstring)."""
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        # every extension Pillow reads, and files without one (they are tried)
+        known = {suffix.lower() for suffix in Image.registered_extensions()}
+        files = [p for p in files if p.suffix.lower() in known or not p.suffix]
+        return _unique([(p, str(p.relative_to(path)), None) for p in files])
+    if path.is_file() and path.suffix.lower() == ".csv":
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            if not reader.fieldnames or "path" not in reader.fieldnames:
+                raise ValueError(f"{source}: a CSV list needs a 'path' column")
+            rows = [
+                (
+                    (path.parent / row["path"]).resolve(),
+                    row["path"],
+                    (row.get("label") or "").strip() or None,
+                )
+                for row in reader
+                if (row.get("path") or "").strip()
+            ]
+        return _unique(rows)
+    if any(char in source for char in "*?["):
+        matches = sorted(Path(p) for p in glob.glob(source, recursive=True) if Path(p).is_file())
+        return _unique([(p, p.name if len(matches) == 1 else str(p), None) for p in matches])
+    if path.is_file():
+        return _unique([(path, path.name, None)])
+    raise ValueError(f"{source}: no such folder, file, CSV list or matching glob pattern")
+
+
+def _label_index(label: str | None, model: LoadedModel) -> int | None:
+    if label is None:
+        return None
+    if label.lstrip("-").isdigit():
+        index = int(label)
+    elif label in model.classes:
+        index = model.classes.index(label)
+    else:
+        raise ValueError(f"label {label!r} is neither a class index nor one of the model's classes")
+    if not 0 <= index < len(model.classes):
+        raise ValueError(
+            f"label {index} is out of range: the model has {len(model.classes)} classes"
+        )
+    return index
+
+
+def _done_row(out_dir: Path, item: BatchItem) -> BatchRow | None:
+    """The row of an image a previous run finished (its .json and outputs exist)."""
+    record = out_dir / f"{item.name}.json"
+    if not record.exists():
+        return None
+    try:
+        row = BatchRow(**json.loads(record.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # a half-written record: do the image again
+    outputs = [out_dir / name for name in row.outputs.split(";") if name]
+    return row if outputs and all(p.exists() for p in outputs) else None
+
+
+def run_batch(
+    items: Iterable[BatchItem],
+    model: LoadedModel,
+    out_dir: Path,
+    options: dict,
+    write_files: Callable,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[BatchRow]:
+    """Explain every item, skipping those a previous run finished; return every row.
+
+    ``options``: explain() keyword arguments (patch, stride, mode, fill, ...).
+    ``write_files(out_png, picture, heatmap, model)`` writes one image's outputs and
+    returns their paths. A file that cannot be read or explained gets a row with its
+    error, and the run goes on.
+    """
+    items = list(items)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[BatchRow] = []
+    for index, item in enumerate(items):
+        if progress is not None:
+            progress(index, len(items), item.path.name)
+        done = _done_row(out_dir, item)
+        if done is not None:
+            rows.append(done)
+            continue
+        row = BatchRow(image=str(item.path), given_label=item.label or "")
+        started = time.perf_counter()
+        try:
+            picture = load_image(item.path)
+            image = model.preprocess(picture)
+            heatmap = explain(model, image, label=_label_index(item.label, model), **options)
+            written = write_files(out_dir / f"{item.name}.png", picture, heatmap, model)
+        except ImageLoadError as exc:
+            row.error = str(exc)
+            rows.append(row)
+            continue
+        except (ValueError, TypeError, OSError) as exc:  # explain() refused, disk full, ...
+            row.error = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            continue
+        predicted = int(np.argmax(heatmap.base_probs))
+        lowest = np.unravel_index(np.nanargmin(heatmap.values), heatmap.values.shape)
+        row.predicted_class = model.class_name(predicted)
+        row.predicted_probability = round(float(heatmap.base_probs[predicted]), 6)
+        row.explained_class = model.class_name(heatmap.label)
+        row.explained_probability = round(float(heatmap.prob), 6)
+        row.lowest_probability = round(float(np.nanmin(heatmap.values)), 6)
+        row.lowest_at_x, row.lowest_at_y = int(heatmap.xs[lowest[1]]), int(heatmap.ys[lowest[0]])
+        row.mode = heatmap.mode
+        row.plan = heatmap.extra.get("plan", "")
+        row.seconds = round(time.perf_counter() - started, 3)
+        score = heatmap.extra.get("ood_score")
+        row.ood_score = "" if score is None else round(float(score), 4)
+        row.outputs = ";".join(p.name for p in written)
+        record = asdict(row)
+        record.pop("extra")
+        temporary = out_dir / f".{item.name}.json.tmp"
+        temporary.write_text(json.dumps(record))
+        temporary.replace(out_dir / f"{item.name}.json")  # the image is done only now
+        rows.append(row)
+    if progress is not None:
+        progress(len(items), len(items), "")
+    write_summary(out_dir, rows)
+    write_contact_sheet(out_dir, rows, model)
+    return rows
+
+
+def write_summary(out_dir: Path, rows: list[BatchRow]) -> Path:
+    """summary.csv: one row per image, errors included."""
+    path = out_dir / "summary.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(SUMMARY_FIELDS)
+        for row in rows:
+            writer.writerow([getattr(row, name) for name in SUMMARY_FIELDS])
+    return path
+
+
+def write_contact_sheet(out_dir: Path, rows: list[BatchRow], model: LoadedModel) -> Path:
+    """index.html: every overlay with its caption, and the files that failed."""
+    cells, failures = [], []
+    for row in rows:
+        name = html.escape(Path(row.image).name)
+        if row.error:
+            failures.append(f"<li><b>{name}</b>: {html.escape(row.error)}</li>")
+            continue
+        picture = next((p for p in row.outputs.split(";") if p.endswith(".png")), "")
+        caption = (
+            f"{name}<br>{html.escape(row.predicted_class)} {float(row.predicted_probability):.3f}"
+            f" · explained {html.escape(row.explained_class)}<br>lowest "
+            f"{float(row.lowest_probability):.3f} at ({row.lowest_at_x}, {row.lowest_at_y})"
+        )
+        cells.append(
+            f'<figure><a href="{html.escape(picture)}"><img src="{html.escape(picture)}" '
+            f'alt="{name}"></a><figcaption>{caption}</figcaption></figure>'
+        )
+    failed = (
+        f"<h2>Not explained ({len(failures)})</h2><ul>{''.join(failures)}</ul>" if failures else ""
+    )
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Krypton batch: {html.escape(model.name)}</title>
+<style>body{{font-family:sans-serif;margin:1em}} figure{{display:inline-block;width:280px;
+margin:.5em;vertical-align:top}} img{{width:100%}} figcaption{{font-size:.8em}}</style></head>
+<body><h1>Occlusion heatmaps: {html.escape(model.name)}</h1>
+<p>{len(cells)} explained, {len(failures)} not; see summary.csv.</p>
+{"".join(cells)}{failed}</body></html>
+"""
+    path = out_dir / "index.html"
+    path.write_text(page)
+    return path

@@ -1,0 +1,142 @@
+"""krypton batch: a folder, a glob or a CSV of images; every output; resumable; bad files
+listed with their error while the run goes on."""
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import krypton
+from krypton.batch import collect_inputs, run_batch
+from krypton.cli import write_heatmap_files
+from krypton.imaging import load_image
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ["retina.jpg", "microaneurysms.png", "chelsea.png", "coffee.png"]
+OPTIONS = dict(patch=16, stride=16, mode="exact", fill=0.0)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in SAMPLES:
+        shutil.copy(ROOT / "assets" / "samples" / name, images / name)
+    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    (images / "notes.txt").write_text("not an image, and not an image suffix: ignored")
+    return images
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "krypton", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+class Figures(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.images, self.failures = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        if tag == "li":
+            self.failures += 1
+
+
+def test_folder_with_a_corrupt_file(folder, tmp_path):
+    out = tmp_path / "out"
+    result = run_cli("batch", str(folder), "--out", str(out), "--stride", "16")
+    assert result.returncode == 1  # one image could not be explained
+    assert "4 of 5 images explained" in result.stdout
+    assert "broken.png" in result.stderr and "Traceback" not in result.stderr
+    with (out / "summary.csv").open() as handle:
+        rows = {Path(row["image"]).name: row for row in csv.DictReader(handle)}
+    assert set(rows) == set(SAMPLES) | {"broken.png"}
+    assert (
+        "could not be decoded" in rows["broken.png"]["error"]
+        or "not an image" in rows["broken.png"]["error"]
+    )
+    retina = rows["retina.jpg"]
+    assert retina["predicted_class"] and float(retina["lowest_probability"]) <= float(
+        retina["explained_probability"]
+    )
+    assert retina["plan"].startswith(("incremental:", "naive:"))
+    for name in SAMPLES:
+        stem = Path(name).stem
+        for suffix in (".png", ".npy", ".npz", ".json"):
+            assert (out / f"{stem}{suffix}").exists()
+    sheet = Figures()
+    sheet.feed((out / "index.html").read_text())
+    assert sorted(sheet.images) == sorted(f"{Path(n).stem}.png" for n in SAMPLES)
+    assert sheet.failures == 1
+    # the values are those of a single explain() call
+    loaded = krypton.load_model("fundus-demo")
+    picture = load_image(folder / "retina.jpg")
+    alone = krypton.explain(
+        loaded, loaded.preprocess(picture), patch=16, stride=16, fill=loaded.gray_fill()
+    )
+    np.testing.assert_allclose(np.load(out / "retina.npy"), alone.values, atol=1e-5)
+
+
+def test_an_interrupted_run_resumes_without_recomputing(folder, tmp_path):
+    loaded = krypton.load_model("fundus-demo")
+    items = collect_inputs(str(folder))
+    out = tmp_path / "out"
+
+    def stop_after_three(done, total, name):  # broken.png, chelsea, coffee
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(items, loaded, out, OPTIONS, write_heatmap_files, stop_after_three)
+    finished = sorted(p.stem for p in out.glob("*.json"))
+    assert len(finished) == 2 and not (out / "summary.csv").exists()
+    stamps = {name: os.stat(out / f"{name}.npy").st_mtime_ns for name in finished}
+    rows = run_batch(items, loaded, out, OPTIONS, write_heatmap_files)
+    assert len(rows) == 5 and sum(1 for row in rows if row.error) == 1
+    for name, stamp in stamps.items():
+        assert os.stat(out / f"{name}.npy").st_mtime_ns == stamp  # skipped, not recomputed
+    assert len(list(out.glob("*.json"))) == 4
+    # an image whose outputs went missing is done again
+    (out / "coffee.npy").unlink()
+    rows = run_batch(items, loaded, out, OPTIONS, write_heatmap_files)
+    assert (out / "coffee.npy").exists()
+
+
+def test_csv_list_with_labels_and_glob(folder, tmp_path):
+    listing = tmp_path / "list.csv"
+    listing.write_text(
+        "path,label\nimages/retina.jpg,EXUDATE\nimages/coffee.png,0\nimages/chelsea.png,\n"
+    )
+    items = collect_inputs(str(listing))
+    assert [item.label for item in items] == ["EXUDATE", "0", None]
+    loaded = krypton.load_model("fundus-demo")
+    rows = run_batch(items, loaded, tmp_path / "out", OPTIONS, write_heatmap_files)
+    assert [row.explained_class for row in rows] == ["EXUDATE", "NORMAL", rows[2].predicted_class]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("path,label\nimages/retina.jpg,TUMOUR\n")
+    rows = run_batch(
+        collect_inputs(str(bad)), loaded, tmp_path / "bad", OPTIONS, write_heatmap_files
+    )
+    assert "TUMOUR" in rows[0].error
+    assert [item.path.name for item in collect_inputs(str(folder / "c*.png"))] == [
+        "chelsea.png",
+        "coffee.png",
+    ]
+    with pytest.raises(ValueError, match="'path' column"):
+        (tmp_path / "nopath.csv").write_text("file\nx.png\n")
+        collect_inputs(str(tmp_path / "nopath.csv"))
+    result = run_cli("batch", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2 and "no such folder" in result.stderr
