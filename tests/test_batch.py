@@ -4,13 +4,12 @@ listed with their error while the run goes on."""
 import csv
 import os
 import shutil
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli import run_cli
 
 import krypton
 from krypton.batch import collect_inputs, run_batch
@@ -31,16 +30,6 @@ def folder(tmp_path):
     (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     (images / "notes.txt").write_text("not an image, and not an image suffix: ignored")
     return images
-
-
-def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "krypton", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 class Figures(HTMLParser):
