@@ -111,8 +111,8 @@ def collect_inputs(source: str) -> list[BatchItem]:
     path = Path(source)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        # every extension Pillow reads, and files without one (they are tried)
-        known = {suffix.lower() for suffix in Image.registered_extensions()}
+        # every extension Pillow reads, DICOM's, and files without one (they are tried)
+        known = {suffix.lower() for suffix in Image.registered_extensions()} | {".dcm"}
         files = [p for p in files if p.suffix.lower() in known or not p.suffix]
         return _unique([(p, str(p.relative_to(path)), None) for p in files])
     if path.is_file() and path.suffix.lower() == ".csv":
@@ -174,10 +174,13 @@ def run_batch(
     options: dict,
     write_files: Callable,
     progress: Callable[[int, int, str], None] | None = None,
+    window: str | tuple | None = None,
+    frame: int | None = None,
 ) -> list[BatchRow]:
     """Explain every item, skipping those a previous run finished; return every row.
 
     ``options``: explain() keyword arguments (patch, stride, mode, fill, ...).
+    ``window``/``frame`` apply to DICOM inputs (:func:`krypton.imaging.load_image`).
     ``write_files(out_png, picture, heatmap, model)`` writes one image's outputs and
     returns their paths. A file that cannot be read or explained gets a row with its
     error, and the run goes on.
@@ -195,7 +198,7 @@ def run_batch(
         row = BatchRow(image=str(item.path), given_label=item.label or "")
         started = time.perf_counter()
         try:
-            picture = load_image(item.path)
+            picture = load_image(item.path, window=window, frame=frame)
             image = model.preprocess(picture)
             heatmap = explain(model, image, label=_label_index(item.label, model), **options)
             written = write_files(out_dir / f"{item.name}.png", picture, heatmap, model)

@@ -52,6 +52,12 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="registered model name (see `krypton models`); default the registry's default model",
     )
+    parser.add_argument(
+        "--window",
+        help="DICOM images: lung, mediastinum, bone, brain or centre,width "
+        "(default the file's own window)",
+    )
+    parser.add_argument("--frame", type=int, help="DICOM multi-frame: which frame (default middle)")
     parser.add_argument("--patch", type=int, default=16)
     parser.add_argument("--stride", type=int, default=4)
     parser.add_argument("--mode", default="exact", choices=explain_module.MODES)
@@ -317,8 +323,8 @@ def run_explain(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        picture = load_image(args.image)
-    except ImageLoadError as exc:
+        picture = load_image(args.image, window=args.window, frame=args.frame)
+    except (ImageLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     model = _load(args.model, args.random_weights)
@@ -381,8 +387,10 @@ def run_explain(args: argparse.Namespace) -> int:
 
 def run_batch_command(args: argparse.Namespace) -> int:
     from .batch import collect_inputs, run_batch
+    from .dicom import parse_window
 
     try:
+        parse_window(args.window)
         items = collect_inputs(args.input)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -402,7 +410,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
         bar.n = done
         bar.set_postfix_str(name[-30:])
 
-    rows = run_batch(items, model, out, options, write_heatmap_files, progress)
+    rows = run_batch(
+        items, model, out, options, write_heatmap_files, progress, args.window, args.frame
+    )
     bar.close()
     failed = [row for row in rows if row.error]
     print(

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .dicom import is_dicom, load_dicom
+
 __all__ = [
     "ImageLoadError",
     "load_image",
@@ -34,9 +36,20 @@ class ImageLoadError(ValueError):
     """The file is not an image we can read."""
 
 
-def load_image(source: str | Path | bytes) -> Image.Image:
-    """Open an image file or bytes as an 8-bit RGB PIL image, with clear errors."""
+def load_image(
+    source: str | Path | bytes, window: str | tuple | None = None, frame: int | None = None
+) -> Image.Image:
+    """Open an image file or bytes as an 8-bit RGB PIL image, with clear errors.
+
+    DICOM files (by their 'DICM' marker or a .dcm name) are windowed as
+    :func:`krypton.dicom.load_dicom` describes: ``window`` (a preset name or
+    (centre, width)) and ``frame`` apply to them and are ignored for other images.
+    """
     name = "uploaded data" if isinstance(source, (bytes, bytearray)) else str(source)
+    if is_dicom(source) or (
+        not isinstance(source, (bytes, bytearray)) and str(source).lower().endswith(".dcm")
+    ):
+        return _checked_size(load_dicom(source, window=window, frame=frame).picture, name)
     try:
         if isinstance(source, (bytes, bytearray)):
             if not source:
@@ -58,10 +71,7 @@ def load_image(source: str | Path | bytes) -> Image.Image:
                     )
                 image.load()
                 # Cameras store portrait photos sideways plus an orientation tag.
-                rgb = to_rgb(ImageOps.exif_transpose(image))
-                if max(rgb.size) > MAX_SIDE:
-                    rgb.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
-                return rgb
+                return _checked_size(to_rgb(ImageOps.exif_transpose(image)), name)
     except ImageLoadError:
         raise
     except FileNotFoundError as exc:
@@ -74,6 +84,18 @@ def load_image(source: str | Path | bytes) -> Image.Image:
         raise ImageLoadError(
             f"{name} could not be decoded ({exc}); it may be truncated or corrupt"
         ) from exc
+
+
+def _checked_size(rgb: Image.Image, name: str) -> Image.Image:
+    """Refuse images under MIN_SIDE; reduce those over MAX_SIDE (aspect kept)."""
+    if min(rgb.width, rgb.height) < MIN_SIDE:
+        raise ImageLoadError(
+            f"{name} is {rgb.width}x{rgb.height} pixels; images need at least {MIN_SIDE} "
+            f"pixels on each side"
+        )
+    if max(rgb.size) > MAX_SIDE:
+        rgb.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
+    return rgb
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -1,0 +1,216 @@
+"""DICOM images in: modality LUT, VOI windowing, MONOCHROME1, frames, pixel spacing.
+
+What the model sees is exactly what is displayed: the frame after the modality LUT
+(rescale slope/intercept, PS3.3 C.11.1), windowed (C.11.2: the file's VOI LUT or window,
+a preset, or a given centre/width), inverted for MONOCHROME1, as 8-bit gray in RGB.
+Identifying tags never leave this module: :attr:`DicomImage.info` holds modality, body
+part, study date and size only.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["WINDOW_PRESETS", "DicomImage", "is_dicom", "load_dicom", "parse_window"]
+
+# (centre, width) in Hounsfield units, the usual CT reading windows
+WINDOW_PRESETS: dict[str, tuple[float, float]] = {
+    "lung": (-600.0, 1500.0),
+    "mediastinum": (40.0, 400.0),
+    "bone": (400.0, 1800.0),
+    "brain": (40.0, 80.0),
+}
+
+
+@dataclass
+class DicomImage:
+    """One frame of a DICOM file as the model and the user see it."""
+
+    picture: Image.Image  # 8-bit RGB (gray replicated for monochrome images)
+    window: tuple[float, float] | None  # (centre, width) applied, None for a LUT / colour
+    window_source: str  # "file", "preset lung", "given", "VOI LUT", "full range", "colour"
+    frame: int
+    frames: int
+    pixel_spacing: tuple[float, float] | None  # mm between rows, columns (if recorded)
+    info: dict = field(default_factory=dict)  # non-identifying facts only
+
+
+def is_dicom(source: str | Path | bytes) -> bool:
+    """True for DICOM Part 10 files (the 'DICM' marker after the 128-byte preamble)."""
+    if isinstance(source, (bytes, bytearray)):
+        head = bytes(source[:132])
+    else:
+        try:
+            with open(source, "rb") as handle:
+                head = handle.read(132)
+        except OSError:
+            return False
+    return len(head) == 132 and head[128:132] == b"DICM"
+
+
+def parse_window(text: str | tuple | None) -> str | tuple[float, float] | None:
+    """A preset name, 'centre,width', a (centre, width) pair, or None (the file's)."""
+    if text is None or isinstance(text, tuple):
+        return text
+    name = text.strip().lower()
+    if name in WINDOW_PRESETS:
+        return name
+    try:
+        centre, width = (float(v) for v in name.split(","))
+    except ValueError:
+        raise ValueError(
+            f"window must be one of {', '.join(WINDOW_PRESETS)} or 'centre,width'; got {text!r}"
+        ) from None
+    if width < 1:
+        raise ValueError(f"window width must be at least 1, got {width:g}")
+    return centre, width
+
+
+def linear_window(values: np.ndarray, centre: float, width: float, function: str) -> np.ndarray:
+    """VOI windowing to [0, 1] (PS3.3 C.11.2.1.2: LINEAR, LINEAR_EXACT, SIGMOID)."""
+    values = values.astype(np.float64)
+    if function == "SIGMOID":
+        return 1.0 / (1.0 + np.exp(-4.0 * (values - centre) / width))
+    if function == "LINEAR_EXACT":
+        return np.clip((values - centre) / width + 0.5, 0.0, 1.0)
+    width = max(width, 1.0)
+    if width == 1.0:
+        return (values > centre - 0.5).astype(np.float64)
+    return np.clip((values - (centre - 0.5)) / (width - 1.0) + 0.5, 0.0, 1.0)
+
+
+def _read(source: str | Path | bytes):
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    from .imaging import ImageLoadError
+
+    name = "uploaded data" if isinstance(source, (bytes, bytearray)) else Path(source).name
+    try:
+        handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
+        return pydicom.dcmread(handle), name
+    except FileNotFoundError as exc:
+        raise ImageLoadError(f"no such file: {source}") from exc
+    except (InvalidDicomError, EOFError, OSError, ValueError, KeyError) as exc:
+        raise ImageLoadError(f"{name} is not a readable DICOM file ({exc})") from exc
+
+
+def load_dicom(
+    source: str | Path | bytes, window: str | tuple | None = None, frame: int | None = None
+) -> DicomImage:
+    """The frame to explain, windowed for display and for the model alike.
+
+    ``window``: None (the file's VOI LUT or first window; else its full range), a preset
+    name (:data:`WINDOW_PRESETS`) or (centre, width) after the modality LUT. ``frame``:
+    which frame of a multi-frame file (default the middle one).
+    """
+    from pydicom.pixels import apply_modality_lut, apply_voi_lut
+
+    from .imaging import ImageLoadError
+
+    window = parse_window(window)
+    dataset, name = _read(source)
+    if "PixelData" not in dataset and "FloatPixelData" not in dataset:
+        kind = str(dataset.get("Modality", "")) or "this object"
+        raise ImageLoadError(f"{name} has no pixel data ({kind}: not an image)")
+    syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
+    try:
+        pixels = dataset.pixel_array
+    except (NotImplementedError, RuntimeError, ValueError) as exc:
+        if syntax is None or not syntax.is_compressed:
+            raise ImageLoadError(
+                f"{name} could not be decoded ({exc}); it may be truncated or corrupt"
+            ) from exc
+        described = f"{syntax.name} ({syntax})"
+        raise ImageLoadError(
+            f"{name} is compressed as {described}, which this installation cannot decode "
+            f"({exc}); install the pydicom decoder plug-in for it (e.g. pylibjpeg)"
+        ) from exc
+    except (EOFError, OSError) as exc:
+        raise ImageLoadError(f"{name} could not be decoded ({exc}); it may be truncated") from exc
+    frames = int(dataset.get("NumberOfFrames", 1) or 1)
+    samples = int(dataset.get("SamplesPerPixel", 1))
+    if frames > 1:
+        frame = frames // 2 if frame is None else int(frame)
+        if not 0 <= frame < frames:
+            raise ImageLoadError(f"{name} has {frames} frames (0-{frames - 1}); got frame {frame}")
+        pixels = pixels[frame]
+    elif frame not in (None, 0):
+        raise ImageLoadError(f"{name} has one frame; got frame {frame}")
+    else:
+        frame = 0
+    if pixels.ndim != (3 if samples > 1 else 2):
+        raise ImageLoadError(
+            f"{name} holds a {pixels.ndim}-D array of shape {pixels.shape}; a 2-D image "
+            f"model needs one 2-D frame"
+        )
+    photometric = str(dataset.get("PhotometricInterpretation", "MONOCHROME2"))
+    if photometric == "PALETTE COLOR":  # indices into the file's colour tables
+        from pydicom.pixels import apply_color_lut
+
+        coloured = apply_color_lut(pixels, dataset)
+        top = float(np.iinfo(coloured.dtype).max) if coloured.dtype.kind == "u" else 1.0
+        rgb = np.round(np.clip(coloured / top, 0, 1) * 255).astype(np.uint8)
+        picture = Image.fromarray(rgb, "RGB")
+        applied, source_name = None, "colour"
+    elif samples > 1:  # colour: pydicom returns RGB for uncompressed and decoded data
+        if photometric.startswith("YBR"):
+            from pydicom.pixels import convert_color_space
+
+            pixels = convert_color_space(pixels, photometric, "RGB")
+        array = pixels.astype(np.float64)
+        top = float(2 ** int(dataset.get("BitsStored", 8)) - 1)
+        gray = np.clip(array / top, 0, 1)
+        picture = Image.fromarray(np.round(gray * 255).astype(np.uint8), "RGB")
+        applied, source_name = None, "colour"
+    else:
+        values = apply_modality_lut(pixels, dataset).astype(np.float64)
+        function = str(dataset.get("VOILUTFunction", "LINEAR")).upper()
+        if isinstance(window, str):
+            applied, source_name = WINDOW_PRESETS[window], f"preset {window}"
+            shown = linear_window(values, *applied, "LINEAR")
+        elif window is not None:
+            applied, source_name = window, "given"
+            shown = linear_window(values, *applied, "LINEAR")
+        elif "VOILUTSequence" in dataset:
+            lut = apply_voi_lut(values, dataset, prefer_lut=True)
+            table = np.asarray(dataset.VOILUTSequence[0].LUTData, dtype=np.float64)
+            shown = (lut - table.min()) / max(table.max() - table.min(), 1e-12)
+            applied, source_name = None, "VOI LUT"
+        elif "WindowCenter" in dataset and "WindowWidth" in dataset:
+            centre = dataset.WindowCenter
+            width = dataset.WindowWidth
+            centre = float(centre[0] if dataset["WindowCenter"].VM > 1 else centre)
+            width = float(width[0] if dataset["WindowWidth"].VM > 1 else width)
+            applied, source_name = (centre, width), "file"
+            shown = linear_window(values, centre, width, function)
+        else:
+            low, high = float(values.min()), float(values.max())
+            applied, source_name = ((low + high) / 2, max(high - low, 1.0)), "full range"
+            shown = (values - low) / max(high - low, 1e-12)
+        if photometric == "MONOCHROME1":  # 0 is white: invert after the VOI transform
+            shown = 1.0 - shown
+        gray = np.round(np.clip(shown, 0, 1) * 255).astype(np.uint8)
+        picture = Image.fromarray(gray, "L").convert("RGB")
+    spacing = dataset.get("PixelSpacing") or dataset.get("ImagerPixelSpacing")
+    info = {
+        "modality": str(dataset.get("Modality", "")),
+        "body_part": str(dataset.get("BodyPartExamined", "")),
+        "study_date": str(dataset.get("StudyDate", "")),
+        "size": f"{picture.width}x{picture.height}",
+        "frames": frames,
+    }
+    return DicomImage(
+        picture,
+        applied,
+        source_name,
+        frame,
+        frames,
+        (float(spacing[0]), float(spacing[1])) if spacing else None,
+        info,
+    )
