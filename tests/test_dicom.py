@@ -128,3 +128,14 @@ def test_load_image_and_explain_a_ct_slice_without_identifying_tags(tmp_path):
     assert "Doe" not in everything and "ID-12345" not in everything
     bad = run_cli("explain", str(path), "--window", "liver", "--out", str(out))
     assert bad.returncode == 2 and "window must be one of" in bad.stderr
+
+
+def test_a_dicom_file_dropped_on_the_page_is_decoded_with_its_own_window():
+    import base64
+
+    from webapp.helpers import decode_upload
+
+    data = open(MR, "rb").read()
+    contents = "data:application/dicom;base64," + base64.b64encode(data).decode()
+    picture = decode_upload(contents, "scan.dcm", 25 * 2**20)
+    np.testing.assert_array_equal(np.asarray(picture), np.asarray(load_dicom(MR).picture))
