@@ -187,7 +187,12 @@ def _batch_norm_function(call: OpCall) -> bool:
 
 def _batch_norm_builtin(call: OpCall) -> bool:
     """torch.batch_norm(x, weight, bias, running_mean, running_var, training, ...)."""
-    return len(call.args) > 5 and call.args[5] is False and call.args[3] is not None
+    return (
+        len(call.args) > 5
+        and call.args[5] is False
+        and call.args[3] is not None
+        and _channel_one(call)
+    )
 
 
 def _batch_norm_module(call: OpCall) -> bool:
