@@ -7,8 +7,9 @@ index or name: the class to explain). For every image the run writes into DIR:
 * ``<name>.png`` — the overlay with colour bar, as ``krypton explain`` writes it;
 * ``<name>.npy`` — the explained class's heatmap, and ``<name>.npz`` every class's
   (exact and naive modes);
-* ``<name>.json`` — its summary row, written last: an image with one is done, and a run
-  that is interrupted and started again skips it.
+* ``<name>.json`` — its summary row and the settings used, written last: an image with
+  one is done, and a run that is interrupted and started again with the same settings
+  skips it (other settings explain it again).
 
 At the end ``summary.csv`` (one row per image, files that failed included with their
 error) and ``index.html`` (a contact sheet) are written from all the rows. Browser-free:
@@ -154,13 +155,17 @@ def _label_index(label: str | None, model: LoadedModel) -> int | None:
     return index
 
 
-def _done_row(out_dir: Path, item: BatchItem) -> BatchRow | None:
-    """The row of an image a previous run finished (its .json and outputs exist)."""
+def _done_row(out_dir: Path, item: BatchItem, settings: str) -> BatchRow | None:
+    """The row of an image a previous run finished with the same settings (its .json
+    and outputs exist); other settings mean the image is explained again."""
     record = out_dir / f"{item.name}.json"
     if not record.exists():
         return None
     try:
-        row = BatchRow(**json.loads(record.read_text()))
+        fields = json.loads(record.read_text())
+        if fields.pop("settings", None) != settings:
+            return None
+        row = BatchRow(**fields)
     except (OSError, ValueError, TypeError):
         return None  # a half-written record: do the image again
     outputs = [out_dir / name for name in row.outputs.split(";") if name]
@@ -187,11 +192,16 @@ def run_batch(
     """
     items = list(items)
     out_dir.mkdir(parents=True, exist_ok=True)
+    settings = json.dumps(
+        {"model": model.name, "window": window, "frame": frame, **options},
+        sort_keys=True,
+        default=str,
+    )
     rows: list[BatchRow] = []
     for index, item in enumerate(items):
         if progress is not None:
             progress(index, len(items), item.path.name)
-        done = _done_row(out_dir, item)
+        done = _done_row(out_dir, item, settings)
         if done is not None:
             rows.append(done)
             continue
@@ -226,6 +236,7 @@ def run_batch(
         row.outputs = ";".join(p.name for p in written)
         record = asdict(row)
         record.pop("extra")
+        record["settings"] = settings
         temporary = out_dir / f".{item.name}.json.tmp"
         temporary.write_text(json.dumps(record))
         temporary.replace(out_dir / f"{item.name}.json")  # the image is done only now

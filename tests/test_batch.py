@@ -102,6 +102,10 @@ def test_an_interrupted_run_resumes_without_recomputing(folder, tmp_path):
     (out / "coffee.npy").unlink()
     rows = run_batch(items, loaded, out, OPTIONS, write_heatmap_files)
     assert (out / "coffee.npy").exists()
+    # other settings: every image is explained again, not served stale
+    finer = dict(OPTIONS, stride=8)
+    rows = run_batch(items, loaded, out, finer, write_heatmap_files)
+    assert np.load(out / "chelsea.npy").shape == (15, 15)
 
 
 def test_csv_list_with_labels_and_glob(folder, tmp_path):
