@@ -158,13 +158,11 @@ def analyze(
                     step.macs_full,
                 )
             )
-    first_global, before, total = None, 0, 0
-    for step in graph.steps:
-        if step.kind == NodeKind.GLOBAL and first_global is None:
-            why = f": {step.reason}" if step.reason else ""
-            first_global = f"{step.node.name} ({_describe(step.node)}{why})"
-            before = total
-        total += step.macs_full
+    step, before, total = graph.first_global_step()
+    first_global = None
+    if step is not None:
+        why = f": {step.reason}" if step.reason else ""
+        first_global = f"{step.node.name} ({_describe(step.node)}{why})"
     return SpeedupReport(
         type(model).__name__,
         (channels, height, width),
@@ -172,7 +170,7 @@ def analyze(
         tau,
         layers,
         first_global,
-        before if first_global is not None else total,
+        before,
         total,
     )
 

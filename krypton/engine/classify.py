@@ -382,11 +382,6 @@ def unsqueeze(call: OpCall) -> Pointwise | None:
     return Pointwise((rows + (rows >= dim), cols + (cols >= dim)))
 
 
-def flatten(call: OpCall) -> Pointwise | None:
-    """torch.flatten / x.flatten / nn.Flatten: only channel-only flattening is per cell."""
-    return reshape_channels(call)
-
-
 POINTWISE_RULES: dict[Any, Rule] = {
     # functions
     **{function: same_layout for function in ops.ELEMENTWISE_FUNCTIONS},
@@ -399,7 +394,7 @@ POINTWISE_RULES: dict[Any, Rule] = {
     torch.transpose: transpose,
     torch.swapaxes: transpose,
     torch.reshape: reshape_channels,
-    torch.flatten: flatten,
+    torch.flatten: reshape_channels,  # only channel-only flattening is per cell
     torch.split: _split_like(2, 0),
     torch.chunk: _split_like(2, 0),
     torch.tensor_split: _split_like(2, 0),
@@ -415,7 +410,7 @@ POINTWISE_RULES: dict[Any, Rule] = {
     "swapaxes": transpose,
     "view": reshape_channels,
     "reshape": reshape_channels,
-    "flatten": flatten,
+    "flatten": reshape_channels,
     "split": _split_like(2, 0),
     "chunk": _split_like(2, 0),
     "tensor_split": _split_like(2, 0),
@@ -428,7 +423,7 @@ POINTWISE_RULES: dict[Any, Rule] = {
     nn.BatchNorm3d: _parameters(_batch_norm_module),
     nn.LayerNorm: _parameters(_layer_norm_module),
     nn.Linear: _linear_output,
-    nn.Flatten: lambda call: reshape_channels(call),
+    nn.Flatten: reshape_channels,
 }
 
 # Dropout-like functions are per cell only when not training.

@@ -9,6 +9,7 @@ every node (:mod:`.classify`) and materialises that image's views (:mod:`.views`
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -17,11 +18,12 @@ import torch.fx as fx
 from torch import nn
 
 from ..capture_lock import CAPTURE_LOCK
+from ..geometry import padding_needed
 from . import ops
 from .classify import PATCHED_KINDS, Classifier, NodeKind, Step, flatten_nodes
 from .plan import ExecutionPlan, PatchGeometry, propagate, static_plan
 from .run import run_batch, view_pad_value
-from .views import MaterializedViews, StreamingInterpreter, build_views
+from .views import MaterializedViews, build_views
 
 __all__ = ["IncrementalGraph", "UnsupportedModelError"]
 
@@ -121,7 +123,6 @@ class IncrementalGraph:
                 )
         self.image_shape = tuple(image.shape)
         self.freeze_gates = freeze_gates
-        self.gate_candidates = gate_roots(self.module.graph, self.input_node)
         self.frozen: list[str] = []  # names of the gates kept at their unoccluded values
         self.last_use = self._last_uses()
         self._calls = {n: self._call_for(n) for n in self.nodes}
@@ -151,6 +152,12 @@ class IncrementalGraph:
     # ---------------------------------------------------------------------------------
     # Capture and classification
     # ---------------------------------------------------------------------------------
+    @functools.cached_property
+    def gate_candidates(self) -> dict[fx.Node, set[fx.Node]]:
+        """Gate roots of the graph (:func:`gate_roots`), found when first asked: only
+        approximate mode with frozen gates needs them, not every capture."""
+        return gate_roots(self.module.graph, self.input_node)
+
     @property
     def kinds(self) -> dict[fx.Node, NodeKind]:
         return self._classifier.kinds
@@ -287,8 +294,6 @@ class IncrementalGraph:
             for i, amount in enumerate(pads):
                 current[i] = max(current[i], amount)
 
-        from ..geometry import padding_needed
-
         if step.kind == NodeKind.LOCAL:
             top, bottom = padding_needed(step.local.rows)
             left, right = padding_needed(step.local.cols)
@@ -317,12 +322,15 @@ class IncrementalGraph:
     def _stream(
         self, image: torch.Tensor, on_value: Callable[[fx.Node, Any, dict], None] | None = None
     ) -> MaterializedViews:
-        def interpreter(on_value, on_release) -> StreamingInterpreter:
-            return StreamingInterpreter(self.module, self._calls, on_value, on_release)
-
         with CAPTURE_LOCK.shared():
             return build_views(
-                image, interpreter, self._keep_whole, self._padding_needs, self.dims_of, on_value
+                image,
+                self.module,
+                self._calls,
+                self._keep_whole,
+                self._padding_needs,
+                self.dims_of,
+                on_value,
             )
 
     def materialize(self, image: torch.Tensor) -> MaterializedViews:
@@ -351,15 +359,22 @@ class IncrementalGraph:
         """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""
         return geometry.macs_per_position(self.steps, self.shapes)
 
-    def first_global(self) -> tuple[str | None, float]:
-        """(name of the first image-dependent global op, share of MACs before it)."""
+    def first_global_step(self) -> tuple[Step | None, int, int]:
+        """(first image-dependent global step or None, MACs before it, all MACs)."""
         total = sum(step.macs_full for step in self.steps)
         before = 0
         for step in self.steps:
             if step.kind == NodeKind.GLOBAL:
-                return step.node.name, (before / total if total else 0.0)
+                return step, before, total
             before += step.macs_full
-        return None, 1.0
+        return None, total, total
+
+    def first_global(self) -> tuple[str | None, float]:
+        """(name of the first image-dependent global op, share of MACs before it)."""
+        step, before, total = self.first_global_step()
+        if step is None:
+            return None, 1.0
+        return step.node.name, (before / total if total else 0.0)
 
     def plan(self, geometry: PatchGeometry) -> ExecutionPlan:
         """Static plan for these positions: incremental, or naive when it cannot gain."""

@@ -93,7 +93,8 @@ class StreamingInterpreter(fx.Interpreter):
 
 def build_views(
     image: torch.Tensor,
-    interpreter_for: Callable[[Callable, Callable], StreamingInterpreter],
+    module: fx.GraphModule,
+    calls: dict[fx.Node, Callable[[tuple, dict], Any] | None],
     keep_whole: Callable[[fx.Node], bool],
     padding_needs: dict[fx.Node, dict[float, list[int]]],
     spatial_dims: Callable[[fx.Node], tuple[int, int]],
@@ -122,5 +123,6 @@ def build_views(
                 grown = F.pad(flat, (left, right, top, bottom), value=pad_value)
             padded[(node, pad_value)] = (grown.permute(1, 2, 0).contiguous(), top, left)
 
-    logits = interpreter_for(on_value or (lambda node, value, env: None), release).stream(image)
+    on_value = on_value or (lambda node, value, env: None)
+    logits = StreamingInterpreter(module, calls, on_value, release).stream(image)
     return MaterializedViews(tuple(image.shape), kept, padded, logits)
