@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import analysis, explainer as explain_module
+from .dicom import is_dicom, parse_window
 from .imaging import ImageLoadError, heatmap_picture, load_image
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
 from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
@@ -153,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         "class's values go next to it as .npy, every class's as .npz",
     )
     add_explain_options(run)
+    run.add_argument(
+        "--dicom-identity",
+        action="store_true",
+        help="DICOM images: copy the patient's identity into the .dcm export (default: "
+        "only the study, series and image UIDs that reference the source)",
+    )
     run.add_argument("--label", type=int, help="class index (default: the prediction)")
 
     batch = commands.add_parser(
@@ -354,6 +361,11 @@ def run_explain(args: argparse.Namespace) -> int:
     bar.close()
     out = Path(args.out)
     written = write_heatmap_files(out, picture, heatmap, model)
+    dicom_line = None
+    if is_dicom(args.image) or str(args.image).lower().endswith(".dcm"):
+        dicom_line, capture = _dicom_export(args, heatmap, model)
+        out.with_suffix(".dcm").write_bytes(capture)
+        written.append(out.with_suffix(".dcm"))
     random = " — RANDOM weights: this explains an untrained network" if model.random_weights else ""
     label_name = model.class_name(heatmap.label)
     weights = "RANDOM weights" if model.random_weights else "trained weights"
@@ -364,6 +376,8 @@ def run_explain(args: argparse.Namespace) -> int:
         f"positions  {heatmap.positions_evaluated} evaluated on a "
         f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid, mode {heatmap.mode}"
     )
+    if dicom_line:
+        print(f"dicom      {dicom_line}")
     if heatmap.mode == "exact":
         print(f"plan       {heatmap.extra['plan']}")
     if heatmap.mode == "approximate":
@@ -383,6 +397,38 @@ def run_explain(args: argparse.Namespace) -> int:
         )
     print(f"wrote      {', '.join(str(p) for p in written)}")
     return 0
+
+
+def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]:
+    """What the DICOM input was shown as (window, frame), and the heatmap as a Secondary
+    Capture that references it."""
+    from .dicom import heatmap_capture, load_dicom
+
+    loaded = load_dicom(args.image, window=args.window, frame=args.frame)
+    shown = (
+        f"window C {loaded.window[0]:g} / W {loaded.window[1]:g} ({loaded.window_source})"
+        if loaded.window is not None
+        else f"the file's {loaded.window_source}"
+    )
+    modality = loaded.info["modality"] or "DICOM"
+    line = f"{modality}, {shown}, frame {loaded.frame + 1} of {loaded.frames}"
+    capture = heatmap_capture(
+        args.image,
+        values=heatmap.values,
+        xs=heatmap.xs,
+        ys=heatmap.ys,
+        patch=heatmap.patch,
+        stride=heatmap.stride,
+        prob=heatmap.prob,
+        input_size=model.input_size,
+        label_name=model.class_name(heatmap.label),
+        mode=heatmap.mode,
+        model_name=model.name,
+        window=args.window if args.window is None else parse_window(args.window),
+        frame=loaded.frame,
+        include_identity=args.dicom_identity,
+    )
+    return line, capture
 
 
 def run_batch_command(args: argparse.Namespace) -> int:

@@ -16,7 +16,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["WINDOW_PRESETS", "DicomImage", "is_dicom", "load_dicom", "parse_window"]
+__all__ = [
+    "WINDOW_PRESETS",
+    "IDENTIFYING_KEYWORDS",
+    "DicomImage",
+    "is_dicom",
+    "load_dicom",
+    "parse_window",
+    "decodable_transfer_syntaxes",
+    "secondary_capture",
+    "heatmap_capture",
+]
 
 # (centre, width) in Hounsfield units, the usual CT reading windows
 WINDOW_PRESETS: dict[str, tuple[float, float]] = {
@@ -25,6 +35,53 @@ WINDOW_PRESETS: dict[str, tuple[float, float]] = {
     "bone": (400.0, 1800.0),
     "brain": (40.0, 80.0),
 }
+
+
+# Attributes that identify a patient or a visit (after PS3.15 E.1-1's basic profile): never
+# logged, never in a file name, copied into an export only when the user asks for it.
+IDENTIFYING_KEYWORDS = (
+    "PatientName",
+    "PatientID",
+    "IssuerOfPatientID",
+    "OtherPatientIDs",
+    "OtherPatientNames",
+    "PatientBirthDate",
+    "PatientBirthTime",
+    "PatientSex",
+    "PatientAge",
+    "PatientAddress",
+    "PatientTelephoneNumbers",
+    "PatientMotherBirthName",
+    "AccessionNumber",
+    "ReferringPhysicianName",
+    "PerformingPhysicianName",
+    "OperatorsName",
+    "InstitutionName",
+    "InstitutionAddress",
+    "StationName",
+    "StudyID",
+    "DeviceSerialNumber",
+)
+
+
+def decodable_transfer_syntaxes() -> list[str]:
+    """Names of the transfer syntaxes this installation can decode (native ones and every
+    compressed syntax pydicom has an available decoder plug-in for)."""
+    import pydicom.uid as uids
+    from pydicom.pixels import get_decoder
+
+    names = []
+    for value in vars(uids).values():
+        if not (isinstance(value, uids.UID) and value.is_transfer_syntax):
+            continue
+        if value.is_compressed:
+            try:
+                if not get_decoder(value).is_available:
+                    continue
+            except NotImplementedError:
+                continue
+        names.append(value.name)
+    return sorted(set(names))
 
 
 @dataclass
@@ -129,7 +186,8 @@ def load_dicom(
         described = f"{syntax.name} ({syntax})"
         raise ImageLoadError(
             f"{name} is compressed as {described}, which this installation cannot decode "
-            f"({exc}); install the pydicom decoder plug-in for it (e.g. pylibjpeg)"
+            f"({exc}). Krypton reads: {', '.join(decodable_transfer_syntaxes())}; export "
+            f"the image in one of these (or install a pydicom decoder plug-in for it)"
         ) from exc
     except (EOFError, OSError) as exc:
         raise ImageLoadError(f"{name} could not be decoded ({exc}); it may be truncated") from exc
@@ -213,4 +271,172 @@ def load_dicom(
         frames,
         (float(spacing[0]), float(spacing[1])) if spacing else None,
         info,
+    )
+
+
+_AXIS_LETTERS = (("L", "R"), ("P", "A"), ("H", "F"))  # +x, -x; +y, -y; +z, -z (LPS)
+
+
+def _patient_orientation(dataset) -> tuple[str, str]:
+    """(row direction, column direction) as patient letters: from Image Orientation
+    (Patient), the dominant axis of each direction cosine; else the file's Patient
+    Orientation; else the axial convention ('L', 'P')."""
+    cosines = dataset.get("ImageOrientationPatient")
+    if cosines is not None and len(cosines) == 6:
+        letters = []
+        for vector in (cosines[:3], cosines[3:]):
+            axis = int(np.argmax(np.abs(vector)))
+            letters.append(_AXIS_LETTERS[axis][0 if float(vector[axis]) >= 0 else 1])
+        return letters[0], letters[1]
+    recorded = dataset.get("PatientOrientation")
+    if recorded is not None and len(recorded) == 2 and all(len(str(v)) == 1 for v in recorded):
+        return str(recorded[0]), str(recorded[1])
+    return "L", "P"
+
+
+def secondary_capture(
+    source: str | Path | bytes,
+    picture: Image.Image,
+    *,
+    frame: int = 0,
+    description: str = "Krypton occlusion heatmap",
+    comments: str = "",
+    include_identity: bool = False,
+) -> bytes:
+    """The heatmap overlay as a DICOM Secondary Capture image (highdicom) in the source's
+    study, referencing the source image and series, as bytes of a Part 10 file.
+
+    ``picture``: the overlay (RGB; normally the windowed frame at its own resolution with
+    the heatmap drawn on it). Patient and visit identity (:data:`IDENTIFYING_KEYWORDS`)
+    is copied only with ``include_identity`` — without it the object keeps the study,
+    series and image UIDs that place it next to its source, and nothing that names the
+    patient; a PACS that files by patient ID needs ``include_identity=True``.
+    """
+    import highdicom as hd
+    import pydicom
+    from pydicom.dataset import Dataset
+    from pydicom.uid import generate_uid
+
+    dataset, _ = _read(source)
+    rgb = np.asarray(picture.convert("RGB"), dtype=np.uint8)
+    spacing = dataset.get("PixelSpacing") or dataset.get("ImagerPixelSpacing")
+    pixel_spacing = None
+    if spacing and dataset.get("Rows") and dataset.get("Columns"):
+        pixel_spacing = (
+            float(spacing[0]) * int(dataset.Rows) / rgb.shape[0],
+            float(spacing[1]) * int(dataset.Columns) / rgb.shape[1],
+        )
+
+    def copied(keyword: str):
+        value = dataset.get(keyword) if include_identity else None
+        return value if value not in ("", None) else None
+
+    capture = hd.sc.SCImage(
+        pixel_array=rgb,
+        photometric_interpretation="RGB",
+        bits_allocated=8,
+        coordinate_system="PATIENT",
+        study_instance_uid=str(dataset.get("StudyInstanceUID") or generate_uid()),
+        series_instance_uid=generate_uid(),
+        series_number=int(dataset.get("SeriesNumber") or 0) + 1000,
+        sop_instance_uid=generate_uid(),
+        instance_number=1,
+        manufacturer="Krypton",
+        patient_id=copied("PatientID"),
+        patient_name=copied("PatientName"),
+        patient_birth_date=copied("PatientBirthDate"),
+        patient_sex=copied("PatientSex"),
+        accession_number=copied("AccessionNumber"),
+        study_id=copied("StudyID"),
+        study_date=dataset.get("StudyDate") or None,
+        study_time=dataset.get("StudyTime") or None,
+        referring_physician_name=copied("ReferringPhysicianName"),
+        pixel_spacing=pixel_spacing,
+        patient_orientation=_patient_orientation(dataset),
+    )
+    capture.SpecificCharacterSet = "ISO_IR 192"  # UTF-8: descriptions name scales with '–'
+    capture.SeriesDescription = description[:64]
+    capture.ImageComments = comments[:10240]
+    capture.BurnedInAnnotation = "NO"
+    capture.ImageType = ["DERIVED", "SECONDARY"]
+    capture.DerivationDescription = (
+        f"Occlusion sensitivity heatmap over frame {frame} of the source image"
+    )[:1024]
+    if "SOPInstanceUID" in dataset:
+        reference = Dataset()
+        reference.ReferencedSOPClassUID = dataset.SOPClassUID
+        reference.ReferencedSOPInstanceUID = dataset.SOPInstanceUID
+        if int(dataset.get("NumberOfFrames", 1) or 1) > 1:
+            reference.ReferencedFrameNumber = frame + 1
+        capture.SourceImageSequence = [reference]
+        if "SeriesInstanceUID" in dataset:
+            instance = Dataset()
+            instance.ReferencedSOPClassUID = dataset.SOPClassUID
+            instance.ReferencedSOPInstanceUID = dataset.SOPInstanceUID
+            series = Dataset()
+            series.SeriesInstanceUID = dataset.SeriesInstanceUID
+            series.ReferencedInstanceSequence = [instance]
+            capture.ReferencedSeriesSequence = [series]
+    buffer = io.BytesIO()
+    pydicom.dcmwrite(buffer, capture, enforce_file_format=True)
+    return buffer.getvalue()
+
+
+def heatmap_capture(
+    source: str | Path | bytes,
+    *,
+    values: np.ndarray,
+    xs,
+    ys,
+    patch: int,
+    stride: int,
+    prob: float,
+    input_size: tuple[int, int],
+    label_name: str,
+    mode: str,
+    model_name: str,
+    window: str | tuple | None = None,
+    frame: int | None = None,
+    style=None,
+    weights: str = "",
+    include_identity: bool = False,
+) -> bytes:
+    """A heatmap as a Secondary Capture of its DICOM source: the same frame in the same
+    ``window``, at the file's own resolution, with the heatmap drawn as ``style`` (an
+    :class:`krypton.imaging.OverlayStyle`) says and the settings in Image Comments."""
+    from .imaging import OverlayStyle, overlay, styled_heatmap
+
+    style = style or OverlayStyle()
+    loaded = load_dicom(source, window=window, frame=frame)
+    values = np.asarray(values, dtype=np.float32)
+    picture = overlay(
+        loaded.picture,
+        values,
+        np.asarray(xs),
+        np.asarray(ys),
+        patch,
+        prob,
+        input_size=tuple(input_size),
+        style=style,
+    )
+    shown = (
+        f"window C {loaded.window[0]:g} / W {loaded.window[1]:g} ({loaded.window_source})"
+        if loaded.window is not None
+        else f"the file's {loaded.window_source}"
+    )
+    comments = (
+        f"Krypton {mode} occlusion heatmap. Model {model_name}"
+        f"{f' (weights {weights})' if weights else ''}; class {label_name}, p = {prob:.4f}; "
+        f"patch {patch} px, stride {stride} px (model input {input_size[1]}x"
+        f"{input_size[0]}); {shown}; colours: jet, {styled_heatmap(values, prob, style).label};"
+        f" opacity {style.opacity:.2f}. Not a diagnosis: shows where occluding the image "
+        f"changed the model's output."
+    )
+    return secondary_capture(
+        source,
+        picture,
+        frame=loaded.frame,
+        description=f"Krypton heatmap {label_name}",
+        comments=comments,
+        include_identity=include_identity,
     )

@@ -152,3 +152,92 @@ def test_threaded_manager_runs_and_cancels(tmp_path):
         time.sleep(0.02)
     assert outcome["result"] == "cancelled" and not manager.job_running(job)
     check_cancelled()  # outside a job it never raises
+
+
+def test_overlay_styles_colour_what_they_say():
+    from krypton.imaging import OverlayStyle, styled_heatmap
+
+    values = np.array([[0.2, 0.5], [0.79, 0.8]])
+    relative = styled_heatmap(values, 0.8, OverlayStyle())
+    assert (relative.low, relative.high) == (0.6000000000000001, 1.0)
+    assert relative.colormap == "jet_r" and "relative scale 0.75p" in relative.label
+    np.testing.assert_array_equal(relative.values, values)
+    absolute = styled_heatmap(values, 0.8, OverlayStyle(scale="absolute", threshold=0.05))
+    assert (absolute.low, absolute.high, absolute.colormap) == (0.0, 1.0, "jet")
+    assert "absolute scale 0–1" in absolute.label and "only drops > 0.05" in absolute.label
+    np.testing.assert_allclose(absolute.values, [[0.6, 0.3], [np.nan, np.nan]])
+    with pytest.raises(ValueError, match="scale"):
+        OverlayStyle(scale="log")
+    with pytest.raises(helpers.InputError, match="opacity"):
+        helpers.overlay_style({"opacity": 2})
+
+
+def test_heatmap_figure_side_by_side_hidden_and_labelled():
+    from krypton.imaging import OverlayStyle
+
+    image = Image.new("RGB", (32, 32), "gray")
+    values = np.array([[0.2, 0.5], [0.7, 0.8]])
+    figure = helpers.heatmap_figure(image, values, [0, 16], [0, 16], 16, 0.8, "A")
+    assert [t.type for t in figure.data] == ["image", "heatmap"]
+    assert figure.data[1].opacity == 0.55 and figure.data[1].visible
+    assert "relative" in figure.data[1].colorbar.title.text
+    side = helpers.heatmap_figure(
+        image, values, [0, 16], [0, 16], 16, 0.8, "A", OverlayStyle(show=False), True
+    )
+    assert [t.type for t in side.data] == ["image", "image", "heatmap"]
+    assert side.data[2].xaxis == "x2" and side.data[2].visible is False
+
+
+def test_overlay_at_the_source_resolution_and_threshold():
+    from krypton.imaging import OverlayStyle, overlay
+
+    image = Image.new("RGB", (256, 256), "black")  # the source; the model saw 64 x 64
+    values = np.array([[0.1, 0.9], [0.9, 0.9]], dtype=np.float32)
+    drawn = np.asarray(
+        overlay(image, values, np.array([0, 32]), np.array([0, 32]), 32, 0.9, input_size=(64, 64))
+    )
+    assert drawn[:128, :128].any() and drawn[128:, 128:].any()  # cells scaled 4x
+    only_drop = np.asarray(
+        overlay(
+            image,
+            values,
+            np.array([0, 32]),
+            np.array([0, 32]),
+            32,
+            0.9,
+            input_size=(64, 64),
+            style=OverlayStyle(threshold=0.5),
+        )
+    )
+    assert only_drop[:128, :128].any() and not only_drop[128:, 128:].any()
+
+
+def test_dicom_windows_and_description():
+    assert helpers.requested_window("file") is None
+    assert helpers.requested_window("bone") == "bone"
+    assert helpers.requested_window("manual", 40, 400) == (40.0, 400.0)
+    with pytest.raises(helpers.InputError, match="at least 1"):
+        helpers.requested_window("manual", 40, 0)
+    with pytest.raises(helpers.InputError, match="numbers"):
+        helpers.requested_window("manual", "x", 400)
+    record = {
+        "source": "0" * 24,
+        "requested": "lung",
+        "window": [-600.0, 1500.0],
+        "window_source": "preset lung",
+        "frame": 7,
+        "frames": 15,
+        "pixel_spacing": [0.5, 0.3],
+        "info": {
+            "modality": "CT",
+            "body_part": "CHEST",
+            "study_date": "20040119",
+            "size": "512x256",
+            "frames": 15,
+        },
+    }
+    text = helpers.dicom_description(record, (128, 128), 16)
+    assert "CT · chest · study 2004-01-19 · 512x256 px" in text
+    assert "C -600 / W 1500 (preset lung)" in text and "frame 8 of 15" in text
+    assert "patch 16 px ≈ 19.2 × 16.0 mm" in text  # 0.3*512/128*16 across, 0.5*256/128*16 down
+    assert helpers.dicom_name(record) == "CT-00000000-frame8"

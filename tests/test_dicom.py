@@ -2,6 +2,9 @@
 pydicom's own apply_modality_lut / apply_voi_lut, MONOCHROME1, frames, colour, compressed
 syntaxes, bad files — and no identifying tag in anything Krypton reports."""
 
+import io
+import json
+
 import numpy as np
 import pydicom
 import pytest
@@ -9,7 +12,16 @@ from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
 import krypton
-from krypton.dicom import WINDOW_PRESETS, is_dicom, load_dicom, parse_window
+from krypton.dicom import (
+    IDENTIFYING_KEYWORDS,
+    WINDOW_PRESETS,
+    decodable_transfer_syntaxes,
+    heatmap_capture,
+    is_dicom,
+    load_dicom,
+    parse_window,
+    secondary_capture,
+)
 from krypton.imaging import ImageLoadError, load_image
 from test_cli import run_cli
 
@@ -91,12 +103,48 @@ def test_frames_colour_and_compressed():
     [
         ("rtplan.dcm", "has no pixel data"),
         ("MR_truncated.dcm", "may be truncated or corrupt"),
-        ("MR_small_jpeg_ls_lossless.dcm", "JPEG-LS Lossless"),
     ],
 )
 def test_bad_dicom_files_get_clear_messages(name, message):
     with pytest.raises(ImageLoadError, match=message):
         load_image(get_testdata_file(name))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MR_small_jpeg_ls_lossless.dcm",  # JPEG-LS (pylibjpeg-libjpeg / pyjpegls)
+        "MR_small_jp2klossless.dcm",  # JPEG 2000 (pylibjpeg-openjpeg)
+        "MR_small_RLE.dcm",  # RLE
+    ],
+)
+def test_compressed_syntaxes_decode_to_the_uncompressed_pixels(name):
+    np.testing.assert_array_equal(
+        np.asarray(load_dicom(get_testdata_file(name)).picture), np.asarray(load_dicom(MR).picture)
+    )
+
+
+def test_jpeg_baseline_and_extended_decode():
+    assert load_dicom(get_testdata_file("SC_rgb_jpeg.dcm")).window_source == "colour"
+    nm = load_dicom(get_testdata_file("JPGExtended.dcm"))
+    assert nm.picture.size == (256, 1024) and np.asarray(nm.picture).std() > 0
+
+
+def test_a_syntax_without_decoder_names_what_can_be_read(tmp_path):
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import MPEG2MPML
+
+    dataset = pydicom.dcmread(MR)
+    dataset.PixelData = encapsulate([dataset.PixelData])
+    dataset.file_meta.TransferSyntaxUID = MPEG2MPML
+    path = tmp_path / "video.dcm"
+    dataset.save_as(path, enforce_file_format=True)
+    with pytest.raises(ImageLoadError, match="MPEG2 Main Profile") as caught:
+        load_image(path)
+    assert "JPEG 2000" in str(caught.value) and "JPEG-LS Lossless" in str(caught.value)
+    names = decodable_transfer_syntaxes()
+    assert "RLE Lossless" in names and "JPEG Baseline (Process 1)" in names
+    assert not any(name.startswith("MPEG") for name in names)
 
 
 def test_windows_are_parsed_and_checked():
@@ -139,3 +187,117 @@ def test_a_dicom_file_dropped_on_the_page_is_decoded_with_its_own_window():
     contents = "data:application/dicom;base64," + base64.b64encode(data).decode()
     picture = decode_upload(contents, "scan.dcm", 25 * 2**20)
     np.testing.assert_array_equal(np.asarray(picture), np.asarray(load_dicom(MR).picture))
+
+
+def identified(tmp_path, name="CT_small.dcm"):
+    """A copy of a shipped file carrying a (made-up) patient identity."""
+    dataset = pydicom.dcmread(get_testdata_file(name))
+    dataset.PatientName, dataset.PatientID = "Doe^Jane", "ID-12345"
+    dataset.PatientBirthDate, dataset.AccessionNumber = "19700101", "ACC-999"
+    path = tmp_path / f"identified-{name}"
+    dataset.save_as(path)
+    return dataset, path
+
+
+def test_secondary_capture_references_the_source_and_keeps_identity_out(tmp_path):
+    source, path = identified(tmp_path)
+    picture = load_dicom(path, window="lung").picture
+    capture = pydicom.dcmread(io.BytesIO(secondary_capture(path, picture, comments="c")))
+    assert capture.SOPClassUID == pydicom.uid.SecondaryCaptureImageStorage
+    assert capture.StudyInstanceUID == source.StudyInstanceUID
+    assert capture.SeriesInstanceUID != source.SeriesInstanceUID  # a new, derived series
+    assert capture.SourceImageSequence[0].ReferencedSOPInstanceUID == source.SOPInstanceUID
+    assert capture.SourceImageSequence[0].ReferencedSOPClassUID == source.SOPClassUID
+    series = capture.ReferencedSeriesSequence[0]
+    assert series.SeriesInstanceUID == source.SeriesInstanceUID
+    assert series.ReferencedInstanceSequence[0].ReferencedSOPInstanceUID == source.SOPInstanceUID
+    np.testing.assert_array_equal(capture.pixel_array, np.asarray(picture))
+    assert [float(v) for v in capture.PixelSpacing] == [float(v) for v in source.PixelSpacing]
+    for keyword in IDENTIFYING_KEYWORDS:
+        assert not capture.get(keyword), keyword
+    with_identity = pydicom.dcmread(
+        io.BytesIO(secondary_capture(path, picture, include_identity=True))
+    )
+    assert str(with_identity.PatientName) == "Doe^Jane" and with_identity.PatientID == "ID-12345"
+    assert with_identity.AccessionNumber == "ACC-999"
+
+
+def test_heatmap_capture_of_a_multi_frame_file_names_its_frame(tmp_path):
+    dose = get_testdata_file("rtdose.dcm")
+    values = np.linspace(0.2, 0.9, 4, dtype=np.float32).reshape(2, 2)
+    data = heatmap_capture(
+        dose,
+        values=values,
+        xs=[0, 4],
+        ys=[0, 4],
+        patch=4,
+        stride=4,
+        prob=0.9,
+        input_size=(8, 8),
+        label_name="A",
+        mode="exact",
+        model_name="m",
+        frame=3,
+    )
+    capture = pydicom.dcmread(io.BytesIO(data))
+    assert capture.SourceImageSequence[0].ReferencedFrameNumber == 4  # 1-based in DICOM
+    assert capture.Rows == 10 and capture.Columns == 10  # the file's own resolution
+    assert "frame 3" in capture.DerivationDescription
+    assert "relative scale" in capture.ImageComments
+
+
+def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
+    """A DICOM image through the page's path: load, run, every export, the log."""
+    import logging
+
+    from webapp import helpers, runs
+    from webapp.callbacks import Services
+
+    caplog.set_level(logging.DEBUG)
+    _, path = identified(tmp_path)
+    data = path.read_bytes()
+    services = Services(tmp_path / "cache")
+    source = services.images.put_source(data)
+    loaded, record = helpers.dicom_view(data, source, "lung", None, path.name)
+    key = services.images.put(loaded.picture)
+    request = runs.RunRequest(
+        image_key=key,
+        image_name=helpers.dicom_name(record),
+        model="fundus-demo",
+        patch=16,
+        stride=16,
+        mode="exact",
+        fill_rgb=(0.5, 0.5, 0.5),
+        dicom=record,
+    )
+    result = runs.execute(services, "s", request, lambda *a: None)
+    exports = {
+        "png": helpers.export_png(services.images.get(key), result),
+        "npy": helpers.export_npy(result),
+        "npz": helpers.export_all_classes(result),
+        "csv": helpers.export_csv(result).encode(),
+        "json": runs.export_summary(result).encode(),
+        "dcm": helpers.export_dicom(services.images.source(source), result),
+    }
+    names = [helpers.export_stem(result)] + [p.name for p in (tmp_path / "cache").rglob("*")]
+    for secret in ("Doe", "Jane", "ID-12345", "19700101", "ACC-999"):
+        for kind, content in exports.items():
+            assert secret.encode() not in content, (secret, kind)
+        assert not any(secret in name for name in names)
+        assert all(secret not in r.getMessage() for r in caplog.records)
+    assert json.loads(exports["json"])["dicom"]["window"] == [-600.0, 1500.0]
+    assert json.loads(exports["json"])["dicom"]["window_source"] == "preset lung"
+
+
+def test_cli_explain_writes_a_secondary_capture_without_identity(tmp_path):
+    source, path = identified(tmp_path)
+    out = tmp_path / "h.png"
+    result = run_cli("explain", str(path), "--window", "lung", "--stride", "16", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "C -600 / W 1500 (preset lung)" in result.stdout
+    capture = pydicom.dcmread(out.with_suffix(".dcm"))
+    assert capture.StudyInstanceUID == source.StudyInstanceUID and not capture.PatientID
+    assert "W 1500" in capture.ImageComments
+    named = run_cli("explain", str(path), "--stride", "16", "--out", str(out), "--dicom-identity")
+    assert named.returncode == 0, named.stderr
+    assert pydicom.dcmread(out.with_suffix(".dcm")).PatientID == "ID-12345"

@@ -34,7 +34,7 @@ from . import helpers
 from .helpers import InputError
 from . import runs
 from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled
-from .layout import SAMPLES_DIR, mode_options, placeholder_figure
+from .layout import DICOM_SAMPLES, mode_options, placeholder_figure, sample_path
 from .settings import ServerSettings
 
 LIVE_UPDATE_SECONDS = 0.3
@@ -131,10 +131,25 @@ def _empty_figure(text: str = "") -> go.Figure:
 def register_callbacks(app, manager, services: Services) -> None:
     """Attach every callback to ``app``; jobs run on ``manager``."""
 
+    def _dicom_image_data(data: bytes, name: str, window=None, frame=None) -> dict:
+        """Keep a DICOM file's bytes, store its windowed frame; the page's record of it."""
+        source = services.images.put_source(data)
+        loaded, record = helpers.dicom_view(data, source, window, frame, name)
+        key = services.images.put(loaded.picture)
+        return {
+            "key": key,
+            "name": helpers.dicom_name(record),
+            "size": list(loaded.picture.size),
+            "dicom": record,
+        }
+
     @app.callback(
         Output("image-store", "data"),
         Output("region-store", "data"),
         Output("message", "children"),
+        Output("window-preset", "value"),
+        Output("dicom-frame", "max"),
+        Output("dicom-frame", "value"),
         Input("upload", "contents"),
         Input({"type": "sample", "name": ALL}, "n_clicks"),
         State("upload", "filename"),
@@ -144,17 +159,136 @@ def register_callbacks(app, manager, services: Services) -> None:
         trigger = ctx.triggered_id
         try:
             if trigger == "upload":
-                image = helpers.decode_upload(contents, filename, services.settings.max_image_bytes)
+                data = helpers.read_upload(contents, filename, services.settings.max_image_bytes)
                 name = filename
             elif isinstance(trigger, dict) and any(sample_clicks):
                 name = trigger["name"]
-                image = krypton.imaging.load_image(SAMPLES_DIR / name)
+                try:
+                    data = sample_path(name).read_bytes()
+                except (KeyError, OSError):
+                    raise InputError(f"the sample {name!r} is not available") from None
+                if name in DICOM_SAMPLES:
+                    name = DICOM_SAMPLES[name][0]
             else:
                 raise PreventUpdate
+            if helpers.upload_is_dicom(data, filename if trigger == "upload" else name):
+                image_data = _dicom_image_data(data, str(name or "the file"))
+                record = image_data["dicom"]
+                return image_data, None, "", "file", record["frames"], record["frame"] + 1
+            try:
+                image = krypton.imaging.load_image(data)
+            except krypton.imaging.ImageLoadError as exc:
+                raise InputError(str(exc).replace("uploaded data", name or "the file")) from exc
         except InputError as exc:
-            return no_update, no_update, str(exc)
+            return no_update, no_update, str(exc), no_update, no_update, no_update
         key = services.images.put(image)
-        return {"key": key, "name": name, "size": list(image.size)}, None, ""
+        image_data = {"key": key, "name": name, "size": list(image.size)}
+        return image_data, None, "", no_update, no_update, no_update
+
+    @app.callback(
+        Output("image-store", "data", allow_duplicate=True),
+        Output("message", "children", allow_duplicate=True),
+        Input("window-preset", "value"),
+        Input("window-centre", "value"),
+        Input("window-width", "value"),
+        Input("dicom-frame", "value"),
+        State("image-store", "data"),
+        prevent_initial_call=True,
+    )
+    def rewindow(preset, centre, width, frame, image_data):
+        """Another window or frame of the same DICOM file: a new picture for the model."""
+        record = (image_data or {}).get("dicom")
+        if not record:
+            raise PreventUpdate
+        if preset == "manual" and (centre is None or width is None):
+            raise PreventUpdate  # still typing
+        try:
+            window = helpers.requested_window(preset, centre, width)
+            frame = record["frame"] if frame is None else int(frame) - 1
+            requested = list(window) if isinstance(window, tuple) else window
+            if requested == record["requested"] and frame == record["frame"]:
+                raise PreventUpdate  # the controls caught up with the stored image
+            data = services.images.source(record["source"])
+            return _dicom_image_data(data, image_data["name"], window, frame), ""
+        except InputError as exc:
+            return no_update, str(exc)
+
+    @app.callback(
+        Output("dicom-panel", "style"),
+        Output("dicom-info", "children"),
+        Output("frame-picker", "style"),
+        Output("window-centre", "value"),
+        Output("window-width", "value"),
+        Input("image-store", "data"),
+        Input("model", "value"),
+        Input("patch", "value"),
+    )
+    def show_dicom(image_data, model_name, patch):
+        record = (image_data or {}).get("dicom")
+        if not record:
+            return {"display": "none"}, "", {"display": "none"}, no_update, no_update
+        try:
+            size = services.model(model_name).input_size
+        except InputError:
+            size = tuple(reversed(image_data["size"]))
+        text = helpers.dicom_description(record, size, patch)
+        centre, width = record["window"] or (None, None)
+        frames = {"display": "block"} if record["frames"] > 1 else {"display": "none"}
+        return {"display": "block"}, text, frames, centre, width
+
+    @app.callback(Output("manual-window", "style"), Input("window-preset", "value"))
+    def toggle_manual_window(preset):
+        return {"display": "flex"} if preset == "manual" else {"display": "none"}
+
+    @app.callback(
+        Output("overlay-store", "data"),
+        Input("overlay-show", "value"),
+        Input("overlay-view", "value"),
+        Input("overlay-scale", "value"),
+        Input("overlay-opacity", "value"),
+        Input("overlay-threshold", "value"),
+    )
+    def overlay_settings(show, view, scale, opacity, threshold):
+        return {
+            "show": "show" in (show or []),
+            "view": view,
+            "scale": scale,
+            "opacity": opacity,
+            "threshold": threshold or 0.0,
+        }
+
+    def _result_figure(result: dict, overlay: dict | None, title: str | None = None):
+        loaded = services.model(result["model"])
+        shown = helpers.model_view(services.images.get(result["image_key"]), loaded.input_size)
+        return helpers.heatmap_figure(
+            shown,
+            result["values"],
+            result["xs"],
+            result["ys"],
+            result["patch"],
+            result["prob"],
+            result["label_name"] if title is None else title,
+            helpers.overlay_style(overlay),
+            (overlay or {}).get("view") == "side",
+        )
+
+    @app.callback(
+        Output("heatmap-graph", "figure", allow_duplicate=True),
+        Output("message", "children", allow_duplicate=True),
+        Input("overlay-store", "data"),
+        State("session", "data"),
+        State("result-store", "data"),
+        prevent_initial_call=True,
+    )
+    def restyle(overlay, session, handle):
+        """Opacity, threshold, view or scale changed: the same result, drawn again."""
+        result = services.results.get(session)
+        if not handle or result is None or result["id"] != handle.get("id"):
+            raise PreventUpdate
+        try:
+            return _result_figure(result, overlay), ""
+        except InputError as exc:
+            return no_update, str(exc)
 
     @app.callback(
         Output("region-store", "data", allow_duplicate=True),
@@ -318,6 +452,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         State("drill-down", "value"),
         State("target-speedup", "value"),
         State("snap", "value"),
+        State("overlay-store", "data"),
         background=True,
         manager=manager,
         prevent_initial_call=True,
@@ -354,6 +489,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         drill,
         speedup,
         snap,
+        overlay,
     ):
         # ``session`` keys this tab's queue place and its results on the server; as a
         # callback argument it is also part of the background job's cache key, so two tabs
@@ -385,11 +521,13 @@ def register_callbacks(app, manager, services: Services) -> None:
                 r_drill_down=float(drill),
                 target_speedup=float(speedup),
                 snap=bool(snap),
+                dicom=image_data.get("dicom"),
             )
+            style = helpers.overlay_style(overlay)
             shown = helpers.model_view(services.images.get(request.image_key), loaded.input_size)
             with services.jobs.slot(session, waiting):
                 result = runs.execute(
-                    services, session, request, _live_reporter(set_progress, shown)
+                    services, session, request, _live_reporter(set_progress, shown, style)
                 )
         except QueueFull as exc:
             return no_update, no_update, no_update, str(exc)
@@ -405,19 +543,11 @@ def register_callbacks(app, manager, services: Services) -> None:
                 no_update,
                 f"The run failed unexpectedly ({type(exc).__name__}: {exc}); see the server log.",
             )
-        figure = helpers.heatmap_figure(
-            shown,
-            result["values"],
-            result["xs"],
-            result["ys"],
-            result["patch"],
-            result["prob"],
-            result["label_name"],
-        )
+        figure = _result_figure(result, overlay)
         # The browser holds only a handle; exports and refinement read the server's copy.
         return figure, {"id": result["id"]}, _summary(result), ""
 
-    def _live_reporter(set_progress, shown) -> runs.Reporter:
+    def _live_reporter(set_progress, shown, style) -> runs.Reporter:
         """Progress to the page: the bar, the count and the live picture. Every update
         carries the latest picture (a progress output cannot be left unchanged: Dash
         would blank it), rebuilt when new values arrive, at most every
@@ -438,6 +568,7 @@ def register_callbacks(app, manager, services: Services) -> None:
                     partial.patch,
                     partial.prob,
                     f"{partial.label_name} (computing)",
+                    style,
                 )
             state["sent"] = now
             status = f"{done} of {total} positions" if total else "coarse picture ready"
@@ -452,9 +583,10 @@ def register_callbacks(app, manager, services: Services) -> None:
         Input("label", "value"),
         State("session", "data"),
         State("result-store", "data"),
+        State("overlay-store", "data"),
         prevent_initial_call=True,
     )
-    def recolour(label, session, handle):
+    def recolour(label, session, handle, overlay):
         """Another class of the same run: re-coloured at once, nothing recomputed."""
         result = services.results.get(session)
         if (
@@ -469,19 +601,8 @@ def register_callbacks(app, manager, services: Services) -> None:
             result = runs.relabel(result, int(label))
         except InputError as exc:
             return no_update, no_update, str(exc)
-        loaded = services.model(result["model"])
-        shown = helpers.model_view(services.images.get(result["image_key"]), loaded.input_size)
         services.results.put(session, result)
-        figure = helpers.heatmap_figure(
-            shown,
-            result["values"],
-            result["xs"],
-            result["ys"],
-            result["patch"],
-            result["prob"],
-            result["label_name"],
-        )
-        return figure, _summary(result), ""
+        return _result_figure(result, overlay), _summary(result), ""
 
     @app.callback(
         Output("heatmap-graph", "figure", allow_duplicate=True),
@@ -497,11 +618,20 @@ def register_callbacks(app, manager, services: Services) -> None:
 
     @app.callback(
         Output({"type": "export", "format": ALL}, "disabled"),
+        Output("dicom-identity", "style"),
         Input("result-store", "data"),
+        State("session", "data"),
         State({"type": "export", "format": ALL}, "id"),
     )
-    def enable_exports(handle, buttons):
-        return [not handle for _ in buttons]
+    def enable_exports(handle, session, buttons):
+        """Downloads once there is a result; the DICOM one only for a DICOM image."""
+        result = services.results.get(session) if handle else None
+        current = result is not None and result["id"] == handle.get("id")
+        is_dicom = current and bool(result.get("dicom"))
+        disabled = [
+            not handle or (button["format"] == "dcm" and not is_dicom) for button in buttons
+        ]
+        return disabled, {"display": "block"} if is_dicom else {"display": "none"}
 
     @app.callback(
         Output("message", "children", allow_duplicate=True),
@@ -527,29 +657,42 @@ def register_callbacks(app, manager, services: Services) -> None:
 
     @app.callback(
         Output("download", "data"),
+        Output("message", "children", allow_duplicate=True),
         Input({"type": "export", "format": ALL}, "n_clicks"),
         State("session", "data"),
         State("result-store", "data"),
+        State("overlay-store", "data"),
+        State("dicom-identity", "value"),
         prevent_initial_call=True,
     )
-    def export(clicks, session, handle):
+    def export(clicks, session, handle, overlay, identity):
         if not any(clicks or []) or not isinstance(handle, dict):
             raise PreventUpdate
         result = services.results.get(session)
         if result is None or result["id"] != handle.get("id"):
             raise PreventUpdate  # not this tab's current result (or expired)
         fmt = ctx.triggered_id["format"]
-        original = services.images.get(result["image_key"])
         stem = helpers.export_stem(result)
-        if fmt == "png":
-            return dcc.send_bytes(helpers.export_png(original, result), f"{stem}.png")
-        if fmt == "npy":
-            return dcc.send_bytes(helpers.export_npy(result), f"{stem}.npy")
-        if fmt == "npz":
-            return dcc.send_bytes(helpers.export_all_classes(result), f"{stem}-all.npz")
-        if fmt == "csv":
-            return dcc.send_string(helpers.export_csv(result), f"{stem}.csv")
-        return dcc.send_string(runs.export_summary(result), f"{stem}.json")
+        try:
+            style = helpers.overlay_style(overlay)
+            if fmt == "png":
+                original = services.images.get(result["image_key"])
+                sent = dcc.send_bytes(helpers.export_png(original, result, style), f"{stem}.png")
+            elif fmt == "dcm":
+                source = services.images.source((result.get("dicom") or {}).get("source", ""))
+                data = helpers.export_dicom(source, result, style, "identity" in (identity or []))
+                sent = dcc.send_bytes(data, f"{stem}.dcm")
+            elif fmt == "npy":
+                sent = dcc.send_bytes(helpers.export_npy(result), f"{stem}.npy")
+            elif fmt == "npz":
+                sent = dcc.send_bytes(helpers.export_all_classes(result), f"{stem}-all.npz")
+            elif fmt == "csv":
+                sent = dcc.send_string(helpers.export_csv(result), f"{stem}.csv")
+            else:
+                sent = dcc.send_string(runs.export_summary(result), f"{stem}.json")
+        except InputError as exc:
+            return no_update, str(exc)
+        return sent, ""
 
     @app.callback(Output("model-upload-name", "children"), Input("model-upload", "filename"))
     def show_model_file(filename):

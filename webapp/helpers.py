@@ -22,7 +22,15 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from krypton.imaging import MAX_SIDE, ImageLoadError, heatmap_limits, heatmap_picture, load_image
+from krypton.dicom import WINDOW_PRESETS, DicomImage, heatmap_capture, is_dicom, load_dicom
+from krypton.imaging import (
+    MAX_SIDE,
+    ImageLoadError,
+    OverlayStyle,
+    heatmap_picture,
+    load_image,
+    styled_heatmap,
+)
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
@@ -35,10 +43,10 @@ class InputError(ValueError):
 # -- images --------------------------------------------------------------------------------
 
 
-def decode_upload(
+def read_upload(
     contents: str, filename: str | None = None, max_bytes: int = MAX_UPLOAD_BYTES
-) -> Image.Image:
-    """A dcc.Upload data URL to an RGB image, with messages a user can act on."""
+) -> bytes:
+    """The bytes of a dcc.Upload data URL, with messages a user can act on."""
     name = filename or "the file"
     if not contents or "," not in contents:
         raise InputError(f"{name} could not be read")
@@ -51,10 +59,111 @@ def decode_upload(
         raise InputError(
             f"{name} is {len(data) / 2**20:.1f} MB; the limit is {max_bytes / 2**20:g} MB"
         )
+    return data
+
+
+def upload_is_dicom(data: bytes, filename: str | None) -> bool:
+    """DICOM by its 'DICM' marker, or by a .dcm name (files without a preamble)."""
+    return is_dicom(data) or str(filename or "").lower().endswith((".dcm", ".dicom"))
+
+
+def decode_upload(
+    contents: str, filename: str | None = None, max_bytes: int = MAX_UPLOAD_BYTES
+) -> Image.Image:
+    """A dcc.Upload data URL to an RGB image (DICOM in the file's own window)."""
+    data = read_upload(contents, filename, max_bytes)
     try:
         return load_image(data)
     except ImageLoadError as exc:
+        raise InputError(str(exc).replace("uploaded data", filename or "the file")) from exc
+
+
+# -- DICOM ---------------------------------------------------------------------------------
+
+WINDOW_CHOICES = ("file", *WINDOW_PRESETS, "manual")
+
+
+def requested_window(
+    preset: str | None, centre: float | None = None, width: float | None = None
+) -> str | tuple[float, float] | None:
+    """The page's window choice as load_dicom takes it: None (the file's), a preset name,
+    or (centre, width) for a manual window."""
+    if preset in (None, "", "file"):
+        return None
+    if preset in WINDOW_PRESETS:
+        return preset
+    if preset != "manual":
+        raise InputError(f"unknown window {preset!r}")
+    try:
+        centre, width = float(centre), float(width)
+    except (TypeError, ValueError):
+        raise InputError("give the window's centre and width as numbers") from None
+    if not np.isfinite(centre) or not np.isfinite(width) or width < 1:
+        raise InputError("the window width must be at least 1 (and both numbers finite)")
+    return centre, width
+
+
+def dicom_view(
+    data: bytes, source_key: str, window=None, frame: int | None = None, name: str = "the file"
+) -> tuple[DicomImage, dict]:
+    """A DICOM file windowed for the page, and the record the page keeps of it (no
+    identifying tag: modality, body part, study date, sizes, window, frame, spacing)."""
+    try:
+        loaded = load_dicom(data, window=window, frame=frame)
+    except (ImageLoadError, ValueError) as exc:
         raise InputError(str(exc).replace("uploaded data", name)) from exc
+    record = {
+        "source": source_key,
+        "requested": list(window) if isinstance(window, tuple) else window,
+        "window": None if loaded.window is None else [float(v) for v in loaded.window],
+        "window_source": loaded.window_source,
+        "frame": loaded.frame,
+        "frames": loaded.frames,
+        "pixel_spacing": None if loaded.pixel_spacing is None else list(loaded.pixel_spacing),
+        "info": dict(loaded.info),
+    }
+    return loaded, record
+
+
+def dicom_name(record: dict) -> str:
+    """A name for a DICOM image that carries nothing from the file's identity: modality
+    and a short content hash (never the uploaded file name, which often names the
+    patient)."""
+    modality = re.sub(r"[^A-Za-z0-9]+", "", record["info"].get("modality", "")) or "DICOM"
+    frame = f"-frame{record['frame'] + 1}" if record["frames"] > 1 else ""
+    return f"{modality}-{record['source'][:8]}{frame}"
+
+
+def dicom_description(record: dict, model_size: tuple[int, int], patch: int | None) -> str:
+    """The page's line about a DICOM image: what it is, how it is windowed, which frame,
+    and the patch in millimetres where the file records its pixel spacing."""
+    info = record["info"]
+    parts = [info.get("modality") or "DICOM"]
+    if info.get("body_part"):
+        parts.append(info["body_part"].lower())
+    if info.get("study_date"):
+        date = info["study_date"]
+        parts.append(f"study {date[:4]}-{date[4:6]}-{date[6:8]}" if len(date) == 8 else date)
+    parts.append(f"{info.get('size', '?')} px")
+    if record["window"] is not None:
+        centre, width = record["window"]
+        parts.append(f"window C {centre:g} / W {width:g} ({record['window_source']})")
+    else:
+        parts.append(f"shown with the file's {record['window_source']}")
+    if record["frames"] > 1:
+        parts.append(
+            f"frame {record['frame'] + 1} of {record['frames']} (a multi-frame file: the "
+            f"2-D model sees one frame; pick it below)"
+        )
+    spacing = record.get("pixel_spacing")
+    if spacing and patch:
+        columns, rows = (int(v) for v in str(info.get("size", "0x0")).split("x"))
+        mm_y = spacing[0] * rows / model_size[0] * patch
+        mm_x = spacing[1] * columns / model_size[1] * patch
+        parts.append(f"patch {patch} px ≈ {mm_x:.1f} × {mm_y:.1f} mm")
+    elif patch:
+        parts.append("no pixel spacing in the file (sizes in pixels only)")
+    return " · ".join(parts)
 
 
 def image_key(image: Image.Image) -> str:
@@ -67,9 +176,11 @@ def image_key(image: Image.Image) -> str:
 class ImageStore:
     """Images kept on the server by content key, so the browser only holds the key.
 
-    Bounded: at most ``max_bytes`` of PNG files and ``max_count`` images; the least
-    recently used go first. Images arrive already reduced to what any model can use
-    (:data:`krypton.imaging.MAX_SIDE`), and are stored at that resolution.
+    Bounded: at most ``max_bytes`` of files and ``max_count`` of them; the least recently
+    used go first. Images arrive already reduced to what any model can use
+    (:data:`krypton.imaging.MAX_SIDE`), and are stored at that resolution. DICOM uploads
+    are kept as sent too (:meth:`put_source`), so the window and frame can change and the
+    export can reference the source.
     """
 
     def __init__(self, directory: Path, max_bytes: int = 256 * 2**20, max_count: int = 500):
@@ -94,6 +205,32 @@ class ImageStore:
             self._evict(keep=path)
         return key
 
+    def put_source(self, data: bytes) -> str:
+        """Keep an uploaded file's bytes (a DICOM source); its content key."""
+        key = hashlib.blake2b(data, digest_size=12).hexdigest()
+        path = self.directory / f"{key}.dcm"
+        with self._lock:
+            if path.exists():
+                os.utime(path)
+            else:
+                temporary = path.with_suffix(".tmp")
+                temporary.write_bytes(data)
+                os.replace(temporary, path)
+            self._evict(keep=path)
+        return key
+
+    def source(self, key: str) -> bytes:
+        """The bytes :meth:`put_source` kept."""
+        if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
+            raise InputError("unknown DICOM file; load it again")
+        path = self.directory / f"{key}.dcm"
+        try:
+            with self._lock:
+                os.utime(path)
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise InputError("the DICOM file is no longer on the server; load it again") from None
+
     def get(self, key: str) -> Image.Image:
         if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
             raise InputError("unknown image; load it again")
@@ -106,14 +243,17 @@ class ImageStore:
         except FileNotFoundError:
             raise InputError("the image is no longer on the server; load it again") from None
 
+    def _files(self) -> list[Path]:
+        return [*self.directory.glob("*.png"), *self.directory.glob("*.dcm")]
+
     def usage(self) -> tuple[int, int]:
-        """(images, bytes) stored."""
-        files = list(self.directory.glob("*.png"))
+        """(files, bytes) stored."""
+        files = self._files()
         return len(files), sum(f.stat().st_size for f in files)
 
     def _evict(self, keep: Path) -> None:
         files = []
-        for path in self.directory.glob("*.png"):
+        for path in self._files():
             try:
                 stat = path.stat()
             except FileNotFoundError:
@@ -281,37 +421,82 @@ def image_figure(image: Image.Image, region: list[int] | None) -> go.Figure:
     return figure
 
 
+def overlay_style(data: dict | None) -> OverlayStyle:
+    """The overlay controls' values (the overlay-store) as an OverlayStyle."""
+    data = data or {}
+    try:
+        return OverlayStyle(
+            opacity=float(data.get("opacity", 0.55)),
+            threshold=float(data.get("threshold", 0.0)),
+            scale=str(data.get("scale", "relative")),
+            show=bool(data.get("show", True)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"overlay settings: {exc}") from None
+
+
+def _wrapped(text: str, width: int = 22) -> str:
+    """A colour-bar title broken into short lines (Plotly's <br>), escaped."""
+    import textwrap
+
+    return "<br>".join(plotly_text(line) for line in textwrap.wrap(text, width))
+
+
 def heatmap_figure(
-    image: Image.Image, values: np.ndarray, xs, ys, patch: int, prob: float, title: str = ""
+    image: Image.Image,
+    values: np.ndarray,
+    xs,
+    ys,
+    patch: int,
+    prob: float,
+    title: str = "",
+    style: OverlayStyle | None = None,
+    side_by_side: bool = False,
 ) -> go.Figure:
-    """The heatmap over the image: jet_r, red = lowest probability = most sensitive."""
-    low, high = heatmap_limits(prob)
-    figure = go.Figure(go.Image(source=data_url(image), hoverinfo="skip"))
+    """The heatmap over the image, red = most sensitive, with a colour bar that names its
+    scale; ``side_by_side`` puts the plain image on the left (zoom and pan linked)."""
+    from plotly.subplots import make_subplots
+
+    style = style or OverlayStyle()
+    styled = styled_heatmap(values, prob, style)
+    raw = np.asarray(values, dtype=np.float64)
+    source = data_url(image)
+    columns = 2 if side_by_side else 1
+    figure = make_subplots(rows=1, cols=columns, horizontal_spacing=0.02)
+    for column in range(1, columns + 1):
+        figure.add_trace(go.Image(source=source, hoverinfo="skip"), row=1, col=column)
     centres_x = np.asarray(xs) + (patch - 1) / 2
     centres_y = np.asarray(ys) + (patch - 1) / 2
     figure.add_trace(
         go.Heatmap(
-            z=values,
+            z=styled.values,
             x=centres_x,
             y=centres_y,
-            zmin=low,
-            zmax=high,
+            zmin=styled.low,
+            zmax=styled.high,
             colorscale="Jet",
-            reversescale=True,
-            opacity=0.55,
+            reversescale=styled.colormap == "jet_r",
+            opacity=style.opacity,
+            visible=style.show,
+            customdata=np.dstack([raw, prob - raw]),
             hoverongaps=False,
-            hovertemplate="patch at (%{x:.0f}, %{y:.0f}): p = %{z:.4f}<extra></extra>",
-            colorbar={
-                "title": {"text": "probability<br>(red = most<br>sensitive)"},
-                "thickness": 14,
-            },
-        )
+            hovertemplate=(
+                "patch at (%{x:.0f}, %{y:.0f}): p = %{customdata[0]:.4f}, "
+                "drop %{customdata[1]:.4f}<extra></extra>"
+            ),
+            colorbar={"title": {"text": _wrapped(styled.label)}, "thickness": 14},
+        ),
+        row=1,
+        col=columns,
     )
+    figure.update_xaxes(visible=False)
+    figure.update_yaxes(visible=False, autorange="reversed")
+    if side_by_side:
+        figure.update_xaxes(matches="x")
+        figure.update_yaxes(matches="y", scaleanchor="x")
     figure.update_layout(
         margin={"l": 0, "r": 0, "t": 30 if title else 0, "b": 0},
         title={"text": plotly_text(title), "font": {"size": 13}},
-        xaxis={"visible": False},
-        yaxis={"visible": False, "autorange": "reversed"},
         height=420,
     )
     return figure
@@ -346,9 +531,10 @@ def export_stem(result: dict) -> str:
     ]
 
 
-def export_png(original: Image.Image, result: dict) -> bytes:
-    """The heatmap over the image at the uploaded resolution (at least 512 px), with a
-    colour bar and a title: model, class, probability, mode, patch/stride, date."""
+def export_png(original: Image.Image, result: dict, style: OverlayStyle | None = None) -> bytes:
+    """The heatmap over the image at the uploaded resolution (at least 512 px), drawn as
+    the page shows it (``style``), with a colour bar naming its scale and a title: model,
+    class, probability, mode, patch/stride, date."""
     values = np.asarray(result["values"], dtype=np.float32)
     title = (
         f"{result['model']} · {result['label_name']} (p = {result['prob']:.3f}) · "
@@ -365,7 +551,40 @@ def export_png(original: Image.Image, result: dict) -> bytes:
         result["input_size"],
         title,
         EXPORT_MIN_SIDE,
+        style,
     )
+
+
+def export_dicom(
+    source: bytes, result: dict, style: OverlayStyle | None = None, include_identity=False
+) -> bytes:
+    """The overlay as a DICOM Secondary Capture in the source's study, referencing the
+    source image: the same frame, in the same window, at the file's own resolution."""
+    record = result.get("dicom")
+    if not record:
+        raise InputError("the DICOM export needs a DICOM image; this one was not")
+    window = record.get("requested")
+    try:
+        return heatmap_capture(
+            source,
+            values=result["values"],
+            xs=result["xs"],
+            ys=result["ys"],
+            patch=result["patch"],
+            stride=result["stride"],
+            prob=result["prob"],
+            input_size=tuple(result["input_size"]),
+            label_name=result["label_name"],
+            mode=result["mode"],
+            model_name=result["model"],
+            window=tuple(window) if isinstance(window, list) else window,
+            frame=record["frame"],
+            style=style,
+            weights=result.get("weights_checksum", ""),
+            include_identity=include_identity,
+        )
+    except (ImageLoadError, ValueError) as exc:
+        raise InputError(f"the DICOM export failed: {exc}") from exc
 
 
 def export_npy(result: dict) -> bytes:

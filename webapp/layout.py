@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from pathlib import Path
 
 from dash import dcc, html
+
+from krypton.dicom import WINDOW_PRESETS
 
 PATCH_SIZES = (4, 8, 16, 32)
 EXPORTS = (
@@ -14,6 +17,12 @@ EXPORTS = (
     ("All classes (.npz)", "npz", "every class's probabilities, positions, names"),
     ("CSV", "csv", "x, y, probability per position"),
     ("JSON", "json", "settings and result"),
+    (
+        "DICOM",
+        "dcm",
+        "the overlay as a DICOM Secondary Capture in the source's study, referencing the "
+        "source image (DICOM input only)",
+    ),
 )
 STRIDES = (2, 4, 8, 16)
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "samples"
@@ -23,6 +32,63 @@ SAMPLE_NAMES = {
     "chelsea.png": "Cat",
     "coffee.png": "Coffee",
 }
+# DICOM samples: files pydicom ships in pydicom/data/test_files (its README gives their
+# sources and licences), read from the installed package rather than copied here.
+DICOM_SAMPLES = {
+    "CT_small.dcm": (
+        "CT chest (DICOM)",
+        "CT slice, signed 16-bit, 128×128, from NEMA's public WG04 sample set (CT1_UNC, "
+        "downsized), as pydicom ships it",
+    ),
+    "MR_small.dcm": (
+        "MR (DICOM)",
+        "MR slice, 64×64, from NEMA's public WG04 sample set (MR1_UNC, downsized), as "
+        "pydicom ships it",
+    ),
+    "examples_overlay.dcm": (
+        "MR abdomen (DICOM)",
+        "MR abdomen slice, 484×300, GDCM's MR-SIEMENS-DICOM-WithOverlays (BSD licence), "
+        "cropped, as pydicom ships it",
+    ),
+}
+WINDOW_LABELS = {
+    "file": "From the file",
+    **{
+        name: f"{name.capitalize()} (C {centre:g}, W {width:g})"
+        for name, (centre, width) in WINDOW_PRESETS.items()
+    },
+    "manual": "Manual…",
+}
+
+
+def dicom_samples_dir() -> Path:
+    import pydicom
+
+    return Path(pydicom.__file__).resolve().parent / "data" / "test_files"
+
+
+def sample_path(name: str) -> Path:
+    """Where a gallery sample's file is (a project image or a pydicom test file)."""
+    if name in DICOM_SAMPLES:
+        return dicom_samples_dir() / name
+    if name in SAMPLE_NAMES:
+        return SAMPLES_DIR / name
+    raise KeyError(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _dicom_thumbnail(name: str) -> str | None:
+    """A small PNG data URL of a DICOM sample in its own window (None if unreadable)."""
+    from krypton.dicom import load_dicom
+
+    from .helpers import data_url
+
+    try:
+        picture = load_dicom(sample_path(name)).picture
+    except (OSError, ValueError):
+        return None
+    picture.thumbnail((96, 96))
+    return data_url(picture)
 
 
 def mode_options(traceable: bool = True) -> list[dict]:
@@ -42,22 +108,158 @@ def _labelled(label: str, control, help_text: str | None = None) -> html.Div:
     return html.Div(children, className="control")
 
 
+def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.Button:
+    return html.Button(
+        [html.Img(src=thumbnail, className="thumb"), html.Span(title)],
+        id={"type": "sample", "name": name},
+        className="sample",
+        title=caption,
+        n_clicks=0,
+    )
+
+
 def _gallery() -> html.Div:
     buttons = []
     for filename, title in SAMPLE_NAMES.items():
         if (SAMPLES_DIR / filename).exists():
-            buttons.append(
-                html.Button(
-                    [
-                        html.Img(src=f"/assets/samples/{filename}", className="thumb"),
-                        html.Span(title),
-                    ],
-                    id={"type": "sample", "name": filename},
-                    className="sample",
-                    n_clicks=0,
-                )
-            )
+            buttons.append(_sample_button(filename, title, f"/assets/samples/{filename}", title))
+    for filename, (title, caption) in DICOM_SAMPLES.items():
+        thumbnail = _dicom_thumbnail(filename) if sample_path(filename).exists() else None
+        if thumbnail:
+            buttons.append(_sample_button(filename, title, thumbnail, caption))
     return html.Div(buttons, className="gallery")
+
+
+def _dicom_panel() -> html.Div:
+    """Window/level and frame for a DICOM image (hidden for other images)."""
+    return html.Div(
+        [
+            html.Div(id="dicom-info", className="help"),
+            html.Div(
+                [
+                    _labelled(
+                        "Window",
+                        dcc.Dropdown(
+                            id="window-preset",
+                            options=[{"label": v, "value": k} for k, v in WINDOW_LABELS.items()],
+                            value="file",
+                            clearable=False,
+                        ),
+                        "what the model sees is the windowed image shown",
+                    ),
+                    html.Div(
+                        [
+                            _labelled(
+                                "Centre",
+                                dcc.Input(
+                                    id="window-centre", type="number", debounce=True, step="any"
+                                ),
+                            ),
+                            _labelled(
+                                "Width",
+                                dcc.Input(
+                                    id="window-width",
+                                    type="number",
+                                    debounce=True,
+                                    min=1,
+                                    step="any",
+                                ),
+                            ),
+                        ],
+                        id="manual-window",
+                        className="row two",
+                        style={"display": "none"},
+                    ),
+                ],
+                className="row two",
+            ),
+            html.Div(
+                _labelled(
+                    "Frame",
+                    dcc.Slider(
+                        id="dicom-frame",
+                        min=1,
+                        max=1,
+                        step=1,
+                        value=1,
+                        marks=None,
+                        tooltip={"placement": "bottom", "always_visible": True},
+                    ),
+                ),
+                id="frame-picker",
+                style={"display": "none"},
+            ),
+        ],
+        id="dicom-panel",
+        className="dicom-panel",
+        style={"display": "none"},
+    )
+
+
+def _overlay_controls() -> html.Div:
+    """Opacity, show/hide, threshold, view and colour scale of the heatmap."""
+    return html.Div(
+        [
+            html.Div(
+                [
+                    dcc.Checklist(
+                        id="overlay-show",
+                        options=[{"label": " show heatmap", "value": "show"}],
+                        value=["show"],
+                        inline=True,
+                    ),
+                    dcc.RadioItems(
+                        id="overlay-view",
+                        options=[
+                            {"label": "Overlay", "value": "overlay"},
+                            {"label": "Side by side", "value": "side"},
+                        ],
+                        value="overlay",
+                        inline=True,
+                    ),
+                    dcc.RadioItems(
+                        id="overlay-scale",
+                        options=[
+                            {"label": "Relative scale (paper)", "value": "relative"},
+                            {"label": "Absolute drop", "value": "absolute"},
+                        ],
+                        value="relative",
+                        inline=True,
+                    ),
+                ],
+                className="row",
+            ),
+            html.Div(
+                [
+                    _labelled(
+                        "Opacity",
+                        dcc.Slider(
+                            id="overlay-opacity",
+                            min=0,
+                            max=1,
+                            step=0.05,
+                            value=0.55,
+                            marks={0: "0", 0.5: "0.5", 1: "1"},
+                        ),
+                    ),
+                    _labelled(
+                        "Threshold",
+                        dcc.Slider(
+                            id="overlay-threshold",
+                            min=0,
+                            max=1,
+                            step=0.01,
+                            value=0,
+                            marks={0: "0", 0.25: "0.25", 0.5: "0.5", 1: "1"},
+                        ),
+                        "show only cells whose probability drop exceeds this",
+                    ),
+                ],
+                className="row two",
+            ),
+        ],
+        className="overlay-controls",
+    )
 
 
 def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
@@ -178,6 +380,7 @@ def build_layout(
             dcc.Store(id="region-store"),
             dcc.Store(id="prediction-store"),
             dcc.Store(id="result-store"),
+            dcc.Store(id="overlay-store"),
             dcc.Download(id="download"),
             html.Header(
                 [
@@ -200,7 +403,7 @@ def build_layout(
                                         "Drop an image here or ",
                                         html.A("choose a file"),
                                         html.Small(
-                                            f" (PNG, JPEG, TIFF, BMP; up to "
+                                            f" (PNG, JPEG, TIFF, BMP, DICOM; up to "
                                             f"{max_image_bytes / 2**20:g} MB)"
                                         ),
                                     ]
@@ -208,9 +411,10 @@ def build_layout(
                                 id="upload",
                                 className="upload",
                                 max_size=max_image_bytes,
-                                accept="image/*",
+                                # no accept filter: DICOM files often have no extension
                             ),
                             _gallery(),
+                            _dicom_panel(),
                             dcc.Graph(
                                 id="image-graph",
                                 config={
@@ -376,6 +580,7 @@ def build_layout(
                     html.Section(
                         [
                             html.H2("Heatmap"),
+                            _overlay_controls(),
                             html.Div(
                                 [
                                     dcc.Graph(
@@ -413,6 +618,20 @@ def build_layout(
                                         ],
                                         className="row exports",
                                     ),
+                                    dcc.Checklist(
+                                        id="dicom-identity",
+                                        options=[
+                                            {
+                                                "label": " copy the patient's identity (name, "
+                                                "ID, birth date, sex, accession number) into "
+                                                "the DICOM export",
+                                                "value": "identity",
+                                            }
+                                        ],
+                                        value=[],
+                                        className="help",
+                                        style={"display": "none"},
+                                    ),
                                 ],
                                 id="result-panel-body",
                             ),
@@ -424,8 +643,9 @@ def build_layout(
             ),
             html.Footer(
                 "Red cells mark where occluding the image lowers the class probability "
-                "most. Colour scale: 0.75p to min(1, 1.25p), p = unoccluded "
-                "probability (as in the Krypton paper)."
+                "most. Relative scale: 0.75p to min(1, 1.25p), p = unoccluded "
+                "probability (as in the Krypton paper); absolute scale: the probability "
+                "drop from 0 to 1. The colour bar always names the scale shown."
             ),
         ],
         className="page",

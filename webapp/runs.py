@@ -75,6 +75,8 @@ class RunRequest:
     r_drill_down: float = 0.25
     target_speedup: float = 3.0
     snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
+    # the page's record of a DICOM image (window, frame, spacing; no identity), or None
+    dicom: dict | None = field(default=None, compare=False, hash=False)
 
 
 class Services(Protocol):  # what callbacks.Services provides
@@ -276,6 +278,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         "estimate": planned,
         "naive": None if request.mode == "naive" else _naive_time(request, counts),
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "dicom": request.dicom,
     }
     services.results.put(session, result)
     return result
