@@ -132,10 +132,15 @@ class Tab:
         self.session = find(self.layout, "session")["props"]["data"]
         self.callbacks = self.http.get(url + "/_dash-dependencies", timeout=30).json()
 
-    def spec(self, output_part: str, values: dict | None = None) -> dict:
+    def spec(self, output_part: str, values: dict | None = None, background: bool = False) -> dict:
         """The callback writing ``output_part``; where several do, the one triggered by
-        an input named in ``values``."""
-        matches = [c for c in self.callbacks if output_part in c["output"]]
+        an input named in ``values`` (``background``: only a background callback, the one
+        a poll answers)."""
+        matches = [
+            c
+            for c in self.callbacks
+            if output_part in c["output"] and (c.get("background") or not background)
+        ]
         assert matches, f"no callback outputs {output_part}"
         triggered = [
             c
@@ -198,7 +203,7 @@ class Tab:
         """One poll, as the renderer sends it: the JSON answer (None for 204)."""
         response = self.http.post(
             f"{self.url}/_dash-update-component",
-            json=self.payload(self.spec(output_part), {}),
+            json=self.payload(self.spec(output_part, background=True), {}),
             timeout=60,
             params={"endId": self.end_id, "cacheKey": handles["cacheKey"], "job": handles["job"]},
         )

@@ -69,7 +69,7 @@ def test_page_messages_controls_and_placeholders_over_http(tmp_path):
             for c in components(tab.layout)
             if isinstance(c["props"].get("id"), dict) and c["props"]["id"].get("type") == "export"
         ]
-        assert len(exports) == 5 and all(c["props"]["disabled"] for c in exports)
+        assert len(exports) == 6 and all(c["props"]["disabled"] for c in exports)
         image = tab.upload_image(Image.fromarray(FUNDUS_SAMPLE.image))
         small = tab.run(image, region=[0, 0, 8, 8])
         assert "smaller than the 16-pixel patch" in json.dumps(small["response"])
