@@ -83,6 +83,7 @@ class BatchRow:
     plan: str = ""
     seconds: float | str = ""
     ood_score: float | str = ""  # models with an out-of-distribution reference only
+    ood_flagged: bool | str = ""  # score above the model's threshold: not meaningful
     outputs: str = ""
     error: str = ""
     extra: dict = field(default_factory=dict, repr=False)
@@ -231,8 +232,9 @@ def run_batch(
         row.mode = heatmap.mode
         row.plan = heatmap.extra.get("plan", "")
         row.seconds = round(time.perf_counter() - started, 3)
-        score = heatmap.extra.get("ood_score")
-        row.ood_score = "" if score is None else round(float(score), 4)
+        ood = heatmap.extra.get("ood")
+        if ood is not None:
+            row.ood_score, row.ood_flagged = round(float(ood["score"]), 4), bool(ood["flagged"])
         row.outputs = ";".join(p.name for p in written)
         record = asdict(row)
         record.pop("extra")
@@ -273,6 +275,11 @@ def write_contact_sheet(out_dir: Path, rows: list[BatchRow], model: LoadedModel)
             f" · explained {html.escape(row.explained_class)}<br>lowest "
             f"{float(row.lowest_probability):.3f} at ({row.lowest_at_x}, {row.lowest_at_y})"
         )
+        if row.ood_flagged is True or row.ood_flagged == "True":
+            caption += (
+                "<br><b>not like the model's training images: prediction and heatmap are "
+                "not meaningful</b>"
+            )
         cells.append(
             f'<figure><a href="{html.escape(picture)}"><img src="{html.escape(picture)}" '
             f'alt="{name}"></a><figcaption>{caption}</figcaption></figure>'

@@ -376,6 +376,16 @@ def run_explain(args: argparse.Namespace) -> int:
         f"positions  {heatmap.positions_evaluated} evaluated on a "
         f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid, mode {heatmap.mode}"
     )
+    ood = heatmap.extra.get("ood")
+    if ood is not None:
+        verdict = "OUT OF DISTRIBUTION" if ood["flagged"] else "like the training images"
+        print(
+            f"ood score  {ood['score']:.2f} (threshold {ood['threshold']:.2f}; most unusual "
+            f"at {ood['stage']}): {verdict}"
+        )
+        if ood["flagged"]:
+            print(f"WARNING    {ood['warning']}")
+            print(f"warning: {ood['warning']}", file=sys.stderr)
     if dicom_line:
         print(f"dicom      {dicom_line}")
     if heatmap.mode == "exact":

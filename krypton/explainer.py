@@ -1054,19 +1054,22 @@ def explain(
 
     Returns:
         A :class:`Heatmap` of probabilities of ``label`` with the patch at each position;
-        exact and naive runs also keep every class's (``heatmap.for_label(k)``).
+        exact and naive runs also keep every class's (``heatmap.for_label(k)``). For a
+        registry model with a reference set, ``heatmap.extra["ood"]`` says whether the
+        image looks like its training images (score, threshold, flagged, warning).
     """
     tuning = None
-    if isinstance(model, LoadedModel):
-        tuning = model.tuning
-        model = model.module
+    loaded = model if isinstance(model, LoadedModel) else None
+    if loaded is not None:
+        tuning = loaded.tuning
+        model = loaded.module
     _check_model(model)
     explainer = _explainers.get(model)
     wanted = torch.device(device) if device is not None else None
     if explainer is None or (wanted is not None and explainer.device != wanted):
         explainer = OcclusionExplainer(model, device=device)
         _explainers[model] = explainer
-    return explainer.explain(
+    heatmap = explainer.explain(
         image,
         patch=patch,
         stride=stride,
@@ -1088,3 +1091,8 @@ def explain(
         freeze_gates=freeze_gates,
         refine_by=refine_by,
     )
+    if loaded is not None and loaded.ood is not None:
+        # Is the image like the model's training images? (krypton.ood)
+        single = image[0] if image.dim() == 4 else image
+        heatmap.extra["ood"] = loaded.check_ood(single.detach().cpu().float()).as_dict()
+    return heatmap

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from PIL import Image
 from torch import nn
 
 from .tuning import TauTuning
+
+if TYPE_CHECKING:
+    from .ood import FeatureDensity, OodResult
 
 __all__ = [
     "LoadedModel",
@@ -59,6 +62,18 @@ class LoadedModel:
     description: str = ""
     extra: dict = field(default_factory=dict)
     tuning: TauTuning | None = None  # approximate mode's tuned τ (registry models only)
+    ood: FeatureDensity | None = None  # in-distribution features (registry models only)
+
+    def check_ood(self, image: torch.Tensor) -> OodResult | None:
+        """Whether a preprocessed image (3, H, W) looks like this model's training images
+        (:mod:`krypton.ood`); None when the model has no reference set."""
+        if self.ood is None:
+            return None
+        from .capture_lock import CAPTURE_LOCK
+        from .ood import check
+
+        with CAPTURE_LOCK.shared():
+            return check(self.ood, self.module, image, self.name)
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:
         """Resize to the input size and normalise: (3, H, W) float tensor."""

@@ -16,6 +16,7 @@ for those that cannot, why and what fixes it; nothing is ever silently random.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torchvision
 from torch import nn
@@ -404,7 +406,25 @@ def load_model(name: str, directory: Path | None = None) -> LoadedModel:
         description=entry.get("description", ""),
         extra={"registry_file": str(path), "entry": entry},
         tuning=TauTuning.from_record(entry.get("tuning")),
+        ood=_load_density(entry, directory),
     )
+
+
+def _load_density(entry: dict, directory: Path):
+    """The model's out-of-distribution reference (krypton.ood), if its entry names one
+    inside its folder; a missing or unreadable file means no check, said in the card."""
+    from .ood import FeatureDensity
+
+    record = entry.get("ood")
+    if not isinstance(record, dict) or not isinstance(record.get("path"), str):
+        return None
+    path = (directory / record["path"]).resolve()
+    if path.parent != directory.resolve() or not path.is_file():
+        return None
+    try:
+        return FeatureDensity.load(path)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def register_model(
@@ -419,8 +439,13 @@ def register_model(
     std: Sequence[float] = IMAGENET_STD,
     description: str = "",
     directory: Path | None = None,
+    reference_images: str | Path | None = None,
 ) -> LoadedModel:
     """Add the user's own model: copy its weights into the registry and write its file.
+
+    ``reference_images``: a folder of in-distribution images (at least 25: 80% fit the
+    feature density, 20% set its threshold) for the out-of-distribution warning
+    (:mod:`krypton.ood`), stored beside the weights.
 
     ``directory`` defaults to :func:`user_models_dir`; shipped models are never written.
     Names are unique regardless of case, an existing model is never overwritten, and the
@@ -467,6 +492,14 @@ def register_model(
     else:
         module = _load_state_dict_model(architecture, source, len(classes))
     _check_output(module.eval(), tuple(entry["input_size"]), len(classes))
+    density = None
+    if reference_images is not None:
+        density = _reference_density(module, entry, Path(reference_images))
+        entry["ood"] = {
+            "path": f"{name}.ood.npz",
+            "threshold": density.threshold,
+            "reference": density.reference,
+        }
 
     target.mkdir(parents=True, exist_ok=True)
     reservation = target / _RESERVED / name.lower()
@@ -483,11 +516,61 @@ def register_model(
             if path.exists():
                 raise RegistryError(f"{path} already exists; it is left as it is")
         _write_atomically(weights_path, source.read_bytes())
+        if density is not None:
+            buffer = io.BytesIO()
+            density.save(buffer)
+            _write_atomically(target / entry["ood"]["path"], buffer.getvalue())
         _write_atomically(entry_path, (json.dumps(entry, indent=2) + "\n").encode())
     except BaseException:
         shutil.rmtree(reservation, ignore_errors=True)
         raise
     return load_model(name, directory)
+
+
+REFERENCE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".dcm")
+
+
+def _reference_density(module: nn.Module, entry: dict, folder: Path):
+    """Fit the out-of-distribution check on a folder of the user's in-distribution
+    images: a seeded 80/20 split into reference and held-out images."""
+    from .imaging import ImageLoadError, load_image
+    from .models import LoadedModel
+    from .ood import MIN_HELD_OUT_IMAGES, MIN_REFERENCE_IMAGES, feature_statistics, fit_density
+
+    if not folder.is_dir():
+        raise RegistryError(f"reference images: {folder} is not a folder")
+    paths = sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in REFERENCE_SUFFIXES
+    )
+    needed = MIN_REFERENCE_IMAGES + MIN_HELD_OUT_IMAGES
+    if len(paths) < needed:
+        raise RegistryError(
+            f"reference images: {folder} has {len(paths)} images; the out-of-distribution "
+            f"check needs at least {needed} (more is better: a few hundred)"
+        )
+    shaped = LoadedModel(
+        entry["name"], module, entry["classes"], tuple(entry["input_size"]),
+        tuple(entry["mean"]), tuple(entry["std"]),
+    )  # fmt: skip
+    tensors = []
+    for path in paths:
+        try:
+            tensors.append(shaped.preprocess(load_image(path)))
+        except (ImageLoadError, OSError) as exc:
+            raise RegistryError(f"reference image {path.name}: {exc}") from exc
+    order = np.random.default_rng(0).permutation(len(tensors))
+    split = int(round(0.8 * len(tensors)))
+    with CAPTURE_LOCK.shared():
+        names, features = feature_statistics(module, torch.stack(tensors))
+    try:
+        return fit_density(
+            names,
+            [f[order[:split]] for f in features],
+            [f[order[split:]] for f in features],
+            f"{len(paths)} reference images from the folder {folder.name}",
+        )
+    except ValueError as exc:
+        raise RegistryError(f"reference images: {exc}") from exc
 
 
 def _refuse_taken_name(name: str, directory: Path | None) -> None:

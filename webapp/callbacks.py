@@ -28,7 +28,6 @@ from krypton.registry import (
     register_model,
     remove_model,
 )
-from krypton.tuning import choose_tau
 
 from . import helpers
 from .helpers import InputError
@@ -359,7 +358,10 @@ def register_callbacks(app, manager, services: Services) -> None:
         except InputError as exc:
             return None, [], None, "", card, str(exc), no_update, no_update
         # materialises the views now, so the Run job only computes patches
-        logits, capture_error = services.logits(model_name, loaded.preprocess(image))
+        tensor = loaded.preprocess(image)
+        logits, capture_error = services.logits(model_name, tensor)
+        ood = loaded.check_ood(tensor)
+        warning = helpers.ood_text(None if ood is None else ood.as_dict())
         probs = torch.softmax(logits[0].float(), 0)
         top = torch.topk(probs, min(5, probs.numel()))
         top5 = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
@@ -373,11 +375,14 @@ def register_callbacks(app, manager, services: Services) -> None:
             [html.Tr([html.Td(loaded.class_name(i)), html.Td(f"{p:.1%}")]) for i, p in top5],
             className="top5-table",
         )
+        if warning:
+            table = html.Div([html.P(warning, id="ood-warning", className="warning"), table])
         message = (
             ""
             if capture_error is None
             else f"Only naive mode works for this model: {capture_error}"
         )
+        message = " ".join(part for part in (warning, message) if part)
         traceable = capture_error is None
         return (
             {"top5": top5, "model": model_name, "image": image_data["key"]},
@@ -782,33 +787,8 @@ def register_callbacks(app, manager, services: Services) -> None:
 
 
 def _model_card(loaded: krypton.LoadedModel) -> html.Div:
-    entry = loaded.extra.get("entry", {})
-    lines = [
-        html.P(loaded.description or loaded.name),
-        html.P(
-            f"{len(loaded.classes)} classes · input {loaded.input_size[0]}×{loaded.input_size[1]}",
-            className="help",
-        ),
-    ]
-    training = entry.get("training")
-    if training and "held_out_accuracy" in training:
-        lines.append(
-            html.P(
-                f"Held-out accuracy {training['held_out_accuracy']:.1%}, "
-                f"pointing game {training['pointing_game']:.0%}",
-                className="help",
-            )
-        )
-    tuning = loaded.tuning
-    lines.append(
-        html.P(
-            f"Approximate mode: {tuning.describe()}"
-            if tuning
-            else f"Approximate mode: τ {choose_tau(None).source}",
-            className="help",
-        )
-    )
-    return html.Div(lines)
+    first, *rest = helpers.model_card_lines(loaded)
+    return html.Div([html.P(first)] + [html.P(line, className="help") for line in rest])
 
 
 def _summary(result: dict) -> html.Div:

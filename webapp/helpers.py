@@ -308,6 +308,96 @@ def data_url(image: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+# -- models --------------------------------------------------------------------------------
+
+
+def model_card_lines(loaded) -> list[str]:
+    """What the page says about a model: what it is, each measured number with the set it
+    was measured on, whether images are checked against its training distribution."""
+    from krypton.tuning import choose_tau
+
+    entry = loaded.extra.get("entry", {})
+    lines = [
+        loaded.description or loaded.name,
+        f"{len(loaded.classes)} classes · input {loaded.input_size[0]}×{loaded.input_size[1]}",
+    ]
+    evaluation = entry.get("evaluation") or {}
+    held_out, independent = evaluation.get("held_out"), evaluation.get("independent")
+    if held_out:
+        text = (
+            f"Accuracy {held_out['accuracy']:.1%} on {held_out['images']} held-out images of "
+            f"{held_out['test_set']}"
+        )
+        if independent:
+            text += (
+                f"; {independent['accuracy']:.1%} on {independent['images']} images of "
+                f"{independent['test_set']}"
+            )
+        lines.append(text + ".")
+    samples = evaluation.get("real_samples")
+    if samples:
+        micro = samples["microaneurysms"]
+        lines.append(
+            f"Real photographs: the Retina sample (no lesion) → {samples['retina']['class']} "
+            f"(p {samples['retina']['p']:.2f}); the Microaneurysms sample → {micro['class']} "
+            f"(p {micro['p']:.2f}), lowest heatmap cell "
+            f"{'on' if micro['lowest_on_dot'] else 'not on'} one of its visible dark dots."
+        )
+    pointing, multi = (
+        evaluation.get("pointing_game_strict"),
+        evaluation.get("multi_lesion_coverage"),
+    )
+    if pointing and multi:
+        lines.append(
+            f"Strict pointing game {pointing['hit_rate']:.0%} ({pointing['images']} "
+            f"single-lesion images: lowest cell within 8 px of the lesion); multi-lesion "
+            f"coverage {multi['share']:.0%} ({multi['lesions']} lesions in {multi['images']} "
+            f"images with 2-4: lesions under the lowest 5% of cells)."
+        )
+    training = entry.get("training") or {}
+    if not held_out and "held_out_accuracy" in training:
+        lines.append(
+            f"Held-out accuracy {training['held_out_accuracy']:.1%}, pointing game "
+            f"{training['pointing_game']:.0%} (this project's generator, single-lesion images)"
+        )
+    if loaded.ood is not None:
+        rates = evaluation.get("ood")
+        text = (
+            f"Out-of-distribution check: on (fitted on {loaded.ood.reference}; it flags an "
+            f"image whose features at some stage of the network are unusually far from "
+            f"theirs, and by design about 1% of genuine images)"
+        )
+        if rates:
+            text += (
+                f"; flags {rates['natural_flagged']:.0%} of {rates['natural_images']} natural "
+                f"photographs and crops, {rates['in_distribution_flagged']:.1%} of "
+                f"{rates['in_distribution_images']} fresh in-distribution images"
+            )
+        lines.append(text + ".")
+    else:
+        lines.append(
+            "Out-of-distribution check: none for this model (register it with reference "
+            "images to get one); its predictions on unfamiliar images are not flagged."
+        )
+    tuning = loaded.tuning
+    lines.append(
+        f"Approximate mode: {tuning.describe()}"
+        if tuning
+        else f"Approximate mode: τ {choose_tau(None).source}"
+    )
+    return lines
+
+
+def ood_text(ood: dict | None) -> str:
+    """The page's warning for an image the model's reference set says is unfamiliar."""
+    if not ood or not ood.get("flagged"):
+        return ""
+    return (
+        f"Warning: {ood['warning']} (unusualness {ood['score']:.1f} at {ood.get('stage', '?')}; "
+        f"the threshold is {ood['threshold']:.1f})."
+    )
+
+
 # -- regions and settings ------------------------------------------------------------------
 
 

@@ -279,9 +279,16 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         "naive": None if request.mode == "naive" else _naive_time(request, counts),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "dicom": request.dicom,
+        "ood": _ood(loaded, tensor),
     }
     services.results.put(session, result)
     return result
+
+
+def _ood(loaded: krypton.LoadedModel, tensor: torch.Tensor) -> dict | None:
+    """The out-of-distribution check of the explained image, where the model has one."""
+    result = loaded.check_ood(tensor)
+    return None if result is None else result.as_dict()
 
 
 def _run_grid(
@@ -437,6 +444,9 @@ def speed_text(seconds: float, naive: dict | None) -> str | None:
 def summary_lines(result: dict) -> list[str]:
     """The result as the page states it: label, what ran and how long, against what."""
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
+    warning = helpers.ood_text(result.get("ood"))
+    if warning:
+        lines.append(warning)
     if result["evaluated"]:
         line = (
             f"{result['mode']} · {result['evaluated']} positions computed in "
