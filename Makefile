@@ -40,6 +40,7 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.bench
+	$(PY) -m bench.default_model
 	$(PY) -m bench.architectures
 	$(PY) -m bench.approximate
 	$(PY) -m bench.gated

@@ -1,12 +1,26 @@
 """Synthetic fundus-lesion data from a real retina photograph (the demo model's task).
 
-Backgrounds are crops of the real fundus photograph that scikit-image ships
-(``skimage.data.retina()``): vessels, optic disc, texture and illumination are real. Onto
-them we plant lesions at known positions:
+Backgrounds are views of the real fundus photograph that scikit-image ships
+(``skimage.data.retina()``): vessels, optic disc, macula, texture and illumination are
+real. Onto the retina (never onto the black surround) we plant lesions at known
+positions. The classes differ by appearance, not by size — both kinds span overlapping
+size ranges — so a model has to look at colour and polarity:
 
-* MICROANEURYSM — small dark-red dots (1.5-3 px radius at 128 px), soft-edged;
-* EXUDATE — bright yellow irregular patches (a few merged blobs, 3-7 px radius);
+* MICROANEURYSM — dark-red round dots with soft edges, radius 1.2-6 px at 224 px,
+  contrast from faint to strong;
+* EXUDATE — bright yellow-white irregular patches, from a single tiny fleck (radius
+  1.5 px) to large clusters of merged blobs (12 px);
 * NORMAL — nothing planted.
+
+An image carries 1-4 lesions; an EXUDATE image may also carry microaneurysms. Label rule
+(:data:`LABEL_RULE`): any exudate makes it EXUDATE, else any microaneurysm makes it
+MICROANEURYSM, else NORMAL.
+
+Views (:data:`VIEWS`): random crops at many zooms; crops centred on hard negatives — the
+optic disc (bright, yellowish), the macula (dark), the dark border; and the whole
+fundus, as the gallery's Retina sample shows it. Renderings (:data:`RENDERINGS`): colour
+with illumination, tint, gamma and noise variation; gray (luminance) and green channel
+(red-free photography), contrast-normalised, as in the Microaneurysms sample.
 
 Everything is seeded: the same seed gives the same images, lesions and labels.
 """
@@ -17,11 +31,28 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from PIL import Image
 
-__all__ = ["CLASSES", "IMAGE_SIZE", "Lesion", "Sample", "FundusGenerator"]
+__all__ = [
+    "CLASSES",
+    "IMAGE_SIZE",
+    "LABEL_RULE",
+    "VIEWS",
+    "RENDERINGS",
+    "Lesion",
+    "Sample",
+    "FundusGenerator",
+    "label_for",
+    "retina_landmarks",
+]
 
 CLASSES = ("NORMAL", "MICROANEURYSM", "EXUDATE")
-IMAGE_SIZE = 128
+IMAGE_SIZE = 224
+LABEL_RULE = "any exudate: EXUDATE; else any microaneurysm: MICROANEURYSM; else NORMAL"
+VIEWS = {"crop": 0.6, "anatomy": 0.25, "whole": 0.15}
+RENDERINGS = {"colour": 0.7, "gray": 0.15, "green": 0.15}
+MICROANEURYSM_RADIUS = (1.2, 6.0)  # px at IMAGE_SIZE
+EXUDATE_RADIUS = (1.5, 12.0)
 
 
 @dataclass(frozen=True)
@@ -42,30 +73,66 @@ class Lesion:
 
 @dataclass
 class Sample:
-    image: np.ndarray  # (IMAGE_SIZE, IMAGE_SIZE, 3) uint8
+    image: np.ndarray  # (size, size, 3) uint8
     label: int
     lesions: list[Lesion]
+    view: str = "crop"
+    rendering: str = "colour"
 
     @property
     def class_name(self) -> str:
         return CLASSES[self.label]
 
 
+def label_for(lesions: list[Lesion]) -> int:
+    """The class of an image with these lesions (:data:`LABEL_RULE`)."""
+    kinds = {lesion.kind for lesion in lesions}
+    if "EXUDATE" in kinds:
+        return CLASSES.index("EXUDATE")
+    if "MICROANEURYSM" in kinds:
+        return CLASSES.index("MICROANEURYSM")
+    return 0
+
+
 @lru_cache(maxsize=1)
 def _retina() -> tuple[np.ndarray, np.ndarray]:
-    """The retina photograph as float RGB in [0, 1] and a mask of the fundus disk."""
-    from scipy.ndimage import binary_erosion
+    """The retina photograph (uint8 RGB) and a mask of the fundus disk."""
     from skimage import data
-    from skimage.morphology import disk
 
-    photo = data.retina().astype(np.float32) / 255.0
-    brightness = photo.mean(axis=2)
-    mask = binary_erosion(brightness > 0.08, disk(15))  # stay clear of the dark rim
+    photo = data.retina()
+    mask = photo.astype(np.float32).mean(axis=2) > 20
     return photo, mask
 
 
+@lru_cache(maxsize=1)
+def retina_landmarks() -> dict[str, tuple[float, float]]:
+    """(x, y) in the photograph of the optic disc (brightest smoothed spot), the macula
+    (darkest smoothed spot near the centre) and the fundus centre."""
+    from scipy.ndimage import gaussian_filter
+
+    photo, mask = _retina()
+    step = 4
+    brightness = photo[::step, ::step].astype(np.float32).mean(axis=2)
+    inside = mask[::step, ::step]
+    smooth = gaussian_filter(brightness, 8)
+    smooth_inside = np.where(inside, smooth, np.nan)
+    disc = np.unravel_index(np.nanargmax(smooth_inside), smooth.shape)
+    ys, xs = np.nonzero(inside)
+    centre = (float(xs.mean()), float(ys.mean()))
+    radius = 0.5 * (xs.max() - xs.min())
+    yy, xx = np.mgrid[0 : smooth.shape[0], 0 : smooth.shape[1]]
+    near_centre = (xx - centre[0]) ** 2 + (yy - centre[1]) ** 2 < (0.35 * radius) ** 2
+    macula = np.unravel_index(np.nanargmin(np.where(near_centre, smooth, np.nan)), smooth.shape)
+    return {
+        "disc": (float(disc[1] * step), float(disc[0] * step)),
+        "macula": (float(macula[1] * step), float(macula[0] * step)),
+        "centre": (centre[0] * step, centre[1] * step),
+        "radius": (radius * step, radius * step),
+    }
+
+
 class FundusGenerator:
-    """Seeded generator of fundus crops with planted lesions.
+    """Seeded generator of fundus views with planted lesions.
 
     Args:
         seed: random seed; each call to :meth:`sample` advances the same stream.
@@ -76,91 +143,206 @@ class FundusGenerator:
         self.rng = np.random.default_rng(seed)
         self.size = size
         photo, mask = _retina()
-        self.photo, self.mask = photo, mask
-        # integral image of the mask: fraction of a crop inside the fundus disk in O(1)
-        self._integral = np.pad(mask.astype(np.int64).cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+        self._photo = Image.fromarray(photo)
+        self._mask = Image.fromarray(mask.astype(np.uint8) * 255)
+        self._levels = [self._photo, self._photo.reduce(2), self._photo.reduce(4)]
+        self._landmarks = retina_landmarks()
 
-    def _inside_fraction(self, y: int, x: int, side: int) -> float:
-        s = self._integral
-        total = s[y + side, x + side] - s[y, x + side] - s[y + side, x] + s[y, x]
-        return total / float(side * side)
+    def _choice(self, weights: dict[str, float]) -> str:
+        names = list(weights)
+        return names[int(self.rng.choice(len(names), p=np.array(list(weights.values()))))]
 
-    def background(self) -> np.ndarray:
-        """A random crop of the real fundus, resized, flipped/rotated and colour-jittered."""
-        from skimage.transform import resize
+    # -- views --------------------------------------------------------------------------
 
-        height, width = self.mask.shape
-        for _ in range(200):
-            side = int(self.rng.integers(180, 480))
-            y = int(self.rng.integers(0, height - side))
-            x = int(self.rng.integers(0, width - side))
-            if self._inside_fraction(y, x, side) > 0.97:
+    def _window(self, view: str) -> tuple[float, float, float]:
+        """(centre x, centre y, side) of the photo region the view shows."""
+        cx, cy = self._landmarks["centre"]
+        radius = self._landmarks["radius"][0]
+        if view == "whole":
+            return (
+                cx + self.rng.normal(0, 15),
+                cy + self.rng.normal(0, 15),
+                2 * radius * self.rng.uniform(1.0, 1.12),
+            )
+        side = float(np.exp(self.rng.uniform(np.log(180), np.log(700))))
+        if view == "anatomy":
+            target = self._choice({"disc": 0.4, "macula": 0.35, "border": 0.25})
+            if target == "border":
+                angle = self.rng.uniform(0, 2 * np.pi)
+                distance = radius - side * self.rng.uniform(0.1, 0.35)
+                return cx + distance * np.cos(angle), cy + distance * np.sin(angle), side
+            x, y = self._landmarks[target]
+            return x + self.rng.normal(0, side / 5), y + self.rng.normal(0, side / 5), side
+        for _ in range(100):  # a crop inside the fundus disk
+            angle = self.rng.uniform(0, 2 * np.pi)
+            distance = self.rng.uniform(0, max(radius - side * 0.75, 1))
+            x, y = cx + distance * np.cos(angle), cy + distance * np.sin(angle)
+            if distance + side * 0.71 < radius * 1.02:
                 break
-        crop = self.photo[y : y + side, x : x + side]
-        crop = resize(crop, (self.size, self.size), order=1, anti_aliasing=True)
-        crop = np.rot90(crop, int(self.rng.integers(0, 4)))
-        if self.rng.random() < 0.5:
-            crop = crop[:, ::-1]
-        gain = self.rng.uniform(0.8, 1.25)
-        gamma = self.rng.uniform(0.8, 1.25)
-        tint = self.rng.uniform(0.92, 1.08, size=3)
-        crop = np.clip(crop * gain * tint, 0, 1) ** gamma
-        noise = self.rng.normal(0, 0.01, crop.shape)
-        return np.clip(crop + noise, 0, 1).astype(np.float32)
+        return x, y, side
 
-    def _place(self, radius: float, taken: list[Lesion]) -> tuple[float, float]:
-        margin = radius + 4
-        for _ in range(100):
+    def _view(self, view: str) -> tuple[np.ndarray, np.ndarray]:
+        """The view as float RGB in [0, 1] and its retina mask (rotated, maybe flipped)."""
+        x, y, side = self._window(view)
+        scale = side / self.size  # photo pixels per output pixel
+        level = 0 if scale < 2 else 1 if scale < 4 else 2
+        factor = 2**level
+        angle = self.rng.uniform(0, 2 * np.pi)
+        flip = -1.0 if self.rng.random() < 0.5 else 1.0
+        cos, sin = np.cos(angle) * scale / factor, np.sin(angle) * scale / factor
+        half = self.size / 2
+        # output (u, v) -> photo level coords: centre + R * (u - half, v - half)
+        a, b = cos * flip, -sin
+        d, e = sin * flip, cos
+        c = x / factor - a * half - b * half
+        f = y / factor - d * half - e * half
+        data = (a, b, c, d, e, f)
+        picture = self._levels[level].transform(
+            (self.size, self.size), Image.AFFINE, data, resample=Image.BILINEAR
+        )
+        mask_data = tuple(v * factor for v in data)  # the same map, in full-size coords
+        mask = self._mask.transform(
+            (self.size, self.size), Image.AFFINE, mask_data, resample=Image.NEAREST
+        )
+        return np.asarray(picture, dtype=np.float32) / 255.0, np.asarray(mask) > 0
+
+    # -- lesions ------------------------------------------------------------------------
+
+    def _place(self, radius: float, taken: list[Lesion], retina: np.ndarray):
+        margin = radius + 3
+        for _ in range(200):
             x = float(self.rng.uniform(margin, self.size - margin))
             y = float(self.rng.uniform(margin, self.size - margin))
-            if all((x - o.x) ** 2 + (y - o.y) ** 2 > (radius + o.radius + 8) ** 2 for o in taken):
+            if not retina[int(y), int(x)]:
+                continue
+            inner = int(max(radius, 2))
+            box = retina[
+                max(int(y) - inner, 0) : int(y) + inner + 1,
+                max(int(x) - inner, 0) : int(x) + inner + 1,
+            ]
+            if not box.all():
+                continue
+            if all((x - o.x) ** 2 + (y - o.y) ** 2 > (radius + o.radius + 6) ** 2 for o in taken):
                 return x, y
-        return x, y
+        return None
 
-    def _microaneurysm(self, image: np.ndarray, taken: list[Lesion]) -> Lesion:
-        radius = float(self.rng.uniform(1.5, 3.0))
-        x, y = self._place(radius, taken)
-        yy, xx = np.mgrid[0 : self.size, 0 : self.size]
-        profile = np.exp(-(((xx - x) ** 2 + (yy - y) ** 2) / (2 * (radius * 0.75) ** 2)))
-        darkness = self.rng.uniform(0.55, 0.8)
-        colour = np.array([0.42, 0.06, 0.05]) * self.rng.uniform(0.7, 1.2)
-        alpha = (profile * darkness)[..., None]
-        image[:] = image * (1 - alpha) + colour * alpha
+    def _window_grid(self, x: float, y: float, reach: float):
+        x0, x1 = max(int(x - reach), 0), min(int(x + reach) + 2, self.size)
+        y0, y1 = max(int(y - reach), 0), min(int(y + reach) + 2, self.size)
+        yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+        return (slice(y0, y1), slice(x0, x1)), xx, yy
+
+    def _microaneurysm(self, image, taken, retina) -> Lesion | None:
+        radius = float(np.exp(self.rng.uniform(*np.log(MICROANEURYSM_RADIUS))))
+        spot = self._place(radius, taken, retina)
+        if spot is None:
+            return None
+        x, y = spot
+        window, xx, yy = self._window_grid(x, y, radius * 2.5 + 2)
+        stretch = self.rng.uniform(0.85, 1.15)
+        distance = np.sqrt(((xx - x) * stretch) ** 2 + ((yy - y) / stretch) ** 2)
+        edge = self.rng.uniform(0.3, 1.2) * max(radius / 3, 0.5)
+        profile = 1.0 / (1.0 + np.exp((distance - radius) / edge))
+        contrast = self.rng.uniform(0.35, 0.9)
+        colour = np.array(
+            [self.rng.uniform(0.28, 0.5), self.rng.uniform(0.02, 0.1), self.rng.uniform(0.02, 0.08)]
+        )
+        alpha = (profile * contrast)[..., None]
+        image[window] = image[window] * (1 - alpha) + colour * alpha
         return Lesion("MICROANEURYSM", x, y, radius)
 
-    def _exudate(self, image: np.ndarray, taken: list[Lesion]) -> Lesion:
-        radius = float(self.rng.uniform(3.0, 7.0))
-        x, y = self._place(radius, taken)
-        yy, xx = np.mgrid[0 : self.size, 0 : self.size]
-        blob = np.zeros((self.size, self.size))
-        for _ in range(int(self.rng.integers(2, 5))):
-            bx = x + self.rng.normal(0, radius * 0.35)
-            by = y + self.rng.normal(0, radius * 0.35)
-            br = radius * self.rng.uniform(0.45, 0.8)
-            blob = np.maximum(
-                blob, np.exp(-((((xx - bx) ** 2 + (yy - by) ** 2) / (2 * br**2)) ** 2))
-            )
-        colour = np.array([1.0, 0.88, 0.45]) * self.rng.uniform(0.85, 1.0)
-        alpha = (np.clip(blob * 1.3, 0, 1) * self.rng.uniform(0.6, 0.9))[..., None]
-        image[:] = image * (1 - alpha) + colour * alpha
+    def _exudate(self, image, taken, retina) -> Lesion | None:
+        radius = float(np.exp(self.rng.uniform(*np.log(EXUDATE_RADIUS))))
+        spot = self._place(radius, taken, retina)
+        if spot is None:
+            return None
+        x, y = spot
+        window, xx, yy = self._window_grid(x, y, radius * 1.6 + 2)
+        blob = np.zeros(xx.shape, dtype=np.float32)
+        pieces = 1 if radius < 2.5 else int(self.rng.integers(2, 6))
+        sharpness = self.rng.uniform(1.0, 3.0)
+        for _ in range(pieces):
+            bx = x + (self.rng.normal(0, radius * 0.35) if pieces > 1 else 0.0)
+            by = y + (self.rng.normal(0, radius * 0.35) if pieces > 1 else 0.0)
+            br = radius * (self.rng.uniform(0.4, 0.75) if pieces > 1 else 1.0)
+            d2 = ((xx - bx) ** 2 + (yy - by) ** 2) / (br**2)
+            blob = np.maximum(blob, np.exp(-(d2**sharpness)))
+        colour = np.array(
+            [self.rng.uniform(0.93, 1.0), self.rng.uniform(0.8, 0.97), self.rng.uniform(0.3, 0.8)]
+        )
+        alpha = (np.clip(blob * 1.3, 0, 1) * self.rng.uniform(0.55, 0.95))[..., None]
+        image[window] = image[window] * (1 - alpha) + colour * alpha
         return Lesion("EXUDATE", x, y, radius)
 
-    def sample(self, label: int | None = None, lesions: int | None = None) -> Sample:
-        """One image. ``label`` picks the class (random if None); ``lesions`` how many
-        lesions a non-NORMAL image gets (1-3 at random if None)."""
-        if label is None:
-            label = int(self.rng.integers(0, len(CLASSES)))
-        image = self.background()
-        planted: list[Lesion] = []
-        if label != 0:
-            count = lesions if lesions is not None else int(self.rng.integers(1, 4))
-            plant = self._microaneurysm if CLASSES[label] == "MICROANEURYSM" else self._exudate
-            for _ in range(count):
-                planted.append(plant(image, planted))
-        pixels = np.round(np.clip(image, 0, 1) * 255).astype(np.uint8)
-        return Sample(pixels, label, planted)
+    def _kinds(self, label: int, count: int) -> list[str]:
+        """Lesion kinds for a label: MICROANEURYSM images have only microaneurysms; an
+        EXUDATE image has at least one exudate and, 30% of the time, microaneurysms too."""
+        if CLASSES[label] == "MICROANEURYSM":
+            return ["MICROANEURYSM"] * count
+        exudates = count
+        if count > 1 and self.rng.random() < 0.3:
+            exudates = int(self.rng.integers(1, count))
+        return ["EXUDATE"] * exudates + ["MICROANEURYSM"] * (count - exudates)
 
-    def gray_box(self, sample: Sample, max_side: int = 32) -> np.ndarray:
+    # -- rendering ----------------------------------------------------------------------
+
+    def _render(self, image: np.ndarray, retina: np.ndarray, rendering: str) -> np.ndarray:
+        gain = self.rng.uniform(0.7, 1.3)
+        tint = self.rng.uniform(0.85, 1.15, size=3)
+        ramp = np.linspace(-1, 1, self.size, dtype=np.float32)
+        direction = self.rng.uniform(0, 2 * np.pi)
+        gradient = 1 + self.rng.uniform(0, 0.15) * (
+            np.cos(direction) * ramp[None, :] + np.sin(direction) * ramp[:, None]
+        )
+        image = np.clip(image * gain * tint * gradient[..., None], 0, 1) ** self.rng.uniform(
+            0.75, 1.35
+        )
+        if rendering != "colour":
+            luminance = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+            channel = image[..., 1] if rendering == "green" else image @ luminance
+            inside = channel[retina] if retina.any() else channel.ravel()
+            mean, std = float(inside.mean()), float(inside.std()) + 1e-6
+            target_mean, target_std = self.rng.uniform(0.38, 0.6), self.rng.uniform(0.06, 0.16)
+            channel = (channel - mean) / std * target_std + target_mean
+            channel = np.where(retina, channel, channel * 0.15)
+            image = np.repeat(channel[..., None], 3, axis=2)
+        noise = self.rng.normal(0, self.rng.uniform(0.004, 0.02), image.shape)
+        return np.clip(image + noise, 0, 1)
+
+    # -- public -------------------------------------------------------------------------
+
+    def sample(
+        self,
+        label: int | None = None,
+        lesions: int | None = None,
+        view: str | None = None,
+        rendering: str | None = None,
+        kinds: list[str] | None = None,
+    ) -> Sample:
+        """One image. ``label`` picks the class (random if None); ``lesions`` how many a
+        non-NORMAL image gets (1-4 at random if None); ``view``/``rendering`` as in
+        :data:`VIEWS`/:data:`RENDERINGS` (random if None); ``kinds`` plants exactly
+        these lesion kinds (the label then follows :data:`LABEL_RULE`)."""
+        if label is None and kinds is None:
+            label = int(self.rng.integers(0, len(CLASSES)))
+        view = view or self._choice(VIEWS)
+        rendering = rendering or self._choice(RENDERINGS)
+        image, retina = self._view(view)
+        image = image.copy()
+        if kinds is None:
+            count = lesions if lesions is not None else int(self.rng.integers(1, 5))
+            kinds = [] if label == 0 else self._kinds(label, count)
+        planted: list[Lesion] = []
+        for kind in kinds:
+            plant = self._microaneurysm if kind == "MICROANEURYSM" else self._exudate
+            lesion = plant(image, planted, retina)
+            if lesion is not None:
+                planted.append(lesion)
+        image = self._render(image, retina, rendering)
+        pixels = np.round(image * 255).astype(np.uint8)
+        return Sample(pixels, label_for(planted), planted, view, rendering)
+
+    def gray_box(self, sample: Sample, max_side: int = 48) -> np.ndarray:
         """The sample with one mid-gray box that avoids every lesion (augmentation that
         teaches the model gray occluders alone mean nothing)."""
         image = sample.image.copy()

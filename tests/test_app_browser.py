@@ -25,9 +25,19 @@ pytestmark = pytest.mark.browser
 SAMPLE = FUNDUS_SAMPLE  # one planted exudate (the fundus_png fixture, conftest.py)
 
 
-def around_lesion(margin=34):
-    """Drag fractions for a region around the planted lesion."""
-    lesion, size = SAMPLE.lesions[0], SAMPLE.image.shape[0]
+def gallery_sample(name="fundus-exudates.png"):
+    """A generated gallery sample, regenerated with its lesions' positions."""
+    from krypton.fundus import FundusGenerator
+    from krypton.train_fundus import GALLERY
+
+    seed, plant = GALLERY[name]
+    return FundusGenerator(seed=seed).sample(rendering="colour", **plant)
+
+
+def around_lesion(margin=34, sample=None):
+    """Drag fractions for a region around the (first) planted lesion."""
+    sample = sample or SAMPLE
+    lesion, size = sample.lesions[0], sample.image.shape[0]
     low = [max(0.02, (v - margin) / size) for v in (lesion.x, lesion.y)]
     high = [min(0.98, (v + margin) / size) for v in (lesion.x, lesion.y)]
     return tuple(low), tuple(high)
@@ -93,12 +103,14 @@ def wait_for_result(dash_duo, timeout=240):
     return dash_duo.find_element("#result-summary").text
 
 
-def test_upload_region_run_shows_heatmap_with_progress(dash_duo, krypton_app, fundus_png):
+def test_gallery_region_run_shows_heatmap_with_progress(dash_duo, krypton_app):
+    """The README screenshot: the gallery's generated exudates sample, a region around
+    an exudate, exact at stride 2 (reproducible from the gallery)."""
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
-    upload(dash_duo, "#upload", fundus_png)
+    dash_duo.find_element("button[id*='fundus-exudates.png']").click()
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
-    drag_region(dash_duo, *around_lesion())
+    drag_region(dash_duo, *around_lesion(sample=gallery_sample()))
     region = dash_duo.find_element("#region-text").text
     choose(dash_duo, "stride", "2")
     dash_duo.find_element("#run").click()
@@ -220,14 +232,28 @@ def test_two_tabs_running_at_once_keep_their_own_results(dash_duo, krypton_app, 
     dash_duo.wait_for_element("#upload", timeout=20)
     upload(dash_duo, "#upload", fundus_png)
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
-    choose(dash_duo, "stride", "8")  # whole image at stride 8: 15 x 15 positions
+    choose(dash_duo, "stride", "8")  # whole image at stride 8: 27 x 27 positions
     dash_duo.find_element("#run").click()
     driver.switch_to.window(first_tab)
     dash_duo.find_element("#run").click()  # region at stride 4: a different grid
     first = wait_for_result(dash_duo)
     driver.switch_to.window(second_tab)
     second = wait_for_result(dash_duo)
-    assert "225 positions computed" in second
-    assert "225 positions computed" not in first
+    assert "729 positions computed" in second
+    assert "729 positions computed" not in first
     driver.switch_to.window(first_tab)
     assert dash_duo.find_element("#result-summary").text == first
+
+
+def test_out_of_distribution_warning_for_the_cat_not_for_a_generated_fundus(dash_duo, krypton_app):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    dash_duo.wait_for_contains_text("#model-card", "Out-of-distribution check: on", timeout=30)
+    dash_duo.find_element("button[id*='chelsea.png']").click()
+    dash_duo.wait_for_contains_text("#top5", "does not look like fundus-demo", timeout=60)
+    assert "not meaningful" in dash_duo.find_element("#message").text
+    dash_duo.find_element("button[id*='fundus-microaneurysms.png']").click()
+    dash_duo.wait_for_contains_text("#top5", "MICROANEURYSM", timeout=60)
+    time.sleep(1)
+    assert "does not look like" not in dash_duo.find_element("#top5").text
+    assert "does not look like" not in dash_duo.find_element("#message").text

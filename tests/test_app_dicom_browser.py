@@ -81,12 +81,12 @@ def test_ct_slice_window_run_overlay_and_dicom_export(dash_duo, krypton_app, tmp
 
     choose(dash_duo, "window-preset", "Lung", prefix=True)
     dash_duo.wait_for_contains_text("#dicom-info", "C -600 / W 1500 (preset lung)", timeout=30)
-    choose(dash_duo, "stride", "8")
+    choose(dash_duo, "stride", "16")
     dash_duo.find_element("#run").click()
     summary = wait_for_result(dash_duo)
-    assert "exact" in summary and "225 positions computed" in summary
+    assert "exact" in summary and "196 positions computed" in summary  # 14 x 14 at 224 px
     before = heatmap_trace(dash_duo)
-    assert abs(before["opacity"] - 0.55) < 1e-9 and before["cells"] == 225
+    assert abs(before["opacity"] - 0.55) < 1e-9 and before["cells"] == 196
     assert "relative scale" in before["title"]
 
     press(dash_duo, "overlay-opacity", Keys.ARROW_LEFT, 5)  # 0.55 -> 0.30
@@ -98,10 +98,10 @@ def test_ct_slice_window_run_overlay_and_dicom_export(dash_duo, krypton_app, tmp
     dash_duo.find_element("#overlay-scale input[value=absolute]").click()
     press(dash_duo, "overlay-threshold", Keys.ARROW_RIGHT, 2)  # drops above 0.02 only
     deadline = time.time() + 20
-    while time.time() < deadline and heatmap_trace(dash_duo)["cells"] == 225:
+    while time.time() < deadline and heatmap_trace(dash_duo)["cells"] == 196:
         time.sleep(0.2)
     after = heatmap_trace(dash_duo)
-    assert after["cells"] < 225 and "absolute scale" in after["title"]
+    assert after["cells"] < 196 and "absolute scale" in after["title"]
     assert "only drops > 0.02" in after["title"]
 
     dash_duo.find_element("#overlay-view input[value=side]").click()

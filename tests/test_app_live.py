@@ -79,7 +79,7 @@ def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton
     choose(dash_duo, "stride", "16")
     dash_duo.find_element("#run").click()
     exact = wait_for_result(dash_duo)
-    assert "exact · 64 positions computed" in exact
+    assert "exact · 196 positions computed" in exact
     disabled = {
         button.text: bool(button.get_attribute("disabled"))
         for button in dash_duo.find_elements("#result-panel-body .exports button")
@@ -93,7 +93,7 @@ def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton
     while time.time() < deadline and "naive ·" not in dash_duo.find_element("#result-summary").text:
         time.sleep(0.3)
     naive = dash_duo.find_element("#result-summary").text
-    assert "naive · 64 positions computed" in naive
+    assert "naive · 196 positions computed" in naive
     assert "faster" not in naive and "slower" not in naive and "Reused" not in naive
     # another class re-colours the same run at once
     before = dash_duo.find_element("#heatmap-graph .gtitle").text

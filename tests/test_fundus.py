@@ -1,0 +1,96 @@
+"""The demo task's generators: classes by appearance not size, the label rule, hard
+negatives, whole views and gray renderings; the independent generator keeps the spec."""
+
+import numpy as np
+import pytest
+
+from krypton.fundus import (
+    CLASSES,
+    EXUDATE_RADIUS,
+    MICROANEURYSM_RADIUS,
+    FundusGenerator,
+    Lesion,
+    label_for,
+    retina_landmarks,
+)
+from krypton.fundus_independent import IndependentFundusGenerator
+
+
+def test_size_ranges_overlap_so_size_is_no_shortcut():
+    assert EXUDATE_RADIUS[0] < MICROANEURYSM_RADIUS[1] and MICROANEURYSM_RADIUS[0] < 2
+    generator = FundusGenerator(seed=0)
+    radii = {"MICROANEURYSM": [], "EXUDATE": []}
+    for index in range(60):
+        sample = generator.sample(label=1 + index % 2, view="crop")
+        for lesion in sample.lesions:
+            radii[lesion.kind].append(lesion.radius)
+    assert min(radii["EXUDATE"]) < 3 < max(radii["MICROANEURYSM"])  # both sizes in both
+
+
+def test_label_rule_any_exudate_makes_it_exudate():
+    ma, ex = Lesion("MICROANEURYSM", 0, 0, 2), Lesion("EXUDATE", 0, 0, 2)
+    assert label_for([]) == 0 and label_for([ma, ma]) == 1 and label_for([ma, ex]) == 2
+    sample = FundusGenerator(seed=3).sample(kinds=["MICROANEURYSM", "EXUDATE"], view="crop")
+    assert sample.label == CLASSES.index("EXUDATE") and len(sample.lesions) == 2
+
+
+def test_colour_of_lesions_by_class():
+    """Microaneurysms darken and redden, exudates brighten and yellow the retina."""
+    generator = FundusGenerator(seed=4)
+    for kind, darker in (("MICROANEURYSM", True), ("EXUDATE", False)):
+        plain = FundusGenerator(seed=4).sample(label=0, view="crop", rendering="colour")
+        sample = generator.sample(kinds=[kind], view="crop", rendering="colour")
+        lesion = sample.lesions[0]
+        y, x = int(lesion.y), int(lesion.x)
+        centre = sample.image[y, x].astype(float)
+        ring = sample.image[max(y - 12, 0), x].astype(float)
+        assert (centre.sum() < ring.sum()) == darker, kind
+        del plain
+
+
+@pytest.mark.parametrize("rendering", ["gray", "green"])
+def test_gray_renderings_are_gray(rendering):
+    """Gray up to per-channel sensor noise (sigma <= 0.02): no colour left to go by."""
+    sample = FundusGenerator(seed=5).sample(label=1, rendering=rendering)
+    image = sample.image.astype(float)
+    for a, b in ((0, 1), (1, 2)):
+        assert abs((image[..., a] - image[..., b]).mean()) < 1.0
+        assert np.abs(image[..., a] - image[..., b]).mean() < 8
+
+
+def test_whole_views_show_the_dark_border_and_lesions_stay_on_the_retina():
+    generator = FundusGenerator(seed=6)
+    for _ in range(10):
+        sample = generator.sample(label=2, view="whole", rendering="colour")
+        corners = sample.image[:8, :8].mean()
+        assert corners < 30  # the black surround of a whole fundus
+        for lesion in sample.lesions:
+            assert sample.image[int(lesion.y), int(lesion.x)].mean() > 40  # not on black
+
+
+def test_landmarks_and_anatomy_views():
+    marks = retina_landmarks()
+    photo_centre = np.array(marks["centre"])
+    assert np.linalg.norm(np.array(marks["disc"]) - photo_centre) > 300  # disc off-centre
+    assert np.linalg.norm(np.array(marks["macula"]) - photo_centre) < 250
+    normal = FundusGenerator(seed=7).sample(label=0, view="anatomy")
+    assert normal.label == 0 and not normal.lesions
+
+
+def test_seeded_generators_repeat_themselves():
+    first, second = FundusGenerator(seed=9).sample(), FundusGenerator(seed=9).sample()
+    np.testing.assert_array_equal(first.image, second.image)
+    assert first.lesions == second.lesions
+
+
+def test_the_independent_generator_keeps_the_spec():
+    generator = IndependentFundusGenerator(seed=1)
+    samples = [generator.sample(label=i % 3) for i in range(24)]
+    assert all(s.image.shape == (224, 224, 3) and s.image.dtype == np.uint8 for s in samples)
+    for sample in samples:
+        assert sample.label == label_for(sample.lesions)
+        assert 0 <= len(sample.lesions) <= 4
+        for lesion in sample.lesions:
+            low, high = MICROANEURYSM_RADIUS if lesion.kind == "MICROANEURYSM" else EXUDATE_RADIUS
+            assert low <= lesion.radius <= high
+    assert {s.label for s in samples} == {0, 1, 2}

@@ -1,0 +1,156 @@
+"""The out-of-distribution check (krypton.ood): Mahalanobis distance with a Ledoit-Wolf
+covariance on penultimate features, a 99th-percentile threshold, stored with the model,
+reported by explain(), the CLI and batch; and built from a user's reference folder."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+import krypton
+from krypton.fundus import FundusGenerator
+from krypton.ood import FeatureDensity, feature_statistics, fit_density, penultimate_features
+from krypton.registry import RegistryError, load_model, register_model
+
+
+def test_threshold_is_the_held_out_percentile_and_far_points_are_flagged():
+    rng = np.random.default_rng(0)
+    names = ["early", "penultimate"]
+    reference = [rng.normal(size=(400, 6)), rng.normal(size=(400, 8))]
+    held_out = [rng.normal(size=(400, 6)), rng.normal(size=(400, 8))]
+    density = fit_density(names, reference, held_out, "gaussian")
+    spare = [f[200:] for f in held_out]  # the half that set the threshold
+    scores = density.score(spare)
+    assert density.threshold == pytest.approx(np.percentile(scores, 99))
+    fresh = density.score([rng.normal(size=(2000, 6)), rng.normal(size=(2000, 8))])
+    assert (fresh > density.threshold).mean() < 0.03
+    # far at one stage only: still flagged, and that stage is named
+    far = density.scores([rng.normal(size=(50, 6)) + 6.0, rng.normal(size=(50, 8))])
+    assert (far[0] > density.threshold).all() and (far[1] == 0).all()
+    with pytest.raises(ValueError, match="at least 20"):
+        fit_density(names, [f[:10] for f in reference], held_out)
+
+
+def test_density_round_trips_through_npz(tmp_path):
+    rng = np.random.default_rng(1)
+    density = fit_density(["a"], [rng.normal(size=(100, 4))], [rng.normal(size=(30, 4))], "x")
+    density.save(tmp_path / "d.npz")
+    loaded = FeatureDensity.load(tmp_path / "d.npz")
+    points = [rng.normal(size=(5, 4))]
+    np.testing.assert_allclose(loaded.score(points), density.score(points), rtol=1e-4)
+    assert loaded.reference == "x" and loaded.fitted_on == 100 and loaded.held_out == 30
+    assert loaded.threshold == pytest.approx(density.threshold)
+
+
+def test_features_are_stage_statistics_and_the_classifier_heads_input():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=3).eval()
+    images = torch.randn(3, 3, 64, 64)
+    names, features = feature_statistics(model, images, batch_size=2)
+    assert names == ["relu", "layer1.1.relu", "layer2.1.relu", "layer3.1.relu",
+                     "layer4.1.relu", "penultimate"]  # fmt: skip
+    with torch.inference_mode():
+        stem = model.relu(model.bn1(model.conv1(images)))
+        block4 = model.layer4(model.layer3(model.layer2(model.layer1(model.maxpool(stem)))))
+    np.testing.assert_allclose(
+        features[0], torch.cat([stem.mean((2, 3)), stem.std((2, 3))], 1).numpy(), rtol=1e-4,
+        atol=1e-5,
+    )  # fmt: skip
+    np.testing.assert_allclose(
+        features[-1], torch.flatten(model.avgpool(block4), 1).numpy(), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        features[-1], penultimate_features(model, images), rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.fixture
+def reference_folder(tmp_path):
+    folder = tmp_path / "reference"
+    folder.mkdir()
+    generator = FundusGenerator(seed=21, size=64)
+    for index in range(30):
+        Image.fromarray(generator.sample(label=index % 3).image).save(folder / f"{index}.png")
+    return folder
+
+
+def test_a_user_model_registered_with_reference_images_warns(tmp_path, reference_folder):
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=2).eval()
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    home = tmp_path / "models"
+    loaded = register_model(
+        "eye", tmp_path / "w.pt", ["A", "B"], architecture="resnet18", input_size=(64, 64),
+        directory=home, reference_images=reference_folder,
+    )  # fmt: skip
+    entry = json.loads((home / "eye.json").read_text())
+    assert entry["ood"]["path"] == "eye.ood.npz" and (home / "eye.ood.npz").is_file()
+    assert "30 reference images" in entry["ood"]["reference"]
+    assert loaded.ood is not None and load_model("eye", home).ood is not None
+    image = loaded.preprocess(Image.open(reference_folder / "0.png"))
+    heatmap = krypton.explain(loaded, image, patch=32, stride=32)
+    ood = heatmap.extra["ood"]
+    assert set(ood) == {"score", "threshold", "flagged", "warning", "stage"}
+    assert ood["threshold"] == pytest.approx(loaded.ood.threshold)
+    assert ood["flagged"] == (ood["score"] > ood["threshold"])
+    assert (ood["warning"] != "") == ood["flagged"]
+
+
+def test_too_few_or_unreadable_reference_images_are_refused(tmp_path, reference_folder):
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(num_classes=2).state_dict(), tmp_path / "w.pt")
+    for path in sorted(reference_folder.iterdir())[:10]:
+        path.unlink()
+    with pytest.raises(RegistryError, match="needs at least 25"):
+        register_model(
+            "eye", tmp_path / "w.pt", ["A", "B"], architecture="resnet18",
+            input_size=(64, 64), directory=tmp_path / "m", reference_images=reference_folder,
+        )  # fmt: skip
+    assert not (tmp_path / "m" / "eye.json").exists()  # nothing half-written
+    (reference_folder / "broken.png").write_bytes(b"not a png")
+    for index in range(10):
+        (reference_folder / f"copy{index}.png").write_bytes(
+            (reference_folder / "29.png").read_bytes()
+        )
+    with pytest.raises(RegistryError, match="broken.png"):
+        register_model(
+            "eye", tmp_path / "w.pt", ["A", "B"], architecture="resnet18",
+            input_size=(64, 64), directory=tmp_path / "m", reference_images=reference_folder,
+        )  # fmt: skip
+
+
+def test_models_without_a_reference_set_say_so():
+    from webapp.helpers import model_card_lines
+
+    torch.manual_seed(0)
+    module = torchvision.models.resnet18(num_classes=2).eval()
+    loaded = krypton.LoadedModel("plain", module, ["A", "B"], (64, 64))
+    assert loaded.check_ood(torch.zeros(3, 64, 64)) is None
+    heatmap = krypton.explain(loaded, torch.zeros(3, 64, 64), patch=32, stride=32)
+    assert "ood" not in heatmap.extra
+    assert any("Out-of-distribution check: none" in line for line in model_card_lines(loaded))
+
+
+def test_the_default_model_warns_for_the_cat_in_the_cli_and_not_for_a_generated_fundus(
+    tmp_path,
+):
+    """Issue: the warning shows in the CLI for the cat, not for generated fundus images."""
+    from test_cli import run_cli
+
+    from krypton.train_fundus import GALLERY
+
+    cat = run_cli(
+        "explain", "assets/samples/chelsea.png", "--stride", "32", "--out", str(tmp_path / "c.png")
+    )
+    assert cat.returncode == 0, cat.stderr
+    assert "OUT OF DISTRIBUTION" in cat.stdout
+    assert "does not look like fundus-demo's training images" in cat.stdout
+    for name in GALLERY:
+        fundus = run_cli(
+            "explain", f"assets/samples/{name}", "--stride", "32", "--out", str(tmp_path / "f.png")
+        )
+        assert fundus.returncode == 0, fundus.stderr
+        assert "like the training images" in fundus.stdout and "WARNING" not in fundus.stdout
