@@ -72,7 +72,9 @@ class LoadedModel:
         from .capture_lock import CAPTURE_LOCK
         from .ood import check
 
-        with CAPTURE_LOCK.shared():
+        # exclusive: the check hooks the module's layers, and a forward of the same module
+        # in another thread (a run in progress) must neither trip nor feed those hooks
+        with CAPTURE_LOCK.exclusive():
             return check(self.ood, self.module, image, self.name)
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:

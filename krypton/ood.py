@@ -158,7 +158,7 @@ def _stage_modules(module: nn.Module, probe: torch.Tensor) -> list[tuple[str, nn
     hooks = [
         leaf.register_forward_hook(
             lambda m, _, out: (
-                calls.append((names[m], m, tuple(out.shape[2:])))
+                calls.append((names.get(m, type(m).__name__), m, tuple(out.shape[2:])))
                 # 1 x 1 maps are pooled already: the penultimate layer covers them
                 if isinstance(out, torch.Tensor) and out.dim() == 4 and out[0, 0].numel() > 1
                 else None
@@ -197,7 +197,11 @@ def feature_statistics(
 ) -> tuple[list[str], list[np.ndarray]]:
     """Stage names and, per stage, (N, 2C) channel means and standard deviations of its
     output, then the (N, D) penultimate features, for preprocessed ``images``
-    ((N, 3, H, W) or an iterable of (3, H, W) tensors)."""
+    ((N, 3, H, W) or an iterable of (3, H, W) tensors).
+
+    It hooks the module's layers while it runs: no other thread may run the same module
+    meanwhile (:meth:`krypton.LoadedModel.check_ood` holds the capture lock exclusively).
+    """
     batches = images.split(batch_size) if isinstance(images, torch.Tensor) else None
     iterator = iter(batches if batches is not None else _batched(images, batch_size))
     first = next(iterator, None)

@@ -56,8 +56,9 @@ def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7)):
     dash_duo.wait_for_element("#image-graph .imagelayer image", timeout=30)
     before = dash_duo.find_element("#region-text").text
     for attempt in range(3):
-        dash_duo.driver.execute_script("window.scrollTo(0, 0)")
         layer = dash_duo.find_element("#image-graph .nsewdrag")
+        # the gallery can push the figure below the fold; a drag must happen on screen
+        dash_duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", layer)
         left, top, width, height = dash_duo.driver.execute_script(
             "const r = arguments[0].getBoundingClientRect();"
             "return [r.left, r.top, r.width, r.height];",

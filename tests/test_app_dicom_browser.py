@@ -155,4 +155,6 @@ def test_frame_picker_manual_window_and_bad_dicom_messages(dash_duo, krypton_app
     width.send_keys("50", Keys.ENTER)
     dash_duo.wait_for_contains_text("#dicom-info", "C 100 / W 50 (given)", timeout=30)
     assert "frame 9 of 15" in dash_duo.find_element("#dicom-info").text
-    dash_duo.wait_for_text_to_equal("#message", "", timeout=10)
+    # no error; an RT dose map is not a fundus photograph, so the demo model may say so
+    message = dash_duo.find_element("#message").text
+    assert message == "" or message.startswith("Warning: this image does not look like")

@@ -105,7 +105,7 @@ def test_an_interrupted_run_resumes_without_recomputing(folder, tmp_path):
     # other settings: every image is explained again, not served stale
     finer = dict(OPTIONS, stride=8)
     rows = run_batch(items, loaded, out, finer, write_heatmap_files)
-    assert np.load(out / "chelsea.npy").shape == (15, 15)
+    assert np.load(out / "chelsea.npy").shape == (27, 27)
 
 
 def test_csv_list_with_labels_and_glob(folder, tmp_path):

@@ -70,7 +70,7 @@ def test_the_installed_command_works_from_any_folder(tmp_path):
     result = krypton("explain", retina, "--mode", "approximate", "--stride", "8", "--out", "h.png")
     assert result.returncode == 0, result.stderr
     assert "no tuned tau" not in result.stderr  # the registry's tuned τ is used
-    assert "tau        0.90 (tuned for SSIM 0.9 and localisation)" in result.stdout
+    assert "tau        0.80 (tuned for SSIM 0.9 and localisation)" in result.stdout
     assert "over the whole grid (thresholding and drill-down)" in result.stdout
     assert (tmp_path / "h.png").exists() and (tmp_path / "h.npy").exists()
     result = krypton(
@@ -120,7 +120,7 @@ def test_default_model_explains_offline(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "fundus-demo (trained weights)" in result.stdout
-    assert np.load(tmp_path / "retina.npy").shape == (8, 8)
+    assert np.load(tmp_path / "retina.npy").shape == (14, 14)
     assert "the first global op is avgpool, 100% of the FLOPs before it" in result.stdout
     incremental = np.load(tmp_path / "retina.npy")
     forced = run_cli(

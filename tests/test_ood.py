@@ -154,3 +154,33 @@ def test_the_default_model_warns_for_the_cat_in_the_cli_and_not_for_a_generated_
         )
         assert fundus.returncode == 0, fundus.stderr
         assert "like the training images" in fundus.stdout and "WARNING" not in fundus.stdout
+
+
+def test_the_check_is_safe_beside_a_run_of_the_same_model_in_another_thread():
+    """The check hooks the model's layers; a run in another thread (another tab) must
+    neither trip those hooks (it used to fail with KeyError in the run) nor feed them."""
+    import threading
+    import time
+
+    loaded = load_model("fundus-demo")
+    image = loaded.preprocess(Image.open("assets/samples/fundus-exudates.png"))
+    alone = loaded.check_ood(image)
+    explainer = krypton.OcclusionExplainer(loaded.module)
+    errors, results = [], []
+
+    def run():
+        try:
+            for _ in range(3):
+                explainer.explain(image, patch=16, stride=16, mode="exact")
+        except Exception as exc:  # noqa: BLE001 - the test reports any failure
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    for _ in range(6):  # as pages do: a check now and then while the run goes on
+        results.append(loaded.check_ood(image))
+        time.sleep(0.2)
+    worker.join(timeout=300)
+    assert not worker.is_alive()
+    assert not errors, errors
+    assert results and all(r.score == pytest.approx(alone.score) for r in results)

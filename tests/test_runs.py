@@ -157,7 +157,7 @@ def test_the_estimate_learns_from_this_hosts_runs(services, krypton_home):
         record_run("fundus-demo", "exact", 16, (positions, 0), seconds)
     learned = estimate("fundus-demo", patch=16, stride=8, mode="exact")
     assert learned.source == "this host's last 4 runs"
-    assert learned.seconds == pytest.approx(225 * 0.01, rel=0.15)  # 15 x 15 positions
+    assert learned.seconds == pytest.approx(729 * 0.01, rel=0.15)  # 27 x 27 positions
     assert (krypton_home / "runtime-log.jsonl").exists()
     result = runs.execute(services, "s", request(services), lambda *a: None)
     assert result["estimate"]["source"] == "this host's last 4 runs"
