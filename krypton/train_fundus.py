@@ -290,23 +290,24 @@ def real_samples(model: torch.nn.Module, patch: int = 16, stride: int = 4) -> di
     return found
 
 
+def _sample_heatmap(model: torch.nn.Module, sample: Sample, patch: int, stride: int):
+    """The exact heatmap of a generated sample's true class, gray occluder."""
+    import krypton
+
+    image = to_tensor(sample.image[None])[0]
+    return krypton.explain(
+        model, image, patch=patch, stride=stride, fill=_gray_fill(), label=sample.label
+    )
+
+
 def strict_pointing_game(
     model: torch.nn.Module, samples: list[Sample], patch: int = 16, stride: int = 8
 ) -> float:
     """Share of single-lesion images whose lowest heatmap cell's centre is within 8 px of
     the lesion's centre (the patch merely touching the lesion does not count)."""
-    import krypton
-
     hits = 0
     for sample in samples:
-        heatmap = krypton.explain(
-            model,
-            to_tensor(sample.image[None])[0],
-            patch=patch,
-            stride=stride,
-            fill=_gray_fill(),
-            label=sample.label,
-        )
+        heatmap = _sample_heatmap(model, sample, patch, stride)
         row, col = np.unravel_index(np.nanargmin(heatmap.values), heatmap.values.shape)
         cx = heatmap.xs[col] + (patch - 1) / 2
         cy = heatmap.ys[row] + (patch - 1) / 2
@@ -332,18 +333,9 @@ def multi_lesion_coverage(
 ) -> float:
     """Share of all lesions whose centre lies under at least one of the lowest 5% of
     heatmap cells (each cell stands for the patch placed there)."""
-    import krypton
-
     found = total = 0
     for sample in samples:
-        heatmap = krypton.explain(
-            model,
-            to_tensor(sample.image[None])[0],
-            patch=patch,
-            stride=stride,
-            fill=_gray_fill(),
-            label=sample.label,
-        )
+        heatmap = _sample_heatmap(model, sample, patch, stride)
         values = heatmap.values
         lowest = values <= np.quantile(values, 0.05)
         rows, cols = np.nonzero(lowest)
