@@ -415,11 +415,7 @@ def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]
     from .dicom import heatmap_capture, load_dicom
 
     loaded = load_dicom(args.image, window=args.window, frame=args.frame)
-    shown = (
-        f"window C {loaded.window[0]:g} / W {loaded.window[1]:g} ({loaded.window_source})"
-        if loaded.window is not None
-        else f"the file's {loaded.window_source}"
-    )
+    shown = loaded.window_text()
     modality = loaded.info["modality"] or "DICOM"
     line = f"{modality}, {shown}, frame {loaded.frame + 1} of {loaded.frames}"
     capture = heatmap_capture(

@@ -96,6 +96,12 @@ class DicomImage:
     pixel_spacing: tuple[float, float] | None  # mm between rows, columns (if recorded)
     info: dict = field(default_factory=dict)  # non-identifying facts only
 
+    def window_text(self) -> str:
+        """How the frame was windowed, for people: 'window C 40 / W 400 (preset ...)'."""
+        if self.window is None:
+            return f"the file's {self.window_source}"
+        return f"window C {self.window[0]:g} / W {self.window[1]:g} ({self.window_source})"
+
 
 def is_dicom(source: str | Path | bytes) -> bool:
     """True for DICOM Part 10 files (the 'DICM' marker after the 128-byte preamble)."""
@@ -419,11 +425,7 @@ def heatmap_capture(
         input_size=tuple(input_size),
         style=style,
     )
-    shown = (
-        f"window C {loaded.window[0]:g} / W {loaded.window[1]:g} ({loaded.window_source})"
-        if loaded.window is not None
-        else f"the file's {loaded.window_source}"
-    )
+    shown = loaded.window_text()
     comments = (
         f"Krypton {mode} occlusion heatmap. Model {model_name}"
         f"{f' (weights {weights})' if weights else ''}; class {label_name}, p = {prob:.4f}; "
