@@ -891,9 +891,11 @@ class _Run:
         The static plan (:func:`krypton.engine.plan.static_plan`) rules out incremental
         inference where the FLOPs it can avoid cannot pay for its own work. Otherwise,
         when the run has at least two batches and this host has not timed this model
-        yet, the first batch runs incrementally and the second naively — both are exact,
-        nothing is wasted — and the faster per position runs the rest (``self.plan``
-        says which and why). ``strategy`` "incremental" or "naive" forces one.
+        yet, the first batch runs incrementally and is timed against a naive inference of
+        the same positions, and the faster per position computes every value of the run
+        (``self.plan`` says which and why). Both are exact, but they round differently
+        in the last bit: one strategy per heatmap keeps a heatmap's bytes independent of
+        what the process ran before. ``strategy`` "incremental" or "naive" forces one.
         """
         geometry = self.graph.geometry(ys, xs, patch, patch)
         static = self.graph.plan(geometry)
@@ -909,24 +911,28 @@ class _Run:
         if not static.incremental or known is not None or count < 2 * batch:
             self.plan = static if (not static.incremental or known is None) else known
             return self.evaluate(ys, xs, patch, naive=not self.plan.incremental, geometry=geometry)
-        # Time one batch of each on this host (same positions' kind, same batch size).
+        # Time one batch both ways on this host (the same positions, the same batch size).
         began = time.perf_counter()
         first = self.evaluate(ys[:batch], xs[:batch], patch)
         incremental_seconds = (time.perf_counter() - began) / batch
         began = time.perf_counter()
-        second = self.evaluate(ys[batch : 2 * batch], xs[batch : 2 * batch], patch, naive=True)
+        occluded = self.explainer._occluded_batch(self.image, self.occluder, ys[:batch], xs[:batch])
+        with CAPTURE_LOCK.shared():
+            check = self.explainer.model(occluded)  # timing only
         naive_seconds = (time.perf_counter() - began) / batch
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
         self.explainer.measured_plans[key] = self.plan
-        rest = self.evaluate(
-            ys[2 * batch :], xs[2 * batch :], patch, naive=not self.plan.incremental
-        )
-        probabilities = np.concatenate([first[0], second[0], rest[0]])
+        if not self.plan.incremental:  # the first batch's values by the chosen strategy too
+            softmax = torch.softmax(check.float(), dim=1).cpu().numpy()
+            first = (
+                softmax[:, self.label].astype(np.float32),
+                None if first[1] is None else softmax.astype(first[1].dtype),
+            )
+        rest = self.evaluate(ys[batch:], xs[batch:], patch, naive=not self.plan.incremental)
+        probabilities = np.concatenate([first[0], rest[0]])
         every = None
         if first[1] is not None:
-            every = np.concatenate(
-                [part[1] for part in (first, second, rest) if part[1] is not None]
-            )
+            every = np.concatenate([first[1], rest[1]])
         return probabilities, every
 
     def evaluate(
