@@ -21,22 +21,31 @@ from __future__ import annotations
 import csv
 import glob
 import html
+import io
 import json
 import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from PIL import Image
 
 from .explainer import explain
-from .imaging import ImageLoadError, load_image
+from .imaging import ImageLoadError, heatmap_picture, load_image
 from .models import LoadedModel
 
-__all__ = ["BatchItem", "BatchRow", "collect_inputs", "run_batch", "SUMMARY_FIELDS"]
+__all__ = [
+    "BatchItem",
+    "BatchRow",
+    "collect_inputs",
+    "explain_item",
+    "heatmap_files",
+    "run_batch",
+    "SUMMARY_FIELDS",
+]
 
 SUMMARY_FIELDS = (
     "image",
@@ -173,23 +182,126 @@ def _done_row(out_dir: Path, item: BatchItem, settings: str) -> BatchRow | None:
     return row if outputs and all(p.exists() for p in outputs) else None
 
 
+def heatmap_files(picture, heatmap, model: LoadedModel) -> dict[str, bytes]:
+    """One explanation's output files by suffix: the overlay PNG (colour bar, title), the
+    explained class's values (.npy) and, where kept, every class's (.npz)."""
+    random = " — RANDOM weights: this explains an untrained network" if model.random_weights else ""
+    title = (
+        f"{model.name} · {model.class_name(heatmap.label)} (p = {heatmap.prob:.3f}) · "
+        f"{heatmap.mode} · patch {heatmap.patch}, stride {heatmap.stride} · "
+        f"{time.strftime('%Y-%m-%d %H:%M')}{random}"
+    )
+    files = {
+        ".png": heatmap_picture(
+            picture,
+            heatmap.values,
+            heatmap.xs,
+            heatmap.ys,
+            heatmap.patch,
+            heatmap.prob,
+            model.input_size,
+            title,
+        )
+    }
+    buffer = io.BytesIO()
+    np.save(buffer, heatmap.values)
+    files[".npy"] = buffer.getvalue()
+    if heatmap.class_values is not None:
+        buffer = io.BytesIO()
+        np.savez_compressed(
+            buffer,
+            probabilities=heatmap.class_values,
+            xs=heatmap.xs,
+            ys=heatmap.ys,
+            classes=np.asarray(model.classes),
+            unoccluded=heatmap.base_probs,
+        )
+        files[".npz"] = buffer.getvalue()
+    return files
+
+
+def explain_item(
+    source: Path | bytes,
+    label: str | None,
+    model: LoadedModel,
+    options: dict,
+    window: str | tuple | None = None,
+    frame: int | None = None,
+    image: str = "",
+) -> tuple[BatchRow, dict[str, bytes]]:
+    """One image's summary row and output files (suffix -> bytes); a file that cannot be
+    read or explained gives a row with its error and no files. The local loop and the
+    Celery workers (krypton.distributed) both call this."""
+    row = BatchRow(image=image or str(source), given_label=label or "")
+    started = time.perf_counter()
+    try:
+        picture = load_image(source, window=window, frame=frame)
+        heatmap = explain(
+            model, model.preprocess(picture), label=_label_index(label, model), **options
+        )
+        files = heatmap_files(picture, heatmap, model)
+    except ImageLoadError as exc:
+        row.error = str(exc)
+        return row, {}
+    except (ValueError, TypeError, OSError) as exc:  # explain() refused, a bad label, ...
+        row.error = f"{type(exc).__name__}: {exc}"
+        return row, {}
+    predicted = int(np.argmax(heatmap.base_probs))
+    lowest = np.unravel_index(np.nanargmin(heatmap.values), heatmap.values.shape)
+    row.predicted_class = model.class_name(predicted)
+    row.predicted_probability = round(float(heatmap.base_probs[predicted]), 6)
+    row.explained_class = model.class_name(heatmap.label)
+    row.explained_probability = round(float(heatmap.prob), 6)
+    row.lowest_probability = round(float(np.nanmin(heatmap.values)), 6)
+    row.lowest_at_x, row.lowest_at_y = int(heatmap.xs[lowest[1]]), int(heatmap.ys[lowest[0]])
+    row.mode = heatmap.mode
+    row.plan = heatmap.extra.get("plan", "")
+    row.seconds = round(time.perf_counter() - started, 3)
+    ood = heatmap.extra.get("ood")
+    if ood is not None:
+        row.ood_score, row.ood_flagged = round(float(ood["score"]), 4), bool(ood["flagged"])
+    return row, files
+
+
+# submit(items) yields (item, row, files) as images finish, in any order (krypton.distributed)
+Submit = Callable[[list[BatchItem]], Iterator[tuple[BatchItem, BatchRow, dict[str, bytes]]]]
+
+
+def _store(out_dir: Path, item: BatchItem, row: BatchRow, files: dict, settings: str) -> None:
+    """Write an image's files, then its .json record (the image is done only then)."""
+    if row.error:
+        return
+    written = []
+    for suffix, data in files.items():
+        path = out_dir / f"{item.name}{suffix}"
+        path.write_bytes(data)
+        written.append(path.name)
+    row.outputs = ";".join(written)
+    record = asdict(row)
+    record.pop("extra")
+    record["settings"] = settings
+    temporary = out_dir / f".{item.name}.json.tmp"
+    temporary.write_text(json.dumps(record))
+    temporary.replace(out_dir / f"{item.name}.json")
+
+
 def run_batch(
     items: Iterable[BatchItem],
     model: LoadedModel,
     out_dir: Path,
     options: dict,
-    write_files: Callable,
     progress: Callable[[int, int, str], None] | None = None,
     window: str | tuple | None = None,
     frame: int | None = None,
+    submit: Submit | None = None,
 ) -> list[BatchRow]:
     """Explain every item, skipping those a previous run finished; return every row.
 
     ``options``: explain() keyword arguments (patch, stride, mode, fill, ...).
     ``window``/``frame`` apply to DICOM inputs (:func:`krypton.imaging.load_image`).
-    ``write_files(out_png, picture, heatmap, model)`` writes one image's outputs and
-    returns their paths. A file that cannot be read or explained gets a row with its
-    error, and the run goes on.
+    ``submit`` sends the images elsewhere (Celery workers) instead of explaining them in
+    this process; the outputs are the same. A file that cannot be read or explained gets
+    a row with its error, and the run goes on.
     """
     items = list(items)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -198,56 +310,36 @@ def run_batch(
         sort_keys=True,
         default=str,
     )
-    rows: list[BatchRow] = []
-    for index, item in enumerate(items):
-        if progress is not None:
-            progress(index, len(items), item.path.name)
+    rows: dict[str, BatchRow] = {}
+    todo = []
+    for item in items:
         done = _done_row(out_dir, item, settings)
         if done is not None:
-            rows.append(done)
-            continue
-        row = BatchRow(image=str(item.path), given_label=item.label or "")
-        started = time.perf_counter()
-        try:
-            picture = load_image(item.path, window=window, frame=frame)
-            image = model.preprocess(picture)
-            heatmap = explain(model, image, label=_label_index(item.label, model), **options)
-            written = write_files(out_dir / f"{item.name}.png", picture, heatmap, model)
-        except ImageLoadError as exc:
-            row.error = str(exc)
-            rows.append(row)
-            continue
-        except (ValueError, TypeError, OSError) as exc:  # explain() refused, disk full, ...
-            row.error = f"{type(exc).__name__}: {exc}"
-            rows.append(row)
-            continue
-        predicted = int(np.argmax(heatmap.base_probs))
-        lowest = np.unravel_index(np.nanargmin(heatmap.values), heatmap.values.shape)
-        row.predicted_class = model.class_name(predicted)
-        row.predicted_probability = round(float(heatmap.base_probs[predicted]), 6)
-        row.explained_class = model.class_name(heatmap.label)
-        row.explained_probability = round(float(heatmap.prob), 6)
-        row.lowest_probability = round(float(np.nanmin(heatmap.values)), 6)
-        row.lowest_at_x, row.lowest_at_y = int(heatmap.xs[lowest[1]]), int(heatmap.ys[lowest[0]])
-        row.mode = heatmap.mode
-        row.plan = heatmap.extra.get("plan", "")
-        row.seconds = round(time.perf_counter() - started, 3)
-        ood = heatmap.extra.get("ood")
-        if ood is not None:
-            row.ood_score, row.ood_flagged = round(float(ood["score"]), 4), bool(ood["flagged"])
-        row.outputs = ";".join(p.name for p in written)
-        record = asdict(row)
-        record.pop("extra")
-        record["settings"] = settings
-        temporary = out_dir / f".{item.name}.json.tmp"
-        temporary.write_text(json.dumps(record))
-        temporary.replace(out_dir / f"{item.name}.json")  # the image is done only now
-        rows.append(row)
+            rows[item.name] = done
+        else:
+            todo.append(item)
+    if submit is None:
+
+        def local(todo_items):
+            for index, item in enumerate(todo_items):
+                if progress is not None:
+                    progress(len(rows), len(items), item.path.name)
+                yield (item, *explain_item(item.path, item.label, model, options, window, frame))
+
+        outcomes = local(todo)
+    else:
+        outcomes = submit(todo)
+    for item, row, files in outcomes:
+        _store(out_dir, item, row, files, settings)
+        rows[item.name] = row
+        if submit is not None and progress is not None:
+            progress(len(rows), len(items), item.path.name)
     if progress is not None:
         progress(len(items), len(items), "")
-    write_summary(out_dir, rows)
-    write_contact_sheet(out_dir, rows, model)
-    return rows
+    ordered = [rows[item.name] for item in items]
+    write_summary(out_dir, ordered)
+    write_contact_sheet(out_dir, ordered, model)
+    return ordered
 
 
 def write_summary(out_dir: Path, rows: list[BatchRow]) -> Path:

@@ -10,7 +10,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from tqdm import tqdm
 
 from . import analysis, explainer as explain_module
 from .dicom import is_dicom, parse_window
-from .imaging import ImageLoadError, heatmap_picture, load_image
+from .imaging import ImageLoadError, load_image
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
 from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
 from .tuning import DEFAULT_TARGET_SSIM
@@ -175,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         "'path' column and an optional 'label' column (index or class name)",
     )
     batch.add_argument("--out", required=True, help="output folder")
+    batch.add_argument(
+        "--broker",
+        help="redis://HOST:PORT/DB: explain the images on the team's Celery workers "
+        "(`make worker`) instead of in this process; the outputs are the same",
+    )
     add_explain_options(batch)
 
     commands.add_parser("models", help="list registered models and their availability")
@@ -288,39 +292,17 @@ def output_problem(out: Path) -> str | None:
 
 
 def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
-    """The overlay PNG at ``out`` (colour bar, title), the explained class's values next to
-    it as .npy and, where kept, every class's as .npz; returns the paths written."""
+    """The overlay PNG at ``out``, the explained class's values next to it as .npy and,
+    where kept, every class's as .npz (:func:`krypton.batch.heatmap_files`); returns the
+    paths written."""
+    from .batch import heatmap_files
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    random = " — RANDOM weights: this explains an untrained network" if model.random_weights else ""
-    title = (
-        f"{model.name} · {model.class_name(heatmap.label)} (p = {heatmap.prob:.3f}) · "
-        f"{heatmap.mode} · patch {heatmap.patch}, stride {heatmap.stride} · "
-        f"{time.strftime('%Y-%m-%d %H:%M')}{random}"
-    )
-    out.write_bytes(
-        heatmap_picture(
-            picture,
-            heatmap.values,
-            heatmap.xs,
-            heatmap.ys,
-            heatmap.patch,
-            heatmap.prob,
-            model.input_size,
-            title,
-        )
-    )
-    np.save(out.with_suffix(".npy"), heatmap.values)
-    written = [out, out.with_suffix(".npy")]
-    if heatmap.class_values is not None:
-        np.savez_compressed(
-            out.with_suffix(".npz"),
-            probabilities=heatmap.class_values,
-            xs=heatmap.xs,
-            ys=heatmap.ys,
-            classes=np.asarray(model.classes),
-            unoccluded=heatmap.base_probs,
-        )
-        written.append(out.with_suffix(".npz"))
+    written = []
+    for suffix, data in heatmap_files(picture, heatmap, model).items():
+        path = out if suffix == ".png" else out.with_suffix(suffix)
+        path.write_bytes(data)
+        written.append(path)
     return written
 
 
@@ -462,9 +444,16 @@ def run_batch_command(args: argparse.Namespace) -> int:
         bar.n = done
         bar.set_postfix_str(name[-30:])
 
-    rows = run_batch(
-        items, model, out, options, write_heatmap_files, progress, args.window, args.frame
-    )
+    submit = None
+    if args.broker:
+        from .distributed import BrokerError, broker_submit
+
+        try:
+            submit = broker_submit(args.broker, model, options, args.window, args.frame)
+        except BrokerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    rows = run_batch(items, model, out, options, progress, args.window, args.frame, submit)
     bar.close()
     failed = [row for row in rows if row.error]
     print(

@@ -13,7 +13,6 @@ from test_cli import run_cli
 
 import krypton
 from krypton.batch import collect_inputs, run_batch
-from krypton.cli import write_heatmap_files
 from krypton.imaging import load_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,22 +88,22 @@ def test_an_interrupted_run_resumes_without_recomputing(folder, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_batch(items, loaded, out, OPTIONS, write_heatmap_files, stop_after_three)
+        run_batch(items, loaded, out, OPTIONS, progress=stop_after_three)
     finished = sorted(p.stem for p in out.glob("*.json"))
     assert len(finished) == 2 and not (out / "summary.csv").exists()
     stamps = {name: os.stat(out / f"{name}.npy").st_mtime_ns for name in finished}
-    rows = run_batch(items, loaded, out, OPTIONS, write_heatmap_files)
+    rows = run_batch(items, loaded, out, OPTIONS)
     assert len(rows) == 5 and sum(1 for row in rows if row.error) == 1
     for name, stamp in stamps.items():
         assert os.stat(out / f"{name}.npy").st_mtime_ns == stamp  # skipped, not recomputed
     assert len(list(out.glob("*.json"))) == 4
     # an image whose outputs went missing is done again
     (out / "coffee.npy").unlink()
-    rows = run_batch(items, loaded, out, OPTIONS, write_heatmap_files)
+    rows = run_batch(items, loaded, out, OPTIONS)
     assert (out / "coffee.npy").exists()
     # other settings: every image is explained again, not served stale
     finer = dict(OPTIONS, stride=8)
-    rows = run_batch(items, loaded, out, finer, write_heatmap_files)
+    rows = run_batch(items, loaded, out, finer)
     assert np.load(out / "chelsea.npy").shape == (27, 27)
 
 
@@ -116,13 +115,11 @@ def test_csv_list_with_labels_and_glob(folder, tmp_path):
     items = collect_inputs(str(listing))
     assert [item.label for item in items] == ["EXUDATE", "0", None]
     loaded = krypton.load_model("fundus-demo")
-    rows = run_batch(items, loaded, tmp_path / "out", OPTIONS, write_heatmap_files)
+    rows = run_batch(items, loaded, tmp_path / "out", OPTIONS)
     assert [row.explained_class for row in rows] == ["EXUDATE", "NORMAL", rows[2].predicted_class]
     bad = tmp_path / "bad.csv"
     bad.write_text("path,label\nimages/retina.jpg,TUMOUR\n")
-    rows = run_batch(
-        collect_inputs(str(bad)), loaded, tmp_path / "bad", OPTIONS, write_heatmap_files
-    )
+    rows = run_batch(collect_inputs(str(bad)), loaded, tmp_path / "bad", OPTIONS)
     assert "TUMOUR" in rows[0].error
     assert [item.path.name for item in collect_inputs(str(folder / "c*.png"))] == [
         "chelsea.png",

@@ -1,0 +1,260 @@
+"""Celery for team work: the one configuration the app and the workers share
+(:func:`make_celery`), and ``krypton batch --broker`` spreading images over the workers.
+
+Both the app's runs (webapp/team.py) and batch images are acknowledged late: a worker
+that dies leaves its message with the broker, and Redis hands it to another worker once
+it has been invisible for ``visibility_timeout`` seconds. A task that is still running
+keeps its message's timestamp fresh (:class:`KeepVisible`), so only a lost task comes
+back. Images travel in the task message (workers need no shared disk); results come back
+through the Redis result backend as the same bytes a local run would write.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+from dataclasses import asdict
+from typing import Iterator
+
+from celery import Celery
+
+__all__ = [
+    "BATCH_TASK",
+    "BrokerError",
+    "KeepVisible",
+    "PREFIX",
+    "broker_submit",
+    "live_workers",
+    "make_celery",
+    "register_batch_task",
+]
+
+PREFIX = "krypton:"  # every key Krypton keeps in Redis starts with this
+BATCH_TASK = "krypton.batch_image"
+# A message invisible this long with nobody refreshing it goes back to the queue. Short,
+# so lost work restarts soon; running tasks refresh theirs every REFRESH_SECONDS.
+VISIBILITY_TIMEOUT = 20.0
+REFRESH_SECONDS = 2.0
+UNACKED_INDEX = "unacked_index"  # kombu's Redis transport: delivery tag -> time sent
+
+
+class BrokerError(RuntimeError):
+    """The broker cannot be used (unreachable, or no worker answers)."""
+
+
+def make_celery(url: str, visibility_timeout: float = VISIBILITY_TIMEOUT) -> Celery:
+    """The Celery application the app, the workers and ``krypton batch --broker`` share."""
+    app = Celery("krypton", broker=url, backend=url)
+    app.conf.update(
+        task_acks_late=True,  # the message stays with the broker until the task ends
+        task_reject_on_worker_lost=True,  # ... and goes back if the worker dies
+        worker_prefetch_multiplier=1,  # a busy worker does not hold tasks others could take
+        broker_transport_options={
+            "visibility_timeout": visibility_timeout,
+            "unacked_restore_interval": 2,  # look for lost messages every 2 s
+            "unacked_restore_throttle": 1,
+        },
+        result_expires=3600,
+        task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 1},
+        broker_connection_timeout=3,
+        redis_socket_connect_timeout=3,
+        redis_socket_timeout=10,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=False,
+        worker_hijack_root_logger=False,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],  # never pickle: a message must not be able to run code
+    )
+    return app
+
+
+def live_workers(client) -> list[str]:
+    """Names of the workers whose beacon (webapp/worker.py) is fresh."""
+    return sorted(
+        key.decode().removeprefix(PREFIX + "worker:")
+        for key in client.scan_iter(PREFIX + "worker:*", count=100)
+    )
+
+
+class KeepVisible:
+    """While a task runs, refresh its broker message's timestamp from a daemon thread,
+    so the message is redelivered only if this worker is gone. ``also`` is called on
+    every refresh (with a Redis pipeline) for other keys the task keeps alive."""
+
+    def __init__(self, client, delivery_tag: str | None, also=None):
+        self.client, self.delivery_tag, self.also = client, delivery_tag, also
+        self._stop = threading.Event()
+
+    def refresh(self) -> None:
+        pipe = self.client.pipeline()
+        if self.delivery_tag:
+            pipe.zadd(UNACKED_INDEX, {self.delivery_tag: time.time()}, xx=True)
+        if self.also is not None:
+            self.also(pipe)
+        pipe.execute()
+
+    def _keep(self) -> None:
+        import redis
+
+        while not self._stop.wait(REFRESH_SECONDS):
+            try:
+                self.refresh()
+            except redis.RedisError:
+                pass  # Redis is away; the task's result waits for it
+
+    def __enter__(self) -> "KeepVisible":
+        self.refresh()
+        threading.Thread(target=self._keep, name="krypton-keep-visible", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+
+def _task_delivery_tag(task) -> str | None:
+    return ((getattr(task.request, "delivery_info", None) or {}).get("delivery_tag")) or None
+
+
+_models: dict[str, tuple] = {}
+_models_lock = threading.Lock()
+
+
+def _worker_model(name: str):
+    """(LoadedModel, weights checksum), loaded the first time a task needs it."""
+    from .explainer import model_fingerprint
+    from .registry import load_model
+
+    with _models_lock:
+        if name not in _models:
+            loaded = load_model(name)
+            _models[name] = (loaded, model_fingerprint(loaded.module)[1])
+        return _models[name]
+
+
+def register_batch_task(app: Celery) -> None:
+    """Add the batch task to a worker's Celery app (webapp/worker.py does)."""
+    import redis
+
+    from .batch import explain_item
+
+    client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=10)
+
+    @app.task(name=BATCH_TASK, bind=True)
+    def batch_image(
+        task,
+        model_name: str,
+        checksum: str,
+        data: str,
+        image: str,
+        label: str | None,
+        options: dict,
+        window,
+        frame: int | None,
+    ) -> dict:
+        """One image of a batch: its row and output files (base64)."""
+        with KeepVisible(client, _task_delivery_tag(task)):
+            model, found = _worker_model(model_name)
+            if found != checksum:
+                return {
+                    "row": {"image": image, "given_label": label or "", "error": (
+                        f"worker {task.request.hostname} has different weights for "
+                        f"{model_name} (checksum {found[:12]}, yours {checksum[:12]}); "
+                        f"give every host the same model registry"
+                    )},
+                    "files": {},
+                }  # fmt: skip
+            options = dict(options)
+            for key in ("fill", "region"):
+                if isinstance(options.get(key), list):
+                    options[key] = tuple(options[key])
+            row, files = explain_item(
+                base64.b64decode(data), label, model, options, window, frame, image
+            )
+        record = asdict(row)
+        record.pop("extra")
+        return {
+            "row": record,
+            "files": {k: base64.b64encode(v).decode() for k, v in files.items()},
+            "worker": task.request.hostname,
+        }
+
+
+def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_for_worker=30.0):
+    """A ``submit`` for :func:`krypton.batch.run_batch` that sends each image to the
+    Celery workers behind ``url`` and yields results as they finish."""
+    import redis
+
+    from .batch import BatchRow
+    from .explainer import model_fingerprint
+
+    if model.random_weights:
+        raise BrokerError("random weights differ on every worker; --broker needs trained weights")
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise BrokerError(f"cannot reach the broker at {url}: {exc}") from exc
+    deadline = time.monotonic() + wait_for_worker
+    while not live_workers(client):
+        if time.monotonic() > deadline:
+            raise BrokerError(
+                f"no Krypton worker is running on {url} (start one with `make worker`)"
+            )
+        time.sleep(0.5)
+    app = make_celery(url)
+    checksum = model_fingerprint(model.module)[1]
+
+    def submit(items) -> Iterator:
+        pending = {}
+        for item in items:
+            try:
+                data = base64.b64encode(item.path.read_bytes()).decode()
+            except OSError as exc:
+                row = BatchRow(image=str(item.path), given_label=item.label or "")
+                row.error = f"cannot read the file: {exc.strerror or exc}"
+                yield item, row, {}
+                continue
+            result = app.send_task(
+                BATCH_TASK,
+                args=(
+                    model.name,
+                    checksum,
+                    data,
+                    str(item.path),
+                    item.label,
+                    options,
+                    window,
+                    frame,
+                ),  # fmt: skip
+            )
+            pending[result.id] = (item, result)
+        try:
+            while pending:
+                for task_id, (item, result) in list(pending.items()):
+                    if not result.ready():
+                        continue
+                    del pending[task_id]
+                    if result.successful():
+                        answer = result.get()
+                        row = BatchRow(**answer["row"])
+                        files = {k: base64.b64decode(v) for k, v in answer["files"].items()}
+                    else:
+                        row = BatchRow(image=str(item.path), given_label=item.label or "")
+                        row.error = f"the worker failed: {result.result!r}"
+                        files = {}
+                    result.forget()
+                    yield item, row, files
+                time.sleep(0.1)
+        finally:
+            for _, result in pending.values():  # interrupted: withdraw what is queued
+                result.revoke()
+
+    return submit
+
+
+def worker_threads() -> int:
+    """Torch threads for a worker: KRYPTON_TORCH_THREADS, else every core."""
+    return int(os.environ.get("KRYPTON_TORCH_THREADS", "0") or 0) or (os.cpu_count() or 1)
