@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-quick lint run serve bench bench-load bench-dropin analyze models tune calibrate clean
+.PHONY: setup test test-quick lint run serve worker cluster bench bench-load bench-dropin bench-serve analyze models tune calibrate clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,9 +20,9 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# The quick loop: everything but the browser and security suites (real servers).
+# The quick loop: everything but the browser, security and team suites (real servers).
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -m "not browser and not security"
+	$(PY) -m pytest -q -m "not browser and not security and not team"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -38,6 +38,18 @@ serve: $(STAMP)
 	KRYPTON_BIND_HOST=$(HOST) $(VENV)/bin/gunicorn --workers 1 --threads 16 \
 		--bind $(HOST):$(PORT) --timeout 300 --limit-request-line 8190 'app:serve_app()'
 
+# Team mode: one Celery worker for the app started with KRYPTON_BROKER_URL set (README:
+# Team mode). Pool and thread choices are explained in webapp/worker.py.
+WORKER_NAME ?= worker
+worker: $(STAMP)
+	@test -n "$$KRYPTON_BROKER_URL" || { echo "set KRYPTON_BROKER_URL=redis://HOST:PORT/DB"; exit 2; }
+	$(PY) -m webapp.cluster --worker $(WORKER_NAME)
+
+# The whole team deployment on this machine: redis-server, 2 workers and the app.
+REDIS_PORT ?= 6390
+cluster: $(STAMP)
+	$(PY) -m webapp.cluster --host $(HOST) --port $(PORT) --redis-port $(REDIS_PORT) --workers 2
+
 bench: $(STAMP)
 	$(PY) -m bench.bench
 	$(PY) -m bench.default_model
@@ -49,6 +61,11 @@ bench: $(STAMP)
 # Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.
 bench-dropin: $(STAMP)
 	$(PY) -W ignore -m bench.dropin
+
+# Team mode with 1 and 2 workers: positions/s for 1, 4, 16 sessions, light-request
+# latency under load, batch throughput (local only, bounded).
+bench-serve: $(STAMP)
+	$(PY) -m bench.serve
 
 # 16 sessions + 3 abandoned jobs against a local server (loopback only, bounded).
 bench-load: $(STAMP)

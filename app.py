@@ -21,25 +21,53 @@ import diskcache
 from dash import Dash
 
 from krypton.registry import default_model_name
-from webapp.callbacks import Services, model_options, register_callbacks
+from webapp.callbacks import (
+    RUN_MESSAGE_OUTPUT,
+    RUN_OUTPUTS,
+    Services,
+    model_options,
+    register_callbacks,
+    waiting_progress,
+)
 from webapp.guard import RequestGuard
 from webapp.jobs import ThreadedDiskcacheManager
 from webapp.layout import build_layout
-from webapp.settings import LOCAL_HOSTS, ServerSettings, SettingsError
+from webapp.settings import BROKER_ENV, LOCAL_HOSTS, ServerSettings, SettingsError
 
 ROOT = Path(__file__).resolve().parent
 
 
-def create_app(cache_dir: str | Path | None = None, settings: ServerSettings | None = None) -> Dash:
-    """Build the Dash app; ``cache_dir`` holds job results and uploaded images."""
+def create_app(
+    cache_dir: str | Path | None = None,
+    settings: ServerSettings | None = None,
+    broker_url: str | None = None,
+) -> Dash:
+    """Build the Dash app; ``cache_dir`` holds job results and uploaded images. With a
+    ``broker_url`` (default: $KRYPTON_BROKER_URL) runs go to Celery workers and state to
+    Redis (team mode); without one, jobs are threads of this process."""
     settings = settings or ServerSettings.from_environment()
     cache_dir = Path(cache_dir or os.environ.get("KRYPTON_CACHE_DIR", ROOT / "cache"))
     cache_dir.mkdir(parents=True, exist_ok=True)
-    manager = ThreadedDiskcacheManager(
-        diskcache.Cache(str(cache_dir / "jobs")),
-        expire=3600,
-        abandon_seconds=settings.abandon_seconds,
-    )
+    broker = broker_url if broker_url is not None else os.environ.get(BROKER_ENV, "")
+    team = None
+    if broker:  # team mode: Celery workers and Redis (webapp/team.py)
+        from webapp.team import TeamManager, TeamStores, make_celery
+
+        team = TeamStores(broker)
+        manager = TeamManager(
+            make_celery(broker),
+            broker,
+            message_output=RUN_MESSAGE_OUTPUT,
+            outputs=RUN_OUTPUTS,
+            no_worker_seconds=settings.no_worker_seconds,
+            waiting_progress=waiting_progress,
+        )
+    else:
+        manager = ThreadedDiskcacheManager(
+            diskcache.Cache(str(cache_dir / "jobs")),
+            expire=3600,
+            abandon_seconds=settings.abandon_seconds,
+        )
     app = Dash(
         __name__,
         title="Krypton",
@@ -49,7 +77,7 @@ def create_app(cache_dir: str | Path | None = None, settings: ServerSettings | N
     guard = RequestGuard(app.server.wsgi_app, settings)
     app.server.wsgi_app = guard  # host, authentication and size checks come first
     app.server.config["MAX_CONTENT_LENGTH"] = guard.largest_limit()  # a second line
-    services = Services(cache_dir, settings)
+    services = Services(cache_dir, settings, team)
     app.layout = lambda: build_layout(
         model_options(),
         default_model_name(),
@@ -58,6 +86,7 @@ def create_app(cache_dir: str | Path | None = None, settings: ServerSettings | N
         settings.trusted_uploads,
     )
     register_callbacks(app, manager, services)
+    app.krypton_celery = getattr(manager, "handle", None)  # what `make worker` serves
     return app
 
 

@@ -9,7 +9,9 @@ import logging
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import plotly.graph_objects as go
 import torch
@@ -32,11 +34,14 @@ from krypton.registry import (
 from . import helpers
 from .helpers import InputError
 from . import runs
-from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled
+from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled, running_as
 from .layout import DICOM_SAMPLES, mode_options, placeholder_figure, sample_path
 from .settings import ServerSettings
 
 LIVE_UPDATE_SECONDS = 0.3
+# The Run callback's outputs: figure, result handle, summary, message (team mode's
+# manager answers with a message alone when the queue or the workers are gone).
+RUN_OUTPUTS, RUN_MESSAGE_OUTPUT = 4, 3
 NO_RESULT = "Press Run to compute the heatmap"
 logger = logging.getLogger("krypton.app")
 
@@ -60,15 +65,19 @@ class Services:
     """Loaded models, their explainers (graphs and views), stored images, the sessions'
     last results and the job queue, per server."""
 
-    def __init__(self, cache_dir: Path, settings: ServerSettings | None = None):
+    def __init__(self, cache_dir: Path, settings: ServerSettings | None = None, team=None):
         self.settings = settings or ServerSettings()
-        self.images = helpers.ImageStore(
-            Path(cache_dir) / "images",
-            int(self.settings.image_store_mb * 2**20),
-            self.settings.image_store_count,
-        )
-        self.results = helpers.ResultStore(self.settings.results_kept)
-        self.cells = runs.CellCache()
+        self.team = team  # webapp.team.TeamStores in team mode: state lives in Redis
+        if team is not None:
+            self.images, self.results, self.cells = team.images(), team.results(), team.cells()
+        else:
+            self.images = helpers.ImageStore(
+                Path(cache_dir) / "images",
+                int(self.settings.image_store_mb * 2**20),
+                self.settings.image_store_count,
+            )
+            self.results = helpers.ResultStore(self.settings.results_kept)
+            self.cells = runs.CellCache()
         self._checksums: dict[str, str] = {}
         self.jobs = JobQueue(
             self.settings.max_running_jobs,
@@ -78,6 +87,31 @@ class Services:
         self._models: dict[str, krypton.LoadedModel] = {}
         self._explainers: dict[str, krypton.OcclusionExplainer] = {}
         self._lock = threading.Lock()
+
+    @contextmanager
+    def job(self, report_wait: Callable[[str], None]) -> Iterator[None]:
+        """Around a run: nothing in embedded mode (the thread manager tracks the job); in
+        team mode, inside a Celery worker, the job's lease (cancel, abandoned page, and
+        the broker message kept from redelivery while this worker is alive)."""
+        request = None
+        if self.team is not None:
+            from celery import current_task
+
+            request = getattr(current_task, "request", None)
+        if request is None or not getattr(request, "id", None):
+            yield
+            return
+        from .team import JobLease
+
+        lease = JobLease(
+            self.team.client,
+            request.id,
+            (request.delivery_info or {}).get("delivery_tag"),
+            self.settings.abandon_seconds,
+        )
+        lease.wait_for_other_holder(report_wait)
+        with lease, running_as(lease):
+            yield
 
     def forget(self, name: str) -> None:
         """Drop a removed model from memory."""
@@ -121,6 +155,12 @@ class Services:
             except krypton.UnsupportedModelError as exc:
                 with CAPTURE_LOCK.shared():
                     return self.model(name).module(tensor.unsqueeze(0)), str(exc)
+
+
+def waiting_progress(text: str) -> list:
+    """The Run callback's progress outputs showing only a message (team mode's manager
+    uses it while no worker has taken the run)."""
+    return ["0", "1", placeholder_figure(text), text]
 
 
 def _empty_figure(text: str = "") -> go.Figure:
@@ -178,9 +218,9 @@ def register_callbacks(app, manager, services: Services) -> None:
                 image = krypton.imaging.load_image(data)
             except krypton.imaging.ImageLoadError as exc:
                 raise InputError(str(exc).replace("uploaded data", name or "the file")) from exc
+            key = services.images.put(image)
         except InputError as exc:
             return no_update, no_update, str(exc), no_update, no_update, no_update
-        key = services.images.put(image)
         image_data = {"key": key, "name": name, "size": list(image.size)}
         return image_data, None, "", no_update, no_update, no_update
 
@@ -281,7 +321,10 @@ def register_callbacks(app, manager, services: Services) -> None:
     )
     def restyle(overlay, session, handle):
         """Opacity, threshold, view or scale changed: the same result, drawn again."""
-        result = services.results.get(session)
+        try:
+            result = services.results.get(session)
+        except InputError as exc:  # team mode: Redis is away
+            return no_update, str(exc)
         if not handle or result is None or result["id"] != handle.get("id"):
             raise PreventUpdate
         try:
@@ -530,10 +573,11 @@ def register_callbacks(app, manager, services: Services) -> None:
             )
             style = helpers.overlay_style(overlay)
             shown = helpers.model_view(services.images.get(request.image_key), loaded.input_size)
-            with services.jobs.slot(session, waiting):
-                result = runs.execute(
-                    services, session, request, _live_reporter(set_progress, shown, style)
-                )
+            with services.job(lambda text: set_progress(("0", "1", _empty_figure(text), text))):
+                with services.jobs.slot(session, waiting):
+                    result = runs.execute(
+                        services, session, request, _live_reporter(set_progress, shown, style)
+                    )
         except QueueFull as exc:
             return no_update, no_update, no_update, str(exc)
         except JobCancelled:
@@ -593,7 +637,10 @@ def register_callbacks(app, manager, services: Services) -> None:
     )
     def recolour(label, session, handle, overlay):
         """Another class of the same run: re-coloured at once, nothing recomputed."""
-        result = services.results.get(session)
+        try:
+            result = services.results.get(session)
+        except InputError as exc:  # team mode: Redis is away
+            return no_update, no_update, str(exc)
         if (
             label is None
             or not handle
@@ -604,9 +651,9 @@ def register_callbacks(app, manager, services: Services) -> None:
             raise PreventUpdate
         try:
             result = runs.relabel(result, int(label))
+            services.results.put(session, result)
         except InputError as exc:
             return no_update, no_update, str(exc)
-        services.results.put(session, result)
         return _result_figure(result, overlay), _summary(result), ""
 
     @app.callback(

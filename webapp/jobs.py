@@ -28,7 +28,14 @@ from typing import Callable, Iterator
 
 from dash import DiskcacheManager
 
-__all__ = ["ThreadedDiskcacheManager", "JobCancelled", "JobQueue", "QueueFull", "check_cancelled"]
+__all__ = [
+    "ThreadedDiskcacheManager",
+    "JobCancelled",
+    "JobQueue",
+    "QueueFull",
+    "check_cancelled",
+    "running_as",
+]
 
 
 class JobCancelled(Exception):
@@ -58,6 +65,18 @@ _job_ids = itertools.count(1)
 _jobs: dict[int, _Job] = {}
 _current = threading.local()
 _lock = threading.Lock()
+
+
+@contextmanager
+def running_as(record) -> Iterator[None]:
+    """Make ``record`` (anything with ``stop_reason()``) the job of this thread while the
+    block runs: team mode's worker jobs use it for their Redis-backed cancel check."""
+    previous = getattr(_current, "job", None)
+    _current.job = record
+    try:
+        yield
+    finally:
+        _current.job = previous
 
 
 def check_cancelled() -> None:

@@ -95,6 +95,13 @@ class _Known:
     cells: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # all classes
     origin: tuple[int, int] | None = None  # (x, y) of a position of the last grid
 
+    def add(self, new: dict[tuple[int, int], np.ndarray]) -> None:
+        """Cells one batch computed (team mode's store writes them through)."""
+        self.cells.update(new)
+
+    def set_origin(self, origin: tuple[int, int]) -> None:
+        self.origin = origin
+
 
 class CellCache:
     """Every position computed for a session, per (image, model, patch, colour, mode):
@@ -107,9 +114,11 @@ class CellCache:
         self._lock = threading.Lock()
 
     @staticmethod
-    def key(session: str, request: RunRequest) -> tuple:
+    def key(session: str, request: RunRequest, weights: str) -> tuple:
+        """Per session; ``weights`` (the weights checksum) so a model replaced under the
+        same name never reuses its predecessor's cells."""
         colour = tuple(round(c, 6) for c in request.fill_rgb)
-        return (session, request.image_key, request.model, request.patch, colour, request.mode)
+        return (session, request.image_key, weights, request.patch, colour, request.mode)
 
     def get(self, key: tuple) -> _Known:
         with self._lock:
@@ -163,7 +172,8 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     note = ""
     known = None
     if request.mode in ("exact", "naive"):
-        known = services.cells.get(CellCache.key(session, request))
+        weights = services.weights_checksum(request.model)
+        known = services.cells.get(services.cells.key(session, request, weights))
         if known.origin is not None and known.cells:
             aligned = (region[0] - known.origin[0]) % request.stride == 0 and (
                 region[1] - known.origin[1]
@@ -221,7 +231,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         )
         if not reused and not note and had_cells:
             note = "no cells reused: none of the earlier positions lies on this grid"
-        known.origin = (int(grid_xs[0]), int(grid_ys[0]))
+        known.set_origin((int(grid_xs[0]), int(grid_ys[0])))
         counts = (evaluated, 0)
     else:
         tuning = loaded.tuning
@@ -351,8 +361,7 @@ def _run_grid(
             if class_values is None:
                 class_values = np.full(values.shape + (every.shape[1],), np.nan, dtype=np.float32)
             class_values[rows[part], cols[part]] = every
-            for x, y, cell in zip(xs[part].tolist(), ys[part].tolist(), every):
-                known.cells[(x, y)] = cell
+            known.add(dict(zip(zip(xs[part].tolist(), ys[part].tolist()), every)))
         done += len(part)
         begin += len(part)
         chunk = min(chunk * 2, LARGEST_CHUNK)

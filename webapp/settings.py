@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["ServerSettings", "SettingsError", "LOCAL_HOSTS"]
+__all__ = ["ServerSettings", "SettingsError", "LOCAL_HOSTS", "BROKER_ENV"]
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Set (redis://HOST:PORT/DB): team mode, runs go to Celery workers (webapp/team.py).
+BROKER_ENV = "KRYPTON_BROKER_URL"
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -54,6 +56,8 @@ class ServerSettings:
     # for five minutes may poll only once a minute (Chrome's timer throttling), and its
     # run must not be taken for abandoned.
     abandon_seconds: float = 75.0
+    # Team mode: a run that no worker picks up is withdrawn after this long.
+    no_worker_seconds: float = 45.0
     # Uploaded images kept on the server (least recently used go first).
     image_store_mb: float = 256.0
     image_store_count: int = 500
@@ -90,6 +94,7 @@ class ServerSettings:
                 _number("KRYPTON_MAX_JOBS_PER_SESSION", cls.max_jobs_per_session, 1)
             ),
             abandon_seconds=_number("KRYPTON_ABANDON_SECONDS", cls.abandon_seconds, 2),
+            no_worker_seconds=_number("KRYPTON_NO_WORKER_SECONDS", cls.no_worker_seconds, 1),
             image_store_mb=_number("KRYPTON_IMAGE_STORE_MB", cls.image_store_mb, 1),
             image_store_count=int(_number("KRYPTON_IMAGE_STORE_COUNT", cls.image_store_count, 1)),
             trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,

@@ -1,0 +1,323 @@
+"""Team mode with real components: Debian's redis-server on a free local port, real Celery
+worker processes (`make worker`'s command) and the app (`python app.py` with
+KRYPTON_BROKER_URL), driven over HTTP the way the browser drives it."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bench.dash_client import Tab, free_port, png_data_url
+from krypton.fundus import FundusGenerator
+from webapp import helpers, runs
+from webapp.callbacks import Services
+from webapp.cluster import Cluster
+from webapp.team import PREFIX, RedisImageStore, RedisResultStore
+
+pytestmark = [
+    pytest.mark.team,
+    pytest.mark.skipif(
+        shutil.which("redis-server") is None,
+        reason="redis-server not installed (apt-get install redis-server)",
+    ),
+]
+
+
+class TeamCluster:
+    """The cluster plus the app's URL, restarting workers a test took away."""
+
+    def __init__(self, folder: Path):
+        self.cluster = Cluster(
+            folder,
+            free_port(),
+            env={"KRYPTON_NO_WORKER_SECONDS": "6", "KRYPTON_HOME": str(folder / "home")},
+            torch_threads=1,
+        )
+        self.cluster.start_redis()
+        self.names = ["alpha", "beta"]
+        self.ensure_workers()
+        self.port = free_port()
+        self.cluster.start_app(self.port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.redis = self.cluster.client()
+
+    def ensure_workers(self) -> None:
+        for name in self.names:
+            if name not in self.cluster.workers:
+                self.cluster.start_worker(name)
+
+    def worker_of(self, job: str) -> str | None:
+        """The worker holding a running job's lease."""
+        holder = self.redis.get(PREFIX + "lease:" + job)
+        if holder is None:
+            return None
+        pid = int(holder.decode().rsplit(":", 1)[1])
+        return next((n for n, p in self.cluster.workers.items() if p.pid == pid), None)
+
+    def result(self, session: str) -> dict:
+        return RedisResultStore(self.redis, self.cluster.url).get(session)
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory):
+    cluster = TeamCluster(tmp_path_factory.mktemp("team"))
+    yield cluster
+    cluster.cluster.stop()
+
+
+def _image(seed: int) -> Image.Image:
+    return Image.fromarray(FundusGenerator(seed=seed).sample(label=1, view="crop").image)
+
+
+def _lease_holders(team: TeamCluster) -> dict[str, str]:
+    holders = {}
+    for key in team.redis.scan_iter(PREFIX + "lease:*"):
+        holders[key.decode()] = team.redis.get(key).decode()
+    return holders
+
+
+def _cells_stored(team: TeamCluster) -> int:
+    return sum(team.redis.hlen(k) for k in team.redis.scan_iter(PREFIX + "cells:*"))
+
+
+def _succeeded(team: TeamCluster) -> dict[str, int]:
+    """Jobs each worker has finished, from its log."""
+    return {
+        n: team.cluster.log_text(f"worker-{n}").count("succeeded") for n in team.cluster.workers
+    }
+
+
+def test_two_sessions_run_concurrently_on_different_workers(team):
+    team.ensure_workers()
+    tabs = [Tab(team.url), Tab(team.url)]
+    images = [tab.upload_image(_image(seed), f"session{i}.png") for i, (tab, seed) in
+              enumerate(zip(tabs, (21, 22)))]  # fmt: skip
+    handles = [
+        tab.run(image, stride=8, region=[0, 0, 160, 160], poll=False)
+        for tab, image in zip(tabs, images)
+    ]
+    seen_together = set()
+    finished = [None, None]
+    deadline = time.time() + 300
+    while None in finished and time.time() < deadline:
+        holders = _lease_holders(team)
+        if len(holders) == 2:
+            seen_together = set(holders.values())
+        for i, (tab, handle) in enumerate(zip(tabs, handles)):
+            if finished[i] is None:
+                data = tab.poll_once("heatmap-graph.figure", handle)
+                if data is not None and "response" in data:
+                    finished[i] = data["response"]
+        time.sleep(0.2)
+    assert None not in finished
+    assert len(seen_together) == 2, "the two runs never ran at the same time on two workers"
+    for tab, image, response in zip(tabs, images, finished):
+        result = team.result(tab.session)
+        assert result["image_key"] == image["key"]
+        assert response["result-store"]["data"]["id"] == result["id"]
+        assert result["evaluated"] == 19 * 19
+
+
+def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tmp_path):
+    team.ensure_workers()
+    tab = Tab(team.url)
+    image = tab.upload_image(_image(23), "kill.png")
+    stored_before = _cells_stored(team)
+    region = [0, 0, 128, 128]  # 841 positions at stride 4: long enough to kill it midway
+    handles = tab.run(image, stride=4, region=region, poll=False)
+    victim = None
+    deadline = time.time() + 120
+    progress_seen = []
+    while victim is None and time.time() < deadline:
+        data = tab.poll_once("heatmap-graph.figure", handles)
+        if data and "progress" in data:
+            progress_seen.append(data["progress"]["live-status.children"])
+        holders = _lease_holders(team)
+        if (
+            holders and _cells_stored(team) - stored_before >= 240
+        ):  # the first four chunks (16 + 32 + 64 + 128) stored
+            pid = int(next(iter(holders.values())).rsplit(":", 1)[1])
+            victim = next(n for n, p in team.cluster.workers.items() if p.pid == pid)
+        time.sleep(0.3)
+    assert victim is not None, f"the run did not start: {progress_seen[-3:]}"
+    team.cluster.kill_worker(victim)
+    survivor = next(iter(team.cluster.workers))
+    response = tab.poll("heatmap-graph.figure", handles, timeout=600)["response"]
+    assert response is not None and response["message"]["children"] == ""
+    result = team.result(tab.session)
+    assert result["reused"] >= 240, "the redelivered job did not resume from the cell cache"
+    log = team.cluster.log_text(f"worker-{survivor}")
+    assert "succeeded" in log
+
+    # the same run, uninterrupted, in this process (embedded mode)
+    services = Services(tmp_path / "embedded")
+    key = services.images.put(RedisImageStore(team.redis, team.cluster.url).get(image["key"]))
+    assert key == image["key"]
+    request = runs.RunRequest(
+        image_key=key, image_name="kill.png", model="fundus-demo", patch=16, stride=4,
+        mode="exact", fill_rgb=helpers.parse_colour("gray", "#808080"), region=tuple(region),
+    )  # fmt: skip
+    reference = runs.execute(services, "reference", request, lambda *a: None)
+    np.testing.assert_allclose(result["values"], reference["values"], rtol=0, atol=1e-6)
+    team.ensure_workers()
+
+
+def test_refinement_on_another_worker_reuses_cells(team):
+    team.ensure_workers()
+    tab = Tab(team.url)
+    image = tab.upload_image(_image(24), "refine.png")
+    before = _succeeded(team)
+    first = tab.run(image, stride=8, region=[0, 0, 96, 96])
+    assert first["response"]["message"]["children"] == ""
+    assert team.result(tab.session)["evaluated"] == 11 * 11
+    deadline = time.time() + 10
+    while _succeeded(team) == before and time.time() < deadline:
+        time.sleep(0.2)  # the log line follows the result
+    ran = [n for n, count in _succeeded(team).items() if count > before[n]]
+    assert len(ran) == 1
+    # take the worker that ran it away: the refinement must run on the other one
+    process = team.cluster.workers.pop(ran[0])
+    process.terminate()
+    process.wait(timeout=30)
+    other = next(iter(team.cluster.workers))
+    count_before = _succeeded(team)[other]
+    second = tab.run(image, stride=8, region=[0, 0, 160, 160])
+    assert second["response"]["message"]["children"] == ""
+    result = team.result(tab.session)
+    assert result["reused"] == 11 * 11 and result["evaluated"] == 19 * 19 - 11 * 11
+    deadline = time.time() + 10
+    while _succeeded(team)[other] == count_before and time.time() < deadline:
+        time.sleep(0.2)
+    assert _succeeded(team)[other] == count_before + 1
+    team.ensure_workers()
+
+
+def test_cancel_stops_a_running_job(team):
+    team.ensure_workers()
+    tab = Tab(team.url)
+    image = tab.upload_image(_image(25), "cancel.png")
+    handles = tab.run(image, stride=2, poll=False)  # long: 10,609 positions
+    deadline = time.time() + 120
+    while not _lease_holders(team) and time.time() < deadline:
+        tab.poll_once("heatmap-graph.figure", handles)
+        time.sleep(0.3)
+    assert _lease_holders(team)
+    # the page's Cancel: the renderer names the job to terminate on its next request
+    tab.http.post(
+        f"{tab.url}/_dash-update-component",
+        json=tab.payload(tab.spec("heatmap-graph.figure", background=True), {}),
+        params={
+            "endId": tab.end_id,
+            "cacheKey": handles["cacheKey"],
+            "job": handles["job"],
+            "oldJob": handles["job"],
+        },  # fmt: skip
+        timeout=30,
+    )
+    deadline = time.time() + 30
+    while _lease_holders(team) and time.time() < deadline:
+        time.sleep(0.3)
+    assert not _lease_holders(team), "the cancelled job kept running"
+
+
+def test_no_worker_left_says_so_within_bounded_time(team):
+    for name in list(team.cluster.workers):
+        team.cluster.kill_worker(name)
+    deadline = time.time() + 15  # beacons expire after 10 s
+    while team.redis.keys(PREFIX + "worker:*") and time.time() < deadline:
+        time.sleep(0.5)
+    tab = Tab(team.url)
+    image = tab.upload_image(_image(26), "alone.png")
+    started = time.time()
+    outcome = tab.run(image, stride=16, region=[0, 0, 64, 64], timeout=60)
+    waited = time.time() - started
+    statuses = [p["live-status.children"] for p in outcome["progress"]]
+    assert any("No worker is running" in s for s in statuses)
+    assert "No worker took the run within 6 s" in outcome["response"]["message"]["children"]
+    assert waited < 30
+    team.ensure_workers()
+
+
+def _batch_folder(folder: Path) -> Path:
+    folder.mkdir()
+    for seed in (31, 32, 33, 34):
+        _image(seed).save(folder / f"fundus{seed}.png")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really a picture")
+    return folder
+
+
+def _krypton(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "krypton", *args],
+        env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_batch_through_the_broker_matches_local_and_resumes(team, tmp_path):
+    team.ensure_workers()
+    folder = _batch_folder(tmp_path / "images")
+    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "8"]
+    local = _krypton(*common, "--out", str(tmp_path / "local"))
+    assert local.wait(timeout=600) == 1, local.stdout.read()  # 1: a file was not explained
+    # through the broker, interrupted (Ctrl-C) once two images are done, then resumed
+    out = tmp_path / "broker"
+    first = _krypton(*common, "--out", str(out), "--broker", team.cluster.url)
+    deadline = time.time() + 300
+    while len(list(out.glob("*.json"))) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    first.wait(timeout=60)
+    finished = sorted(p.stem for p in out.glob("*.json"))
+    assert 2 <= len(finished) < 4 and not (out / "summary.csv").exists()
+    stamps = {name: os.stat(out / f"{name}.npy").st_mtime_ns for name in finished}
+    second = _krypton(*common, "--out", str(out), "--broker", team.cluster.url)
+    text = second.communicate(timeout=600)[0]
+    assert second.returncode == 1, text
+    for name, stamp in stamps.items():
+        assert os.stat(out / f"{name}.npy").st_mtime_ns == stamp  # skipped, not recomputed
+    for seed in (31, 32, 33, 34):
+        name = f"fundus{seed}"
+        assert (out / f"{name}.npy").read_bytes() == (
+            tmp_path / "local" / f"{name}.npy"
+        ).read_bytes()
+    with open(out / "summary.csv", newline="") as handle:
+        rows = {Path(r["image"]).name: r for r in csv.DictReader(handle)}
+    assert len(rows) == 5 and "broken.png" in rows and rows["broken.png"]["error"]
+    assert all(not rows[f"fundus{s}.png"]["error"] for s in (31, 32, 33, 34))
+    assert "broken.png" in (out / "index.html").read_text()
+
+
+def test_redis_going_away_is_a_message_and_pages_still_load(team):
+    team.ensure_workers()
+    tab = Tab(team.url)
+    image = tab.upload_image(_image(27), "away.png")
+    team.cluster.redis.terminate()
+    team.cluster.redis.wait(timeout=15)
+    try:
+        outcome = tab.run(image, stride=16, region=[0, 0, 64, 64], timeout=60)
+        message = outcome["response"]["message"]["children"]
+        assert "cannot be reached" in message and "Redis at redis://127.0.0.1" in message
+        page = tab.http.get(team.url + "/", timeout=10)
+        assert page.status_code == 200
+        layout = tab.http.get(team.url + "/_dash-layout", timeout=10)
+        assert layout.status_code == 200
+        upload = tab.call(
+            "image-store.data",
+            {"upload.contents": png_data_url(_image(28)), "upload.filename": "x.png"},
+        )
+        assert upload.status_code == 200 and "cannot be reached" in upload.text
+    finally:
+        team.cluster.stop()

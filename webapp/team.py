@@ -1,0 +1,466 @@
+"""Team mode: runs go to Celery workers through Redis; images, results and computed
+cells live in Redis, so any app process and any worker see the same state.
+
+Set ``KRYPTON_BROKER_URL=redis://HOST:PORT/DB`` and the app serves the same page with
+Dash's :class:`~dash.CeleryManager` (subclassed here as :class:`TeamManager`); ``make
+worker`` starts a worker (``webapp/worker.py``). Without the variable nothing here is
+used: jobs are threads of the server and state is local (webapp/jobs.py).
+
+Faults, and how each is handled:
+
+* **A worker dies mid-run** (SIGKILL, power loss). Tasks are acknowledged late
+  (``task_acks_late``), so the broker still holds the message. Redis redelivers an
+  unacknowledged message once it has been invisible for ``visibility_timeout`` seconds;
+  a running job keeps its message's timestamp fresh (:class:`JobLease`), so only a
+  message whose worker stopped refreshing it comes back. The next worker resumes from
+  the cells the lost one wrote to :class:`RedisCellCache`.
+* **No worker is left.** The page's poll (:meth:`TeamManager.get_progress`) says so
+  while the run waits, and gives up with a plain message after ``no_worker_seconds``.
+* **Redis goes away.** Every poll and every store call turns the connection error into
+  one sentence for the page; the page itself keeps loading (it needs no Redis).
+* **Cancel.** A flag in Redis that the running job reads after every batch (a thread of
+  a worker cannot be killed), plus a revoke for a run still waiting in the queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import io
+import json
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from celery import Celery
+from dash import CeleryManager
+from PIL import Image
+
+import redis
+
+from krypton.distributed import PREFIX, VISIBILITY_TIMEOUT, KeepVisible, live_workers, make_celery
+from krypton.imaging import MAX_SIDE
+
+from .helpers import InputError, image_key
+from .settings import BROKER_ENV
+
+__all__ = [
+    "BROKER_ENV",
+    "make_celery",
+    "TeamManager",
+    "TeamStores",
+    "RedisImageStore",
+    "RedisResultStore",
+    "RedisCellCache",
+    "JobLease",
+    "WorkerBeacon",
+    "live_workers",
+    "unavailable_message",
+]
+
+WORKER_BEACON_SECONDS = 10.0  # a worker that has not said so for this long is gone
+STATE_TTL = 24 * 3600  # images, results and cells are kept a day after their last use
+
+
+def unavailable_message(url: str, exc: BaseException) -> str:
+    """The page's sentence when Redis cannot be reached."""
+    where = re.sub(r"//[^@/]*@", "//", url)  # never show a password
+    return (
+        f"The run queue (Redis at {where}) cannot be reached ({type(exc).__name__}); "
+        f"runs and uploads are paused until it is back. The page keeps working."
+    )
+
+
+def redis_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+
+
+class WorkerBeacon:
+    """A worker's 'still here' key, refreshed from a daemon thread; it expires by itself
+    when the worker dies, so the app can tell that no worker is left."""
+
+    def __init__(self, client: redis.Redis, name: str):
+        self.client, self.name = client, name
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._beat, name="krypton-beacon", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.client.set(PREFIX + "worker:" + self.name, str(os.getpid()),
+                                ex=int(WORKER_BEACON_SECONDS))  # fmt: skip
+            except redis.RedisError:
+                pass  # Redis is away: the beacon lapses, which is the truth
+            self._stop.wait(WORKER_BEACON_SECONDS / 3)
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.client.delete(PREFIX + "worker:" + self.name)
+        except redis.RedisError:
+            pass
+
+
+class JobLease:
+    """What a running job keeps fresh while it runs: its broker message's timestamp (so
+    the message is redelivered only when the worker is gone) and a lease naming the
+    worker. Its :meth:`stop_reason` reads the page's Cancel and the page's last poll, the
+    team-mode counterpart of webapp.jobs' thread record."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        job: str,
+        delivery_tag: str | None,
+        abandon_seconds: float,
+        worker: str | None = None,
+    ):
+        self.client, self.job, self.delivery_tag = client, job, delivery_tag
+        self.abandon_seconds = abandon_seconds
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.started = time.time()
+        self._reason: str | None = None
+        self._checked = 0.0
+
+    def wait_for_other_holder(self, report: Callable[[str], None]) -> None:
+        """A redelivered job whose first worker is still alive (it kept its lease) waits
+        for it to finish or to vanish, instead of computing the same run twice."""
+        while True:
+            holder = self.client.get(PREFIX + "lease:" + self.job)
+            if holder is None or holder.decode() == self.worker:
+                return
+            report(f"Another worker ({holder.decode()}) is still running this job; waiting")
+            time.sleep(1.0)
+
+    def _hold(self, pipe) -> None:
+        pipe.set(PREFIX + "lease:" + self.job, self.worker, ex=int(VISIBILITY_TIMEOUT))
+
+    def __enter__(self) -> "JobLease":
+        self._keeper = KeepVisible(self.client, self.delivery_tag, also=self._hold).__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._keeper.__exit__(*exc)
+        try:
+            self.client.delete(PREFIX + "lease:" + self.job)
+        except redis.RedisError:
+            pass
+
+    def stop_reason(self) -> str | None:
+        """'cancelled', 'abandoned' or None; reads Redis at most once a quarter second."""
+        now = time.time()
+        if self._reason is None and now - self._checked > 0.25:
+            self._checked = now
+            try:
+                cancelled, polled = self.client.mget(
+                    PREFIX + "cancel:" + self.job, PREFIX + "poll:" + self.job
+                )
+            except redis.RedisError:
+                return None  # keep computing; the result waits for Redis to return
+            last_poll = max(float(polled or 0), self.started)
+            if cancelled:
+                self._reason = "cancelled"
+            elif now - last_poll > self.abandon_seconds:
+                self._reason = "abandoned"
+        return self._reason
+
+
+class TeamManager(CeleryManager):
+    """Dash's CeleryManager with cooperative cancel, abandoned-page detection, a plain
+    message when no worker is left, and Redis outages turned into page messages."""
+
+    def __init__(
+        self,
+        celery_app: Celery,
+        url: str,
+        *,
+        message_output: int,
+        outputs: int,
+        no_worker_seconds: float = 45.0,
+        expire: int | None = None,
+        waiting_progress: Callable[[str], list] = lambda text: ["0", "1", None, text],
+    ):
+        super().__init__(celery_app, expire=expire)
+        self.url = url
+        self.client = redis_client(url)
+        self.message_output, self.outputs = message_output, outputs
+        self.no_worker_seconds = no_worker_seconds
+        self.waiting_progress = waiting_progress  # the progress outputs showing a text
+        self._failed: dict[str, str] = {}  # job key -> why it could not be sent
+        self._waiting_since: dict[str, float] = {}  # job key -> when no worker was seen
+
+    def _message_result(self, text: str) -> list:
+        result: list = [{"_dash_no_update": "_dash_no_update"}] * self.outputs
+        result[self.message_output] = text
+        return result
+
+    def call_job_fn(self, key, job_fn, args, context):
+        try:
+            return super().call_job_fn(key, job_fn, args, context)
+        except Exception as exc:  # kombu/redis connection errors, whatever their class
+            self._failed[key] = unavailable_message(self.url, exc)
+            return f"unsent-{key}"
+
+    def terminate_job(self, job):
+        if job is None or str(job).startswith("unsent-"):
+            return
+        try:
+            self.client.set(PREFIX + "cancel:" + str(job), "1", ex=3600)
+            self.handle.control.revoke(job)  # a run still in the queue never starts
+        except Exception:  # Redis is away: the job cannot be reached either
+            pass
+
+    def job_running(self, job):
+        if job is None or str(job).startswith("unsent-"):
+            return False
+        try:
+            return super().job_running(job)
+        except Exception:
+            return False
+
+    def get_progress(self, key):
+        if key in self._failed:
+            return None
+        try:
+            progress = super().get_progress(key)
+            if progress is not None:
+                self._waiting_since.pop(key, None)
+                return progress
+            if live_workers(self.client):
+                self._waiting_since.pop(key, None)
+                return None
+        except redis.RedisError:
+            return None  # get_result says what happened
+        since = self._waiting_since.setdefault(key, time.monotonic())
+        text = (
+            f"No worker is running: the run waits in the queue (it gives up after "
+            f"{self.no_worker_seconds:.0f} s). Start one with `make worker`."
+        )
+        waited = time.monotonic() - since
+        return self.waiting_progress(f"{text} Waiting {waited:.0f} s.")
+
+    def get_result(self, key, job):
+        if key in self._failed:
+            return self._message_result(self._failed.pop(key))
+        try:
+            if job is not None:
+                self.client.set(PREFIX + "poll:" + str(job), str(time.time()), ex=3600)
+            result = self._stored_result(key)
+        except redis.RedisError as exc:
+            return self._message_result(unavailable_message(self.url, exc))
+        since = self._waiting_since.get(key)
+        if (
+            result is self.UNDEFINED
+            and since is not None
+            and time.monotonic() - since > self.no_worker_seconds
+        ):
+            self._waiting_since.pop(key, None)
+            self.terminate_job(job)
+            return self._message_result(
+                f"No worker took the run within {self.no_worker_seconds:.0f} s, so it was "
+                f"withdrawn. Start a worker (`make worker`, or `make cluster` on one "
+                f"machine) and press Run again."
+            )
+        return result
+
+    def _stored_result(self, key):
+        """CeleryManager.get_result without its closing terminate_job: that would flag
+        every finished job as cancelled and revoke it (noise in every worker's log)."""
+        result = self.handle.backend.get(key)
+        if result is None:
+            return self.UNDEFINED
+        self.clear_cache_entry(key)
+        self.clear_cache_entry(self._make_progress_key(key))
+        return json.loads(result)
+
+    def get_updated_props(self, key):
+        try:
+            return super().get_updated_props(key)
+        except redis.RedisError:
+            return {}
+
+
+def redis_errors_as_input_errors(method):
+    """Decorator for store methods: a Redis outage becomes the page's InputError."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except redis.RedisError as exc:
+            raise InputError(unavailable_message(self.url, exc)) from exc
+
+    return guarded
+
+
+class RedisImageStore:
+    """helpers.ImageStore's interface, in Redis: every app process and worker reads the
+    same images by content key; each is kept a day after its last use."""
+
+    def __init__(self, client: redis.Redis, url: str, ttl: int = STATE_TTL):
+        self.client, self.url, self.ttl = client, url, ttl
+
+    @redis_errors_as_input_errors
+    def put(self, image: Image.Image) -> str:
+        if max(image.size) > MAX_SIDE:
+            image = image.copy()
+            image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
+        key = image_key(image)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        self.client.set(PREFIX + "image:" + key, buffer.getvalue(), ex=self.ttl)
+        return key
+
+    @redis_errors_as_input_errors
+    def put_source(self, data: bytes) -> str:
+        """Keep an uploaded file's bytes (a DICOM source); its content key."""
+        key = hashlib.blake2b(data, digest_size=12).hexdigest()
+        self.client.set(PREFIX + "source:" + key, data, ex=self.ttl)
+        return key
+
+    def _read(self, kind: str, key: str, what: str) -> bytes:
+        if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
+            raise InputError(f"unknown {what}; load it again")
+        data = self.client.getex(PREFIX + kind + key, ex=self.ttl)
+        if data is None:
+            raise InputError(f"the {what} is no longer on the server; load it again")
+        return data
+
+    @redis_errors_as_input_errors
+    def source(self, key: str) -> bytes:
+        """The bytes :meth:`put_source` kept."""
+        return self._read("source:", key, "DICOM file")
+
+    @redis_errors_as_input_errors
+    def get(self, key: str) -> Image.Image:
+        with Image.open(io.BytesIO(self._read("image:", key, "image"))) as image:
+            return image.convert("RGB")
+
+
+def _encode_result(result: dict) -> bytes:
+    """JSON, with numpy arrays as base64 .npy (no pickle: nothing in Redis can run code)."""
+
+    def default(value):
+        if isinstance(value, np.ndarray):
+            buffer = io.BytesIO()
+            np.save(buffer, value, allow_pickle=False)
+            return {"__npy__": base64.b64encode(buffer.getvalue()).decode()}
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(f"cannot store {type(value).__name__}")
+
+    return json.dumps(result, default=default).encode()
+
+
+def _decode_result(data: bytes) -> dict:
+    def hook(value: dict):
+        if set(value) == {"__npy__"}:
+            return np.load(io.BytesIO(base64.b64decode(value["__npy__"])), allow_pickle=False)
+        return value
+
+    return json.loads(data, object_hook=hook)
+
+
+class RedisResultStore:
+    """helpers.ResultStore's interface, in Redis: the worker that ran a job stores the
+    result, the app process that serves the export or the refinement reads it."""
+
+    def __init__(self, client: redis.Redis, url: str, ttl: int = STATE_TTL):
+        self.client, self.url, self.ttl = client, url, ttl
+
+    @redis_errors_as_input_errors
+    def put(self, session: str, result: dict) -> None:
+        self.client.set(PREFIX + "result:" + session, _encode_result(result), ex=self.ttl)
+
+    @redis_errors_as_input_errors
+    def get(self, session: str | None) -> dict | None:
+        data = self.client.getex(PREFIX + "result:" + (session or ""), ex=self.ttl)
+        return None if data is None else _decode_result(data)
+
+
+@dataclass
+class RedisKnown:
+    """The cells known for one setting, read from Redis in one round trip; :meth:`add`
+    writes new ones back per batch, so a run that dies leaves what it computed."""
+
+    client: redis.Redis
+    name: str
+    ttl: int
+    cells: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    origin: tuple[int, int] | None = None
+
+    def add(self, new: dict[tuple[int, int], np.ndarray]) -> None:
+        self.cells.update(new)
+        if new:
+            pipe = self.client.pipeline()
+            pipe.hset(
+                self.name,
+                mapping={
+                    f"{x},{y}": np.asarray(v, dtype=np.float32).tobytes()
+                    for (x, y), v in new.items()
+                },
+            )
+            pipe.expire(self.name, self.ttl)
+            pipe.execute()
+
+    def set_origin(self, origin: tuple[int, int]) -> None:
+        self.origin = origin
+        self.client.hset(self.name, "origin", f"{origin[0]},{origin[1]}")
+
+
+class RedisCellCache:
+    """Computed positions shared by every worker, keyed by what determines their value:
+    image content, model weights, patch, occluder colour and mode (exact and naive keep
+    separate cells; approximate runs do not enter the cache). A refinement reuses cells
+    whichever worker computed them; a redelivered job resumes where the lost one stopped."""
+
+    def __init__(self, client: redis.Redis, url: str, ttl: int = STATE_TTL):
+        self.client, self.url, self.ttl = client, url, ttl
+
+    @staticmethod
+    def key(session: str, request, weights: str) -> tuple:
+        colour = tuple(round(c, 6) for c in request.fill_rgb)
+        return (request.image_key, weights, request.patch, colour, request.mode)
+
+    @redis_errors_as_input_errors
+    def get(self, key: tuple) -> RedisKnown:
+        name = PREFIX + "cells:" + hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
+        stored = self.client.hgetall(name)
+        known = RedisKnown(self.client, name, self.ttl)
+        for field_name, value in stored.items():
+            if field_name == b"origin":
+                continue
+            x, y = (int(v) for v in field_name.decode().split(","))
+            known.cells[(x, y)] = np.frombuffer(value, dtype=np.float32).copy()
+        if b"origin" in stored:
+            x, y = (int(v) for v in stored[b"origin"].decode().split(","))
+            known.origin = (x, y)
+        return known
+
+
+@dataclass
+class TeamStores:
+    """The three stores of team mode over one Redis connection."""
+
+    url: str
+    client: redis.Redis = field(init=False)
+
+    def __post_init__(self):
+        self.client = redis_client(self.url)
+
+    def images(self) -> RedisImageStore:
+        return RedisImageStore(self.client, self.url)
+
+    def results(self) -> RedisResultStore:
+        return RedisResultStore(self.client, self.url)
+
+    def cells(self) -> RedisCellCache:
+        return RedisCellCache(self.client, self.url)
