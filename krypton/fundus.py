@@ -342,6 +342,35 @@ class FundusGenerator:
         pixels = np.round(image * 255).astype(np.uint8)
         return Sample(pixels, label_for(planted), planted, view, rendering)
 
+    def hide_lesion(self, sample: Sample) -> tuple[np.ndarray, list[Lesion]] | None:
+        """The sample with one lesion wholly under a mid-gray box that touches no other
+        lesion, and the lesions still visible; None when no such box fits. Training on it
+        teaches what occlusion assumes: a hidden lesion is no evidence."""
+        if not sample.lesions:
+            return None
+        index = int(self.rng.integers(len(sample.lesions)))
+        lesion = sample.lesions[index]
+        others = sample.lesions[:index] + sample.lesions[index + 1 :]
+        for _ in range(20):
+            side = int(self.rng.integers(max(12, int(2 * lesion.radius) + 3), 33))
+            low_x, low_y = lesion.x + lesion.radius + 1 - side, lesion.y + lesion.radius + 1 - side
+            high_x, high_y = lesion.x - lesion.radius - 1, lesion.y - lesion.radius - 1
+            if high_x < low_x or high_y < low_y:
+                continue
+            x0 = int(np.clip(self.rng.uniform(low_x, high_x), 0, self.size - side))
+            y0 = int(np.clip(self.rng.uniform(low_y, high_y), 0, self.size - side))
+            inside = (
+                x0 <= lesion.x - lesion.radius
+                and lesion.x + lesion.radius < x0 + side
+                and y0 <= lesion.y - lesion.radius
+                and lesion.y + lesion.radius < y0 + side
+            )
+            if inside and not any(other.covered_by(x0, y0, side) for other in others):
+                image = sample.image.copy()
+                image[y0 : y0 + side, x0 : x0 + side] = 128
+                return image, others
+        return None
+
     def gray_box(self, sample: Sample, max_side: int = 48) -> np.ndarray:
         """The sample with one mid-gray box that avoids every lesion (augmentation that
         teaches the model gray occluders alone mean nothing)."""

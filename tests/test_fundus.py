@@ -94,3 +94,20 @@ def test_the_independent_generator_keeps_the_spec():
             low, high = MICROANEURYSM_RADIUS if lesion.kind == "MICROANEURYSM" else EXUDATE_RADIUS
             assert low <= lesion.radius <= high
     assert {s.label for s in samples} == {0, 1, 2}
+
+
+def test_lowest_region_is_the_centre_of_tied_minima():
+    """A lesion hidden equally by four patches: the first lowest cell is one corner of the
+    tie, the lowest region's centre is the middle of the four."""
+    from types import SimpleNamespace
+
+    from krypton.train_fundus import lowest_points
+
+    values = np.full((5, 5), 0.9, dtype=np.float32)
+    values[1:3, 2:4] = 0.05  # tied
+    values[0, 0] = 0.5  # a partial drop: not part of the lowest region
+    grid = np.arange(0, 40, 8)
+    heatmap = SimpleNamespace(values=values, xs=grid, ys=grid, prob=0.9)
+    cell, region = lowest_points(heatmap, patch=16)
+    assert cell == (16 + 7.5, 8 + 7.5)
+    assert region == (20 + 7.5, 12 + 7.5)

@@ -348,11 +348,13 @@ def model_card_lines(loaded) -> list[str]:
         evaluation.get("multi_lesion_coverage"),
     )
     if pointing and multi:
+        region = pointing.get("hit_rate_region")
         lines.append(
-            f"Strict pointing game {pointing['hit_rate']:.0%} ({pointing['images']} "
-            f"single-lesion images: lowest cell within 8 px of the lesion); multi-lesion "
-            f"coverage {multi['share']:.0%} ({multi['lesions']} lesions in {multi['images']} "
-            f"images with 2-4: lesions under the lowest 5% of cells)."
+            f"Strict pointing game {pointing['hit_rate']:.0%}"
+            + ("" if region is None else f" by the lowest cell, {region:.0%} by the lowest region")
+            + f" ({pointing['images']} single-lesion images: within 8 px of the lesion); "
+            f"multi-lesion coverage {multi['share']:.0%} ({multi['lesions']} lesions in "
+            f"{multi['images']} images with 2-4: lesions under the lowest 5% of cells)."
         )
     training = entry.get("training") or {}
     if not held_out and "held_out_accuracy" in training:
