@@ -141,7 +141,9 @@ def test_a_microaneurysm_in_the_border_band_stays_visible(at_x, at_y):
     common = dict(patch=16, label=loaded.classes.index("MICROANEURYSM"), positions=covering)
     exact = explainer.explain(tensor, mode="exact", **common)
     approximate = explainer.explain(tensor, mode="approximate", tau=0.91, **common)
-    assert exact.prob > 0.7 and np.nanmin(exact.values) < 0.1  # the evidence, and its loss
+    # the evidence (one lesion: the model is trained toward p 0.70 for it), and its loss
+    assert int(np.argmax(exact.base_probs)) == common["label"] and exact.prob > 0.5
+    assert np.nanmin(exact.values) < 0.1
     # Approximate mode keeps it: the probability falls to under half. (On the 224-px
     # model the old crop kept 0.57-0.80 at these positions; the new one 0.09-0.25, the
     # same approximation error as in the image's interior: 0.24 at (60, 150), exact 0.07.)
