@@ -269,19 +269,21 @@ def _krypton(*args: str, env: dict | None = None) -> subprocess.Popen:
 def test_batch_through_the_broker_matches_local_and_resumes(team, tmp_path):
     team.ensure_workers()
     folder = _batch_folder(tmp_path / "images")
-    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "8"]
+    # 1,369 positions an image: long enough that Ctrl-C lands between images
+    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "4"]
+    common += ["--region", "0,0,160,160"]
     local = _krypton(*common, "--out", str(tmp_path / "local"))
     assert local.wait(timeout=600) == 1, local.stdout.read()  # 1: a file was not explained
-    # through the broker, interrupted (Ctrl-C) once two images are done, then resumed
+    # through the broker, interrupted (Ctrl-C) once an image is done, then resumed
     out = tmp_path / "broker"
     first = _krypton(*common, "--out", str(out), "--broker", team.cluster.url)
     deadline = time.time() + 300
-    while len(list(out.glob("*.json"))) < 2 and time.time() < deadline:
-        time.sleep(0.2)
+    while not list(out.glob("*.json")) and time.time() < deadline:
+        time.sleep(0.1)
     first.send_signal(signal.SIGINT)
     first.wait(timeout=60)
     finished = sorted(p.stem for p in out.glob("*.json"))
-    assert 2 <= len(finished) < 4 and not (out / "summary.csv").exists()
+    assert 1 <= len(finished) < 4 and not (out / "summary.csv").exists()
     stamps = {name: os.stat(out / f"{name}.npy").st_mtime_ns for name in finished}
     second = _krypton(*common, "--out", str(out), "--broker", team.cluster.url)
     text = second.communicate(timeout=600)[0]
