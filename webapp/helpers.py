@@ -173,6 +173,20 @@ def image_key(image: Image.Image) -> str:
     return digest.hexdigest()
 
 
+def reduced_for_storage(image: Image.Image) -> Image.Image:
+    """The image as the stores keep it: at most :data:`krypton.imaging.MAX_SIDE` a side."""
+    if max(image.size) > MAX_SIDE:
+        image = image.copy()
+        image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
+    return image
+
+
+def check_stored_key(key: str, what: str) -> None:
+    """A stored file's key is a content hash; anything else the page sent is refused."""
+    if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
+        raise InputError(f"unknown {what}; load it again")
+
+
 class ImageStore:
     """Images kept on the server by content key, so the browser only holds the key.
 
@@ -190,9 +204,7 @@ class ImageStore:
         self._lock = threading.Lock()
 
     def put(self, image: Image.Image) -> str:
-        if max(image.size) > MAX_SIDE:
-            image = image.copy()
-            image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
+        image = reduced_for_storage(image)
         key = image_key(image)
         path = self.directory / f"{key}.png"
         with self._lock:
@@ -221,8 +233,7 @@ class ImageStore:
 
     def source(self, key: str) -> bytes:
         """The bytes :meth:`put_source` kept."""
-        if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
-            raise InputError("unknown DICOM file; load it again")
+        check_stored_key(key, "DICOM file")
         path = self.directory / f"{key}.dcm"
         try:
             with self._lock:
@@ -232,8 +243,7 @@ class ImageStore:
             raise InputError("the DICOM file is no longer on the server; load it again") from None
 
     def get(self, key: str) -> Image.Image:
-        if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
-            raise InputError("unknown image; load it again")
+        check_stored_key(key, "image")
         path = self.directory / f"{key}.png"
         try:
             with self._lock:

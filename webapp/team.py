@@ -45,9 +45,8 @@ from PIL import Image
 import redis
 
 from krypton.distributed import PREFIX, VISIBILITY_TIMEOUT, KeepVisible, live_workers, make_celery
-from krypton.imaging import MAX_SIDE
 
-from .helpers import InputError, image_key
+from .helpers import InputError, check_stored_key, image_key, reduced_for_storage
 from .settings import BROKER_ENV
 
 __all__ = [
@@ -310,9 +309,7 @@ class RedisImageStore:
 
     @redis_errors_as_input_errors
     def put(self, image: Image.Image) -> str:
-        if max(image.size) > MAX_SIDE:
-            image = image.copy()
-            image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
+        image = reduced_for_storage(image)
         key = image_key(image)
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
@@ -327,8 +324,7 @@ class RedisImageStore:
         return key
 
     def _read(self, kind: str, key: str, what: str) -> bytes:
-        if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
-            raise InputError(f"unknown {what}; load it again")
+        check_stored_key(key, what)
         data = self.client.getex(PREFIX + kind + key, ex=self.ttl)
         if data is None:
             raise InputError(f"the {what} is no longer on the server; load it again")
