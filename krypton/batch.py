@@ -321,7 +321,7 @@ def run_batch(
     if submit is None:
 
         def local(todo_items):
-            for index, item in enumerate(todo_items):
+            for item in todo_items:
                 if progress is not None:
                     progress(len(rows), len(items), item.path.name)
                 yield (item, *explain_item(item.path, item.label, model, options, window, frame))
