@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import krypton
 from bench.dash_client import Tab, free_port, png_data_url
+from krypton.batch import collect_inputs, run_batch
+from krypton.cli import build_parser, explain_options
+from krypton.distributed import broker_submit
 from krypton.fundus import FundusGenerator
 from webapp import helpers, runs
 from webapp.callbacks import Services
@@ -269,21 +272,31 @@ def _krypton(*args: str, env: dict | None = None) -> subprocess.Popen:
 def test_batch_through_the_broker_matches_local_and_resumes(team, tmp_path):
     team.ensure_workers()
     folder = _batch_folder(tmp_path / "images")
-    # 1,369 positions an image: long enough that Ctrl-C lands between images
-    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "4"]
-    common += ["--region", "0,0,160,160"]
+    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "8"]
     local = _krypton(*common, "--out", str(tmp_path / "local"))
     assert local.wait(timeout=600) == 1, local.stdout.read()  # 1: a file was not explained
-    # through the broker, interrupted (Ctrl-C) once an image is done, then resumed
+    # through the broker, interrupted (as Ctrl-C does) once an image is stored, then
+    # resumed by the command line
     out = tmp_path / "broker"
-    first = _krypton(*common, "--out", str(out), "--broker", team.cluster.url)
-    deadline = time.time() + 300
-    while not list(out.glob("*.json")) and time.time() < deadline:
-        time.sleep(0.1)
-    first.send_signal(signal.SIGINT)
-    first.wait(timeout=60)
+    loaded = krypton.load_model("fundus-demo")
+    args = build_parser().parse_args([*common, "--out", str(out), "--broker", team.cluster.url])
+    options = explain_options(args, loaded)
+
+    def interrupt_after_one(done, total, name):
+        if list(out.glob("*.json")):  # an image is done (the corrupt one leaves none)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(
+            collect_inputs(str(folder)),
+            loaded,
+            out,
+            options,
+            progress=interrupt_after_one,
+            submit=broker_submit(team.cluster.url, loaded, options),
+        )
     finished = sorted(p.stem for p in out.glob("*.json"))
-    assert 1 <= len(finished) < 4 and not (out / "summary.csv").exists()
+    assert len(finished) == 1 and not (out / "summary.csv").exists()
     stamps = {name: os.stat(out / f"{name}.npy").st_mtime_ns for name in finished}
     second = _krypton(*common, "--out", str(out), "--broker", team.cluster.url)
     text = second.communicate(timeout=600)[0]
