@@ -232,13 +232,21 @@ class FundusGenerator:
         yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
         return (slice(y0, y1), slice(x0, x1)), xx, yy
 
-    def _microaneurysm(self, image, taken, retina) -> Lesion | None:
-        radius = float(np.exp(self.rng.uniform(*np.log(MICROANEURYSM_RADIUS))))
+    def _spot(self, radii: tuple[float, float], reach: float, taken, retina):
+        """A log-uniform radius, a free place on the retina and the pixel grid around it
+        (``reach`` radii + 2 px): (radius, x, y, window, xx, yy), or None if none fits."""
+        radius = float(np.exp(self.rng.uniform(*np.log(radii))))
         spot = self._place(radius, taken, retina)
         if spot is None:
             return None
         x, y = spot
-        window, xx, yy = self._window_grid(x, y, radius * 2.5 + 2)
+        return (radius, x, y, *self._window_grid(x, y, radius * reach + 2))
+
+    def _microaneurysm(self, image, taken, retina) -> Lesion | None:
+        found = self._spot(MICROANEURYSM_RADIUS, 2.5, taken, retina)
+        if found is None:
+            return None
+        radius, x, y, window, xx, yy = found
         stretch = self.rng.uniform(0.85, 1.15)
         distance = np.sqrt(((xx - x) * stretch) ** 2 + ((yy - y) / stretch) ** 2)
         edge = self.rng.uniform(0.3, 1.2) * max(radius / 3, 0.5)
@@ -252,12 +260,10 @@ class FundusGenerator:
         return Lesion("MICROANEURYSM", x, y, radius)
 
     def _exudate(self, image, taken, retina) -> Lesion | None:
-        radius = float(np.exp(self.rng.uniform(*np.log(EXUDATE_RADIUS))))
-        spot = self._place(radius, taken, retina)
-        if spot is None:
+        found = self._spot(EXUDATE_RADIUS, 1.6, taken, retina)
+        if found is None:
             return None
-        x, y = spot
-        window, xx, yy = self._window_grid(x, y, radius * 1.6 + 2)
+        radius, x, y, window, xx, yy = found
         blob = np.zeros(xx.shape, dtype=np.float32)
         pieces = 1 if radius < 2.5 else int(self.rng.integers(2, 6))
         sharpness = self.rng.uniform(1.0, 3.0)
