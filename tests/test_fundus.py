@@ -111,3 +111,30 @@ def test_lowest_region_is_the_centre_of_tied_minima():
     cell, region = lowest_points(heatmap, patch=16)
     assert cell == (16 + 7.5, 8 + 7.5)
     assert region == (20 + 7.5, 12 + 7.5)
+
+
+def test_evaluation_parts_are_re_measured_and_merged_into_the_record():
+    """`evaluate --parts` re-measures only what it names; the record keeps the rest and
+    each part's seconds, and an unknown part is refused before anything runs."""
+    import torch
+
+    from krypton.train_fundus import build_model, evaluate, merge_evaluation
+
+    torch.manual_seed(0)
+    model = build_model().eval()
+    earlier = {
+        "held_out": {"accuracy": 0.975, "images": 600},
+        "pointing_game_strict": {"hit_rate": 0.76, "stride": 8},
+        "seconds": 884.0,  # records before per-part timing kept one total
+    }
+    fresh = evaluate(model, None, held_out=6, parts=("held_out",), log=lambda *_: None)
+    assert set(fresh) == {"held_out", "evaluated", "machine", "seconds"}
+    assert fresh["held_out"]["images"] == 6 and set(fresh["seconds"]) == {"held_out"}
+    merged = merge_evaluation(earlier, fresh)
+    assert merged["held_out"] == fresh["held_out"]
+    assert merged["pointing_game_strict"] == earlier["pointing_game_strict"]
+    assert merged["seconds"] == fresh["seconds"]
+    again = merge_evaluation(merged, {"seconds": {"ood": 3.0}, "ood": {"threshold": 2.0}})
+    assert again["seconds"] == {**fresh["seconds"], "ood": 3.0}
+    with pytest.raises(ValueError, match="unknown evaluation parts"):
+        evaluate(model, None, parts=("pointing", "speed"))

@@ -184,3 +184,20 @@ def test_the_check_is_safe_beside_a_run_of_the_same_model_in_another_thread():
     assert not worker.is_alive()
     assert not errors, errors
     assert results and all(r.score == pytest.approx(alone.score) for r in results)
+
+
+def test_the_default_models_card_states_its_pointing_setting_and_real_photo_flags():
+    """The card says at which stride the pointing game was played and whether the check
+    flags the real fundus photographs, as the record measured them."""
+    from webapp.helpers import model_card_lines
+
+    loaded = krypton.load_model("fundus-demo")
+    evaluation = loaded.extra["entry"]["evaluation"]
+    card = " ".join(model_card_lines(loaded))
+    stride = evaluation["pointing_game_strict"]["stride"]
+    assert f"patch 16, stride {stride}: within 8 px of the lesion" in card
+    real = evaluation["ood"]["real_flagged"]
+    flagged = {True: "flagged", False: "not flagged"}
+    assert f"the real Retina sample {flagged[real['retina']]}" in card
+    assert f"Microaneurysms sample {flagged[real['microaneurysms']]}" in card
+    assert f"{real['microaneurysm_tiles']} of its 9 tiles flagged" in card

@@ -321,6 +321,10 @@ def data_url(image: Image.Image) -> str:
 # -- models --------------------------------------------------------------------------------
 
 
+def _flagged_word(flagged: bool) -> str:
+    return "flagged" if flagged else "not flagged"
+
+
 def model_card_lines(loaded) -> list[str]:
     """What the page says about a model: what it is, each measured number with the set it
     was measured on, whether images are checked against its training distribution."""
@@ -362,7 +366,8 @@ def model_card_lines(loaded) -> list[str]:
         lines.append(
             f"Strict pointing game {pointing['hit_rate']:.0%}"
             + ("" if region is None else f" by the lowest cell, {region:.0%} by the lowest region")
-            + f" ({pointing['images']} single-lesion images: within 8 px of the lesion); "
+            + f" ({pointing['images']} single-lesion images, patch 16, stride "
+            f"{pointing.get('stride', 8)}: within 8 px of the lesion); "
             f"multi-lesion coverage {multi['share']:.0%} ({multi['lesions']} lesions in "
             f"{multi['images']} images with 2-4: lesions under the lowest 5% of cells)."
         )
@@ -385,6 +390,13 @@ def model_card_lines(loaded) -> list[str]:
                 f"photographs and crops, {rates['in_distribution_flagged']:.1%} of "
                 f"{rates['in_distribution_images']} fresh in-distribution images"
             )
+            real = rates.get("real_flagged")
+            if real:
+                text += (
+                    f"; the real Retina sample {_flagged_word(real['retina'])}, the "
+                    f"Microaneurysms sample {_flagged_word(real['microaneurysms'])}, "
+                    f"{real['microaneurysm_tiles']} of its 9 tiles flagged"
+                )
         lines.append(text + ".")
     else:
         lines.append(
