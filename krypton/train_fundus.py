@@ -516,21 +516,13 @@ def evaluate(
             compute()
             seconds[part] = round(time.perf_counter() - started, 1)
 
-    def held_out_part() -> None:
-        evaluation["held_out"] = {
-            "accuracy": round(accuracy(model, held_out), 4),
+    def accuracy_part(key: str, measure_accuracy, test_set: str) -> None:
+        evaluation[key] = {
+            "accuracy": round(measure_accuracy(model, held_out), 4),
             "images": held_out,
-            "test_set": "this project's generator (seed 3): 1-4 lesions, every view and rendering",
+            "test_set": test_set,
         }
-        log(f"held-out accuracy {evaluation['held_out']['accuracy']:.4f}")
-
-    def independent_part() -> None:
-        evaluation["independent"] = {
-            "accuracy": round(independent_accuracy(model, held_out), 4),
-            "images": held_out,
-            "test_set": "krypton.fundus_independent: separately written drawing code, same spec",
-        }
-        log(f"independent-generator accuracy {evaluation['independent']['accuracy']:.4f}")
+        log(f"{key} accuracy {evaluation[key]['accuracy']:.4f}")
 
     def real_part() -> None:
         evaluation["real_samples"] = real_samples(model)
@@ -565,8 +557,22 @@ def evaluate(
         evaluation["ood"] = ood_rates(model, density, held_out)
         log(f"out-of-distribution {evaluation['ood']}")
 
-    measure("held_out", held_out_part)
-    measure("independent", independent_part)
+    measure(
+        "held_out",
+        lambda: accuracy_part(
+            "held_out",
+            accuracy,
+            "this project's generator (seed 3): 1-4 lesions, every view and rendering",
+        ),
+    )
+    measure(
+        "independent",
+        lambda: accuracy_part(
+            "independent",
+            independent_accuracy,
+            "krypton.fundus_independent: separately written drawing code, same spec",
+        ),
+    )
     measure("real_samples", real_part)
     measure("pointing", pointing_part)
     measure("multi", multi_part)
