@@ -444,6 +444,9 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     generator's, scikit-image's natural photographs, whole and as 4 corner crops
     (target >= 95%), and whether the real fundus photographs (the Retina and
     Microaneurysms samples, the tiles of the latter) are flagged."""
+    from PIL import Image
+    from skimage import data
+
     from .fundus_independent import IndependentFundusGenerator
     from .ood import feature_statistics
 
@@ -461,9 +464,6 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
             pictures.append(picture.crop((left, top, left + half_w, top + half_h)))
             names.append(f"{name} (crop {index + 1})")
     natural = density.score(feature_statistics(model, (_picture_tensor(p) for p in pictures))[1])
-    from PIL import Image
-    from skimage import data
-
     dots_picture = Image.fromarray(data.microaneurysms())
     real = [Image.fromarray(data.retina()), dots_picture]
     real += [tile for tile, _ in _microaneurysm_tiles(dots_picture)]
