@@ -4,7 +4,8 @@
 
 No model with squeeze-excitation gates and trained weights can be downloaded here, so this
 trains one: torchvision's MobileNetV3-Small on the demo task (generated fundus images,
-128x128, the demo model's recipe; seeded; cached under out/ so a second run skips it).
+at the generator's size, the demo model's recipe; seeded; cached under out/ by size, so a
+second run skips it and a generator of another size does not reuse it).
 Then, on held-out images with one lesion each, approximate mode with the gates frozen is
 compared with exact: at τ 1 without drill-down (the gates' error alone) and at the default
 drill-down setting — SSIM, the localisation figures, whether the lowest cell still points
@@ -22,8 +23,9 @@ import numpy as np
 import torch
 
 from bench.approximate import PATCH, STRIDE, add_scores
+from krypton.fundus import IMAGE_SIZE
 
-WEIGHTS = Path("out/fundus-gated-mobilenet_v3_small.pt")
+WEIGHTS = Path(f"out/fundus-gated-mobilenet_v3_small-{IMAGE_SIZE}px.pt")
 
 
 def trained(epochs: int) -> torch.nn.Module:
@@ -86,7 +88,8 @@ def main() -> None:
     naive = float(np.mean(naive_times))
     print(
         f"\nFrozen gates on trained weights (MobileNetV3-Small trained here on the demo task, "
-        f"{gates} gates, 128x128, {args.images} held-out lesion images, patch {PATCH}, "
+        f"{gates} gates, {IMAGE_SIZE}x{IMAGE_SIZE}, {args.images} held-out lesion images, "
+        f"patch {PATCH}, "
         f"stride {STRIDE}; exact ran {naive / np.mean(exact_times):.2f}x naive):\n"
     )
     print(
