@@ -1,6 +1,6 @@
 """Benchmark: frozen gates on trained weights.
 
-    python -m bench.gated [--epochs 6] [--images 12]
+    python -m bench.gated [--epochs 12] [--images 12]
 
 No model with squeeze-excitation gates and trained weights can be downloaded here, so this
 trains one: torchvision's MobileNetV3-Small on the demo task (generated fundus images,
@@ -47,7 +47,7 @@ def trained(epochs: int) -> torch.nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--images", type=int, default=12)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
