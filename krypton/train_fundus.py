@@ -284,11 +284,8 @@ def real_samples(model: torch.nn.Module, patch: int = 16, stride: int = 4) -> di
     sample (class, and whether its lowest heatmap cell lies on a visible dark dot) and 3 x 3
     tiles of it."""
     import krypton
-    from PIL import Image
-    from skimage import data
 
-    retina = Image.fromarray(data.retina())
-    dots_picture = Image.fromarray(data.microaneurysms())
+    retina, dots_picture = _real_photographs()
     found = {"retina": _prediction(model, retina)}
     micro = _prediction(model, dots_picture)
     heatmap = krypton.explain(
@@ -313,6 +310,14 @@ def real_samples(model: torch.nn.Module, patch: int = 16, stride: int = 4) -> di
         for tile, has_dot in _microaneurysm_tiles(dots_picture)
     ]
     return found
+
+
+def _real_photographs() -> tuple:
+    """scikit-image's two real fundus photographs: the Retina and Microaneurysms samples."""
+    from PIL import Image
+    from skimage import data
+
+    return Image.fromarray(data.retina()), Image.fromarray(data.microaneurysms())
 
 
 def _microaneurysm_tiles(picture) -> list[tuple[object, bool]]:
@@ -444,9 +449,6 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     generator's, scikit-image's natural photographs, whole and as 4 corner crops
     (target >= 95%), and whether the real fundus photographs (the Retina and
     Microaneurysms samples, the tiles of the latter) are flagged."""
-    from PIL import Image
-    from skimage import data
-
     from .fundus_independent import IndependentFundusGenerator
     from .ood import feature_statistics
 
@@ -464,9 +466,8 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
             pictures.append(picture.crop((left, top, left + half_w, top + half_h)))
             names.append(f"{name} (crop {index + 1})")
     natural = density.score(feature_statistics(model, (_picture_tensor(p) for p in pictures))[1])
-    dots_picture = Image.fromarray(data.microaneurysms())
-    real = [Image.fromarray(data.retina()), dots_picture]
-    real += [tile for tile, _ in _microaneurysm_tiles(dots_picture)]
+    retina, dots_picture = _real_photographs()
+    real = [retina, dots_picture, *(tile for tile, _ in _microaneurysm_tiles(dots_picture))]
     real_flagged = density.score(feature_statistics(model, map(_picture_tensor, real))[1]) > (
         density.threshold
     )
