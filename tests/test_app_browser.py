@@ -13,7 +13,7 @@ import pytest
 import torch
 import torchvision
 from selenium.webdriver.common.action_chains import ActionChains
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 
 from conftest import FUNDUS_SAMPLE
@@ -47,23 +47,41 @@ def upload(dash_duo, selector, path):
     dash_duo.find_element(f"{selector} input[type=file]").send_keys(str(path))
 
 
-def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7)):
-    """Drag a box on the image figure (fractions of the plot area), as a mouse would.
-
-    The figure re-renders when the prediction arrives; a drag that lands mid-render
-    selects nothing, so the gesture is repeated (up to three times) until the page shows
-    the region."""
-    dash_duo.wait_for_element("#image-graph .imagelayer image", timeout=30)
-    before = dash_duo.find_element("#region-text").text
-    for attempt in range(3):
-        layer = dash_duo.find_element("#image-graph .nsewdrag")
-        # the gallery can push the figure below the fold; a drag must happen on screen
-        dash_duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", layer)
-        left, top, width, height = dash_duo.driver.execute_script(
+def _settled_rect(dash_duo, element, timeout=20):
+    """The element's on-screen box once the page is quiet: no Dash callback pending and
+    the box unchanged for 0.3 s (a late callback can still shift the layout under a drag)."""
+    deadline = time.time() + timeout
+    previous = None
+    while time.time() < deadline:
+        idle = dash_duo._wait_for_callbacks()
+        rect = dash_duo.driver.execute_script(
             "const r = arguments[0].getBoundingClientRect();"
             "return [r.left, r.top, r.width, r.height];",
-            layer,
+            element,
         )
+        if idle and rect == previous:
+            return rect
+        previous = rect
+        time.sleep(0.3)
+    return previous
+
+
+def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7), attempts=5):
+    """Drag a box on the image figure (fractions of the plot area), as a mouse would.
+
+    The figure re-renders when the prediction arrives and late callbacks can move it; a
+    drag that lands mid-render selects nothing, so each try first waits for a quiet page
+    and the gesture is repeated until the page shows the region."""
+    dash_duo.wait_for_element("#image-graph .imagelayer image", timeout=30)
+    before = dash_duo.find_element("#region-text").text
+    for attempt in range(attempts):
+        layer = dash_duo.find_element("#image-graph .nsewdrag")
+        try:
+            # the gallery can push the figure below the fold; a drag must happen on screen
+            dash_duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", layer)
+            left, top, width, height = _settled_rect(dash_duo, layer)
+        except StaleElementReferenceException:  # the figure re-rendered: find it again
+            continue
         x0, y0 = int(left + width * start[0]), int(top + height * start[1])
         x1, y1 = int(left + width * end[0]), int(top + height * end[1])
         actions = ActionChains(dash_duo.driver)
@@ -74,7 +92,7 @@ def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7)):
         pointer.move_to_location(x1, y1)
         pointer.pointer_up()
         actions.perform()
-        deadline = time.time() + 5
+        deadline = time.time() + 10
         while time.time() < deadline:
             text = dash_duo.find_element("#region-text").text
             if text.startswith("Region") and text != before:
