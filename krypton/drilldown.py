@@ -4,9 +4,13 @@ Pure numpy. Stage one evaluates the region at stride S1; the fraction r_drill_do
 cells is refined at the original stride S2. The paper refines the cells with the largest
 probability drops ("drop"); the default here ("drop+variation") spends half of the same
 budget on them and half on the cells whose neighbours disagree most, so a lesion that
-falls between stage-one samples — a moderate drop beside no drop — is still drilled. Each
-S2 position belongs to the S1 cell whose block [x, x + S1) contains it (the last block
-also takes the leftover margin).
+falls between stage-one samples — a moderate drop beside no drop — is still drilled.
+
+Stage one's axis is the region's first position, every S1 after it, and always the region's
+last position (a shorter last step when the span is not a multiple of S1): the border row
+and column are sampled, never extrapolated, so a drop there is seen. Each S2 position
+belongs to the stage-one block [y_k, y_k+1) that contains it; the last position is a block
+of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from scipy.interpolate import RegularGridInterpolator
 __all__ = [
     "drill_down_speedup",
     "stage_one_stride",
+    "stage_one_axis",
+    "block_of",
     "max_drill_down_speedup",
     "check_drill_down",
     "selected_blocks",
@@ -100,9 +106,20 @@ def selected_blocks(
     return mask.reshape(stage_one.shape)
 
 
-def block_of(coordinates: np.ndarray, origin: int, s1: int, blocks: int) -> np.ndarray:
-    """Index of the stage-one block each stage-two coordinate falls in."""
-    return np.minimum((coordinates - origin) // s1, blocks - 1)
+def stage_one_axis(grid_axis: np.ndarray, s1: int) -> np.ndarray:
+    """Stage-one positions along one axis of the stage-two grid: the first position, every
+    S1 after it, and the last position (so the border is sampled, not extrapolated)."""
+    grid_axis = np.asarray(grid_axis)
+    axis = grid_axis[0] + np.arange(0, grid_axis[-1] - grid_axis[0] + 1, s1)
+    if axis[-1] != grid_axis[-1]:
+        axis = np.append(axis, grid_axis[-1])
+    return axis
+
+
+def block_of(coordinates: np.ndarray, stage_axis: np.ndarray) -> np.ndarray:
+    """Index of the stage-one block [stage_axis[k], stage_axis[k + 1]) each stage-two
+    coordinate falls in (the last stage-one position is a block of its own)."""
+    return np.searchsorted(stage_axis, coordinates, side="right") - 1
 
 
 def interpolate_to_grid(

@@ -71,8 +71,8 @@ def planned_positions(
         else:
             width = min(region[2] - region[0], region[3] - region[1])
         s1 = drilldown.check_drill_down(target_speedup, r_drill_down, stride, width)
-    rows = len(range(0, ys[-1] - ys[0] + 1, s1))
-    cols = len(range(0, xs[-1] - xs[0] + 1, s1))
+    rows = len(drilldown.stage_one_axis(np.asarray(ys), s1))
+    cols = len(drilldown.stage_one_axis(np.asarray(xs), s1))
     stage_one = rows * cols
     chosen = max(1, math.ceil(r_drill_down * stage_one))
     per_block = total / stage_one

@@ -711,8 +711,8 @@ class OcclusionExplainer:
         """Adaptive drill-down (§4.2): stage one at S1, stage two at S2 where it matters."""
         grid_ys, grid_xs = grid
         s1 = plan.s1
-        stage_ys = grid_ys[0] + np.arange(0, grid_ys[-1] - grid_ys[0] + 1, s1)
-        stage_xs = grid_xs[0] + np.arange(0, grid_xs[-1] - grid_xs[0] + 1, s1)
+        stage_ys = drilldown.stage_one_axis(grid_ys, s1)
+        stage_xs = drilldown.stage_one_axis(grid_xs, s1)
         stage_rows, stage_cols = (
             np.repeat(stage_ys, len(stage_xs)),
             np.tile(stage_xs, len(stage_ys)),
@@ -729,15 +729,13 @@ class OcclusionExplainer:
         values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys, grid_xs)
         if partial is not None:  # the whole picture, coarse, before stage two
             partial(values.copy())
-        block_rows = drilldown.block_of(grid_ys, grid_ys[0], s1, len(stage_ys))
-        block_cols = drilldown.block_of(grid_xs, grid_xs[0], s1, len(stage_xs))
+        block_rows = drilldown.block_of(grid_ys, stage_ys)
+        block_cols = drilldown.block_of(grid_xs, stage_xs)
         refine = drilldown.selected_blocks(stage_one, plan.r_drill_down, plan.refine_by)[
             block_rows[:, None], block_cols[None, :]
         ]
         # positions computed in stage one keep their values and are not recomputed
-        on_stage_one = ((grid_ys - grid_ys[0]) % s1 == 0)[:, None] & (
-            (grid_xs - grid_xs[0]) % s1 == 0
-        )[None, :]
+        on_stage_one = np.isin(grid_ys, stage_ys)[:, None] & np.isin(grid_xs, stage_xs)[None, :]
         rows, cols = np.nonzero(refine & ~on_stage_one)
         run.expect(stage_rows.size + len(rows))
         values[rows, cols] = run.evaluate(grid_ys[rows], grid_xs[cols], patch, plan.tau)[0]

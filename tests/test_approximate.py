@@ -62,20 +62,22 @@ def test_drill_down_shape_and_exact_cells(model, image):
     assert list(approx.xs) == list(exact.xs) and list(approx.ys) == list(exact.ys)
     assert not np.isnan(approx.values).any()
     extra = approx.extra
-    assert extra["s1"] == 6 and extra["stage_one_positions"] == 10 * 10
+    # grid 0, 2, …, 56; stage one 0, 6, …, 54 and the last position 56: 11 per axis
+    assert extra["s1"] == 6 and extra["stage_one_positions"] == 11 * 11
     assert (
         approx.positions_evaluated
         == extra["stage_one_positions"] + extra["stage_two_positions"]
         < exact.positions_evaluated
     )
     # with tau = 1 every computed cell is exact: stage-one positions and drilled cells
-    grid = np.zeros_like(exact.values, dtype=bool)
-    grid[::3, ::3] = True
+    on_stage_one = np.zeros(len(exact.ys), dtype=bool)
+    on_stage_one[::3] = on_stage_one[-1] = True
+    grid = on_stage_one[:, None] & on_stage_one[None, :]
     np.testing.assert_allclose(approx.values[grid], exact.values[grid], atol=1e-5)
     equal = np.isclose(approx.values, exact.values, atol=1e-5)
     assert equal.sum() >= grid.sum() + extra["stage_two_positions"]
     # the drilled area holds the largest stage-one drops
-    stage_one = exact.values[::3, ::3]
+    stage_one = exact.values[grid].reshape(11, 11)
     worst = np.unravel_index(np.argmin(stage_one), stage_one.shape)
     assert np.allclose(
         approx.values[worst[0] * 3 : worst[0] * 3 + 3, worst[1] * 3 : worst[1] * 3 + 3],
@@ -293,3 +295,40 @@ def test_refine_by_is_recorded_and_validated(model, image):
     assert heatmap.extra["refine_by"] == "drop"
     with pytest.raises(ValueError, match="refine_by must be one of"):
         krypton.explain(model, image, mode="approximate", tau=1.0, refine_by="nope")
+
+
+class _BrightestPixel(torch.nn.Module):
+    """Two classes; class 0's logit is the image's largest value (class 1's is 1), so it
+    drops only while the patch covers the one bright pixel."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 1, 1, bias=False)
+        torch.nn.init.constant_(self.conv.weight, 1.0)
+
+    def forward(self, x):
+        peak = torch.amax(self.conv(x), dim=(1, 2, 3))
+        return torch.stack([peak, torch.ones_like(peak)], dim=1)
+
+
+def test_drill_down_samples_the_last_row_and_column():
+    """The only drop is at the bottom-right border: on a 64-px image, patch 8, stride 2 the
+    grid ends at 56, which S1 = 6 never reaches (0, 6, …, 54). Stage one used to extrapolate
+    row and column 54 over it, so the heatmap showed no drop at all; now the last position
+    is always a stage-one sample and the drop is there, exactly."""
+    image = torch.zeros(3, 64, 64)
+    image[:, 62, 62] = 5.0  # covered only by patches at y, x in 55..62: the grid's 56
+    model = _BrightestPixel().eval()
+    exact = krypton.explain(model, image, patch=8, stride=2, label=0)
+    approx = krypton.explain(
+        model, image, patch=8, stride=2, mode="approximate", label=0, tau=1.0, s1=6
+    )
+    assert exact.values[-1, -1] < 0.5 < exact.values[:-1, :-1].min()
+    np.testing.assert_allclose(approx.values, exact.values, atol=1e-6)
+    assert drilldown.stage_one_axis(np.arange(0, 57, 2), 6).tolist()[-3:] == [48, 54, 56]
+    assert drilldown.block_of(np.array([52, 54, 55, 56]), np.array([0, 54, 56])).tolist() == [
+        0,
+        1,
+        1,
+        2,
+    ]
