@@ -394,11 +394,17 @@ class OcclusionExplainer:
     """Occlusion explanations for one model, keeping its graph and the last image's views.
 
     Args:
-        model: a classifier in eval mode mapping (N, C, H, W) to logits (N, classes).
+        model: a classifier in eval mode mapping (N, C, H, W) to logits (N, classes), or a
+            :class:`LoadedModel` from the registry: its tuned τ curve is then the default
+            for approximate mode and its reference set checks each image
+            (``heatmap.extra["ood"]``), as :func:`krypton.explain` does.
         device: where to run; defaults to the device of the model's parameters.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device | str | None = None):
+    def __init__(self, model: nn.Module | LoadedModel, device: torch.device | str | None = None):
+        self.loaded = model if isinstance(model, LoadedModel) else None
+        if self.loaded is not None:
+            model = self.loaded.module
         _check_model(model)
         self.model = model
         model_device = _model_device(model)
@@ -496,8 +502,12 @@ class OcclusionExplainer:
         freeze_gates: bool | None = None,
         refine_by: str = "drop+variation",
     ) -> Heatmap:
-        """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments."""
+        """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments.
+        ``tuning`` defaults to the registry model's tuned τ curve when the explainer was
+        built from a :class:`LoadedModel`."""
         started = time.perf_counter()
+        if tuning is None and self.loaded is not None:
+            tuning = self.loaded.tuning
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         if strategy not in STRATEGIES:
@@ -613,6 +623,8 @@ class OcclusionExplainer:
                 tau_source=plan.tau_source,
                 r_drill_down=plan.r_drill_down if plan.s1 is not None else 1.0,
             )
+        if self.loaded is not None and self.loaded.ood is not None:
+            extra["ood"] = _ood_report(self.loaded, image)
         return Heatmap(
             values=values,
             xs=unique_xs,
@@ -984,6 +996,12 @@ class _Run:
         return probabilities, every
 
 
+def _ood_report(loaded: LoadedModel, image: torch.Tensor) -> dict:
+    """Is the image like the model's training images? (krypton.ood)"""
+    single = image[0] if image.dim() == 4 else image
+    return loaded.check_ood(single.detach().cpu().float()).as_dict()
+
+
 _explainers: "weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer]" = (
     weakref.WeakKeyDictionary()
 )
@@ -1068,6 +1086,8 @@ def explain(
         tuning = loaded.tuning
         model = loaded.module
     _check_model(model)
+    # one explainer (graph, views, measured plans) per module, shared by the LoadedModel
+    # wrapping it: its tuning is passed here and its reference set checked below
     explainer = _explainers.get(model)
     wanted = torch.device(device) if device is not None else None
     if explainer is None or (wanted is not None and explainer.device != wanted):
@@ -1096,7 +1116,5 @@ def explain(
         refine_by=refine_by,
     )
     if loaded is not None and loaded.ood is not None:
-        # Is the image like the model's training images? (krypton.ood)
-        single = image[0] if image.dim() == 4 else image
-        heatmap.extra["ood"] = loaded.check_ood(single.detach().cpu().float()).as_dict()
+        heatmap.extra["ood"] = _ood_report(loaded, image)
     return heatmap

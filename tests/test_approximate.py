@@ -2,6 +2,7 @@
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -240,6 +241,19 @@ def test_tuning_and_calibration_round_trip(tmp_path, model, image):
     assert heatmap.extra["tau_source"] == "tuned for SSIM 0.9 and localisation"
     default = krypton.explain(reloaded, image, patch=16, stride=8, mode="approximate")
     assert default.extra["tau"] == record["chosen"]["tau"]
+    # an explainer built from the registry model uses its tuning too (one built from the
+    # bare module cannot know it: it warns and runs τ 1.0, which a benchmark once hid)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        direct = krypton.OcclusionExplainer(reloaded).explain(
+            image, patch=16, stride=8, mode="approximate"
+        )
+    assert direct.extra["tau"] == record["chosen"]["tau"]
+    with pytest.warns(UserWarning, match="no tuned tau"):
+        bare = krypton.OcclusionExplainer(reloaded.module).explain(
+            image, patch=16, stride=8, mode="approximate"
+        )
+    assert bare.extra["tau"] == 1.0
 
     calibration = calibrate(reloaded.module, "tiny", (64, 64), patches=(16,), log=lambda line: None)
     save_calibration(path, calibration)

@@ -97,6 +97,9 @@ def test_a_user_model_registered_with_reference_images_warns(tmp_path, reference
     assert ood["threshold"] == pytest.approx(loaded.ood.threshold)
     assert ood["flagged"] == (ood["score"] > ood["threshold"])
     assert (ood["warning"] != "") == ood["flagged"]
+    # an explainer built from the registry model checks the image too
+    direct = krypton.OcclusionExplainer(loaded).explain(image, patch=32, stride=32)
+    assert direct.extra["ood"] == ood
 
 
 def test_too_few_or_unreadable_reference_images_are_refused(tmp_path, reference_folder):
