@@ -153,7 +153,20 @@ def test_gallery_region_run_shows_heatmap_with_progress(dash_duo, krypton_app):
     assert dash_duo.find_element("#run").is_enabled()
     (ROOT / "docs").mkdir(exist_ok=True)
     (ROOT / "out").mkdir(exist_ok=True)
-    dash_duo.driver.save_screenshot(str(ROOT / "out" / "screenshot.png"))
+    save_page_screenshot(dash_duo.driver, ROOT / "out" / "screenshot.png")
+
+
+def save_page_screenshot(driver, path: Path) -> None:
+    """The whole page, top to bottom: the drag scrolled the image to the middle of the
+    window, which left the heatmap above the visible part of the screenshot."""
+    width = driver.get_window_size()["width"]
+    height, bars = driver.execute_script(
+        "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
+    )
+    driver.set_window_size(width, height + bars)
+    driver.execute_script("window.scrollTo(0, 0)")
+    time.sleep(0.5)  # let the figures re-layout at the new size
+    driver.save_screenshot(str(path))
 
 
 def test_cancel_stops_the_run(dash_duo, krypton_app, fundus_png):

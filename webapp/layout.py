@@ -131,8 +131,13 @@ def _labelled(label: str, control, help_text: str | None = None) -> html.Div:
 
 
 def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.Button:
+    """A gallery sample: its thumbnail, its short title and what it is (also the tooltip)."""
     return html.Button(
-        [html.Img(src=thumbnail, className="thumb"), html.Span(title)],
+        [
+            html.Img(src=thumbnail, className="thumb"),
+            html.Span(title, className="sample-title"),
+            html.Span(caption, className="sample-caption"),
+        ],
         id={"type": "sample", "name": name},
         className="sample",
         title=caption,
@@ -142,9 +147,9 @@ def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.
 
 def _gallery() -> html.Div:
     buttons = []
-    for filename, title in SAMPLE_NAMES.items():
+    for filename, (title, caption) in SAMPLE_NAMES.items():
         if (SAMPLES_DIR / filename).exists():
-            buttons.append(_sample_button(filename, title, f"/assets/samples/{filename}", title))
+            buttons.append(_sample_button(filename, title, f"/assets/samples/{filename}", caption))
     for filename, (title, caption) in DICOM_SAMPLES.items():
         thumbnail = _dicom_thumbnail(filename) if sample_path(filename).exists() else None
         if thumbnail:
