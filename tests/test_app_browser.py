@@ -74,7 +74,7 @@ def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7), attempts=5):
     and the gesture is repeated until the page shows the region."""
     dash_duo.wait_for_element("#image-graph .imagelayer image", timeout=30)
     before = dash_duo.find_element("#region-text").text
-    for attempt in range(attempts):
+    for _ in range(attempts):
         layer = dash_duo.find_element("#image-graph .nsewdrag")
         try:
             # the gallery can push the figure below the fold; a drag must happen on screen
