@@ -422,6 +422,20 @@ def natural_photos() -> dict:
     return {name: Image.open(folder / name).convert("RGB") for name in NATURAL_PHOTOS}
 
 
+def natural_photo_set() -> tuple[list[str], list]:
+    """The OOD evaluation's 90 photographs: each of :func:`natural_photos` whole and as
+    its 4 corner crops (half the width and height), with names."""
+    pictures, names = [], []
+    for name, picture in natural_photos().items():
+        pictures.append(picture)
+        names.append(name)
+        half_w, half_h = picture.width // 2, picture.height // 2
+        for index, (left, top) in enumerate(((0, 0), (half_w, 0), (0, half_h), (half_w, half_h))):
+            pictures.append(picture.crop((left, top, left + half_w, top + half_h)))
+            names.append(f"{name} (crop {index + 1})")
+    return names, pictures
+
+
 def _generated_features(model, seed: int, count: int, generator_class=None):
     from .ood import feature_statistics
 
@@ -434,13 +448,19 @@ def _generated_features(model, seed: int, count: int, generator_class=None):
 
 def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000):
     """The out-of-distribution reference of the demo model: generated training-like
-    images (every view and rendering) fit the densities; others calibrate them."""
-    from .ood import fit_density
+    images (every view and rendering) fit the densities and, against synthetic outliers,
+    the outlier boundary; others calibrate them."""
+    from .ood import fit_density, outlier_features
 
     names, fit = _generated_features(model, REFERENCE_SEED, reference)
     _, calibrate = _generated_features(model, THRESHOLD_SEED, held_out)
+    outliers = outlier_features(model, (IMAGE_SIZE, IMAGE_SIZE), IMAGENET_MEAN, IMAGENET_STD)
     return fit_density(
-        names, fit, calibrate, f"{reference} generated fundus images (every view and rendering)"
+        names,
+        fit,
+        calibrate,
+        f"{reference} generated fundus images (every view and rendering)",
+        outliers=outliers,
     )
 
 
@@ -456,15 +476,7 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     independent = density.score(
         _generated_features(model, OOD_TEST_SEED, count // 2, IndependentFundusGenerator)[1]
     )
-    photos = natural_photos()
-    pictures, names = [], []
-    for name, picture in photos.items():
-        pictures.append(picture)
-        names.append(name)
-        half_w, half_h = picture.width // 2, picture.height // 2
-        for index, (left, top) in enumerate(((0, 0), (half_w, 0), (0, half_h), (half_w, half_h))):
-            pictures.append(picture.crop((left, top, left + half_w, top + half_h)))
-            names.append(f"{name} (crop {index + 1})")
+    names, pictures = natural_photo_set()
     natural = density.score(feature_statistics(model, (_picture_tensor(p) for p in pictures))[1])
     retina, dots_picture = _real_photographs()
     real = [retina, dots_picture, *(tile for tile, _ in _microaneurysm_tiles(dots_picture))]

@@ -12,7 +12,13 @@ from PIL import Image
 
 import krypton
 from krypton.fundus import FundusGenerator
-from krypton.ood import FeatureDensity, feature_statistics, fit_density, penultimate_features
+from krypton.ood import (
+    OUTLIER_IMAGES,
+    FeatureDensity,
+    feature_statistics,
+    fit_density,
+    penultimate_features,
+)
 from krypton.registry import RegistryError, load_model, register_model
 
 
@@ -43,6 +49,42 @@ def test_density_round_trips_through_npz(tmp_path):
     np.testing.assert_allclose(loaded.score(points), density.score(points), rtol=1e-4)
     assert loaded.reference == "x" and loaded.fitted_on == 100 and loaded.held_out == 30
     assert loaded.threshold == pytest.approx(density.threshold)
+
+
+def test_the_outlier_boundary_flags_what_lies_between_the_densities_and_the_outliers(
+    tmp_path,
+):
+    """Points each stage's density finds ordinary (within its spread) but that lie on
+    the synthetic outliers' side: the densities alone miss most, the boundary flags them;
+    genuine points stay at about 1%; the boundary survives the npz."""
+    rng = np.random.default_rng(3)
+    names = ["early", "penultimate"]
+
+    def genuine(count):
+        return [rng.normal(size=(count, 8)), rng.normal(size=(count, 8))]
+
+    def outlying(count):
+        return [rng.normal(size=(count, 8)) + 1.0, rng.normal(size=(count, 8)) + 1.0]
+
+    reference, held_out = genuine(600), genuine(600)
+    densities_only = fit_density(names, reference, held_out)
+    with_boundary = fit_density(names, reference, held_out, outliers=outlying(600))
+    assert densities_only.boundary is None and densities_only.stage_names == names
+    assert with_boundary.stage_names == names + ["outlier boundary"]
+    assert with_boundary.outliers == 600
+    fresh_outliers, fresh_genuine = outlying(500), genuine(2000)
+    flagged_by_densities = densities_only.score(fresh_outliers) > densities_only.threshold
+    assert flagged_by_densities.mean() < 0.4
+    scores, stages = with_boundary.scores(fresh_outliers)
+    assert (scores > with_boundary.threshold).mean() > 0.8
+    assert (stages == 2).mean() > 0.6  # the boundary is where most are most unusual
+    assert (with_boundary.score(fresh_genuine) > with_boundary.threshold).mean() < 0.03
+    with_boundary.save(tmp_path / "b.npz")
+    loaded = FeatureDensity.load(tmp_path / "b.npz")
+    assert loaded.outliers == 600 and loaded.stage_names == with_boundary.stage_names
+    np.testing.assert_allclose(
+        loaded.score(fresh_outliers), with_boundary.score(fresh_outliers), rtol=1e-4
+    )
 
 
 def test_features_are_stage_statistics_and_the_classifier_heads_input():
@@ -90,6 +132,7 @@ def test_a_user_model_registered_with_reference_images_warns(tmp_path, reference
     assert entry["ood"]["path"] == "eye.ood.npz" and (home / "eye.ood.npz").is_file()
     assert "30 reference images" in entry["ood"]["reference"]
     assert loaded.ood is not None and load_model("eye", home).ood is not None
+    assert load_model("eye", home).ood.outliers == OUTLIER_IMAGES  # synthetic counter-examples
     image = loaded.preprocess(Image.open(reference_folder / "0.png"))
     heatmap = krypton.explain(loaded, image, patch=32, stride=32)
     ood = heatmap.extra["ood"]
@@ -204,3 +247,32 @@ def test_the_default_models_card_states_its_pointing_setting_and_real_photo_flag
     assert f"the real Retina sample {flagged[real['retina']]}" in card
     assert f"Microaneurysms sample {flagged[real['microaneurysms']]}" in card
     assert f"{real['microaneurysm_tiles']} of its 9 tiles flagged" in card
+
+
+def test_the_default_model_flags_the_natural_photographs_and_not_fundus_images():
+    """Issue 12's check, measured on the shipped model: of scikit-image's 90 photographs
+    (whole and corner crops) the densities alone missed 7 (92.2%: gray crops of the moon
+    and of the page of text); with the outlier boundary at most 5 are missed (94.4%; the
+    target, 95%, is still one photograph away), while fresh generated fundus images (a
+    seed none of the check's sets used) stay at most 2% flagged and the real Retina and
+    Microaneurysms samples are not flagged."""
+    from krypton.train_fundus import (
+        _generated_features,
+        _picture_tensor,
+        _real_photographs,
+        natural_photo_set,
+    )
+
+    loaded = load_model("fundus-demo")
+    density, module = loaded.ood, loaded.module
+    assert density.boundary is not None and density.outliers == OUTLIER_IMAGES
+    names, pictures = natural_photo_set()
+    assert len(pictures) == 90
+    natural = density.score(feature_statistics(module, map(_picture_tensor, pictures))[1])
+    missed = [name for name, score in zip(names, natural) if score <= density.threshold]
+    assert len(missed) <= 5, missed
+    assert {"chelsea.png", "astronaut.png", "rocket.jpg", "coffee.png"}.isdisjoint(missed)
+    fresh = density.score(_generated_features(module, 31, 200)[1])
+    assert (fresh > density.threshold).mean() <= 0.02
+    real = density.score(feature_statistics(module, map(_picture_tensor, _real_photographs()))[1])
+    assert (real <= density.threshold).all()

@@ -382,7 +382,13 @@ def model_card_lines(loaded) -> list[str]:
         text = (
             f"Out-of-distribution check: on (fitted on {loaded.ood.reference}; it flags an "
             f"image whose features at some stage of the network are unusually far from "
-            f"theirs, and by design about 1% of genuine images)"
+            f"theirs"
+            + (
+                f" or on the side of {loaded.ood.outliers:,} synthetic non-images"
+                if loaded.ood.boundary is not None
+                else ""
+            )
+            + ", and by design about 1% of genuine images)"
         )
         if rates:
             text += (
