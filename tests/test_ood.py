@@ -87,6 +87,20 @@ def test_the_outlier_boundary_flags_what_lies_between_the_densities_and_the_outl
     )
 
 
+def test_synthetic_outliers_are_seeded_sized_and_varied():
+    from krypton.outliers import synthetic_outliers
+
+    first = list(synthetic_outliers(12, 48, 80, seed=5))
+    again = list(synthetic_outliers(12, 48, 80, seed=5))
+    other = list(synthetic_outliers(12, 48, 80, seed=6))
+    assert all(a.shape == (48, 80, 3) and a.dtype == np.uint8 for a in first)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+    assert all(a.std() > 1 for a in first)  # pictures, not flat fills
+    gray = [bool(np.array_equal(a[..., 0], a[..., 1])) for a in first]
+    assert any(gray) and not all(gray)
+
+
 def test_features_are_stage_statistics_and_the_classifier_heads_input():
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None, num_classes=3).eval()
