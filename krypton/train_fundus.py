@@ -491,6 +491,11 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
         "independent_images": count // 2,
         "natural_flagged": round(float((natural > density.threshold).mean()), 4),
         "natural_images": len(pictures),
+        # the photographs as scikit-image ships them, without the corner crops
+        "natural_whole_flagged": int(
+            sum(s > density.threshold for n, s in zip(names, natural) if n in NATURAL_PHOTOS)
+        ),
+        "natural_whole_images": len(NATURAL_PHOTOS),
         "natural_missed": [n for n, s in zip(names, natural) if s <= density.threshold],
         # real fundus photographs: flagged or not (tiles: how many of the 9)
         "real_flagged": {

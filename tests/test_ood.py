@@ -261,15 +261,21 @@ def test_the_default_models_card_states_its_pointing_setting_and_real_photo_flag
     assert f"the real Retina sample {flagged[real['retina']]}" in card
     assert f"Microaneurysms sample {flagged[real['microaneurysms']]}" in card
     assert f"{real['microaneurysm_tiles']} of its 9 tiles flagged" in card
+    rates = evaluation["ood"]
+    assert (
+        f"flags {rates['natural_whole_flagged']} of 18 natural photographs as shipped and "
+        f"{rates['natural_flagged']:.0%} of 90 natural photographs and crops" in card
+    )
+    assert f"the side of {loaded.ood.outliers:,} synthetic non-images" in card
 
 
 def test_the_default_model_flags_the_natural_photographs_and_not_fundus_images():
     """Issue 12's check, measured on the shipped model: of scikit-image's 90 photographs
     (whole and corner crops) the densities alone missed 7 (92.2%: gray crops of the moon
     and of the page of text); with the outlier boundary at most 5 are missed (94.4%; the
-    target, 95%, is still one photograph away), while fresh generated fundus images (a
-    seed none of the check's sets used) stay at most 2% flagged and the real Retina and
-    Microaneurysms samples are not flagged."""
+    target, 95%, is one crop away; every whole photograph is flagged), while fresh
+    generated fundus images (a seed none of the check's sets used) stay at most 2% flagged
+    and the real Retina and Microaneurysms samples are not flagged."""
     from krypton.train_fundus import (
         _generated_features,
         _picture_tensor,
@@ -285,6 +291,7 @@ def test_the_default_model_flags_the_natural_photographs_and_not_fundus_images()
     natural = density.score(feature_statistics(module, map(_picture_tensor, pictures))[1])
     missed = [name for name, score in zip(names, natural) if score <= density.threshold]
     assert len(missed) <= 5, missed
+    assert all("(crop" in name for name in missed), missed
     assert {"chelsea.png", "astronaut.png", "rocket.jpg", "coffee.png"}.isdisjoint(missed)
     fresh = density.score(_generated_features(module, 31, 200)[1])
     assert (fresh > density.threshold).mean() <= 0.02

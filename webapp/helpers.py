@@ -391,9 +391,15 @@ def model_card_lines(loaded) -> list[str]:
             + ", and by design about 1% of genuine images)"
         )
         if rates:
+            whole = (
+                f"{rates['natural_whole_flagged']} of {rates['natural_whole_images']} natural "
+                f"photographs as shipped and "
+                if "natural_whole_flagged" in rates
+                else ""
+            )
             text += (
-                f"; flags {rates['natural_flagged']:.0%} of {rates['natural_images']} natural "
-                f"photographs and crops, {rates['in_distribution_flagged']:.1%} of "
+                f"; flags {whole}{rates['natural_flagged']:.0%} of {rates['natural_images']} "
+                f"natural photographs and crops, {rates['in_distribution_flagged']:.1%} of "
                 f"{rates['in_distribution_images']} fresh in-distribution images"
             )
             real = rates.get("real_flagged")
