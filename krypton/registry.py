@@ -446,8 +446,8 @@ def register_model(
     ``reference_images``: a folder of in-distribution images (at least 25: 80% fit the
     feature density, 20% set its threshold) for the out-of-distribution warning
     (:mod:`krypton.ood`), stored beside the weights; the check also learns a boundary
-    against 3,000 synthetic outlier images it draws itself (2-3 minutes for a ResNet18
-    at 224 x 224 on two CPU cores).
+    against 3,000 synthetic outlier images it draws itself (92 s for a ResNet18 at
+    224 x 224 on two CPU cores).
 
     ``directory`` defaults to :func:`user_models_dir`; shipped models are never written.
     Names are unique regardless of case, an existing model is never overwritten, and the
