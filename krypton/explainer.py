@@ -951,12 +951,16 @@ class _Run:
             every = np.concatenate([first[1], rest[1]])
         return probabilities, every
 
+    def _naive_logits(self, ys: np.ndarray, xs: np.ndarray) -> torch.Tensor:
+        """Logits of full inferences of the image occluded at these positions."""
+        occluded = self.explainer._occluded_batch(self.image, self.occluder, ys, xs)
+        with CAPTURE_LOCK.shared():
+            return self.explainer.model(occluded)
+
     def _time_naive(self, ys: np.ndarray, xs: np.ndarray) -> tuple[float, torch.Tensor]:
         """Seconds per position of a naive inference of these positions, and its logits."""
         began = time.perf_counter()
-        occluded = self.explainer._occluded_batch(self.image, self.occluder, ys, xs)
-        with CAPTURE_LOCK.shared():
-            logits = self.explainer.model(occluded)
+        logits = self._naive_logits(ys, xs)
         return (time.perf_counter() - began) / len(ys), logits
 
     def evaluate(
@@ -988,11 +992,7 @@ class _Run:
         for begin in range(0, count, self.batch_size):
             batch = slice(begin, min(begin + self.batch_size, count))
             if naive:
-                occluded = self.explainer._occluded_batch(
-                    self.image, self.occluder, ys[batch], xs[batch]
-                )
-                with CAPTURE_LOCK.shared():
-                    logits = self.explainer.model(occluded)
+                logits = self._naive_logits(ys[batch], xs[batch])
             else:
                 logits = self.graph.run_batch(self.views, geometry, batch, self.occluder)
             softmax = torch.softmax(logits.float(), dim=1)
