@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -398,22 +398,17 @@ def _fit_boundary(
 def outlier_features(
     module: nn.Module,
     input_size: tuple[int, int],
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
+    preprocess: Callable[[np.ndarray], torch.Tensor],
     count: int = OUTLIER_IMAGES,
     batch_size: int = 32,
 ) -> list[np.ndarray]:
     """:func:`feature_statistics` of ``count`` synthetic outliers (:mod:`krypton.outliers`)
-    drawn at the model's input size and normalised with its mean and std."""
+    drawn at the model's input size; ``preprocess`` turns each (H, W, 3) uint8 picture
+    into the model's (3, H, W) input, as the model's own images are."""
     from .outliers import synthetic_outliers
 
     height, width = input_size
-    centre = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
-    spread = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
-    images = (
-        (torch.from_numpy(picture).permute(2, 0, 1).float() / 255.0 - centre) / spread
-        for picture in synthetic_outliers(count, height, width)
-    )
+    images = map(preprocess, synthetic_outliers(count, height, width))
     return feature_statistics(module, images, batch_size)[1]
 
 

@@ -535,6 +535,8 @@ REFERENCE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".dcm")
 def _reference_density(module: nn.Module, entry: dict, folder: Path):
     """Fit the out-of-distribution check on a folder of the user's in-distribution
     images: a seeded 80/20 split into reference and held-out images."""
+    from PIL import Image
+
     from .imaging import ImageLoadError, load_image
     from .models import LoadedModel
     from .ood import (
@@ -570,7 +572,9 @@ def _reference_density(module: nn.Module, entry: dict, folder: Path):
     split = int(round(0.8 * len(tensors)))
     with CAPTURE_LOCK.shared():
         names, features = feature_statistics(module, torch.stack(tensors))
-        outliers = outlier_features(module, shaped.input_size, shaped.mean, shaped.std)
+        outliers = outlier_features(
+            module, shaped.input_size, lambda picture: shaped.preprocess(Image.fromarray(picture))
+        )
     try:
         return fit_density(
             names,

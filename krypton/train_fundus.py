@@ -454,7 +454,7 @@ def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000)
 
     names, fit = _generated_features(model, REFERENCE_SEED, reference)
     _, calibrate = _generated_features(model, THRESHOLD_SEED, held_out)
-    outliers = outlier_features(model, (IMAGE_SIZE, IMAGE_SIZE), IMAGENET_MEAN, IMAGENET_STD)
+    outliers = outlier_features(model, (IMAGE_SIZE, IMAGE_SIZE), lambda p: to_tensor(p[None])[0])
     return fit_density(
         names,
         fit,
