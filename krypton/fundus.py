@@ -377,6 +377,35 @@ class FundusGenerator:
                 return image, others
         return None
 
+    def partly_hide_lesion(self, sample: Sample) -> tuple[np.ndarray, int, float] | None:
+        """The sample with one lesion partly under a mid-gray box that touches no other
+        lesion: (image, the lesion's index, the share of its disk still visible, 0.1-0.9);
+        None when no such box fits. Training on it teaches that evidence fades as the
+        occluder covers more of a lesion, so the lowest occlusion probability lies where
+        the patch covers the lesion best, not anywhere it covers half."""
+        if not sample.lesions:
+            return None
+        index = int(self.rng.integers(len(sample.lesions)))
+        lesion = sample.lesions[index]
+        others = sample.lesions[:index] + sample.lesions[index + 1 :]
+        reach = lesion.radius + 1  # the soft edge reaches about a pixel past the radius
+        offsets = np.linspace(-reach, reach, 15)
+        disk_x, disk_y = np.meshgrid(offsets + lesion.x, offsets + lesion.y)
+        in_disk = (disk_x - lesion.x) ** 2 + (disk_y - lesion.y) ** 2 <= reach**2
+        disk_x, disk_y = disk_x[in_disk], disk_y[in_disk]
+        for _ in range(20):
+            side = int(self.rng.integers(12, 33))
+            x0 = int(round(lesion.x + self.rng.uniform(-side - reach, reach)))
+            y0 = int(round(lesion.y + self.rng.uniform(-side - reach, reach)))
+            x0, y0 = int(np.clip(x0, 0, self.size - side)), int(np.clip(y0, 0, self.size - side))
+            under = (disk_x >= x0) & (disk_x < x0 + side) & (disk_y >= y0) & (disk_y < y0 + side)
+            visible = 1.0 - float(under.mean())
+            if 0.1 <= visible <= 0.9 and not any(o.covered_by(x0, y0, side) for o in others):
+                image = sample.image.copy()
+                image[y0 : y0 + side, x0 : x0 + side] = 128
+                return image, index, visible
+        return None
+
     def gray_box(self, sample: Sample, max_side: int = 48) -> np.ndarray:
         """The sample with one mid-gray box that avoids every lesion (augmentation that
         teaches the model gray occluders alone mean nothing)."""

@@ -1,12 +1,13 @@
 """Train and evaluate the fundus-lesion demo model (torchvision ResNet18, 3 classes).
 
-    python -m krypton.train_fundus train        # ~80 min on 2 CPU cores; writes models/
+    python -m krypton.train_fundus train        # ~90 min on 2 CPU cores; writes models/
     python -m krypton.train_fundus third-stage  # stage 3 only, from the two-stage model
+    python -m krypton.train_fundus fourth-stage # stage 4 only, from the three-stage model
     python -m krypton.train_fundus evaluate     # every number of the model card
 
 Seeded and reproducible: training images come from FundusGenerator(seed=1), in the
-second stage seed 7 and in the third seed 11 — fresh streams (the model never sees the
-same image twice);
+second stage seed 7, in the third seed 11 and in the fourth seed 13 — fresh streams (the
+model never sees the same image twice);
 held-out test images from seed 3, the pointing-game set from seed 4, the
 out-of-distribution reference from seeds 5 (fit) and 6 (calibration), its test from seed
 9, multi-lesion images from seed 8;
@@ -82,23 +83,44 @@ def evidence_target(lesions: list) -> np.ndarray:
     return target
 
 
+def partly_hidden_target(lesions: list, index: int, share: float) -> np.ndarray:
+    """Soft target for an image whose lesion ``index`` shows only ``share`` of itself: the
+    targets with and without that lesion (:func:`evidence_target`), mixed by the share
+    — evidence fades as the occluder covers more of it."""
+    others = lesions[:index] + lesions[index + 1 :]
+    return share * evidence_target(lesions) + (1 - share) * evidence_target(others)
+
+
 def _batch(
-    generator: FundusGenerator, size: int, gray_boxes: bool, graded: bool = False
+    generator: FundusGenerator,
+    size: int,
+    gray_boxes: bool,
+    graded: bool = False,
+    partial: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A balanced batch: images and class indices, or with ``graded`` soft targets by
     evidence, where a quarter of the lesion images have one lesion hidden under a gray
-    box (their target follows the lesions left)."""
+    box (their target follows the lesions left). With ``partial`` (graded only) a fifth
+    have one lesion wholly hidden and a fifth one lesion partly hidden, whose target
+    mixes the targets with and without it by the share of it still visible."""
     samples = [generator.sample(label=i % len(CLASSES)) for i in range(size)]
     images, targets = [], []
     for sample in samples:
         image, visible = sample.image, sample.lesions
+        target = None
         draw = generator.rng.random() if gray_boxes or graded else 1.0
-        if graded and draw < 0.25 and (hidden := generator.hide_lesion(sample)) is not None:
+        hide_below, box_from = (0.2, 0.55) if partial else (0.25, 0.5)
+        if graded and draw < hide_below and (hidden := generator.hide_lesion(sample)):
             image, visible = hidden
-        elif gray_boxes and (draw >= 0.5 if graded else draw < 0.5):
+        elif partial and draw < 0.4 and (part := generator.partly_hide_lesion(sample)):
+            image, index, share = part
+            target = partly_hidden_target(visible, index, share)
+        elif gray_boxes and (draw >= box_from if graded else draw < 0.5):
             image = generator.gray_box(sample)
         images.append(image)
-        targets.append(evidence_target(visible) if graded else label_for(visible))
+        if target is None:
+            target = evidence_target(visible) if graded else label_for(visible)
+        targets.append(target)
     labels = torch.tensor(np.array(targets), dtype=torch.float32 if graded else torch.long)
     return to_tensor(np.stack(images)), labels
 
@@ -114,6 +136,7 @@ def train(
     initial_weights: Path | dict | None = None,
     learning_rate: float = 2e-3,
     graded: bool = False,
+    partial: bool = False,
 ) -> tuple[torch.nn.Module, dict]:
     """Train from scratch; returns the eval-mode model and a training record.
 
@@ -143,7 +166,9 @@ def train(
         correct = seen = 0
         loss_sum = 0.0
         for _ in range(steps_per_epoch):
-            images, labels = _batch(generator, batch_size, gray_boxes=True, graded=graded)
+            images, labels = _batch(
+                generator, batch_size, gray_boxes=True, graded=graded, partial=partial
+            )
             logits = model(images)
             loss = (
                 F.cross_entropy(logits, labels)  # soft targets carry their own smoothing
@@ -169,7 +194,14 @@ def train(
         "batch_size": batch_size,
         "seed": seed,
         "label_smoothing": None if graded else label_smoothing,
-        "targets": "graded by evidence, a quarter with one lesion hidden" if graded else "class",
+        "targets": (
+            "graded by evidence, a fifth with one lesion hidden, a fifth with one partly "
+            "hidden (target mixed by the share visible)"
+            if partial
+            else "graded by evidence, a quarter with one lesion hidden"
+            if graded
+            else "class"
+        ),
         "learning_rate": learning_rate,
         "initial_weights": (
             None
@@ -436,6 +468,46 @@ def natural_photo_set() -> tuple[list[str], list]:
     return names, pictures
 
 
+DOCUMENT_SEED = 12
+
+
+def document_pages(count: int = 30, seed: int = DOCUMENT_SEED) -> list:
+    """Pages of real text typeset with Pillow's own font (the prose of the standard
+    library's argparse, logging and unittest docstrings): light or dark paper, 9-26 px
+    type, left-aligned lines with margins — the screen captures and scanned reports a
+    user may upload by mistake. Never used in fitting the out-of-distribution check."""
+    import logging
+    import unittest
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    words = " ".join(m.__doc__ for m in (argparse, logging, unittest)).split()
+    rng = np.random.default_rng(seed)
+    pages = []
+    for _ in range(count):
+        light = rng.uniform() < 0.75  # dark text on light paper, or a dark theme
+        paper = rng.integers(215, 256, 3) if light else rng.integers(0, 60, 3)
+        ink = rng.integers(0, 90, 3) if light else rng.integers(180, 256, 3)
+        size = int(rng.integers(9, 27))
+        font = ImageFont.load_default(size=size)
+        page = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), tuple(int(v) for v in paper))
+        pen = ImageDraw.Draw(page)
+        start = int(rng.integers(len(words)))
+        margin = int(rng.integers(2, 20))
+        y = int(rng.integers(0, 20))
+        while y < IMAGE_SIZE:
+            line, x = [], margin
+            while x < IMAGE_SIZE - margin:
+                word = words[start % len(words)]
+                start += 1
+                line.append(word)
+                x += int(pen.textlength(word + " ", font=font))
+            pen.text((margin, y), " ".join(line), fill=tuple(int(v) for v in ink), font=font)
+            y += int(size * rng.uniform(1.2, 1.8))
+        pages.append(page)
+    return pages
+
+
 def _generated_features(model, seed: int, count: int, generator_class=None):
     from .ood import feature_statistics
 
@@ -467,8 +539,9 @@ def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000)
 def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     """Flag rates: fresh in-distribution images (target <= 2%), the independent
     generator's, scikit-image's natural photographs, whole and as 4 corner crops
-    (target >= 95%), and whether the real fundus photographs (the Retina and
-    Microaneurysms samples, the tiles of the latter) are flagged."""
+    (target >= 95%), typeset text pages (:func:`document_pages`), and whether the real
+    fundus photographs (the Retina and Microaneurysms samples, the tiles of the latter)
+    are flagged."""
     from .fundus_independent import IndependentFundusGenerator
     from .ood import feature_statistics
 
@@ -478,6 +551,8 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     )
     names, pictures = natural_photo_set()
     natural = density.score(feature_statistics(model, (_picture_tensor(p) for p in pictures))[1])
+    pages = document_pages()
+    documents = density.score(feature_statistics(model, map(_picture_tensor, pages))[1])
     retina, dots_picture = _real_photographs()
     real = [retina, dots_picture, *(tile for tile, _ in _microaneurysm_tiles(dots_picture))]
     real_flagged = density.score(feature_statistics(model, map(_picture_tensor, real))[1]) > (
@@ -497,6 +572,9 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
         ),
         "natural_whole_images": len(NATURAL_PHOTOS),
         "natural_missed": [n for n, s in zip(names, natural) if s <= density.threshold],
+        # typeset text pages (document_pages), never used in fitting
+        "documents_flagged": round(float((documents > density.threshold).mean()), 4),
+        "documents_images": len(pages),
         # real fundus photographs: flagged or not (tiles: how many of the 9)
         "real_flagged": {
             "retina": bool(real_flagged[0]),
@@ -713,6 +791,29 @@ def train_third_stage(
     )
 
 
+FOURTH_STAGE_SEED = 13
+
+
+def train_fourth_stage(
+    model: torch.nn.Module, epochs: int = 5, images_per_epoch: int = 3200, log=print
+):
+    """Stage 4, from the three-stage model's float16 weights on a fresh stream (seed 13,
+    learning rate 3e-4): graded targets with lesions partly hidden as well as wholly
+    (:func:`_batch` with ``partial``). After stage 3 a patch covering half a lesion already
+    took the probability to its floor, so the lowest heatmap cell fell anywhere on a
+    plateau up to 13 px from the lesion (strict pointing game 74%)."""
+    return train(
+        epochs,
+        images_per_epoch,
+        seed=FOURTH_STAGE_SEED,
+        log=log,
+        initial_weights=half_state(model),
+        learning_rate=3e-4,
+        graded=True,
+        partial=True,
+    )
+
+
 def train_stages(epochs: int = 10, images_per_epoch: int = 3200, log=print):
     """How the shipped fundus-demo was trained: stage 1 from scratch (seed 1, learning
     rate 2e-3), stage 2 from stage 1's float16 weights on a fresh image stream (seed 7,
@@ -728,9 +829,11 @@ def train_stages(epochs: int = 10, images_per_epoch: int = 3200, log=print):
         learning_rate=1e-3,
     )
     second_record["initial_weights"] = "stage 1 (float16 weights)"
-    model, third_record = train_third_stage(second, log=log)
+    third, third_record = train_third_stage(second, log=log)
     third_record["initial_weights"] = "stage 2 (float16 weights)"
-    return model, stages_record([first_record, second_record, third_record])
+    model, fourth_record = train_fourth_stage(third, log=log)
+    fourth_record["initial_weights"] = "stage 3 (float16 weights)"
+    return model, stages_record([first_record, second_record, third_record, fourth_record])
 
 
 def stages_record(stages: list[dict]) -> dict:
@@ -744,9 +847,13 @@ def stages_record(stages: list[dict]) -> dict:
     }
 
 
+# command: (how many earlier stages it starts from, the stage's training function)
+LATER_STAGES = {"third-stage": (2, train_third_stage), "fourth-stage": (3, train_fourth_stage)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["train", "third-stage", "evaluate", "gallery"])
+    parser.add_argument("command", choices=["train", *LATER_STAGES, "evaluate", "gallery"])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--images-per-epoch", type=int, default=3200)
     parser.add_argument("--pointing-images", type=int, default=100)
@@ -763,7 +870,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--refit-ood", action="store_true", help="evaluate: refit the OOD check")
     parser.add_argument(
-        "--from-dir", type=Path, default=MODEL_DIR, help="third-stage: the two-stage model"
+        "--from-dir",
+        type=Path,
+        default=MODEL_DIR,
+        help="third-stage / fourth-stage: the model of the stages before it",
     )
     args = parser.parse_args(argv)
     if args.command == "gallery":
@@ -772,13 +882,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "train":
         model, record = train_stages(args.epochs, args.images_per_epoch)
         density = fit_ood(model)
-    elif args.command == "third-stage":
+    elif args.command in LATER_STAGES:
         from .registry import load_model
 
+        kept, train_stage = LATER_STAGES[args.command]
         earlier = json.loads((args.from_dir / REGISTRY_FILE).read_text())["training"]
-        model, third = train_third_stage(load_model("fundus-demo", args.from_dir).module)
-        third["initial_weights"] = "stage 2 (float16 weights)"
-        record = stages_record(earlier["stages"][:2] + [third])
+        if len(earlier["stages"]) < kept:
+            parser.error(
+                f"{args.command} needs a model of at least {kept} stages in {args.from_dir}"
+            )
+        model, stage = train_stage(load_model("fundus-demo", args.from_dir).module)
+        stage["initial_weights"] = f"stage {kept} (float16 weights)"
+        record = stages_record(earlier["stages"][:kept] + [stage])
         density = fit_ood(model)
     else:
         from .registry import load_model

@@ -138,3 +138,63 @@ def test_evaluation_parts_are_re_measured_and_merged_into_the_record():
     assert again["seconds"] == {**fresh["seconds"], "ood": 3.0}
     with pytest.raises(ValueError, match="unknown evaluation parts"):
         evaluate(model, None, parts=("pointing", "speed"))
+
+
+def test_a_partly_hidden_lesion_keeps_the_visible_share_it_reports():
+    """Stage 4's augmentation: the gray box covers part of one lesion's disk (the share
+    still visible as reported, 0.1-0.9), touches no other lesion, and nothing else of the
+    image changes; the training target mixes the targets with and without the lesion by
+    that share, so it falls between them."""
+    generator = FundusGenerator(seed=21)
+    shares = []
+    for index in range(40):
+        sample = generator.sample(label=1 + index % 2)
+        found = generator.partly_hide_lesion(sample)
+        assert found is not None
+        image, hidden, share = found
+        shares.append(share)
+        changed = np.any(image != sample.image, axis=-1)
+        rows, cols = np.nonzero(np.all(image == 128, axis=-1) & changed)
+        assert len(rows), "the box is drawn"
+        y0, y1, x0, x1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+        assert not changed[:y0].any() and not changed[y1:].any()
+        assert not changed[:, :x0].any() and not changed[:, x1:].any()
+        lesion = sample.lesions[hidden]
+        assert 0.1 <= share <= 0.9
+        reach = lesion.radius + 1  # the disk the share is measured on
+        ys, xs = np.mgrid[0:224, 0:224] + 0.5
+        disk = (xs - lesion.x) ** 2 + (ys - lesion.y) ** 2 <= reach**2
+        inside = disk & (xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1)
+        assert abs((1 - inside.sum() / disk.sum()) - share) < 0.15
+        others = sample.lesions[:hidden] + sample.lesions[hidden + 1 :]
+        assert not any(o.covered_by(x0, y0, max(x1 - x0, y1 - y0)) for o in others)
+    assert min(shares) < 0.3 and max(shares) > 0.7  # from mostly hidden to mostly seen
+    # the target mixes: one microaneurysm half seen is half MICROANEURYSM (0.70), half
+    # NORMAL (0.05 left to it); a batch holds such mixtures and only probabilities
+    from krypton.train_fundus import _batch, partly_hidden_target
+
+    dot, fleck = Lesion("MICROANEURYSM", 50, 50, 3), Lesion("EXUDATE", 90, 90, 2)
+    np.testing.assert_allclose(partly_hidden_target([dot], 0, 0.5), [0.525, 0.375, 0.1])
+    np.testing.assert_allclose(  # the exudate half hidden: EXUDATE or MICROANEURYSM evidence
+        partly_hidden_target([dot, fleck], 1, 0.5), [0.15, 0.425, 0.425]
+    )
+    _, targets = _batch(FundusGenerator(seed=22), 90, gray_boxes=True, graded=True, partial=True)
+    np.testing.assert_allclose(targets.sum(1), 1.0, atol=1e-6)
+    pure = {0.7, 0.82, 0.89, 0.935, 0.9}
+    assert any(round(float(t.max()), 3) not in pure for t in targets)
+    _, targets = _batch(FundusGenerator(seed=22), 90, gray_boxes=True, graded=True)
+    assert all(round(float(t.max()), 3) in pure for t in targets)
+
+
+def test_a_later_stage_refuses_a_model_with_too_few_stages(tmp_path, capsys):
+    """`fourth-stage` continues a three-stage model; given a two-stage record it says so
+    before loading or training anything."""
+    import json
+
+    from krypton.train_fundus import REGISTRY_FILE, main
+
+    (tmp_path / REGISTRY_FILE).write_text(json.dumps({"training": {"stages": [{}, {}]}}))
+    with pytest.raises(SystemExit):
+        main(["fourth-stage", "--from-dir", str(tmp_path)])
+    assert "fourth-stage needs a model of at least 3 stages" in capsys.readouterr().err
+
