@@ -769,6 +769,28 @@ def half_state(model: torch.nn.Module) -> dict:
     return {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
 
 
+def _train_on(
+    model: torch.nn.Module,
+    epochs: int,
+    images_per_epoch: int,
+    seed: int,
+    learning_rate: float,
+    log,
+    **targets: bool,
+):
+    """A later stage: :func:`train` from ``model``'s weights as stored (float16) on the
+    fresh image stream ``seed``; ``targets`` are train's ``graded`` / ``partial``."""
+    return train(
+        epochs,
+        images_per_epoch,
+        seed=seed,
+        log=log,
+        initial_weights=half_state(model),
+        learning_rate=learning_rate,
+        **targets,
+    )
+
+
 THIRD_STAGE_SEED = 11
 
 
@@ -780,15 +802,7 @@ def train_third_stage(
     the lesion images with one lesion hidden under a gray box. After stages 1-2 the model
     gave one lesion and four the same probability, so occluding one of several changed
     nothing (multi-lesion coverage 55%)."""
-    return train(
-        epochs,
-        images_per_epoch,
-        seed=THIRD_STAGE_SEED,
-        log=log,
-        initial_weights=half_state(model),
-        learning_rate=5e-4,
-        graded=True,
-    )
+    return _train_on(model, epochs, images_per_epoch, THIRD_STAGE_SEED, 5e-4, log, graded=True)
 
 
 FOURTH_STAGE_SEED = 13
@@ -802,15 +816,8 @@ def train_fourth_stage(
     (:func:`_batch` with ``partial``). After stage 3 a patch covering half a lesion already
     took the probability to its floor, so the lowest heatmap cell fell anywhere on a
     plateau up to 13 px from the lesion (strict pointing game 74%)."""
-    return train(
-        epochs,
-        images_per_epoch,
-        seed=FOURTH_STAGE_SEED,
-        log=log,
-        initial_weights=half_state(model),
-        learning_rate=3e-4,
-        graded=True,
-        partial=True,
+    return _train_on(
+        model, epochs, images_per_epoch, FOURTH_STAGE_SEED, 3e-4, log, graded=True, partial=True
     )
 
 
@@ -818,16 +825,10 @@ def train_stages(epochs: int = 10, images_per_epoch: int = 3200, log=print):
     """How the shipped fundus-demo was trained: stage 1 from scratch (seed 1, learning
     rate 2e-3), stage 2 from stage 1's float16 weights on a fresh image stream (seed 7,
     1e-3), each a one-cycle schedule (the training accuracy was still rising steeply at
-    the end of stage 1, 93%, and 97% after stage 2), then :func:`train_third_stage`."""
+    the end of stage 1, 93%, and 97% after stage 2), then :func:`train_third_stage` and
+    :func:`train_fourth_stage`."""
     first, first_record = train(epochs, images_per_epoch, seed=TRAIN_SEED, log=log)
-    second, second_record = train(
-        epochs,
-        images_per_epoch,
-        seed=SECOND_STAGE_SEED,
-        log=log,
-        initial_weights=half_state(first),
-        learning_rate=1e-3,
-    )
+    second, second_record = _train_on(first, epochs, images_per_epoch, SECOND_STAGE_SEED, 1e-3, log)
     second_record["initial_weights"] = "stage 1 (float16 weights)"
     third, third_record = train_third_stage(second, log=log)
     third_record["initial_weights"] = "stage 2 (float16 weights)"
