@@ -397,9 +397,16 @@ def model_card_lines(loaded) -> list[str]:
                 if "natural_whole_flagged" in rates
                 else ""
             )
+            documents = (
+                f"{rates['documents_flagged']:.0%} of {rates['documents_images']} typeset "
+                f"text pages, "
+                if "documents_flagged" in rates
+                else ""
+            )
             text += (
                 f"; flags {whole}{rates['natural_flagged']:.0%} of {rates['natural_images']} "
-                f"natural photographs and crops, {rates['in_distribution_flagged']:.1%} of "
+                f"natural photographs and crops, {documents}"
+                f"{rates['in_distribution_flagged']:.1%} of "
                 f"{rates['in_distribution_images']} fresh in-distribution images"
             )
             real = rates.get("real_flagged")
