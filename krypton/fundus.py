@@ -348,15 +348,18 @@ class FundusGenerator:
         pixels = np.round(image * 255).astype(np.uint8)
         return Sample(pixels, label_for(planted), planted, view, rendering)
 
+    def _pick_lesion(self, sample: Sample) -> tuple[int, Lesion, list[Lesion]]:
+        """One of the sample's lesions at random: its index, itself and the others."""
+        index = int(self.rng.integers(len(sample.lesions)))
+        return index, sample.lesions[index], sample.lesions[:index] + sample.lesions[index + 1 :]
+
     def hide_lesion(self, sample: Sample) -> tuple[np.ndarray, list[Lesion]] | None:
         """The sample with one lesion wholly under a mid-gray box that touches no other
         lesion, and the lesions still visible; None when no such box fits. Training on it
         teaches what occlusion assumes: a hidden lesion is no evidence."""
         if not sample.lesions:
             return None
-        index = int(self.rng.integers(len(sample.lesions)))
-        lesion = sample.lesions[index]
-        others = sample.lesions[:index] + sample.lesions[index + 1 :]
+        _, lesion, others = self._pick_lesion(sample)
         for _ in range(20):
             side = int(self.rng.integers(max(12, int(2 * lesion.radius) + 3), 33))
             low_x, low_y = lesion.x + lesion.radius + 1 - side, lesion.y + lesion.radius + 1 - side
@@ -385,9 +388,7 @@ class FundusGenerator:
         the patch covers the lesion best, not anywhere it covers half."""
         if not sample.lesions:
             return None
-        index = int(self.rng.integers(len(sample.lesions)))
-        lesion = sample.lesions[index]
-        others = sample.lesions[:index] + sample.lesions[index + 1 :]
+        index, lesion, others = self._pick_lesion(sample)
         reach = lesion.radius + 1  # the soft edge reaches about a pixel past the radius
         offsets = np.linspace(-reach, reach, 15)
         disk_x, disk_y = np.meshgrid(offsets + lesion.x, offsets + lesion.y)
