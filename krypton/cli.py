@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from . import analysis, explainer as explain_module
 from .dicom import is_dicom, parse_window
+from .estimator import CALIBRATION_PATCHES
 from .imaging import ImageLoadError, load_image
 from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
 from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
@@ -58,7 +59,12 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
         "(default the file's own window)",
     )
     parser.add_argument("--frame", type=int, help="DICOM multi-frame: which frame (default middle)")
-    parser.add_argument("--patch", type=int, default=16)
+    parser.add_argument(
+        "--patch",
+        type=int,
+        help="patch side in pixels (default the model's own: its registry entry's "
+        "'patch', else 16)",
+    )
     parser.add_argument("--stride", type=int, default=4)
     parser.add_argument("--mode", default="exact", choices=explain_module.MODES)
     parser.add_argument("--region", type=_region, help="x0,y0,x1,y1 in model-input pixels")
@@ -117,7 +123,7 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
 def explain_options(args: argparse.Namespace, model) -> dict:
     """explain() keyword arguments from the parsed options (without the image)."""
     options = dict(
-        patch=args.patch,
+        patch=model.patch if args.patch is None else args.patch,
         stride=args.stride,
         mode=args.mode,
         fill=model.gray_fill() if args.fill == "gray" else args.fill,
@@ -206,7 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = commands.add_parser("calibrate", help="fit the runtime estimator on this host")
     calibrate.add_argument("--model", default=None)
-    calibrate.add_argument("--patches", default="4,8,16,32")
+    calibrate.add_argument("--patches", default=",".join(map(str, CALIBRATION_PATCHES)))
+    calibrate.add_argument(
+        "--keep-other-patches",
+        action="store_true",
+        help="keep the stored fits of patch sizes not in --patches (default: replace all)",
+    )
     calibrate.add_argument(
         "--random-weights",
         action="store_true",
@@ -356,7 +367,8 @@ def run_explain(args: argparse.Namespace) -> int:
     print(f"probability {heatmap.prob:.4f} (lowest with occlusion {np.nanmin(heatmap.values):.4f})")
     print(
         f"positions  {heatmap.positions_evaluated} evaluated on a "
-        f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid, mode {heatmap.mode}"
+        f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid (patch {heatmap.patch}, "
+        f"stride {heatmap.stride}), mode {heatmap.mode}"
     )
     ood = heatmap.extra.get("ood")
     if ood is not None:
@@ -558,7 +570,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         log=lambda line: print(line, file=sys.stderr),
     )
     record["weights"] = "random (timing only)" if model.random_weights else "trained"
-    save_calibration(path, record)
+    save_calibration(path, record, keep_other_patches=args.keep_other_patches)
     print(
         f"held-out median absolute error {record['held_out_median_abs_error_percent']:.1f}% "
         f"over {record['held_out_runs']} runs; wrote {path}"

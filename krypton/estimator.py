@@ -41,7 +41,7 @@ __all__ = [
     "estimate_for_counts",
 ]
 
-CALIBRATION_PATCHES = (4, 8, 16, 32)
+CALIBRATION_PATCHES = (4, 8, 12, 16, 32)  # also the patch sizes the app offers
 
 
 class NotCalibratedError(LookupError):
@@ -239,9 +239,27 @@ def _calibrated_seconds(
     return max(seconds, 0.0)
 
 
-def save_calibration(path: Path, record: dict) -> None:
-    """Store a calibration record in a registry file, keeping everything else."""
+def save_calibration(path: Path, record: dict, keep_other_patches: bool = False) -> None:
+    """Store a calibration record in a registry file, keeping everything else. With
+    ``keep_other_patches`` the stored fits of patch sizes this record did not measure stay
+    (each fit says the date it was measured); otherwise the record replaces them all."""
     entry = json.loads(path.read_text())
+    earlier = entry.get("calibration")
+    for fits in record["models"].values():
+        for fit in fits.values():
+            fit.setdefault("date", record["date"])
+    if keep_other_patches and isinstance(earlier, dict):
+        kept = {
+            patch: {mode: {"date": earlier.get("date"), **fit} for mode, fit in fits.items()}
+            for patch, fits in earlier.get("models", {}).items()
+            if patch not in record["models"]
+        }
+        record = {
+            **record,
+            "models": dict(
+                sorted({**kept, **record["models"]}.items(), key=lambda item: int(item[0]))
+            ),
+        }
     entry["calibration"] = record
     path.write_text(json.dumps(entry, indent=2) + "\n")
 

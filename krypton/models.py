@@ -30,10 +30,14 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "TORCHVISION_MODELS",
+    "DEFAULT_PATCH",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# The occluding patch's side in pixels where neither the user nor the model's registry
+# entry ("patch") says otherwise: the paper's setting for 224-px inputs.
+DEFAULT_PATCH = 16
 TORCHVISION_MODELS = (
     "resnet18",
     "vgg16",
@@ -63,6 +67,7 @@ class LoadedModel:
     extra: dict = field(default_factory=dict)
     tuning: TauTuning | None = None  # approximate mode's tuned τ (registry models only)
     ood: FeatureDensity | None = None  # in-distribution features (registry models only)
+    patch: int = DEFAULT_PATCH  # the patch side its heatmaps are made with by default
 
     def check_ood(self, image: torch.Tensor) -> OodResult | None:
         """Whether a preprocessed image (3, H, W) looks like this model's training images

@@ -1,7 +1,9 @@
 """Model registry: one small JSON file per model in ``models/``.
 
 A registry file names the architecture, where the weights come from, the input size, the
-normalisation and the class names (plus, later, calibration and tuning results):
+normalisation and the class names, optionally the default patch side ("patch", else 16;
+the app, the CLI and the benchmark of the default model start from it), plus, later,
+calibration and tuning results:
 
     {"name": "oct-resnet18", "architecture": "resnet18",
      "weights": {"source": "file", "path": "oct-resnet18.pt", "format": "state_dict"},
@@ -34,6 +36,7 @@ from torch import nn
 from .capture_lock import CAPTURE_LOCK
 from .tuning import TauTuning
 from .models import (
+    DEFAULT_PATCH,
     IMAGENET_MEAN,
     IMAGENET_STD,
     LoadedModel,
@@ -183,6 +186,13 @@ def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
         entry[key] = value
     if any(s <= 0 for s in entry["std"]):
         raise RegistryError(f"{path}: 'std' values must be positive")
+    patch = entry.get("patch", DEFAULT_PATCH)
+    if not (isinstance(patch, int) and not isinstance(patch, bool) and 1 <= patch <= min(size)):
+        raise RegistryError(
+            f"{path}: 'patch' (the default patch side) must be a whole number of pixels "
+            f"from 1 to {min(size)}"
+        )
+    entry["patch"] = patch
     return entry
 
 
@@ -407,6 +417,7 @@ def load_model(name: str, directory: Path | None = None) -> LoadedModel:
         extra={"registry_file": str(path), "entry": entry},
         tuning=TauTuning.from_record(entry.get("tuning")),
         ood=_load_density(entry, directory),
+        patch=entry["patch"],
     )
 
 

@@ -264,6 +264,17 @@ def test_tuning_and_calibration_round_trip(tmp_path, model, image):
     assert more > estimate_seconds("tiny", patch=16, stride=8, mode="exact", directory=registry)
     with pytest.raises(NotCalibratedError, match="krypton calibrate --model tiny"):
         estimate_seconds("tiny", patch=8, stride=4, directory=registry)
+    # a patch size added later (as fundus-demo's 12 was) keeps the fits already stored
+    at_16 = estimate_seconds("tiny", patch=16, stride=4, directory=registry)
+    added = calibrate(reloaded.module, "tiny", (64, 64), patches=(8,), log=lambda line: None)
+    save_calibration(path, added, keep_other_patches=True)
+    assert estimate_seconds("tiny", patch=8, stride=4, directory=registry) > 0
+    assert estimate_seconds("tiny", patch=16, stride=4, directory=registry) == at_16
+    fits = json.loads(path.read_text())["calibration"]["models"]
+    assert list(fits) == ["8", "16"] and fits["16"]["exact"]["date"] == calibration["date"]
+    save_calibration(path, added)  # a plain calibration replaces every patch size
+    with pytest.raises(NotCalibratedError):
+        estimate_seconds("tiny", patch=16, stride=4, directory=registry)
 
 
 def test_planned_positions_match_runs(model, image):

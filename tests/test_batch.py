@@ -73,7 +73,7 @@ def test_folder_with_a_corrupt_file(folder, tmp_path):
     loaded = krypton.load_model("fundus-demo")
     picture = load_image(folder / "retina.jpg")
     alone = krypton.explain(
-        loaded, loaded.preprocess(picture), patch=16, stride=16, fill=loaded.gray_fill()
+        loaded, loaded.preprocess(picture), patch=loaded.patch, stride=16, fill=loaded.gray_fill()
     )
     np.testing.assert_allclose(np.load(out / "retina.npy"), alone.values, atol=1e-5)
 

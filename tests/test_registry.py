@@ -37,6 +37,20 @@ def test_repository_registry_parses():
     assert len(names["vgg16"].classes) == 1000
 
 
+def test_a_model_carries_its_default_patch(tmp_path):
+    """A registry entry may name the patch its heatmaps default to (fundus-demo: 12, for
+    lesions mostly under 8 px across); without one it is the paper's 16."""
+    from krypton.train_fundus import HEATMAP_PATCH
+
+    assert load_model("fundus-demo").patch == HEATMAP_PATCH == 12
+    model = torchvision.models.resnet18(weights=None, num_classes=2).eval()
+    torch.save(model.state_dict(), tmp_path / "plain.pt")
+    write_entry(tmp_path, "plain")
+    assert load_model("plain", tmp_path).patch == 16
+    write_entry(tmp_path, "small", weights={"source": "file", "path": "plain.pt"}, patch=8)
+    assert load_model("small", tmp_path).patch == 8
+
+
 def test_imagenet_models_unavailable_offline_with_reason_and_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
     infos = {info.name: info for info in available_models()}
@@ -57,6 +71,10 @@ def test_imagenet_models_unavailable_offline_with_reason_and_fix(tmp_path, monke
         ({"input_size": [224]}, "'input_size' must be"),
         ({"std": [0, 1, 1]}, "'std' values must be positive"),
         ({"weights": {"source": "file", "path": "x.pt", "format": "onnx"}}, "format must be"),
+        ({"patch": 0}, "'patch' .* must be a whole number of pixels from 1 to 224"),
+        ({"patch": 300}, "'patch' .* from 1 to 224"),
+        ({"patch": 12.5}, "'patch' .* whole number"),
+        ({"patch": True}, "'patch' .* whole number"),
     ],
 )
 def test_bad_registry_files(tmp_path, fields, message):

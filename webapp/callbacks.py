@@ -438,6 +438,14 @@ def register_callbacks(app, manager, services: Services) -> None:
             mode if traceable else "naive",
         )
 
+    @app.callback(Output("patch", "value"), Input("model", "value"))
+    def model_patch(model_name):
+        """Each model opens with its own default patch (its registry entry's)."""
+        try:
+            return services.model(model_name).patch
+        except InputError:
+            raise PreventUpdate
+
     @app.callback(Output("approximate-settings", "style"), Input("mode", "value"))
     def toggle_approximate(mode):
         return {"display": "block"} if mode == "approximate" else {"display": "none"}

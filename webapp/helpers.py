@@ -366,10 +366,11 @@ def model_card_lines(loaded) -> list[str]:
         lines.append(
             f"Strict pointing game {pointing['hit_rate']:.0%}"
             + ("" if region is None else f" by the lowest cell, {region:.0%} by the lowest region")
-            + f" ({pointing['images']} single-lesion images, patch 16, stride "
-            f"{pointing.get('stride', 8)}: within 8 px of the lesion); "
+            + f" ({pointing['images']} single-lesion images, patch {pointing.get('patch', 16)}, "
+            f"stride {pointing.get('stride', 8)}: within 8 px of the lesion); "
             f"multi-lesion coverage {multi['share']:.0%} ({multi['lesions']} lesions in "
-            f"{multi['images']} images with 2-4: lesions under the lowest 5% of cells)."
+            f"{multi['images']} images with 2-4, patch {multi.get('patch', 16)}: lesions under "
+            f"the lowest 5% of cells)."
         )
     training = entry.get("training") or {}
     if not held_out and "held_out_accuracy" in training:

@@ -9,8 +9,10 @@ from pathlib import Path
 from dash import dcc, html
 
 from krypton.dicom import WINDOW_PRESETS
+from krypton.estimator import CALIBRATION_PATCHES
+from krypton.models import DEFAULT_PATCH
 
-PATCH_SIZES = (4, 8, 16, 32)
+PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
 EXPORTS = (
     ("PNG", "png", "heatmap over the image, with colour bar and title"),
     (".npy", "npy", "the explained class's probabilities (rows x cols)"),
@@ -483,7 +485,7 @@ def build_layout(
                                                 {"label": f"{p}x{p}", "value": p}
                                                 for p in PATCH_SIZES
                                             ],
-                                            value=16,
+                                            value=DEFAULT_PATCH,  # then the model's own
                                             clearable=False,
                                         ),
                                     ),
