@@ -129,6 +129,8 @@ def test_gallery_region_run_shows_heatmap_with_progress(dash_duo, krypton_app):
     dash_duo.wait_for_element("#upload", timeout=20)
     dash_duo.find_element("button[id*='fundus-exudates.png']").click()
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
+    # fundus-demo opens with its own default patch (its registry entry's), not 16
+    dash_duo.wait_for_contains_text("#patch", "12x12", timeout=10)
     drag_region(dash_duo, *around_lesion(sample=gallery_sample()))
     region = dash_duo.find_element("#region-text").text
     choose(dash_duo, "stride", "2")

@@ -120,6 +120,7 @@ def test_default_model_explains_offline(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "fundus-demo (trained weights)" in result.stdout
+    assert "(patch 12, stride 16)" in result.stdout  # the model's own default patch
     assert np.load(tmp_path / "retina.npy").shape == (14, 14)
     assert "the first global op is avgpool, 100% of the FLOPs before it" in result.stdout
     incremental = np.load(tmp_path / "retina.npy")

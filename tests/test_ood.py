@@ -254,8 +254,10 @@ def test_the_default_models_card_states_its_pointing_setting_and_real_photo_flag
     loaded = krypton.load_model("fundus-demo")
     evaluation = loaded.extra["entry"]["evaluation"]
     card = " ".join(model_card_lines(loaded))
-    stride = evaluation["pointing_game_strict"]["stride"]
-    assert f"patch 16, stride {stride}: within 8 px of the lesion" in card
+    pointing = evaluation["pointing_game_strict"]
+    stride, patch = pointing["stride"], pointing["patch"]
+    assert f"patch {patch}, stride {stride}: within 8 px of the lesion" in card
+    assert f"images with 2-4, patch {evaluation['multi_lesion_coverage']['patch']}:" in card
     real = evaluation["ood"]["real_flagged"]
     flagged = {True: "flagged", False: "not flagged"}
     assert f"the real Retina sample {flagged[real['retina']]}" in card
