@@ -241,3 +241,16 @@ def test_dicom_windows_and_description():
     assert "C -600 / W 1500 (preset lung)" in text and "frame 8 of 15" in text
     assert "patch 16 px ≈ 19.2 × 16.0 mm" in text  # 0.3*512/128*16 across, 0.5*256/128*16 down
     assert helpers.dicom_name(record) == "CT-00000000-frame8"
+
+
+def test_the_patch_menu_offers_the_models_own_default():
+    """A model whose registry entry names a patch the estimator is not calibrated for
+    (say 10) still finds it in the menu: the callback sets the value, and a value the menu
+    does not offer would show as blank."""
+    from webapp.layout import PATCH_SIZES, patch_options
+
+    assert [o["value"] for o in patch_options()] == list(PATCH_SIZES)
+    assert [o["value"] for o in patch_options(12)] == list(PATCH_SIZES)  # no duplicate
+    values = [o["value"] for o in patch_options(10)]
+    assert 10 in values and values == sorted(values)
+    assert {"label": "10x10", "value": 10} in patch_options(10)

@@ -35,7 +35,7 @@ from . import helpers
 from .helpers import InputError
 from . import runs
 from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled, running_as
-from .layout import DICOM_SAMPLES, mode_options, placeholder_figure, sample_path
+from .layout import DICOM_SAMPLES, mode_options, patch_options, placeholder_figure, sample_path
 from .settings import ServerSettings
 
 LIVE_UPDATE_SECONDS = 0.3
@@ -438,13 +438,14 @@ def register_callbacks(app, manager, services: Services) -> None:
             mode if traceable else "naive",
         )
 
-    @app.callback(Output("patch", "value"), Input("model", "value"))
+    @app.callback(Output("patch", "options"), Output("patch", "value"), Input("model", "value"))
     def model_patch(model_name):
         """Each model opens with its own default patch (its registry entry's)."""
         try:
-            return services.model(model_name).patch
+            patch = services.model(model_name).patch
         except InputError:
             raise PreventUpdate
+        return patch_options(patch), patch
 
     @app.callback(Output("approximate-settings", "style"), Input("mode", "value"))
     def toggle_approximate(mode):

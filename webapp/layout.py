@@ -115,6 +115,12 @@ def _dicom_thumbnail(name: str) -> str | None:
     return data_url(picture)
 
 
+def patch_options(model_patch: int = DEFAULT_PATCH) -> list[dict]:
+    """The calibrated patch sizes, plus the model's own default when its registry entry
+    names another size (the menu would otherwise show that default as blank)."""
+    return [{"label": f"{p}x{p}", "value": p} for p in sorted({*PATCH_SIZES, model_patch})]
+
+
 def mode_options(traceable: bool = True) -> list[dict]:
     """Naive always; Exact and Approximate only for models torch.fx can capture."""
     why = "" if traceable else " (needs a model torch.fx can capture)"
@@ -481,10 +487,7 @@ def build_layout(
                                         "Patch size",
                                         dcc.Dropdown(
                                             id="patch",
-                                            options=[
-                                                {"label": f"{p}x{p}", "value": p}
-                                                for p in PATCH_SIZES
-                                            ],
+                                            options=patch_options(),
                                             value=DEFAULT_PATCH,  # then the model's own
                                             clearable=False,
                                         ),
