@@ -204,7 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--count", type=int, default=30, help="images for the fit")
     tune.add_argument("--held-out", type=int, default=30, help="images for the check")
-    tune.add_argument("--patch", type=int, default=16)
+    tune.add_argument(
+        "--patch", type=int, default=None, help="default: the model's own (its registry entry's)"
+    )
     tune.add_argument("--stride", type=int, default=4)
     tune.add_argument(
         "--target", type=float, default=DEFAULT_TARGET_SSIM, help="target SSIM to tune for"
@@ -518,7 +520,7 @@ def run_tune(args: argparse.Namespace) -> int:
     record = tune_tau(
         model.module,
         images[:split],
-        patch=args.patch,
+        patch=model.patch if args.patch is None else args.patch,
         stride=args.stride,
         fill=model.gray_fill(),
         held_out=images[split:],
@@ -573,7 +575,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     save_calibration(path, record, keep_other_patches=args.keep_other_patches)
     print(
         f"held-out median absolute error {record['held_out_median_abs_error_percent']:.1f}% "
-        f"over {record['held_out_runs']} runs; wrote {path}"
+        f"over {record['held_out_runs']} runs (patch "
+        f"{', '.join(map(str, record['held_out_patches']))}); wrote {path}"
     )
     return 0
 

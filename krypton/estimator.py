@@ -9,6 +9,7 @@ estimate needs nothing that only running would reveal).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import math
@@ -194,6 +195,7 @@ def calibrate(
             )
     record["held_out_median_abs_error_percent"] = float(np.median(errors)) if errors else None
     record["held_out_runs"] = len(errors)
+    record["held_out_patches"] = [int(patch) for patch in record["models"]]  # the summary's scope
     return record
 
 
@@ -242,9 +244,11 @@ def _calibrated_seconds(
 def save_calibration(path: Path, record: dict, keep_other_patches: bool = False) -> None:
     """Store a calibration record in a registry file, keeping everything else. With
     ``keep_other_patches`` the stored fits of patch sizes this record did not measure stay
-    (each fit says the date it was measured); otherwise the record replaces them all."""
+    (each fit says the date it was measured; the record's summary error still covers only
+    its own ``held_out_patches``); otherwise the record replaces them all."""
     entry = json.loads(path.read_text())
     earlier = entry.get("calibration")
+    record = copy.deepcopy(record)  # the caller's record stays as calibrate() returned it
     for fits in record["models"].values():
         for fit in fits.values():
             fit.setdefault("date", record["date"])

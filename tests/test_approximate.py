@@ -267,11 +267,15 @@ def test_tuning_and_calibration_round_trip(tmp_path, model, image):
     # a patch size added later (as fundus-demo's 12 was) keeps the fits already stored
     at_16 = estimate_seconds("tiny", patch=16, stride=4, directory=registry)
     added = calibrate(reloaded.module, "tiny", (64, 64), patches=(8,), log=lambda line: None)
+    as_returned = json.dumps(added, sort_keys=True)
     save_calibration(path, added, keep_other_patches=True)
+    assert json.dumps(added, sort_keys=True) == as_returned  # the caller's record untouched
     assert estimate_seconds("tiny", patch=8, stride=4, directory=registry) > 0
     assert estimate_seconds("tiny", patch=16, stride=4, directory=registry) == at_16
     fits = json.loads(path.read_text())["calibration"]["models"]
     assert list(fits) == ["8", "16"] and fits["16"]["exact"]["date"] == calibration["date"]
+    stored = json.loads(path.read_text())["calibration"]
+    assert stored["held_out_patches"] == [8]  # the summary error is the new run's alone
     save_calibration(path, added)  # a plain calibration replaces every patch size
     with pytest.raises(NotCalibratedError):
         estimate_seconds("tiny", patch=16, stride=4, directory=registry)

@@ -1,5 +1,7 @@
 """The command line: explain an image file, analyze a model, and refuse bad files."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ def run_cli(*args, env=None):
         capture_output=True,
         text=True,
         timeout=600,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -218,3 +221,29 @@ def test_overlay_covers_positions():
     picture = np.asarray(overlay(image, values, np.array([0, 32]), np.array([0, 32]), 32, 0.5))
     assert picture[16, 16].sum() > 0  # coloured cell
     assert picture[16, 48].sum() == 0  # NaN cell left transparent
+
+
+def test_tune_defaults_to_the_models_own_patch(tmp_path):
+    """τ is tuned at the patch the model's heatmaps default to (its registry entry's), as
+    the app, explain and the benchmarks run it — not at a fixed 16."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=2).eval()
+    torch.save(model.state_dict(), tmp_path / "tiny.pt")
+    entry = {
+        "name": "tiny",
+        "architecture": "resnet18",
+        "weights": {"source": "file", "path": "tiny.pt"},
+        "classes": ["a", "b"],
+        "input_size": [64, 64],
+        "patch": 8,
+    }
+    (tmp_path / "tiny.json").write_text(json.dumps(entry))
+    result = run_cli(
+        "tune", "--model", "tiny", "--count", "2", "--held-out", "1", "--stride", "8",
+        env={"KRYPTON_MODELS_DIR": str(tmp_path), "KRYPTON_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "tiny.json").read_text())["tuning"]["patch"] == 8
