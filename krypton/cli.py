@@ -17,9 +17,13 @@ from tqdm import tqdm
 
 from . import analysis, explainer as explain_module
 from .dicom import is_dicom, parse_window
-from .estimator import CALIBRATION_PATCHES
 from .imaging import ImageLoadError, load_image
-from .models import TORCHVISION_MODELS, WeightsUnavailableError, load_torchvision_model
+from .models import (
+    CALIBRATION_PATCHES,
+    TORCHVISION_MODELS,
+    WeightsUnavailableError,
+    load_torchvision_model,
+)
 from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
 from .tuning import DEFAULT_TARGET_SSIM
 

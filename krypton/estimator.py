@@ -26,6 +26,7 @@ from sklearn.linear_model import LinearRegression
 
 from . import drilldown
 from .explainer import MODES, OcclusionExplainer, grid_positions
+from .models import CALIBRATION_PATCHES
 
 __all__ = [
     "NotCalibratedError",
@@ -41,8 +42,6 @@ __all__ = [
     "runtime_log_path",
     "estimate_for_counts",
 ]
-
-CALIBRATION_PATCHES = (4, 8, 12, 16, 32)  # also the patch sizes the app offers
 
 
 class NotCalibratedError(LookupError):

@@ -31,6 +31,7 @@ __all__ = [
     "IMAGENET_STD",
     "TORCHVISION_MODELS",
     "DEFAULT_PATCH",
+    "CALIBRATION_PATCHES",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -38,6 +39,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # The occluding patch's side in pixels where neither the user nor the model's registry
 # entry ("patch") says otherwise: the paper's setting for 224-px inputs.
 DEFAULT_PATCH = 16
+# The patch sides `krypton calibrate` times by default and the app offers (kept here, not
+# in estimator.py, so the CLI can name them without importing scikit-learn at start-up).
+CALIBRATION_PATCHES = (4, 8, 12, 16, 32)
 TORCHVISION_MODELS = (
     "resnet18",
     "vgg16",

@@ -9,8 +9,7 @@ from pathlib import Path
 from dash import dcc, html
 
 from krypton.dicom import WINDOW_PRESETS
-from krypton.estimator import CALIBRATION_PATCHES
-from krypton.models import DEFAULT_PATCH
+from krypton.models import CALIBRATION_PATCHES, DEFAULT_PATCH
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
 EXPORTS = (
