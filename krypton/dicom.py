@@ -16,6 +16,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .decoding import (
+    DECODE_BUDGET,
+    DECODE_BUDGET_ENV,
+    DICOM_DECODE_FACTOR,
+    ImageLoadError,
+    reduced_to_max_side,
+)
+
 __all__ = [
     "WINDOW_PRESETS",
     "IDENTIFYING_KEYWORDS",
@@ -148,19 +156,146 @@ def linear_window(values: np.ndarray, centre: float, width: float, function: str
 
 
 def _read(source: str | Path | bytes):
+    """The dataset of a DICOM file (bytes or a path) and a name for messages. Deflated
+    files are inflated through a bounded inflater first: never more than the decode
+    budget allows."""
     import pydicom
-    from pydicom.errors import InvalidDicomError
-
-    from .imaging import ImageLoadError
 
     name = "uploaded data" if isinstance(source, (bytes, bytearray)) else Path(source).name
     try:
-        handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
-        return pydicom.dcmread(handle), name
+        data = (
+            bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        )
     except FileNotFoundError as exc:
         raise ImageLoadError(f"no such file: {source}") from exc
-    except (InvalidDicomError, EOFError, OSError, ValueError, KeyError) as exc:
-        raise ImageLoadError(f"{name} is not a readable DICOM file ({exc})") from exc
+    except OSError as exc:
+        raise ImageLoadError(f"{name} could not be read ({exc})") from exc
+    data = _inflated(data, name)
+    try:
+        return pydicom.dcmread(io.BytesIO(data)), name
+    except Exception as exc:  # pydicom raises many kinds on malformed files
+        raise ImageLoadError(f"{name} is not a readable DICOM file ({_reason(exc)})") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _inflated(data: bytes, name: str) -> bytes:
+    """A Deflated Explicit VR file rewritten as plain Explicit VR, inflated at most to the
+    decode budget's share of one frame (pydicom would inflate all of it at once); other
+    files unchanged."""
+    import zlib
+
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filereader import _read_file_meta_info, read_preamble
+    from pydicom.filewriter import write_file_meta_info
+    from pydicom.uid import DeflatedExplicitVRLittleEndian, ExplicitVRLittleEndian
+
+    handle = io.BytesIO(data)
+    try:
+        read_preamble(handle, force=True)
+        meta = _read_file_meta_info(handle)
+        if meta.get("TransferSyntaxUID") != DeflatedExplicitVRLittleEndian:
+            return data
+    except Exception:  # not a readable Part 10 header: dcmread says what is wrong
+        return data
+    limit = int(DECODE_BUDGET.limit_bytes / DICOM_DECODE_FACTOR)
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    try:
+        body = inflater.decompress(data[handle.tell() :], limit + 1)
+    except zlib.error as exc:
+        raise ImageLoadError(f"{name}: its deflated data is corrupt ({exc})") from exc
+    if len(body) > limit or inflater.unconsumed_tail:
+        raise ImageLoadError(
+            f"{name} is deflated and inflates to more than {limit / 2**20:.0f} MB, over this "
+            f"server's decode budget of {DECODE_BUDGET.limit_bytes / 2**20:.0f} MB "
+            f"({DECODE_BUDGET_ENV})"
+        )
+    if not inflater.eof:
+        raise ImageLoadError(f"{name}: its deflated data is truncated")
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    rewritten = DicomBytesIO()
+    rewritten.write(b"\0" * 128 + b"DICM")
+    write_file_meta_info(rewritten, meta, enforce_standard=True)
+    return rewritten.getvalue() + body
+
+
+_PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+# Largest values the header may declare (PS3.3 C.7.6.3: Rows and Columns are US).
+_MAX_FRAMES = 100_000
+
+
+def _header_int(dataset, keyword: str, name: str, default: int | None = None) -> int:
+    value = dataset.get(keyword, default)
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ImageLoadError(f"{name}: {keyword} is {value!r}, not a whole number") from None
+    if number < 1:
+        raise ImageLoadError(f"{name}: {keyword} is {number}; it must be at least 1")
+    return number
+
+
+def _frame_cost(dataset, name: str, frame: int) -> int:
+    """The decode budget's verdict on one frame, from the header (and, for compressed
+    frames, from the codestream's own header, which is what the decoder allocates by)."""
+    rows = _header_int(dataset, "Rows", name)
+    columns = _header_int(dataset, "Columns", name)
+    samples = _header_int(dataset, "SamplesPerPixel", name, 1)
+    frames = _header_int(dataset, "NumberOfFrames", name, 1)
+    if samples > 4 or frames > _MAX_FRAMES:
+        raise ImageLoadError(
+            f"{name} declares {samples} samples per pixel and {frames} frames; not an image "
+            f"Krypton reads"
+        )
+    if "FloatPixelData" in dataset or "DoubleFloatPixelData" in dataset:
+        bits = 32 if "FloatPixelData" in dataset else 64
+    else:
+        bits = _header_int(dataset, "BitsAllocated", name)
+        if bits not in (1, 8, 16, 32, 64):
+            raise ImageLoadError(f"{name}: BitsAllocated is {bits}; DICOM allows 1, 8, 16, 32, 64")
+    shape = (rows, columns, samples)
+    what = f"{columns}x{rows} pixels of {samples} x {bits} bits per frame"
+    cost = DECODE_BUDGET.cost(name, what, shape, max(bits, 8) / 8, DICOM_DECODE_FACTOR)
+    syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
+    if syntax is None or not syntax.is_encapsulated:  # a lying header: the data present
+        element = next((k for k in _PIXEL_KEYWORDS if k in dataset), None)
+        present = len(dataset[element].value or b"") if element else 0
+        stored = DECODE_BUDGET.cost(name, what, (max(present, 1),), 1.0, DICOM_DECODE_FACTOR)
+        return max(cost, stored)
+    if "PixelData" in dataset:
+        coded = _codestream_shape(dataset, name, frame, frames)
+        if coded is not None and coded != shape:  # the decoder allocates by the codestream
+            raise ImageLoadError(
+                f"{name}: the compressed frame is {coded[1]}x{coded[0]} with {coded[2]} "
+                f"sample(s) but the header says {columns}x{rows} with {samples}"
+            )
+    return cost
+
+
+def _codestream_shape(dataset, name: str, frame: int, frames: int):
+    """(rows, columns, samples) a JPEG, JPEG-LS or JPEG 2000 frame declares, or None."""
+    from pydicom.encaps import get_frame
+    from pydicom.pixels.utils import _get_jpg_parameters  # header only, no decoding
+
+    try:
+        coded = get_frame(dataset.PixelData, frame, number_of_frames=frames)
+    except Exception as exc:
+        raise ImageLoadError(f"{name}: frame {frame} cannot be found ({_reason(exc)})") from exc
+    start = coded.find(b"\xff\x4f\xff\x51", 0, 4096)  # JPEG 2000: SOC then SIZ
+    if start >= 0 and len(coded) >= start + 42:
+        size = coded[start + 8 : start + 24]
+        width = int.from_bytes(size[0:4], "big") - int.from_bytes(size[8:12], "big")
+        height = int.from_bytes(size[4:8], "big") - int.from_bytes(size[12:16], "big")
+        return height, width, int.from_bytes(coded[start + 40 : start + 42], "big")
+    try:
+        found = _get_jpg_parameters(bytes(coded[:65536]))
+    except Exception:
+        return None
+    if {"height", "width", "components"} <= set(found):
+        return found["height"], found["width"], found["components"]
+    return None
 
 
 def load_dicom(
@@ -170,24 +305,90 @@ def load_dicom(
 
     ``window``: None (the file's VOI LUT or first window; else its full range), a preset
     name (:data:`WINDOW_PRESETS`) or (centre, width) after the modality LUT. ``frame``:
-    which frame of a multi-frame file (default the middle one).
+    which frame of a multi-frame file (default the middle one). Only that frame is
+    decoded, within :data:`krypton.decoding.DECODE_BUDGET`; the picture is at most
+    :data:`MAX_SIDE` pixels a side.
     """
-    from pydicom.pixels import apply_modality_lut, apply_voi_lut
-
-    from .imaging import ImageLoadError
-
     window = parse_window(window)
+    name = "uploaded data" if isinstance(source, (bytes, bytearray)) else Path(source).name
+    try:
+        return _load_frame(source, window, frame)
+    except ImageLoadError:
+        raise
+    except Exception as exc:  # a malformed header pydicom reads lazily, a decoder's error
+        raise ImageLoadError(f"{name} is not a readable DICOM image ({_reason(exc)})") from exc
+
+
+def _load_frame(source: str | Path | bytes, window, frame: int | None) -> DicomImage:
     dataset, name = _read(source)
     if "PixelData" not in dataset and "FloatPixelData" not in dataset:
         kind = str(dataset.get("Modality", "")) or "this object"
         raise ImageLoadError(f"{name} has no pixel data ({kind}: not an image)")
+    frames = _header_int(dataset, "NumberOfFrames", name, 1)
+    if frames > 1:
+        frame = frames // 2 if frame is None else int(frame)
+        if not 0 <= frame < frames:
+            raise ImageLoadError(f"{name} has {frames} frames (0-{frames - 1}); got frame {frame}")
+    elif frame not in (None, 0):
+        raise ImageLoadError(f"{name} has one frame; got frame {frame}")
+    else:
+        frame = 0
+    cost = _frame_cost(dataset, name, frame)
+    with DECODE_BUDGET.reserve(cost) as record:
+        pixels = _decode_frame(dataset, name, frame if frames > 1 else None)
+        record.output = int(pixels.nbytes)
+        samples = int(dataset.get("SamplesPerPixel", 1))
+        if pixels.ndim != (3 if samples > 1 else 2):
+            raise ImageLoadError(
+                f"{name} holds a {pixels.ndim}-D array of shape {pixels.shape}; a 2-D image "
+                f"model needs one 2-D frame"
+            )
+        try:
+            shown, applied, source_name = _displayed(pixels, dataset, window)
+        except ImageLoadError:
+            raise
+        except Exception as exc:  # a LUT or window the file declares wrongly
+            raise ImageLoadError(f"{name}: its pixel values cannot be shown ({_reason(exc)})")
+        del pixels
+        picture = Image.fromarray(shown, "RGB" if shown.ndim == 3 else "L")
+        original_size = f"{picture.width}x{picture.height}"
+        picture = reduced_to_max_side(picture).convert("RGB")
+    spacing = dataset.get("PixelSpacing") or dataset.get("ImagerPixelSpacing")
+    info = {
+        "modality": str(dataset.get("Modality", "")),
+        "body_part": str(dataset.get("BodyPartExamined", "")),
+        "study_date": str(dataset.get("StudyDate", "")),
+        "size": original_size,
+        "frames": frames,
+    }
+    try:
+        pixel_spacing = (float(spacing[0]), float(spacing[1])) if spacing else None
+    except (TypeError, ValueError, IndexError):
+        pixel_spacing = None
+    return DicomImage(picture, applied, source_name, frame, frames, pixel_spacing, info)
+
+
+def _decode_frame(dataset, name: str, index: int | None) -> np.ndarray:
+    """One frame's pixel array (``index`` None: the only frame); every decoder failure
+    becomes a message."""
     syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
     try:
-        pixels = dataset.pixel_array
+        dataset.pixel_array_options(index=index)
+        return dataset.pixel_array
     except (NotImplementedError, RuntimeError, ValueError) as exc:
         if syntax is None or not syntax.is_compressed:
             raise ImageLoadError(
                 f"{name} could not be decoded ({exc}); it may be truncated or corrupt"
+            ) from exc
+        from pydicom.pixels import get_decoder
+
+        try:
+            available = get_decoder(syntax).is_available
+        except NotImplementedError:
+            available = False
+        if available:
+            raise ImageLoadError(
+                f"{name} could not be decoded ({_reason(exc)}); it may be truncated or corrupt"
             ) from exc
         described = f"{syntax.name} ({syntax})"
         raise ImageLoadError(
@@ -195,89 +396,99 @@ def load_dicom(
             f"({exc}). Krypton reads: {', '.join(decodable_transfer_syntaxes())}; export "
             f"the image in one of these (or install a pydicom decoder plug-in for it)"
         ) from exc
-    except (EOFError, OSError) as exc:
-        raise ImageLoadError(f"{name} could not be decoded ({exc}); it may be truncated") from exc
-    frames = int(dataset.get("NumberOfFrames", 1) or 1)
-    samples = int(dataset.get("SamplesPerPixel", 1))
-    if frames > 1:
-        frame = frames // 2 if frame is None else int(frame)
-        if not 0 <= frame < frames:
-            raise ImageLoadError(f"{name} has {frames} frames (0-{frames - 1}); got frame {frame}")
-        pixels = pixels[frame]
-    elif frame not in (None, 0):
-        raise ImageLoadError(f"{name} has one frame; got frame {frame}")
-    else:
-        frame = 0
-    if pixels.ndim != (3 if samples > 1 else 2):
+    except Exception as exc:  # EOFError, OSError, KeyError, struct errors from decoders
         raise ImageLoadError(
-            f"{name} holds a {pixels.ndim}-D array of shape {pixels.shape}; a 2-D image "
-            f"model needs one 2-D frame"
-        )
+            f"{name} could not be decoded ({_reason(exc)}); it may be truncated or corrupt"
+        ) from exc
+
+
+BLOCK_VALUES = 1 << 20  # values converted at a time: float64 copies of a block, not a frame
+
+
+def _blockwise(pixels: np.ndarray, convert, channels: int) -> np.ndarray:
+    """``convert`` (values -> [0, 1] floats, pointwise) applied a block of rows at a time,
+    written into one uint8 array: never a float copy of the whole frame."""
+    rows, columns = pixels.shape[:2]
+    shape = (rows, columns, channels) if channels > 1 else (rows, columns)
+    out = np.empty(shape, dtype=np.uint8)
+    step = max(1, BLOCK_VALUES // max(1, pixels[0].size))
+    for top in range(0, rows, step):
+        block = convert(pixels[top : top + step])
+        out[top : top + step] = np.round(np.clip(block, 0, 1) * 255).astype(np.uint8)
+    return out
+
+
+def _value_range(pixels: np.ndarray, transform) -> tuple[float, float]:
+    """(min, max) of ``transform(pixels)``, a block at a time."""
+    step = max(1, BLOCK_VALUES // max(1, pixels[0].size))
+    low, high = np.inf, -np.inf
+    for top in range(0, pixels.shape[0], step):
+        values = transform(pixels[top : top + step])
+        low, high = min(low, float(values.min())), max(high, float(values.max()))
+    return low, high
+
+
+def _displayed(pixels: np.ndarray, dataset, window) -> tuple[np.ndarray, tuple | None, str]:
+    """The frame as 8-bit values (gray, or RGB for colour), the window applied (None for
+    a LUT or colour) and where it came from."""
+    from pydicom.pixels import apply_modality_lut, apply_voi_lut
+
     photometric = str(dataset.get("PhotometricInterpretation", "MONOCHROME2"))
+    samples = int(dataset.get("SamplesPerPixel", 1))
     if photometric == "PALETTE COLOR":  # indices into the file's colour tables
         from pydicom.pixels import apply_color_lut
 
-        coloured = apply_color_lut(pixels, dataset)
-        top = float(np.iinfo(coloured.dtype).max) if coloured.dtype.kind == "u" else 1.0
-        rgb = np.round(np.clip(coloured / top, 0, 1) * 255).astype(np.uint8)
-        picture = Image.fromarray(rgb, "RGB")
-        applied, source_name = None, "colour"
-    elif samples > 1:  # colour: pydicom returns RGB for uncompressed and decoded data
-        if photometric.startswith("YBR"):
-            from pydicom.pixels import convert_color_space
+        def palette(block):
+            coloured = apply_color_lut(block, dataset)
+            top = float(np.iinfo(coloured.dtype).max) if coloured.dtype.kind == "u" else 1.0
+            return coloured / top
 
-            pixels = convert_color_space(pixels, photometric, "RGB")
-        array = pixels.astype(np.float64)
+        return _blockwise(pixels, palette, 3), None, "colour"
+    if samples > 1:  # colour: pydicom returns RGB for uncompressed and decoded data
         top = float(2 ** int(dataset.get("BitsStored", 8)) - 1)
-        gray = np.clip(array / top, 0, 1)
-        picture = Image.fromarray(np.round(gray * 255).astype(np.uint8), "RGB")
-        applied, source_name = None, "colour"
+
+        def colour(block):
+            if photometric.startswith("YBR"):
+                from pydicom.pixels import convert_color_space
+
+                block = convert_color_space(block, photometric, "RGB")
+            return block.astype(np.float64) / top
+
+        return _blockwise(pixels, colour, 3), None, "colour"
+
+    def modality(block):
+        return apply_modality_lut(block, dataset).astype(np.float64)
+
+    function = str(dataset.get("VOILUTFunction", "LINEAR")).upper()
+    if isinstance(window, str):
+        applied, source_name = WINDOW_PRESETS[window], f"preset {window}"
+        shown = lambda block: linear_window(modality(block), *applied, "LINEAR")  # noqa: E731
+    elif window is not None:
+        applied, source_name = window, "given"
+        shown = lambda block: linear_window(modality(block), *applied, "LINEAR")  # noqa: E731
+    elif "VOILUTSequence" in dataset:
+        table = np.asarray(dataset.VOILUTSequence[0].LUTData, dtype=np.float64)
+        low, span = table.min(), max(table.max() - table.min(), 1e-12)
+        applied, source_name = None, "VOI LUT"
+
+        def shown(block):
+            return (apply_voi_lut(modality(block), dataset, prefer_lut=True) - low) / span
+
+    elif "WindowCenter" in dataset and "WindowWidth" in dataset:
+        centre = dataset.WindowCenter
+        width = dataset.WindowWidth
+        centre = float(centre[0] if dataset["WindowCenter"].VM > 1 else centre)
+        width = float(width[0] if dataset["WindowWidth"].VM > 1 else width)
+        applied, source_name = (centre, width), "file"
+        shown = lambda block: linear_window(modality(block), centre, width, function)  # noqa: E731
     else:
-        values = apply_modality_lut(pixels, dataset).astype(np.float64)
-        function = str(dataset.get("VOILUTFunction", "LINEAR")).upper()
-        if isinstance(window, str):
-            applied, source_name = WINDOW_PRESETS[window], f"preset {window}"
-            shown = linear_window(values, *applied, "LINEAR")
-        elif window is not None:
-            applied, source_name = window, "given"
-            shown = linear_window(values, *applied, "LINEAR")
-        elif "VOILUTSequence" in dataset:
-            lut = apply_voi_lut(values, dataset, prefer_lut=True)
-            table = np.asarray(dataset.VOILUTSequence[0].LUTData, dtype=np.float64)
-            shown = (lut - table.min()) / max(table.max() - table.min(), 1e-12)
-            applied, source_name = None, "VOI LUT"
-        elif "WindowCenter" in dataset and "WindowWidth" in dataset:
-            centre = dataset.WindowCenter
-            width = dataset.WindowWidth
-            centre = float(centre[0] if dataset["WindowCenter"].VM > 1 else centre)
-            width = float(width[0] if dataset["WindowWidth"].VM > 1 else width)
-            applied, source_name = (centre, width), "file"
-            shown = linear_window(values, centre, width, function)
-        else:
-            low, high = float(values.min()), float(values.max())
-            applied, source_name = ((low + high) / 2, max(high - low, 1.0)), "full range"
-            shown = (values - low) / max(high - low, 1e-12)
-        if photometric == "MONOCHROME1":  # 0 is white: invert after the VOI transform
-            shown = 1.0 - shown
-        gray = np.round(np.clip(shown, 0, 1) * 255).astype(np.uint8)
-        picture = Image.fromarray(gray, "L").convert("RGB")
-    spacing = dataset.get("PixelSpacing") or dataset.get("ImagerPixelSpacing")
-    info = {
-        "modality": str(dataset.get("Modality", "")),
-        "body_part": str(dataset.get("BodyPartExamined", "")),
-        "study_date": str(dataset.get("StudyDate", "")),
-        "size": f"{picture.width}x{picture.height}",
-        "frames": frames,
-    }
-    return DicomImage(
-        picture,
-        applied,
-        source_name,
-        frame,
-        frames,
-        (float(spacing[0]), float(spacing[1])) if spacing else None,
-        info,
-    )
+        low, high = _value_range(pixels, modality)
+        applied, source_name = ((low + high) / 2, max(high - low, 1.0)), "full range"
+        shown = lambda block: (modality(block) - low) / max(high - low, 1e-12)  # noqa: E731
+    if photometric == "MONOCHROME1":  # 0 is white: invert after the VOI transform
+        windowed = shown
+        shown = lambda block: 1.0 - windowed(block)  # noqa: E731
+    return _blockwise(pixels, shown, 1), applied, source_name
 
 
 _AXIS_LETTERS = (("L", "R"), ("P", "A"), ("H", "F"))  # +x, -x; +y, -y; +z, -z (LPS)

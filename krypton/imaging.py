@@ -12,10 +12,20 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .decoding import (
+    DECODE_BUDGET,
+    MAX_SIDE,
+    MIN_SIDE,
+    PILLOW_DECODE_FACTOR,
+    ImageLoadError,
+    reduced_to_max_side,
+)
 from .dicom import is_dicom, load_dicom
 
 __all__ = [
     "ImageLoadError",
+    "MAX_SIDE",
+    "MIN_SIDE",
     "load_image",
     "to_rgb",
     "heatmap_limits",
@@ -29,16 +39,6 @@ __all__ = [
 ]
 
 MAX_PIXELS = 50_000_000  # refuse decompression bombs long before memory runs out
-# The smallest side accepted: smaller images hold too little for a model to classify, and
-# upscaling them to the model's input size would explain interpolation, not content.
-MIN_SIDE = 16
-# The largest side kept: no model takes more than 1024 pixels (the registry's limit), so
-# larger images are reduced on load (aspect kept), identically in the CLI and the app.
-MAX_SIDE = 1024
-
-
-class ImageLoadError(ValueError):
-    """The file is not an image we can read."""
 
 
 def load_image(
@@ -49,6 +49,9 @@ def load_image(
     DICOM files (by their 'DICM' marker or a .dcm name) are windowed as
     :func:`krypton.dicom.load_dicom` describes: ``window`` (a preset name or
     (centre, width)) and ``frame`` apply to them and are ignored for other images.
+    Every decode is admitted by :data:`krypton.decoding.DECODE_BUDGET` from the file's
+    header first, and images over :data:`MAX_SIDE` are reduced while (JPEG) or right
+    after (other formats) decoding, in their own sample type.
     """
     name = "uploaded data" if isinstance(source, (bytes, bytearray)) else str(source)
     if is_dicom(source) or (
@@ -64,19 +67,7 @@ def load_image(
             handle = open(source, "rb")
         with handle:
             with Image.open(handle) as image:
-                if image.width * image.height > MAX_PIXELS:
-                    raise ImageLoadError(
-                        f"{name} is {image.width}x{image.height} pixels; the limit is "
-                        f"{MAX_PIXELS // 1_000_000} megapixels"
-                    )
-                if min(image.width, image.height) < MIN_SIDE:
-                    raise ImageLoadError(
-                        f"{name} is {image.width}x{image.height} pixels; images need at "
-                        f"least {MIN_SIDE} pixels on each side"
-                    )
-                image.load()
-                # Cameras store portrait photos sideways plus an orientation tag.
-                return _checked_size(to_rgb(ImageOps.exif_transpose(image)), name)
+                return _decoded(image, name)
     except ImageLoadError:
         raise
     except FileNotFoundError as exc:
@@ -91,6 +82,63 @@ def load_image(
         ) from exc
 
 
+# Bytes per pixel of Pillow's own buffers: multi-band 8-bit modes are stored as 4 bytes.
+_MODE_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
+
+
+def _decoded(image: Image.Image, name: str) -> Image.Image:
+    """An opened (not yet decoded) Pillow image, decoded within the budget, reduced and
+    converted to RGB."""
+    if image.width * image.height > MAX_PIXELS:
+        raise ImageLoadError(
+            f"{name} is {image.width}x{image.height} pixels; the limit is "
+            f"{MAX_PIXELS // 1_000_000} megapixels"
+        )
+    if min(image.width, image.height) < MIN_SIDE:
+        raise ImageLoadError(
+            f"{name} is {image.width}x{image.height} pixels; images need at "
+            f"least {MIN_SIDE} pixels on each side"
+        )
+    if image.format == "JPEG":  # decode at 1/2, 1/4 or 1/8 scale where that still covers
+        image.draft(image.mode, (MAX_SIDE, MAX_SIDE))
+    per_pixel = _MODE_BYTES.get(image.mode, 4)
+    what = f"{image.width}x{image.height} pixels ({image.mode})"
+    cost = DECODE_BUDGET.cost(name, what, image.size, per_pixel, PILLOW_DECODE_FACTOR)
+    with DECODE_BUDGET.reserve(cost) as record:
+        image.load()
+        record.output = image.width * image.height * per_pixel
+        reduced = _reduced_in_strips(image)
+    # Cameras store portrait photos sideways plus an orientation tag.
+    return _checked_size(to_rgb(ImageOps.exif_transpose(reduced)), name)
+
+
+def _reduced_in_strips(image: Image.Image) -> Image.Image:
+    """``image`` box-reduced by the whole factor that brings its long side to between
+    MAX_SIDE and twice that (unchanged if already within), in its own sample type, a
+    strip of rows at a time: no full-size copy. 16-bit images come back as mode "I",
+    palette and 1-bit ones as RGBA and L."""
+    factor = max(image.size) // MAX_SIDE
+    if factor < 2:
+        return image
+    info = dict(image.info)
+    work_mode = {"P": "RGBA", "PA": "RGBA", "1": "L"}.get(image.mode, image.mode)
+    if work_mode.startswith("I;16"):
+        work_mode = "I"
+    width, height = image.width // factor, image.height // factor
+    reduced = Image.new(work_mode, (width, height))
+    rows = max(1, (1 << 20) // max(1, image.width)) // factor * factor or factor
+    for top in range(0, height * factor, rows):
+        strip = image.crop((0, top, width * factor, min(top + rows, height * factor)))
+        if strip.mode != work_mode:
+            strip = strip.convert(work_mode)
+        reduced.paste(strip.reduce(factor), (0, top // factor))
+    reduced.info.update(info)
+    exif = image.getexif()
+    if exif:
+        reduced.info["exif"] = exif.tobytes()
+    return reduced
+
+
 def _checked_size(rgb: Image.Image, name: str) -> Image.Image:
     """Refuse images under MIN_SIDE; reduce those over MAX_SIDE (aspect kept)."""
     if min(rgb.width, rgb.height) < MIN_SIDE:
@@ -98,9 +146,7 @@ def _checked_size(rgb: Image.Image, name: str) -> Image.Image:
             f"{name} is {rgb.width}x{rgb.height} pixels; images need at least {MIN_SIDE} "
             f"pixels on each side"
         )
-    if max(rgb.size) > MAX_SIDE:
-        rgb.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
-    return rgb
+    return reduced_to_max_side(rgb)
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -307,7 +353,7 @@ def heatmap_picture(
     bar = figure.colorbar(shown, ax=axes, fraction=0.04, pad=0.02)
     bar.set_label(styled.label, fontsize=7, wrap=True)
     bar.solids.set_alpha(1)
-    axes.set_title(title, fontsize=9, wrap=True)
+    axes.set_title(title, fontsize=9, wrap=True, parse_math=False)  # "$" is plain text
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
