@@ -24,9 +24,12 @@ import os
 import pickle
 import re
 import shutil
+import threading
+import unicodedata
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -61,7 +64,7 @@ __all__ = [
     "MAX_CLASSES",
 ]
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # used with fullmatch
 MAX_INPUT_SIDE = 1024  # pixels; larger inputs cost gigabytes per batch
 MAX_CLASSES = 10_000
 MAX_CLASS_NAME = 200  # characters
@@ -231,9 +234,10 @@ def _entries(directory: Path | None = None) -> list[tuple[Path, dict, bool]]:
                 entry = read_entry(path)
             except RegistryError:
                 continue  # a broken file is reported by load_model, not by the listing
-            if entry["name"].lower() in seen:
-                continue
-            seen.add(entry["name"].lower())
+            folded = _folded(entry["name"])
+            if folded in seen or not NAME_PATTERN.fullmatch(entry["name"]):
+                continue  # a look-alike of a listed name, or a name no one could type
+            seen.add(folded)
             entries.append((path, entry, user))
     return entries
 
@@ -276,7 +280,7 @@ def find_entry(name: str, directory: Path | None = None) -> tuple[Path, dict]:
     for path, entry, _ in _entries(directory):
         if entry["name"] == name:
             return path, entry
-    if NAME_PATTERN.match(name or ""):
+    if isinstance(name, str) and NAME_PATTERN.fullmatch(name):
         for folder, _ in _search_dirs(directory):
             candidate = folder / f"{name}.json"
             if candidate.exists():  # exists but did not parse: say why
@@ -309,6 +313,40 @@ def _unwrap_state_dict(checkpoint: Any, source: str) -> dict[str, torch.Tensor]:
     return checkpoint
 
 
+_meta_build = threading.local()
+_meta_patch_lock = threading.Lock()
+_meta_patch_users = 0
+_register_parameter = nn.Module.register_parameter
+
+
+def _register_parameter_maybe_on_meta(module: nn.Module, name: str, param) -> None:
+    _register_parameter(module, name, param)
+    if param is not None and getattr(_meta_build, "active", False):
+        module._parameters[name] = nn.Parameter(param.to("meta"), param.requires_grad)
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules this thread builds inside the block keep their parameters on the meta
+    device: each is moved there as it is registered (before its initialisation runs), so
+    a network of any size costs its buffers only. ``torch.device("meta")`` cannot do
+    this: some builders (RegNet's) compute their widths with tensors. Other threads
+    build as usual meanwhile."""
+    global _meta_patch_users
+    with _meta_patch_lock:
+        _meta_patch_users += 1
+        nn.Module.register_parameter = _register_parameter_maybe_on_meta
+    _meta_build.active = True
+    try:
+        yield
+    finally:
+        _meta_build.active = False
+        with _meta_patch_lock:
+            _meta_patch_users -= 1
+            if not _meta_patch_users:
+                nn.Module.register_parameter = _register_parameter
+
+
 def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Module:
     source = path.name
     try:
@@ -327,11 +365,12 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
     kwargs: dict[str, Any] = {"weights": None, "num_classes": classes}
     if architecture == "inception_v3":
         kwargs.update(aux_logits=any(k.startswith("AuxLogits.") for k in state), init_weights=False)
-    try:
-        model = torchvision.models.get_model(architecture, **kwargs)
+    try:  # parameters on the meta device: shapes without memory, a mismatch costs nothing
+        with _parameters_on_meta():
+            skeleton = torchvision.models.get_model(architecture, **kwargs)
     except TypeError as exc:
         raise CheckpointError(f"cannot build {architecture} with {classes} classes: {exc}") from exc
-    expected = model.state_dict()
+    expected = skeleton.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
@@ -369,6 +408,7 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
             f"{source}: {key} has shape {got} in the checkpoint but "
             f"{want} in {architecture} with {classes} classes{hint}"
         )
+    model = torchvision.models.get_model(architecture, **kwargs)  # now for real: it fits
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     if architecture == "inception_v3" and model.aux_logits:
         model.aux_logits = False
@@ -467,11 +507,7 @@ def register_model(
     reported and leaves the registry unchanged. A TorchScript file runs its author's code:
     register one only if you trust it.
     """
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise RegistryError(
-            f"model name '{name}' must be 1-64 letters, digits, '.', '_' or "
-            f"'-', starting with a letter or digit"
-        )
+    name = normalised_name(name)
     target = Path(directory) if directory is not None else user_models_dir()
     classes = [str(c).strip() for c in classes if str(c).strip()]
     if len(classes) > MAX_CLASSES:
@@ -598,9 +634,33 @@ def _reference_density(module: nn.Module, entry: dict, folder: Path):
         raise RegistryError(f"reference images: {exc}") from exc
 
 
+def normalised_name(name: object) -> str:
+    """A model name as the registry keeps it: NFKC-normalised and stripped, then 1-64
+    letters, digits, '.', '_' or '-' starting with a letter or digit (no control
+    character, no look-alike of another name); anything else is refused."""
+    text = unicodedata.normalize("NFKC", name).strip() if isinstance(name, str) else ""
+    if not NAME_PATTERN.fullmatch(text):
+        shown = repr(name) if isinstance(name, str) else type(name).__name__
+        raise RegistryError(
+            f"model name {shown} must be 1-64 letters, digits, '.', '_' or "
+            f"'-', starting with a letter or digit"
+        )
+    return text
+
+
+def _folded(name: str) -> str:
+    """What two names must not share: the same text regardless of case and of Unicode
+    compatibility forms."""
+    return unicodedata.normalize("NFKC", str(name)).strip().casefold()
+
+
+def _same_name(first: str, second: str) -> bool:
+    return _folded(first) == _folded(second)
+
+
 def _refuse_taken_name(name: str, directory: Path | None) -> None:
     for path, entry, _ in _entries(directory):
-        if entry["name"].lower() == name.lower() or path.stem.lower() == name.lower():
+        if _same_name(entry["name"], name) or _same_name(path.stem, name):
             raise RegistryError(
                 f"a model named '{entry['name']}' is already registered "
                 f"({path}); names are unique regardless of case"
