@@ -31,12 +31,12 @@ lint: $(STAMP)
 run: $(STAMP)
 	$(PY) app.py --host $(HOST) --port $(PORT)
 
-# Production entry for anything beyond localhost: gunicorn, one process with threads (jobs,
-# models and the queue live in the process). Set KRYPTON_USERNAME/KRYPTON_PASSWORD or
-# KRYPTON_AUTH_HEADER and KRYPTON_ALLOWED_HOSTS first (README: Security and limits).
+# Production entry for anything beyond localhost: waitress, one process with threads (jobs,
+# models and the queue live in the process); slow clients cannot hold its threads. Set
+# KRYPTON_USERNAME/KRYPTON_PASSWORD or KRYPTON_AUTH_HEADER and KRYPTON_ALLOWED_HOSTS first
+# (README: Security and limits).
 serve: $(STAMP)
-	KRYPTON_BIND_HOST=$(HOST) $(VENV)/bin/gunicorn --workers 1 --threads 16 \
-		--bind $(HOST):$(PORT) --timeout 300 --limit-request-line 8190 'app:serve_app()'
+	$(PY) app.py --production --host $(HOST) --port $(PORT)
 
 # Team mode: one Celery worker for the app started with KRYPTON_BROKER_URL set (README:
 # Team mode). Pool and thread choices are explained in webapp/worker.py.

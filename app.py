@@ -1,7 +1,7 @@
 """Krypton web app: interactive occlusion explanations in the browser.
 
     python app.py [--host 127.0.0.1] [--port 8050]     (or: make run; one local user)
-    make serve                                          (gunicorn, for a team; see README)
+    python app.py --production ...                      (or: make serve; waitress, for a team)
 
 Layout, callbacks and helpers live in webapp/; the engine in krypton/. Limits, access
 rules and the TorchScript switch come from KRYPTON_* environment variables
@@ -33,6 +33,7 @@ from webapp.guard import RequestGuard
 from webapp.jobs import ThreadedDiskcacheManager
 from webapp.layout import build_layout
 from webapp.settings import BROKER_ENV, LOCAL_HOSTS, ServerSettings, SettingsError
+from webapp.uploads import add_upload_route
 
 ROOT = Path(__file__).resolve().parent
 
@@ -78,6 +79,7 @@ def create_app(
     app.server.wsgi_app = guard  # host, authentication and size checks come first
     app.server.config["MAX_CONTENT_LENGTH"] = guard.largest_limit()  # a second line
     services = Services(cache_dir, settings, team)
+    add_upload_route(app.server, services.uploads, settings)
     app.layout = lambda: build_layout(
         model_options(),
         default_model_name(),
@@ -101,15 +103,26 @@ class QuietPolls(logging.Filter):
         )
 
 
-def serve_app():
-    """WSGI application for a production server: ``gunicorn 'app:serve_app()'``.
+def serve_production(app: Dash, host: str, port: int, settings: ServerSettings) -> None:
+    """Serve ``app`` with waitress: one process (jobs, models and the queue live in it),
+    16 threads for requests that have fully arrived. Waitress reads requests on one
+    event loop, so slow or idle clients hold sockets, never threads (gunicorn's threads
+    each waited on one: 16 idle sockets took the server off the air); a connection idle
+    for ``read_timeout_seconds`` is closed, and bodies over the largest upload limit are
+    refused from their Content-Length."""
+    import waitress
 
-    Run one worker process with threads: background jobs, loaded models and the job
-    queue live in the process (``make serve`` does exactly that).
-    """
-    settings = ServerSettings.from_environment(os.environ.get("KRYPTON_BIND_HOST"))
-    warn_if_exposed(os.environ.get("KRYPTON_BIND_HOST", "127.0.0.1"), settings)
-    return create_app(settings=settings).server
+    waitress.serve(
+        app.server,
+        host=host,
+        port=port,
+        threads=16,
+        channel_timeout=int(settings.read_timeout_seconds),
+        connection_limit=1000,
+        asyncore_use_poll=True,  # select() stops at 1024 file descriptors
+        max_request_body_size=RequestGuard(None, settings).largest_limit(),
+        ident="Krypton",
+    )
 
 
 def warn_if_exposed(host: str, settings: ServerSettings) -> None:
@@ -143,6 +156,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Krypton web app")
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8050)))
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="serve with waitress (make serve): for more than one user, beyond localhost",
+    )
     args = parser.parse_args()
     problem = port_problem(args.host, args.port)
     if problem:
@@ -155,8 +173,11 @@ def main() -> None:
         raise SystemExit(2)
     warn_if_exposed(args.host, settings)
     app = create_app(settings=settings)
-    logging.getLogger("werkzeug").addFilter(QuietPolls())
     print(f"Krypton is running at http://{args.host}:{args.port}/ (Ctrl+C to stop)", flush=True)
+    if args.production:
+        serve_production(app, args.host, args.port, settings)
+        return
+    logging.getLogger("werkzeug").addFilter(QuietPolls())
     app.run(host=args.host, port=args.port, debug=False)
 
 

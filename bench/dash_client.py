@@ -32,14 +32,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def png_data_url(image: Image.Image) -> str:
+def png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return buffer.getvalue()
 
 
-def file_data_url(data: bytes) -> str:
-    return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+def png_data_url(image: Image.Image) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode()
 
 
 def find(layout, component_id: str):
@@ -62,7 +62,13 @@ def find(layout, component_id: str):
 class Server:
     """``python app.py`` in a subprocess on a free port, with its own folders."""
 
-    def __init__(self, tmp_path: Path, env: dict | None = None, models_dir: Path | None = None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        env: dict | None = None,
+        models_dir: Path | None = None,
+        production: bool = False,
+    ):
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -77,7 +83,8 @@ class Server:
             self.environment["KRYPTON_MODELS_DIR"] = str(models_dir)
         self.log = open(tmp_path / f"server-{self.port}.log", "w+")
         self.process = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(self.port)],
+            [sys.executable, "app.py", "--port", str(self.port)]
+            + (["--production"] if production else []),  # production: what make serve runs
             cwd=ROOT,
             env=self.environment,
             stdout=self.log,
@@ -121,9 +128,9 @@ class Server:
 class Tab:
     """One browser tab: its own page load (endId) and session id."""
 
-    def __init__(self, url: str, auth=None):
+    def __init__(self, url: str, auth=None, http: requests.Session | None = None):
         self.url = url
-        self.http = requests.Session()
+        self.http = http or requests.Session()
         self.http.auth = auth
         page = self.http.get(url + "/", timeout=30)
         page.raise_for_status()
@@ -180,12 +187,19 @@ class Tab:
         }
 
     def call(
-        self, output_part: str, values: dict, timeout: float = 120, poll: bool = True
+        self,
+        output_part: str,
+        values: dict,
+        timeout: float = 120,
+        poll: bool = True,
+        changed: list[str] | None = None,
     ) -> requests.Response | dict:
         """Post one callback; background callbacks are polled until they answer (the
         final response's JSON is returned as a dict with 'progress' seen on the way)."""
         spec = self.spec(output_part, values)
         body = self.payload(spec, values)
+        if changed is not None:  # the prop that fired, as the renderer names it
+            body["changedPropIds"] = changed
         response = self.http.post(
             f"{self.url}/_dash-update-component",
             params={"endId": self.end_id},
@@ -224,11 +238,32 @@ class Tab:
         raise TimeoutError(f"background callback {output_part} did not finish")
 
     # -- what a user does ----------------------------------------------------------------
-    def upload_image(self, image: Image.Image, filename: str = "image.png") -> dict:
-        response = self.call(
-            "image-store.data",
-            {"upload.contents": png_data_url(image), "upload.filename": filename},
+    def upload_file(self, data: bytes, purpose: str, filename: str) -> dict:
+        """Post a file to the upload route as the page's script does: the ticket the page
+        then hands to its callback ({"token": ...} or {"error": ...})."""
+        response = self.http.post(
+            f"{self.url}/_krypton/upload/{purpose}",
+            params={"session": self.session, "name": filename},
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=300,
         )
+        try:
+            ticket = response.json()
+        except ValueError:
+            ticket = {"error": response.text}
+        ticket.setdefault("name", filename)
+        return ticket
+
+    def load_file(self, data: bytes, filename: str = "image.png") -> requests.Response:
+        """Upload an image file and load it, as choosing it in the page does."""
+        ticket = self.upload_file(data, "image", filename)
+        return self.call(
+            "image-store.data", {"upload-ticket.data": ticket, "session.data": self.session}
+        )
+
+    def upload_image(self, image: Image.Image, filename: str = "image.png") -> dict:
+        response = self.load_file(png_bytes(image), filename)
         assert response.status_code == 200, response.text[:300]
         return response.json()["response"]["image-store"]["data"]
 
@@ -268,15 +303,32 @@ class Tab:
         }
         return self.call("heatmap-graph.figure", values, timeout=timeout, poll=poll)
 
+    def export(self, fmt: str, handle: dict | None, identity: bool = False) -> requests.Response:
+        """Press the download button of ``fmt`` (png, npy, npz, csv, json, dcm)."""
+        button = json.dumps({"format": fmt, "type": "export"}, separators=(",", ":"))
+        return self.call(
+            "download.data",
+            {
+                '{"format":["ALL"],"type":"export"}.n_clicks': [
+                    {"id": {"format": fmt, "type": "export"}, "property": "n_clicks", "value": 1}
+                ],
+                "session.data": self.session,
+                "result-store.data": handle,
+                "dicom-identity.value": ["identity"] if identity else [],
+            },
+            changed=[button + ".n_clicks"],
+        )
+
     def register(
         self, data: bytes, filename: str, name: str, architecture: str, classes: str, size: int = 64
     ) -> str:
+        ticket = self.upload_file(data, "model", filename)
         response = self.call(
             "model-register-message.children",
             {
                 "model-register.n_clicks": 1,
-                "model-upload.contents": file_data_url(data),
-                "model-upload.filename": filename,
+                "model-upload-ticket.data": ticket,
+                "session.data": self.session,
                 "model-name.value": name,
                 "model-architecture.value": architecture,
                 "model-classes.value": classes,

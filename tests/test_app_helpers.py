@@ -1,6 +1,5 @@
 """The web app's pure helpers and its threaded job manager, without a browser."""
 
-import base64
 import io
 import threading
 import time
@@ -14,10 +13,6 @@ from webapp.helpers import InputError
 from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
 
 
-def data_url(payload: bytes, kind="image/png") -> str:
-    return f"data:{kind};base64," + base64.b64encode(payload).decode()
-
-
 def png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
@@ -26,18 +21,16 @@ def png_bytes(image: Image.Image) -> bytes:
 
 def test_decode_upload_modes_and_errors():
     gray16 = Image.fromarray((np.arange(256).reshape(16, 16) * 200).astype(np.uint16))
-    image = helpers.decode_upload(data_url(png_bytes(gray16)), "scan.png")
+    image = helpers.decode_upload(png_bytes(gray16), "scan.png")
     assert image.mode == "RGB" and image.size == (16, 16)
     with pytest.raises(InputError, match="scan.png is 8x8 pixels; images need at least 16"):
-        helpers.decode_upload(data_url(png_bytes(gray16.crop((0, 0, 8, 8)))), "scan.png")
+        helpers.decode_upload(png_bytes(gray16.crop((0, 0, 8, 8))), "scan.png")
     with pytest.raises(InputError, match="notes.txt is not an image file"):
-        helpers.decode_upload(data_url(b"hello", "text/plain"), "notes.txt")
+        helpers.decode_upload(b"hello", "notes.txt")
     with pytest.raises(InputError, match="truncated"):
-        helpers.decode_upload(data_url(png_bytes(Image.new("RGB", (64, 64)))[:60]), "t.png")
-    with pytest.raises(InputError, match="limit is 25 MB"):
-        helpers.decode_upload(data_url(b"\0" * (26 * 2**20)), "huge.png")
-    with pytest.raises(InputError, match="could not be read"):
-        helpers.decode_upload("", "x.png")
+        helpers.decode_upload(png_bytes(Image.new("RGB", (64, 64)))[:60], "t.png")
+    with pytest.raises(InputError, match="x.png: the file is empty|the file is empty"):
+        helpers.decode_upload(b"", "x.png")
 
 
 def test_image_store_round_trip_and_bad_keys(tmp_path):

@@ -179,13 +179,9 @@ def test_load_image_and_explain_a_ct_slice_without_identifying_tags(tmp_path):
 
 
 def test_a_dicom_file_dropped_on_the_page_is_decoded_with_its_own_window():
-    import base64
-
     from webapp.helpers import decode_upload
 
-    data = open(MR, "rb").read()
-    contents = "data:application/dicom;base64," + base64.b64encode(data).decode()
-    picture = decode_upload(contents, "scan.dcm", 25 * 2**20)
+    picture = decode_upload(open(MR, "rb").read(), "scan.dcm")
     np.testing.assert_array_equal(np.asarray(picture), np.asarray(load_dicom(MR).picture))
 
 
@@ -257,7 +253,7 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
     _, path = identified(tmp_path)
     data = path.read_bytes()
     services = Services(tmp_path / "cache")
-    source = services.images.put_source(data)
+    source = services.images.put_source(data, "s")
     loaded, record = helpers.dicom_view(data, source, "lung", None, path.name)
     key = services.images.put(loaded.picture)
     request = runs.RunRequest(
@@ -277,7 +273,7 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
         "npz": helpers.export_all_classes(result),
         "csv": helpers.export_csv(result).encode(),
         "json": runs.export_summary(result).encode(),
-        "dcm": helpers.export_dicom(services.images.source(source), result),
+        "dcm": helpers.export_dicom(services.images.source(source, "s"), result),
     }
     names = [helpers.export_stem(result)] + [p.name for p in (tmp_path / "cache").rglob("*")]
     for secret in ("Doe", "Jane", "ID-12345", "19700101", "ACC-999"):

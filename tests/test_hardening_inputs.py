@@ -209,8 +209,8 @@ def test_serving_beyond_localhost_without_authentication_warns(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_make_serve_runs_gunicorn_with_authentication(tmp_path):
-    """The production entry: gunicorn with threads, basic authentication, host check."""
+def test_make_serve_runs_the_production_server_with_authentication(tmp_path):
+    """The production entry: waitress with threads, basic authentication, host check."""
     import requests
 
     with socket.socket() as probe:

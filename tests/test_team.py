@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 import krypton
-from bench.dash_client import Tab, free_port, png_data_url
+from bench.dash_client import Tab, free_port, png_bytes
 from krypton.batch import collect_inputs, run_batch
 from krypton.cli import build_parser, explain_options
 from krypton.distributed import broker_submit
@@ -329,10 +329,7 @@ def test_redis_going_away_is_a_message_and_pages_still_load(team):
         assert page.status_code == 200
         layout = tab.http.get(team.url + "/_dash-layout", timeout=10)
         assert layout.status_code == 200
-        upload = tab.call(
-            "image-store.data",
-            {"upload.contents": png_data_url(_image(28)), "upload.filename": "x.png"},
-        )
+        upload = tab.load_file(png_bytes(_image(28)), "x.png")
         assert upload.status_code == 200 and "cannot be reached" in upload.text
     finally:
         team.cluster.stop()

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import binascii
 import logging
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -15,7 +12,7 @@ from typing import Callable, Iterator
 
 import plotly.graph_objects as go
 import torch
-from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
+from dash import ALL, ClientsideFunction, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 import krypton
@@ -32,17 +29,23 @@ from krypton.registry import (
 )
 
 from . import helpers
+from .guard import CLIENT_HEADER
 from .helpers import InputError
 from . import runs
 from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled, running_as
 from .layout import DICOM_SAMPLES, mode_options, patch_options, placeholder_figure, sample_path
 from .settings import ServerSettings
+from .uploads import UploadStore
 
 LIVE_UPDATE_SECONDS = 0.3
 # The Run callback's outputs: figure, result handle, summary, message (team mode's
 # manager answers with a message alone when the queue or the workers are gone).
 RUN_OUTPUTS, RUN_MESSAGE_OUTPUT = 4, 3
 NO_RESULT = "Press Run to compute the heatmap"
+DROPPED_RESULT = (
+    "This heatmap is no longer kept on the server (results are kept within "
+    "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
+)
 logger = logging.getLogger("krypton.app")
 
 
@@ -73,16 +76,22 @@ class Services:
         else:
             self.images = helpers.ImageStore(
                 Path(cache_dir) / "images",
-                int(self.settings.image_store_mb * 2**20),
+                self.settings.mb(self.settings.image_store_mb),
                 self.settings.image_store_count,
             )
-            self.results = helpers.ResultStore(self.settings.results_kept)
-            self.cells = runs.CellCache()
+            self.results = helpers.ResultStore(
+                self.settings.results_kept, self.settings.mb(self.settings.result_store_mb)
+            )
+            self.cells = runs.CellCache(max_bytes=self.settings.mb(self.settings.cell_cache_mb))
+        self.uploads = UploadStore(
+            Path(cache_dir) / "uploads", self.settings.mb(self.settings.upload_store_mb)
+        )
         self._checksums: dict[str, str] = {}
         self.jobs = JobQueue(
             self.settings.max_running_jobs,
             self.settings.max_queued_jobs,
             self.settings.max_jobs_per_session,
+            self.settings.max_jobs_per_client,
         )
         self._models: dict[str, krypton.LoadedModel] = {}
         self._explainers: dict[str, krypton.OcclusionExplainer] = {}
@@ -170,9 +179,10 @@ def _empty_figure(text: str = "") -> go.Figure:
 def register_callbacks(app, manager, services: Services) -> None:
     """Attach every callback to ``app``; jobs run on ``manager``."""
 
-    def _dicom_image_data(data: bytes, name: str, window=None, frame=None) -> dict:
-        """Keep a DICOM file's bytes, store its windowed frame; the page's record of it."""
-        source = services.images.put_source(data)
+    def _dicom_image_data(data: bytes, name: str, session: str, window=None, frame=None) -> dict:
+        """Keep a DICOM file's bytes (for this tab only), store its windowed frame; the
+        page's record of it."""
+        source = services.images.put_source(data, session)
         loaded, record = helpers.dicom_view(data, source, window, frame, name)
         key = services.images.put(loaded.picture)
         return {
@@ -189,16 +199,18 @@ def register_callbacks(app, manager, services: Services) -> None:
         Output("window-preset", "value"),
         Output("dicom-frame", "max"),
         Output("dicom-frame", "value"),
-        Input("upload", "contents"),
+        Input("upload-ticket", "data"),
         Input({"type": "sample", "name": ALL}, "n_clicks"),
-        State("upload", "filename"),
+        State("session", "data"),
         prevent_initial_call=True,
     )
-    def load_image(contents, sample_clicks, filename):
+    def load_image(ticket, sample_clicks, session):
         trigger = ctx.triggered_id
+        session = str(session or "")
+        filename = (ticket or {}).get("name") if trigger == "upload-ticket" else None
         try:
-            if trigger == "upload":
-                data = helpers.read_upload(contents, filename, services.settings.max_image_bytes)
+            if trigger == "upload-ticket":
+                data = _uploaded_bytes(ticket, "image", session)
                 name = filename
             elif isinstance(trigger, dict) and any(sample_clicks):
                 name = trigger["name"]
@@ -210,19 +222,42 @@ def register_callbacks(app, manager, services: Services) -> None:
                     name = DICOM_SAMPLES[name][0]
             else:
                 raise PreventUpdate
-            if helpers.upload_is_dicom(data, filename if trigger == "upload" else name):
-                image_data = _dicom_image_data(data, str(name or "the file"))
+            if helpers.upload_is_dicom(data, filename if trigger == "upload-ticket" else name):
+                image_data = _dicom_image_data(data, str(name or "the file"), session)
                 record = image_data["dicom"]
                 return image_data, None, "", "file", record["frames"], record["frame"] + 1
-            try:
-                image = krypton.imaging.load_image(data)
-            except krypton.imaging.ImageLoadError as exc:
-                raise InputError(str(exc).replace("uploaded data", name or "the file")) from exc
+            image = helpers.decode_upload(data, name)
             key = services.images.put(image)
         except InputError as exc:
             return no_update, no_update, str(exc), no_update, no_update, no_update
         image_data = {"key": key, "name": name, "size": list(image.size)}
         return image_data, None, "", no_update, no_update, no_update
+
+    def _uploaded_bytes(ticket: dict | None, purpose: str, session: str) -> bytes:
+        """The bytes of a file the page posted to the upload route (its ticket)."""
+        if not isinstance(ticket, dict):
+            raise InputError("the file could not be uploaded; try again")
+        if ticket.get("error"):
+            raise InputError(str(ticket["error"]))
+        with services.uploads.take(str(ticket.get("token", "")), purpose, session) as (path, _):
+            return path.read_bytes()
+
+    app.clientside_callback(
+        ClientsideFunction("krypton_upload", "image"),
+        Output("upload-ticket", "data"),
+        Input("upload", "contents"),
+        State("upload", "filename"),
+        State("session", "data"),
+        prevent_initial_call=True,
+    )
+    app.clientside_callback(
+        ClientsideFunction("krypton_upload", "model"),
+        Output("model-upload-ticket", "data"),
+        Input("model-upload", "contents"),
+        State("model-upload", "filename"),
+        State("session", "data"),
+        prevent_initial_call=True,
+    )
 
     @app.callback(
         Output("image-store", "data", allow_duplicate=True),
@@ -232,9 +267,10 @@ def register_callbacks(app, manager, services: Services) -> None:
         Input("window-width", "value"),
         Input("dicom-frame", "value"),
         State("image-store", "data"),
+        State("session", "data"),
         prevent_initial_call=True,
     )
-    def rewindow(preset, centre, width, frame, image_data):
+    def rewindow(preset, centre, width, frame, image_data, session):
         """Another window or frame of the same DICOM file: a new picture for the model."""
         record = (image_data or {}).get("dicom")
         if not record:
@@ -247,8 +283,9 @@ def register_callbacks(app, manager, services: Services) -> None:
             requested = list(window) if isinstance(window, tuple) else window
             if requested == record["requested"] and frame == record["frame"]:
                 raise PreventUpdate  # the controls caught up with the stored image
-            data = services.images.source(record["source"])
-            return _dicom_image_data(data, image_data["name"], window, frame), ""
+            session = str(session or "")
+            data = services.images.source(record["source"], session)
+            return _dicom_image_data(data, image_data["name"], session, window, frame), ""
         except InputError as exc:
             return no_update, str(exc)
 
@@ -582,8 +619,9 @@ def register_callbacks(app, manager, services: Services) -> None:
             )
             style = helpers.overlay_style(overlay)
             shown = helpers.model_view(services.images.get(request.image_key), loaded.input_size)
+            client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
             with services.job(lambda text: set_progress(("0", "1", _empty_figure(text), text))):
-                with services.jobs.slot(session, waiting):
+                with services.jobs.slot(session, waiting, client):
                     result = runs.execute(
                         services, session, request, _live_reporter(set_progress, shown, style)
                     )
@@ -650,6 +688,8 @@ def register_callbacks(app, manager, services: Services) -> None:
             result = services.results.get(session)
         except InputError as exc:  # team mode: Redis is away
             return no_update, no_update, str(exc)
+        if label is not None and handle and result is None and services.results.dropped(session):
+            return no_update, no_update, DROPPED_RESULT
         if (
             label is None
             or not handle
@@ -730,8 +770,10 @@ def register_callbacks(app, manager, services: Services) -> None:
         if not any(clicks or []) or not isinstance(handle, dict):
             raise PreventUpdate
         result = services.results.get(session)
+        if result is None and services.results.dropped(session):
+            return no_update, DROPPED_RESULT
         if result is None or result["id"] != handle.get("id"):
-            raise PreventUpdate  # not this tab's current result (or expired)
+            raise PreventUpdate  # not this tab's current result
         fmt = ctx.triggered_id["format"]
         stem = helpers.export_stem(result)
         try:
@@ -740,7 +782,9 @@ def register_callbacks(app, manager, services: Services) -> None:
                 original = services.images.get(result["image_key"])
                 sent = dcc.send_bytes(helpers.export_png(original, result, style), f"{stem}.png")
             elif fmt == "dcm":
-                source = services.images.source((result.get("dicom") or {}).get("source", ""))
+                source = services.images.source(
+                    (result.get("dicom") or {}).get("source", ""), str(session or "")
+                )
                 data = helpers.export_dicom(source, result, style, "identity" in (identity or []))
                 sent = dcc.send_bytes(data, f"{stem}.dcm")
             elif fmt == "npy":
@@ -764,19 +808,21 @@ def register_callbacks(app, manager, services: Services) -> None:
         Output("model", "value"),
         Output("model-register-message", "children"),
         Input("model-register", "n_clicks"),
-        State("model-upload", "contents"),
-        State("model-upload", "filename"),
+        State("model-upload-ticket", "data"),
+        State("session", "data"),
         State("model-name", "value"),
         State("model-architecture", "value"),
         State("model-classes", "value"),
         State("model-size", "value"),
         prevent_initial_call=True,
     )
-    def register(n_clicks, contents, filename, name, architecture, classes, size):
+    def register(n_clicks, ticket, session, name, architecture, classes, size):
         settings = services.settings
         try:
-            if not contents:
+            if not ticket:
                 raise InputError("choose a weights file first")
+            if ticket.get("error"):
+                raise InputError(str(ticket["error"]))
             if architecture == "torchscript" and not settings.trusted_uploads:
                 raise InputError(
                     "TorchScript uploads are turned off on this server: a "
@@ -795,30 +841,23 @@ def register_callbacks(app, manager, services: Services) -> None:
             if len(names) < 2:
                 raise InputError("give at least two class names")
             try:
-                data = base64.b64decode(contents.split(",", 1)[1])
-            except (IndexError, binascii.Error, ValueError):
-                raise InputError("the weights file could not be read") from None
-            if len(data) > settings.max_model_bytes:
-                raise InputError(
-                    f"the weights file is {len(data) / 2**20:.0f} MB; this "
-                    f"server takes up to {settings.max_model_mb:g} MB"
-                )
-            try:
                 side = int(size or 224)
             except (TypeError, ValueError):
                 raise InputError("the input size must be a whole number of pixels") from None
-            with tempfile.TemporaryDirectory() as folder:
-                # A name the server chooses: the client's file name is never part of a path.
-                path = Path(folder) / "upload.weights"
-                path.write_bytes(data)
-                register_model(
-                    name,
-                    path,
-                    names,
-                    architecture=None if architecture == "torchscript" else architecture,
-                    format="torchscript" if architecture == "torchscript" else "state_dict",
-                    input_size=(side, side),
-                )
+            token = str(ticket.get("token", ""))
+            # The upload's path is the server's choice: the client's file name never is one.
+            with services.uploads.take(token, "model", str(session or "")) as (path, filename):
+                try:
+                    name = register_model(
+                        name,
+                        path,
+                        names,
+                        architecture=None if architecture == "torchscript" else architecture,
+                        format="torchscript" if architecture == "torchscript" else "state_dict",
+                        input_size=(side, side),
+                    ).name
+                except CheckpointError as exc:  # name the user's file, not the server's copy
+                    raise InputError(str(exc).replace(path.name, filename or "the file")) from exc
         except (InputError, RegistryError, CheckpointError) as exc:
             return no_update, no_update, html.Span(str(exc), className="warning")
         return model_options(), name, f"registered '{name}' with {len(names)} classes"

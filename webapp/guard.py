@@ -1,11 +1,16 @@
-"""WSGI middleware in front of the Dash app: host check, authentication and request size
-limits that hold before a request body is read or parsed.
+"""WSGI middleware in front of the Dash app: host check, authentication, the client's
+identity and request size limits that hold before a request body is parsed.
 
-Dash sends every callback to one endpoint, ``/_dash-update-component``, with a JSON body
-whose first key is ``"output"`` (the dash-renderer builds it that way). The guard reads at
-most the first few kilobytes of the body to learn which callback is called, picks that
-callback's limit (an image upload, a model upload, or anything else) and refuses a larger
-Content-Length with 413 before the rest is read — so a 700 MB upload costs nothing.
+- Files arrive on their own route (:mod:`webapp.uploads`): ``/_krypton/upload/image``
+  and ``/_krypton/upload/model`` take up to the image and model limits, streamed to disk.
+- Every other body (Dash's callbacks are JSON) is limited to ``max_request_kb``: a larger
+  Content-Length is refused with 413 before a byte is read. A JSON body is then read
+  (it is small) and refused with 400 if any object in it repeats a key: Python's parser
+  keeps the last, so a guard and a handler reading different copies of one key can never
+  disagree (a body with two "output" keys once slipped a 20 MB upload past a 1 MB limit).
+- The client's identity for per-client limits, :data:`CLIENT_HEADER`, is set here and
+  only here (a client's own header of that name is overwritten): the user a trusted proxy
+  names in ``KRYPTON_AUTH_HEADER``, else the peer address.
 """
 
 from __future__ import annotations
@@ -15,45 +20,32 @@ import binascii
 import hmac
 import io
 import json
-import re
 from typing import Callable, Iterable
 
 from .settings import ServerSettings
+from .uploads import PURPOSES, UPLOAD_ROUTE
 
-__all__ = ["RequestGuard", "UPLOAD_PURPOSES"]
+__all__ = ["RequestGuard", "CLIENT_HEADER", "DuplicateKeyError", "strict_json"]
 
-PEEK_BYTES = 4096
-# Output ids that identify a callback receiving a file upload, and the limit it gets.
-UPLOAD_PURPOSES = {"image-store.data": "image", "model-register-message.children": "model"}
-_OUTPUT = re.compile(rb'^\s*\{\s*"output"\s*:\s*"((?:[^"\\]|\\.){0,2048})"')
-# JSON and base64 overhead of an upload: the file as a data URL (4/3) plus the request.
-_BASE64 = 4 / 3
-_ENVELOPE = 64 * 1024
+CLIENT_HEADER = "X-Krypton-Client"
+_CLIENT_ENVIRON = "HTTP_" + CLIENT_HEADER.upper().replace("-", "_")
 
 
-class _Replayed(io.RawIOBase):
-    """The request body with its first bytes (already read) put back in front."""
+class DuplicateKeyError(ValueError):
+    """A JSON object names one key twice."""
 
-    def __init__(self, head: bytes, rest, remaining: int):
-        self._head = head
-        self._rest = rest
-        self._remaining = remaining  # never read past Content-Length: a socket would block
 
-    def readable(self) -> bool:
-        return True
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        repeated = next(key for key in keys if keys.count(key) > 1)
+        raise DuplicateKeyError(f"the request names {repeated!r} twice in one object")
+    return dict(pairs)
 
-    def readinto(self, buffer) -> int:
-        if self._head:
-            count = min(len(buffer), len(self._head))
-            buffer[:count] = self._head[:count]
-            self._head = self._head[count:]
-            return count
-        if self._remaining <= 0:
-            return 0
-        data = self._rest.read(min(len(buffer), self._remaining))
-        self._remaining -= len(data)
-        buffer[: len(data)] = data
-        return len(data)
+
+def strict_json(body: bytes):
+    """``json.loads`` that refuses a repeated key in any object (DuplicateKeyError)."""
+    return json.loads(body, object_pairs_hook=_unique_pairs)
 
 
 def _respond(
@@ -80,28 +72,22 @@ class RequestGuard:
 
     # -- limits -------------------------------------------------------------------------
     def limit_for(self, purpose: str | None) -> int:
-        """Largest request body (bytes) for a callback purpose."""
+        """Largest request body (bytes): a file upload of ``purpose``, else a callback."""
         if purpose == "image":
-            return int(self.settings.max_image_bytes * _BASE64) + _ENVELOPE
+            return self.settings.max_image_bytes
         if purpose == "model":
-            return int(self.settings.max_model_bytes * _BASE64) + _ENVELOPE
+            return self.settings.max_model_bytes
         return int(self.settings.max_request_kb * 1024)
 
     def largest_limit(self) -> int:
-        return max(self.limit_for(p) for p in (None, "image", "model"))
+        return max(self.limit_for(p) for p in (None, *PURPOSES))
 
     @staticmethod
-    def purpose_of(head: bytes) -> str | None:
-        match = _OUTPUT.match(head)
-        if not match:
-            return None
-        try:
-            output = json.loads(b'"' + match.group(1) + b'"')
-        except ValueError:
-            return None
-        for key, purpose in UPLOAD_PURPOSES.items():
-            if key in output:
-                return purpose
+    def purpose_of(path: str) -> str | None:
+        """The upload purpose a request path names, or None for anything else."""
+        if path.startswith(UPLOAD_ROUTE):
+            purpose = path[len(UPLOAD_ROUTE) :].strip("/")
+            return purpose if purpose in PURPOSES else None
         return None
 
     # -- access -------------------------------------------------------------------------
@@ -136,6 +122,15 @@ class RequestGuard:
                 )
         return not settings.authenticates
 
+    def client_of(self, environ) -> str:
+        """Who sends the request, for per-client limits: the proxy-authenticated user,
+        else the peer address (a shared basic-auth account does not tell people apart)."""
+        if self.settings.auth_header:
+            key = "HTTP_" + self.settings.auth_header.upper().replace("-", "_")
+            if environ.get(key):
+                return "user:" + environ[key]
+        return "address:" + str(environ.get("REMOTE_ADDR", ""))
+
     # -- WSGI ---------------------------------------------------------------------------
     def __call__(self, environ, start_response):
         if not self._host_allowed(environ):
@@ -149,43 +144,35 @@ class RequestGuard:
                 [("WWW-Authenticate", 'Basic realm="Krypton"')] if self.settings.username else []
             )
             return _respond(start_response, "401 Unauthorized", "authentication required", headers)
+        environ[_CLIENT_ENVIRON] = self.client_of(environ)
         if environ.get("REQUEST_METHOD", "GET") in ("POST", "PUT", "PATCH"):
-            refused = self._check_size(environ, start_response)
+            refused = self._check_body(environ, start_response)
             if refused is not None:
                 return refused
         return self.app(environ, start_response)
 
-    def _check_size(self, environ, start_response):
+    def _check_body(self, environ, start_response):
         text = environ.get("CONTENT_LENGTH") or ""
         if not text.isdigit():
             return _respond(
                 start_response, "411 Length Required", "requests must state their Content-Length"
             )
         length = int(text)
-        if length <= self.limit_for(None):
-            return None
-        if length > self.largest_limit():
-            return self._too_large(start_response, length, self.largest_limit())
-        stream = environ["wsgi.input"]
-        head = self._read_head(stream, min(PEEK_BYTES, length))
-        limit = self.limit_for(self.purpose_of(head))
+        purpose = self.purpose_of(environ.get("PATH_INFO", ""))
+        limit = self.limit_for(purpose)
         if length > limit:
             return self._too_large(start_response, length, limit)
-        environ["wsgi.input"] = io.BufferedReader(_Replayed(head, stream, length - len(head)))
+        if purpose is not None or "json" not in environ.get("CONTENT_TYPE", ""):
+            return None  # an upload streams to disk; other bodies are small
+        body = _read_exactly(environ["wsgi.input"], length)
+        try:
+            strict_json(body)
+        except DuplicateKeyError as exc:
+            return _respond(start_response, "400 Bad Request", str(exc))
+        except ValueError:
+            return _respond(start_response, "400 Bad Request", "the request body is not JSON")
+        environ["wsgi.input"] = io.BytesIO(body)
         return None
-
-    @staticmethod
-    def _read_head(stream, most: int) -> bytes:
-        """The body's first bytes, as far as the callback's output id (at most ``most``):
-        reads what has arrived, so a client that sends only a head is answered at once."""
-        read_some = getattr(stream, "read1", stream.read)
-        head = b""
-        while len(head) < most and not _OUTPUT.match(head):
-            chunk = read_some(most - len(head))
-            if not chunk:
-                break
-            head += chunk
-        return head
 
     @staticmethod
     def _too_large(start_response, length: int, limit: int) -> list[bytes]:
@@ -195,3 +182,15 @@ class RequestGuard:
             f"the request is {length / 2**20:.1f} MB; this kind of request is "
             f"limited to {limit / 2**20:.1f} MB",
         )
+
+
+def _read_exactly(stream, length: int) -> bytes:
+    """``length`` bytes of the body (fewer if the client stopped sending)."""
+    parts, received = [], 0
+    while received < length:
+        chunk = stream.read(length - received)
+        if not chunk:
+            break
+        parts.append(chunk)
+        received += len(chunk)
+    return b"".join(parts)

@@ -6,7 +6,6 @@ No Dash callbacks and no tensor algebra here; everything is testable on its own.
 from __future__ import annotations
 
 import base64
-import binascii
 import csv
 import hashlib
 import html
@@ -32,7 +31,6 @@ from krypton.imaging import (
     styled_heatmap,
 )
 
-MAX_UPLOAD_BYTES = 25 * 1024 * 1024
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 
 
@@ -43,35 +41,14 @@ class InputError(ValueError):
 # -- images --------------------------------------------------------------------------------
 
 
-def read_upload(
-    contents: str, filename: str | None = None, max_bytes: int = MAX_UPLOAD_BYTES
-) -> bytes:
-    """The bytes of a dcc.Upload data URL, with messages a user can act on."""
-    name = filename or "the file"
-    if not contents or "," not in contents:
-        raise InputError(f"{name} could not be read")
-    header, encoded = contents.split(",", 1)
-    try:
-        data = base64.b64decode(encoded, validate=False)
-    except (binascii.Error, ValueError) as exc:
-        raise InputError(f"{name} could not be decoded") from exc
-    if len(data) > max_bytes:
-        raise InputError(
-            f"{name} is {len(data) / 2**20:.1f} MB; the limit is {max_bytes / 2**20:g} MB"
-        )
-    return data
-
-
 def upload_is_dicom(data: bytes, filename: str | None) -> bool:
     """DICOM by its 'DICM' marker, or by a .dcm name (files without a preamble)."""
     return is_dicom(data) or str(filename or "").lower().endswith((".dcm", ".dicom"))
 
 
-def decode_upload(
-    contents: str, filename: str | None = None, max_bytes: int = MAX_UPLOAD_BYTES
-) -> Image.Image:
-    """A dcc.Upload data URL to an RGB image (DICOM in the file's own window)."""
-    data = read_upload(contents, filename, max_bytes)
+def decode_upload(data: bytes, filename: str | None = None) -> Image.Image:
+    """An uploaded file's bytes as an RGB image (DICOM in the file's own window), with
+    messages that name the user's file."""
     try:
         return load_image(data)
     except ImageLoadError as exc:
@@ -187,6 +164,11 @@ def check_stored_key(key: str, what: str) -> None:
         raise InputError(f"unknown {what}; load it again")
 
 
+def owner_tag(session: str) -> str:
+    """What stored uploads are bound to: a short digest of the uploading tab's session."""
+    return hashlib.blake2b(str(session or "").encode(), digest_size=8).hexdigest()
+
+
 class ImageStore:
     """Images kept on the server by content key, so the browser only holds the key.
 
@@ -217,10 +199,11 @@ class ImageStore:
             self._evict(keep=path)
         return key
 
-    def put_source(self, data: bytes) -> str:
-        """Keep an uploaded file's bytes (a DICOM source); its content key."""
+    def put_source(self, data: bytes, owner: str) -> str:
+        """Keep an uploaded file's bytes (a DICOM source) for the tab ``owner`` (its
+        session id) alone: its key, which no other tab can read it with."""
         key = hashlib.blake2b(data, digest_size=12).hexdigest()
-        path = self.directory / f"{key}.dcm"
+        path = self.directory / f"{key}.{owner_tag(owner)}.dcm"
         with self._lock:
             if path.exists():
                 os.utime(path)
@@ -231,16 +214,19 @@ class ImageStore:
             self._evict(keep=path)
         return key
 
-    def source(self, key: str) -> bytes:
-        """The bytes :meth:`put_source` kept."""
+    def source(self, key: str, owner: str) -> bytes:
+        """The bytes :meth:`put_source` kept for ``owner`` (another tab gets none)."""
         check_stored_key(key, "DICOM file")
-        path = self.directory / f"{key}.dcm"
+        path = self.directory / f"{key}.{owner_tag(owner)}.dcm"
         try:
             with self._lock:
                 os.utime(path)
             return path.read_bytes()
         except FileNotFoundError:
-            raise InputError("the DICOM file is no longer on the server; load it again") from None
+            raise InputError(
+                "the DICOM file is no longer on the server (or was loaded in another tab); "
+                "load it again"
+            ) from None
 
     def get(self, key: str) -> Image.Image:
         check_stored_key(key, "image")
@@ -282,21 +268,56 @@ class ImageStore:
             count -= 1
 
 
-class ResultStore:
-    """The last result of each session, kept on the server (bounded, least recently used
-    first out). Exports and refinements read it from here, never from the browser."""
+def result_nbytes(result: dict) -> int:
+    """What a kept result costs: its arrays (the per-class ones dominate)."""
+    total = 0
+    for key in ("values", "class_values"):
+        value = result.get(key)
+        if value is not None:
+            total += int(np.asarray(value).nbytes)
+    return total + 8 * (len(result.get("base_probs") or ()) + len(result.get("xs") or ()))
 
-    def __init__(self, max_sessions: int = 256):
-        self.max_sessions = max_sessions
+
+class ResultStore:
+    """The last result of each session, kept on the server, bounded by count and by
+    bytes (least recently used first out). Exports and refinements read it from here,
+    never from the browser. A result whose per-class probabilities alone exceed half the
+    byte budget is kept without them (re-colouring by class then asks for a new run)."""
+
+    def __init__(self, max_sessions: int = 256, max_bytes: int = 512 * 2**20):
+        self.max_sessions, self.max_bytes = max_sessions, max_bytes
         self._results: OrderedDict[str, dict] = OrderedDict()
+        self._bytes: dict[str, int] = {}
+        self._dropped: OrderedDict[str, None] = OrderedDict()  # sessions that lost theirs
         self._lock = threading.Lock()
 
     def put(self, session: str, result: dict) -> None:
+        per_class = result.get("class_values")
+        if per_class is not None and np.asarray(per_class).nbytes > self.max_bytes // 2:
+            size = np.asarray(per_class).nbytes / 2**20
+            result = dict(
+                result,
+                class_values=None,
+                classes_dropped=(
+                    f"the probabilities of every class ({size:.0f} MB) were not kept: over "
+                    f"half the server's result budget ({self.max_bytes / 2**20:g} MB, "
+                    f"KRYPTON_RESULT_STORE_MB)"
+                ),
+            )
+        size = result_nbytes(result)
         with self._lock:
+            self._dropped.pop(session, None)
             self._results[session] = result
+            self._bytes[session] = size
             self._results.move_to_end(session)
-            while len(self._results) > self.max_sessions:
-                self._results.popitem(last=False)
+            while len(self._results) > 1 and (
+                len(self._results) > self.max_sessions or sum(self._bytes.values()) > self.max_bytes
+            ):
+                dropped, _ = self._results.popitem(last=False)
+                self._bytes.pop(dropped, None)
+                self._dropped[dropped] = None
+                while len(self._dropped) > 4 * self.max_sessions:
+                    self._dropped.popitem(last=False)
 
     def get(self, session: str | None) -> dict | None:
         with self._lock:
@@ -304,6 +325,16 @@ class ResultStore:
             if result is not None:
                 self._results.move_to_end(session)
             return result
+
+    def dropped(self, session: str | None) -> bool:
+        """Whether ``session``'s last result was let go to stay within the limits."""
+        with self._lock:
+            return (session or "") in self._dropped
+
+    def usage(self) -> tuple[int, int]:
+        """(results, bytes) kept."""
+        with self._lock:
+            return len(self._results), sum(self._bytes.values())
 
 
 def model_view(image: Image.Image, input_size: tuple[int, int]) -> Image.Image:

@@ -88,23 +88,29 @@ def check_cancelled() -> None:
 
 class JobQueue:
     """At most ``running`` jobs at once, ``waiting`` more in line (first come, first
-    served), and ``per_session`` jobs (running or waiting) per session."""
+    served), ``per_session`` jobs (running or waiting) per session and ``per_client`` per
+    client (the user or address the request guard names: a client can make up session
+    ids, not its address)."""
 
     SESSION_GRACE_SECONDS = 5.0
 
-    def __init__(self, running: int, waiting: int, per_session: int):
+    def __init__(self, running: int, waiting: int, per_session: int, per_client: int = 4):
         self.running, self.waiting, self.per_session = running, waiting, per_session
+        self.per_client = per_client
         self._condition = threading.Condition()
         self._line: list[object] = []  # tickets of waiting jobs, oldest first
         self._active = 0
         self._sessions: Counter = Counter()
+        self._clients: Counter = Counter()
 
     def status(self) -> dict:
         with self._condition:
             return {"running": self._active, "waiting": len(self._line)}
 
     @contextmanager
-    def slot(self, session: str, on_wait: Callable[[int], None]) -> Iterator[None]:
+    def slot(
+        self, session: str, on_wait: Callable[[int], None], client: str = ""
+    ) -> Iterator[None]:
         """Hold a run slot; while waiting, ``on_wait(jobs ahead)`` is called about once a
         second (it may raise, e.g. JobCancelled, to give up the place in line)."""
         ticket = object()
@@ -117,12 +123,19 @@ class JobQueue:
                 raise QueueFull(
                     "this tab already has a run in progress; wait for it or cancel it first"
                 )
+            if self._clients[client] >= self.per_client:
+                raise QueueFull(
+                    f"you already have {self._clients[client]} runs running or waiting on "
+                    f"this server (the limit per user is {self.per_client}); wait for one "
+                    f"to finish"
+                )
             if self._active >= self.running and len(self._line) >= self.waiting:
                 raise QueueFull(
                     f"the server is busy ({self._active} runs, "
                     f"{len(self._line)} waiting); try again in a minute"
                 )
             self._sessions[session] += 1
+            self._clients[client] += 1
             self._line.append(ticket)
         try:
             while True:
@@ -141,6 +154,7 @@ class JobQueue:
             with self._condition:
                 self._line.remove(ticket)
                 self._sessions[session] -= 1
+                self._clients[client] -= 1
                 self._condition.notify_all()
             raise
         try:
@@ -149,6 +163,7 @@ class JobQueue:
             with self._condition:
                 self._active -= 1
                 self._sessions[session] -= 1
+                self._clients[client] -= 1
                 self._condition.notify_all()
 
 

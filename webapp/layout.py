@@ -415,6 +415,8 @@ def build_layout(
             dcc.Store(id="prediction-store"),
             dcc.Store(id="result-store"),
             dcc.Store(id="overlay-store"),
+            dcc.Store(id="upload-ticket"),  # the server's token for an uploaded image
+            dcc.Store(id="model-upload-ticket"),  # ... and for a weights file
             dcc.Download(id="download"),
             html.Header(
                 [

@@ -94,22 +94,32 @@ class Services(Protocol):  # what callbacks.Services provides
 class _Known:
     cells: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # all classes
     origin: tuple[int, int] | None = None  # (x, y) of a position of the last grid
+    max_bytes: int | None = None  # a setting's cells stop growing past this
 
     def add(self, new: dict[tuple[int, int], np.ndarray]) -> None:
-        """Cells one batch computed (team mode's store writes them through)."""
+        """Cells one batch computed (team mode's store writes them through); past the
+        byte limit the rest are not kept (they are computed again if needed)."""
+        if self.max_bytes is not None and self.nbytes > self.max_bytes:
+            return
         self.cells.update(new)
 
     def set_origin(self, origin: tuple[int, int]) -> None:
         self.origin = origin
 
+    @property
+    def nbytes(self) -> int:
+        first = next(iter(self.cells.values()), None)
+        return 0 if first is None else len(self.cells) * int(np.asarray(first).nbytes)
+
 
 class CellCache:
     """Every position computed for a session, per (image, model, patch, colour, mode):
     probabilities of every class, so any later grid, region or class can reuse them.
-    Bounded: the most recent ``max_keys`` settings across all sessions."""
+    Bounded: the most recent ``max_keys`` settings across all sessions, and ``max_bytes``
+    of cells together (least recently used settings go first)."""
 
-    def __init__(self, max_keys: int = 64):
-        self.max_keys = max_keys
+    def __init__(self, max_keys: int = 64, max_bytes: int = 512 * 2**20):
+        self.max_keys, self.max_bytes = max_keys, max_bytes
         self._known: OrderedDict[tuple, _Known] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -124,11 +134,19 @@ class CellCache:
         with self._lock:
             known = self._known.get(key)
             if known is None:
-                known = self._known[key] = _Known()
+                known = self._known[key] = _Known(max_bytes=self.max_bytes)
             self._known.move_to_end(key)
-            while len(self._known) > self.max_keys:
+            while len(self._known) > 1 and (
+                len(self._known) > self.max_keys
+                or sum(k.nbytes for k in self._known.values()) > self.max_bytes
+            ):
                 self._known.popitem(last=False)
             return known
+
+    def usage(self) -> tuple[int, int]:
+        """(settings, bytes) kept."""
+        with self._lock:
+            return len(self._known), sum(k.nbytes for k in self._known.values())
 
 
 def snap_region(
@@ -480,6 +498,8 @@ def summary_lines(result: dict) -> list[str]:
 
 def relabel(result: dict, label: int) -> dict:
     """The same result for another class, from the probabilities kept for every class."""
+    if result.get("class_values") is None and result.get("classes_dropped"):
+        raise InputError(result["classes_dropped"] + "; press Run to explain the new class")
     if result.get("class_values") is None:
         raise InputError(
             "this heatmap was computed for one class only (approximate "
@@ -498,8 +518,10 @@ def relabel(result: dict, label: int) -> dict:
 
 
 def export_summary(result: dict) -> str:
-    """The JSON export: settings and result, without the arrays."""
-    skipped = ("values", "class_values", "base_probs")
-    return json.dumps(
-        {k: v for k, v in result.items() if k not in skipped}, indent=2, default=helpers.jsonable
-    )
+    """The JSON export: settings and result, without the arrays and without the keys
+    that name the server's stored files (a file that leaves the server names none)."""
+    skipped = ("values", "class_values", "base_probs", "image_key")
+    summary = {k: v for k, v in result.items() if k not in skipped}
+    if summary.get("dicom"):
+        summary["dicom"] = {k: v for k, v in summary["dicom"].items() if k != "source"}
+    return json.dumps(summary, indent=2, default=helpers.jsonable)

@@ -52,6 +52,9 @@ class ServerSettings:
     max_running_jobs: int = 2  # at once, all sessions together
     max_queued_jobs: int = 32  # waiting behind them; more are refused
     max_jobs_per_session: int = 1  # a browser tab runs one job at a time
+    # Running or waiting per client: the authenticated user (KRYPTON_AUTH_HEADER), else the
+    # address. Session ids are the client's to choose; this is not.
+    max_jobs_per_client: int = 4
     # A job whose page stopped polling is cancelled. Over a minute: a browser tab hidden
     # for five minutes may poll only once a minute (Chrome's timer throttling), and its
     # run must not be taken for abandoned.
@@ -62,6 +65,11 @@ class ServerSettings:
     image_store_mb: float = 256.0
     image_store_count: int = 500
     results_kept: int = 256  # sessions whose last result is kept for export/refinement
+    result_store_mb: float = 512.0  # their arrays together (least recently used go first)
+    cell_cache_mb: float = 512.0  # every computed cell kept for reuse, all sessions
+    upload_store_mb: float = 1024.0  # uploads on disk not yet taken by the page (15 min)
+    # Slow clients: a request must arrive whole within this many seconds of inactivity.
+    read_timeout_seconds: float = 30.0
     # TorchScript runs its author's code: only for trusted uploaders.
     trusted_uploads: bool = False
     # Access.
@@ -97,6 +105,15 @@ class ServerSettings:
             no_worker_seconds=_number("KRYPTON_NO_WORKER_SECONDS", cls.no_worker_seconds, 1),
             image_store_mb=_number("KRYPTON_IMAGE_STORE_MB", cls.image_store_mb, 1),
             image_store_count=int(_number("KRYPTON_IMAGE_STORE_COUNT", cls.image_store_count, 1)),
+            max_jobs_per_client=int(
+                _number("KRYPTON_MAX_JOBS_PER_CLIENT", cls.max_jobs_per_client, 1)
+            ),
+            result_store_mb=_number("KRYPTON_RESULT_STORE_MB", cls.result_store_mb, 1),
+            cell_cache_mb=_number("KRYPTON_CELL_CACHE_MB", cls.cell_cache_mb, 1),
+            upload_store_mb=_number("KRYPTON_UPLOAD_STORE_MB", cls.upload_store_mb, 1),
+            read_timeout_seconds=_number(
+                "KRYPTON_READ_TIMEOUT_SECONDS", cls.read_timeout_seconds, 1
+            ),
             trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,
             allowed_hosts=hosts,
             username=username,
@@ -115,3 +132,8 @@ class ServerSettings:
     @property
     def max_model_bytes(self) -> int:
         return int(self.max_model_mb * 2**20)
+
+    @staticmethod
+    def mb(value: float) -> int:
+        """Megabytes as bytes."""
+        return int(value * 2**20)

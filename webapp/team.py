@@ -46,7 +46,7 @@ import redis
 
 from krypton.distributed import PREFIX, VISIBILITY_TIMEOUT, KeepVisible, live_workers, make_celery
 
-from .helpers import InputError, check_stored_key, image_key, reduced_for_storage
+from .helpers import InputError, check_stored_key, image_key, owner_tag, reduced_for_storage
 from .settings import BROKER_ENV
 
 __all__ = [
@@ -317,23 +317,23 @@ class RedisImageStore:
         return key
 
     @redis_errors_as_input_errors
-    def put_source(self, data: bytes) -> str:
-        """Keep an uploaded file's bytes (a DICOM source); its content key."""
+    def put_source(self, data: bytes, owner: str) -> str:
+        """Keep an uploaded file's bytes (a DICOM source) for the tab ``owner``; its key."""
         key = hashlib.blake2b(data, digest_size=12).hexdigest()
-        self.client.set(PREFIX + "source:" + key, data, ex=self.ttl)
+        self.client.set(PREFIX + "source:" + key + ":" + owner_tag(owner), data, ex=self.ttl)
         return key
 
-    def _read(self, kind: str, key: str, what: str) -> bytes:
+    def _read(self, kind: str, key: str, what: str, suffix: str = "") -> bytes:
         check_stored_key(key, what)
-        data = self.client.getex(PREFIX + kind + key, ex=self.ttl)
+        data = self.client.getex(PREFIX + kind + key + suffix, ex=self.ttl)
         if data is None:
             raise InputError(f"the {what} is no longer on the server; load it again")
         return data
 
     @redis_errors_as_input_errors
-    def source(self, key: str) -> bytes:
-        """The bytes :meth:`put_source` kept."""
-        return self._read("source:", key, "DICOM file")
+    def source(self, key: str, owner: str) -> bytes:
+        """The bytes :meth:`put_source` kept for ``owner`` (another tab gets none)."""
+        return self._read("source:", key, "DICOM file", ":" + owner_tag(owner))
 
     @redis_errors_as_input_errors
     def get(self, key: str) -> Image.Image:
@@ -380,6 +380,10 @@ class RedisResultStore:
     def get(self, session: str | None) -> dict | None:
         data = self.client.getex(PREFIX + "result:" + (session or ""), ex=self.ttl)
         return None if data is None else _decode_result(data)
+
+    def dropped(self, session: str | None) -> bool:
+        """Results leave Redis only when they expire (a day unused); none is dropped."""
+        return False
 
 
 @dataclass

@@ -1,0 +1,162 @@
+"""File uploads over a plain route, streamed to disk, instead of JSON callback bodies.
+
+A dcc.Upload gives the browser the file as a base64 data URL; sent inside a callback's
+JSON body, a 200 MB weights file became a 267 MB body parsed whole, and a JSON body of
+``[[],[],...]`` as large cost 25 times its size in Python objects. Here the page's
+clientside callback (assets/uploads.js) posts the file's bytes to
+``/_krypton/upload/<purpose>`` instead; the server copies the body to disk a megabyte at
+a time (the guard has already refused a Content-Length over the purpose's limit) and
+answers with a token. The Dash callback that loads the image or registers the model then
+sends only the token, which works for the tab (session) that uploaded it and only once.
+
+Pending uploads are bounded: one per tab and purpose (a new one replaces it), gone after
+:data:`PENDING_SECONDS`, and at most ``max_bytes`` on disk together (oldest first out).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from flask import Flask, jsonify, request
+
+from .helpers import InputError, owner_tag
+from .settings import ServerSettings
+
+__all__ = ["UPLOAD_ROUTE", "PURPOSES", "UploadStore", "add_upload_route"]
+
+UPLOAD_ROUTE = "/_krypton/upload/"
+PURPOSES = ("image", "model")
+PENDING_SECONDS = 15 * 60
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass
+class _Pending:
+    path: Path
+    purpose: str
+    owner: str  # session_tag of the tab that uploaded it
+    filename: str
+    size: int
+    created: float
+
+
+class UploadStore:
+    """Uploaded files waiting for the callback that uses them (see module docstring)."""
+
+    def __init__(self, directory: Path, max_bytes: int):
+        self.directory = Path(directory)
+        shutil.rmtree(self.directory, ignore_errors=True)  # nothing pending survives a restart
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+
+    def save(
+        self, stream: BinaryIO, length: int, purpose: str, session: str, filename: str, limit: int
+    ) -> str:
+        """Copy ``length`` bytes of ``stream`` to disk; the token that names them."""
+        if purpose not in PURPOSES:
+            raise InputError(f"unknown upload kind {purpose!r}")
+        if length > limit:
+            raise InputError(
+                f"{filename or 'the file'} is {length / 2**20:.1f} MB; the limit is "
+                f"{limit / 2**20:g} MB"
+            )
+        if length <= 0:
+            raise InputError(f"{filename or 'the file'} is empty")
+        token = secrets.token_urlsafe(18)
+        path = self.directory / f"{token}.{purpose}"
+        received = 0
+        try:
+            with open(path, "wb") as out:
+                while received < length:
+                    chunk = stream.read(min(CHUNK_BYTES, length - received))
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    received += len(chunk)
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            raise InputError(f"the upload broke off ({exc})") from exc
+        if received != length:
+            path.unlink(missing_ok=True)
+            raise InputError("the upload broke off before the whole file arrived")
+        owner = owner_tag(session)
+        with self._lock:
+            for old, pending in list(self._pending.items()):  # one per tab and purpose
+                if pending.owner == owner and pending.purpose == purpose:
+                    self._drop(old)
+            self._pending[token] = _Pending(
+                path, purpose, owner, str(filename or "")[:255], received, time.time()
+            )
+            self._evict()
+        return token
+
+    @contextmanager
+    def take(self, token: str, purpose: str, session: str) -> Iterator[tuple[Path, str]]:
+        """The file behind ``token`` (path, the uploader's file name) for the tab that
+        sent it; removed when the block ends, kept for another try if it raises."""
+        with self._lock:
+            self._evict()
+            pending = self._pending.get(str(token or ""))
+            if pending is None or pending.purpose != purpose or pending.owner != owner_tag(session):
+                raise InputError("the uploaded file is no longer on the server; upload it again")
+            del self._pending[token]
+        try:
+            yield pending.path, pending.filename
+        except BaseException:  # not used after all (a taken name, say): keep it for a retry
+            with self._lock:
+                self._pending.setdefault(token, pending)
+            raise
+        pending.path.unlink(missing_ok=True)
+
+    def usage(self) -> tuple[int, int]:
+        """(files, bytes) pending."""
+        with self._lock:
+            return len(self._pending), sum(p.size for p in self._pending.values())
+
+    def _drop(self, token: str) -> None:
+        pending = self._pending.pop(token, None)
+        if pending is not None:
+            pending.path.unlink(missing_ok=True)
+
+    def _evict(self) -> None:
+        now = time.time()
+        for token, pending in list(self._pending.items()):
+            if now - pending.created > PENDING_SECONDS:
+                self._drop(token)
+        oldest = sorted(self._pending, key=lambda t: self._pending[t].created)
+        while oldest and sum(p.size for p in self._pending.values()) > self.max_bytes:
+            self._drop(oldest.pop(0))
+
+
+def add_upload_route(server: Flask, store: UploadStore, settings: ServerSettings) -> None:
+    """``POST /_krypton/upload/<purpose>?session=…&name=…`` with the file as the body:
+    ``{"token": …}``, or ``{"error": …}`` with status 400 or 413."""
+    limits = {"image": settings.max_image_bytes, "model": settings.max_model_bytes}
+
+    @server.route(UPLOAD_ROUTE + "<purpose>", methods=["POST"])
+    def krypton_upload(purpose: str):
+        if purpose not in limits:
+            return jsonify(error=f"unknown upload kind {purpose!r}"), 404
+        name = request.args.get("name", "")
+        length = request.content_length or 0
+        try:
+            token = store.save(
+                request.stream,
+                length,
+                purpose,
+                request.args.get("session", ""),
+                name,
+                limits[purpose],
+            )
+        except InputError as exc:
+            return jsonify(error=str(exc)), 413 if length > limits[purpose] else 400
+        return jsonify(token=token, name=name, bytes=length)
