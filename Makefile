@@ -67,9 +67,11 @@ bench-dropin: $(STAMP)
 bench-serve: $(STAMP)
 	$(PY) -m bench.serve
 
-# 16 sessions + 3 abandoned jobs against a local server (loopback only, bounded).
+# 16 sessions + 3 abandoned jobs against a local server, then the hostile mix: 8 sessions
+# among the 12 hostile requests on make serve's server (loopback only, bounded).
 bench-load: $(STAMP)
 	$(PY) -m bench.load
+	$(PY) -m bench.load --hostile --sessions 8
 
 analyze: $(STAMP)
 	for model in vgg16 resnet18 inception_v3 fundus-demo; do \

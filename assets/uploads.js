@@ -11,14 +11,17 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
             const ticket = {name: filename || "", sent: Date.now()};
             try {
                 const blob = await (await fetch(contents)).blob();
-                const url = "_krypton/upload/" + purpose + "?session=" +
-                    encodeURIComponent(session || "") + "&name=" +
-                    encodeURIComponent(filename || "");
-                const response = await fetch(url, {
+                // Session and file name travel in headers: URLs are logged, and a DICOM
+                // file's name often names the patient.
+                const response = await fetch("_krypton/upload/" + purpose, {
                     method: "POST",
                     body: blob,
                     credentials: "same-origin",
-                    headers: {"Content-Type": "application/octet-stream"},
+                    headers: {
+                        "Content-Type": "application/octet-stream",
+                        "X-Krypton-Session": session || "",
+                        "X-Krypton-Filename": encodeURIComponent(filename || ""),
+                    },
                 });
                 const text = await response.text();
                 let answer;

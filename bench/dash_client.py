@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import requests
 from PIL import Image
@@ -57,6 +58,24 @@ def find(layout, component_id: str):
             if found is not None:
                 return found
     return None
+
+
+def light_callback(tab: "Tab") -> float:
+    """Seconds for one light callback (the overlay settings), as a browser sends it."""
+    started = time.perf_counter()
+    response = tab.call(
+        "overlay-store.data",
+        {
+            "overlay-show.value": ["show"],
+            "overlay-view.value": "overlay",
+            "overlay-scale.value": "relative",
+            "overlay-opacity.value": 0.5,
+            "overlay-threshold.value": 0,
+        },
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text[:200]
+    return time.perf_counter() - started
 
 
 class Server:
@@ -125,6 +144,24 @@ class Server:
         self.log.close()
 
 
+class _FromAddress(requests.adapters.HTTPAdapter):
+    """Connections from a given local address."""
+
+    def __init__(self, address: str):
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs):
+        kwargs["source_address"] = (self.address, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def loopback(index: int, block: int = 1) -> str:
+    """The ``index``-th loopback address of ``block`` (127.0.block.1, .2, ...): a client
+    of its own for the server's per-client limits, on this machine."""
+    return f"127.0.{block}.{index % 250 + 1}"
+
+
 class Tab:
     """One browser tab: its own page load (endId) and session id."""
 
@@ -138,6 +175,14 @@ class Tab:
         self.layout = self.http.get(url + "/_dash-layout", timeout=30).json()
         self.session = find(self.layout, "session")["props"]["data"]
         self.callbacks = self.http.get(url + "/_dash-dependencies", timeout=30).json()
+
+    @classmethod
+    def at(cls, url: str, address: str, auth=None) -> "Tab":
+        """A tab of a client connecting from ``address`` (a loopback address: another
+        person, as far as the server's per-client limits go)."""
+        http = requests.Session()
+        http.mount("http://", _FromAddress(address))
+        return cls(url, auth=auth, http=http)
 
     def spec(self, output_part: str, values: dict | None = None, background: bool = False) -> dict:
         """The callback writing ``output_part``; where several do, the one triggered by
@@ -213,6 +258,16 @@ class Tab:
             return handles
         return self.poll(output_part, handles, timeout)
 
+    def post_raw(self, body: bytes, timeout: float = 60) -> requests.Response:
+        """Post ``body`` as a callback's JSON, exactly as given (a forged request)."""
+        return self.http.post(
+            f"{self.url}/_dash-update-component",
+            params={"endId": self.end_id},
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+        )
+
     def poll_once(self, output_part: str, handles: dict) -> dict | None:
         """One poll, as the renderer sends it: the JSON answer (None for 204)."""
         response = self.http.post(
@@ -243,9 +298,12 @@ class Tab:
         then hands to its callback ({"token": ...} or {"error": ...})."""
         response = self.http.post(
             f"{self.url}/_krypton/upload/{purpose}",
-            params={"session": self.session, "name": filename},
             data=data,
-            headers={"Content-Type": "application/octet-stream"},
+            headers={
+                "Content-Type": "application/octet-stream",
+                "X-Krypton-Session": self.session,
+                "X-Krypton-Filename": quote(filename),
+            },
             timeout=300,
         )
         try:
@@ -328,6 +386,7 @@ class Tab:
             {
                 "model-register.n_clicks": 1,
                 "model-upload-ticket.data": ticket,
+                "model-upload.filename": filename,
                 "session.data": self.session,
                 "model-name.value": name,
                 "model-architecture.value": architecture,

@@ -1,6 +1,7 @@
 """Load run against a real server: many sessions at once plus abandoned jobs.
 
     python -m bench.load [--sessions 16] [--abandoned 3]      (or: make bench-load)
+    python -m bench.load --hostile [--sessions 8]              (the hostile mix, also there)
 
 Starts ``python app.py`` on a free local port (loopback only) with the shipped models,
 then at the same moment: ``--abandoned`` clients start a long naive run and never poll it
@@ -10,6 +11,12 @@ the browser does. Reports what each session saw (its queue position), the time t
 result, light-request latency during the load, and the server's CPU use once the
 abandon window (KRYPTON_ABANDON_SECONDS) has passed — where abandoned runs would show up
 as runaway CPU.
+With ``--hostile``, the server is the production one (``make serve``) and the sessions
+run while the twelve hostile requests of the cost audit (bench/hostile.py: decode bombs,
+a 49 MP image, an architecture bomb, JSON amplification, a 10,000-class model's results,
+idle sockets, a duplicate-key body, 34 made-up sessions, a foreign DICOM key, look-alike
+and mathtext names, malformed DICOM) arrive among them; it reports whether every normal
+session finished, the light-request p95 and the server's peak RSS (psutil).
 Bounded: every client stops after its run or after ``--timeout`` seconds.
 """
 
@@ -24,7 +31,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from bench.dash_client import Server, Tab
+from bench.dash_client import Server, Tab, loopback
 from krypton.fundus import FundusGenerator
 from webapp.settings import ServerSettings
 
@@ -34,9 +41,15 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--abandoned", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--hostile", action="store_true", help="the hostile mix")
     args = parser.parse_args()
     image = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=1).image)
     with tempfile.TemporaryDirectory() as folder:
+        if args.hostile:
+            from bench.hostile_mix import run_mix
+
+            run_mix(Path(folder), image, args.sessions, args.timeout)
+            return
         server = Server(Path(folder))
         try:
             report(server, image, args)
@@ -50,13 +63,13 @@ def report(server: Server, image: Image.Image, args) -> None:
     start = threading.Barrier(args.sessions + args.abandoned)
 
     def abandon(index: int) -> None:
-        tab = Tab(server.url)
+        tab = Tab.at(server.url, loopback(index, block=2))  # each client its own address
         data = tab.upload_image(image)
         start.wait()
         tab.run(data, mode="naive", patch=4, stride=2, poll=False)  # then the tab closes
 
     def session(index: int) -> None:
-        tab = Tab(server.url)
+        tab = Tab.at(server.url, loopback(index))
         data = tab.upload_image(image)
         start.wait()
         began = time.perf_counter()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from bench.dash_client import Server, Tab, free_port
+from bench.dash_client import Server, Tab, free_port, loopback
 from krypton.fundus import FundusGenerator
 from webapp.cluster import Cluster
 
@@ -43,7 +43,7 @@ def images(count: int, seed: int = 40) -> list[Image.Image]:
 def sessions_round(url: str, count: int, timeout: float) -> dict:
     """``count`` sessions run at once; light requests are timed meanwhile."""
     pictures = images(count, seed=100 + count)
-    tabs = [Tab(url) for _ in range(count)]
+    tabs = [Tab.at(url, loopback(index)) for index in range(count)]  # one client each
     uploads = [tab.upload_image(picture) for tab, picture in zip(tabs, pictures)]
     probe = Tab(url)
     probe_image = probe.upload_image(images(1, seed=7)[0])

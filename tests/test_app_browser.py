@@ -236,7 +236,7 @@ def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch, krypton
     dash_duo.wait_for_element("#upload", timeout=20)
     dash_duo.find_element("details summary").click()
     upload(dash_duo, "#model-upload", tmp_path / "oct.pt")
-    dash_duo.wait_for_contains_text("#model-upload-name", "oct.pt", timeout=20)
+    dash_duo.wait_for_contains_text("#model-upload-name", "uploaded: oct.pt", timeout=60)
     dash_duo.find_element("#model-name").send_keys("oct-resnet18")
     choose(dash_duo, "model-architecture", "resnet18")
     dash_duo.find_element("#model-classes").send_keys("CNV, DME, DRUSEN")  # one short

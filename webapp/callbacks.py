@@ -207,7 +207,7 @@ def register_callbacks(app, manager, services: Services) -> None:
     def load_image(ticket, sample_clicks, session):
         trigger = ctx.triggered_id
         session = str(session or "")
-        filename = (ticket or {}).get("name") if trigger == "upload-ticket" else None
+        filename = str((ticket or {}).get("name") or "") if trigger == "upload-ticket" else None
         try:
             if trigger == "upload-ticket":
                 data = _uploaded_bytes(ticket, "image", session)
@@ -799,9 +799,20 @@ def register_callbacks(app, manager, services: Services) -> None:
             return no_update, str(exc)
         return sent, ""
 
-    @app.callback(Output("model-upload-name", "children"), Input("model-upload", "filename"))
-    def show_model_file(filename):
-        return f"selected: {filename}" if filename else ""
+    @app.callback(
+        Output("model-upload-name", "children"),
+        Input("model-upload", "filename"),
+        Input("model-upload-ticket", "data"),
+    )
+    def show_model_file(filename, ticket):
+        """Where the chosen weights file is: on its way, on the server, or refused."""
+        if not filename:
+            return ""
+        if not ticket or ticket.get("name") != filename:
+            return f"uploading {filename}…"
+        if ticket.get("error"):
+            return html.Span(f"{filename}: {ticket['error']}", className="warning")
+        return f"uploaded: {filename} ({float(ticket.get('bytes') or 0) / 2**20:.1f} MB)"
 
     @app.callback(
         Output("model", "options"),
@@ -809,6 +820,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         Output("model-register-message", "children"),
         Input("model-register", "n_clicks"),
         State("model-upload-ticket", "data"),
+        State("model-upload", "filename"),
         State("session", "data"),
         State("model-name", "value"),
         State("model-architecture", "value"),
@@ -816,11 +828,15 @@ def register_callbacks(app, manager, services: Services) -> None:
         State("model-size", "value"),
         prevent_initial_call=True,
     )
-    def register(n_clicks, ticket, session, name, architecture, classes, size):
+    def register(n_clicks, ticket, filename, session, name, architecture, classes, size):
         settings = services.settings
         try:
-            if not ticket:
+            if not filename:
                 raise InputError("choose a weights file first")
+            if not ticket or ticket.get("name") != filename:
+                raise InputError(
+                    f"{filename} is still uploading; press Register again once it is uploaded"
+                )
             if ticket.get("error"):
                 raise InputError(str(ticket["error"]))
             if architecture == "torchscript" and not settings.trusted_uploads:

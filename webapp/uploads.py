@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
+from urllib.parse import unquote
 
 from flask import Flask, jsonify, request
 
@@ -138,22 +139,24 @@ class UploadStore:
 
 
 def add_upload_route(server: Flask, store: UploadStore, settings: ServerSettings) -> None:
-    """``POST /_krypton/upload/<purpose>?session=…&name=…`` with the file as the body:
-    ``{"token": …}``, or ``{"error": …}`` with status 400 or 413."""
+    """``POST /_krypton/upload/<purpose>`` with the file as the body and the tab's session
+    and the file's name (percent-encoded) in the X-Krypton-Session and X-Krypton-Filename
+    headers (URLs are logged; file names can name patients): ``{"token": …}``, or
+    ``{"error": …}`` with status 400 or 413."""
     limits = {"image": settings.max_image_bytes, "model": settings.max_model_bytes}
 
     @server.route(UPLOAD_ROUTE + "<purpose>", methods=["POST"])
     def krypton_upload(purpose: str):
         if purpose not in limits:
             return jsonify(error=f"unknown upload kind {purpose!r}"), 404
-        name = request.args.get("name", "")
+        name = unquote(request.headers.get("X-Krypton-Filename", ""))
         length = request.content_length or 0
         try:
             token = store.save(
                 request.stream,
                 length,
                 purpose,
-                request.args.get("session", ""),
+                request.headers.get("X-Krypton-Session", ""),
                 name,
                 limits[purpose],
             )

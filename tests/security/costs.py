@@ -11,7 +11,9 @@ from typing import Iterator
 
 import psutil
 
-from bench.dash_client import Server, Tab
+from bench.dash_client import Server, Tab, light_callback
+
+__all__ = ["Cost", "light_callback", "measured"]
 
 
 @dataclass
@@ -27,24 +29,6 @@ class Cost:
     @property
     def slowest_light(self) -> float:
         return max(self.light_seconds, default=0.0)
-
-
-def light_callback(tab: Tab) -> float:
-    """Seconds for one light callback (the overlay settings), as a browser sends it."""
-    started = time.perf_counter()
-    response = tab.call(
-        "overlay-store.data",
-        {
-            "overlay-show.value": ["show"],
-            "overlay-view.value": "overlay",
-            "overlay-scale.value": "relative",
-            "overlay-opacity.value": 0.5,
-            "overlay-threshold.value": 0,
-        },
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text[:200]
-    return time.perf_counter() - started
 
 
 @contextmanager

@@ -162,16 +162,7 @@ def test_oversized_requests_are_refused_before_the_body_is_read(server):
 
 def export(tab: Tab, fmt: str, handle) -> int:
     """Press a download button as the browser does: the HTTP status of the answer."""
-    return tab.call(
-        "download.data",
-        {
-            '{"format":["ALL"],"type":"export"}.n_clicks': [
-                {"id": {"format": fmt, "type": "export"}, "property": "n_clicks", "value": 1}
-            ],
-            "session.data": tab.session,
-            "result-store.data": handle,
-        },
-    ).status_code
+    return tab.export(fmt, handle).status_code
 
 
 def test_export_and_refinement_never_trust_client_arrays(server):

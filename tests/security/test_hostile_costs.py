@@ -172,13 +172,7 @@ def test_json_bodies_are_capped_before_parsing(server, megabytes):
     filler = "[" + ",".join(["[]"] * (megabytes * 2**20 // 3)) + "]"
     body = body[:-1] + ', "padding": ' + filler + "}"
     with measured(server, Tab(server.url)) as cost:
-        answer = tab.http.post(
-            f"{server.url}/_dash-update-component",
-            params={"endId": tab.end_id},
-            data=body.encode(),
-            headers={"Content-Type": "application/json"},
-            timeout=60,
-        )
+        answer = tab.post_raw(body.encode())
     assert answer.status_code == 413 and "limited to 1.0 MB" in answer.text
     assert_cheap(cost, "JSON amplification")
 
@@ -269,38 +263,15 @@ def test_a_body_with_two_output_keys_is_refused(server):
     spec = tab.spec("prediction-store.data", {"model.value": "fundus-demo"})
     body = json.dumps(tab.payload(spec, {"model.value": "fundus-demo"}))
     forged = '{"output":"..image-store.data...region-store.data..",' + body[1:]
-    small = tab.http.post(
-        f"{server.url}/_dash-update-component",
-        params={"endId": tab.end_id},
-        data=forged.encode(),
-        headers={"Content-Type": "application/json"},
-        timeout=30,
-    )
-    assert small.status_code == 400 and "names 'output' twice" in small.text
     padded = forged[:-1] + ', "padding": "' + "x" * (20 * 2**20) + '"}'
-    big = tab.http.post(
-        f"{server.url}/_dash-update-component",
-        params={"endId": tab.end_id},
-        data=padded.encode(),
-        headers={"Content-Type": "application/json"},
-        timeout=60,
-    )
+    with measured(server, Tab(server.url)) as cost:
+        small, big = (tab.post_raw(data.encode()) for data in (forged, padded))
+    assert small.status_code == 400 and "names 'output' twice" in small.text
     assert big.status_code == 413
+    assert_cheap(cost, "duplicate keys")
 
 
 # -- 8. one client cannot fill the queue ----------------------------------------------------
-
-
-class _FromAddress(requests.adapters.HTTPAdapter):
-    """Connections from another loopback address: another client."""
-
-    def __init__(self, address: str):
-        self.address = address
-        super().__init__()
-
-    def init_poolmanager(self, *args, **kwargs):
-        kwargs["source_address"] = (self.address, 0)
-        super().init_poolmanager(*args, **kwargs)
 
 
 def test_one_client_cannot_take_every_run_slot(tmp_path, shipped_models):
@@ -311,19 +282,19 @@ def test_one_client_cannot_take_every_run_slot(tmp_path, shipped_models):
         image = attacker.upload_image(FUNDUS)
         attacker.predict(image)
         answers = []
-        for index in range(34):
-            attacker.session = f"made-up-{index}"
-            answers.append(attacker.run(image, mode="naive", patch=4, stride=2, poll=False))
-            time.sleep(0.05)
-        time.sleep(2.0)
+        with measured(server, Tab.at(server.url, "127.0.0.3")) as cost:
+            for index in range(34):
+                attacker.session = f"made-up-{index}"
+                answers.append(attacker.run(image, mode="naive", patch=4, stride=2, poll=False))
+                time.sleep(0.05)
+            time.sleep(2.0)
+        assert_cheap(cost, "34 made-up sessions")
         refused = 0
         for handles in answers:
             status = attacker.poll_once("heatmap-graph.figure", handles) or {}
             refused += "limit per user is 4" in json.dumps(status)
         assert refused == 30
-        elsewhere = requests.Session()
-        elsewhere.mount("http://", _FromAddress("127.0.0.2"))
-        other = Tab(server.url, http=elsewhere)  # another client: another address
+        other = Tab.at(server.url, "127.0.0.2")  # another client: another address
         mine = other.upload_image(FUNDUS)
         handles = other.run(mine, mode="exact", region=[0, 0, 32, 32], poll=False)
         time.sleep(2.0)
@@ -358,7 +329,9 @@ def test_another_tab_cannot_export_identity_from_shared_keys(server, tmp_path):
     mine = owner.export("dcm", handle, identity=True).json()["response"]["download"]["data"]
     copied = pydicom.dcmread(io.BytesIO(base64.b64decode(mine["content"])))
     assert str(copied.PatientName) == "Doe^Jane"  # the uploading tab may copy identity
-    answer = other.export("dcm", other_handle, identity=True)
+    with measured(server, Tab(server.url)) as cost:
+        answer = other.export("dcm", other_handle, identity=True)
+    assert_cheap(cost, "another tab's DICOM key")
     assert "download" not in answer.json()["response"]
     assert "loaded in another tab" in message_of(answer)
 
@@ -380,8 +353,10 @@ LOOK_ALIKES = ["fundus-demo\n", " fundus-demo", "ｆｕｎｄｕｓ-demo", "FUND
 @pytest.mark.parametrize("name", LOOK_ALIKES)
 def test_look_alike_model_names_are_refused(server, two_class_weights, name):
     """'fundus-demo\n' registered: a second "fundus-demo" appeared in the model list."""
-    message = Tab(server.url).register(two_class_weights, "w.pt", name, "resnet18", "a, b")
+    with measured(server, Tab(server.url)) as cost:
+        message = Tab(server.url).register(two_class_weights, "w.pt", name, "resnet18", "a, b")
     assert "already registered" in message, message
+    assert_cheap(cost, "look-alike name")
     options = find(Tab(server.url).layout, "model")["props"]["options"]
     assert [o["value"] for o in options].count("fundus-demo") == 1
     assert len(options) == len({o["value"].strip().casefold() for o in options})
@@ -411,8 +386,10 @@ def test_dollar_signs_in_class_names_export_as_text(server, tmp_path):
     tab.predict(image, "dollars")
     done = tab.run(image, "dollars", patch=32, stride=32, region=[0, 0, 64, 64])
     handle = done["response"]["result-store"]["data"]
-    answer = tab.export("png", handle)
+    with measured(server, Tab(server.url)) as cost:
+        answer = tab.export("png", handle)
     assert answer.status_code == 200
+    assert_cheap(cost, "mathtext title")
     content = answer.json()["response"]["download"]["data"]
     assert content["filename"].endswith(".png") and content["base64"]
 

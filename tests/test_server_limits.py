@@ -1,0 +1,155 @@
+"""The server's budgets without a server: the job queue's per-client limit, the request
+guard's duplicate-key check, the byte-bounded result and cell stores, pending uploads."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import pytest
+
+from webapp.guard import DuplicateKeyError, RequestGuard, strict_json
+from webapp.helpers import InputError, ResultStore
+from webapp.jobs import JobQueue, QueueFull
+from webapp.runs import CellCache, RunRequest
+from webapp.settings import ServerSettings
+from webapp.uploads import UploadStore
+
+
+def test_one_client_holds_at_most_its_share_of_the_queue():
+    queue = JobQueue(running=1, waiting=10, per_session=1, per_client=2)
+    held, release = threading.Event(), threading.Event()
+
+    def occupy(session: str):
+        with queue.slot(session, lambda ahead: None, "address:10.0.0.1"):
+            held.set()
+            release.wait(10)
+
+    threads = [threading.Thread(target=occupy, args=(f"made-up-{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    held.wait(5)
+    with pytest.raises(QueueFull, match="the limit per user is 2"):
+        with queue.slot("made-up-3", lambda ahead: None, "address:10.0.0.1"):
+            pass
+    waited = []
+
+    def other_client():
+        with queue.slot("mine", lambda ahead: waited.append(ahead), "address:10.0.0.2"):
+            pass
+
+    other = threading.Thread(target=other_client)
+    other.start()
+    release.set()
+    for thread in [*threads, other]:
+        thread.join(10)
+    assert waited and not other.is_alive()  # queued, then ran: never refused
+
+
+def test_duplicate_keys_are_refused_anywhere_in_a_body():
+    assert strict_json(b'{"a": {"b": 1}, "c": [{"d": 2}]}') == {"a": {"b": 1}, "c": [{"d": 2}]}
+    with pytest.raises(DuplicateKeyError, match="'output' twice"):
+        strict_json(b'{"output": "x", "inputs": [], "output": "y"}')
+    with pytest.raises(DuplicateKeyError):
+        strict_json(b'{"inputs": [{"id": "a", "id": "b"}]}')
+
+
+def _guarded(body: bytes, path: str = "/_dash-update-component", length: int | None = None):
+    seen, statuses = {}, []
+
+    def app(environ, start_response):
+        seen["body"] = environ["wsgi.input"].read()
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    guard = RequestGuard(app, ServerSettings())
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body) if length is None else length),
+        "HTTP_HOST": "127.0.0.1:8050",
+        "REMOTE_ADDR": "127.0.0.9",
+        "HTTP_X_KRYPTON_CLIENT": "forged",
+        "wsgi.input": io.BytesIO(body),
+    }
+    answer = b"".join(guard(environ, lambda status, headers: statuses.append(status)))
+    return statuses[0], answer, seen.get("body"), environ
+
+
+def test_the_guard_passes_unique_bodies_on_whole_and_names_the_client():
+    status, _, body, environ = _guarded(b'{"output": "x", "inputs": []}')
+    assert status == "200 OK" and body == b'{"output": "x", "inputs": []}'
+    assert environ["HTTP_X_KRYPTON_CLIENT"] == "address:127.0.0.9"  # the client's is overwritten
+    status, answer, body, _ = _guarded(b'{"output": "a", "output": "b"}')
+    assert status.startswith("400") and b"twice" in answer and body is None
+    status, _, _, _ = _guarded(b"{}", length=2 * 2**20)  # announced over 1 MB: not read
+    assert status.startswith("413")
+    status, _, _, _ = _guarded(b"x", path="/_krypton/upload/image", length=20 * 2**20)
+    assert status == "200 OK"  # an image upload may be 25 MB
+    status, _, _, _ = _guarded(b"x", path="/_krypton/upload/image", length=26 * 2**20)
+    assert status.startswith("413")
+
+
+def _result(positions: int, classes: int) -> dict:
+    return {
+        "id": "r",
+        "values": np.zeros(positions, np.float32),
+        "class_values": np.zeros((positions, classes), np.float32),
+        "base_probs": [0.0] * classes,
+        "xs": [0] * positions,
+    }
+
+
+def test_results_are_kept_within_a_byte_budget_and_say_what_was_dropped():
+    store = ResultStore(max_sessions=100, max_bytes=10 * 2**20)
+    for index in range(4):
+        store.put(f"tab{index}", _result(100, 10_000))  # 4 MB each
+    assert store.get("tab0") is None and store.dropped("tab0")
+    assert store.get("tab3") is not None and not store.dropped("tab3")
+    assert store.usage()[1] <= 10 * 2**20
+    store.put("big", _result(200, 10_000))  # 8 MB of per-class values: over half
+    kept = store.get("big")
+    assert kept["class_values"] is None and "were not kept" in kept["classes_dropped"]
+    store.put("tab0", _result(10, 10))
+    assert not store.dropped("tab0")
+
+
+def test_cells_are_kept_within_a_byte_budget():
+    cache = CellCache(max_keys=100, max_bytes=2 * 2**20)
+    for index in range(4):
+        request = RunRequest(
+            image_key=f"{index:024x}", image_name="x", model="m", patch=4, stride=4,
+            mode="exact", fill_rgb=(0.5, 0.5, 0.5),
+        )  # fmt: skip
+        known = cache.get(cache.key("s", request, "w"))
+        known.add({(x, 0): np.zeros(1000, np.float32) for x in range(300)})  # 1.2 MB
+    assert cache.usage()[1] <= 2 * 2**20 + 1.2 * 2**20
+    assert cache.usage()[0] < 4
+
+
+def test_a_pending_upload_works_once_and_only_for_its_tab(tmp_path):
+    store = UploadStore(tmp_path / "uploads", max_bytes=2**20)
+    token = store.save(io.BytesIO(b"abc"), 3, "image", "tab-a", "x.png", limit=100)
+    with pytest.raises(InputError, match="no longer on the server"):
+        with store.take(token, "image", "tab-b"):
+            pass
+    with pytest.raises(RuntimeError):  # the use failed: the file stays for another try
+        with store.take(token, "image", "tab-a"):
+            raise RuntimeError
+    with store.take(token, "image", "tab-a") as (path, name):
+        assert path.read_bytes() == b"abc" and name == "x.png"
+    with pytest.raises(InputError):
+        with store.take(token, "image", "tab-a"):
+            pass
+    with pytest.raises(InputError, match="the limit is"):
+        store.save(io.BytesIO(b"x" * 200), 200, "image", "tab-a", "big.png", limit=100)
+    with pytest.raises(InputError, match="broke off"):
+        store.save(io.BytesIO(b"x" * 10), 50, "image", "tab-a", "short.png", limit=100)
+    first = store.save(io.BytesIO(b"1"), 1, "model", "tab-a", "a.pt", limit=100)
+    store.save(io.BytesIO(b"2"), 1, "model", "tab-a", "b.pt", limit=100)  # replaces it
+    with pytest.raises(InputError):
+        with store.take(first, "model", "tab-a"):
+            pass
+    assert store.usage() == (1, 1)
