@@ -170,8 +170,36 @@ def _normal_session(url: str, index: int, image: Image.Image, timeout: float) ->
 
 
 def run_mix(folder: Path, image: Image.Image, sessions: int = 8, timeout: float = 600) -> None:
-    """Start the production server, run the mix, print the report."""
+    """The normal sessions alone on a fresh server, then with the hostile requests among
+    them on another; prints both."""
     _models(folder / "home", folder)
+    alone = _round(folder / "alone", folder, image, sessions, timeout, hostile_requests=False)
+    mixed = _round(folder / "mixed", folder, image, sessions, timeout, hostile_requests=True)
+    print(
+        f"hostile mix: {sessions} normal sessions + the 12 hostile requests (one a second), "
+        f"make serve's server, {mixed['wall']:.0f} s wall"
+    )
+    for name, outcome in sorted(mixed["outcomes"].items(), key=lambda i: int(i[0].split()[0])):
+        print(f"  {name:<28} {outcome}")
+    print("| | normal sessions finished | time to result median / max | light p50 / p95 | "
+          "server peak RSS over idle |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for label, row in (("sessions alone", alone), ("with the hostile mix", mixed)):
+        print(f"| {label} | {row['finished']} | {row['times']} | {row['light']} | "
+              f"+{row['peak']:.0f} MB |")  # fmt: skip
+
+
+def _round(
+    folder: Path,
+    models: Path,
+    image: Image.Image,
+    sessions: int,
+    timeout: float,
+    hostile_requests: bool,
+) -> dict:
+    """One server: the sessions, with or without the hostile requests; what they saw."""
+    folder.mkdir(parents=True)
+    (folder / "home").symlink_to(models / "home", target_is_directory=True)
     server = Server(folder, production=True)
     sockets: list = []
     try:
@@ -210,7 +238,8 @@ def run_mix(folder: Path, image: Image.Image, sessions: int = 8, timeout: float 
         for thread in workers:
             thread.start()
         began = time.perf_counter()
-        for name, request in _hostile_requests(server.url, image, folder, sockets):
+        mix = _hostile_requests(server.url, image, models, sockets) if hostile_requests else []
+        for name, request in mix:
             thread = threading.Thread(target=guarded, args=(name, request))
             thread.start()
             workers.append(thread)
@@ -228,18 +257,15 @@ def run_mix(folder: Path, image: Image.Image, sessions: int = 8, timeout: float 
     finished = [r for r in normal.values() if r["done"]]
     seconds = sorted(r["seconds"] for r in finished)
     light.sort()
-    print(f"hostile mix: {sessions} normal sessions + the 12 hostile requests, make serve, "
-          f"{wall:.0f} s wall")  # fmt: skip
-    for name, outcome in outcomes.items():
-        print(f"  {name:<28} {outcome}")
-    print(f"normal sessions finished {len(finished)} of {sessions}", end="")
-    if seconds:
-        print(f" (median {statistics.median(seconds):.1f} s, max {seconds[-1]:.1f} s)")
-    else:
-        print()
-    if light:
-        print(
-            f"light requests           p50 {light[len(light) // 2] * 1000:.0f} ms, "
-            f"p95 {light[int(len(light) * 0.95)] * 1000:.0f} ms over {len(light)}"
-        )
-    print(f"server peak RSS          {peak[0]:.0f} MB (+{peak[0] - baseline:.0f} MB over idle)")
+    return {
+        "wall": wall,
+        "outcomes": outcomes,
+        "finished": f"{len(finished)} of {sessions}",
+        "times": f"{statistics.median(seconds):.1f} s / {seconds[-1]:.1f} s" if seconds else "-",
+        "light": (
+            f"{light[len(light) // 2] * 1000:.0f} / {light[int(len(light) * 0.95)] * 1000:.0f} ms"
+            if light
+            else "-"
+        ),
+        "peak": peak[0] - baseline,
+    }

@@ -59,6 +59,7 @@ def message_of(response: requests.Response) -> str:
 
 
 def assert_cheap(cost, what: str) -> None:
+    print(f"COST {what}: +{cost.growth_mb:.0f} MB RSS, slowest light {cost.slowest_light:.2f} s")
     assert cost.growth_mb < RSS_LIMIT_MB, f"{what}: +{cost.growth_mb:.0f} MB of server RSS"
     assert cost.slowest_light < LIGHT_LIMIT_S, (
         f"{what}: a light callback took {cost.slowest_light:.2f} s meanwhile"
