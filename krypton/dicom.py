@@ -222,7 +222,7 @@ def _inflated(data: bytes, name: str) -> bytes:
 
 
 _PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
-# Largest values the header may declare (PS3.3 C.7.6.3: Rows and Columns are US).
+# More frames than any acquisition has: a header claiming them is lying.
 _MAX_FRAMES = 100_000
 
 
@@ -259,9 +259,11 @@ def _frame_cost(dataset, name: str, frame: int) -> int:
     what = f"{columns}x{rows} pixels of {samples} x {bits} bits per frame"
     cost = DECODE_BUDGET.cost(name, what, shape, max(bits, 8) / 8, DICOM_DECODE_FACTOR)
     syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
-    if syntax is None or not syntax.is_encapsulated:  # a lying header: the data present
+    if syntax is None or not syntax.is_encapsulated:
+        # Native data: pydicom decodes what is there, which a lying header understates
+        # (a frame's share of the data present, since only one frame is decoded).
         element = next((k for k in _PIXEL_KEYWORDS if k in dataset), None)
-        present = len(dataset[element].value or b"") if element else 0
+        present = len(dataset[element].value or b"") // frames if element else 0
         stored = DECODE_BUDGET.cost(name, what, (max(present, 1),), 1.0, DICOM_DECODE_FACTOR)
         return max(cost, stored)
     if "PixelData" in dataset:
@@ -307,7 +309,7 @@ def load_dicom(
     name (:data:`WINDOW_PRESETS`) or (centre, width) after the modality LUT. ``frame``:
     which frame of a multi-frame file (default the middle one). Only that frame is
     decoded, within :data:`krypton.decoding.DECODE_BUDGET`; the picture is at most
-    :data:`MAX_SIDE` pixels a side.
+    :data:`krypton.decoding.MAX_SIDE` pixels a side (``info["size"]`` is the file's).
     """
     window = parse_window(window)
     name = "uploaded data" if isinstance(source, (bytes, bytearray)) else Path(source).name
@@ -348,7 +350,9 @@ def _load_frame(source: str | Path | bytes, window, frame: int | None) -> DicomI
         except ImageLoadError:
             raise
         except Exception as exc:  # a LUT or window the file declares wrongly
-            raise ImageLoadError(f"{name}: its pixel values cannot be shown ({_reason(exc)})")
+            raise ImageLoadError(
+                f"{name}: its pixel values cannot be shown ({_reason(exc)})"
+            ) from exc
         del pixels
         picture = Image.fromarray(shown, "RGB" if shown.ndim == 3 else "L")
         original_size = f"{picture.width}x{picture.height}"

@@ -207,7 +207,8 @@ def register_callbacks(app, manager, services: Services) -> None:
     def load_image(ticket, sample_clicks, session):
         trigger = ctx.triggered_id
         session = str(session or "")
-        filename = str((ticket or {}).get("name") or "") if trigger == "upload-ticket" else None
+        ticket = ticket if isinstance(ticket, dict) else {}  # the page's, so the client's
+        filename = str(ticket.get("name") or "") if trigger == "upload-ticket" else None
         try:
             if trigger == "upload-ticket":
                 data = _uploaded_bytes(ticket, "image", session)
@@ -806,6 +807,7 @@ def register_callbacks(app, manager, services: Services) -> None:
     )
     def show_model_file(filename, ticket):
         """Where the chosen weights file is: on its way, on the server, or refused."""
+        ticket = ticket if isinstance(ticket, dict) else {}
         if not filename:
             return ""
         if not ticket or ticket.get("name") != filename:
@@ -830,6 +832,7 @@ def register_callbacks(app, manager, services: Services) -> None:
     )
     def register(n_clicks, ticket, filename, session, name, architecture, classes, size):
         settings = services.settings
+        ticket = ticket if isinstance(ticket, dict) else {}
         try:
             if not filename:
                 raise InputError("choose a weights file first")
