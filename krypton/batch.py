@@ -35,6 +35,7 @@ from PIL import Image
 
 from .explainer import explain
 from .imaging import ImageLoadError, heatmap_picture, load_image
+from .ood import caveat
 from .models import LoadedModel
 
 __all__ = [
@@ -201,6 +202,7 @@ def heatmap_files(picture, heatmap, model: LoadedModel) -> dict[str, bytes]:
             heatmap.prob,
             model.input_size,
             title,
+            warning=caveat(heatmap.extra.get("ood")),
         )
     }
     buffer = io.BytesIO()

@@ -413,6 +413,7 @@ def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]
     """What the DICOM input was shown as (window, frame), and the heatmap as a Secondary
     Capture that references it."""
     from .dicom import heatmap_capture, load_dicom
+    from .ood import caveat
 
     loaded = load_dicom(args.image, window=args.window, frame=args.frame)
     shown = loaded.window_text()
@@ -433,6 +434,7 @@ def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]
         window=args.window if args.window is None else parse_window(args.window),
         frame=loaded.frame,
         include_identity=args.dicom_identity,
+        warning=caveat(heatmap.extra.get("ood")),
     )
     return line, capture
 

@@ -621,10 +621,12 @@ def heatmap_capture(
     style=None,
     weights: str = "",
     include_identity: bool = False,
+    warning: str = "",
 ) -> bytes:
     """A heatmap as a Secondary Capture of its DICOM source: the same frame in the same
     ``window``, at the file's own resolution, with the heatmap drawn as ``style`` (an
-    :class:`krypton.imaging.OverlayStyle`) says and the settings in Image Comments."""
+    :class:`krypton.imaging.OverlayStyle`) says and the settings in Image Comments,
+    ``warning`` (an out-of-distribution caveat, say) first."""
     from .imaging import OverlayStyle, overlay, styled_heatmap
 
     style = style or OverlayStyle()
@@ -641,7 +643,7 @@ def heatmap_capture(
         style=style,
     )
     shown = loaded.window_text()
-    comments = (
+    comments = (f"WARNING: {warning}. " if warning else "") + (
         f"Krypton {mode} occlusion heatmap. Model {model_name}"
         f"{f' (weights {weights})' if weights else ''}; class {label_name}, p = {prob:.4f}; "
         f"patch {patch} px, stride {stride} px (model input {input_size[1]}x"

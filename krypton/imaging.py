@@ -306,11 +306,13 @@ def heatmap_picture(
     title: str,
     min_side: int = 512,
     style: OverlayStyle | None = None,
+    warning: str = "",
 ) -> bytes:
     """A PNG for the record: the heatmap over ``image`` at its own resolution (enlarged to
     ``min_side`` on the long side if smaller), a colour bar labelled with its scale and a
     title. ``xs``/``ys``/``patch`` are in the model's input pixels (``input_size`` = (H, W)).
-    """
+    ``warning`` (an out-of-distribution caveat, say) is drawn under the title in red and
+    kept in the PNG's "Warning" text chunk."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -335,8 +337,9 @@ def heatmap_picture(
     )
     styled = styled_heatmap(values, prob, style)
     dpi = 100
-    figure = Figure(figsize=(width / dpi + 1.6, height / dpi + 0.9), dpi=dpi)
-    axes = figure.add_axes((0.02, 0.02, width / (width + 160), 1 - 90 / (height + 90)))
+    margin = 90 + (50 if warning else 0)  # pixels above the picture: title (and warning)
+    figure = Figure(figsize=(width / dpi + 1.6, (height + margin) / dpi), dpi=dpi)
+    axes = figure.add_axes((0.02, 0.02, width / (width + 160), 1 - margin / (height + margin)))
     axes.imshow(np.asarray(picture), interpolation="nearest")
     shown = axes.imshow(
         np.ma.masked_invalid(styled.values),
@@ -354,6 +357,11 @@ def heatmap_picture(
     bar.set_label(styled.label, fontsize=7, wrap=True)
     bar.solids.set_alpha(1)
     axes.set_title(title, fontsize=9, wrap=True, parse_math=False)  # "$" is plain text
+    if warning:  # above the title, in red, as the page shows it
+        figure.text(0.02, 1 - 6 / (height + margin), f"WARNING: {warning}", color="red",
+                    fontsize=8, wrap=True, va="top", parse_math=False)  # fmt: skip
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
+    figure.savefig(
+        buffer, format="png", dpi=dpi, metadata={"Warning": warning} if warning else None
+    )
     return buffer.getvalue()

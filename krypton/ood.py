@@ -74,6 +74,18 @@ def warning_text(model_name: str) -> str:
     )
 
 
+def caveat(ood: dict | None) -> str:
+    """The warning a flagged image's result carries wherever it goes (page, PNG title and
+    metadata, JSON, DICOM Image Comments, batch summary); "" when not flagged.
+    ``ood``: :meth:`OodResult.as_dict`."""
+    if not ood or not ood.get("flagged"):
+        return ""
+    return (
+        f"{ood['warning']} (unusualness {ood['score']:.1f} at {ood.get('stage') or '?'}; "
+        f"the threshold is {ood['threshold']:.1f})"
+    )
+
+
 @dataclass(frozen=True)
 class OodResult:
     """An image's out-of-distribution check."""

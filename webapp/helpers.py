@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from krypton.dicom import WINDOW_PRESETS, DicomImage, heatmap_capture, is_dicom, load_dicom
+from krypton.ood import caveat
 from krypton.imaging import (
     MAX_SIDE,
     ImageLoadError,
@@ -465,12 +466,8 @@ def model_card_lines(loaded) -> list[str]:
 
 def ood_text(ood: dict | None) -> str:
     """The page's warning for an image the model's reference set says is unfamiliar."""
-    if not ood or not ood.get("flagged"):
-        return ""
-    return (
-        f"Warning: {ood['warning']} (unusualness {ood['score']:.1f} at {ood.get('stage', '?')}; "
-        f"the threshold is {ood['threshold']:.1f})."
-    )
+    text = caveat(ood)
+    return f"Warning: {text}." if text else ""
 
 
 # -- regions and settings ------------------------------------------------------------------
@@ -708,6 +705,7 @@ def export_png(original: Image.Image, result: dict, style: OverlayStyle | None =
         f"{result['mode']} · patch {result['patch']}, stride {result['stride']} · "
         f"{result.get('date', '')}"
     )
+    warning = caveat(result.get("ood"))
     return heatmap_picture(
         original,
         values,
@@ -719,6 +717,7 @@ def export_png(original: Image.Image, result: dict, style: OverlayStyle | None =
         title,
         EXPORT_MIN_SIDE,
         style,
+        warning=warning,
     )
 
 
@@ -749,6 +748,7 @@ def export_dicom(
             style=style,
             weights=result.get("weights_checksum", ""),
             include_identity=include_identity,
+            warning=caveat(result.get("ood")),
         )
     except (ImageLoadError, ValueError) as exc:
         raise InputError(f"the DICOM export failed: {exc}") from exc
