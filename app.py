@@ -25,13 +25,13 @@ from webapp.callbacks import (
     RUN_MESSAGE_OUTPUT,
     RUN_OUTPUTS,
     Services,
-    model_options,
     register_callbacks,
     waiting_progress,
 )
 from webapp.guard import RequestGuard
 from webapp.jobs import ThreadedDiskcacheManager
 from webapp.layout import build_layout
+from webapp.model_panel import model_options
 from webapp.settings import BROKER_ENV, LOCAL_HOSTS, ServerSettings, SettingsError
 from webapp.uploads import add_upload_route
 

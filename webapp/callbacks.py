@@ -21,11 +21,7 @@ from krypton.explainer import grid_positions, model_fingerprint
 from krypton.registry import (
     CheckpointError,
     RegistryError,
-    available_models,
-    default_model_name,
     load_model,
-    register_model,
-    remove_model,
 )
 
 from . import helpers
@@ -33,6 +29,7 @@ from .guard import CLIENT_HEADER
 from .helpers import InputError
 from . import runs
 from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled, running_as
+from .model_panel import register_model_panel
 from .layout import DICOM_SAMPLES, mode_options, patch_options, placeholder_figure, sample_path
 from .settings import ServerSettings
 from .uploads import UploadStore
@@ -47,21 +44,6 @@ DROPPED_RESULT = (
     "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
 )
 logger = logging.getLogger("krypton.app")
-
-
-def model_options() -> list[dict]:
-    options = []
-    for info in available_models():
-        label = info.name if info.available else f"{info.name} (unavailable)"
-        options.append(
-            {
-                "label": label,
-                "value": info.name,
-                "disabled": not info.available,
-                "title": info.description if info.available else f"{info.reason}; fix: {info.fix}",
-            }
-        )
-    return options
 
 
 class Services:
@@ -178,6 +160,7 @@ def _empty_figure(text: str = "") -> go.Figure:
 
 def register_callbacks(app, manager, services: Services) -> None:
     """Attach every callback to ``app``; jobs run on ``manager``."""
+    register_model_panel(app, services)
 
     def _dicom_image_data(data: bytes, name: str, session: str, window=None, frame=None) -> dict:
         """Keep a DICOM file's bytes (for this tab only), store its windowed frame; the
@@ -248,14 +231,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         Output("upload-ticket", "data"),
         Input("upload", "contents"),
         State("upload", "filename"),
-        State("session", "data"),
-        prevent_initial_call=True,
-    )
-    app.clientside_callback(
-        ClientsideFunction("krypton_upload", "model"),
-        Output("model-upload-ticket", "data"),
-        Input("model-upload", "contents"),
-        State("model-upload", "filename"),
         State("session", "data"),
         prevent_initial_call=True,
     )
@@ -799,105 +774,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         except InputError as exc:
             return no_update, str(exc)
         return sent, ""
-
-    @app.callback(
-        Output("model-upload-name", "children"),
-        Input("model-upload", "filename"),
-        Input("model-upload-ticket", "data"),
-    )
-    def show_model_file(filename, ticket):
-        """Where the chosen weights file is: on its way, on the server, or refused."""
-        ticket = ticket if isinstance(ticket, dict) else {}
-        if not filename:
-            return ""
-        if not ticket or ticket.get("name") != filename:
-            return f"uploading {filename}…"
-        if ticket.get("error"):
-            return html.Span(f"{filename}: {ticket['error']}", className="warning")
-        return f"uploaded: {filename} ({float(ticket.get('bytes') or 0) / 2**20:.1f} MB)"
-
-    @app.callback(
-        Output("model", "options"),
-        Output("model", "value"),
-        Output("model-register-message", "children"),
-        Input("model-register", "n_clicks"),
-        State("model-upload-ticket", "data"),
-        State("model-upload", "filename"),
-        State("session", "data"),
-        State("model-name", "value"),
-        State("model-architecture", "value"),
-        State("model-classes", "value"),
-        State("model-size", "value"),
-        prevent_initial_call=True,
-    )
-    def register(n_clicks, ticket, filename, session, name, architecture, classes, size):
-        settings = services.settings
-        ticket = ticket if isinstance(ticket, dict) else {}
-        try:
-            if not filename:
-                raise InputError("choose a weights file first")
-            if not ticket or ticket.get("name") != filename:
-                raise InputError(
-                    f"{filename} is still uploading; press Register again once it is uploaded"
-                )
-            if ticket.get("error"):
-                raise InputError(str(ticket["error"]))
-            if architecture == "torchscript" and not settings.trusted_uploads:
-                raise InputError(
-                    "TorchScript uploads are turned off on this server: a "
-                    "TorchScript file runs its author's code. Upload a "
-                    "state_dict instead (the operator can allow TorchScript "
-                    "with KRYPTON_TRUSTED_UPLOADS=1, for trusted uploaders "
-                    "only)."
-                )
-            if not name:
-                raise InputError("give the model a name")
-            if not architecture:
-                raise InputError("choose the architecture (or TorchScript)")
-            names = [
-                c.strip() for c in (classes or "").replace(",", "\n").splitlines() if c.strip()
-            ]
-            if len(names) < 2:
-                raise InputError("give at least two class names")
-            try:
-                side = int(size or 224)
-            except (TypeError, ValueError):
-                raise InputError("the input size must be a whole number of pixels") from None
-            token = str(ticket.get("token", ""))
-            # The upload's path is the server's choice: the client's file name never is one.
-            with services.uploads.take(token, "model", str(session or "")) as (path, filename):
-                try:
-                    name = register_model(
-                        name,
-                        path,
-                        names,
-                        architecture=None if architecture == "torchscript" else architecture,
-                        format="torchscript" if architecture == "torchscript" else "state_dict",
-                        input_size=(side, side),
-                    ).name
-                except CheckpointError as exc:  # name the user's file, not the server's copy
-                    raise InputError(str(exc).replace(path.name, filename or "the file")) from exc
-        except (InputError, RegistryError, CheckpointError) as exc:
-            return no_update, no_update, html.Span(str(exc), className="warning")
-        return model_options(), name, f"registered '{name}' with {len(names)} classes"
-
-    @app.callback(
-        Output("model", "options", allow_duplicate=True),
-        Output("model", "value", allow_duplicate=True),
-        Output("model-register-message", "children", allow_duplicate=True),
-        Input("model-remove", "n_clicks"),
-        State("model", "value"),
-        prevent_initial_call=True,
-    )
-    def remove(n_clicks, name):
-        if not n_clicks or not name:
-            raise PreventUpdate
-        try:
-            remove_model(name)
-        except RegistryError as exc:
-            return no_update, no_update, html.Span(str(exc), className="warning")
-        services.forget(name)
-        return model_options(), default_model_name(), f"removed '{name}'"
 
 
 def _model_card(loaded: krypton.LoadedModel) -> html.Div:
