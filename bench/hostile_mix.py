@@ -22,13 +22,8 @@ import torchvision
 from PIL import Image
 
 from bench import hostile
-from bench.dash_client import Server, Tab, light_callback
+from bench.dash_client import Server, Tab, light_callback, loopback
 from krypton.registry import register_model
-
-
-def client(url: str, address: str) -> Tab:
-    """A tab of a client at ``address`` (a loopback address of its own)."""
-    return Tab.at(url, address)
 
 
 def _models(home: Path, folder: Path) -> None:
@@ -62,27 +57,27 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         return str(text)[:70] if text else f"loaded {answer['image-store']['data']['size']}"
 
     def bombs():
-        tab = client(url, "127.0.3.1")
+        tab = Tab.at(url, "127.0.3.1")
         made = (hostile.j2k_bomb(), hostile.jpeg_ls_bomb(), hostile.deflate_bomb(23170, 23170))
         return " | ".join(message(tab.load_file(data, "b.dcm")) for data in made)
 
     def big_png():
-        return message(client(url, "127.0.3.2").load_file(hostile.png16_bomb(), "big.png"))
+        return message(Tab.at(url, "127.0.3.2").load_file(hostile.png16_bomb(), "big.png"))
 
     def architecture():
         torch.save({"stem.0.weight": torch.zeros(1)}, folder / "tiny.pt")
-        tab = client(url, "127.0.3.3")
+        tab = Tab.at(url, "127.0.3.3")
         weights = (folder / "tiny.pt").read_bytes()
         said = tab.register(weights, "w.pt", "x", "regnet_y_128gf", "a,b")
         return json.loads(said)["model-register-message"]["children"]["props"]["children"][:70]
 
     def amplification():
-        tab = client(url, "127.0.3.4")
+        tab = Tab.at(url, "127.0.3.4")
         body = b'{"output":"..model.options..","padding":' + b"[" + b"[]," * 7_000_000 + b"[]]}"
         return f"HTTP {tab.post_raw(body).status_code}"
 
     def many_classes():
-        tab = client(url, "127.0.3.5")
+        tab = Tab.at(url, "127.0.3.5")
         data = tab.upload_image(image)
         done = tab.run(data, "many", patch=2, stride=2, timeout=600)
         return "result kept" if "result-store" in (done["response"] or {}) else "no result"
@@ -95,7 +90,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         return "64 sockets open"
 
     def duplicate_keys():
-        tab = client(url, "127.0.3.7")
+        tab = Tab.at(url, "127.0.3.7")
         body = (
             b'{"output":"..image-store.data..","output":"..label.options..","x":"'
             + b"x" * (20 * 2**20)
@@ -104,7 +99,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         return f"HTTP {tab.post_raw(body).status_code}"
 
     def made_up_sessions():
-        tab = client(url, "127.0.3.8")
+        tab = Tab.at(url, "127.0.3.8")
         data = tab.upload_image(image)
         handles = []
         for index in range(34):
@@ -119,27 +114,27 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         dataset.PatientName = "Doe^Jane"
         buffer = io.BytesIO()
         dataset.save_as(buffer, enforce_file_format=True)
-        owner, other = client(url, "127.0.3.9"), client(url, "127.0.3.10")
+        owner, other = Tab.at(url, "127.0.3.9"), Tab.at(url, "127.0.3.10")
         data = owner.load_file(buffer.getvalue(), "x.dcm").json()["response"]["image-store"]
         done = other.run(data["data"], patch=32, stride=32, region=[0, 0, 64, 64])
         answer = other.export("dcm", done["response"]["result-store"]["data"], identity=True)
         return "refused" if "another tab" in answer.text else "IDENTITY LEAKED"
 
     def look_alike():
-        tab = client(url, "127.0.3.11")
+        tab = Tab.at(url, "127.0.3.11")
         said = tab.register((folder / "dollars.pt").read_bytes(), "w.pt", "fundus-demo\n",
                             "resnet18", "a, b")  # fmt: skip
         return "refused" if "already registered" in said else "REGISTERED"
 
     def mathtext():
-        tab = client(url, "127.0.3.12")
+        tab = Tab.at(url, "127.0.3.12")
         data = tab.upload_image(image)
         done = tab.run(data, "dollars", patch=32, stride=32, region=[0, 0, 64, 64])
         exported = tab.export("png", done["response"]["result-store"]["data"])
         return f"PNG export HTTP {exported.status_code}"
 
     def malformed():
-        tab = client(url, "127.0.3.13")
+        tab = Tab.at(url, "127.0.3.13")
         made = (hostile.truncated_deflate(), hostile.rle_liar())
         return " | ".join(message(tab.load_file(data, "m.dcm")) for data in made)
 
@@ -160,7 +155,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
 
 
 def _normal_session(url: str, index: int, image: Image.Image, timeout: float) -> dict:
-    tab = client(url, f"127.0.1.{index + 1}")
+    tab = Tab.at(url, loopback(index))
     began = time.perf_counter()
     data = tab.upload_image(image)
     tab.predict(data)
@@ -207,7 +202,7 @@ def _round(
         baseline = process.memory_info().rss / 2**20
         peak, light, outcomes, normal = [baseline], [], {}, {}
         stop = threading.Event()
-        light_tab = client(server.url, "127.0.2.1")
+        light_tab = Tab.at(server.url, "127.0.2.1")
 
         def sample():
             while not stop.is_set():

@@ -134,11 +134,6 @@ class DecodeBudget:
                 self._condition.notify_all()
                 self.records = [*self.records[-999:], record]
 
-    @property
-    def in_use(self) -> int:
-        with self._condition:
-            return self._in_use
-
 
 DECODE_BUDGET = DecodeBudget.from_environment()
 

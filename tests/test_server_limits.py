@@ -153,3 +153,21 @@ def test_a_pending_upload_works_once_and_only_for_its_tab(tmp_path):
         with store.take(first, "model", "tab-a"):
             pass
     assert store.usage() == (1, 1)
+
+
+def test_a_trusted_proxys_user_authenticates_and_is_the_client():
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [environ["HTTP_X_KRYPTON_CLIENT"].encode()]
+
+    guard = RequestGuard(app, ServerSettings(auth_header="X-Forwarded-User"))
+
+    def get(**headers):
+        statuses = []
+        environ = {"REQUEST_METHOD": "GET", "HTTP_HOST": "localhost", "REMOTE_ADDR": "10.0.0.5"}
+        environ.update(headers)
+        body = b"".join(guard(environ, lambda status, _: statuses.append(status)))
+        return statuses[0], body
+
+    assert get(HTTP_X_FORWARDED_USER="ana") == ("200 OK", b"user:ana")
+    assert get()[0].startswith("401")  # no proxy user: not authenticated

@@ -28,7 +28,14 @@ from .uploads import PURPOSES, UPLOAD_ROUTE
 __all__ = ["RequestGuard", "CLIENT_HEADER", "DuplicateKeyError", "strict_json"]
 
 CLIENT_HEADER = "X-Krypton-Client"
-_CLIENT_ENVIRON = "HTTP_" + CLIENT_HEADER.upper().replace("-", "_")
+
+
+def _environ_key(header: str) -> str:
+    """Where WSGI keeps a request header: X-Forwarded-User -> HTTP_X_FORWARDED_USER."""
+    return "HTTP_" + header.upper().replace("-", "_")
+
+
+_CLIENT_ENVIRON = _environ_key(CLIENT_HEADER)
 
 
 class DuplicateKeyError(ValueError):
@@ -104,10 +111,8 @@ class RequestGuard:
 
     def _authenticated(self, environ) -> bool:
         settings = self.settings
-        if settings.auth_header:
-            key = "HTTP_" + settings.auth_header.upper().replace("-", "_")
-            if environ.get(key):
-                return True
+        if self._proxy_user(environ):
+            return True
         if settings.username:
             header = environ.get("HTTP_AUTHORIZATION", "")
             if header.lower().startswith("basic "):
@@ -122,14 +127,17 @@ class RequestGuard:
                 )
         return not settings.authenticates
 
+    def _proxy_user(self, environ) -> str | None:
+        """The user a trusted proxy names in ``auth_header``, if it is configured and set."""
+        if not self.settings.auth_header:
+            return None
+        return environ.get(_environ_key(self.settings.auth_header)) or None
+
     def client_of(self, environ) -> str:
         """Who sends the request, for per-client limits: the proxy-authenticated user,
         else the peer address (a shared basic-auth account does not tell people apart)."""
-        if self.settings.auth_header:
-            key = "HTTP_" + self.settings.auth_header.upper().replace("-", "_")
-            if environ.get(key):
-                return "user:" + environ[key]
-        return "address:" + str(environ.get("REMOTE_ADDR", ""))
+        user = self._proxy_user(environ)
+        return "user:" + user if user else "address:" + str(environ.get("REMOTE_ADDR", ""))
 
     # -- WSGI ---------------------------------------------------------------------------
     def __call__(self, environ, start_response):
