@@ -25,7 +25,7 @@ from torch import nn
 
 from . import drilldown
 from .capture_lock import CAPTURE_LOCK
-from .engine.plan import measured_plan
+from .engine.plan import measured_plan, reused_plan
 from .engine import (
     ExecutionPlan,
     IncrementalGraph,
@@ -426,6 +426,12 @@ class OcclusionExplainer:
         # Plans confirmed by timing both on this host, per (shape, patch, batch size).
         self.measured_plans: dict[tuple, ExecutionPlan] = {}
 
+    def forget_plans(self) -> None:
+        """Time incremental against naive again on the next call long enough to time
+        both (a caller that states speed from its own run, under today's load)."""
+        with self._lock:
+            self.measured_plans.clear()
+
     # -- materialisation ----------------------------------------------------------------
     def views_for(
         self, image: torch.Tensor, freeze_gates: bool = False
@@ -597,6 +603,13 @@ class OcclusionExplainer:
             if mode == "exact":
                 probabilities, every = run.evaluate_exact(ys, xs, patch, strategy)
                 extra["plan"] = str(run.plan)
+                if run.timed_in_this_call and run.plan.timings is not None:
+                    incremental_seconds, naive_seconds = run.plan.timings
+                    extra["plan_timing"] = {  # both strategies, same positions, this call
+                        "incremental_ms_per_position": incremental_seconds * 1e3,
+                        "naive_ms_per_position": naive_seconds * 1e3,
+                        "strategy": run.plan.strategy,
+                    }
             else:
                 probabilities, every = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
             unique_xs, col_of = np.unique(xs, return_inverse=True)
@@ -883,6 +896,7 @@ class _Run:
         self.evaluated = self.macs_spent = self.macs_naive = 0
         self.total = 0
         self.plan: ExecutionPlan | None = None
+        self.timed_in_this_call = False  # both strategies were timed by this run
 
     def _full_macs(self, ys: np.ndarray, xs: np.ndarray, patch: int) -> int:
         """MACs of one full inference, from the captured graph (eq 10)."""
@@ -919,7 +933,7 @@ class _Run:
         known = self.explainer.measured_plans.get(key)
         count, batch = len(ys), self.batch_size
         if not static.incremental or known is not None or count < 2 * batch:
-            self.plan = static if (not static.incremental or known is None) else known
+            self.plan = static if (not static.incremental or known is None) else reused_plan(known)
             return self.evaluate(ys, xs, patch, naive=not self.plan.incremental, geometry=geometry)
         # Time one batch both ways on this host (the same positions, the same batch size).
         began = time.perf_counter()
@@ -938,6 +952,7 @@ class _Run:
             naive_seconds = min(naive_seconds, self._time_naive(ys[:batch], xs[:batch])[0])
             self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
         self.explainer.measured_plans[key] = self.plan
+        self.timed_in_this_call = True
         if not self.plan.incremental:  # the first batch's values by the chosen strategy too
             softmax = torch.softmax(check.float(), dim=1).cpu().numpy()
             first = (

@@ -140,12 +140,24 @@ def test_result_lines_compare_truthfully():
         "reused": 0,
         "estimate": {"seconds": 2.5, "low": 2.0, "high": 3.0, "source": "calibration"},
     }
-    lines = runs.summary_lines(dict(base, naive={"seconds": 4.6, "kind": "measured"}))
-    assert lines[1] == "exact · 100 positions computed in 2.0 s (estimated 2.5 s (2.0 s–3.0 s))"
-    assert lines[2] == "2.3× faster than naive (measured on this host)"
-    slow = runs.summary_lines(dict(base, naive={"seconds": 0.2, "kind": "estimated"}))
-    assert slow[2] == "10.0× slower than naive (estimated)"
-    nothing = runs.summary_lines(dict(base, evaluated=0, reused=36, naive=None))
+    timed = {"incremental_ms_per_position": 2.0, "naive_ms_per_position": 4.6}
+    lines = runs.summary_lines(dict(base, speed=dict(timed, strategy="incremental")))
+    assert lines[1] == "exact · 100 positions computed in 2.0 s (estimated 2.5 s (2.0–3.0 s))"
+    assert lines[2] == (
+        "2.3× faster than naive, measured in this run on the same positions: "
+        "2.0 ms/position incremental vs 4.6 naive."
+    )
+    slow = dict(timed, naive_ms_per_position=0.2, strategy="naive")
+    assert runs.summary_lines(dict(base, speed=slow))[2].startswith(
+        "Ran naive: incremental was 0.10× naive's speed, measured in this run"
+    )
+    even = dict(timed, naive_ms_per_position=2.1, strategy="incremental")
+    assert runs.summary_lines(dict(base, speed=even))[2].startswith("About as fast as naive")
+    # no timing in this run: no claim either way, and it says why
+    untimed = runs.summary_lines(dict(base, speed=None))
+    assert untimed[2].startswith("No speed comparison")
+    assert not any("faster" in line or "slower" in line for line in untimed)
+    nothing = runs.summary_lines(dict(base, evaluated=0, reused=36, speed=None))
     assert "nothing computed" in nothing[1] and "Reused 36 cells" in nothing[2]
     assert not any("faster" in line for line in nothing)
 

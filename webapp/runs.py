@@ -22,20 +22,14 @@ import numpy as np
 import torch
 
 import krypton
-from krypton.estimator import (
-    Estimate,
-    NotCalibratedError,
-    estimate,
-    estimate_for_counts,
-    measured_seconds,
-    record_run,
-)
+from krypton.estimator import Estimate, NotCalibratedError, estimate, record_run
 from krypton.explainer import grid_positions
 from krypton.registry import RegistryError
 from krypton.tuning import DEFAULT_TARGET_SSIM, choose_tau
 
 from . import helpers
 from .helpers import InputError
+from .lifecycle import Provenance, format_duration
 
 __all__ = ["RunRequest", "CellCache", "Partial", "execute", "relabel", "summary_lines", "Reporter"]
 
@@ -187,6 +181,17 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     if not 0 <= label < len(base_probs):
         raise InputError(f"class {label} does not exist for {request.model}")
 
+    provenance = Provenance.make(
+        image=request.image_key,
+        model=request.model,
+        weights=services.weights_checksum(request.model),
+        region=request.region,
+        patch=request.patch,
+        stride=request.stride,
+        mode=request.mode,
+        colour=request.fill_rgb,
+        label=label,
+    )
     note = ""
     known = None
     if request.mode in ("exact", "naive"):
@@ -239,12 +244,16 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
 
     started = time.perf_counter()
     explainer = services.explainer(request.model)
+    if request.mode == "exact":
+        # This run times incremental against naive itself (on its second batch of
+        # positions): its speed claim and its plan rest on this run's load, not a past one.
+        explainer.forget_plans()
     extra: dict = {}
     class_values = None
-    plan_line = None
+    plan_line = speed = None
     if known is not None:
         had_cells = bool(known.cells)
-        values, class_values, reused, evaluated, plan_line = _run_grid(
+        values, class_values, reused, evaluated, plan_line, speed = _run_grid(
             explainer, tensor, grid_ys, grid_xs, request, fill, label, known, live
         )
         if not reused and not note and had_cells:
@@ -278,6 +287,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
 
     result = {
         "id": uuid.uuid4().hex,
+        "provenance": provenance.as_dict(),
         "mode": request.mode,
         "model": request.model,
         "weights_checksum": services.weights_checksum(request.model),
@@ -304,7 +314,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         "approximate": extra,
         "plan": plan_line or extra.get("plan"),
         "estimate": planned,
-        "naive": None if request.mode == "naive" else _naive_time(request, counts),
+        "speed": speed,  # incremental vs naive, timed side by side in this run, or None
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "dicom": request.dicom,
         "ood": _ood(loaded, tensor),
@@ -357,7 +367,7 @@ def _run_grid(
     if reused:
         report(done, total, values.copy())
     chunk, begin = FIRST_CHUNK, 0
-    plan_line = None
+    plan_line = speed = None
     while begin < len(todo):
         part = todo[begin : begin + chunk]
         offset = done
@@ -370,7 +380,11 @@ def _run_grid(
             positions=list(zip(xs[part].tolist(), ys[part].tolist())),
             progress=lambda d, t, offset=offset: report(offset + d, total),
         )
-        plan_line = heatmap.extra.get("plan", plan_line)
+        if "plan_timing" in heatmap.extra:  # this chunk timed both strategies: the run's plan
+            speed = heatmap.extra["plan_timing"]
+            plan_line = heatmap.extra["plan"].replace("in this call", "in this run", 1)
+        elif speed is None:
+            plan_line = heatmap.extra.get("plan", plan_line)
         found_rows = np.searchsorted(heatmap.ys, ys[part])
         found_cols = np.searchsorted(heatmap.xs, xs[part])
         values[rows[part], cols[part]] = heatmap.values[found_rows, found_cols]
@@ -384,7 +398,7 @@ def _run_grid(
         begin += len(part)
         chunk = min(chunk * 2, LARGEST_CHUNK)
         report(done, total, values.copy())
-    return values, class_values, reused, len(todo), plan_line
+    return values, class_values, reused, len(todo), plan_line, speed
 
 
 def find_estimate(
@@ -425,47 +439,48 @@ def _estimate(request: RunRequest, region) -> dict | None:
     return None if found is None else dataclasses.asdict(found)
 
 
-def _naive_time(request: RunRequest, counts: tuple[int, int]) -> dict | None:
-    """Naive seconds for the positions this run computed: measured (a logged naive run of
-    exactly as many positions) or estimated."""
-    positions = sum(counts)
-    if not positions:
-        return None
-    measured = measured_seconds(request.model, "naive", request.patch, (positions, 0))
-    if measured is not None:
-        return {"seconds": measured, "kind": "measured"}
-    try:
-        found = estimate_for_counts(request.model, "naive", request.patch, (positions, 0))
-    except (NotCalibratedError, RegistryError):
-        return None
-    return {"seconds": found.seconds, "kind": "estimated"}
-
-
 def estimate_text(found: dict | None) -> str:
-    """'4.0 s (3.1–5.6 s)' for an estimate record."""
+    """'4.0 s (3.1–5.6 s)': the estimate and its range, in one unit (the range's)."""
     if not found:
         return "unknown"
-    return (
-        f"{format_seconds(found['seconds'])} ({format_seconds(found['low'])}–"
-        f"{format_seconds(found['high'])})"
-    )
+    low, seconds, high = (max(0.0, float(found[k])) for k in ("low", "seconds", "high"))
+    if high < 90:
+        return f"{seconds:.1f} s ({low:.1f}–{high:.1f} s)"
+    if high < 5400:
+        return f"{seconds / 60:.1f} min ({low / 60:.1f}–{high / 60:.1f} min)"
+    return f"{seconds / 3600:.1f} h ({low / 3600:.1f}–{high / 3600:.1f} h)"
 
 
 def format_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+    return "unknown" if seconds is None else format_duration(seconds)
 
 
-def speed_text(seconds: float, naive: dict | None) -> str | None:
-    """'2.3× faster than naive (measured on this host)', '1.4× slower …', or None."""
-    if not naive or seconds <= 0 or naive["seconds"] <= 0:
-        return None
-    ratio = naive["seconds"] / seconds
-    where = "measured on this host" if naive["kind"] == "measured" else "estimated"
-    if ratio >= 1:
-        return f"{ratio:.1f}× faster than naive ({where})"
-    return f"{1 / ratio:.1f}× slower than naive ({where})"
+SAME_SPEED = 1.1  # within this factor either way, the run says neither faster nor slower
+
+
+def speed_text(speed: dict | None, mode: str) -> str:
+    """The speed claim of an exact run: only what this run timed side by side."""
+    if mode != "exact":
+        return ""
+    if not speed:
+        return (
+            "No speed comparison: this run did not time naive inference beside it "
+            "(too few positions to compute, or the plan ruled incremental out)."
+        )
+    incremental = speed["incremental_ms_per_position"]
+    naive = speed["naive_ms_per_position"]
+    ratio = naive / incremental if incremental > 0 else float("inf")
+    timed = (
+        f"measured in this run on the same positions: {incremental:.1f} ms/position "
+        f"incremental vs {naive:.1f} naive"
+    )
+    if speed.get("strategy") == "naive":
+        return f"Ran naive: incremental was {ratio:.2f}× naive's speed, {timed}."
+    if ratio >= SAME_SPEED:
+        return f"{ratio:.1f}× faster than naive, {timed}."
+    if ratio <= 1 / SAME_SPEED:
+        return f"{1 / ratio:.1f}× slower than naive, {timed}."
+    return f"About as fast as naive (within 10%), {timed}."
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -482,7 +497,7 @@ def summary_lines(result: dict) -> list[str]:
         if result.get("estimate"):
             line += f" (estimated {estimate_text(result['estimate'])})"
         lines.append(line)
-        speed = speed_text(result["seconds"], result.get("naive"))
+        speed = speed_text(result.get("speed"), result["mode"])
         if speed:
             lines.append(speed)
     else:

@@ -8,6 +8,8 @@ naive inference for the requested positions, so exact mode never runs the slower
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -194,6 +196,10 @@ class ExecutionPlan:
     first_global: str | None
     share_before_first_global: float  # of the conv/linear MACs
     measured: bool = False  # decided from timings of both plans on this host
+    # seconds per position (incremental, naive) of that timing, and when it was taken
+    # (time.time()): a plan reused by a later call says so instead of repeating the claim
+    timings: tuple[float, float] | None = None
+    measured_at: float | None = None
 
     def __str__(self) -> str:
         return f"{self.strategy}: {self.reason}"
@@ -239,7 +245,7 @@ def measured_plan(
     the best of ``repeats``)."""
     ratio = naive_seconds / incremental_seconds if incremental_seconds > 0 else float("inf")
     timing = (
-        f"measured here {incremental_seconds * 1e3:.1f} ms/position incremental vs "
+        f"measured in this call {incremental_seconds * 1e3:.1f} ms/position incremental vs "
         f"{naive_seconds * 1e3:.1f} naive" + (f", best of {repeats}" if repeats > 1 else "")
     )
     where = plan.reason.split(";")[0]
@@ -254,4 +260,17 @@ def measured_plan(
         plan.first_global,
         plan.share_before_first_global,
         measured=True,
+        timings=(incremental_seconds, naive_seconds),
+        measured_at=time.time(),
+    )
+
+
+def reused_plan(plan: ExecutionPlan) -> ExecutionPlan:
+    """A measured plan as a later call states it: when it was measured, not 'in this
+    call' (the load may have changed since)."""
+    if not plan.measured or plan.measured_at is None:
+        return plan
+    when = time.strftime("%H:%M:%S", time.localtime(plan.measured_at))
+    return dataclasses.replace(
+        plan, reason=plan.reason.replace("measured in this call", f"measured at {when}", 1)
     )

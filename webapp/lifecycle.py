@@ -1,0 +1,234 @@
+"""A run's life and what it may show, decided without a browser.
+
+* :class:`Provenance`: what a run explains (image content, model and weights, region,
+  patch, stride, mode, occluder colour, class). Every result carries the provenance of
+  its request; the page shows a result, its summary and its downloads only while what is
+  on screen has the same provenance (:func:`result_view`).
+* :class:`RunLifecycle`: idle → queued → running → done | cancelled | failed, with the
+  transitions allowed in one table, the progress of a running run and its time left,
+  measured from the run's own throughput (tqdm's smoothed rate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tqdm import tqdm
+
+__all__ = [
+    "Provenance",
+    "ResultView",
+    "result_view",
+    "Phase",
+    "IllegalTransition",
+    "RunLifecycle",
+    "format_duration",
+]
+
+_NAMES = {
+    "image": "the image",
+    "model": "the model",
+    "weights": "the model's weights",
+    "region": "the region",
+    "patch": "the patch size",
+    "stride": "the stride",
+    "mode": "the mode",
+    "colour": "the occluder colour",
+    "label": "the class",
+}
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a heatmap explains; two are equal exactly when they explain the same thing."""
+
+    image: str  # the image's content key (a hash of the picture the model sees)
+    model: str
+    weights: str  # the weights checksum of the model that ran
+    region: tuple[int, int, int, int] | None  # as requested (None: the whole image)
+    patch: int
+    stride: int
+    mode: str
+    colour: tuple[float, float, float]
+    label: int | None  # None: the top class, before the run decides it
+
+    @classmethod
+    def make(cls, **fields) -> "Provenance":
+        """Normalised: a region as a tuple of ints, the colour rounded to 6 places."""
+        region = fields.get("region")
+        fields["region"] = None if not region else tuple(int(v) for v in region)
+        fields["colour"] = tuple(round(float(c), 6) for c in fields["colour"])
+        fields["patch"], fields["stride"] = int(fields["patch"]), int(fields["stride"])
+        label = fields.get("label")
+        fields["label"] = None if label is None else int(label)
+        return cls(**fields)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Provenance":
+        return cls.make(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["region"] = None if self.region is None else list(self.region)
+        data["colour"] = list(self.colour)
+        return data
+
+    def with_label(self, label: int) -> "Provenance":
+        return dataclasses.replace(self, label=int(label))
+
+    def differences(self, other: "Provenance") -> list[str]:
+        """What differs from ``other``, in the page's words ('the image', 'the stride')."""
+        return [
+            _NAMES[f.name]
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+            and not (f.name == "weights" and self.model != other.model)
+        ]
+
+
+@dataclass(frozen=True)
+class ResultView:
+    """Whether the result panel shows the kept result, and if not, why."""
+
+    show: bool
+    reason: str = ""
+
+
+def result_view(result: Provenance | None, screen: Provenance | None) -> ResultView:
+    """The page shows a result only beside what it explains: the same image, model,
+    weights, region, patch, stride, mode, colour and class as on screen."""
+    if result is None:
+        return ResultView(False, "")
+    if screen is None:
+        return ResultView(False, "The last heatmap is hidden: it explained another image.")
+    differ = result.differences(screen)
+    if not differ:
+        return ResultView(True)
+    if "the image" in differ or "the model" in differ or "the model's weights" in differ:
+        what = [d for d in differ if d in ("the image", "the model", "the model's weights")]
+        return ResultView(
+            False,
+            f"The last heatmap is hidden: it explained {_and(what)} that is no longer "
+            f"on screen. Press Run to explain this one.",
+        )
+    return ResultView(
+        False,
+        f"The last heatmap is hidden: {_and(differ)} changed since it was computed. "
+        f"Press Run for these settings, or set them back to see it.",
+    )
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+class Phase(str, Enum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+# Every allowed step; anything else is a bug in the caller.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.IDLE: frozenset({Phase.QUEUED, Phase.CANCELLED, Phase.FAILED}),
+    Phase.QUEUED: frozenset({Phase.RUNNING, Phase.CANCELLED, Phase.FAILED}),
+    Phase.RUNNING: frozenset({Phase.DONE, Phase.CANCELLED, Phase.FAILED}),
+    Phase.DONE: frozenset(),
+    Phase.CANCELLED: frozenset(),
+    Phase.FAILED: frozenset(),
+}
+FINAL = frozenset({Phase.DONE, Phase.CANCELLED, Phase.FAILED})
+
+
+class IllegalTransition(RuntimeError):
+    """A run was asked to move to a phase it cannot reach from its current one."""
+
+
+def format_duration(seconds: float) -> str:
+    """'45 s', '2.5 min', '1.3 h': one unit, chosen by size."""
+    if seconds < 90:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@dataclass
+class RunLifecycle:
+    """One run of the page: its provenance, its phase and, while it runs, its progress
+    and time left (remaining positions ÷ the smoothed rate of the last batches)."""
+
+    provenance: Provenance | None = None
+    phase: Phase = Phase.IDLE
+    history: list[tuple[Phase, float]] = field(default_factory=list)
+    reason: str = ""  # why it was cancelled or failed
+    done: int = 0
+    total: int = 0
+    _meter: tqdm | None = field(default=None, repr=False)
+
+    def advance(self, phase: Phase, reason: str = "") -> None:
+        if phase not in TRANSITIONS[self.phase]:
+            raise IllegalTransition(f"a run cannot go from {self.phase.value} to {phase.value}")
+        self.phase, self.reason = phase, reason
+        self.history.append((phase, time.monotonic()))
+        if phase in FINAL and self._meter is not None:
+            self._meter.close()
+
+    def queue(self) -> None:
+        self.advance(Phase.QUEUED)
+
+    def start(self) -> None:
+        self.advance(Phase.RUNNING)
+        # The clock starts now, so the first batch's time counts. smoothing 0.3: tqdm's
+        # exponential moving average of the recent rate; miniters 1: every batch counts.
+        self._meter = tqdm(
+            total=None, file=io.StringIO(), mininterval=0, miniters=1, smoothing=0.3
+        )
+
+    def finish(self) -> None:
+        self.advance(Phase.DONE)
+
+    def cancel(self, reason: str = "") -> None:
+        self.advance(Phase.CANCELLED, reason)
+
+    def fail(self, reason: str) -> None:
+        self.advance(Phase.FAILED, reason)
+
+    @property
+    def final(self) -> bool:
+        return self.phase in FINAL
+
+    def progress(self, done: int, total: int) -> None:
+        """``done`` of ``total`` positions are computed (``total`` may be revised)."""
+        if self.phase is not Phase.RUNNING:
+            raise IllegalTransition(f"progress reported while {self.phase.value}")
+        assert self._meter is not None  # start() made it
+        if total != self._meter.total:
+            self._meter.total = total
+        if done > self._meter.n:
+            self._meter.update(done - self._meter.n)
+        self.done, self.total = done, total
+
+    def seconds_left(self) -> float | None:
+        """Time to the end at the recent rate; None before two batches were timed."""
+        if self._meter is None or self.done <= 0 or self.final:
+            return None
+        rate = self._meter.format_dict.get("rate")
+        if not rate or self.done >= self.total:
+            return None if not rate else 0.0
+        return (self.total - self.done) / rate
+
+    def status(self) -> str:
+        """'120 of 400 positions · about 35 s left'."""
+        text = f"{self.done} of {self.total} positions"
+        left = self.seconds_left()
+        if left is not None and self.done < self.total:
+            text += f" · about {format_duration(left)} left"
+        return text
