@@ -162,6 +162,20 @@ def loopback(index: int, block: int = 1) -> str:
     return f"127.0.{block}.{index % 250 + 1}"
 
 
+# The page's controls a result's provenance is compared with (webapp/lifecycle.py).
+SCREEN = (
+    "image-store.data",
+    "model.value",
+    "region-store.data",
+    "patch.value",
+    "stride.value",
+    "mode.value",
+    "colour.value",
+    "custom-colour.value",
+    "label.value",
+)
+
+
 class Tab:
     """One browser tab: its own page load (endId) and session id."""
 
@@ -175,6 +189,7 @@ class Tab:
         self.layout = self.http.get(url + "/_dash-layout", timeout=30).json()
         self.session = find(self.layout, "session")["props"]["data"]
         self.callbacks = self.http.get(url + "/_dash-dependencies", timeout=30).json()
+        self.screen: dict = {}  # the controls' values of the last Run
 
     @classmethod
     def at(cls, url: str, address: str, auth=None) -> "Tab":
@@ -238,10 +253,11 @@ class Tab:
         timeout: float = 120,
         poll: bool = True,
         changed: list[str] | None = None,
+        background: bool = False,
     ) -> requests.Response | dict:
         """Post one callback; background callbacks are polled until they answer (the
         final response's JSON is returned as a dict with 'progress' seen on the way)."""
-        spec = self.spec(output_part, values)
+        spec = self.spec(output_part, values, background)
         body = self.payload(spec, values)
         if changed is not None:  # the prop that fired, as the renderer names it
             body["changedPropIds"] = changed
@@ -359,7 +375,20 @@ class Tab:
             "drill-down.value": 0.25,
             "target-speedup.value": 3,
         }
-        return self.call("heatmap-graph.figure", values, timeout=timeout, poll=poll)
+        self.screen = {k: values[k] for k in SCREEN}  # what the page shows while it runs
+        answer = self.call("result-store.data", values, timeout=timeout, poll=poll, background=True)
+        if poll and (answer.get("response") or {}).get("result-store"):
+            # the page's class list then names the class the run explained
+            handle = answer["response"]["result-store"]["data"]
+            self.screen["label.value"] = handle["provenance"]["label"]
+        return answer
+
+    def show(self, handle: dict | None) -> dict:
+        """The result panel's answer for ``handle`` beside what this tab shows."""
+        values = dict(self.screen, **{"result-store.data": handle, "session.data": self.session})
+        response = self.call("result-summary.children", values)
+        assert response.status_code == 200, response.text[:300]
+        return response.json()["response"]
 
     def export(self, fmt: str, handle: dict | None, identity: bool = False) -> requests.Response:
         """Press the download button of ``fmt`` (png, npy, npz, csv, json, dcm)."""
@@ -373,6 +402,7 @@ class Tab:
                 "session.data": self.session,
                 "result-store.data": handle,
                 "dicom-identity.value": ["identity"] if identity else [],
+                **self.screen,
             },
             changed=[button + ".n_clicks"],
         )

@@ -106,7 +106,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
             tab.session = f"made-up-{index}"
             handles.append(tab.run(data, mode="naive", patch=4, stride=2, poll=False))
         time.sleep(3)
-        said = [json.dumps(tab.poll_once("heatmap-graph.figure", h) or {}) for h in handles]
+        said = [json.dumps(tab.poll_once("result-store.data", h) or {}) for h in handles]
         return f"{sum('limit per user' in s for s in said)} of 34 refused"
 
     def foreign_key():

@@ -80,7 +80,7 @@ def report(server: Server, image: Image.Image, args) -> None:
         answer = None
         while time.time() < deadline:
             polled = time.perf_counter()
-            answer = tab.poll_once("heatmap-graph.figure", handles)
+            answer = tab.poll_once("result-store.data", handles)
             light.append(time.perf_counter() - polled)
             if answer is None or "response" in answer:
                 break

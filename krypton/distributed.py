@@ -24,10 +24,12 @@ __all__ = [
     "BATCH_TASK",
     "BrokerError",
     "KeepVisible",
+    "delivery_tag",
     "PREFIX",
     "broker_submit",
     "live_workers",
     "make_celery",
+    "visibility_timeout",
     "register_batch_task",
 ]
 
@@ -35,7 +37,8 @@ PREFIX = "krypton:"  # every key Krypton keeps in Redis starts with this
 BATCH_TASK = "krypton.batch_image"
 # A message invisible this long with nobody refreshing it goes back to the queue. Short,
 # so lost work restarts soon; running tasks refresh theirs every REFRESH_SECONDS.
-VISIBILITY_TIMEOUT = 20.0
+VISIBILITY_TIMEOUT = 20.0  # default; KRYPTON_VISIBILITY_TIMEOUT sets it (seconds, >= 5)
+VISIBILITY_ENV = "KRYPTON_VISIBILITY_TIMEOUT"
 REFRESH_SECONDS = 2.0
 UNACKED_INDEX = "unacked_index"  # kombu's Redis transport: delivery tag -> time sent
 
@@ -44,15 +47,29 @@ class BrokerError(RuntimeError):
     """The broker cannot be used (unreachable, or no worker answers)."""
 
 
-def make_celery(url: str, visibility_timeout: float = VISIBILITY_TIMEOUT) -> Celery:
+def visibility_timeout() -> float:
+    """Seconds an unacknowledged message stays invisible: $KRYPTON_VISIBILITY_TIMEOUT or
+    20; at least 5 (refreshes come every REFRESH_SECONDS)."""
+    value = os.environ.get(VISIBILITY_ENV, "")
+    try:
+        seconds = float(value) if value else VISIBILITY_TIMEOUT
+    except ValueError:
+        raise ValueError(f"{VISIBILITY_ENV} must be a number of seconds, got {value!r}") from None
+    if seconds < 5:
+        raise ValueError(f"{VISIBILITY_ENV} must be at least 5 seconds, got {value!r}")
+    return seconds
+
+
+def make_celery(url: str, visibility: float | None = None) -> Celery:
     """The Celery application the app, the workers and ``krypton batch --broker`` share."""
+    visibility = visibility_timeout() if visibility is None else visibility
     app = Celery("krypton", broker=url, backend=url)
     app.conf.update(
         task_acks_late=True,  # the message stays with the broker until the task ends
         task_reject_on_worker_lost=True,  # ... and goes back if the worker dies
         worker_prefetch_multiplier=1,  # a busy worker does not hold tasks others could take
         broker_transport_options={
-            "visibility_timeout": visibility_timeout,
+            "visibility_timeout": visibility,
             "unacked_restore_interval": 2,  # look for lost messages every 2 s
             "unacked_restore_throttle": 1,
         },
@@ -114,8 +131,14 @@ class KeepVisible:
         self._stop.set()
 
 
-def _task_delivery_tag(task) -> str | None:
-    return ((getattr(task.request, "delivery_info", None) or {}).get("delivery_tag")) or None
+def delivery_tag(request) -> str | None:
+    """The broker's tag of the message a task ``request`` came in. Celery keeps it in the
+    request's message properties: its ``delivery_info`` holds only exchange, routing key,
+    priority and redelivered (reading the tag from there found nothing, so no message was
+    kept invisible and every run longer than the visibility timeout was delivered again)."""
+    properties = getattr(request, "properties", None) or {}
+    info = getattr(request, "delivery_info", None) or {}
+    return properties.get("delivery_tag") or info.get("delivery_tag") or None
 
 
 _models: dict[str, tuple] = {}
@@ -155,7 +178,7 @@ def register_batch_task(app: Celery) -> None:
         frame: int | None,
     ) -> dict:
         """One image of a batch: its row and output files (base64)."""
-        with KeepVisible(client, _task_delivery_tag(task)):
+        with KeepVisible(client, delivery_tag(task.request)):
             model, found = _worker_model(model_name)
             if found != checksum:
                 return {

@@ -38,7 +38,6 @@ __all__ = [
     "estimate",
     "record_run",
     "logged_runs",
-    "measured_seconds",
     "runtime_log_path",
     "estimate_for_counts",
 ]
@@ -320,8 +319,11 @@ def record_run(
             handle.write(line + "\n")
 
 
-def logged_runs(model_name: str, mode: str, patch: int, path: Path | None = None) -> list[dict]:
-    """The most recent logged runs of (model, mode, patch), oldest first."""
+def logged_runs(
+    model_name: str, mode: str | None, patch: int, path: Path | None = None
+) -> list[dict]:
+    """The most recent logged runs of (model, mode, patch), oldest first (``mode`` None:
+    every mode)."""
     path = path or runtime_log_path()
     if not path.exists():
         return []
@@ -334,11 +336,29 @@ def logged_runs(model_name: str, mode: str, patch: int, path: Path | None = None
                 continue  # a line cut short by a crash
             if (
                 row.get("model") == model_name
-                and row.get("mode") == mode
+                and (mode is None or row.get("mode") == mode)
                 and row.get("patch") == patch
             ):
                 rows.append(row)
     return rows[-RECENT_RUNS:]
+
+
+MIN_SPREAD = 1.15  # the narrowest range: ± 15 % (timing noise on an idle host)
+# seconds either way on top: a run's fixed costs (loading, preprocessing, the picture)
+# jitter by a few tenths of a second on a shared host, which dominates short runs
+ABSOLUTE_SLACK = 0.3
+HOST_RUNS = 10  # recent runs that show how this host compares with the calibration
+
+
+def _ratio_range(
+    seconds: float, factor: float, ratios: Sequence[float] = ()
+) -> tuple[float, float]:
+    """(low, high) around ``seconds``: a factor either way (never negative), widened to
+    cover every ratio of actual to predicted time in ``ratios``."""
+    low, high = seconds / factor, seconds * factor
+    if len(ratios):
+        low, high = min(low, seconds * min(ratios)), max(high, seconds * max(ratios))
+    return max(low - ABSOLUTE_SLACK, 0.0), high + ABSOLUTE_SLACK
 
 
 def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> Estimate | None:
@@ -347,17 +367,13 @@ def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> Estimate |
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
     regression = LinearRegression(positive=True).fit(features, seconds)
-    predicted = float(regression.predict([_features(mode, counts)])[0])
-    fitted = regression.predict(features)
-    spread = float(np.quantile(np.abs(fitted - seconds) / np.maximum(seconds, 1e-3), 0.9))
-    spread = max(spread, 0.1)
-    predicted = max(predicted, 0.0)
-    return Estimate(
-        predicted,
-        predicted * (1 - spread),
-        predicted * (1 + spread),
-        f"this host's last {len(rows)} runs",
-    )
+    predicted = max(float(regression.predict([_features(mode, counts)])[0]), 1e-3)
+    fitted = np.maximum(regression.predict(features), 1e-3)
+    # the spread of the recent runs around the fit, as a ratio (90th percentile)
+    log_errors = np.abs(np.log(np.maximum(seconds, 1e-3) / fitted))
+    factor = max(float(np.exp(np.quantile(log_errors, 0.9))), MIN_SPREAD)
+    low, high = _ratio_range(predicted, factor)
+    return Estimate(predicted, low, high, f"this host's last {len(rows)} runs")
 
 
 def estimate(
@@ -411,20 +427,25 @@ def estimate_for_counts(
         .get("held_out_median_abs_error_percent")
         or 25.0
     ) / 100
-    spread = max(2 * error, 0.1)  # the median error, doubled: most runs fall inside
-    return Estimate(
-        seconds,
-        seconds * (1 - spread),
-        seconds * (1 + spread),
-        f"calibration ({calibration.get('date', 'undated')})",
-    )
-
-
-def measured_seconds(
-    model_name: str, mode: str, patch: int, counts: tuple[int, int], path: Path | None = None
-) -> float | None:
-    """Seconds of the latest logged run with exactly these settings' position counts."""
-    for row in reversed(logged_runs(model_name, mode, patch, path)):
-        if (row["stage_one"], row["stage_two"]) == tuple(counts):
-            return float(row["seconds"])
-    return None
+    # This host's recent runs of this mode against the calibration's prediction for them:
+    # their median ratio corrects the estimate (the load or the machine changed since),
+    # and the range widens to cover their spread. Then the median error, doubled.
+    ratios = []
+    for row in logged_runs(model_name, mode, patch, log_path)[-HOST_RUNS:]:
+        try:
+            predicted = _calibrated_seconds(
+                entry, model_name, row["mode"], patch, (row["stage_one"], row["stage_two"])
+            )
+        except NotCalibratedError:
+            continue
+        if predicted > 0:
+            ratios.append(row["seconds"] / predicted)
+    source = f"calibration ({calibration.get('date', 'undated')})"
+    if ratios:
+        host = float(np.median(ratios))
+        seconds *= host
+        ratios = [r / host for r in ratios]
+        runs = f"{len(ratios)} recent run{'s' * (len(ratios) > 1)}"
+        source += f", scaled by {host:.2f} and widened by this host's {runs}"
+    low, high = _ratio_range(seconds, max(1 + 2 * error, MIN_SPREAD), ratios)
+    return Estimate(seconds, low, high, source)

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton.estimator import estimate, record_run
+from krypton.estimator import estimate, estimate_for_counts, record_run
 from krypton.fundus import FundusGenerator
 from webapp import runs
 from webapp.callbacks import Services
@@ -197,3 +197,33 @@ def test_modes_that_need_capture_are_refused_for_untraceable_models(services, tm
         lambda *a: None,
     )
     assert naive["evaluated"] == 49
+
+
+def test_estimate_ranges_are_never_negative_in_one_unit_and_widen_with_this_hosts_runs(
+    krypton_home,
+):
+    # the page once showed "4.3 min (-478.4 s–16.5 min)"
+    assert runs.estimate_text({"seconds": 258, "low": -478.4, "high": 990}) == (
+        "4.3 min (0.0–16.5 min)"
+    )
+    assert runs.estimate_text({"seconds": 50, "low": 40, "high": 120}) == "0.8 min (0.7–2.0 min)"
+    # runs scattered tenfold around the fit: a wide range, still above zero
+    for positions, seconds in ((100, 0.2), (200, 8.0), (400, 1.0), (300, 12.0), (150, 0.3)):
+        record_run("fundus-demo", "naive", 16, (positions, 0), seconds)
+    scattered = estimate("fundus-demo", patch=16, stride=8, mode="naive")
+    assert scattered.source.startswith("this host's last 5 runs")
+    assert 0 < scattered.low < scattered.seconds < scattered.high
+
+
+def test_estimates_follow_this_hosts_pace_when_it_disagrees_with_the_calibration(krypton_home):
+    # two runs that took 5x the calibration's prediction: too few to refit, but the
+    # range widens to cover them
+    calibrated = estimate("fundus-demo", patch=16, stride=8, mode="exact")
+    slow = {n: 5 * estimate_for_counts("fundus-demo", "exact", 16, (n, 0)).seconds
+            for n in (100, 200)}  # fmt: skip
+    for positions, seconds in slow.items():
+        record_run("fundus-demo", "exact", 16, (positions, 0), seconds)
+    widened = estimate("fundus-demo", patch=16, stride=8, mode="exact")
+    assert "scaled by 5.00 and widened by this host's 2 recent runs" in widened.source
+    assert widened.seconds > 3 * calibrated.seconds  # scaled to this host's pace
+    assert widened.low <= widened.seconds <= widened.high and widened.low > 0

@@ -118,7 +118,7 @@ def test_two_sessions_run_concurrently_on_different_workers(team):
             seen_together = set(holders.values())
         for i, (tab, handle) in enumerate(zip(tabs, handles)):
             if finished[i] is None:
-                data = tab.poll_once("heatmap-graph.figure", handle)
+                data = tab.poll_once("result-store.data", handle)
                 if data is not None and "response" in data:
                     finished[i] = data["response"]
         time.sleep(0.2)
@@ -142,7 +142,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     deadline = time.time() + 120
     progress_seen = []
     while victim is None and time.time() < deadline:
-        data = tab.poll_once("heatmap-graph.figure", handles)
+        data = tab.poll_once("result-store.data", handles)
         if data and "progress" in data:
             progress_seen.append(data["progress"]["live-status.children"])
         holders = _lease_holders(team)
@@ -155,7 +155,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     assert victim is not None, f"the run did not start: {progress_seen[-3:]}"
     team.cluster.kill_worker(victim)
     survivor = next(iter(team.cluster.workers))
-    response = tab.poll("heatmap-graph.figure", handles, timeout=600)["response"]
+    response = tab.poll("result-store.data", handles, timeout=600)["response"]
     assert response is not None and response["message"]["children"] == ""
     result = team.result(tab.session)
     assert result["reused"] >= 240, "the redelivered job did not resume from the cell cache"
@@ -212,13 +212,13 @@ def test_cancel_stops_a_running_job(team):
     handles = tab.run(image, stride=2, poll=False)  # long: 10,609 positions
     deadline = time.time() + 120
     while not _lease_holders(team) and time.time() < deadline:
-        tab.poll_once("heatmap-graph.figure", handles)
+        tab.poll_once("result-store.data", handles)
         time.sleep(0.3)
     assert _lease_holders(team)
     # the page's Cancel: the renderer names the job to terminate on its next request
     tab.http.post(
         f"{tab.url}/_dash-update-component",
-        json=tab.payload(tab.spec("heatmap-graph.figure", background=True), {}),
+        json=tab.payload(tab.spec("result-store.data", background=True), {}),
         params={
             "endId": tab.end_id,
             "cacheKey": handles["cacheKey"],

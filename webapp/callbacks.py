@@ -8,7 +8,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import plotly.graph_objects as go
 import torch
@@ -29,15 +29,17 @@ from .guard import CLIENT_HEADER
 from .helpers import InputError
 from . import runs
 from .jobs import JobCancelled, JobQueue, QueueFull, check_cancelled, running_as
+from .lifecycle import Provenance, RunLifecycle, result_view
 from .model_panel import register_model_panel
 from .layout import DICOM_SAMPLES, mode_options, patch_options, placeholder_figure, sample_path
 from .settings import ServerSettings
 from .uploads import UploadStore
 
 LIVE_UPDATE_SECONDS = 0.3
-# The Run callback's outputs: figure, result handle, summary, message (team mode's
-# manager answers with a message alone when the queue or the workers are gone).
-RUN_OUTPUTS, RUN_MESSAGE_OUTPUT = 4, 3
+# The Run callback's outputs: the result's handle and the message (team mode's manager
+# answers with a message alone when the queue or the workers are gone). The result panel
+# draws a handle only beside what it explains (show_result).
+RUN_OUTPUTS, RUN_MESSAGE_OUTPUT = 2, 1
 NO_RESULT = "Press Run to compute the heatmap"
 DROPPED_RESULT = (
     "This heatmap is no longer kept on the server (results are kept within "
@@ -80,7 +82,7 @@ class Services:
         self._lock = threading.Lock()
 
     @contextmanager
-    def job(self, report_wait: Callable[[str], None]) -> Iterator[None]:
+    def job(self) -> Iterator[None]:
         """Around a run: nothing in embedded mode (the thread manager tracks the job); in
         team mode, inside a Celery worker, the job's lease (cancel, abandoned page, and
         the broker message kept from redelivery while this worker is alive)."""
@@ -92,15 +94,14 @@ class Services:
         if request is None or not getattr(request, "id", None):
             yield
             return
+        from krypton.distributed import delivery_tag
+
         from .team import JobLease
 
         lease = JobLease(
-            self.team.client,
-            request.id,
-            (request.delivery_info or {}).get("delivery_tag"),
-            self.settings.abandon_seconds,
+            self.team.client, request.id, delivery_tag(request), self.settings.abandon_seconds
         )
-        lease.wait_for_other_holder(report_wait)
+        lease.wait_for_other_holder()
         with lease, running_as(lease):
             yield
 
@@ -146,6 +147,19 @@ class Services:
             except krypton.UnsupportedModelError as exc:
                 with CAPTURE_LOCK.shared():
                     return self.model(name).module(tensor.unsqueeze(0)), str(exc)
+
+
+# What a result's provenance is compared with: the page's image, model and settings.
+SCREEN_INPUTS = [
+    Input("image-store", "data"),
+    Input("model", "value"),
+    Input("region-store", "data"),
+    Input("patch", "value"),
+    Input("stride", "value"),
+    Input("mode", "value"),
+    Input("colour", "value"),
+    Input("custom-colour", "value"),
+]
 
 
 def waiting_progress(text: str) -> list:
@@ -325,27 +339,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         )
 
     @app.callback(
-        Output("heatmap-graph", "figure", allow_duplicate=True),
-        Output("message", "children", allow_duplicate=True),
-        Input("overlay-store", "data"),
-        State("session", "data"),
-        State("result-store", "data"),
-        prevent_initial_call=True,
-    )
-    def restyle(overlay, session, handle):
-        """Opacity, threshold, view or scale changed: the same result, drawn again."""
-        try:
-            result = services.results.get(session)
-        except InputError as exc:  # team mode: Redis is away
-            return no_update, str(exc)
-        if not handle or result is None or result["id"] != handle.get("id"):
-            raise PreventUpdate
-        try:
-            return _result_figure(result, overlay), ""
-        except InputError as exc:
-            return no_update, str(exc)
-
-    @app.callback(
         Output("region-store", "data", allow_duplicate=True),
         Input("image-graph", "selectedData"),
         Input("reset-region", "n_clicks"),
@@ -399,9 +392,10 @@ def register_callbacks(app, manager, services: Services) -> None:
         Input("image-store", "data"),
         Input("model", "value"),
         State("mode", "value"),
+        State("run", "disabled"),
         prevent_initial_call="initial_duplicate",
     )
-    def predict(image_data, model_name, mode):
+    def predict(image_data, model_name, mode, running):
         try:
             loaded = services.model(model_name)
         except InputError as exc:
@@ -438,7 +432,12 @@ def register_callbacks(app, manager, services: Services) -> None:
             if capture_error is None
             else f"Only naive mode works for this model: {capture_error}"
         )
-        message = " ".join(part for part in (warning, message) if part)
+        stopped = (
+            "The run in progress explained the previous image or model, so it was stopped."
+            if running and ctx.triggered_id in ("image-store", "model")
+            else ""
+        )
+        message = " ".join(part for part in (stopped, warning, message) if part)
         traceable = capture_error is None
         return (
             {"top5": top5, "model": model_name, "image": image_data["key"]},
@@ -503,9 +502,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         return text
 
     @app.callback(
-        Output("heatmap-graph", "figure"),
         Output("result-store", "data"),
-        Output("result-summary", "children"),
         Output("message", "children", allow_duplicate=True),
         Input("run", "n_clicks"),
         State("session", "data"),
@@ -533,7 +530,9 @@ def register_callbacks(app, manager, services: Services) -> None:
             (Output("result-panel-body", "style"), {"display": "none"}, {"display": "block"}),
             (Output("live-panel", "style"), {"display": "block"}, {"display": "none"}),
         ],
-        cancel=[Input("cancel", "n_clicks")],
+        # A new image or model stops the run that explains the old one (Dash cancels a
+        # background job when any of these inputs changes).
+        cancel=[Input("cancel", "n_clicks"), Input("image-store", "data"), Input("model", "value")],
         progress=[
             Output("progress", "value"),
             Output("progress", "max"),
@@ -567,6 +566,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         if not n_clicks:
             raise PreventUpdate
         session = str(session or "")
+        lifecycle = RunLifecycle()
 
         def waiting(ahead: int) -> None:
             check_cancelled()
@@ -596,38 +596,46 @@ def register_callbacks(app, manager, services: Services) -> None:
             style = helpers.overlay_style(overlay)
             shown = helpers.model_view(services.images.get(request.image_key), loaded.input_size)
             client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
-            with services.job(lambda text: set_progress(("0", "1", _empty_figure(text), text))):
-                with services.jobs.slot(session, waiting, client):
-                    result = runs.execute(
-                        services, session, request, _live_reporter(set_progress, shown, style)
-                    )
+            lifecycle.queue()
+            with services.job(), services.jobs.slot(session, waiting, client):
+                lifecycle.start()
+                reporter = _live_reporter(set_progress, shown, style, lifecycle)
+                result = runs.execute(services, session, request, reporter)
+            lifecycle.finish()
         except QueueFull as exc:
-            return no_update, no_update, no_update, str(exc)
+            lifecycle.fail(str(exc))
+            return no_update, str(exc)
         except JobCancelled:
+            lifecycle.cancel("cancelled")
             raise PreventUpdate
         except (InputError, ValueError) as exc:
-            return no_update, no_update, no_update, str(exc)
+            lifecycle.fail(str(exc))
+            return no_update, str(exc)
         except Exception as exc:  # keep serving; say what happened instead of hanging
             logger.exception("run failed")
+            lifecycle.fail(repr(exc))
             return (
-                no_update,
-                no_update,
                 no_update,
                 f"The run failed unexpectedly ({type(exc).__name__}: {exc}); see the server log.",
             )
-        figure = _result_figure(result, overlay)
-        # The browser holds only a handle; exports and refinement read the server's copy.
-        return figure, {"id": result["id"]}, _summary(result), ""
+        # The browser holds only a handle; the picture, exports and refinement read the
+        # server's copy, and the result panel shows it only beside what it explains.
+        return {"id": result["id"], "provenance": result["provenance"]}, ""
 
-    def _live_reporter(set_progress, shown, style) -> runs.Reporter:
-        """Progress to the page: the bar, the count and the live picture. Every update
-        carries the latest picture (a progress output cannot be left unchanged: Dash
-        would blank it), rebuilt when new values arrive, at most every
-        LIVE_UPDATE_SECONDS."""
+    def _live_reporter(set_progress, shown, style, lifecycle: RunLifecycle) -> runs.Reporter:
+        """Progress to the page: the bar, the count, the time left and the live picture.
+        Every update carries the latest picture (a progress output cannot be left
+        unchanged: Dash would blank it), rebuilt when new values arrive, at most every
+        LIVE_UPDATE_SECONDS. A picture without a count (approximate mode's coarse picture)
+        keeps the last count, so the bar never jumps back."""
         state = {"figure": _empty_figure("Computing the first positions…"), "sent": 0.0}
+        planned: dict[str, int] = {}
 
         def report(done: int, total: int, partial: runs.Partial | None = None) -> None:
             check_cancelled()
+            if total:
+                planned.setdefault("total", total)
+                lifecycle.progress(done, total)
             now = time.perf_counter()
             if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
                 return
@@ -643,29 +651,34 @@ def register_callbacks(app, manager, services: Services) -> None:
                     style,
                 )
             state["sent"] = now
-            status = f"{done} of {total} positions" if total else "coarse picture ready"
-            set_progress((str(done), str(max(total, 1)), state["figure"], status))
+            status = lifecycle.status() if lifecycle.total else "coarse picture ready"
+            if lifecycle.total and lifecycle.total != planned.get("total"):
+                status += (
+                    f" (planned {planned['total']}; stage one chose which blocks to refine, "
+                    f"so the count was revised)"
+                )
+            bar = (str(lifecycle.done), str(max(lifecycle.total, 1)))
+            set_progress((*bar, state["figure"], status))
 
         return report
 
     @app.callback(
-        Output("heatmap-graph", "figure", allow_duplicate=True),
-        Output("result-summary", "children", allow_duplicate=True),
+        Output("result-store", "data", allow_duplicate=True),
         Output("message", "children", allow_duplicate=True),
         Input("label", "value"),
         State("session", "data"),
         State("result-store", "data"),
-        State("overlay-store", "data"),
         prevent_initial_call=True,
     )
-    def recolour(label, session, handle, overlay):
-        """Another class of the same run: re-coloured at once, nothing recomputed."""
+    def recolour(label, session, handle):
+        """Another class of the same run: re-coloured at once, nothing recomputed (the
+        result panel redraws from the new handle)."""
         try:
             result = services.results.get(session)
         except InputError as exc:  # team mode: Redis is away
-            return no_update, no_update, str(exc)
+            return no_update, str(exc)
         if label is not None and handle and result is None and services.results.dropped(session):
-            return no_update, no_update, DROPPED_RESULT
+            return no_update, DROPPED_RESULT
         if (
             label is None
             or not handle
@@ -678,37 +691,79 @@ def register_callbacks(app, manager, services: Services) -> None:
             result = runs.relabel(result, int(label))
             services.results.put(session, result)
         except InputError as exc:
-            return no_update, no_update, str(exc)
-        return _result_figure(result, overlay), _summary(result), ""
+            # the panel hides the heatmap: the class on screen is not the one it explains
+            return dict(handle, refused=int(label)), str(exc)
+        return {"id": result["id"], "provenance": result["provenance"]}, ""
 
     @app.callback(
-        Output("heatmap-graph", "figure", allow_duplicate=True),
-        Output("result-summary", "children", allow_duplicate=True),
-        Output("result-store", "data", allow_duplicate=True),
+        Output("heatmap-graph", "figure"),
+        Output("result-summary", "children"),
+        Output({"type": "export", "format": ALL}, "disabled"),
+        Output("dicom-identity", "style"),
+        Input("result-store", "data"),
+        Input("overlay-store", "data"),
+        *SCREEN_INPUTS,
+        State("label", "value"),
+        State("session", "data"),
+        State({"type": "export", "format": ALL}, "id"),
+    )
+    def show_result(handle, overlay, *screen_and_states):
+        """The result panel: the kept result, its line and its downloads, only while
+        what is on screen is what it explains (webapp.lifecycle.result_view)."""
+        *screen, label, session, buttons = screen_and_states
+        none = [True] * len(buttons), {"display": "none"}
+        try:
+            result = services.results.get(session) if handle else None
+        except InputError as exc:  # team mode: Redis is away
+            return _empty_figure(str(exc)), "", *none
+        if result is None or result["id"] != handle.get("id"):
+            if handle and services.results.dropped(session):
+                return _empty_figure(DROPPED_RESULT), "", *none
+            return _empty_figure(NO_RESULT), "", *none
+        view = result_view(
+            Provenance.from_dict(result["provenance"]), _screen_provenance(*screen, label)
+        )
+        if not view.show:
+            return _empty_figure(view.reason), html.P(view.reason, className="warning"), *none
+        try:
+            figure = _result_figure(result, overlay)
+        except InputError as exc:
+            return _empty_figure(str(exc)), "", *none
+        is_dicom = bool(result.get("dicom"))
+        disabled = [button["format"] == "dcm" and not is_dicom for button in buttons]
+        return figure, _summary(result), disabled, {"display": "block" if is_dicom else "none"}
+
+    def _screen_provenance(
+        image_data, model_name, region, patch, stride, mode, colour, custom, label
+    ) -> Provenance | None:
+        """What the page shows now, as a run's provenance (None: nothing runnable)."""
+        try:
+            return Provenance.make(
+                image=(image_data or {})["key"],
+                model=model_name,
+                weights=services.weights_checksum(model_name),
+                region=region,
+                patch=patch,
+                stride=stride,
+                mode=mode,
+                colour=helpers.parse_colour(colour, custom),
+                label=label,
+            )
+        except (InputError, KeyError, TypeError, ValueError):
+            return None
+
+    # A new image or model: the live picture of the run it stops goes at once, in the
+    # browser, before any answer from the server.
+    app.clientside_callback(
+        """function(image, model) {
+            return [{"display": "none"}, {"display": "block"}];
+        }""",
+        Output("live-panel", "style", allow_duplicate=True),
+        Output("result-panel-body", "style", allow_duplicate=True),
         Input("image-store", "data"),
         Input("model", "value"),
         prevent_initial_call=True,
     )
-    def clear_result(image_data, model_name):
-        """A new image or model: the old heatmap, summary and downloads go."""
-        return _empty_figure(NO_RESULT), "", None
-
-    @app.callback(
-        Output({"type": "export", "format": ALL}, "disabled"),
-        Output("dicom-identity", "style"),
-        Input("result-store", "data"),
-        State("session", "data"),
-        State({"type": "export", "format": ALL}, "id"),
-    )
-    def enable_exports(handle, session, buttons):
-        """Downloads once there is a result; the DICOM one only for a DICOM image."""
-        result = services.results.get(session) if handle else None
-        current = result is not None and result["id"] == handle.get("id")
-        is_dicom = current and bool(result.get("dicom"))
-        disabled = [
-            not handle or (button["format"] == "dcm" and not is_dicom) for button in buttons
-        ]
-        return disabled, {"display": "block"} if is_dicom else {"display": "none"}
 
     @app.callback(
         Output("message", "children", allow_duplicate=True),
@@ -740,9 +795,11 @@ def register_callbacks(app, manager, services: Services) -> None:
         State("result-store", "data"),
         State("overlay-store", "data"),
         State("dicom-identity", "value"),
+        *[State(i.component_id, i.component_property) for i in SCREEN_INPUTS],
+        State("label", "value"),
         prevent_initial_call=True,
     )
-    def export(clicks, session, handle, overlay, identity):
+    def export(clicks, session, handle, overlay, identity, *screen):
         if not any(clicks or []) or not isinstance(handle, dict):
             raise PreventUpdate
         result = services.results.get(session)
@@ -750,6 +807,9 @@ def register_callbacks(app, manager, services: Services) -> None:
             return no_update, DROPPED_RESULT
         if result is None or result["id"] != handle.get("id"):
             raise PreventUpdate  # not this tab's current result
+        view = result_view(Provenance.from_dict(result["provenance"]), _screen_provenance(*screen))
+        if not view.show:
+            return no_update, view.reason
         fmt = ctx.triggered_id["format"]
         stem = helpers.export_stem(result)
         try:

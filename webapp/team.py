@@ -29,6 +29,7 @@ import functools
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import socket
@@ -44,7 +45,13 @@ from PIL import Image
 
 import redis
 
-from krypton.distributed import PREFIX, VISIBILITY_TIMEOUT, KeepVisible, live_workers, make_celery
+from krypton.distributed import (
+    PREFIX,
+    KeepVisible,
+    live_workers,
+    make_celery,
+    visibility_timeout,
+)
 
 from .helpers import InputError, check_stored_key, image_key, owner_tag, reduced_for_storage
 from .settings import BROKER_ENV
@@ -63,6 +70,7 @@ __all__ = [
     "unavailable_message",
 ]
 
+logger = logging.getLogger("krypton.team")
 WORKER_BEACON_SECONDS = 10.0  # a worker that has not said so for this long is gone
 STATE_TTL = 24 * 3600  # images, results and cells are kept a day after their last use
 
@@ -129,18 +137,27 @@ class JobLease:
         self._reason: str | None = None
         self._checked = 0.0
 
-    def wait_for_other_holder(self, report: Callable[[str], None]) -> None:
+    def wait_for_other_holder(self) -> None:
         """A redelivered job whose first worker is still alive (it kept its lease) waits
-        for it to finish or to vanish, instead of computing the same run twice."""
+        for it to finish or to vanish, instead of computing the same run twice. It waits
+        silently: the page shows the running worker's progress, not this wait (it says
+        so in this worker's log)."""
+        said = False
         while True:
             holder = self.client.get(PREFIX + "lease:" + self.job)
             if holder is None or holder.decode() == self.worker:
                 return
-            report(f"Another worker ({holder.decode()}) is still running this job; waiting")
+            if not said:
+                logger.warning(
+                    "job %s was delivered again while %s still runs it; waiting for it",
+                    self.job,
+                    holder.decode(),
+                )
+                said = True
             time.sleep(1.0)
 
     def _hold(self, pipe) -> None:
-        pipe.set(PREFIX + "lease:" + self.job, self.worker, ex=int(VISIBILITY_TIMEOUT))
+        pipe.set(PREFIX + "lease:" + self.job, self.worker, ex=int(visibility_timeout()))
 
     def __enter__(self) -> "JobLease":
         self._keeper = KeepVisible(self.client, self.delivery_tag, also=self._hold).__enter__()

@@ -124,7 +124,8 @@ def test_user_text_is_escaped_in_plotly_titles(server, tmp_path):
     image = tab.upload_image(FUNDUS)
     tab.predict(image, "xss")
     result = tab.run(image, "xss", patch=32, stride=32, region=[0, 0, 32, 32])
-    title = result["response"]["heatmap-graph"]["figure"]["layout"]["title"]["text"]
+    shown = tab.show(result["response"]["result-store"]["data"])
+    title = shown["heatmap-graph"]["figure"]["layout"]["title"]["text"]
     assert "<" not in title and "&lt;a href=" in title
 
 
@@ -240,7 +241,7 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
 
         def page_polls():
             while watching.is_set():
-                first.poll_once("heatmap-graph.figure", handles)
+                first.poll_once("result-store.data", handles)
                 time.sleep(0.5)
 
         poller = threading.Thread(target=page_polls)
@@ -252,7 +253,7 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
             # another tab waits in line and sees its place
             queued_handles = second.run(image, mode="exact", region=[0, 0, 32, 32], poll=False)
             time.sleep(2.5)
-            status = second.poll_once("heatmap-graph.figure", queued_handles)
+            status = second.poll_once("result-store.data", queued_handles)
             assert status["progress"]["live-status.children"].startswith("Queued: 1 run ahead"), (
                 status
             )
@@ -260,7 +261,7 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
             watching.clear()  # the first page goes away
             poller.join()
         stopped = time.time()
-        queued = second.poll("heatmap-graph.figure", queued_handles, timeout=60)
+        queued = second.poll("result-store.data", queued_handles, timeout=60)
         assert "result-store" in queued["response"]
         assert time.time() - stopped < 20  # abandoned 3 s after its last poll
         busy = server.cpu_seconds()
@@ -321,7 +322,7 @@ def test_a_run_is_unharmed_by_another_tab_capturing_a_model(server, registry, tm
     handles = runner.run(image, mode="naive", stride=4, poll=False)
     for index in range(3):  # first loads (captures) while the naive run is going
         loader.predict(image, f"other{index}")
-    result = runner.poll("heatmap-graph.figure", handles, timeout=180)
+    result = runner.poll("result-store.data", handles, timeout=180)
     summary = json.dumps(result["response"])
     assert "failed" not in summary and "result-store" in result["response"]
 

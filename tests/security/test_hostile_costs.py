@@ -218,7 +218,7 @@ def test_kept_results_and_cells_are_bounded_by_bytes(tmp_path, shipped_models):
         answer = tabs[0].export("npy", handles[0])
         assert "no longer kept on the server" in message_of(answer)
         relabel = tabs[4].call(
-            "heatmap-graph.figure",
+            "result-store.data",
             {"label.value": 7, "session.data": tabs[4].session, "result-store.data": handles[4]},
         )
         assert "were not kept" in message_of(relabel)  # per-class values over half the budget
@@ -292,14 +292,14 @@ def test_one_client_cannot_take_every_run_slot(tmp_path, shipped_models):
         assert_cheap(cost, "34 made-up sessions")
         refused = 0
         for handles in answers:
-            status = attacker.poll_once("heatmap-graph.figure", handles) or {}
+            status = attacker.poll_once("result-store.data", handles) or {}
             refused += "limit per user is 4" in json.dumps(status)
         assert refused == 30
         other = Tab.at(server.url, "127.0.0.2")  # another client: another address
         mine = other.upload_image(FUNDUS)
         handles = other.run(mine, mode="exact", region=[0, 0, 32, 32], poll=False)
         time.sleep(2.0)
-        status = json.dumps(other.poll_once("heatmap-graph.figure", handles) or {})
+        status = json.dumps(other.poll_once("result-store.data", handles) or {})
         assert "server is busy" not in status and "limit per user" not in status, status
     finally:
         server.stop()
