@@ -54,10 +54,7 @@ def one_pass(count: int, label: str) -> float:
         image = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=2).image)
         key = services.images.put(image)
         print(f"\n{label}")
-        print(
-            f"{'run':>3}  {'mode':<11} {'stride':>6} {'region':<20} {'shown':<26} "
-            f"actual  inside"
-        )
+        print(f"{'run':>3}  {'mode':<11} {'stride':>6} {'region':<20} {'shown':<26} actual  inside")
         for number, chosen in enumerate(settings(count), 1):
             request = runs.RunRequest(
                 image_key=key, image_name="bench.png", model="fundus-demo", patch=16,

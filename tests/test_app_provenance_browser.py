@@ -48,7 +48,9 @@ def test_a_new_image_mid_run_never_sits_beside_the_old_runs_results(dash_duo, kr
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     report = []
-    for mode, short, stride in (("exact", "16", "8"), ("naive", "16", "8"), ("approximate", "8", "4")):
+    # per mode: the stride of a finished run, then of a longer one (on a finer grid)
+    plans = (("exact", "16", "8"), ("naive", "16", "8"), ("approximate", "8", "4"))
+    for mode, short, stride in plans:
         first_image = load_first_image(dash_duo)
         dash_duo.find_element(f"#mode input[value='{mode}']").click()
         # a finished result of the first image, downloads enabled ...

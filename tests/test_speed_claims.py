@@ -27,9 +27,7 @@ REGION = (0, 0, 128, 128)  # 15 × 15 positions at patch 16, stride 8
 @pytest.fixture
 def neighbour():
     """Two processes burning a core each, as a busy colleague's job would."""
-    burners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)
-    ]
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     yield
     for burner in burners:
         burner.kill()
@@ -44,9 +42,7 @@ def _direction(line: str) -> str | None:
     return None
 
 
-def test_claims_under_a_cpu_burning_neighbour_match_the_same_runs_timing(
-    tmp_path, neighbour
-):
+def test_claims_under_a_cpu_burning_neighbour_match_the_same_runs_timing(tmp_path, neighbour):
     services = Services(tmp_path / "cache")
     key = services.images.put(IMAGE)
     # a naive run "measured on this host" at another time: 1 ms for all 225 positions

@@ -36,6 +36,9 @@ pytestmark = [
 ]
 
 
+VISIBILITY_SECONDS = 5
+
+
 class TeamCluster:
     """The cluster plus the app's URL, restarting workers a test took away."""
 
@@ -43,7 +46,13 @@ class TeamCluster:
         self.cluster = Cluster(
             folder,
             free_port(),
-            env={"KRYPTON_NO_WORKER_SECONDS": "6", "KRYPTON_HOME": str(folder / "home")},
+            env={
+                "KRYPTON_NO_WORKER_SECONDS": "6",
+                "KRYPTON_HOME": str(folder / "home"),
+                # shorter than every long run here: a message the running worker failed
+                # to keep invisible would be delivered again within the run
+                "KRYPTON_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS),
+            },
             torch_threads=1,
         )
         self.cluster.start_redis()
@@ -66,6 +75,13 @@ class TeamCluster:
             return None
         pid = int(holder.decode().rsplit(":", 1)[1])
         return next((n for n, p in self.cluster.workers.items() if p.pid == pid), None)
+
+    def deliveries(self, job: str) -> int:
+        """How many times any worker received the task ``job`` (Celery logs each)."""
+        return sum(
+            self.cluster.log_text(f"worker-{name}").count(f"[{job.split('~')[0]}] received")
+            for name in self.names
+        )
 
     def result(self, session: str) -> dict:
         return RedisResultStore(self.redis, self.cluster.url).get(session)
@@ -161,6 +177,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     assert result["reused"] >= 240, "the redelivered job did not resume from the cell cache"
     log = team.cluster.log_text(f"worker-{survivor}")
     assert "succeeded" in log
+    assert team.deliveries(handles["job"]) == 2, "delivered to the victim, then once more"
 
     # the same run, uninterrupted, in this process (embedded mode)
     services = Services(tmp_path / "embedded")
@@ -173,6 +190,39 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     reference = runs.execute(services, "reference", request, lambda *a: None)
     np.testing.assert_allclose(result["values"], reference["values"], rtol=0, atol=1e-6)
     team.ensure_workers()
+
+
+def _has_picture(progress: dict) -> bool:
+    figure = progress.get("live-graph.figure") or {}
+    return any(trace.get("type") == "heatmap" for trace in figure.get("data", []))
+
+
+def test_a_run_longer_than_the_visibility_timeout_is_delivered_once(team):
+    """Last round a second worker received the same run ~20 s in and a third after it
+    ended, and the live panel flipped between the heatmap and 'Another worker is still
+    running this job; waiting'. With a 5 s visibility timeout and a run of about a
+    minute: one delivery, and a picture in the live panel at every poll after the first."""
+    team.ensure_workers()
+    tab = Tab(team.url)
+    image = tab.upload_image(_image(25), "once.png")
+    handles = tab.run(image, stride=2, region=[0, 0, 112, 112], poll=False)  # 2,401 positions
+    started, first, samples, response = time.time(), None, [], None
+    while response is None and time.time() - started < 400:
+        data = tab.poll_once("result-store.data", handles) or {}
+        progress = data.get("progress") or {}
+        if first is None and _has_picture(progress):
+            first = time.time() - started
+        elif first is not None and progress:
+            samples.append(_has_picture(progress))
+        response = data.get("response")
+        time.sleep(0.3)
+    seconds = time.time() - started
+    assert response is not None, "the run did not finish"
+    assert seconds > 6 * VISIBILITY_SECONDS, f"the run took {seconds:.0f} s: make it longer"
+    assert team.deliveries(handles["job"]) == 1
+    shown = sum(samples) / max(len(samples), 1)
+    print(f"one delivery in a {seconds:.0f} s run; picture in {shown:.1%} of {len(samples)} polls")
+    assert first is not None and shown >= 0.99, shown
 
 
 def test_refinement_on_another_worker_reuses_cells(team):

@@ -188,9 +188,7 @@ class RunLifecycle:
         self.advance(Phase.RUNNING)
         # The clock starts now, so the first batch's time counts. smoothing 0.3: tqdm's
         # exponential moving average of the recent rate; miniters 1: every batch counts.
-        self._meter = tqdm(
-            total=None, file=io.StringIO(), mininterval=0, miniters=1, smoothing=0.3
-        )
+        self._meter = tqdm(total=None, file=io.StringIO(), mininterval=0, miniters=1, smoothing=0.3)
 
     def finish(self) -> None:
         self.advance(Phase.DONE)
