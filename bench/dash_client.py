@@ -230,9 +230,12 @@ class Tab:
                 "value": values.get(key),
             }
 
-        outputs = []
+        outputs: list = []
         for part in spec["output"].strip(".").split("..."):
             ident, prop = part.rsplit(".", 1)
+            if ident.startswith("{"):  # a wildcard output: this client matches no component
+                outputs.append([])
+                continue
             outputs.append({"id": ident, "property": prop.split("@")[0]})
         inputs = [fill(d) for d in spec["inputs"]]
         changed = [

@@ -188,7 +188,9 @@ def test_export_and_refinement_never_trust_client_arrays(server):
     assert server.rss_mb() - rss < 100
     done = tab.run(image, region=[0, 0, 48, 48])
     handle = done["response"]["result-store"]["data"]
-    assert set(handle) == {"id"}  # the browser holds a handle, not the arrays
+    # the browser holds a handle and what the result explains, not the arrays
+    assert set(handle) == {"id", "provenance"}
+    assert "values" not in json.dumps(handle) and "xs" not in handle["provenance"]
     assert export(tab, "npy", handle) == 200
     assert export(Tab(server.url), "npy", handle) == 204  # another session cannot read it
 
