@@ -192,33 +192,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         colour=request.fill_rgb,
         label=label,
     )
-    note = ""
-    known = None
-    if request.mode in ("exact", "naive"):
-        weights = services.weights_checksum(request.model)
-        known = services.cells.get(services.cells.key(session, request, weights))
-        if known.origin is not None and known.cells:
-            aligned = (region[0] - known.origin[0]) % request.stride == 0 and (
-                region[1] - known.origin[1]
-            ) % request.stride == 0
-            if not aligned and request.snap:
-                region, shift = snap_region(region, known.origin, request.stride, request.patch)
-                if any(shift):
-                    note = (
-                        f"the region's grid was moved by {shift[0]} px right and "
-                        f"{shift[1]} px down onto the last run's grid, to reuse its "
-                        f"cells"
-                    )
-            elif not aligned:
-                offset = (
-                    (region[0] - known.origin[0]) % request.stride,
-                    (region[1] - known.origin[1]) % request.stride,
-                )
-                note = (
-                    f"no cells reused: the new region's grid is offset by {offset[0]} "
-                    f"px across and {offset[1]} px down from the last run's; turn on "
-                    f"'snap to the last grid' to reuse them"
-                )
+    known, region, note = _known_cells(services, session, request, region)
     whole = region == (0, 0, width, height)
     grid_ys, grid_xs = grid_positions(
         size, request.patch, request.stride, None if whole else region
@@ -321,6 +295,44 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     }
     services.results.put(session, result)
     return result
+
+
+def _known_cells(
+    services: Services, session: str, request: RunRequest, region: tuple
+) -> tuple["_Known | None", tuple, str]:
+    """Exact and naive runs: the cells known for these settings, the region (moved onto
+    the last run's grid when snapping reuses its cells) and what the page says about it.
+    Approximate runs keep no cells: (None, region, "")."""
+    if request.mode not in ("exact", "naive"):
+        return None, region, ""
+    weights = services.weights_checksum(request.model)
+    known = services.cells.get(services.cells.key(session, request, weights))
+    if known.origin is None or not known.cells:
+        return known, region, ""
+    offset = (
+        (region[0] - known.origin[0]) % request.stride,
+        (region[1] - known.origin[1]) % request.stride,
+    )
+    if not any(offset):
+        return known, region, ""
+    if request.snap:
+        region, shift = snap_region(region, known.origin, request.stride, request.patch)
+        note = (
+            f"the region's grid was moved by {shift[0]} px right and {shift[1]} px down "
+            f"onto the last run's grid, to reuse its cells"
+            if any(shift)
+            else ""
+        )
+        return known, region, note
+    return (
+        known,
+        region,
+        (
+            f"no cells reused: the new region's grid is offset by {offset[0]} px across and "
+            f"{offset[1]} px down from the last run's; turn on 'snap to the last grid' to "
+            f"reuse them"
+        ),
+    )
 
 
 def _ood(loaded: krypton.LoadedModel, tensor: torch.Tensor) -> dict | None:
