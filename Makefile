@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) -m bench.approximate
 	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin
+	$(PY) -m bench.estimates
 
 # Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.
 bench-dropin: $(STAMP)

@@ -603,13 +603,8 @@ class OcclusionExplainer:
             if mode == "exact":
                 probabilities, every = run.evaluate_exact(ys, xs, patch, strategy)
                 extra["plan"] = str(run.plan)
-                if run.timed_in_this_call and run.plan.timings is not None:
-                    incremental_seconds, naive_seconds = run.plan.timings
-                    extra["plan_timing"] = {  # both strategies, same positions, this call
-                        "incremental_ms_per_position": incremental_seconds * 1e3,
-                        "naive_ms_per_position": naive_seconds * 1e3,
-                        "strategy": run.plan.strategy,
-                    }
+                if run.timing() is not None:
+                    extra["plan_timing"] = run.timing()
             else:
                 probabilities, every = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
             unique_xs, col_of = np.unique(xs, return_inverse=True)
@@ -897,6 +892,18 @@ class _Run:
         self.total = 0
         self.plan: ExecutionPlan | None = None
         self.timed_in_this_call = False  # both strategies were timed by this run
+
+    def timing(self) -> dict | None:
+        """Both strategies' ms per position, when this call timed them on the same
+        positions (None otherwise)."""
+        if not self.timed_in_this_call or self.plan is None or self.plan.timings is None:
+            return None
+        incremental_seconds, naive_seconds = self.plan.timings
+        return {
+            "incremental_ms_per_position": incremental_seconds * 1e3,
+            "naive_ms_per_position": naive_seconds * 1e3,
+            "strategy": self.plan.strategy,
+        }
 
     def _full_macs(self, ys: np.ndarray, xs: np.ndarray, patch: int) -> int:
         """MACs of one full inference, from the captured graph (eq 10)."""
