@@ -120,6 +120,8 @@ def test_switching_class_recolours_without_recomputation(services):
     other = (result["label"] + 1) % len(result["classes"])
     again = runs.relabel(result, other)
     assert again["label"] == other and again["prob"] == pytest.approx(result["base_probs"][other])
+    # the re-coloured result explains the new class: the page shows it beside that class
+    assert again["provenance"] == dict(result["provenance"], label=other)
     np.testing.assert_allclose(
         again["values"], direct(services, request(services), other, (16, 16, 64, 64)), atol=1e-5
     )

@@ -535,8 +535,12 @@ def relabel(result: dict, label: int) -> dict:
         )
     if not 0 <= label < len(result["classes"]):
         raise InputError(f"class {label} does not exist")
+    provenance = result.get("provenance")
+    if provenance is not None:  # the same run, now explaining this class
+        provenance = Provenance.from_dict(provenance).with_label(label).as_dict()
     return dict(
         result,
+        provenance=provenance,
         label=label,
         label_name=result["classes"][label],
         prob=float(result["base_probs"][label]),
