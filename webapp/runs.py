@@ -554,6 +554,8 @@ def export_summary(result: dict) -> str:
     skipped = ("values", "class_values", "base_probs", "image_key")
     summary = {k: v for k, v in result.items() if k not in skipped}
     summary["warnings"] = [text for text in (helpers.ood_text(result.get("ood")),) if text]
+    if summary.get("provenance"):  # its image is the stored image's key
+        summary["provenance"] = {k: v for k, v in summary["provenance"].items() if k != "image"}
     if summary.get("dicom"):
         summary["dicom"] = {k: v for k, v in summary["dicom"].items() if k != "source"}
     return json.dumps(summary, indent=2, default=helpers.jsonable)
