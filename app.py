@@ -21,17 +21,17 @@ import diskcache
 from dash import Dash
 
 from krypton.registry import default_model_name
-from webapp.callbacks import (
-    RUN_MESSAGE_OUTPUT,
-    RUN_OUTPUTS,
-    Services,
-    register_callbacks,
-    waiting_progress,
-)
 from webapp.guard import RequestGuard
 from webapp.jobs import ThreadedDiskcacheManager
 from webapp.layout import build_layout
-from webapp.model_panel import model_options
+from webapp.panels import (
+    RUN_MESSAGE_OUTPUT,
+    RUN_OUTPUTS,
+    model_options,
+    register_callbacks,
+    waiting_progress,
+)
+from webapp.services import Services
 from webapp.settings import BROKER_ENV, LOCAL_HOSTS, ServerSettings, SettingsError
 from webapp.uploads import add_upload_route
 

@@ -25,7 +25,7 @@ from PIL import Image
 
 from krypton.fundus import FundusGenerator
 from webapp import runs
-from webapp.callbacks import Services
+from webapp.services import Services
 
 MODES = ("exact", "exact", "naive", "approximate")
 STRIDES = (8, 12, 16)

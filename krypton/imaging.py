@@ -217,6 +217,7 @@ class StyledHeatmap:
     high: float
     colormap: str  # a matplotlib name; "jet_r" or "jet"
     label: str
+    note: str = ""  # said beside the picture when nothing is coloured (the threshold)
 
 
 def styled_heatmap(values: np.ndarray, prob: float, style: OverlayStyle) -> StyledHeatmap:
@@ -231,10 +232,19 @@ def styled_heatmap(values: np.ndarray, prob: float, style: OverlayStyle) -> Styl
         low, high = 0.0, 1.0
         shown, colormap = drop.copy(), "jet"
         label = "probability drop p − value, absolute scale 0–1"
+    note = ""
     if style.threshold > 0:
-        shown[~(drop > style.threshold)] = np.nan
+        kept = drop > style.threshold
+        shown[~kept] = np.nan
         label += f"; only drops > {style.threshold:.2f}"
-    return StyledHeatmap(shown, low, high, colormap, label + "; red = most sensitive")
+        if not kept.any():
+            finite = drop[np.isfinite(drop)]
+            largest = f" (the largest is {finite.max():.3f})" if finite.size else ""
+            note = (
+                f"No cell's drop exceeds the threshold {style.threshold:.2f}{largest}, so "
+                f"nothing is coloured; lower the threshold to see the heatmap."
+            )
+    return StyledHeatmap(shown, low, high, colormap, label + "; red = most sensitive", note)
 
 
 def heatmap_rgba(

@@ -223,6 +223,33 @@ def test_bad_upload_shows_message_and_server_keeps_serving(
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
 
 
+def test_a_file_over_the_limit_is_named_with_the_limit(dash_duo, tmp_path, fundus_png):
+    """dcc.Upload's max_size dropped such a file without a word: the message of the
+    previous file stayed on screen."""
+    from app import create_app
+    from webapp.settings import ServerSettings
+
+    settings = ServerSettings(max_image_mb=0.05, max_model_mb=0.05)
+    dash_duo.start_server(create_app(tmp_path / "cache", settings=settings))
+    dash_duo.wait_for_element("#upload", timeout=20)
+    bogus = tmp_path / "scan.png"
+    bogus.write_text("this is not an image")
+    upload(dash_duo, "#upload", bogus)
+    dash_duo.wait_for_contains_text("#message", "is not an image file", timeout=20)
+    big = tmp_path / "big-scan.png"
+    big.write_bytes(bytes(200 * 1024))
+    upload(dash_duo, "#upload", big)
+    dash_duo.wait_for_contains_text("#message", "big-scan.png is 0.2 MB; the limit is", timeout=20)
+    assert "0.05 MB" in dash_duo.find_element("#message").text
+    weights = tmp_path / "huge-weights.pt"
+    weights.write_bytes(bytes(300 * 1024))
+    dash_duo.find_element("details summary").click()  # "Add your own model"
+    upload(dash_duo, "#model-upload", weights)
+    dash_duo.wait_for_contains_text(
+        "#model-upload-name", "huge-weights.pt is 0.3 MB; the limit is 0.05 MB", timeout=20
+    )
+
+
 def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch, krypton_home):
     registry = tmp_path / "registry"
     registry.mkdir()

@@ -1,5 +1,6 @@
 """The web app's pure helpers and its threaded job manager, without a browser."""
 
+import html
 import io
 import threading
 import time
@@ -163,6 +164,24 @@ def test_overlay_styles_colour_what_they_say():
         OverlayStyle(scale="log")
     with pytest.raises(helpers.InputError, match="opacity"):
         helpers.overlay_style({"opacity": 2})
+
+
+def test_a_threshold_that_hides_every_cell_says_so():
+    """Plotly drew nothing, colour bar included, and the page said nothing."""
+    from krypton.imaging import OverlayStyle
+
+    image = Image.new("RGB", (32, 32), "gray")
+    values = np.array([[0.7, 0.75], [0.78, 0.8]])  # largest drop 0.1
+    hiding = OverlayStyle(scale="absolute", threshold=0.5)
+    figure = helpers.heatmap_figure(image, values, [0, 16], [0, 16], 16, 0.8, "A", hiding)
+    assert np.isnan(np.asarray(figure.data[1].z, dtype=float)).all()
+    notes = " ".join(a.text for a in figure.layout.annotations).replace("<br>", " ")
+    notes = html.unescape(notes)
+    assert "No cell's drop exceeds the threshold 0.50 (the largest is 0.100)" in notes
+    some = helpers.heatmap_figure(
+        image, values, [0, 16], [0, 16], 16, 0.8, "A", OverlayStyle(threshold=0.05)
+    )
+    assert not some.layout.annotations  # cells are coloured: nothing to say
 
 
 def test_heatmap_figure_side_by_side_hidden_and_labelled():

@@ -247,7 +247,7 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
     import logging
 
     from webapp import helpers, runs
-    from webapp.callbacks import Services
+    from webapp.services import Services
 
     caplog.set_level(logging.DEBUG)
     _, path = identified(tmp_path)

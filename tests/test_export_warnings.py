@@ -37,7 +37,7 @@ def test_the_caveat_names_the_warning_and_its_numbers():
 def dicom_result(tmp_path_factory):
     """A real run of the page's path over a CT slice, then marked as flagged."""
     from webapp import helpers, runs
-    from webapp.callbacks import Services
+    from webapp.services import Services
 
     folder = tmp_path_factory.mktemp("export")
     services = Services(folder / "cache")

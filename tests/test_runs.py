@@ -10,7 +10,7 @@ import krypton
 from krypton.estimator import estimate, estimate_for_counts, record_run
 from krypton.fundus import FundusGenerator
 from webapp import runs
-from webapp.callbacks import Services
+from webapp.services import Services
 from webapp.helpers import InputError
 
 IMAGE = Image.fromarray(FundusGenerator(seed=11).sample(label=2, lesions=1).image)

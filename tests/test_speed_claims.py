@@ -18,7 +18,7 @@ from PIL import Image
 from krypton.estimator import record_run
 from krypton.fundus import FundusGenerator
 from webapp import runs
-from webapp.callbacks import Services
+from webapp.services import Services
 
 IMAGE = Image.fromarray(FundusGenerator(seed=5).sample(label=1, lesions=1).image)
 REGION = (0, 0, 128, 128)  # 15 × 15 positions at patch 16, stride 8

@@ -663,6 +663,17 @@ def heatmap_figure(
         title={"text": plotly_text(title), "font": {"size": 13}},
         height=420,
     )
+    if styled.note and style.show:  # no cell coloured: Plotly drops the colour bar too
+        figure.add_annotation(
+            text=_wrapped(styled.note, 60),
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.02,
+            showarrow=False,
+            bgcolor="rgba(255, 255, 255, 0.85)",
+            font={"size": 12},
+        )
     return figure
 
 

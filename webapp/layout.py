@@ -9,6 +9,8 @@ from pathlib import Path
 from dash import dcc, html
 
 from krypton.dicom import WINDOW_PRESETS
+
+from . import ids
 from krypton.models import CALIBRATION_PATCHES, DEFAULT_PATCH
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
@@ -145,7 +147,7 @@ def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.
             html.Span(title, className="sample-title"),
             html.Span(caption, className="sample-caption"),
         ],
-        id={"type": "sample", "name": name},
+        id={"type": ids.SAMPLE, "name": name},
         className="sample",
         title=caption,
         n_clicks=0,
@@ -168,13 +170,13 @@ def _dicom_panel() -> html.Div:
     """Window/level and frame for a DICOM image (hidden for other images)."""
     return html.Div(
         [
-            html.Div(id="dicom-info", className="help"),
+            html.Div(id=ids.DICOM_INFO, className="help"),
             html.Div(
                 [
                     _labelled(
                         "Window",
                         dcc.Dropdown(
-                            id="window-preset",
+                            id=ids.WINDOW_PRESET,
                             options=[{"label": v, "value": k} for k, v in WINDOW_LABELS.items()],
                             value="file",
                             clearable=False,
@@ -186,13 +188,13 @@ def _dicom_panel() -> html.Div:
                             _labelled(
                                 "Centre",
                                 dcc.Input(
-                                    id="window-centre", type="number", debounce=True, step="any"
+                                    id=ids.WINDOW_CENTRE, type="number", debounce=True, step="any"
                                 ),
                             ),
                             _labelled(
                                 "Width",
                                 dcc.Input(
-                                    id="window-width",
+                                    id=ids.WINDOW_WIDTH,
                                     type="number",
                                     debounce=True,
                                     min=1,
@@ -200,7 +202,7 @@ def _dicom_panel() -> html.Div:
                                 ),
                             ),
                         ],
-                        id="manual-window",
+                        id=ids.MANUAL_WINDOW,
                         className="row two",
                         style={"display": "none"},
                     ),
@@ -211,7 +213,7 @@ def _dicom_panel() -> html.Div:
                 _labelled(
                     "Frame",
                     dcc.Slider(
-                        id="dicom-frame",
+                        id=ids.DICOM_FRAME,
                         min=1,
                         max=1,
                         step=1,
@@ -220,11 +222,11 @@ def _dicom_panel() -> html.Div:
                         tooltip={"placement": "bottom", "always_visible": True},
                     ),
                 ),
-                id="frame-picker",
+                id=ids.FRAME_PICKER,
                 style={"display": "none"},
             ),
         ],
-        id="dicom-panel",
+        id=ids.DICOM_PANEL,
         className="dicom-panel",
         style={"display": "none"},
     )
@@ -237,13 +239,13 @@ def _overlay_controls() -> html.Div:
             html.Div(
                 [
                     dcc.Checklist(
-                        id="overlay-show",
+                        id=ids.OVERLAY_SHOW,
                         options=[{"label": " show heatmap", "value": "show"}],
                         value=["show"],
                         inline=True,
                     ),
                     dcc.RadioItems(
-                        id="overlay-view",
+                        id=ids.OVERLAY_VIEW,
                         options=[
                             {"label": "Overlay", "value": "overlay"},
                             {"label": "Side by side", "value": "side"},
@@ -252,7 +254,7 @@ def _overlay_controls() -> html.Div:
                         inline=True,
                     ),
                     dcc.RadioItems(
-                        id="overlay-scale",
+                        id=ids.OVERLAY_SCALE,
                         options=[
                             {"label": "Relative scale (paper)", "value": "relative"},
                             {"label": "Absolute drop", "value": "absolute"},
@@ -268,7 +270,7 @@ def _overlay_controls() -> html.Div:
                     _labelled(
                         "Opacity",
                         dcc.Slider(
-                            id="overlay-opacity",
+                            id=ids.OVERLAY_OPACITY,
                             min=0,
                             max=1,
                             step=0.05,
@@ -279,7 +281,7 @@ def _overlay_controls() -> html.Div:
                     _labelled(
                         "Threshold",
                         dcc.Slider(
-                            id="overlay-threshold",
+                            id=ids.OVERLAY_THRESHOLD,
                             min=0,
                             max=1,
                             step=0.01,
@@ -314,21 +316,25 @@ def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
                 f"shipped ones cannot.",
                 className="help",
             ),
-            dcc.Upload(
-                html.Div(["Weights file (.pt / .pth): drop or ", html.A("choose")]),
-                id="model-upload",
-                className="upload small",
-                max_size=max_model_bytes,
+            _size_checked(
+                dcc.Upload(
+                    html.Div(["Weights file (.pt / .pth): drop or ", html.A("choose")]),
+                    id=ids.MODEL_UPLOAD,
+                    className="upload small",
+                    max_size=max_model_bytes,
+                ),
+                max_model_bytes,
+                ids.MODEL_UPLOAD_TICKET,
             ),
-            html.Div(id="model-upload-name", className="help"),
+            html.Div(id=ids.MODEL_UPLOAD_NAME, className="help"),
             dcc.Input(
-                id="model-name",
+                id=ids.MODEL_NAME,
                 placeholder="name, e.g. oct-resnet18",
                 type="text",
                 className="text-input",
             ),
             dcc.Dropdown(
-                id="model-architecture",
+                id=ids.MODEL_ARCHITECTURE,
                 placeholder="architecture",
                 options=torchscript
                 + [
@@ -345,12 +351,12 @@ def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
                 ],
             ),
             dcc.Textarea(
-                id="model-classes",
+                id=ids.MODEL_CLASSES,
                 placeholder="class names, one per line or comma-separated",
                 className="text-input",
             ),
             dcc.Input(
-                id="model-size",
+                id=ids.MODEL_SIZE,
                 placeholder="input size, e.g. 224",
                 type="number",
                 min=16,
@@ -359,17 +365,17 @@ def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
             ),
             html.Div(
                 [
-                    html.Button("Register model", id="model-register", n_clicks=0),
+                    html.Button("Register model", id=ids.MODEL_REGISTER, n_clicks=0),
                     html.Button(
                         "Remove selected model",
-                        id="model-remove",
+                        id=ids.MODEL_REMOVE,
                         n_clicks=0,
                         title="removes the model chosen above, if a user added it",
                     ),
                 ],
                 className="row",
             ),
-            html.Div(id="model-register-message", className="message"),
+            html.Div(id=ids.MODEL_REGISTER_MESSAGE, className="message"),
         ],
         className="panel",
     )
@@ -399,6 +405,12 @@ def placeholder_figure(text: str) -> dict:
     }
 
 
+def _size_checked(upload: dcc.Upload, max_bytes: int, ticket: str) -> html.Div:
+    """An upload whose oversized files the page names with the limit (assets/uploads.js:
+    dcc.Upload's max_size alone drops them without a word)."""
+    return html.Div(upload, **{"data-max-bytes": str(max_bytes), "data-ticket": ticket})
+
+
 def build_layout(
     models: list[dict],
     default_model: str | None,
@@ -409,15 +421,15 @@ def build_layout(
     """The whole page; a function so every browser tab gets its own session id."""
     return html.Div(
         [
-            dcc.Store(id="session", data=str(uuid.uuid4())),
-            dcc.Store(id="image-store"),
-            dcc.Store(id="region-store"),
-            dcc.Store(id="prediction-store"),
-            dcc.Store(id="result-store"),
-            dcc.Store(id="overlay-store"),
-            dcc.Store(id="upload-ticket"),  # the server's token for an uploaded image
-            dcc.Store(id="model-upload-ticket"),  # ... and for a weights file
-            dcc.Download(id="download"),
+            dcc.Store(id=ids.SESSION, data=str(uuid.uuid4())),
+            dcc.Store(id=ids.IMAGE_STORE),
+            dcc.Store(id=ids.REGION_STORE),
+            dcc.Store(id=ids.PREDICTION_STORE),
+            dcc.Store(id=ids.RESULT_STORE),
+            dcc.Store(id=ids.OVERLAY_STORE),
+            dcc.Store(id=ids.UPLOAD_TICKET),  # the server's token for an uploaded image
+            dcc.Store(id=ids.MODEL_UPLOAD_TICKET),  # ... and for a weights file
+            dcc.Download(id=ids.DOWNLOAD),
             html.Header(
                 [
                     html.H1("Krypton"),
@@ -427,32 +439,36 @@ def build_layout(
                     ),
                 ]
             ),
-            html.Div(id="message", className="message", role="alert"),
+            html.Div(id=ids.MESSAGE, className="message", role="alert"),
             html.Main(
                 [
                     html.Section(
                         [
                             html.H2("Image"),
-                            dcc.Upload(
-                                html.Div(
-                                    [
-                                        "Drop an image here or ",
-                                        html.A("choose a file"),
-                                        html.Small(
-                                            f" (PNG, JPEG, TIFF, BMP, DICOM; up to "
-                                            f"{max_image_bytes / 2**20:g} MB)"
-                                        ),
-                                    ]
+                            _size_checked(
+                                dcc.Upload(
+                                    html.Div(
+                                        [
+                                            "Drop an image here or ",
+                                            html.A("choose a file"),
+                                            html.Small(
+                                                f" (PNG, JPEG, TIFF, BMP, DICOM; up to "
+                                                f"{max_image_bytes / 2**20:g} MB)"
+                                            ),
+                                        ]
+                                    ),
+                                    id=ids.UPLOAD,
+                                    className="upload",
+                                    max_size=max_image_bytes,
+                                    # no accept filter: DICOM files often have no extension
                                 ),
-                                id="upload",
-                                className="upload",
-                                max_size=max_image_bytes,
-                                # no accept filter: DICOM files often have no extension
+                                max_image_bytes,
+                                ids.UPLOAD_TICKET,
                             ),
                             _gallery(),
                             _dicom_panel(),
                             dcc.Graph(
-                                id="image-graph",
+                                id=ids.IMAGE_GRAPH,
                                 config={
                                     "displaylogo": False,
                                     "modeBarButtonsToRemove": ["lasso2d"],
@@ -460,8 +476,8 @@ def build_layout(
                             ),
                             html.Div(
                                 [
-                                    html.Span(id="region-text", className="region-text"),
-                                    html.Button("Whole image", id="reset-region", n_clicks=0),
+                                    html.Span(id=ids.REGION_TEXT, className="region-text"),
+                                    html.Button("Whole image", id=ids.RESET_REGION, n_clicks=0),
                                 ],
                                 className="row",
                             ),
@@ -478,16 +494,19 @@ def build_layout(
                             _labelled(
                                 "Model",
                                 dcc.Dropdown(
-                                    id="model", options=models, value=default_model, clearable=False
+                                    id=ids.MODEL,
+                                    options=models,
+                                    value=default_model,
+                                    clearable=False,
                                 ),
                             ),
-                            html.Div(id="model-card", className="model-card"),
+                            html.Div(id=ids.MODEL_CARD, className="model-card"),
                             html.Div(
                                 [
                                     _labelled(
                                         "Patch size",
                                         dcc.Dropdown(
-                                            id="patch",
+                                            id=ids.PATCH,
                                             options=patch_options(),
                                             value=DEFAULT_PATCH,  # then the model's own
                                             clearable=False,
@@ -496,7 +515,7 @@ def build_layout(
                                     _labelled(
                                         "Stride",
                                         dcc.Dropdown(
-                                            id="stride",
+                                            id=ids.STRIDE,
                                             options=[
                                                 {"label": str(s), "value": s} for s in STRIDES
                                             ],
@@ -510,7 +529,7 @@ def build_layout(
                             _labelled(
                                 "Mode",
                                 dcc.RadioItems(
-                                    id="mode", value="exact", inline=True, options=mode_options()
+                                    id=ids.MODE, value="exact", inline=True, options=mode_options()
                                 ),
                             ),
                             html.Div(
@@ -518,7 +537,7 @@ def build_layout(
                                     _labelled(
                                         "Target SSIM",
                                         dcc.Slider(
-                                            id="target-ssim",
+                                            id=ids.TARGET_SSIM,
                                             min=0.7,
                                             max=1.0,
                                             step=0.01,
@@ -530,7 +549,7 @@ def build_layout(
                                     _labelled(
                                         "Drill-down fraction",
                                         dcc.Slider(
-                                            id="drill-down",
+                                            id=ids.DRILL_DOWN,
                                             min=0.05,
                                             max=1.0,
                                             step=0.05,
@@ -542,7 +561,7 @@ def build_layout(
                                     _labelled(
                                         "Target speedup",
                                         dcc.Slider(
-                                            id="target-speedup",
+                                            id=ids.TARGET_SPEEDUP,
                                             min=1.5,
                                             max=8,
                                             step=0.5,
@@ -551,7 +570,7 @@ def build_layout(
                                         ),
                                     ),
                                 ],
-                                id="approximate-settings",
+                                id=ids.APPROXIMATE_SETTINGS,
                                 style={"display": "none"},
                             ),
                             _labelled(
@@ -559,7 +578,7 @@ def build_layout(
                                 html.Div(
                                     [
                                         dcc.RadioItems(
-                                            id="colour",
+                                            id=ids.COLOUR,
                                             value="gray",
                                             inline=True,
                                             options=[
@@ -569,7 +588,7 @@ def build_layout(
                                             ],
                                         ),
                                         dcc.Input(
-                                            id="custom-colour",
+                                            id=ids.CUSTOM_COLOUR,
                                             value="#808080",
                                             type="text",
                                             debounce=True,
@@ -581,11 +600,11 @@ def build_layout(
                             ),
                             _labelled(
                                 "Class to explain",
-                                dcc.Dropdown(id="label", clearable=False),
+                                dcc.Dropdown(id=ids.LABEL, clearable=False),
                                 "switching class re-colours an exact or naive heatmap at once",
                             ),
                             dcc.Checklist(
-                                id="snap",
+                                id=ids.SNAP,
                                 value=["snap"],
                                 className="help",
                                 options=[
@@ -596,16 +615,16 @@ def build_layout(
                                     }
                                 ],
                             ),
-                            html.Div(id="top5", className="top5"),
-                            html.Div(id="estimate", className="estimate"),
+                            html.Div(id=ids.TOP5, className="top5"),
+                            html.Div(id=ids.ESTIMATE, className="estimate"),
                             html.Div(
                                 [
-                                    html.Button("Run", id="run", n_clicks=0, className="primary"),
-                                    html.Button("Cancel", id="cancel", n_clicks=0, disabled=True),
+                                    html.Button("Run", id=ids.RUN, n_clicks=0, className="primary"),
+                                    html.Button("Cancel", id=ids.CANCEL, n_clicks=0, disabled=True),
                                 ],
                                 className="row",
                             ),
-                            html.Progress(id="progress", value="0", max="1"),
+                            html.Progress(id=ids.PROGRESS, value="0", max="1"),
                             _model_upload(max_model_bytes, trusted_uploads),
                         ],
                         className="panel settings-panel",
@@ -617,32 +636,32 @@ def build_layout(
                             html.Div(
                                 [
                                     dcc.Graph(
-                                        id="live-graph",
+                                        id=ids.LIVE_GRAPH,
                                         config={"displaylogo": False},
                                         figure=placeholder_figure("Starting…"),
                                     ),
-                                    html.Div(id="live-status", className="status"),
+                                    html.Div(id=ids.LIVE_STATUS, className="status"),
                                 ],
-                                id="live-panel",
+                                id=ids.LIVE_PANEL,
                                 style={"display": "none"},
                             ),
                             html.Div(
                                 [
                                     dcc.Graph(
-                                        id="heatmap-graph",
+                                        id=ids.HEATMAP_GRAPH,
                                         config={"displaylogo": False},
                                         figure=placeholder_figure(
                                             "Press Run to compute the heatmap"
                                         ),
                                     ),
-                                    html.Div(id="result-summary", className="summary"),
+                                    html.Div(id=ids.RESULT_SUMMARY, className="summary"),
                                     html.Div(
                                         [
                                             html.Span("Download: "),
                                             *[
                                                 html.Button(
                                                     text,
-                                                    id={"type": "export", "format": fmt},
+                                                    id={"type": ids.EXPORT, "format": fmt},
                                                     disabled=True,
                                                     title=title,
                                                 )
@@ -652,7 +671,7 @@ def build_layout(
                                         className="row exports",
                                     ),
                                     dcc.Checklist(
-                                        id="dicom-identity",
+                                        id=ids.DICOM_IDENTITY,
                                         options=[
                                             {
                                                 "label": " copy the patient's identity (name, "
@@ -666,7 +685,7 @@ def build_layout(
                                         style={"display": "none"},
                                     ),
                                 ],
-                                id="result-panel-body",
+                                id=ids.RESULT_PANEL_BODY,
                             ),
                         ],
                         className="panel result-panel",

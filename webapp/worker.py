@@ -8,7 +8,7 @@ thread of this process while the main thread keeps talking to the broker (revoke
 heartbeats), which ``solo`` cannot do during a run. One job at a time per worker: a run
 already uses every thread torch is given (``KRYPTON_TORCH_THREADS``; run one worker per
 host with all cores, or several with a share each). Models load lazily, inside the worker,
-the first time a run needs them (webapp.callbacks.Services.model).
+the first time a run needs them (webapp.services.Services.model).
 """
 
 from __future__ import annotations

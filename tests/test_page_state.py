@@ -1,0 +1,228 @@
+"""The page's state without a browser: the run lifecycle's every transition, what a result
+may be shown beside, the component ids the panels listen to, and the models panel's
+messages (they name the user's file, never the server's)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import time
+
+import pytest
+import torch
+from dash import html
+
+from webapp import ids
+from webapp.lifecycle import (
+    TRANSITIONS,
+    IllegalTransition,
+    Phase,
+    Provenance,
+    RunLifecycle,
+    format_duration,
+    result_view,
+)
+from webapp.panels.models import ModelsPanel, users_words
+from webapp.services import Services
+
+STEPS = {
+    Phase.QUEUED: RunLifecycle.queue,
+    Phase.RUNNING: RunLifecycle.start,
+    Phase.DONE: RunLifecycle.finish,
+    Phase.CANCELLED: lambda run: run.cancel("stopped"),
+    Phase.FAILED: lambda run: run.fail("broken"),
+}
+PATHS = {  # how a run reaches each phase from idle
+    Phase.IDLE: [],
+    Phase.QUEUED: [Phase.QUEUED],
+    Phase.RUNNING: [Phase.QUEUED, Phase.RUNNING],
+    Phase.DONE: [Phase.QUEUED, Phase.RUNNING, Phase.DONE],
+    Phase.CANCELLED: [Phase.QUEUED, Phase.CANCELLED],
+    Phase.FAILED: [Phase.FAILED],
+}
+
+
+def reach(phase: Phase) -> RunLifecycle:
+    run = RunLifecycle()
+    for step in PATHS[phase]:
+        STEPS[step](run)
+    return run
+
+
+@pytest.mark.parametrize("start,target", list(itertools.product(Phase, STEPS)))
+def test_every_transition_is_allowed_or_refused_as_the_table_says(start, target):
+    run = reach(start)
+    assert run.phase is start
+    if target in TRANSITIONS[start]:
+        STEPS[target](run)
+        assert run.phase is target and run.history[-1][0] is target
+        assert run.final == (target in (Phase.DONE, Phase.CANCELLED, Phase.FAILED))
+    else:
+        with pytest.raises(IllegalTransition):
+            STEPS[target](run)
+        assert run.phase is start  # a refused step changes nothing
+
+
+def test_a_finished_run_accepts_nothing_and_keeps_its_reason():
+    run = reach(Phase.CANCELLED)
+    assert run.reason == "stopped"
+    for step in STEPS.values():
+        with pytest.raises(IllegalTransition):
+            step(run)
+    with pytest.raises(IllegalTransition, match="progress reported while cancelled"):
+        run.progress(1, 2)
+
+
+def test_progress_counts_only_while_running_and_time_left_comes_from_the_rate():
+    run = reach(Phase.QUEUED)
+    with pytest.raises(IllegalTransition):
+        run.progress(1, 10)
+    run.start()
+    assert run.seconds_left() is None and run.status() == "0 of 0 positions"
+    for done in (2, 4, 6):
+        time.sleep(0.05)
+        run.progress(done, 10)
+    left = run.seconds_left()
+    # about 25 ms per position, 4 positions to go: ~0.1 s (loose: a busy machine)
+    assert left is not None and 0.02 < left < 2.0
+    assert run.status().startswith("6 of 10 positions · about ")
+    run.progress(12, 12)  # the total was revised; the end is reached
+    assert run.seconds_left() == 0.0 and run.status() == "12 of 12 positions"
+    run.finish()
+    assert run.seconds_left() is None
+
+
+def test_durations_are_written_in_one_unit():
+    assert format_duration(4.26) == "4.3 s"
+    assert format_duration(45) == "45 s"
+    assert format_duration(150) == "2.5 min"
+    assert format_duration(3 * 3600) == "3.0 h"
+
+
+def provenance(**changes) -> Provenance:
+    fields = dict(
+        image="a" * 24,
+        model="fundus-demo",
+        weights="w1",
+        region=[0, 0, 64, 64],
+        patch=16,
+        stride=8,
+        mode="exact",
+        colour=(0.5, 0.5, 0.5),
+        label=2,
+    )
+    fields.update(changes)
+    return Provenance.make(**fields)
+
+
+def test_a_result_is_shown_only_beside_what_it_explains():
+    shown = provenance()
+    assert result_view(shown, provenance(region=(0, 0, 64, 64))).show  # list or tuple
+    assert result_view(shown, Provenance.from_dict(shown.as_dict())).show
+    assert not result_view(None, shown).show
+    hidden = result_view(shown, None)
+    assert not hidden.show and "another image" in hidden.reason
+    for change, words in [
+        ({"image": "b" * 24}, "the image"),
+        ({"model": "other", "weights": "w2"}, "the model"),
+        ({"weights": "w2"}, "the model's weights"),
+        ({"region": None}, "the region"),
+        ({"patch": 32}, "the patch size"),
+        ({"stride": 16}, "the stride"),
+        ({"mode": "naive"}, "the mode"),
+        ({"colour": (0, 0, 0)}, "the occluder colour"),
+        ({"label": 0}, "the class"),
+    ]:
+        view = result_view(shown, provenance(**change))
+        assert not view.show and words in view.reason, (change, view.reason)
+    assert (
+        "the model's weights" not in result_view(shown, provenance(model="x", weights="y")).reason
+    )
+    relabelled = shown.with_label(0)
+    assert result_view(relabelled, provenance(label=0)).show
+
+
+def test_every_id_a_callback_uses_is_on_the_page(tmp_path):
+    from app import create_app
+
+    app = create_app(tmp_path / "cache")
+    layout = app.layout() if callable(app.layout) else app.layout
+    on_page, types = set(), set()
+
+    def walk(component):
+        if isinstance(component, (list, tuple)):
+            for child in component:
+                walk(child)
+            return
+        if not hasattr(component, "to_plotly_json"):
+            return
+        identity = getattr(component, "id", None)
+        if isinstance(identity, dict):
+            types.add(identity["type"])
+        elif identity:
+            on_page.add(identity)
+        walk(getattr(component, "children", None))
+
+    walk(layout)
+    declared = {
+        value
+        for name, value in vars(ids).items()
+        if name.isupper() and name not in ("SAMPLE", "EXPORT", "OOD_WARNING", "REUSE_INFO")
+    }
+    assert declared <= on_page, declared - on_page
+    assert {ids.SAMPLE, ids.EXPORT} <= types
+    used = set()
+    for key, spec in app.callback_map.items():
+        for dependency in spec["inputs"] + spec.get("state", []):
+            used.add(dependency["id"])
+        outputs = key[2:-2].split("...") if key.startswith("..") else [key]
+        used.update(output.rsplit(".", 1)[0] for output in outputs)
+    used = {u for u in used if not u.startswith("{")}  # pattern-matching ids: types above
+    assert used <= on_page, used - on_page
+
+
+@pytest.fixture
+def models_panel(tmp_path) -> tuple[ModelsPanel, Services]:
+    services = Services(tmp_path / "cache")
+    return ModelsPanel(services), services
+
+
+def upload(services: Services, data: bytes, filename: str, session: str = "tab") -> dict:
+    token = services.uploads.save(io.BytesIO(data), len(data), "model", session, filename, 1 << 30)
+    return {"token": token, "name": filename, "bytes": len(data)}
+
+
+def message_text(answer) -> str:
+    message = answer[-1]
+    return message.children if isinstance(message, html.Span) else str(message)
+
+
+def test_model_messages_name_the_users_file_and_no_server_path(models_panel, tmp_path):
+    panel, services = models_panel
+    ticket = upload(services, b"these bytes are not a checkpoint", "my-oct-weights.pt")
+    text = message_text(
+        panel.register_model(1, ticket, "my-oct-weights.pt", "tab", "oct", "resnet18", "a,b", 64)
+    )
+    assert "my-oct-weights.pt" in text, text
+    assert ticket["token"] not in text and ".model" not in text and "/" not in text, text
+
+    from krypton.registry import user_models_dir
+    import torchvision
+
+    user_models_dir().mkdir(parents=True, exist_ok=True)
+    (user_models_dir() / "taken.pt").write_bytes(b"left from an earlier attempt")
+    state = torchvision.models.resnet18(num_classes=2).state_dict()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    ticket = upload(services, buffer.getvalue(), "resnet-2.pt")
+    text = message_text(
+        panel.register_model(1, ticket, "resnet-2.pt", "tab", "taken", "resnet18", "a,b", 64)
+    )
+    assert "already exists" in text and "taken.pt" in text, text
+    assert str(user_models_dir()) not in text and "/" not in text, text
+
+
+def test_users_words_keeps_file_names_and_drops_folders(tmp_path):
+    upload_path = tmp_path / "abc123.model"
+    message = f"cannot read {upload_path}: bad; /srv/krypton/home/models/x.json exists"
+    assert users_words(message, upload_path, "mine.pt") == "cannot read mine.pt: bad; x.json exists"

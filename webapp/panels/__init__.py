@@ -1,0 +1,35 @@
+"""The page's callbacks, one module per panel: image (loading, DICOM window, region),
+settings (prediction, controls, estimate), run (Run/Cancel, progress, live picture),
+result (heatmap, summary, downloads) and models (adding your own). Each panel is a class
+handed the server's Services; its callbacks are its methods (testable without a
+browser), attached by ``register``. No tensor algebra and no run orchestration here:
+those are krypton and webapp.runs."""
+
+from __future__ import annotations
+
+from ..services import Services
+from .image import ImagePanel
+from .models import ModelsPanel, model_options
+from .result import ResultPanel
+from .run import RUN_MESSAGE_OUTPUT, RUN_OUTPUTS, RunPanel, waiting_progress
+from .settings import SettingsPanel
+
+__all__ = [
+    "RUN_MESSAGE_OUTPUT",
+    "RUN_OUTPUTS",
+    "model_options",
+    "register_callbacks",
+    "waiting_progress",
+]
+
+
+def register_callbacks(app, manager, services: Services) -> None:
+    """Attach every panel's callbacks to ``app``; runs are background jobs on ``manager``."""
+    for panel in (
+        ImagePanel(services),
+        SettingsPanel(services),
+        RunPanel(services, manager),
+        ResultPanel(services),
+        ModelsPanel(services),
+    ):
+        panel.register(app)

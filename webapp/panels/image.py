@@ -1,0 +1,208 @@
+"""The image panel: loading an image (upload or sample), a DICOM file's window and frame,
+the picture the model sees and the region the user selects on it."""
+
+from __future__ import annotations
+
+from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
+from dash.exceptions import PreventUpdate
+
+from .. import helpers, ids
+from ..helpers import InputError
+from ..layout import DICOM_SAMPLES, sample_path
+from ..services import Services
+from .common import empty_figure
+
+
+class ImagePanel:
+    """Callbacks of the image panel; ``services`` holds the stored images and models."""
+
+    def __init__(self, services: Services):
+        self.services = services
+
+    def register(self, app) -> None:
+        """Attach the panel's callbacks to ``app``."""
+        app.clientside_callback(
+            ClientsideFunction("krypton_upload", "image"),
+            Output(ids.UPLOAD_TICKET, "data"),
+            Input(ids.UPLOAD, "contents"),
+            State(ids.UPLOAD, "filename"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )
+        app.callback(
+            Output(ids.IMAGE_STORE, "data"),
+            Output(ids.REGION_STORE, "data"),
+            Output(ids.MESSAGE, "children"),
+            Output(ids.WINDOW_PRESET, "value"),
+            Output(ids.DICOM_FRAME, "max"),
+            Output(ids.DICOM_FRAME, "value"),
+            Input(ids.UPLOAD_TICKET, "data"),
+            Input({"type": ids.SAMPLE, "name": ALL}, "n_clicks"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.load_image)
+        app.callback(
+            Output(ids.IMAGE_STORE, "data", allow_duplicate=True),
+            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Input(ids.WINDOW_PRESET, "value"),
+            Input(ids.WINDOW_CENTRE, "value"),
+            Input(ids.WINDOW_WIDTH, "value"),
+            Input(ids.DICOM_FRAME, "value"),
+            State(ids.IMAGE_STORE, "data"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.rewindow)
+        app.callback(
+            Output(ids.DICOM_PANEL, "style"),
+            Output(ids.DICOM_INFO, "children"),
+            Output(ids.FRAME_PICKER, "style"),
+            Output(ids.WINDOW_CENTRE, "value"),
+            Output(ids.WINDOW_WIDTH, "value"),
+            Input(ids.IMAGE_STORE, "data"),
+            Input(ids.MODEL, "value"),
+            Input(ids.PATCH, "value"),
+        )(self.show_dicom)
+        app.callback(Output(ids.MANUAL_WINDOW, "style"), Input(ids.WINDOW_PRESET, "value"))(
+            toggle_manual_window
+        )
+        app.callback(
+            Output(ids.REGION_STORE, "data", allow_duplicate=True),
+            Input(ids.IMAGE_GRAPH, "selectedData"),
+            Input(ids.RESET_REGION, "n_clicks"),
+            State(ids.MODEL, "value"),
+            prevent_initial_call=True,
+        )(self.select_region)
+        app.callback(
+            Output(ids.IMAGE_GRAPH, "figure"),
+            Output(ids.REGION_TEXT, "children"),
+            Input(ids.IMAGE_STORE, "data"),
+            Input(ids.REGION_STORE, "data"),
+            Input(ids.MODEL, "value"),
+        )(self.draw_image)
+
+    def load_image(self, ticket, sample_clicks, session):
+        """An uploaded file or a sample becomes the page's image (a DICOM file: its
+        windowed frame, with the file kept for this tab)."""
+        trigger = ctx.triggered_id
+        session = str(session or "")
+        ticket = ticket if isinstance(ticket, dict) else {}  # the page's, so the client's
+        filename = str(ticket.get("name") or "") if trigger == ids.UPLOAD_TICKET else None
+        try:
+            if trigger == ids.UPLOAD_TICKET:
+                data = self.uploaded_bytes(ticket, "image", session)
+                name = filename
+            elif isinstance(trigger, dict) and any(sample_clicks):
+                name = trigger["name"]
+                try:
+                    data = sample_path(name).read_bytes()
+                except (KeyError, OSError):
+                    raise InputError(f"the sample {name!r} is not available") from None
+                if name in DICOM_SAMPLES:
+                    name = DICOM_SAMPLES[name][0]
+            else:
+                raise PreventUpdate
+            if helpers.upload_is_dicom(data, filename if trigger == ids.UPLOAD_TICKET else name):
+                image_data = self.dicom_image_data(data, str(name or "the file"), session)
+                record = image_data["dicom"]
+                return image_data, None, "", "file", record["frames"], record["frame"] + 1
+            image = helpers.decode_upload(data, name)
+            key = self.services.images.put(image)
+        except InputError as exc:
+            return no_update, no_update, str(exc), no_update, no_update, no_update
+        image_data = {"key": key, "name": name, "size": list(image.size)}
+        return image_data, None, "", no_update, no_update, no_update
+
+    def uploaded_bytes(self, ticket: dict | None, purpose: str, session: str) -> bytes:
+        """The bytes of a file the page posted to the upload route (its ticket)."""
+        if not isinstance(ticket, dict):
+            raise InputError("the file could not be uploaded; try again")
+        if ticket.get("error"):
+            raise InputError(str(ticket["error"]))
+        with self.services.uploads.take(str(ticket.get("token", "")), purpose, session) as (
+            path,
+            _,
+        ):
+            return path.read_bytes()
+
+    def dicom_image_data(self, data: bytes, name: str, session: str, window=None, frame=None):
+        """Keep a DICOM file's bytes (for this tab only), store its windowed frame; the
+        page's record of it."""
+        source = self.services.images.put_source(data, session)
+        loaded, record = helpers.dicom_view(data, source, window, frame, name)
+        key = self.services.images.put(loaded.picture)
+        return {
+            "key": key,
+            "name": helpers.dicom_name(record),
+            "size": list(loaded.picture.size),
+            "dicom": record,
+        }
+
+    def rewindow(self, preset, centre, width, frame, image_data, session):
+        """Another window or frame of the same DICOM file: a new picture for the model."""
+        record = (image_data or {}).get("dicom")
+        if not record:
+            raise PreventUpdate
+        if preset == "manual" and (centre is None or width is None):
+            raise PreventUpdate  # still typing
+        try:
+            window = helpers.requested_window(preset, centre, width)
+            frame = record["frame"] if frame is None else int(frame) - 1
+            requested = list(window) if isinstance(window, tuple) else window
+            if requested == record["requested"] and frame == record["frame"]:
+                raise PreventUpdate  # the controls caught up with the stored image
+            session = str(session or "")
+            data = self.services.images.source(record["source"], session)
+            return self.dicom_image_data(data, image_data["name"], session, window, frame), ""
+        except InputError as exc:
+            return no_update, str(exc)
+
+    def show_dicom(self, image_data, model_name, patch):
+        """The DICOM panel: what the file is and how it is windowed (hidden otherwise)."""
+        record = (image_data or {}).get("dicom")
+        if not record:
+            return {"display": "none"}, "", {"display": "none"}, no_update, no_update
+        try:
+            size = self.services.model(model_name).input_size
+        except InputError:
+            size = tuple(reversed(image_data["size"]))
+        text = helpers.dicom_description(record, size, patch)
+        centre, width = record["window"] or (None, None)
+        frames = {"display": "block"} if record["frames"] > 1 else {"display": "none"}
+        return {"display": "block"}, text, frames, centre, width
+
+    def select_region(self, selected, reset, model_name):
+        """The box drawn on the picture (in the model's input pixels), or none on Reset."""
+        if ctx.triggered_id == ids.RESET_REGION:
+            return None
+        try:
+            size = self.services.model(model_name).input_size
+        except InputError:
+            raise PreventUpdate
+        region = helpers.region_from_selection(selected, size)
+        if region is None:
+            raise PreventUpdate
+        return region
+
+    def draw_image(self, image_data, region, model_name):
+        """The picture at the model's input size, with the selected region."""
+        if not image_data:
+            return empty_figure("Load an image: upload one or pick a sample"), ""
+        try:
+            loaded = self.services.model(model_name)
+            image = helpers.model_view(
+                self.services.images.get(image_data["key"]), loaded.input_size
+            )
+        except InputError as exc:
+            return empty_figure(str(exc)), ""
+        height, width = loaded.input_size
+        if region:
+            x0, y0, x1, y1 = region
+            text = f"Region x {x0}–{x1}, y {y0}–{y1} ({x1 - x0}×{y1 - y0} px)"
+        else:
+            text = f"Whole image ({width}×{height} px, the model's input size)"
+        return helpers.image_figure(image, region), text
+
+
+def toggle_manual_window(preset):
+    """Centre and width fields only for a manual window."""
+    return {"display": "flex"} if preset == "manual" else {"display": "none"}

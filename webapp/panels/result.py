@@ -1,0 +1,202 @@
+"""The result panel: the kept heatmap, its summary line and its downloads, shown only while
+what is on screen is what the result explains (webapp.lifecycle.result_view); another
+class re-colours the same run."""
+
+from __future__ import annotations
+
+from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
+
+from .. import helpers, ids, runs
+from ..helpers import InputError
+from ..lifecycle import Provenance, result_view
+from ..services import Services
+from .common import SCREEN_INPUTS, empty_figure
+
+NO_RESULT = "Press Run to compute the heatmap"
+DROPPED_RESULT = (
+    "This heatmap is no longer kept on the server (results are kept within "
+    "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
+)
+EXPORTS = {"type": ids.EXPORT, "format": ALL}
+
+
+class ResultPanel:
+    """Callbacks of the result panel; ``services`` holds the kept results and images."""
+
+    def __init__(self, services: Services):
+        self.services = services
+
+    def register(self, app) -> None:
+        """Attach the panel's callbacks to ``app``."""
+        app.callback(
+            Output(ids.RESULT_STORE, "data", allow_duplicate=True),
+            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Input(ids.LABEL, "value"),
+            State(ids.SESSION, "data"),
+            State(ids.RESULT_STORE, "data"),
+            prevent_initial_call=True,
+        )(self.recolour)
+        app.callback(
+            Output(ids.HEATMAP_GRAPH, "figure"),
+            Output(ids.RESULT_SUMMARY, "children"),
+            Output(EXPORTS, "disabled"),
+            Output(ids.DICOM_IDENTITY, "style"),
+            Input(ids.RESULT_STORE, "data"),
+            Input(ids.OVERLAY_STORE, "data"),
+            *SCREEN_INPUTS,
+            State(ids.LABEL, "value"),
+            State(ids.SESSION, "data"),
+            State(EXPORTS, "id"),
+        )(self.show_result)
+        app.callback(
+            Output(ids.DOWNLOAD, "data"),
+            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Input(EXPORTS, "n_clicks"),
+            State(ids.SESSION, "data"),
+            State(ids.RESULT_STORE, "data"),
+            State(ids.OVERLAY_STORE, "data"),
+            State(ids.DICOM_IDENTITY, "value"),
+            *[State(i.component_id, i.component_property) for i in SCREEN_INPUTS],
+            State(ids.LABEL, "value"),
+            prevent_initial_call=True,
+        )(self.export)
+
+    def recolour(self, label, session, handle):
+        """Another class of the same run: re-coloured at once, nothing recomputed (the
+        result panel redraws from the new handle)."""
+        results = self.services.results
+        try:
+            result = results.get(session)
+        except InputError as exc:  # team mode: Redis is away
+            return no_update, str(exc)
+        if label is not None and handle and result is None and results.dropped(session):
+            return no_update, DROPPED_RESULT
+        if (
+            label is None
+            or not handle
+            or result is None
+            or result["id"] != handle.get("id")
+            or int(label) == result["label"]
+        ):
+            raise PreventUpdate
+        try:
+            result = runs.relabel(result, int(label))
+            results.put(session, result)
+        except InputError as exc:
+            # the panel hides the heatmap: the class on screen is not the one it explains
+            return dict(handle, refused=int(label)), str(exc)
+        return {"id": result["id"], "provenance": result["provenance"]}, ""
+
+    def show_result(self, handle, overlay, *screen_and_states):
+        """The kept result, its line and its downloads, only while what is on screen is
+        what it explains; otherwise why not."""
+        *screen, label, session, buttons = screen_and_states
+        none = [True] * len(buttons), {"display": "none"}
+        try:
+            result = self.services.results.get(session) if handle else None
+        except InputError as exc:  # team mode: Redis is away
+            return empty_figure(str(exc)), "", *none
+        if result is None or result["id"] != handle.get("id"):
+            if handle and self.services.results.dropped(session):
+                return empty_figure(DROPPED_RESULT), "", *none
+            return empty_figure(NO_RESULT), "", *none
+        view = result_view(
+            Provenance.from_dict(result["provenance"]), self.screen_provenance(*screen, label)
+        )
+        if not view.show:
+            return empty_figure(view.reason), html.P(view.reason, className="warning"), *none
+        try:
+            figure = self.result_figure(result, overlay)
+        except InputError as exc:
+            return empty_figure(str(exc)), "", *none
+        is_dicom = bool(result.get("dicom"))
+        disabled = [button["format"] == "dcm" and not is_dicom for button in buttons]
+        return figure, summary(result), disabled, {"display": "block" if is_dicom else "none"}
+
+    def screen_provenance(
+        self, image_data, model_name, region, patch, stride, mode, colour, custom, label
+    ) -> Provenance | None:
+        """What the page shows now, as a run's provenance (None: nothing runnable)."""
+        try:
+            return Provenance.make(
+                image=(image_data or {})["key"],
+                model=model_name,
+                weights=self.services.weights_checksum(model_name),
+                region=region,
+                patch=patch,
+                stride=stride,
+                mode=mode,
+                colour=helpers.parse_colour(colour, custom),
+                label=label,
+            )
+        except (InputError, KeyError, TypeError, ValueError):
+            return None
+
+    def result_figure(self, result: dict, overlay: dict | None):
+        """The heatmap over the picture the model saw, drawn with the overlay settings."""
+        loaded = self.services.model(result["model"])
+        shown = helpers.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
+        return helpers.heatmap_figure(
+            shown,
+            result["values"],
+            result["xs"],
+            result["ys"],
+            result["patch"],
+            result["prob"],
+            result["label_name"],
+            helpers.overlay_style(overlay),
+            (overlay or {}).get("view") == "side",
+        )
+
+    def export(self, clicks, session, handle, overlay, identity, *screen):
+        """A download of the result on screen, in the format of the button pressed."""
+        if not any(clicks or []) or not isinstance(handle, dict):
+            raise PreventUpdate
+        result = self.services.results.get(session)
+        if result is None and self.services.results.dropped(session):
+            return no_update, DROPPED_RESULT
+        if result is None or result["id"] != handle.get("id"):
+            raise PreventUpdate  # not this tab's current result
+        view = result_view(
+            Provenance.from_dict(result["provenance"]), self.screen_provenance(*screen)
+        )
+        if not view.show:
+            return no_update, view.reason
+        try:
+            return self.download(result, ctx.triggered_id["format"], session, overlay, identity)
+        except InputError as exc:
+            return no_update, str(exc)
+
+    def download(self, result: dict, fmt: str, session, overlay, identity) -> tuple[dict, str]:
+        """The file for one export button (helpers' writers) and an empty message."""
+        stem = helpers.export_stem(result)
+        style = helpers.overlay_style(overlay)
+        if fmt == "png":
+            original = self.services.images.get(result["image_key"])
+            return dcc.send_bytes(helpers.export_png(original, result, style), f"{stem}.png"), ""
+        if fmt == "dcm":
+            source = self.services.images.source(
+                (result.get("dicom") or {}).get("source", ""), str(session or "")
+            )
+            data = helpers.export_dicom(source, result, style, "identity" in (identity or []))
+            return dcc.send_bytes(data, f"{stem}.dcm"), ""
+        if fmt == "npy":
+            return dcc.send_bytes(helpers.export_npy(result), f"{stem}.npy"), ""
+        if fmt == "npz":
+            return dcc.send_bytes(helpers.export_all_classes(result), f"{stem}-all.npz"), ""
+        if fmt == "csv":
+            return dcc.send_string(helpers.export_csv(result), f"{stem}.csv"), ""
+        return dcc.send_string(runs.export_summary(result), f"{stem}.json"), ""
+
+
+def summary(result: dict) -> html.Div:
+    """The result line (wording decided by runs.summary_lines)."""
+    first, *rest = runs.summary_lines(result)
+    children = [html.Strong(first)]
+    for line in rest:
+        is_reuse = line.startswith("Reused")
+        children.append(html.Div(line, id=ids.REUSE_INFO) if is_reuse else html.Div(line))
+    if not result["reused"]:
+        children.append(html.Div("", id=ids.REUSE_INFO, style={"display": "none"}))
+    return html.Div(children)

@@ -1,0 +1,199 @@
+"""The settings panel: the model's card and prediction (top 5, the class to explain), the
+patch, stride, mode and colour controls, the overlay controls and the runtime estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from dash import Input, Output, State, ctx, html, no_update
+from dash.exceptions import PreventUpdate
+
+import krypton
+from krypton.explainer import grid_positions
+
+from .. import helpers, ids, runs
+from ..helpers import InputError
+from ..layout import mode_options, patch_options
+from ..services import Services
+
+
+class SettingsPanel:
+    """Callbacks of the settings panel; ``services`` holds models and stored images."""
+
+    def __init__(self, services: Services):
+        self.services = services
+
+    def register(self, app) -> None:
+        """Attach the panel's callbacks to ``app``."""
+        app.callback(
+            Output(ids.PREDICTION_STORE, "data"),
+            Output(ids.LABEL, "options"),
+            Output(ids.LABEL, "value"),
+            Output(ids.TOP5, "children"),
+            Output(ids.MODEL_CARD, "children"),
+            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Output(ids.MODE, "options"),
+            Output(ids.MODE, "value"),
+            Input(ids.IMAGE_STORE, "data"),
+            Input(ids.MODEL, "value"),
+            State(ids.MODE, "value"),
+            State(ids.RUN, "disabled"),
+            prevent_initial_call="initial_duplicate",
+        )(self.predict)
+        app.callback(
+            Output(ids.PATCH, "options"), Output(ids.PATCH, "value"), Input(ids.MODEL, "value")
+        )(self.model_patch)
+        app.callback(Output(ids.APPROXIMATE_SETTINGS, "style"), Input(ids.MODE, "value"))(
+            toggle_approximate
+        )
+        app.callback(Output(ids.CUSTOM_COLOUR, "style"), Input(ids.COLOUR, "value"))(
+            toggle_custom_colour
+        )
+        app.callback(
+            Output(ids.OVERLAY_STORE, "data"),
+            Input(ids.OVERLAY_SHOW, "value"),
+            Input(ids.OVERLAY_VIEW, "value"),
+            Input(ids.OVERLAY_SCALE, "value"),
+            Input(ids.OVERLAY_OPACITY, "value"),
+            Input(ids.OVERLAY_THRESHOLD, "value"),
+        )(overlay_settings)
+        app.callback(
+            Output(ids.ESTIMATE, "children"),
+            Input(ids.MODEL, "value"),
+            Input(ids.PATCH, "value"),
+            Input(ids.STRIDE, "value"),
+            Input(ids.MODE, "value"),
+            Input(ids.REGION_STORE, "data"),
+            Input(ids.DRILL_DOWN, "value"),
+            Input(ids.TARGET_SPEEDUP, "value"),
+            Input(ids.RESULT_STORE, "data"),  # refreshed after each run: it learns
+        )(self.estimate)
+        app.callback(
+            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Input(ids.REGION_STORE, "data"),
+            Input(ids.PATCH, "value"),
+            Input(ids.STRIDE, "value"),
+            prevent_initial_call=True,
+        )(clear_stale_message)
+
+    def predict(self, image_data, model_name, mode, running):
+        """The model's card and its prediction for the image: the top 5, the class list
+        (the first class chosen), the OOD warning and which modes the model allows. It
+        also materialises the views a Run will reuse."""
+        try:
+            loaded = self.services.model(model_name)
+        except InputError as exc:
+            return None, [], None, "", "", str(exc), no_update, no_update
+        card = model_card(loaded)
+        if not image_data:
+            return None, [], None, "", card, no_update, no_update, no_update
+        try:
+            image = self.services.images.get(image_data["key"])
+        except InputError as exc:
+            return None, [], None, "", card, str(exc), no_update, no_update
+        tensor = loaded.preprocess(image)
+        logits, capture_error = self.services.logits(model_name, tensor)
+        ood = loaded.check_ood(tensor)
+        warning = helpers.ood_text(None if ood is None else ood.as_dict())
+        probs = torch.softmax(logits[0].float(), 0)
+        top = torch.topk(probs, min(5, probs.numel()))
+        top5 = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
+        options = [{"label": f"{loaded.class_name(i)} ({p:.1%})", "value": i} for i, p in top5]
+        others = [
+            {"label": loaded.class_name(i), "value": i}
+            for i in range(len(loaded.classes))
+            if i not in dict(top5)
+        ]
+        table = html.Table(
+            [html.Tr([html.Td(loaded.class_name(i)), html.Td(f"{p:.1%}")]) for i, p in top5],
+            className="top5-table",
+        )
+        if warning:
+            table = html.Div([html.P(warning, id=ids.OOD_WARNING, className="warning"), table])
+        message = (
+            ""
+            if capture_error is None
+            else f"Only naive mode works for this model: {capture_error}"
+        )
+        stopped = (
+            "The run in progress explained the previous image or model, so it was stopped."
+            if running and ctx.triggered_id in (ids.IMAGE_STORE, ids.MODEL)
+            else ""
+        )
+        message = " ".join(part for part in (stopped, warning, message) if part)
+        traceable = capture_error is None
+        return (
+            {"top5": top5, "model": model_name, "image": image_data["key"]},
+            options + others,
+            top5[0][0],
+            table,
+            card,
+            message,
+            mode_options(traceable),
+            mode if traceable else "naive",
+        )
+
+    def model_patch(self, model_name):
+        """Each model opens with its own default patch (its registry entry's)."""
+        try:
+            patch = self.services.model(model_name).patch
+        except InputError:
+            raise PreventUpdate
+        return patch_options(patch), patch
+
+    def estimate(self, model_name, patch, stride, mode, region, drill, speedup, _result):
+        """How long a Run with these settings should take, and where that comes from."""
+        try:
+            size = self.services.model(model_name).input_size
+            helpers.check_region(region, size, patch, stride)
+            ys, xs = grid_positions(size, patch, stride, region)
+        except (InputError, ValueError) as exc:
+            return html.Span(str(exc), className="warning")
+        found = runs.find_estimate(model_name, patch, stride, mode, region, drill, speedup)
+        naive = runs.find_estimate(model_name, patch, stride, "naive", region, drill, speedup)
+        positions = len(ys) * len(xs)
+        if found is None:
+            return (
+                f"{positions} positions; no runtime estimate for this model and patch "
+                f"size yet (make calibrate, or it learns from your first runs)"
+            )
+        text = (
+            f"Estimated {runs.estimate_text(dataclasses.asdict(found))} for {positions} "
+            f"positions, from {found.source}"
+        )
+        if naive and mode != "naive":
+            text += f" (naive ≈ {runs.format_seconds(naive.seconds)})"
+        return text
+
+
+def toggle_approximate(mode):
+    """The approximate settings only in approximate mode."""
+    return {"display": "block"} if mode == "approximate" else {"display": "none"}
+
+
+def toggle_custom_colour(colour):
+    """The colour field only for a custom patch colour."""
+    return {"display": "inline-block"} if colour == "custom" else {"display": "none"}
+
+
+def overlay_settings(show, view, scale, opacity, threshold):
+    """The overlay controls as one record (the result panel redraws from it)."""
+    return {
+        "show": "show" in (show or []),
+        "view": view,
+        "scale": scale,
+        "opacity": opacity,
+        "threshold": threshold or 0.0,
+    }
+
+
+def clear_stale_message(*_):
+    """A message about the last settings goes when the settings change."""
+    return ""
+
+
+def model_card(loaded: krypton.LoadedModel) -> html.Div:
+    """What the model is, in a few lines (helpers.model_card_lines)."""
+    first, *rest = helpers.model_card_lines(loaded)
+    return html.Div([html.P(first)] + [html.P(line, className="help") for line in rest])

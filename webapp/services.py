@@ -1,0 +1,125 @@
+"""What the page's callbacks share, per server: loaded models and their explainers
+(captured graphs and materialised views), stored images and uploads, each session's last
+result, the cell cache and the job queue. Built once in app.create_app and handed to
+every panel."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+import krypton
+from krypton.capture_lock import CAPTURE_LOCK
+from krypton.explainer import model_fingerprint
+from krypton.registry import CheckpointError, RegistryError, load_model
+
+from . import helpers, runs
+from .helpers import InputError
+from .jobs import JobQueue, running_as
+from .settings import ServerSettings
+from .uploads import UploadStore
+
+
+class Services:
+    """Loaded models, their explainers (graphs and views), stored images, the sessions'
+    last results and the job queue, per server."""
+
+    def __init__(self, cache_dir: Path, settings: ServerSettings | None = None, team=None):
+        self.settings = settings or ServerSettings()
+        self.team = team  # webapp.team.TeamStores in team mode: state lives in Redis
+        if team is not None:
+            self.images, self.results, self.cells = team.images(), team.results(), team.cells()
+        else:
+            self.images = helpers.ImageStore(
+                Path(cache_dir) / "images",
+                self.settings.mb(self.settings.image_store_mb),
+                self.settings.image_store_count,
+            )
+            self.results = helpers.ResultStore(
+                self.settings.results_kept, self.settings.mb(self.settings.result_store_mb)
+            )
+            self.cells = runs.CellCache(max_bytes=self.settings.mb(self.settings.cell_cache_mb))
+        self.uploads = UploadStore(
+            Path(cache_dir) / "uploads", self.settings.mb(self.settings.upload_store_mb)
+        )
+        self._checksums: dict[str, str] = {}
+        self.jobs = JobQueue(
+            self.settings.max_running_jobs,
+            self.settings.max_queued_jobs,
+            self.settings.max_jobs_per_session,
+            self.settings.max_jobs_per_client,
+        )
+        self._models: dict[str, krypton.LoadedModel] = {}
+        self._explainers: dict[str, krypton.OcclusionExplainer] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def job(self) -> Iterator[None]:
+        """Around a run: nothing in embedded mode (the thread manager tracks the job); in
+        team mode, inside a Celery worker, the job's lease (cancel, abandoned page, and
+        the broker message kept from redelivery while this worker is alive)."""
+        request = None
+        if self.team is not None:
+            from celery import current_task
+
+            request = getattr(current_task, "request", None)
+        if request is None or not getattr(request, "id", None):
+            yield
+            return
+        from krypton.distributed import delivery_tag
+
+        from .team import JobLease
+
+        lease = JobLease(
+            self.team.client, request.id, delivery_tag(request), self.settings.abandon_seconds
+        )
+        lease.wait_for_other_holder()
+        with lease, running_as(lease):
+            yield
+
+    def forget(self, name: str) -> None:
+        """Drop a removed model from memory."""
+        with self._lock:
+            self._models.pop(name, None)
+            self._explainers.pop(name, None)
+            self._checksums.pop(name, None)
+
+    def model(self, name: str) -> krypton.LoadedModel:
+        if not name:
+            raise InputError("choose a model")
+        with self._lock:
+            if name not in self._models:
+                try:
+                    self._models[name] = load_model(name)
+                except (RegistryError, CheckpointError, krypton.WeightsUnavailableError) as exc:
+                    raise InputError(str(exc)) from exc
+                self._explainers[name] = krypton.OcclusionExplainer(self._models[name].module)
+            return self._models[name]
+
+    def weights_checksum(self, name: str) -> str:
+        """Digest of the model's weights and settings: which version made a result."""
+        module = self.model(name).module
+        with self._lock:
+            if name not in self._checksums:
+                self._checksums[name] = model_fingerprint(module)[1]
+            return self._checksums[name]
+
+    def explainer(self, name: str) -> krypton.OcclusionExplainer:
+        self.model(name)
+        return self._explainers[name]
+
+    def logits(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """Logits of the unoccluded image, and why exact/approximate modes cannot run
+        (None when they can). For traceable models this also materialises the views a Run
+        will reuse; a model that cannot be captured runs plainly, and the capture error is
+        returned for the page to show — any other error propagates."""
+        with torch.inference_mode():
+            try:
+                return self.explainer(name).views_for(tensor)[1].logits, None
+            except krypton.UnsupportedModelError as exc:
+                with CAPTURE_LOCK.shared():
+                    return self.model(name).module(tensor.unsqueeze(0)), str(exc)
