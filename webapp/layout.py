@@ -411,6 +411,261 @@ def _size_checked(upload: dcc.Upload, max_bytes: int, ticket: str) -> html.Div:
     return html.Div(upload, **{"data-max-bytes": str(max_bytes), "data-ticket": ticket})
 
 
+def _image_section(max_image_bytes: int) -> html.Section:
+    """The image panel: upload, samples, DICOM controls, the picture and its region."""
+    return html.Section(
+        [
+            html.H2("Image"),
+            _size_checked(
+                dcc.Upload(
+                    html.Div(
+                        [
+                            "Drop an image here or ",
+                            html.A("choose a file"),
+                            html.Small(
+                                f" (PNG, JPEG, TIFF, BMP, DICOM; up to "
+                                f"{max_image_bytes / 2**20:g} MB)"
+                            ),
+                        ]
+                    ),
+                    id=ids.UPLOAD,
+                    className="upload",
+                    max_size=max_image_bytes,
+                    # no accept filter: DICOM files often have no extension
+                ),
+                max_image_bytes,
+                ids.UPLOAD_TICKET,
+            ),
+            _gallery(),
+            _dicom_panel(),
+            dcc.Graph(
+                id=ids.IMAGE_GRAPH,
+                config={
+                    "displaylogo": False,
+                    "modeBarButtonsToRemove": ["lasso2d"],
+                },
+            ),
+            html.Div(
+                [
+                    html.Span(id=ids.REGION_TEXT, className="region-text"),
+                    html.Button("Whole image", id=ids.RESET_REGION, n_clicks=0),
+                ],
+                className="row",
+            ),
+            html.Small(
+                "Drag a rectangle on the image to explain only that region.",
+                className="help",
+            ),
+        ],
+        className="panel image-panel",
+    )
+
+
+def _settings_section(
+    models: list[dict], default_model: str | None, max_model_bytes: int, trusted_uploads: bool
+) -> html.Section:
+    """The settings panel: model, patch, stride, mode, colour, class, Run, progress."""
+    return html.Section(
+        [
+            html.H2("Settings"),
+            _labelled(
+                "Model",
+                dcc.Dropdown(
+                    id=ids.MODEL,
+                    options=models,
+                    value=default_model,
+                    clearable=False,
+                ),
+            ),
+            html.Div(id=ids.MODEL_CARD, className="model-card"),
+            html.Div(
+                [
+                    _labelled(
+                        "Patch size",
+                        dcc.Dropdown(
+                            id=ids.PATCH,
+                            options=patch_options(),
+                            value=DEFAULT_PATCH,  # then the model's own
+                            clearable=False,
+                        ),
+                    ),
+                    _labelled(
+                        "Stride",
+                        dcc.Dropdown(
+                            id=ids.STRIDE,
+                            options=[{"label": str(s), "value": s} for s in STRIDES],
+                            value=4,
+                            clearable=False,
+                        ),
+                    ),
+                ],
+                className="row two",
+            ),
+            _labelled(
+                "Mode",
+                dcc.RadioItems(id=ids.MODE, value="exact", inline=True, options=mode_options()),
+            ),
+            html.Div(
+                [
+                    _labelled(
+                        "Target SSIM",
+                        dcc.Slider(
+                            id=ids.TARGET_SSIM,
+                            min=0.7,
+                            max=1.0,
+                            step=0.01,
+                            value=0.9,
+                            marks={0.7: "0.7", 0.8: "0.8", 0.9: "0.9", 1.0: "1"},
+                        ),
+                        "visual similarity to the exact heatmap; sets τ",
+                    ),
+                    _labelled(
+                        "Drill-down fraction",
+                        dcc.Slider(
+                            id=ids.DRILL_DOWN,
+                            min=0.05,
+                            max=1.0,
+                            step=0.05,
+                            value=0.25,
+                            marks={0.1: "0.1", 0.25: "0.25", 0.5: "0.5", 1.0: "1"},
+                        ),
+                        "share of the region refined at full resolution",
+                    ),
+                    _labelled(
+                        "Target speedup",
+                        dcc.Slider(
+                            id=ids.TARGET_SPEEDUP,
+                            min=1.5,
+                            max=8,
+                            step=0.5,
+                            value=3,
+                            marks={2: "2", 3: "3", 5: "5", 8: "8"},
+                        ),
+                    ),
+                ],
+                id=ids.APPROXIMATE_SETTINGS,
+                style={"display": "none"},
+            ),
+            _labelled(
+                "Occlusion colour",
+                html.Div(
+                    [
+                        dcc.RadioItems(
+                            id=ids.COLOUR,
+                            value="gray",
+                            inline=True,
+                            options=[
+                                {"label": "Gray", "value": "gray"},
+                                {"label": "Black", "value": "black"},
+                                {"label": "Custom", "value": "custom"},
+                            ],
+                        ),
+                        dcc.Input(
+                            id=ids.CUSTOM_COLOUR,
+                            value="#808080",
+                            type="text",
+                            debounce=True,
+                            className="colour-input",
+                        ),
+                    ],
+                    className="row",
+                ),
+            ),
+            _labelled(
+                "Class to explain",
+                dcc.Dropdown(id=ids.LABEL, clearable=False),
+                "switching class re-colours an exact or naive heatmap at once",
+            ),
+            dcc.Checklist(
+                id=ids.SNAP,
+                value=["snap"],
+                className="help",
+                options=[
+                    {
+                        "label": " snap a new region to the last grid (reuses computed cells)",
+                        "value": "snap",
+                    }
+                ],
+            ),
+            html.Div(id=ids.TOP5, className="top5"),
+            html.Div(id=ids.ESTIMATE, className="estimate"),
+            html.Div(
+                [
+                    html.Button("Run", id=ids.RUN, n_clicks=0, className="primary"),
+                    html.Button("Cancel", id=ids.CANCEL, n_clicks=0, disabled=True),
+                ],
+                className="row",
+            ),
+            html.Progress(id=ids.PROGRESS, value="0", max="1"),
+            _model_upload(max_model_bytes, trusted_uploads),
+        ],
+        className="panel settings-panel",
+    )
+
+
+def _result_section() -> html.Section:
+    """The heatmap panel: overlay controls, the live picture, the result and downloads."""
+    return html.Section(
+        [
+            html.H2("Heatmap"),
+            _overlay_controls(),
+            html.Div(
+                [
+                    dcc.Graph(
+                        id=ids.LIVE_GRAPH,
+                        config={"displaylogo": False},
+                        figure=placeholder_figure("Starting…"),
+                    ),
+                    html.Div(id=ids.LIVE_STATUS, className="status"),
+                ],
+                id=ids.LIVE_PANEL,
+                style={"display": "none"},
+            ),
+            html.Div(
+                [
+                    dcc.Graph(
+                        id=ids.HEATMAP_GRAPH,
+                        config={"displaylogo": False},
+                        figure=placeholder_figure("Press Run to compute the heatmap"),
+                    ),
+                    html.Div(id=ids.RESULT_SUMMARY, className="summary"),
+                    html.Div(
+                        [
+                            html.Span("Download: "),
+                            *[
+                                html.Button(
+                                    text,
+                                    id={"type": ids.EXPORT, "format": fmt},
+                                    disabled=True,
+                                    title=title,
+                                )
+                                for text, fmt, title in EXPORTS
+                            ],
+                        ],
+                        className="row exports",
+                    ),
+                    dcc.Checklist(
+                        id=ids.DICOM_IDENTITY,
+                        options=[
+                            {
+                                "label": " copy the patient's identity (name, "
+                                "ID, birth date, sex, accession number) into "
+                                "the DICOM export",
+                                "value": "identity",
+                            }
+                        ],
+                        value=[],
+                        className="help",
+                        style={"display": "none"},
+                    ),
+                ],
+                id=ids.RESULT_PANEL_BODY,
+            ),
+        ],
+        className="panel result-panel",
+    )
+
+
 def build_layout(
     models: list[dict],
     default_model: str | None,
@@ -442,254 +697,9 @@ def build_layout(
             html.Div(id=ids.MESSAGE, className="message", role="alert"),
             html.Main(
                 [
-                    html.Section(
-                        [
-                            html.H2("Image"),
-                            _size_checked(
-                                dcc.Upload(
-                                    html.Div(
-                                        [
-                                            "Drop an image here or ",
-                                            html.A("choose a file"),
-                                            html.Small(
-                                                f" (PNG, JPEG, TIFF, BMP, DICOM; up to "
-                                                f"{max_image_bytes / 2**20:g} MB)"
-                                            ),
-                                        ]
-                                    ),
-                                    id=ids.UPLOAD,
-                                    className="upload",
-                                    max_size=max_image_bytes,
-                                    # no accept filter: DICOM files often have no extension
-                                ),
-                                max_image_bytes,
-                                ids.UPLOAD_TICKET,
-                            ),
-                            _gallery(),
-                            _dicom_panel(),
-                            dcc.Graph(
-                                id=ids.IMAGE_GRAPH,
-                                config={
-                                    "displaylogo": False,
-                                    "modeBarButtonsToRemove": ["lasso2d"],
-                                },
-                            ),
-                            html.Div(
-                                [
-                                    html.Span(id=ids.REGION_TEXT, className="region-text"),
-                                    html.Button("Whole image", id=ids.RESET_REGION, n_clicks=0),
-                                ],
-                                className="row",
-                            ),
-                            html.Small(
-                                "Drag a rectangle on the image to explain only that region.",
-                                className="help",
-                            ),
-                        ],
-                        className="panel image-panel",
-                    ),
-                    html.Section(
-                        [
-                            html.H2("Settings"),
-                            _labelled(
-                                "Model",
-                                dcc.Dropdown(
-                                    id=ids.MODEL,
-                                    options=models,
-                                    value=default_model,
-                                    clearable=False,
-                                ),
-                            ),
-                            html.Div(id=ids.MODEL_CARD, className="model-card"),
-                            html.Div(
-                                [
-                                    _labelled(
-                                        "Patch size",
-                                        dcc.Dropdown(
-                                            id=ids.PATCH,
-                                            options=patch_options(),
-                                            value=DEFAULT_PATCH,  # then the model's own
-                                            clearable=False,
-                                        ),
-                                    ),
-                                    _labelled(
-                                        "Stride",
-                                        dcc.Dropdown(
-                                            id=ids.STRIDE,
-                                            options=[
-                                                {"label": str(s), "value": s} for s in STRIDES
-                                            ],
-                                            value=4,
-                                            clearable=False,
-                                        ),
-                                    ),
-                                ],
-                                className="row two",
-                            ),
-                            _labelled(
-                                "Mode",
-                                dcc.RadioItems(
-                                    id=ids.MODE, value="exact", inline=True, options=mode_options()
-                                ),
-                            ),
-                            html.Div(
-                                [
-                                    _labelled(
-                                        "Target SSIM",
-                                        dcc.Slider(
-                                            id=ids.TARGET_SSIM,
-                                            min=0.7,
-                                            max=1.0,
-                                            step=0.01,
-                                            value=0.9,
-                                            marks={0.7: "0.7", 0.8: "0.8", 0.9: "0.9", 1.0: "1"},
-                                        ),
-                                        "visual similarity to the exact heatmap; sets τ",
-                                    ),
-                                    _labelled(
-                                        "Drill-down fraction",
-                                        dcc.Slider(
-                                            id=ids.DRILL_DOWN,
-                                            min=0.05,
-                                            max=1.0,
-                                            step=0.05,
-                                            value=0.25,
-                                            marks={0.1: "0.1", 0.25: "0.25", 0.5: "0.5", 1.0: "1"},
-                                        ),
-                                        "share of the region refined at full resolution",
-                                    ),
-                                    _labelled(
-                                        "Target speedup",
-                                        dcc.Slider(
-                                            id=ids.TARGET_SPEEDUP,
-                                            min=1.5,
-                                            max=8,
-                                            step=0.5,
-                                            value=3,
-                                            marks={2: "2", 3: "3", 5: "5", 8: "8"},
-                                        ),
-                                    ),
-                                ],
-                                id=ids.APPROXIMATE_SETTINGS,
-                                style={"display": "none"},
-                            ),
-                            _labelled(
-                                "Occlusion colour",
-                                html.Div(
-                                    [
-                                        dcc.RadioItems(
-                                            id=ids.COLOUR,
-                                            value="gray",
-                                            inline=True,
-                                            options=[
-                                                {"label": "Gray", "value": "gray"},
-                                                {"label": "Black", "value": "black"},
-                                                {"label": "Custom", "value": "custom"},
-                                            ],
-                                        ),
-                                        dcc.Input(
-                                            id=ids.CUSTOM_COLOUR,
-                                            value="#808080",
-                                            type="text",
-                                            debounce=True,
-                                            className="colour-input",
-                                        ),
-                                    ],
-                                    className="row",
-                                ),
-                            ),
-                            _labelled(
-                                "Class to explain",
-                                dcc.Dropdown(id=ids.LABEL, clearable=False),
-                                "switching class re-colours an exact or naive heatmap at once",
-                            ),
-                            dcc.Checklist(
-                                id=ids.SNAP,
-                                value=["snap"],
-                                className="help",
-                                options=[
-                                    {
-                                        "label": " snap a new region to the last grid "
-                                        "(reuses computed cells)",
-                                        "value": "snap",
-                                    }
-                                ],
-                            ),
-                            html.Div(id=ids.TOP5, className="top5"),
-                            html.Div(id=ids.ESTIMATE, className="estimate"),
-                            html.Div(
-                                [
-                                    html.Button("Run", id=ids.RUN, n_clicks=0, className="primary"),
-                                    html.Button("Cancel", id=ids.CANCEL, n_clicks=0, disabled=True),
-                                ],
-                                className="row",
-                            ),
-                            html.Progress(id=ids.PROGRESS, value="0", max="1"),
-                            _model_upload(max_model_bytes, trusted_uploads),
-                        ],
-                        className="panel settings-panel",
-                    ),
-                    html.Section(
-                        [
-                            html.H2("Heatmap"),
-                            _overlay_controls(),
-                            html.Div(
-                                [
-                                    dcc.Graph(
-                                        id=ids.LIVE_GRAPH,
-                                        config={"displaylogo": False},
-                                        figure=placeholder_figure("Starting…"),
-                                    ),
-                                    html.Div(id=ids.LIVE_STATUS, className="status"),
-                                ],
-                                id=ids.LIVE_PANEL,
-                                style={"display": "none"},
-                            ),
-                            html.Div(
-                                [
-                                    dcc.Graph(
-                                        id=ids.HEATMAP_GRAPH,
-                                        config={"displaylogo": False},
-                                        figure=placeholder_figure(
-                                            "Press Run to compute the heatmap"
-                                        ),
-                                    ),
-                                    html.Div(id=ids.RESULT_SUMMARY, className="summary"),
-                                    html.Div(
-                                        [
-                                            html.Span("Download: "),
-                                            *[
-                                                html.Button(
-                                                    text,
-                                                    id={"type": ids.EXPORT, "format": fmt},
-                                                    disabled=True,
-                                                    title=title,
-                                                )
-                                                for text, fmt, title in EXPORTS
-                                            ],
-                                        ],
-                                        className="row exports",
-                                    ),
-                                    dcc.Checklist(
-                                        id=ids.DICOM_IDENTITY,
-                                        options=[
-                                            {
-                                                "label": " copy the patient's identity (name, "
-                                                "ID, birth date, sex, accession number) into "
-                                                "the DICOM export",
-                                                "value": "identity",
-                                            }
-                                        ],
-                                        value=[],
-                                        className="help",
-                                        style={"display": "none"},
-                                    ),
-                                ],
-                                id=ids.RESULT_PANEL_BODY,
-                            ),
-                        ],
-                        className="panel result-panel",
-                    ),
+                    _image_section(max_image_bytes),
+                    _settings_section(models, default_model, max_model_bytes, trusted_uploads),
+                    _result_section(),
                 ],
                 className="grid",
             ),
