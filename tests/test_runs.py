@@ -80,16 +80,25 @@ def test_refinement_reuses_cells_on_any_grid_and_says_why_not(services):
     np.testing.assert_allclose(
         snapped["values"], direct(services, offset, snapped["label"], (24, 24, 72, 72)), atol=1e-5
     )
-    unsnapped = runs.execute(services, "other", request(services), lambda *a: None)
-    kept = runs.execute(
-        services, "other", runs.RunRequest(**{**offset.__dict__, "snap": False}), lambda *a: None
-    )
+    grey = (0.4, 0.4, 0.4)  # other cells: none computed yet for this colour
+    unsnapped = runs.execute(services, "s", request(services, fill_rgb=grey), lambda *a: None)
+    not_snapped = runs.RunRequest(**{**offset.__dict__, "snap": False, "fill_rgb": grey})
+    kept = runs.execute(services, "s", not_snapped, lambda *a: None)
     assert unsnapped["reused"] == 0 and kept["reused"] == 0
     assert "offset by 3 px across and 5 px down" in kept["reuse_note"]
     assert any("offset by 3 px" in line for line in runs.summary_lines(kept))
     # a stride that divides the last one reuses the cells on it
     finer = runs.execute(services, "s", request(services, stride=4), lambda *a: None)
     assert finer["reused"] == 25 and finer["evaluated"] == 56
+
+
+def test_a_reloaded_tab_reuses_the_cells_of_the_tab_it_replaced(services):
+    """The cells were kept per tab: a reload (a new session) computed everything again
+    and the page said nothing about it."""
+    first = runs.execute(services, "tab-before-reload", request(services), lambda *a: None)
+    again = runs.execute(services, "tab-after-reload", request(services), lambda *a: None)
+    assert first["evaluated"] == 25 and again["reused"] == 25 and again["evaluated"] == 0
+    np.testing.assert_array_equal(again["values"], first["values"])
 
 
 def test_every_chunk_reports_a_picture_in_every_mode(services):

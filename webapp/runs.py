@@ -107,10 +107,12 @@ class _Known:
 
 
 class CellCache:
-    """Every position computed for a session, per (image, model, patch, colour, mode):
+    """Every position computed, per (image, model weights, patch, colour, mode): the
     probabilities of every class, so any later grid, region or class can reuse them.
-    Bounded: the most recent ``max_keys`` settings across all sessions, and ``max_bytes``
-    of cells together (least recently used settings go first)."""
+    Keyed by what determines a cell's value, not by tab (as team mode's RedisCellCache):
+    a reloaded page or a second tab on the same image reuses them. Bounded: the most
+    recent ``max_keys`` settings, and ``max_bytes`` of cells together (least recently
+    used settings go first)."""
 
     def __init__(self, max_keys: int = 64, max_bytes: int = 512 * 2**20):
         self.max_keys, self.max_bytes = max_keys, max_bytes
@@ -119,10 +121,11 @@ class CellCache:
 
     @staticmethod
     def key(session: str, request: RunRequest, weights: str) -> tuple:
-        """Per session; ``weights`` (the weights checksum) so a model replaced under the
-        same name never reuses its predecessor's cells."""
+        """The cells' identity (``session`` is not part of it); ``weights`` (the weights
+        checksum) so a model replaced under the same name never reuses its predecessor's
+        cells."""
         colour = tuple(round(c, 6) for c in request.fill_rgb)
-        return (session, request.image_key, weights, request.patch, colour, request.mode)
+        return (request.image_key, weights, request.patch, colour, request.mode)
 
     def get(self, key: tuple) -> _Known:
         with self._lock:
