@@ -742,15 +742,26 @@ class OcclusionExplainer:
         )
         chosen = max(1, int(np.ceil(plan.r_drill_down * stage_rows.size)))
         run.expect(stage_rows.size + chosen * blocks_per_cell)  # refined after stage one
-        stage_one = run.evaluate(stage_rows, stage_cols, patch, plan.tau)[0].reshape(
-            len(stage_ys), len(stage_xs)
-        )
+        block_rows = drilldown.block_of(grid_ys, stage_ys)
+        block_cols = drilldown.block_of(grid_xs, stage_xs)
+
+        def stage_one_so_far(done: int, probabilities: np.ndarray) -> None:
+            """A live picture after each stage-one batch: every grid cell shows its
+            block's stage-one value (NaN where that block is not computed yet)."""
+            if partial is None or done >= stage_rows.size:
+                return
+            known = np.full(stage_rows.size, np.nan, dtype=np.float32)
+            known[:done] = probabilities[:done]
+            blocks = known.reshape(len(stage_ys), len(stage_xs))
+            partial(blocks[block_rows[:, None], block_cols[None, :]])
+
+        stage_one = run.evaluate(
+            stage_rows, stage_cols, patch, plan.tau, on_batch=stage_one_so_far
+        )[0].reshape(len(stage_ys), len(stage_xs))
 
         values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys, grid_xs)
         if partial is not None:  # the whole picture, coarse, before stage two
             partial(values.copy())
-        block_rows = drilldown.block_of(grid_ys, stage_ys)
-        block_cols = drilldown.block_of(grid_xs, stage_xs)
         refine = drilldown.selected_blocks(stage_one, plan.r_drill_down, plan.refine_by)[
             block_rows[:, None], block_cols[None, :]
         ]
@@ -993,9 +1004,11 @@ class _Run:
         tau: float = 1.0,
         naive: bool = False,
         geometry=None,
+        on_batch: Callable[[int, np.ndarray], None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Probabilities of the label with the patch at each (x, y), batch by batch, and
-        (when kept) every class's: (count,), (count, classes) or None."""
+        (when kept) every class's: (count,), (count, classes) or None. ``on_batch(done,
+        probabilities)`` sees the first ``done`` values after each batch."""
         count = len(ys)
         probabilities = np.empty(count, dtype=np.float32)
         every = None
@@ -1029,6 +1042,8 @@ class _Run:
             self.evaluated += batch.stop - batch.start
             if self.progress is not None:
                 self.progress(self.evaluated, max(self.total, self.evaluated))
+            if on_batch is not None:
+                on_batch(batch.stop, probabilities)
         return probabilities, every
 
 
@@ -1096,8 +1111,10 @@ def explain(
         target_speedup: drill-down speedup that sets the stage-one stride S1 (eq 29);
             infeasible targets (eq 30) raise an error stating the largest achievable one.
         s1: stage-one stride, overriding target_speedup.
-        partial: approximate mode with drill-down calls ``partial(values)`` once stage one
-            has run, with the stage-one heatmap interpolated to the whole grid.
+        partial: approximate mode with drill-down calls ``partial(values)`` after each
+            stage-one batch but the last (each grid cell shows its stage-one block's
+            value; NaN where none is computed yet) and once stage one has run, with the
+            stage-one heatmap interpolated to the whole grid.
         strategy: how exact mode computes its (identical) numbers: "auto" (default) runs
             incremental inference where it is faster on this host and naive inference
             where it is not (``heatmap.extra["plan"]`` says which and why); "incremental"

@@ -103,11 +103,14 @@ def test_a_reloaded_tab_reuses_the_cells_of_the_tab_it_replaced(services):
 
 def test_every_chunk_reports_a_picture_in_every_mode(services):
     for mode in ("exact", "naive", "approximate"):
-        pictures = []
+        pictures, done_at_picture, progress = [], [], {"done": 0}
 
         def report(done, total, partial=None):
+            if total:
+                progress["done"] = done
             if partial is not None:
                 pictures.append(partial)
+                done_at_picture.append(progress["done"])
 
         run = request(
             services, mode=mode, region=None, stride=4, r_drill_down=0.25, target_speedup=2.0
@@ -116,7 +119,13 @@ def test_every_chunk_reports_a_picture_in_every_mode(services):
         assert pictures, mode
         assert pictures[0].values.shape == np.asarray(result["values"]).shape
         assert np.isfinite(pictures[-1].values).any()
-        if mode != "approximate":
+        if mode == "approximate":
+            # a picture from the first stage-one batch, not only once stage one ends
+            stage_one = result["approximate"]["stage_one_positions"]
+            assert done_at_picture[0] < stage_one, (done_at_picture[:3], stage_one)
+            assert np.isnan(pictures[0].values).any() and np.isfinite(pictures[0].values).any()
+            assert len(pictures) >= 3
+        else:
             # the first chunk is 16 positions of a coarse grid spread over the image
             first = pictures[0].values
             assert np.count_nonzero(~np.isnan(first)) == runs.FIRST_CHUNK
