@@ -82,7 +82,7 @@ analyze: $(STAMP)
 models: $(STAMP)
 	$(PY) -c "import torchvision as tv; [tv.models.get_model(n, weights='DEFAULT') for n in ('resnet18', 'vgg16', 'inception_v3')]"
 
-# Fit the demo model's SSIM(tau) curve and this host's runtime estimator (models/*.json).
+# Fit the demo model's SSIM(tau) curve and this host's runtime estimator (krypton/shipped_models/*.json).
 tune: $(STAMP)
 	$(VENV)/bin/krypton tune --model fundus-demo --stride 8
 

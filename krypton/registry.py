@@ -1,4 +1,4 @@
-"""Model registry: one small JSON file per model in ``models/``.
+"""Model registry: one small JSON file per model in ``krypton/shipped_models/``.
 
 A registry file names the architecture, where the weights come from, the input size, the
 normalisation and the class names, optionally the default patch side ("patch", else 16;
@@ -26,6 +26,7 @@ import re
 import shutil
 import threading
 import unicodedata
+from importlib import resources
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,10 +98,13 @@ class ModelInfo:
 
 
 def models_dir() -> Path:
-    """The shipped models: $KRYPTON_MODELS_DIR, else the repository's models/ (read-only
-    for registration: users' models never go here)."""
+    """The shipped models: $KRYPTON_MODELS_DIR, else the package's shipped_models/
+    (package data, so an installed wheel finds them from any folder; read-only for
+    registration: users' models never go here)."""
     configured = os.environ.get("KRYPTON_MODELS_DIR")
-    return Path(configured) if configured else Path(__file__).resolve().parents[1] / "models"
+    if configured:
+        return Path(configured)
+    return Path(str(resources.files("krypton") / "shipped_models"))
 
 
 def krypton_home() -> Path:

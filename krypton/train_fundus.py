@@ -1,6 +1,6 @@
 """Train and evaluate the fundus-lesion demo model (torchvision ResNet18, 3 classes).
 
-    python -m krypton.train_fundus train        # ~90 min on 2 CPU cores; writes models/
+    python -m krypton.train_fundus train        # ~90 min on 2 CPU cores; writes krypton/shipped_models/
     python -m krypton.train_fundus third-stage  # stage 3 only, from the two-stage model
     python -m krypton.train_fundus fourth-stage # stage 4 only, from the three-stage model
     python -m krypton.train_fundus evaluate     # every number of the model card
@@ -33,7 +33,7 @@ from .fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample, label_for
 from .models import IMAGENET_MEAN, IMAGENET_STD
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models"
+MODEL_DIR = ROOT / "krypton" / "shipped_models"
 WEIGHTS_FILE = "fundus-demo.pt"
 REGISTRY_FILE = "fundus-demo.json"
 TRAIN_SEED, TEST_SEED, POINTING_SEED = 1, 3, 4

@@ -254,7 +254,7 @@ def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch, krypton
     registry = tmp_path / "registry"
     registry.mkdir()
     for name in ("fundus-demo.json", "fundus-demo.pt"):
-        (registry / name).write_bytes((ROOT / "models" / name).read_bytes())
+        (registry / name).write_bytes((ROOT / "krypton" / "shipped_models" / name).read_bytes())
     monkeypatch.setenv("KRYPTON_MODELS_DIR", str(registry))
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None, num_classes=4).eval()

@@ -77,7 +77,7 @@ def weights(tmp_path) -> Path:
 def test_user_models_live_in_krypton_home_and_can_be_removed(weights, krypton_home):
     register_model("mine", weights, ["a", "b"], architecture="resnet18", input_size=(64, 64))
     assert (krypton_home / "models" / "mine.json").exists()
-    assert not (ROOT / "models" / "mine.json").exists()
+    assert not (ROOT / "krypton" / "shipped_models" / "mine.json").exists()
     info = {i.name: i for i in available_models()}
     assert info["mine"].user and not info["fundus-demo"].user
     assert load_model("mine").classes == ["a", "b"]
@@ -86,7 +86,7 @@ def test_user_models_live_in_krypton_home_and_can_be_removed(weights, krypton_ho
     assert not list((krypton_home / "models").glob("mine*"))
     with pytest.raises(RegistryError, match="shipped model"):
         krypton.registry.remove_model("fundus-demo")
-    assert (ROOT / "models" / "fundus-demo.pt").exists()
+    assert (ROOT / "krypton" / "shipped_models" / "fundus-demo.pt").exists()
 
 
 def test_names_are_unique_regardless_of_case_and_never_overwritten(weights, krypton_home):

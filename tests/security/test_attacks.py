@@ -36,7 +36,7 @@ def registry(tmp_path):
     folder = tmp_path / "models"
     folder.mkdir()
     for name in ("fundus-demo.json", "fundus-demo.pt"):
-        shutil.copy(ROOT / "models" / name, folder / name)
+        shutil.copy(ROOT / "krypton" / "shipped_models" / name, folder / name)
     return folder
 
 

@@ -41,7 +41,7 @@ def shipped_models(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("models")
     for name in ("fundus-demo.json", "fundus-demo.pt", "fundus-demo.ood.npz"):
-        shutil.copy(ROOT / "models" / name, folder / name)
+        shutil.copy(ROOT / "krypton" / "shipped_models" / name, folder / name)
     return folder
 
 
