@@ -29,7 +29,7 @@ WEIGHTS = Path(f"out/fundus-gated-mobilenet_v3_small-{IMAGE_SIZE}px.pt")
 
 
 def trained(epochs: int) -> torch.nn.Module:
-    from krypton.train_fundus import accuracy, build_model, recalibrate_batch_norm, train
+    from demo.fundus.train import accuracy, build_model, recalibrate_batch_norm, train
 
     model = build_model("mobilenet_v3_small")
     if WEIGHTS.exists():
@@ -53,7 +53,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import krypton
     from krypton.fundus import FundusGenerator
-    from krypton.train_fundus import to_tensor
+    from demo.fundus.train import to_tensor
 
     model = trained(args.epochs)
     explainer = krypton.OcclusionExplainer(model)

@@ -34,7 +34,8 @@ import numpy as np
 from PIL import Image
 
 from .explainer import explain
-from .imaging import ImageLoadError, heatmap_picture, load_image
+from .imaging import ImageLoadError, load_image
+from .render import heatmap_picture
 from .ood import caveat
 from .models import LoadedModel
 

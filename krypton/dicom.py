@@ -23,6 +23,7 @@ from .decoding import (
     ImageLoadError,
     reduced_to_max_side,
 )
+from .render import OverlayStyle, overlay, styled_heatmap
 
 __all__ = [
     "WINDOW_PRESETS",
@@ -625,9 +626,8 @@ def heatmap_capture(
 ) -> bytes:
     """A heatmap as a Secondary Capture of its DICOM source: the same frame in the same
     ``window``, at the file's own resolution, with the heatmap drawn as ``style`` (an
-    :class:`krypton.imaging.OverlayStyle`) says and the settings in Image Comments,
+    :class:`krypton.render.OverlayStyle`) says and the settings in Image Comments,
     ``warning`` (an out-of-distribution caveat, say) first."""
-    from .imaging import OverlayStyle, overlay, styled_heatmap
 
     style = style or OverlayStyle()
     loaded = load_dicom(source, window=window, frame=frame)

@@ -8,13 +8,9 @@ other positions on the same image skips capture and materialisation.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import threading
 import time
-import warnings
 import weakref
-import zlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -25,7 +21,6 @@ from torch import nn
 
 from . import drilldown
 from .capture_lock import CAPTURE_LOCK
-from .engine.plan import measured_plan, reused_plan
 from .engine import (
     ExecutionPlan,
     IncrementalGraph,
@@ -35,7 +30,27 @@ from .engine import (
     scatter_full,
 )
 from .models import LoadedModel
-from .tuning import TauTuning, choose_tau
+from ._approximate_plan import _approximate_plan, _ApproximatePlan
+from ._evaluation import _Run
+from ._fingerprint import (
+    _count_macs_with_hooks,
+    _image_key,
+    capped_batch_size,
+    model_fingerprint,
+)
+from ._inputs import (
+    _check_image,
+    _check_label_type,
+    _check_logits,
+    _check_model,
+    _listed_positions,
+    _model_device,
+    _model_dtype,
+    _occluder,
+    _positive_int,
+    grid_positions,
+)
+from .tuning import TauTuning
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
 
@@ -128,266 +143,6 @@ class Heatmap:
         return [
             (int(self.xs[c]), int(self.ys[r]), float(self.values[r, c])) for r, c in zip(rows, cols)
         ]
-
-
-# ---------------------------------------------------------------------------------------
-# Validation: every problem is reported before any inference is done
-# ---------------------------------------------------------------------------------------
-
-
-def _check_model(model: nn.Module) -> None:
-    """A module whose every submodule is in eval mode.
-
-    A submodule left in training mode (a Dropout or batch norm under an ``eval()`` parent)
-    makes results random or batch-dependent, so exact would differ from naive: refuse it.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    training = [
-        name or "(the model itself)" for name, module in model.named_modules() if module.training
-    ]
-    if training:
-        shown = ", ".join(training[:5]) + (
-            f" and {len(training) - 5} more" if len(training) > 5 else ""
-        )
-        raise ValueError(
-            f"model is in training mode ({shown}); dropout and batch norm "
-            f"would make results random or batch-dependent: call model.eval() "
-            f"first"
-        )
-
-
-def _check_image(image: torch.Tensor) -> None:
-    if not isinstance(image, torch.Tensor):
-        raise TypeError(
-            f"image must be a torch.Tensor of shape (C, H, W), got {type(image).__name__}"
-        )
-    if image.dim() != 3:
-        raise ValueError(f"image must have shape (C, H, W), got {tuple(image.shape)}")
-    if min(image.shape) < 1:
-        raise ValueError(f"image is empty: shape {tuple(image.shape)}")
-    if not image.is_floating_point():
-        raise ValueError(
-            f"image must be a floating point tensor in the model's input space, got {image.dtype}"
-        )
-    if not torch.isfinite(image).all():
-        raise ValueError("image contains NaN or infinite values")
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return int(value)
-
-
-def grid_positions(
-    image_hw: tuple[int, int], patch: int, stride: int, region: Sequence[int] | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-left corners x = x0, x0+stride, ... while x + patch <= x1 (same for y)."""
-    height, width = image_hw
-    if region is None:
-        x0, y0, x1, y1 = 0, 0, width, height
-    else:
-        if len(region) != 4:
-            raise ValueError(f"region must be (x0, y0, x1, y1), got {region!r}")
-        x0, y0, x1, y1 = (int(v) for v in region)
-        if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
-            raise ValueError(
-                f"region {tuple(region)} is outside the {width}x{height} image "
-                f"or empty (need 0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= "
-                f"{height})"
-            )
-    if patch > x1 - x0 or patch > y1 - y0:
-        where = "image" if region is None else "region"
-        raise ValueError(f"patch {patch} is larger than the {where} ({x1 - x0}x{y1 - y0} pixels)")
-    xs = np.arange(x0, x1 - patch + 1, stride, dtype=np.int64)
-    ys = np.arange(y0, y1 - patch + 1, stride, dtype=np.int64)
-    return ys, xs
-
-
-def _listed_positions(
-    positions: Iterable, image_hw: tuple[int, int], patch: int
-) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        array = np.asarray(list(positions), dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError("positions must be a list of (x, y) integer pairs") from exc
-    if array.size == 0:
-        raise ValueError("positions is empty: give at least one (x, y) position")
-    if array.ndim != 2 or array.shape[1] != 2:
-        raise ValueError(f"positions must be a list of (x, y) pairs, got shape {array.shape}")
-    height, width = image_hw
-    bad = (
-        (array[:, 0] < 0)
-        | (array[:, 1] < 0)
-        | (array[:, 0] + patch > width)
-        | (array[:, 1] + patch > height)
-    )
-    if bad.any():
-        x, y = array[np.argmax(bad)]
-        raise ValueError(
-            f"position (x={x}, y={y}) puts the {patch}-pixel patch outside the "
-            f"{width}x{height} image"
-        )
-    array = np.unique(array, axis=0)  # duplicates cost time and change nothing
-    return array[:, 1], array[:, 0]
-
-
-def _occluder(fill, channels: int, patch: int, dtype, device) -> torch.Tensor:
-    if isinstance(fill, torch.Tensor):
-        values = fill.detach().flatten().tolist()
-    elif isinstance(fill, (int, float, np.floating, np.integer)) and not isinstance(fill, bool):
-        values = [float(fill)]
-    elif isinstance(fill, (list, tuple, np.ndarray)):
-        values = [float(v) for v in np.asarray(fill).flatten()]
-    else:
-        raise TypeError(f"fill must be a number or one number per channel, got {fill!r}")
-    if len(values) == 1:
-        values = values * channels
-    if len(values) != channels:
-        raise ValueError(f"fill has {len(values)} values but the image has {channels} channels")
-    if not all(np.isfinite(values)):
-        raise ValueError(f"fill must be finite, got {values}")
-    column = torch.tensor(values, dtype=dtype, device=device).view(channels, 1, 1)
-    return column.expand(channels, patch, patch).contiguous()
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
-def _model_dtype(model: nn.Module) -> torch.dtype:
-    for tensor in model.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return torch.float32
-
-
-def _check_logits(logits) -> int:
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != 1:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(
-            f"model output must be logits of shape (N, classes); for one image it returned {shape}"
-        )
-    return int(logits.shape[1])
-
-
-_PLAIN_ATTRIBUTES = (bool, int, float, str, type(None))
-
-
-def _module_settings(module: nn.Module) -> tuple:
-    """A module's plain settings (eps, momentum, stride, inplace, ...), sorted by name."""
-    settings = []
-    for key, value in sorted(vars(module).items()):
-        if key.startswith("_") and key != "_version":
-            continue
-        if isinstance(value, _PLAIN_ATTRIBUTES):
-            settings.append((key, value))
-        elif isinstance(value, tuple) and all(isinstance(v, _PLAIN_ATTRIBUTES) for v in value):
-            settings.append((key, value))
-    return tuple(settings)
-
-
-def _tensor_checksum(tensor: torch.Tensor) -> bytes:
-    """Digest of a tensor's bytes: edits through ``.data`` or ``copy_`` change it too."""
-    tensor = tensor.detach()
-    if tensor.numel() == 0:
-        return b""
-    if tensor.device.type != "cpu":  # checksummed where it lives; no copy to the host
-        bits = tensor.contiguous().flatten().view(torch.uint8).to(torch.int64)
-        weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64)
-        return repr((int(bits.sum()), int((bits * weights).sum()))).encode()
-    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-    # CRC-32 (zlib's, vectorised): 4-5x faster than a cryptographic hash and catches every
-    # edit short of a deliberate collision — it guards against stale caches, not attacks.
-    return zlib.crc32(memoryview(data).cast("B")).to_bytes(4, "little")
-
-
-def model_fingerprint(model: nn.Module) -> tuple:
-    """Identity of a model's structure, settings and weights, for cache invalidation.
-
-    Covers the module tree (a replaced layer), every module's mode and plain settings
-    (``bn.eps = 10``) and a content checksum of every parameter and buffer, so edits that
-    bypass PyTorch's version counter (``param.data.copy_(...)``) are caught as well. The
-    checksum reads each weight once: about 10 ms for ResNet18 and 0.1 s for VGG16 on two
-    CPU cores (``make bench`` prints it next to the runs).
-    """
-    modules = tuple(
-        (name, id(module), type(module).__qualname__, module.training, _module_settings(module))
-        for name, module in model.named_modules()
-    )
-    digest = hashlib.blake2b(digest_size=16)
-    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(_tensor_checksum(tensor))
-    return modules, digest.hexdigest()
-
-
-def _count_macs_with_hooks(model: nn.Module, image: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """Run one image with forward hooks: (logits, conv/linear multiply-accumulates (eq 9),
-    bytes of the largest activation a leaf module produced)."""
-    total = 0
-    largest = image.numel() * image.element_size()
-
-    def hook(module, inputs, output):
-        nonlocal total, largest
-        if isinstance(output, torch.Tensor):
-            largest = max(largest, output.numel() * output.element_size())
-        if isinstance(module, nn.Conv2d) and output.dim() == 4:
-            kh, kw = module.kernel_size
-            total += (module.in_channels // module.groups) * kh * kw * output[0].numel()
-        elif isinstance(module, nn.Linear):
-            total += module.in_features * module.out_features
-
-    handles = [
-        m.register_forward_hook(hook)
-        for m in model.modules()
-        if not any(True for _ in m.children()) and not isinstance(m, torch.jit.ScriptModule)
-    ]  # scripted: no hooks
-    try:
-        with CAPTURE_LOCK.shared():
-            logits = model(image.unsqueeze(0))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits, total, largest
-
-
-def memory_budget_bytes() -> int:
-    """Memory one run may use for its batches: $KRYPTON_MEMORY_BUDGET_MB, default 2048."""
-    text = os.environ.get("KRYPTON_MEMORY_BUDGET_MB", "2048")
-    try:
-        megabytes = float(text)
-    except ValueError:
-        raise ValueError(f"KRYPTON_MEMORY_BUDGET_MB must be a number, got {text!r}") from None
-    if megabytes <= 0:
-        raise ValueError(f"KRYPTON_MEMORY_BUDGET_MB must be positive, got {text!r}")
-    return int(megabytes * 2**20)
-
-
-# Live activations at once, as a multiple of the largest one (input, output, a residual
-# branch and a workspace): a deliberately generous bound for the batch size cap.
-LIVE_ACTIVATION_FACTOR = 4
-
-
-def capped_batch_size(requested: int, largest_activation_bytes: int) -> int:
-    """The batch size that keeps one batch's activations inside the memory budget."""
-    per_image = max(1, LIVE_ACTIVATION_FACTOR * largest_activation_bytes)
-    return max(1, min(requested, memory_budget_bytes() // per_image))
-
-
-def _image_key(image: torch.Tensor) -> str:
-    data = image.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-    return f"{tuple(image.shape)}:{hashlib.blake2b(data, digest_size=16).hexdigest()}"
-
-
-# ---------------------------------------------------------------------------------------
-# The explainer
-# ---------------------------------------------------------------------------------------
 
 
 class OcclusionExplainer:
@@ -539,10 +294,7 @@ class OcclusionExplainer:
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable as progress(done, total)")
         occluder = _occluder(fill, image.shape[0], patch, image.dtype, image.device)
-        if label is not None and (
-            isinstance(label, bool) or not isinstance(label, (int, np.integer))
-        ):
-            raise TypeError(f"label must be an integer class index, got {label!r}")
+        _check_label_type(label)
         plan = _approximate_plan(
             mode,
             tau,
@@ -599,23 +351,9 @@ class OcclusionExplainer:
         class_values = None
         if plan is None or plan.s1 is None:  # one pass over all positions
             tau_used = plan.tau if plan is not None else 1.0
-            run.expect(len(ys))
-            if mode == "exact":
-                probabilities, every = run.evaluate_exact(ys, xs, patch, strategy)
-                extra["plan"] = str(run.plan)
-                if run.timing() is not None:
-                    extra["plan_timing"] = run.timing()
-            else:
-                probabilities, every = run.evaluate(ys, xs, patch, tau_used, naive=mode == "naive")
-            unique_xs, col_of = np.unique(xs, return_inverse=True)
-            unique_ys, row_of = np.unique(ys, return_inverse=True)
-            values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
-            values[row_of, col_of] = probabilities
-            if every is not None:
-                class_values = np.full(
-                    (len(unique_ys), len(unique_xs), classes), np.nan, dtype=every.dtype
-                )
-                class_values[row_of, col_of] = every
+            values, class_values, unique_ys, unique_xs = self._one_pass(
+                run, ys, xs, patch, mode, tau_used, strategy, classes, extra
+            )
         else:
             unique_ys, unique_xs = grid
             values = self._drill_down(run, grid, patch, plan, region, extra, partial)
@@ -650,6 +388,41 @@ class OcclusionExplainer:
             class_values=class_values,
             base_probs=base_probs,
         )
+
+    def _one_pass(
+        self,
+        run: _Run,
+        ys: np.ndarray,
+        xs: np.ndarray,
+        patch: int,
+        mode: str,
+        tau: float,
+        strategy: str,
+        classes: int,
+        extra: dict,
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+        """Every position in one pass (no drill-down): the heatmap over the positions'
+        rows and columns (NaN where none was asked for), every class's values when kept,
+        and the rows' and columns' coordinates. Exact runs note their plan in ``extra``."""
+        run.expect(len(ys))
+        if mode == "exact":
+            probabilities, every = run.evaluate_exact(ys, xs, patch, strategy)
+            extra["plan"] = str(run.plan)
+            if run.timing() is not None:
+                extra["plan_timing"] = run.timing()
+        else:
+            probabilities, every = run.evaluate(ys, xs, patch, tau, naive=mode == "naive")
+        unique_xs, col_of = np.unique(xs, return_inverse=True)
+        unique_ys, row_of = np.unique(ys, return_inverse=True)
+        values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
+        values[row_of, col_of] = probabilities
+        class_values = None
+        if every is not None:
+            class_values = np.full(
+                (len(unique_ys), len(unique_xs), classes), np.nan, dtype=every.dtype
+            )
+            class_values[row_of, col_of] = every
+        return values, class_values, unique_ys, unique_xs
 
     @torch.inference_mode()
     def occluded_outputs(
@@ -800,251 +573,6 @@ class OcclusionExplainer:
             (1, *image.shape),
         )
         return scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
-
-
-@dataclass
-class _ApproximatePlan:
-    tau: float
-    tau_source: str
-    r_drill_down: float
-    s1: int | None  # None: no drill-down
-    s2: int | None
-    refine_by: str = "drop+variation"
-
-
-def _approximate_plan(
-    mode,
-    tau,
-    target_ssim,
-    r_drill_down,
-    target_speedup,
-    s1,
-    tuning,
-    grid,
-    patch,
-    stride,
-    region,
-    image_hw,
-    refine_by: str = "drop+variation",
-) -> _ApproximatePlan | None:
-    """Validate the approximate-mode settings before any work; None for other modes."""
-    if mode != "approximate":
-        return None
-    if refine_by not in drilldown.REFINE_RULES:
-        raise ValueError(
-            f"refine_by must be one of {', '.join(drilldown.REFINE_RULES)}; got {refine_by!r}"
-        )
-    for name, value in (("tau", tau), ("target_ssim", target_ssim)):
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float, np.floating))
-            or not 0.0 < value <= 1.0
-        ):
-            raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-    if (
-        isinstance(r_drill_down, bool)
-        or not isinstance(r_drill_down, (int, float))
-        or not 0.0 < r_drill_down <= 1.0
-    ):
-        raise ValueError(f"r_drill_down must be in (0, 1], got {r_drill_down!r}")
-    if (
-        isinstance(target_speedup, bool)
-        or not isinstance(target_speedup, (int, float))
-        or target_speedup <= 1.0
-    ):
-        raise ValueError(f"target_speedup must be greater than 1, got {target_speedup!r}")
-    choice = choose_tau(tuning, tau, target_ssim)
-    if tau is None and target_ssim is None and tuning is None:
-        warnings.warn(
-            "no tuned tau for this model: using tau=1.0 (no projective-field "
-            "thresholding); run `krypton tune` to tune it",
-            stacklevel=3,
-        )
-    tau_value, source = choice.tau, choice.source
-    if grid is None or r_drill_down >= 1.0 or (len(grid[0]) < 2 and len(grid[1]) < 2):
-        return _ApproximatePlan(tau_value, source, r_drill_down, None, stride, refine_by)
-    if s1 is not None:
-        s1 = _positive_int(s1, "s1")
-        if s1 <= stride:
-            raise ValueError(f"s1 ({s1}) must be larger than the stride ({stride})")
-    else:
-        if region is None:
-            width = min(image_hw)
-        else:
-            width = min(region[2] - region[0], region[3] - region[1])
-        s1 = drilldown.check_drill_down(
-            float(target_speedup), float(r_drill_down), stride, int(width)
-        )
-    return _ApproximatePlan(tau_value, source, float(r_drill_down), s1, stride, refine_by)
-
-
-class _Run:
-    """Evaluates batches of positions for one explain() call and keeps its accounting."""
-
-    def __init__(
-        self,
-        explainer: "OcclusionExplainer",
-        image,
-        occluder,
-        label,
-        batch_size,
-        graph,
-        views,
-        progress,
-        macs_per_image,
-        keep_all: bool = False,
-    ):
-        self.explainer, self.image, self.occluder = explainer, image, occluder
-        self.keep_all = keep_all
-        self.label, self.batch_size = label, batch_size
-        self.graph, self.views, self.progress = graph, views, progress
-        self.macs_per_image = macs_per_image
-        self.evaluated = self.macs_spent = self.macs_naive = 0
-        self.total = 0
-        self.plan: ExecutionPlan | None = None
-        self.timed_in_this_call = False  # both strategies were timed by this run
-
-    def timing(self) -> dict | None:
-        """Both strategies' ms per position, when this call timed them on the same
-        positions (None otherwise)."""
-        if not self.timed_in_this_call or self.plan is None or self.plan.timings is None:
-            return None
-        incremental_seconds, naive_seconds = self.plan.timings
-        return {
-            "incremental_ms_per_position": incremental_seconds * 1e3,
-            "naive_ms_per_position": naive_seconds * 1e3,
-            "strategy": self.plan.strategy,
-        }
-
-    def _full_macs(self, ys: np.ndarray, xs: np.ndarray, patch: int) -> int:
-        """MACs of one full inference, from the captured graph (eq 10)."""
-        geometry = self.graph.geometry(ys[:1], xs[:1], patch, patch)
-        return self.graph.macs_per_position(geometry)[1]
-
-    def expect(self, total: int) -> None:
-        """Set the total reported to progress (drill-down refines it after stage one)."""
-        self.total = max(total, self.evaluated)
-
-    def evaluate_exact(
-        self, ys: np.ndarray, xs: np.ndarray, patch: int, strategy: str = "auto"
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Exact probabilities by the cheaper of incremental and naive inference.
-
-        The static plan (:func:`krypton.engine.plan.static_plan`) rules out incremental
-        inference where the FLOPs it can avoid cannot pay for its own work. Otherwise,
-        when the run has at least two batches and this host has not timed this model
-        yet, the first batch runs incrementally and is timed against a naive inference of
-        the same positions, and the faster per position computes every value of the run
-        (``self.plan`` says which and why). Both are exact, but they round differently
-        in the last bit: one strategy per heatmap keeps a heatmap's bytes independent of
-        what the process ran before. ``strategy`` "incremental" or "naive" forces one.
-        """
-        geometry = self.graph.geometry(ys, xs, patch, patch)
-        static = self.graph.plan(geometry)
-        if strategy != "auto":
-            forced = "incremental" if strategy == "incremental" else "naive"
-            self.plan = dataclasses.replace(
-                static, strategy=forced, reason=f"forced (strategy='{strategy}'); {static.reason}"
-            )
-            return self.evaluate(ys, xs, patch, naive=forced == "naive", geometry=geometry)
-        key = (tuple(self.image.shape), patch, self.batch_size)
-        known = self.explainer.measured_plans.get(key)
-        count, batch = len(ys), self.batch_size
-        if not static.incremental or known is not None or count < 2 * batch:
-            self.plan = static if (not static.incremental or known is None) else reused_plan(known)
-            return self.evaluate(ys, xs, patch, naive=not self.plan.incremental, geometry=geometry)
-        # Time one batch both ways on this host (the same positions, the same batch size).
-        began = time.perf_counter()
-        first = self.evaluate(ys[:batch], xs[:batch], patch)
-        incremental_seconds = (time.perf_counter() - began) / batch
-        naive_seconds, check = self._time_naive(ys[:batch], xs[:batch])
-        self.plan = measured_plan(static, incremental_seconds, naive_seconds)
-        if not self.plan.incremental:
-            # Overturning the static plan pins naive for this process: one stall in the
-            # first timing (a page rendering, a collector) must not decide it. Time both
-            # once more and keep the faster of each.
-            began = time.perf_counter()  # as the first timing: geometry and the batch
-            first_batch = self.graph.geometry(ys[:batch], xs[:batch], patch, patch)
-            self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
-            incremental_seconds = min(incremental_seconds, (time.perf_counter() - began) / batch)
-            naive_seconds = min(naive_seconds, self._time_naive(ys[:batch], xs[:batch])[0])
-            self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
-        self.explainer.measured_plans[key] = self.plan
-        self.timed_in_this_call = True
-        if not self.plan.incremental:  # the first batch's values by the chosen strategy too
-            softmax = torch.softmax(check.float(), dim=1).cpu().numpy()
-            first = (
-                softmax[:, self.label].astype(np.float32),
-                None if first[1] is None else softmax.astype(first[1].dtype),
-            )
-        rest = self.evaluate(ys[batch:], xs[batch:], patch, naive=not self.plan.incremental)
-        probabilities = np.concatenate([first[0], rest[0]])
-        every = None
-        if first[1] is not None:
-            every = np.concatenate([first[1], rest[1]])
-        return probabilities, every
-
-    def _naive_logits(self, ys: np.ndarray, xs: np.ndarray) -> torch.Tensor:
-        """Logits of full inferences of the image occluded at these positions."""
-        occluded = self.explainer._occluded_batch(self.image, self.occluder, ys, xs)
-        with CAPTURE_LOCK.shared():
-            return self.explainer.model(occluded)
-
-    def _time_naive(self, ys: np.ndarray, xs: np.ndarray) -> tuple[float, torch.Tensor]:
-        """Seconds per position of a naive inference of these positions, and its logits."""
-        began = time.perf_counter()
-        logits = self._naive_logits(ys, xs)
-        return (time.perf_counter() - began) / len(ys), logits
-
-    def evaluate(
-        self,
-        ys: np.ndarray,
-        xs: np.ndarray,
-        patch: int,
-        tau: float = 1.0,
-        naive: bool = False,
-        geometry=None,
-        on_batch: Callable[[int, np.ndarray], None] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Probabilities of the label with the patch at each (x, y), batch by batch, and
-        (when kept) every class's: (count,), (count, classes) or None. ``on_batch(done,
-        probabilities)`` sees the first ``done`` values after each batch."""
-        count = len(ys)
-        probabilities = np.empty(count, dtype=np.float32)
-        every = None
-        if count == 0:
-            return probabilities, every
-        if naive:
-            macs = self.macs_per_image if self.graph is None else self._full_macs(ys, xs, patch)
-            self.macs_spent += macs * count
-            self.macs_naive += macs * count
-        else:
-            if geometry is None:
-                geometry = self.graph.geometry(ys, xs, patch, patch, tau)
-            incremental, full = self.graph.macs_per_position(geometry)
-            self.macs_spent += incremental * count
-            self.macs_naive += full * count
-        for begin in range(0, count, self.batch_size):
-            batch = slice(begin, min(begin + self.batch_size, count))
-            if naive:
-                logits = self._naive_logits(ys[batch], xs[batch])
-            else:
-                logits = self.graph.run_batch(self.views, geometry, batch, self.occluder)
-            softmax = torch.softmax(logits.float(), dim=1)
-            probabilities[batch] = softmax[:, self.label].cpu().numpy()
-            if self.keep_all:
-                if every is None:
-                    large = count * softmax.shape[1] > 1_000_000
-                    every = np.empty(
-                        (count, softmax.shape[1]), dtype=np.float16 if large else np.float32
-                    )
-                every[batch] = softmax.cpu().numpy()
-            self.evaluated += batch.stop - batch.start
-            if self.progress is not None:
-                self.progress(self.evaluated, max(self.total, self.evaluated))
-            if on_batch is not None:
-                on_batch(batch.stop, probabilities)
-        return probabilities, every
 
 
 def _ood_report(loaded: LoadedModel, image: torch.Tensor) -> dict:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from skimage.metrics import structural_similarity
 
-from .imaging import heatmap_limits
+from .render import heatmap_limits
 
 __all__ = [
     "DEFAULT_TARGET_SSIM",

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from krypton.imaging import ImageLoadError, load_image, overlay, to_rgb
+from krypton.imaging import ImageLoadError, load_image, to_rgb
+from krypton.render import overlay
 
 ROOT = Path(__file__).resolve().parents[1]
 

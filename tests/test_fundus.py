@@ -13,7 +13,7 @@ from krypton.fundus import (
     label_for,
     retina_landmarks,
 )
-from krypton.fundus_independent import IndependentFundusGenerator
+from demo.fundus.independent import IndependentFundusGenerator
 
 
 def test_size_ranges_overlap_so_size_is_no_shortcut():
@@ -101,7 +101,7 @@ def test_lowest_region_is_the_centre_of_tied_minima():
     tie, the lowest region's centre is the middle of the four."""
     from types import SimpleNamespace
 
-    from krypton.train_fundus import lowest_points
+    from demo.fundus.train import lowest_points
 
     values = np.full((5, 5), 0.9, dtype=np.float32)
     values[1:3, 2:4] = 0.05  # tied
@@ -118,7 +118,7 @@ def test_evaluation_parts_are_re_measured_and_merged_into_the_record():
     each part's seconds, and an unknown part is refused before anything runs."""
     import torch
 
-    from krypton.train_fundus import build_model, evaluate, merge_evaluation
+    from demo.fundus.train import build_model, evaluate, merge_evaluation
 
     torch.manual_seed(0)
     model = build_model().eval()
@@ -171,7 +171,7 @@ def test_a_partly_hidden_lesion_keeps_the_visible_share_it_reports():
     assert min(shares) < 0.3 and max(shares) > 0.7  # from mostly hidden to mostly seen
     # the target mixes: one microaneurysm half seen is half MICROANEURYSM (0.70), half
     # NORMAL (0.05 left to it); a batch holds such mixtures and only probabilities
-    from krypton.train_fundus import _batch, partly_hidden_target
+    from demo.fundus.train import _batch, partly_hidden_target
 
     dot, fleck = Lesion("MICROANEURYSM", 50, 50, 3), Lesion("EXUDATE", 90, 90, 2)
     np.testing.assert_allclose(partly_hidden_target([dot], 0, 0.5), [0.525, 0.375, 0.1])
@@ -191,7 +191,7 @@ def test_a_later_stage_refuses_a_model_with_too_few_stages(tmp_path, capsys):
     before loading or training anything."""
     import json
 
-    from krypton.train_fundus import REGISTRY_FILE, main
+    from demo.fundus.train import REGISTRY_FILE, main
 
     (tmp_path / REGISTRY_FILE).write_text(json.dumps({"training": {"stages": [{}, {}]}}))
     with pytest.raises(SystemExit):
@@ -204,7 +204,7 @@ def _local_pointing_hits(model, patch: int, images: int = 60) -> int:
     first ``images`` pointing images the lowest of the cells (stride 4) whose centres lie
     within 16 px of the lesion lies within 8 px of its centre."""
     import krypton
-    from krypton.train_fundus import _gray_fill, lowest_points, pointing_set, to_tensor
+    from demo.fundus.train import _gray_fill, lowest_points, pointing_set, to_tensor
 
     half = (patch - 1) / 2
     hits = 0

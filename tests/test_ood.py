@@ -207,7 +207,7 @@ def test_the_default_model_warns_for_the_cat_in_the_cli_and_not_for_a_generated_
     """Issue: the warning shows in the CLI for the cat, not for generated fundus images."""
     from test_cli import run_cli
 
-    from krypton.train_fundus import GALLERY
+    from demo.fundus.train import GALLERY
 
     cat = run_cli(
         "explain", "assets/samples/chelsea.png", "--stride", "32", "--out", str(tmp_path / "c.png")
@@ -287,7 +287,7 @@ def test_the_default_model_flags_the_natural_photographs_and_not_fundus_images()
     photograph is flagged), while fresh generated fundus images (a seed none of the
     check's sets used) stay at most 2% flagged and the real Retina and Microaneurysms
     samples are not flagged; typeset text pages are flagged."""
-    from krypton.train_fundus import (
+    from demo.fundus.train import (
         _generated_features,
         _picture_tensor,
         _real_photographs,

@@ -40,7 +40,7 @@ def test_repository_registry_parses():
 def test_a_model_carries_its_default_patch(tmp_path):
     """A registry entry may name the patch its heatmaps default to (fundus-demo: 12, for
     lesions mostly under 8 px across); without one it is the paper's 16."""
-    from krypton.train_fundus import HEATMAP_PATCH
+    from demo.fundus.train import HEATMAP_PATCH
 
     assert load_model("fundus-demo").patch == HEATMAP_PATCH == 12
     model = torchvision.models.resnet18(weights=None, num_classes=2).eval()

@@ -23,14 +23,8 @@ from PIL import Image
 
 from krypton.dicom import WINDOW_PRESETS, DicomImage, heatmap_capture, is_dicom, load_dicom
 from krypton.ood import caveat
-from krypton.imaging import (
-    MAX_SIDE,
-    ImageLoadError,
-    OverlayStyle,
-    heatmap_picture,
-    load_image,
-    styled_heatmap,
-)
+from krypton.imaging import MAX_SIDE, ImageLoadError, load_image
+from krypton.render import OverlayStyle, heatmap_picture, styled_heatmap
 
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 

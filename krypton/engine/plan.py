@@ -11,16 +11,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch.fx as fx
 
 from ..geometry import LocalStep, Window, bounding_window, local_step
 from .classify import NodeKind, Step
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .graph import IncrementalGraph
+from .program import Program
 
 __all__ = [
     "PatchGeometry",
@@ -209,7 +206,7 @@ class ExecutionPlan:
         return self.strategy == "incremental"
 
 
-def static_plan(graph: "IncrementalGraph", geometry: PatchGeometry) -> ExecutionPlan:
+def static_plan(graph: Program, geometry: PatchGeometry) -> ExecutionPlan:
     """The plan from static analysis alone (eqs 9-12 for these positions).
 
     Naive when the MACs incremental inference can avoid are too few to pay for its own

@@ -9,7 +9,7 @@ together at the first of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -28,10 +28,8 @@ from .kernels import (
     to_logical,
 )
 from .plan import PatchGeometry
+from .program import Program
 from .views import MaterializedViews
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .graph import IncrementalGraph
 
 __all__ = ["run_batch", "view_pad_value"]
 
@@ -43,7 +41,7 @@ class _Batch:
     """What every node of one batch reads: the graph, the values so far, the views, the
     windows, per-position start tensors and the item index."""
 
-    graph: "IncrementalGraph"
+    graph: Program
     env: dict
     views: MaterializedViews
     geometry: PatchGeometry
@@ -58,7 +56,7 @@ def view_pad_value(spec: ops.LocalOpSpec) -> float:
 
 
 def run_batch(
-    graph: "IncrementalGraph",
+    graph: Program,
     views: MaterializedViews,
     geometry: PatchGeometry,
     batch: slice,

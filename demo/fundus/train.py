@@ -1,9 +1,9 @@
 """Train and evaluate the fundus-lesion demo model (torchvision ResNet18, 3 classes).
 
-    python -m krypton.train_fundus train        # ~90 min on 2 CPU cores; writes krypton/shipped_models/
-    python -m krypton.train_fundus third-stage  # stage 3 only, from the two-stage model
-    python -m krypton.train_fundus fourth-stage # stage 4 only, from the three-stage model
-    python -m krypton.train_fundus evaluate     # every number of the model card
+    python -m demo.fundus.train train        # ~90 min on 2 cores; writes shipped_models/
+    python -m demo.fundus.train third-stage  # stage 3 only, from the two-stage model
+    python -m demo.fundus.train fourth-stage # stage 4 only, from the three-stage model
+    python -m demo.fundus.train evaluate     # every number of the model card
 
 Seeded and reproducible: training images come from FundusGenerator(seed=1), in the
 second stage seed 7, in the third seed 11 and in the fourth seed 13 — fresh streams (the
@@ -11,7 +11,7 @@ model never sees the same image twice);
 held-out test images from seed 3, the pointing-game set from seed 4, the
 out-of-distribution reference from seeds 5 (fit) and 6 (calibration), its test from seed
 9, multi-lesion images from seed 8;
-the independent generator (krypton.fundus_independent) and the real samples are never
+the independent generator (demo.fundus.independent) and the real samples are never
 trained on. Weights are stored as float16 (22 MB).
 """
 
@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from .fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample, label_for
-from .models import IMAGENET_MEAN, IMAGENET_STD
+from krypton.fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample, label_for
+from krypton.models import IMAGENET_MEAN, IMAGENET_STD
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "krypton" / "shipped_models"
 WEIGHTS_FILE = "fundus-demo.pt"
 REGISTRY_FILE = "fundus-demo.json"
@@ -300,8 +300,8 @@ def _picture_tensor(picture, size: int = IMAGE_SIZE) -> torch.Tensor:
 
 @torch.inference_mode()
 def independent_accuracy(model: torch.nn.Module, count: int = 600, seed: int = TEST_SEED) -> float:
-    """Accuracy on the independently written generator (krypton.fundus_independent)."""
-    from .fundus_independent import IndependentFundusGenerator
+    """Accuracy on the independently written generator (demo.fundus.independent)."""
+    from .independent import IndependentFundusGenerator
 
     generator = IndependentFundusGenerator(seed=seed)
     correct = 0
@@ -518,7 +518,7 @@ def document_pages(count: int = 30, seed: int = DOCUMENT_SEED) -> list:
 
 
 def _generated_features(model, seed: int, count: int, generator_class=None):
-    from .ood import feature_statistics
+    from krypton.ood import feature_statistics
 
     generator = (generator_class or FundusGenerator)(seed=seed)
     images = (
@@ -531,7 +531,7 @@ def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000)
     """The out-of-distribution reference of the demo model: generated training-like
     images (every view and rendering) fit the densities and, against synthetic outliers,
     the outlier boundary; others calibrate them."""
-    from .ood import fit_density, outlier_features
+    from krypton.ood import fit_density, outlier_features
 
     names, fit = _generated_features(model, REFERENCE_SEED, reference)
     _, calibrate = _generated_features(model, THRESHOLD_SEED, held_out)
@@ -551,8 +551,8 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     (target >= 95%), typeset text pages (:func:`document_pages`), and whether the real
     fundus photographs (the Retina and Microaneurysms samples, the tiles of the latter)
     are flagged."""
-    from .fundus_independent import IndependentFundusGenerator
-    from .ood import feature_statistics
+    from .independent import IndependentFundusGenerator
+    from krypton.ood import feature_statistics
 
     in_distribution = density.score(_generated_features(model, OOD_TEST_SEED, count)[1])
     independent = density.score(
@@ -679,7 +679,7 @@ def evaluate(
         lambda: accuracy_part(
             "independent",
             independent_accuracy,
-            "krypton.fundus_independent: separately written drawing code, same spec",
+            "demo.fundus.independent: separately written drawing code, same spec",
         ),
     )
     measure("real_samples", real_part)
@@ -898,7 +898,7 @@ def main(argv: list[str] | None = None) -> None:
         model, record = train_stages(args.epochs, args.images_per_epoch)
         density = fit_ood(model)
     elif args.command in LATER_STAGES:
-        from .registry import load_model
+        from krypton.registry import load_model
 
         kept, train_stage = LATER_STAGES[args.command]
         earlier = json.loads((args.from_dir / REGISTRY_FILE).read_text())["training"]
@@ -911,7 +911,7 @@ def main(argv: list[str] | None = None) -> None:
         record = stages_record(earlier["stages"][:kept] + [stage])
         density = fit_ood(model)
     else:
-        from .registry import load_model
+        from krypton.registry import load_model
 
         loaded = load_model("fundus-demo", args.dir)
         model = loaded.module

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from .fundus import CLASSES, Lesion, Sample
+from krypton.fundus import CLASSES, Lesion, Sample
 
 __all__ = ["IndependentFundusGenerator"]
 

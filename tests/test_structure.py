@@ -1,0 +1,129 @@
+"""The house stays readable: no import circles (a function-level or TYPE_CHECKING import
+counts too), no function over 150 lines and no module over 900 in the shipped code, a
+docstring saying the job of every package, and the engine importing nothing from the
+app, the registry or the tuning files."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ["krypton", "webapp", "app.py"]
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 150, 900
+
+
+def python_files(*roots: str) -> list[Path]:
+    files = []
+    for root in roots:
+        path = ROOT / root
+        files += [path] if path.is_file() else sorted(path.rglob("*.py"))
+    return [f for f in files if "__pycache__" not in f.parts]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """Modules of ``modules`` that ``path`` imports anywhere in its body."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            submodules = {f"{target}.{alias.name}" for alias in node.names} & modules
+            # `from . import a, b` of modules imports them, not the package's own code
+            found.update(
+                submodules if len(submodules) == len(node.names) else submodules | {target}
+            )
+    return {m for m in found if m in modules and m != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def import_graph(*roots: str) -> dict[str, set[str]]:
+    files = python_files(*roots)
+    modules = {module_name(f) for f in files}
+    return {module_name(f): imports_of(f, modules) for f in files}
+
+
+def test_there_are_no_import_circles():
+    graph = import_graph("krypton", "webapp", "app.py", "bench", "demo")
+    assert cycles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_engine_imports_nothing_from_the_app_the_registry_or_tuning():
+    graph = import_graph("krypton", "webapp", "app.py")
+    forbidden = ("webapp", "app", "krypton.registry", "krypton.tuning", "krypton.tune")
+    for module, imported in graph.items():
+        if module.startswith("krypton.engine"):
+            assert not [m for m in imported if m.startswith(forbidden)], module
+
+
+def test_no_function_over_150_lines_and_no_module_over_900():
+    too_long = []
+    for path in python_files(*SHIPPED):
+        source = path.read_text()
+        if source.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    too_long.append(f"{where} {node.name}: {length} lines")
+    assert too_long == []
+
+
+def test_every_package_says_its_job():
+    packages = [
+        p for p in python_files("krypton", "webapp", "demo", "bench") if p.name == "__init__.py"
+    ]
+    assert packages
+    for package in packages:
+        docstring = ast.get_docstring(ast.parse(package.read_text())) or ""
+        assert len(docstring.split()) >= 8, package
