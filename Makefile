@@ -27,6 +27,7 @@ test-quick: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 run: $(STAMP)
 	$(PY) app.py --host $(HOST) --port $(PORT)

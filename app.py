@@ -170,7 +170,7 @@ def main() -> None:
         settings = ServerSettings.from_environment(args.host)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     warn_if_exposed(args.host, settings)
     app = create_app(settings=settings)
     print(f"Krypton is running at http://{args.host}:{args.port}/ (Ctrl+C to stop)", flush=True)

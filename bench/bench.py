@@ -188,6 +188,7 @@ def main() -> None:
         return
 
     import numpy as np
+
     import krypton
     from krypton.models import load_torchvision_model
 
@@ -316,7 +317,8 @@ def print_fingerprint_cost(rows: list[dict]) -> None:
             )
             / 1e6
         )
-        seconds = sorted(timeit.repeat(lambda: model_fingerprint(module), number=1, repeat=5))[2]
+        timings = timeit.repeat(lambda: model_fingerprint(module), number=1, repeat=5)  # noqa: B023
+        seconds = sorted(timings)[2]
         print(
             f"| {r['model']} | {size:.0f} | {seconds * 1000:.0f} | {r['seconds']:.2f} | "
             f"{seconds / r['seconds']:.1%} |"

@@ -60,7 +60,7 @@ def find(layout, component_id: str):
     return None
 
 
-def light_callback(tab: "Tab") -> float:
+def light_callback(tab: Tab) -> float:
     """Seconds for one light callback (the overlay settings), as a browser sends it."""
     started = time.perf_counter()
     response = tab.call(
@@ -192,7 +192,7 @@ class Tab:
         self.screen: dict = {}  # the controls' values of the last Run
 
     @classmethod
-    def at(cls, url: str, address: str, auth=None) -> "Tab":
+    def at(cls, url: str, address: str, auth=None) -> Tab:
         """A tab of a client connecting from ``address`` (a loopback address: another
         person, as far as the server's per-client limits go)."""
         http = requests.Session()

@@ -26,9 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--patch", type=int, help="default the model's own (registry)")
     args = parser.parse_args(argv)
 
+    from PIL import Image
+
     import krypton
     from krypton.fundus import FundusGenerator
-    from PIL import Image
 
     loaded = krypton.load_model("fundus-demo")
     sample = FundusGenerator(seed=31).sample(kinds=["EXUDATE"], rendering="colour")

@@ -54,9 +54,9 @@ def captum_rows(names: list[str], stride: int) -> list[dict]:
     for name in names:
         model = build(name)
         ours = Occlusion(model)
-        krypton_result, krypton_seconds = timed(lambda: ours.attribute(image, **arguments))
+        krypton_result, krypton_seconds = timed(lambda: ours.attribute(image, **arguments))  # noqa: B023
         captum_result, captum_seconds = timed(
-            lambda: CaptumOcclusion(model).attribute(image, **arguments)
+            lambda: CaptumOcclusion(model).attribute(image, **arguments)  # noqa: B023
         )
         rows.append(
             {

@@ -52,8 +52,8 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import krypton
-    from krypton.fundus import FundusGenerator
     from demo.fundus.train import to_tensor
+    from krypton.fundus import FundusGenerator
 
     model = trained(args.epochs)
     explainer = krypton.OcclusionExplainer(model)

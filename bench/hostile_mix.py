@@ -11,8 +11,8 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import pydicom

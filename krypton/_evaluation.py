@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch

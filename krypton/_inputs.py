@@ -3,7 +3,7 @@ inference: every problem is reported with what to change."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch

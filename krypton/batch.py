@@ -26,18 +26,18 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from PIL import Image
 
 from .explainer import explain
 from .imaging import ImageLoadError, load_image
-from .render import heatmap_picture
-from .ood import caveat
 from .models import LoadedModel
+from .ood import caveat
+from .render import heatmap_picture
 
 __all__ = [
     "BatchItem",

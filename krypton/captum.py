@@ -25,7 +25,8 @@ same either way.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -182,7 +183,7 @@ class Occlusion(DropIn):
         count, channels, height, width = inputs.shape
         shape = (channels, height, width)
         strides = (strides,) * 3 if isinstance(strides, int) else (strides or (1, 1, 1))
-        for dim, (window, stride, size) in enumerate(zip(windows, strides, shape)):
+        for window, stride, size in zip(windows, strides, shape):
             if window > size:
                 raise AssertionError(
                     f"Sliding window dimensions {windows} cannot exceed input dimensions {shape}."

@@ -12,8 +12,8 @@ whole occlusion run.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 __all__ = ["CaptureLock", "CAPTURE_LOCK"]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import analysis, explainer as explain_module
+from . import analysis
+from . import explainer as explain_module
 from .dicom import is_dicom, parse_window
 from .imaging import ImageLoadError, load_image
 from .models import (
@@ -250,13 +251,13 @@ def _load(name: str | None, random_weights: bool):
     try:
         return load_model(name)
     except RegistryError as exc:
-        raise SystemExit(f"error: {exc}")
+        raise SystemExit(f"error: {exc}") from None
     except WeightsUnavailableError as exc:
         if not random_weights or name not in TORCHVISION_MODELS:
             raise SystemExit(
                 f"error: {exc}\n(or pass --random-weights to explain an "
                 f"untrained {name}, which shows nothing meaningful)"
-            )
+            ) from None
         print(f"WARNING: {exc}", file=sys.stderr)
         print(
             "WARNING: using RANDOM weights: this heatmap explains an untrained network "
@@ -517,8 +518,9 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from .tune import tune_tau
     import json
+
+    from .tune import tune_tau
 
     model = _load(args.model, random_weights=False)
     images = _sample_images(args, model, args.count + args.held_out)

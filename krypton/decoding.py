@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from PIL import Image
 
@@ -82,7 +82,7 @@ class DecodeBudget:
         self.records: list[DecodeRecord] = []  # the latest admitted decodes (for tests)
 
     @classmethod
-    def from_environment(cls) -> "DecodeBudget":
+    def from_environment(cls) -> DecodeBudget:
         text = os.environ.get(DECODE_BUDGET_ENV, "").strip()
         try:
             megabytes = float(text) if text else DEFAULT_DECODE_BUDGET_MB

@@ -15,8 +15,8 @@ import base64
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Iterator
 
 from celery import Celery
 
@@ -122,7 +122,7 @@ class KeepVisible:
             except redis.RedisError:
                 pass  # Redis is away; the task's result waits for it
 
-    def __enter__(self) -> "KeepVisible":
+    def __enter__(self) -> KeepVisible:
         self.refresh()
         threading.Thread(target=self._keep, name="krypton-keep-visible", daemon=True).start()
         return self

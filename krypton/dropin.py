@@ -4,7 +4,8 @@ engine applies, else hand the call to the library itself, saying why once per re
 from __future__ import annotations
 
 import warnings
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from .engine import UnsupportedModelError
 

@@ -8,28 +8,18 @@ other positions on the same image skips capture and materialisation.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
-import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import drilldown
-from .capture_lock import CAPTURE_LOCK
-from .engine import (
-    ExecutionPlan,
-    IncrementalGraph,
-    MaterializedViews,
-    Patched,
-    UnsupportedModelError,
-    scatter_full,
-)
-from .models import LoadedModel
 from ._approximate_plan import _approximate_plan, _ApproximatePlan
 from ._evaluation import _Run
 from ._fingerprint import (
@@ -50,6 +40,16 @@ from ._inputs import (
     _positive_int,
     grid_positions,
 )
+from .capture_lock import CAPTURE_LOCK
+from .engine import (
+    ExecutionPlan,
+    IncrementalGraph,
+    MaterializedViews,
+    Patched,
+    UnsupportedModelError,
+    scatter_full,
+)
+from .models import LoadedModel
 from .tuning import TauTuning
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
@@ -89,7 +89,7 @@ class Heatmap:
     class_values: np.ndarray | None = None  # (rows, cols, classes) softmax of every class
     base_probs: np.ndarray | None = None  # (classes,) softmax of the unoccluded image
 
-    def for_label(self, label: int) -> "Heatmap":
+    def for_label(self, label: int) -> Heatmap:
         """The same run's heatmap for another class, without recomputation.
 
         Exact and naive runs keep every class's probability at every position (float16
@@ -493,10 +493,10 @@ class OcclusionExplainer:
 
     def _drill_down(
         self,
-        run: "_Run",
+        run: _Run,
         grid: tuple[np.ndarray, np.ndarray],
         patch: int,
-        plan: "_ApproximatePlan",
+        plan: _ApproximatePlan,
         region,
         extra: dict,
         partial: PartialCallback | None = None,
@@ -581,9 +581,7 @@ def _ood_report(loaded: LoadedModel, image: torch.Tensor) -> dict:
     return loaded.check_ood(single.detach().cpu().float()).as_dict()
 
 
-_explainers: "weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer]" = (
-    weakref.WeakKeyDictionary()
-)
+_explainers: weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer] = weakref.WeakKeyDictionary()
 
 
 def explain(

@@ -70,7 +70,7 @@ class Window:
     def stop(self) -> np.ndarray:
         return self.start + self.length
 
-    def take(self, index: np.ndarray | slice) -> "Window":
+    def take(self, index: np.ndarray | slice) -> Window:
         """The same window restricted to a subset of positions."""
         return Window(self.start[index], self.length)
 
@@ -120,12 +120,12 @@ def local_step(
     in_start, in_len = incoming.start, incoming.length
 
     # eq 14 / eq 21: uniform output patch length (an upper bound for every position).
-    out_len = min(ceil_div(in_len + extent - 1, stride), op.out_size)
+    out_len = min(int(ceil_div(in_len + extent - 1, stride)), op.out_size)
 
     if tau < 1.0:
         # A single changed input cell already reaches ceil(extent / stride) outputs, so no
         # centre crop can honour a smaller limit (eq 24 would give a width below 1).
-        limit = max(int(round(tau * op.out_size)), ceil_div(extent, stride))
+        limit = max(int(round(tau * op.out_size)), int(ceil_div(extent, stride)))
         if out_len > limit:  # eq 22
             out_len = limit  # eq 23
             new_in_len = out_len * stride - extent + 1  # eq 24 (>= 1 by the floor above)

@@ -19,7 +19,8 @@ MONAI is optional: Krypton imports without it; this module needs ``pip install m
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn

@@ -31,9 +31,9 @@ is what the app, the CLI and ``Heatmap.extra`` report.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -208,7 +208,7 @@ class FeatureDensity:
         np.savez_compressed(path, **arrays)
 
     @classmethod
-    def load(cls, path: Path) -> "FeatureDensity":
+    def load(cls, path: Path) -> FeatureDensity:
         with np.load(path, allow_pickle=False) as data:
             stages = tuple(
                 StageDensity(

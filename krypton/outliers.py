@@ -16,7 +16,7 @@ download and without any photograph the evaluation uses (:mod:`krypton.ood`).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from scipy.ndimage import gaussian_filter

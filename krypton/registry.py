@@ -26,11 +26,12 @@ import re
 import shutil
 import threading
 import unicodedata
-from importlib import resources
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,6 @@ import torchvision
 from torch import nn
 
 from .capture_lock import CAPTURE_LOCK
-from .tuning import TauTuning
 from .models import (
     DEFAULT_PATCH,
     IMAGENET_MEAN,
@@ -47,6 +47,7 @@ from .models import (
     WeightsUnavailableError,
     torchvision_weights_path,
 )
+from .tuning import TauTuning
 
 __all__ = [
     "ModelInfo",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import platform
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch

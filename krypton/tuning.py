@@ -18,6 +18,7 @@ This module is pure (numpy, scikit-image): it imports nothing that runs a model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from skimage.metrics import structural_similarity
@@ -76,13 +77,13 @@ class TauTuning:
         return chosen
 
     @classmethod
-    def from_record(cls, record: dict | None) -> "TauTuning | None":
+    def from_record(cls, record: dict | None) -> TauTuning | None:
         """From a registry entry's "tuning" record (what tune_tau wrote), if any."""
         if not record:
             return None
         chosen = record.get("chosen") or {}
         return cls(
-            tuple(float(c) for c in record["coefficients"]),
+            cast(tuple[float, float, float], tuple(float(c) for c in record["coefficients"])),
             chosen_tau=chosen.get("tau"),
             target_ssim=float(chosen.get("target_ssim", DEFAULT_TARGET_SSIM)),
             minimum_kept=chosen.get("minimum_kept"),

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from selenium.webdriver.common.action_chains import ActionChains
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
-from selenium.webdriver.common.by import By
-
 from conftest import FUNDUS_SAMPLE
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.browser
@@ -27,8 +26,8 @@ SAMPLE = FUNDUS_SAMPLE  # one planted exudate (the fundus_png fixture, conftest.
 
 def gallery_sample(name="fundus-exudates.png"):
     """A generated gallery sample, regenerated with its lesions' positions."""
-    from krypton.fundus import FundusGenerator
     from demo.fundus.train import GALLERY
+    from krypton.fundus import FundusGenerator
 
     seed, plant = GALLERY[name]
     return FundusGenerator(seed=seed).sample(rendering="colour", **plant)

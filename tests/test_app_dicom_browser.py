@@ -13,7 +13,6 @@ import pydicom
 import pytest
 from pydicom.data import get_testdata_file
 from selenium.webdriver.common.keys import Keys
-
 from test_app_browser import choose, upload, wait_for_result
 
 pytestmark = pytest.mark.browser

@@ -6,7 +6,6 @@ re-colours at once."""
 import time
 
 import pytest
-
 from test_app_browser import choose, upload, wait_for_result
 
 pytestmark = pytest.mark.browser

@@ -10,7 +10,6 @@ import re
 import time
 
 import pytest
-
 from test_app_browser import choose
 
 pytestmark = pytest.mark.browser

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 from torch import nn
 
 import krypton
 from krypton.engine import IncrementalGraph, NodeKind
 from krypton.fundus import FundusGenerator, Lesion
-from PIL import Image
 from krypton.registry import load_model
 
 

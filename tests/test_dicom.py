@@ -10,6 +10,7 @@ import pydicom
 import pytest
 from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
+from test_cli import run_cli
 
 import krypton
 from krypton.dicom import (
@@ -23,7 +24,6 @@ from krypton.dicom import (
     secondary_capture,
 )
 from krypton.imaging import ImageLoadError, load_image
-from test_cli import run_cli
 
 CT = get_testdata_file("CT_small.dcm")
 MR = get_testdata_file("MR_small.dcm")

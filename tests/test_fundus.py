@@ -4,6 +4,7 @@ negatives, whole views and gray renderings; the independent generator keeps the 
 import numpy as np
 import pytest
 
+from demo.fundus.independent import IndependentFundusGenerator
 from krypton.fundus import (
     CLASSES,
     EXUDATE_RADIUS,
@@ -13,7 +14,6 @@ from krypton.fundus import (
     label_for,
     retina_landmarks,
 )
-from demo.fundus.independent import IndependentFundusGenerator
 
 
 def test_size_ranges_overlap_so_size_is_no_shortcut():

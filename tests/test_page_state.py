@@ -206,8 +206,9 @@ def test_model_messages_name_the_users_file_and_no_server_path(models_panel, tmp
     assert "my-oct-weights.pt" in text, text
     assert ticket["token"] not in text and ".model" not in text and "/" not in text, text
 
-    from krypton.registry import user_models_dir
     import torchvision
+
+    from krypton.registry import user_models_dir
 
     user_models_dir().mkdir(parents=True, exist_ok=True)
     (user_models_dir() / "taken.pt").write_bytes(b"left from an earlier attempt")

@@ -2,6 +2,7 @@
 says which and why; the numbers are the same either way."""
 
 import re
+
 import numpy as np
 import pytest
 import torch

@@ -10,8 +10,8 @@ import krypton
 from krypton.estimator import estimate, estimate_for_counts, record_run
 from krypton.fundus import FundusGenerator
 from webapp import runs
-from webapp.services import Services
 from webapp.helpers import InputError
+from webapp.services import Services
 
 IMAGE = Image.fromarray(FundusGenerator(seed=11).sample(label=2, lesions=1).image)
 
@@ -105,12 +105,12 @@ def test_every_chunk_reports_a_picture_in_every_mode(services):
     for mode in ("exact", "naive", "approximate"):
         pictures, done_at_picture, progress = [], [], {"done": 0}
 
-        def report(done, total, partial=None):
+        def report(done, total, partial=None, pictures=pictures, done_at_picture=done_at_picture):
             if total:
-                progress["done"] = done
+                progress["done"] = done  # noqa: B023 (this iteration's run only)
             if partial is not None:
                 pictures.append(partial)
-                done_at_picture.append(progress["done"])
+                done_at_picture.append(progress["done"])  # noqa: B023
 
         run = request(
             services, mode=mode, region=None, stride=4, r_drill_down=0.25, target_speedup=2.0

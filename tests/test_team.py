@@ -23,8 +23,8 @@ from krypton.cli import build_parser, explain_options
 from krypton.distributed import broker_submit
 from krypton.fundus import FundusGenerator
 from webapp import helpers, runs
-from webapp.services import Services
 from webapp.cluster import Cluster
+from webapp.services import Services
 from webapp.team import PREFIX, RedisImageStore, RedisResultStore
 
 pytestmark = [

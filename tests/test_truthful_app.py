@@ -43,9 +43,10 @@ def test_page_messages_controls_and_placeholders_over_http(tmp_path):
     any result the panels say what to do and the downloads are disabled."""
     import json
 
-    from bench.dash_client import Server, Tab, find
     from conftest import FUNDUS_SAMPLE
     from PIL import Image
+
+    from bench.dash_client import Server, Tab, find
 
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 2, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()

@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1)
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     except KeyboardInterrupt:
         print("stopping…", flush=True)
     finally:

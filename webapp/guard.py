@@ -20,7 +20,7 @@ import binascii
 import hmac
 import io
 import json
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from .settings import ServerSettings
 from .uploads import PURPOSES, UPLOAD_ROUTE

@@ -22,8 +22,8 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from krypton.dicom import WINDOW_PRESETS, DicomImage, heatmap_capture, is_dicom, load_dicom
-from krypton.ood import caveat
 from krypton.imaging import MAX_SIDE, ImageLoadError, load_image
+from krypton.ood import caveat
 from krypton.render import OverlayStyle, heatmap_picture, styled_heatmap
 
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")

@@ -4,7 +4,6 @@ error when the module loads instead of a callback that never fires."""
 
 from __future__ import annotations
 
-
 # Stores: what the page keeps between callbacks
 SESSION = "session"
 IMAGE_STORE = "image-store"

@@ -23,8 +23,8 @@ import itertools
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from dash import DiskcacheManager
 

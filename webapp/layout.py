@@ -9,9 +9,9 @@ from pathlib import Path
 from dash import dcc, html
 
 from krypton.dicom import WINDOW_PRESETS
+from krypton.models import CALIBRATION_PATCHES, DEFAULT_PATCH
 
 from . import ids
-from krypton.models import CALIBRATION_PATCHES, DEFAULT_PATCH
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
 EXPORTS = (
@@ -101,7 +101,7 @@ def sample_path(name: str) -> Path:
     raise KeyError(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dicom_thumbnail(name: str) -> str | None:
     """A small PNG data URL of a DICOM sample in its own window (None if unreadable)."""
     from krypton.dicom import load_dicom

@@ -57,7 +57,7 @@ class Provenance:
     label: int | None  # None: the top class, before the run decides it
 
     @classmethod
-    def make(cls, **fields) -> "Provenance":
+    def make(cls, **fields) -> Provenance:
         """Normalised: a region as a tuple of ints, the colour rounded to 6 places."""
         region = fields.get("region")
         fields["region"] = None if not region else tuple(int(v) for v in region)
@@ -68,7 +68,7 @@ class Provenance:
         return cls(**fields)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Provenance":
+    def from_dict(cls, data: dict) -> Provenance:
         return cls.make(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
 
     def as_dict(self) -> dict:
@@ -77,10 +77,10 @@ class Provenance:
         data["colour"] = list(self.colour)
         return data
 
-    def with_label(self, label: int) -> "Provenance":
+    def with_label(self, label: int) -> Provenance:
         return dataclasses.replace(self, label=int(label))
 
-    def differences(self, other: "Provenance") -> list[str]:
+    def differences(self, other: Provenance) -> list[str]:
         """What differs from ``other``, in the page's words ('the image', 'the stride')."""
         return [
             _NAMES[f.name]

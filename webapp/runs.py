@@ -15,8 +15,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -76,7 +77,7 @@ class RunRequest:
 class Services(Protocol):  # what callbacks.Services provides
     images: helpers.ImageStore
     results: helpers.ResultStore
-    cells: "CellCache"
+    cells: CellCache
 
     def model(self, name: str) -> krypton.LoadedModel: ...
     def explainer(self, name: str) -> krypton.OcclusionExplainer: ...
@@ -302,7 +303,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
 
 def _known_cells(
     services: Services, session: str, request: RunRequest, region: tuple
-) -> tuple["_Known | None", tuple, str]:
+) -> tuple[_Known | None, tuple, str]:
     """Exact and naive runs: the cells known for these settings, the region (moved onto
     the last run's grid when snapping reuses its cells) and what the page says about it.
     Approximate runs keep no cells: (None, region, "")."""

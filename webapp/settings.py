@@ -79,7 +79,7 @@ class ServerSettings:
     auth_header: str | None = None  # set by a trusted reverse proxy, e.g. X-Forwarded-User
 
     @classmethod
-    def from_environment(cls, bind_host: str | None = None) -> "ServerSettings":
+    def from_environment(cls, bind_host: str | None = None) -> ServerSettings:
         """Settings from KRYPTON_* variables; ``bind_host`` joins the allowed hosts."""
         hosts = _list("KRYPTON_ALLOWED_HOSTS")
         if not hosts:

@@ -35,15 +35,14 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
+import redis
 from celery import Celery
 from dash import CeleryManager
 from PIL import Image
-
-import redis
 
 from krypton.distributed import (
     PREFIX,
@@ -159,7 +158,7 @@ class JobLease:
     def _hold(self, pipe) -> None:
         pipe.set(PREFIX + "lease:" + self.job, self.worker, ex=int(visibility_timeout()))
 
-    def __enter__(self) -> "JobLease":
+    def __enter__(self) -> JobLease:
         self._keeper = KeepVisible(self.client, self.delivery_tag, also=self._hold).__enter__()
         return self
 

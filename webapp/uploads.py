@@ -19,10 +19,11 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 from urllib.parse import unquote
 
 from flask import Flask, jsonify, request

@@ -551,8 +551,9 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     (target >= 95%), typeset text pages (:func:`document_pages`), and whether the real
     fundus photographs (the Retina and Microaneurysms samples, the tiles of the latter)
     are flagged."""
-    from .independent import IndependentFundusGenerator
     from krypton.ood import feature_statistics
+
+    from .independent import IndependentFundusGenerator
 
     in_distribution = density.score(_generated_features(model, OOD_TEST_SEED, count)[1])
     independent = density.score(

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import enum
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -129,10 +130,23 @@ class Pointwise:
 Rule = Callable[[OpCall], "Pointwise | None"]
 
 
+def first_input(node: fx.Node) -> fx.Node:
+    """The node a local, remapping or elementwise op reads its tensor from."""
+    source = node.args[0]
+    if not isinstance(source, fx.Node):
+        raise TypeError(f"{node.name} reads {source!r}, not another node's tensor")
+    return source
+
+
 def flatten_nodes(value: Any) -> list[fx.Node]:
     """Every fx.Node inside a (nested) argument structure."""
     found: list[fx.Node] = []
-    fx.node.map_arg(value, lambda n: found.append(n) or n)
+
+    def collect(node: fx.Node) -> fx.Node:
+        found.append(node)
+        return node
+
+    fx.node.map_arg(value, collect)
     return found
 
 
@@ -214,7 +228,7 @@ def _layer_norm_function(call: OpCall) -> bool:
 
 
 def _layer_norm_module(call: OpCall) -> bool:
-    return _last_dims_free(len(call.module.normalized_shape))(call)
+    return _last_dims_free(len(cast(nn.LayerNorm, call.module).normalized_shape))(call)
 
 
 def _linear_output(call: OpCall) -> Pointwise | None:
@@ -384,7 +398,7 @@ def unsqueeze(call: OpCall) -> Pointwise | None:
 
 POINTWISE_RULES: dict[Any, Rule] = {
     # functions
-    **{function: same_layout for function in ops.ELEMENTWISE_FUNCTIONS},
+    **dict.fromkeys(ops.ELEMENTWISE_FUNCTIONS, same_layout),
     F.batch_norm: _parameters(_batch_norm_function),
     torch.batch_norm: _parameters(_batch_norm_builtin),
     F.layer_norm: _parameters(_layer_norm_function),
@@ -404,7 +418,7 @@ POINTWISE_RULES: dict[Any, Rule] = {
     torch.unsqueeze: unsqueeze,
     operator.getitem: getitem,
     # methods (by name; in-place spellings run out of place)
-    **{name: same_layout for name in ops.ELEMENTWISE_METHODS},
+    **dict.fromkeys(ops.ELEMENTWISE_METHODS, same_layout),
     "permute": permute,
     "transpose": transpose,
     "swapaxes": transpose,
@@ -417,7 +431,7 @@ POINTWISE_RULES: dict[Any, Rule] = {
     "narrow": narrow,
     "unsqueeze": unsqueeze,
     # modules (by type; subclasses are traced through, so exact types suffice)
-    **{module_type: same_layout for module_type in ops.ELEMENTWISE_MODULES},
+    **dict.fromkeys(ops.ELEMENTWISE_MODULES, same_layout),
     nn.BatchNorm1d: _parameters(_batch_norm_module),
     nn.BatchNorm2d: _parameters(_batch_norm_module),
     nn.BatchNorm3d: _parameters(_batch_norm_module),
@@ -442,7 +456,7 @@ def rule_for(node: fx.Node, module: nn.Module | None) -> Rule | None:
     if node.op == "call_module":
         return POINTWISE_RULES.get(type(module))
     if node.op == "call_method":
-        name = node.target
+        name = str(node.target)
         if name.endswith("_") and not name.endswith("__"):
             name = name[:-1]  # in-place spelling, run out of place
         return POINTWISE_RULES.get(name)
@@ -492,7 +506,7 @@ def classify_dependent(
     value = values[node]
     inputs = flatten_nodes((node.args, node.kwargs))
     dependent = [i for i in inputs if kinds.get(i, NodeKind.STATIC) != NodeKind.STATIC]
-    module = classifier.module.get_submodule(node.target) if node.op == "call_module" else None
+    module = classifier.module.get_submodule(str(node.target)) if node.op == "call_module" else None
 
     if not isinstance(value, (torch.Tensor, tuple, list)) or (
         isinstance(value, (tuple, list)) and not any(isinstance(v, torch.Tensor) for v in value)

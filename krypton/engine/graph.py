@@ -10,7 +10,8 @@ every node (:mod:`.classify`) and materialises that image's views (:mod:`.views`
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from torch import nn
 from ..capture_lock import CAPTURE_LOCK
 from ..geometry import padding_needed
 from . import ops
-from .classify import PATCHED_KINDS, Classifier, NodeKind, Step, flatten_nodes
+from .classify import PATCHED_KINDS, Classifier, NodeKind, Step, first_input, flatten_nodes
 from .plan import ExecutionPlan, PatchGeometry, propagate, static_plan
 from .run import run_batch, view_pad_value
 from .views import MaterializedViews, build_views
@@ -180,10 +181,10 @@ class IncrementalGraph:
     def _call_for(self, node: fx.Node) -> Callable[..., Any] | None:
         """A callable evaluating ``node`` out of place (cached views must never change)."""
         if node.op == "call_module":
-            module = ops.out_of_place_module(self.module.get_submodule(node.target))
+            module = ops.out_of_place_module(self.module.get_submodule(str(node.target)))
             return lambda args, kwargs: module(*args, **kwargs)
         if node.op == "call_function":
-            target = node.target
+            target = cast(Callable[..., Any], node.target)
             if not ops.writes_in_place(target, node.args, node.kwargs):
                 # Decided once here: binding the signature on every call cost 14% of a
                 # DenseNet run. ``inplace`` is a literal in the graph, never a value.
@@ -195,7 +196,7 @@ class IncrementalGraph:
 
             return call_function
         if node.op == "call_method":
-            name = _out_of_place_name(node.target)
+            name = _out_of_place_name(str(node.target))
             if name != node.target:
                 mutated = node.args[0]
                 if isinstance(mutated, fx.Node) and len(mutated.users) > 1:
@@ -263,7 +264,7 @@ class IncrementalGraph:
             return 0
         weight = None
         if node.op == "call_module":
-            module = self.module.get_submodule(node.target)
+            module = self.module.get_submodule(str(node.target))
             if isinstance(module, (nn.Conv2d, nn.Linear)):
                 weight = module.weight
         elif node.op == "call_function" and node.target in (
@@ -297,9 +298,9 @@ class IncrementalGraph:
         if step.kind == NodeKind.LOCAL:
             top, bottom = padding_needed(step.local.rows)
             left, right = padding_needed(step.local.cols)
-            need(step.node.args[0], view_pad_value(step.local), (top, bottom, left, right))
+            need(first_input(step.node), view_pad_value(step.local), (top, bottom, left, right))
         elif step.kind == NodeKind.REMAP:
-            need(step.node.args[0], 0.0, (0, 0, 0, 0))
+            need(first_input(step.node), 0.0, (0, 0, 0, 0))
         elif step.kind == NodeKind.POINTWISE and step.pick is None:
             if len(step.patched_args) > 1:  # merges may read inputs in a bounding box
                 for arg in step.patched_args:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import copy
 import inspect
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -212,7 +213,7 @@ def out_of_place_module(module: nn.Module) -> nn.Module:
     """
     if getattr(module, "inplace", False):
         module = copy.copy(module)
-        module.inplace = False
+        module.inplace = False  # type: ignore[assignment]  # the flag, not a submodule
     return module
 
 
@@ -518,7 +519,7 @@ def pad_spec(
     if len(in_shape) < 3 or len(out_shape) != len(in_shape):
         return None
     if node_op == "call_module" and type(module) in _PAD_MODULES:
-        pad = tuple(int(p) for p in module.padding)
+        pad = tuple(int(p) for p in cast(Any, module).padding)
         mode = _PAD_MODULES[type(module)]
         value = float(getattr(module, "value", 0.0))
     elif node_op == "call_function" and target in (F.pad, torch.nn.functional.pad):

@@ -16,7 +16,7 @@ import numpy as np
 import torch.fx as fx
 
 from ..geometry import LocalStep, Window, bounding_window, local_step
-from .classify import NodeKind, Step
+from .classify import NodeKind, Step, first_input
 from .program import Program
 
 __all__ = [
@@ -134,8 +134,8 @@ def propagate(
             windows[node] = (Window(ys, patch_h), Window(xs, patch_w))
             centres[node] = (ys + (patch_h - 1) / 2, xs + (patch_w - 1) / 2)
         elif step.kind == NodeKind.LOCAL:
-            in_rows, in_cols = windows[node.args[0]]
-            centre_rows, centre_cols = centres[node.args[0]]
+            in_rows, in_cols = windows[first_input(node)]
+            centre_rows, centre_cols = centres[first_input(node)]
             row_step = local_step(step.local.rows, in_rows, tau, centre_rows)
             col_step = local_step(step.local.cols, in_cols, tau, centre_cols)
             local_steps[node] = (row_step, col_step)
@@ -149,12 +149,12 @@ def propagate(
                 and _inside(in_cols, col_step.read)
             )
         elif step.kind == NodeKind.REMAP:
-            in_rows, in_cols = windows[node.args[0]]
+            in_rows, in_cols = windows[first_input(node)]
             windows[node] = (
                 remap_window(step.remap.row_map, in_rows),
                 remap_window(step.remap.col_map, in_cols),
             )
-            centre_rows, centre_cols = centres[node.args[0]]
+            centre_rows, centre_cols = centres[first_input(node)]
             centres[node] = (
                 remap_centre(step.remap.row_map, centre_rows),
                 remap_centre(step.remap.col_map, centre_cols),

@@ -8,8 +8,9 @@ together at the first of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import torch.fx as fx
 
 from ..geometry import padding_needed
 from . import ops
-from .classify import NodeKind, Step, flatten_nodes
+from .classify import NodeKind, Step, first_input, flatten_nodes
 from .kernels import (
     Patched,
     gather_remapped,
@@ -142,7 +143,7 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
     graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
     start_tensor, items = batch.start_tensor, batch.items
     spec = step.local
-    source_node = step.node.args[0]
+    source_node = first_input(step.node)
     source: Patched = env[source_node]
     row_step, col_step = geometry.local_steps[step.node]
     padded, top, left = views.spatial(source_node, view_pad_value(spec))
@@ -194,7 +195,7 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
 def _run_remap(batch: _Batch, step: Step) -> Patched:
     graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
     start_tensor, items = batch.start_tensor, batch.items
-    source_node = step.node.args[0]
+    source_node = first_input(step.node)
     source: Patched = env[source_node]
     view, _, _ = views.spatial(source_node)
     out_rows_w, out_cols_w = geometry.windows[step.node]

@@ -8,8 +8,9 @@ the tensors stream past and peak memory stays that of ordinary inference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx

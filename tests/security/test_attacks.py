@@ -16,10 +16,9 @@ import torch
 import torchvision
 from PIL import Image
 
+from bench.dash_client import ROOT, Server, Tab, find
 from krypton.fundus import FundusGenerator
 from krypton.registry import register_model
-
-from bench.dash_client import ROOT, Server, Tab, find
 
 pytestmark = pytest.mark.security
 
@@ -213,7 +212,7 @@ def test_uploads_are_bounded_and_stored_at_the_resolution_used(tmp_path, registr
     try:
         tab = Tab(server.url)
         rng = np.random.default_rng(0)
-        for index in range(5):
+        for _ in range(5):
             noise = rng.integers(0, 255, size=(300, 300, 3), dtype=np.uint8)
             tab.upload_image(Image.fromarray(noise))
         big = tab.upload_image(FUNDUS.resize((3000, 2000)))
@@ -288,7 +287,7 @@ def test_eight_sessions_loading_at_once_never_break_the_server(tmp_path, registr
                     answer = tab.predict(image)
                     assert "Only naive mode" not in json.dumps(answer)
                 except Exception as exc:  # collected and asserted below
-                    errors.append(exc)
+                    errors.append(exc)  # noqa: B023 (joined in this iteration)
 
             threads = [threading.Thread(target=first_load, args=pair) for pair in zip(tabs, images)]
             for thread in threads:

@@ -21,11 +21,11 @@ import torch
 import torchvision
 from PIL import Image
 
+from bench import hostile
 from bench.dash_client import ROOT, Server, Tab, find
 from krypton.fundus import FundusGenerator
 from krypton.registry import register_model
 
-from bench import hostile
 from .costs import light_callback, measured
 
 pytestmark = pytest.mark.security

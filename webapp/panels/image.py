@@ -177,7 +177,7 @@ class ImagePanel:
         try:
             size = self.services.model(model_name).input_size
         except InputError:
-            raise PreventUpdate
+            raise PreventUpdate from None
         region = helpers.region_from_selection(selected, size)
         if region is None:
             raise PreventUpdate

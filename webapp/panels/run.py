@@ -142,7 +142,7 @@ class RunPanel:
             return no_update, str(exc)
         except JobCancelled:
             lifecycle.cancel("cancelled")
-            raise PreventUpdate
+            raise PreventUpdate from None
         except (InputError, ValueError) as exc:
             lifecycle.fail(str(exc))
             return no_update, str(exc)

@@ -139,7 +139,7 @@ class SettingsPanel:
         try:
             patch = self.services.model(model_name).patch
         except InputError:
-            raise PreventUpdate
+            raise PreventUpdate from None
         return patch_options(patch), patch
 
     def estimate(self, model_name, patch, stride, mode, region, drill, speedup, _result):
