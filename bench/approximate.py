@@ -5,7 +5,7 @@
 Quality (the demo model, its tuned τ, held-out generated images with one lesion each,
 the model's own patch as the app defaults to it (fundus-demo: 12), stride 4): per
 setting and drill-down rule, SSIM against exact, the localisation figures
-(:func:`krypton.tuning.localisation`: the exact map's lowest cell among the approximate
+(:func:`krypton.approximate.tuning.localisation`: the exact map's lowest cell among the approximate
 map's lowest 1%, and the overlap of the lowest 5%), whether the approximate map's lowest
 cell still points at the lesion, and the time against naive. Speed (random weights,
 central regions as in bench.bench, patch 16): VGG16 and ResNet18 at r 0.1 / target 5
@@ -29,7 +29,7 @@ RULES = ("drop+variation", "drop")
 
 def add_scores(record: dict, exact, approx, lesion, seconds: float, patch: int) -> None:
     """Append one image's figures for an approximate heatmap against the exact one."""
-    from krypton.tuning import heatmap_ssim, localisation
+    from krypton.approximate.tuning import heatmap_ssim, localisation
 
     where = localisation(exact.values, approx.values)
     row, col = np.unravel_index(np.nanargmin(approx.values), approx.values.shape)

@@ -10,6 +10,7 @@ The engine has no UI dependencies; the Dash app lives in ``app.py``.
 """
 
 from .analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
+from .approximate import ApproximateSettings
 from .engine import UnsupportedModelError
 from .explainer import MODES, Heatmap, OcclusionExplainer, explain
 from .models import LoadedModel, WeightsUnavailableError
@@ -23,6 +24,7 @@ from .registry import (
 )
 
 __all__ = [
+    "ApproximateSettings",
     "CheckpointError",
     "LoadedModel",
     "ModelInfo",

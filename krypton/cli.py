@@ -17,6 +17,8 @@ from tqdm import tqdm
 
 from . import analysis
 from . import explainer as explain_module
+from .approximate.settings import DEFAULTS
+from .approximate.tuning import DEFAULT_TARGET_SSIM
 from .dicom import is_dicom, parse_window
 from .imaging import ImageLoadError, load_image
 from .models import (
@@ -26,7 +28,6 @@ from .models import (
     load_torchvision_model,
 )
 from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
-from .tuning import DEFAULT_TARGET_SSIM
 
 
 def _region(text: str) -> tuple[int, int, int, int]:
@@ -96,19 +97,19 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
     approximate.add_argument(
         "--drill-down",
         type=float,
-        default=0.25,
+        default=DEFAULTS.r_drill_down,
         help="fraction refined at full resolution (1: no drill-down)",
     )
     approximate.add_argument(
         "--target-speedup",
         type=float,
-        default=3.0,
+        default=DEFAULTS.target_speedup,
         help="drill-down speedup that sets the stage-one stride",
     )
     approximate.add_argument("--s1", type=int, help="stage-one stride (overrides --target-speedup)")
     approximate.add_argument(
         "--refine-by",
-        default="drop+variation",
+        default=DEFAULTS.refine_by,
         choices=("drop+variation", "drop"),
         help="which stage-one cells drill-down refines (drop: the paper's rule)",
     )
@@ -520,7 +521,7 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
 def run_tune(args: argparse.Namespace) -> int:
     import json
 
-    from .tune import tune_tau
+    from .approximate.tune import tune_tau
 
     model = _load(args.model, random_weights=False)
     images = _sample_images(args, model, args.count + args.held_out)
@@ -562,9 +563,9 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from .approximate.tuning import TauTuning, choose_tau
     from .estimator import calibrate, save_calibration
     from .registry import find_entry
-    from .tuning import TauTuning, choose_tau
 
     name = args.model or default_model_name()
     path, entry = find_entry(name)

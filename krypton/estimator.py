@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from sklearn.linear_model import LinearRegression
 
-from . import drilldown
+from .approximate import drilldown
+from .approximate.settings import DEFAULTS
 from .explainer import MODES, OcclusionExplainer, grid_positions
 from .models import CALIBRATION_PATCHES
 
@@ -53,8 +54,8 @@ def planned_positions(
     stride: int,
     region: Sequence[int] | None = None,
     mode: str = "exact",
-    r_drill_down: float = 0.25,
-    target_speedup: float = 3.0,
+    r_drill_down: float = DEFAULTS.r_drill_down,
+    target_speedup: float = DEFAULTS.target_speedup,
     s1: int | None = None,
 ) -> tuple[int, int]:
     """(stage-one, stage-two) positions a run will evaluate; stage two is 0 except for
@@ -104,8 +105,8 @@ def calibrate(
     patches: Sequence[int] = CALIBRATION_PATCHES,
     modes: Sequence[str] = MODES,
     tau: float = 1.0,
-    r_drill_down: float = 0.25,
-    target_speedup: float = 3.0,
+    r_drill_down: float = DEFAULTS.r_drill_down,
+    target_speedup: float = DEFAULTS.target_speedup,
     held_out_every: int = 3,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -205,8 +206,8 @@ def estimate_seconds(
     region: Sequence[int] | None = None,
     mode: str = "exact",
     image_size: Sequence[int] | None = None,
-    r_drill_down: float = 0.25,
-    target_speedup: float = 3.0,
+    r_drill_down: float = DEFAULTS.r_drill_down,
+    target_speedup: float = DEFAULTS.target_speedup,
     s1: int | None = None,
     directory: Path | None = None,
 ) -> float:
@@ -384,8 +385,8 @@ def estimate(
     region: Sequence[int] | None = None,
     mode: str = "exact",
     image_size: Sequence[int] | None = None,
-    r_drill_down: float = 0.25,
-    target_speedup: float = 3.0,
+    r_drill_down: float = DEFAULTS.r_drill_down,
+    target_speedup: float = DEFAULTS.target_speedup,
     s1: int | None = None,
     directory: Path | None = None,
     log_path: Path | None = None,

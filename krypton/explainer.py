@@ -19,8 +19,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import drilldown
-from ._approximate_plan import _approximate_plan, _ApproximatePlan
 from ._evaluation import _Run
 from ._fingerprint import (
     _count_macs_with_hooks,
@@ -40,6 +38,10 @@ from ._inputs import (
     _positive_int,
     grid_positions,
 )
+from .approximate import drilldown
+from .approximate._plan import _approximate_plan, _ApproximatePlan
+from .approximate.settings import DEFAULTS, ApproximateSettings
+from .approximate.tuning import TauTuning
 from .capture_lock import CAPTURE_LOCK
 from .engine import (
     ExecutionPlan,
@@ -50,7 +52,6 @@ from .engine import (
     scatter_full,
 )
 from .models import LoadedModel
-from .tuning import TauTuning
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
 
@@ -252,16 +253,17 @@ class OcclusionExplainer:
         positions: Iterable | None = None,
         batch_size: int | None = None,
         progress: ProgressCallback | None = None,
-        tau: float | None = None,
-        target_ssim: float | None = None,
-        r_drill_down: float = 0.25,
-        target_speedup: float = 3.0,
-        s1: int | None = None,
+        tau: float | None = DEFAULTS.tau,
+        target_ssim: float | None = DEFAULTS.target_ssim,
+        r_drill_down: float = DEFAULTS.r_drill_down,
+        target_speedup: float = DEFAULTS.target_speedup,
+        s1: int | None = DEFAULTS.s1,
         tuning: TauTuning | None = None,
         partial: PartialCallback | None = None,
         strategy: str = "auto",
-        freeze_gates: bool | None = None,
-        refine_by: str = "drop+variation",
+        freeze_gates: bool | None = DEFAULTS.freeze_gates,
+        refine_by: str = DEFAULTS.refine_by,
+        approximate: ApproximateSettings | None = None,
     ) -> Heatmap:
         """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments.
         ``tuning`` defaults to the registry model's tuned τ curve when the explainer was
@@ -295,20 +297,18 @@ class OcclusionExplainer:
             raise TypeError("progress must be callable as progress(done, total)")
         occluder = _occluder(fill, image.shape[0], patch, image.dtype, image.device)
         _check_label_type(label)
+        settings = ApproximateSettings.resolve(
+            approximate,
+            tau=tau,
+            target_ssim=target_ssim,
+            r_drill_down=r_drill_down,
+            target_speedup=target_speedup,
+            s1=s1,
+            refine_by=refine_by,
+            freeze_gates=freeze_gates,
+        )
         plan = _approximate_plan(
-            mode,
-            tau,
-            target_ssim,
-            r_drill_down,
-            target_speedup,
-            s1,
-            tuning,
-            grid,
-            patch,
-            stride_used,
-            region,
-            (height, width),
-            refine_by,
+            mode, settings, tuning, grid, patch, stride_used, region, (height, width)
         )
 
         # The one unoccluded inference: gives the label, its probability and (exact) views.
@@ -316,7 +316,7 @@ class OcclusionExplainer:
             logits, macs_per_image, largest = _count_macs_with_hooks(self.model, image)
             graph = views = None
         else:
-            freeze = mode == "approximate" and freeze_gates is not False
+            freeze = mode == "approximate" and settings.freeze_gates is not False
             graph, views = self.views_for(image, freeze_gates=freeze)
             logits = views.logits
             largest = self.largest_activation_bytes(graph)
@@ -598,15 +598,16 @@ def explain(
     batch_size: int | None = None,
     device: torch.device | str | None = None,
     progress: ProgressCallback | None = None,
-    tau: float | None = None,
-    target_ssim: float | None = None,
-    r_drill_down: float = 0.25,
-    target_speedup: float = 3.0,
-    s1: int | None = None,
+    tau: float | None = DEFAULTS.tau,
+    target_ssim: float | None = DEFAULTS.target_ssim,
+    r_drill_down: float = DEFAULTS.r_drill_down,
+    target_speedup: float = DEFAULTS.target_speedup,
+    s1: int | None = DEFAULTS.s1,
     partial: PartialCallback | None = None,
     strategy: str = "auto",
-    freeze_gates: bool | None = None,
-    refine_by: str = "drop+variation",
+    freeze_gates: bool | None = DEFAULTS.freeze_gates,
+    refine_by: str = DEFAULTS.refine_by,
+    approximate: ApproximateSettings | None = None,
 ) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
@@ -652,6 +653,9 @@ def explain(
         refine_by: which stage-one cells drill-down refines: "drop+variation" (default)
             half by the largest drops, half by the largest disagreement with neighbours;
             "drop" the paper's largest drops only. Both refine the same number of cells.
+        approximate: all of approximate mode's settings as one
+            :class:`krypton.approximate.ApproximateSettings` (instead of tau, target_ssim,
+            r_drill_down, target_speedup, s1, freeze_gates and refine_by; not with them).
 
     Returns:
         A :class:`Heatmap` of probabilities of ``label`` with the patch at each position;
@@ -693,6 +697,7 @@ def explain(
         strategy=strategy,
         freeze_gates=freeze_gates,
         refine_by=refine_by,
+        approximate=approximate,
     )
     if loaded is not None and loaded.ood is not None:
         heatmap.extra["ood"] = _ood_report(loaded, image)

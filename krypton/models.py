@@ -18,7 +18,7 @@ import torchvision
 from PIL import Image
 from torch import nn
 
-from .tuning import TauTuning
+from .approximate.tuning import TauTuning
 
 if TYPE_CHECKING:
     from .ood import FeatureDensity, OodResult

@@ -38,6 +38,7 @@ import torch
 import torchvision
 from torch import nn
 
+from .approximate.tuning import TauTuning
 from .capture_lock import CAPTURE_LOCK
 from .models import (
     DEFAULT_PATCH,
@@ -47,7 +48,6 @@ from .models import (
     WeightsUnavailableError,
     torchvision_weights_path,
 )
-from .tuning import TauTuning
 
 __all__ = [
     "ModelInfo",

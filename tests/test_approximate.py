@@ -11,6 +11,8 @@ import torchvision
 
 import krypton
 from krypton import drilldown
+from krypton.approximate.tune import tune_tau
+from krypton.approximate.tuning import TauTuning, heatmap_ssim
 from krypton.estimator import (
     NotCalibratedError,
     calibrate,
@@ -19,8 +21,6 @@ from krypton.estimator import (
     save_calibration,
 )
 from krypton.registry import load_model, register_model
-from krypton.tune import tune_tau
-from krypton.tuning import TauTuning, heatmap_ssim
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import krypton
+from krypton.approximate.tuning import heatmap_ssim, localisation
 from krypton.engine import IncrementalGraph, NodeKind
-from krypton.tuning import heatmap_ssim, localisation
 
 
 class SENet(nn.Module):
@@ -95,7 +95,7 @@ def test_efficientnet_stays_incremental_with_frozen_gates():
 
 
 def test_tuning_scores_approximate_mode_with_its_gates_frozen(model):
-    from krypton.tune import tune_tau
+    from krypton.approximate.tune import tune_tau
 
     torch.manual_seed(4)
     images = [torch.randn(3, 32, 32) for _ in range(2)]

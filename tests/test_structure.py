@@ -96,9 +96,15 @@ def test_the_circle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_engine_imports_nothing_from_the_app_the_registry_or_tuning():
+def test_the_engine_imports_nothing_from_the_app_the_registry_or_approximate_mode():
     graph = import_graph("krypton", "webapp", "app.py")
-    forbidden = ("webapp", "app", "krypton.registry", "krypton.tuning", "krypton.tune")
+    forbidden = (
+        "webapp",
+        "app",
+        "krypton.registry",
+        "krypton.approximate.tuning",
+        "krypton.approximate.tune",
+    )
     for module, imported in graph.items():
         if module.startswith("krypton.engine"):
             assert not [m for m in imported if m.startswith(forbidden)], module

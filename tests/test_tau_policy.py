@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from krypton.tuning import TauTuning, choose_tau, localisation
+from krypton.approximate.tuning import TauTuning, choose_tau, localisation
 
 CURVE = (-1.2, 2.6, -0.4)  # concave, like the paper's Fig 9a
 
@@ -84,3 +84,33 @@ def test_model_card_states_the_tuned_tau_and_its_localisation():
     assert f"τ = {tuning.chosen_tau:.2f} (tuned for SSIM 0.9 and localisation)" in card
     kept = f"{tuning.minimum_kept:.0%}"
     assert f"lowest cell stayed among the approximate map's lowest in {kept}" in card
+
+
+def test_approximate_settings_are_one_record_with_one_set_of_defaults(tmp_path):
+    """The defaults 0.25 / 3.0 were literals in ten places; the app built its explainer
+    from the bare module and re-derived τ."""
+    import inspect
+
+    import torch
+
+    import krypton
+    from krypton.approximate import DEFAULTS, ApproximateSettings
+    from webapp.services import Services
+
+    signature = inspect.signature(krypton.explain).parameters
+    for name in ("tau", "target_ssim", "r_drill_down", "target_speedup", "s1", "refine_by"):
+        assert signature[name].default == getattr(DEFAULTS, name), name
+    model = krypton.load_model("fundus-demo")
+    image = torch.rand(3, *model.input_size)
+    settings = ApproximateSettings(tau=0.9, r_drill_down=0.4, target_speedup=1.8)
+    together = krypton.explain(model, image, patch=16, stride=8, mode="approximate",
+                               region=(0, 0, 96, 96), approximate=settings)  # fmt: skip
+    apart = krypton.explain(model, image, patch=16, stride=8, mode="approximate",
+                            region=(0, 0, 96, 96), tau=0.9, r_drill_down=0.4,
+                            target_speedup=1.8)  # fmt: skip
+    np.testing.assert_array_equal(together.values, apart.values)
+    assert together.extra["tau"] == 0.9 and together.extra["r_drill_down"] == 0.4
+    with pytest.raises(ValueError, match="not both"):
+        krypton.explain(model, image, mode="approximate", tau=0.8, approximate=settings)
+    services = Services(tmp_path / "cache")
+    assert services.explainer("fundus-demo").loaded is not None  # τ from the model's tuning

@@ -354,7 +354,7 @@ def _flagged_word(flagged: bool) -> str:
 def model_card_lines(loaded) -> list[str]:
     """What the page says about a model: what it is, each measured number with the set it
     was measured on, whether images are checked against its training distribution."""
-    from krypton.tuning import choose_tau
+    from krypton.approximate.tuning import choose_tau
 
     entry = loaded.extra.get("entry", {})
     lines = [

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from dash import dcc, html
 
+from krypton.approximate.settings import DEFAULTS
+from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
 from krypton.dicom import WINDOW_PRESETS
 from krypton.models import CALIBRATION_PATCHES, DEFAULT_PATCH
 
@@ -514,7 +516,7 @@ def _settings_section(
                             min=0.7,
                             max=1.0,
                             step=0.01,
-                            value=0.9,
+                            value=DEFAULT_TARGET_SSIM,
                             marks={0.7: "0.7", 0.8: "0.8", 0.9: "0.9", 1.0: "1"},
                         ),
                         "visual similarity to the exact heatmap; sets τ",
@@ -526,7 +528,7 @@ def _settings_section(
                             min=0.05,
                             max=1.0,
                             step=0.05,
-                            value=0.25,
+                            value=DEFAULTS.r_drill_down,
                             marks={0.1: "0.1", 0.25: "0.25", 0.5: "0.5", 1.0: "1"},
                         ),
                         "share of the region refined at full resolution",
@@ -538,7 +540,7 @@ def _settings_section(
                             min=1.5,
                             max=8,
                             step=0.5,
-                            value=3,
+                            value=DEFAULTS.target_speedup,
                             marks={2: "2", 3: "3", 5: "5", 8: "8"},
                         ),
                     ),

@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 import krypton
+from krypton.approximate.settings import DEFAULTS
+from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
 from krypton.estimator import Estimate, NotCalibratedError, estimate, record_run
 from krypton.explainer import grid_positions
 from krypton.registry import RegistryError
-from krypton.tuning import DEFAULT_TARGET_SSIM, choose_tau
 
 from . import helpers
 from .helpers import InputError
@@ -67,8 +68,8 @@ class RunRequest:
     label: int | None = None
     region: tuple[int, int, int, int] | None = None
     target_ssim: float | None = DEFAULT_TARGET_SSIM
-    r_drill_down: float = 0.25
-    target_speedup: float = 3.0
+    r_drill_down: float = DEFAULTS.r_drill_down
+    target_speedup: float = DEFAULTS.target_speedup
     snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
     # the page's record of a DICOM image (window, frame, spacing; no identity), or None
     dicom: dict | None = field(default=None, compare=False, hash=False)
@@ -239,7 +240,6 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         known.set_origin((int(grid_xs[0]), int(grid_ys[0])))
         counts = (evaluated, 0)
     else:
-        tuning = loaded.tuning
         heatmap = explainer.explain(
             tensor,
             patch=request.patch,
@@ -250,9 +250,10 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
             region=None if whole else region,
             progress=lambda done, total: live(done, total),
             partial=lambda values: live(0, 0, values),
-            tuning=tuning,
-            target_ssim=request.target_ssim if tuning else None,
-            tau=None if tuning else choose_tau(None).tau,
+            # The slider's quality target where the model has a tuned SSIM(τ) curve; else
+            # the τ policy (krypton.approximate.tuning.choose_tau) decides, in the explainer
+            # built from the LoadedModel.
+            target_ssim=request.target_ssim if loaded.tuning else None,
             r_drill_down=request.r_drill_down,
             target_speedup=request.target_speedup,
         )

@@ -97,7 +97,7 @@ class Services:
                     self._models[name] = load_model(name)
                 except (RegistryError, CheckpointError, krypton.WeightsUnavailableError) as exc:
                     raise InputError(str(exc)) from exc
-                self._explainers[name] = krypton.OcclusionExplainer(self._models[name].module)
+                self._explainers[name] = krypton.OcclusionExplainer(self._models[name])
             return self._models[name]
 
     def weights_checksum(self, name: str) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .explainer import OcclusionExplainer
+from ..explainer import OcclusionExplainer
 from .tuning import (
     DEFAULT_TARGET_SSIM,
     DEFAULT_TAUS,

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._inputs import _positive_int
 from . import drilldown
-from ._inputs import _positive_int
+from .settings import ApproximateSettings
 from .tuning import choose_tau
 
 
@@ -24,23 +25,21 @@ class _ApproximatePlan:
 
 
 def _approximate_plan(
-    mode,
-    tau,
-    target_ssim,
-    r_drill_down,
-    target_speedup,
-    s1,
+    mode: str,
+    settings: ApproximateSettings,
     tuning,
     grid,
     patch,
     stride,
     region,
     image_hw,
-    refine_by: str = "drop+variation",
 ) -> _ApproximatePlan | None:
     """Validate the approximate-mode settings before any work; None for other modes."""
     if mode != "approximate":
         return None
+    tau, target_ssim, s1 = settings.tau, settings.target_ssim, settings.s1
+    r_drill_down, target_speedup = settings.r_drill_down, settings.target_speedup
+    refine_by = settings.refine_by
     if refine_by not in drilldown.REFINE_RULES:
         raise ValueError(
             f"refine_by must be one of {', '.join(drilldown.REFINE_RULES)}; got {refine_by!r}"
