@@ -27,7 +27,14 @@ from .models import (
     WeightsUnavailableError,
     load_torchvision_model,
 )
-from .registry import RegistryError, available_models, default_model_name, load_model, remove_model
+from .registry import (
+    RegistryError,
+    available_models,
+    default_model_name,
+    load_model,
+    remove_model,
+    update_entry,
+)
 
 
 def _region(text: str) -> tuple[int, int, int, int]:
@@ -519,7 +526,6 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    import json
 
     from .approximate.tune import tune_tau
 
@@ -540,9 +546,7 @@ def run_tune(args: argparse.Namespace) -> int:
         "generated fundus images (seed 5)" if model.name == "fundus-demo" else "scikit-image photos"
     )
     path = Path(model.extra["registry_file"])
-    entry = json.loads(path.read_text())
-    entry["tuning"] = record
-    path.write_text(json.dumps(entry, indent=2) + "\n")
+    update_entry(path, tuning=record)
     a, b, c = record["coefficients"]
     print(f"SSIM(tau) = {a:.3f} tau^2 + {b:.3f} tau + {c:.3f} over {split} images")
     chosen = record["chosen"]

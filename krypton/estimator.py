@@ -245,6 +245,8 @@ def save_calibration(path: Path, record: dict, keep_other_patches: bool = False)
     ``keep_other_patches`` the stored fits of patch sizes this record did not measure stay
     (each fit says the date it was measured; the record's summary error still covers only
     its own ``held_out_patches``); otherwise the record replaces them all."""
+    from .registry import update_entry
+
     entry = json.loads(path.read_text())
     earlier = entry.get("calibration")
     record = copy.deepcopy(record)  # the caller's record stays as calibrate() returned it
@@ -263,8 +265,7 @@ def save_calibration(path: Path, record: dict, keep_other_patches: bool = False)
                 sorted({**kept, **record["models"]}.items(), key=lambda item: int(item[0]))
             ),
         }
-    entry["calibration"] = record
-    path.write_text(json.dumps(entry, indent=2) + "\n")
+    update_entry(path, calibration=record)
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ for those that cannot, why and what fixes it; nothing is ever silently random.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -670,6 +671,38 @@ def _refuse_taken_name(name: str, directory: Path | None) -> None:
                 f"a model named '{entry['name']}' is already registered "
                 f"({path}); names are unique regardless of case"
             )
+
+
+_entry_writes = threading.Lock()
+
+
+def write_entry(path: Path, entry: dict[str, Any]) -> None:
+    """The one writer of registry files: ``entry`` is validated (a copy: defaults are not
+    written back), then written to a temporary file beside ``path`` and moved over it,
+    so a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    validate_entry(copy.deepcopy(entry), str(path))
+    data = (json.dumps(entry, indent=2) + "\n").encode()
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def update_entry(path: Path, **records: Any) -> dict[str, Any]:
+    """Set top-level records of the registry file at ``path`` (``tuning=``,
+    ``calibration=``), keeping everything else; writers in this process take turns.
+    Returns the entry as written."""
+    with _entry_writes:
+        try:
+            entry = json.loads(Path(path).read_text())
+        except (FileNotFoundError, json.JSONDecodeError) as exc:
+            raise RegistryError(f"cannot update {path}: {exc}") from exc
+        entry.update(records)
+        write_entry(path, entry)
+        return entry
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

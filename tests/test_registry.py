@@ -198,3 +198,53 @@ def test_bad_checkpoints_have_clear_messages(tmp_path):
             "../evil", tmp_path / "four.pt", ["a"] * 4, architecture="resnet18", directory=registry
         )
     assert not registry.exists() or not list(registry.glob("*.json"))  # nothing written
+
+
+def test_registry_files_have_one_writer_that_never_shows_half_a_file(tmp_path):
+    """Tuning, calibration and the demo's training each wrote the JSON with write_text
+    (truncate, then write): a reader in between saw an empty or half file."""
+    import json
+    import threading
+
+    from krypton.registry import read_entry, update_entry, write_entry
+
+    path = tmp_path / "mine.json"
+    entry = {
+        "name": "mine",
+        "architecture": "resnet18",
+        "weights": {"source": "file", "path": "mine.pt", "format": "state_dict"},
+        "input_size": [64, 64],
+        "classes": ["a", "b"],
+        "notes": "x" * 200_000,  # a large file takes a while to write
+    }
+    write_entry(path, entry)
+    broken, stop = [], threading.Event()
+
+    def read_while_written():
+        while not stop.is_set():
+            try:
+                json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                broken.append(exc)
+
+    def update(key, rounds=30):
+        for index in range(rounds):
+            update_entry(path, **{key: {"round": index}})
+
+    reader = threading.Thread(target=read_while_written)
+    writers = [threading.Thread(target=update, args=(key,)) for key in ("tuning", "calibration")]
+    reader.start()
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    stop.set()
+    reader.join()
+    assert broken == []
+    written = json.loads(path.read_text())
+    assert written["tuning"] == {"round": 29} and written["calibration"] == {"round": 29}
+    assert written["notes"] == entry["notes"] and "mean" not in written  # no defaults added
+    assert read_entry(path)["classes"] == ["a", "b"]
+    with pytest.raises(RegistryError):
+        update_entry(path, classes=[])  # validated before anything is written
+    assert json.loads(path.read_text())["classes"] == ["a", "b"]

@@ -31,6 +31,7 @@ import torchvision
 
 from krypton.fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample, label_for
 from krypton.models import IMAGENET_MEAN, IMAGENET_STD
+from krypton.registry import write_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "krypton" / "shipped_models"
@@ -754,7 +755,7 @@ def save(
             "threshold": density.threshold,
             "reference": density.reference,
         }
-    path.write_text(json.dumps(entry, indent=2) + "\n")
+    write_entry(path, entry)
     return path
 
 
