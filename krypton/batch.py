@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import glob
 import html
-import io
 import json
 import os
 import re
@@ -34,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from .explainer import explain
+from .exports import all_classes_npz, heatmap_title, values_npy
 from .imaging import ImageLoadError, load_image
 from .models import LoadedModel
 from .ood import caveat
@@ -188,10 +188,15 @@ def heatmap_files(picture, heatmap, model: LoadedModel) -> dict[str, bytes]:
     """One explanation's output files by suffix: the overlay PNG (colour bar, title), the
     explained class's values (.npy) and, where kept, every class's (.npz)."""
     random = " — RANDOM weights: this explains an untrained network" if model.random_weights else ""
-    title = (
-        f"{model.name} · {model.class_name(heatmap.label)} (p = {heatmap.prob:.3f}) · "
-        f"{heatmap.mode} · patch {heatmap.patch}, stride {heatmap.stride} · "
-        f"{time.strftime('%Y-%m-%d %H:%M')}{random}"
+    title = heatmap_title(
+        model.name,
+        model.class_name(heatmap.label),
+        heatmap.prob,
+        heatmap.mode,
+        heatmap.patch,
+        heatmap.stride,
+        time.strftime("%Y-%m-%d %H:%M"),
+        random,
     )
     files = {
         ".png": heatmap_picture(
@@ -206,20 +211,11 @@ def heatmap_files(picture, heatmap, model: LoadedModel) -> dict[str, bytes]:
             warning=caveat(heatmap.extra.get("ood")),
         )
     }
-    buffer = io.BytesIO()
-    np.save(buffer, heatmap.values)
-    files[".npy"] = buffer.getvalue()
+    files[".npy"] = values_npy(heatmap.values)
     if heatmap.class_values is not None:
-        buffer = io.BytesIO()
-        np.savez_compressed(
-            buffer,
-            probabilities=heatmap.class_values,
-            xs=heatmap.xs,
-            ys=heatmap.ys,
-            classes=np.asarray(model.classes),
-            unoccluded=heatmap.base_probs,
+        files[".npz"] = all_classes_npz(
+            heatmap.class_values, heatmap.xs, heatmap.ys, model.classes, heatmap.base_probs
         )
-        files[".npz"] = buffer.getvalue()
     return files
 
 

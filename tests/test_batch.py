@@ -130,3 +130,33 @@ def test_csv_list_with_labels_and_glob(folder, tmp_path):
         collect_inputs(str(tmp_path / "nopath.csv"))
     result = run_cli("batch", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
     assert result.returncode == 2 and "no such folder" in result.stderr
+
+
+def test_batch_and_the_app_write_the_same_value_files():
+    """The .npy/.npz/CSV writers were written twice (batch.py and webapp/helpers.py)."""
+    import io
+
+    from PIL import Image
+
+    from krypton.batch import heatmap_files
+    from krypton.exports import NPZ_KEYS
+    from webapp import helpers
+
+    model = krypton.load_model("fundus-demo")
+    picture = Image.open(ROOT / "assets" / "samples" / "retina.jpg").convert("RGB")
+    heatmap = krypton.explain(model, model.preprocess(picture), patch=16, stride=16,
+                              region=(0, 0, 64, 64))  # fmt: skip
+    files = heatmap_files(picture, heatmap, model)
+    result = {
+        "values": heatmap.values, "class_values": heatmap.class_values, "xs": heatmap.xs,
+        "ys": heatmap.ys, "classes": model.classes, "base_probs": heatmap.base_probs,
+    }  # fmt: skip
+    assert files[".npy"] == helpers.export_npy(result)
+    batch, app = (
+        np.load(io.BytesIO(data)) for data in (files[".npz"], helpers.export_all_classes(result))
+    )
+    assert tuple(batch.files) == tuple(app.files) == NPZ_KEYS
+    for key in NPZ_KEYS:
+        np.testing.assert_array_equal(batch[key], app[key])
+    rows = list(csv.reader(io.StringIO(helpers.export_csv(result))))
+    assert rows[0] == ["x", "y", "probability"] and len(rows) == 1 + heatmap.values.size

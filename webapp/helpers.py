@@ -6,7 +6,6 @@ No Dash callbacks and no tensor algebra here; everything is testable on its own.
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import html
 import io
@@ -22,6 +21,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from krypton.dicom import WINDOW_PRESETS, DicomImage, heatmap_capture, is_dicom, load_dicom
+from krypton.exports import all_classes_npz, heatmap_title, values_csv, values_npy
 from krypton.imaging import MAX_SIDE, ImageLoadError, load_image
 from krypton.ood import caveat
 from krypton.render import OverlayStyle, heatmap_picture, styled_heatmap
@@ -705,10 +705,14 @@ def export_png(original: Image.Image, result: dict, style: OverlayStyle | None =
     the page shows it (``style``), with a colour bar naming its scale and a title: model,
     class, probability, mode, patch/stride, date."""
     values = np.asarray(result["values"], dtype=np.float32)
-    title = (
-        f"{result['model']} · {result['label_name']} (p = {result['prob']:.3f}) · "
-        f"{result['mode']} · patch {result['patch']}, stride {result['stride']} · "
-        f"{result.get('date', '')}"
+    title = heatmap_title(
+        result["model"],
+        result["label_name"],
+        result["prob"],
+        result["mode"],
+        result["patch"],
+        result["stride"],
+        result.get("date", ""),
     )
     warning = caveat(result.get("ood"))
     return heatmap_picture(
@@ -760,37 +764,22 @@ def export_dicom(
 
 
 def export_npy(result: dict) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.asarray(result["values"], dtype=np.float32))
-    return buffer.getvalue()
+    """The explained class's values (krypton.exports: the CLI's and batch's schema)."""
+    return values_npy(result["values"])
 
 
 def export_all_classes(result: dict) -> bytes:
     """Every class's probabilities (rows x cols x classes) with positions and names."""
     if result.get("class_values") is None:
         raise InputError("this run kept only the explained class (approximate mode)")
-    buffer = io.BytesIO()
-    np.savez_compressed(
-        buffer,
-        probabilities=np.asarray(result["class_values"]),
-        xs=np.asarray(result["xs"]),
-        ys=np.asarray(result["ys"]),
-        classes=np.asarray(result["classes"]),
-        unoccluded=np.asarray(result["base_probs"]),
+    return all_classes_npz(
+        result["class_values"], result["xs"], result["ys"], result["classes"], result["base_probs"]
     )
-    return buffer.getvalue()
 
 
 def export_csv(result: dict) -> str:
-    values = np.asarray(result["values"], dtype=np.float32)
-    text = io.StringIO()
-    writer = csv.writer(text)
-    writer.writerow(["x", "y", "probability"])
-    for row, y in enumerate(result["ys"]):
-        for col, x in enumerate(result["xs"]):
-            if not np.isnan(values[row, col]):
-                writer.writerow([int(x), int(y), f"{values[row, col]:.6f}"])
-    return text.getvalue()
+    """One row per evaluated position (krypton.exports)."""
+    return values_csv(result["values"], result["xs"], result["ys"])
 
 
 def jsonable(value: Any):
