@@ -35,12 +35,12 @@ run: $(STAMP)
 # Production entry for anything beyond localhost: waitress, one process with threads (jobs,
 # models and the queue live in the process); slow clients cannot hold its threads. Set
 # KRYPTON_USERNAME/KRYPTON_PASSWORD or KRYPTON_AUTH_HEADER and KRYPTON_ALLOWED_HOSTS first
-# (README: Security and limits).
+# (docs/security.md).
 serve: $(STAMP)
 	$(PY) app.py --production --host $(HOST) --port $(PORT)
 
-# Team mode: one Celery worker for the app started with KRYPTON_BROKER_URL set (README:
-# Team mode). Pool and thread choices are explained in webapp/worker.py.
+# Team mode: one Celery worker for the app started with KRYPTON_BROKER_URL set
+# (docs/team.md). Pool and thread choices are explained in webapp/worker.py.
 WORKER_NAME ?= worker
 worker: $(STAMP)
 	@test -n "$$KRYPTON_BROKER_URL" || { echo "set KRYPTON_BROKER_URL=redis://HOST:PORT/DB"; exit 2; }

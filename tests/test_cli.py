@@ -61,7 +61,7 @@ def test_explain_writes_overlay_and_values(tmp_path):
 
 
 def test_the_installed_command_works_from_any_folder(tmp_path):
-    """README's commands as written: `.venv/bin/krypton ...` outside the repository."""
+    """docs/usage.md's commands as written: `.venv/bin/krypton ...` outside the repository."""
     command = ROOT / ".venv" / "bin" / "krypton"
     assert command.exists(), "make installs the package into .venv (pip install -e .)"
 
