@@ -15,6 +15,7 @@ from torch import nn
 
 from .capture_lock import CAPTURE_LOCK
 from .engine import ExecutionPlan
+from .engine.monitor import StrategyMonitor
 from .engine.plan import measured_plan, reused_plan
 
 
@@ -65,7 +66,8 @@ class _Run:
         return {
             "incremental_ms_per_position": incremental_seconds * 1e3,
             "naive_ms_per_position": naive_seconds * 1e3,
-            "strategy": self.plan.strategy,
+            "strategy": self.plan.strategy,  # what ran at the end
+            "switched": "switched to" in self.plan.reason,  # during this run
         }
 
     def _full_macs(self, ys: np.ndarray, xs: np.ndarray, patch: int) -> int:
@@ -80,16 +82,19 @@ class _Run:
     def evaluate_exact(
         self, ys: np.ndarray, xs: np.ndarray, patch: int, strategy: str = "auto"
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Exact probabilities by the cheaper of incremental and naive inference.
+        """Exact probabilities by the faster of incremental and naive inference.
 
         The static plan (:func:`krypton.engine.plan.static_plan`) rules out incremental
         inference where the FLOPs it can avoid cannot pay for its own work. Otherwise,
         when the run has at least two batches and this host has not timed this model
         yet, the first batch runs incrementally and is timed against a naive inference of
-        the same positions, and the faster per position computes every value of the run
-        (``self.plan`` says which and why). Both are exact, but they round differently
-        in the last bit: one strategy per heatmap keeps a heatmap's bytes independent of
-        what the process ran before. ``strategy`` "incremental" or "naive" forces one.
+        the same positions, and the faster per position goes on. While the run goes on, a
+        :class:`~krypton.engine.monitor.StrategyMonitor` times the other strategy on a
+        batch now and then and switches when it is measurably faster under the load of
+        the moment (``self.plan`` says what ran and why). Both are exact; they round
+        differently in the last bit, so a heatmap's bytes depend on the strategy: a run
+        that never switches gives the same bytes as the last one. ``strategy``
+        "incremental" or "naive" forces one.
         """
         geometry = self.graph.geometry(ys, xs, patch, patch)
         static = self.graph.plan(geometry)
@@ -102,26 +107,46 @@ class _Run:
         key = (tuple(self.image.shape), patch, self.batch_size)
         known = self.explainer.measured_plans.get(key)
         count, batch = len(ys), self.batch_size
-        if not static.incremental or known is not None or count < 2 * batch:
+        if not static.incremental or count < 2 * batch:
             self.plan = static if (not static.incremental or known is None) else reused_plan(known)
             return self.evaluate(ys, xs, patch, naive=not self.plan.incremental, geometry=geometry)
-        # Time one batch both ways on this host (the same positions, the same batch size).
+        if known is not None:  # measured by an earlier call: checked again early in this one
+            self.plan = reused_plan(known)
+            monitor = StrategyMonitor(self.plan.strategy)
+            values = self.evaluate(ys, xs, patch, geometry=geometry, monitor=monitor)
+            self._conclude(key, monitor)
+            return values
+        first, incremental_seconds, naive_seconds = self._time_first_batch(ys, xs, patch, static)
+        faster, slower = sorted((incremental_seconds, naive_seconds))
+        monitor = StrategyMonitor(self.plan.strategy, ratio=slower / faster if faster else None)
+        monitor.positions[self.plan.strategy] += batch
+        rest = self.evaluate(ys[batch:], xs[batch:], patch, monitor=monitor)
+        self._conclude(key, monitor)
+        probabilities = np.concatenate([first[0], rest[0]])
+        every = None
+        if first[1] is not None:
+            every = np.concatenate([first[1], rest[1]])
+        return probabilities, every
+
+    def _time_first_batch(self, ys: np.ndarray, xs: np.ndarray, patch: int, static):
+        """The first batch's values, timed both ways on the same positions: (values,
+        incremental and naive seconds per position); sets ``self.plan``."""
+        batch = self.batch_size
         began = time.perf_counter()
         first = self.evaluate(ys[:batch], xs[:batch], patch)
         incremental_seconds = (time.perf_counter() - began) / batch
         naive_seconds, check = self._time_naive(ys[:batch], xs[:batch])
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
         if not self.plan.incremental:
-            # Overturning the static plan pins naive for this process: one stall in the
-            # first timing (a page rendering, a collector) must not decide it. Time both
-            # once more and keep the faster of each.
+            # Overturning the static plan: one stall in the first timing (a page
+            # rendering, a collector) must not decide it. Time both once more and keep
+            # the faster of each.
             began = time.perf_counter()  # as the first timing: geometry and the batch
             first_batch = self.graph.geometry(ys[:batch], xs[:batch], patch, patch)
             self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
             incremental_seconds = min(incremental_seconds, (time.perf_counter() - began) / batch)
             naive_seconds = min(naive_seconds, self._time_naive(ys[:batch], xs[:batch])[0])
             self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
-        self.explainer.measured_plans[key] = self.plan
         self.timed_in_this_call = True
         if not self.plan.incremental:  # the first batch's values by the chosen strategy too
             softmax = torch.softmax(check.float(), dim=1).cpu().numpy()
@@ -129,12 +154,28 @@ class _Run:
                 softmax[:, self.label].astype(np.float32),
                 None if first[1] is None else softmax.astype(first[1].dtype),
             )
-        rest = self.evaluate(ys[batch:], xs[batch:], patch, naive=not self.plan.incremental)
-        probabilities = np.concatenate([first[0], rest[0]])
-        every = None
-        if first[1] is not None:
-            every = np.concatenate([first[1], rest[1]])
-        return probabilities, every
+        return first, incremental_seconds, naive_seconds
+
+    def _conclude(self, key: tuple, monitor: StrategyMonitor) -> None:
+        """The plan as it ran (a switch says when and why; the latest side-by-side timing
+        is this call's), and the verdict kept for this explainer's later calls."""
+        assert self.plan is not None
+        kept = self.plan
+        if monitor.last_pair is not None:
+            self.timed_in_this_call = True
+            self.plan = dataclasses.replace(self.plan, timings=monitor.last_pair)
+        if monitor.switches:
+            self.plan = dataclasses.replace(
+                self.plan, strategy=monitor.strategy, reason=f"{kept.reason}; {monitor.summary()}"
+            )
+            kept = dataclasses.replace(
+                kept,
+                strategy=monitor.strategy,
+                reason=f"{kept.reason}; then {monitor.strategy} proved faster, timed on the "
+                f"same positions",
+                timings=monitor.last_pair,
+            )
+        self.explainer.measured_plans[key] = kept
 
     def _naive_logits(self, ys: np.ndarray, xs: np.ndarray) -> torch.Tensor:
         """Logits of full inferences of the image occluded at these positions."""
@@ -157,31 +198,42 @@ class _Run:
         naive: bool = False,
         geometry=None,
         on_batch: Callable[[int, np.ndarray], None] | None = None,
+        monitor: StrategyMonitor | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Probabilities of the label with the patch at each (x, y), batch by batch, and
         (when kept) every class's: (count,), (count, classes) or None. ``on_batch(done,
-        probabilities)`` sees the first ``done`` values after each batch."""
+        probabilities)`` sees the first ``done`` values after each batch. With a
+        ``monitor`` (exact mode), each batch runs on the monitor's strategy, which its
+        probes may change (``naive`` is then ignored)."""
         count = len(ys)
         probabilities = np.empty(count, dtype=np.float32)
         every = None
         if count == 0:
             return probabilities, every
-        if naive:
-            macs = self.macs_per_image if self.graph is None else self._full_macs(ys, xs, patch)
-            self.macs_spent += macs * count
-            self.macs_naive += macs * count
+        if geometry is None and (monitor is not None or not naive):
+            geometry = self.graph.geometry(ys, xs, patch, patch, tau)
+        if geometry is not None:
+            incremental_macs, full_macs = self.graph.macs_per_position(geometry)
         else:
-            if geometry is None:
-                geometry = self.graph.geometry(ys, xs, patch, patch, tau)
-            incremental, full = self.graph.macs_per_position(geometry)
-            self.macs_spent += incremental * count
-            self.macs_naive += full * count
+            incremental_macs = full_macs = (
+                self.macs_per_image if self.graph is None else self._full_macs(ys, xs, patch)
+            )
         for begin in range(0, count, self.batch_size):
             batch = slice(begin, min(begin + self.batch_size, count))
-            if naive:
-                logits = self._naive_logits(ys[batch], xs[batch])
-            else:
-                logits = self.graph.run_batch(self.views, geometry, batch, self.occluder)
+            size = batch.stop - batch.start
+            batch_naive = naive if monitor is None else monitor.strategy == "naive"
+            began = time.perf_counter()
+            logits = self._logits(ys, xs, batch, geometry, batch_naive)
+            seconds = time.perf_counter() - began
+            if monitor is not None:
+                monitor.ran(size)
+                if monitor.probe_due():  # the other strategy on the same positions
+                    began = time.perf_counter()
+                    self._logits(ys, xs, batch, geometry, not batch_naive)
+                    other_seconds = time.perf_counter() - began
+                    monitor.probe(seconds / size, other_seconds / size, self.evaluated + size)
+            self.macs_spent += (full_macs if batch_naive else incremental_macs) * size
+            self.macs_naive += full_macs * size
             softmax = torch.softmax(logits.float(), dim=1)
             probabilities[batch] = softmax[:, self.label].cpu().numpy()
             if self.keep_all:
@@ -191,9 +243,15 @@ class _Run:
                         (count, softmax.shape[1]), dtype=np.float16 if large else np.float32
                     )
                 every[batch] = softmax.cpu().numpy()
-            self.evaluated += batch.stop - batch.start
+            self.evaluated += size
             if self.progress is not None:
                 self.progress(self.evaluated, max(self.total, self.evaluated))
             if on_batch is not None:
                 on_batch(batch.stop, probabilities)
         return probabilities, every
+
+    def _logits(self, ys, xs, batch: slice, geometry, naive: bool) -> torch.Tensor:
+        """Logits of one batch of positions, by naive or incremental inference."""
+        if naive:
+            return self._naive_logits(ys[batch], xs[batch])
+        return self.graph.run_batch(self.views, geometry, batch, self.occluder)

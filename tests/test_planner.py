@@ -166,3 +166,53 @@ def test_one_stall_in_the_first_timing_does_not_pin_naive(monkeypatch):
     plan = stalled.extra["plan"]
     assert plan.startswith("incremental:") and "best of 2" in plan, plan
     assert np.array_equal(stalled.values, steady.values)
+
+
+def test_the_monitor_switches_only_on_repeated_or_decisive_evidence():
+    from krypton.engine.monitor import MAX_INTERVAL, MIN_INTERVAL, StrategyMonitor
+
+    steady = StrategyMonitor("incremental", ratio=3.0)  # naive 3x slower when planned
+    assert steady.until_probe == 60  # a 3x slower probe every 60 batches: 5% of the run
+    assert StrategyMonitor.interval(1.0) == 20 and StrategyMonitor.interval(50) == MAX_INTERVAL
+    assert StrategyMonitor.interval(0.2) == 20 >= MIN_INTERVAL
+    noisy = StrategyMonitor("incremental")
+    noisy.probe(current_seconds=0.010, other_seconds=0.0097, done=32)  # 3% faster: noise
+    assert noisy.strategy == "incremental" and noisy.agreeing == 0
+    noisy.probe(current_seconds=0.010, other_seconds=0.009, done=48)  # 10% faster, once
+    assert noisy.strategy == "incremental" and noisy.until_probe == 1
+    noisy.probe(current_seconds=0.010, other_seconds=0.0115, done=64)  # not again
+    assert noisy.strategy == "incremental" and noisy.agreeing == 0
+    slow = StrategyMonitor("incremental")
+    slow.ran(16)
+    slow.probe(current_seconds=0.010, other_seconds=0.009, done=16)
+    slow.probe(current_seconds=0.010, other_seconds=0.009, done=32)  # twice: switch
+    assert slow.strategy == "naive" and "twice in a row" in slow.switches[0]
+    assert slow.last_pair == (0.010, 0.009)  # (incremental, naive)
+    wide = StrategyMonitor("naive")
+    wide.probe(current_seconds=0.040, other_seconds=0.010, done=16)  # 4x: at once
+    assert wide.strategy == "incremental" and "wide margin" in wide.switches[0]
+    assert wide.last_pair == (0.010, 0.040) and wide.ratio == 4.0
+
+
+def test_a_wrong_first_choice_is_corrected_during_the_run():
+    """The plan was measured once (one or two batches) and never revisited: a wrong
+    verdict, or a load that changed after it, cost the whole run (timm gernet_s ran
+    incrementally at 1.19x naive's time)."""
+    model = vgg()
+    image = torch.randn(3, 224, 224)  # a small patch on a large image: incremental ~4x faster
+    explainer = krypton.OcclusionExplainer(model)
+    explainer.explain(image, patch=8, positions=[(0, 0)], batch_size=4)  # capture, no timing
+    key = (tuple(image.shape), 8, 4)
+    wrong = ExecutionPlan(
+        "naive", "measured in this call 90.0 ms/position incremental vs 10.0 naive", 5.0, None, 0
+    )
+    explainer.measured_plans[key] = wrong
+    heatmap = explainer.explain(image, patch=8, stride=32, batch_size=4)  # 49 positions
+    plan = heatmap.extra["plan"]
+    assert plan.startswith("incremental:") and "switched to incremental after 8 positions" in plan
+    counts = re.search(r"positions computed: (\d+) incremental, (\d+) naive", plan)
+    assert counts and int(counts[1]) > int(counts[2]), plan
+    assert explainer.measured_plans[key].strategy == "incremental"  # later calls start right
+    assert heatmap.extra["plan_timing"]["strategy"] == "incremental"
+    naive = krypton.explain(model, image, patch=8, stride=32, batch_size=4, mode="naive")
+    np.testing.assert_allclose(heatmap.values, naive.values, atol=1e-4)

@@ -171,6 +171,10 @@ def test_result_lines_compare_truthfully():
     assert runs.summary_lines(dict(base, speed=slow))[2].startswith(
         "Ran naive: incremental was 0.10× naive's speed, measured in this run"
     )
+    switched = dict(slow, switched=True)  # the run changed strategy when naive measured faster
+    assert runs.summary_lines(dict(base, speed=switched))[2].startswith(
+        "Switched to naive during the run, when it measured faster: incremental at 0.10×"
+    )
     even = dict(timed, naive_ms_per_position=2.1, strategy="incremental")
     assert runs.summary_lines(dict(base, speed=even))[2].startswith("About as fast as naive")
     # no timing in this run: no claim either way, and it says why

@@ -491,6 +491,12 @@ def speed_text(speed: dict | None, mode: str) -> str:
         f"measured in this run on the same positions: {incremental:.1f} ms/position "
         f"incremental vs {naive:.1f} naive"
     )
+    if speed.get("switched"):
+        # the run changed strategy when the other measured faster: the latest timing
+        return (
+            f"Switched to {speed.get('strategy')} during the run, when it measured faster: "
+            f"incremental at {ratio:.2f}× naive's speed, {timed}."
+        )
     if speed.get("strategy") == "naive":
         return f"Ran naive: incremental was {ratio:.2f}× naive's speed, {timed}."
     if ratio >= SAME_SPEED:
