@@ -48,14 +48,14 @@ def test_claims_under_a_cpu_burning_neighbour_match_the_same_runs_timing(tmp_pat
     # a naive run "measured on this host" at another time: 1 ms for all 225 positions
     record_run("fundus-demo", "naive", 16, (225, 0), 0.001)
 
-    def run(mode: str, session: str) -> dict:  # a new tab each: no cells to reuse
+    def run(mode: str, grey: float) -> dict:  # a colour each: no cells to reuse
         request = runs.RunRequest(
             image_key=key, image_name="fundus.png", model="fundus-demo", patch=16,
-            stride=8, mode=mode, fill_rgb=(0.5, 0.5, 0.5), region=REGION,
+            stride=8, mode=mode, fill_rgb=(grey, grey, grey), region=REGION,
         )  # fmt: skip
-        return runs.execute(services, session, request, lambda *a: None)
+        return runs.execute(services, "tab", request, lambda *a: None)
 
-    first, second = run("exact", "tab-1"), run("exact", "tab-2")
+    first, second = run("exact", 0.5), run("exact", 0.4)
     for result in (first, second):
         lines = runs.summary_lines(result)
         claims = [line for line in lines if _direction(line) or line.startswith("About as")]
