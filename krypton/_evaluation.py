@@ -25,6 +25,7 @@ class Explaining(Protocol):
 
     model: nn.Module
     measured_plans: dict
+    monitors: dict
 
     def _occluded_batch(
         self, image: torch.Tensor, occluder: torch.Tensor, ys: np.ndarray, xs: np.ndarray
@@ -110,15 +111,23 @@ class _Run:
         if not static.incremental or count < 2 * batch:
             self.plan = static if (not static.incremental or known is None) else reused_plan(known)
             return self.evaluate(ys, xs, patch, naive=not self.plan.incremental, geometry=geometry)
-        if known is not None:  # measured by an earlier call: checked again early in this one
+        if known is not None:  # measured by an earlier call: probed on, as it spaced them
             self.plan = reused_plan(known)
-            monitor = StrategyMonitor(self.plan.strategy)
+            monitor = self.explainer.monitors.get(key)
+            if monitor is None or monitor.strategy != self.plan.strategy:
+                monitor = StrategyMonitor(self.plan.strategy, batches=-(-count // batch))
+            else:
+                monitor.next_call()
             values = self.evaluate(ys, xs, patch, geometry=geometry, monitor=monitor)
             self._conclude(key, monitor)
             return values
         first, incremental_seconds, naive_seconds = self._time_first_batch(ys, xs, patch, static)
         faster, slower = sorted((incremental_seconds, naive_seconds))
-        monitor = StrategyMonitor(self.plan.strategy, ratio=slower / faster if faster else None)
+        monitor = StrategyMonitor(
+            self.plan.strategy,
+            ratio=slower / faster if faster else None,
+            batches=-(-(count - batch) // batch),
+        )
         monitor.positions[self.plan.strategy] += batch
         rest = self.evaluate(ys[batch:], xs[batch:], patch, monitor=monitor)
         self._conclude(key, monitor)
@@ -176,6 +185,7 @@ class _Run:
                 timings=monitor.last_pair,
             )
         self.explainer.measured_plans[key] = kept
+        self.explainer.monitors[key] = monitor
 
     def _naive_logits(self, ys: np.ndarray, xs: np.ndarray) -> torch.Tensor:
         """Logits of full inferences of the image occluded at these positions."""

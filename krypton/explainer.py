@@ -51,6 +51,7 @@ from .engine import (
     UnsupportedModelError,
     scatter_full,
 )
+from .engine.monitor import StrategyMonitor
 from .models import LoadedModel
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
@@ -181,12 +182,14 @@ class OcclusionExplainer:
         self._lock = threading.Lock()  # one capture per shape, shared by every thread
         # Plans confirmed by timing both on this host, per (shape, patch, batch size).
         self.measured_plans: dict[tuple, ExecutionPlan] = {}
+        self.monitors: dict[tuple, StrategyMonitor] = {}  # carried from call to call
 
     def forget_plans(self) -> None:
         """Time incremental against naive again on the next call long enough to time
         both (a caller that states speed from its own run, under today's load)."""
         with self._lock:
             self.measured_plans.clear()
+            self.monitors.clear()
 
     # -- materialisation ----------------------------------------------------------------
     def views_for(
@@ -205,6 +208,7 @@ class OcclusionExplainer:
             if fingerprint != self._fingerprint:  # weights, settings or layers changed
                 self._graphs.clear()
                 self.measured_plans.clear()
+                self.monitors.clear()
                 self._views = {}
                 self._fingerprint = fingerprint
             shape = tuple(image.shape)

@@ -10,7 +10,7 @@ import torch
 import torchvision
 
 import krypton
-from krypton import drilldown
+from krypton.approximate import drilldown
 from krypton.approximate.tune import tune_tau
 from krypton.approximate.tuning import TauTuning, heatmap_ssim
 from krypton.estimator import (

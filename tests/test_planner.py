@@ -207,12 +207,20 @@ def test_a_wrong_first_choice_is_corrected_during_the_run():
         "naive", "measured in this call 90.0 ms/position incremental vs 10.0 naive", 5.0, None, 0
     )
     explainer.measured_plans[key] = wrong
-    heatmap = explainer.explain(image, patch=8, stride=32, batch_size=4)  # 49 positions
+    # 196 positions in 49 batches: long enough to check an earlier verdict early
+    heatmap = explainer.explain(image, patch=8, stride=16, batch_size=4)
     plan = heatmap.extra["plan"]
     assert plan.startswith("incremental:") and "switched to incremental after 8 positions" in plan
     counts = re.search(r"positions computed: (\d+) incremental, (\d+) naive", plan)
     assert counts and int(counts[1]) > int(counts[2]), plan
     assert explainer.measured_plans[key].strategy == "incremental"  # later calls start right
     assert heatmap.extra["plan_timing"]["strategy"] == "incremental"
-    naive = krypton.explain(model, image, patch=8, stride=32, batch_size=4, mode="naive")
-    np.testing.assert_allclose(heatmap.values, naive.values, atol=1e-4)
+    naive = krypton.explain(
+        model, image, patch=8, stride=16, batch_size=4, mode="naive", region=(0, 0, 224, 24)
+    )
+    np.testing.assert_allclose(heatmap.values[:2], naive.values, atol=1e-4)
+    short = krypton.OcclusionExplainer(model)
+    short.explain(image, patch=8, positions=[(0, 0)], batch_size=4)
+    short.measured_plans[key] = wrong
+    brief = short.explain(image, patch=8, stride=32, batch_size=4)  # 13 batches: no probe
+    assert brief.extra["plan"].startswith("naive:") and "switched" not in brief.extra["plan"]

@@ -113,7 +113,7 @@ def test_every_chunk_reports_a_picture_in_every_mode(services):
                 done_at_picture.append(progress["done"])  # noqa: B023
 
         run = request(
-            services, mode=mode, region=None, stride=4, r_drill_down=0.25, target_speedup=2.0
+            services, mode=mode, region=None, stride=16, r_drill_down=0.25, target_speedup=2.0
         )
         result = runs.execute(services, f"live-{mode}", run, report)
         assert pictures, mode

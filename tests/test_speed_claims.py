@@ -75,5 +75,5 @@ def test_claims_under_a_cpu_burning_neighbour_match_the_same_runs_timing(tmp_pat
     # each run timed its own batches: the plan line is not one measurement repeated
     assert "measured in this run" in first["plan"] and "measured in this run" in second["plan"]
     assert first["speed"] != second["speed"]
-    naive = run("naive", "tab-3")
+    naive = run("naive", 0.5)
     assert not any(_direction(line) for line in runs.summary_lines(naive))

@@ -397,11 +397,17 @@ def _run_grid(
             positions=list(zip(xs[part].tolist(), ys[part].tolist())),
             progress=lambda d, t, offset=offset: report(offset + d, total),
         )
-        if "plan_timing" in heatmap.extra:  # this chunk timed both strategies: the run's plan
-            speed = heatmap.extra["plan_timing"]
-            plan_line = heatmap.extra["plan"].replace("in this call", "in this run", 1)
+        plan = heatmap.extra.get("plan", "")
+        if "plan_timing" in heatmap.extra:  # this chunk timed both strategies side by side
+            speed = heatmap.extra["plan_timing"]  # the run's latest timing
+            if "measured in this call" in plan:  # the chunk that planned the run
+                plan_line = plan.replace("in this call", "in this run", 1)
+            elif "switched to" in plan:  # a later chunk changed strategy
+                plan_line = (
+                    f"{plan_line or plan.split(';')[0]}; {plan[plan.index('switched to') :]}"
+                )
         elif speed is None:
-            plan_line = heatmap.extra.get("plan", plan_line)
+            plan_line = plan or plan_line
         found_rows = np.searchsorted(heatmap.ys, ys[part])
         found_cols = np.searchsorted(heatmap.xs, xs[part])
         values[rows[part], cols[part]] = heatmap.values[found_rows, found_cols]

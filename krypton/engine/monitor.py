@@ -8,7 +8,8 @@ load there is now), keeps the current strategy's values, and switches when the o
 measurably faster: twice in a row by MEASURED_MARGIN, or once by a wide margin. Probes are
 spaced so that, on a strategy k times slower, they cost about PROBE_BUDGET of the run's
 time (a probe costs k batches of the current strategy: ``ceil(k / PROBE_BUDGET)``
-batches apart, within [MIN_INTERVAL, MAX_INTERVAL]).
+batches apart, within [MIN_INTERVAL, MAX_INTERVAL]). A verdict from an earlier call is
+checked after EARLY_PROBE batches in runs of at least EARLY_PROBE_MIN_BATCHES.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ MIN_INTERVAL, MAX_INTERVAL = 8, 128  # batches between probes
 WIDE_MARGIN = 1.25  # one probe this decisive is enough to switch
 CONFIRM_AFTER = 1  # batches until a probe that favoured the other strategy is repeated
 EARLY_PROBE = 2  # batches until the first probe of a plan measured by an earlier call
+# ... in a run of at least this many batches: a probe of a strategy k times slower costs k
+# batches, so a shorter run would spend more than PROBE_BUDGET on it
+EARLY_PROBE_MIN_BATCHES = round(2 / PROBE_BUDGET)
 
 
 def other(strategy: str) -> str:
@@ -41,16 +45,20 @@ class StrategyMonitor:
 
     strategy: str
     ratio: float | None = None
+    batches: int | None = None  # how many batches the run has (None: unknown)
     until_probe: int = EARLY_PROBE
     agreeing: int = 0  # consecutive probes in which the other strategy was faster
     switches: list[str] = field(default_factory=list)
     last_pair: tuple[float, float] | None = None  # (incremental, naive) s/position
     probes: int = 0
+    ran_batches: int = 0
     positions: dict[str, int] = field(default_factory=lambda: {"incremental": 0, "naive": 0})
 
     def __post_init__(self) -> None:
         if self.ratio is not None:
             self.until_probe = self.interval(self.ratio)
+        elif self.batches is not None and self.batches < EARLY_PROBE_MIN_BATCHES:
+            self.until_probe = self.interval(1.0)  # too short to check early
 
     @staticmethod
     def interval(ratio: float) -> int:
@@ -58,12 +66,22 @@ class StrategyMonitor:
         return max(MIN_INTERVAL, min(MAX_INTERVAL, math.ceil(max(ratio, 1.0) / PROBE_BUDGET)))
 
     def probe_due(self) -> bool:
-        return self.until_probe <= 0
+        """A probe now; never in a run's last MIN_INTERVAL batches, where a switch could
+        not pay for itself (runs of unknown length: whenever one is due)."""
+        left = None if self.batches is None else self.batches - self.ran_batches
+        return self.until_probe <= 0 and (left is None or left >= MIN_INTERVAL)
 
     def ran(self, count: int) -> None:
         """A batch of ``count`` positions ran on the current strategy."""
         self.positions[self.strategy] += count
+        self.ran_batches += 1
         self.until_probe -= 1
+
+    def next_call(self) -> None:
+        """Carried into a later call on the same model and shape (a run in chunks, or
+        images one after another): probes keep their spacing across calls."""
+        self.batches, self.ran_batches, self.switches = None, 0, []
+        self.positions = {"incremental": 0, "naive": 0}
 
     def probe(self, current_seconds: float, other_seconds: float, done: int) -> None:
         """Both strategies timed on the same batch (seconds per position); ``done``:
