@@ -122,10 +122,14 @@ class _Run:
             self._conclude(key, monitor)
             return values
         first, incremental_seconds, naive_seconds = self._time_first_batch(ys, xs, patch, static)
-        faster, slower = sorted((incremental_seconds, naive_seconds))
+        current, other = (
+            (incremental_seconds, naive_seconds)
+            if self.plan.incremental
+            else (naive_seconds, incremental_seconds)
+        )
         monitor = StrategyMonitor(
             self.plan.strategy,
-            ratio=slower / faster if faster else None,
+            ratio=other / current if current > 0 else None,  # the other's time over this one's
             batches=-(-(count - batch) // batch),
         )
         monitor.positions[self.plan.strategy] += batch
