@@ -12,7 +12,7 @@ import pytest
 from webapp.guard import DuplicateKeyError, RequestGuard, strict_json
 from webapp.helpers import InputError, ResultStore
 from webapp.jobs import JobQueue, QueueFull
-from webapp.runs import CellCache, RunRequest
+from webapp.runs import CellCache, RunRequest, cell_key
 from webapp.settings import ServerSettings
 from webapp.uploads import UploadStore
 
@@ -123,7 +123,7 @@ def test_cells_are_kept_within_a_byte_budget():
             image_key=f"{index:024x}", image_name="x", model="m", patch=4, stride=4,
             mode="exact", fill_rgb=(0.5, 0.5, 0.5),
         )  # fmt: skip
-        known = cache.get(cache.key("s", request, "w"))
+        known = cache.get(cell_key(request, "w"))
         known.add({(x, 0): np.zeros(1000, np.float32) for x in range(300)})  # 1.2 MB
     assert cache.usage()[1] <= 2 * 2**20 + 1.2 * 2**20
     assert cache.usage()[0] < 4

@@ -4,7 +4,7 @@ The Run callback calls :func:`execute`; everything a run decides — reusing kno
 any grid (snapping a new region to the last grid), coarse-to-fine chunks for exact and
 naive runs, the live partial picture of approximate runs, the runtime log the estimator
 learns from, and the truthful result line — happens here and is tested without Chromium.
-Tensor algebra stays in the engine (krypton); the page stays in callbacks.py.
+Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class RunRequest:
     dicom: dict | None = field(default=None, compare=False, hash=False)
 
 
-class Services(Protocol):  # what callbacks.Services provides
+class Services(Protocol):  # what webapp.services.Services provides
     images: helpers.ImageStore
     results: helpers.ResultStore
     cells: CellCache
@@ -120,14 +120,6 @@ class CellCache:
         self.max_keys, self.max_bytes = max_keys, max_bytes
         self._known: OrderedDict[tuple, _Known] = OrderedDict()
         self._lock = threading.Lock()
-
-    @staticmethod
-    def key(session: str, request: RunRequest, weights: str) -> tuple:
-        """The cells' identity (``session`` is not part of it); ``weights`` (the weights
-        checksum) so a model replaced under the same name never reuses its predecessor's
-        cells."""
-        colour = tuple(round(c, 6) for c in request.fill_rgb)
-        return (request.image_key, weights, request.patch, colour, request.mode)
 
     def get(self, key: tuple) -> _Known:
         with self._lock:
@@ -197,7 +189,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         colour=request.fill_rgb,
         label=label,
     )
-    known, region, note = _known_cells(services, session, request, region)
+    known, region, note = _known_cells(services, request, region)
     whole = region == (0, 0, width, height)
     grid_ys, grid_xs = grid_positions(
         size, request.patch, request.stride, None if whole else region
@@ -302,8 +294,17 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     return result
 
 
+def cell_key(request: RunRequest, weights: str) -> tuple:
+    """What determines a computed cell's value, so the key of the cells a run may reuse
+    (both cell caches, embedded and team mode): image, ``weights`` (the weights
+    checksum, so a model replaced under the same name never reuses its predecessor's
+    cells), patch, occluder colour and mode. No tab: a reload keeps them."""
+    colour = tuple(round(c, 6) for c in request.fill_rgb)
+    return (request.image_key, weights, request.patch, colour, request.mode)
+
+
 def _known_cells(
-    services: Services, session: str, request: RunRequest, region: tuple
+    services: Services, request: RunRequest, region: tuple
 ) -> tuple[_Known | None, tuple, str]:
     """Exact and naive runs: the cells known for these settings, the region (moved onto
     the last run's grid when snapping reuses its cells) and what the page says about it.
@@ -311,7 +312,7 @@ def _known_cells(
     if request.mode not in ("exact", "naive"):
         return None, region, ""
     weights = services.weights_checksum(request.model)
-    known = services.cells.get(services.cells.key(session, request, weights))
+    known = services.cells.get(cell_key(request, weights))
     if known.origin is None or not known.cells:
         return known, region, ""
     offset = (

@@ -441,11 +441,6 @@ class RedisCellCache:
     def __init__(self, client: redis.Redis, url: str, ttl: int = STATE_TTL):
         self.client, self.url, self.ttl = client, url, ttl
 
-    @staticmethod
-    def key(session: str, request, weights: str) -> tuple:
-        colour = tuple(round(c, 6) for c in request.fill_rgb)
-        return (request.image_key, weights, request.patch, colour, request.mode)
-
     @redis_errors_as_input_errors
     def get(self, key: tuple) -> RedisKnown:
         name = PREFIX + "cells:" + hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
