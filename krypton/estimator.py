@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from sklearn.linear_model import LinearRegression
+from sklearn.model_selection import LeaveOneOut, cross_val_predict
 
 from .approximate import drilldown
 from .approximate.settings import DEFAULTS
@@ -116,9 +117,9 @@ def calibrate(
     estimator's error. Returns the record stored under "calibration" in the registry file.
     """
     explainer = OcclusionExplainer(model)
-    torch.manual_seed(0)
-    image = torch.randn(3, *image_size)
-    explainer.explain(image, patch=patches[0], positions=[(0, 0)])  # capture + warm-up
+    generator = torch.Generator().manual_seed(0)
+    warm_up = torch.randn(3, *image_size, generator=generator)
+    explainer.explain(warm_up, patch=patches[0], positions=[(0, 0)])  # capture + warm-up
     record: dict = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
@@ -161,6 +162,11 @@ def calibrate(
                     counts = planned_positions(
                         image_size, patch, config["stride"], config["region"], mode
                     )
+                # Each timed run as a user's run: a new image (new views to materialise)
+                # and, in exact mode, a new incremental-vs-naive timing. Their cost is the
+                # fit's intercept, the fixed per-run term short runs are dominated by.
+                image = torch.randn(3, *image_size, generator=generator)
+                explainer.forget_plans()
                 started = time.perf_counter()
                 explainer.explain(
                     image,
@@ -364,15 +370,19 @@ def _ratio_range(
 
 
 def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> Estimate | None:
-    features = [_features(mode, (r["stage_one"], r["stage_two"])) for r in rows]
-    seconds = np.array([r["seconds"] for r in rows])
+    features = np.array([_features(mode, (r["stage_one"], r["stage_two"])) for r in rows])
+    seconds = np.maximum(np.array([r["seconds"] for r in rows]), 1e-3)
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
     regression = LinearRegression(positive=True).fit(features, seconds)
     predicted = max(float(regression.predict([_features(mode, counts)])[0]), 1e-3)
-    fitted = np.maximum(regression.predict(features), 1e-3)
-    # the spread of the recent runs around the fit, as a ratio (90th percentile)
-    log_errors = np.abs(np.log(np.maximum(seconds, 1e-3) / fitted))
+    # The range: how far each logged run fell from a fit on the *other* runs (leave one
+    # out), as a ratio, 90th percentile. In-sample residuals of a two-parameter fit on
+    # a handful of runs are near zero and made the range far too narrow.
+    held_out = cross_val_predict(
+        LinearRegression(positive=True), features, seconds, cv=LeaveOneOut()
+    )
+    log_errors = np.abs(np.log(seconds / np.maximum(held_out, 1e-3)))
     factor = max(float(np.exp(np.quantile(log_errors, 0.9))), MIN_SPREAD)
     low, high = _ratio_range(predicted, factor)
     return Estimate(predicted, low, high, f"this host's last {len(rows)} runs")
