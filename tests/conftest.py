@@ -1,6 +1,7 @@
 """Shared pytest configuration: headless Debian Chromium for the browser tests."""
 
 import shutil
+import subprocess
 
 import pytest
 
@@ -80,3 +81,21 @@ def fundus_png(tmp_path):
     path = tmp_path / "fundus.png"
     Image.fromarray(FUNDUS_SAMPLE.image).save(path)
     return path
+
+
+@pytest.fixture
+def cli_here(capsys):
+    """``python -m krypton ARGS`` in this process (krypton.cli.main, what the module
+    runs): its exit code and output, without a new interpreter importing torch again.
+    For checks of arguments and messages; tests of the installed command start it."""
+    from krypton.cli import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        try:
+            code = main(list(args))
+        except SystemExit as stopped:  # argparse's own refusals
+            code = stopped.code
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+    return run

@@ -193,6 +193,7 @@ def test_refinement_reuses_cells(dash_duo, krypton_app, fundus_png):
     upload(dash_duo, "#upload", fundus_png)
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
     drag_region(dash_duo, (0.05, 0.05), (0.6, 0.6))
+    choose(dash_duo, "stride", "8")  # ~200 positions a run (stride 4: ~800)
     dash_duo.find_element("#run").click()
     first = wait_for_result(dash_duo)
     drag_region(dash_duo, (0.3, 0.3), (0.95, 0.95))

@@ -143,43 +143,43 @@ def test_default_model_explains_offline(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "retina.npy"), incremental, atol=1e-4)
 
 
-def test_models_lists_availability():
-    result = run_cli("models")
+def test_models_lists_availability(cli_here):
+    result = cli_here("models")
     assert result.returncode == 0
     assert "fundus-demo (default): 3 classes" in result.stdout
     assert "make models" in result.stdout or "vgg16: 1000 classes" in result.stdout
 
 
-def test_explain_rejects_non_image(tmp_path):
+def test_explain_rejects_non_image(tmp_path, cli_here):
     bogus = tmp_path / "notes.png"
     bogus.write_text("this is not a picture")
-    result = run_cli("explain", str(bogus), "--random-weights")
+    result = cli_here("explain", str(bogus), "--random-weights")
     assert result.returncode == 2
     assert "is not an image file" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_explain_reports_bad_arguments_cleanly():
-    result = run_cli(
+def test_explain_reports_bad_arguments_cleanly(cli_here):
+    result = cli_here(
         "explain", str(ROOT / "assets/samples/coffee.png"), "--random-weights", "--stride", "0"
     )
     assert result.returncode == 2 and "stride must be positive" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_analyze_prints_per_layer_and_total():
-    result = run_cli("analyze", "--model", "vgg16", "--patch", "16")
+def test_analyze_prints_per_layer_and_total(cli_here):
+    result = cli_here("analyze", "--model", "vgg16", "--patch", "16")
     assert result.returncode == 0, result.stderr
     assert "features_0" in result.stdout
     assert "theoretical speedup 6.8" in result.stdout
 
 
-def test_analyze_names_why_a_timm_model_cannot_gain():
-    result = run_cli("analyze", "--model", "timm:efficientnet_b0", "--patch", "16")
+def test_analyze_names_why_a_timm_model_cannot_gain(cli_here):
+    result = cli_here("analyze", "--model", "timm:efficientnet_b0", "--patch", "16")
     assert result.returncode == 0, result.stderr
     assert "first global op: mean (call_method mean: " in result.stdout
     assert "of the conv/linear MACs come before it" in result.stdout
-    result = run_cli("analyze", "--model", "timm:no_such_net")
+    result = cli_here("analyze", "--model", "timm:no_such_net")
     assert result.returncode != 0 and "Unknown model" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -153,10 +153,12 @@ def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
         ("{tmp}/file.txt/heatmap.png", "it is a file"),
     ],
 )
-def test_a_bad_out_is_refused_before_computing(out, message, tmp_path):
+def test_a_bad_out_is_refused_before_computing(out, message, tmp_path, cli_here):
+    """In this process (krypton.cli.main, what `python -m krypton` calls): a new
+    interpreter per case only repeated the import of torch."""
     (tmp_path / "file.txt").write_text("x")
     started = time.perf_counter()
-    result = run_cli(
+    result = cli_here(
         "explain",
         str(ROOT / "assets" / "samples" / "retina.jpg"),
         "--out",

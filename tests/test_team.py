@@ -152,7 +152,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     tab = Tab(team.url)
     image = tab.upload_image(_image(23), "kill.png")
     stored_before = _cells_stored(team)
-    region = [0, 0, 128, 128]  # 841 positions at stride 4: long enough to kill it midway
+    region = [0, 0, 112, 112]  # 625 positions at stride 4: long enough to kill it midway
     handles = tab.run(image, stride=4, region=region, poll=False)
     victim = None
     deadline = time.time() + 120
@@ -200,12 +200,12 @@ def _has_picture(progress: dict) -> bool:
 def test_a_run_longer_than_the_visibility_timeout_is_delivered_once(team):
     """Last round a second worker received the same run ~20 s in and a third after it
     ended, and the live panel flipped between the heatmap and 'Another worker is still
-    running this job; waiting'. With a 5 s visibility timeout and a run of about a
-    minute: one delivery, and a picture in the live panel at every poll after the first."""
+    running this job; waiting'. With a 5 s visibility timeout and a run of over
+    30 s (six timeouts): one delivery, and a picture in the live panel at every poll after the first."""
     team.ensure_workers()
     tab = Tab(team.url)
     image = tab.upload_image(_image(25), "once.png")
-    handles = tab.run(image, stride=2, region=[0, 0, 112, 112], poll=False)  # 2,401 positions
+    handles = tab.run(image, stride=2, region=[0, 0, 96, 96], poll=False)  # 1,681 positions
     started, first, samples, response = time.time(), None, [], None
     while response is None and time.time() - started < 400:
         data = tab.poll_once("result-store.data", handles) or {}
@@ -322,7 +322,7 @@ def _krypton(*args: str, env: dict | None = None) -> subprocess.Popen:
 def test_batch_through_the_broker_matches_local_and_resumes(team, tmp_path):
     team.ensure_workers()
     folder = _batch_folder(tmp_path / "images")
-    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "8"]
+    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "16"]
     local = _krypton(*common, "--out", str(tmp_path / "local"))
     assert local.wait(timeout=600) == 1, local.stdout.read()  # 1: a file was not explained
     # through the broker, interrupted (as Ctrl-C does) once an image is stored, then

@@ -320,7 +320,7 @@ def test_a_run_is_unharmed_by_another_tab_capturing_a_model(server, registry, tm
     runner, loader = Tab(server.url), Tab(server.url)
     image = runner.upload_image(FUNDUS)
     runner.predict(image)
-    handles = runner.run(image, mode="naive", stride=4, poll=False)
+    handles = runner.run(image, mode="naive", stride=8, poll=False)  # 729 positions, ~20 s
     for index in range(3):  # first loads (captures) while the naive run is going
         loader.predict(image, f"other{index}")
     result = runner.poll("result-store.data", handles, timeout=180)
