@@ -119,7 +119,7 @@ def speed() -> None:
     import timm
 
     import krypton
-    from krypton.models import load_torchvision_model
+    from krypton.registry.models import load_torchvision_model
 
     cases = [
         ("vgg16", 52, 0.5, True),

@@ -57,7 +57,7 @@ def measure(model_name: str, mode: str, region_side: int, settings: str = "") ->
     import torch
 
     import krypton
-    from krypton.models import load_torchvision_model
+    from krypton.registry.models import load_torchvision_model
 
     loaded = load_torchvision_model(model_name, random_weights=True)
     model = loaded.module
@@ -190,7 +190,7 @@ def main() -> None:
     import numpy as np
 
     import krypton
-    from krypton.models import load_torchvision_model
+    from krypton.registry.models import load_torchvision_model
 
     regions = QUICK_REGIONS if args.quick else REGIONS
     rows = []
@@ -298,7 +298,7 @@ def print_fingerprint_cost(rows: list[dict]) -> None:
     import timeit
 
     from krypton.explainer import model_fingerprint
-    from krypton.models import load_torchvision_model
+    from krypton.registry.models import load_torchvision_model
 
     print(
         "\nCache key (content checksum of every weight, checked once per exact call), "

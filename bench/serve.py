@@ -94,8 +94,8 @@ def sessions_round(url: str, count: int, timeout: float) -> dict:
 def batch_round(url: str, count: int, folder: Path) -> float:
     """Images per minute for ``krypton batch --broker`` over ``count`` images."""
     import krypton
-    from krypton.batch import collect_inputs, run_batch
-    from krypton.distributed import broker_submit
+    from krypton.batch.broker import broker_submit
+    from krypton.batch.folder import collect_inputs, run_batch
 
     source = folder / "batch-in"
     source.mkdir(exist_ok=True)

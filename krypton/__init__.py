@@ -9,11 +9,10 @@ what the patch changes is recomputed — the same heatmap, several times sooner.
 The engine has no UI dependencies; the Dash app lives in ``app.py``.
 """
 
-from .analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
 from .approximate import ApproximateSettings
 from .engine import UnsupportedModelError
+from .engine.analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
 from .explainer import MODES, Heatmap, OcclusionExplainer, explain
-from .models import LoadedModel, WeightsUnavailableError
 from .registry import (
     CheckpointError,
     ModelInfo,
@@ -22,6 +21,7 @@ from .registry import (
     load_model,
     register_model,
 )
+from .registry.models import LoadedModel, WeightsUnavailableError
 
 __all__ = [
     "ApproximateSettings",

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .capture_lock import CAPTURE_LOCK
 from .engine import ExecutionPlan
+from .engine.capture_lock import CAPTURE_LOCK
 from .engine.monitor import StrategyMonitor
 from .engine.plan import measured_plan, reused_plan
 

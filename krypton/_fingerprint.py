@@ -10,7 +10,7 @@ import zlib
 import torch
 from torch import nn
 
-from .capture_lock import CAPTURE_LOCK
+from .engine.capture_lock import CAPTURE_LOCK
 
 _PLAIN_ATTRIBUTES = (bool, int, float, str, type(None))
 

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .capture_lock import CAPTURE_LOCK
 from .dropin import DropIn
 from .engine import UnsupportedModelError
+from .engine.capture_lock import CAPTURE_LOCK
 from .explainer import OcclusionExplainer
 
 __all__ = ["Occlusion"]

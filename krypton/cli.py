@@ -15,25 +15,25 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import analysis
 from . import explainer as explain_module
 from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
-from .dicom import is_dicom, parse_window
-from .imaging import ImageLoadError, load_image
-from .models import (
-    CALIBRATION_PATCHES,
-    TORCHVISION_MODELS,
-    WeightsUnavailableError,
-    load_torchvision_model,
-)
+from .engine import analysis
+from .io.dicom import is_dicom, parse_window
+from .io.images import ImageLoadError, load_image
 from .registry import (
     RegistryError,
     available_models,
     default_model_name,
     load_model,
     remove_model,
-    update_entry,
+)
+from .registry.entries import update_entry
+from .registry.models import (
+    CALIBRATION_PATCHES,
+    TORCHVISION_MODELS,
+    WeightsUnavailableError,
+    load_torchvision_model,
 )
 
 
@@ -321,7 +321,7 @@ def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
     """The overlay PNG at ``out``, the explained class's values next to it as .npy and,
     where kept, every class's as .npz (:func:`krypton.batch.heatmap_files`); returns the
     paths written."""
-    from .batch import heatmap_files
+    from .batch.folder import heatmap_files
 
     out.parent.mkdir(parents=True, exist_ok=True)
     written = []
@@ -421,8 +421,8 @@ def run_explain(args: argparse.Namespace) -> int:
 def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]:
     """What the DICOM input was shown as (window, frame), and the heatmap as a Secondary
     Capture that references it."""
-    from .dicom import heatmap_capture, load_dicom
-    from .ood import caveat
+    from .io.dicom import heatmap_capture, load_dicom
+    from .registry.ood import caveat
 
     loaded = load_dicom(args.image, window=args.window, frame=args.frame)
     shown = loaded.window_text()
@@ -449,8 +449,8 @@ def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]
 
 
 def run_batch_command(args: argparse.Namespace) -> int:
-    from .batch import collect_inputs, run_batch
-    from .dicom import parse_window
+    from .batch.folder import collect_inputs, run_batch
+    from .io.dicom import parse_window
 
     try:
         parse_window(args.window)
@@ -475,7 +475,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
     submit = None
     if args.broker:
-        from .distributed import BrokerError, broker_submit
+        from .batch.broker import BrokerError, broker_submit
 
         try:
             submit = broker_submit(args.broker, model, options, args.window, args.frame)
@@ -569,7 +569,7 @@ def run_tune(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     from .approximate.tuning import TauTuning, choose_tau
     from .estimator import calibrate, save_calibration
-    from .registry import find_entry
+    from .registry.entries import find_entry
 
     name = args.model or default_model_name()
     path, entry = find_entry(name)
@@ -616,7 +616,7 @@ def _timm_model(architecture: str):
     """A timm architecture with random weights, at its default input size."""
     import timm
 
-    from .models import LoadedModel
+    from .registry.models import LoadedModel
 
     try:
         module = timm.create_model(architecture, pretrained=False)

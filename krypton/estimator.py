@@ -28,7 +28,7 @@ from sklearn.model_selection import LeaveOneOut, cross_val_predict
 from .approximate import drilldown
 from .approximate.settings import DEFAULTS
 from .explainer import MODES, OcclusionExplainer, grid_positions
-from .models import CALIBRATION_PATCHES
+from .registry.models import CALIBRATION_PATCHES
 
 __all__ = [
     "NotCalibratedError",
@@ -222,7 +222,7 @@ def estimate_seconds(
     Raises NotCalibratedError (with the command that fixes it) when no cost model exists,
     and ValueError for settings explain() itself would refuse.
     """
-    from .registry import find_entry
+    from .registry.entries import find_entry
 
     path, entry = find_entry(model_name, directory)
     image_size = tuple(image_size or entry["input_size"])
@@ -251,7 +251,7 @@ def save_calibration(path: Path, record: dict, keep_other_patches: bool = False)
     ``keep_other_patches`` the stored fits of patch sizes this record did not measure stay
     (each fit says the date it was measured; the record's summary error still covers only
     its own ``held_out_patches``); otherwise the record replaces them all."""
-    from .registry import update_entry
+    from .registry.entries import update_entry
 
     entry = json.loads(path.read_text())
     earlier = entry.get("calibration")
@@ -295,7 +295,7 @@ class Estimate:
 
 def runtime_log_path() -> Path:
     """The per-host log of finished runs: $KRYPTON_HOME/runtime-log.jsonl."""
-    from .registry import krypton_home
+    from .registry.entries import krypton_home
 
     return krypton_home() / "runtime-log.jsonl"
 
@@ -405,7 +405,7 @@ def estimate(
     """Estimated run time with a range: refit from this host's logged runs when there are
     enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
     when neither exists."""
-    from .registry import find_entry
+    from .registry.entries import find_entry
 
     path, entry = find_entry(model_name, directory)
     image_size = tuple(image_size or entry["input_size"])
@@ -424,7 +424,7 @@ def estimate_for_counts(
     log_path: Path | None = None,
 ) -> Estimate:
     """:func:`estimate` for given (stage-one, stage-two) position counts."""
-    from .registry import find_entry
+    from .registry.entries import find_entry
 
     learned = _fit_log(logged_runs(model_name, mode, patch, log_path), mode, counts)
     if learned is not None:

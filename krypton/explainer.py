@@ -42,7 +42,6 @@ from .approximate import drilldown
 from .approximate._plan import _approximate_plan, _ApproximatePlan
 from .approximate.settings import DEFAULTS, ApproximateSettings
 from .approximate.tuning import TauTuning
-from .capture_lock import CAPTURE_LOCK
 from .engine import (
     ExecutionPlan,
     IncrementalGraph,
@@ -51,8 +50,9 @@ from .engine import (
     UnsupportedModelError,
     scatter_full,
 )
+from .engine.capture_lock import CAPTURE_LOCK
 from .engine.monitor import StrategyMonitor
-from .models import LoadedModel
+from .registry.models import LoadedModel
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
 
@@ -580,7 +580,7 @@ class OcclusionExplainer:
 
 
 def _ood_report(loaded: LoadedModel, image: torch.Tensor) -> dict:
-    """Is the image like the model's training images? (krypton.ood)"""
+    """Is the image like the model's training images? (krypton.registry.ood)"""
     single = image[0] if image.dim() == 4 else image
     return loaded.check_ood(single.detach().cpu().float()).as_dict()
 

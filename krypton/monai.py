@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .capture_lock import CAPTURE_LOCK
 from .dropin import DropIn
+from .engine.capture_lock import CAPTURE_LOCK
 from .explainer import OcclusionExplainer
 
 __all__ = ["OcclusionSensitivity"]

@@ -149,7 +149,7 @@ def test_threaded_manager_runs_and_cancels(tmp_path):
 
 
 def test_overlay_styles_colour_what_they_say():
-    from krypton.render import OverlayStyle, styled_heatmap
+    from krypton.render.overlay import OverlayStyle, styled_heatmap
 
     values = np.array([[0.2, 0.5], [0.79, 0.8]])
     relative = styled_heatmap(values, 0.8, OverlayStyle())
@@ -168,7 +168,7 @@ def test_overlay_styles_colour_what_they_say():
 
 def test_a_threshold_that_hides_every_cell_says_so():
     """Plotly drew nothing, colour bar included, and the page said nothing."""
-    from krypton.render import OverlayStyle
+    from krypton.render.overlay import OverlayStyle
 
     image = Image.new("RGB", (32, 32), "gray")
     values = np.array([[0.7, 0.75], [0.78, 0.8]])  # largest drop 0.1
@@ -185,7 +185,7 @@ def test_a_threshold_that_hides_every_cell_says_so():
 
 
 def test_heatmap_figure_side_by_side_hidden_and_labelled():
-    from krypton.render import OverlayStyle
+    from krypton.render.overlay import OverlayStyle
 
     image = Image.new("RGB", (32, 32), "gray")
     values = np.array([[0.2, 0.5], [0.7, 0.8]])
@@ -201,7 +201,7 @@ def test_heatmap_figure_side_by_side_hidden_and_labelled():
 
 
 def test_overlay_at_the_source_resolution_and_threshold():
-    from krypton.render import OverlayStyle, overlay
+    from krypton.render.overlay import OverlayStyle, overlay
 
     image = Image.new("RGB", (256, 256), "black")  # the source; the model saw 64 x 64
     values = np.array([[0.1, 0.9], [0.9, 0.9]], dtype=np.float32)

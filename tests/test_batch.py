@@ -12,8 +12,8 @@ import pytest
 from test_cli import run_cli
 
 import krypton
-from krypton.batch import collect_inputs, run_batch
-from krypton.imaging import load_image
+from krypton.batch.folder import collect_inputs, run_batch
+from krypton.io.images import load_image
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ["retina.jpg", "microaneurysms.png", "chelsea.png", "coffee.png"]
@@ -138,8 +138,8 @@ def test_batch_and_the_app_write_the_same_value_files():
 
     from PIL import Image
 
-    from krypton.batch import heatmap_files
-    from krypton.exports import NPZ_KEYS
+    from krypton.batch.folder import heatmap_files
+    from krypton.render.exports import NPZ_KEYS
     from webapp import helpers
 
     model = krypton.load_model("fundus-demo")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from krypton.imaging import ImageLoadError, load_image, to_rgb
-from krypton.render import overlay
+from krypton.io.images import ImageLoadError, load_image, to_rgb
+from krypton.render.overlay import overlay
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut
 from test_cli import run_cli
 
 import krypton
-from krypton.dicom import (
+from krypton.io.dicom import (
     IDENTIFYING_KEYWORDS,
     WINDOW_PRESETS,
     decodable_transfer_syntaxes,
@@ -23,7 +23,7 @@ from krypton.dicom import (
     parse_window,
     secondary_capture,
 )
-from krypton.imaging import ImageLoadError, load_image
+from krypton.io.images import ImageLoadError, load_image
 
 CT = get_testdata_file("CT_small.dcm")
 MR = get_testdata_file("MR_small.dcm")

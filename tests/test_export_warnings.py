@@ -14,8 +14,8 @@ from PIL import Image
 from pydicom.data import get_testdata_file
 
 import krypton
-from krypton.batch import heatmap_files
-from krypton.ood import caveat
+from krypton.batch.folder import heatmap_files
+from krypton.registry.ood import caveat
 
 FLAGGED = {
     "score": 12.3,

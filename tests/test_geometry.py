@@ -7,7 +7,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from krypton.geometry import AxisOp, Window, bounding_window, ceil_div, local_step, padding_needed
+from krypton.engine.geometry import (
+    AxisOp,
+    Window,
+    bounding_window,
+    ceil_div,
+    local_step,
+    padding_needed,
+)
 
 
 def output_size(in_size, kernel, stride, pad, dilation, ceil_mode=False):

@@ -16,7 +16,7 @@ import torchvision
 from PIL import Image
 
 import krypton
-from krypton.imaging import ImageLoadError, load_image
+from krypton.io.images import ImageLoadError, load_image
 from krypton.registry import RegistryError, available_models, load_model, register_model
 
 ROOT = Path(__file__).resolve().parents[1]

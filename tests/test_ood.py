@@ -1,4 +1,4 @@
-"""The out-of-distribution check (krypton.ood): Mahalanobis distance with a Ledoit-Wolf
+"""The out-of-distribution check (krypton.registry.ood): Mahalanobis distance with a Ledoit-Wolf
 covariance on penultimate features, a 99th-percentile threshold, stored with the model,
 reported by explain(), the CLI and batch; and built from a user's reference folder."""
 
@@ -12,14 +12,14 @@ from PIL import Image
 
 import krypton
 from krypton.fundus import FundusGenerator
-from krypton.ood import (
+from krypton.registry import RegistryError, load_model, register_model
+from krypton.registry.ood import (
     OUTLIER_IMAGES,
     FeatureDensity,
     feature_statistics,
     fit_density,
     penultimate_features,
 )
-from krypton.registry import RegistryError, load_model, register_model
 
 
 def test_threshold_is_the_held_out_percentile_and_far_points_are_flagged():
@@ -88,7 +88,7 @@ def test_the_outlier_boundary_flags_what_lies_between_the_densities_and_the_outl
 
 
 def test_synthetic_outliers_are_seeded_sized_and_varied():
-    from krypton.outliers import synthetic_outliers
+    from krypton.registry._outliers import synthetic_outliers
 
     first = list(synthetic_outliers(12, 48, 80, seed=5))
     again = list(synthetic_outliers(12, 48, 80, seed=5))

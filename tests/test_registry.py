@@ -206,7 +206,7 @@ def test_registry_files_have_one_writer_that_never_shows_half_a_file(tmp_path):
     import json
     import threading
 
-    from krypton.registry import read_entry, update_entry, write_entry
+    from krypton.registry.entries import read_entry, update_entry, write_entry
 
     path = tmp_path / "mine.json"
     entry = {

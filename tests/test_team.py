@@ -18,9 +18,9 @@ from PIL import Image
 
 import krypton
 from bench.dash_client import Tab, free_port, png_bytes
-from krypton.batch import collect_inputs, run_batch
+from krypton.batch.broker import broker_submit
+from krypton.batch.folder import collect_inputs, run_batch
 from krypton.cli import build_parser, explain_options
-from krypton.distributed import broker_submit
 from krypton.fundus import FundusGenerator
 from webapp import helpers, runs
 from webapp.cluster import Cluster
@@ -200,8 +200,9 @@ def _has_picture(progress: dict) -> bool:
 def test_a_run_longer_than_the_visibility_timeout_is_delivered_once(team):
     """Last round a second worker received the same run ~20 s in and a third after it
     ended, and the live panel flipped between the heatmap and 'Another worker is still
-    running this job; waiting'. With a 5 s visibility timeout and a run of over
-    30 s (six timeouts): one delivery, and a picture in the live panel at every poll after the first."""
+    running this job; waiting'. With a 5 s visibility timeout and a run of
+    over 30 s (six timeouts): one delivery, and a picture in the live panel at every poll
+    after the first."""
     team.ensure_workers()
     tab = Tab(team.url)
     image = tab.upload_image(_image(25), "once.png")

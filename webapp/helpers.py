@@ -20,11 +20,11 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from krypton.dicom import WINDOW_PRESETS, DicomImage, heatmap_capture, is_dicom, load_dicom
-from krypton.exports import all_classes_npz, heatmap_title, values_csv, values_npy
-from krypton.imaging import MAX_SIDE, ImageLoadError, load_image
-from krypton.ood import caveat
-from krypton.render import OverlayStyle, heatmap_picture, styled_heatmap
+from krypton.io.dicom import WINDOW_PRESETS, DicomImage, heatmap_capture, is_dicom, load_dicom
+from krypton.io.images import MAX_SIDE, ImageLoadError, load_image
+from krypton.registry.ood import caveat
+from krypton.render.exports import all_classes_npz, heatmap_title, values_csv, values_npy
+from krypton.render.overlay import OverlayStyle, heatmap_picture, styled_heatmap
 
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 
@@ -146,7 +146,7 @@ def image_key(image: Image.Image) -> str:
 
 
 def reduced_for_storage(image: Image.Image) -> Image.Image:
-    """The image as the stores keep it: at most :data:`krypton.imaging.MAX_SIDE` a side."""
+    """The image as the stores keep it: at most :data:`krypton.io.images.MAX_SIDE` a side."""
     if max(image.size) > MAX_SIDE:
         image = image.copy()
         image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
@@ -169,7 +169,7 @@ class ImageStore:
 
     Bounded: at most ``max_bytes`` of files and ``max_count`` of them; the least recently
     used go first. Images arrive already reduced to what any model can use
-    (:data:`krypton.imaging.MAX_SIDE`), and are stored at that resolution. DICOM uploads
+    (:data:`krypton.io.images.MAX_SIDE`), and are stored at that resolution. DICOM uploads
     are kept as sent too (:meth:`put_source`), so the window and frame can change and the
     export can reference the source.
     """
@@ -764,7 +764,7 @@ def export_dicom(
 
 
 def export_npy(result: dict) -> bytes:
-    """The explained class's values (krypton.exports: the CLI's and batch's schema)."""
+    """The explained class's values (krypton.render.exports: the CLI's and batch's schema)."""
     return values_npy(result["values"])
 
 
@@ -778,7 +778,7 @@ def export_all_classes(result: dict) -> bytes:
 
 
 def export_csv(result: dict) -> str:
-    """One row per evaluated position (krypton.exports)."""
+    """One row per evaluated position (krypton.render.exports)."""
     return values_csv(result["values"], result["xs"], result["ys"])
 
 

@@ -10,8 +10,8 @@ from dash import dcc, html
 
 from krypton.approximate.settings import DEFAULTS
 from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
-from krypton.dicom import WINDOW_PRESETS
-from krypton.models import CALIBRATION_PATCHES, DEFAULT_PATCH
+from krypton.io.dicom import WINDOW_PRESETS
+from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH
 
 from . import ids
 
@@ -106,7 +106,7 @@ def sample_path(name: str) -> Path:
 @functools.cache
 def _dicom_thumbnail(name: str) -> str | None:
     """A small PNG data URL of a DICOM sample in its own window (None if unreadable)."""
-    from krypton.dicom import load_dicom
+    from krypton.io.dicom import load_dicom
 
     from .helpers import data_url
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 import krypton
-from krypton.capture_lock import CAPTURE_LOCK
+from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.explainer import model_fingerprint
 from krypton.registry import CheckpointError, RegistryError, load_model
 
@@ -70,7 +70,7 @@ class Services:
         if request is None or not getattr(request, "id", None):
             yield
             return
-        from krypton.distributed import delivery_tag
+        from krypton.batch.broker import delivery_tag
 
         from .team import JobLease
 

@@ -44,7 +44,7 @@ from celery import Celery
 from dash import CeleryManager
 from PIL import Image
 
-from krypton.distributed import (
+from krypton.batch.broker import (
     PREFIX,
     KeepVisible,
     live_workers,

@@ -20,7 +20,7 @@ import torch
 from celery.signals import worker_ready, worker_shutdown
 
 from app import create_app
-from krypton.distributed import register_batch_task, worker_threads
+from krypton.batch.broker import register_batch_task, worker_threads
 from webapp.settings import BROKER_ENV
 from webapp.team import WorkerBeacon, redis_client
 

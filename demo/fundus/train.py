@@ -30,8 +30,8 @@ import torch.nn.functional as F
 import torchvision
 
 from krypton.fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample, label_for
-from krypton.models import IMAGENET_MEAN, IMAGENET_STD
-from krypton.registry import write_entry
+from krypton.registry.entries import write_entry
+from krypton.registry.models import IMAGENET_MEAN, IMAGENET_STD
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "krypton" / "shipped_models"
@@ -519,7 +519,7 @@ def document_pages(count: int = 30, seed: int = DOCUMENT_SEED) -> list:
 
 
 def _generated_features(model, seed: int, count: int, generator_class=None):
-    from krypton.ood import feature_statistics
+    from krypton.registry.ood import feature_statistics
 
     generator = (generator_class or FundusGenerator)(seed=seed)
     images = (
@@ -532,7 +532,7 @@ def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000)
     """The out-of-distribution reference of the demo model: generated training-like
     images (every view and rendering) fit the densities and, against synthetic outliers,
     the outlier boundary; others calibrate them."""
-    from krypton.ood import fit_density, outlier_features
+    from krypton.registry.ood import fit_density, outlier_features
 
     names, fit = _generated_features(model, REFERENCE_SEED, reference)
     _, calibrate = _generated_features(model, THRESHOLD_SEED, held_out)
@@ -552,7 +552,7 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     (target >= 95%), typeset text pages (:func:`document_pages`), and whether the real
     fundus photographs (the Retina and Microaneurysms samples, the tiles of the latter)
     are flagged."""
-    from krypton.ood import feature_statistics
+    from krypton.registry.ood import feature_statistics
 
     from .independent import IndependentFundusGenerator
 

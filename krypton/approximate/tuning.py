@@ -23,7 +23,7 @@ from typing import cast
 import numpy as np
 from skimage.metrics import structural_similarity
 
-from ..render import heatmap_limits
+from ..render.overlay import heatmap_limits
 
 __all__ = [
     "DEFAULT_TARGET_SSIM",

@@ -18,10 +18,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from ..capture_lock import CAPTURE_LOCK
-from ..geometry import padding_needed
 from . import ops
+from .capture_lock import CAPTURE_LOCK
 from .classify import PATCHED_KINDS, Classifier, NodeKind, Step, first_input, flatten_nodes
+from .geometry import padding_needed
 from .plan import ExecutionPlan, PatchGeometry, propagate, static_plan
 from .run import run_batch, view_pad_value
 from .views import MaterializedViews, build_views

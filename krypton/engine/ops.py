@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..geometry import AxisOp, padding_needed
+from .geometry import AxisOp, padding_needed
 
 try:  # torchvision's stochastic depth is traced as a leaf function
     from torchvision.ops import stochastic_depth as _stochastic_depth

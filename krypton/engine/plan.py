@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch.fx as fx
 
-from ..geometry import LocalStep, Window, bounding_window, local_step
 from .classify import NodeKind, Step, first_input
+from .geometry import LocalStep, Window, bounding_window, local_step
 from .program import Program
 
 __all__ = [

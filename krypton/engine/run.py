@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..geometry import padding_needed
 from . import ops
 from .classify import NodeKind, Step, first_input, flatten_nodes
+from .geometry import padding_needed
 from .kernels import (
     Patched,
     gather_remapped,

@@ -422,8 +422,8 @@ def test_dicom_fuzz_gives_no_server_error_and_no_decode_over_budget(tmp_path):
     script = f"""
 import json, resource, sys
 sys.path.insert(0, {str(ROOT)!r})
-from krypton.decoding import DECODE_BUDGET
-from krypton.imaging import ImageLoadError, load_image
+from krypton.io._decoding import DECODE_BUDGET
+from krypton.io.images import ImageLoadError, load_image
 from bench.hostile import dicom_fuzz_variants
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 errors, decoded, refused = [], 0, 0

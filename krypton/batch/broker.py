@@ -147,8 +147,8 @@ _models_lock = threading.Lock()
 
 def _worker_model(name: str):
     """(LoadedModel, weights checksum), loaded the first time a task needs it."""
-    from .explainer import model_fingerprint
-    from .registry import load_model
+    from ..explainer import model_fingerprint
+    from ..registry import load_model
 
     with _models_lock:
         if name not in _models:
@@ -161,7 +161,7 @@ def register_batch_task(app: Celery) -> None:
     """Add the batch task to a worker's Celery app (webapp/worker.py does)."""
     import redis
 
-    from .batch import explain_item
+    from .folder import explain_item
 
     client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=10)
 
@@ -210,8 +210,8 @@ def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_
     Celery workers behind ``url`` and yields results as they finish."""
     import redis
 
-    from .batch import BatchRow
-    from .explainer import model_fingerprint
+    from ..explainer import model_fingerprint
+    from .folder import BatchRow
 
     if model.random_weights:
         raise BrokerError("random weights differ on every worker; --broker needs trained weights")

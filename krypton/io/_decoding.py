@@ -2,8 +2,8 @@
 header before any pixel is decoded.
 
 A few kilobytes of PNG, TIFF, JPEG 2000, JPEG-LS, RLE or deflated DICOM can declare an
-8192 x 8192 image; decoding it costs gigabytes. Every reader (:mod:`krypton.imaging` for
-Pillow's formats, :mod:`krypton.dicom` for every transfer syntax) asks the process-wide
+8192 x 8192 image; decoding it costs gigabytes. Every reader (:mod:`krypton.io.images` for
+Pillow's formats, :mod:`krypton.io.dicom` for every transfer syntax) asks the process-wide
 :data:`DECODE_BUDGET` first: the declared rows x columns x samples x bytes, times what the
 decoder is measured to allocate beside its output (:data:`DICOM_DECODE_FACTOR`,
 :data:`PILLOW_DECODE_FACTOR`), must fit ``KRYPTON_DECODE_BUDGET_MB`` (default

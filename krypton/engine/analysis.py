@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .engine import IncrementalGraph, NodeKind
+from . import IncrementalGraph, NodeKind
 
 __all__ = ["LayerCost", "SpeedupReport", "analyze", "theoretical_speedup"]
 
@@ -145,7 +145,7 @@ def analyze(
         elif (
             step.kind == NodeKind.GLOBAL
             and node.op == "call_module"
-            and isinstance(graph.module.get_submodule(node.target), nn.Conv2d)
+            and isinstance(graph.module.get_submodule(str(node.target)), nn.Conv2d)
             and len(shape) == 4
         ):
             layers.append(
@@ -153,7 +153,7 @@ def analyze(
                     node.name,
                     "conv (global)",
                     shape,
-                    tuple(shape[2:]),
+                    (shape[2], shape[3]),
                     step.macs_full,
                     step.macs_full,
                 )

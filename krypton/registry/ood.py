@@ -20,7 +20,7 @@ Densities only know what genuine images look like. A gray photograph of the moon
 of text falls inside every stage's spread of a model trained on gray fundus renderings, so
 the check also learns a boundary (outlier exposure, Hendrycks et al., ICLR 2019): a
 logistic regression (scikit-learn) between the reference images' features, all stages
-together, and those of synthetic images no domain owns (:mod:`krypton.outliers`: dead
+together, and those of synthetic images no domain owns (:mod:`krypton.registry._outliers`: dead
 leaves and 1/f noise). Its decision value is one more "stage" with its own held-out
 p-value; it is fitted when outlier features are given (the demo model, registration with
 a reference folder); checks stored without it still load and score as before.
@@ -414,10 +414,11 @@ def outlier_features(
     count: int = OUTLIER_IMAGES,
     batch_size: int = 32,
 ) -> list[np.ndarray]:
-    """:func:`feature_statistics` of ``count`` synthetic outliers (:mod:`krypton.outliers`)
-    drawn at the model's input size; ``preprocess`` turns each (H, W, 3) uint8 picture
-    into the model's (3, H, W) input, as the model's own images are."""
-    from .outliers import synthetic_outliers
+    """:func:`feature_statistics` of ``count`` synthetic outliers
+    (:mod:`krypton.registry._outliers`) drawn at the model's input size; ``preprocess``
+    turns each (H, W, 3) uint8 picture into the model's (3, H, W) input, as the model's
+    own images are."""
+    from ._outliers import synthetic_outliers
 
     height, width = input_size
     images = map(preprocess, synthetic_outliers(count, height, width))

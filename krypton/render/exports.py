@@ -1,7 +1,7 @@
 """The files a heatmap leaves as, written in one place for the CLI, `krypton batch` and
 the web app, so their schemas cannot drift: the title every picture carries, the
 explained class's values (.npy), every class's (.npz) and the positions as CSV. The
-pictures themselves are krypton.render's (PNG) and krypton.dicom's (DICOM)."""
+pictures themselves are krypton.render's (PNG) and krypton.io.dicom's (DICOM)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Heatmap pictures out: the paper's colour limits, the page's overlay styles, an RGBA
 overlay at the image's own resolution and the PNG for the record (numpy, Pillow and
-matplotlib's colormaps). Reads no files: krypton.imaging and krypton.dicom read them."""
+matplotlib's colormaps). Reads no files: krypton.io.images and krypton.io.dicom read them."""
 
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .decoding import (
+from ..render.overlay import OverlayStyle, overlay, styled_heatmap
+from ._decoding import (
     DECODE_BUDGET,
     DECODE_BUDGET_ENV,
     DICOM_DECODE_FACTOR,
     ImageLoadError,
     reduced_to_max_side,
 )
-from .render import OverlayStyle, overlay, styled_heatmap
 
 __all__ = [
     "WINDOW_PRESETS",
@@ -309,8 +309,8 @@ def load_dicom(
     ``window``: None (the file's VOI LUT or first window; else its full range), a preset
     name (:data:`WINDOW_PRESETS`) or (centre, width) after the modality LUT. ``frame``:
     which frame of a multi-frame file (default the middle one). Only that frame is
-    decoded, within :data:`krypton.decoding.DECODE_BUDGET`; the picture is at most
-    :data:`krypton.decoding.MAX_SIDE` pixels a side (``info["size"]`` is the file's).
+    decoded, within :data:`krypton.io._decoding.DECODE_BUDGET`; the picture is at most
+    :data:`krypton.io._decoding.MAX_SIDE` pixels a side (``info["size"]`` is the file's).
     """
     window = parse_window(window)
     name = "uploaded data" if isinstance(source, (bytes, bytearray)) else Path(source).name

@@ -32,12 +32,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .explainer import explain
-from .exports import all_classes_npz, heatmap_title, values_npy
-from .imaging import ImageLoadError, load_image
-from .models import LoadedModel
-from .ood import caveat
-from .render import heatmap_picture
+from ..explainer import explain
+from ..io.images import ImageLoadError, load_image
+from ..registry.models import LoadedModel
+from ..registry.ood import caveat
+from ..render.exports import all_classes_npz, heatmap_title, values_npy
+from ..render.overlay import heatmap_picture
 
 __all__ = [
     "BatchItem",
@@ -230,7 +230,7 @@ def explain_item(
 ) -> tuple[BatchRow, dict[str, bytes]]:
     """One image's summary row and output files (suffix -> bytes); a file that cannot be
     read or explained gives a row with its error and no files. The local loop and the
-    Celery workers (krypton.distributed) both call this."""
+    Celery workers (krypton.batch.broker) both call this."""
     row = BatchRow(image=image or str(source), given_label=label or "")
     started = time.perf_counter()
     try:
@@ -262,7 +262,7 @@ def explain_item(
     return row, files
 
 
-# submit(items) yields (item, row, files) as images finish, in any order (krypton.distributed)
+# submit(items) yields (item, row, files) as images finish, in any order (krypton.batch.broker)
 Submit = Callable[[list[BatchItem]], Iterator[tuple[BatchItem, BatchRow, dict[str, bytes]]]]
 
 
@@ -297,7 +297,7 @@ def run_batch(
     """Explain every item, skipping those a previous run finished; return every row.
 
     ``options``: explain() keyword arguments (patch, stride, mode, fill, ...).
-    ``window``/``frame`` apply to DICOM inputs (:func:`krypton.imaging.load_image`).
+    ``window``/``frame`` apply to DICOM inputs (:func:`krypton.io.images.load_image`).
     ``submit`` sends the images elsewhere (Celery workers) instead of explaining them in
     this process; the outputs are the same. A file that cannot be read or explained gets
     a row with its error, and the run goes on.

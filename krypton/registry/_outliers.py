@@ -11,7 +11,7 @@ Two classic models of natural-image statistics, drawn at random, owned by no dom
 
 Some are made gray, some blurred, contrast and brightness vary. They let the check learn
 what "not like the training images" looks like in the model's own features without a
-download and without any photograph the evaluation uses (:mod:`krypton.ood`).
+download and without any photograph the evaluation uses (:mod:`krypton.registry.ood`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torchvision
 from PIL import Image
 from torch import nn
 
-from .approximate.tuning import TauTuning
+from ..approximate.tuning import TauTuning
 
 if TYPE_CHECKING:
     from .ood import FeatureDensity, OodResult
@@ -76,10 +76,10 @@ class LoadedModel:
 
     def check_ood(self, image: torch.Tensor) -> OodResult | None:
         """Whether a preprocessed image (3, H, W) looks like this model's training images
-        (:mod:`krypton.ood`); None when the model has no reference set."""
+        (:mod:`krypton.registry.ood`); None when the model has no reference set."""
         if self.ood is None:
             return None
-        from .capture_lock import CAPTURE_LOCK
+        from ..engine.capture_lock import CAPTURE_LOCK
         from .ood import check
 
         # exclusive: the check hooks the module's layers, and a forward of the same module
