@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) -m bench.bench
 	$(PY) -m bench.default_model
 	$(PY) -m bench.architectures
+	$(PY) -m bench.profile
 	$(PY) -m bench.approximate
 	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin

@@ -398,11 +398,13 @@ class IncrementalGraph:
         geometry: PatchGeometry,
         batch: slice,
         occluder: torch.Tensor,
+        timings: dict[str, float] | None = None,
     ) -> torch.Tensor:
         """Logits of the occluded images for positions ``batch`` (Algorithm 1 per layer).
 
         ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5), or
-        (count, C, patch_h, patch_w): each position's own pixels.
+        (count, C, patch_h, patch_w): each position's own pixels. ``timings``: seconds
+        per node name, added to (a per-layer profile).
         """
         with CAPTURE_LOCK.shared():
-            return run_batch(self, views, geometry, batch, occluder)
+            return run_batch(self, views, geometry, batch, occluder, timings)

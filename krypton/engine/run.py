@@ -8,6 +8,7 @@ together at the first of them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,11 +63,13 @@ def run_batch(
     geometry: PatchGeometry,
     batch: slice,
     occluder: torch.Tensor,
+    timings: dict[str, float] | None = None,
 ) -> Any:
     """The model's output for the occluded images at positions ``batch``.
 
     ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5), or
-    (count, C, patch_h, patch_w): each position's own pixels.
+    (count, C, patch_h, patch_w): each position's own pixels. ``timings``: when given,
+    each node's seconds are added under its name (the per-layer profile, bench.profile).
     """
     device = occluder.device
     count = len(range(*batch.indices(geometry.positions)))
@@ -94,6 +97,7 @@ def run_batch(
     for index, step in enumerate(graph.steps):
         node = step.node
         kind = step.kind
+        began = time.perf_counter() if timings is not None else 0.0
         if kind in (NodeKind.STATIC, NodeKind.FROZEN):
             env[node] = views.values[node]
         elif kind == NodeKind.INPUT:
@@ -131,6 +135,8 @@ def run_batch(
             env[node] = step.call(args, kwargs)
         else:  # OUTPUT
             return fx.node.map_arg(node.args[0], concrete)
+        if timings is not None:
+            timings[node.name] = timings.get(node.name, 0.0) + time.perf_counter() - began
         # Free what no later node reads, to keep memory bounded.
         for used in flatten_nodes((node.args, node.kwargs)):
             if graph.last_use.get(used, -1) <= index:
