@@ -440,14 +440,19 @@ def estimate_for_counts(
     log_path: Path | None = None,
 ) -> Estimate:
     """:func:`estimate` for given (stage-one, stage-two) position counts."""
-    from .registry import find_entry
+    from .registry import RegistryError, find_entry
 
     learned = _fit_log(logged_runs(model_name, mode, patch, log_path), mode, counts)
     if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
         return learned[0]
     # No learned fit, or one whose runs scatter too far to say much (a load that comes
     # and goes): the calibration where there is one, scaled by this host's recent runs
-    _, entry = find_entry(model_name, directory)
+    try:
+        _, entry = find_entry(model_name, directory)
+    except RegistryError:
+        if learned is not None:
+            return learned[0]
+        raise
     if learned is not None and (
         entry.get("calibration", {}).get("models", {}).get(str(patch), {}).get(mode) is None
     ):
