@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from sklearn.linear_model import LinearRegression
-from sklearn.model_selection import LeaveOneOut, cross_val_predict
 
 from .approximate import drilldown
 from .approximate.settings import DEFAULTS
@@ -356,6 +355,10 @@ MIN_SPREAD = 1.15  # the narrowest range: ± 15 % (timing noise on an idle host)
 # jitter by a few tenths of a second on a shared host, which dominates short runs
 ABSOLUTE_SLACK = 0.3
 HOST_RUNS = 10  # recent runs that show how this host compares with the calibration
+# a learned spread factor above this (the range a ratio of 3 either way) says the recent
+# runs scatter too much to fit; a calibrated model then uses its calibration, scaled by
+# the host's recent runs and widened to cover them
+LEARNED_SPREAD_LIMIT = 3.0
 
 
 def _ratio_range(
@@ -369,23 +372,36 @@ def _ratio_range(
     return max(low - ABSOLUTE_SLACK, 0.0), high + ABSOLUTE_SLACK
 
 
-def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> Estimate | None:
+def _fit_seconds(features: np.ndarray, seconds: np.ndarray) -> LinearRegression:
+    """Seconds as a linear function of position counts: coefficients and the fixed
+    per-run term never negative (a negative intercept predicted ~0 s for small runs)."""
+    regression = LinearRegression(positive=True).fit(features, seconds)
+    if regression.intercept_ < 0:
+        regression = LinearRegression(positive=True, fit_intercept=False).fit(features, seconds)
+    return regression
+
+
+def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> tuple[Estimate, float] | None:
+    """The estimate refitted from logged runs, and its spread factor (a ratio either
+    way); None with too few runs to fit."""
     features = np.array([_features(mode, (r["stage_one"], r["stage_two"])) for r in rows])
     seconds = np.maximum(np.array([r["seconds"] for r in rows]), 1e-3)
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
-    regression = LinearRegression(positive=True).fit(features, seconds)
-    predicted = max(float(regression.predict([_features(mode, counts)])[0]), 1e-3)
+    predicted = float(_fit_seconds(features, seconds).predict([_features(mode, counts)])[0])
+    predicted = max(predicted, 1e-3)
     # The range: how far each logged run fell from a fit on the *other* runs (leave one
     # out), as a ratio, 90th percentile. In-sample residuals of a two-parameter fit on
     # a handful of runs are near zero and made the range far too narrow.
-    held_out = cross_val_predict(
-        LinearRegression(positive=True), features, seconds, cv=LeaveOneOut()
-    )
+    held_out = np.empty_like(seconds)
+    for index in range(len(rows)):
+        others = np.arange(len(rows)) != index
+        fit = _fit_seconds(features[others], seconds[others])
+        held_out[index] = fit.predict(features[index : index + 1])[0]
     log_errors = np.abs(np.log(seconds / np.maximum(held_out, 1e-3)))
     factor = max(float(np.exp(np.quantile(log_errors, 0.9))), MIN_SPREAD)
     low, high = _ratio_range(predicted, factor)
-    return Estimate(predicted, low, high, f"this host's last {len(rows)} runs")
+    return Estimate(predicted, low, high, f"this host's last {len(rows)} runs"), factor
 
 
 def estimate(
@@ -424,12 +440,23 @@ def estimate_for_counts(
     log_path: Path | None = None,
 ) -> Estimate:
     """:func:`estimate` for given (stage-one, stage-two) position counts."""
-    from .registry.entries import find_entry
+    from .registry.entries import RegistryError, find_entry
 
     learned = _fit_log(logged_runs(model_name, mode, patch, log_path), mode, counts)
-    if learned is not None:
-        return learned
-    _, entry = find_entry(model_name, directory)
+    if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
+        return learned[0]
+    # No learned fit, or one whose runs scatter too far to say much (a load that comes
+    # and goes): the calibration where there is one, scaled by this host's recent runs
+    try:
+        _, entry = find_entry(model_name, directory)
+    except RegistryError:
+        if learned is not None:
+            return learned[0]
+        raise
+    if learned is not None and (
+        entry.get("calibration", {}).get("models", {}).get(str(patch), {}).get(mode) is None
+    ):
+        return learned[0]  # wide, but all there is
     seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
     calibration = entry.get("calibration", {})
     error = (

@@ -231,12 +231,24 @@ def test_estimate_ranges_are_never_negative_in_one_unit_and_widen_with_this_host
         "4.3 min (0.0–16.5 min)"
     )
     assert runs.estimate_text({"seconds": 50, "low": 40, "high": 120}) == "0.8 min (0.7–2.0 min)"
-    # runs scattered tenfold around the fit: a wide range, still above zero
+    # runs scattered tenfold around the fit: too scattered to refit from (the range
+    # would read "0.0-43.7 min"); the calibration, scaled and widened to cover them
     for positions, seconds in ((100, 0.2), (200, 8.0), (400, 1.0), (300, 12.0), (150, 0.3)):
         record_run("fundus-demo", "naive", 16, (positions, 0), seconds)
     scattered = estimate("fundus-demo", patch=16, stride=8, mode="naive")
-    assert scattered.source.startswith("this host's last 5 runs")
+    assert "widened by this host's 5 recent runs" in scattered.source, scattered.source
     assert 0 < scattered.low < scattered.seconds < scattered.high
+
+
+def test_a_learned_fit_never_predicts_nothing_for_a_small_run(tmp_path):
+    """Runs whose straight line crosses zero above zero positions: the fit's intercept
+    was negative and a 50-position run was shown as '0.0 s (0.0-1.3 s)'."""
+    log = tmp_path / "log.jsonl"
+    for positions, seconds in ((100, 0.5), (200, 2.0), (300, 3.5), (400, 5.2)):
+        record_run("fundus-demo", "exact", 16, (positions, 0), seconds, log)
+    small = estimate_for_counts("fundus-demo", "exact", 16, (50, 0), None, log)
+    assert small.source.startswith("this host's last 4 runs")
+    assert small.seconds >= 0.3, small
 
 
 def test_estimates_follow_this_hosts_pace_when_it_disagrees_with_the_calibration(krypton_home):
@@ -260,15 +272,17 @@ def test_ranges_learned_from_a_few_noisy_runs_contain_the_next_run(tmp_path):
     10 ms a position, times 25 % log-normal noise, as on a shared host."""
     rng = np.random.default_rng(0)
     hits = shown = 0
+    patch = 20  # not calibrated: the learned range is all there is, however wide
     for trial in range(40):
         log = tmp_path / f"log-{trial}.jsonl"
         for number in range(12):
             positions = int(rng.integers(30, 800))
             seconds = (0.8 + 0.01 * positions) * float(np.exp(rng.normal(0, 0.25)))
             if number >= 3:  # the log is refitted from three runs on
-                found = estimate_for_counts("fundus-demo", "exact", 16, (positions, 0), None, log)
+                counts = (positions, 0)
+                found = estimate_for_counts("fundus-demo", "exact", patch, counts, None, log)
                 assert found.source.startswith("this host's last")
                 shown += 1
                 hits += found.low <= seconds <= found.high
-            record_run("fundus-demo", "exact", 16, (positions, 0), seconds, log)
+            record_run("fundus-demo", "exact", patch, (positions, 0), seconds, log)
     assert hits / shown >= 0.85, hits / shown
