@@ -91,11 +91,16 @@ def cli_here(capsys):
     from krypton.cli import main
 
     def run(*args: str) -> subprocess.CompletedProcess:
+        message = ""
         try:
             code = main(list(args))
-        except SystemExit as stopped:  # argparse's own refusals
+        except SystemExit as stopped:  # as the interpreter ends: a text goes to stderr, 1
             code = stopped.code
+            if code is None:
+                code = 0
+            elif not isinstance(code, int):
+                message, code = f"{code}\n", 1
         captured = capsys.readouterr()
-        return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+        return subprocess.CompletedProcess(list(args), code, captured.out, captured.err + message)
 
     return run

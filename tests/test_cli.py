@@ -88,6 +88,8 @@ def test_the_installed_command_works_from_any_folder(tmp_path):
         "0.7",
         "--drill-down",
         "1",
+        "--region",
+        "0,0,112,112",
         "--out",
         "g.png",
     )

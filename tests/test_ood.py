@@ -202,13 +202,12 @@ def test_models_without_a_reference_set_say_so():
 
 
 def test_the_default_model_warns_for_the_cat_in_the_cli_and_not_for_a_generated_fundus(
-    tmp_path,
+    tmp_path, cli_here
 ):
     """Issue: the warning shows in the CLI for the cat, not for generated fundus images."""
-    from test_cli import run_cli
-
     from demo.fundus.train import GALLERY
 
+    run_cli = cli_here  # krypton.cli.main in this process (the warning is its output)
     cat = run_cli(
         "explain", "assets/samples/chelsea.png", "--stride", "32", "--out", str(tmp_path / "c.png")
     )

@@ -324,6 +324,7 @@ def test_batch_through_the_broker_matches_local_and_resumes(team, tmp_path):
     team.ensure_workers()
     folder = _batch_folder(tmp_path / "images")
     common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "16"]
+    common += ["--region", "0,0,112,112"]  # 49 positions an image
     local = _krypton(*common, "--out", str(tmp_path / "local"))
     assert local.wait(timeout=600) == 1, local.stdout.read()  # 1: a file was not explained
     # through the broker, interrupted (as Ctrl-C does) once an image is stored, then

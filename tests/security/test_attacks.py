@@ -273,9 +273,10 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
 
 
 def test_eight_sessions_loading_at_once_never_break_the_server(tmp_path, registry):
-    """Four tabs loading their first image at once left 3 of 4 servers broken."""
+    """Four tabs loading their first image at once left 3 of 4 servers broken: three
+    fresh servers, eight tabs each (three misses in a row at that rate: 1.6%)."""
     broken = 0
-    for attempt in range(5):
+    for attempt in range(3):
         server = Server(tmp_path / f"attempt{attempt}", models_dir=registry)
         try:
             tabs = [Tab(server.url) for _ in range(8)]
