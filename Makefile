@@ -18,7 +18,7 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15  # the slowest tests, to keep the suite short
 
 # The quick loop: everything but the browser, security and team suites (real servers).
 test-quick: $(STAMP)
