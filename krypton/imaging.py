@@ -1,18 +1,7 @@
 """Kept so that ``krypton.imaging.load_image`` still works: the readers live in
 :mod:`krypton.io` now."""
 
-from .io.images import (
-    MAX_SIDE,
-    MIN_SIDE,
-    ImageLoadError,
-    load_image,
-    to_rgb,
-)
+from .io import images as _images
+from .io.images import *  # noqa: F403 (re-exported: the names in its __all__)
 
-__all__ = [
-    "ImageLoadError",
-    "MAX_SIDE",
-    "MIN_SIDE",
-    "load_image",
-    "to_rgb",
-]
+__all__ = _images.__all__

@@ -3,40 +3,9 @@
 registering a user's model (:mod:`.registration`), and the out-of-distribution check
 (:mod:`.ood`)."""
 
-from .entries import (
-    MAX_CLASSES,
-    MAX_INPUT_SIDE,
-    CheckpointError,
-    ModelInfo,
-    RegistryError,
-    available_models,
-    default_model_name,
-    models_dir,
-    read_entry,
-    remove_model,
-    user_models_dir,
-    validate_entry,
-)
-from .loading import (
-    load_model,
-)
-from .registration import (
-    register_model,
-)
+from . import entries, loading, registration
+from .entries import *  # noqa: F403 (re-exported: the names in its __all__)
+from .loading import *  # noqa: F403 (re-exported: the names in its __all__)
+from .registration import *  # noqa: F403 (re-exported: the names in its __all__)
 
-__all__ = [
-    "ModelInfo",
-    "CheckpointError",
-    "RegistryError",
-    "models_dir",
-    "user_models_dir",
-    "available_models",
-    "remove_model",
-    "read_entry",
-    "validate_entry",
-    "default_model_name",
-    "MAX_INPUT_SIDE",
-    "MAX_CLASSES",
-    "load_model",
-    "register_model",
-]
+__all__ = entries.__all__ + loading.__all__ + registration.__all__

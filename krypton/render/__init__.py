@@ -2,36 +2,9 @@
 one writer of npy / npz / CSV files and titles (:mod:`.exports`) that the CLI, batch
 runs and the app share. DICOM exports are :mod:`krypton.io.dicom`'s."""
 
-from .exports import (
-    NPZ_KEYS,
-    all_classes_npz,
-    heatmap_title,
-    values_csv,
-    values_npy,
-)
-from .overlay import (
-    HEATMAP_SCALES,
-    OverlayStyle,
-    StyledHeatmap,
-    heatmap_limits,
-    heatmap_picture,
-    heatmap_rgba,
-    overlay,
-    styled_heatmap,
-)
+from . import exports as _exports
+from . import overlay as _overlay
+from .exports import *  # noqa: F403 (re-exported: the names in its __all__)
+from .overlay import *  # noqa: F403 (re-exported: the names in its __all__)
 
-__all__ = [
-    "NPZ_KEYS",
-    "heatmap_title",
-    "values_npy",
-    "all_classes_npz",
-    "values_csv",
-    "heatmap_limits",
-    "HEATMAP_SCALES",
-    "OverlayStyle",
-    "StyledHeatmap",
-    "styled_heatmap",
-    "heatmap_rgba",
-    "overlay",
-    "heatmap_picture",
-]
+__all__ = _exports.__all__ + _overlay.__all__
