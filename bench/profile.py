@@ -89,11 +89,7 @@ def profile(name: str) -> dict:
         macs_incremental = None
         if step.kind == NodeKind.LOCAL and step.local.kind == "conv":
             kind = "conv"
-            out_rows, out_cols = geometry.windows[step.node]
-            channels = graph.shapes[step.node][1]
-            macs_incremental = (
-                step.local.conv_macs_per_output * channels * out_rows.length * out_cols.length
-            ) * BATCH  # eq 11, for the batch
+            macs_incremental = geometry.step_macs(step, graph.shapes) * BATCH  # eq 11
         elif step.kind == NodeKind.LOCAL:
             kind = step.local.kind
         seconds_full = full.get(node, 0.0)

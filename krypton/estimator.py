@@ -231,11 +231,15 @@ def estimate_seconds(
     return _calibrated_seconds(entry, model_name, mode, patch, counts)
 
 
+def _calibration_fit(entry: dict, patch: int, mode: str) -> dict | None:
+    """The registry entry's calibrated cost model for (patch, mode), or None."""
+    return entry.get("calibration", {}).get("models", {}).get(str(patch), {}).get(mode)
+
+
 def _calibrated_seconds(
     entry: dict, model_name: str, mode: str, patch: int, counts: tuple[int, int]
 ) -> float:
-    calibration = entry.get("calibration", {}).get("models", {})
-    model = calibration.get(str(patch), {}).get(mode)
+    model = _calibration_fit(entry, patch, mode)
     if model is None:
         raise NotCalibratedError(
             f"no runtime calibration for model '{model_name}' with patch {patch} in {mode} "
@@ -453,19 +457,12 @@ def estimate_for_counts(
         if learned is not None:
             return learned[0]
         raise
-    if learned is not None and (
-        entry.get("calibration", {}).get("models", {}).get(str(patch), {}).get(mode) is None
-    ):
+    fit = _calibration_fit(entry, patch, mode)
+    if learned is not None and fit is None:
         return learned[0]  # wide, but all there is
     seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
     calibration = entry.get("calibration", {})
-    error = (
-        calibration.get("models", {})
-        .get(str(patch), {})
-        .get(mode, {})
-        .get("held_out_median_abs_error_percent")
-        or 25.0
-    ) / 100
+    error = ((fit or {}).get("held_out_median_abs_error_percent") or 25.0) / 100
     # This host's recent runs of this mode against the calibration's prediction for them:
     # their median ratio corrects the estimate (the load or the machine changed since),
     # and the range widens to cover their spread. Then the median error, doubled.

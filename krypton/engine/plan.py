@@ -53,24 +53,22 @@ class PatchGeometry:
 
     def macs_per_position(self, steps: list[Step], shapes: dict) -> tuple[int, int]:
         """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""
-        incremental = full = 0
-        for step in steps:
-            full += step.macs_full
-            if step.kind == NodeKind.LOCAL and step.local.kind == "conv":
-                out_rows, out_cols = self.windows[step.node]
-                channels = shapes[step.node][1]
-                incremental += (
-                    step.local.conv_macs_per_output * channels * out_rows.length * out_cols.length
-                )  # eq 11
-            elif step.kind == NodeKind.POINTWISE and step.macs_full:
-                # a linear layer over a channels-last patch: its share of the cells
-                out_rows, out_cols = self.windows[step.node]
-                rows, cols = step.spatial_dims
-                cells = shapes[step.node][rows] * shapes[step.node][cols]
-                incremental += step.macs_full * out_rows.length * out_cols.length // cells
-            else:
-                incremental += step.macs_full
-        return incremental, full
+        incremental = sum(self.step_macs(step, shapes) for step in steps)
+        return incremental, sum(step.macs_full for step in steps)
+
+    def step_macs(self, step: Step, shapes: dict) -> int:
+        """One step's conv+linear MACs for one occluded image, incrementally (eq 11)."""
+        if step.kind == NodeKind.LOCAL and step.local.kind == "conv":
+            out_rows, out_cols = self.windows[step.node]
+            channels = shapes[step.node][1]
+            return step.local.conv_macs_per_output * channels * out_rows.length * out_cols.length
+        if step.kind == NodeKind.POINTWISE and step.macs_full:
+            # a linear layer over a channels-last patch: its share of the cells
+            out_rows, out_cols = self.windows[step.node]
+            rows, cols = step.spatial_dims
+            cells = shapes[step.node][rows] * shapes[step.node][cols]
+            return step.macs_full * out_rows.length * out_cols.length // cells
+        return step.macs_full
 
 
 def _same(first: Window, second: Window) -> bool:
