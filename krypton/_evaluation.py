@@ -115,7 +115,9 @@ class _Run:
             self.plan = reused_plan(known)
             monitor = self.explainer.monitors.get(key)
             if monitor is None or monitor.strategy != self.plan.strategy:
-                monitor = StrategyMonitor(self.plan.strategy, batches=-(-count // batch))
+                monitor = StrategyMonitor(
+                    self.plan.strategy, batches=-(-count // batch), pace=_pace(known)
+                )
             else:
                 monitor.next_call()
             values = self.evaluate(ys, xs, patch, geometry=geometry, monitor=monitor)
@@ -131,6 +133,7 @@ class _Run:
             self.plan.strategy,
             ratio=other / current if current > 0 else None,  # the other's time over this one's
             batches=-(-(count - batch) // batch),
+            pace=current,
         )
         monitor.positions[self.plan.strategy] += batch
         rest = self.evaluate(ys[batch:], xs[batch:], patch, monitor=monitor)
@@ -240,7 +243,7 @@ class _Run:
             logits = self._logits(ys, xs, batch, geometry, batch_naive)
             seconds = time.perf_counter() - began
             if monitor is not None:
-                monitor.ran(size)
+                monitor.ran(size, seconds)
                 if monitor.probe_due():  # the other strategy on the same positions
                     began = time.perf_counter()
                     self._logits(ys, xs, batch, geometry, not batch_naive)
@@ -269,3 +272,11 @@ class _Run:
         if naive:
             return self._naive_logits(ys[batch], xs[batch])
         return self.graph.run_batch(self.views, geometry, batch, self.occluder)
+
+
+def _pace(plan: ExecutionPlan) -> float | None:
+    """Seconds per position of a measured plan's own strategy when it was timed."""
+    if plan.timings is None:
+        return None
+    incremental_seconds, naive_seconds = plan.timings
+    return incremental_seconds if plan.incremental else naive_seconds

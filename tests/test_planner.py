@@ -2,6 +2,7 @@
 says which and why; the numbers are the same either way."""
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -224,3 +225,64 @@ def test_a_wrong_first_choice_is_corrected_during_the_run():
     short.measured_plans[key] = wrong
     brief = short.explain(image, patch=8, stride=32, batch_size=4)  # 13 batches: no probe
     assert brief.extra["plan"].startswith("naive:") and "switched" not in brief.extra["plan"]
+
+
+def test_a_verdict_carried_into_short_calls_is_probed_when_the_pace_changes(monkeypatch):
+    """A plan timed while the host was quiet was carried into later calls too short for
+    the monitor's spaced probes: when a neighbour started burning the cores, DenseNet121's
+    incremental plan ran at 0.27x naive for every later call. The pace of the strategy
+    that runs is watched; two full batches off it bring a probe forward, even in a short
+    call. (The neighbour here slows only incremental inference, by a sleep per batch.)"""
+    from krypton.engine import graph as graph_module
+
+    model = vgg()
+    image = torch.randn(3, 224, 224)
+    explainer = krypton.OcclusionExplainer(model)
+    settings = dict(patch=8, stride=32, region=(0, 0, 224, 104), batch_size=4)  # 7 batches
+    quiet = explainer.explain(image, **settings)
+    assert quiet.extra["plan"].startswith("incremental:"), quiet.extra["plan"]
+    naive_batch = 4 * quiet.extra["plan_timing"]["naive_ms_per_position"] / 1e3
+    original = graph_module.IncrementalGraph.run_batch
+
+    def under_load(self, *args, **kwargs):
+        time.sleep(2 * naive_batch)  # incremental now takes over twice naive's time
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(graph_module.IncrementalGraph, "run_batch", under_load)
+    busy = explainer.explain(image, **settings)
+    plan = busy.extra["plan"]
+    assert plan.startswith("naive:") and "probed when its pace changed" in plan, plan
+    counts = re.search(r"positions computed: (\d+) incremental, (\d+) naive", plan)
+    assert counts and int(counts[1]) <= 12 and int(counts[2]) >= 16, plan
+    np.testing.assert_allclose(busy.values, quiet.values, atol=1e-5)
+    key = (tuple(image.shape), 8, 4)
+    assert explainer.measured_plans[key].strategy == "naive"  # the next call starts right
+
+
+def test_pace_probes_back_off_when_they_find_nothing():
+    from krypton.engine.monitor import MAX_INTERVAL, PACE_BATCHES, StrategyMonitor
+
+    monitor = StrategyMonitor("incremental", ratio=4.0, pace=0.010)
+    monitor.ran(16, 16 * 0.011)  # within the pace: nothing
+    assert not monitor.probe_due()
+    monitor.ran(16, 16 * 0.020)
+    assert not monitor.probe_due()  # one slow batch is a stall, not a change
+    monitor.ran(16, 16 * 0.020)
+    assert monitor.probe_due() and monitor.pace_changed
+    monitor.probe(current_seconds=0.020, other_seconds=0.080, done=48)  # still 4x: keep
+    assert monitor.strategy == "incremental" and monitor.pace == 0.020
+    assert monitor.pace_spacing == 2 * PACE_BATCHES and not monitor.probe_due()
+    for _ in range(2):
+        monitor.ran(16, 16 * 0.005)  # faster again: probed, but only after the spacing
+    assert not monitor.probe_due()
+    for _ in range(2):
+        monitor.ran(16, 16 * 0.005)
+    assert monitor.probe_due()
+    monitor.probe(current_seconds=0.005, other_seconds=0.020, done=112)
+    assert monitor.pace_spacing == 4 * PACE_BATCHES
+    monitor.ran(4, 4 * 0.5)  # a short last batch says nothing about the pace
+    assert monitor.off_pace == 0
+    for _ in range(20):
+        monitor.pace_changed = True
+        monitor.probe(current_seconds=0.005, other_seconds=0.020, done=0)
+    assert monitor.pace_spacing == MAX_INTERVAL

@@ -10,6 +10,15 @@ spaced so that, on a strategy k times slower, they cost about PROBE_BUDGET of th
 time (a probe costs k batches of the current strategy: ``ceil(k / PROBE_BUDGET)``
 batches apart, within [MIN_INTERVAL, MAX_INTERVAL]). A verdict from an earlier call is
 checked after EARLY_PROBE batches in runs of at least EARLY_PROBE_MIN_BATCHES.
+
+The load can change between probes: a neighbour starts burning the cores, and a
+strategy of many small operations (DenseNet's incremental plan) slows far more than one of
+few large ones. So the monitor also watches the pace of the strategy it runs: when
+PACE_BATCHES full batches in a row take over PACE_CHANGE times (or under 1/PACE_CHANGE of)
+the time per position it was last timed at, it probes at once, even in a short call (the
+verdict is carried into later calls, where a switch pays). Such pace probes back off: each
+one that keeps the strategy doubles the batches before the next may run, so a load that
+flickers costs a bounded number of probes.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ EARLY_PROBE = 2  # batches until the first probe of a plan measured by an earlie
 # ... in a run of at least this many batches: a probe of a strategy k times slower costs k
 # batches, so a shorter run would spend more than PROBE_BUDGET on it
 EARLY_PROBE_MIN_BATCHES = round(2 / PROBE_BUDGET)
+PACE_CHANGE = 1.5  # a batch this much slower (or faster) per position than last timed ...
+PACE_BATCHES = 2  # ... this many full batches in a row: the load changed, probe now
 
 
 def other(strategy: str) -> str:
@@ -53,6 +64,13 @@ class StrategyMonitor:
     probes: int = 0
     ran_batches: int = 0
     positions: dict[str, int] = field(default_factory=lambda: {"incremental": 0, "naive": 0})
+    pace: float | None = None  # seconds per position of ``strategy`` when last timed
+    off_pace: int = 0  # full batches in a row off that pace
+    pace_changed: bool = False  # the next probe is due to a change of pace
+    pace_spacing: int = PACE_BATCHES  # batches since the last probe before a pace probe
+    since_probe: int = 0
+    largest_batch: int = 0
+    pace_probes: int = 0
 
     def __post_init__(self) -> None:
         if self.ratio is not None:
@@ -69,30 +87,54 @@ class StrategyMonitor:
         """A probe now; never in a run's last MIN_INTERVAL batches, where a switch could
         not pay for itself (runs of unknown length: whenever one is due)."""
         left = None if self.batches is None else self.batches - self.ran_batches
-        return self.until_probe <= 0 and (left is None or left >= MIN_INTERVAL)
+        return self.until_probe <= 0 and (self.pace_changed or left is None or left >= MIN_INTERVAL)
 
-    def ran(self, count: int) -> None:
-        """A batch of ``count`` positions ran on the current strategy."""
+    def ran(self, count: int, seconds: float | None = None) -> None:
+        """A batch of ``count`` positions ran on the current strategy (in ``seconds``,
+        when timed: its pace is watched)."""
         self.positions[self.strategy] += count
         self.ran_batches += 1
         self.until_probe -= 1
+        self.since_probe += 1
+        if seconds is not None:
+            self._watch_pace(count, seconds)
+
+    def _watch_pace(self, count: int, seconds: float) -> None:
+        """Bring the next probe forward when the current strategy's pace has moved."""
+        self.largest_batch = max(self.largest_batch, count)
+        if 2 * count < self.largest_batch:  # a short last batch runs at another pace
+            return
+        now = seconds / count
+        if self.pace is None:
+            self.pace = now
+            return
+        moved = now > self.pace * PACE_CHANGE or now * PACE_CHANGE < self.pace
+        self.off_pace = self.off_pace + 1 if moved else 0
+        if self.off_pace >= PACE_BATCHES and self.since_probe >= self.pace_spacing:
+            self.until_probe, self.pace_changed, self.off_pace = 0, True, 0
 
     def next_call(self) -> None:
         """Carried into a later call on the same model and shape (a run in chunks, or
         images one after another): probes keep their spacing across calls."""
         self.batches, self.ran_batches, self.switches = None, 0, []
         self.positions = {"incremental": 0, "naive": 0}
+        self.off_pace = self.pace_probes = 0
 
     def probe(self, current_seconds: float, other_seconds: float, done: int) -> None:
         """Both strategies timed on the same batch (seconds per position); ``done``:
         positions computed so far. Switches when the other is measurably faster."""
         self.probes += 1
+        self.since_probe, self.off_pace = 0, 0
+        if self.pace_changed:
+            self.pace_probes += 1
         ratio = other_seconds / current_seconds if current_seconds > 0 else float("inf")
         pair = (current_seconds, other_seconds)
         self.last_pair = pair if self.strategy == "incremental" else pair[::-1]
-        self.ratio = ratio
+        self.ratio, self.pace = ratio, current_seconds
         if ratio * MEASURED_MARGIN > 1.0:  # the other is not measurably faster
-            self.agreeing = 0
+            if self.pace_changed:  # a pace probe that found nothing: back off
+                self.pace_spacing = min(2 * self.pace_spacing, MAX_INTERVAL)
+            self.agreeing, self.pace_changed = 0, False
             self.until_probe = self.interval(ratio)
             return
         self.agreeing += 1
@@ -101,13 +143,16 @@ class StrategyMonitor:
             return
         new = other(self.strategy)
         evidence = "twice in a row" if self.agreeing >= 2 else "by a wide margin"
+        if self.pace_changed:
+            evidence += ", probed when its pace changed"
         self.switches.append(
             f"switched to {new} after {done} positions: {self.strategy} took "
             f"{1 / ratio:.2f}x {new}'s time on the same positions ({evidence}, under the "
             f"load at the time)"
         )
         self.strategy, self.agreeing = new, 0
-        self.ratio = 1.0 / ratio
+        self.ratio, self.pace = 1.0 / ratio, other_seconds
+        self.pace_changed, self.pace_spacing = False, PACE_BATCHES
         self.until_probe = self.interval(self.ratio)
 
     def summary(self) -> str:
