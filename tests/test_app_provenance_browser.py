@@ -10,7 +10,7 @@ import re
 import time
 
 import pytest
-from test_app_browser import choose
+from test_app_browser import choose, drag_region
 
 pytestmark = pytest.mark.browser
 
@@ -47,7 +47,7 @@ def test_a_new_image_mid_run_never_sits_beside_the_old_runs_results(dash_duo, kr
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     report = []
-    # per mode: the stride of a finished run, then of a longer one (on a finer grid)
+    # per mode: the stride of a finished run, then of a longer one (on a region, finer)
     plans = (("exact", "16", "8"), ("naive", "16", "8"), ("approximate", "8", "4"))
     for mode, short, stride in plans:
         first_image = load_first_image(dash_duo)
@@ -57,7 +57,9 @@ def test_a_new_image_mid_run_never_sits_beside_the_old_runs_results(dash_duo, kr
         dash_duo.find_element("#run").click()
         dash_duo.wait_for_contains_text("#result-summary", "p = ", timeout=240)
         assert page(dash_duo)["enabled"], "no download enabled after a finished run"
-        # ... and a longer run of it, under way
+        # ... and a longer run of it, under way: a region on a finer grid (a few seconds
+        # of work: the test waits until it would have ended)
+        drag_region(dash_duo, (0.05, 0.05), (0.62, 0.62))
         choose(dash_duo, "stride", stride)
         dash_duo.find_element("#run").click()
         started = time.perf_counter()
