@@ -17,8 +17,11 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
+# Two pytest-xdist workers, one torch thread each (tests/conftest.py): the tests that
+# start servers, browsers and workers run in turn on one, everything else on the other
+# beside them. --durations: the slowest tests, to keep the suite short.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15  # the slowest tests, to keep the suite short
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # The quick loop: everything but the browser, security and team suites (real servers).
 test-quick: $(STAMP)

@@ -1,9 +1,22 @@
-"""Shared pytest configuration: headless Debian Chromium for the browser tests."""
+"""Shared pytest configuration: headless Debian Chromium for the browser tests, and the
+split `make test` runs in two pytest-xdist workers."""
 
+import os
 import shutil
 import subprocess
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers share two cores: one thread of torch each (and in every process they
+    # start), or four threads would contend for two cores and spin at every barrier.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
 import pytest
+
+# Tests that start servers, browsers, Redis and Celery workers run one after another on
+# one worker (they share ports and wait on each other's processes); the rest spread over
+# both workers beside them.
+SERVER_MARKERS = ("browser", "security", "team")
 
 
 def pytest_setup_options():
@@ -32,7 +45,11 @@ def pytest_setup_options():
 
 def pytest_collection_modifyitems(config, items):
     """Browser tests need chromium and chromedriver; .ci/run installs both. Elsewhere say
-    clearly why they are skipped rather than failing on a missing binary."""
+    clearly why they are skipped rather than failing on a missing binary. Under xdist
+    (`--dist loadgroup`), every server test joins one group."""
+    for item in items:
+        if any(marker in item.keywords for marker in SERVER_MARKERS):
+            item.add_marker(pytest.mark.xdist_group("servers"))
     if shutil.which("chromedriver") and (
         shutil.which("chromium") or shutil.which("chromium-browser")
     ):

@@ -1,5 +1,7 @@
 """Shared check: incremental logits equal full re-inference for given positions."""
 
+import copy
+
 import numpy as np
 import torch
 
@@ -25,8 +27,12 @@ def occluded_batch(image: torch.Tensor, occluder: torch.Tensor, ys, xs) -> torch
 def assert_incremental_matches(
     model, image, patch, positions, fill=0.5, tau=1.0, relative=2e-5
 ) -> IncrementalGraph:
-    """Every logit of every occluded image, incremental vs full, relative to their scale;
-    the occlusion must move the logits, or the comparison would prove nothing."""
+    """Every logit of every occluded image, incremental vs full, within ``relative`` of
+    their scale — or, for a network whose float32 logits are ill-conditioned (random
+    GhostNet weights: full inference itself is 2e-4 of the scale off its float64 value on
+    one thread), within three times full inference's own rounding error, measured against
+    float64. The occlusion must move the logits by more than that error, or the
+    comparison would prove nothing."""
     ys = np.array([p[0] for p in positions])
     xs = np.array([p[1] for p in positions])
     occluder = torch.full((image.shape[0], patch, patch), float(fill))
@@ -35,8 +41,13 @@ def assert_incremental_matches(
         views = graph.materialize(image)
         geometry = graph.geometry(ys, xs, patch, patch, tau)
         incremental = graph.run_batch(views, geometry, slice(0, len(ys)), occluder)
-        full = model(occluded_batch(image, occluder, ys, xs))
+        batch = occluded_batch(image, occluder, ys, xs)
+        full = model(batch)
+        truth = copy.deepcopy(model).double()(batch.double())
     scale = float(full.abs().max())
-    assert float((full - views.logits).abs().max()) > 1e-5 * scale, "occlusion changed nothing"
-    torch.testing.assert_close(incremental, full, rtol=0, atol=relative * scale + 1e-6)
+    rounding = float((full.double() - truth).abs().max())  # full inference's own error
+    moved = float((full - views.logits).abs().max())
+    assert moved > max(1e-5 * scale, 10 * rounding), "occlusion changed nothing (or too little)"
+    tolerance = max(relative * scale, 3 * rounding) + 1e-6
+    torch.testing.assert_close(incremental, full, rtol=0, atol=tolerance)
     return graph
