@@ -133,3 +133,21 @@ def test_every_package_says_its_job():
     for package in packages:
         docstring = ast.get_docstring(ast.parse(package.read_text())) or ""
         assert len(docstring.split()) >= 8, package
+
+
+def test_readme_layout_names_every_module_on_a_line_of_its_own():
+    """README's Layout section is the tree: each shipped module (``__init__`` aside) on
+    its own line, under its folder, so a module added or moved shows up in review."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    tree = section.split("```", 2)[1]
+    named = {line.split()[0] for line in tree.splitlines() if line.strip()}
+    missing = []
+    for path in python_files(*SHIPPED):
+        if path.name == "__init__.py" or path.parent.name == "panels":
+            continue  # webapp/panels/ is one line: one class per panel
+        if path.name not in named:
+            missing.append(str(path.relative_to(ROOT)))
+    for folder in ("webapp/", "krypton/", "engine/", "approximate/", "registry/", "io/"):
+        assert folder in named, folder
+    assert not missing, f"not in README's Layout: {missing}"
