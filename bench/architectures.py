@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.zoo import build
+
 MATRIX = [
     "tv:resnet18",
     "tv:vgg16",
@@ -79,23 +81,6 @@ MATRIX = [
 PATCH, STRIDE, BATCH = 16, 4, 16
 
 
-def build(name: str) -> torch.nn.Module:
-    source, arch = name.split(":")
-    torch.manual_seed(0)
-    if source == "tv":
-        import torchvision
-
-        kwargs = (
-            {"aux_logits": False, "init_weights": True}
-            if arch in ("inception_v3", "googlenet")
-            else {}
-        )
-        return getattr(torchvision.models, arch)(weights=None, **kwargs).eval()
-    import timm
-
-    return timm.create_model(arch, pretrained=False).eval()
-
-
 def measure(name: str, side: int, neighbour: bool = True) -> dict:
     import krypton
     from krypton.explainer import grid_positions
@@ -121,8 +106,8 @@ def measure(name: str, side: int, neighbour: bool = True) -> dict:
     alone = alternate(explainer, image, settings, name)
     busy = None
     if neighbour:
-        with burning_neighbour():
-            busy = alternate(explainer, image, settings, name)
+        with burning_neighbour():  # noisier: best of three
+            busy = alternate(explainer, image, settings, name, repeats=3)
     return {
         "model": name,
         "positions": int(first_call.values.size),
@@ -140,13 +125,14 @@ def measure(name: str, side: int, neighbour: bool = True) -> dict:
         "first_plan": first_call.extra["plan"],
         "ratio_with_neighbour": None if busy is None else busy["ratio"],
         "plan_with_neighbour": None if busy is None else busy["plan"],
+        "overhead": None,
     }
 
 
-def alternate(explainer, image: torch.Tensor, settings: dict, name: str) -> dict:
-    """Naive and exact alternating on one explainer, best of two each; the ratio."""
+def alternate(explainer, image: torch.Tensor, settings: dict, name: str, repeats: int = 2) -> dict:
+    """Naive and exact alternating on one explainer, best of ``repeats`` each; the ratio."""
     exact_times, naive_times = [], []
-    for _ in range(2):
+    for _ in range(repeats):
         began = time.perf_counter()
         naive = explainer.explain(image, mode="naive", **settings)
         naive_times.append(time.perf_counter() - began)
@@ -178,6 +164,11 @@ def burning_neighbour() -> Iterator[None]:
             burner.wait()
 
 
+def below_limit_target(row: dict) -> bool:
+    """A limit worth reaching (>= 1.5x) of which exact reached under 0.8 (alone)."""
+    return row["flop_limit"] >= 1.5 and row["ratio"] < 0.8 * row["flop_limit"]
+
+
 def verdict(row: dict) -> str:
     """Which target the row meets: >= 0.95x naive always (alone and beside the
     neighbour); >= 0.8x of a limit >= 1.5x (alone)."""
@@ -187,8 +178,11 @@ def verdict(row: dict) -> str:
     busy = row.get("ratio_with_neighbour")
     if busy is not None and busy < 0.95:
         problems.append("below 0.95x naive beside the neighbour")
-    if row["flop_limit"] >= 1.5 and row["ratio"] < 0.8 * row["flop_limit"]:
-        problems.append(f"below 0.8x of its {row['flop_limit']:.2f}x limit")
+    if below_limit_target(row):
+        problems.append(
+            f"below 0.8x of its {row['flop_limit']:.2f}x limit"
+            + (f" ({row['overhead']})" if row.get("overhead") else "")
+        )
     return "; ".join(problems) or "met"
 
 
@@ -228,6 +222,10 @@ def main() -> None:
             print(f"{name}: FAILED {type(error).__name__}: {error}", flush=True)
             failed.append(name)
             continue
+        if below_limit_target(row):  # name the measured overhead that prevents it
+            from bench.profile import overhead, profile
+
+            row["overhead"] = overhead(profile(name))
         rows.append(row)
         busy = row["ratio_with_neighbour"]
         print(

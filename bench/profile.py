@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from bench.architectures import build
+from bench.zoo import build
 
 MODELS = ["tv:vgg11", "tv:vgg13", "tv:vgg16", "tv:resnet34", "tv:mnasnet1_0", "timm:regnety_002"]
 PATCH, STRIDE, BATCH, SIDE = 16, 4, 16, 52
@@ -112,21 +112,50 @@ def profile(name: str) -> dict:
     return {"model": name, "rows": rows}
 
 
+def totals(rows: list[dict]) -> dict[str, float]:
+    """Milliseconds per kind of step: full and incremental in all, the convolutions (and
+    their excess over their MAC ratio), and the steps that only move data or run whole."""
+    return {
+        "full": sum(r["full_ms"] for r in rows),
+        "incremental": sum(r["incremental_ms"] for r in rows),
+        "conv": sum(r["incremental_ms"] for r in rows if r["kind"] == "conv"),
+        "conv_full": sum(r["full_ms"] for r in rows if r["kind"] == "conv"),
+        "moving": sum(
+            r["incremental_ms"] for r in rows if r["kind"] in ("pointwise", "remap", "global")
+        ),
+        "moving_full": sum(
+            r["full_ms"] for r in rows if r["kind"] in ("pointwise", "remap", "global")
+        ),
+        "excess": sum(r["excess_ms"] for r in rows if r["excess_ms"] is not None),
+    }
+
+
+def overhead(result: dict) -> str:
+    """The measured overhead that keeps a network from its FLOP limit, in one line: the
+    share of the incremental time spent outside the convolutions' ideal (their excess
+    over the MAC ratio, and the steps that gain nothing or lose), and the worst layer."""
+    rows, t = result["rows"], totals(result["rows"])
+    worst = max(  # a convolution by its excess, any other step by its whole time
+        rows, key=lambda r: r["excess_ms"] if r["excess_ms"] is not None else r["incremental_ms"]
+    )
+    return (
+        f"non-convolution steps {t['moving']:.1f} of {t['incremental']:.1f} ms incremental "
+        f"({t['moving'] / t['incremental']:.0%}; {t['moving_full']:.1f} ms in full), "
+        f"convolutions' excess over their MAC ratio {t['excess']:.1f} ms; most: "
+        f"{worst['node']} ({worst['kind']}, {worst['incremental_ms']:.1f} ms)"
+    )
+
+
 def print_profile(result: dict, top: int) -> None:
-    rows = result["rows"]
-    full = sum(r["full_ms"] for r in rows)
-    incremental = sum(r["incremental_ms"] for r in rows)
-    conv = sum(r["incremental_ms"] for r in rows if r["kind"] == "conv")
-    moving = sum(r["incremental_ms"] for r in rows if r["kind"] in ("pointwise", "remap", "global"))
-    conv_full = sum(r["full_ms"] for r in rows if r["kind"] == "conv")
-    excess = sum(r["excess_ms"] for r in rows if r["excess_ms"] is not None)
+    rows, t = result["rows"], totals(result["rows"])
+    full, incremental, conv = t["full"], t["incremental"], t["conv"]
     print(f"\n### {result['model']}: {BATCH} positions, patch {PATCH}")
     print(
         f"full {full:.1f} ms, incremental {incremental:.1f} ms ({full / incremental:.2f}x); "
         f"convolutions {conv:.1f} ms of the incremental time ({conv / incremental:.0%}; "
-        f"{conv_full:.1f} ms in full), pointwise/merge/copy/global steps {moving:.1f} ms "
-        f"({moving / incremental:.0%}); convolutions' excess over their MAC ratio "
-        f"{excess:.1f} ms"
+        f"{t['conv_full']:.1f} ms in full), pointwise/merge/copy/global steps "
+        f"{t['moving']:.1f} ms ({t['moving'] / incremental:.0%}); convolutions' excess over "
+        f"their MAC ratio {t['excess']:.1f} ms"
     )
     print("| layer | kind | full (ms) | incremental (ms) | MAC ratio | time ratio | excess (ms) |")
     print("|---|---|---|---|---|---|---|")
