@@ -232,13 +232,13 @@ def main() -> None:
             f"{name}: limit {row['flop_limit']:.2f}x, exact/naive {row['ratio']:.2f}x "
             f"({row['limit_reached']:.0%} of it)"
             + ("" if busy is None else f", beside the neighbour {busy:.2f}x")
-            + f" ({row['plan']})",
+            + f" ({row['plan']}); target: {verdict(row)}",
             flush=True,
         )
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=2))  # rows so far, if stopped
     print()
     print_table(rows)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(rows, indent=2))
     missed = [r["model"] for r in rows if verdict(r) != "met"]
     print(
         f"\n{len(rows) - len(missed)} of {len(rows)} rows meet their targets; missed: "
