@@ -70,7 +70,6 @@ class StrategyMonitor:
     pace_spacing: int = PACE_BATCHES  # batches since the last probe before a pace probe
     since_probe: int = 0
     largest_batch: int = 0
-    pace_probes: int = 0
 
     def __post_init__(self) -> None:
         if self.ratio is not None:
@@ -118,15 +117,13 @@ class StrategyMonitor:
         images one after another): probes keep their spacing across calls."""
         self.batches, self.ran_batches, self.switches = None, 0, []
         self.positions = {"incremental": 0, "naive": 0}
-        self.off_pace = self.pace_probes = 0
+        self.off_pace = 0
 
     def probe(self, current_seconds: float, other_seconds: float, done: int) -> None:
         """Both strategies timed on the same batch (seconds per position); ``done``:
         positions computed so far. Switches when the other is measurably faster."""
         self.probes += 1
         self.since_probe, self.off_pace = 0, 0
-        if self.pace_changed:
-            self.pace_probes += 1
         ratio = other_seconds / current_seconds if current_seconds > 0 else float("inf")
         pair = (current_seconds, other_seconds)
         self.last_pair = pair if self.strategy == "incremental" else pair[::-1]
