@@ -273,12 +273,12 @@ def test_pace_probes_back_off_when_they_find_nothing():
     assert monitor.strategy == "incremental" and monitor.pace == 0.020
     assert monitor.pace_spacing == 2 * PACE_BATCHES and not monitor.probe_due()
     for _ in range(2):
-        monitor.ran(16, 16 * 0.005)  # faster again: probed, but only after the spacing
+        monitor.ran(16, 16 * 0.012)  # faster again: probed, but only after the spacing
     assert not monitor.probe_due()
     for _ in range(2):
-        monitor.ran(16, 16 * 0.005)
+        monitor.ran(16, 16 * 0.012)
     assert monitor.probe_due()
-    monitor.probe(current_seconds=0.005, other_seconds=0.020, done=112)
+    monitor.probe(current_seconds=0.012, other_seconds=0.048, done=112)
     assert monitor.pace_spacing == 4 * PACE_BATCHES
     monitor.ran(4, 4 * 0.5)  # a short last batch says nothing about the pace
     assert monitor.off_pace == 0
@@ -286,3 +286,6 @@ def test_pace_probes_back_off_when_they_find_nothing():
         monitor.pace_changed = True
         monitor.probe(current_seconds=0.005, other_seconds=0.020, done=0)
     assert monitor.pace_spacing == MAX_INTERVAL
+    for _ in range(2):  # a neighbour takes the cores: 3x slower is no flicker
+        monitor.ran(16, 16 * 0.015)
+    assert monitor.probe_due(), "a large change of pace waits for no back-off"

@@ -18,7 +18,8 @@ PACE_BATCHES full batches in a row take over PACE_CHANGE times (or under 1/PACE_
 the time per position it was last timed at, it probes at once, even in a short call (the
 verdict is carried into later calls, where a switch pays). Such pace probes back off: each
 one that keeps the strategy doubles the batches before the next may run, so a load that
-flickers costs a bounded number of probes.
+flickers costs a bounded number of probes; a change of PACE_CHANGE squared (2.25x) is
+probed whatever the back-off.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ class StrategyMonitor:
             return
         moved = now > self.pace * PACE_CHANGE or now * PACE_CHANGE < self.pace
         self.off_pace = self.off_pace + 1 if moved else 0
-        if self.off_pace >= PACE_BATCHES and self.since_probe >= self.pace_spacing:
+        # a change of PACE_CHANGE squared is no flicker: it ignores the back-off
+        large = now > self.pace * PACE_CHANGE**2 or now * PACE_CHANGE**2 < self.pace
+        if self.off_pace >= PACE_BATCHES and (large or self.since_probe >= self.pace_spacing):
             self.until_probe, self.pace_changed, self.off_pace = 0, True, 0
 
     def next_call(self) -> None:
