@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(PY) -m bench.default_model
 	$(PY) -m bench.architectures
 	$(PY) -m bench.profile
+	$(PY) -m bench.reuse
 	$(PY) -m bench.approximate
 	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin

@@ -16,7 +16,7 @@ from torch import nn
 from .engine import ExecutionPlan
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.monitor import StrategyMonitor
-from .engine.plan import measured_plan, reused_plan
+from .engine.plan import PatchGeometry, measured_plan, reused_plan
 
 
 class Explaining(Protocol):
@@ -123,7 +123,9 @@ class _Run:
             values = self.evaluate(ys, xs, patch, geometry=geometry, monitor=monitor)
             self._conclude(key, monitor)
             return values
-        first, incremental_seconds, naive_seconds = self._time_first_batch(ys, xs, patch, static)
+        first, incremental_seconds, naive_seconds = self._time_first_batch(
+            ys, xs, patch, static, geometry
+        )
         current, other = (
             (incremental_seconds, naive_seconds)
             if self.plan.incremental
@@ -136,7 +138,13 @@ class _Run:
             pace=current,
         )
         monitor.positions[self.plan.strategy] += batch
-        rest = self.evaluate(ys[batch:], xs[batch:], patch, monitor=monitor)
+        rest = self.evaluate(
+            ys[batch:],
+            xs[batch:],
+            patch,
+            monitor=monitor,
+            geometry=geometry.take(slice(batch, None)),
+        )
         self._conclude(key, monitor)
         probabilities = np.concatenate([first[0], rest[0]])
         every = None
@@ -144,12 +152,16 @@ class _Run:
             every = np.concatenate([first[1], rest[1]])
         return probabilities, every
 
-    def _time_first_batch(self, ys: np.ndarray, xs: np.ndarray, patch: int, static):
+    def _time_first_batch(
+        self, ys: np.ndarray, xs: np.ndarray, patch: int, static, geometry: PatchGeometry
+    ):
         """The first batch's values, timed both ways on the same positions: (values,
-        incremental and naive seconds per position); sets ``self.plan``."""
+        incremental and naive seconds per position); sets ``self.plan``. ``geometry``:
+        all the call's positions (a batch sized on its own could round differently)."""
         batch = self.batch_size
+        first_batch = geometry.take(slice(0, batch))
         began = time.perf_counter()
-        first = self.evaluate(ys[:batch], xs[:batch], patch)
+        first = self.evaluate(ys[:batch], xs[:batch], patch, geometry=first_batch)
         incremental_seconds = (time.perf_counter() - began) / batch
         naive_seconds, check = self._time_naive(ys[:batch], xs[:batch])
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
@@ -157,8 +169,7 @@ class _Run:
             # Overturning the static plan: one stall in the first timing (a page
             # rendering, a collector) must not decide it. Time both once more and keep
             # the faster of each.
-            began = time.perf_counter()  # as the first timing: geometry and the batch
-            first_batch = self.graph.geometry(ys[:batch], xs[:batch], patch, patch)
+            began = time.perf_counter()  # as the first timing
             self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
             incremental_seconds = min(incremental_seconds, (time.perf_counter() - began) / batch)
             naive_seconds = min(naive_seconds, self._time_naive(ys[:batch], xs[:batch])[0])

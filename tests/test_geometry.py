@@ -65,6 +65,19 @@ def test_changed_outputs_lie_in_output_patch_and_reads_in_context(op, data):
         read_lo = step.read.start[i]
         assert needed <= set(range(read_lo, read_lo + step.read.length))
         assert read_lo >= -low and read_lo + step.read.length <= op.in_size + high
+    # No longer than the positions need: the most outputs whose window touches a patch.
+    touching = [
+        sum(1 for o in range(op.out_size) if reads_span(op, o) & set(range(s, s + length)))
+        for s in starts
+    ]
+    assert step.output.length == max(1, *touching)
+    assert step.output.length <= local_step(op, Window(starts, length), tight=False).output.length
+
+
+def reads_span(op, out):
+    """Input cells between the first and last that output ``out`` reads (eq 13's notion)."""
+    start = out * op.stride - op.pad_before
+    return set(range(start, start + op.extent))
 
 
 @settings(max_examples=200, deadline=None)
@@ -78,7 +91,7 @@ def test_thresholding_truncates_and_centre_crops(op, data, tau):
     starts = np.array(
         data.draw(st.lists(st.integers(0, op.in_size - length), min_size=1, max_size=4))
     )
-    exact = local_step(op, Window(starts, length))
+    exact = local_step(op, Window(starts, length), tight=False)  # eq 14, as tuned
     approx = local_step(op, Window(starts, length), tau)
     limit = max(round(tau * op.out_size), -(-op.extent // op.stride))
     assert approx.output.length == min(exact.output.length, limit)
@@ -114,6 +127,75 @@ def test_paper_example_dimensions():
     # At the right border the patch is shifted inside the tensor (eq 31).
     step = local_step(AxisOp(3, 1, 1, 1, 224, 224), Window(np.array([208]), 16))
     assert step.output.start[0] + step.output.length == 224
+
+
+def test_exact_windows_hold_only_what_the_positions_need():
+    """Eq 14 sizes an output patch for an input patch at any offset to the stride: a 2x2/2
+    pool of a 20-cell patch starting on an even cell changes 10 cells, eq 14 says 11, and
+    every later layer inherited the extra row and column (16% of VGG16's incremental MACs
+    at patch 16, stride 4). Exact mode sizes for the positions it runs."""
+    pool = AxisOp(2, 2, 1, 0, 224, 112)
+    even = Window(np.array([98, 102, 106]), 20)
+    assert local_step(pool, even).output.length == 10
+    assert local_step(pool, even, tight=False).output.length == 11  # the paper's bound
+    odd = Window(np.array([98, 101]), 20)  # offsets differ: one position needs 11
+    assert local_step(pool, odd).output.length == 11
+
+
+def test_exact_windows_are_the_changed_cells_of_a_real_network():
+    """Positive weights and a bright occluder change every cell whose window touches the
+    patch, so the changed cells' bounding box is what exact mode must compute."""
+    from krypton.engine import IncrementalGraph, NodeKind
+
+    torch.manual_seed(0)
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Conv2d(1, 2, 3, padding=1),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(2, 2, 3, padding=1),
+            torch.nn.MaxPool2d(3, stride=2, padding=1),
+            torch.nn.Conv2d(2, 2, 3, stride=2, padding=1),
+            torch.nn.Conv2d(2, 2, 1),
+        )
+        .double()
+        .eval()
+    )
+    for parameter in model.parameters():
+        parameter.data.abs_()
+    image = torch.rand(1, 48, 48, dtype=torch.float64)
+    ys, xs = np.array([9, 13, 17, 21]), np.array([13, 17, 21, 25])  # even after the 3x3
+    with torch.inference_mode():
+        graph = IncrementalGraph(model, image)
+        geometry = graph.geometry(ys, xs, 8, 8)
+        paper = graph.geometry(ys, xs, 8, 8, tight=False)
+        outputs, clean = {}, {}
+        for batch, store in ((_occluded(image, ys, xs), outputs), (image[None], clean)):
+            value = batch
+            for index, layer in enumerate(model):
+                value = layer(value)
+                store[f"_{index}"] = value  # the graph's names for Sequential's layers
+    steps = [s for s in graph.steps if s.kind == NodeKind.LOCAL]
+    looser = 0
+    for step in steps:
+        changed = (outputs[step.node.name] != clean[step.node.name]).any(dim=1)
+        rows, cols = geometry.windows[step.node]
+        need_rows = max(_span(c.any(dim=1)) for c in changed)
+        need_cols = max(_span(c.any(dim=0)) for c in changed)
+        assert (rows.length, cols.length) == (need_rows, need_cols), step.node.name
+        looser += paper.windows[step.node][0].length > rows.length
+    assert looser >= 2  # eq 14 alone would compute cells no position changes
+
+
+def _span(flags):
+    where = flags.nonzero().flatten()
+    return int(where[-1] - where[0]) + 1
+
+
+def _occluded(image, ys, xs):
+    batch = image.repeat(len(ys), 1, 1, 1)
+    for item, (y, x) in enumerate(zip(ys, xs)):
+        batch[item, :, y : y + 8, x : x + 8] = 100.0
+    return batch
 
 
 def test_bounding_window_is_union_and_clamped():

@@ -1,8 +1,9 @@
 """Static analysis: how much incremental inference can save, before running any occlusion.
 
 Theoretical speedup Q / Q_inc over convolution layers (eqs 9-12) for one patch at the
-centre of the input, the worst case. Shapes come from one inference on a blank image; no
-occluded image is ever run.
+centre of the input, the worst case, with eq 14's windows: the paper's per-query limit
+(exact mode's own windows, sized for the positions it runs, can be smaller). Shapes come
+from one inference on a blank image; no occluded image is ever run.
 """
 
 from __future__ import annotations
@@ -119,7 +120,10 @@ def analyze(
             model, torch.zeros((channels, height, width), dtype=dtype, device=device)
         )
     centre_y, centre_x = (height - patch) // 2, (width - patch) // 2
-    geometry = graph.geometry(np.array([centre_y]), np.array([centre_x]), patch, patch, tau)
+    # the paper's per-query count: eq 14 for any offset, as the paper's tables use it
+    geometry = graph.geometry(
+        np.array([centre_y]), np.array([centre_x]), patch, patch, tau, tight=False
+    )
     layers = []
     for step in graph.steps:
         node = step.node

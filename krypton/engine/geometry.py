@@ -21,6 +21,7 @@ __all__ = [
     "Window",
     "LocalStep",
     "local_step",
+    "tight_output_length",
     "project_centre",
     "bounding_window",
     "padding_needed",
@@ -98,14 +99,39 @@ def project_centre(op: AxisOp, centre: np.ndarray) -> np.ndarray:
     return np.clip(projected, 0, op.out_size - 1)
 
 
+def tight_output_length(op: AxisOp, in_start: np.ndarray, in_len: int) -> int:
+    """Uniform output patch length for exactly these positions: the most output cells
+    whose window touches a position's input patch.
+
+    Eq 14's ceil((W_in + W_K - 1) / S) holds for the input patch at any offset to the
+    stride; for a given offset one output fewer can suffice (a 2x2/2 pool of a 20-cell
+    patch starting on an even cell changes 10 cells, eq 14 says 11), and positions on a
+    grid whose step is a multiple of the stride all share one offset. Never more than
+    eq 14.
+    """
+    bound = min(int(ceil_div(in_len + op.extent - 1, op.stride)), op.out_size)
+    if in_start.size == 0:
+        return bound
+    first = np.maximum(ceil_div(op.pad_before + in_start - op.extent + 1, op.stride), 0)  # eq 13
+    last = np.minimum((op.pad_before + in_start + in_len - 1) // op.stride, op.out_size - 1)
+    return max(1, min(int(np.max(last - first + 1)), bound))
+
+
 def local_step(
-    op: AxisOp, incoming: Window, tau: float = 1.0, centre: np.ndarray | None = None
+    op: AxisOp,
+    incoming: Window,
+    tau: float = 1.0,
+    centre: np.ndarray | None = None,
+    tight: bool = True,
 ) -> LocalStep:
     """Propagate an input update patch through a convolution/pooling axis.
 
-    Exact mode (tau=1): eqs 13-16 with the border clamp of eq 31. With tau < 1 the output
-    patch is truncated to round(tau * out_size) and the input patch cropped to match
-    (projective-field thresholding, eqs 21-27).
+    Exact mode (tau=1): eqs 13-16 with the border clamp of eq 31; with ``tight`` the
+    uniform length is the least that covers these positions' changed outputs
+    (:func:`tight_output_length`) rather than eq 14's bound for any offset, which the
+    paper's per-query limit counts (``tight=False``). With tau < 1 the output patch is
+    truncated to round(tau * out_size) and the input patch cropped to match
+    (projective-field thresholding, eqs 21-27, always on eq 14 and 21 as tuned).
 
     ``centre`` (per position, input coordinates) is where the occluding patch's centre
     lies in this tensor. The crop of eq 25 keeps the cells around it, inside the incoming
@@ -121,6 +147,8 @@ def local_step(
 
     # eq 14 / eq 21: uniform output patch length (an upper bound for every position).
     out_len = min(int(ceil_div(in_len + extent - 1, stride)), op.out_size)
+    if tight and tau == 1.0:
+        out_len = tight_output_length(op, in_start, in_len)
 
     if tau < 1.0:
         # A single changed input cell already reaches ceil(extent / stride) outputs, so no

@@ -351,10 +351,17 @@ class IncrementalGraph:
     # Geometry, plan, execution
     # ---------------------------------------------------------------------------------
     def geometry(
-        self, ys: np.ndarray, xs: np.ndarray, patch_h: int, patch_w: int, tau: float = 1.0
+        self,
+        ys: np.ndarray,
+        xs: np.ndarray,
+        patch_h: int,
+        patch_w: int,
+        tau: float = 1.0,
+        tight: bool = True,
     ) -> PatchGeometry:
-        """Propagate the occlusion patch at every position through the graph (vectorised)."""
-        return propagate(self.steps, self.shapes, ys, xs, patch_h, patch_w, tau)
+        """Propagate the occlusion patch at every position through the graph (vectorised);
+        ``tight=False`` gives eq 14's lengths, the paper's per-query count."""
+        return propagate(self.steps, self.shapes, ys, xs, patch_h, patch_w, tau, tight)
 
     def macs_per_position(self, geometry: PatchGeometry) -> tuple[int, int]:
         """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""

@@ -51,6 +51,24 @@ class PatchGeometry:
     # (merge, input) pairs whose window lies inside the merge's: overlay by scatter
     contained: set[tuple[fx.Node, fx.Node]] = field(default_factory=set)
 
+    def take(self, index: slice) -> PatchGeometry:
+        """The same windows for a slice of the positions. Lengths stay those of all the
+        positions, so a batch computes the same cells (and rounds the same) whichever
+        call it belongs to; the alignment facts, true for all positions, hold for any."""
+
+        def cut(step: LocalStep) -> LocalStep:
+            centre = None if step.centre is None else step.centre[index]
+            return LocalStep(
+                step.input.take(index), step.read.take(index), step.output.take(index), centre
+            )
+
+        return dataclasses.replace(
+            self,
+            windows={n: (r.take(index), c.take(index)) for n, (r, c) in self.windows.items()},
+            local_steps={n: (cut(r), cut(c)) for n, (r, c) in self.local_steps.items()},
+            positions=len(range(*index.indices(self.positions))),
+        )
+
     def macs_per_position(self, steps: list[Step], shapes: dict) -> tuple[int, int]:
         """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""
         incremental = sum(self.step_macs(step, shapes) for step in steps)
@@ -114,8 +132,13 @@ def propagate(
     patch_h: int,
     patch_w: int,
     tau: float = 1.0,
+    tight: bool = True,
 ) -> PatchGeometry:
-    """Propagate the occlusion patch at every position through the graph (vectorised)."""
+    """Propagate the occlusion patch at every position through the graph (vectorised).
+
+    ``tight=False``: eq 14's output lengths for any offset to the stride, what the
+    paper's per-query limit counts; by default the least lengths these positions need
+    (``geometry.tight_output_length``)."""
     ys = np.asarray(ys, dtype=np.int64)
     xs = np.asarray(xs, dtype=np.int64)
     windows: dict[fx.Node, tuple[Window, Window]] = {}
@@ -134,8 +157,8 @@ def propagate(
         elif step.kind == NodeKind.LOCAL:
             in_rows, in_cols = windows[first_input(node)]
             centre_rows, centre_cols = centres[first_input(node)]
-            row_step = local_step(step.local.rows, in_rows, tau, centre_rows)
-            col_step = local_step(step.local.cols, in_cols, tau, centre_cols)
+            row_step = local_step(step.local.rows, in_rows, tau, centre_rows, tight)
+            col_step = local_step(step.local.cols, in_cols, tau, centre_cols, tight)
             local_steps[node] = (row_step, col_step)
             windows[node] = (row_step.output, col_step.output)
             centres[node] = (row_step.centre, col_step.centre)
