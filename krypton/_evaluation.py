@@ -16,7 +16,7 @@ from torch import nn
 from .engine import ExecutionPlan
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.monitor import StrategyMonitor
-from .engine.plan import PatchGeometry, measured_plan, reused_plan
+from .engine.plan import PatchGeometry, measured_plan, naive_probe_size, reused_plan
 
 
 class Explaining(Protocol):
@@ -163,7 +163,8 @@ class _Run:
         began = time.perf_counter()
         first = self.evaluate(ys[:batch], xs[:batch], patch, geometry=first_batch)
         incremental_seconds = (time.perf_counter() - began) / batch
-        naive_seconds, check = self._time_naive(ys[:batch], xs[:batch])
+        probe = naive_probe_size(batch, static.theoretical_speedup)
+        naive_seconds, check = self._time_naive(ys[:probe], xs[:probe])
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
         if not self.plan.incremental:
             # Overturning the static plan: one stall in the first timing (a page
@@ -172,7 +173,8 @@ class _Run:
             began = time.perf_counter()  # as the first timing
             self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
             incremental_seconds = min(incremental_seconds, (time.perf_counter() - began) / batch)
-            naive_seconds = min(naive_seconds, self._time_naive(ys[:batch], xs[:batch])[0])
+            naive_again, check = self._time_naive(ys[:batch], xs[:batch])  # the whole batch
+            naive_seconds = min(naive_seconds, naive_again)
             self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
         self.timed_in_this_call = True
         if not self.plan.incremental:  # the first batch's values by the chosen strategy too

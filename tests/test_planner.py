@@ -137,6 +137,37 @@ def test_the_timed_first_run_gives_the_same_bytes_as_later_runs():
     assert np.array_equal(first.class_values, again.class_values)
 
 
+def test_the_first_timing_runs_naive_on_about_one_incremental_batch_of_time(monkeypatch):
+    """The first call of a process timed a whole naive batch against the first
+    incremental one: VGG16 (FLOP ratio 6.5x) spent 3.9 s of a 7.2 s call over 100
+    positions on it. The naive timing now runs batch / ratio positions (at least 2)."""
+    from krypton.engine.plan import naive_probe_size
+    from krypton.explainer import grid_positions
+
+    model = vgg()
+    image = torch.randn(3, 224, 224)  # a small patch on a large image: incremental ~4x faster
+    explainer = krypton.OcclusionExplainer(model)
+    naive_images = []
+    original = explainer._occluded_batch
+
+    def counting(image, occluder, ys, xs):
+        naive_images.append(len(ys))
+        return original(image, occluder, ys, xs)
+
+    monkeypatch.setattr(explainer, "_occluded_batch", counting)
+    heatmap = explainer.explain(image, patch=8, stride=32, batch_size=8)
+    plan = heatmap.extra["plan"]
+    assert plan.startswith("incremental:") and "measured in this call" in plan, plan
+    with torch.inference_mode():
+        graph, _ = explainer.views_for(image)
+    ys, xs = grid_positions((224, 224), 8, 32, None)
+    ratio = graph.plan(graph.geometry(np.repeat(ys, len(xs)), np.tile(xs, len(ys)), 8, 8))
+    assert ratio.theoretical_speedup > 2
+    assert naive_images == [naive_probe_size(8, ratio.theoretical_speedup)]
+    assert 2 <= naive_images[0] < 8
+    assert naive_probe_size(16, 1.1) == 15 and naive_probe_size(16, 0.5) == 16
+
+
 def test_one_stall_in_the_first_timing_does_not_pin_naive(monkeypatch):
     """The measured plan is kept for the process; it used to rest on one timing of each
     strategy, so a stall during the first incremental batch (the fresh-clone CI's
