@@ -100,8 +100,10 @@ def measure(name: str, side: int, neighbour: bool = True) -> dict:
     grid = grid_positions((size, size), PATCH, STRIDE, region)
     ys, xs = np.repeat(grid[0], len(grid[1])), np.tile(grid[1], len(grid[0]))
     # the paper's per-query limit (eq 14's windows) and the engine's own (tight) windows
-    incremental, full = graph.macs_per_position(graph.geometry(ys, xs, PATCH, PATCH, tight=False))
-    engine_incremental, _ = graph.macs_per_position(graph.geometry(ys, xs, PATCH, PATCH))
+    incremental, full = graph.macs_per_position(
+        graph.geometry((ys, xs), (PATCH, PATCH), tight=False)
+    )
+    engine_incremental, _ = graph.macs_per_position(graph.geometry((ys, xs), (PATCH, PATCH)))
     first, share = graph.first_global()
     settings = dict(patch=PATCH, stride=STRIDE, region=region, batch_size=BATCH)
     began = time.perf_counter()

@@ -73,7 +73,7 @@ def profile(name: str) -> dict:
     grid = grid_positions((size, size), PATCH, STRIDE, region)
     ys = np.repeat(grid[0], len(grid[1]))[:BATCH]
     xs = np.tile(grid[1], len(grid[0]))[:BATCH]
-    geometry = graph.geometry(ys, xs, PATCH, PATCH)
+    geometry = graph.geometry((ys, xs), (PATCH, PATCH))
     occluder = torch.zeros(3, PATCH, PATCH)
     images = image.unsqueeze(0).repeat(BATCH, 1, 1, 1)
     with torch.inference_mode():

@@ -116,7 +116,7 @@ def reuse_ceiling(name: str, positions: int) -> list[dict]:
     }
     rows = []
     for windows, tight in (("eq 14's", False), ("the engine's", True)):
-        geometry = graph.geometry(ys, xs, PATCH, PATCH, tight=tight)
+        geometry = graph.geometry((ys, xs), (PATCH, PATCH), tight=tight)
         incremental, full = graph.macs_per_position(geometry)
         saved, outside_box = _classify(graph, convs, geometry, same, positions)
         rows.append(

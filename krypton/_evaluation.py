@@ -28,12 +28,16 @@ class Explaining(Protocol):
     monitors: dict
 
     def _occluded_batch(
-        self, image: torch.Tensor, occluder: torch.Tensor, ys: np.ndarray, xs: np.ndarray
+        self, image: torch.Tensor, occluder: torch.Tensor, corners: np.ndarray
     ) -> torch.Tensor: ...
 
 
 class _Run:
-    """Evaluates batches of positions for one explain() call and keeps its accounting."""
+    """Evaluates batches of positions for one explain() call and keeps its accounting.
+
+    Positions are ``corners``: an (N, rank) array of each patch's first cell per spatial
+    axis, in the tensor's order ((y, x) for an image, (z, y, x) for a volume); ``patch``
+    is its extent per axis."""
 
     def __init__(
         self,
@@ -71,9 +75,9 @@ class _Run:
             "switched": "switched to" in self.plan.reason,  # during this run
         }
 
-    def _full_macs(self, ys: np.ndarray, xs: np.ndarray, patch: int) -> int:
+    def _full_macs(self, corners: np.ndarray, patch: tuple[int, ...]) -> int:
         """MACs of one full inference, from the captured graph (eq 10)."""
-        geometry = self.graph.geometry(ys[:1], xs[:1], patch, patch)
+        geometry = self.graph.geometry(tuple(corners[:1].T), patch)
         return self.graph.macs_per_position(geometry)[1]
 
     def expect(self, total: int) -> None:
@@ -81,7 +85,7 @@ class _Run:
         self.total = max(total, self.evaluated)
 
     def evaluate_exact(
-        self, ys: np.ndarray, xs: np.ndarray, patch: int, strategy: str = "auto"
+        self, corners: np.ndarray, patch: tuple[int, ...], strategy: str = "auto"
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Exact probabilities by the faster of incremental and naive inference.
 
@@ -97,20 +101,20 @@ class _Run:
         that never switches gives the same bytes as the last one. ``strategy``
         "incremental" or "naive" forces one.
         """
-        geometry = self.graph.geometry(ys, xs, patch, patch)
+        geometry = self.graph.geometry(tuple(corners.T), patch)
         static = self.graph.plan(geometry)
         if strategy != "auto":
             forced = "incremental" if strategy == "incremental" else "naive"
             self.plan = dataclasses.replace(
                 static, strategy=forced, reason=f"forced (strategy='{strategy}'); {static.reason}"
             )
-            return self.evaluate(ys, xs, patch, naive=forced == "naive", geometry=geometry)
+            return self.evaluate(corners, patch, naive=forced == "naive", geometry=geometry)
         key = (tuple(self.image.shape), patch, self.batch_size)
         known = self.explainer.measured_plans.get(key)
-        count, batch = len(ys), self.batch_size
+        count, batch = len(corners), self.batch_size
         if not static.incremental or count < 2 * batch:
             self.plan = static if (not static.incremental or known is None) else reused_plan(known)
-            return self.evaluate(ys, xs, patch, naive=not self.plan.incremental, geometry=geometry)
+            return self.evaluate(corners, patch, naive=not self.plan.incremental, geometry=geometry)
         if known is not None:  # measured by an earlier call: probed on, as it spaced them
             self.plan = reused_plan(known)
             monitor = self.explainer.monitors.get(key)
@@ -120,11 +124,11 @@ class _Run:
                 )
             else:
                 monitor.next_call()
-            values = self.evaluate(ys, xs, patch, geometry=geometry, monitor=monitor)
+            values = self.evaluate(corners, patch, geometry=geometry, monitor=monitor)
             self._conclude(key, monitor)
             return values
         first, incremental_seconds, naive_seconds = self._time_first_batch(
-            ys, xs, patch, static, geometry
+            corners, patch, static, geometry
         )
         current, other = (
             (incremental_seconds, naive_seconds)
@@ -139,8 +143,7 @@ class _Run:
         )
         monitor.positions[self.plan.strategy] += batch
         rest = self.evaluate(
-            ys[batch:],
-            xs[batch:],
+            corners[batch:],
             patch,
             monitor=monitor,
             geometry=geometry.take(slice(batch, None)),
@@ -153,7 +156,7 @@ class _Run:
         return probabilities, every
 
     def _time_first_batch(
-        self, ys: np.ndarray, xs: np.ndarray, patch: int, static, geometry: PatchGeometry
+        self, corners: np.ndarray, patch: tuple[int, ...], static, geometry: PatchGeometry
     ):
         """The first batch's values, timed both ways on the same positions: (values,
         incremental and naive seconds per position); sets ``self.plan``. ``geometry``:
@@ -161,10 +164,10 @@ class _Run:
         batch = self.batch_size
         first_batch = geometry.take(slice(0, batch))
         began = time.perf_counter()
-        first = self.evaluate(ys[:batch], xs[:batch], patch, geometry=first_batch)
+        first = self.evaluate(corners[:batch], patch, geometry=first_batch)
         incremental_seconds = (time.perf_counter() - began) / batch
         probe = naive_probe_size(batch, static.theoretical_speedup)
-        naive_seconds, check = self._time_naive(ys[:probe], xs[:probe])
+        naive_seconds, check = self._time_naive(corners[:probe])
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
         if not self.plan.incremental:
             # Overturning the static plan: one stall in the first timing (a page
@@ -173,7 +176,7 @@ class _Run:
             began = time.perf_counter()  # as the first timing
             self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
             incremental_seconds = min(incremental_seconds, (time.perf_counter() - began) / batch)
-            naive_again, check = self._time_naive(ys[:batch], xs[:batch])  # the whole batch
+            naive_again, check = self._time_naive(corners[:batch])  # the whole batch
             naive_seconds = min(naive_seconds, naive_again)
             self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
         self.timed_in_this_call = True
@@ -207,59 +210,58 @@ class _Run:
         self.explainer.measured_plans[key] = kept
         self.explainer.monitors[key] = monitor
 
-    def _naive_logits(self, ys: np.ndarray, xs: np.ndarray) -> torch.Tensor:
+    def _naive_logits(self, corners: np.ndarray) -> torch.Tensor:
         """Logits of full inferences of the image occluded at these positions."""
-        occluded = self.explainer._occluded_batch(self.image, self.occluder, ys, xs)
+        occluded = self.explainer._occluded_batch(self.image, self.occluder, corners)
         with CAPTURE_LOCK.shared():
             return self.explainer.model(occluded)
 
-    def _time_naive(self, ys: np.ndarray, xs: np.ndarray) -> tuple[float, torch.Tensor]:
+    def _time_naive(self, corners: np.ndarray) -> tuple[float, torch.Tensor]:
         """Seconds per position of a naive inference of these positions, and its logits."""
         began = time.perf_counter()
-        logits = self._naive_logits(ys, xs)
-        return (time.perf_counter() - began) / len(ys), logits
+        logits = self._naive_logits(corners)
+        return (time.perf_counter() - began) / len(corners), logits
 
     def evaluate(
         self,
-        ys: np.ndarray,
-        xs: np.ndarray,
-        patch: int,
+        corners: np.ndarray,
+        patch: tuple[int, ...],
         tau: float = 1.0,
         naive: bool = False,
         geometry=None,
         on_batch: Callable[[int, np.ndarray], None] | None = None,
         monitor: StrategyMonitor | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Probabilities of the label with the patch at each (x, y), batch by batch, and
+        """Probabilities of the label with the patch at each corner, batch by batch, and
         (when kept) every class's: (count,), (count, classes) or None. ``on_batch(done,
         probabilities)`` sees the first ``done`` values after each batch. With a
         ``monitor`` (exact mode), each batch runs on the monitor's strategy, which its
         probes may change (``naive`` is then ignored)."""
-        count = len(ys)
+        count = len(corners)
         probabilities = np.empty(count, dtype=np.float32)
         every = None
         if count == 0:
             return probabilities, every
         if geometry is None and (monitor is not None or not naive):
-            geometry = self.graph.geometry(ys, xs, patch, patch, tau)
+            geometry = self.graph.geometry(tuple(corners.T), patch, tau)
         if geometry is not None:
             incremental_macs, full_macs = self.graph.macs_per_position(geometry)
         else:
             incremental_macs = full_macs = (
-                self.macs_per_image if self.graph is None else self._full_macs(ys, xs, patch)
+                self.macs_per_image if self.graph is None else self._full_macs(corners, patch)
             )
         for begin in range(0, count, self.batch_size):
             batch = slice(begin, min(begin + self.batch_size, count))
             size = batch.stop - batch.start
             batch_naive = naive if monitor is None else monitor.strategy == "naive"
             began = time.perf_counter()
-            logits = self._logits(ys, xs, batch, geometry, batch_naive)
+            logits = self._logits(corners, batch, geometry, batch_naive)
             seconds = time.perf_counter() - began
             if monitor is not None:
                 monitor.ran(size, seconds)
                 if monitor.probe_due():  # the other strategy on the same positions
                     began = time.perf_counter()
-                    self._logits(ys, xs, batch, geometry, not batch_naive)
+                    self._logits(corners, batch, geometry, not batch_naive)
                     other_seconds = time.perf_counter() - began
                     monitor.probe(seconds / size, other_seconds / size, self.evaluated + size)
             self.macs_spent += (full_macs if batch_naive else incremental_macs) * size
@@ -280,10 +282,10 @@ class _Run:
                 on_batch(batch.stop, probabilities)
         return probabilities, every
 
-    def _logits(self, ys, xs, batch: slice, geometry, naive: bool) -> torch.Tensor:
+    def _logits(self, corners: np.ndarray, batch: slice, geometry, naive: bool) -> torch.Tensor:
         """Logits of one batch of positions, by naive or incremental inference."""
         if naive:
-            return self._naive_logits(ys[batch], xs[batch])
+            return self._naive_logits(corners[batch])
         return self.graph.run_batch(self.views, geometry, batch, self.occluder)
 
 

@@ -4,6 +4,7 @@ settings), the MACs of one inference, and how large a batch memory allows."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import zlib
 
@@ -73,9 +74,9 @@ def _count_macs_with_hooks(model: nn.Module, image: torch.Tensor) -> tuple[torch
         nonlocal total, largest
         if isinstance(output, torch.Tensor):
             largest = max(largest, output.numel() * output.element_size())
-        if isinstance(module, nn.Conv2d) and output.dim() == 4:
-            kh, kw = module.kernel_size
-            total += (module.in_channels // module.groups) * kh * kw * output[0].numel()
+        if isinstance(module, (nn.Conv2d, nn.Conv3d)) and output.dim() == module.weight.dim():
+            kernel = math.prod(module.kernel_size)
+            total += (module.in_channels // module.groups) * kernel * output[0].numel()
         elif isinstance(module, nn.Linear):
             total += module.in_features * module.out_features
 

@@ -4,6 +4,7 @@ inference: every problem is reported with what to change."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,12 +38,17 @@ def _check_model(model: nn.Module) -> None:
 
 
 def _check_image(image: torch.Tensor) -> None:
+    """An image (C, H, W) or a volume (C, D, H, W): finite floats, nothing empty."""
     if not isinstance(image, torch.Tensor):
         raise TypeError(
-            f"image must be a torch.Tensor of shape (C, H, W), got {type(image).__name__}"
+            f"image must be a torch.Tensor of shape (C, H, W), or (C, D, H, W) for a "
+            f"volume, got {type(image).__name__}"
         )
-    if image.dim() != 3:
-        raise ValueError(f"image must have shape (C, H, W), got {tuple(image.shape)}")
+    if image.dim() not in (3, 4):
+        raise ValueError(
+            f"image must have shape (C, H, W), or (C, D, H, W) for a volume, got "
+            f"{tuple(image.shape)}"
+        )
     if min(image.shape) < 1:
         raise ValueError(f"image is empty: shape {tuple(image.shape)}")
     if not image.is_floating_point():
@@ -114,7 +120,48 @@ def _listed_positions(
     return array[:, 1], array[:, 0]
 
 
-def _occluder(fill, channels: int, patch: int, dtype, device) -> torch.Tensor:
+def per_axis(value, name: str, rank: int) -> tuple[int, ...]:
+    """A patch or stride for a volume: one positive int (a cube) or one per axis."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != rank:
+            raise ValueError(f"{name} must be one integer or {rank}, got {value!r}")
+        return tuple(_positive_int(v, name) for v in value)
+    return (_positive_int(value, name),) * rank
+
+
+def volume_grid(
+    sizes: tuple[int, int, int],
+    patch: tuple[int, int, int],
+    stride: tuple[int, int, int],
+    region: Sequence[int] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """First corners z, y, x of every patch inside ``region`` (z0, y0, x0, z1, y1, x1),
+    the whole volume by default: c = c0, c0 + stride, ... while c + patch <= c1."""
+    if region is None:
+        low, high = (0, 0, 0), tuple(sizes)
+    else:
+        if len(region) != 6:
+            raise ValueError(f"a volume's region must be (z0, y0, x0, z1, y1, x1), got {region!r}")
+        bounds = tuple(int(v) for v in region)
+        low, high = bounds[:3], bounds[3:]
+        if not all(0 <= a < b <= size for a, b, size in zip(low, high, sizes)):
+            raise ValueError(
+                f"region {tuple(region)} is outside the {'x'.join(map(str, sizes))} volume "
+                f"(D x H x W) or empty: need 0 <= c0 < c1 <= size on every axis"
+            )
+    if any(p > b - a for p, a, b in zip(patch, low, high)):
+        where = "volume" if region is None else "region"
+        extent = "x".join(str(b - a) for a, b in zip(low, high))
+        raise ValueError(f"patch {patch} is larger than the {where} ({extent} voxels)")
+    zs, ys, xs = (
+        np.arange(a, b - p + 1, s, dtype=np.int64) for a, b, p, s in zip(low, high, patch, stride)
+    )
+    return zs, ys, xs
+
+
+def _occluder(fill, channels: int, patch: int | tuple[int, ...], dtype, device) -> torch.Tensor:
+    """The patch's pixels (C, *patch): one value, or one per channel. An int patch is a
+    square; a tuple gives each spatial axis."""
     if isinstance(fill, torch.Tensor):
         values = fill.detach().flatten().tolist()
     elif isinstance(fill, (int, float, np.floating, np.integer)) and not isinstance(fill, bool):
@@ -129,8 +176,9 @@ def _occluder(fill, channels: int, patch: int, dtype, device) -> torch.Tensor:
         raise ValueError(f"fill has {len(values)} values but the image has {channels} channels")
     if not all(np.isfinite(values)):
         raise ValueError(f"fill must be finite, got {values}")
-    column = torch.tensor(values, dtype=dtype, device=device).view(channels, 1, 1)
-    return column.expand(channels, patch, patch).contiguous()
+    extent = patch if isinstance(patch, tuple) else (patch, patch)
+    column = torch.tensor(values, dtype=dtype, device=device).view(channels, *[1] * len(extent))
+    return column.expand(channels, *extent).contiguous()
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -159,3 +207,58 @@ def _check_label_type(label) -> None:
     """None (the predicted class) or an integer class index."""
     if label is not None and (isinstance(label, bool) or not isinstance(label, (int, np.integer))):
         raise TypeError(f"label must be an integer class index, got {label!r}")
+
+
+@dataclass(frozen=True)
+class Where:
+    """The positions one explain() call evaluates.
+
+    ``corners`` (N, rank): each patch's first cell per spatial axis, in the tensor's order
+    ((y, x) for an image, (z, y, x) for a volume); ``extent``: the patch per axis;
+    ``grid``: the grid's coordinates per axis, None for a position list; ``patch`` and
+    ``stride`` as the heatmap reports them (an int for a square or a cube)."""
+
+    corners: np.ndarray
+    extent: tuple[int, ...]
+    grid: tuple[np.ndarray, ...] | None
+    patch: int | tuple[int, ...]
+    stride: int | tuple[int, ...] | None
+
+
+def _where(image: torch.Tensor, patch, stride, region, positions, mode: str) -> Where:
+    """Validate where the patch goes: a grid over the image (or a region of it), or a
+    list of (x, y) positions; for a volume (C, D, H, W), a grid over it or over a region
+    (z0, y0, x0, z1, y1, x1) with a cube or per-axis patch and stride."""
+    if positions is not None and region is not None:
+        raise ValueError("give either region or positions, not both")
+    if image.dim() == 4:
+        if mode == "approximate":
+            raise ValueError(
+                "approximate mode is not available for volumes yet; exact mode gives the "
+                "same numbers as naive, faster where the network allows"
+            )
+        if positions is not None:
+            raise ValueError(
+                "position lists are for 2-D images; give a volume a region "
+                "(z0, y0, x0, z1, y1, x1) and a stride"
+            )
+        extent = per_axis(patch, "patch", 3)
+        strides = per_axis(stride, "stride", 3)
+        grid = volume_grid(tuple(image.shape[1:]), extent, strides, region)
+        mesh = np.meshgrid(*grid, indexing="ij")
+        corners = np.stack([axis.ravel() for axis in mesh], axis=1)
+        return Where(corners, extent, grid, _compact(extent), _compact(strides))
+    patch = _positive_int(patch, "patch")
+    size = (int(image.shape[1]), int(image.shape[2]))
+    if positions is not None:
+        ys, xs = _listed_positions(positions, size, patch)
+        return Where(np.stack([ys, xs], axis=1), (patch, patch), None, patch, None)
+    stride = _positive_int(stride, "stride")
+    ys, xs = grid_positions(size, patch, stride, region)
+    corners = np.stack([np.repeat(ys, len(xs)), np.tile(xs, len(ys))], axis=1)
+    return Where(corners, (patch, patch), (ys, xs), patch, stride)
+
+
+def _compact(values: tuple[int, ...]) -> int | tuple[int, ...]:
+    """One int when every axis has the same value (a cube), else the tuple."""
+    return values[0] if len(set(values)) == 1 else values

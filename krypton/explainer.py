@@ -31,13 +31,13 @@ from ._inputs import (
     _check_label_type,
     _check_logits,
     _check_model,
-    _listed_positions,
     _model_device,
     _model_dtype,
     _occluder,
     _positive_int,
-    grid_positions,
+    _where,
 )
+from ._inputs import grid_positions as grid_positions  # where the app and benches read it
 from .approximate import drilldown
 from .approximate._plan import _approximate_plan, _ApproximatePlan
 from .approximate.settings import DEFAULTS, ApproximateSettings
@@ -73,6 +73,9 @@ class Heatmap:
 
     ``values[i, j]`` is the softmax probability of ``label`` with the patch's top-left corner
     at ``(xs[j], ys[i])``; NaN where no position was evaluated (sparse position lists).
+    For a volume, ``values[k, i, j]`` has the patch's first voxel at
+    ``(zs[k], ys[i], xs[j])``, and ``patch`` / ``stride`` are an int for a cube or one
+    value per axis (depth, height, width).
     """
 
     values: np.ndarray
@@ -82,14 +85,15 @@ class Heatmap:
     prob: float
     mode: str
     seconds: float
-    patch: int
-    stride: int | None
+    patch: int | tuple[int, ...]
+    stride: int | tuple[int, ...] | None
     positions_evaluated: int
     macs_spent: int
     macs_naive: int
     extra: dict = field(default_factory=dict)
-    class_values: np.ndarray | None = None  # (rows, cols, classes) softmax of every class
+    class_values: np.ndarray | None = None  # (*values.shape, classes) softmax of every class
     base_probs: np.ndarray | None = None  # (classes,) softmax of the unoccluded image
+    zs: np.ndarray | None = None  # a volume's slice coordinates (None for an image)
 
     def for_label(self, label: int) -> Heatmap:
         """The same run's heatmap for another class, without recomputation.
@@ -136,11 +140,18 @@ class Heatmap:
         return self.macs_naive / self.macs_spent if self.macs_spent else float("inf")
 
     @property
-    def shape(self) -> tuple[int, int]:
+    def shape(self) -> tuple[int, ...]:
         return self.values.shape
 
+    @property
+    def is_volume(self) -> bool:
+        """Whether this is a volume's heatmap (values (nz, ny, nx))."""
+        return self.zs is not None
+
     def position_values(self) -> list[tuple[int, int, float]]:
-        """(x, y, probability) for every evaluated position."""
+        """(x, y, probability) for every evaluated position of an image's heatmap."""
+        if self.is_volume:
+            raise ValueError("a volume's heatmap has (z, y, x) positions: read values, zs, ys, xs")
         rows, cols = np.nonzero(~np.isnan(self.values))
         return [
             (int(self.xs[c]), int(self.ys[r]), float(self.values[r, c])) for r, c in zip(rows, cols)
@@ -281,25 +292,15 @@ class OcclusionExplainer:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
         _check_model(self.model)  # a submodule may have been put in training mode since
         image = self._prepare(image)
-        patch = _positive_int(patch, "patch")
+        where = _where(image, patch, stride, region, positions, mode)
+        patch, stride_used, grid = where.patch, where.stride, where.grid
         height, width = image.shape[-2:]
-        if positions is not None:
-            if region is not None:
-                raise ValueError("give either region or positions, not both")
-            ys, xs = _listed_positions(positions, (height, width), patch)
-            stride_used = None
-            grid = None
-        else:
-            stride_used = _positive_int(stride, "stride")
-            grid = grid_positions((height, width), patch, stride_used, region)
-            ys = np.repeat(grid[0], len(grid[1]))
-            xs = np.tile(grid[1], len(grid[0]))
         if batch_size is None:
             batch_size = DEFAULT_BATCH.get(self.device.type, 16)
         batch_size = _positive_int(batch_size, "batch_size")
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable as progress(done, total)")
-        occluder = _occluder(fill, image.shape[0], patch, image.dtype, image.device)
+        occluder = _occluder(fill, image.shape[0], where.extent, image.dtype, image.device)
         _check_label_type(label)
         settings = ApproximateSettings.resolve(
             approximate,
@@ -335,7 +336,7 @@ class OcclusionExplainer:
             )
         base_probs = torch.softmax(logits[0].float(), dim=0).cpu().numpy()
         prob = float(base_probs[label])
-        keep_all = mode != "approximate" and len(ys) * classes <= ALL_CLASSES_LIMIT
+        keep_all = mode != "approximate" and len(where.corners) * classes <= ALL_CLASSES_LIMIT
 
         run = _Run(
             self,
@@ -355,11 +356,11 @@ class OcclusionExplainer:
         class_values = None
         if plan is None or plan.s1 is None:  # one pass over all positions
             tau_used = plan.tau if plan is not None else 1.0
-            values, class_values, unique_ys, unique_xs = self._one_pass(
-                run, ys, xs, patch, mode, tau_used, strategy, classes, extra
+            values, class_values, axes = self._one_pass(
+                run, where.corners, where.extent, mode, tau_used, strategy, classes, extra
             )
         else:
-            unique_ys, unique_xs = grid
+            axes = grid
             values = self._drill_down(run, grid, patch, plan, region, extra, partial)
         if mode == "approximate":
             extra["frozen_gates"] = list(graph.frozen)
@@ -377,8 +378,9 @@ class OcclusionExplainer:
             extra["ood"] = _ood_report(self.loaded, image)
         return Heatmap(
             values=values,
-            xs=unique_xs,
-            ys=unique_ys,
+            xs=axes[-1],
+            ys=axes[-2],
+            zs=axes[0] if len(axes) == 3 else None,
             label=label,
             prob=prob,
             mode=mode,
@@ -396,37 +398,35 @@ class OcclusionExplainer:
     def _one_pass(
         self,
         run: _Run,
-        ys: np.ndarray,
-        xs: np.ndarray,
-        patch: int,
+        corners: np.ndarray,
+        patch: tuple[int, ...],
         mode: str,
         tau: float,
         strategy: str,
         classes: int,
         extra: dict,
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, ...]]:
         """Every position in one pass (no drill-down): the heatmap over the positions'
-        rows and columns (NaN where none was asked for), every class's values when kept,
-        and the rows' and columns' coordinates. Exact runs note their plan in ``extra``."""
-        run.expect(len(ys))
+        coordinates per axis (NaN where none was asked for), every class's values when
+        kept, and those coordinates ((ys, xs), or (zs, ys, xs) for a volume). Exact runs
+        note their plan in ``extra``."""
+        run.expect(len(corners))
         if mode == "exact":
-            probabilities, every = run.evaluate_exact(ys, xs, patch, strategy)
+            probabilities, every = run.evaluate_exact(corners, patch, strategy)
             extra["plan"] = str(run.plan)
             if run.timing() is not None:
                 extra["plan_timing"] = run.timing()
         else:
-            probabilities, every = run.evaluate(ys, xs, patch, tau, naive=mode == "naive")
-        unique_xs, col_of = np.unique(xs, return_inverse=True)
-        unique_ys, row_of = np.unique(ys, return_inverse=True)
-        values = np.full((len(unique_ys), len(unique_xs)), np.nan, dtype=np.float32)
-        values[row_of, col_of] = probabilities
+            probabilities, every = run.evaluate(corners, patch, tau, naive=mode == "naive")
+        axes, cells = zip(*(np.unique(column, return_inverse=True) for column in corners.T))
+        shape = tuple(len(axis) for axis in axes)
+        values = np.full(shape, np.nan, dtype=np.float32)
+        values[cells] = probabilities
         class_values = None
         if every is not None:
-            class_values = np.full(
-                (len(unique_ys), len(unique_xs), classes), np.nan, dtype=every.dtype
-            )
-            class_values[row_of, col_of] = every
-        return values, class_values, unique_ys, unique_xs
+            class_values = np.full((*shape, classes), np.nan, dtype=every.dtype)
+            class_values[cells] = every
+        return values, class_values, tuple(axes)
 
     @torch.inference_mode()
     def occluded_outputs(
@@ -478,13 +478,14 @@ class OcclusionExplainer:
         else:
             graph, views = self.views_for(image)
             largest = self.largest_activation_bytes(graph)
-            geometry = graph.geometry(ys, xs, height, width, 1.0)
+            geometry = graph.geometry((ys, xs), (height, width), 1.0)
+        corners = np.stack([ys, xs], axis=1)
         batch_size = capped_batch_size(batch_size, largest)
         outputs = []
         for begin in range(0, len(ys), batch_size):
             batch = slice(begin, min(begin + batch_size, len(ys)))
             if mode == "naive":
-                occluded = self._occluded_batch(image, patches[batch], ys[batch], xs[batch])
+                occluded = self._occluded_batch(image, patches[batch], corners[batch])
                 with CAPTURE_LOCK.shared():
                     outputs.append(self.model(occluded))
             else:
@@ -533,7 +534,10 @@ class OcclusionExplainer:
             partial(blocks[block_rows[:, None], block_cols[None, :]])
 
         stage_one = run.evaluate(
-            stage_rows, stage_cols, patch, plan.tau, on_batch=stage_one_so_far
+            np.stack([stage_rows, stage_cols], axis=1),
+            (patch, patch),
+            plan.tau,
+            on_batch=stage_one_so_far,
         )[0].reshape(len(stage_ys), len(stage_xs))
 
         values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys, grid_xs)
@@ -546,7 +550,8 @@ class OcclusionExplainer:
         on_stage_one = np.isin(grid_ys, stage_ys)[:, None] & np.isin(grid_xs, stage_xs)[None, :]
         rows, cols = np.nonzero(refine & ~on_stage_one)
         run.expect(stage_rows.size + len(rows))
-        values[rows, cols] = run.evaluate(grid_ys[rows], grid_xs[cols], patch, plan.tau)[0]
+        refined = np.stack([grid_ys[rows], grid_xs[cols]], axis=1)
+        values[rows, cols] = run.evaluate(refined, (patch, patch), plan.tau)[0]
         exact_rows, exact_cols = np.nonzero(on_stage_one)
         values[exact_rows, exact_cols] = stage_one[block_rows[exact_rows], block_cols[exact_cols]]
         extra.update(
@@ -563,17 +568,17 @@ class OcclusionExplainer:
         return values
 
     def _occluded_batch(
-        self, image: torch.Tensor, occluder: torch.Tensor, ys: np.ndarray, xs: np.ndarray
+        self, image: torch.Tensor, occluder: torch.Tensor, corners: np.ndarray
     ) -> torch.Tensor:
-        """Full occluded images (eq 5) for a batch of positions, built in one scatter."""
-        count = len(ys)
+        """Full occluded images or volumes (eq 5) for a batch of positions, built in one
+        scatter; ``corners`` (N, rank) holds each patch's first cell per spatial axis."""
+        count = len(corners)
         device = image.device
         patched = Patched(
             occluder
-            if occluder.dim() == 4
+            if occluder.dim() == image.dim() + 1
             else occluder.unsqueeze(0).expand(count, *occluder.shape),
-            torch.as_tensor(ys, device=device),
-            torch.as_tensor(xs, device=device),
+            tuple(torch.as_tensor(column, device=device) for column in corners.T),
             (1, *image.shape),
         )
         return scatter_full(patched, image.unsqueeze(0), torch.arange(count, device=device))
@@ -616,18 +621,23 @@ def explain(
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
     Args:
-        model: classifier in eval mode, (N, C, H, W) -> logits (N, classes); or a
-            :class:`LoadedModel` from the registry (its tuned τ curve is then used).
-        image: (C, H, W) tensor already in the model's input space (normalised).
-        patch: side of the square occluding patch, in pixels.
-        stride: step between patch positions on the grid (S2 in approximate mode).
+        model: classifier in eval mode, (N, C, H, W) -> logits (N, classes), or
+            (N, C, D, H, W) -> logits for volumes; or a :class:`LoadedModel` from the
+            registry (its tuned τ curve is then used).
+        image: (C, H, W) tensor already in the model's input space (normalised), or a
+            volume (C, D, H, W) (naive and exact modes).
+        patch: side of the square occluding patch, in pixels; for a volume, the side of
+            a cube or (depth, height, width) in voxels.
+        stride: step between patch positions on the grid (S2 in approximate mode); for a
+            volume, one step or (depth, height, width).
         mode: "naive" (batched full re-inference), "exact" (incremental, same numbers) or
             "approximate" (incremental with projective-field thresholding and adaptive
             drill-down).
         fill: occluding value in the input space, a float or one per channel (0.0 is mean
             gray under the usual mean/std normalisation).
         label: class to explain; default the class predicted on the unoccluded image.
-        region: (x0, y0, x1, y1) to restrict the grid to; default the whole image.
+        region: (x0, y0, x1, y1) to restrict the grid to; default the whole image. For a
+            volume (z0, y0, x0, z1, y1, x1).
         positions: explicit list of (x, y) top-left corners instead of a grid (approximate
             mode then applies thresholding only: drill-down needs a grid).
         batch_size: occluded images per batch; default 16 on CPU, 128 on CUDA.

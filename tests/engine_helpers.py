@@ -9,14 +9,14 @@ from krypton.engine import IncrementalGraph, scatter_full
 from krypton.engine.kernels import Patched
 
 
-def occluded_batch(image: torch.Tensor, occluder: torch.Tensor, ys, xs) -> torch.Tensor:
-    """Full occluded images (eq 5), built independently of the engine's run path."""
-    count = len(ys)
+def occluded_batch(image: torch.Tensor, occluder: torch.Tensor, *starts) -> torch.Tensor:
+    """Full occluded images or volumes (eq 5), built independently of the engine's run
+    path: ``starts`` holds one coordinate list per spatial axis (ys, xs or zs, ys, xs)."""
+    count = len(starts[0])
     return scatter_full(
         Patched(
             occluder.expand(count, *occluder.shape),
-            torch.as_tensor(np.asarray(ys)),
-            torch.as_tensor(np.asarray(xs)),
+            tuple(torch.as_tensor(np.asarray(start)) for start in starts),
             (1, *image.shape),
         ),
         image.unsqueeze(0),
@@ -33,15 +33,16 @@ def assert_incremental_matches(
     one thread), within three times full inference's own rounding error, measured against
     float64. The occlusion must move the logits by more than that error, or the
     comparison would prove nothing."""
-    ys = np.array([p[0] for p in positions])
-    xs = np.array([p[1] for p in positions])
-    occluder = torch.full((image.shape[0], patch, patch), float(fill))
+    rank = image.dim() - 1  # 2 for an image, 3 for a volume
+    starts = tuple(np.array([p[axis] for p in positions]) for axis in range(rank))
+    extent = tuple(patch) if isinstance(patch, (tuple, list)) else (patch,) * rank
+    occluder = torch.full((image.shape[0], *extent), float(fill))
     with torch.inference_mode():
         graph = IncrementalGraph(model, image)
         views = graph.materialize(image)
-        geometry = graph.geometry(ys, xs, patch, patch, tau)
-        incremental = graph.run_batch(views, geometry, slice(0, len(ys)), occluder)
-        batch = occluded_batch(image, occluder, ys, xs)
+        geometry = graph.geometry(starts, extent, tau)
+        incremental = graph.run_batch(views, geometry, slice(0, len(positions)), occluder)
+        batch = occluded_batch(image, occluder, *starts)
         full = model(batch)
         truth = copy.deepcopy(model).double()(batch.double())
     scale = float(full.abs().max())

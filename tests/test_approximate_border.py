@@ -79,7 +79,7 @@ def test_a_feature_under_the_patch_moves_the_output_the_same_way(
         base = float(views.logits.sum())
         outputs = {}
         for label, t in (("exact", 1.0), ("approximate", tau)):
-            geometry = graph.geometry(np.array([y]), np.array([x]), patch, patch, t)
+            geometry = graph.geometry((np.array([y]), np.array([x])), (patch, patch), t)
             outputs[label] = float(graph.run_batch(views, geometry, slice(0, 1), occluder).sum())
     exact_drop = base - outputs["exact"]
     approximate_drop = base - outputs["approximate"]
@@ -99,7 +99,7 @@ def test_the_crop_always_holds_the_patch_centre_on_resnet18():
     xs = np.full_like(ys, 56)
     with torch.inference_mode():
         graph = IncrementalGraph(model, torch.zeros(3, 128, 128))
-    geometry = graph.geometry(ys, xs, 16, 16, 0.91)
+    geometry = graph.geometry((ys, xs), (16, 16), 0.91)
     centre = {graph.input_node: ys + 7.5}
     for step in graph.steps:
         if step.kind == NodeKind.LOCAL:

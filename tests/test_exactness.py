@@ -37,7 +37,7 @@ def assert_same_logits(model, image, patch, fill, position_values):
     ys = np.array([y for _, y, _ in position_values])
     with torch.inference_mode():
         graph, views = explainer.views_for(image)
-        geometry = graph.geometry(ys, xs, patch, patch)
+        geometry = graph.geometry((ys, xs), (patch, patch))
         occluder = (
             torch.as_tensor(fill, dtype=image.dtype)
             .reshape(-1, 1, 1)
@@ -45,7 +45,7 @@ def assert_same_logits(model, image, patch, fill, position_values):
             .contiguous()
         )
         incremental = graph.run_batch(views, geometry, slice(0, len(xs)), occluder)
-        full = model(explainer._occluded_batch(image, occluder, ys, xs))
+        full = model(explainer._occluded_batch(image, occluder, np.stack([ys, xs], axis=1)))
     scale = float(full.abs().max())
     assert float((full - views.logits).abs().max()) > 1e-4 * scale, "occlusion changed nothing"
     torch.testing.assert_close(incremental, full, rtol=0, atol=1e-5 * scale + 1e-6)

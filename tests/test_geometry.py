@@ -166,8 +166,8 @@ def test_exact_windows_are_the_changed_cells_of_a_real_network():
     ys, xs = np.array([9, 13, 17, 21]), np.array([13, 17, 21, 25])  # even after the 3x3
     with torch.inference_mode():
         graph = IncrementalGraph(model, image)
-        geometry = graph.geometry(ys, xs, 8, 8)
-        paper = graph.geometry(ys, xs, 8, 8, tight=False)
+        geometry = graph.geometry((ys, xs), (8, 8))
+        paper = graph.geometry((ys, xs), (8, 8), tight=False)
         outputs, clean = {}, {}
         for batch, store in ((_occluded(image, ys, xs), outputs), (image[None], clean)):
             value = batch

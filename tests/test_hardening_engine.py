@@ -50,7 +50,7 @@ def view_digests(explainer: krypton.OcclusionExplainer) -> dict:
         for node, value in views.values.items():
             if isinstance(value, torch.Tensor):
                 found[(frozen, "value", node.name)] = digest(value)
-        for (node, pad), (tensor, _, _) in views.padded.items():
+        for (node, pad), (tensor, _) in views.padded.items():
             found[(frozen, "padded", node.name, pad)] = digest(tensor)
     return found
 

@@ -59,7 +59,7 @@ def test_vgg_plans_incremental():
     image = torch.randn(3, 96, 96)
     with torch.inference_mode():
         graph = IncrementalGraph(model, image)
-        geometry = graph.geometry(np.arange(0, 80, 4), np.arange(0, 80, 4), 16, 16)
+        geometry = graph.geometry((np.arange(0, 80, 4), np.arange(0, 80, 4)), (16, 16))
     plan = graph.plan(geometry)
     assert plan.incremental and plan.theoretical_speedup > 2, plan
     assert plan.share_before_first_global > 0.9
@@ -150,9 +150,9 @@ def test_the_first_timing_runs_naive_on_about_one_incremental_batch_of_time(monk
     naive_images = []
     original = explainer._occluded_batch
 
-    def counting(image, occluder, ys, xs):
-        naive_images.append(len(ys))
-        return original(image, occluder, ys, xs)
+    def counting(image, occluder, corners):
+        naive_images.append(len(corners))
+        return original(image, occluder, corners)
 
     monkeypatch.setattr(explainer, "_occluded_batch", counting)
     heatmap = explainer.explain(image, patch=8, stride=32, batch_size=8)
@@ -161,7 +161,7 @@ def test_the_first_timing_runs_naive_on_about_one_incremental_batch_of_time(monk
     with torch.inference_mode():
         graph, _ = explainer.views_for(image)
     ys, xs = grid_positions((224, 224), 8, 32, None)
-    ratio = graph.plan(graph.geometry(np.repeat(ys, len(xs)), np.tile(xs, len(ys)), 8, 8))
+    ratio = graph.plan(graph.geometry((np.repeat(ys, len(xs)), np.tile(xs, len(ys))), (8, 8)))
     assert ratio.theoretical_speedup > 2
     assert naive_images == [naive_probe_size(8, ratio.theoretical_speedup)]
     assert 2 <= naive_images[0] < 8
@@ -234,7 +234,7 @@ def test_a_wrong_first_choice_is_corrected_during_the_run():
     image = torch.randn(3, 224, 224)  # a small patch on a large image: incremental ~4x faster
     explainer = krypton.OcclusionExplainer(model)
     explainer.explain(image, patch=8, positions=[(0, 0)], batch_size=4)  # capture, no timing
-    key = (tuple(image.shape), 8, 4)
+    key = (tuple(image.shape), (8, 8), 4)  # (shape, patch per axis, batch size)
     wrong = ExecutionPlan(
         "naive", "measured in this call 90.0 ms/position incremental vs 10.0 naive", 5.0, None, 0
     )
@@ -286,7 +286,7 @@ def test_a_verdict_carried_into_short_calls_is_probed_when_the_pace_changes(monk
     counts = re.search(r"positions computed: (\d+) incremental, (\d+) naive", plan)
     assert counts and int(counts[1]) <= 12 and int(counts[2]) >= 16, plan
     np.testing.assert_allclose(busy.values, quiet.values, atol=1e-5)
-    key = (tuple(image.shape), 8, 4)
+    key = (tuple(image.shape), (8, 8), 4)  # (shape, patch per axis, batch size)
     assert explainer.measured_plans[key].strategy == "naive"  # the next call starts right
 
 

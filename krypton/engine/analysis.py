@@ -1,9 +1,10 @@
 """Static analysis: how much incremental inference can save, before running any occlusion.
 
 Theoretical speedup Q / Q_inc over convolution layers (eqs 9-12) for one patch at the
-centre of the input, the worst case, with eq 14's windows: the paper's per-query limit
-(exact mode's own windows, sized for the positions it runs, can be smaller). Shapes come
-from one inference on a blank image; no occluded image is ever run.
+centre of the input (an image (C, H, W) or a volume (C, D, H, W)), the worst case, with
+eq 14's windows: the paper's per-query limit (exact mode's own windows, sized for the
+positions it runs, can be smaller). Shapes come from one inference on a blank input; no
+occluded input is ever run.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class LayerCost:
     name: str
     op: str  # "conv", "max_pool", "avg_pool", or "conv (global)" when not incremental
     output_shape: tuple[int, ...]
-    output_patch: tuple[int, int]  # (height, width) of the output update patch
+    output_patch: tuple[int, ...]  # the output update patch's extent per spatial axis
     macs_full: int  # eq 9 (0 for pooling)
     macs_incremental: int  # eq 11 (0 for pooling)
 
@@ -37,8 +38,8 @@ class SpeedupReport:
     """Per-layer costs and the totals of eqs 10 and 12."""
 
     model: str
-    input_shape: tuple[int, int, int]
-    patch: int
+    input_shape: tuple[int, ...]  # (C, H, W) or (C, D, H, W)
+    patch: int | tuple[int, ...]
     tau: float
     layers: list[LayerCost]
     first_global: str | None = None  # the first image-dependent op that is not local
@@ -71,7 +72,7 @@ class SpeedupReport:
         ]
         for layer in self.layers:
             shape = "x".join(str(d) for d in layer.output_shape[1:])
-            patch = f"{layer.output_patch[0]}x{layer.output_patch[1]}"
+            patch = "x".join(str(d) for d in layer.output_patch)
             lines.append(
                 f"{layer.name[:34]:<34} {layer.op:<14} {shape:>16} {patch:>9} "
                 f"{layer.macs_full / 1e6:>11.1f} {layer.macs_incremental / 1e6:>10.1f}"
@@ -90,24 +91,46 @@ class SpeedupReport:
         return "\n".join(lines)
 
 
-def _normalise_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
+def _normalise_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """(C, H, W) for an image or (C, D, H, W) for a volume, without a batch dimension
+    (a 4-tuple is a volume: (1, D, H, W) is a one-channel one)."""
     shape = tuple(int(d) for d in input_shape)
-    if len(shape) == 4 and shape[0] == 1:
-        shape = shape[1:]
-    if len(shape) != 3 or min(shape) < 1:
-        raise ValueError(f"input_shape must be (C, H, W), got {tuple(input_shape)}")
+    if len(shape) not in (3, 4) or min(shape) < 1:
+        raise ValueError(f"input_shape must be (C, H, W) or (C, D, H, W), got {tuple(input_shape)}")
     return shape
 
 
+def patch_extent(patch: int | Sequence[int], spatial: Sequence[int]) -> tuple[int, ...]:
+    """A patch as one extent per spatial axis: an int is a square (cube); a sequence
+    gives each axis. Checked against the spatial sizes."""
+    rank = len(spatial)
+    if isinstance(patch, (tuple, list)):
+        extent = tuple(patch)
+    else:
+        extent = (patch,) * rank
+    if len(extent) != rank or any(
+        isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1 for p in extent
+    ):
+        raise ValueError(
+            f"patch must be a positive integer or {rank} positive integers, got {patch!r}"
+        )
+    extent = tuple(int(p) for p in extent)
+    if any(p > size for p, size in zip(extent, spatial)):
+        sizes = "x".join(str(s) for s in spatial)
+        raise ValueError(f"patch {patch} is larger than the {sizes} input")
+    return extent
+
+
 def analyze(
-    model: nn.Module, input_shape: Sequence[int], patch: int, tau: float = 1.0
+    model: nn.Module, input_shape: Sequence[int], patch: int | Sequence[int], tau: float = 1.0
 ) -> SpeedupReport:
-    """Per-layer output patch sizes and conv FLOPs, full vs incremental (eqs 9-16, 21-27)."""
-    channels, height, width = _normalise_shape(input_shape)
-    if isinstance(patch, bool) or not isinstance(patch, int) or patch < 1:
-        raise ValueError(f"patch must be a positive integer, got {patch!r}")
-    if patch > min(height, width):
-        raise ValueError(f"patch {patch} is larger than the {width}x{height} input")
+    """Per-layer output patch sizes and conv FLOPs, full vs incremental (eqs 9-16, 21-27).
+
+    ``input_shape``: (C, H, W) for an image, (C, D, H, W) for a volume; ``patch``: an int
+    (a square or a cube) or one extent per spatial axis."""
+    input_dims = _normalise_shape(input_shape)
+    spatial = input_dims[1:]
+    extent = patch_extent(patch, spatial)
     if not 0 < tau <= 1:
         raise ValueError(f"tau must be in (0, 1], got {tau}")
     if model.training:
@@ -116,32 +139,26 @@ def analyze(
     device = parameter.device if parameter is not None else torch.device("cpu")
     dtype = parameter.dtype if parameter is not None else torch.float32
     with torch.inference_mode():
-        graph = IncrementalGraph(
-            model, torch.zeros((channels, height, width), dtype=dtype, device=device)
-        )
-    centre_y, centre_x = (height - patch) // 2, (width - patch) // 2
+        graph = IncrementalGraph(model, torch.zeros(input_dims, dtype=dtype, device=device))
+    centre = [np.array([(size - p) // 2]) for size, p in zip(spatial, extent)]
     # the paper's per-query count: eq 14 for any offset, as the paper's tables use it
-    geometry = graph.geometry(
-        np.array([centre_y]), np.array([centre_x]), patch, patch, tau, tight=False
-    )
+    geometry = graph.geometry(centre, extent, tau, tight=False)
     layers = []
     for step in graph.steps:
         node = step.node
         shape = graph.shapes.get(node)
         if step.kind == NodeKind.LOCAL:
-            rows, cols = geometry.windows[node]
+            windows = geometry.windows[node]
             is_conv = step.local.kind == "conv"
             incremental = (
-                (step.local.conv_macs_per_output * shape[1] * rows.length * cols.length)
-                if is_conv
-                else 0
+                step.local.conv_macs_per_output * shape[1] * geometry.cells(node) if is_conv else 0
             )
             layers.append(
                 LayerCost(
                     node.name,
                     step.local.kind,
                     shape,
-                    (rows.length, cols.length),
+                    tuple(window.length for window in windows),
                     step.macs_full if is_conv else 0,
                     incremental,
                 )
@@ -149,15 +166,15 @@ def analyze(
         elif (
             step.kind == NodeKind.GLOBAL
             and node.op == "call_module"
-            and isinstance(graph.module.get_submodule(str(node.target)), nn.Conv2d)
-            and len(shape) == 4
+            and isinstance(graph.module.get_submodule(str(node.target)), (nn.Conv2d, nn.Conv3d))
+            and len(shape) == graph.rank + 2
         ):
             layers.append(
                 LayerCost(
                     node.name,
                     "conv (global)",
                     shape,
-                    (shape[2], shape[3]),
+                    tuple(shape[2:]),
                     step.macs_full,
                     step.macs_full,
                 )
@@ -169,8 +186,8 @@ def analyze(
         first_global = f"{step.node.name} ({_describe(step.node)}{why})"
     return SpeedupReport(
         type(model).__name__,
-        (channels, height, width),
-        patch,
+        input_dims,
+        patch if isinstance(patch, int) else extent,
         tau,
         layers,
         first_global,
@@ -190,7 +207,7 @@ def _describe(node) -> str:
 
 
 def theoretical_speedup(
-    model: nn.Module, input_shape: Sequence[int], patch: int, tau: float = 1.0
+    model: nn.Module, input_shape: Sequence[int], patch: int | Sequence[int], tau: float = 1.0
 ) -> float:
     """Q / Q_inc for a patch at the centre of the input (eqs 9-12; tau per eqs 21-27)."""
     return analyze(model, input_shape, patch, tau).speedup

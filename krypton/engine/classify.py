@@ -15,7 +15,7 @@ Every torch.fx node that depends on the image gets a :class:`NodeKind`:
 
 The pointwise rules are the table :data:`POINTWISE_RULES`, keyed by function, method name
 or module type. A rule receives an :class:`OpCall` (the node with its concrete values,
-recorded on the unoccluded image) and returns a :class:`Pointwise` (where rows and columns
+recorded on the unoccluded image) and returns a :class:`Pointwise` (where the spatial axes
 are in the output, and how static inputs broadcast) or None for "global". To teach Krypton
 a new op, add one entry.
 """
@@ -75,7 +75,7 @@ class Step:
     patched_args: tuple[fx.Node, ...] = ()  # image-dependent tensor inputs
     cropped_statics: tuple[fx.Node, ...] = ()  # static inputs with full spatial extent
     macs_full: int = 0  # conv/linear multiply-accumulates for one image (eq 9)
-    spatial_dims: tuple[int, int] | None = None  # where rows and columns are in the output
+    spatial_dims: tuple[int, ...] | None = None  # where the spatial axes are in the output
     patch_call: Callable[[torch.Tensor], Any] | None = None  # layout ops: run on the patch
     pick: int | None = None  # getitem of a split's tuple of patches
     element_shapes: tuple[tuple[int, ...], ...] = ()  # split: each piece's full shape
@@ -93,14 +93,14 @@ class OpCall:
     value: Any
     patched: list[fx.Node]  # dependent tensor inputs (update patches at run time)
     shapes: dict[fx.Node, tuple[int, ...]]
-    dims: dict[fx.Node, tuple[int, int]]  # spatial dims of each patched input
+    dims: dict[fx.Node, tuple[int, ...]]  # spatial dims of each patched input
 
     @property
     def source(self) -> fx.Node:
         return self.patched[0]
 
     @property
-    def source_dims(self) -> tuple[int, int]:
+    def source_dims(self) -> tuple[int, ...]:
         return self.dims[self.patched[0]]
 
     @property
@@ -116,9 +116,9 @@ class OpCall:
 
 @dataclass(frozen=True)
 class Pointwise:
-    """A rule's verdict: where rows/columns are in the output, how statics are read."""
+    """A rule's verdict: where the spatial axes are in the output, how statics are read."""
 
-    spatial_dims: tuple[int, int]
+    spatial_dims: tuple[int, ...]
     # "broadcast": static tensor inputs broadcast against the output (per-channel or
     # full-extent, the latter cropped to the window); "parameters": they are the op's
     # own parameters (batch norm statistics, layer-norm/linear weights), never spatial.
@@ -157,7 +157,7 @@ def _normalise(dim: Any, ndim: int) -> int | None:
     return dim if 0 <= dim < ndim else None
 
 
-def _is_channel_dim(dim: Any, ndim: int, spatial: tuple[int, int]) -> bool:
+def _is_channel_dim(dim: Any, ndim: int, spatial: tuple[int, ...]) -> bool:
     """True if ``dim`` is neither the batch nor a spatial dimension."""
     dim = _normalise(dim, ndim)
     return dim is not None and dim != 0 and dim not in spatial
@@ -246,12 +246,11 @@ def _permutation(call: OpCall, order: list[int]) -> Pointwise | None:
     order = [_normalise(d, ndim) for d in order]
     if None in order or sorted(order) != list(range(ndim)) or order[0] != 0:
         return None
-    rows, cols = call.source_dims
-    return Pointwise((order.index(rows), order.index(cols)))
+    return Pointwise(tuple(order.index(dim) for dim in call.source_dims))
 
 
 def permute(call: OpCall) -> Pointwise | None:
-    """x.permute(0, 2, 3, 1) and torch.permute(x, dims): rows/columns move with it."""
+    """x.permute(0, 2, 3, 1) and torch.permute(x, dims): the spatial axes move with it."""
     if len(call.patched) != 1:
         return None
     rest = list(call.args[1:])
@@ -276,26 +275,25 @@ def transpose(call: OpCall) -> Pointwise | None:
 def reshape_channels(call: OpCall) -> Pointwise | None:
     """view / reshape / flatten that regroup channel dimensions only.
 
-    With rows and columns the last two dimensions before and after, and of the same
-    sizes, a row-major reshape keeps every cell's (row, column): channel shuffle's
+    With the spatial axes the last dimensions before and after, and of the same sizes, a
+    row-major reshape keeps every cell's coordinates: channel shuffle's
     (N, C, H, W) -> (N, g, C/g, H, W) and back. On the patch it runs with the patch's
     own batch and window sizes.
     """
     if len(call.patched) != 1:
         return None
     shape_in, shape_out = call.shapes[call.source], tuple(call.value.shape)
-    ndim_in = len(shape_in)
-    if call.source_dims != (ndim_in - 2, ndim_in - 1) or len(shape_out) < 3:
+    rank = len(call.source_dims)
+    if call.source_dims != _last_dims(len(shape_in), rank) or len(shape_out) < rank + 1:
         return None
-    if shape_out[-2:] != shape_in[-2:] or shape_out[0] != shape_in[0]:
+    if shape_out[-rank:] != shape_in[-rank:] or shape_out[0] != shape_in[0]:
         return None
-    middle = shape_out[1:-2]
+    middle = shape_out[1:-rank]
 
     def on_patch(data: torch.Tensor) -> torch.Tensor:
-        return data.reshape(data.shape[0], *middle, data.shape[-2], data.shape[-1])
+        return data.reshape(data.shape[0], *middle, *data.shape[-rank:])
 
-    ndim_out = len(shape_out)
-    return Pointwise((ndim_out - 2, ndim_out - 1), patch_call=on_patch)
+    return Pointwise(_last_dims(len(shape_out), rank), patch_call=on_patch)
 
 
 def _split_like(dim_position: int, dim_default: int) -> Rule:
@@ -325,7 +323,7 @@ def _split_like(dim_position: int, dim_default: int) -> Rule:
 
 
 def getitem(call: OpCall) -> Pointwise | None:
-    """Indexing that keeps the batch and both spatial dimensions whole."""
+    """Indexing that keeps the batch and every spatial dimension whole."""
     if len(call.patched) != 1 or not isinstance(call.args[0], torch.Tensor):
         return None
     index = call.args[1]
@@ -338,7 +336,7 @@ def getitem(call: OpCall) -> Pointwise | None:
             expanded.extend([slice(None)] * (ndim_in - used))
         else:
             expanded.append(entry)
-    rows, cols = call.source_dims
+    spatial = call.source_dims
     in_dim = out_dim = 0
     mapping: dict[int, int] = {}
     for entry in expanded:
@@ -347,7 +345,7 @@ def getitem(call: OpCall) -> Pointwise | None:
             continue
         if isinstance(entry, bool) or not isinstance(entry, (int, slice)):
             return None  # tensor (advanced) indices
-        if in_dim == 0 or in_dim in (rows, cols):
+        if in_dim == 0 or in_dim in spatial:
             if entry != slice(None):
                 return None  # touches the batch or a spatial dimension
         if isinstance(entry, slice):
@@ -360,7 +358,7 @@ def getitem(call: OpCall) -> Pointwise | None:
         mapping[dim] = out_dim + dim - in_dim
     if 0 not in mapping or mapping[0] != 0:
         return None
-    return Pointwise((mapping[rows], mapping[cols]))
+    return Pointwise(tuple(mapping[dim] for dim in spatial))
 
 
 def narrow(call: OpCall) -> Pointwise | None:
@@ -386,14 +384,13 @@ def cat(call: OpCall) -> Pointwise | None:
 
 
 def unsqueeze(call: OpCall) -> Pointwise | None:
-    """A new dimension after the batch: rows/columns shift past it."""
+    """A new dimension after the batch: the spatial axes shift past it."""
     if len(call.patched) != 1:
         return None
     dim = _normalise(call.arg(1, "dim"), call.ndim)
     if dim is None or dim == 0:
         return None
-    rows, cols = call.source_dims
-    return Pointwise((rows + (rows >= dim), cols + (cols >= dim)))
+    return Pointwise(tuple(d + (d >= dim) for d in call.source_dims))
 
 
 POINTWISE_RULES: dict[Any, Rule] = {
@@ -474,7 +471,6 @@ def rule_for(node: fx.Node, module: nn.Module | None) -> Rule | None:
 
 _SHAPE_METHODS = {"size", "dim", "ndimension"}
 _SHAPE_ATTRIBUTES = {"shape", "ndim", "dtype"}
-_LOCAL_MODULE_TYPES = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)
 
 
 @dataclass
@@ -483,7 +479,7 @@ class Classifier:
 
     module: fx.GraphModule
     kinds: dict[fx.Node, NodeKind] = field(default_factory=dict)
-    dims: dict[fx.Node, tuple[int, int]] = field(default_factory=dict)
+    dims: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
     shapes: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
 
     def classify(self, node: fx.Node, values: dict[fx.Node, Any], dtype, device) -> Step:
@@ -553,7 +549,8 @@ def classify_dependent(
     first = node.args[0] if node.args else None
     if isinstance(first, fx.Node) and patched == [first] and isinstance(value, torch.Tensor):
         in_shape = shapes[first]
-        if classifier.dims[first] == (len(in_shape) - 2, len(in_shape) - 1):
+        rank = len(classifier.dims[first])
+        if classifier.dims[first] == _last_dims(len(in_shape), rank):
             spec = ops.local_op_spec(
                 node.op,
                 node.target,
@@ -564,16 +561,20 @@ def classify_dependent(
                 value.shape,
                 dtype,
                 device,
+                rank,
             )
             if spec is not None:
-                return Step(node, NodeKind.LOCAL, local=spec, spatial_dims=(2, 3))
+                return Step(
+                    node, NodeKind.LOCAL, local=spec, spatial_dims=_last_dims(rank + 2, rank)
+                )
             remap = ops.pad_spec(
-                node.op, node.target, module, args, kwargs, torch.Size(in_shape), value.shape
+                node.op, node.target, module, args, kwargs, torch.Size(in_shape), value.shape, rank
             )
             if remap is not None:
-                ndim = value.dim()
-                return Step(node, NodeKind.REMAP, remap=remap, spatial_dims=(ndim - 2, ndim - 1))
-        if module is not None and type(module) in _LOCAL_MODULE_TYPES:
+                return Step(
+                    node, NodeKind.REMAP, remap=remap, spatial_dims=_last_dims(value.dim(), rank)
+                )
+        if module is not None and type(module) in ops.LOCAL_MODULE_TYPES:
             return _global(node, f"{type(module).__name__} with settings Krypton cannot window")
 
     rule = rule_for(node, module)
@@ -584,10 +585,9 @@ def classify_dependent(
     if verdict is None:
         return _global(node, "used in a way that mixes spatial cells")
     if isinstance(value, torch.Tensor):
-        height, width = (value.shape[d] for d in verdict.spatial_dims)
-        rows, cols = call.source_dims
+        sizes = tuple(value.shape[d] for d in verdict.spatial_dims)
         source_shape = shapes[call.source]
-        if (height, width) != (source_shape[rows], source_shape[cols]):
+        if sizes != tuple(source_shape[d] for d in call.source_dims):
             return _global(node, "changes the spatial size")
     cropped: list[fx.Node] = []
     if verdict.statics == "broadcast" and isinstance(value, torch.Tensor):
@@ -610,7 +610,12 @@ def classify_dependent(
     )
 
 
-def _static_broadcast(static: torch.Tensor, output: torch.Tensor, dims: tuple[int, int]):
+def _last_dims(ndim: int, rank: int) -> tuple[int, ...]:
+    """The last ``rank`` dimensions of an ``ndim``-dimensional tensor."""
+    return tuple(range(ndim - rank, ndim))
+
+
+def _static_broadcast(static: torch.Tensor, output: torch.Tensor, dims: tuple[int, ...]):
     """'broadcast' (no spatial extent), 'cropped' (full extent, cut to the window), None."""
     ndim = output.dim()
     if static.dim() > ndim:
@@ -618,11 +623,11 @@ def _static_broadcast(static: torch.Tensor, output: torch.Tensor, dims: tuple[in
     aligned = (1,) * (ndim - static.dim()) + tuple(static.shape)
     if aligned[0] != 1:
         return None
-    rows, cols = dims
-    if aligned[rows] == 1 and aligned[cols] == 1:
+    extent = tuple(aligned[d] for d in dims)
+    if all(size == 1 for size in extent):
         return "broadcast"
-    full = (output.shape[rows], output.shape[cols])
-    last_two = dims == (ndim - 2, ndim - 1)
-    if (aligned[rows], aligned[cols]) == full and static.dim() == ndim and last_two:
+    full = tuple(output.shape[d] for d in dims)
+    spatial_last = dims == _last_dims(ndim, len(dims))
+    if extent == full and static.dim() == ndim and spatial_last:
         return "cropped"
     return None

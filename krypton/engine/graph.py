@@ -10,7 +10,7 @@ every node (:mod:`.classify`) and materialises that image's views (:mod:`.views`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -123,6 +123,11 @@ class IncrementalGraph:
                     f"single-image classifiers can be explained"
                 )
         self.image_shape = tuple(image.shape)
+        self.rank = image.dim() - 1  # spatial axes: 2 for an image, 3 for a volume
+        if self.rank not in (2, 3):
+            raise ValueError(
+                f"expected an image (C, H, W) or a volume (C, D, H, W), got {self.image_shape}"
+            )
         self.freeze_gates = freeze_gates
         self.frozen: list[str] = []  # names of the gates kept at their unoccluded values
         self.last_use = self._last_uses()
@@ -130,10 +135,10 @@ class IncrementalGraph:
         self.steps: list[Step] = []
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}
         self._classifier = Classifier(self.module, shapes=self.shapes)
-        # (node -> pad value -> [top, bottom, left, right]) and nodes kept whole
-        self._padding_needs: dict[fx.Node, dict[float, list[int]]] = {}
+        # (node -> pad value -> (low, high) per spatial axis) and nodes kept whole
+        self._padding_needs: dict[fx.Node, dict[float, list[tuple[int, int]]]] = {}
         self._kept_in_full: set[fx.Node] = set()
-        self._maps: dict[tuple[fx.Node, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._maps: dict[tuple[fx.Node, str], tuple[torch.Tensor, ...]] = {}
         depends: set[fx.Node] = set()
         dtype, device = image.dtype, image.device
 
@@ -163,12 +168,12 @@ class IncrementalGraph:
     def kinds(self) -> dict[fx.Node, NodeKind]:
         return self._classifier.kinds
 
-    def dims_of(self, node: fx.Node) -> tuple[int, int]:
-        """Where rows and columns are in ``node``'s tensor (the last two by default)."""
+    def dims_of(self, node: fx.Node) -> tuple[int, ...]:
+        """Where the spatial axes are in ``node``'s tensor (the last ones by default)."""
         dims = self._classifier.dims.get(node)
         if dims is None:
             ndim = len(self.shapes[node])
-            dims = (ndim - 2, ndim - 1)
+            dims = tuple(range(ndim - self.rank, ndim))
         return dims
 
     def _last_uses(self) -> dict[fx.Node, int]:
@@ -221,7 +226,7 @@ class IncrementalGraph:
         if node is self.input_node:
             depends.add(node)
             ndim = len(self.shapes[node])
-            step = Step(node, NodeKind.INPUT, spatial_dims=(ndim - 2, ndim - 1))
+            step = Step(node, NodeKind.INPUT, spatial_dims=tuple(range(ndim - self.rank, ndim)))
         elif node.op == "output":
             step = Step(node, NodeKind.OUTPUT)
         elif not any(i in depends for i in inputs):
@@ -265,18 +270,18 @@ class IncrementalGraph:
         weight = None
         if node.op == "call_module":
             module = self.module.get_submodule(str(node.target))
-            if isinstance(module, (nn.Conv2d, nn.Linear)):
+            if isinstance(module, (nn.Conv2d, nn.Conv3d, nn.Linear)):
                 weight = module.weight
         elif node.op == "call_function" and node.target in (
-            torch.conv2d,
-            torch.nn.functional.conv2d,
+            *ops.CONV_FUNCTIONS[2],
+            *ops.CONV_FUNCTIONS[3],
             torch.nn.functional.linear,
         ):
             candidate = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
             weight = values.get(candidate) if isinstance(candidate, fx.Node) else None
         if not isinstance(weight, torch.Tensor):
             return 0
-        if weight.dim() == 4:  # conv: Cin/groups * kh * kw per output value
+        if weight.dim() in (4, 5):  # conv: Cin/groups * prod(kernel) per output value
             return int(weight[0].numel()) * out[0].numel()
         if weight.dim() == 2:  # linear: in_features per output value
             return int(weight.shape[1]) * out[0].numel()
@@ -290,23 +295,24 @@ class IncrementalGraph:
         norm runs on the patch alone.
         """
 
-        def need(node: fx.Node, pad_value: float, pads: tuple[int, int, int, int]) -> None:
-            current = self._padding_needs.setdefault(node, {}).setdefault(pad_value, [0, 0, 0, 0])
-            for i, amount in enumerate(pads):
-                current[i] = max(current[i], amount)
+        none = [(0, 0)] * self.rank
+
+        def need(node: fx.Node, pad_value: float, pads: list[tuple[int, int]]) -> None:
+            current = self._padding_needs.setdefault(node, {}).setdefault(pad_value, list(none))
+            for axis, (low, high) in enumerate(pads):
+                current[axis] = (max(current[axis][0], low), max(current[axis][1], high))
 
         if step.kind == NodeKind.LOCAL:
-            top, bottom = padding_needed(step.local.rows)
-            left, right = padding_needed(step.local.cols)
-            need(first_input(step.node), view_pad_value(step.local), (top, bottom, left, right))
+            pads = [padding_needed(axis) for axis in step.local.axes]
+            need(first_input(step.node), view_pad_value(step.local), pads)
         elif step.kind == NodeKind.REMAP:
-            need(first_input(step.node), 0.0, (0, 0, 0, 0))
+            need(first_input(step.node), 0.0, none)
         elif step.kind == NodeKind.POINTWISE and step.pick is None:
             if len(step.patched_args) > 1:  # merges may read inputs in a bounding box
                 for arg in step.patched_args:
-                    need(arg, 0.0, (0, 0, 0, 0))
+                    need(arg, 0.0, none)
             for arg in step.cropped_statics:
-                need(arg, 0.0, (0, 0, 0, 0))
+                need(arg, 0.0, none)
         elif step.kind in (NodeKind.GLOBAL, NodeKind.OUTPUT):
             for arg in flatten_nodes((step.node.args, step.node.kwargs)):
                 if self.kinds.get(arg) in PATCHED_KINDS:
@@ -352,16 +358,22 @@ class IncrementalGraph:
     # ---------------------------------------------------------------------------------
     def geometry(
         self,
-        ys: np.ndarray,
-        xs: np.ndarray,
-        patch_h: int,
-        patch_w: int,
+        starts: Sequence[np.ndarray],
+        patch: Sequence[int],
         tau: float = 1.0,
         tight: bool = True,
     ) -> PatchGeometry:
-        """Propagate the occlusion patch at every position through the graph (vectorised);
-        ``tight=False`` gives eq 14's lengths, the paper's per-query count."""
-        return propagate(self.steps, self.shapes, ys, xs, patch_h, patch_w, tau, tight)
+        """Propagate the occlusion patch at every position through the graph (vectorised).
+
+        ``starts``: one array per spatial axis, (ys, xs) for an image or (zs, ys, xs) for
+        a volume; ``patch``: its extent per axis. ``tight=False`` gives eq 14's lengths,
+        the paper's per-query count."""
+        if len(starts) != self.rank or len(patch) != self.rank:
+            raise ValueError(
+                f"this graph has {self.rank} spatial axes: give {self.rank} start arrays and "
+                f"{self.rank} patch extents, got {len(starts)} and {len(patch)}"
+            )
+        return propagate(self.steps, self.shapes, starts, patch, tau, tight)
 
     def macs_per_position(self, geometry: PatchGeometry) -> tuple[int, int]:
         """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""
@@ -388,14 +400,13 @@ class IncrementalGraph:
         """Static plan for these positions: incremental, or naive when it cannot gain."""
         return static_plan(self, geometry)
 
-    def remap_maps(self, node: fx.Node, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """A copy op's (row, column) index maps as tensors on ``device`` (cached)."""
+    def remap_maps(self, node: fx.Node, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """A copy op's index maps, one per spatial axis, as tensors on ``device`` (cached)."""
         key = (node, str(device))
         if key not in self._maps:
             step = next(s for s in self.steps if s.node is node)
-            self._maps[key] = (
-                torch.as_tensor(step.remap.row_map, device=device),
-                torch.as_tensor(step.remap.col_map, device=device),
+            self._maps[key] = tuple(
+                torch.as_tensor(index_map, device=device) for index_map in step.remap.maps
             )
         return self._maps[key]
 
@@ -409,8 +420,8 @@ class IncrementalGraph:
     ) -> torch.Tensor:
         """Logits of the occluded images for positions ``batch`` (Algorithm 1 per layer).
 
-        ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5), or
-        (count, C, patch_h, patch_w): each position's own pixels. ``timings``: seconds
+        ``occluder``: (C, *patch) pixels superimposed on the image (eq 5), or
+        (count, C, *patch): each position's own pixels. ``timings``: seconds
         per node name, added to (a per-layer profile).
         """
         with CAPTURE_LOCK.shared():

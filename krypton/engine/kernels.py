@@ -1,14 +1,17 @@
 """Vectorised gather/scatter primitives: the batched form of Algorithm 1, lines 7-10.
 
 Every function works on a whole batch of positions at once (one advanced-indexing call,
-no loop over items). A patched tensor may keep its spatial dimensions anywhere (NCHW,
-NHWC, ...): ``Patched.spatial_dims`` says where rows and columns are, and these kernels
-move them to the end only where they index.
+no loop over items). Tensors have any number of spatial axes (rows and columns of an
+image; slices, rows and columns of a volume), and a patched tensor may keep them anywhere
+(NCHW, NHWC, NCDHW, ...): ``Patched.spatial_dims`` says where, and these kernels move
+them to the end only where they index.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -17,6 +20,7 @@ __all__ = [
     "canonical",
     "spatial_last",
     "to_logical",
+    "window_index",
     "gather_windows",
     "read_in_context",
     "read_in_context_scatter",
@@ -24,130 +28,150 @@ __all__ = [
     "scatter_full",
 ]
 
+Starts = Sequence[torch.Tensor]  # one (N,) start tensor per spatial axis
+
 
 @dataclass
 class Patched:
     """A batch of tensors equal to a node's view except inside one window per item.
 
-    ``data`` keeps the node's own layout with the batch first: (N, ..., h, ..., w, ...),
-    rows at ``spatial_dims[0]`` and columns at ``spatial_dims[1]``.
+    ``data`` keeps the node's own layout with the batch first: (N, ..., h, ..., w, ...);
+    spatial axis ``a`` is at ``spatial_dims[a]`` and its window starts at ``starts[a]``.
     """
 
     data: torch.Tensor
-    rows: torch.Tensor  # (N,) window start row per item
-    cols: torch.Tensor  # (N,) window start column per item
+    starts: tuple[torch.Tensor, ...]  # per spatial axis: (N,) window start per item
     view_shape: tuple[int, ...]  # (1, ...) full shape of the view supplying the other cells
-    spatial_dims: tuple[int, int] | None = None  # default: the last two dimensions
+    spatial_dims: tuple[int, ...] | None = None  # default: the last len(starts) dimensions
 
     def __post_init__(self) -> None:
+        self.starts = tuple(self.starts)
         if self.spatial_dims is None:
-            ndim = len(self.view_shape)
-            self.spatial_dims = (ndim - 2, ndim - 1)
+            ndim, rank = len(self.view_shape), len(self.starts)
+            self.spatial_dims = tuple(range(ndim - rank, ndim))
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The window's extent along each spatial axis."""
+        return tuple(self.data.shape[d] for d in self.spatial_dims or ())
 
 
-def canonical(tensor: torch.Tensor, spatial_dims: tuple[int, int]) -> torch.Tensor:
-    """A view with rows and columns moved last: (N, *other, H, W)."""
-    return tensor.movedim(spatial_dims, (-2, -1))
+def _last(rank: int) -> tuple[int, ...]:
+    return tuple(range(-rank, 0))
 
 
-def spatial_last(data: torch.Tensor, spatial_dims: tuple[int, int]) -> torch.Tensor:
-    """(N, ..., h, ..., w, ...) -> (N, h, w, M), M the other dimensions flattened."""
+def canonical(tensor: torch.Tensor, spatial_dims: Sequence[int]) -> torch.Tensor:
+    """A view with the spatial axes moved last: (N, *other, *spatial)."""
+    return tensor.movedim(tuple(spatial_dims), _last(len(spatial_dims)))
+
+
+def spatial_last(data: torch.Tensor, spatial_dims: Sequence[int]) -> torch.Tensor:
+    """(N, ..., h, ..., w, ...) -> (N, *spatial, M), M the other dimensions flattened."""
+    rank = len(spatial_dims)
     moved = canonical(data, spatial_dims)
-    count, height, width = moved.shape[0], moved.shape[-2], moved.shape[-1]
-    return moved.reshape(count, -1, height, width).permute(0, 2, 3, 1)
+    spatial = moved.shape[-rank:]
+    flat = moved.reshape(moved.shape[0], -1, *spatial)
+    return flat.permute(0, *range(2, rank + 2), 1)
 
 
 def to_logical(
-    context: torch.Tensor, view_shape: tuple[int, ...], spatial_dims: tuple[int, int]
+    context: torch.Tensor, view_shape: Sequence[int], spatial_dims: Sequence[int]
 ) -> torch.Tensor:
-    """(N, h, w, M) -> the node's own layout, matching the view's other dimensions."""
-    count, height, width = context.shape[:3]
+    """(N, *spatial, M) -> the node's own layout, matching the view's other dimensions."""
+    rank = len(spatial_dims)
+    count, spatial = context.shape[0], context.shape[1 : rank + 1]
     other = [size for dim, size in enumerate(view_shape) if dim != 0 and dim not in spatial_dims]
-    moved = context.permute(0, 3, 1, 2).reshape(count, *other, height, width)
-    return moved.movedim((-2, -1), spatial_dims)
+    moved = context.permute(0, rank + 1, *range(1, rank + 1)).reshape(count, *other, *spatial)
+    return moved.movedim(_last(rank), tuple(spatial_dims))
 
 
-def gather_windows(
-    source: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, height: int, width: int
-) -> torch.Tensor:
-    """Slice a (H, W, M) tensor at a per-item window: (N, height, width, M), eq 17."""
-    row_index = rows.unsqueeze(1) + torch.arange(height, device=rows.device)
-    col_index = cols.unsqueeze(1) + torch.arange(width, device=cols.device)
-    return source[row_index[:, :, None], col_index[:, None, :]]
+def _ranges(starts: Starts, lengths: Sequence[int]) -> list[torch.Tensor]:
+    """Per axis, the (N, length) absolute coordinates of each item's window."""
+    return [
+        start.unsqueeze(1) + torch.arange(length, device=start.device)
+        for start, length in zip(starts, lengths)
+    ]
+
+
+def _broadcast(per_axis: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """(N, l_a) per axis -> index tensors that broadcast to (N, l_0, ..., l_k-1)."""
+    rank = len(per_axis)
+    shaped = []
+    for axis, index in enumerate(per_axis):
+        shape = [index.shape[0]] + [1] * rank
+        shape[axis + 1] = index.shape[1]
+        shaped.append(index.view(shape))
+    return tuple(shaped)
+
+
+def window_index(starts: Starts, lengths: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Index tensors selecting each item's window: they broadcast to (N, *lengths)."""
+    return _broadcast(_ranges(starts, lengths))
+
+
+def _items(items: torch.Tensor, rank: int) -> torch.Tensor:
+    return items.view(-1, *([1] * rank))
+
+
+def gather_windows(source: torch.Tensor, starts: Starts, lengths: Sequence[int]) -> torch.Tensor:
+    """Slice a (*spatial, M) tensor at a per-item window: (N, *lengths, M), eq 17."""
+    return source[window_index(starts, lengths)]
 
 
 def _overlay(
     context: torch.Tensor,
-    absolute_rows: torch.Tensor,
-    absolute_cols: torch.Tensor,
+    absolute: Sequence[torch.Tensor],
     source: Patched,
-    patch_rows: torch.Tensor,
-    patch_height: int,
-    patch_cols: torch.Tensor,
-    patch_width: int,
+    patch_starts: Starts,
+    patch_lengths: Sequence[int],
     items: torch.Tensor,
 ) -> torch.Tensor:
     """Where the absolute cell lies in the given patch window, take the patch's value."""
-    in_rows = (absolute_rows >= patch_rows.unsqueeze(1)) & (
-        absolute_rows < (patch_rows + patch_height).unsqueeze(1)
-    )
-    in_cols = (absolute_cols >= patch_cols.unsqueeze(1)) & (
-        absolute_cols < (patch_cols + patch_width).unsqueeze(1)
-    )
-    data_height, data_width = (source.data.shape[d] for d in source.spatial_dims)
-    data_rows = (absolute_rows - source.rows.unsqueeze(1)).clamp(0, data_height - 1)
-    data_cols = (absolute_cols - source.cols.unsqueeze(1)).clamp(0, data_width - 1)
-    patch = spatial_last(source.data, source.spatial_dims)
-    values = patch[items[:, None, None], data_rows[:, :, None], data_cols[:, None, :]]
-    inside = (in_rows[:, :, None] & in_cols[:, None, :]).unsqueeze(-1)
-    return torch.where(inside, values, context)
+    inside_axes = [
+        (cells >= start.unsqueeze(1)) & (cells < (start + length).unsqueeze(1))
+        for cells, start, length in zip(absolute, patch_starts, patch_lengths)
+    ]
+    data_axes = [
+        (cells - start.unsqueeze(1)).clamp(0, size - 1)
+        for cells, start, size in zip(absolute, source.starts, source.lengths)
+    ]
+    patch = spatial_last(source.data, source.spatial_dims or ())
+    values = patch[(_items(items, len(absolute)), *_broadcast(data_axes))]
+    inside = _broadcast(inside_axes)
+    mask = inside[0]
+    for axis_mask in inside[1:]:
+        mask = mask & axis_mask
+    return torch.where(mask.unsqueeze(-1), values, context)
 
 
 def read_in_context(
     padded: torch.Tensor,
-    read_rows: torch.Tensor,
-    read_cols: torch.Tensor,
-    top: int,
-    left: int,
-    height: int,
-    width: int,
+    read_starts: Starts,
+    offsets: Sequence[int],
+    lengths: Sequence[int],
     source: Patched,
-    patch_rows: torch.Tensor,
-    patch_height: int,
-    patch_cols: torch.Tensor,
-    patch_width: int,
+    patch_starts: Starts,
+    patch_lengths: Sequence[int],
     items: torch.Tensor,
 ) -> torch.Tensor:
     """Read-in context with the update patch superimposed (eqs 17-18), general form.
 
-    ``padded`` is the (H+pad, W+pad, M) view; read windows are in unpadded coordinates.
-    Only patch cells inside the given patch window are superimposed (projective-field
-    thresholding passes a centre-cropped window, eqs 24-26).
+    ``padded`` is the (*spatial + padding, M) view, its low padding per axis ``offsets``;
+    read windows are in unpadded coordinates. Only patch cells inside the given patch
+    window are superimposed (projective-field thresholding passes a centre-cropped window,
+    eqs 24-26).
     """
-    context = gather_windows(padded, read_rows + top, read_cols + left, height, width)
-    absolute_rows = read_rows.unsqueeze(1) + torch.arange(height, device=read_rows.device)
-    absolute_cols = read_cols.unsqueeze(1) + torch.arange(width, device=read_cols.device)
-    return _overlay(
-        context,
-        absolute_rows,
-        absolute_cols,
-        source,
-        patch_rows,
-        patch_height,
-        patch_cols,
-        patch_width,
-        items,
-    )
+    shifted = [start + offset for start, offset in zip(read_starts, offsets)]
+    context = gather_windows(padded, shifted, lengths)
+    absolute = _ranges(read_starts, lengths)
+    return _overlay(context, absolute, source, patch_starts, patch_lengths, items)
 
 
 def read_in_context_scatter(
     padded: torch.Tensor,
-    read_rows: torch.Tensor,
-    read_cols: torch.Tensor,
-    top: int,
-    left: int,
-    height: int,
-    width: int,
+    read_starts: Starts,
+    offsets: Sequence[int],
+    lengths: Sequence[int],
     source: Patched,
     items: torch.Tensor,
 ) -> torch.Tensor:
@@ -156,38 +180,37 @@ def read_in_context_scatter(
     Gathers the context from the view, then writes the whole patch at its per-item offset:
     cheaper than the general form because only the patch cells are touched twice.
     """
-    context = gather_windows(padded, read_rows + top, read_cols + left, height, width)
-    patch = spatial_last(source.data, source.spatial_dims)
-    patch_h, patch_w = patch.shape[1:3]
-    row_index = (source.rows - read_rows).unsqueeze(1) + torch.arange(patch_h, device=items.device)
-    col_index = (source.cols - read_cols).unsqueeze(1) + torch.arange(patch_w, device=items.device)
-    context[items[:, None, None], row_index[:, :, None], col_index[:, None, :]] = patch
+    shifted = [start + offset for start, offset in zip(read_starts, offsets)]
+    context = gather_windows(padded, shifted, lengths)
+    patch = spatial_last(source.data, source.spatial_dims or ())
+    rank = len(lengths)
+    relative = [start - read for start, read in zip(source.starts, read_starts)]
+    index = window_index(relative, patch.shape[1 : rank + 1])
+    context[(_items(items, rank), *index)] = patch
     return context
 
 
 def gather_remapped(
     view: torch.Tensor,
-    source_rows: torch.Tensor,
-    source_cols: torch.Tensor,
+    source_cells: Sequence[torch.Tensor],
     source: Patched,
     fill: float,
     items: torch.Tensor,
 ) -> torch.Tensor:
     """Output cells that copy one input cell each (padding of any mode, cropping).
 
-    ``view``: the (H, W, M) input view; ``source_rows`` (N, h) and ``source_cols`` (N, w):
-    the input cell each output cell copies, -1 for a cell filled with ``fill``. The
-    incoming patch is superimposed where a copied cell lies in it. Returns (N, h, w, M).
+    ``view``: the (*spatial, M) input view; ``source_cells``: per axis, the (N, l) input
+    coordinate each output cell copies, -1 for a cell filled with ``fill``. The incoming
+    patch is superimposed where a copied cell lies in it. Returns (N, *l, M).
     """
-    rows = source_rows.clamp(min=0)
-    cols = source_cols.clamp(min=0)
-    context = view[rows[:, :, None], cols[:, None, :]]
-    patch_height, patch_width = (source.data.shape[d] for d in source.spatial_dims)
-    context = _overlay(
-        context, rows, cols, source, source.rows, patch_height, source.cols, patch_width, items
-    )
-    valid = ((source_rows >= 0)[:, :, None] & (source_cols >= 0)[:, None, :]).unsqueeze(-1)
-    return torch.where(valid, context, torch.full_like(context, fill))
+    clamped = [cells.clamp(min=0) for cells in source_cells]
+    context = view[_broadcast(clamped)]
+    context = _overlay(context, clamped, source, source.starts, source.lengths, items)
+    valid_axes = _broadcast([cells >= 0 for cells in source_cells])
+    valid = valid_axes[0]
+    for axis_valid in valid_axes[1:]:
+        valid = valid & axis_valid
+    return torch.where(valid.unsqueeze(-1), context, torch.full_like(context, fill))
 
 
 def scatter_full(value: Patched, view: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -197,14 +220,12 @@ def scatter_full(value: Patched, view: torch.Tensor, items: torch.Tensor) -> tor
     # a batch of one, and the patch would be written into the cached view (or the
     # caller's image).
     full = view.expand(count, *view.shape[1:]).clone(memory_format=torch.contiguous_format)
-    dims = value.spatial_dims
-    patch = canonical(value.data, dims)  # (N, *other, h, w)
-    height, width = patch.shape[-2:]
-    row_index = value.rows.unsqueeze(1) + torch.arange(height, device=items.device)
-    col_index = value.cols.unsqueeze(1) + torch.arange(width, device=items.device)
+    dims = value.spatial_dims or ()
+    rank = len(dims)
+    patch = canonical(value.data, dims)  # (N, *other, *window)
+    index = window_index(value.starts, patch.shape[-rank:])
     target = canonical(full, dims)  # a view into ``full``, any layout
-    # Advanced indices around the other dimensions put (N, h, w) first, then the others.
-    target[items[:, None, None], ..., row_index[:, :, None], col_index[:, None, :]] = patch.movedim(
-        (-2, -1), (1, 2)
-    )
+    # Advanced indices around the other dimensions put (N, *window) first, then the others.
+    where: tuple[Any, ...] = (_items(items, rank), Ellipsis, *index)
+    target[where] = patch.movedim(_last(rank), tuple(range(1, rank + 1)))
     return full

@@ -34,23 +34,28 @@ except Exception:  # pragma: no cover - torchvision is a hard requirement, but s
 
 @dataclass(frozen=True)
 class LocalOpSpec:
-    """A convolution or pooling operator with its geometry and a padding-free kernel."""
+    """A convolution or pooling operator with its geometry and a padding-free kernel.
+
+    ``axes`` holds one :class:`AxisOp` per spatial axis, in tensor order: (rows, columns)
+    for an image, (slices, rows, columns) for a volume."""
 
     kind: str  # "conv", "max_pool", "avg_pool"
-    rows: AxisOp
-    cols: AxisOp
+    axes: tuple[AxisOp, ...]
     pad_value: float  # value of the implicit padding: 0 for conv/avg, -inf for max
     apply: Callable[[torch.Tensor], torch.Tensor]  # runs the op on a padded context, padding 0
-    divisor_map: torch.Tensor | None = None  # avg pool: (Ho, Wo) factor when not uniform
-    conv_macs_per_output: int = 0  # Cin/groups * kh * kw for convs (eq 9), 0 otherwise
+    divisor_map: torch.Tensor | None = None  # avg pool: (*out spatial) factor if not uniform
+    conv_macs_per_output: int = 0  # Cin/groups * prod(kernel) for convs (eq 9), 0 otherwise
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def _tuple(value: Any, rank: int) -> tuple[int, ...]:
+    """An int or a per-axis sequence (a single entry repeats) as ``rank`` ints."""
     if isinstance(value, (tuple, list)):
         if len(value) == 1:
-            return int(value[0]), int(value[0])
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
+            return (int(value[0]),) * rank
+        if len(value) != rank:
+            raise ValueError(f"expected {rank} values per axis, got {value!r}")
+        return tuple(int(v) for v in value)
+    return (int(value),) * rank
 
 
 # ---------------------------------------------------------------------------------------
@@ -75,8 +80,9 @@ ELEMENTWISE_MODULES: tuple[type, ...] = (
     nn.Softplus,
     nn.Identity,
     nn.Dropout,
-    nn.Dropout2d,
     nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
     nn.AlphaDropout,
     nn.PReLU,
 )
@@ -113,7 +119,9 @@ ELEMENTWISE_FUNCTIONS: set[Any] = {
     torch.clamp,
     torch.clip,
     F.dropout,
+    F.dropout1d,
     F.dropout2d,
+    F.dropout3d,
 }
 if _stochastic_depth is not None:
     ELEMENTWISE_FUNCTIONS.add(_stochastic_depth)
@@ -134,18 +142,18 @@ ELEMENTWISE_METHODS: set[str] = {
 }
 
 # Functions whose "training" argument must be False for them to be element-wise.
-_TRAINING_FLAG_FUNCTIONS = {F.dropout, F.dropout2d}
+_TRAINING_FLAG_FUNCTIONS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
 if _stochastic_depth is not None:
     _TRAINING_FLAG_FUNCTIONS.add(_stochastic_depth)
 
 
-def _max_pool2d_signature(
+def _max_pool_signature(
     input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
 ):  # pragma: no cover
-    """Stand-in with F.max_pool2d's documented signature (the real one hides it)."""
+    """Stand-in with F.max_pool2d/3d's documented signature (the real ones hide it)."""
 
 
-def _avg_pool2d_signature(
+def _avg_pool_signature(
     input,
     kernel_size,
     stride=None,
@@ -154,21 +162,31 @@ def _avg_pool2d_signature(
     count_include_pad=True,
     divisor_override=None,
 ):  # pragma: no cover
-    """Stand-in with F.avg_pool2d's documented signature (a builtin without one)."""
+    """Stand-in with F.avg_pool2d/3d's documented signature (builtins without one)."""
 
 
-def _conv2d_signature(
+def _conv_signature(
     input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
 ):  # pragma: no cover
-    """Stand-in with F.conv2d's documented signature (a builtin without one)."""
+    """Stand-in with F.conv2d/3d's documented signature (builtins without one)."""
 
+
+# Per number of spatial axes: the convolution and pooling kernels of that rank.
+CONV_FUNCTIONS = {2: (F.conv2d, torch.conv2d), 3: (F.conv3d, torch.conv3d)}
+MAX_POOL_FUNCTIONS = {2: (F.max_pool2d, torch.max_pool2d), 3: (F.max_pool3d, torch.max_pool3d)}
+AVG_POOL_FUNCTIONS = {2: (F.avg_pool2d,), 3: (F.avg_pool3d,)}
+_CONV = {2: F.conv2d, 3: F.conv3d}
+_MAX_POOL = {2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {2: F.avg_pool2d, 3: F.avg_pool3d}
+_CONV_MODULES: dict[type, int] = {nn.Conv2d: 2, nn.Conv3d: 3}
+_MAX_POOL_MODULES: dict[type, int] = {nn.MaxPool2d: 2, nn.MaxPool3d: 3}
+_AVG_POOL_MODULES: dict[type, int] = {nn.AvgPool2d: 2, nn.AvgPool3d: 3}
+LOCAL_MODULE_TYPES = (*_CONV_MODULES, *_MAX_POOL_MODULES, *_AVG_POOL_MODULES)
 
 _SIGNATURE_STAND_INS: dict[Any, Callable] = {
-    F.max_pool2d: _max_pool2d_signature,
-    torch.max_pool2d: _max_pool2d_signature,
-    F.avg_pool2d: _avg_pool2d_signature,
-    F.conv2d: _conv2d_signature,
-    torch.conv2d: _conv2d_signature,
+    **{f: _conv_signature for fs in CONV_FUNCTIONS.values() for f in fs},
+    **{f: _max_pool_signature for fs in MAX_POOL_FUNCTIONS.values() for f in fs},
+    **{f: _avg_pool_signature for fs in AVG_POOL_FUNCTIONS.values() for f in fs},
 }
 
 
@@ -237,6 +255,20 @@ def out_of_place_call(target: Callable, args: tuple, kwargs: dict) -> tuple[tupl
 # ---------------------------------------------------------------------------------------
 
 
+def _axes(
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    dilation: tuple[int, ...],
+    padding: tuple[int, ...],
+    in_sizes: tuple[int, ...],
+    out_sizes: tuple[int, ...],
+) -> tuple[AxisOp, ...]:
+    return tuple(
+        AxisOp(k, s, d, p, i, o)
+        for k, s, d, p, i, o in zip(kernel, stride, dilation, padding, in_sizes, out_sizes)
+    )
+
+
 def _conv_spec(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -244,36 +276,36 @@ def _conv_spec(
     padding: Any,
     dilation: Any,
     groups: int,
-    in_hw: tuple[int, int],
-    out_hw: tuple[int, int],
+    in_sizes: tuple[int, ...],
+    out_sizes: tuple[int, ...],
 ) -> LocalOpSpec:
-    """A zero-padded 2-D convolution, module or functional (F.conv2d)."""
-    kh, kw = weight.shape[-2:]
-    sh, sw = _pair(stride)
-    dh, dw = _pair(dilation)
+    """A zero-padded 2-D or 3-D convolution, module or functional (F.conv2d/3d)."""
+    rank = weight.dim() - 2
+    kernel = tuple(int(k) for k in weight.shape[2:])
+    strides, dilations = _tuple(stride, rank), _tuple(dilation, rank)
     if isinstance(padding, str):
         if padding == "valid":
-            ph = pw = 0
+            pads = (0,) * rank
         else:  # "same": PyTorch puts the odd cell of padding on the high side
-            ph, pw = (dh * (kh - 1)) // 2, (dw * (kw - 1)) // 2
+            pads = tuple((d * (k - 1)) // 2 for d, k in zip(dilations, kernel))
     else:
-        ph, pw = _pair(padding)
+        pads = _tuple(padding, rank)
+    convolve = _CONV[rank]
 
     def apply(context: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(context, weight, bias, (sh, sw), 0, (dh, dw), groups)
+        return convolve(context, weight, bias, strides, 0, dilations, groups)
 
     return LocalOpSpec(
         kind="conv",
-        rows=AxisOp(kh, sh, dh, ph, in_hw[0], out_hw[0]),
-        cols=AxisOp(kw, sw, dw, pw, in_hw[1], out_hw[1]),
+        axes=_axes(kernel, strides, dilations, pads, in_sizes, out_sizes),
         pad_value=0.0,
         apply=apply,
-        conv_macs_per_output=int(weight.shape[1]) * kh * kw,
+        conv_macs_per_output=int(weight.shape[1]) * int(np.prod(kernel)),
     )
 
 
 def _conv_module_spec(
-    conv: nn.Conv2d, in_hw: tuple[int, int], out_hw: tuple[int, int]
+    conv: nn.Conv2d | nn.Conv3d, in_sizes: tuple[int, ...], out_sizes: tuple[int, ...]
 ) -> LocalOpSpec | None:
     if conv.padding_mode != "zeros":
         return None  # reflect/replicate/circular padding reads beyond the zero border model
@@ -284,28 +316,28 @@ def _conv_module_spec(
         conv.padding,
         conv.dilation,
         conv.groups,
-        in_hw,
-        out_hw,
+        in_sizes,
+        out_sizes,
     )
 
 
 def _max_pool_spec(
-    kernel, stride, padding, dilation, return_indices, in_hw, out_hw
+    kernel, stride, padding, dilation, return_indices, in_sizes, out_sizes
 ) -> LocalOpSpec | None:
     if return_indices:
         return None
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride if stride not in (None, [], ()) else kernel)
-    ph, pw = _pair(padding)
-    dh, dw = _pair(dilation)
+    rank = len(in_sizes)
+    kernels = _tuple(kernel, rank)
+    strides = _tuple(stride if stride not in (None, [], ()) else kernel, rank)
+    dilations = _tuple(dilation, rank)
+    pool = _MAX_POOL[rank]
 
     def apply(context: torch.Tensor) -> torch.Tensor:
-        return F.max_pool2d(context, (kh, kw), (sh, sw), 0, (dh, dw))
+        return pool(context, kernels, strides, 0, dilations)
 
     return LocalOpSpec(
         kind="max_pool",
-        rows=AxisOp(kh, sh, dh, ph, in_hw[0], out_hw[0]),
-        cols=AxisOp(kw, sw, dw, pw, in_hw[1], out_hw[1]),
+        axes=_axes(kernels, strides, dilations, _tuple(padding, rank), in_sizes, out_sizes),
         pad_value=float("-inf"),
         apply=apply,
     )
@@ -318,48 +350,51 @@ def _avg_pool_spec(
     ceil_mode,
     count_include_pad,
     divisor_override,
-    in_hw,
-    out_hw,
+    in_sizes,
+    out_sizes,
     dtype,
     device,
 ) -> LocalOpSpec:
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride if stride not in (None, [], ()) else kernel)
-    ph, pw = _pair(padding)
-    rows = AxisOp(kh, sh, 1, ph, in_hw[0], out_hw[0])
-    cols = AxisOp(kw, sw, 1, pw, in_hw[1], out_hw[1])
+    rank = len(in_sizes)
+    kernels = _tuple(kernel, rank)
+    strides = _tuple(stride if stride not in (None, [], ()) else kernel, rank)
+    pads = _tuple(padding, rank)
+    axes = _axes(kernels, strides, (1,) * rank, pads, in_sizes, out_sizes)
+    pool = _AVG_POOL[rank]
 
     # The padding-free kernel sums each window; the divisor PyTorch uses depends on the
     # window's position (count_include_pad, ceil_mode overhang, divisor_override). Measure
     # it once on a tensor of ones: factor = avg(ones) / windowsum(ones inside input).
-    top, bottom = padding_needed(rows)
-    left, right = padding_needed(cols)
-    ones = torch.ones((1, 1) + tuple(in_hw), dtype=dtype, device=device)
-    averaged = F.avg_pool2d(
-        ones, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, divisor_override
-    )
-    summed = F.avg_pool2d(
-        F.pad(ones, (left, right, top, bottom)), (kh, kw), (sh, sw), 0, divisor_override=1
-    )
+    grow: list[int] = []
+    for axis in reversed(axes):  # F.pad lists the last axis first
+        grow.extend(padding_needed(axis))
+    ones = torch.ones((1, 1) + tuple(in_sizes), dtype=dtype, device=device)
+    averaged = pool(ones, kernels, strides, pads, ceil_mode, count_include_pad, divisor_override)
+    summed = pool(F.pad(ones, grow), kernels, strides, 0, divisor_override=1)
     factor = (averaged / summed)[0, 0]
-    uniform = torch.allclose(factor, torch.full_like(factor, 1.0 / (kh * kw)), rtol=0, atol=0)
+    volume = int(np.prod(kernels))
+    uniform = torch.allclose(factor, torch.full_like(factor, 1.0 / volume), rtol=0, atol=0)
 
     if uniform:
 
         def apply(context: torch.Tensor) -> torch.Tensor:
-            return F.avg_pool2d(context, (kh, kw), (sh, sw), 0)
+            return pool(context, kernels, strides, 0)
 
         divisor_map = None
     else:
 
         def apply(context: torch.Tensor) -> torch.Tensor:
-            return F.avg_pool2d(context, (kh, kw), (sh, sw), 0, divisor_override=1)
+            return pool(context, kernels, strides, 0, divisor_override=1)
 
         divisor_map = factor
 
     return LocalOpSpec(
-        kind="avg_pool", rows=rows, cols=cols, pad_value=0.0, apply=apply, divisor_map=divisor_map
+        kind="avg_pool", axes=axes, pad_value=0.0, apply=apply, divisor_map=divisor_map
     )
+
+
+def _function_rank(target: Any, table: dict[int, tuple]) -> int | None:
+    return next((rank for rank, functions in table.items() if target in functions), None)
 
 
 def local_op_spec(
@@ -372,44 +407,51 @@ def local_op_spec(
     out_shape: torch.Size,
     dtype: torch.dtype,
     device: torch.device,
+    rank: int,
 ) -> LocalOpSpec | None:
-    """Describe a convolution/pooling node, or return None if it is not one we can do."""
-    if len(in_shape) != 4 or len(out_shape) != 4:
+    """Describe a convolution/pooling node with ``rank`` spatial axes (2-D on
+    (N, C, H, W), 3-D on (N, C, D, H, W)), or return None if it is not one we can do."""
+    if rank not in _CONV or len(in_shape) != rank + 2 or len(out_shape) != len(in_shape):
         return None
-    in_hw, out_hw = (in_shape[2], in_shape[3]), (out_shape[2], out_shape[3])
+    in_sizes, out_sizes = tuple(in_shape[2:]), tuple(out_shape[2:])
     if node_op == "call_module":
-        if type(module) is nn.Conv2d:
-            return _conv_module_spec(module, in_hw, out_hw)
-        if type(module) is nn.MaxPool2d:
+        kind = type(module)
+        if _CONV_MODULES.get(kind) == rank:
+            return _conv_module_spec(cast(Any, module), in_sizes, out_sizes)
+        if _MAX_POOL_MODULES.get(kind) == rank:
+            pool = cast(Any, module)
             return _max_pool_spec(
-                module.kernel_size,
-                module.stride,
-                module.padding,
-                module.dilation,
-                module.return_indices,
-                in_hw,
-                out_hw,
+                pool.kernel_size,
+                pool.stride,
+                pool.padding,
+                pool.dilation,
+                pool.return_indices,
+                in_sizes,
+                out_sizes,
             )
-        if type(module) is nn.AvgPool2d:
+        if _AVG_POOL_MODULES.get(kind) == rank:
+            pool = cast(Any, module)
             return _avg_pool_spec(
-                module.kernel_size,
-                module.stride,
-                module.padding,
-                module.ceil_mode,
-                module.count_include_pad,
-                module.divisor_override,
-                in_hw,
-                out_hw,
+                pool.kernel_size,
+                pool.stride,
+                pool.padding,
+                pool.ceil_mode,
+                pool.count_include_pad,
+                pool.divisor_override,
+                in_sizes,
+                out_sizes,
                 dtype,
                 device,
             )
         return None
-    if node_op == "call_function" and target in (F.conv2d, torch.conv2d):
+    if node_op != "call_function":
+        return None
+    if _function_rank(target, CONV_FUNCTIONS) == rank:
         bound = bind_arguments(target, args, kwargs)
         if bound is None or not isinstance(bound.arguments["weight"], torch.Tensor):
             return None
         a = bound.arguments
-        if a["weight"].dim() != 4:
+        if a["weight"].dim() != rank + 2:
             return None
         return _conv_spec(
             a["weight"],
@@ -418,23 +460,24 @@ def local_op_spec(
             a["padding"],
             a["dilation"],
             a["groups"],
-            in_hw,
-            out_hw,
+            in_sizes,
+            out_sizes,
         )
-    if node_op == "call_function" and target in (F.max_pool2d, F.avg_pool2d, torch.max_pool2d):
+    max_rank = _function_rank(target, MAX_POOL_FUNCTIONS)
+    if max_rank == rank or _function_rank(target, AVG_POOL_FUNCTIONS) == rank:
         bound = bind_arguments(target, args, kwargs)
         if bound is None:
             return None
         a = bound.arguments
-        if target in (F.max_pool2d, torch.max_pool2d):
+        if max_rank == rank:
             return _max_pool_spec(
                 a["kernel_size"],
                 a["stride"],
                 a["padding"],
                 a["dilation"],
                 a.get("return_indices", False),
-                in_hw,
-                out_hw,
+                in_sizes,
+                out_sizes,
             )
         return _avg_pool_spec(
             a["kernel_size"],
@@ -443,8 +486,8 @@ def local_op_spec(
             a["ceil_mode"],
             a["count_include_pad"],
             a["divisor_override"],
-            in_hw,
-            out_hw,
+            in_sizes,
+            out_sizes,
             dtype,
             device,
         )
@@ -467,14 +510,14 @@ def linear_macs(module: nn.Module) -> int:
 class RemapSpec:
     """An op whose every output cell copies one input cell (or is a constant).
 
-    ``row_map[o]`` is the input row output row ``o`` copies, -1 where it is ``fill``; the
-    same for columns. Constant, reflect, replicate and circular padding, and negative
-    padding (cropping), are all of this form, and their update windows follow from the
-    maps (:func:`krypton.engine.plan.remap_window`), not from a formula per mode.
+    ``maps[a][o]`` is the input coordinate that output coordinate ``o`` copies along
+    spatial axis ``a``, -1 where it is ``fill``. Constant, reflect, replicate and circular
+    padding, and negative padding (cropping), are all of this form, and their update
+    windows follow from the maps (:func:`krypton.engine.plan.remap_window`), not from a
+    formula per mode.
     """
 
-    row_map: np.ndarray
-    col_map: np.ndarray
+    maps: tuple[np.ndarray, ...]
     fill: float
 
 
@@ -483,9 +526,14 @@ _PAD_MODULES = {
     nn.ConstantPad2d: "constant",
     nn.ReflectionPad2d: "reflect",
     nn.ReplicationPad2d: "replicate",
+    nn.ZeroPad3d: "constant",
+    nn.ConstantPad3d: "constant",
+    nn.ReflectionPad3d: "reflect",
+    nn.ReplicationPad3d: "replicate",
 }
-if hasattr(nn, "CircularPad2d"):
-    _PAD_MODULES[nn.CircularPad2d] = "circular"
+for _name in ("CircularPad2d", "CircularPad3d"):
+    if hasattr(nn, _name):
+        _PAD_MODULES[getattr(nn, _name)] = "circular"
 
 
 def _pad_signature(input, pad, mode="constant", value=None):  # pragma: no cover
@@ -514,9 +562,12 @@ def pad_spec(
     kwargs: dict,
     in_shape: torch.Size,
     out_shape: torch.Size,
+    rank: int,
 ) -> RemapSpec | None:
-    """Describe F.pad / nn.*Pad2d on the two spatial (last) dimensions, or None."""
-    if len(in_shape) < 3 or len(out_shape) != len(in_shape):
+    """Describe F.pad / nn.*Pad2d / nn.*Pad3d on the ``rank`` spatial (last) dimensions,
+    or None (padding the channels, say)."""
+    ndim = len(in_shape)
+    if ndim < rank + 1 or len(out_shape) != ndim:
         return None
     if node_op == "call_module" and type(module) in _PAD_MODULES:
         pad = tuple(int(p) for p in cast(Any, module).padding)
@@ -536,15 +587,18 @@ def pad_spec(
         value = 0.0 if a["value"] is None else float(a["value"])
     else:
         return None
-    if len(pad) == 2:
-        pad = pad + (0, 0)
-    if len(pad) != 4 or mode not in ("constant", "reflect", "replicate", "circular"):
+    if len(pad) % 2 or len(pad) // 2 > rank or mode not in _MODES:
         return None  # padding a non-spatial dimension
-    left, right, top, bottom = pad
-    row_map = _axis_map(int(in_shape[-2]), top, bottom, mode)
-    col_map = _axis_map(int(in_shape[-1]), left, right, mode)
-    if row_map is None or col_map is None:
-        return None
-    if (len(row_map), len(col_map)) != (out_shape[-2], out_shape[-1]):
-        return None
-    return RemapSpec(row_map, col_map, value)
+    maps = []
+    for axis in range(rank):
+        from_last = rank - 1 - axis  # F.pad lists the last axis first
+        low, high = pad[2 * from_last : 2 * from_last + 2] if 2 * from_last < len(pad) else (0, 0)
+        dim = ndim - rank + axis
+        index_map = _axis_map(int(in_shape[dim]), low, high, mode)
+        if index_map is None or len(index_map) != out_shape[dim]:
+            return None
+        maps.append(index_map)
+    return RemapSpec(tuple(maps), value)
+
+
+_MODES = ("constant", "reflect", "replicate", "circular")

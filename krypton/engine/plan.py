@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,8 +46,8 @@ MEASURED_MARGIN = 1.05
 class PatchGeometry:
     """Windows of every patched node for a set of positions (numpy, all positions)."""
 
-    windows: dict[fx.Node, tuple[Window, Window]]
-    local_steps: dict[fx.Node, tuple[LocalStep, LocalStep]]
+    windows: dict[fx.Node, tuple[Window, ...]]  # one window per spatial axis
+    local_steps: dict[fx.Node, tuple[LocalStep, ...]]
     scatter_ok: dict[fx.Node, bool]  # overlay by scatter (patch inside read-in context)
     aligned: set[tuple[fx.Node, fx.Node]]  # (merge, input) pairs already on the merge's window
     positions: int
@@ -66,8 +67,8 @@ class PatchGeometry:
 
         return dataclasses.replace(
             self,
-            windows={n: (r.take(index), c.take(index)) for n, (r, c) in self.windows.items()},
-            local_steps={n: (cut(r), cut(c)) for n, (r, c) in self.local_steps.items()},
+            windows={n: tuple(w.take(index) for w in ws) for n, ws in self.windows.items()},
+            local_steps={n: tuple(cut(a) for a in ax) for n, ax in self.local_steps.items()},
             positions=len(range(*index.indices(self.positions))),
         )
 
@@ -79,16 +80,17 @@ class PatchGeometry:
     def step_macs(self, step: Step, shapes: dict) -> int:
         """One step's conv+linear MACs for one occluded image, incrementally (eq 11)."""
         if step.kind == NodeKind.LOCAL and step.local.kind == "conv":
-            out_rows, out_cols = self.windows[step.node]
             channels = shapes[step.node][1]
-            return step.local.conv_macs_per_output * channels * out_rows.length * out_cols.length
+            return step.local.conv_macs_per_output * channels * self.cells(step.node)
         if step.kind == NodeKind.POINTWISE and step.macs_full:
             # a linear layer over a channels-last patch: its share of the cells
-            out_rows, out_cols = self.windows[step.node]
-            rows, cols = step.spatial_dims
-            cells = shapes[step.node][rows] * shapes[step.node][cols]
-            return step.macs_full * out_rows.length * out_cols.length // cells
+            cells = math.prod(shapes[step.node][d] for d in step.spatial_dims)
+            return step.macs_full * self.cells(step.node) // cells
         return step.macs_full
+
+    def cells(self, node: fx.Node) -> int:
+        """Cells of ``node``'s update window, one position's (the product over axes)."""
+        return math.prod(window.length for window in self.windows[node])
 
 
 def _same(first: Window, second: Window) -> bool:
@@ -129,81 +131,80 @@ def remap_centre(index_map: np.ndarray, centre: np.ndarray) -> np.ndarray:
 def propagate(
     steps: list[Step],
     shapes: dict[fx.Node, tuple[int, ...]],
-    ys: np.ndarray,
-    xs: np.ndarray,
-    patch_h: int,
-    patch_w: int,
+    starts: Sequence[np.ndarray],
+    patch: Sequence[int],
     tau: float = 1.0,
     tight: bool = True,
 ) -> PatchGeometry:
     """Propagate the occlusion patch at every position through the graph (vectorised).
 
-    ``tight=False``: eq 14's output lengths for any offset to the stride, what the
-    paper's per-query limit counts; by default the least lengths these positions need
-    (``geometry.tight_output_length``)."""
-    ys = np.asarray(ys, dtype=np.int64)
-    xs = np.asarray(xs, dtype=np.int64)
-    windows: dict[fx.Node, tuple[Window, Window]] = {}
-    local_steps: dict[fx.Node, tuple[LocalStep, LocalStep]] = {}
+    ``starts``: per spatial axis, every position's first occluded coordinate (rows and
+    columns of an image; slices, rows and columns of a volume); ``patch``: the patch's
+    extent per axis. ``tight=False``: eq 14's output lengths for any offset to the
+    stride, what the paper's per-query limit counts; by default the least lengths these
+    positions need (``geometry.tight_output_length``). Every equation applies per axis."""
+    starts = [np.asarray(start, dtype=np.int64) for start in starts]
+    if len(starts) != len(patch) or len({len(start) for start in starts}) > 1:
+        raise ValueError("one start array per patch axis, all of one length")
+    windows: dict[fx.Node, tuple[Window, ...]] = {}
+    local_steps: dict[fx.Node, tuple[LocalStep, ...]] = {}
     scatter_ok: dict[fx.Node, bool] = {}
     aligned: set[tuple[fx.Node, fx.Node]] = set()
     contained: set[tuple[fx.Node, fx.Node]] = set()
     # Where the patch's centre lies in each tensor: projective-field thresholding crops
     # around it (eq 25), wherever the border clamp (eq 31) has moved the window.
-    centres: dict[fx.Node, tuple[np.ndarray, np.ndarray]] = {}
+    centres: dict[fx.Node, tuple[np.ndarray, ...]] = {}
     for step in steps:
         node = step.node
         if step.kind == NodeKind.INPUT:
-            windows[node] = (Window(ys, patch_h), Window(xs, patch_w))
-            centres[node] = (ys + (patch_h - 1) / 2, xs + (patch_w - 1) / 2)
+            windows[node] = tuple(Window(s, length) for s, length in zip(starts, patch))
+            centres[node] = tuple(s + (length - 1) / 2 for s, length in zip(starts, patch))
         elif step.kind == NodeKind.LOCAL:
-            in_rows, in_cols = windows[first_input(node)]
-            centre_rows, centre_cols = centres[first_input(node)]
-            row_step = local_step(step.local.rows, in_rows, tau, centre_rows, tight)
-            col_step = local_step(step.local.cols, in_cols, tau, centre_cols, tight)
-            local_steps[node] = (row_step, col_step)
-            windows[node] = (row_step.output, col_step.output)
-            centres[node] = (row_step.centre, col_step.centre)
+            incoming, centre = windows[first_input(node)], centres[first_input(node)]
+            axis_steps = tuple(
+                local_step(op, window, tau, middle, tight)
+                for op, window, middle in zip(step.local.axes, incoming, centre)
+            )
+            local_steps[node] = axis_steps
+            windows[node] = tuple(a.output for a in axis_steps)
+            centres[node] = tuple(a.centre for a in axis_steps)
             # Untruncated patch wholly inside its read-in context: overlay by scatter.
-            scatter_ok[node] = (
-                _same(row_step.input, in_rows)
-                and _same(col_step.input, in_cols)
-                and _inside(in_rows, row_step.read)
-                and _inside(in_cols, col_step.read)
+            scatter_ok[node] = all(
+                _same(a.input, window) and _inside(window, a.read)
+                for a, window in zip(axis_steps, incoming)
             )
         elif step.kind == NodeKind.REMAP:
-            in_rows, in_cols = windows[first_input(node)]
-            windows[node] = (
-                remap_window(step.remap.row_map, in_rows),
-                remap_window(step.remap.col_map, in_cols),
+            incoming, centre = windows[first_input(node)], centres[first_input(node)]
+            windows[node] = tuple(
+                remap_window(index_map, window)
+                for index_map, window in zip(step.remap.maps, incoming)
             )
-            centre_rows, centre_cols = centres[first_input(node)]
-            centres[node] = (
-                remap_centre(step.remap.row_map, centre_rows),
-                remap_centre(step.remap.col_map, centre_cols),
+            centres[node] = tuple(
+                remap_centre(index_map, middle)
+                for index_map, middle in zip(step.remap.maps, centre)
             )
         elif step.kind == NodeKind.POINTWISE:
             parts = [windows[a] for a in step.patched_args]
-            centres[node] = (
-                np.mean([centres[a][0] for a in step.patched_args], axis=0),
-                np.mean([centres[a][1] for a in step.patched_args], axis=0),
+            rank = len(parts[0])
+            centres[node] = tuple(
+                np.mean([centres[a][axis] for a in step.patched_args], axis=0)
+                for axis in range(rank)
             )
             if len(parts) == 1:
                 windows[node] = parts[0]
             else:
-                rows, cols = step.spatial_dims
-                height, width = shapes[node][rows], shapes[node][cols]
-                windows[node] = (
-                    bounding_window([p[0] for p in parts], height),
-                    bounding_window([p[1] for p in parts], width),
+                windows[node] = tuple(
+                    bounding_window([p[axis] for p in parts], shapes[node][dim])
+                    for axis, dim in enumerate(step.spatial_dims)
                 )
-            out_rows, out_cols = windows[node]
-            for arg, (rows_w, cols_w) in zip(step.patched_args, parts):
-                if _same(rows_w, out_rows) and _same(cols_w, out_cols):
+            out = windows[node]
+            for arg, part in zip(step.patched_args, parts):
+                if all(_same(w, o) for w, o in zip(part, out)):
                     aligned.add((node, arg))
-                elif _inside(rows_w, out_rows) and _inside(cols_w, out_cols):
+                elif all(_inside(w, o) for w, o in zip(part, out)):
                     contained.add((node, arg))
-    return PatchGeometry(windows, local_steps, scatter_ok, aligned, len(ys), contained)
+    positions = len(starts[0]) if starts else 0
+    return PatchGeometry(windows, local_steps, scatter_ok, aligned, positions, contained)
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ class Program(Protocol):
         """(name of the first image-dependent global op, share of MACs before it)."""
         ...
 
-    def dims_of(self, node: fx.Node) -> tuple[int, int]:
-        """Where rows and columns are in ``node``'s tensor."""
+    def dims_of(self, node: fx.Node) -> tuple[int, ...]:
+        """Where the spatial axes are in ``node``'s tensor."""
         ...
 
-    def remap_maps(self, node: fx.Node, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row and column maps of a remapping op (output index -> source index)."""
+    def remap_maps(self, node: fx.Node, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """A remapping op's map per spatial axis (output index -> source index)."""
         ...

@@ -54,7 +54,8 @@ class _Batch:
 def view_pad_value(spec: ops.LocalOpSpec) -> float:
     """Padding value of the view a local op reads: its own (0 or -inf) where it reads
     padding, else 0, so ops needing no padding share the plain zero-padded view."""
-    return spec.pad_value if any(padding_needed(spec.rows) + padding_needed(spec.cols)) else 0.0
+    reads_padding = any(any(padding_needed(axis)) for axis in spec.axes)
+    return spec.pad_value if reads_padding else 0.0
 
 
 def run_batch(
@@ -67,8 +68,8 @@ def run_batch(
 ) -> Any:
     """The model's output for the occluded images at positions ``batch``.
 
-    ``occluder``: (C, patch_h, patch_w) pixels superimposed on the image (eq 5), or
-    (count, C, patch_h, patch_w): each position's own pixels. ``timings``: when given,
+    ``occluder``: (C, *patch) pixels superimposed on the image (eq 5), or
+    (count, C, *patch): each position's own pixels. ``timings``: when given,
     each node's seconds are added under its name (the per-layer profile, bench.profile).
     """
     device = occluder.device
@@ -101,16 +102,15 @@ def run_batch(
         if kind in (NodeKind.STATIC, NodeKind.FROZEN):
             env[node] = views.values[node]
         elif kind == NodeKind.INPUT:
-            rows, cols = geometry.windows[node]
-            # one occluder for every position, or one per position (N, C, h, w)
+            windows = geometry.windows[node]
+            # one occluder for every position, or one per position (N, C, *patch)
             data = (
                 occluder
-                if occluder.dim() == 4
+                if occluder.dim() == len(windows) + 2
                 else occluder.unsqueeze(0).expand(count, *occluder.shape)
             )
-            env[node] = Patched(
-                data, start_tensor(rows.start), start_tensor(cols.start), graph.shapes[node]
-            )
+            first_cells = tuple(start_tensor(window.start) for window in windows)
+            env[node] = Patched(data, first_cells, graph.shapes[node])
         elif kind == NodeKind.LOCAL:
             env[node] = _run_local(state, step)
         elif kind == NodeKind.REMAP:
@@ -145,142 +145,114 @@ def run_batch(
     raise AssertionError("graph has no output node")  # pragma: no cover
 
 
+def _starts(batch: _Batch, windows) -> tuple[torch.Tensor, ...]:
+    """Per spatial axis, the batch's window starts as tensors."""
+    return tuple(batch.start_tensor(window.start) for window in windows)
+
+
 def _run_local(batch: _Batch, step: Step) -> Patched:
     graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
-    start_tensor, items = batch.start_tensor, batch.items
     spec = step.local
     source_node = first_input(step.node)
     source: Patched = env[source_node]
-    row_step, col_step = geometry.local_steps[step.node]
-    padded, top, left = views.spatial(source_node, view_pad_value(spec))
-    read_rows = start_tensor(row_step.read.start)
-    read_cols = start_tensor(col_step.read.start)
+    axis_steps = geometry.local_steps[step.node]
+    padded, offsets = views.spatial(source_node, view_pad_value(spec))
+    read_starts = _starts(batch, [a.read for a in axis_steps])
+    read_lengths = [a.read.length for a in axis_steps]
     if geometry.scatter_ok[step.node]:
         context = read_in_context_scatter(
-            padded,
-            read_rows,
-            read_cols,
-            top,
-            left,
-            row_step.read.length,
-            col_step.read.length,
-            source,
-            items,
+            padded, read_starts, offsets, read_lengths, source, batch.items
         )
     else:
         context = read_in_context(
             padded,
-            read_rows,
-            read_cols,
-            top,
-            left,
-            row_step.read.length,
-            col_step.read.length,
+            read_starts,
+            offsets,
+            read_lengths,
             source,
-            start_tensor(row_step.input.start),
-            row_step.input.length,
-            start_tensor(col_step.input.start),
-            col_step.input.length,
-            items,
+            _starts(batch, [a.input for a in axis_steps]),
+            [a.input.length for a in axis_steps],
+            batch.items,
         )
-    output = spec.apply(context.permute(0, 3, 1, 2))  # eq 19, on the whole batch
-    out_rows = start_tensor(row_step.output.start)
-    out_cols = start_tensor(col_step.output.start)
+    rank = len(axis_steps)
+    channels_first = (0, rank + 1, *range(1, rank + 1))
+    output = spec.apply(context.permute(channels_first))  # eq 19, on the whole batch
+    out_starts = _starts(batch, [a.output for a in axis_steps])
     if spec.divisor_map is not None:
-        factor = gather_windows(
-            spec.divisor_map.unsqueeze(-1),
-            out_rows,
-            out_cols,
-            row_step.output.length,
-            col_step.output.length,
-        )
-        output = output * factor.permute(0, 3, 1, 2)
-    return Patched(output, out_rows, out_cols, graph.shapes[step.node])
+        out_lengths = [a.output.length for a in axis_steps]
+        factor = gather_windows(spec.divisor_map.unsqueeze(-1), out_starts, out_lengths)
+        output = output * factor.permute(channels_first)
+    return Patched(output, out_starts, graph.shapes[step.node])
 
 
 def _run_remap(batch: _Batch, step: Step) -> Patched:
     graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
-    start_tensor, items = batch.start_tensor, batch.items
     source_node = first_input(step.node)
     source: Patched = env[source_node]
-    view, _, _ = views.spatial(source_node)
-    out_rows_w, out_cols_w = geometry.windows[step.node]
-    out_rows = start_tensor(out_rows_w.start)
-    out_cols = start_tensor(out_cols_w.start)
-    row_map, col_map = graph.remap_maps(step.node, items.device)
-    device = items.device
-    source_rows = row_map[out_rows.unsqueeze(1) + torch.arange(out_rows_w.length, device=device)]
-    source_cols = col_map[out_cols.unsqueeze(1) + torch.arange(out_cols_w.length, device=device)]
-    context = gather_remapped(view, source_rows, source_cols, source, step.remap.fill, items)
+    view, _ = views.spatial(source_node)
+    windows = geometry.windows[step.node]
+    out_starts = _starts(batch, windows)
+    device = batch.items.device
+    source_cells = [
+        index_map[start.unsqueeze(1) + torch.arange(window.length, device=device)]
+        for index_map, start, window in zip(
+            graph.remap_maps(step.node, device), out_starts, windows
+        )
+    ]
+    context = gather_remapped(view, source_cells, source, step.remap.fill, batch.items)
     shape = graph.shapes[step.node]
     return Patched(
-        to_logical(context, shape, step.spatial_dims), out_rows, out_cols, shape, step.spatial_dims
+        to_logical(context, shape, step.spatial_dims), out_starts, shape, step.spatial_dims
     )
 
 
 def _run_pointwise(batch: _Batch, step: Step) -> Any:
     graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
-    start_tensor, items = batch.start_tensor, batch.items
+    items = batch.items
     node = step.node
     shape = graph.shapes.get(node)
     if step.pick is not None:  # one piece of a split
         return env[step.patched_args[0]][step.pick]
-    out_rows_w, out_cols_w = geometry.windows[node]
-    out_rows = start_tensor(out_rows_w.start)
-    out_cols = start_tensor(out_cols_w.start)
+    windows = geometry.windows[node]
+    out_starts = _starts(batch, windows)
+    out_lengths = [window.length for window in windows]
     if step.patch_call is not None:  # layout op on a single, aligned patch
         data = step.patch_call(env[step.patched_args[0]].data)
-        return Patched(data, out_rows, out_cols, shape, step.spatial_dims)
+        return Patched(data, out_starts, shape, step.spatial_dims)
     replacements: dict[fx.Node, Any] = {}
     for arg in step.patched_args:
         value: Patched = env[arg]
         if (node, arg) in geometry.aligned:
             replacements[arg] = value.data
-        elif (node, arg) in geometry.contained:  # merge, input inside the bounding box
-            source, top, left = views.spatial(arg)
+            continue
+        source, offsets = views.spatial(arg)
+        if (node, arg) in geometry.contained:  # merge, input inside the bounding box
             context = read_in_context_scatter(
-                source,
-                out_rows,
-                out_cols,
-                top,
-                left,
-                out_rows_w.length,
-                out_cols_w.length,
-                value,
-                items,
+                source, out_starts, offsets, out_lengths, value, items
             )
-            replacements[arg] = to_logical(context, value.view_shape, value.spatial_dims)
         else:  # merge: bring the input to the bounding box (eq 20)
-            source, top, left = views.spatial(arg)
-            rows, cols = value.spatial_dims
             context = read_in_context(
                 source,
-                out_rows,
-                out_cols,
-                top,
-                left,
-                out_rows_w.length,
-                out_cols_w.length,
+                out_starts,
+                offsets,
+                out_lengths,
                 value,
-                value.rows,
-                value.data.shape[rows],
-                value.cols,
-                value.data.shape[cols],
+                value.starts,
+                value.lengths,
                 items,
             )
-            replacements[arg] = to_logical(context, value.view_shape, value.spatial_dims)
+        replacements[arg] = to_logical(context, value.view_shape, value.spatial_dims or ())
     for arg in step.cropped_statics:
-        source, top, left = views.spatial(arg)
-        context = gather_windows(
-            source, out_rows + top, out_cols + left, out_rows_w.length, out_cols_w.length
-        )
+        source, offsets = views.spatial(arg)
+        shifted = [start + offset for start, offset in zip(out_starts, offsets)]
+        context = gather_windows(source, shifted, out_lengths)
         replacements[arg] = to_logical(context, graph.shapes[arg], graph.dims_of(arg))
     args = fx.node.map_arg(node.args, lambda n: replacements.get(n, env[n]))
     kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
     output = step.call(args, kwargs)
     if isinstance(output, (tuple, list)):  # a split: one patch per piece
         return tuple(
-            Patched(piece, out_rows, out_cols, piece_shape, step.spatial_dims)
+            Patched(piece, out_starts, piece_shape, step.spatial_dims)
             for piece, piece_shape in zip(output, step.element_shapes)
         )
-    return Patched(output, out_rows, out_cols, shape, step.spatial_dims)
+    return Patched(output, out_starts, shape, step.spatial_dims)

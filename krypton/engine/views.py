@@ -26,17 +26,20 @@ class MaterializedViews:
     """The tensors of the unoccluded image that incremental inference reads (the views).
 
     Only what some consumer reads is kept, in the layout it reads: spatial-last copies
-    (H + pad, W + pad, M) for read-in contexts — one per node and padding value, padded
+    (H + pad, W + pad, M), or (D + pad, H + pad, W + pad, M) for a volume, for read-in
+    contexts — one per node and padding value, padded
     for its most demanding consumer — and plain tensors where a batch is materialised.
     """
 
     image_shape: tuple[int, ...]
     values: dict[fx.Node, Any]  # static values and views materialised in full
-    padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, int, int]]
+    padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, tuple[int, ...]]]
     logits: torch.Tensor
 
-    def spatial(self, node: fx.Node, pad_value: float = 0.0) -> tuple[torch.Tensor, int, int]:
-        """(padded spatial-last view, top padding, left padding) of ``node``."""
+    def spatial(
+        self, node: fx.Node, pad_value: float = 0.0
+    ) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """(padded spatial-last view, low padding per spatial axis) of ``node``."""
         return self.padded[(node, pad_value)]
 
 
@@ -84,7 +87,8 @@ class StreamingInterpreter(fx.Interpreter):
         return value
 
     def stream(self, image: torch.Tensor) -> Any:
-        """Run on one image (C, H, W); every value still held at the end is released."""
+        """Run on one image (C, H, W) or volume (C, D, H, W); every value still held at
+        the end is released."""
         env = _ReleasingEnv(self.on_release)
         output = self.run(image.unsqueeze(0), initial_env=env, enable_io_processing=False)
         for node in list(env):
@@ -97,17 +101,18 @@ def build_views(
     module: fx.GraphModule,
     calls: dict[fx.Node, Callable[[tuple, dict], Any] | None],
     keep_whole: Callable[[fx.Node], bool],
-    padding_needs: dict[fx.Node, dict[float, list[int]]],
-    spatial_dims: Callable[[fx.Node], tuple[int, int]],
+    padding_needs: dict[fx.Node, dict[float, list[tuple[int, int]]]],
+    spatial_dims: Callable[[fx.Node], tuple[int, ...]],
     on_value: Callable[[fx.Node, Any, dict], None] | None = None,
 ) -> MaterializedViews:
     """One streaming inference that keeps exactly the views incremental runs read.
 
     ``padding_needs`` and ``keep_whole`` are consulted when a value is released, so a
     first pass may fill them in through ``on_value`` (capture classifies as it streams).
+    ``padding_needs``: per node and pad value, (low, high) padding per spatial axis.
     """
     kept: dict[fx.Node, Any] = {}
-    padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, int, int]] = {}
+    padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, tuple[int, ...]]] = {}
 
     def release(node: fx.Node, value: Any) -> None:
         if keep_whole(node):
@@ -115,14 +120,17 @@ def build_views(
         needs = padding_needs.get(node)
         if not needs:
             return
-        flat = canonical(value, spatial_dims(node))
-        height, width = flat.shape[-2:]
-        flat = flat.reshape(-1, height, width)
-        for pad_value, (top, bottom, left, right) in needs.items():
+        dims = spatial_dims(node)
+        rank = len(dims)
+        flat = canonical(value, dims)
+        flat = flat.reshape(-1, *flat.shape[-rank:])
+        for pad_value, pads in needs.items():
             grown = flat
-            if top or bottom or left or right:
-                grown = F.pad(flat, (left, right, top, bottom), value=pad_value)
-            padded[(node, pad_value)] = (grown.permute(1, 2, 0).contiguous(), top, left)
+            if any(low or high for low, high in pads):
+                widths = [width for pair in reversed(pads) for width in pair]  # last axis first
+                grown = F.pad(flat, widths, value=pad_value)
+            spatial_last = grown.permute(*range(1, rank + 1), 0).contiguous()
+            padded[(node, pad_value)] = (spatial_last, tuple(low for low, _ in pads))
 
     on_value = on_value or (lambda node, value, env: None)
     logits = StreamingInterpreter(module, calls, on_value, release).stream(image)
