@@ -165,6 +165,30 @@ def test_a_patch_per_axis_and_a_cube_propagate_per_axis():
     assert geometry.cells(conv) == 3 * 5 * 6
 
 
+def test_convolutions_whose_context_spans_the_map_pad_it_themselves():
+    """r3d_18's last stages see 2- and 1-slice maps whose update patch covers the map: an
+    explicitly padded context made oneDNN multiply the padding (2/3 of a 3-deep kernel's
+    taps on a 1-slice map), 2.3x the time of the full inference's own convolution. Those
+    contexts are now read unpadded and the convolution pads them; the values stay exact."""
+    build, shape, patch, positions = ARCHITECTURES["r3d_18"]
+    torch.manual_seed(1)
+    graph = assert_incremental_matches(build(), torch.rand(shape), patch, positions, relative=1e-5)
+    starts = tuple(np.array([p[axis] for p in positions]) for axis in range(3))
+    geometry = graph.geometry(starts, patch)
+    padded_itself = {node.name: pads for node, pads in geometry.implicit_padding.items()}
+    stride_one = [  # the last stage's 3x3x3 / 1 convolutions (its first has stride 2)
+        s.node.name
+        for s in graph.steps
+        if s.kind == NodeKind.LOCAL
+        and graph.shapes[s.node][2:] == (1, 4, 4)
+        and all(axis.stride == 1 for axis in s.local.axes)
+    ]
+    assert len(stride_one) == 3
+    assert all(padded_itself.get(name) == (1, 1, 1) for name in stride_one)
+    stem = next(s for s in graph.steps if s.kind == NodeKind.LOCAL).node
+    assert stem not in geometry.implicit_padding  # the patch's window is far from whole
+
+
 def test_geometry_needs_one_start_array_and_one_extent_per_axis():
     model = nn.Sequential(nn.Conv3d(1, 2, 3)).eval()
     with torch.inference_mode():

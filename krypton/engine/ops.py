@@ -42,7 +42,9 @@ class LocalOpSpec:
     kind: str  # "conv", "max_pool", "avg_pool"
     axes: tuple[AxisOp, ...]
     pad_value: float  # value of the implicit padding: 0 for conv/avg, -inf for max
-    apply: Callable[[torch.Tensor], torch.Tensor]  # runs the op on a padded context, padding 0
+    # runs the op on a context padded by the caller; a convolution may be asked to pad
+    # some axes itself (``padding`` per axis: see PatchGeometry.implicit_padding)
+    apply: Callable[..., torch.Tensor]
     divisor_map: torch.Tensor | None = None  # avg pool: (*out spatial) factor if not uniform
     conv_macs_per_output: int = 0  # Cin/groups * prod(kernel) for convs (eq 9), 0 otherwise
 
@@ -292,8 +294,8 @@ def _conv_spec(
         pads = _tuple(padding, rank)
     convolve = _CONV[rank]
 
-    def apply(context: torch.Tensor) -> torch.Tensor:
-        return convolve(context, weight, bias, strides, 0, dilations, groups)
+    def apply(context: torch.Tensor, padding: tuple[int, ...] | int = 0) -> torch.Tensor:
+        return convolve(context, weight, bias, strides, padding, dilations, groups)
 
     return LocalOpSpec(
         kind="conv",

@@ -18,7 +18,7 @@ import numpy as np
 import torch.fx as fx
 
 from .classify import NodeKind, Step, first_input
-from .geometry import LocalStep, Window, bounding_window, local_step
+from .geometry import AxisOp, LocalStep, Window, bounding_window, local_step, padding_needed
 from .program import Program
 
 __all__ = [
@@ -53,6 +53,9 @@ class PatchGeometry:
     positions: int
     # (merge, input) pairs whose window lies inside the merge's: overlay by scatter
     contained: set[tuple[fx.Node, fx.Node]] = field(default_factory=set)
+    # convolutions whose read-in context spans whole padded axes: the padding per axis
+    # the convolution adds itself (0 on the other axes), see :func:`implicit_padding`
+    implicit_padding: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
 
     def take(self, index: slice) -> PatchGeometry:
         """The same windows for a slice of the positions. Lengths stay those of all the
@@ -151,6 +154,7 @@ def propagate(
     scatter_ok: dict[fx.Node, bool] = {}
     aligned: set[tuple[fx.Node, fx.Node]] = set()
     contained: set[tuple[fx.Node, fx.Node]] = set()
+    implicit: dict[fx.Node, tuple[int, ...]] = {}
     # Where the patch's centre lies in each tensor: projective-field thresholding crops
     # around it (eq 25), wherever the border clamp (eq 31) has moved the window.
     centres: dict[fx.Node, tuple[np.ndarray, ...]] = {}
@@ -173,6 +177,10 @@ def propagate(
                 _same(a.input, window) and _inside(window, a.read)
                 for a, window in zip(axis_steps, incoming)
             )
+            if step.local.kind == "conv":
+                pads = implicit_padding(step.local.axes, axis_steps)
+                if any(pads):
+                    implicit[node] = pads
         elif step.kind == NodeKind.REMAP:
             incoming, centre = windows[first_input(node)], centres[first_input(node)]
             windows[node] = tuple(
@@ -204,7 +212,26 @@ def propagate(
                 elif all(_inside(w, o) for w, o in zip(part, out)):
                     contained.add((node, arg))
     positions = len(starts[0]) if starts else 0
-    return PatchGeometry(windows, local_steps, scatter_ok, aligned, positions, contained)
+    return PatchGeometry(windows, local_steps, scatter_ok, aligned, positions, contained, implicit)
+
+
+def implicit_padding(axes: Sequence[AxisOp], steps: Sequence[LocalStep]) -> tuple[int, ...]:
+    """Per axis, the padding a convolution can add itself: where every position's read-in
+    context spans the whole axis with the same padding on both sides (late layers, whose
+    update patch covers the map). The context is then read without that padding, and
+    the convolution's own padding skips the products with it: on a volume's 1-slice maps
+    (r3d_18's last stage) two thirds of a 3-deep kernel's taps, which an explicitly
+    padded context computed at 2.3x the time. The values are the same."""
+    pads = []
+    for op, axis in zip(axes, steps):
+        low, high = padding_needed(op)
+        whole = (
+            low == high == op.pad_before
+            and axis.read.length == op.in_size + low + high
+            and bool(np.all(axis.read.start == -low))
+        )
+        pads.append(low if whole else 0)
+    return tuple(pads)
 
 
 @dataclass(frozen=True)

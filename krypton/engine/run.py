@@ -159,6 +159,10 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
     padded, offsets = views.spatial(source_node, view_pad_value(spec))
     read_starts = _starts(batch, [a.read for a in axis_steps])
     read_lengths = [a.read.length for a in axis_steps]
+    own_padding = geometry.implicit_padding.get(step.node)
+    if own_padding is not None:  # whole axes: read unpadded, the convolution pads them
+        read_starts = tuple(start + pad for start, pad in zip(read_starts, own_padding))
+        read_lengths = [length - 2 * pad for length, pad in zip(read_lengths, own_padding)]
     if geometry.scatter_ok[step.node]:
         context = read_in_context_scatter(
             padded, read_starts, offsets, read_lengths, source, batch.items
@@ -176,7 +180,10 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
         )
     rank = len(axis_steps)
     channels_first = (0, rank + 1, *range(1, rank + 1))
-    output = spec.apply(context.permute(channels_first))  # eq 19, on the whole batch
+    context = context.permute(channels_first)
+    output = (  # eq 19, on the whole batch
+        spec.apply(context) if own_padding is None else spec.apply(context, own_padding)
+    )
     out_starts = _starts(batch, [a.output for a in axis_steps])
     if spec.divisor_map is not None:
         out_lengths = [a.output.length for a in axis_steps]
