@@ -166,27 +166,24 @@ def test_a_patch_per_axis_and_a_cube_propagate_per_axis():
 
 
 def test_convolutions_whose_context_spans_the_map_pad_it_themselves():
-    """r3d_18's last stages see 2- and 1-slice maps whose update patch covers the map: an
-    explicitly padded context made oneDNN multiply the padding (2/3 of a 3-deep kernel's
-    taps on a 1-slice map), 2.3x the time of the full inference's own convolution. Those
-    contexts are now read unpadded and the convolution pads them; the values stay exact."""
+    """r3d_18's update patch spans all 8 frames after two layers and the whole map in the
+    last stages. An explicitly padded context made oneDNN multiply the padding too (2/3
+    of a 3-deep kernel's taps on a 1-slice map): 2.3x the time of the full inference's
+    own convolution. Where a context spans a whole axis it is now read unpadded there and
+    the convolution pads it; where the patch is the whole tensor the layer runs as in full
+    inference. The values stay exact."""
     build, shape, patch, positions = ARCHITECTURES["r3d_18"]
     torch.manual_seed(1)
     graph = assert_incremental_matches(build(), torch.rand(shape), patch, positions, relative=1e-5)
     starts = tuple(np.array([p[axis] for p in positions]) for axis in range(3))
     geometry = graph.geometry(starts, patch)
-    padded_itself = {node.name: pads for node, pads in geometry.implicit_padding.items()}
-    stride_one = [  # the last stage's 3x3x3 / 1 convolutions (its first has stride 2)
-        s.node.name
-        for s in graph.steps
-        if s.kind == NodeKind.LOCAL
-        and graph.shapes[s.node][2:] == (1, 4, 4)
-        and all(axis.stride == 1 for axis in s.local.axes)
-    ]
-    assert len(stride_one) == 3
-    assert all(padded_itself.get(name) == (1, 1, 1) for name in stride_one)
-    stem = next(s for s in graph.steps if s.kind == NodeKind.LOCAL).node
-    assert stem not in geometry.implicit_padding  # the patch's window is far from whole
+    local = [s for s in graph.steps if s.kind == NodeKind.LOCAL]
+    last_stage = [s.node for s in local if graph.shapes[s.node][2:] == (1, 4, 4)]
+    assert len(last_stage) == 5 and all(node in geometry.whole for node in last_stage)
+    layer1 = [s.node for s in local if graph.shapes[s.node][2:] == (8, 28, 28)][1:3]
+    assert all(geometry.implicit_padding.get(node) == (1, 0, 0) for node in layer1)  # frames
+    stem = local[0].node
+    assert stem not in geometry.implicit_padding and stem not in geometry.whole
 
 
 def test_geometry_needs_one_start_array_and_one_extent_per_axis():

@@ -56,6 +56,9 @@ class PatchGeometry:
     # convolutions whose read-in context spans whole padded axes: the padding per axis
     # the convolution adds itself (0 on the other axes), see :func:`implicit_padding`
     implicit_padding: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
+    # local ops whose input and output windows are the whole tensors for every position:
+    # the update patch is the whole occluded tensor, so the op runs as in full inference
+    whole: set[fx.Node] = field(default_factory=set)
 
     def take(self, index: slice) -> PatchGeometry:
         """The same windows for a slice of the positions. Lengths stay those of all the
@@ -155,6 +158,7 @@ def propagate(
     aligned: set[tuple[fx.Node, fx.Node]] = set()
     contained: set[tuple[fx.Node, fx.Node]] = set()
     implicit: dict[fx.Node, tuple[int, ...]] = {}
+    whole: set[fx.Node] = set()
     # Where the patch's centre lies in each tensor: projective-field thresholding crops
     # around it (eq 25), wherever the border clamp (eq 31) has moved the window.
     centres: dict[fx.Node, tuple[np.ndarray, ...]] = {}
@@ -177,7 +181,11 @@ def propagate(
                 _same(a.input, window) and _inside(window, a.read)
                 for a, window in zip(axis_steps, incoming)
             )
-            if step.local.kind == "conv":
+            if _covers(incoming, step.local.axes, "in_size") and _covers(
+                windows[node], step.local.axes, "out_size"
+            ):
+                whole.add(node)
+            elif step.local.kind == "conv":
                 pads = implicit_padding(step.local.axes, axis_steps)
                 if any(pads):
                     implicit[node] = pads
@@ -212,7 +220,17 @@ def propagate(
                 elif all(_inside(w, o) for w, o in zip(part, out)):
                     contained.add((node, arg))
     positions = len(starts[0]) if starts else 0
-    return PatchGeometry(windows, local_steps, scatter_ok, aligned, positions, contained, implicit)
+    return PatchGeometry(
+        windows, local_steps, scatter_ok, aligned, positions, contained, implicit, whole
+    )
+
+
+def _covers(windows: Sequence[Window], axes: Sequence[AxisOp], size: str) -> bool:
+    """Whether every position's window is the whole tensor on every axis."""
+    return all(
+        window.length == getattr(op, size) and not np.any(window.start)
+        for window, op in zip(windows, axes)
+    )
 
 
 def implicit_padding(axes: Sequence[AxisOp], steps: Sequence[LocalStep]) -> tuple[int, ...]:

@@ -155,6 +155,11 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
     spec = step.local
     source_node = first_input(step.node)
     source: Patched = env[source_node]
+    if step.node in geometry.whole:  # the patch is the whole tensor: as in full inference
+        args = fx.node.map_arg(step.node.args, lambda n: _plain(env[n]))
+        kwargs = fx.node.map_arg(step.node.kwargs, lambda n: _plain(env[n]))
+        output = step.call(args, kwargs)
+        return Patched(output, source.starts, graph.shapes[step.node])
     axis_steps = geometry.local_steps[step.node]
     padded, offsets = views.spatial(source_node, view_pad_value(spec))
     read_starts = _starts(batch, [a.read for a in axis_steps])
@@ -190,6 +195,11 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
         factor = gather_windows(spec.divisor_map.unsqueeze(-1), out_starts, out_lengths)
         output = output * factor.permute(channels_first)
     return Patched(output, out_starts, graph.shapes[step.node])
+
+
+def _plain(value: Any) -> Any:
+    """A patch's data where the patch is the whole tensor; other values as they are."""
+    return value.data if isinstance(value, Patched) else value
 
 
 def _run_remap(batch: _Batch, step: Step) -> Patched:
