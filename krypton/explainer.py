@@ -436,36 +436,45 @@ class OcclusionExplainer:
         xs: Sequence[int],
         patches: torch.Tensor,
         *,
+        zs: Sequence[int] | None = None,
         mode: str = "exact",
         batch_size: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> torch.Tensor:
         """Model outputs (P, classes) of ``image`` with ``patches[i]`` (C, h, w) pasted with
         its top-left corner at ``(xs[i], ys[i])`` — each position's own pixels (a baseline
-        image, a partly occluded window), computed incrementally in exact mode.
+        image, a partly occluded window), computed incrementally in exact mode. For a
+        volume (C, D, H, W), ``patches`` are (P, C, d, h, w) and ``zs`` gives each
+        patch's first slice.
         """
         if mode not in ("naive", "exact"):
             raise ValueError(f"mode must be 'naive' or 'exact', got {mode!r}")
         _check_model(self.model)
         image = self._prepare(image)
-        ys = np.asarray(ys, dtype=np.int64)
-        xs = np.asarray(xs, dtype=np.int64)
+        starts = [np.asarray(ys, dtype=np.int64), np.asarray(xs, dtype=np.int64)]
+        if image.dim() == 4:
+            if zs is None:
+                raise ValueError("a volume's patches need zs, each patch's first slice")
+            starts.insert(0, np.asarray(zs, dtype=np.int64))
+        elif zs is not None:
+            raise ValueError("zs is for volumes (C, D, H, W); this image is (C, H, W)")
+        count = len(starts[0])
+        names = "(z, y, x)" if len(starts) == 3 else "(x, y)"
         if (
-            patches.dim() != 4
-            or patches.shape[0] != len(ys)
-            or len(ys) != len(xs)
+            patches.dim() != image.dim() + 1
+            or patches.shape[0] != count
+            or any(len(axis) != count for axis in starts)
             or patches.shape[1] != image.shape[0]
         ):
             raise ValueError(
-                f"patches must be (positions, {image.shape[0]}, h, w) with one position per "
-                f"(x, y); got {tuple(patches.shape)} for {len(ys)} positions"
+                f"patches must be (positions, {image.shape[0]}, "
+                f"{'d, h, w' if len(starts) == 3 else 'h, w'}) with one position per "
+                f"{names}; got {tuple(patches.shape)} for {count} positions"
             )
-        height, width = patches.shape[-2:]
-        if len(ys) and (
-            ys.min() < 0
-            or xs.min() < 0
-            or ys.max() + height > image.shape[1]
-            or xs.max() + width > image.shape[2]
+        extent = tuple(int(side) for side in patches.shape[2:])
+        if count and any(
+            axis.min() < 0 or axis.max() + side > size
+            for axis, side, size in zip(starts, extent, image.shape[1:])
         ):
             raise ValueError("every patch must lie inside the image")
         patches = patches.detach().to(self.device, self.dtype)
@@ -478,12 +487,12 @@ class OcclusionExplainer:
         else:
             graph, views = self.views_for(image)
             largest = self.largest_activation_bytes(graph)
-            geometry = graph.geometry((ys, xs), (height, width), 1.0)
-        corners = np.stack([ys, xs], axis=1)
+            geometry = graph.geometry(tuple(starts), extent, 1.0)
+        corners = np.stack(starts, axis=1)
         batch_size = capped_batch_size(batch_size, largest)
         outputs = []
-        for begin in range(0, len(ys), batch_size):
-            batch = slice(begin, min(begin + batch_size, len(ys)))
+        for begin in range(0, count, batch_size):
+            batch = slice(begin, min(begin + batch_size, count))
             if mode == "naive":
                 occluded = self._occluded_batch(image, patches[batch], corners[batch])
                 with CAPTURE_LOCK.shared():
@@ -491,7 +500,7 @@ class OcclusionExplainer:
             else:
                 outputs.append(graph.run_batch(views, geometry, batch, patches[batch]))
             if progress is not None:
-                progress(batch.stop, len(ys))
+                progress(batch.stop, count)
         if not outputs:
             return torch.empty(0)
         return torch.cat(outputs)

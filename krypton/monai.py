@@ -11,8 +11,9 @@ overlap, the Gaussian or constant weighting that blends overlapping windows, and
 Gaussian kernel of ``mode="gaussian"``. Krypton replaces only the predictor: where MONAI
 runs the whole network on each occluded copy, the engine recomputes what each window
 changes (its pixels multiplied by MONAI's kernel and offset, or replaced by a patch
-mean — content that varies with position). 3-D volumes, extra forward arguments, callable
-modes and models torch.fx cannot capture go to MONAI's own class, with one warning.
+mean — content that varies with position), on 2-D images and 3-D volumes alike. Extra
+forward arguments, callable modes and models torch.fx cannot capture go to MONAI's own
+class, with one warning.
 
 MONAI is optional: Krypton imports without it; this module needs ``pip install monai``.
 """
@@ -27,6 +28,7 @@ from torch import nn
 
 from .dropin import DropIn
 from .engine.capture_lock import CAPTURE_LOCK
+from .engine.kernels import window_index
 from .explainer import OcclusionExplainer
 
 __all__ = ["OcclusionSensitivity"]
@@ -92,8 +94,8 @@ class OcclusionSensitivity(DropIn):
         )
 
     def _why_not_incremental(self, x, kwargs) -> str | None:
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            return "the incremental engine takes 2-D images (B, C, H, W)"
+        if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5):
+            return "the incremental engine takes images (B, C, H, W) or volumes (B, C, D, H, W)"
         if x.shape[0] != 1:
             return None  # MONAI refuses a batch larger than one: let it say so
         if kwargs:
@@ -115,7 +117,8 @@ class OcclusionSensitivity(DropIn):
         monai_sensitivity = self._monai
         if x.shape[0] > 1:
             raise ValueError("Expected batch size of 1.")
-        mask_size: Sequence = ensure_tuple_rep(monai_sensitivity.mask_size, 2)
+        rank = x.dim() - 2  # spatial axes: 2 for an image, 3 for a volume
+        mask_size: Sequence = ensure_tuple_rep(monai_sensitivity.mask_size, rank)
         grid = MetaTensor(
             np.stack(np.meshgrid(*[np.arange(0, i) for i in x.shape[2:]], indexing="ij"))[None],
             device=x.device,
@@ -155,7 +158,7 @@ class OcclusionSensitivity(DropIn):
             corners: list[torch.Tensor] = []
 
             def record(cropped_grid: torch.Tensor) -> torch.Tensor:
-                corners.append(cropped_grid[:, :, 0, 0].round().long())
+                corners.append(cropped_grid[(slice(None), slice(None), *[0] * rank)].round().long())
                 return torch.zeros((cropped_grid.shape[0], classes, *mask_size), dtype=x.dtype)
 
             sliding_window_inference(grid, predictor=record, progress=False, **sliding)
@@ -194,26 +197,27 @@ class OcclusionSensitivity(DropIn):
         occ_mode: Any,
         activate: bool | Callable,
     ) -> torch.Tensor:
-        """What MONAI's predictor returns for each window (top-left ``corners``, (P, 2)),
+        """What MONAI's predictor returns for each window (first corners, (P, rank)),
         before it is spread over the window: the activated outputs (P, classes)."""
-        ys, xs = corners[:, 0], corners[:, 1]
-        height, width = mask_size
         image = x[0].as_subclass(torch.Tensor)
-        rows = ys[:, None] + torch.arange(height, device=x.device)
-        cols = xs[:, None] + torch.arange(width, device=x.device)
-        windows = image[:, rows[:, :, None], cols[:, None, :]].permute(1, 0, 2, 3)
+        rank = corners.shape[1]
+        index = window_index([corners[:, axis] for axis in range(rank)], list(mask_size))
+        # (C, P, *mask) -> (P, C, *mask)
+        windows = image[(slice(None), *index)].movedim(1, 0)
         if occ_mode == "mean_patch":
             # What MONAI 1.6 computes: its predictor unpacks constant_occlusion's
             # (multiplicative, additive) = (0, mean) as (add, mul), so the box is
             # *multiplied* by its mean rather than replaced by it. Same numbers as MONAI.
-            patches = windows * windows.mean(dim=(1, 2, 3), keepdim=True)
+            patches = windows * windows.mean(dim=tuple(range(1, rank + 2)), keepdim=True)
         else:
             patches = windows * mul + add
+        starts = corners.cpu().numpy()
         out = self._explainer.occluded_outputs(
             image,
-            ys.cpu().numpy(),
-            xs.cpu().numpy(),
+            starts[:, -2],
+            starts[:, -1],
             torch.as_tensor(patches).as_subclass(torch.Tensor),
+            zs=starts[:, 0] if rank == 3 else None,
             batch_size=self._monai.n_batch,
         )
         if callable(activate):

@@ -40,7 +40,7 @@ def test_agrees_with_monai(settings, call):
     assert torch.equal(got_class, expected_class)
 
 
-def test_volumes_and_untraceable_models_go_to_monai():
+def test_untraceable_models_go_to_monai():
     class Dynamic(nn.Module):
         def forward(self, x):
             return MODEL(x) if x.sum() > -1e9 else -MODEL(x)
@@ -52,18 +52,54 @@ def test_volumes_and_untraceable_models_go_to_monai():
     expected, _ = monai_visualize.OcclusionSensitivity(Dynamic().eval(), verbose=False)(IMAGE)
     torch.testing.assert_close(got, expected)
 
-    class Volume(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv3d(1, 2, 3)
 
-        def forward(self, x):
-            return self.conv(x).mean(dim=(2, 3, 4))
+class VolumeNet(nn.Module):
+    """A small 3-D classifier: the engine windows its convolutions and pool."""
 
-    volume = torch.randn(1, 1, 8, 8, 8)
-    model = Volume().eval()
-    sensitivity = OcclusionSensitivity(model, mask_size=4, verbose=False)
-    with pytest.warns(UserWarning, match="2-D images"):
-        got, _ = sensitivity(volume)
-    expected, _ = monai_visualize.OcclusionSensitivity(model, mask_size=4, verbose=False)(volume)
-    torch.testing.assert_close(got, expected)
+    def __init__(self, channels: int = 1):
+        super().__init__()
+        self.stem = nn.Conv3d(channels, 6, 3, stride=2, padding=1)
+        self.norm = nn.BatchNorm3d(6)
+        self.pool = nn.MaxPool3d(2)
+        self.body = nn.Conv3d(6, 8, 3, padding=1)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.norm(self.stem(x))))
+        return self.head(torch.relu(self.body(x)).mean(dim=(2, 3, 4)))
+
+
+torch.manual_seed(1)
+VOLUME_MODEL = VolumeNet().eval()
+VOLUME = torch.randn(1, 1, 16, 20, 18)
+
+
+@pytest.mark.parametrize(
+    "settings, call",
+    [
+        ({"mask_size": 8}, {}),  # gaussian at MONAI's default overlap 0.6
+        ({"mode": "mean_patch", "mask_size": 6, "overlap": 0.25}, {}),
+        ({"mode": "mean_img", "mask_size": (4, 8, 6), "overlap": 0.5}, {}),
+        (
+            {"mode": 0.5, "mask_size": 6, "overlap": 0.5, "n_batch": 5},
+            {"b_box": [2, 14, 0, 16, 3, 17]},
+        ),
+        ({"activate": False, "mask_size": 8, "overlap": 0.0}, {}),
+    ],
+)
+def test_volumes_agree_with_monai_computed_by_krypton(settings, call):
+    """3-D calls ran through MONAI's own class (a warning said so); they are computed
+    incrementally now, with MONAI's numbers."""
+    settings = dict(settings, verbose=False)
+    expected, expected_class = monai_visualize.OcclusionSensitivity(VOLUME_MODEL, **settings)(
+        VOLUME, **call
+    )
+    sensitivity = OcclusionSensitivity(VOLUME_MODEL, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "using MONAI's own" any more
+        warnings.filterwarnings("ignore", message=".*non-tuple sequence.*")  # MONAI's own
+        got, got_class = sensitivity(VOLUME, **call)
+    assert sensitivity.last_engine == "krypton"
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() <= 1e-5 * max(1.0, float(expected.abs().max()))
+    assert torch.equal(got_class, expected_class)
