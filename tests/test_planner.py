@@ -182,6 +182,11 @@ def test_one_stall_in_the_first_timing_does_not_pin_naive(monkeypatch):
     image = torch.randn(3, 224, 224)  # a small patch on a large image: incremental ~4x faster
     steady = krypton.OcclusionExplainer(model).explain(image, patch=8, stride=32, batch_size=4)
     assert steady.extra["plan"].startswith("incremental:"), steady.extra["plan"]
+    # The stall must make the first incremental batch (4 positions) slower per position
+    # than naive, whatever this host's naive pace: on one loaded thread VGG16 took 0.34 s
+    # per image, and a fixed 1 s stall (0.25 s per position) no longer overturned it.
+    naive_seconds = steady.extra["plan_timing"]["naive_ms_per_position"] / 1e3
+    stall = max(1.0, 8 * naive_seconds)
 
     original = graph_module.IncrementalGraph.run_batch
     calls = []
@@ -189,7 +194,7 @@ def test_one_stall_in_the_first_timing_does_not_pin_naive(monkeypatch):
     def first_call_stalls(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
-            time.sleep(1.0)  # longer than the naive batch takes
+            time.sleep(stall)  # longer than a naive batch takes
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(graph_module.IncrementalGraph, "run_batch", first_call_stalls)
