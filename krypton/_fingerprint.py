@@ -111,10 +111,34 @@ def memory_budget_bytes() -> int:
 LIVE_ACTIVATION_FACTOR = 4
 
 
-def capped_batch_size(requested: int, largest_activation_bytes: int) -> int:
-    """The batch size that keeps one batch's activations inside the memory budget."""
+class MemoryBudgetError(ValueError):
+    """A volume's run would not fit the memory budget even one occluded volume at a time."""
+
+
+def capped_batch_size(
+    requested: int,
+    largest_activation_bytes: int,
+    reserved_bytes: int = 0,
+    strict: bool = False,
+) -> int:
+    """The batch size that keeps one batch's activations, beside ``reserved_bytes`` (the
+    materialised views a run holds), inside the memory budget.
+
+    An image's run always gets a batch of at least one. With ``strict`` (volumes, where
+    3-D activations and views are what binds) a run that cannot fit even one occluded
+    input is refused with :class:`MemoryBudgetError` instead."""
     per_image = max(1, LIVE_ACTIVATION_FACTOR * largest_activation_bytes)
-    return max(1, min(requested, memory_budget_bytes() // per_image))
+    budget = memory_budget_bytes()
+    available = budget - reserved_bytes
+    if strict and available < per_image:
+        raise MemoryBudgetError(
+            f"this run needs about {(reserved_bytes + per_image) / 2**20:.0f} MB "
+            f"({reserved_bytes / 2**20:.0f} MB of materialised views and "
+            f"{per_image / 2**20:.0f} MB per occluded volume), over the memory budget of "
+            f"{budget / 2**20:.0f} MB (KRYPTON_MEMORY_BUDGET_MB): raise the budget, or "
+            f"explain a smaller region or a downsampled volume"
+        )
+    return max(1, min(requested, max(available, 0) // per_image))
 
 
 def _image_key(image: torch.Tensor) -> str:

@@ -326,7 +326,8 @@ class OcclusionExplainer:
             logits = views.logits
             largest = self.largest_activation_bytes(graph)
         requested_batch = batch_size
-        batch_size = capped_batch_size(batch_size, largest)
+        reserved = 0 if views is None else views.nbytes
+        batch_size = capped_batch_size(batch_size, largest, reserved, strict=image.dim() == 4)
         classes = _check_logits(logits)
         if label is None:
             label = int(logits[0].argmax())
@@ -350,7 +351,7 @@ class OcclusionExplainer:
             macs_per_image if mode == "naive" else 0,
             keep_all,
         )
-        extra: dict = {"batch_size": batch_size}
+        extra: dict = {"batch_size": batch_size, "views_mb": round(reserved / 2**20, 1)}
         if batch_size < requested_batch:  # changes speed only, never the numbers
             extra["batch_size_capped_from"] = requested_batch
         class_values = None
@@ -489,7 +490,8 @@ class OcclusionExplainer:
             largest = self.largest_activation_bytes(graph)
             geometry = graph.geometry(tuple(starts), extent, 1.0)
         corners = np.stack(starts, axis=1)
-        batch_size = capped_batch_size(batch_size, largest)
+        reserved = 0 if views is None else views.nbytes
+        batch_size = capped_batch_size(batch_size, largest, reserved, strict=image.dim() == 4)
         outputs = []
         for begin in range(0, count, batch_size):
             batch = slice(begin, min(begin + batch_size, count))

@@ -36,6 +36,14 @@ class MaterializedViews:
     padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, tuple[int, ...]]]
     logits: torch.Tensor
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the views hold (each tensor's storage counted once)."""
+        tensors = [t for t in self.values.values() if isinstance(t, torch.Tensor)]
+        tensors += [padded for padded, _ in self.padded.values()]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return int(sum(storages.values()))
+
     def spatial(
         self, node: fx.Node, pad_value: float = 0.0
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
