@@ -182,8 +182,13 @@ def test_cancel_stops_the_run(dash_duo, krypton_app, fundus_png):
     dash_duo.wait_for_contains_text("#live-status", " of ", timeout=60)
     dash_duo.find_element("#cancel").click()
     dash_duo.wait_for_contains_text("#message", "Run cancelled", timeout=20)
-    time.sleep(2)
+    # The run stops after the batch in flight: 16 full inferences, which took over 2 s
+    # while the other test worker ran 3-D models (a fixed 2 s wait failed once in 505).
+    deadline = time.monotonic() + 30
+    while not dash_duo.find_element("#run").is_enabled() and time.monotonic() < deadline:
+        time.sleep(0.25)
     assert dash_duo.find_element("#run").is_enabled()
+    time.sleep(2)  # and nothing arrives after the cancel
     assert "positions computed" not in dash_duo.find_element("#result-summary").text
 
 
