@@ -12,7 +12,14 @@ from pydicom.uid import generate_uid
 
 from krypton.io import _decoding
 from krypton.io._decoding import ImageLoadError
-from krypton.io.volumes import Volume, read_dicom_series, read_nifti, read_volume, resample
+from krypton.io.volumes import (
+    Volume,
+    read_dicom_series,
+    read_multiframe_dicom,
+    read_nifti,
+    read_volume,
+    resample,
+)
 
 ORIENTATION = [1.0, 0.0, 0.0, 0.0, 0.8, 0.6]  # rows along x, columns tilted: oblique slices
 NORMAL = np.cross(ORIENTATION[:3], ORIENTATION[3:])
@@ -175,3 +182,61 @@ def test_a_series_read_and_resampled_is_explained_exactly(tmp_path):
     naive = krypton.explain(model, voxels[None], mode="naive", **kwargs)
     assert exact.values.shape == (4, 4, 4)
     np.testing.assert_allclose(exact.values, naive.values, atol=1e-6, rtol=0)
+
+
+def enhanced_from_series(folder, path, gap=False):
+    """The series in ``folder`` converted by highdicom into one Legacy Converted Enhanced
+    CT file (per-frame functional groups place each frame), frames in file-name order;
+    with ``gap`` the last slice moved one more step out (a missing slice before it)."""
+    import highdicom
+
+    slices = [pydicom.dcmread(p) for p in sorted(folder.glob("*.dcm"))]
+    converted = highdicom.legacy.LegacyConvertedEnhancedCTImage(
+        slices, generate_uid(), 1, generate_uid(), 1
+    )
+    if gap:
+        planes = [f.PlanePositionSequence[0] for f in converted.PerFrameFunctionalGroupsSequence]
+        along = [float(np.array(p.ImagePositionPatient, float) @ NORMAL) for p in planes]
+        last = planes[int(np.argmax(along))]
+        last.ImagePositionPatient = list(np.array(last.ImagePositionPatient, float) + 2.5 * NORMAL)
+    converted.save_as(path)
+    return path
+
+
+def test_an_enhanced_multiframe_file_reads_as_its_series_does(tmp_path):
+    write_series(tmp_path / "series")
+    series = read_dicom_series(tmp_path / "series")
+    path = enhanced_from_series(tmp_path / "series", tmp_path / "enhanced.dcm")
+    volume = read_volume(path)  # a file that is not NIfTI or a zip: multi-frame DICOM
+    assert volume.source.startswith("multi-frame DICOM enhanced.dcm (5 frames)")
+    np.testing.assert_allclose(volume.voxels, series.voxels)
+    assert volume.spacing == pytest.approx(series.spacing)
+    np.testing.assert_allclose(volume.affine, series.affine, atol=1e-6)
+
+
+def test_a_series_affine_places_voxels_where_the_dicom_header_says(tmp_path):
+    write_series(tmp_path / "series")
+    volume = read_dicom_series(tmp_path / "series")
+    # voxel (slice k, row r, column c): IPP_k + c * 0.9 * row cosine + r * 0.7 * column
+    # cosine, in LPS; RAS flips x and y
+    k, r, c = 3, 10, 20
+    lps = (
+        np.array([10.0, -5.0, 3.0]) + k * 2.5 * NORMAL
+        + c * 0.9 * np.array(ORIENTATION[:3]) + r * 0.7 * np.array(ORIENTATION[3:])
+    )  # fmt: skip
+    np.testing.assert_allclose((volume.affine @ [k, r, c, 1])[:3], lps * [-1, -1, 1], atol=1e-9)
+
+
+def test_multiframe_files_that_are_not_volumes_are_refused(tmp_path, monkeypatch):
+    write_series(tmp_path / "series", count=6)
+    gap = enhanced_from_series(tmp_path / "series", tmp_path / "gap.dcm", gap=True)
+    with pytest.raises(ImageLoadError, match="do not form one evenly spaced volume"):
+        read_multiframe_dicom(gap)
+    with pytest.raises(ImageLoadError, match="holds one frame"):
+        read_multiframe_dicom(get_testdata_file("CT_small.dcm"))
+    with pytest.raises(ImageLoadError, match="no per-frame functional groups"):
+        read_multiframe_dicom(get_testdata_file("examples_ybr_color.dcm"))
+    whole = enhanced_from_series(tmp_path / "series", tmp_path / "whole.dcm")
+    monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 100_000)
+    with pytest.raises(ImageLoadError, match="6x128x128 16-bit multi-frame DICOM.*decode budget"):
+        read_multiframe_dicom(whole)

@@ -23,7 +23,16 @@ import torch.nn.functional as F
 
 from ._decoding import DECODE_BUDGET, DICOM_DECODE_FACTOR, ImageLoadError
 
-__all__ = ["Volume", "read_dicom_series", "read_nifti", "read_volume", "resample"]
+__all__ = [
+    "Volume",
+    "ModelVolume",
+    "read_dicom_series",
+    "read_multiframe_dicom",
+    "read_nifti",
+    "read_volume",
+    "resample",
+    "prepare_for_model",
+]
 
 # Slices are evenly spaced when every gap is within this share of the median gap.
 SPACING_TOLERANCE = 0.01
@@ -31,6 +40,8 @@ SPACING_TOLERANCE = 0.01
 ORIENTATION_TOLERANCE = 1e-4
 # Most files a series may have: more is not a scan but a folder of everything.
 MAX_SLICES = 2048
+# DICOM's patient frame is LPS+; NIfTI's (and Volume.affine's) is RAS+
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
 
 @dataclass(frozen=True)
@@ -38,13 +49,16 @@ class Volume:
     """A volume of modality values (CT: Hounsfield units) and where its voxels lie.
 
     ``voxels``: (D, H, W) float32, slices ordered along the slice normal; ``spacing``:
-    (slice, row, column) distances in mm; ``source``: what it was read from."""
+    (slice, row, column) distances in mm; ``source``: what it was read from; ``affine``:
+    4x4, voxel index (z, y, x, 1) to scanner position in mm, RAS+ as NIfTI keeps it (None
+    when the source did not say)."""
 
     voxels: np.ndarray
     spacing: tuple[float, float, float]
     source: str
     series_uid: str | None = None
     modality: str | None = None
+    affine: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -189,7 +203,22 @@ def read_dicom_series(source: str | Path) -> Volume:
         f"DICOM series ({len(placed)} slices)",
         uid,
         getattr(first, "Modality", None),
+        _series_affine(first, step, (row_spacing, column_spacing)),
     )
+
+
+def _series_affine(first, step: float, pixel_spacing: tuple[float, float]) -> np.ndarray:
+    """(z, y, x, 1) -> RAS mm for a sorted series: DICOM's patient frame is LPS, so x and y
+    change sign; rows step along the column direction cosine, columns along the row one."""
+    orientation = np.array([float(v) for v in first.ImageOrientationPatient])
+    along_row, along_column = orientation[:3], orientation[3:]
+    normal = np.cross(along_row, along_column)
+    lps = np.eye(4)
+    lps[:3, 0] = normal * step
+    lps[:3, 1] = along_column * pixel_spacing[0]
+    lps[:3, 2] = along_row * pixel_spacing[1]
+    lps[:3, 3] = [float(v) for v in first.ImagePositionPatient]
+    return LPS_TO_RAS @ lps
 
 
 def read_nifti(source: str | Path) -> Volume:
@@ -217,14 +246,74 @@ def read_nifti(source: str | Path) -> Volume:
     zooms = [float(z) for z in image.header.get_zooms()[:3]]
     # (x, y, z) -> (z, y, x): slices first, as a DICOM series and the engine hold them
     voxels = np.ascontiguousarray(np.transpose(data, (2, 1, 0)))
-    return Volume(voxels, (zooms[2], zooms[1], zooms[0]), f"NIfTI {source.name}")
+    affine = np.asarray(image.affine, dtype=np.float64)[:, [2, 1, 0, 3]]
+    return Volume(voxels, (zooms[2], zooms[1], zooms[0]), f"NIfTI {source.name}", affine=affine)
+
+
+def read_multiframe_dicom(source: str | Path) -> Volume:
+    """An enhanced multi-frame DICOM file (Enhanced CT / MR, their Legacy Converted forms,
+    any image whose per-frame functional groups place each frame) as one volume, in
+    modality values, slices in order along the normal. highdicom assembles it and refuses
+    frames that do not form one evenly spaced volume; the decode budget is asked first."""
+    import highdicom
+    import pydicom
+
+    source = Path(source)
+    try:
+        header = pydicom.dcmread(str(source), stop_before_pixels=True)
+        frames = int(getattr(header, "NumberOfFrames", 1) or 1)
+    except Exception as exc:  # pydicom raises many kinds on a damaged file
+        raise ImageLoadError(f"{source} is not a DICOM file pydicom can read ({exc})") from exc
+    if frames < 2:
+        raise ImageLoadError(
+            f"{source} holds one frame: a volume is a series (a folder or a zip of its "
+            f"slices), a multi-frame file or NIfTI"
+        )
+    if "PerFrameFunctionalGroupsSequence" not in header:
+        raise ImageLoadError(
+            f"{source} has {frames} frames but no per-frame functional groups, so nothing "
+            f"places its frames in space (a cine or ultrasound clip, not a volume)"
+        )
+    rows, columns = int(header.Rows), int(header.Columns)
+    bits = int(getattr(header, "BitsAllocated", 16) or 16)
+    what = f"a {frames}x{rows}x{columns} {bits}-bit multi-frame DICOM"
+    cost = DECODE_BUDGET.cost(
+        str(source), what, (frames, rows, columns), max(bits / 8, 4.0), DICOM_DECODE_FACTOR
+    )
+    with DECODE_BUDGET.reserve(cost):
+        try:
+            assembled = highdicom.imread(str(source)).get_volume(dtype=np.float32)
+        except (RuntimeError, ValueError, AttributeError, KeyError) as exc:
+            raise ImageLoadError(
+                f"{source}: its frames do not form one evenly spaced volume ({exc})"
+            ) from exc
+    voxels, lps = np.asarray(assembled.array, dtype=np.float32), np.asarray(assembled.affine)
+    if voxels.ndim != 3:
+        raise ImageLoadError(f"{source}: frames of shape {voxels.shape[1:]}; a volume is gray")
+    normal = np.cross(lps[:3, 2], lps[:3, 1])  # along a row x along a column
+    if float(lps[:3, 0] @ normal) < 0:  # slices first to last along the normal
+        voxels = voxels[::-1]
+        flip = np.eye(4)
+        flip[0, 0], flip[0, 3] = -1.0, voxels.shape[0] - 1
+        lps = lps @ flip
+    return Volume(
+        np.ascontiguousarray(voxels),
+        tuple(float(s) for s in assembled.spacing),  # type: ignore[arg-type]
+        f"multi-frame DICOM {source.name} ({frames} frames)",
+        str(getattr(header, "SeriesInstanceUID", "")) or None,
+        getattr(header, "Modality", None),
+        LPS_TO_RAS @ lps,
+    )
 
 
 def read_volume(source: str | Path) -> Volume:
-    """A DICOM series (folder or zip) or a NIfTI file, chosen by what ``source`` is."""
+    """A DICOM series (folder or zip), a multi-frame DICOM file or a NIfTI file, chosen by
+    what ``source`` is."""
     path = Path(source)
     if path.name.endswith((".nii", ".nii.gz")):
         return read_nifti(path)
+    if path.is_file() and not zipfile.is_zipfile(path):
+        return read_multiframe_dicom(path)
     return read_dicom_series(path)
 
 
@@ -241,10 +330,64 @@ def resample(volume: Volume, spacing: tuple[float, float, float]) -> Volume:
         return volume
     grid = torch.from_numpy(volume.voxels)[None, None]
     resized = F.interpolate(grid, size=shape, mode="trilinear", align_corners=False)
+    affine = None
+    if volume.affine is not None:  # new index n sits at old index (n + 0.5) * scale - 0.5
+        scale = np.array(volume.shape, float) / np.array(shape, float)
+        to_old = np.eye(4)
+        to_old[:3, :3] = np.diag(scale)
+        to_old[:3, 3] = 0.5 * scale - 0.5
+        affine = volume.affine @ to_old
     return Volume(
         resized[0, 0].numpy(),
         tuple(float(s) for s in spacing),  # type: ignore[arg-type]
         volume.source,
         volume.series_uid,
         volume.modality,
+        affine,
     )
+
+
+@dataclass(frozen=True)
+class ModelVolume:
+    """A volume as a model takes it: ``tensor`` (1, D, H, W), normalised; ``affine``: the
+    tensor's voxel index (z, y, x, 1) to scanner mm (RAS+), None when the source had none;
+    ``corner``: where the tensor's first voxel lies in the resampled volume (negative
+    where it was padded)."""
+
+    tensor: torch.Tensor
+    affine: np.ndarray | None
+    corner: tuple[int, int, int]
+    resampled_shape: tuple[int, int, int]
+
+
+def prepare_for_model(
+    volume: Volume,
+    spacing: tuple[float, float, float],
+    window: tuple[float, float],
+    size: tuple[int, int, int],
+    mean: float,
+    std: float,
+) -> ModelVolume:
+    """Resample to the model's ``spacing``, scale the modality ``window`` to [0, 1]
+    (clipped), take the centred block of ``size`` (padding with the window's low end, air
+    in CT, where the volume is smaller) and normalise with ``mean`` and ``std``."""
+    resampled = resample(volume, spacing)
+    low, high = window
+    unit = np.clip((resampled.voxels - low) / (high - low), 0.0, 1.0).astype(np.float32)
+    corner = tuple((have - want) // 2 for have, want in zip(unit.shape, size))
+    block = np.zeros(size, np.float32)
+    source = tuple(
+        slice(max(c, 0), max(c, 0) + min(w, h - max(c, 0)))
+        for c, w, h in zip(corner, size, unit.shape)
+    )
+    target = tuple(
+        slice(max(-c, 0), max(-c, 0) + (s.stop - s.start)) for c, s in zip(corner, source)
+    )
+    block[target] = unit[source]
+    affine = None
+    if resampled.affine is not None:
+        shift = np.eye(4)
+        shift[:3, 3] = corner
+        affine = resampled.affine @ shift
+    tensor = (torch.from_numpy(block)[None] - mean) / std
+    return ModelVolume(tensor, affine, corner, resampled.shape)  # type: ignore[arg-type]
