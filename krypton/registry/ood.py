@@ -248,7 +248,7 @@ def _stage_modules(module: nn.Module, probe: torch.Tensor) -> list[tuple[str, nn
             lambda m, _, out: (
                 calls.append((names.get(m, type(m).__name__), m, tuple(out.shape[2:])))
                 # 1 x 1 maps are pooled already: the penultimate layer covers them
-                if isinstance(out, torch.Tensor) and out.dim() == 4 and out[0, 0].numel() > 1
+                if isinstance(out, torch.Tensor) and out.dim() in (4, 5) and out[0, 0].numel() > 1
                 else None
             )
         )
@@ -285,7 +285,8 @@ def feature_statistics(
 ) -> tuple[list[str], list[np.ndarray]]:
     """Stage names and, per stage, (N, 2C) channel means and standard deviations of its
     output, then the (N, D) penultimate features, for preprocessed ``images``
-    ((N, 3, H, W) or an iterable of (3, H, W) tensors).
+    ((N, 3, H, W) or an iterable of (3, H, W) tensors; volumes (N, 1, D, H, W) or
+    (1, D, H, W) each).
 
     It hooks the module's layers while it runs: no other thread may run the same module
     meanwhile (:meth:`krypton.LoadedModel.check_ood` holds the capture lock exclusively).
@@ -302,7 +303,8 @@ def feature_statistics(
 
     def remember(index):
         def hook(_, __, out):
-            latest[index] = torch.cat([out.mean((2, 3)), out.std((2, 3))], 1).float()
+            spatial = tuple(range(2, out.dim()))  # (H, W), or (D, H, W) for volumes
+            latest[index] = torch.cat([out.mean(spatial), out.std(spatial)], 1).float()
 
         return hook
 
@@ -428,7 +430,7 @@ def outlier_features(
 def check(
     density: FeatureDensity, module: nn.Module, image: torch.Tensor, model_name: str
 ) -> OodResult:
-    """Score one preprocessed image (3, H, W) against ``density``."""
+    """Score one preprocessed image (3, H, W) or volume (1, D, H, W) against ``density``."""
     _, features = feature_statistics(module, image.unsqueeze(0))
     scores, stages = density.scores(features)
     score = float(scores[0])
