@@ -18,6 +18,13 @@ from tqdm import tqdm
 from . import explainer as explain_module
 from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
+from .cli_volumes import (
+    default_volume_model,
+    print_ood,
+    run_explain_volume,
+    stem_of,
+    wants_volume,
+)
 from .engine import analysis
 from .io.dicom import is_dicom, parse_window
 from .io.images import ImageLoadError, load_image
@@ -37,13 +44,15 @@ from .registry.models import (
 )
 
 
-def _region(text: str) -> tuple[int, int, int, int]:
+def _region(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
     except ValueError as exc:
-        raise argparse.ArgumentTypeError("region must be x0,y0,x1,y1 integers") from exc
-    if len(values) != 4:
-        raise argparse.ArgumentTypeError("region must be x0,y0,x1,y1")
+        raise argparse.ArgumentTypeError(
+            "region must be x0,y0,x1,y1 (a volume: z0,y0,x0,z1,y1,x1) integers"
+        ) from exc
+    if len(values) not in (4, 6):
+        raise argparse.ArgumentTypeError("region must be x0,y0,x1,y1 (a volume: z0,y0,x0,z1,y1,x1)")
     return values
 
 
@@ -80,7 +89,11 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stride", type=int, default=4)
     parser.add_argument("--mode", default="exact", choices=explain_module.MODES)
-    parser.add_argument("--region", type=_region, help="x0,y0,x1,y1 in model-input pixels")
+    parser.add_argument(
+        "--region",
+        type=_region,
+        help="x0,y0,x1,y1 in model-input pixels (a volume: z0,y0,x0,z1,y1,x1 in model voxels)",
+    )
     parser.add_argument(
         "--fill",
         type=_fill,
@@ -164,12 +177,23 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("explain", help="occlusion heatmap of one image")
-    run.add_argument("image", help="image file (PNG, JPEG, TIFF, BMP, ...)")
+    run.add_argument(
+        "image",
+        help="image file (PNG, JPEG, TIFF, BMP, DICOM, ...), or a volume for a volume model: "
+        "a DICOM series folder or zip, or a NIfTI file (.nii, .nii.gz)",
+    )
     run.add_argument(
         "--out",
         default="heatmap.png",
         help="heatmap PNG (image resolution, colour bar, title); the explained "
-        "class's values go next to it as .npy, every class's as .npz",
+        "class's values go next to it as .npy, every class's as .npz. A volume: its stem "
+        "names STEM.nii.gz, STEM.{axial,coronal,sagittal}.png and STEM.npy",
+    )
+    run.add_argument(
+        "--slices",
+        choices=("lowest", "middle"),
+        default="lowest",
+        help="a volume's three view PNGs: through the lowest cell (default) or the middle",
     )
     add_explain_options(run)
     run.add_argument(
@@ -289,9 +313,10 @@ def run_models() -> int:
     for info in available_models():
         status = "available" if info.available else f"UNAVAILABLE: {info.reason}; fix: {info.fix}"
         default = " (default)" if info.default else ""
+        kind = " (volumes)" if info.is_volume else ""
         print(
             f"{info.name}{default}: {len(info.classes)} classes, input "
-            f"{info.input_size[0]}x{info.input_size[1]} — {status}"
+            f"{'x'.join(map(str, info.input_size))}{kind} — {status}"
         )
     return 0
 
@@ -333,6 +358,14 @@ def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+
+    if wants_volume(args.image, args.model):
+        problem = output_problem(stem_of(Path(args.out)).with_suffix(".png"))
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        model = _load(args.model or default_volume_model(), args.random_weights)
+        return run_explain_volume(args, model, explain_options(args, model))
     problem = output_problem(Path(args.out))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -385,16 +418,7 @@ def run_explain(args: argparse.Namespace) -> int:
         f"{heatmap.values.shape[0]}x{heatmap.values.shape[1]} grid (patch {heatmap.patch}, "
         f"stride {heatmap.stride}), mode {heatmap.mode}"
     )
-    ood = heatmap.extra.get("ood")
-    if ood is not None:
-        verdict = "OUT OF DISTRIBUTION" if ood["flagged"] else "like the training images"
-        print(
-            f"ood score  {ood['score']:.2f} (threshold {ood['threshold']:.2f}; most unusual "
-            f"at {ood['stage']}): {verdict}"
-        )
-        if ood["flagged"]:
-            print(f"WARNING    {ood['warning']}")
-            print(f"warning: {ood['warning']}", file=sys.stderr)
+    print_ood(heatmap.extra.get("ood"))
     if dicom_line:
         print(f"dicom      {dicom_line}")
     if heatmap.mode == "exact":

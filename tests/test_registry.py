@@ -66,7 +66,7 @@ def test_imagenet_models_unavailable_offline_with_reason_and_fix(tmp_path, monke
     "fields, message",
     [
         ({"weights": {"source": "http"}}, "source 'torchvision' or 'file'"),
-        ({"architecture": "resnet1800"}, "unknown torchvision architecture"),
+        ({"architecture": "resnet1800"}, "unknown architecture 'resnet1800'"),
         ({"classes": []}, "'classes' must be a non-empty list"),
         ({"input_size": [224]}, "'input_size' must be"),
         ({"std": [0, 1, 1]}, "'std' values must be positive"),

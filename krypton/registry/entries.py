@@ -32,6 +32,7 @@ from typing import Any
 
 import torchvision
 
+from .architectures import ARCHITECTURES
 from .models import (
     DEFAULT_PATCH,
     IMAGENET_MEAN,
@@ -57,6 +58,7 @@ __all__ = [
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # used with fullmatch
 MAX_INPUT_SIDE = 1024  # pixels; larger inputs cost gigabytes per batch
+MAX_VOLUME_SIDE = 256  # voxels a side for a volume model's input
 MAX_CLASSES = 10_000
 MAX_CLASS_NAME = 200  # characters
 _RESERVED = ".reserved"  # one folder per lower-cased name: registration is atomic
@@ -78,13 +80,18 @@ class ModelInfo:
     description: str
     architecture: str | None
     classes: tuple[str, ...]
-    input_size: tuple[int, int]
+    input_size: tuple[int, ...]  # (H, W), or (D, H, W) for a volume model
     available: bool
     reason: str | None  # why it is unavailable
     fix: str | None  # the command or step that makes it available
     default: bool
     path: Path
     user: bool = False  # registered by a user (removable), not shipped
+
+    @property
+    def is_volume(self) -> bool:
+        """A 3-D model: it explains volumes (CLI and API), not 2-D images."""
+        return len(self.input_size) == 3
 
 
 def models_dir() -> Path:
@@ -156,31 +163,44 @@ def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
                 f"{path}: 'architecture' (a torchvision model name) is "
                 f"required for state_dict weights"
             )
-        if architecture not in torchvision.models.list_models(torchvision.models):
-            raise RegistryError(f"{path}: unknown torchvision architecture '{architecture}'")
+        if architecture not in ARCHITECTURES and architecture not in torchvision.models.list_models(
+            torchvision.models
+        ):
+            raise RegistryError(
+                f"{path}: unknown architecture '{architecture}' (torchvision's, or Krypton's: "
+                f"{', '.join(ARCHITECTURES)})"
+            )
     classes = entry.get("classes")
     if classes == "imagenet":
         entry["classes"] = _imagenet_classes()
     elif not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
         raise RegistryError(f"{path}: 'classes' must be a non-empty list of names or 'imagenet'")
     size = entry.get("input_size", [224, 224])
+    volume = isinstance(size, list) and len(size) == 3
+    low, high = (8, MAX_VOLUME_SIDE) if volume else (16, MAX_INPUT_SIDE)
     if not (
         isinstance(size, list)
-        and len(size) == 2
-        and all(
-            isinstance(v, int) and not isinstance(v, bool) and 16 <= v <= MAX_INPUT_SIDE
-            for v in size
-        )
+        and len(size) in (2, 3)
+        and all(isinstance(v, int) and not isinstance(v, bool) and low <= v <= high for v in size)
     ):
         raise RegistryError(
-            f"{path}: 'input_size' must be [height, width], each from 16 to {MAX_INPUT_SIDE} pixels"
+            f"{path}: 'input_size' must be [height, width], each from 16 to {MAX_INPUT_SIDE} "
+            f"pixels, or for a volume model [depth, height, width], each from 8 to "
+            f"{MAX_VOLUME_SIDE} voxels"
         )
     entry["input_size"] = size
+    channels = 1 if volume else 3
     for key, default in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
-        value = entry.get(key, list(default))
-        if not (isinstance(value, list) and len(value) == 3):
-            raise RegistryError(f"{path}: '{key}' must be three numbers")
+        value = entry.get(key, None if volume else list(default))
+        if not (
+            isinstance(value, list)
+            and len(value) == channels
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        ):
+            raise RegistryError(f"{path}: '{key}' must be {channels} number(s)")
         entry[key] = value
+    if volume:
+        _validate_volume(entry, path)
     if any(s <= 0 for s in entry["std"]):
         raise RegistryError(f"{path}: 'std' values must be positive")
     patch = entry.get("patch", DEFAULT_PATCH)
@@ -191,6 +211,32 @@ def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
         )
     entry["patch"] = patch
     return entry
+
+
+def _validate_volume(entry: dict[str, Any], path: str) -> None:
+    """A volume model's "volume": the voxel spacing it was trained at (mm), the modality
+    window its input scales to [0, 1] and the occluder's value, in modality units."""
+    volume = entry.get("volume")
+
+    def numbers(key: str, count: int) -> bool:
+        value = volume.get(key) if isinstance(volume, dict) else None
+        return (
+            isinstance(value, list)
+            and len(value) == count
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        )
+
+    if not (
+        numbers("spacing_mm", 3)
+        and all(v > 0 for v in volume["spacing_mm"])
+        and numbers("window_hu", 2)
+        and volume["window_hu"][0] < volume["window_hu"][1]
+        and isinstance(volume.get("fill_hu"), (int, float))
+    ):
+        raise RegistryError(
+            f"{path}: a volume model needs 'volume': {{'spacing_mm': [slice, row, column] > 0, "
+            f"'window_hu': [low, high], 'fill_hu': the occluder's value}}"
+        )
 
 
 def _weights_file(entry: dict, directory: Path) -> Path:
@@ -260,8 +306,9 @@ def available_models(directory: Path | None = None) -> list[ModelInfo]:
 
 
 def default_model_name(directory: Path | None = None) -> str | None:
-    """The available model marked default, else the first available one."""
-    infos = [info for info in available_models(directory) if info.available]
+    """The available image model marked default, else the first available one (volume
+    models are never the default: the app and an image's explanation need a 2-D one)."""
+    infos = [info for info in available_models(directory) if info.available and not info.is_volume]
     for info in infos:
         if info.default:
             return info.name

@@ -16,6 +16,7 @@ import torchvision
 from torch import nn
 
 from ..approximate.tuning import TauTuning
+from .architectures import ARCHITECTURES
 from .entries import CheckpointError, _availability, _weights_file, find_entry
 from .models import (
     LoadedModel,
@@ -82,6 +83,10 @@ def _parameters_on_meta() -> Iterator[None]:
                 nn.Module.register_parameter = _register_parameter
 
 
+def _maker(architecture: str) -> str:
+    return "Krypton" if architecture in ARCHITECTURES else "torchvision"
+
+
 def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Module:
     source = path.name
     try:
@@ -100,9 +105,17 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
     kwargs: dict[str, Any] = {"weights": None, "num_classes": classes}
     if architecture == "inception_v3":
         kwargs.update(aux_logits=any(k.startswith("AuxLogits.") for k in state), init_weights=False)
+    if architecture in ARCHITECTURES:  # Krypton's own (registry/architectures.py)
+        kwargs = {"num_classes": classes}
+
+    def build() -> nn.Module:
+        if architecture in ARCHITECTURES:
+            return ARCHITECTURES[architecture](**kwargs)
+        return torchvision.models.get_model(architecture, **kwargs)
+
     try:  # parameters on the meta device: shapes without memory, a mismatch costs nothing
         with _parameters_on_meta():
-            skeleton = torchvision.models.get_model(architecture, **kwargs)
+            skeleton = build()
     except TypeError as exc:
         raise CheckpointError(f"cannot build {architecture} with {classes} classes: {exc}") from exc
     expected = skeleton.state_dict()
@@ -110,7 +123,7 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
         raise CheckpointError(
-            f"{source} does not match torchvision's {architecture}: "
+            f"{source} does not match {_maker(architecture)}'s {architecture}: "
             + (f"missing {len(missing)} keys (e.g. {', '.join(missing[:3])})" if missing else "")
             + ("; " if missing and unexpected else "")
             + (
@@ -143,7 +156,7 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
             f"{source}: {key} has shape {got} in the checkpoint but "
             f"{want} in {architecture} with {classes} classes{hint}"
         )
-    model = torchvision.models.get_model(architecture, **kwargs)  # now for real: it fits
+    model = build()  # now for real: it fits
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     if architecture == "inception_v3" and model.aux_logits:
         model.aux_logits = False
@@ -193,6 +206,7 @@ def load_model(name: str, directory: Path | None = None) -> LoadedModel:
         tuning=TauTuning.from_record(entry.get("tuning")),
         ood=_load_density(entry, directory),
         patch=entry["patch"],
+        volume=entry.get("volume"),
     )
 
 

@@ -64,7 +64,7 @@ class LoadedModel:
     name: str
     module: nn.Module
     classes: list[str]
-    input_size: tuple[int, int]  # (height, width)
+    input_size: tuple[int, ...]  # (height, width), or (depth, height, width) for volumes
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     random_weights: bool = False
@@ -73,6 +73,30 @@ class LoadedModel:
     tuning: TauTuning | None = None  # approximate mode's tuned τ (registry models only)
     ood: FeatureDensity | None = None  # in-distribution features (registry models only)
     patch: int = DEFAULT_PATCH  # the patch side its heatmaps are made with by default
+    # a volume model's registry "volume": spacing_mm, window_hu, fill_hu (None for 2-D)
+    volume: dict | None = None
+
+    @property
+    def is_volume(self) -> bool:
+        """A 3-D model: it takes (1, D, H, W) volumes (:meth:`prepare_volume`)."""
+        return len(self.input_size) == 3
+
+    def prepare_volume(self, volume):
+        """A :class:`~krypton.io.volumes.Volume` as this volume model takes it: resampled
+        to its voxel spacing, windowed, its centred input block, normalised
+        (:func:`~krypton.io.volumes.prepare_for_model`)."""
+        from ..io.volumes import prepare_for_model
+
+        if not self.is_volume or self.volume is None:
+            raise ValueError(f"{self.name} is a 2-D model; it explains images, not volumes")
+        return prepare_for_model(
+            volume,
+            tuple(self.volume["spacing_mm"]),  # type: ignore[arg-type]
+            tuple(self.volume["window_hu"]),  # type: ignore[arg-type]
+            self.input_size,  # type: ignore[arg-type]
+            self.mean[0],
+            self.std[0],
+        )
 
     def check_ood(self, image: torch.Tensor) -> OodResult | None:
         """Whether a preprocessed image (3, H, W) looks like this model's training images
@@ -98,7 +122,12 @@ class LoadedModel:
         return (tensor - mean) / std
 
     def gray_fill(self) -> tuple[float, ...]:
-        """Occluding value of mid-gray (0.5) in this model's input space."""
+        """Occluding value of mid-gray (0.5) in this model's input space; for a volume
+        model, its registry's "fill_hu" (CT demo: lung parenchyma) there."""
+        if self.volume is not None:
+            low, high = self.volume["window_hu"]
+            unit = min(max((self.volume["fill_hu"] - low) / (high - low), 0.0), 1.0)
+            return ((unit - self.mean[0]) / self.std[0],)
         return tuple((0.5 - m) / s for m, s in zip(self.mean, self.std))
 
     def class_name(self, index: int) -> str:

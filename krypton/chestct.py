@@ -1,0 +1,271 @@
+"""Synthetic chest-CT-like volumes with pulmonary nodules (the 3-D demo model's task).
+
+A volume is a (D, H, W) block of Hounsfield units, :data:`VOLUME_SIDE` voxels a side at a
+nominal :data:`SPACING_MM`: a slab of a chest — air around an elliptic body with a fat
+layer under the skin, a spine behind, two lungs of parenchyma (about -850 HU, with
+low-frequency texture) and in each lung a tree of vessels (soft-tissue tubes that branch
+from the hilum and thin at each generation, with a bulge at each bifurcation). Planted
+nodules (:class:`Nodule`) are solid (0-80 HU) or ground-glass (-650 to -400 HU) spheroids
+4-9 voxels across, free in the lung, touching a vessel, or touching the pleura. The hard
+negatives are in every volume: bifurcation bulges are blobs of nodule density, and the
+vessels cross every slice as round dots. Partial-volume blur and noise finish it.
+
+Label rule (:data:`LABEL_RULE`): any nodule makes it NODULE, else NORMAL. Everything is
+seeded: the same seed gives the same volumes, nodules and labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+
+__all__ = [
+    "CLASSES",
+    "VOLUME_SIDE",
+    "SPACING_MM",
+    "HU_WINDOW",
+    "PARENCHYMA_HU",
+    "LABEL_RULE",
+    "Nodule",
+    "VolumeSample",
+    "ChestCTGenerator",
+    "label_for",
+    "to_unit",
+]
+
+CLASSES = ("NORMAL", "NODULE")
+VOLUME_SIDE = 48
+SPACING_MM = (5.0, 5.0, 5.0)  # nominal (slice, row, column) spacing the model is trained at
+HU_WINDOW = (-1000.0, 400.0)  # the model's input: HU clipped to this range, scaled to [0, 1]
+PARENCHYMA_HU = -850.0  # the occluder the demo model's heatmaps are made with
+LABEL_RULE = "any nodule: NODULE; else NORMAL"
+NODULE_RADIUS = {"solid": (2.0, 4.5), "ground-glass": (2.5, 4.5)}  # voxels
+NODULE_KINDS = {"solid": 0.65, "ground-glass": 0.35}
+NODULE_SITES = {"free": 0.5, "vascular": 0.3, "pleural": 0.2}
+
+
+@dataclass(frozen=True)
+class Nodule:
+    """A planted nodule: centre (z, y, x) and radius in voxels, density in HU."""
+
+    z: float
+    y: float
+    x: float
+    radius: float
+    hu: float
+    kind: str  # "solid" | "ground-glass"
+    site: str  # "free" | "vascular" | "pleural"
+
+    def distance(self, z: float, y: float, x: float) -> float:
+        """Distance in voxels from (z, y, x) to the nodule's centre."""
+        return float(np.sqrt((z - self.z) ** 2 + (y - self.y) ** 2 + (x - self.x) ** 2))
+
+    def visible_share(self, corner: tuple[int, int, int], size: tuple[int, int, int]) -> float:
+        """Share of the nodule's voxels outside the box at ``corner`` (z, y, x) of ``size``."""
+        r = int(np.ceil(self.radius))
+        zz, yy, xx = np.mgrid[-r : r + 1, -r : r + 1, -r : r + 1].astype(np.float32)
+        zz, yy, xx = zz + round(self.z), yy + round(self.y), xx + round(self.x)
+        inside = (zz - self.z) ** 2 + (yy - self.y) ** 2 + (xx - self.x) ** 2 <= self.radius**2
+        hidden = np.ones_like(inside)
+        for axis, (start, extent) in zip((zz, yy, xx), zip(corner, size)):
+            hidden &= (axis >= start) & (axis < start + extent)
+        count = int(inside.sum())
+        return 1.0 - int((inside & hidden).sum()) / max(count, 1)
+
+
+@dataclass(frozen=True)
+class VolumeSample:
+    """A generated volume (D, H, W) float32 HU, its nodules and its class index."""
+
+    volume: np.ndarray
+    nodules: tuple[Nodule, ...]
+    label: int
+
+
+def label_for(nodules) -> int:
+    """Class index under :data:`LABEL_RULE`."""
+    return 1 if len(nodules) else 0
+
+
+def to_unit(volume: np.ndarray) -> np.ndarray:
+    """HU -> the model's [0, 1] input (:data:`HU_WINDOW`)."""
+    low, high = HU_WINDOW
+    return np.clip((volume - low) / (high - low), 0.0, 1.0).astype(np.float32)
+
+
+def _segment_distance(points: tuple, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Distance from grid points (z, y, x arrays) to the segment start-end."""
+    axis = end - start
+    length2 = float(axis @ axis) or 1.0
+    rel = [p - s for p, s in zip(points, start)]
+    t = np.clip(sum(r * a for r, a in zip(rel, axis)) / length2, 0.0, 1.0)
+    return np.sqrt(sum((r - t * a) ** 2 for r, a in zip(rel, axis)))
+
+
+class ChestCTGenerator:
+    """Seeded generator of :class:`VolumeSample` (see the module's docstring)."""
+
+    def __init__(self, seed: int = 0, side: int = VOLUME_SIDE) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.side = side
+        self.grid = np.ogrid[:side, :side, :side]
+
+    # -- anatomy -----------------------------------------------------------------------
+    def _anatomy(self) -> tuple[np.ndarray, np.ndarray, list]:
+        rng, n = self.rng, self.side
+        z, y, x = self.grid
+        cy, cx = n / 2 + rng.uniform(-2, 2), n / 2 + rng.uniform(-2, 2)
+        ry, rx = n * rng.uniform(0.36, 0.44), n * rng.uniform(0.44, 0.49)
+        body_r = ((y - cy) / ry) ** 2 + ((x - cx) / rx) ** 2
+        volume = np.full((n, n, n), -1000.0, np.float32)
+        body = np.broadcast_to(body_r <= 1.0, volume.shape)
+        volume[body] = rng.uniform(20, 60)
+        volume[np.broadcast_to((body_r > 0.8) & (body_r <= 1.0), volume.shape)] = rng.uniform(
+            -120, -80
+        )
+        spine = ((y - (cy + 0.78 * ry)) ** 2 + (x - cx) ** 2) <= (0.09 * n) ** 2
+        volume[np.broadcast_to(spine, volume.shape)] = rng.uniform(300, 500)
+        lungs = np.zeros(volume.shape, bool)
+        hila = []
+        for side_sign in (-1, 1):
+            lx = cx + side_sign * rx * rng.uniform(0.42, 0.5)
+            ly = cy - ry * rng.uniform(0.0, 0.12)
+            lz = n / 2 + rng.uniform(-4, 4)
+            sx, sy, sz = rx * rng.uniform(0.3, 0.38), ry * rng.uniform(0.55, 0.7), n * 0.7
+            lung = ((x - lx) / sx) ** 2 + ((y - ly) / sy) ** 2 + ((z - lz) / sz) ** 2 <= 1.0
+            lungs |= lung & (body_r <= 0.72)
+            hila.append(np.array([lz, ly, lx - side_sign * sx * 0.75]))
+        texture = ndimage.gaussian_filter(rng.standard_normal(volume.shape).astype(np.float32), 2)
+        volume[lungs] = PARENCHYMA_HU + rng.uniform(-40, 40) + 120 * texture[lungs]
+        return volume, lungs, hila
+
+    def _vessels(self, hila: list) -> list[tuple[np.ndarray, np.ndarray, float, bool]]:
+        """Segments (start, end, radius, forks at its end) of one branching tree per lung."""
+        rng = self.rng
+        segments = []
+        for hilum, sign in zip(hila, (1, -1)):  # left hilum grows to +x, right to -x
+            stack = [(hilum, np.array([0.0, 0.0, float(sign)]), rng.uniform(1.6, 2.2), 0)]
+            while stack:
+                start, direction, radius, generation = stack.pop()
+                direction = direction + rng.normal(0, 0.35, 3)
+                direction /= np.linalg.norm(direction)
+                end = start + direction * rng.uniform(5, 9) * (1 - 0.12 * generation)
+                segments.append((start, end, radius, generation < 4))
+                if generation < 4:
+                    for _ in range(2):
+                        bend = rng.normal(0, 0.7, 3)
+                        stack.append((end, direction + bend, radius * 0.78, generation + 1))
+        return segments
+
+    def _draw_tubes(self, volume, lungs, segments, hu: float) -> None:
+        n = self.side
+        for start, end, radius, forks in segments:
+            low = np.maximum(np.floor(np.minimum(start, end) - radius - 1), 0).astype(int)
+            high = np.minimum(np.ceil(np.maximum(start, end) + radius + 2), n).astype(int)
+            if np.any(high <= low):
+                continue
+            box = tuple(slice(a, b) for a, b in zip(low, high))
+            points = np.ogrid[box]
+            alpha = np.clip(radius + 0.5 - _segment_distance(points, start, end), 0, 1)
+            if forks:  # the bulge of a bifurcation; the last generation just ends
+                bulge = np.sqrt(sum((p - e) ** 2 for p, e in zip(points, end)))
+                alpha = np.maximum(alpha, np.clip(radius * 1.35 + 0.5 - bulge, 0, 1))
+            alpha = alpha * lungs[box]
+            volume[box] = volume[box] * (1 - alpha) + hu * alpha
+
+    # -- nodules -----------------------------------------------------------------------
+    def _nodule(self, lungs, depth, segments) -> Nodule | None:
+        rng = self.rng
+        kind = rng.choice(list(NODULE_KINDS), p=list(NODULE_KINDS.values()))
+        site = rng.choice(list(NODULE_SITES), p=list(NODULE_SITES.values()))
+        radius = float(rng.uniform(*NODULE_RADIUS[kind]))
+        hu = float(rng.uniform(0, 80) if kind == "solid" else rng.uniform(-650, -400))
+        margin = 3
+        if site == "vascular":
+            start, end, vessel, _ = segments[rng.integers(len(segments))]
+            point = start + (end - start) * rng.uniform(0.2, 0.8)
+            normal = np.cross(end - start, rng.normal(0, 1, 3))
+            normal /= np.linalg.norm(normal) or 1.0
+            centre = point + normal * (vessel + radius * 0.8)
+            inside = np.clip(np.round(centre).astype(int), 0, self.side - 1)
+            if not (lungs[tuple(inside)] and depth[tuple(inside)] >= radius * 0.8):
+                return None
+        else:
+            if site == "pleural":
+                low, high = radius * 0.6, radius * 1.0
+            else:
+                low, high = radius + 1.5, np.inf
+            candidates = np.argwhere((depth >= low) & (depth <= high))
+            candidates = candidates[
+                np.all((candidates >= margin) & (candidates < self.side - margin), axis=1)
+            ]
+            if not len(candidates):
+                return None
+            centre = candidates[rng.integers(len(candidates))] + rng.uniform(-0.5, 0.5, 3)
+        return Nodule(*map(float, centre), radius, hu, str(kind), str(site))
+
+    def _draw_nodule(self, volume, lungs, nodule: Nodule) -> None:
+        n, r = self.side, nodule.radius
+        stretch = self.rng.uniform(0.85, 1.15, 3)
+        centre = np.array([nodule.z, nodule.y, nodule.x])
+        low = np.maximum(np.floor(centre - r * 1.2 - 1), 0).astype(int)
+        high = np.minimum(np.ceil(centre + r * 1.2 + 2), n).astype(int)
+        box = tuple(slice(a, b) for a, b in zip(low, high))
+        points = np.ogrid[box]
+        d = np.sqrt(sum(((p - c) / s) ** 2 for p, c, s in zip(points, centre, stretch)))
+        alpha = np.clip(r + 0.5 - d, 0, 1)
+        alpha = alpha * ndimage.binary_dilation(lungs[box], iterations=1)
+        volume[box] = volume[box] * (1 - alpha) + nodule.hu * alpha
+
+    # -- samples -----------------------------------------------------------------------
+    def sample(self, label: int | None = None, nodules: int | None = None) -> VolumeSample:
+        """One volume; ``label`` picks the class (else 50/50), ``nodules`` how many (1-3)."""
+        rng = self.rng
+        if label is None:
+            label = int(rng.random() < 0.5)
+        count = 0 if label == 0 else (nodules or int(rng.choice([1, 1, 1, 2, 2, 3])))
+        volume, lungs, hila = self._anatomy()
+        segments = self._vessels(hila)
+        self._draw_tubes(volume, lungs, segments, float(rng.uniform(20, 70)))
+        depth = ndimage.distance_transform_edt(lungs) if count else None
+        planted: list[Nodule] = []
+        for _ in range(count * 20):
+            if len(planted) == count:
+                break
+            nodule = self._nodule(lungs, depth, segments)
+            if nodule is not None and all(
+                nodule.distance(o.z, o.y, o.x) > nodule.radius + o.radius + 2 for o in planted
+            ):
+                planted.append(nodule)
+        for nodule in planted:
+            self._draw_nodule(volume, lungs, nodule)
+        volume = ndimage.gaussian_filter(volume, rng.uniform(0.5, 0.8))
+        volume += rng.normal(0, rng.uniform(10, 35), volume.shape).astype(np.float32)
+        if rng.random() < 0.5:  # left-right flip
+            volume = volume[:, :, ::-1].copy()
+            planted = [
+                Nodule(o.z, o.y, self.side - 1 - o.x, o.radius, o.hu, o.kind, o.site)
+                for o in planted
+            ]
+        return VolumeSample(volume.astype(np.float32), tuple(planted), label_for(planted))
+
+    def occlude(
+        self, sample: VolumeSample, size: int
+    ) -> tuple[np.ndarray, tuple[int, int, int], float]:
+        """The volume with a parenchyma-filled cube of side ``size`` at a random place (on
+        a nodule half the time), the cube's corner, and the largest visible share of any
+        nodule left (0 when none)."""
+        rng, n = self.rng, self.side
+        if sample.nodules and rng.random() < 0.5:
+            target = sample.nodules[rng.integers(len(sample.nodules))]
+            centre = np.array([target.z, target.y, target.x]) + rng.uniform(-size / 2, size / 2, 3)
+        else:
+            centre = rng.uniform(0, n, 3)
+        corner = tuple(int(np.clip(round(c - size / 2), 0, n - size)) for c in centre)
+        volume = sample.volume.copy()
+        box = tuple(slice(c, c + size) for c in corner)
+        volume[box] = PARENCHYMA_HU
+        shares = [o.visible_share(corner, (size,) * 3) for o in sample.nodules]
+        return volume, corner, max(shares, default=0.0)  # type: ignore[return-value]
