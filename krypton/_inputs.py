@@ -232,11 +232,6 @@ def _where(image: torch.Tensor, patch, stride, region, positions, mode: str) -> 
     if positions is not None and region is not None:
         raise ValueError("give either region or positions, not both")
     if image.dim() == 4:
-        if mode == "approximate":
-            raise ValueError(
-                "approximate mode is not available for volumes yet; exact mode gives the "
-                "same numbers as naive, faster where the network allows"
-            )
         if positions is not None:
             raise ValueError(
                 "position lists are for 2-D images; give a volume a region "

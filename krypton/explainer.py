@@ -294,7 +294,6 @@ class OcclusionExplainer:
         image = self._prepare(image)
         where = _where(image, patch, stride, region, positions, mode)
         patch, stride_used, grid = where.patch, where.stride, where.grid
-        height, width = image.shape[-2:]
         if batch_size is None:
             batch_size = DEFAULT_BATCH.get(self.device.type, 16)
         batch_size = _positive_int(batch_size, "batch_size")
@@ -313,7 +312,7 @@ class OcclusionExplainer:
             freeze_gates=freeze_gates,
         )
         plan = _approximate_plan(
-            mode, settings, tuning, grid, patch, stride_used, region, (height, width)
+            mode, settings, tuning, grid, patch, stride_used, region, tuple(image.shape[1:])
         )
 
         # The one unoccluded inference: gives the label, its probability and (exact) views.
@@ -362,7 +361,7 @@ class OcclusionExplainer:
             )
         else:
             axes = grid
-            values = self._drill_down(run, grid, patch, plan, region, extra, partial)
+            values = self._drill_down(run, grid, where.extent, plan, extra, partial)
         if mode == "approximate":
             extra["frozen_gates"] = list(graph.frozen)
         if mode == "naive":
@@ -510,70 +509,62 @@ class OcclusionExplainer:
     def _drill_down(
         self,
         run: _Run,
-        grid: tuple[np.ndarray, np.ndarray],
-        patch: int,
+        grid: tuple[np.ndarray, ...],
+        patch: tuple[int, ...],
         plan: _ApproximatePlan,
-        region,
         extra: dict,
         partial: PartialCallback | None = None,
     ) -> np.ndarray:
-        """Adaptive drill-down (§4.2): stage one at S1, stage two at S2 where it matters."""
-        grid_ys, grid_xs = grid
-        s1 = plan.s1
-        stage_ys = drilldown.stage_one_axis(grid_ys, s1)
-        stage_xs = drilldown.stage_one_axis(grid_xs, s1)
-        stage_rows, stage_cols = (
-            np.repeat(stage_ys, len(stage_xs)),
-            np.tile(stage_xs, len(stage_ys)),
+        """Adaptive drill-down (§4.2): stage one at S1, stage two at S2 where it matters;
+        over an image's grid (ys, xs) or a volume's (zs, ys, xs)."""
+        s1, rank = plan.s1, len(grid)
+        stage_axes = tuple(drilldown.stage_one_axis(axis, s1) for axis in grid)
+        stage_shape = tuple(len(axis) for axis in stage_axes)
+        stage_corners = np.stack(
+            [c.ravel() for c in np.meshgrid(*stage_axes, indexing="ij")], axis=1
         )
-        blocks_per_cell = max(
-            1, round((s1 / (grid_ys[1] - grid_ys[0] if len(grid_ys) > 1 else s1)) ** 2)
-        )
-        chosen = max(1, int(np.ceil(plan.r_drill_down * stage_rows.size)))
-        run.expect(stage_rows.size + chosen * blocks_per_cell)  # refined after stage one
-        block_rows = drilldown.block_of(grid_ys, stage_ys)
-        block_cols = drilldown.block_of(grid_xs, stage_xs)
+        blocks_per_cell = max(1, round((s1 / plan.s2) ** rank))
+        chosen = max(1, int(np.ceil(plan.r_drill_down * len(stage_corners))))
+        run.expect(len(stage_corners) + chosen * blocks_per_cell)  # refined after stage one
+        blocks = np.ix_(*(drilldown.block_of(g, s) for g, s in zip(grid, stage_axes)))
 
         def stage_one_so_far(done: int, probabilities: np.ndarray) -> None:
             """A live picture after each stage-one batch: every grid cell shows its
             block's stage-one value (NaN where that block is not computed yet)."""
-            if partial is None or done >= stage_rows.size:
+            if partial is None or done >= len(stage_corners):
                 return
-            known = np.full(stage_rows.size, np.nan, dtype=np.float32)
+            known = np.full(len(stage_corners), np.nan, dtype=np.float32)
             known[:done] = probabilities[:done]
-            blocks = known.reshape(len(stage_ys), len(stage_xs))
-            partial(blocks[block_rows[:, None], block_cols[None, :]])
+            partial(known.reshape(stage_shape)[blocks])
 
-        stage_one = run.evaluate(
-            np.stack([stage_rows, stage_cols], axis=1),
-            (patch, patch),
-            plan.tau,
-            on_batch=stage_one_so_far,
-        )[0].reshape(len(stage_ys), len(stage_xs))
-
-        values = drilldown.interpolate_to_grid(stage_ys, stage_xs, stage_one, grid_ys, grid_xs)
+        stage_one = run.evaluate(stage_corners, patch, plan.tau, on_batch=stage_one_so_far)[
+            0
+        ].reshape(stage_shape)
+        values = drilldown.interpolate_to_grid(stage_axes, stage_one, grid)
         if partial is not None:  # the whole picture, coarse, before stage two
             partial(values.copy())
-        refine = drilldown.selected_blocks(stage_one, plan.r_drill_down, plan.refine_by)[
-            block_rows[:, None], block_cols[None, :]
-        ]
+        refine = drilldown.selected_blocks(stage_one, plan.r_drill_down, plan.refine_by)[blocks]
         # positions computed in stage one keep their values and are not recomputed
-        on_stage_one = np.isin(grid_ys, stage_ys)[:, None] & np.isin(grid_xs, stage_xs)[None, :]
-        rows, cols = np.nonzero(refine & ~on_stage_one)
-        run.expect(stage_rows.size + len(rows))
-        refined = np.stack([grid_ys[rows], grid_xs[cols]], axis=1)
-        values[rows, cols] = run.evaluate(refined, (patch, patch), plan.tau)[0]
-        exact_rows, exact_cols = np.nonzero(on_stage_one)
-        values[exact_rows, exact_cols] = stage_one[block_rows[exact_rows], block_cols[exact_cols]]
+        on_stage_one = np.ones(refine.shape, dtype=bool)
+        for axis, (g, s) in enumerate(zip(grid, stage_axes)):
+            shape = [1] * rank
+            shape[axis] = len(g)
+            on_stage_one &= np.isin(g, s).reshape(shape)
+        cells = np.nonzero(refine & ~on_stage_one)
+        run.expect(len(stage_corners) + len(cells[0]))
+        refined = np.stack([g[c] for g, c in zip(grid, cells)], axis=1)
+        values[cells] = run.evaluate(refined, patch, plan.tau)[0]
+        kept = np.nonzero(on_stage_one)
+        values[kept] = stage_one[tuple(b.ravel()[c] for b, c in zip(blocks, kept))]
         extra.update(
             s1=s1,
-            s2=int(grid_ys[1] - grid_ys[0]) if len(grid_ys) > 1 else None,
-            stage_one_positions=int(stage_rows.size),
-            stage_two_positions=int(len(rows)),
+            s2=plan.s2,
+            stage_one_positions=len(stage_corners),
+            stage_two_positions=len(cells[0]),
             drilled_cells=int(refine.sum()),
             refine_by=plan.refine_by,
             theoretical_drill_down_speedup=drilldown.drill_down_speedup(
-                s1, plan.s2, plan.r_drill_down
+                s1, plan.s2, plan.r_drill_down, rank
             ),
         )
         return values

@@ -122,16 +122,14 @@ def test_block_selection_and_interpolation():
     assert drilldown.selected_blocks(stage, 0.25).tolist() == [[False, True], [False, False]]
     assert drilldown.selected_blocks(stage, 0.5).sum() == 2
     values = drilldown.interpolate_to_grid(
-        np.array([0, 4]), np.array([0, 4]), stage, np.array([0, 2, 4, 6]), np.array([0, 2])
+        (np.array([0, 4]), np.array([0, 4])), stage, (np.array([0, 2, 4, 6]), np.array([0, 2]))
     )
     assert values[0, 0] == pytest.approx(0.9) and values[1, 0] == pytest.approx(0.7)
     assert values[3, 0] == pytest.approx(0.5)  # beyond the last row: nearest edge
     single = drilldown.interpolate_to_grid(
-        np.array([0]),
-        np.array([0, 4]),
+        (np.array([0]), np.array([0, 4])),
         np.array([[1.0, 3.0]]),
-        np.array([0, 2]),
-        np.array([0, 2, 4]),
+        (np.array([0, 2]), np.array([0, 2, 4])),
     )
     assert single.tolist() == [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
 

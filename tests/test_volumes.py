@@ -284,7 +284,7 @@ def test_explain_a_volume_with_a_cube_and_the_explainer_object(small_volume_net)
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(mode="approximate"), "not available for volumes"),
+        (dict(mode="approximate", tau=1.0, stride=(4, 4, 2)), "drill-down needs one stride"),
         (dict(positions=[(0, 0)]), "position lists are for 2-D images"),
         (dict(region=(0, 0, 8, 8)), r"\(z0, y0, x0, z1, y1, x1\)"),
         (dict(region=(0, 0, 0, 8, 8, 40)), "outside the 16x16x16 volume"),
@@ -344,3 +344,56 @@ def test_a_volume_run_that_cannot_fit_its_budget_is_refused(small_volume_net, mo
     for mode in ("exact", "naive"):
         with pytest.raises(MemoryBudgetError, match="over the memory budget of 0 MB"):
             krypton.explain(small_volume_net, volume, patch=8, stride=8, mode=mode)
+
+
+# -- approximate mode on volumes ----------------------------------------------------------
+
+
+def test_approximate_at_tau_1_without_drill_down_is_exact_on_a_volume(small_volume_net):
+    torch.manual_seed(5)
+    volume = torch.rand(1, 16, 16, 16)
+    kwargs = dict(patch=4, stride=4, fill=0.5)
+    exact = krypton.explain(small_volume_net, volume, **kwargs)
+    approximate = krypton.explain(
+        small_volume_net, volume, mode="approximate", tau=1.0, r_drill_down=1.0, **kwargs
+    )
+    np.testing.assert_allclose(approximate.values, exact.values, atol=1e-5, rtol=0)
+    # projective-field thresholding per axis: fewer MACs, the same grid
+    thresholded = krypton.explain(
+        small_volume_net, volume, mode="approximate", tau=0.5, r_drill_down=1.0, **kwargs
+    )
+    assert thresholded.values.shape == exact.values.shape
+    assert thresholded.macs_spent < exact.macs_spent
+    assert np.abs(thresholded.values - exact.values).max() < 0.2
+
+
+def test_drill_down_over_a_volume_refines_where_it_matters(small_volume_net):
+    torch.manual_seed(6)
+    volume = torch.rand(1, 24, 24, 24)
+    kwargs = dict(patch=4, stride=2, fill=0.5)
+    exact = krypton.explain(small_volume_net, volume, **kwargs)
+    partial_pictures = []
+    drilled = krypton.explain(
+        small_volume_net, volume, mode="approximate", tau=1.0, r_drill_down=0.1, s1=6,
+        partial=lambda values: partial_pictures.append(values.shape), **kwargs,
+    )  # fmt: skip
+    assert drilled.values.shape == exact.values.shape == (11, 11, 11)
+    extra = drilled.extra
+    assert extra["s1"] == 6 and extra["s2"] == 2
+    # stage one: 0, 6, 12, 18 and the last position 20 on each axis
+    assert extra["stage_one_positions"] == 5**3
+    assert drilled.positions_evaluated == 5**3 + extra["stage_two_positions"] < 11**3
+    # eq 28 on a volume's grid: positions fall with the cube of the stride
+    assert extra["theoretical_drill_down_speedup"] == pytest.approx(6**3 / (2**3 + 0.1 * 6**3))
+    on_stage_one = np.ix_(*(np.isin(axis, [0, 6, 12, 18, 20]) for axis in (drilled.zs,) * 3))
+    np.testing.assert_allclose(drilled.values[on_stage_one], exact.values[on_stage_one], atol=1e-5)
+    # refined cells are computed, not interpolated: they match exact too; among them
+    # every cell of the block whose stage-one value is lowest ("drop")
+    matches = np.isclose(drilled.values, exact.values, atol=1e-5)
+    assert matches.sum() >= drilled.positions_evaluated
+    stage_axis = np.array([0, 6, 12, 18, 20])
+    stage_one = exact.values[np.ix_(*(np.isin(drilled.zs, stage_axis),) * 3)]
+    lowest_block = np.unravel_index(np.argmin(stage_one), stage_one.shape)
+    block = np.searchsorted(stage_axis, drilled.zs, side="right") - 1
+    assert matches[np.ix_(*(block == b for b in lowest_block))].all()
+    assert partial_pictures and all(shape == (11, 11, 11) for shape in partial_pictures)

@@ -32,9 +32,11 @@ def _approximate_plan(
     patch,
     stride,
     region,
-    image_hw,
+    sizes,
 ) -> _ApproximatePlan | None:
-    """Validate the approximate-mode settings before any work; None for other modes."""
+    """Validate the approximate-mode settings before any work; None for other modes.
+    ``sizes``: the image's (H, W) or the volume's (D, H, W); ``region`` in the matching
+    form ((x0, y0, x1, y1) or (z0, y0, x0, z1, y1, x1))."""
     if mode != "approximate":
         return None
     tau, target_ssim, s1 = settings.tau, settings.target_ssim, settings.s1
@@ -71,18 +73,26 @@ def _approximate_plan(
             stacklevel=3,
         )
     tau_value, source = choice.tau, choice.source
-    if grid is None or r_drill_down >= 1.0 or (len(grid[0]) < 2 and len(grid[1]) < 2):
+    if grid is None or r_drill_down >= 1.0 or all(len(axis) < 2 for axis in grid):
         return _ApproximatePlan(tau_value, source, r_drill_down, None, stride, refine_by)
+    rank = len(grid)
+    if isinstance(stride, tuple):  # a volume's stride per axis: drill-down needs one
+        if len(set(stride)) != 1:
+            raise ValueError(
+                f"drill-down needs one stride on every axis, got {stride}; give one stride "
+                f"or r_drill_down=1.0 (no drill-down)"
+            )
+        stride = stride[0]
     if s1 is not None:
         s1 = _positive_int(s1, "s1")
         if s1 <= stride:
             raise ValueError(f"s1 ({s1}) must be larger than the stride ({stride})")
     else:
         if region is None:
-            width = min(image_hw)
+            width = min(sizes)
         else:
-            width = min(region[2] - region[0], region[3] - region[1])
+            width = min(region[rank + axis] - region[axis] for axis in range(rank))
         s1 = drilldown.check_drill_down(
-            float(target_speedup), float(r_drill_down), stride, int(width)
+            float(target_speedup), float(r_drill_down), stride, int(width), rank
         )
     return _ApproximatePlan(tau_value, source, float(r_drill_down), s1, stride, refine_by)

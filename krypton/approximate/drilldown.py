@@ -15,6 +15,7 @@ of its own.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -34,32 +35,39 @@ __all__ = [
 ]
 
 
-def drill_down_speedup(s1: float, s2: float, r_drill_down: float) -> float:
+# The paper's eqs 28-30 count positions on a 2-D grid, where they fall with the square of
+# the stride; on a volume's grid they fall with its cube. ``rank`` (2 for an image, 3 for
+# a volume) is that power; with rank 2 every formula is the paper's.
+
+
+def drill_down_speedup(s1: float, s2: float, r_drill_down: float, rank: int = 2) -> float:
     """Theoretical speedup of drill-down over regular OBE at stride S2 (eq 28)."""
-    return s1**2 / (s2**2 + r_drill_down * s1**2)
+    return s1**rank / (s2**rank + r_drill_down * s1**rank)
 
 
-def max_drill_down_speedup(width: int, s2: int, r_drill_down: float) -> float:
+def max_drill_down_speedup(width: int, s2: int, r_drill_down: float, rank: int = 2) -> float:
     """Upper bound on achievable drill-down speedup for a region of this width (eq 30)."""
-    return min(width**2 / (s2**2 + r_drill_down * width**2), 1.0 / r_drill_down)
+    return min(width**rank / (s2**rank + r_drill_down * width**rank), 1.0 / r_drill_down)
 
 
-def stage_one_stride(target: float, r_drill_down: float, s2: int) -> float:
+def stage_one_stride(target: float, r_drill_down: float, s2: int, rank: int = 2) -> float:
     """S1 that gives the target speedup: eq 28 solved for S1 (eq 29)."""
-    return math.sqrt(target / (1.0 - r_drill_down * target)) * s2
+    return (target / (1.0 - r_drill_down * target)) ** (1.0 / rank) * s2
 
 
-def check_drill_down(target: float, r_drill_down: float, s2: int, width: int) -> int:
+def check_drill_down(
+    target: float, r_drill_down: float, s2: int, width: int, rank: int = 2
+) -> int:
     """Validate the target against eq 30 and return the stage-one stride: eq 29 rounded to
     the nearest multiple of S2 (at least 2 S2)."""
-    bound = max_drill_down_speedup(width, s2, r_drill_down)
+    bound = max_drill_down_speedup(width, s2, r_drill_down, rank)
     if target >= bound:
         raise ValueError(
             f"target_speedup {target:g} is not achievable with r_drill_down "
             f"{r_drill_down:g} on a {width}-pixel-wide region at stride {s2}: the largest "
             f"achievable drill-down speedup is below {bound:.2f} (eq 30)"
         )
-    s1 = stage_one_stride(target, r_drill_down, s2)  # eq 29
+    s1 = stage_one_stride(target, r_drill_down, s2, rank)  # eq 29
     # A multiple of S2, so every stage-one position is also a stage-two grid position and
     # its value is reused rather than interpolated past.
     return s2 * max(2, int(round(s1 / s2)))
@@ -69,14 +77,13 @@ REFINE_RULES = ("drop+variation", "drop")
 
 
 def local_variation(stage_one: np.ndarray) -> np.ndarray:
-    """Per cell, the largest absolute difference to any of its 8 neighbours."""
+    """Per cell, the largest absolute difference to any of its neighbours (8 on an
+    image's grid, 26 on a volume's)."""
     padded = np.pad(stage_one.astype(np.float64), 1, mode="edge")
-    height, width = stage_one.shape
-    largest = np.zeros((height, width))
-    for dy in (-1, 0, 1):
-        for dx in (-1, 0, 1):
-            neighbour = padded[1 + dy : 1 + dy + height, 1 + dx : 1 + dx + width]
-            largest = np.maximum(largest, np.abs(neighbour - stage_one))
+    largest = np.zeros(stage_one.shape)
+    for offset in itertools.product((-1, 0, 1), repeat=stage_one.ndim):
+        window = tuple(slice(1 + d, 1 + d + n) for d, n in zip(offset, stage_one.shape))
+        largest = np.maximum(largest, np.abs(padded[window] - stage_one))
     return largest
 
 
@@ -123,23 +130,25 @@ def block_of(coordinates: np.ndarray, stage_axis: np.ndarray) -> np.ndarray:
 
 
 def interpolate_to_grid(
-    stage_ys: np.ndarray,
-    stage_xs: np.ndarray,
+    stage_axes: tuple[np.ndarray, ...],
     stage_one: np.ndarray,
-    ys: np.ndarray,
-    xs: np.ndarray,
+    grid_axes: tuple[np.ndarray, ...],
 ) -> np.ndarray:
-    """Bilinear interpolation of the stage-one heatmap onto the stage-two grid (values
-    beyond the outermost stage-one positions take the nearest edge value)."""
+    """Multilinear interpolation (bilinear on an image's grid, trilinear on a volume's) of
+    the stage-one heatmap, sampled at ``stage_axes``, onto the stage-two grid
+    ``grid_axes``; values beyond the outermost stage-one positions take the nearest edge
+    value."""
     axes, values = [], stage_one.astype(np.float64)
-    for axis, coordinates in enumerate((stage_ys, stage_xs)):
-        coordinates = coordinates.astype(np.float64)
+    for axis, coordinates in enumerate(stage_axes):
+        coordinates = np.asarray(coordinates, dtype=np.float64)
         if len(coordinates) == 1:  # a single row/column: constant along that axis
             coordinates = np.array([coordinates[0], coordinates[0] + 1.0])
             values = np.repeat(values, 2, axis=axis)
         axes.append(coordinates)
     interpolator = RegularGridInterpolator(tuple(axes), values, method="linear")
-    grid_y = np.clip(ys.astype(np.float64), axes[0][0], axes[0][-1])
-    grid_x = np.clip(xs.astype(np.float64), axes[1][0], axes[1][-1])
-    points = np.stack(np.meshgrid(grid_y, grid_x, indexing="ij"), axis=-1)
+    clipped = [
+        np.clip(np.asarray(grid, dtype=np.float64), axis[0], axis[-1])
+        for grid, axis in zip(grid_axes, axes)
+    ]
+    points = np.stack(np.meshgrid(*clipped, indexing="ij"), axis=-1)
     return interpolator(points).astype(np.float32)
