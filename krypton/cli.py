@@ -20,6 +20,7 @@ from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
 from .cli_volumes import (
     default_volume_model,
+    is_volume_model,
     print_ood,
     run_explain_volume,
     stem_of,
@@ -209,7 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="heatmaps for a folder, a glob or a CSV list of images (resumable)",
         description="Explain every image of INPUT into --out: per image an overlay PNG, "
         ".npy/.npz values and a .json row; then summary.csv and index.html. Images "
-        "already done (their .json exists) are skipped, so an interrupted run picks up.",
+        "already done (their .json exists) are skipped, so an interrupted run picks up. "
+        "With a volume model (--model chestct-demo), INPUT's volumes: its subfolders (each "
+        "a DICOM series) and its NIfTI, zip and multi-frame .dcm files; per volume a "
+        "NIfTI heatmap, three view PNGs and .npy.",
     )
     batch.add_argument(
         "input",
@@ -478,12 +482,17 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
     try:
         parse_window(args.window)
-        items = collect_inputs(args.input)
+        items = collect_inputs(args.input, volumes=is_volume_model(args.model))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not items:
-        print(f"error: no image files in {args.input}", file=sys.stderr)
+        what = (
+            "volumes (series folders, NIfTI, zip or .dcm files)"
+            if is_volume_model(args.model)
+            else "image files"
+        )
+        print(f"error: no {what} in {args.input}", file=sys.stderr)
         return 2
     out = Path(args.out)
     if out.exists() and not out.is_dir():

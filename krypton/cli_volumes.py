@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from .render.volumes import VIEWS
 
 __all__ = [
     "default_volume_model",
+    "is_volume_model",
     "is_volume_source",
     "wants_volume",
     "stem_of",
@@ -39,15 +39,18 @@ def is_volume_source(source: str | Path) -> bool:
     return path.is_dir() or path.name.lower().endswith(VOLUME_SUFFIXES)
 
 
+def is_volume_model(name: str | None) -> bool:
+    """Whether the registered model ``name`` is a volume model."""
+    from .registry import available_models
+
+    return any(info.name == name and info.is_volume for info in available_models())
+
+
 def wants_volume(source: str | Path, model: str | None) -> bool:
     """Whether ``krypton explain`` takes the volume path: the source is a volume
     (:func:`is_volume_source`), or the model named is a volume model (then a single DICOM
     file is read as a multi-frame volume)."""
-    if is_volume_source(source):
-        return True
-    from .registry import available_models
-
-    return any(info.name == model and info.is_volume for info in available_models())
+    return is_volume_source(source) or is_volume_model(model)
 
 
 def default_volume_model() -> str | None:
@@ -96,8 +99,7 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict) -> int:
     """Explain the volume at ``args.image`` with the volume ``model``; ``options`` are
     explain()'s keyword arguments from the command line."""
     from .io.volumes import read_volume
-    from .render.exports import heatmap_title, values_npy
-    from .render.volumes import heatmap_nifti, lowest_voxel, view_pngs
+    from .render.volumes import view_centre, volume_files
 
     if not model.is_volume:
         print(
@@ -130,17 +132,8 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict) -> int:
         return 2
     finally:
         bar.close()
-    name = model.class_name(heatmap.label)
-    title = heatmap_title(
-        model.name, name, heatmap.prob, heatmap.mode, heatmap.patch, heatmap.stride,
-        time.strftime("%Y-%m-%d %H:%M"),
-    )  # fmt: skip
-    centre = tuple(s // 2 for s in model.input_size)
-    at = lowest_voxel(heatmap) if args.slices == "lowest" else centre
-    unit = prepared.tensor[0].numpy() * model.std[0] + model.mean[0]
-    files = {".nii.gz": heatmap_nifti(heatmap, prepared.affine, f"krypton {model.name} {name}")}
-    files.update({f".{v}.png": data for v, data in view_pngs(unit, heatmap, at, title).items()})
-    files[".npy"] = values_npy(heatmap.values)
+    files = volume_files(heatmap, prepared, model, args.slices)
+    at = view_centre(heatmap, model.input_size, args.slices)
     stem = stem_of(Path(args.out))
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []

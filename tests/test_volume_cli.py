@@ -231,3 +231,38 @@ def test_view_pictures_show_the_heatmap_where_its_cells_reach(volume_model, hu_v
     pngs = view_pngs(np.zeros((48, 48, 48)), heatmap, (24, 24, 24), "t")
     assert set(pngs) == {"axial", "coronal", "sagittal"}
     assert all(Image.open(io.BytesIO(data)).format == "PNG" for data in pngs.values())
+
+
+def test_batch_explains_a_folder_of_volumes_and_resumes(tmp_path, volume_model, hu_volume, capsys):
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    write_nifti(folder / "first.nii.gz", hu_volume)
+    write_series(folder / "second", hu_volume)
+    (folder / "broken.nii").write_bytes(b"not a nifti")
+    (folder / "notes.txt").write_text("not a volume: not an input")
+    args = ["batch", str(folder), "--model", "ct-test", "--out", str(tmp_path / "out"),
+            "--patch", "8", "--stride", "4", "--region", REGION]  # fmt: skip
+    assert main(args) == 1  # one input failed, and says so
+    captured = capsys.readouterr()
+    assert "2 of 3 images explained" in captured.out and "broken.nii" in captured.err
+    out = tmp_path / "out"
+    for stem in ("first", "second"):
+        assert (out / f"{stem}.nii.gz").exists() and (out / f"{stem}.axial.png").exists()
+    np.testing.assert_allclose(
+        np.asarray(nibabel.load(str(out / "second.nii.gz")).dataobj),
+        np.asarray(nibabel.load(str(out / "first.nii.gz")).dataobj),
+        atol=1e-2,  # the series stores whole HU, the NIfTI the generator's floats
+    )
+    rows = (out / "summary.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    first = dict(zip(header, rows[1 + [r.split(",")[0] for r in rows[1:]].index(
+        str(folder / "first.nii.gz"))].split(",")))  # fmt: skip
+    values = np.load(out / "first.npy")
+    k, i, j = np.unravel_index(np.argmin(values), values.shape)
+    assert (first["lowest_at_z"], first["lowest_at_y"], first["lowest_at_x"]) == tuple(
+        str(16 + 4 * n) for n in (k, i, j)
+    )
+    assert 'src="first.axial.png"' in (out / "index.html").read_text()
+    stamp = (out / "first.nii.gz").stat().st_mtime_ns
+    main(args)  # done volumes are skipped
+    assert (out / "first.nii.gz").stat().st_mtime_ns == stamp

@@ -59,6 +59,7 @@ SUMMARY_FIELDS = (
     "lowest_probability",
     "lowest_at_x",
     "lowest_at_y",
+    "lowest_at_z",
     "mode",
     "plan",
     "seconds",
@@ -90,6 +91,7 @@ class BatchRow:
     lowest_probability: float | str = ""
     lowest_at_x: int | str = ""
     lowest_at_y: int | str = ""
+    lowest_at_z: int | str = ""  # volumes only
     mode: str = ""
     plan: str = ""
     seconds: float | str = ""
@@ -102,6 +104,8 @@ class BatchRow:
 
 def _output_name(relative: str) -> str:
     """A file-name-safe stem from an input's relative path ('a/b c.png' -> 'a__b_c')."""
+    if relative.lower().endswith(".nii.gz"):
+        relative = relative[: -len(".gz")]
     stem = os.path.splitext(relative)[0].replace(os.sep, "__").replace("/", "__")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "image"
 
@@ -119,9 +123,18 @@ def _unique(items: list[tuple[Path, str, str | None]]) -> list[BatchItem]:
     return result
 
 
-def collect_inputs(source: str) -> list[BatchItem]:
-    """The images of a folder, a glob pattern or a CSV list (see the module docstring)."""
+VOLUME_FILES = (".nii", ".nii.gz", ".zip", ".dcm")
+
+
+def collect_inputs(source: str, volumes: bool = False) -> list[BatchItem]:
+    """The images of a folder, a glob pattern or a CSV list (see the module docstring).
+    With ``volumes`` (a volume model), a folder's inputs are its subfolders (each a DICOM
+    series) and its NIfTI, zip and multi-frame DICOM files."""
     path = Path(source)
+    if path.is_dir() and volumes:
+        entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
+        found = [p for p in entries if p.is_dir() or p.name.lower().endswith(VOLUME_FILES)]
+        return _unique([(p, p.name, None) for p in found])
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         # every extension Pillow reads, DICOM's, and files without one (they are tried)
@@ -232,6 +245,8 @@ def explain_item(
     read or explained gives a row with its error and no files. The local loop and the
     Celery workers (krypton.batch.broker) both call this."""
     row = BatchRow(image=image or str(source), given_label=label or "")
+    if model.is_volume:
+        return _explain_volume_item(source, label, model, options, row)
     started = time.perf_counter()
     try:
         picture = load_image(source, window=window, frame=frame)
@@ -245,6 +260,12 @@ def explain_item(
     except (ValueError, TypeError, OSError) as exc:  # explain() refused, a bad label, ...
         row.error = f"{type(exc).__name__}: {exc}"
         return row, {}
+    _fill_row(row, heatmap, model, started)
+    return row, files
+
+
+def _fill_row(row: BatchRow, heatmap, model: LoadedModel, started: float) -> None:
+    """A finished explanation's summary columns."""
     predicted = int(np.argmax(heatmap.base_probs))
     lowest = np.unravel_index(np.nanargmin(heatmap.values), heatmap.values.shape)
     row.predicted_class = model.class_name(predicted)
@@ -252,13 +273,41 @@ def explain_item(
     row.explained_class = model.class_name(heatmap.label)
     row.explained_probability = round(float(heatmap.prob), 6)
     row.lowest_probability = round(float(np.nanmin(heatmap.values)), 6)
-    row.lowest_at_x, row.lowest_at_y = int(heatmap.xs[lowest[1]]), int(heatmap.ys[lowest[0]])
+    row.lowest_at_x, row.lowest_at_y = int(heatmap.xs[lowest[-1]]), int(heatmap.ys[lowest[-2]])
+    if heatmap.is_volume:
+        row.lowest_at_z = int(heatmap.zs[lowest[0]])
     row.mode = heatmap.mode
     row.plan = heatmap.extra.get("plan", "")
     row.seconds = round(time.perf_counter() - started, 3)
     ood = heatmap.extra.get("ood")
     if ood is not None:
         row.ood_score, row.ood_flagged = round(float(ood["score"]), 4), bool(ood["flagged"])
+
+
+def _explain_volume_item(
+    source: Path | bytes, label: str | None, model: LoadedModel, options: dict, row: BatchRow
+) -> tuple[BatchRow, dict[str, bytes]]:
+    """:func:`explain_item` for a volume model: a DICOM series (folder or zip), a
+    multi-frame DICOM or a NIfTI file; its files as ``krypton explain`` writes them
+    (:func:`krypton.render.volumes.volume_files`)."""
+    from ..io.volumes import read_volume
+    from ..render.volumes import volume_files
+
+    started = time.perf_counter()
+    if isinstance(source, (bytes, bytearray)):
+        row.error = "a volume is read from its path (a series folder, zip, NIfTI or .dcm)"
+        return row, {}
+    try:
+        prepared = model.prepare_volume(read_volume(source))
+        heatmap = explain(model, prepared.tensor, label=_label_index(label, model), **options)
+        files = volume_files(heatmap, prepared, model)
+    except ImageLoadError as exc:
+        row.error = str(exc)
+        return row, {}
+    except (ValueError, TypeError, OSError) as exc:
+        row.error = f"{type(exc).__name__}: {exc}"
+        return row, {}
+    _fill_row(row, heatmap, model, started)
     return row, files
 
 
@@ -360,11 +409,15 @@ def write_contact_sheet(out_dir: Path, rows: list[BatchRow], model: LoadedModel)
         if row.error:
             failures.append(f"<li><b>{name}</b>: {html.escape(row.error)}</li>")
             continue
-        picture = next((p for p in row.outputs.split(";") if p.endswith(".png")), "")
+        pictures = [p for p in row.outputs.split(";") if p.endswith(".png")]
+        picture = next((p for p in pictures if p.endswith(".axial.png")), pictures[0])
+        at = f"{row.lowest_at_x}, {row.lowest_at_y}" + (
+            f", {row.lowest_at_z}" if row.lowest_at_z != "" else ""
+        )
         caption = (
             f"{name}<br>{html.escape(row.predicted_class)} {float(row.predicted_probability):.3f}"
             f" · explained {html.escape(row.explained_class)}<br>lowest "
-            f"{float(row.lowest_probability):.3f} at ({row.lowest_at_x}, {row.lowest_at_y})"
+            f"{float(row.lowest_probability):.3f} at ({at})"
         )
         if row.ood_flagged is True or row.ood_flagged == "True":
             caption += (

@@ -13,7 +13,16 @@ from PIL import Image
 
 from .overlay import heatmap_picture
 
-__all__ = ["VIEWS", "cell_affine", "heatmap_nifti", "voxel_values", "lowest_voxel", "view_pngs"]
+__all__ = [
+    "VIEWS",
+    "cell_affine",
+    "heatmap_nifti",
+    "voxel_values",
+    "lowest_voxel",
+    "view_pngs",
+    "view_centre",
+    "volume_files",
+]
 
 # view name -> the axis (z, y, x) it slices across
 VIEWS = {"axial": 0, "coronal": 1, "sagittal": 2}
@@ -121,3 +130,38 @@ def view_pngs(
             warning=warning,
         )
     return pictures
+
+
+def view_centre(heatmap, size: tuple[int, ...], slices: str) -> tuple[int, int, int]:
+    """The voxel the three views go through: the lowest cell's centre ("lowest") or the
+    middle of the model's input ("middle")."""
+    if slices == "lowest":
+        return lowest_voxel(heatmap)
+    if slices == "middle":
+        return tuple(s // 2 for s in size)  # type: ignore[return-value]
+    raise ValueError(f"slices must be 'lowest' or 'middle', got {slices!r}")
+
+
+def volume_files(heatmap, prepared, model, slices: str = "lowest") -> dict[str, bytes]:
+    """One volume's explanation as files by suffix: ``.nii.gz`` (:func:`heatmap_nifti` in
+    the source's frame), ``.axial.png``, ``.coronal.png``, ``.sagittal.png`` (the views
+    through the lowest cell, or the input's middle with ``slices="middle"``) and ``.npy``.
+    ``prepared``: the :class:`~krypton.io.volumes.ModelVolume` that was explained."""
+    import time
+
+    from ..registry.ood import caveat
+    from .exports import heatmap_title, values_npy
+
+    name = model.class_name(heatmap.label)
+    title = heatmap_title(
+        model.name, name, heatmap.prob, heatmap.mode, heatmap.patch, heatmap.stride,
+        time.strftime("%Y-%m-%d %H:%M"),
+    )  # fmt: skip
+    at = view_centre(heatmap, model.input_size, slices)
+    unit = prepared.tensor[0].numpy() * model.std[0] + model.mean[0]
+    files = {".nii.gz": heatmap_nifti(heatmap, prepared.affine, f"krypton {model.name} {name}")}
+    warning = caveat(heatmap.extra.get("ood"))
+    pictures = view_pngs(unit, heatmap, at, title, warning)  # type: ignore[arg-type]
+    files.update({f".{view}.png": data for view, data in pictures.items()})
+    files[".npy"] = values_npy(heatmap.values)
+    return files
