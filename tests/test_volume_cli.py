@@ -266,3 +266,16 @@ def test_batch_explains_a_folder_of_volumes_and_resumes(tmp_path, volume_model, 
     stamp = (out / "first.nii.gz").stat().st_mtime_ns
     main(args)  # done volumes are skipped
     assert (out / "first.nii.gz").stat().st_mtime_ns == stamp
+
+
+def test_the_page_lists_a_volume_model_disabled_and_refuses_a_request_for_it(
+    tmp_path, volume_model
+):
+    from webapp.helpers import InputError
+    from webapp.panels.models import model_options
+    from webapp.services import Services
+
+    option = next(o for o in model_options() if o["value"] == "ct-test")
+    assert option["disabled"] and "volume model" in option["title"]
+    with pytest.raises(InputError, match="ct-test is a volume model"):
+        Services(tmp_path / "cache").model("ct-test")

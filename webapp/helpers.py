@@ -33,6 +33,13 @@ class InputError(ValueError):
     """Something the user gave that the app cannot use; shown in the page."""
 
 
+# why the page lists volume models disabled (and refuses a request naming one)
+VOLUME_MODEL_REASON = (
+    "a volume model: the page explains 2-D images; explain a DICOM series or NIfTI volume "
+    "with `krypton explain SERIES --model NAME` or krypton.explain"
+)
+
+
 # -- images --------------------------------------------------------------------------------
 
 

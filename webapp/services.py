@@ -18,7 +18,7 @@ from krypton.explainer import model_fingerprint
 from krypton.registry import CheckpointError, RegistryError, load_model
 
 from . import helpers, runs
-from .helpers import InputError
+from .helpers import VOLUME_MODEL_REASON, InputError
 from .jobs import JobQueue, running_as
 from .settings import ServerSettings
 from .uploads import UploadStore
@@ -94,9 +94,12 @@ class Services:
         with self._lock:
             if name not in self._models:
                 try:
-                    self._models[name] = load_model(name)
+                    loaded = load_model(name)
                 except (RegistryError, CheckpointError, krypton.WeightsUnavailableError) as exc:
                     raise InputError(str(exc)) from exc
+                if loaded.is_volume:  # a request naming one, though the list disables it
+                    raise InputError(f"{name} is a volume model: {VOLUME_MODEL_REASON}")
+                self._models[name] = loaded
                 self._explainers[name] = krypton.OcclusionExplainer(self._models[name])
             return self._models[name]
 

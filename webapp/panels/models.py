@@ -19,23 +19,29 @@ from krypton.registry import (
 )
 
 from .. import ids
-from ..helpers import InputError
+from ..helpers import VOLUME_MODEL_REASON, InputError
 from ..services import Services
 
 __all__ = ["ModelsPanel", "model_options"]
 
 
 def model_options() -> list[dict]:
-    """The model list: every registered model, unavailable ones disabled with why."""
+    """The model list: every registered model; unavailable ones, and volume models (the
+    page explains 2-D images), disabled with why."""
     options = []
     for info in available_models():
-        label = info.name if info.available else f"{info.name} (unavailable)"
+        if info.is_volume:
+            label, title = f"{info.name} (volumes: CLI and API)", VOLUME_MODEL_REASON
+        elif info.available:
+            label, title = info.name, info.description
+        else:
+            label, title = f"{info.name} (unavailable)", f"{info.reason}; fix: {info.fix}"
         options.append(
             {
                 "label": label,
                 "value": info.name,
-                "disabled": not info.available,
-                "title": info.description if info.available else f"{info.reason}; fix: {info.fix}",
+                "disabled": info.is_volume or not info.available,
+                "title": title,
             }
         )
     return options
