@@ -397,3 +397,17 @@ def test_drill_down_over_a_volume_refines_where_it_matters(small_volume_net):
     block = np.searchsorted(stage_axis, drilled.zs, side="right") - 1
     assert matches[np.ix_(*(block == b for b in lowest_block))].all()
     assert partial_pictures and all(shape == (11, 11, 11) for shape in partial_pictures)
+
+
+def test_tau_is_tuned_over_volumes_as_over_images(small_volume_net):
+    from krypton.approximate.tune import tune_tau
+
+    torch.manual_seed(7)
+    volumes = [torch.rand(1, 16, 16, 16) for _ in range(3)]
+    record = tune_tau(
+        small_volume_net, volumes[:2], patch=4, stride=2, fill=0.5, taus=(1.0, 0.8, 0.6),
+        held_out=volumes[2:], log=lambda line: None,
+    )  # fmt: skip
+    assert record["sample_images"] == 2 and 0.6 <= record["chosen"]["tau"] <= 1.0
+    assert record["mean_ssim_by_tau"]["1.0"] == pytest.approx(1.0)  # tau 1 is exact
+    assert record["held_out"]["images"] == 1

@@ -40,7 +40,8 @@ def tune_tau(
     target_ssim: float = DEFAULT_TARGET_SSIM,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Fit SSIM(τ) on ``images`` and choose τ for ``target_ssim``; check it on ``held_out``.
+    """Fit SSIM(τ) on ``images`` (images (C, H, W) or volumes (C, D, H, W)) and choose τ
+    for ``target_ssim``; check it on ``held_out``.
 
     Models with global-context gates are scored with the gates frozen, as approximate
     mode runs them, so the curve and the choice include that error (then τ 1 is scored
@@ -55,8 +56,13 @@ def tune_tau(
     # Gates approximate mode freezes (found on one position): their error is in every score.
     gates: list[str] = []
     if images:
+        one = (  # one position: a list for an image, a one-patch region for a volume
+            {"region": (0, 0, 0, patch, patch, patch)}
+            if images[0].dim() == 4
+            else {"positions": [(0, 0)]}
+        )
         probe = explainer.explain(
-            images[0], patch=patch, fill=fill, mode="approximate", tau=1.0, positions=[(0, 0)]
+            images[0], patch=patch, stride=patch, fill=fill, mode="approximate", tau=1.0, **one
         )
         gates = list(probe.extra["frozen_gates"])
 
