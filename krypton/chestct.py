@@ -2,13 +2,14 @@
 
 A volume is a (D, H, W) block of Hounsfield units, :data:`VOLUME_SIDE` voxels a side at a
 nominal :data:`SPACING_MM`: a slab of a chest — air around an elliptic body with a fat
-layer under the skin, a spine behind, two lungs of parenchyma (about -850 HU, with
-low-frequency texture) and in each lung a tree of vessels (soft-tissue tubes that branch
-from the hilum and thin at each generation, with a bulge at each bifurcation). Planted
-nodules (:class:`Nodule`) are solid (0-80 HU) or ground-glass (-650 to -400 HU) spheroids
-4-9 voxels across, free in the lung, touching a vessel, or touching the pleura. The hard
-negatives are in every volume: bifurcation bulges are blobs of nodule density, and the
-vessels cross every slice as round dots. Partial-volume blur and noise finish it.
+layer under the skin, a spine behind (round to squarish), two lungs (smooth or bumpy) of
+parenchyma (about -850 HU, with low-frequency texture) and in each lung a tree of vessels
+(soft-tissue tubes that branch from the hilum and thin at each generation, straight or
+wandering, with a bulge at each bifurcation). Planted nodules (:class:`Nodule`) are solid
+(0-80 HU) or ground-glass (-650 to -400 HU) spheroids 5-9 voxels across, free in the
+lung, touching a vessel, or touching the pleura. The hard negatives are in every volume:
+bifurcation bulges are blobs of nodule density, and the vessels cross every slice as
+round dots. Partial-volume blur and noise finish it.
 
 Label rule (:data:`LABEL_RULE`): any nodule makes it NODULE, else NORMAL. Everything is
 seeded: the same seed gives the same volumes, nodules and labels.
@@ -41,7 +42,7 @@ SPACING_MM = (5.0, 5.0, 5.0)  # nominal (slice, row, column) spacing the model i
 HU_WINDOW = (-1000.0, 400.0)  # the model's input: HU clipped to this range, scaled to [0, 1]
 PARENCHYMA_HU = -850.0  # the occluder the demo model's heatmaps are made with
 LABEL_RULE = "any nodule: NODULE; else NORMAL"
-NODULE_RADIUS = {"solid": (2.0, 4.5), "ground-glass": (2.5, 4.5)}  # voxels
+NODULE_RADIUS = {"solid": (2.5, 4.5), "ground-glass": (2.5, 4.5)}  # voxels
 NODULE_KINDS = {"solid": 0.65, "ground-glass": 0.35}
 NODULE_SITES = {"free": 0.5, "vascular": 0.3, "pleural": 0.2}
 
@@ -125,17 +126,24 @@ class ChestCTGenerator:
         volume[np.broadcast_to((body_r > 0.8) & (body_r <= 1.0), volume.shape)] = rng.uniform(
             -120, -80
         )
-        spine = ((y - (cy + 0.78 * ry)) ** 2 + (x - cx) ** 2) <= (0.09 * n) ** 2
-        volume[np.broadcast_to(spine, volume.shape)] = rng.uniform(300, 500)
+        # the spine: round to squarish (a superellipse), and where it sits varies
+        power, half = rng.uniform(2, 6), 0.09 * n * rng.uniform(0.8, 1.2)
+        spine_y = cy + ry * rng.uniform(0.7, 0.82)
+        spine = (np.abs(y - spine_y) / half) ** power + (np.abs(x - cx) / half) ** power <= 1
+        volume[np.broadcast_to(spine, volume.shape)] = rng.uniform(300, 600)
         lungs = np.zeros(volume.shape, bool)
         hila = []
+        # lung surfaces: smooth ellipsoids, or bumpy ones (low-frequency noise on the
+        # implicit surface, which also makes concave junctions like overlapping lobes)
+        bumps = ndimage.zoom(rng.standard_normal((6, 6, 6)).astype(np.float32), n / 6, order=1)
+        bumpiness = rng.choice([0.0, rng.uniform(0.1, 0.35)])
         for side_sign in (-1, 1):
             lx = cx + side_sign * rx * rng.uniform(0.42, 0.5)
             ly = cy - ry * rng.uniform(0.0, 0.12)
             lz = n / 2 + rng.uniform(-4, 4)
             sx, sy, sz = rx * rng.uniform(0.3, 0.38), ry * rng.uniform(0.55, 0.7), n * 0.7
-            lung = ((x - lx) / sx) ** 2 + ((y - ly) / sy) ** 2 + ((z - lz) / sz) ** 2 <= 1.0
-            lungs |= lung & (body_r <= 0.72)
+            shape = ((x - lx) / sx) ** 2 + ((y - ly) / sy) ** 2 + ((z - lz) / sz) ** 2
+            lungs |= (shape + bumpiness * bumps <= 1.0) & (body_r <= 0.72)
             hila.append(np.array([lz, ly, lx - side_sign * sx * 0.75]))
         texture = ndimage.gaussian_filter(rng.standard_normal(volume.shape).astype(np.float32), 2)
         volume[lungs] = PARENCHYMA_HU + rng.uniform(-40, 40) + 120 * texture[lungs]
@@ -147,12 +155,21 @@ class ChestCTGenerator:
         segments = []
         for hilum, sign in zip(hila, (1, -1)):  # left hilum grows to +x, right to -x
             stack = [(hilum, np.array([0.0, 0.0, float(sign)]), rng.uniform(1.6, 2.2), 0)]
+            tortuous = rng.random() < 0.5  # vessels that wander: a chain of short pieces
             while stack:
                 start, direction, radius, generation = stack.pop()
                 direction = direction + rng.normal(0, 0.35, 3)
                 direction /= np.linalg.norm(direction)
-                end = start + direction * rng.uniform(5, 9) * (1 - 0.12 * generation)
-                segments.append((start, end, radius, generation < 4))
+                length = rng.uniform(5, 9) * (1 - 0.12 * generation)
+                pieces = 3 if tortuous else 1
+                for piece in range(pieces):
+                    if tortuous:
+                        direction = direction + rng.normal(0, 0.45, 3)
+                        direction /= np.linalg.norm(direction)
+                    end = start + direction * length / pieces
+                    last = piece == pieces - 1
+                    segments.append((start, end, radius, last and generation < 4))
+                    start = end
                 if generation < 4:
                     for _ in range(2):
                         bend = rng.normal(0, 0.7, 3)
@@ -171,7 +188,7 @@ class ChestCTGenerator:
             alpha = np.clip(radius + 0.5 - _segment_distance(points, start, end), 0, 1)
             if forks:  # the bulge of a bifurcation; the last generation just ends
                 bulge = np.sqrt(sum((p - e) ** 2 for p, e in zip(points, end)))
-                alpha = np.maximum(alpha, np.clip(radius * 1.35 + 0.5 - bulge, 0, 1))
+                alpha = np.maximum(alpha, np.clip(radius * 1.25 + 0.5 - bulge, 0, 1))
             alpha = alpha * lungs[box]
             volume[box] = volume[box] * (1 - alpha) + hu * alpha
 

@@ -587,8 +587,10 @@ class OcclusionExplainer:
 
 
 def _ood_report(loaded: LoadedModel, image: torch.Tensor) -> dict:
-    """Is the image like the model's training images? (krypton.registry.ood)"""
-    single = image[0] if image.dim() == 4 else image
+    """Is the image (or volume) like the model's training images? (krypton.registry.ood)
+    ``image``: (C, H, W) or (C, D, H, W), or a batch of one of them."""
+    unbatched = 4 if loaded.is_volume else 3
+    single = image[0] if image.dim() == unbatched + 1 else image
     return loaded.check_ood(single.detach().cpu().float()).as_dict()
 
 

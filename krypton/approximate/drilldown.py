@@ -55,9 +55,7 @@ def stage_one_stride(target: float, r_drill_down: float, s2: int, rank: int = 2)
     return (target / (1.0 - r_drill_down * target)) ** (1.0 / rank) * s2
 
 
-def check_drill_down(
-    target: float, r_drill_down: float, s2: int, width: int, rank: int = 2
-) -> int:
+def check_drill_down(target: float, r_drill_down: float, s2: int, width: int, rank: int = 2) -> int:
     """Validate the target against eq 30 and return the stage-one stride: eq 29 rounded to
     the nearest multiple of S2 (at least 2 S2)."""
     bound = max_drill_down_speedup(width, s2, r_drill_down, rank)
