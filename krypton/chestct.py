@@ -63,18 +63,6 @@ class Nodule:
         """Distance in voxels from (z, y, x) to the nodule's centre."""
         return float(np.sqrt((z - self.z) ** 2 + (y - self.y) ** 2 + (x - self.x) ** 2))
 
-    def visible_share(self, corner: tuple[int, int, int], size: tuple[int, int, int]) -> float:
-        """Share of the nodule's voxels outside the box at ``corner`` (z, y, x) of ``size``."""
-        r = int(np.ceil(self.radius))
-        zz, yy, xx = np.mgrid[-r : r + 1, -r : r + 1, -r : r + 1].astype(np.float32)
-        zz, yy, xx = zz + round(self.z), yy + round(self.y), xx + round(self.x)
-        inside = (zz - self.z) ** 2 + (yy - self.y) ** 2 + (xx - self.x) ** 2 <= self.radius**2
-        hidden = np.ones_like(inside)
-        for axis, (start, extent) in zip((zz, yy, xx), zip(corner, size)):
-            hidden &= (axis >= start) & (axis < start + extent)
-        count = int(inside.sum())
-        return 1.0 - int((inside & hidden).sum()) / max(count, 1)
-
 
 @dataclass(frozen=True)
 class VolumeSample:
@@ -267,22 +255,3 @@ class ChestCTGenerator:
                 for o in planted
             ]
         return VolumeSample(volume.astype(np.float32), tuple(planted), label_for(planted))
-
-    def occlude(
-        self, sample: VolumeSample, size: int
-    ) -> tuple[np.ndarray, tuple[int, int, int], float]:
-        """The volume with a parenchyma-filled cube of side ``size`` at a random place (on
-        a nodule half the time), the cube's corner, and the largest visible share of any
-        nodule left (0 when none)."""
-        rng, n = self.rng, self.side
-        if sample.nodules and rng.random() < 0.5:
-            target = sample.nodules[rng.integers(len(sample.nodules))]
-            centre = np.array([target.z, target.y, target.x]) + rng.uniform(-size / 2, size / 2, 3)
-        else:
-            centre = rng.uniform(0, n, 3)
-        corner = tuple(int(np.clip(round(c - size / 2), 0, n - size)) for c in centre)
-        volume = sample.volume.copy()
-        box = tuple(slice(c, c + size) for c in corner)
-        volume[box] = PARENCHYMA_HU
-        shares = [o.visible_share(corner, (size,) * 3) for o in sample.nodules]
-        return volume, corner, max(shares, default=0.0)  # type: ignore[return-value]
