@@ -1,6 +1,7 @@
 """Volumes in: DICOM series (folder or zip) and NIfTI, checked before decoding, and
 resampling to a model's voxel spacing. Series are made from pydicom's own CT slice."""
 
+import io
 import zipfile
 
 import nibabel
@@ -104,7 +105,7 @@ def test_a_slice_in_another_orientation_is_refused(tmp_path):
 
 def test_a_series_over_the_decode_budget_is_refused_before_decoding(tmp_path, monkeypatch):
     write_series(tmp_path / "series")
-    monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 100_000)
+    monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 300_000)  # files fit, decode not
     decoded = []
     monkeypatch.setattr(
         "krypton.io.dicom._decode_frame", lambda *args: decoded.append(args) or None
@@ -240,3 +241,39 @@ def test_multiframe_files_that_are_not_volumes_are_refused(tmp_path, monkeypatch
     monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 100_000)
     with pytest.raises(ImageLoadError, match="6x128x128 16-bit multi-frame DICOM.*decode budget"):
         read_multiframe_dicom(whole)
+
+
+def zipped(entries: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def test_a_zip_bomb_is_refused_before_anything_is_inflated(tmp_path, monkeypatch):
+    """A few hundred kilobytes that inflate to 300 MB: refused from the archive's own
+    directory, before one entry is read."""
+    bomb = tmp_path / "series.zip"
+    zeros = b"\0" * (100 * 2**20)
+    bomb.write_bytes(zipped({f"slice{i}.dcm": zeros for i in range(3)}))
+    assert bomb.stat().st_size < 2 * 2**20
+    read = []
+    monkeypatch.setattr(zipfile.ZipFile, "read", lambda *args: read.append(args))
+    with pytest.raises(ImageLoadError, match="3 files of 300 MB together.*decode budget"):
+        read_dicom_series(bomb)
+    assert not read
+
+
+def test_a_zip_that_lies_about_its_sizes_is_refused_as_damaged(tmp_path):
+    """An entry declaring 10 bytes that holds 50 MB: zipfile inflates 10 and the CRC
+    check says it is damaged — a message, never an unhandled BadZipFile."""
+    import struct
+
+    data = bytearray(zipped({"slice0.dcm": b"\0" * 50_000_000}))
+    struct.pack_into("<I", data, 22, 10)  # the local header's inflated size
+    struct.pack_into("<I", data, data.find(b"PK\x01\x02") + 24, 10)  # the directory's
+    path = tmp_path / "liar.zip"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ImageLoadError, match="slice0.dcm is damaged"):
+        read_dicom_series(path)

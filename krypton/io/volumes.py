@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,25 +66,41 @@ class Volume:
         return tuple(int(s) for s in self.voxels.shape)  # type: ignore[return-value]
 
 
+def _check_files_size(source: Path, count: int, total: int) -> None:
+    """The files' bytes (a zip's as it declares them inflated, before inflating any) are
+    held together while the headers are read: they must fit the decode budget."""
+    DECODE_BUDGET.cost(
+        str(source), f"{count} files of {total / 2**20:,.0f} MB together", (max(total, 1),), 1, 1
+    )
+
+
 def _members(source: Path) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of every file in a folder (recursively) or a zip archive."""
     if source.is_dir():
         files = sorted(p for p in source.rglob("*") if p.is_file())
         if len(files) > MAX_SLICES:
             raise ImageLoadError(f"{source} holds {len(files)} files, over {MAX_SLICES}")
+        _check_files_size(source, len(files), sum(p.stat().st_size for p in files))
         for path in files:
             yield str(path.relative_to(source)), path.read_bytes()
         return
     try:
         archive = zipfile.ZipFile(source)
-    except zipfile.BadZipFile as exc:
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise ImageLoadError(f"{source} is neither a folder nor a zip archive") from exc
     with archive:
         entries = [e for e in archive.infolist() if not e.is_dir()]
         if len(entries) > MAX_SLICES:
             raise ImageLoadError(f"{source} holds {len(entries)} files, over {MAX_SLICES}")
+        # zipfile inflates no more than an entry declares (then checks its CRC), so the
+        # declared sizes bound what reading costs, even in an archive that lies
+        _check_files_size(source, len(entries), sum(e.file_size for e in entries))
         for entry in entries:
-            yield entry.filename, archive.read(entry)
+            try:
+                data = archive.read(entry)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+                raise ImageLoadError(f"{source}: {entry.filename} is damaged ({exc})") from exc
+            yield entry.filename, data
 
 
 def _headers(source: Path) -> list[tuple[str, object, bytes]]:
@@ -352,12 +369,14 @@ class ModelVolume:
     """A volume as a model takes it: ``tensor`` (1, D, H, W), normalised; ``affine``: the
     tensor's voxel index (z, y, x, 1) to scanner mm (RAS+), None when the source had none;
     ``corner``: where the tensor's first voxel lies in the resampled volume (negative
-    where it was padded)."""
+    where it was padded); ``values``: the same block in modality units (CT: HU), before
+    the model's window, for display in another window (padding: the window's low end)."""
 
     tensor: torch.Tensor
     affine: np.ndarray | None
     corner: tuple[int, int, int]
     resampled_shape: tuple[int, int, int]
+    values: np.ndarray | None = None
 
 
 def prepare_for_model(
@@ -368,26 +387,26 @@ def prepare_for_model(
     mean: float,
     std: float,
 ) -> ModelVolume:
-    """Resample to the model's ``spacing``, scale the modality ``window`` to [0, 1]
-    (clipped), take the centred block of ``size`` (padding with the window's low end, air
-    in CT, where the volume is smaller) and normalise with ``mean`` and ``std``."""
+    """Resample to the model's ``spacing``, take the centred block of ``size`` (padding
+    with the window's low end, air in CT, where the volume is smaller), scale the modality
+    ``window`` to [0, 1] (clipped) and normalise with ``mean`` and ``std``."""
     resampled = resample(volume, spacing)
     low, high = window
-    unit = np.clip((resampled.voxels - low) / (high - low), 0.0, 1.0).astype(np.float32)
-    corner = tuple((have - want) // 2 for have, want in zip(unit.shape, size))
-    block = np.zeros(size, np.float32)
+    corner = tuple((have - want) // 2 for have, want in zip(resampled.shape, size))
+    block = np.full(size, low, np.float32)
     source = tuple(
         slice(max(c, 0), max(c, 0) + min(w, h - max(c, 0)))
-        for c, w, h in zip(corner, size, unit.shape)
+        for c, w, h in zip(corner, size, resampled.shape)
     )
     target = tuple(
         slice(max(-c, 0), max(-c, 0) + (s.stop - s.start)) for c, s in zip(corner, source)
     )
-    block[target] = unit[source]
+    block[target] = resampled.voxels[source]
+    unit = np.clip((block - low) / (high - low), 0.0, 1.0).astype(np.float32)
     affine = None
     if resampled.affine is not None:
         shift = np.eye(4)
         shift[:3, 3] = corner
         affine = resampled.affine @ shift
-    tensor = (torch.from_numpy(block)[None] - mean) / std
-    return ModelVolume(tensor, affine, corner, resampled.shape)  # type: ignore[arg-type]
+    tensor = (torch.from_numpy(unit)[None] - mean) / std
+    return ModelVolume(tensor, affine, corner, resampled.shape, block)  # type: ignore[arg-type]
