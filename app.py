@@ -27,8 +27,10 @@ from webapp.layout import build_layout
 from webapp.panels import (
     RUN_MESSAGE_OUTPUT,
     RUN_OUTPUTS,
+    default_volume_model,
     model_options,
     register_callbacks,
+    volume_model_options,
     waiting_progress,
 )
 from webapp.services import Services
@@ -86,6 +88,9 @@ def create_app(
         settings.max_image_bytes,
         settings.max_model_bytes,
         settings.trusted_uploads,
+        volume_model_options(),
+        default_volume_model(),
+        settings.max_volume_bytes,
     )
     register_callbacks(app, manager, services)
     app.krypton_celery = getattr(manager, "handle", None)  # what `make worker` serves

@@ -46,6 +46,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
         model: function (contents, filename, session) {
             return window.dash_clientside.krypton_upload.send(contents, filename, session, "model");
         },
+        volume: function (contents, filename, session) {
+            return window.dash_clientside.krypton_upload.send(contents, filename, session, "volume");
+        },
     },
 });
 

@@ -84,6 +84,8 @@ class RequestGuard:
             return self.settings.max_image_bytes
         if purpose == "model":
             return self.settings.max_model_bytes
+        if purpose == "volume":
+            return self.settings.max_volume_bytes
         return int(self.settings.max_request_kb * 1024)
 
     def largest_limit(self) -> int:

@@ -35,8 +35,8 @@ class InputError(ValueError):
 
 # why the page lists volume models disabled (and refuses a request naming one)
 VOLUME_MODEL_REASON = (
-    "a volume model: the page explains 2-D images; explain a DICOM series or NIfTI volume "
-    "with `krypton explain SERIES --model NAME` or krypton.explain"
+    "a volume model: explain a CT or MR volume with it in the Volume panel below, with "
+    "`krypton explain SERIES --model NAME` or with krypton.explain"
 )
 
 

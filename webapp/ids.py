@@ -77,10 +77,51 @@ MODEL_REGISTER = "model-register"
 MODEL_REGISTER_MESSAGE = "model-register-message"
 MODEL_REMOVE = "model-remove"
 
-# Pattern-matching ids: {"type": SAMPLE, "name": ...} and {"type": EXPORT, "format": ...}
+# Pattern-matching ids: {"type": SAMPLE, "name": ...}, {"type": EXPORT, "format": ...} and
+# {"type": VOLUME_EXPORT, "format": ...} (VOLUME_EXPORT is with the volume panel's ids)
 SAMPLE = "sample"
 EXPORT = "export"
 
 # Inside callback answers (the settings and result panels build these)
 OOD_WARNING = "ood-warning"
 REUSE_INFO = "reuse-info"
+
+# Volume panel (CT, MR): three linked views, a 3-D region, its own run and exports
+VOLUME_UPLOAD = "volume-upload"
+VOLUME_TICKET = "volume-ticket"
+VOLUME_STORE = "volume-store"
+VOLUME_REGION = "volume-region"
+VOLUME_RESULT = "volume-result"
+VOLUME_DOWNLOAD = "volume-download"
+VOLUME_MODEL = "volume-model"
+VOLUME_MODE = "volume-mode"
+VOLUME_PATCH = "volume-patch"
+VOLUME_STRIDE = "volume-stride"
+VOLUME_LABEL = "volume-label"
+VOLUME_WINDOW = "volume-window"
+VOLUME_INFO = "volume-info"
+VOLUME_REGION_TEXT = "volume-region-text"
+VOLUME_RESET_REGION = "volume-reset-region"
+VOLUME_RUN = "volume-run"
+VOLUME_CANCEL = "volume-cancel"
+VOLUME_PROGRESS = "volume-progress"
+VOLUME_LIVE_PANEL = "volume-live-panel"
+VOLUME_LIVE_GRAPH = "volume-live-graph"
+VOLUME_LIVE_STATUS = "volume-live-status"
+VOLUME_SUMMARY = "volume-summary"
+VOLUME_MESSAGE = "volume-message"
+# one graph and one slider per view
+VOLUME_GRAPH_AXIAL = "volume-graph-axial"
+VOLUME_GRAPH_CORONAL = "volume-graph-coronal"
+VOLUME_GRAPH_SAGITTAL = "volume-graph-sagittal"
+VOLUME_SLIDER_AXIAL = "volume-slider-axial"
+VOLUME_SLIDER_CORONAL = "volume-slider-coronal"
+VOLUME_SLIDER_SAGITTAL = "volume-slider-sagittal"
+VOLUME_EXPORT = "volume-export"  # a pattern-matching id's type
+
+# view -> its graph and its slider
+VOLUME_GRAPHS = (
+    ("axial", VOLUME_GRAPH_AXIAL, VOLUME_SLIDER_AXIAL),
+    ("coronal", VOLUME_GRAPH_CORONAL, VOLUME_SLIDER_CORONAL),
+    ("sagittal", VOLUME_GRAPH_SAGITTAL, VOLUME_SLIDER_SAGITTAL),
+)

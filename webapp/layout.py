@@ -14,6 +14,7 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH
 
 from . import ids
+from .volume_layout import volume_section
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
 EXPORTS = (
@@ -674,8 +675,12 @@ def build_layout(
     max_image_bytes: int = 25 * 2**20,
     max_model_bytes: int = 200 * 2**20,
     trusted_uploads: bool = False,
+    volume_models: list[dict] | None = None,
+    default_volume: str | None = None,
+    max_volume_bytes: int = 200 * 2**20,
 ) -> html.Div:
     """The whole page; a function so every browser tab gets its own session id."""
+
     return html.Div(
         [
             dcc.Store(id=ids.SESSION, data=str(uuid.uuid4())),
@@ -705,6 +710,7 @@ def build_layout(
                 ],
                 className="grid",
             ),
+            volume_section(volume_models or [], default_volume, max_volume_bytes),
             html.Footer(
                 "Red cells mark where occluding the image lowers the class probability "
                 "most. Relative scale: 0.75p to min(1, 1.25p), p = unoccluded "

@@ -17,7 +17,7 @@ from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.explainer import model_fingerprint
 from krypton.registry import CheckpointError, RegistryError, load_model
 
-from . import helpers, runs
+from . import helpers, runs, volume_runs
 from .helpers import VOLUME_MODEL_REASON, InputError
 from .jobs import JobQueue, running_as
 from .settings import ServerSettings
@@ -56,6 +56,9 @@ class Services:
         self._models: dict[str, krypton.LoadedModel] = {}
         self._explainers: dict[str, krypton.OcclusionExplainer] = {}
         self._lock = threading.Lock()
+        # volumes: the prepared blocks the three views draw, and the cells computed
+        self.volumes = volume_runs.VolumeCache()
+        self.volume_cells = volume_runs.VolumeCellCache()
 
     @contextmanager
     def job(self) -> Iterator[None]:
@@ -89,6 +92,20 @@ class Services:
             self._checksums.pop(name, None)
 
     def model(self, name: str) -> krypton.LoadedModel:
+        """The 2-D model ``name`` (a volume model is refused: the volume panel's)."""
+        loaded = self._load(name)
+        if loaded.is_volume:  # a request naming one, though the list disables it
+            raise InputError(f"{name} is a volume model: {VOLUME_MODEL_REASON}")
+        return loaded
+
+    def volume_model(self, name: str) -> krypton.LoadedModel:
+        """The volume model ``name`` (a 2-D model is refused)."""
+        loaded = self._load(name)
+        if not loaded.is_volume:
+            raise InputError(f"{name} is a 2-D model; choose a volume model for a volume")
+        return loaded
+
+    def _load(self, name: str) -> krypton.LoadedModel:
         if not name:
             raise InputError("choose a model")
         with self._lock:
@@ -97,15 +114,13 @@ class Services:
                     loaded = load_model(name)
                 except (RegistryError, CheckpointError, krypton.WeightsUnavailableError) as exc:
                     raise InputError(str(exc)) from exc
-                if loaded.is_volume:  # a request naming one, though the list disables it
-                    raise InputError(f"{name} is a volume model: {VOLUME_MODEL_REASON}")
                 self._models[name] = loaded
                 self._explainers[name] = krypton.OcclusionExplainer(self._models[name])
             return self._models[name]
 
     def weights_checksum(self, name: str) -> str:
         """Digest of the model's weights and settings: which version made a result."""
-        module = self.model(name).module
+        module = self._load(name).module
         with self._lock:
             if name not in self._checksums:
                 self._checksums[name] = model_fingerprint(module)[1]
@@ -114,6 +129,30 @@ class Services:
     def explainer(self, name: str) -> krypton.OcclusionExplainer:
         self.model(name)
         return self._explainers[name]
+
+    def volume_explainer(self, name: str) -> krypton.OcclusionExplainer:
+        self.volume_model(name)
+        return self._explainers[name]
+
+    def prepared_volume(
+        self, key: str, session: str, model: str, name: str | None = None
+    ) -> volume_runs.PreparedVolume:
+        """The volume this tab stored under ``key`` (a file called ``name``) as ``model``
+        takes it: from memory when recently used, else read again from the stored file."""
+        loaded = self.volume_model(model)
+
+        def build() -> volume_runs.PreparedVolume:
+            data = self.images.source(key, session)
+            source = volume_runs.read_uploaded_volume(data, name)
+            try:
+                model_input = loaded.prepare_volume(source)
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+            mean, std = float(loaded.mean[0]), float(loaded.std[0])
+            unit = model_input.tensor[0].numpy() * std + mean
+            return volume_runs.PreparedVolume(source, model_input, unit)
+
+        return self.volumes.get((key, helpers.owner_tag(session), model), build)
 
     def logits(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, str | None]:
         """Logits of the unoccluded image, and why exact/approximate modes cannot run

@@ -47,6 +47,7 @@ class ServerSettings:
     # Request bodies, checked from Content-Length before anything is read or parsed.
     max_image_mb: float = 25.0  # an image file (the upload is base64: 4/3 of this)
     max_model_mb: float = 200.0  # a weights file in "Add your own model"
+    max_volume_mb: float = 200.0  # a volume (NIfTI, a zipped DICOM series) for the volume panel
     max_request_kb: float = 1024.0  # every other request
     # Background runs.
     max_running_jobs: int = 2  # at once, all sessions together
@@ -95,6 +96,7 @@ class ServerSettings:
         return cls(
             max_image_mb=_number("KRYPTON_MAX_IMAGE_MB", cls.max_image_mb, 0.01),
             max_model_mb=_number("KRYPTON_MAX_MODEL_MB", cls.max_model_mb, 0.01),
+            max_volume_mb=_number("KRYPTON_MAX_VOLUME_MB", cls.max_volume_mb, 0.01),
             max_request_kb=_number("KRYPTON_MAX_REQUEST_KB", cls.max_request_kb, 16),
             max_running_jobs=int(_number("KRYPTON_MAX_RUNNING_JOBS", cls.max_running_jobs, 1)),
             max_queued_jobs=int(_number("KRYPTON_MAX_QUEUED_JOBS", cls.max_queued_jobs, 0)),
@@ -132,6 +134,10 @@ class ServerSettings:
     @property
     def max_model_bytes(self) -> int:
         return int(self.max_model_mb * 2**20)
+
+    @property
+    def max_volume_bytes(self) -> int:
+        return int(self.max_volume_mb * 2**20)
 
     @staticmethod
     def mb(value: float) -> int:

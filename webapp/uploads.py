@@ -4,10 +4,11 @@ A dcc.Upload gives the browser the file as a base64 data URL; sent inside a call
 JSON body, a 200 MB weights file became a 267 MB body parsed whole, and a JSON body of
 ``[[],[],...]`` as large cost 25 times its size in Python objects. Here the page's
 clientside callback (assets/uploads.js) posts the file's bytes to
-``/_krypton/upload/<purpose>`` instead; the server copies the body to disk a megabyte at
-a time (the guard has already refused a Content-Length over the purpose's limit) and
-answers with a token. The Dash callback that loads the image or registers the model then
-sends only the token, which works for the tab (session) that uploaded it and only once.
+``/_krypton/upload/<purpose>`` (image, model or volume) instead; the server copies the
+body to disk a megabyte at a time (the guard has already refused a Content-Length over
+the purpose's limit) and answers with a token. The Dash callback that loads the image,
+the volume or registers the model then sends only the token, which works for the tab
+(session) that uploaded it and only once.
 
 Pending uploads are bounded: one per tab and purpose (a new one replaces it), gone after
 :data:`PENDING_SECONDS`, and at most ``max_bytes`` on disk together (oldest first out).
@@ -34,7 +35,7 @@ from .settings import ServerSettings
 __all__ = ["UPLOAD_ROUTE", "PURPOSES", "UploadStore", "add_upload_route"]
 
 UPLOAD_ROUTE = "/_krypton/upload/"
-PURPOSES = ("image", "model")
+PURPOSES = ("image", "model", "volume")
 PENDING_SECONDS = 15 * 60
 CHUNK_BYTES = 1 << 20
 
@@ -144,7 +145,11 @@ def add_upload_route(server: Flask, store: UploadStore, settings: ServerSettings
     and the file's name (percent-encoded) in the X-Krypton-Session and X-Krypton-Filename
     headers (URLs are logged; file names can name patients): ``{"token": …}``, or
     ``{"error": …}`` with status 400 or 413."""
-    limits = {"image": settings.max_image_bytes, "model": settings.max_model_bytes}
+    limits = {
+        "image": settings.max_image_bytes,
+        "model": settings.max_model_bytes,
+        "volume": settings.max_volume_bytes,
+    }
 
     @server.route(UPLOAD_ROUTE + "<purpose>", methods=["POST"])
     def krypton_upload(purpose: str):

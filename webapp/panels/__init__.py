@@ -1,6 +1,7 @@
 """The page's callbacks, one module per panel: image (loading, DICOM window, region),
 settings (prediction, controls, estimate), run (Run/Cancel, progress, live picture),
-result (heatmap, summary, downloads) and models (adding your own). Each panel is a class
+result (heatmap, summary, downloads), models (adding your own) and volume (a CT or MR
+volume in three linked views, its run and exports). Each panel is a class
 handed the server's Services; its callbacks are its methods (testable without a
 browser), attached by ``register``. No tensor algebra and no run orchestration here:
 those are krypton and webapp.runs."""
@@ -13,11 +14,14 @@ from .models import ModelsPanel, model_options
 from .result import ResultPanel
 from .run import RUN_MESSAGE_OUTPUT, RUN_OUTPUTS, RunPanel, waiting_progress
 from .settings import SettingsPanel
+from .volume import VolumePanel, default_volume_model, volume_model_options
 
 __all__ = [
     "RUN_MESSAGE_OUTPUT",
     "RUN_OUTPUTS",
+    "default_volume_model",
     "model_options",
+    "volume_model_options",
     "register_callbacks",
     "waiting_progress",
 ]
@@ -31,5 +35,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         RunPanel(services, manager),
         ResultPanel(services),
         ModelsPanel(services),
+        VolumePanel(services, manager),
     ):
         panel.register(app)

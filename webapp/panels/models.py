@@ -31,7 +31,7 @@ def model_options() -> list[dict]:
     options = []
     for info in available_models():
         if info.is_volume:
-            label, title = f"{info.name} (volumes: CLI and API)", VOLUME_MODEL_REASON
+            label, title = f"{info.name} (volumes: Volume panel)", VOLUME_MODEL_REASON
         elif info.available:
             label, title = info.name, info.description
         else:

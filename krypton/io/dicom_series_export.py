@@ -1,0 +1,120 @@
+"""A volume's heatmap as DICOM: one Secondary Capture image per axial slice of the block
+the model saw, all in one new series of the source's study, each referencing the source
+series (highdicom). The slices are the model's resampled voxels, not the source's, so
+each image references the series rather than one source image, and says so."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["first_dicom_header", "capture_series", "capture_series_zip"]
+
+
+def first_dicom_header(source: bytes):
+    """The header of the first DICOM file in ``source`` (a zip of a series, or one
+    multi-frame file); ValueError when there is none."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    def read(data: bytes):
+        return pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+
+    if zipfile.is_zipfile(io.BytesIO(source)):
+        with zipfile.ZipFile(io.BytesIO(source)) as archive:
+            for info in archive.infolist():
+                if info.is_dir() or info.file_size > 2**30:
+                    continue
+                try:
+                    return read(archive.read(info))
+                except (InvalidDicomError, OSError, ValueError):
+                    continue
+        raise ValueError("the zip holds no DICOM file to reference")
+    try:
+        return read(source)
+    except (InvalidDicomError, OSError, ValueError) as exc:
+        raise ValueError(f"the source is not DICOM ({exc}); no DICOM export") from None
+
+
+def capture_series(
+    header,
+    pictures: list[Image.Image],
+    *,
+    description: str,
+    comments: str,
+    pixel_spacing: tuple[float, float] | None = None,
+    include_identity: bool = False,
+) -> list[bytes]:
+    """One Secondary Capture (Part 10 bytes) per picture, instance numbers in order, in a
+    new series of ``header``'s study that references ``header``'s series. Patient
+    identity is copied only with ``include_identity``."""
+    import highdicom as hd
+    import pydicom
+    from pydicom.dataset import Dataset
+    from pydicom.uid import generate_uid
+
+    def copied(keyword: str):
+        value = header.get(keyword) if include_identity else None
+        return value if value not in ("", None) else None
+
+    study = str(header.get("StudyInstanceUID") or generate_uid())
+    series = generate_uid()
+    files = []
+    for number, picture in enumerate(pictures, start=1):
+        capture = hd.sc.SCImage(
+            pixel_array=np.asarray(picture.convert("RGB"), dtype=np.uint8),
+            photometric_interpretation="RGB",
+            bits_allocated=8,
+            coordinate_system="PATIENT",
+            study_instance_uid=study,
+            series_instance_uid=series,
+            series_number=int(header.get("SeriesNumber") or 0) + 1000,
+            sop_instance_uid=generate_uid(),
+            instance_number=number,
+            manufacturer="Krypton",
+            patient_id=copied("PatientID"),
+            patient_name=copied("PatientName"),
+            patient_birth_date=copied("PatientBirthDate"),
+            patient_sex=copied("PatientSex"),
+            accession_number=copied("AccessionNumber"),
+            study_id=copied("StudyID"),
+            study_date=header.get("StudyDate") or None,
+            study_time=header.get("StudyTime") or None,
+            pixel_spacing=pixel_spacing,
+            patient_orientation=("L", "P"),  # axial: columns to the left, rows back
+        )
+        capture.SpecificCharacterSet = "ISO_IR 192"
+        capture.SeriesDescription = description[:64]
+        capture.ImageComments = comments[:10240]
+        capture.BurnedInAnnotation = "NO"
+        capture.ImageType = ["DERIVED", "SECONDARY"]
+        capture.DerivationDescription = (
+            f"Occlusion sensitivity heatmap, axial slice {number} of {len(pictures)} of the "
+            f"model's resampled block; references the source series, not one source image"
+        )[:1024]
+        if "SeriesInstanceUID" in header:
+            reference = Dataset()
+            reference.SeriesInstanceUID = header.SeriesInstanceUID
+            if "SOPInstanceUID" in header:
+                instance = Dataset()
+                instance.ReferencedSOPClassUID = header.SOPClassUID
+                instance.ReferencedSOPInstanceUID = header.SOPInstanceUID
+                reference.ReferencedInstanceSequence = [instance]
+            capture.ReferencedSeriesSequence = [reference]
+        buffer = io.BytesIO()
+        pydicom.dcmwrite(buffer, capture, enforce_file_format=True)
+        files.append(buffer.getvalue())
+    return files
+
+
+def capture_series_zip(files: list[bytes], folder: str = "krypton-heatmap") -> bytes:
+    """The series' files in one zip (``folder``/slice_001.dcm, ...)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for number, data in enumerate(files, start=1):
+            archive.writestr(str(Path(folder) / f"slice_{number:03d}.dcm"), data)
+    return buffer.getvalue()

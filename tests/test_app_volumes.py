@@ -1,0 +1,299 @@
+"""The volume panel without a browser (webapp.volume_runs, webapp.volume_views): an
+uploaded volume is explained exactly as the library explains the same prepared input,
+a region reuses the cells of the last run, another class comes from the kept
+probabilities, the exports read back (NIfTI with nibabel, the DICOM series with pydicom),
+bad files are refused by name, and the views' boxes and clicks map to voxels."""
+
+import io
+import zipfile
+
+import nibabel
+import numpy as np
+import pydicom
+import pytest
+from test_volume_cli import hu_volume, volume_model, write_nifti, write_series  # noqa: F401
+
+import krypton
+from webapp import volume_runs, volume_views
+from webapp.helpers import InputError
+from webapp.services import Services
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture
+def services(tmp_path, volume_model):  # noqa: F811
+    return Services(tmp_path / "cache")
+
+
+@pytest.fixture
+def nifti_bytes(tmp_path, hu_volume):  # noqa: F811
+    path = tmp_path / "chest.nii.gz"
+    write_nifti(path, hu_volume)
+    return path.read_bytes()
+
+
+def stored(services, data, session="tab-1"):
+    return services.images.put_source(data, session)
+
+
+def request(key, **changes):
+    settings = dict(
+        source_key=key, name="chest.nii.gz", model="ct-test", patch=8, stride=8, mode="exact"
+    )
+    settings.update(changes)
+    return volume_runs.VolumeRequest(**settings)
+
+
+def library(services, key, region, label=None, stride=8):
+    prepared = services.prepared_volume(key, "tab-1", "ct-test")
+    model = services.volume_model("ct-test")
+    return krypton.explain(
+        model, prepared.model_input.tensor, patch=8, stride=stride, mode="naive",
+        fill=model.gray_fill(), region=region, label=label,
+    )  # fmt: skip
+
+
+def test_a_run_equals_the_library_on_the_same_block_and_reports_live_pictures(
+    services, nifti_bytes
+):
+    key = stored(services, nifti_bytes)
+    reports = []
+    region = (8, 8, 8, 40, 40, 32)
+    result = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=region), lambda *a: reports.append(a)
+    )
+    expected = library(services, key, region)
+    assert result["label"] == expected.label
+    assert result["reused"] == 0 and result["reuse_note"] == ""  # nothing was known: no note
+    np.testing.assert_allclose(result["values"], expected.values, atol=1e-5)
+    assert result["zs"] == expected.zs.tolist() and result["xs"] == expected.xs.tolist()
+    pictures = [r for r in reports if r[2] is not None]
+    assert len(pictures) == len(expected.zs)  # one per slice of positions, coarse first
+    assert np.isnan(pictures[0][2]).any() and not np.isnan(pictures[-1][2]).any()
+    assert reports[-1][0] == reports[-1][1] == expected.values.size
+    other = volume_runs.relabel_volume(result, 1 - result["label"])
+    np.testing.assert_allclose(other["values"], 1 - result["values"], atol=1e-5)
+
+
+def test_a_region_after_a_whole_run_reuses_its_cells_on_the_same_grid(services, nifti_bytes):
+    key = stored(services, nifti_bytes)
+    first = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+    assert first["reused"] == 0 and first["evaluated"] == 6**3
+    # a region not on the grid: moved back onto it, every cell known
+    second = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=(10, 3, 17, 40, 30, 48)), lambda *a: None
+    )
+    assert second["region"][:3] == [8, 0, 16] and "moved onto" in second["reuse_note"]
+    assert second["evaluated"] == 0 and second["reused"] == second["values"].size
+    expected = library(services, key, tuple(second["region"]), label=first["label"])
+    np.testing.assert_allclose(second["values"], expected.values, atol=1e-5)
+    # a finer stride is another grid: computed afresh, and said
+    third = volume_runs.execute_volume(
+        services, "tab-1", request(key, stride=4, region=(16, 16, 16, 32, 32, 32)),
+        lambda *a: None,
+    )  # fmt: skip
+    assert third["reused"] == 0 and third["evaluated"] == 27
+
+
+def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_bytes):
+    from krypton.render.volumes import cell_affine, heatmap_nifti
+
+    key = stored(services, nifti_bytes)
+    result = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=(8, 8, 8, 40, 40, 40)), lambda *a: None
+    )
+    heatmap = volume_runs.volume_heatmap(result)
+    image = nibabel.Nifti1Image.from_bytes(
+        __import__("gzip").decompress(heatmap_nifti(heatmap, np.asarray(result["affine"])))
+    )
+    np.testing.assert_allclose(
+        np.transpose(image.get_fdata(), (2, 1, 0)), result["values"], atol=1e-6
+    )
+    np.testing.assert_allclose(
+        image.affine[:, [2, 1, 0, 3]], cell_affine(heatmap, np.asarray(result["affine"]))
+    )
+    text = volume_runs.export_volume_json(result)
+    assert '"kind": "volume"' in text and '"class_values"' not in text
+    assert volume_runs.export_stem(result).startswith("krypton_ct-test_chest_exact_z8-40")
+
+
+def test_a_dicom_series_exports_a_capture_series_in_its_study(tmp_path, services, hu_volume):  # noqa: F811
+    folder = tmp_path / "series"
+    write_series(folder, hu_volume)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in sorted(folder.iterdir()):
+            archive.write(path, path.name)
+    data = buffer.getvalue()
+    key = stored(services, data)
+    result = volume_runs.execute_volume(
+        services, "tab-1", request(key, name="series.zip", region=(16, 16, 16, 32, 32, 32)),
+        lambda *a: None,
+    )  # fmt: skip
+    assert result["dicom_source"]
+    prepared = services.prepared_volume(key, "tab-1", "ct-test")
+    exported = volume_runs.export_dicom_series(result, data, prepared)
+    source = pydicom.dcmread(next(folder.iterdir()), stop_before_pixels=True)
+    with zipfile.ZipFile(io.BytesIO(exported)) as archive:
+        names = sorted(archive.namelist())
+        captures = [pydicom.dcmread(io.BytesIO(archive.read(n))) for n in names]
+    assert len(captures) == 48  # one per axial slice of the model's block
+    assert {c.StudyInstanceUID for c in captures} == {source.StudyInstanceUID}
+    assert len({c.SeriesInstanceUID for c in captures}) == 1
+    assert captures[0].SeriesInstanceUID != source.SeriesInstanceUID
+    assert [int(c.InstanceNumber) for c in captures] == list(range(1, 49))
+    reference = captures[20].ReferencedSeriesSequence[0]
+    assert reference.SeriesInstanceUID == source.SeriesInstanceUID
+    assert "PatientName" not in captures[0] or not str(captures[0].PatientName)
+    # inside the region the overlay colours the slice; far outside it is the gray slice
+    inside, outside = captures[24].pixel_array, captures[2].pixel_array
+    coloured = (inside[..., 0] != inside[..., 1]) | (inside[..., 1] != inside[..., 2])
+    rows, cols = np.nonzero(coloured)
+    assert 14 <= rows.min() and rows.max() <= 33 and 14 <= cols.min() and cols.max() <= 33
+    assert coloured.sum() >= 14 * 14
+    assert np.all(outside[..., 0] == outside[..., 1]) and np.all(outside[..., 1] == outside[..., 2])
+    with pytest.raises(InputError, match="no DICOM export"):
+        volume_runs.export_dicom_series(result, b"not dicom at all" * 20, prepared)
+
+
+@pytest.mark.parametrize(
+    "data, name, message",
+    [
+        (b"\x89PNG\r\n\x1a\n" + b"0" * 400, "photo.png", "is not a volume"),
+        (b"PK\x03\x04" + b"0" * 400, "series.zip", "not a readable zip"),
+        (b"\x1f\x8b" + b"0" * 400, "scan.nii.gz", "scan.nii.gz"),
+    ],
+)
+def test_bad_volume_files_are_refused_by_name(data, name, message):
+    with pytest.raises(InputError, match=message):
+        volume_runs.read_uploaded_volume(data, name)
+
+
+def test_a_2d_model_is_refused_for_a_volume_and_a_volume_model_for_an_image(services):
+    with pytest.raises(InputError, match="volume model"):
+        services.model("ct-test")
+
+
+def test_boxes_on_two_views_make_a_3d_region_and_clicks_move_the_crosshair():
+    shape = (48, 40, 32)
+    axial = volume_views.region_from_view(
+        "axial", {"range": {"x": [3.6, 20.2], "y": [5.1, 30.4]}}, shape
+    )
+    assert axial == [0, 5, 4, 48, 31, 21]  # z untouched: the whole depth
+    both = volume_views.region_from_view(
+        "coronal", {"range": {"x": [0.2, 10.0], "y": [40.0, 12.0]}}, shape, axial
+    )
+    assert both == [12, 5, 0, 41, 31, 11]  # z from the coronal box, y kept from the axial
+    assert volume_views.region_from_view("sagittal", {"points": []}, shape) is None
+    assert volume_views.clicked_voxel("sagittal", {"points": [{"x": 7, "y": 30}]}, [1, 2, 3]) == [
+        30, 7, 3,
+    ]  # fmt: skip
+    figure = volume_views.view_figure(np.zeros(shape, np.float32), "coronal", (10, 20, 5))
+    assert figure.data[0].z.shape == (48, 32)  # rows z, columns x
+
+
+def test_a_display_window_changes_the_views_but_not_what_the_model_sees(services, nifti_bytes):
+    key = stored(services, nifti_bytes)
+    prepared = services.prepared_volume(key, "tab-1", "ct-test")
+    hu = prepared.model_input.values
+    assert hu.shape == (48, 48, 48) and hu.min() < -900 and hu.max() > 0  # HU, not the unit
+    model = volume_views.displayed(prepared.unit, hu, "model")
+    assert model is prepared.unit
+    bone = volume_views.displayed(prepared.unit, hu, "bone")
+    centre, width = volume_views.WINDOW_PRESETS["bone"]
+    np.testing.assert_allclose(bone, np.clip((hu - centre + width / 2) / width, 0, 1), atol=1e-6)
+    assert not np.allclose(bone, prepared.unit)
+    with pytest.raises(ValueError, match="unknown window"):
+        volume_views.displayed(prepared.unit, hu, "sunset")
+
+
+def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
+    services,
+    nifti_bytes,
+    hu_volume,  # noqa: F811
+):
+    from webapp.panels.volume import VolumePanel
+
+    key = stored(services, nifti_bytes)
+    result = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=(16, 16, 16, 32, 32, 32)), lambda *a: None
+    )
+    panel = VolumePanel(services, None)
+    record = {"key": key, "name": "chest.nii.gz"}
+    handle = {"id": result["id"]}
+    drawn = panel.draw_views(record, "ct-test", 24, 24, 24, None, handle, "model", "tab-1")
+    assert [len(f.data) for f in drawn[:3]] == [2, 2, 2]  # gray block + heatmap, each view
+    summary = panel.summary(handle, record, "ct-test", "tab-1")
+    assert summary[1:] == (False, False, True)  # NIfTI, JSON; no DICOM for a NIfTI source
+    # another volume on screen (the same tab loaded a new one): no heatmap, no downloads
+    other = stored(services, nifti_bytes[:-8] + b"\x00" * 8)
+    record = {"key": other, "name": "other.nii.gz"}
+    assert panel.summary(handle, record, "ct-test", "tab-1") == (
+        "The last heatmap explains another volume or model.", True, True, True,
+    )  # fmt: skip
+    # another tab never sees this tab's result
+    assert panel.summary(handle, {"key": key}, "ct-test", "tab-2")[1:] == (True, True, True)
+
+
+def hostile_volumes() -> dict[str, bytes]:
+    """A few hundred kilobytes each that would cost gigabytes read naively: a zipped
+    'series' inflating to 300 MB, and a NIfTI header declaring 2048³ float32 voxels."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for i in range(3):
+            archive.writestr(f"slice{i}.dcm", b"\0" * (100 * 2**20))
+    header = nibabel.Nifti1Header()
+    header.set_data_shape((2048, 2048, 2048))
+    header.set_data_dtype(np.float32)
+    nifti = __import__("gzip").compress(header.binaryblock + b"\0" * 4 + b"\0" * 4096)
+    return {"series.zip": buffer.getvalue(), "huge.nii.gz": nifti}
+
+
+@pytest.mark.parametrize("name", ["series.zip", "huge.nii.gz"])
+def test_an_uploaded_volume_that_would_cost_too_much_memory_is_refused_by_the_panel(services, name):
+    from webapp.panels.volume import VolumePanel
+
+    data = hostile_volumes()[name]
+    assert len(data) < 2 * 2**20
+    token = services.uploads.save(io.BytesIO(data), len(data), "volume", "tab-1", name, 1 << 30)
+    panel = VolumePanel(services, None)
+    record, region, message = panel.load_volume({"token": token, "name": name}, "tab-1")
+    assert "decode budget" in message and name in message
+    assert services.images.usage()[0] == 0  # nothing kept
+
+
+def test_approximate_runs_show_their_stage_one_picture_and_refuse_another_class(
+    services, nifti_bytes
+):
+    key = stored(services, nifti_bytes)
+    pictures = []
+    result = volume_runs.execute_volume(
+        services, "tab-1", request(key, mode="approximate", stride=4),
+        lambda done, total, values: pictures.append(values) if values is not None else None,
+    )  # fmt: skip
+    assert result["mode"] == "approximate" and result["class_values"] is None
+    assert result["values"].shape == tuple(len(result[a]) for a in ("zs", "ys", "xs"))
+    assert pictures and all(p.shape == result["values"].shape for p in pictures)
+    with pytest.raises(InputError, match="press Run"):
+        volume_runs.relabel_volume(result, 0)
+
+
+def test_a_cancelled_run_keeps_the_cells_it_computed_for_the_next(services, nifti_bytes):
+    from webapp.jobs import JobCancelled
+
+    key = stored(services, nifti_bytes)
+    seen = []
+
+    def cancel_after_two_pictures(done, total, values):
+        if values is not None:
+            seen.append(done)
+            if len(seen) == 2:
+                raise JobCancelled("cancelled")
+
+    with pytest.raises(JobCancelled):
+        volume_runs.execute_volume(services, "tab-1", request(key), cancel_after_two_pictures)
+    assert services.results.get(volume_runs.volume_session("tab-1")) is None  # no result
+    again = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+    assert again["reused"] == seen[-1] == 2 * 36  # two slices of 6 x 6 positions
+    assert again["evaluated"] == 6**3 - again["reused"]

@@ -1,0 +1,498 @@
+"""The volume panel: a CT or MR volume in three linked views, a 3-D region, its run (a
+background job with progress, live picture and cancel), another class, the exports. The
+run and everything it decides is webapp.volume_runs; the figures webapp.volume_views."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
+from dash.exceptions import PreventUpdate
+
+from krypton.registry import available_models
+from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
+
+from .. import ids, volume_runs, volume_views
+from ..guard import CLIENT_HEADER
+from ..helpers import InputError
+from ..jobs import JobCancelled, QueueFull, check_cancelled
+from ..lifecycle import RunLifecycle
+from ..services import Services
+from .common import empty_figure
+
+logger = logging.getLogger("krypton.app")
+LIVE_UPDATE_SECONDS = 0.3
+GRAPHS = [graph for _, graph, _ in ids.VOLUME_GRAPHS]  # in VIEWS' order
+SLIDERS = [slider for _, _, slider in ids.VOLUME_GRAPHS]
+
+
+def volume_model_options() -> list[dict]:
+    """The volume models (unavailable ones disabled, with why)."""
+    return [
+        {
+            "label": info.name if info.available else f"{info.name} (unavailable)",
+            "value": info.name,
+            "disabled": not info.available,
+            "title": info.description if info.available else f"{info.reason}; fix: {info.fix}",
+        }
+        for info in available_models()
+        if info.is_volume
+    ]
+
+
+def default_volume_model() -> str | None:
+    options = [o for o in volume_model_options() if not o["disabled"]]
+    return options[0]["value"] if options else None
+
+
+class VolumePanel:
+    """Callbacks of the volume panel; runs are background jobs on ``manager``."""
+
+    def __init__(self, services: Services, manager):
+        self.services = services
+        self.manager = manager
+
+    def register(self, app) -> None:
+        """Attach the panel's callbacks to ``app``."""
+        app.clientside_callback(
+            ClientsideFunction("krypton_upload", "volume"),
+            Output(ids.VOLUME_TICKET, "data"),
+            Input(ids.VOLUME_UPLOAD, "contents"),
+            State(ids.VOLUME_UPLOAD, "filename"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )
+        app.callback(
+            Output(ids.VOLUME_STORE, "data"),
+            Output(ids.VOLUME_REGION, "data"),
+            Output(ids.VOLUME_MESSAGE, "children"),
+            Input(ids.VOLUME_TICKET, "data"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.load_volume)
+        app.callback(
+            *[Output(s, "max") for s in SLIDERS],
+            *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
+            Output(ids.VOLUME_INFO, "children"),
+            Output(ids.VOLUME_LABEL, "options"),
+            Output(ids.VOLUME_PATCH, "value"),
+            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Input(ids.VOLUME_STORE, "data"),
+            Input(ids.VOLUME_MODEL, "value"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.show_volume)
+        app.callback(
+            *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
+            *[Input(g, "clickData") for g in GRAPHS],
+            *[State(s, "value") for s in SLIDERS],
+            prevent_initial_call=True,
+        )(self.move_cursor)
+        app.callback(
+            Output(ids.VOLUME_REGION, "data", allow_duplicate=True),
+            *[Input(g, "selectedData") for g in GRAPHS],
+            Input(ids.VOLUME_RESET_REGION, "n_clicks"),
+            State(ids.VOLUME_REGION, "data"),
+            State(ids.VOLUME_MODEL, "value"),
+            prevent_initial_call=True,
+        )(self.select_region)
+        app.callback(
+            *[Output(g, "figure") for g in GRAPHS],
+            Output(ids.VOLUME_REGION_TEXT, "children"),
+            Input(ids.VOLUME_STORE, "data"),
+            Input(ids.VOLUME_MODEL, "value"),
+            *[Input(s, "value") for s in SLIDERS],
+            Input(ids.VOLUME_REGION, "data"),
+            Input(ids.VOLUME_RESULT, "data"),
+            Input(ids.VOLUME_WINDOW, "value"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.draw_views)
+        self._register_run(app)
+        app.callback(
+            Output(ids.VOLUME_RESULT, "data", allow_duplicate=True),
+            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Input(ids.VOLUME_LABEL, "value"),
+            State(ids.VOLUME_RESULT, "data"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.switch_class)
+        app.callback(
+            Output(ids.VOLUME_SUMMARY, "children"),
+            *[Output({"type": ids.VOLUME_EXPORT, "format": f}, "disabled")
+              for f in ("nifti", "json", "dicom")],
+            Input(ids.VOLUME_RESULT, "data"),
+            Input(ids.VOLUME_STORE, "data"),
+            Input(ids.VOLUME_MODEL, "value"),
+            State(ids.SESSION, "data"),
+        )(self.summary)  # fmt: skip
+        app.callback(
+            Output(ids.VOLUME_DOWNLOAD, "data"),
+            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Input({"type": ids.VOLUME_EXPORT, "format": ALL}, "n_clicks"),
+            State(ids.VOLUME_RESULT, "data"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.download)
+
+    def _register_run(self, app) -> None:
+        app.callback(
+            Output(ids.VOLUME_RESULT, "data"),
+            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Input(ids.VOLUME_RUN, "n_clicks"),
+            State(ids.SESSION, "data"),
+            State(ids.VOLUME_STORE, "data"),
+            State(ids.VOLUME_MODEL, "value"),
+            State(ids.VOLUME_PATCH, "value"),
+            State(ids.VOLUME_STRIDE, "value"),
+            State(ids.VOLUME_MODE, "value"),
+            State(ids.VOLUME_LABEL, "value"),
+            State(ids.VOLUME_REGION, "data"),
+            *[State(s, "value") for s in SLIDERS],
+            background=True,
+            manager=self.manager,
+            prevent_initial_call=True,
+            interval=LIVE_UPDATE_SECONDS * 1000,
+            running=[
+                (Output(ids.VOLUME_RUN, "disabled"), True, False),
+                (Output(ids.VOLUME_CANCEL, "disabled"), False, True),
+                (Output(ids.VOLUME_LIVE_PANEL, "style"), {"display": "block"}, {"display": "none"}),
+            ],
+            # a new volume or model stops the run that explains the old one
+            cancel=[
+                Input(ids.VOLUME_CANCEL, "n_clicks"),
+                Input(ids.VOLUME_STORE, "data"),
+                Input(ids.VOLUME_MODEL, "value"),
+            ],
+            progress=[
+                Output(ids.VOLUME_PROGRESS, "value"),
+                Output(ids.VOLUME_PROGRESS, "max"),
+                Output(ids.VOLUME_LIVE_GRAPH, "figure"),
+                Output(ids.VOLUME_LIVE_STATUS, "children"),
+            ],
+            progress_default=["0", "1", empty_figure("Starting…"), ""],
+        )(self.run)
+
+    # -- loading and viewing -----------------------------------------------------------
+
+    def load_volume(self, ticket, session):
+        """An uploaded volume: read it once (a bad file is refused here, by name), keep
+        its bytes for this tab; the page's record of it."""
+        session = str(session or "")
+        ticket = ticket if isinstance(ticket, dict) else {}
+        name = str(ticket.get("name") or "the volume")
+        try:
+            if ticket.get("error"):
+                raise InputError(str(ticket["error"]))
+            with self.services.uploads.take(str(ticket.get("token", "")), "volume", session) as (
+                path,
+                _,
+            ):
+                data = path.read_bytes()
+            volume = volume_runs.read_uploaded_volume(data, name)
+            key = self.services.images.put_source(data, session)
+        except InputError as exc:
+            return no_update, no_update, str(exc)
+        record = {
+            "key": key,
+            "name": name,
+            "shape": list(volume.shape),
+            "spacing": list(volume.spacing),
+            "modality": volume.modality,
+            "frame": volume.affine is not None,
+        }
+        return record, None, ""
+
+    def _prepared(self, record: dict, model: str, session: str):
+        return self.services.prepared_volume(
+            str(record["key"]), str(session or ""), model, str(record.get("name"))
+        )
+
+    def show_volume(self, record, model, session):
+        """A new volume or model: the sliders' range and the crosshair at the centre, what
+        was read and how it was prepared, the model's classes and cube."""
+        if not record or not model:
+            raise PreventUpdate
+        unchanged = [no_update] * (2 * len(SLIDERS) + 3)
+        try:
+            loaded = self.services.volume_model(model)
+            prepared = self._prepared(record, model, session)
+        except InputError as exc:
+            return (*unchanged, str(exc))
+        size = loaded.input_size
+        source = prepared.source
+        info = (
+            f"{record['name']}: {'x'.join(map(str, source.shape))} voxels at "
+            f"{'x'.join(f'{s:g}' for s in source.spacing)} mm"
+            f"{'' if not source.modality else f' ({source.modality})'}; resampled to "
+            f"{'x'.join(f'{s:g}' for s in loaded.volume['spacing_mm'])} mm "
+            f"({'x'.join(map(str, prepared.model_input.resampled_shape))}) and windowed "
+            f"{loaded.volume['window_hu']}; the views show the centred "
+            f"{'x'.join(map(str, size))} block {model} sees (corner "
+            f"{list(prepared.model_input.corner)})."
+            + ("" if record.get("frame") else " The file gave no scanner frame: the NIfTI "
+               "export is in model voxels.")
+        )  # fmt: skip
+        classes = [{"label": f"{i}: {n}", "value": i} for i, n in enumerate(loaded.classes)]
+        return (
+            *[s - 1 for s in size],
+            *[s // 2 for s in size],
+            info,
+            classes,
+            int(loaded.patch),
+            "",
+        )
+
+    def move_cursor(self, *args):
+        """A click on a view moves the crosshair (the other views' sliders) there."""
+        clicks, cursor = args[: len(GRAPHS)], args[len(GRAPHS) :]
+        view = _view_of(ctx.triggered_id)
+        if view is None or None in cursor:
+            raise PreventUpdate
+        moved = volume_views.clicked_voxel(view, clicks[list(VIEWS).index(view)], cursor)
+        if moved is None:
+            raise PreventUpdate
+        return tuple(moved[VIEWS[v]] for v in VIEWS)
+
+    def select_region(self, *args):
+        """A box on a view sets the region's two axes the view shows; Whole block clears."""
+        selections, (_, region, model) = args[: len(GRAPHS)], args[len(GRAPHS) :]
+        if ctx.triggered_id == ids.VOLUME_RESET_REGION:
+            return None
+        view = _view_of(ctx.triggered_id)
+        if view is None or not model:
+            raise PreventUpdate
+        try:
+            size = self.services.volume_model(model).input_size
+        except InputError:
+            raise PreventUpdate from None
+        picked = volume_views.region_from_view(
+            view, selections[list(VIEWS).index(view)], size, region
+        )
+        if picked is None:
+            raise PreventUpdate
+        return picked
+
+    def draw_views(self, record, model, z, y, x, region, handle, window, session):
+        """The three views through the crosshair in the display ``window`` (a preset's
+        name, or "model": what the model sees), with the heatmap over them only when the
+        kept result explains this volume with this model."""
+        if not record or not model or None in (z, y, x):
+            raise PreventUpdate
+        try:
+            prepared = self._prepared(record, model, session)
+        except InputError as exc:
+            return (*[empty_figure(str(exc))] * len(GRAPHS), "")
+        per_voxel, value_range, title = None, (0.0, 1.0), ""
+        result = self._result_for(handle, record, model, session)
+        if result is not None:
+            heatmap = volume_runs.volume_heatmap(result)
+            per_voxel = voxel_values(heatmap, prepared.unit.shape)
+            values = np.asarray(result["values"], np.float64)
+            value_range = (float(np.nanmin(values)), float(np.nanmax(values)) + 1e-9)
+            title = f" · {result['label_name']} ({result['mode']})"
+        cursor = (int(z), int(y), int(x))
+        shown = volume_views.displayed(prepared.unit, prepared.model_input.values, window)
+        figures = [
+            volume_views.view_figure(
+                shown, view, cursor, per_voxel, value_range, region,
+                f"{view} · {'zyx'[axis]} = {cursor[axis]}{title}",
+            )
+            for view, axis in VIEWS.items()
+        ]  # fmt: skip
+        text = (
+            "Region: the whole block"
+            if not region
+            else f"Region z {region[0]}–{region[3]}, y {region[1]}–{region[4]}, "
+            f"x {region[2]}–{region[5]}"
+        )
+        return (*figures, text)
+
+    def _result_for(self, handle, record, model, session) -> dict | None:
+        """The kept volume result the handle names, when it explains this volume and model."""
+        if not handle or not record:
+            return None
+        result = self.services.results.get(volume_runs.volume_session(str(session or "")))
+        if (
+            result is None
+            or result.get("id") != handle.get("id")
+            or result.get("source_key") != record.get("key")
+            or result.get("model") != model
+        ):
+            return None
+        return result
+
+    # -- running ---------------------------------------------------------------------
+
+    def run(self, set_progress, n_clicks, session, record, model, patch, stride, mode, label,
+            region, z, y, x):  # fmt: skip
+        """Queue, run and keep one volume run; the page gets its handle."""
+        if not n_clicks:
+            raise PreventUpdate
+        session = str(session or "")
+        lifecycle = RunLifecycle()
+        try:
+            if not record:
+                raise InputError("load a volume first")
+            request = volume_runs.VolumeRequest(
+                source_key=str(record["key"]), name=str(record.get("name")), model=model,
+                patch=_whole(patch, "cube"), stride=_whole(stride, "stride"), mode=mode,
+                label=None if label is None else int(label),
+                region=tuple(region) if region else None,
+            )  # fmt: skip
+            prepared = self._prepared(record, model, session)
+            cursor = tuple(int(v) for v in (z, y, x))
+            client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
+
+            def waiting(ahead: int) -> None:
+                check_cancelled()
+                text = f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours"
+                set_progress(("0", "1", empty_figure(text), text))
+
+            lifecycle.queue()
+            with self.services.job(), self.services.jobs.slot(session, waiting, client):
+                lifecycle.start()
+                reporter = _live_reporter(set_progress, prepared, cursor, request, lifecycle)
+                result = volume_runs.execute_volume(self.services, session, request, reporter)
+            lifecycle.finish()
+        except QueueFull as exc:
+            return no_update, str(exc)
+        except JobCancelled:
+            raise PreventUpdate from None
+        except (InputError, ValueError) as exc:
+            return no_update, str(exc)
+        except Exception as exc:  # keep serving; say what happened
+            logger.exception("volume run failed")
+            return no_update, f"The run failed unexpectedly ({type(exc).__name__}: {exc})."
+        return _handle(result), ""
+
+    def switch_class(self, label, handle, session):
+        """Another class: the kept result re-coloured from every class's probabilities."""
+        if label is None or not handle:
+            raise PreventUpdate
+        key = volume_runs.volume_session(str(session or ""))
+        result = self.services.results.get(key)
+        if result is None or result.get("id") != handle.get("id"):
+            raise PreventUpdate
+        if int(label) == result["label"]:
+            raise PreventUpdate
+        try:
+            relabelled = volume_runs.relabel_volume(result, int(label))
+        except InputError as exc:
+            return no_update, str(exc)
+        relabelled["id"] = f"{result['id'].split(':')[0]}:{int(label)}"
+        self.services.results.put(key, relabelled)
+        return _handle(relabelled), ""
+
+    def summary(self, handle, record, model, session):
+        """What the shown result is, and its downloads, only beside what it explains."""
+        result = self._result_for(handle, record, model, session)
+        if result is None:
+            text = "" if not handle else "The last heatmap explains another volume or model."
+            return text, True, True, True
+        lines = volume_runs.volume_summary(result)
+        dicom = bool(result.get("dicom_source"))
+        return [_line(t) for t in lines], False, False, not dicom
+
+    def download(self, clicks, handle, session):
+        """One export of the kept result."""
+        if not any(clicks) or not isinstance(ctx.triggered_id, dict):
+            raise PreventUpdate
+        fmt = ctx.triggered_id["format"]
+        session = str(session or "")
+        result = self.services.results.get(volume_runs.volume_session(session))
+        if result is None or not handle or result.get("id") != handle.get("id"):
+            return no_update, "The heatmap is no longer on the server; press Run again."
+        stem = volume_runs.export_stem(result)
+        try:
+            if fmt == "nifti":
+                heatmap = volume_runs.volume_heatmap(result)
+                affine = None if result.get("affine") is None else np.asarray(result["affine"])
+                data = heatmap_nifti(heatmap, affine, f"krypton {result['model']} "
+                                     f"{result['label_name']}")  # fmt: skip
+                return {"content": _b64(data), "filename": f"{stem}.nii.gz", "base64": True}, ""
+            if fmt == "json":
+                text = volume_runs.export_volume_json(result)
+                return {"content": text, "filename": f"{stem}.json"}, ""
+            if fmt == "dicom":
+                source = self.services.images.source(result["source_key"], session)
+                prepared = self.services.prepared_volume(
+                    result["source_key"], session, result["model"], result["image"]
+                )
+                data = volume_runs.export_dicom_series(result, source, prepared)
+                return {"content": _b64(data), "filename": f"{stem}.dcm.zip", "base64": True}, ""
+        except InputError as exc:
+            return no_update, str(exc)
+        raise PreventUpdate
+
+
+def _handle(result: dict) -> dict:
+    return {"id": result["id"], "source_key": result["source_key"], "model": result["model"]}
+
+
+def _line(text: str):
+    from dash import html
+
+    return html.Div(text)
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")
+
+
+def _whole(value, what: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"the {what} must be a whole number of voxels") from None
+    if number < 1:
+        raise InputError(f"the {what} must be at least 1 voxel")
+    return number
+
+
+def _view_of(trigger) -> str | None:
+    for view, graph, _ in ids.VOLUME_GRAPHS:
+        if trigger == graph:
+            return view
+    return None
+
+
+def _live_reporter(set_progress, prepared, cursor, request, lifecycle: RunLifecycle):
+    """Progress to the page: the bar, the count and the three views with the picture so
+    far (unknown cells take their nearest known one), at most every LIVE_UPDATE_SECONDS."""
+    from krypton._inputs import volume_grid
+
+    size = prepared.unit.shape
+    region = request.region
+    axes = volume_grid(size, (request.patch,) * 3, (request.stride,) * 3, region)
+    state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
+
+    def report(done: int, total: int, values: np.ndarray | None) -> None:
+        check_cancelled()
+        if total:
+            lifecycle.progress(done, total)
+        now = time.perf_counter()
+        if values is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
+            return
+        if values is not None and values.shape == tuple(len(a) for a in axes):
+            filled = volume_runs.nearest_known(values)
+            if filled is not None:
+                heatmap = volume_runs.grid_heatmap(filled, axes, request.patch)
+                per_voxel = voxel_values(heatmap, size)
+                low, high = float(np.nanmin(filled)), float(np.nanmax(filled)) + 1e-9
+                state["figure"] = volume_views.views_live_figure(
+                    prepared.unit, cursor, per_voxel, (low, high), "computing…"
+                )
+        state["sent"] = now
+        status = lifecycle.status() if lifecycle.total else "coarse picture ready"
+        bar = (str(lifecycle.done), str(max(lifecycle.total, 1)))
+        set_progress((*bar, state["figure"], status))
+
+    return report
+
+
+__all__ = ["VolumePanel", "volume_model_options", "default_volume_model"]

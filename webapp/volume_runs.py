@@ -1,0 +1,535 @@
+"""Volumes on the page, orchestrated without a browser: reading an uploaded volume, the
+block a volume model sees, one occlusion run over it (or a 3-D region of it) with a live
+picture, reuse of every cell computed before, another class, and the exports.
+
+The volume panel (webapp/panels/volume.py) only calls these. Tensor algebra stays in the
+engine (krypton.explain on (C, D, H, W)); pictures of the three views are
+webapp.volume_views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import krypton
+from krypton.engine.capture_lock import CAPTURE_LOCK
+from krypton.io.images import ImageLoadError
+from krypton.io.volumes import ModelVolume, Volume, read_volume
+
+from .helpers import InputError
+
+__all__ = [
+    "VolumeRequest",
+    "PreparedVolume",
+    "VolumeCache",
+    "VolumeCells",
+    "volume_suffix",
+    "read_uploaded_volume",
+    "execute_volume",
+    "relabel_volume",
+    "volume_heatmap",
+    "volume_summary",
+    "export_volume_json",
+]
+
+# report(done, total, the grid's values so far or None): after every chunk; raising stops
+VolumeReporter = Callable[[int, int, "np.ndarray | None"], None]
+
+
+def volume_suffix(data: bytes, filename: str | None) -> str:
+    """What kind of volume an upload is, by its name or else its first bytes: '.nii.gz',
+    '.nii', '.zip' (a DICOM series) or '.dcm' (a multi-frame DICOM file)."""
+    name = (filename or "").lower()
+    for suffix in (".nii.gz", ".nii", ".zip", ".dcm"):
+        if name.endswith(suffix):
+            return suffix
+    if data[:2] == b"\x1f\x8b":
+        return ".nii.gz"
+    if data[:4] == b"PK\x03\x04":
+        return ".zip"
+    if data[344:348] in (b"n+1\x00", b"ni1\x00"):
+        return ".nii"
+    if data[128:132] == b"DICM":
+        return ".dcm"
+    raise InputError(
+        f"{filename or 'the file'} is not a volume: give a NIfTI file (.nii, .nii.gz), a zip "
+        f"of one DICOM series or a multi-frame DICOM file"
+    )
+
+
+def read_uploaded_volume(data: bytes, filename: str | None) -> Volume:
+    """An uploaded volume's bytes as a :class:`~krypton.io.volumes.Volume` (the decode
+    budget and the series checks of krypton.io.volumes apply); bad files raise InputError."""
+    suffix = volume_suffix(data, filename)
+    if suffix == ".zip" and not zipfile.is_zipfile(io.BytesIO(data)):
+        raise InputError(f"{filename or 'the file'} is not a readable zip archive")
+    with tempfile.TemporaryDirectory(prefix="krypton-volume-") as folder:
+        path = Path(folder) / f"volume{suffix}"
+        path.write_bytes(data)
+        try:
+            volume = read_volume(path)
+        except (ImageLoadError, ValueError, OSError) as exc:
+            text = str(exc).replace(str(path), filename or "the file")
+            raise InputError(text.replace(path.name, filename or "the file")) from None
+    name = filename or "volume"
+    return dataclasses.replace(volume, source=f"{name} ({volume.source.split(' ')[0]})")
+
+
+@dataclass(frozen=True)
+class PreparedVolume:
+    """A volume as the page shows it and a model takes it: ``source`` as read, ``model``
+    input (:class:`~krypton.io.volumes.ModelVolume`) and ``unit`` (D, H, W) in [0, 1], the
+    windowed block the model sees (what the three views draw)."""
+
+    source: Volume
+    model_input: ModelVolume
+    unit: np.ndarray
+
+
+class VolumeCache:
+    """Prepared volumes by (stored file, tab, model), least recently used out: moving a
+    slider redraws from memory, not from the file. A miss (another worker, evicted) reads
+    the stored file again."""
+
+    def __init__(self, max_items: int = 6):
+        self.max_items = max_items
+        self._items: OrderedDict[tuple, PreparedVolume] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, build: Callable[[], PreparedVolume]) -> PreparedVolume:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                return found
+        prepared = build()
+        with self._lock:
+            self._items[key] = prepared
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return prepared
+
+
+@dataclass
+class VolumeCells:
+    """Every cell computed on one volume with one model, patch, stride origin and mode:
+    (z, y, x) corner -> every class's probability, so a later region or class reuses them."""
+
+    cells: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
+    origin: tuple[int, int, int] | None = None
+
+
+class VolumeCellCache:
+    """Cells per setting (:class:`VolumeCells`), the most recent ``max_keys`` settings."""
+
+    def __init__(self, max_keys: int = 16):
+        self.max_keys = max_keys
+        self._known: OrderedDict[tuple, VolumeCells] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> VolumeCells:
+        with self._lock:
+            known = self._known.setdefault(key, VolumeCells())
+            self._known.move_to_end(key)
+            while len(self._known) > self.max_keys:
+                self._known.popitem(last=False)
+            return known
+
+
+@dataclass(frozen=True)
+class VolumeRequest:
+    """What the user asked for in the volume panel."""
+
+    source_key: str
+    name: str
+    model: str
+    patch: int
+    stride: int
+    mode: str
+    label: int | None = None
+    region: tuple[int, int, int, int, int, int] | None = None  # (z0, y0, x0, z1, y1, x1)
+    snap: bool = True  # move a region's grid onto the last run's grid to reuse its cells
+
+
+def check_volume_region(region, size: tuple[int, int, int], patch: int, stride: int) -> None:
+    """Refuse a region the cube cannot be placed in, in the page's words."""
+    if stride < 1 or patch < 1:
+        raise InputError("the patch and the stride must be at least 1 voxel")
+    low, high = (region[:3], region[3:]) if region else ((0, 0, 0), size)
+    extent = [b - a for a, b in zip(low, high)]
+    if not all(0 <= a < b <= s for a, b, s in zip(low, high, size)):
+        raise InputError(f"the region {list(region or ())} is outside the {size} block")
+    if min(extent) < patch:
+        raise InputError(
+            f"the region is {'x'.join(map(str, extent))} voxels (z x y x x), smaller than the "
+            f"{patch}-voxel cube on some axis; draw a larger region or pick a smaller patch"
+        )
+
+
+def snap_volume_region(region, origin, stride: int, size) -> tuple[int, ...]:
+    """``region`` with its first corner moved back onto the grid through ``origin``
+    (z, y, x), so its positions are ones the last run computed (forward by a stride
+    where moving back would leave the block)."""
+    low = []
+    for start, through in zip(region[:3], origin):
+        snapped = through + ((start - through) // stride) * stride
+        low.append(snapped + stride if snapped < 0 else snapped)
+    return (*low, *(min(int(b), int(s)) for b, s in zip(region[3:], size)))
+
+
+def coarse_to_fine(count: int) -> list[int]:
+    """Indices 0..count-1 with a coarse subset first (every 8th, then 4th, ...): the
+    live picture covers the whole depth early and sharpens."""
+    order: list[int] = []
+    for step in (8, 4, 2, 1):
+        order += [i for i in range(0, count, step) if i not in order]
+    return order
+
+
+def _grid_axes(size, patch: int, stride: int, region) -> tuple[np.ndarray, ...]:
+    from krypton._inputs import volume_grid
+
+    return volume_grid(size, (patch,) * 3, (stride,) * 3, region)
+
+
+def execute_volume(services, session: str, request: VolumeRequest, report: VolumeReporter) -> dict:
+    """Run one volume heatmap (exact and naive in chunks of one slice of positions each,
+    coarse to fine, reusing known cells; approximate in one call with its stage-one
+    picture) and keep its result record for ``session``."""
+    if request.mode not in krypton.MODES:
+        raise InputError(f"unknown mode {request.mode!r}")
+    started = time.perf_counter()
+    loaded = services.volume_model(request.model)
+    prepared = services.prepared_volume(request.source_key, session, request.model)
+    size = tuple(loaded.input_size)
+    region = tuple(int(v) for v in request.region) if request.region else None
+    check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
+    tensor = prepared.model_input.tensor
+    with torch.inference_mode(), CAPTURE_LOCK.shared():
+        logits = loaded.module(tensor.unsqueeze(0))
+    base_probs = torch.softmax(logits[0].float(), 0).cpu().numpy()
+    label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
+    if not 0 <= label < len(base_probs):
+        raise InputError(f"class {label} does not exist for {request.model}")
+    weights = services.weights_checksum(request.model)
+    explainer = services.volume_explainer(request.model)
+    fill = loaded.gray_fill()
+    note = ""
+    if request.mode == "approximate":
+        heatmap = explainer.explain(
+            tensor, patch=request.patch, stride=request.stride, mode="approximate",
+            fill=fill, label=label, region=region,
+            progress=lambda done, total: report(done, total, None),
+            partial=lambda values: report(0, 0, np.asarray(values, np.float32)),
+        )  # fmt: skip
+        axes = (heatmap.zs, heatmap.ys, heatmap.xs)
+        values, class_values = heatmap.values, None
+        evaluated, reused = heatmap.positions_evaluated, 0
+        plan, ood = heatmap.extra.get("plan"), heatmap.extra.get("ood")
+    else:
+        key = (request.source_key, weights, request.patch, request.stride, request.mode)
+        known = services.volume_cells.get(key)
+        had_cells = bool(known.cells)
+        if region is not None and request.snap and known.origin is not None:
+            snapped = snap_volume_region(region, known.origin, request.stride, size)
+            if snapped != region:
+                note = (
+                    f"region moved onto the last run's grid, from corner {list(region[:3])} "
+                    f"to {list(snapped[:3])}, to reuse its cells"
+                )
+                region = snapped
+                check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
+        axes = _grid_axes(size, request.patch, request.stride, region)
+        values, class_values, reused, evaluated, plan, ood = _run_slices(
+            explainer, tensor, axes, request, fill, label, known, report
+        )
+        known.origin = (int(axes[0][0]), int(axes[1][0]), int(axes[2][0]))
+        if region is not None and not reused and had_cells and not note:
+            note = "no cells reused: none of the earlier positions lies in this region's grid"
+    seconds = time.perf_counter() - started
+    result = {
+        "id": uuid.uuid4().hex,
+        "kind": "volume",
+        "source_key": request.source_key,
+        "image": request.name,
+        "model": request.model,
+        "weights_checksum": weights,
+        "mode": request.mode,
+        "label": label,
+        "label_name": loaded.class_name(label),
+        "classes": list(loaded.classes),
+        "prob": float(base_probs[label]),
+        "base_probs": base_probs.tolist(),
+        "patch": request.patch,
+        "stride": request.stride,
+        "input_size": list(size),
+        "region": None if region is None else list(region),
+        "zs": np.asarray(axes[0]).tolist(),
+        "ys": np.asarray(axes[1]).tolist(),
+        "xs": np.asarray(axes[2]).tolist(),
+        "values": np.asarray(values, np.float32),
+        "class_values": class_values,
+        "seconds": seconds,
+        "evaluated": evaluated,
+        "reused": reused,
+        "reuse_note": note,
+        "plan": plan,
+        "ood": ood,
+        "dicom_source": prepared.source.series_uid is not None,
+        "affine": None
+        if prepared.model_input.affine is None
+        else np.asarray(prepared.model_input.affine).tolist(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    services.results.put(volume_session(session), result)
+    return result
+
+
+def volume_session(session: str) -> str:
+    """Where a tab's volume result is kept, apart from its image result."""
+    return f"{session}/volume"
+
+
+def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, known, report):
+    """Exact or naive over the grid ``axes`` (zs, ys, xs): known cells first, then one
+    call per slice of positions (z) with unknown cells, over the box of its unknown
+    cells, slices coarse to fine; every cell computed is kept in ``known``."""
+    zs, ys, xs = (np.asarray(a) for a in axes)
+    shape = (len(zs), len(ys), len(xs))
+    values = np.full(shape, np.nan, np.float32)
+    class_values: np.ndarray | None = None
+    for k, i, j in np.ndindex(*shape):
+        cell = known.cells.get((int(zs[k]), int(ys[i]), int(xs[j])))
+        if cell is not None:
+            if class_values is None:
+                class_values = np.full((*shape, len(cell)), np.nan, np.float32)
+            class_values[k, i, j] = cell
+            values[k, i, j] = cell[label]
+    total = values.size
+    reused = int(np.count_nonzero(~np.isnan(values)))
+    done, plans, ood = reused, [], None
+    if reused:
+        report(done, total, values.copy())
+    side = request.patch
+    for k in coarse_to_fine(len(zs)):
+        rows, cols = np.nonzero(np.isnan(values[k]))
+        if not len(rows):
+            continue
+        i0, i1, j0, j1 = rows.min(), rows.max(), cols.min(), cols.max()
+        box = (
+            int(zs[k]), int(ys[i0]), int(xs[j0]),
+            int(zs[k]) + side, int(ys[i1]) + side, int(xs[j1]) + side,
+        )  # fmt: skip
+        offset = done
+        heatmap = explainer.explain(
+            tensor, patch=side, stride=request.stride, mode=request.mode, fill=fill,
+            label=label, region=box,
+            progress=lambda d, t, offset=offset: report(offset + d, total, None),
+        )  # fmt: skip
+        plans.append(heatmap.extra.get("plan"))
+        ood = ood or heatmap.extra.get("ood")
+        part = np.s_[k, i0 : i1 + 1, j0 : j1 + 1]
+        fresh = np.isnan(values[part])
+        values[part] = np.where(fresh, heatmap.values[0], values[part])
+        if heatmap.class_values is not None:
+            every = np.asarray(heatmap.class_values[0], np.float32)
+            if class_values is None:
+                class_values = np.full((*shape, every.shape[-1]), np.nan, np.float32)
+            class_values[part] = np.where(fresh[..., None], every, class_values[part])
+            for a, b in zip(*np.nonzero(fresh)):
+                corner = (int(zs[k]), int(ys[i0 + a]), int(xs[j0 + b]))
+                known.cells[corner] = every[a, b]
+        done += int(np.count_nonzero(fresh))
+        report(done, total, values.copy())
+    return values, class_values, reused, done - reused, _plan_line(plans), ood
+
+
+def _plan_line(plans: list) -> str | None:
+    """The plan of the run: the first chunk's (it measured), and any later switch."""
+    plans = [p for p in plans if p]
+    if not plans:
+        return None
+    switches = [p[p.index("switched to") :] for p in plans[1:] if "switched to" in p]
+    return "; ".join([plans[0].replace("in this call", "in this run", 1), *switches[-1:]])
+
+
+def relabel_volume(result: dict, label: int) -> dict:
+    """The same volume result for another class, from every class's probabilities."""
+    if result.get("class_values") is None:
+        raise InputError(
+            "this heatmap was computed for one class only (approximate mode chooses its "
+            "positions by the class); press Run to explain the new class"
+        )
+    if not 0 <= label < len(result["classes"]):
+        raise InputError(f"class {label} does not exist")
+    return dict(
+        result,
+        label=label,
+        label_name=result["classes"][label],
+        prob=float(result["base_probs"][label]),
+        values=np.asarray(result["class_values"])[..., label].astype(np.float32),
+    )
+
+
+def volume_heatmap(result: dict) -> krypton.Heatmap:
+    """A kept volume result as the library's :class:`krypton.Heatmap` (for the exports)."""
+    return krypton.Heatmap(
+        values=np.asarray(result["values"], np.float32),
+        xs=np.asarray(result["xs"]),
+        ys=np.asarray(result["ys"]),
+        zs=np.asarray(result["zs"]),
+        label=int(result["label"]),
+        prob=float(result["prob"]),
+        mode=result["mode"],
+        seconds=float(result["seconds"]),
+        patch=int(result["patch"]),
+        stride=int(result["stride"]),
+        positions_evaluated=int(result["evaluated"]),
+        macs_spent=0,
+        macs_naive=0,
+        extra={"ood": result.get("ood"), "plan": result.get("plan")},
+        base_probs=np.asarray(result["base_probs"]),
+    )
+
+
+def volume_summary(result: dict) -> list[str]:
+    """The result as the panel states it."""
+    from .helpers import ood_text
+    from .lifecycle import format_duration
+
+    lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
+    warning = ood_text(result.get("ood"))
+    if warning:
+        lines.append(warning)
+    grid = "x".join(str(len(result[a])) for a in ("zs", "ys", "xs"))
+    where = "the whole block" if not result.get("region") else f"region {result['region']}"
+    if result["evaluated"]:
+        lines.append(
+            f"{result['mode']} · {result['evaluated']} positions computed in "
+            f"{format_duration(result['seconds'])} ({grid} grid over {where}, cube "
+            f"{result['patch']}, stride {result['stride']})"
+        )
+    else:
+        lines.append(f"{result['mode']} · nothing computed: every cell was known from earlier runs")
+    if result.get("plan") and result["mode"] == "exact":
+        lines.append(f"Plan: {result['plan']}")
+    if result.get("reused"):
+        lines.append(f"Reused {result['reused']} cells from earlier runs")
+    if result.get("reuse_note"):
+        lines.append(result["reuse_note"][0].upper() + result["reuse_note"][1:])
+    return lines
+
+
+def export_volume_json(result: dict) -> str:
+    """Settings and result of a volume run as JSON (values as nested lists, NaN as null)."""
+
+    def plain(value):
+        if isinstance(value, np.ndarray):
+            return [plain(v) for v in value.tolist()] if value.ndim else plain(value.item())
+        if isinstance(value, float) and not np.isfinite(value):
+            return None
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    kept = {k: v for k, v in result.items() if k not in ("class_values",)}
+    return json.dumps(plain(kept), indent=1)
+
+
+def nearest_known(values: np.ndarray) -> np.ndarray | None:
+    """The live picture's grid: unknown (NaN) cells take their nearest known cell's
+    value; None while nothing is known."""
+    known = ~np.isnan(values)
+    if not known.any():
+        return None
+    if known.all():
+        return values
+    from scipy.ndimage import distance_transform_edt
+
+    _, nearest = distance_transform_edt(~known, return_indices=True)
+    return values[tuple(nearest)]
+
+
+def grid_heatmap(values: np.ndarray, axes, patch: int) -> krypton.Heatmap:
+    """Values on the grid ``axes`` (zs, ys, xs) as a Heatmap (for drawing a live picture)."""
+    zs, ys, xs = (np.asarray(a) for a in axes)
+    return krypton.Heatmap(
+        values=values, xs=xs, ys=ys, zs=zs, label=0, prob=float("nan"), mode="", seconds=0.0,
+        patch=patch, stride=None, positions_evaluated=0, macs_spent=0, macs_naive=0,
+    )  # fmt: skip
+
+
+def export_stem(result: dict) -> str:
+    """A file name that says what the export is: model, volume, mode, region, class."""
+    import re
+
+    region = "whole" if not result.get("region") else "z{}-{}_y{}-{}_x{}-{}".format(
+        *(result["region"][i] for i in (0, 3, 1, 4, 2, 5))
+    )  # fmt: skip
+    name = str(result["image"])
+    for suffix in (".nii.gz", ".nii", ".zip", ".dcm"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+    parts = ["krypton", result["model"], name, result["mode"], region, result["label_name"]]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(str(p) for p in parts))[:150]
+
+
+def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -> bytes:
+    """The heatmap over every axial slice of the model's block as a DICOM Secondary
+    Capture series (zipped) in the source's study, referencing the source series."""
+    from PIL import Image
+
+    from krypton.io.dicom_series_export import (
+        capture_series,
+        capture_series_zip,
+        first_dicom_header,
+    )
+    from krypton.render.overlay import overlay
+    from krypton.render.volumes import voxel_values
+
+    try:
+        header = first_dicom_header(source)
+    except ValueError as exc:
+        raise InputError(f"no DICOM export: {exc}") from None
+    heatmap = volume_heatmap(result)
+    unit = prepared.unit
+    per_voxel = voxel_values(heatmap, unit.shape)  # type: ignore[arg-type]
+    depth, height, width = unit.shape
+    pictures = [
+        overlay(
+            Image.fromarray((np.clip(unit[z], 0, 1) * 255).astype(np.uint8)).convert("RGB"),
+            per_voxel[z], np.arange(width), np.arange(height), 1, heatmap.prob,
+        )
+        for z in range(depth)
+    ]  # fmt: skip
+    from .helpers import ood_text
+
+    warning = ood_text(result.get("ood"))
+    comments = (f"WARNING: {warning} " if warning else "") + (
+        f"Krypton {result['mode']} occlusion heatmap. Model {result['model']} (weights "
+        f"{result['weights_checksum']}); class {result['label_name']}, p = {result['prob']:.4f};"
+        f" cube {result['patch']} voxels, stride {result['stride']}; the model's "
+        f"{'x'.join(map(str, unit.shape))} block, resampled from the source. Not a diagnosis: "
+        f"shows where occluding the volume changed the model's output."
+    )
+    files = capture_series(
+        header, pictures, description=f"Krypton heatmap {result['label_name']}",
+        comments=comments,
+    )  # fmt: skip
+    return capture_series_zip(files)
