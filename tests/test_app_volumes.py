@@ -297,3 +297,24 @@ def test_a_cancelled_run_keeps_the_cells_it_computed_for_the_next(services, nift
     again = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
     assert again["reused"] == seen[-1] == 2 * 36  # two slices of 6 x 6 positions
     assert again["evaluated"] == 6**3 - again["reused"]
+
+
+def test_a_loaded_volume_is_read_once_and_its_source_voxels_are_not_kept_per_model(
+    services, nifti_bytes, monkeypatch
+):
+    from webapp.panels.volume import VolumePanel
+
+    reads = []
+    real = volume_runs.read_uploaded_volume
+    monkeypatch.setattr(volume_runs, "read_uploaded_volume", lambda *a: reads.append(a) or real(*a))
+    token = services.uploads.save(
+        io.BytesIO(nifti_bytes), len(nifti_bytes), "volume", "tab-1", "chest.nii.gz", 1 << 30
+    )
+    panel = VolumePanel(services, None)
+    record, _, message = panel.load_volume({"token": token, "name": "chest.nii.gz"}, "tab-1")
+    assert message == "" and record["shape"] == [48, 48, 48]
+    shown = panel.show_volume(record, "ct-test", "tab-1")
+    assert shown[:6] == (47, 47, 47, 24, 24, 24) and "48x48x48 voxels" in shown[6]
+    assert len(reads) == 1  # the upload's read served the preparation too
+    prepared = services.prepared_volume(record["key"], "tab-1", "ct-test")
+    assert isinstance(prepared.source, volume_runs.SourceInfo)  # no second copy of voxels

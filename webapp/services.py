@@ -15,6 +15,7 @@ import torch
 import krypton
 from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.explainer import model_fingerprint
+from krypton.io.volumes import Volume
 from krypton.registry import CheckpointError, RegistryError, load_model
 
 from . import helpers, runs, volume_runs
@@ -58,6 +59,7 @@ class Services:
         self._lock = threading.Lock()
         # volumes: the prepared blocks the three views draw, and the cells computed
         self.volumes = volume_runs.VolumeCache()
+        self.volume_sources = volume_runs.VolumeCache(max_items=1)  # source voxels are large
         self.volume_cells = volume_runs.VolumeCellCache()
 
     @contextmanager
@@ -141,16 +143,19 @@ class Services:
         takes it: from memory when recently used, else read again from the stored file."""
         loaded = self.volume_model(model)
 
+        def read() -> Volume:
+            return volume_runs.read_uploaded_volume(self.images.source(key, session), name)
+
         def build() -> volume_runs.PreparedVolume:
-            data = self.images.source(key, session)
-            source = volume_runs.read_uploaded_volume(data, name)
+            source = self.volume_sources.get((key, helpers.owner_tag(session)), read)
             try:
                 model_input = loaded.prepare_volume(source)
             except ValueError as exc:
                 raise InputError(str(exc)) from None
             mean, std = float(loaded.mean[0]), float(loaded.std[0])
             unit = model_input.tensor[0].numpy() * std + mean
-            return volume_runs.PreparedVolume(source, model_input, unit)
+            info = volume_runs.SourceInfo.of(source)
+            return volume_runs.PreparedVolume(info, model_input, unit)
 
         return self.volumes.get((key, helpers.owner_tag(session), model), build)
 

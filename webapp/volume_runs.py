@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,27 +91,42 @@ def read_uploaded_volume(data: bytes, filename: str | None) -> Volume:
 
 
 @dataclass(frozen=True)
-class PreparedVolume:
-    """A volume as the page shows it and a model takes it: ``source`` as read, ``model``
-    input (:class:`~krypton.io.volumes.ModelVolume`) and ``unit`` (D, H, W) in [0, 1], the
-    windowed block the model sees (what the three views draw)."""
+class SourceInfo:
+    """What the page says of a volume as read (its voxels are not kept once prepared)."""
 
-    source: Volume
+    shape: tuple[int, int, int]
+    spacing: tuple[float, float, float]
+    modality: str | None
+    series_uid: str | None
+
+    @classmethod
+    def of(cls, volume: Volume) -> SourceInfo:
+        return cls(volume.shape, volume.spacing, volume.modality, volume.series_uid)
+
+
+@dataclass(frozen=True)
+class PreparedVolume:
+    """A volume as the page shows it and a model takes it: ``source`` (what was read),
+    ``model_input`` (:class:`~krypton.io.volumes.ModelVolume`) and ``unit`` (D, H, W) in
+    [0, 1], the windowed block the model sees (what the three views draw)."""
+
+    source: SourceInfo
     model_input: ModelVolume
     unit: np.ndarray
 
 
 class VolumeCache:
-    """Prepared volumes by (stored file, tab, model), least recently used out: moving a
-    slider redraws from memory, not from the file. A miss (another worker, evicted) reads
-    the stored file again."""
+    """Volumes by key, least recently used out: prepared ones by (stored file, tab,
+    model), so moving a slider redraws from memory, and the last ones read by (stored
+    file, tab), so preparing one for a model does not read the file twice. A miss
+    (another worker, evicted) reads the stored file again."""
 
     def __init__(self, max_items: int = 6):
         self.max_items = max_items
-        self._items: OrderedDict[tuple, PreparedVolume] = OrderedDict()
+        self._items: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple, build: Callable[[], PreparedVolume]) -> PreparedVolume:
+    def get(self, key: tuple, build: Callable[[], Any]) -> Any:
         with self._lock:
             found = self._items.get(key)
             if found is not None:

@@ -16,7 +16,7 @@ from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
 from .. import ids, volume_runs, volume_views
 from ..guard import CLIENT_HEADER
-from ..helpers import InputError
+from ..helpers import InputError, owner_tag
 from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import RunLifecycle
 from ..services import Services
@@ -193,6 +193,8 @@ class VolumePanel:
                 data = path.read_bytes()
             volume = volume_runs.read_uploaded_volume(data, name)
             key = self.services.images.put_source(data, session)
+            owner = (key, owner_tag(session))
+            self.services.volume_sources.get(owner, lambda: volume)  # read once, not twice
         except InputError as exc:
             return no_update, no_update, str(exc)
         record = {
