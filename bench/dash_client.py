@@ -386,6 +386,43 @@ class Tab:
             self.screen["label.value"] = handle["provenance"]["label"]
         return answer
 
+    def load_volume(self, data: bytes, filename: str = "volume.nii.gz") -> dict:
+        """Upload a volume into the volume panel: the page's record of it."""
+        ticket = self.upload_file(data, "volume", filename)
+        response = self.call(
+            "volume-store.data", {"volume-ticket.data": ticket, "session.data": self.session}
+        )
+        assert response.status_code == 200, response.text[:300]
+        answer = response.json()["response"]
+        assert answer["volume-store"]["data"], answer
+        return answer["volume-store"]["data"]
+
+    def run_volume(
+        self,
+        record: dict,
+        model: str = "chestct-demo",
+        mode: str = "exact",
+        patch: int = 8,
+        stride: int = 8,
+        region=None,
+        poll: bool = True,
+        timeout: float = 180,
+    ):
+        """Press the volume panel's Run (crosshair at the block's centre)."""
+        values = {
+            "volume-run.n_clicks": 1,
+            "session.data": self.session,
+            "volume-store.data": record,
+            "volume-model.value": model,
+            "volume-patch.value": patch,
+            "volume-stride.value": stride,
+            "volume-mode.value": mode,
+            "volume-label.value": None,
+            "volume-region.data": region,
+            **{f"volume-slider-{view}.value": 24 for view in ("axial", "coronal", "sagittal")},
+        }
+        return self.call("volume-result.data", values, timeout=timeout, poll=poll, background=True)
+
     def show(self, handle: dict | None) -> dict:
         """The result panel's answer for ``handle`` beside what this tab shows."""
         values = dict(self.screen, **{"result-store.data": handle, "session.data": self.session})

@@ -318,3 +318,15 @@ def test_a_loaded_volume_is_read_once_and_its_source_voxels_are_not_kept_per_mod
     assert len(reads) == 1  # the upload's read served the preparation too
     prepared = services.prepared_volume(record["key"], "tab-1", "ct-test")
     assert isinstance(prepared.source, volume_runs.SourceInfo)  # no second copy of voxels
+
+
+def test_kept_volume_cells_are_bounded_by_bytes():
+    cache = volume_runs.VolumeCellCache(max_keys=8, max_bytes=1000)
+    first = cache.get(("volume", "a"))
+    first.add({(0, 0, k): np.zeros(10, np.float32) for k in range(30)})  # 1200 bytes
+    assert first.nbytes == 1200
+    first.add({(1, 0, 0): np.zeros(10, np.float32)})  # past the limit: not kept
+    assert first.nbytes == 1200
+    second = cache.get(("volume", "b"))  # the older setting goes to make room
+    second.add({(0, 0, 0): np.zeros(10, np.float32)})
+    assert cache.usage() == (1, 40)

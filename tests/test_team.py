@@ -255,6 +255,58 @@ def test_refinement_on_another_worker_reuses_cells(team):
     team.ensure_workers()
 
 
+def _chest_nifti() -> tuple[bytes, object]:
+    """A generated chest CT (one nodule) as NIfTI bytes at chestct-demo's 5 mm, and its
+    prepared input."""
+    import gzip
+
+    import nibabel
+
+    from krypton.chestct import ChestCTGenerator
+    from webapp.volume_runs import read_uploaded_volume
+
+    volume = ChestCTGenerator(seed=41).sample(label=1, nodules=1).volume
+    affine = np.diag([-5.0, -5.0, 5.0, 1.0])
+    data = gzip.compress(
+        nibabel.Nifti1Image(np.transpose(volume, (2, 1, 0)), affine).to_bytes(), mtime=0
+    )
+    return data, read_uploaded_volume(data, "chest.nii.gz")
+
+
+def test_a_volume_run_goes_through_a_worker_and_its_cells_serve_any_worker(team):
+    """The volume panel in team mode: a run is a Celery job on one worker, delivered once,
+    with the library's numbers; its cells are in Redis, so a region inside it is computed
+    by no worker again."""
+    team.ensure_workers()
+    tab = Tab(team.url)
+    data, volume = _chest_nifti()
+    record = tab.load_volume(data, "chest.nii.gz")
+    assert record["shape"] == [48, 48, 48]
+    before = _succeeded(team)
+    first = tab.run_volume(record, stride=8)
+    assert first["response"]["volume-message"]["children"] == ""
+    handle = first["response"]["volume-result"]["data"]
+    result = team.result(tab.session + "/volume")
+    assert result["id"] == handle["id"] and result["evaluated"] == 6**3
+    model = krypton.registry.load_model("chestct-demo")
+    expected = krypton.explain(
+        model, model.prepare_volume(volume).tensor, patch=8, stride=8, mode="naive",
+        fill=model.gray_fill(),
+    )  # fmt: skip
+    np.testing.assert_allclose(result["values"], expected.values, atol=1e-5)
+    assert first["progress"]  # the page saw the worker's progress
+    deadline = time.time() + 10
+    while sum(_succeeded(team).values()) == sum(before.values()) and time.time() < deadline:
+        time.sleep(0.2)  # the log line follows the result
+    assert sum(_succeeded(team).values()) == sum(before.values()) + 1  # one worker, once
+    cells = [k for k in team.redis.scan_iter(PREFIX + "cells:*") if team.redis.hlen(k) == 6**3 + 1]
+    assert cells  # every cell, and the grid's origin, in Redis
+    second = tab.run_volume(record, stride=8, region=[8, 8, 8, 40, 40, 40])
+    assert second["response"]["volume-message"]["children"] == ""
+    refined = team.result(tab.session + "/volume")
+    assert refined["reused"] == 4**3 and refined["evaluated"] == 0
+
+
 def test_cancel_stops_a_running_job(team):
     team.ensure_workers()
     tab = Tab(team.url)

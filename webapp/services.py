@@ -60,7 +60,14 @@ class Services:
         # volumes: the prepared blocks the three views draw, and the cells computed
         self.volumes = volume_runs.VolumeCache()
         self.volume_sources = volume_runs.VolumeCache(max_items=1)  # source voxels are large
-        self.volume_cells = volume_runs.VolumeCellCache()
+        # team mode: in Redis beside the images' cells, so any worker reuses them
+        self.volume_cells = (
+            self.cells
+            if team is not None
+            else volume_runs.VolumeCellCache(
+                max_bytes=self.settings.mb(self.settings.cell_cache_mb)
+            )
+        )
 
     @contextmanager
     def job(self) -> Iterator[None]:

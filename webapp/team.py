@@ -405,31 +405,40 @@ class RedisResultStore:
 @dataclass
 class RedisKnown:
     """The cells known for one setting, read from Redis in one round trip; :meth:`add`
-    writes new ones back per batch, so a run that dies leaves what it computed."""
+    writes new ones back per batch, so a run that dies leaves what it computed. Cells are
+    keyed by position: (x, y) for an image, (z, y, x) for a volume."""
 
     client: redis.Redis
     name: str
     ttl: int
-    cells: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
-    origin: tuple[int, int] | None = None
+    cells: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
+    origin: tuple[int, ...] | None = None
 
-    def add(self, new: dict[tuple[int, int], np.ndarray]) -> None:
+    def add(self, new: dict[tuple[int, ...], np.ndarray]) -> None:
         self.cells.update(new)
         if new:
             pipe = self.client.pipeline()
             pipe.hset(
                 self.name,
                 mapping={
-                    f"{x},{y}": np.asarray(v, dtype=np.float32).tobytes()
-                    for (x, y), v in new.items()
+                    _position(at): np.asarray(v, dtype=np.float32).tobytes()
+                    for at, v in new.items()
                 },
             )
             pipe.expire(self.name, self.ttl)
             pipe.execute()
 
-    def set_origin(self, origin: tuple[int, int]) -> None:
+    def set_origin(self, origin: tuple[int, ...]) -> None:
         self.origin = origin
-        self.client.hset(self.name, "origin", f"{origin[0]},{origin[1]}")
+        self.client.hset(self.name, "origin", _position(origin))
+
+
+def _position(at: tuple[int, ...]) -> str:
+    return ",".join(str(int(v)) for v in at)
+
+
+def _parse_position(text: bytes) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.decode().split(","))
 
 
 class RedisCellCache:
@@ -449,11 +458,9 @@ class RedisCellCache:
         for field_name, value in stored.items():
             if field_name == b"origin":
                 continue
-            x, y = (int(v) for v in field_name.decode().split(","))
-            known.cells[(x, y)] = np.frombuffer(value, dtype=np.float32).copy()
+            known.cells[_parse_position(field_name)] = np.frombuffer(value, np.float32).copy()
         if b"origin" in stored:
-            x, y = (int(v) for v in stored[b"origin"].decode().split(","))
-            known.origin = (x, y)
+            known.origin = _parse_position(stored[b"origin"])
         return known
 
 

@@ -142,28 +142,52 @@ class VolumeCache:
 
 @dataclass
 class VolumeCells:
-    """Every cell computed on one volume with one model, patch, stride origin and mode:
-    (z, y, x) corner -> every class's probability, so a later region or class reuses them."""
+    """Every cell computed on one volume with one model, patch, stride and mode: (z, y, x)
+    corner -> every class's probability, so a later region or class reuses them (team
+    mode's RedisKnown has the same three members, in Redis for every worker)."""
 
-    cells: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
-    origin: tuple[int, int, int] | None = None
+    cells: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
+    origin: tuple[int, ...] | None = None
+    max_bytes: int | None = None  # past this the rest are not kept (computed again if needed)
+
+    def add(self, new: dict[tuple[int, ...], np.ndarray]) -> None:
+        if self.max_bytes is not None and self.nbytes > self.max_bytes:
+            return
+        self.cells.update(new)
+
+    @property
+    def nbytes(self) -> int:
+        first = next(iter(self.cells.values()), None)
+        return 0 if first is None else len(self.cells) * int(np.asarray(first).nbytes)
+
+    def set_origin(self, origin: tuple[int, ...]) -> None:
+        self.origin = origin
 
 
 class VolumeCellCache:
-    """Cells per setting (:class:`VolumeCells`), the most recent ``max_keys`` settings."""
+    """Cells per setting (:class:`VolumeCells`): the most recent ``max_keys`` settings and
+    ``max_bytes`` of cells together (least recently used settings go first)."""
 
-    def __init__(self, max_keys: int = 16):
-        self.max_keys = max_keys
+    def __init__(self, max_keys: int = 16, max_bytes: int = 512 * 2**20):
+        self.max_keys, self.max_bytes = max_keys, max_bytes
         self._known: OrderedDict[tuple, VolumeCells] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: tuple) -> VolumeCells:
         with self._lock:
-            known = self._known.setdefault(key, VolumeCells())
+            known = self._known.setdefault(key, VolumeCells(max_bytes=self.max_bytes))
             self._known.move_to_end(key)
-            while len(self._known) > self.max_keys:
+            while len(self._known) > 1 and (
+                len(self._known) > self.max_keys
+                or sum(k.nbytes for k in self._known.values()) > self.max_bytes
+            ):
                 self._known.popitem(last=False)
             return known
+
+    def usage(self) -> tuple[int, int]:
+        """(settings, bytes) kept."""
+        with self._lock:
+            return len(self._known), sum(k.nbytes for k in self._known.values())
 
 
 @dataclass(frozen=True)
@@ -257,7 +281,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         evaluated, reused = heatmap.positions_evaluated, 0
         plan, ood = heatmap.extra.get("plan"), heatmap.extra.get("ood")
     else:
-        key = (request.source_key, weights, request.patch, request.stride, request.mode)
+        key = ("volume", request.source_key, weights, request.patch, request.stride, request.mode)
         known = services.volume_cells.get(key)
         had_cells = bool(known.cells)
         if region is not None and request.snap and known.origin is not None:
@@ -273,7 +297,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         values, class_values, reused, evaluated, plan, ood = _run_slices(
             explainer, tensor, axes, request, fill, label, known, report
         )
-        known.origin = (int(axes[0][0]), int(axes[1][0]), int(axes[2][0]))
+        known.set_origin((int(axes[0][0]), int(axes[1][0]), int(axes[2][0])))
         if region is not None and not reused and had_cells and not note:
             note = "no cells reused: none of the earlier positions lies in this region's grid"
     seconds = time.perf_counter() - started
@@ -366,9 +390,12 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
             if class_values is None:
                 class_values = np.full((*shape, every.shape[-1]), np.nan, np.float32)
             class_values[part] = np.where(fresh[..., None], every, class_values[part])
-            for a, b in zip(*np.nonzero(fresh)):
-                corner = (int(zs[k]), int(ys[i0 + a]), int(xs[j0 + b]))
-                known.cells[corner] = every[a, b]
+            known.add(
+                {
+                    (int(zs[k]), int(ys[i0 + a]), int(xs[j0 + b])): every[a, b]
+                    for a, b in zip(*np.nonzero(fresh))
+                }
+            )
         done += int(np.count_nonzero(fresh))
         report(done, total, values.copy())
     return values, class_values, reused, done - reused, _plan_line(plans), ood
