@@ -330,3 +330,18 @@ def test_kept_volume_cells_are_bounded_by_bytes():
     second = cache.get(("volume", "b"))  # the older setting goes to make room
     second.add({(0, 0, 0): np.zeros(10, np.float32)})
     assert cache.usage() == (1, 40)
+
+
+def test_a_run_served_from_known_cells_still_carries_the_ood_verdict(tmp_path, nifti_bytes):
+    """chestct-demo (shipped, with its reference set): the second run computes nothing,
+    and still says whether the volume is like its training volumes."""
+    services = Services(tmp_path / "cache")
+    key = stored(services, nifti_bytes)
+    settings = dict(model="chestct-demo", stride=16)
+    first = volume_runs.execute_volume(services, "tab-1", request(key, **settings), lambda *a: None)
+    second = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=(0, 0, 0, 24, 24, 24), **settings),
+        lambda *a: None,
+    )  # fmt: skip
+    assert second["evaluated"] == 0 and second["reused"] == 2**3
+    assert first["ood"] is not None and second["ood"] == first["ood"]

@@ -279,7 +279,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         axes = (heatmap.zs, heatmap.ys, heatmap.xs)
         values, class_values = heatmap.values, None
         evaluated, reused = heatmap.positions_evaluated, 0
-        plan, ood = heatmap.extra.get("plan"), heatmap.extra.get("ood")
+        plan = heatmap.extra.get("plan")
     else:
         key = ("volume", request.source_key, weights, request.patch, request.stride, request.mode)
         known = services.volume_cells.get(key)
@@ -294,12 +294,15 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
                 region = snapped
                 check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
         axes = _grid_axes(size, request.patch, request.stride, region)
-        values, class_values, reused, evaluated, plan, ood = _run_slices(
+        values, class_values, reused, evaluated, plan = _run_slices(
             explainer, tensor, axes, request, fill, label, known, report
         )
         known.set_origin((int(axes[0][0]), int(axes[1][0]), int(axes[2][0])))
         if region is not None and not reused and had_cells and not note:
             note = "no cells reused: none of the earlier positions lies in this region's grid"
+    # once per run, whatever was computed: a run served from known cells warns as well
+    checked = loaded.check_ood(tensor)
+    ood = None if checked is None else checked.as_dict()
     seconds = time.perf_counter() - started
     result = {
         "id": uuid.uuid4().hex,
@@ -361,7 +364,7 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
             values[k, i, j] = cell[label]
     total = values.size
     reused = int(np.count_nonzero(~np.isnan(values)))
-    done, plans, ood = reused, [], None
+    done, plans = reused, []
     if reused:
         report(done, total, values.copy())
     side = request.patch
@@ -381,7 +384,6 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
             progress=lambda d, t, offset=offset: report(offset + d, total, None),
         )  # fmt: skip
         plans.append(heatmap.extra.get("plan"))
-        ood = ood or heatmap.extra.get("ood")
         part = np.s_[k, i0 : i1 + 1, j0 : j1 + 1]
         fresh = np.isnan(values[part])
         values[part] = np.where(fresh, heatmap.values[0], values[part])
@@ -398,7 +400,7 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
             )
         done += int(np.count_nonzero(fresh))
         report(done, total, values.copy())
-    return values, class_values, reused, done - reused, _plan_line(plans), ood
+    return values, class_values, reused, done - reused, _plan_line(plans)
 
 
 def _plan_line(plans: list) -> str | None:
