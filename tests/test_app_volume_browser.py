@@ -27,10 +27,10 @@ pytestmark = pytest.mark.browser
 SPACING = 5.0  # mm, chestct-demo's own: the block the views show is the volume itself
 
 
-def write_chest(path: Path):
+def write_chest(path: Path, seed: int = 40):
     """A held-out generated chest CT (seed 40: one nodule) as NIfTI at chestct-demo's 5 mm;
     the nodule."""
-    sample = ChestCTGenerator(seed=40).sample(label=1, nodules=1)
+    sample = ChestCTGenerator(seed=seed).sample(label=1, nodules=1)
     affine = np.diag([-SPACING, -SPACING, SPACING, 1.0])
     affine[:3, 3] = [100.0, 120.0, -60.0]
     nibabel.save(nibabel.Nifti1Image(np.transpose(sample.volume, (2, 1, 0)), affine), str(path))
@@ -150,6 +150,31 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
     dash_duo.find_element(".volume-panel button[id*='nifti']").click()
     exported = downloaded(dash_duo, ".nii.gz")
     image = nibabel.Nifti1Image.from_bytes(gzip.decompress(exported.read_bytes()))
+
+    # a long run (stride 2: 3,375 positions in the region), then another volume mid-run:
+    # no live picture, heatmap, summary or download of the old run beside the new volume
+    dash_duo.find_element("#volume-stride").clear()
+    dash_duo.find_element("#volume-stride").send_keys("2")
+    dash_duo.find_element("#volume-run").click()
+    dash_duo.wait_for_contains_text("#volume-live-status", "positions", timeout=60)
+    other = tmp_path / "other.nii.gz"
+    write_chest(other, seed=43)
+    upload(dash_duo, "#volume-upload", other)
+    deadline, samples = time.time() + 8, 0
+    while time.time() < deadline:
+        info = dash_duo.find_element("#volume-info").text
+        if info.startswith("other.nii.gz"):
+            samples += 1
+            live = dash_duo.find_element("#volume-live-panel").value_of_css_property("display")
+            assert live == "none", "the old run's live picture beside the new volume"
+            assert view_state(dash_duo, "axial")["traces"] <= 1  # no heatmap over it
+            assert "p = " not in dash_duo.find_element("#volume-summary").text
+            assert dash_duo.find_element(".volume-panel button[id*='nifti']").get_attribute(
+                "disabled"
+            )
+        time.sleep(0.2)
+    assert samples > 10, "the new volume never showed"
+    dash_duo.wait_for_element("#volume-run:not([disabled])", timeout=30)  # ready again
 
     model = load_model("chestct-demo")
     prepared = model.prepare_volume(read_volume(path))

@@ -111,6 +111,24 @@ class VolumePanel:
             prevent_initial_call=True,
         )(self.draw_views)
         self._register_run(app)
+        # A new volume or model: the live picture of the run it stops goes at once, in the
+        # browser, before any answer from the server (as the image panels' does).
+        # The views go blank at once too: until the server has drawn the new volume, the
+        # old one and its heatmap must not sit under the new volume's name.
+        app.clientside_callback(
+            """function(volume, model) {
+                const blank = {"data": [], "layout": {"height": 300,
+                    "xaxis": {"visible": false}, "yaxis": {"visible": false},
+                    "annotations": [{"text": "Loading…", "showarrow": false,
+                                     "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}]}};
+                return [{"display": "none"}, blank, blank, blank];
+            }""",
+            Output(ids.VOLUME_LIVE_PANEL, "style", allow_duplicate=True),
+            *[Output(g, "figure", allow_duplicate=True) for g in GRAPHS],
+            Input(ids.VOLUME_STORE, "data"),
+            Input(ids.VOLUME_MODEL, "value"),
+            prevent_initial_call=True,
+        )
         app.callback(
             Output(ids.VOLUME_RESULT, "data", allow_duplicate=True),
             Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
