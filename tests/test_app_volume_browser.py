@@ -151,7 +151,7 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
     exported = downloaded(dash_duo, ".nii.gz")
     image = nibabel.Nifti1Image.from_bytes(gzip.decompress(exported.read_bytes()))
 
-    # a long run (stride 2: 3,375 positions in the region), then another volume mid-run:
+    # a longer run (stride 2: 729 positions in the region), then another volume mid-run:
     # no live picture, heatmap, summary or download of the old run beside the new volume
     dash_duo.find_element("#volume-stride").clear()
     dash_duo.find_element("#volume-stride").send_keys("2")

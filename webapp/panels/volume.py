@@ -113,18 +113,22 @@ class VolumePanel:
         self._register_run(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server (as the image panels' does).
-        # The views go blank at once too: until the server has drawn the new volume, the
-        # old one and its heatmap must not sit under the new volume's name.
+        # The views, the summary and the downloads go at once too: until the server has
+        # answered, the old volume, its heatmap and its result must not sit under the new
+        # volume's name.
         app.clientside_callback(
             """function(volume, model) {
                 const blank = {"data": [], "layout": {"height": 300,
                     "xaxis": {"visible": false}, "yaxis": {"visible": false},
                     "annotations": [{"text": "Loading…", "showarrow": false,
                                      "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}]}};
-                return [{"display": "none"}, blank, blank, blank];
+                const off = dash_clientside.callback_context.outputs_list[5].map(() => true);
+                return [{"display": "none"}, blank, blank, blank, "", off];
             }""",
             Output(ids.VOLUME_LIVE_PANEL, "style", allow_duplicate=True),
             *[Output(g, "figure", allow_duplicate=True) for g in GRAPHS],
+            Output(ids.VOLUME_SUMMARY, "children", allow_duplicate=True),
+            Output({"type": ids.VOLUME_EXPORT, "format": ALL}, "disabled", allow_duplicate=True),
             Input(ids.VOLUME_STORE, "data"),
             Input(ids.VOLUME_MODEL, "value"),
             prevent_initial_call=True,
