@@ -134,6 +134,7 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
 
     dash_duo.find_element("#volume-stride").clear()
     dash_duo.find_element("#volume-stride").send_keys("4")
+    dash_duo.wait_for_contains_text("#volume-estimate", "125 positions on a 5x5x5 grid")
     dash_duo.find_element("#volume-run").click()
     dash_duo.wait_for_contains_text("#volume-summary", "positions computed", timeout=180)
     summary = dash_duo.find_element("#volume-summary").text

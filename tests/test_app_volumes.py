@@ -345,3 +345,20 @@ def test_a_run_served_from_known_cells_still_carries_the_ood_verdict(tmp_path, n
     )  # fmt: skip
     assert second["evaluated"] == 0 and second["reused"] == 2**3
     assert first["ood"] is not None and second["ood"] == first["ood"]
+
+
+def test_the_panel_estimates_a_run_from_this_hosts_volume_runs(services, nifti_bytes):
+    size = (48, 48, 48)
+    before = volume_runs.volume_estimate("ct-test", size, 8, 8, "exact", None)
+    assert before.startswith("216 positions on a 6x6x6 grid; no time estimate yet")
+    key = stored(services, nifti_bytes)
+    for region in ((0, 0, 0, 16, 16, 48), (0, 0, 0, 24, 24, 48), (0, 0, 0, 32, 48, 48)):
+        volume_runs.execute_volume(services, "tab-1", request(key, region=region), lambda *a: None)
+    after = volume_runs.volume_estimate("ct-test", size, 8, 8, "exact", None)
+    assert after.startswith("216 positions on a 6x6x6 grid; estimated ")
+    assert after.endswith("from this host's last 3 runs")
+    small = volume_runs.volume_estimate("ct-test", size, 8, 8, "exact", (0, 0, 0, 8, 8, 8))
+    assert small.startswith("1 position on a 1x1x1 grid; estimated ")
+    assert "smaller than the 8-voxel cube" in volume_runs.volume_estimate(
+        "ct-test", size, 8, 8, "exact", (0, 0, 0, 4, 48, 48)
+    )

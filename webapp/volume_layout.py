@@ -117,6 +117,7 @@ def volume_section(models: list[dict], default_model: str | None, max_bytes: int
                 "sets the two axes its view shows).",
                 className="help",
             ),
+            html.Div(id=ids.VOLUME_ESTIMATE, className="help"),
             html.Div(
                 [
                     html.Button("Run", id=ids.VOLUME_RUN, n_clicks=0, className="primary"),

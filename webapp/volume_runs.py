@@ -28,6 +28,7 @@ import torch
 
 import krypton
 from krypton.engine.capture_lock import CAPTURE_LOCK
+from krypton.estimator import MIN_LOGGED_RUNS, NotCalibratedError, estimate_for_counts, record_run
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
 
@@ -279,6 +280,8 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         axes = (heatmap.zs, heatmap.ys, heatmap.xs)
         values, class_values = heatmap.values, None
         evaluated, reused = heatmap.positions_evaluated, 0
+        extra = heatmap.extra
+        counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
         plan = heatmap.extra.get("plan")
     else:
         key = ("volume", request.source_key, weights, request.patch, request.stride, request.mode)
@@ -298,12 +301,15 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
             explainer, tensor, axes, request, fill, label, known, report
         )
         known.set_origin((int(axes[0][0]), int(axes[1][0]), int(axes[2][0])))
+        counts = (evaluated, 0)
         if region is not None and not reused and had_cells and not note:
             note = "no cells reused: none of the earlier positions lies in this region's grid"
     # once per run, whatever was computed: a run served from known cells warns as well
     checked = loaded.check_ood(tensor)
     ood = None if checked is None else checked.as_dict()
     seconds = time.perf_counter() - started
+    if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
+        record_run(request.model, request.mode, request.patch, counts, seconds)
     result = {
         "id": uuid.uuid4().hex,
         "kind": "volume",
@@ -410,6 +416,31 @@ def _plan_line(plans: list) -> str | None:
         return None
     switches = [p[p.index("switched to") :] for p in plans[1:] if "switched to" in p]
     return "; ".join([plans[0].replace("in this call", "in this run", 1), *switches[-1:]])
+
+
+def volume_estimate(model: str, size, patch: int, stride: int, mode: str, region) -> str:
+    """What the panel says before Run: the positions, and the time this host's last runs
+    of the model, mode and cube predict (none until there are enough of them)."""
+    try:
+        check_volume_region(region, tuple(size), patch, stride)
+        axes = _grid_axes(tuple(size), patch, stride, region)
+    except (InputError, ValueError) as exc:
+        return str(exc)
+    grid = "x".join(str(len(a)) for a in axes)
+    count = int(np.prod([len(a) for a in axes]))
+    positions = f"{count} position{'' if count == 1 else 's'} on a {grid} grid"
+    if mode == "approximate":
+        return f"{positions}; drill-down evaluates a share of them"
+    try:
+        found = estimate_for_counts(model, mode, patch, (count, 0))
+    except (NotCalibratedError, ValueError):
+        return (
+            f"{positions}; no time estimate yet (it is learnt from "
+            f"this host's runs of {model} in {mode} mode at this cube: {MIN_LOGGED_RUNS} needed)"
+        )
+    from .runs import estimate_text
+
+    return f"{positions}; estimated {estimate_text(dataclasses.asdict(found))}, from {found.source}"
 
 
 def relabel_volume(result: dict, label: int) -> dict:

@@ -110,6 +110,15 @@ class VolumePanel:
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.draw_views)
+        app.callback(
+            Output(ids.VOLUME_ESTIMATE, "children"),
+            Input(ids.VOLUME_MODEL, "value"),
+            Input(ids.VOLUME_PATCH, "value"),
+            Input(ids.VOLUME_STRIDE, "value"),
+            Input(ids.VOLUME_MODE, "value"),
+            Input(ids.VOLUME_REGION, "data"),
+            Input(ids.VOLUME_RESULT, "data"),  # a finished run is one more to learn from
+        )(self.estimate)
         self._register_run(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server (as the image panels' does).
@@ -333,6 +342,17 @@ class VolumePanel:
             f"x {region[2]}–{region[5]}"
         )
         return (*figures, text)
+
+    def estimate(self, model, patch, stride, mode, region, _handle):
+        """The positions the settings make, and how long they should take here."""
+        if not model:
+            return ""
+        try:
+            size = self.services.volume_model(model).input_size
+            patch, stride = _whole(patch, "cube"), _whole(stride, "stride")
+        except InputError as exc:
+            return str(exc)
+        return volume_runs.volume_estimate(model, size, patch, stride, mode, region)
 
     def _result_for(self, handle, record, model, session) -> dict | None:
         """The kept volume result the handle names, when it explains this volume and model."""
