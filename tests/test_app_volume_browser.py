@@ -189,6 +189,21 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
     np.testing.assert_allclose(
         image.affine[:, [2, 1, 0, 3]], cell_affine(expected, prepared.affine), atol=1e-6
     )
+    # on the new volume: a click on the coronal view (x across, z up) moves the other two
+    # views there
+    layer = dash_duo.find_element("#volume-graph-coronal .nsewdrag")
+    dash_duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", layer)
+    left, top, width, height = _settled_rect(dash_duo, layer)
+    actions = ActionChains(dash_duo.driver)
+    actions.w3c_actions.pointer_action.move_to_location(
+        int(left + width * 10.5 / 48), int(top + height * (1 - 30.5 / 48))
+    )  # voxel x 10, z 30
+    actions.w3c_actions.pointer_action.click()
+    actions.perform()
+    wait_for_view(dash_duo, "axial", "z = 30")
+    wait_for_view(dash_duo, "sagittal", "x = 10")
+    wait_for_view(dash_duo, "coronal", "y = 24")  # its own slice stays (the new volume's centre)
+
     # the lowest NODULE cell's cube holds the nodule's centre (the 3-D pointing game)
     k, i, j = np.unravel_index(np.argmin(expected.values), expected.values.shape)
     corner = (expected.zs[k], expected.ys[i], expected.xs[j])
