@@ -194,6 +194,7 @@ class OcclusionExplainer:
         # Plans confirmed by timing both on this host, per (shape, patch, batch size).
         self.measured_plans: dict[tuple, ExecutionPlan] = {}
         self.monitors: dict[tuple, StrategyMonitor] = {}  # carried from call to call
+        self._ood: tuple[tuple, dict] | None = None  # the last image's check (its key, report)
 
     def forget_plans(self) -> None:
         """Time incremental against naive again on the next call long enough to time
@@ -230,6 +231,22 @@ class OcclusionExplainer:
             if cached is None or cached[0] != key:
                 self._views[graph.freeze_gates] = cached = (key, graph.materialize(image))
             return graph, cached[1]
+
+    def ood_report(self, image: torch.Tensor) -> dict | None:
+        """Whether ``image`` (C, H, W) or a volume (C, D, H, W) looks like the registry
+        model's training images (``heatmap.extra["ood"]``); None without a reference set.
+        Checked once per image and weights: a run in many calls, each asking, costs one
+        check (a forward pass under the exclusive capture lock)."""
+        if self.loaded is None or self.loaded.ood is None:
+            return None
+        key = (_image_key(image), model_fingerprint(self.model))
+        with self._lock:
+            if self._ood is not None and self._ood[0] == key:
+                return dict(self._ood[1])
+        report = _ood_report(self.loaded, image)
+        with self._lock:
+            self._ood = (key, report)
+        return dict(report)
 
     def _graph(self, image: torch.Tensor, shape: tuple, freeze_gates: bool) -> IncrementalGraph:
         graph = self._graphs.get((shape, freeze_gates))
@@ -375,7 +392,7 @@ class OcclusionExplainer:
                 r_drill_down=plan.r_drill_down if plan.s1 is not None else 1.0,
             )
         if self.loaded is not None and self.loaded.ood is not None:
-            extra["ood"] = _ood_report(self.loaded, image)
+            extra["ood"] = self.ood_report(image)
         return Heatmap(
             values=values,
             xs=axes[-1],

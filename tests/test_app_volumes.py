@@ -115,7 +115,10 @@ def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_byte
     )
     text = volume_runs.export_volume_json(result)
     assert '"kind": "volume"' in text and '"class_values"' not in text
-    assert volume_runs.export_stem(result).startswith("krypton_ct-test_chest_exact_z8-40")
+    from webapp.helpers import export_stem
+
+    expected = f"krypton-ct-test-chest-exact-p8s8-z8-40_y8-40_x8-40-{result['label_name']}"
+    assert export_stem(result) == expected
 
 
 def test_a_dicom_series_exports_a_capture_series_in_its_study(tmp_path, services, hu_volume):  # noqa: F811
@@ -362,3 +365,20 @@ def test_the_panel_estimates_a_run_from_this_hosts_volume_runs(services, nifti_b
     assert "smaller than the 8-voxel cube" in volume_runs.volume_estimate(
         "ct-test", size, 8, 8, "exact", (0, 0, 0, 4, 48, 48)
     )
+
+
+def test_a_run_in_many_calls_checks_out_of_distribution_once(tmp_path, nifti_bytes, monkeypatch):
+    """Each slice of positions is one explain call, and each call reports the verdict;
+    the check itself (a forward pass under the exclusive capture lock) runs once."""
+    import krypton.explainer
+
+    checks = []
+    real = krypton.explainer._ood_report
+    monkeypatch.setattr(krypton.explainer, "_ood_report", lambda *a: checks.append(1) or real(*a))
+    services = Services(tmp_path / "cache")
+    key = stored(services, nifti_bytes)
+    result = volume_runs.execute_volume(
+        services, "tab-1", request(key, model="chestct-demo", stride=16), lambda *a: None
+    )
+    assert len(result["zs"]) == 3 and result["ood"] is not None  # three calls, one check
+    assert len(checks) == 1

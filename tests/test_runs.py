@@ -286,3 +286,17 @@ def test_ranges_learned_from_a_few_noisy_runs_contain_the_next_run(tmp_path):
                 hits += found.low <= seconds <= found.high
             record_run("fundus-demo", "exact", patch, (positions, 0), seconds, log)
     assert hits / shown >= 0.85, hits / shown
+
+
+def test_a_run_in_many_chunks_checks_out_of_distribution_once(services, monkeypatch):
+    """Exact runs go chunk by chunk (16, 32, 64, ... positions), one explain call each,
+    and each call reports the verdict; the check (a forward pass under the exclusive
+    capture lock) runs once per image."""
+    import krypton.explainer
+
+    checks = []
+    real = krypton.explainer._ood_report
+    monkeypatch.setattr(krypton.explainer, "_ood_report", lambda *a: checks.append(1) or real(*a))
+    result = runs.execute(services, "s", request(services, region=None, stride=16), lambda *a: None)
+    assert result["evaluated"] == 14 * 14 and result["ood"] is not None
+    assert len(checks) == 1

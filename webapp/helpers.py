@@ -542,14 +542,15 @@ def order_coarse_to_fine(ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
 
 
 def fill_for_display(values: np.ndarray) -> np.ndarray:
-    """Unknown (NaN) cells take the nearest known value, for the live partial picture."""
+    """Unknown (NaN) cells take the nearest known value, for the live partial picture (an
+    image's grid or a volume's)."""
     known = ~np.isnan(values)
     if known.all() or not known.any():
         return values
     from scipy.ndimage import distance_transform_edt
 
-    _, (rows, cols) = distance_transform_edt(~known, return_indices=True)
-    return values[rows, cols]
+    _, nearest = distance_transform_edt(~known, return_indices=True)
+    return values[tuple(nearest)]
 
 
 # -- figures --------------------------------------------------------------------------------
@@ -685,21 +686,24 @@ EXPORT_MIN_SIDE = 512  # pixels: exports are drawn at least this large
 
 
 def export_stem(result: dict) -> str:
-    """A file name that says what the export is: model, image, mode, region, class."""
-    region = (
-        "whole"
-        if not result.get("region")
-        else "x{}-{}_y{}-{}".format(
-            result["region"][0], result["region"][2], result["region"][1], result["region"][3]
-        )
-    )
+    """A file name that says what the export is: model, image (or volume), mode, region,
+    class."""
+    region = result.get("region")
+    if not region:
+        where = "whole"
+    elif len(region) == 6:  # a volume's (z0, y0, x0, z1, y1, x1)
+        where = "z{}-{}_y{}-{}_x{}-{}".format(*(region[i] for i in (0, 3, 1, 4, 2, 5)))
+    else:
+        where = f"x{region[0]}-{region[2]}_y{region[1]}-{region[3]}"
+    name = Path(str(result["image"])).name
+    double = name.lower().endswith(".nii.gz")
     parts = [
         "krypton",
         result["model"],
-        Path(str(result["image"])).stem,
+        name[: -len(".nii.gz")] if double else Path(name).stem,
         result["mode"],
         f"p{result['patch']}s{result['stride']}",
-        region,
+        where,
         result["label_name"],
     ]
     return "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", str(p)).strip("_.-") or "x" for p in parts)[

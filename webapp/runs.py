@@ -254,7 +254,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         values, evaluated, reused = heatmap.values, heatmap.positions_evaluated, 0
         extra = dict(heatmap.extra)
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
-    ood = _ood(loaded, tensor)
+    ood = services.explainer(request.model).ood_report(tensor)
     seconds = time.perf_counter() - started
     if evaluated:
         record_run(request.model, request.mode, request.patch, counts, seconds)
@@ -342,12 +342,6 @@ def _known_cells(
             f"reuse them"
         ),
     )
-
-
-def _ood(loaded: krypton.LoadedModel, tensor: torch.Tensor) -> dict | None:
-    """The out-of-distribution check of the explained image, where the model has one."""
-    result = loaded.check_ood(tensor)
-    return None if result is None else result.as_dict()
 
 
 def _run_grid(

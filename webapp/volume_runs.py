@@ -304,9 +304,9 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         counts = (evaluated, 0)
         if region is not None and not reused and had_cells and not note:
             note = "no cells reused: none of the earlier positions lies in this region's grid"
-    # once per run, whatever was computed: a run served from known cells warns as well
-    checked = loaded.check_ood(tensor)
-    ood = None if checked is None else checked.as_dict()
+    # for every run, whatever was computed: a run served from known cells warns as well
+    # (the explainer checks an image once, however many calls ask)
+    ood = explainer.ood_report(tensor)
     seconds = time.perf_counter() - started
     if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
         record_run(request.model, request.mode, request.patch, counts, seconds)
@@ -528,20 +528,6 @@ def export_volume_json(result: dict) -> str:
     return json.dumps(plain(kept), indent=1)
 
 
-def nearest_known(values: np.ndarray) -> np.ndarray | None:
-    """The live picture's grid: unknown (NaN) cells take their nearest known cell's
-    value; None while nothing is known."""
-    known = ~np.isnan(values)
-    if not known.any():
-        return None
-    if known.all():
-        return values
-    from scipy.ndimage import distance_transform_edt
-
-    _, nearest = distance_transform_edt(~known, return_indices=True)
-    return values[tuple(nearest)]
-
-
 def grid_heatmap(values: np.ndarray, axes, patch: int) -> krypton.Heatmap:
     """Values on the grid ``axes`` (zs, ys, xs) as a Heatmap (for drawing a live picture)."""
     zs, ys, xs = (np.asarray(a) for a in axes)
@@ -549,21 +535,6 @@ def grid_heatmap(values: np.ndarray, axes, patch: int) -> krypton.Heatmap:
         values=values, xs=xs, ys=ys, zs=zs, label=0, prob=float("nan"), mode="", seconds=0.0,
         patch=patch, stride=None, positions_evaluated=0, macs_spent=0, macs_naive=0,
     )  # fmt: skip
-
-
-def export_stem(result: dict) -> str:
-    """A file name that says what the export is: model, volume, mode, region, class."""
-    import re
-
-    region = "whole" if not result.get("region") else "z{}-{}_y{}-{}_x{}-{}".format(
-        *(result["region"][i] for i in (0, 3, 1, 4, 2, 5))
-    )  # fmt: skip
-    name = str(result["image"])
-    for suffix in (".nii.gz", ".nii", ".zip", ".dcm"):
-        if name.lower().endswith(suffix):
-            name = name[: -len(suffix)]
-    parts = ["krypton", result["model"], name, result["mode"], region, result["label_name"]]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(str(p) for p in parts))[:150]
 
 
 def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -> bytes:

@@ -16,7 +16,7 @@ from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
 from .. import ids, volume_runs, volume_views
 from ..guard import CLIENT_HEADER
-from ..helpers import InputError, owner_tag
+from ..helpers import InputError, export_stem, fill_for_display, owner_tag
 from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import RunLifecycle
 from ..services import Services
@@ -449,7 +449,7 @@ class VolumePanel:
         result = self.services.results.get(volume_runs.volume_session(session))
         if result is None or not handle or result.get("id") != handle.get("id"):
             return no_update, "The heatmap is no longer on the server; press Run again."
-        stem = volume_runs.export_stem(result)
+        stem = export_stem(result)
         try:
             if fmt == "nifti":
                 heatmap = volume_runs.volume_heatmap(result)
@@ -523,8 +523,8 @@ def _live_reporter(set_progress, prepared, cursor, request, lifecycle: RunLifecy
         if values is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
             return
         if values is not None and values.shape == tuple(len(a) for a in axes):
-            filled = volume_runs.nearest_known(values)
-            if filled is not None:
+            filled = fill_for_display(values)
+            if not np.isnan(filled).all():
                 heatmap = volume_runs.grid_heatmap(filled, axes, request.patch)
                 per_voxel = voxel_values(heatmap, size)
                 low, high = float(np.nanmin(filled)), float(np.nanmax(filled)) + 1e-9
