@@ -161,7 +161,7 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
     other = tmp_path / "other.nii.gz"
     write_chest(other, seed=43)
     upload(dash_duo, "#volume-upload", other)
-    deadline, samples = time.time() + 8, 0
+    deadline, samples = time.time() + 5, 0
     while time.time() < deadline:
         info = dash_duo.find_element("#volume-info").text
         if info.startswith("other.nii.gz"):
