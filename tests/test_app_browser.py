@@ -65,16 +65,26 @@ def _settled_rect(dash_duo, element, timeout=20):
     return previous
 
 
-def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7), attempts=5):
-    """Drag a box on the image figure (fractions of the plot area), as a mouse would.
+def drag_region(
+    dash_duo,
+    start=(0.2, 0.2),
+    end=(0.75, 0.7),
+    attempts=5,
+    graph="#image-graph",
+    region_text="#region-text",
+) -> str:
+    """Drag a box on a figure (fractions of its plot area), as a mouse would: the image,
+    or ``graph`` (a volume's view, whose region shows in ``region_text``); the region text
+    it produced.
 
     The figure re-renders when the prediction arrives and late callbacks can move it; a
     drag that lands mid-render selects nothing, so each try first waits for a quiet page
     and the gesture is repeated until the page shows the region."""
-    dash_duo.wait_for_element("#image-graph .imagelayer image", timeout=30)
-    before = dash_duo.find_element("#region-text").text
+    if graph == "#image-graph":
+        dash_duo.wait_for_element("#image-graph .imagelayer image", timeout=30)
+    before = dash_duo.find_element(region_text).text
     for _ in range(attempts):
-        layer = dash_duo.find_element("#image-graph .nsewdrag")
+        layer = dash_duo.find_element(f"{graph} .nsewdrag")
         try:
             # the gallery can push the figure below the fold; a drag must happen on screen
             dash_duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", layer)
@@ -93,11 +103,11 @@ def drag_region(dash_duo, start=(0.2, 0.2), end=(0.75, 0.7), attempts=5):
         actions.perform()
         deadline = time.time() + 10
         while time.time() < deadline:
-            text = dash_duo.find_element("#region-text").text
+            text = dash_duo.find_element(region_text).text
             if text.startswith("Region") and text != before:
-                return
+                return text
             time.sleep(0.1)
-    raise TimeoutException(f"the drag did not change the region (still {before!r})")
+    raise TimeoutException(f"the drag on {graph} did not change the region (still {before!r})")
 
 
 def choose(dash_duo, dropdown_id, text, prefix=False):

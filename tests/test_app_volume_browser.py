@@ -11,10 +11,9 @@ from pathlib import Path
 import nibabel
 import numpy as np
 import pytest
-from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
-from test_app_browser import _settled_rect, choose, upload
+from test_app_browser import _settled_rect, choose, drag_region, upload
 from test_app_dicom_browser import downloaded, press
 
 import krypton
@@ -65,33 +64,11 @@ def wait_for_view(dash_duo, view: str, text: str, traces: int | None = None, tim
     raise AssertionError(f"the {view} view shows {state}, not {text!r} ({traces} traces)")
 
 
-def drag_box(dash_duo, view: str, start, end, attempts=5) -> str:
+def drag_box(dash_duo, view: str, start, end) -> str:
     """Drag a box on a view (fractions of its plot area); the region text it produced."""
-    before = dash_duo.find_element("#volume-region-text").text
-    for _ in range(attempts):
-        layer = dash_duo.find_element(f"#volume-graph-{view} .nsewdrag")
-        try:
-            dash_duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", layer)
-            left, top, width, height = _settled_rect(dash_duo, layer)
-        except StaleElementReferenceException:
-            continue
-        x0, y0 = int(left + width * start[0]), int(top + height * start[1])
-        x1, y1 = int(left + width * end[0]), int(top + height * end[1])
-        actions = ActionChains(dash_duo.driver)
-        pointer = actions.w3c_actions.pointer_action
-        pointer.move_to_location(x0, y0)
-        pointer.pointer_down()
-        pointer.move_to_location((x0 + x1) // 2, (y0 + y1) // 2)
-        pointer.move_to_location(x1, y1)
-        pointer.pointer_up()
-        actions.perform()
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            text = dash_duo.find_element("#volume-region-text").text
-            if text.startswith("Region z") and text != before:
-                return text
-            time.sleep(0.1)
-    raise AssertionError(f"dragging on the {view} view did not change the region ({before!r})")
+    return drag_region(
+        dash_duo, start, end, graph=f"#volume-graph-{view}", region_text="#volume-region-text"
+    )
 
 
 def region_of(text: str) -> tuple[int, ...]:

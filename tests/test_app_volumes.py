@@ -324,7 +324,9 @@ def test_a_loaded_volume_is_read_once_and_its_source_voxels_are_not_kept_per_mod
 
 
 def test_kept_volume_cells_are_bounded_by_bytes():
-    cache = volume_runs.VolumeCellCache(max_keys=8, max_bytes=1000)
+    from webapp.runs import CellCache
+
+    cache = CellCache(max_keys=8, max_bytes=1000)  # the images' cache holds volumes' cells
     first = cache.get(("volume", "a"))
     first.add({(0, 0, k): np.zeros(10, np.float32) for k in range(30)})  # 1200 bytes
     assert first.nbytes == 1200

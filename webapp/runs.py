@@ -88,18 +88,19 @@ class Services(Protocol):  # what webapp.services.Services provides
 
 @dataclass
 class _Known:
-    cells: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # all classes
-    origin: tuple[int, int] | None = None  # (x, y) of a position of the last grid
+    # position -> every class's probability: (x, y) for an image, (z, y, x) for a volume
+    cells: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
+    origin: tuple[int, ...] | None = None  # a position of the last grid
     max_bytes: int | None = None  # a setting's cells stop growing past this
 
-    def add(self, new: dict[tuple[int, int], np.ndarray]) -> None:
+    def add(self, new: dict[tuple[int, ...], np.ndarray]) -> None:
         """Cells one batch computed (team mode's store writes them through); past the
         byte limit the rest are not kept (they are computed again if needed)."""
         if self.max_bytes is not None and self.nbytes > self.max_bytes:
             return
         self.cells.update(new)
 
-    def set_origin(self, origin: tuple[int, int]) -> None:
+    def set_origin(self, origin: tuple[int, ...]) -> None:
         self.origin = origin
 
     @property

@@ -57,17 +57,10 @@ class Services:
         self._models: dict[str, krypton.LoadedModel] = {}
         self._explainers: dict[str, krypton.OcclusionExplainer] = {}
         self._lock = threading.Lock()
-        # volumes: the prepared blocks the three views draw, and the cells computed
+        # volumes: the prepared blocks the three views draw (their cells share self.cells,
+        # keyed apart by a leading "volume", in Redis in team mode)
         self.volumes = volume_runs.VolumeCache()
         self.volume_sources = volume_runs.VolumeCache(max_items=1)  # source voxels are large
-        # team mode: in Redis beside the images' cells, so any worker reuses them
-        self.volume_cells = (
-            self.cells
-            if team is not None
-            else volume_runs.VolumeCellCache(
-                max_bytes=self.settings.mb(self.settings.cell_cache_mb)
-            )
-        )
 
     @contextmanager
     def job(self) -> Iterator[None]:

@@ -19,7 +19,7 @@ import uuid
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ __all__ = [
     "VolumeRequest",
     "PreparedVolume",
     "VolumeCache",
-    "VolumeCells",
     "volume_suffix",
     "read_uploaded_volume",
     "execute_volume",
@@ -141,56 +140,6 @@ class VolumeCache:
         return prepared
 
 
-@dataclass
-class VolumeCells:
-    """Every cell computed on one volume with one model, patch, stride and mode: (z, y, x)
-    corner -> every class's probability, so a later region or class reuses them (team
-    mode's RedisKnown has the same three members, in Redis for every worker)."""
-
-    cells: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
-    origin: tuple[int, ...] | None = None
-    max_bytes: int | None = None  # past this the rest are not kept (computed again if needed)
-
-    def add(self, new: dict[tuple[int, ...], np.ndarray]) -> None:
-        if self.max_bytes is not None and self.nbytes > self.max_bytes:
-            return
-        self.cells.update(new)
-
-    @property
-    def nbytes(self) -> int:
-        first = next(iter(self.cells.values()), None)
-        return 0 if first is None else len(self.cells) * int(np.asarray(first).nbytes)
-
-    def set_origin(self, origin: tuple[int, ...]) -> None:
-        self.origin = origin
-
-
-class VolumeCellCache:
-    """Cells per setting (:class:`VolumeCells`): the most recent ``max_keys`` settings and
-    ``max_bytes`` of cells together (least recently used settings go first)."""
-
-    def __init__(self, max_keys: int = 16, max_bytes: int = 512 * 2**20):
-        self.max_keys, self.max_bytes = max_keys, max_bytes
-        self._known: OrderedDict[tuple, VolumeCells] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple) -> VolumeCells:
-        with self._lock:
-            known = self._known.setdefault(key, VolumeCells(max_bytes=self.max_bytes))
-            self._known.move_to_end(key)
-            while len(self._known) > 1 and (
-                len(self._known) > self.max_keys
-                or sum(k.nbytes for k in self._known.values()) > self.max_bytes
-            ):
-                self._known.popitem(last=False)
-            return known
-
-    def usage(self) -> tuple[int, int]:
-        """(settings, bytes) kept."""
-        with self._lock:
-            return len(self._known), sum(k.nbytes for k in self._known.values())
-
-
 @dataclass(frozen=True)
 class VolumeRequest:
     """What the user asked for in the volume panel."""
@@ -285,7 +234,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         plan = heatmap.extra.get("plan")
     else:
         key = ("volume", request.source_key, weights, request.patch, request.stride, request.mode)
-        known = services.volume_cells.get(key)
+        known = services.cells.get(key)  # the images' cache: one bound for both
         had_cells = bool(known.cells)
         if region is not None and request.snap and known.origin is not None:
             snapped = snap_volume_region(region, known.origin, request.stride, size)

@@ -33,6 +33,7 @@ __all__ = [
     "load_dicom",
     "parse_window",
     "decodable_transfer_syntaxes",
+    "heatmap_sc_image",
     "secondary_capture",
     "heatmap_capture",
 ]
@@ -516,6 +517,61 @@ def _patient_orientation(dataset) -> tuple[str, str]:
     return "L", "P"
 
 
+def heatmap_sc_image(
+    header,
+    rgb: np.ndarray,
+    *,
+    series_uid: str,
+    instance_number: int,
+    pixel_spacing: tuple[float, float] | None,
+    orientation: tuple[str, str],
+    description: str,
+    comments: str,
+    include_identity: bool = False,
+):
+    """A Secondary Capture (highdicom SCImage) of ``rgb`` in the study of the source
+    ``header``, in the series ``series_uid``: the one place that decides what a Krypton
+    capture copies from its source. Patient and visit identity only with
+    ``include_identity``; the study's UID, date and time always, so it files beside its
+    source. The caller adds its derivation and references."""
+    import highdicom as hd
+    from pydicom.uid import generate_uid
+
+    def copied(keyword: str):
+        value = header.get(keyword) if include_identity else None
+        return value if value not in ("", None) else None
+
+    capture = hd.sc.SCImage(
+        pixel_array=rgb,
+        photometric_interpretation="RGB",
+        bits_allocated=8,
+        coordinate_system="PATIENT",
+        study_instance_uid=str(header.get("StudyInstanceUID") or generate_uid()),
+        series_instance_uid=series_uid,
+        series_number=int(header.get("SeriesNumber") or 0) + 1000,
+        sop_instance_uid=generate_uid(),
+        instance_number=instance_number,
+        manufacturer="Krypton",
+        patient_id=copied("PatientID"),
+        patient_name=copied("PatientName"),
+        patient_birth_date=copied("PatientBirthDate"),
+        patient_sex=copied("PatientSex"),
+        accession_number=copied("AccessionNumber"),
+        study_id=copied("StudyID"),
+        study_date=header.get("StudyDate") or None,
+        study_time=header.get("StudyTime") or None,
+        referring_physician_name=copied("ReferringPhysicianName"),
+        pixel_spacing=pixel_spacing,
+        patient_orientation=orientation,
+    )
+    capture.SpecificCharacterSet = "ISO_IR 192"  # UTF-8: descriptions name scales with '–'
+    capture.SeriesDescription = description[:64]
+    capture.ImageComments = comments[:10240]
+    capture.BurnedInAnnotation = "NO"
+    capture.ImageType = ["DERIVED", "SECONDARY"]
+    return capture
+
+
 def secondary_capture(
     source: str | Path | bytes,
     picture: Image.Image,
@@ -534,7 +590,6 @@ def secondary_capture(
     series and image UIDs that place it next to its source, and nothing that names the
     patient; a PACS that files by patient ID needs ``include_identity=True``.
     """
-    import highdicom as hd
     import pydicom
     from pydicom.dataset import Dataset
     from pydicom.uid import generate_uid
@@ -549,38 +604,17 @@ def secondary_capture(
             float(spacing[1]) * int(dataset.Columns) / rgb.shape[1],
         )
 
-    def copied(keyword: str):
-        value = dataset.get(keyword) if include_identity else None
-        return value if value not in ("", None) else None
-
-    capture = hd.sc.SCImage(
-        pixel_array=rgb,
-        photometric_interpretation="RGB",
-        bits_allocated=8,
-        coordinate_system="PATIENT",
-        study_instance_uid=str(dataset.get("StudyInstanceUID") or generate_uid()),
-        series_instance_uid=generate_uid(),
-        series_number=int(dataset.get("SeriesNumber") or 0) + 1000,
-        sop_instance_uid=generate_uid(),
+    capture = heatmap_sc_image(
+        dataset,
+        rgb,
+        series_uid=generate_uid(),
         instance_number=1,
-        manufacturer="Krypton",
-        patient_id=copied("PatientID"),
-        patient_name=copied("PatientName"),
-        patient_birth_date=copied("PatientBirthDate"),
-        patient_sex=copied("PatientSex"),
-        accession_number=copied("AccessionNumber"),
-        study_id=copied("StudyID"),
-        study_date=dataset.get("StudyDate") or None,
-        study_time=dataset.get("StudyTime") or None,
-        referring_physician_name=copied("ReferringPhysicianName"),
         pixel_spacing=pixel_spacing,
-        patient_orientation=_patient_orientation(dataset),
+        orientation=_patient_orientation(dataset),
+        description=description,
+        comments=comments,
+        include_identity=include_identity,
     )
-    capture.SpecificCharacterSet = "ISO_IR 192"  # UTF-8: descriptions name scales with '–'
-    capture.SeriesDescription = description[:64]
-    capture.ImageComments = comments[:10240]
-    capture.BurnedInAnnotation = "NO"
-    capture.ImageType = ["DERIVED", "SECONDARY"]
     capture.DerivationDescription = (
         f"Occlusion sensitivity heatmap over frame {frame} of the source image"
     )[:1024]

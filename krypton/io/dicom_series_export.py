@@ -52,46 +52,26 @@ def capture_series(
     """One Secondary Capture (Part 10 bytes) per picture, instance numbers in order, in a
     new series of ``header``'s study that references ``header``'s series. Patient
     identity is copied only with ``include_identity``."""
-    import highdicom as hd
     import pydicom
     from pydicom.dataset import Dataset
     from pydicom.uid import generate_uid
 
-    def copied(keyword: str):
-        value = header.get(keyword) if include_identity else None
-        return value if value not in ("", None) else None
+    from .dicom import heatmap_sc_image
 
-    study = str(header.get("StudyInstanceUID") or generate_uid())
     series = generate_uid()
     files = []
     for number, picture in enumerate(pictures, start=1):
-        capture = hd.sc.SCImage(
-            pixel_array=np.asarray(picture.convert("RGB"), dtype=np.uint8),
-            photometric_interpretation="RGB",
-            bits_allocated=8,
-            coordinate_system="PATIENT",
-            study_instance_uid=study,
-            series_instance_uid=series,
-            series_number=int(header.get("SeriesNumber") or 0) + 1000,
-            sop_instance_uid=generate_uid(),
+        capture = heatmap_sc_image(
+            header,
+            np.asarray(picture.convert("RGB"), dtype=np.uint8),
+            series_uid=series,
             instance_number=number,
-            manufacturer="Krypton",
-            patient_id=copied("PatientID"),
-            patient_name=copied("PatientName"),
-            patient_birth_date=copied("PatientBirthDate"),
-            patient_sex=copied("PatientSex"),
-            accession_number=copied("AccessionNumber"),
-            study_id=copied("StudyID"),
-            study_date=header.get("StudyDate") or None,
-            study_time=header.get("StudyTime") or None,
             pixel_spacing=pixel_spacing,
-            patient_orientation=("L", "P"),  # axial: columns to the left, rows back
+            orientation=("L", "P"),  # axial: columns to the left, rows back
+            description=description,
+            comments=comments,
+            include_identity=include_identity,
         )
-        capture.SpecificCharacterSet = "ISO_IR 192"
-        capture.SeriesDescription = description[:64]
-        capture.ImageComments = comments[:10240]
-        capture.BurnedInAnnotation = "NO"
-        capture.ImageType = ["DERIVED", "SECONDARY"]
         capture.DerivationDescription = (
             f"Occlusion sensitivity heatmap, axial slice {number} of {len(pictures)} of the "
             f"model's resampled block; references the source series, not one source image"
