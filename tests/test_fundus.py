@@ -199,7 +199,7 @@ def test_a_later_stage_refuses_a_model_with_too_few_stages(tmp_path, capsys):
     assert "fourth-stage needs a model of at least 3 stages" in capsys.readouterr().err
 
 
-def _local_pointing_hits(model, patch: int, images: int = 60) -> int:
+def _local_pointing_hits(model, patch: int, images: int = 30) -> int:
     """Issue 12's strict pointing game in the lesion's neighbourhood: on how many of the
     first ``images`` pointing images the lowest of the cells (stride 4) whose centres lie
     within 16 px of the lesion lies within 8 px of its centre."""
@@ -230,20 +230,22 @@ def test_the_shipped_model_points_at_a_lesion_not_beside_it():
     """At patch 16 the stage-3 model let a half-covered lesion take the probability to its
     floor, so the minimum fell on a covering edge as often as on the lesion: 46 of the
     first 60 pointing images (76.7%); stage 4, trained on partly hidden lesions, 50
-    (83.3%)."""
+    (83.3%). The test plays the first 30 (half the time in `make test`): 25 of 30, held
+    to the same 80% as the 48 of 60 it used to need."""
     import krypton
 
     hits = _local_pointing_hits(krypton.load_model("fundus-demo").module, patch=16)
-    assert hits >= 48, f"{hits} of 60"
+    assert hits >= 24, f"{hits} of 30"
 
 
 def test_the_default_patch_keeps_the_lowest_cell_on_the_lesion():
     """fundus-demo's own default patch (registry "patch": 12) is the one the card's
     strict pointing game is played with. At 16 the cells that hide a small lesion whole
     reach 10 px from it diagonally, so the lowest of them may lie past 8 px (50 of the
-    first 60); at 12 they stay within 7.8 px: 56 of 60."""
+    first 60); at 12 they stay within 7.8 px: 56 of 60, and 28 of the first 30 that the
+    test plays (held to 90%, as 54 of 60 was)."""
     import krypton
 
     loaded = krypton.load_model("fundus-demo")
     hits = _local_pointing_hits(loaded.module, patch=loaded.patch)
-    assert hits >= 54, f"{hits} of 60 at patch {loaded.patch}"
+    assert hits >= 27, f"{hits} of 30 at patch {loaded.patch}"

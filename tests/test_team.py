@@ -87,7 +87,7 @@ class TeamCluster:
         return RedisResultStore(self.redis, self.cluster.url).get(session)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once: xdist may run another module's tests between these
 def team(tmp_path_factory):
     cluster = TeamCluster(tmp_path_factory.mktemp("team"))
     yield cluster
