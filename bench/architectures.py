@@ -138,16 +138,21 @@ def measure(name: str, side: int, neighbour: bool = True) -> dict:
     }
 
 
+def timed_call(explainer, image: torch.Tensor, mode: str, settings: dict) -> tuple[float, object]:
+    """(seconds, heatmap) of one explain call in ``mode``."""
+    began = time.perf_counter()
+    heatmap = explainer.explain(image, mode=mode, **settings)
+    return time.perf_counter() - began, heatmap
+
+
 def alternate(explainer, image: torch.Tensor, settings: dict, name: str, repeats: int = 2) -> dict:
     """Naive and exact alternating on one explainer, best of ``repeats`` each; the ratio."""
     exact_times, naive_times = [], []
     for _ in range(repeats):
-        began = time.perf_counter()
-        naive = explainer.explain(image, mode="naive", **settings)
-        naive_times.append(time.perf_counter() - began)
-        began = time.perf_counter()
-        exact = explainer.explain(image, **settings)
-        exact_times.append(time.perf_counter() - began)
+        naive_s, naive = timed_call(explainer, image, "naive", settings)
+        exact_s, exact = timed_call(explainer, image, "exact", settings)
+        naive_times.append(naive_s)
+        exact_times.append(exact_s)
     assert np.allclose(exact.values, naive.values, atol=1e-4), name
     return {
         "exact_s": min(exact_times),
@@ -168,11 +173,8 @@ def paired(explainer, image: torch.Tensor, settings: dict, name: str, pairs: int
     runs second, and the median drops a pair a stall hit."""
     ratios, exact_times, naive_times = [], [], []
     for index in range(pairs):
-        timed = {}
-        for mode in ("naive", "exact") if index % 2 == 0 else ("exact", "naive"):
-            began = time.perf_counter()
-            heatmap = explainer.explain(image, mode=mode, **settings)
-            timed[mode] = (time.perf_counter() - began, heatmap)
+        order = ("naive", "exact") if index % 2 == 0 else ("exact", "naive")
+        timed = {mode: timed_call(explainer, image, mode, settings) for mode in order}
         assert np.allclose(timed["exact"][1].values, timed["naive"][1].values, atol=1e-4), name
         naive_times.append(timed["naive"][0])
         exact_times.append(timed["exact"][0])
