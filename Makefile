@@ -17,9 +17,9 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
-# Two pytest-xdist workers, one torch thread each (tests/conftest.py): the tests that
-# start servers, browsers and workers run in turn on one, everything else on the other
-# beside them. --durations: the slowest tests, to keep the suite short.
+# Two pytest-xdist workers, one torch thread each (tests/conftest.py): the team tests
+# share one Redis-and-Celery cluster and run in one group on one worker; everything else
+# spreads over both. --durations: the slowest tests, to keep the suite short.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 

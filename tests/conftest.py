@@ -13,10 +13,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest
 
-# Tests that start servers, browsers, Redis and Celery workers run one after another on
-# one worker (they share ports and wait on each other's processes); the rest spread over
-# both workers beside them.
-SERVER_MARKERS = ("browser", "security", "team")
+# Tests that start servers, browsers, Redis and Celery workers pick free ports, so they
+# spread over both xdist workers like the rest, except the team tests: they share one
+# Redis-and-Celery cluster (tests/test_team.py), so they join one xdist group and the
+# cluster starts once per `make test`, not once per worker.
+TEAM_GROUP = "team"
 
 
 def pytest_setup_options():
@@ -43,13 +44,15 @@ def pytest_setup_options():
     return options
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Browser tests need chromium and chromedriver; .ci/run installs both. Elsewhere say
     clearly why they are skipped rather than failing on a missing binary. Under xdist
-    (`--dist loadgroup`), every server test joins one group."""
+    (`--dist loadgroup`), the team tests join one group: this hook runs first, because
+    xdist's own (registered before this file) turns the marks into "@team" node ids."""
     for item in items:
-        if any(marker in item.keywords for marker in SERVER_MARKERS):
-            item.add_marker(pytest.mark.xdist_group("servers"))
+        if "team" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group(TEAM_GROUP))
     if shutil.which("chromedriver") and (
         shutil.which("chromium") or shutil.which("chromium-browser")
     ):

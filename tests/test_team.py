@@ -87,7 +87,7 @@ class TeamCluster:
         return RedisResultStore(self.redis, self.cluster.url).get(session)
 
 
-@pytest.fixture(scope="session")  # once per xdist worker, whatever runs between these
+@pytest.fixture(scope="session")  # once per run: the team tests share one xdist group
 def team(tmp_path_factory):
     cluster = TeamCluster(tmp_path_factory.mktemp("team"))
     yield cluster
