@@ -47,19 +47,19 @@ def test_a_new_image_mid_run_never_sits_beside_the_old_runs_results(dash_duo, kr
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     report = []
-    # per mode: the stride of a finished run, then of a longer one (on a region, finer)
+    # per mode: the stride of a finished run, then of a longer one (one region, finer)
     plans = (("exact", "16", "8"), ("naive", "16", "8"), ("approximate", "8", "4"))
     for mode, short, stride in plans:
         first_image = load_first_image(dash_duo)
         dash_duo.find_element(f"#mode input[value='{mode}']").click()
-        # a finished result of the first image, downloads enabled ...
+        # a finished result of the first image on a region, downloads enabled ...
+        drag_region(dash_duo, (0.05, 0.05), (0.62, 0.62))
         choose(dash_duo, "stride", short)
         dash_duo.find_element("#run").click()
         dash_duo.wait_for_contains_text("#result-summary", "p = ", timeout=240)
         assert page(dash_duo)["enabled"], "no download enabled after a finished run"
-        # ... and a longer run of it, under way: a region on a finer grid (a few seconds
+        # ... and a longer run of it, under way: the region on a finer grid (a few seconds
         # of work: the test waits until it would have ended)
-        drag_region(dash_duo, (0.05, 0.05), (0.62, 0.62))
         choose(dash_duo, "stride", stride)
         dash_duo.find_element("#run").click()
         started = time.perf_counter()
