@@ -15,7 +15,8 @@ captures the graph and times both plans; ratios are taken within the run because
 machine is shared and noisy. Then again with a neighbour: one process per core burning
 it, as a colleague's job would (the planner's monitor must keep exact at least as fast as
 naive under any load). Beside it a call's time drifts several-fold, so there the ratio is
-the median over four back-to-back (naive, exact) pairs, the order swapped every pair.
+the median over four back-to-back (naive, exact) pairs, the order swapped every pair, on
+one torch thread (--neighbour-threads): two threads on two taken cores stall at random.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ MATRIX = [
 PATCH, STRIDE, BATCH = 16, 4, 16
 
 
-def measure(name: str, side: int, neighbour: bool = True) -> dict:
+def measure(name: str, side: int, neighbour_threads: int = 1) -> dict:
+    """One row: alone, then (unless neighbour_threads is 0) beside a CPU burner on
+    neighbour_threads torch threads."""
     import krypton
     from krypton.explainer import grid_positions
 
@@ -112,8 +115,9 @@ def measure(name: str, side: int, neighbour: bool = True) -> dict:
     first_seconds = time.perf_counter() - began
     alone = alternate(explainer, image, settings, name)
     busy = None
-    if neighbour:
-        with burning_neighbour():  # far noisier: paired calls, the median pair
+    if neighbour_threads:
+        # far noisier: paired calls, the median pair, on neighbour_threads torch threads
+        with burning_neighbour(), torch_threads(neighbour_threads):
             busy = paired(explainer, image, settings, name)
     return {
         "model": name,
@@ -134,6 +138,8 @@ def measure(name: str, side: int, neighbour: bool = True) -> dict:
         "ratio_with_neighbour": None if busy is None else busy["ratio"],
         "plan_with_neighbour": None if busy is None else busy["plan"],
         "pair_ratios_with_neighbour": None if busy is None else busy["pair_ratios"],
+        "torch_threads": torch.get_num_threads(),
+        "torch_threads_with_neighbour": neighbour_threads or None,
         "overhead": None,
     }
 
@@ -186,6 +192,17 @@ def paired(explainer, image: torch.Tensor, settings: dict, name: str, pairs: int
         "pair_ratios": [round(r, 3) for r in ratios],
         "plan": timed["exact"][1].extra["plan"],
     }
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch's intra-op threads set to ``count`` for the block, then restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -259,13 +276,21 @@ def main() -> None:
     parser.add_argument(
         "--no-neighbour", action="store_true", help="skip the runs beside a CPU burner"
     )
+    parser.add_argument(
+        "--neighbour-threads",
+        type=int,
+        default=1,
+        help="torch threads beside the burner (1, as docs/team.md runs a shared core: two "
+        "threads on two taken cores stall 2-7x at random, burying the plans' difference)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_grad_enabled(False)
     rows, failed = [], []
     for name in args.models.split(","):
         try:
-            row = measure(name, args.side, neighbour=not args.no_neighbour)
+            threads = 0 if args.no_neighbour else args.neighbour_threads
+            row = measure(name, args.side, neighbour_threads=threads)
         except Exception as error:  # a row that cannot run says why; the others go on
             print(f"{name}: FAILED {type(error).__name__}: {error}", flush=True)
             failed.append(name)
