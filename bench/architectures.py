@@ -158,11 +158,11 @@ def paired(explainer, image: torch.Tensor, settings: dict, name: str, pairs: int
 
     Alone, a best of two calls per mode read equal work (a naive plan on both sides) at
     0.94x on this shared host, where six pairs read 0.97-1.02x. Beside a burner the same
-    call drifts by several times within a minute (MobileNetV3-
-    Small's naive call: 3.2 s, then 13.9 s, torch's two threads stalling on two busy
-    cores), so the best of each mode compares calls taken at different moments; a pair's
-    two calls share the moment, the swapped order cancels a drift's favour to whichever
-    runs second, and the median drops a pair a stall hit."""
+    call drifts by several times within a minute (MobileNetV3-Small's naive call: 3.2 s,
+    then 13.9 s, torch's two threads stalling on two busy cores), so the best of each mode
+    compares calls taken at different moments; a pair's two calls share the moment, the
+    swapped order cancels a drift's favour to whichever runs second, and the median drops
+    a pair a stall hit."""
     ratios, exact_times, naive_times = [], [], []
     for index in range(pairs):
         order = ("naive", "exact") if index % 2 == 0 else ("exact", "naive")
