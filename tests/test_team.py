@@ -200,13 +200,14 @@ def _has_picture(progress: dict) -> bool:
 def test_a_run_longer_than_the_visibility_timeout_is_delivered_once(team):
     """Last round a second worker received the same run ~20 s in and a third after it
     ended, and the live panel flipped between the heatmap and 'Another worker is still
-    running this job; waiting'. With a 5 s visibility timeout and a run of about 50 s
+    running this job; waiting'. With a 5 s visibility timeout and a run of about a minute
     (over six timeouts): one delivery, and a picture in the live panel at every poll
     after the first."""
     team.ensure_workers()
     tab = Tab(team.url)
     image = tab.upload_image(_image(25), "once.png")
-    handles = tab.run(image, stride=2, region=[0, 0, 96, 96], poll=False)  # 1,681 positions
+    # 3,249 positions: 1,681 took 30 s on a quiet host, short of the six timeouts
+    handles = tab.run(image, stride=2, region=[0, 0, 128, 128], poll=False)
     started, first, samples, response = time.time(), None, [], None
     while response is None and time.time() - started < 400:
         data = tab.poll_once("result-store.data", handles) or {}
