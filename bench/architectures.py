@@ -87,8 +87,9 @@ PATCH, STRIDE, BATCH = 16, 4, 16
 # (naive, exact) pairs per pass. A row whose first call planned naive does the same work on
 # both sides, so its true ratio is 1.0 and the 0.95x bar is a test of the measure: four
 # pairs put one such row (tv EfficientNet-B0, 2026-11-25) at 0.93x beside the neighbour
-# (pairs 0.91-1.05) and 1.06x alone (1.00-1.15), so those rows take eight. The count is fixed by the first
-# call's plan, before any pair is timed (never "more pairs until it passes").
+# (pairs 0.91-1.05) and 1.06x alone (1.00-1.15), so those rows take eight. The count is
+# fixed by the first call's plan, before any pair is timed (never "more pairs until it
+# passes").
 PAIRS, EQUAL_WORK_PAIRS = 4, 8
 
 
