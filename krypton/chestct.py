@@ -11,6 +11,12 @@ lung, touching a vessel, or touching the pleura. The hard negatives are in every
 bifurcation bulges are blobs of nodule density, and the vessels cross every slice as
 round dots. Partial-volume blur and noise finish it.
 
+``ChestCTGenerator(varied=True)`` draws more of the anatomy a chest slab shows (off by
+default, so a seed's volumes stay what they were): lungs that end inside the slab (an apex,
+or a base over the dome of the diaphragm) and lobes that meet in a notch, and a second kind
+of vessel tree that curves continuously, tapers along its length, gives off side branches
+along the way without a bulge, and crosses the other lung's vessels and its own.
+
 Label rule (:data:`LABEL_RULE`): any nodule makes it NODULE, else NORMAL. Everything is
 seeded: the same seed gives the same volumes, nodules and labels.
 """
@@ -96,9 +102,10 @@ def _segment_distance(points: tuple, start: np.ndarray, end: np.ndarray) -> np.n
 class ChestCTGenerator:
     """Seeded generator of :class:`VolumeSample` (see the module's docstring)."""
 
-    def __init__(self, seed: int = 0, side: int = VOLUME_SIDE) -> None:
+    def __init__(self, seed: int = 0, side: int = VOLUME_SIDE, varied: bool = False) -> None:
         self.rng = np.random.default_rng(seed)
         self.side = side
+        self.varied = varied
         self.grid = np.ogrid[:side, :side, :side]
 
     # -- anatomy -----------------------------------------------------------------------
@@ -131,17 +138,48 @@ class ChestCTGenerator:
             lz = n / 2 + rng.uniform(-4, 4)
             sx, sy, sz = rx * rng.uniform(0.3, 0.38), ry * rng.uniform(0.55, 0.7), n * 0.7
             shape = ((x - lx) / sx) ** 2 + ((y - ly) / sy) ** 2 + ((z - lz) / sz) ** 2
-            lungs |= (shape + bumpiness * bumps <= 1.0) & (body_r <= 0.72)
+            lung = (shape + bumpiness * bumps <= 1.0) & (body_r <= 0.72)
+            if self.varied:
+                lung, lz = self._lung_ends(lung, (lx, ly, sx, sy))
+            lungs |= lung
             hila.append(np.array([lz, ly, lx - side_sign * sx * 0.75]))
         texture = ndimage.gaussian_filter(rng.standard_normal(volume.shape).astype(np.float32), 2)
         volume[lungs] = PARENCHYMA_HU + rng.uniform(-40, 40) + 120 * texture[lungs]
         return volume, lungs, hila
+
+    def _lung_ends(self, lung: np.ndarray, outline: tuple) -> tuple[np.ndarray, float]:
+        """A lung of the varied draw: it may end inside the slab (an apex that narrows
+        to a rounded tip, or a base cut by the dome of the diaphragm) and may be split
+        into lobes that meet in a notch (a fissure seen as a soft-tissue cusp). Returns the
+        lung and the height its vessels leave the hilum at."""
+        rng, n = self.rng, self.side
+        z, y, x = self.grid
+        lx, ly, sx, sy = outline
+        top, bottom = 0.0, float(n)
+        end = rng.choice(["through", "apex", "base"], p=[0.3, 0.35, 0.35])
+        radial = ((x - lx) / sx) ** 2 + ((y - ly) / sy) ** 2  # 0 on the lung's axis
+        if end == "apex":  # the lung narrows upwards (low z) to a rounded tip
+            top = rng.uniform(0.05, 0.4) * n
+            lung = lung & (radial <= np.clip((z - top) / rng.uniform(8, 20), 0, 1))
+        elif end == "base":  # the dome of the diaphragm rises into the lung from below
+            bottom = rng.uniform(0.6, 0.95) * n
+            lung = lung & (z < bottom - rng.uniform(4, 14) * (1 - np.clip(radial, 0, 1)))
+        if rng.random() < 0.5:  # a fissure: a thin slanted sheet between two lobes
+            tilt = rng.uniform(-0.8, 0.8, 2)
+            level = rng.uniform(top + 0.25 * (bottom - top), top + 0.75 * (bottom - top))
+            sheet = np.abs(z - level - tilt[0] * (y - ly) - tilt[1] * (x - lx))
+            lung = lung & (sheet > rng.uniform(0.6, 1.6))
+        return lung, float(np.clip((top + bottom) / 2, 6, n - 6))
 
     def _vessels(self, hila: list) -> list[tuple[np.ndarray, np.ndarray, float, bool]]:
         """Segments (start, end, radius, forks at its end) of one branching tree per lung."""
         rng = self.rng
         segments = []
         for hilum, sign in zip(hila, (1, -1)):  # left hilum grows to +x, right to -x
+            if self.varied and rng.random() < 0.6:
+                for _ in range(2):  # an artery and a vein: two trees that cross
+                    segments += self._curving_tree(hilum, sign)
+                continue
             stack = [(hilum, np.array([0.0, 0.0, float(sign)]), rng.uniform(1.6, 2.2), 0)]
             tortuous = rng.random() < 0.5  # vessels that wander: a chain of short pieces
             while stack:
@@ -162,6 +200,31 @@ class ChestCTGenerator:
                     for _ in range(2):
                         bend = rng.normal(0, 0.7, 3)
                         stack.append((end, direction + bend, radius * 0.78, generation + 1))
+        return segments
+
+    def _curving_tree(self, hilum: np.ndarray, sign: int) -> list:
+        """A vessel tree of the varied draw, as unit-length pieces: each branch bends a
+        little at every voxel, thins along its length, and gives off thinner side branches
+        at random along the way; it ends where it has thinned to below 0.6 voxels. How
+        much it bends, thins and branches is drawn per tree, from stiff, sparse trees to
+        wandering, bushy ones."""
+        rng = self.rng
+        bend, taper = rng.uniform(0.1, 0.4), rng.uniform(0.975, 0.995)
+        branching, daughter = rng.uniform(0.03, 0.14), rng.uniform(0.7, 0.9)
+        heading = np.array([*rng.normal(0, 0.5, 2), float(sign)])
+        stack = [(hilum.astype(float), heading, rng.uniform(1.6, 2.3))]
+        segments: list = []
+        while stack and len(segments) < 500:
+            start, direction, radius = stack.pop()
+            direction = direction + rng.normal(0, bend, 3)
+            direction /= np.linalg.norm(direction)
+            end = start + direction
+            if radius < 0.6 or not np.all((end >= 0) & (end < self.side)):
+                continue
+            segments.append((start, end, radius, False))
+            stack.append((end, direction, radius * taper))
+            if rng.random() < branching:
+                stack.append((end.copy(), direction + rng.normal(0, 1, 3), radius * daughter))
         return segments
 
     def _draw_tubes(self, volume, lungs, segments, hu: float) -> None:

@@ -2,9 +2,12 @@
 chestct-demo explaining a volume from the command line as a user would — the nodule found,
 and a head CT flagged as not what it was trained on."""
 
+from functools import partial
+
 import nibabel
 import numpy as np
 import pytest
+from scipy import ndimage
 
 from demo.chestct.independent import IndependentChestCT
 from demo.chestct.train import head_phantom
@@ -12,8 +15,10 @@ from krypton.chestct import NODULE_RADIUS, PARENCHYMA_HU, ChestCTGenerator, labe
 from krypton.cli import main
 from krypton.registry import available_models
 
+VARIED = pytest.param(partial(ChestCTGenerator, varied=True), id="ChestCTGenerator-varied")
 
-@pytest.mark.parametrize("generator", [ChestCTGenerator, IndependentChestCT])
+
+@pytest.mark.parametrize("generator", [ChestCTGenerator, VARIED, IndependentChestCT])
 def test_generators_are_seeded_and_keep_the_spec(generator):
     first, again = generator(seed=5).sample(label=1), generator(seed=5).sample(label=1)
     np.testing.assert_array_equal(first.volume, again.volume)
@@ -34,6 +39,35 @@ def test_generators_are_seeded_and_keep_the_spec(generator):
     # air outside the body, lung parenchyma inside it
     volume = samples[0].volume
     assert volume[:, 0, 0].mean() < -900 and (volume < -700).mean() > 0.1
+
+
+def _lung_area_per_slice(volume: np.ndarray) -> np.ndarray:
+    """Voxels of each axial slice below -600 HU that are not the air around the body."""
+    areas = []
+    for plane in volume:
+        regions, _ = ndimage.label(plane < -600)
+        border = np.unique(np.concatenate([regions[0], regions[-1], regions[:, 0], regions[:, -1]]))
+        areas.append(int(((regions > 0) & np.isin(regions, border, invert=True)).sum()))
+    return np.array(areas)
+
+
+def test_the_varied_draw_has_lungs_that_end_inside_the_slab_and_the_plain_draw_is_unchanged():
+    def ends_inside(generator) -> int:
+        """Volumes whose lungs shrink at the top or the bottom slice to < 30% of their widest
+        (an ellipsoid through the slab keeps >= 35% there)."""
+        count = 0
+        for _ in range(12):
+            areas = _lung_area_per_slice(generator.sample(label=0).volume)
+            count += min(areas[0], areas[-1]) < 0.3 * areas.max()
+        return count
+
+    assert ends_inside(ChestCTGenerator(seed=11, varied=True)) >= 4  # apices and bases
+    assert ends_inside(ChestCTGenerator(seed=11)) == 0  # lungs run through the slab
+    # the option draws nothing extra when it is off: a seed's plain volumes stay the same
+    np.testing.assert_array_equal(
+        ChestCTGenerator(seed=12).sample(label=1).volume,
+        ChestCTGenerator(seed=12, varied=False).sample(label=1).volume,
+    )
 
 
 needs_demo = pytest.mark.skipif(
