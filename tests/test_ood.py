@@ -40,6 +40,21 @@ def test_threshold_is_the_held_out_percentile_and_far_points_are_flagged():
         fit_density(names, [f[:10] for f in reference], held_out)
 
 
+def test_a_check_whose_threshold_no_image_can_pass_says_so():
+    """Eight stages and 30 calibration images: more than 1% of genuine images lie beyond
+    all 30 at some stage, the 99th percentile lands on the highest score there is, and
+    `score > threshold` can never hold, not even for an image far off at every stage.
+    The density says so (can_flag); with enough calibration images it flags that image."""
+    rng = np.random.default_rng(1)
+    names = [f"stage{k}" for k in range(8)]
+    reference = [rng.normal(size=(200, 4)) for _ in names]
+    far_points = [rng.normal(size=(20, 4)) + 8.0 for _ in names]
+    few = fit_density(names, reference, [rng.normal(size=(60, 4)) for _ in names])
+    assert not few.can_flag and not (few.score(far_points) > few.threshold).any()
+    enough = fit_density(names, reference, [rng.normal(size=(4000, 4)) for _ in names])
+    assert enough.can_flag and (enough.score(far_points) > enough.threshold).all()
+
+
 def test_density_round_trips_through_npz(tmp_path):
     rng = np.random.default_rng(1)
     density = fit_density(["a"], [rng.normal(size=(100, 4))], [rng.normal(size=(30, 4))], "x")
@@ -145,10 +160,12 @@ def test_a_user_model_registered_with_reference_images_warns(tmp_path, reference
     model = torchvision.models.resnet18(weights=None, num_classes=2).eval()
     torch.save(model.state_dict(), tmp_path / "w.pt")
     home = tmp_path / "models"
-    loaded = register_model(
-        "eye", tmp_path / "w.pt", ["A", "B"], architecture="resnet18", input_size=(64, 64),
-        directory=home, reference_images=reference_folder,
-    )  # fmt: skip
+    with pytest.warns(UserWarning, match="will flag no image"):  # 30 are too few to flag
+        loaded = register_model(
+            "eye", tmp_path / "w.pt", ["A", "B"], architecture="resnet18",
+            input_size=(64, 64), directory=home, reference_images=reference_folder,
+        )  # fmt: skip
+    assert not loaded.ood.can_flag
     entry = json.loads((home / "eye.json").read_text())
     assert entry["ood"]["path"] == "eye.ood.npz" and (home / "eye.ood.npz").is_file()
     assert "30 reference images" in entry["ood"]["reference"]

@@ -188,6 +188,17 @@ class FeatureDensity:
     def score(self, features: list[np.ndarray]) -> np.ndarray:
         return self.scores(features)[0]
 
+    @property
+    def can_flag(self) -> bool:
+        """Whether any image can score above the threshold. A p-value is at least
+        1 / (calibration images + 1), so scores stop at -log10 of that; when more than
+        1% of the threshold's held-out images already reach it (many stages, few
+        calibration images), the threshold sits there and nothing is ever flagged."""
+        calibration = max(len(s.held_out) for s in self.stages)
+        if self.boundary is not None:
+            calibration = max(calibration, len(self.boundary.held_out))
+        return self.threshold < -np.log10(1 / (calibration + 1)) - 1e-9
+
     def save(self, path) -> None:
         arrays = {
             "threshold": np.float64(self.threshold),
