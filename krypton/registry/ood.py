@@ -9,7 +9,13 @@ its Mahalanobis distance from that mean. Each distance becomes a p-value against
 held-out in-distribution images (the share of them at least as far), and the image's
 score is -log10 of the smallest p-value: how unusual it is at the stage where it is most
 unusual. The threshold is the 99th percentile of the scores of a second held-out set, so
-about 1% of genuine images are flagged by construction.
+about 1% of genuine images are flagged by construction. A share of N held-out images is
+at least 1 / (N + 1), so with many stages and few held-out images more than 1% of genuine
+images reach the highest score there is and the threshold lands on it, where nothing can
+pass; such a check takes each p-value from a normal fitted to the held-out values instead
+and its threshold from Sidak's correction for the number of stages, not a percentile a
+handful of images cannot place (:attr:`FeatureDensity.fitted_tails`, named in its
+reference text).
 
 The penultimate layer alone is the textbook choice, and it is kept, but on the demo model
 it flagged almost none of scikit-image's photographs: a network trained on one kind of
@@ -120,15 +126,29 @@ class StageDensity:
         centred = np.asarray(features, dtype=np.float64) - self.mean
         return np.sqrt(np.maximum(np.einsum("nd,de,ne->n", centred, self.precision, centred), 0))
 
-    def p_value(self, features: np.ndarray) -> np.ndarray:
-        """Share of held-out images at least as far (with the image itself counted)."""
-        return _tail_share(self.held_out, self.distance(features))
+    def p_value(self, features: np.ndarray, fitted: bool = False) -> np.ndarray:
+        """Share of held-out images at least as far (with the image itself counted), or
+        with ``fitted`` the tail of a normal fitted to the held-out log-distances."""
+        return _tail_share(self.held_out, self.distance(features), fitted, log=True)
 
 
-def _tail_share(held_out: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """(count of sorted ``held_out`` values >= each value, + 1) / (len + 1): a p-value."""
-    beyond = len(held_out) - np.searchsorted(held_out, values, side="left")
-    return (beyond + 1) / (len(held_out) + 1)
+def _tail_share(
+    held_out: np.ndarray, values: np.ndarray, fitted: bool = False, log: bool = False
+) -> np.ndarray:
+    """(count of sorted ``held_out`` values >= each value, + 1) / (len + 1): a p-value.
+    With ``fitted``, the survival function of a normal fitted to ``held_out`` (to their
+    logarithms with ``log``) instead: it goes on below 1 / (len + 1), where a few held-out
+    values leave the empirical share no room to."""
+    if not fitted:
+        beyond = len(held_out) - np.searchsorted(held_out, values, side="left")
+        return (beyond + 1) / (len(held_out) + 1)
+    from scipy.stats import norm
+
+    if log:
+        held_out, values = np.log(np.maximum(held_out, 1e-12)), np.log(np.maximum(values, 1e-12))
+    spread = float(np.std(held_out, ddof=1)) if len(held_out) > 1 else 0.0
+    standard = (values - float(np.mean(held_out))) / (spread or 1.0)
+    return np.maximum(norm.sf(standard), 1e-300)
 
 
 def _boundary_input(features: list[np.ndarray]) -> np.ndarray:
@@ -154,8 +174,8 @@ class OutlierBoundary:
         """The logistic regression's decision value for each image (all stages' features)."""
         return ((_boundary_input(features) - self.centre) / self.scale) @ self.weights + self.bias
 
-    def p_value(self, features: list[np.ndarray]) -> np.ndarray:
-        return _tail_share(self.held_out, self.decision(features))
+    def p_value(self, features: list[np.ndarray], fitted: bool = False) -> np.ndarray:
+        return _tail_share(self.held_out, self.decision(features), fitted)
 
 
 @dataclass(frozen=True)
@@ -169,6 +189,9 @@ class FeatureDensity:
     held_out: int = 0
     boundary: OutlierBoundary | None = None  # absent in checks fitted before it existed
     outliers: int = 0  # synthetic images the boundary was fitted against
+    # p-values from normal fits to the held-out values, not their shares: set when too few
+    # held-out images left the empirical threshold at the highest score (see can_flag)
+    fitted_tails: bool = False
 
     @property
     def stage_names(self) -> list[str]:
@@ -179,9 +202,10 @@ class FeatureDensity:
     def scores(self, features: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """(score, index into :attr:`stage_names` of the most unusual stage) for each
         image; ``features`` as :func:`feature_statistics` returns them."""
-        p_values = [s.p_value(f) for s, f in zip(self.stages, features)]
+        fitted = self.fitted_tails
+        p_values = [s.p_value(f, fitted) for s, f in zip(self.stages, features)]
         if self.boundary is not None:
-            p_values.append(self.boundary.p_value(features))
+            p_values.append(self.boundary.p_value(features, fitted))
         stacked = np.stack(p_values)
         return -np.log10(stacked.min(axis=0)), stacked.argmin(axis=0)
 
@@ -193,7 +217,10 @@ class FeatureDensity:
         """Whether any image can score above the threshold. A p-value is at least
         1 / (calibration images + 1), so scores stop at -log10 of that; when more than
         1% of the threshold's held-out images already reach it (many stages, few
-        calibration images), the threshold sits there and nothing is ever flagged."""
+        calibration images), the threshold sits there and nothing is ever flagged.
+        Fitted tails have no such ceiling."""
+        if self.fitted_tails:
+            return bool(np.isfinite(self.threshold))
         calibration = max(len(s.held_out) for s in self.stages)
         if self.boundary is not None:
             calibration = max(calibration, len(self.boundary.held_out))
@@ -206,6 +233,7 @@ class FeatureDensity:
             "fitted_on": np.int64(self.fitted_on),
             "held_out": np.int64(self.held_out),
             "names": np.array([s.name for s in self.stages]),
+            "fitted_tails": np.bool_(self.fitted_tails),
         }
         for index, stage in enumerate(self.stages):
             arrays[f"mean{index}"] = stage.mean.astype(np.float32)
@@ -247,6 +275,7 @@ class FeatureDensity:
                 int(data["held_out"]),
                 boundary,
                 int(data["outliers"]) if boundary is not None else 0,
+                bool(data["fitted_tails"]) if "fitted_tails" in data.files else False,
             )
 
 
@@ -368,7 +397,9 @@ def fit_density(
     ``held_out`` calibrates the p-values, the other half sets the threshold at its
     ``percentile`` (all in-distribution; features as :func:`feature_statistics` gives).
     With ``outliers`` (features of synthetic non-images, :func:`outlier_features`) an
-    :class:`OutlierBoundary` between them and ``reference`` is one more stage."""
+    :class:`OutlierBoundary` between them and ``reference`` is one more stage. When the
+    empirical threshold could flag nothing (:attr:`FeatureDensity.can_flag`), the check
+    is fitted with normal tails instead (:attr:`FeatureDensity.fitted_tails`)."""
     from sklearn.covariance import LedoitWolf
 
     count, spare = len(reference[0]), len(held_out[0])
@@ -387,12 +418,24 @@ def fit_density(
     boundary = None
     if outliers is not None:
         boundary = _fit_boundary(reference, outliers, [f[:half] for f in held_out])
+    spare_features = [f[half:] for f in held_out]
     unfitted = FeatureDensity(tuple(stages), 0.0, boundary=boundary)
-    threshold = float(np.percentile(unfitted.score([f[half:] for f in held_out]), percentile))
-    return FeatureDensity(
+    threshold = float(np.percentile(unfitted.score(spare_features), percentile))
+    density = FeatureDensity(
         tuple(stages), threshold, description, count, spare, boundary,
         len(outliers[0]) if outliers is not None else 0,
     )  # fmt: skip
+    if density.can_flag:
+        return density
+    # Too few held-out images for empirical p-values at this percentile: the threshold is
+    # the highest score there is. Normal fits to the same held-out values have no ceiling;
+    # and since a handful of images cannot place a 99th percentile either, the threshold
+    # is Sidak's: the smallest of k independent p-values falls below 1 - q^(1/k) with
+    # probability 1 - q (fewer flags than that when the stages agree, as they do).
+    tests = len(stages) + (boundary is not None)
+    threshold = float(-np.log10(1 - (percentile / 100) ** (1 / tests)))
+    note = f"; p-values from normal fits: {half} calibration images are too few for shares"
+    return replace(density, threshold=threshold, reference=description + note, fitted_tails=True)
 
 
 def _fit_boundary(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -183,7 +182,7 @@ def _reference_density(module: nn.Module, entry: dict, folder: Path):
             module, shaped.input_size, lambda picture: shaped.preprocess(Image.fromarray(picture))
         )
     try:
-        density = fit_density(
+        return fit_density(
             names,
             [f[order[:split]] for f in features],
             [f[order[split:]] for f in features],
@@ -192,14 +191,6 @@ def _reference_density(module: nn.Module, entry: dict, folder: Path):
         )
     except ValueError as exc:
         raise RegistryError(f"reference images: {exc}") from exc
-    if not density.can_flag:
-        warnings.warn(
-            f"reference images: with {len(paths)} images the out-of-distribution check's "
-            "threshold is the highest score its held-out images can give, so it will flag "
-            "no image; register again with more reference images (a few hundred)",
-            stacklevel=3,
-        )
-    return density
 
 
 def _check_output(module: nn.Module, input_size: tuple[int, int], classes: int) -> None:
