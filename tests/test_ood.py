@@ -45,7 +45,7 @@ def test_too_few_held_out_images_for_shares_give_a_check_that_still_flags(tmp_pa
     all 30 at some stage, so the 99th percentile of empirical scores is the highest score
     there is and `score > threshold` could never hold, not even for an image far off at
     every stage. Such a check takes its p-values from normal fits instead, says so, flags
-    the far images and about 1% of genuine ones, and keeps that through its npz."""
+    the far images and few genuine ones, and keeps that through its npz."""
     rng = np.random.default_rng(1)
     names = [f"stage{k}" for k in range(8)]
     reference = [rng.normal(size=(200, 4)) for _ in names]

@@ -349,11 +349,17 @@ def evaluate(model: torch.nn.Module, pointing: int = 100, log=print) -> dict:
         model, pointing_set(pointing // 2, independent=True)
     )
     log(f"pointing (independent): {results['pointing_independent']}")
-    density = fit_ood(model)
-    density.save(WORK_DIR / OOD_FILE)
-    results["ood"] = ood_rates(model, density)
+    results["ood"] = refit_ood(model)
     log(f"ood: {results['ood']} ({time.perf_counter() - started:.0f} s)")
     return results
+
+
+def refit_ood(model: torch.nn.Module) -> dict:
+    """Fit the out-of-distribution check, store it in the work folder, and return the
+    card's flag rates for it."""
+    density = fit_ood(model)
+    density.save(WORK_DIR / OOD_FILE)
+    return ood_rates(model, density)
 
 
 REFERENCE_SEED, THRESHOLD_SEED, OOD_TEST_SEED = 5, 6, 9
@@ -600,9 +606,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.step == "ood":  # refit the OOD check alone; the card's other numbers stay
         model, path = load_trained(), WORK_DIR / "evaluation.json"
         evaluation = json.loads(path.read_text())
-        density = fit_ood(model)
-        density.save(WORK_DIR / OOD_FILE)
-        evaluation["ood"] = ood_rates(model, density)
+        evaluation["ood"] = refit_ood(model)
         print(evaluation["ood"])
         path.write_text(json.dumps(evaluation, indent=2))
     elif args.step == "evaluate":

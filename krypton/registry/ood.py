@@ -129,19 +129,22 @@ class StageDensity:
     def p_value(self, features: np.ndarray, fitted: bool = False) -> np.ndarray:
         """Share of held-out images at least as far (with the image itself counted), or
         with ``fitted`` the tail of a normal fitted to the held-out log-distances."""
-        return _tail_share(self.held_out, self.distance(features), fitted, log=True)
+        distances = self.distance(features)
+        if fitted:
+            return _normal_tail(self.held_out, distances, log=True)
+        return _tail_share(self.held_out, distances)
 
 
-def _tail_share(
-    held_out: np.ndarray, values: np.ndarray, fitted: bool = False, log: bool = False
-) -> np.ndarray:
-    """(count of sorted ``held_out`` values >= each value, + 1) / (len + 1): a p-value.
-    With ``fitted``, the survival function of a normal fitted to ``held_out`` (to their
-    logarithms with ``log``) instead: it goes on below 1 / (len + 1), where a few held-out
-    values leave the empirical share no room to."""
-    if not fitted:
-        beyond = len(held_out) - np.searchsorted(held_out, values, side="left")
-        return (beyond + 1) / (len(held_out) + 1)
+def _tail_share(held_out: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(count of sorted ``held_out`` values >= each value, + 1) / (len + 1): a p-value."""
+    beyond = len(held_out) - np.searchsorted(held_out, values, side="left")
+    return (beyond + 1) / (len(held_out) + 1)
+
+
+def _normal_tail(held_out: np.ndarray, values: np.ndarray, log: bool = False) -> np.ndarray:
+    """The survival function of a normal fitted to ``held_out`` (to their logarithms with
+    ``log``) at each value: a p-value that goes on below 1 / (len + 1), where a few
+    held-out values leave :func:`_tail_share` no room to."""
     from scipy.stats import norm
 
     if log:
@@ -175,7 +178,8 @@ class OutlierBoundary:
         return ((_boundary_input(features) - self.centre) / self.scale) @ self.weights + self.bias
 
     def p_value(self, features: list[np.ndarray], fitted: bool = False) -> np.ndarray:
-        return _tail_share(self.held_out, self.decision(features), fitted)
+        decisions = self.decision(features)
+        return (_normal_tail if fitted else _tail_share)(self.held_out, decisions)
 
 
 @dataclass(frozen=True)
