@@ -10,7 +10,7 @@ import pytest
 from scipy import ndimage
 
 from demo.chestct.independent import IndependentChestCT
-from demo.chestct.train import head_phantom
+from demo.chestct.train import head_phantom, nodule_target
 from krypton.chestct import NODULE_RADIUS, PARENCHYMA_HU, ChestCTGenerator, label_for
 from krypton.cli import main
 from krypton.registry import available_models
@@ -91,6 +91,16 @@ def test_varied_nodules_touch_vessels_as_often_as_the_spec_says():
         ChestCTGenerator(seed=12, varied=True).sample(label=1).volume,
         ChestCTGenerator(seed=12, varied=True, varied_nodules=False).sample(label=1).volume,
     )
+
+
+def test_graded_targets_score_a_hidden_nodule_below_one_that_shows_a_sliver():
+    """Ungraded, every occluder that hides four fifths of a nodule or more earns the same
+    0.05, so the pointing game's lowest cell is a tie broken by noise; graded targets order
+    them, and agree from a fifth in view on."""
+    assert nodule_target(0.0) == nodule_target(0.15) == 0.05
+    hidden, sliver, fifth = (nodule_target(s, graded=True) for s in (0.0, 0.1, 0.2))
+    assert hidden < sliver < fifth == nodule_target(0.2)
+    assert nodule_target(0.5, graded=True) == nodule_target(0.5)
 
 
 needs_demo = pytest.mark.skipif(

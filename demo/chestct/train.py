@@ -25,6 +25,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -66,9 +67,13 @@ def fill_value() -> float:
     return ((PARENCHYMA_HU - low) / (high - low) - MEAN) / STD
 
 
-def nodule_target(visible_share: float) -> float:
-    """p(NODULE) the target gives a volume whose best-visible nodule shows this share."""
-    return 0.05 + 0.9 * float(np.clip((visible_share - 0.2) / 0.5, 0.0, 1.0))
+def nodule_target(visible_share: float, graded: bool = False) -> float:
+    """p(NODULE) the target gives a volume whose best-visible nodule shows this share:
+    0.05 up to a fifth in view, 0.95 from 70%, linear between. ``graded`` also orders
+    what lies under 0.05: from 0.02 with nothing in view to 0.05 at a fifth, so an
+    occluder that hides all of a nodule scores lower than one that leaves a sliver."""
+    floor = 0.02 + 0.03 * min(visible_share / 0.2, 1.0) if graded else 0.05
+    return floor + 0.9 * float(np.clip((visible_share - 0.2) / 0.5, 0.0, 1.0))
 
 
 def visible_share(nodule, crop: tuple, cube: tuple | None) -> float:
@@ -88,11 +93,15 @@ def visible_share(nodule, crop: tuple, cube: tuple | None) -> float:
     return float(seen.sum()) / max(int(inside.sum()), 1)
 
 
-def training_pool(count: int, seed: int = TRAIN_SEED, varied: float = 0.0) -> list[VolumeSample]:
+def training_pool(
+    count: int, seed: int = TRAIN_SEED, varied: float = 0.0, varied_nodules: bool = False
+) -> list[VolumeSample]:
     """Generated volumes to train on, half with nodules; in every ten, ``round(10 * varied)``
-    come from the varied draw (``ChestCTGenerator(varied=True)``, seeded ``seed + 1000``)."""
-    plain = ChestCTGenerator(seed=seed)
-    other = ChestCTGenerator(seed=seed + 1000, varied=True)
+    come from the varied draw (``ChestCTGenerator(varied=True)``, seeded ``seed + 1000``);
+    ``varied_nodules`` draws both kinds' nodules varied (lobulated, soft-edged, on vessels'
+    junctions)."""
+    plain = ChestCTGenerator(seed=seed, varied_nodules=varied_nodules)
+    other = ChestCTGenerator(seed=seed + 1000, varied=True, varied_nodules=varied_nodules)
     tenths = round(10 * varied)
     return [
         (other if index % 10 < tenths else plain).sample(label=index % 2) for index in range(count)
@@ -100,7 +109,11 @@ def training_pool(count: int, seed: int = TRAIN_SEED, varied: float = 0.0) -> li
 
 
 def _batch(
-    pool: list[VolumeSample], size: int, crop: int, rng: np.random.Generator
+    pool: list[VolumeSample],
+    size: int,
+    crop: int,
+    rng: np.random.Generator,
+    graded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``size`` crops of side ``crop`` (the whole volume at VOLUME_SIDE): centred near a
     nodule 60% of the time when the volume has one, flipped left-right and head-foot at
@@ -132,7 +145,7 @@ def _batch(
             volume = volume[:, :, ::-1]
         if rng.random() < 0.5:
             volume = volume[::-1]
-        nodule = nodule_target(share)
+        nodule = nodule_target(share, graded)
         volumes.append(np.ascontiguousarray(volume))
         targets.append([1 - nodule, nodule])
     return to_tensor(volumes), torch.tensor(targets, dtype=torch.float32)
@@ -166,12 +179,40 @@ SECOND_SEED = 2
 # of seed 13 (92.2% after the fourth, 94.0% after the fifth), not on the card's seed 3;
 # a sixth (seed 10, 5e-4) read 93.5% there and was not kept.
 TRAINED_VARIED = 0.7  # varied share of the later pools, and of the OOD reference's volumes
+TRAINED_NODULES = True  # the last stages' nodules (varied_nodules), also the OOD reference's
 LATER_SCHEDULE = (
     {"crop": 32, "steps": 900, "batch": 32},
     {"crop": VOLUME_SIDE, "steps": 150, "batch": 16},
 )
-# step: (learning rate, seed); each on 2,000 volumes, seven in ten varied, LATER_SCHEDULE
-LATER_STAGES = {"third": (1e-3, 7), "fourth": (7e-4, 8), "fifth": (5e-4, 9)}
+
+
+class LaterStage(NamedTuple):
+    """A stage after the second: 2,000 fresh volumes, seven in ten varied, LATER_SCHEDULE."""
+
+    learning_rate: float
+    seed: int
+    varied_nodules: bool = False  # ChestCTGenerator(varied_nodules=True) for the pool
+    graded: bool = False  # nodule_target(graded=True)
+
+
+LATER_STAGES = {
+    "third": LaterStage(1e-3, 7),
+    "fourth": LaterStage(7e-4, 8),
+    "fifth": LaterStage(5e-4, 9),
+    "sixth": LaterStage(5e-4, 11, varied_nodules=True),
+    "seventh": LaterStage(3e-4, 12, varied_nodules=True, graded=True),
+    "eighth": LaterStage(2e-4, 15, varied_nodules=True, graded=True),
+}
+# The sixth stage: the fifth model's misses on independent volumes of seed 13 were mostly
+# solid nodules on vessels (5 of 10) and on the pleura (3), and a count showed why: a
+# vascular nodule was placed at one try, which most pieces of vessel fail, so only 5-7% of
+# the training nodules touched a vessel (30% meant). ChestCTGenerator(varied_nodules=True)
+# tries until one fits, also puts nodules on vessels' junctions, and draws lobulated,
+# soft-edged nodules; the stage draws its whole pool so. It read 95.5% on seed 13, but
+# its pointing game fell to 86% on ties: every crop showing a fifth of a nodule or less
+# had the same target, so an occluder beside the nodule scored as low as one on it. The
+# seventh and eighth stages train on graded targets (nodule_target(graded=True)):
+# pointing 89% and 91%, independent 95.8% / 95.5% on seed 13, 94.2% / 94.3% on seed 14.
 
 
 def train(
@@ -182,13 +223,15 @@ def train(
     log=print,
     initial: torch.nn.Module | None = None,
     varied: float = 0.0,
+    varied_nodules: bool = False,
+    graded: bool = False,
 ) -> tuple[torch.nn.Module, dict]:
     """Train from scratch (or on from ``initial``); returns the eval-mode model and a
     record."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     started = time.perf_counter()
-    pool = training_pool(pool_size, seed, varied)
+    pool = training_pool(pool_size, seed, varied, varied_nodules)
     log(f"{pool_size} training volumes generated in {time.perf_counter() - started:.0f} s")
     model = initial if initial is not None else build(ARCHITECTURE, len(CLASSES))
     total = sum(stage["steps"] for stage in stages)
@@ -201,7 +244,7 @@ def train(
         model.train()
         loss_sum = correct = seen = 0.0
         for _ in range(stage["steps"]):
-            volumes, targets = _batch(pool, stage["batch"], stage["crop"], rng)
+            volumes, targets = _batch(pool, stage["batch"], stage["crop"], rng, graded)
             logits = model(volumes)
             loss = F.cross_entropy(logits, targets)
             optimizer.zero_grad()
@@ -222,6 +265,8 @@ def train(
         "architecture": ARCHITECTURE,
         "pool_volumes": pool_size,
         "varied_share": varied,
+        "varied_nodules": varied_nodules,
+        "graded_floor": graded,
         "stages": list(stages),
         "learning_rate": learning_rate,
         "seed": seed,
@@ -337,6 +382,13 @@ def evaluate(model: torch.nn.Module, pointing: int = 100, log=print) -> dict:
         "test_set": f"krypton.chestct's varied draw (seed {TEST_SEED}), 50/50 classes",
     }
     log(f"held out, varied draw: {results['held_out_varied']}")
+    nodules = ChestCTGenerator(seed=TEST_SEED, varied=True, varied_nodules=True)
+    results["held_out_varied_nodules"] = {
+        "accuracy": round(accuracy(model, [nodules.sample() for _ in range(600)]), 4),
+        "volumes": 600,
+        "test_set": f"krypton.chestct's varied draw with varied nodules (seed {TEST_SEED})",
+    }
+    log(f"held out, varied nodules: {results['held_out_varied_nodules']}")
     results["independent"] = {
         "accuracy": round(accuracy(model, independent_set()), 4),
         "volumes": 600,
@@ -373,10 +425,11 @@ def _features(model: torch.nn.Module, volumes) -> tuple[list[str], list[np.ndarr
 
 
 def _generated(seed: int, count: int, generator_class=ChestCTGenerator):
-    """Volumes as the model was trained on them (the plain and varied draws mixed as in
-    its later stages' pools), or from another generator class."""
+    """Volumes as the model was trained on them (the plain and varied draws mixed, with
+    nodules, as in its last stages' pools), or from another generator class."""
     if generator_class is ChestCTGenerator:
-        return (sample.volume for sample in training_pool(count, seed, TRAINED_VARIED))
+        pool = training_pool(count, seed, TRAINED_VARIED, TRAINED_NODULES)
+        return (sample.volume for sample in pool)
     generator = generator_class(seed=seed)
     return (generator.sample().volume for _ in range(count))
 
@@ -534,7 +587,7 @@ def save(record: dict, evaluation: dict, tuning: dict, model: torch.nn.Module) -
             "path": OOD_FILE,
             "threshold": evaluation["ood"]["threshold"],
             "reference": "600 generated chest-CT-like volumes (krypton.chestct, seed 5, "
-            "seven in ten from the varied draw)",
+            "seven in ten from the varied draw, nodules varied)",
         },
         "training": record,
         "evaluation": evaluation,
@@ -592,14 +645,16 @@ def main(argv: list[str] | None = None) -> None:
         )
     elif args.step in LATER_STAGES:
         earlier = json.loads((WORK_DIR / "record.json").read_text())
-        learning_rate, seed = LATER_STAGES[args.step]
+        stage = LATER_STAGES[args.step]
         model, record = train(
             2000,
             LATER_SCHEDULE,
-            learning_rate,
-            seed,
+            stage.learning_rate,
+            stage.seed,
             initial=load_trained().train(),
             varied=TRAINED_VARIED,
+            varied_nodules=stage.varied_nodules,
+            graded=stage.graded,
         )
         torch.save(half_state(model), WORK_DIR / "weights.pt")
         (WORK_DIR / "record.json").write_text(json.dumps({**earlier, args.step: record}, indent=2))
