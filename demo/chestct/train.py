@@ -4,6 +4,8 @@
     python -m demo.chestct.train second     # ~12 min: on from it, more anatomy (seed 2)
     python -m demo.chestct.train third      # ~10 min: on from that, the varied draw (seed 7)
     python -m demo.chestct.train fourth     # then fifth: ~10 min each, fresh pools
+    python -m demo.chestct.train sixth      # then seventh, eighth: varied nodules, the
+                                            # last two on graded targets (~10 min each)
     python -m demo.chestct.train evaluate   # every number of the model card
     python -m demo.chestct.train ood        # refit only the out-of-distribution check
     python -m demo.chestct.train tune       # approximate mode's tau (SSIM over volumes)
@@ -177,7 +179,7 @@ SECOND_SEED = 2
 # a time, each on a fresh pool in which seven volumes in ten are varied (the rest keep the
 # plain draw it already knows). Whether to add a stage was read on independent volumes
 # of seed 13 (92.2% after the fourth, 94.0% after the fifth), not on the card's seed 3;
-# a sixth (seed 10, 5e-4) read 93.5% there and was not kept.
+# a sixth on the same draw (seed 10, 5e-4) read 93.5% there and was not kept.
 TRAINED_VARIED = 0.7  # varied share of the later pools, and of the OOD reference's volumes
 TRAINED_NODULES = True  # the last stages' nodules (varied_nodules), also the OOD reference's
 LATER_SCHEDULE = (
