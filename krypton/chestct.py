@@ -102,6 +102,21 @@ def _segment_distance(points: tuple, start: np.ndarray, end: np.ndarray) -> np.n
     return np.sqrt(sum((r - t * a) ** 2 for r, a in zip(rel, axis)))
 
 
+def _junctions(segments: list) -> list[tuple[np.ndarray, float]]:
+    """Points where vessels meet, with the thicker vessel's radius there: a bifurcation
+    (a segment that forks at its end) or a point two segments leave (a side branch)."""
+    starts: dict[tuple, float] = {}
+    junctions = []
+    for start, end, vessel, forks in segments:
+        key = tuple(np.round(start, 3))
+        if key in starts:  # two branches leave this point
+            junctions.append((start, max(vessel, starts[key])))
+        starts[key] = vessel
+        if forks:
+            junctions.append((end, vessel))
+    return junctions
+
+
 class ChestCTGenerator:
     """Seeded generator of :class:`VolumeSample` (see the module's docstring)."""
 
@@ -254,7 +269,7 @@ class ChestCTGenerator:
             volume[box] = volume[box] * (1 - alpha) + hu * alpha
 
     # -- nodules -----------------------------------------------------------------------
-    def _nodule(self, lungs, depth, segments) -> Nodule | None:
+    def _nodule(self, lungs, depth, segments, junctions: list) -> Nodule | None:
         rng = self.rng
         kind = rng.choice(list(NODULE_KINDS), p=list(NODULE_KINDS.values()))
         site = rng.choice(list(NODULE_SITES), p=list(NODULE_SITES.values()))
@@ -262,7 +277,7 @@ class ChestCTGenerator:
         hu = float(rng.uniform(0, 80) if kind == "solid" else rng.uniform(-650, -400))
         margin = 3
         if site == "vascular":
-            centre = self._vascular_centre(lungs, depth, segments, radius)
+            centre = self._vascular_centre(lungs, depth, segments, junctions, radius)
             if centre is None:
                 return None
         else:
@@ -279,7 +294,9 @@ class ChestCTGenerator:
             centre = candidates[rng.integers(len(candidates))] + rng.uniform(-0.5, 0.5, 3)
         return Nodule(*map(float, centre), radius, hu, str(kind), str(site))
 
-    def _vascular_centre(self, lungs, depth, segments, radius: float) -> np.ndarray | None:
+    def _vascular_centre(
+        self, lungs, depth, segments, junctions: list, radius: float
+    ) -> np.ndarray | None:
         """Where a nodule touching a vessel goes: beside a piece of vessel, its centre
         0.8 radius beyond the vessel's wall, inside the lung. The varied draw also sinks
         it 0.4-0.9 radius into the wall or puts it on a point where vessels meet, and tries
@@ -288,7 +305,7 @@ class ChestCTGenerator:
         rng = self.rng
         for _ in range(12 if self.varied_nodules else 1):
             if self.varied_nodules and rng.random() < 0.5:
-                centre = self._at_junction(segments, radius)
+                centre = self._at_junction(junctions, radius)
             else:
                 start, end, vessel, _ = segments[rng.integers(len(segments))]
                 point = start + (end - start) * rng.uniform(0.2, 0.8)
@@ -303,20 +320,11 @@ class ChestCTGenerator:
                 return centre
         return None
 
-    def _at_junction(self, segments, radius: float) -> np.ndarray | None:
-        """A nodule's centre on a point where vessels meet (a bifurcation, or where a side
-        branch leaves), a little off it; None where the vessel there is too thick for a
-        nodule of ``radius`` to stand out of its bulge (radius < 1.25 vessel + 1)."""
+    def _at_junction(self, junctions: list, radius: float) -> np.ndarray | None:
+        """A nodule's centre on one of the ``junctions`` (:func:`_junctions`), a little
+        off it; None where the vessel there is too thick for a nodule of ``radius`` to
+        stand out of its bulge (radius < 1.25 vessel + 1)."""
         rng = self.rng
-        starts: dict[tuple, float] = {}
-        junctions = []
-        for start, end, vessel, forks in segments:
-            key = tuple(np.round(start, 3))
-            if key in starts:  # two branches leave this point
-                junctions.append((start, max(vessel, starts[key])))
-            starts[key] = vessel
-            if forks:
-                junctions.append((end, vessel))
         if not junctions:
             return None
         point, vessel = junctions[rng.integers(len(junctions))]
@@ -371,11 +379,12 @@ class ChestCTGenerator:
         segments = self._vessels(hila)
         self._draw_tubes(volume, lungs, segments, float(rng.uniform(20, 70)))
         depth = ndimage.distance_transform_edt(lungs) if count else None
+        junctions = _junctions(segments) if count and self.varied_nodules else []
         planted: list[Nodule] = []
         for _ in range(count * 20):
             if len(planted) == count:
                 break
-            nodule = self._nodule(lungs, depth, segments)
+            nodule = self._nodule(lungs, depth, segments, junctions)
             if nodule is not None and all(
                 nodule.distance(o.z, o.y, o.x) > nodule.radius + o.radius + 2 for o in planted
             ):
