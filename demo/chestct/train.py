@@ -371,32 +371,26 @@ def evaluate(model: torch.nn.Module, pointing: int = 100, log=print) -> dict:
     """Every number of the model card."""
     results: dict = {}
     started = time.perf_counter()
-    results["held_out"] = {
-        "accuracy": round(accuracy(model, held_out()), 4),
-        "volumes": 600,
-        "test_set": f"krypton.chestct (seed {TEST_SEED}), 50/50 classes, 1-3 nodules",
-    }
-    log(f"held out: {results['held_out']} ({time.perf_counter() - started:.0f} s)")
-    varied = ChestCTGenerator(seed=TEST_SEED, varied=True)
-    results["held_out_varied"] = {
-        "accuracy": round(accuracy(model, [varied.sample() for _ in range(600)]), 4),
-        "volumes": 600,
-        "test_set": f"krypton.chestct's varied draw (seed {TEST_SEED}), 50/50 classes",
-    }
-    log(f"held out, varied draw: {results['held_out_varied']}")
-    nodules = ChestCTGenerator(seed=TEST_SEED, varied=True, varied_nodules=True)
-    results["held_out_varied_nodules"] = {
-        "accuracy": round(accuracy(model, [nodules.sample() for _ in range(600)]), 4),
-        "volumes": 600,
-        "test_set": f"krypton.chestct's varied draw with varied nodules (seed {TEST_SEED})",
-    }
-    log(f"held out, varied nodules: {results['held_out_varied_nodules']}")
-    results["independent"] = {
-        "accuracy": round(accuracy(model, independent_set()), 4),
-        "volumes": 600,
-        "test_set": "demo.chestct.independent: separately written drawing code, same spec",
-    }
-    log(f"independent: {results['independent']} ({time.perf_counter() - started:.0f} s)")
+
+    def drawn(**options) -> list[VolumeSample]:
+        generator = ChestCTGenerator(seed=TEST_SEED, **options)
+        return [generator.sample() for _ in range(600)]
+
+    accuracy_sets = (  # (card key, log name, the 600 volumes, what they are)
+        ("held_out", "held out", held_out,
+         f"krypton.chestct (seed {TEST_SEED}), 50/50 classes, 1-3 nodules"),
+        ("held_out_varied", "held out, varied draw", lambda: drawn(varied=True),
+         f"krypton.chestct's varied draw (seed {TEST_SEED}), 50/50 classes"),
+        ("held_out_varied_nodules", "held out, varied nodules",
+         lambda: drawn(varied=True, varied_nodules=True),
+         f"krypton.chestct's varied draw with varied nodules (seed {TEST_SEED})"),
+        ("independent", "independent", independent_set,
+         "demo.chestct.independent: separately written drawing code, same spec"),
+    )  # fmt: skip
+    for key, name, samples, test_set in accuracy_sets:
+        score = round(accuracy(model, samples()), 4)
+        results[key] = {"accuracy": score, "volumes": 600, "test_set": test_set}
+        log(f"{name}: {results[key]} ({time.perf_counter() - started:.0f} s)")
     results["pointing"] = pointing_game(model, pointing_set(pointing))
     log(f"pointing: {results['pointing']} ({time.perf_counter() - started:.0f} s)")
     results["pointing_independent"] = pointing_game(
