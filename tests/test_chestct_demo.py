@@ -73,6 +73,17 @@ def test_the_varied_draw_has_lungs_that_end_inside_the_slab_and_the_plain_draw_i
         ChestCTGenerator(seed=12).sample(label=1).volume,
         ChestCTGenerator(seed=12, varied=False).sample(label=1).volume,
     )
+    # ... as the code before the option drew them (55a63e4), which trained the first stages
+    np.testing.assert_allclose(
+        _centres_and_radii(ChestCTGenerator(seed=12)),
+        [(27.883, 28.208, 14.311, 4.277), (15.157, 27.759, 11.581, 4.476)],
+        atol=1e-3,
+    )
+
+
+def _centres_and_radii(generator) -> list[tuple[float, ...]]:
+    """(z, y, x, radius) of each nodule in the generator's next NODULE volume."""
+    return [(o.z, o.y, o.x, o.radius) for o in generator.sample(label=1).nodules]
 
 
 def test_varied_nodules_touch_vessels_as_often_as_the_spec_says():
@@ -90,6 +101,12 @@ def test_varied_nodules_touch_vessels_as_often_as_the_spec_says():
     np.testing.assert_array_equal(
         ChestCTGenerator(seed=12, varied=True).sample(label=1).volume,
         ChestCTGenerator(seed=12, varied=True, varied_nodules=False).sample(label=1).volume,
+    )
+    # ... as the code before the option drew it (c139d34), which trained stages 3 to 5
+    np.testing.assert_allclose(
+        _centres_and_radii(ChestCTGenerator(seed=12, varied=True)),
+        [(30.953, 32.689, 14.581, 2.719), (8.721, 28.521, 30.226, 2.738)],
+        atol=1e-3,
     )
 
 

@@ -72,7 +72,8 @@ def test_density_round_trips_through_npz(tmp_path):
     loaded = FeatureDensity.load(tmp_path / "d.npz")
     points = [rng.normal(size=(5, 4))]
     np.testing.assert_allclose(loaded.score(points), density.score(points), rtol=1e-4)
-    assert loaded.reference.startswith("x") and loaded.fitted_on == 100 and loaded.held_out == 30
+    assert loaded.reference == density.reference and loaded.reference.startswith("x")
+    assert loaded.fitted_on == 100 and loaded.held_out == 30
     assert loaded.fitted_tails == density.fitted_tails
     assert loaded.threshold == pytest.approx(density.threshold)
 
