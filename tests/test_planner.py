@@ -164,8 +164,14 @@ def test_the_first_timing_runs_naive_on_about_one_incremental_batch_of_time(monk
     ys, xs = grid_positions((224, 224), 8, 32, None)
     ratio = graph.plan(graph.geometry((np.repeat(ys, len(xs)), np.tile(xs, len(ys))), (8, 8)))
     assert ratio.theoretical_speedup > 2
-    assert naive_images == [naive_probe_size(8, ratio.theoretical_speedup)]
+    assert naive_images[0] == naive_probe_size(8, ratio.theoretical_speedup)
     assert 2 <= naive_images[0] < 8
+    # On a loaded host (the fresh-clone CI) a stall may overturn the first verdict, which
+    # is then re-timed on the whole batch, or move the pace and bring a probe forward:
+    # any further naive inference must be one of those, and say so.
+    (monitor,) = explainer.monitors.values()
+    explained = "best of 2" in plan or monitor.probes or monitor.positions["naive"]
+    assert len(naive_images) == 1 or explained, (naive_images, plan)
     assert naive_probe_size(16, 1.1) == 15 and naive_probe_size(16, 0.5) == 16
 
 
