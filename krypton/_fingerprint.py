@@ -87,7 +87,9 @@ def _count_macs_with_hooks(model: nn.Module, image: torch.Tensor) -> tuple[torch
     ]  # scripted: no hooks
     try:
         with CAPTURE_LOCK.shared():
-            logits = model(image.unsqueeze(0))
+            # a copy: a model may write its input in place (``x.sub_(mean)``, an
+            # activation with inplace=True first), and the image is used again
+            logits = model(image.unsqueeze(0).clone())
     finally:
         for handle in handles:
             handle.remove()

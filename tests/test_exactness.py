@@ -225,3 +225,57 @@ def test_sparse_positions_give_nan_elsewhere():
     assert list(heatmap.xs) == [0, 8] and list(heatmap.ys) == [0, 16]
     assert np.isnan(heatmap.values[0, 1]) and np.isnan(heatmap.values[1, 0])
     assert {(x, y) for x, y, _ in heatmap.position_values()} == {(0, 0), (8, 16)}
+
+
+class InPlaceOnInput(nn.Module):
+    """In-place activations: one straight on the image (its patch is the occluder itself,
+    which later batches read again), one on a fresh convolution output. ELU is not
+    idempotent, so an overwritten occluder would change every later batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.ELU(inplace=True)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.second = nn.ELU(inplace=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.second(self.conv(self.first(x)))
+        return self.head(x.mean((2, 3)))
+
+
+def test_in_place_activations_never_overwrite_the_occluder_or_the_views():
+    """Activations written in place run in place on a patch nobody else reads (a DenseNet
+    run spent 13% of its time allocating ReLU outputs), never on the occluder, a
+    per-position patch or a cached view."""
+    torch.manual_seed(5)
+    model = InPlaceOnInput().eval()
+    image = torch.randn(3, 20, 20)
+    original = image.clone()
+    assert_same_heatmap(model, image, patch=4, stride=2, batch_size=3, fill=-2.0)
+    assert torch.equal(image, original)  # the model's first ELU ran on a copy
+    explainer = krypton.OcclusionExplainer(model)
+    ys, xs = np.array([0, 4, 8, 12, 16]), np.array([16, 0, 8, 4, 12])
+    patches = -1.0 - torch.rand(5, 3, 4, 4)
+    given = patches.clone()
+    with torch.inference_mode():
+        graph, views = explainer.views_for(image)
+        cached = {
+            node: value.clone()
+            for node, value in views.values.items()
+            if isinstance(value, torch.Tensor)
+        }
+        exact = explainer.occluded_outputs(image, ys, xs, patches, batch_size=2)
+        full = model(_pasted(image, ys, xs, patches))
+    assert torch.equal(patches, given)
+    torch.testing.assert_close(exact, full, rtol=0, atol=1e-5)
+    assert all(torch.equal(views.values[node], value) for node, value in cached.items())
+    in_place = [step.node.name for step in graph.steps if step.in_place_call is not None]
+    assert len(in_place) == 2, in_place  # both ELUs may run in place where it is safe
+
+
+def _pasted(image, ys, xs, patches):
+    batch = image.unsqueeze(0).repeat(len(ys), 1, 1, 1)
+    for index, (y, x) in enumerate(zip(ys, xs)):
+        batch[index, :, y : y + patches.shape[2], x : x + patches.shape[3]] = patches[index]
+    return batch

@@ -70,6 +70,9 @@ class Step:
     node: fx.Node
     kind: NodeKind
     call: Callable[..., Any] | None = None  # evaluates the node given concrete args/kwargs
+    # the op as the model wrote it, overwriting its one tensor input (ReLU(inplace=True),
+    # .relu_()): run_batch uses it when that input's patch is fresh and read by no one else
+    in_place_call: Callable[..., Any] | None = None
     local: ops.LocalOpSpec | None = None
     remap: ops.RemapSpec | None = None
     patched_args: tuple[fx.Node, ...] = ()  # image-dependent tensor inputs

@@ -212,6 +212,33 @@ class IncrementalGraph:
             return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
         return None
 
+    def _in_place_call_for(self, step: Step) -> Callable[..., Any] | None:
+        """The op as written, where it overwrites its only tensor input in place and is
+        run per cell on a patch (an activation such as ReLU(inplace=True)); else None."""
+        node = step.node
+        if (
+            step.kind != NodeKind.POINTWISE
+            or step.patch_call is not None
+            or step.pick is not None
+            or step.cropped_statics
+            or len(flatten_nodes((node.args, node.kwargs))) != 1
+            or not node.args
+            or node.args[0] not in step.patched_args
+        ):
+            return None
+        if node.op == "call_module":
+            module = self.module.get_submodule(str(node.target))
+            if getattr(module, "inplace", False) is True:
+                return lambda args, kwargs: module(*args, **kwargs)
+        elif node.op == "call_function":
+            target = cast(Callable[..., Any], node.target)
+            if ops.writes_in_place(target, node.args, node.kwargs):
+                return lambda args, kwargs: target(*args, **kwargs)
+        elif node.op == "call_method" and _out_of_place_name(str(node.target)) != node.target:
+            name = str(node.target)
+            return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
+        return None
+
     def _classify_node(
         self,
         node: fx.Node,
@@ -240,6 +267,7 @@ class IncrementalGraph:
                 return step
             depends.add(node)
             step.call = self._calls[node]
+            step.in_place_call = self._in_place_call_for(step)
             step.macs_full = self._macs(node, values)
             return step
         kinds[node] = step.kind

@@ -49,6 +49,38 @@ class _Batch:
     geometry: PatchGeometry
     start_tensor: StartTensor
     items: torch.Tensor
+    full_cache: dict
+    occluder: torch.Tensor
+    index: int = 0  # the step running now
+
+    def may_overwrite(self, node: fx.Node) -> bool:
+        """Whether ``node``'s patch may be overwritten by the step running now: no later
+        step reads it, and its storage is neither a view's, the occluder's, nor shared
+        with any other value still held (a layout op's output is a view of its input)."""
+        if self.graph.last_use.get(node, -1) != self.index:
+            return False
+        storage = self.env[node].data.untyped_storage().data_ptr()
+        if storage in self.views.storages or storage == _storage(self.occluder):
+            return False
+        held = [value for other, value in self.env.items() if other is not node]
+        held += list(self.full_cache.values())
+        return all(storage != pointer for pointer in _storages(held))
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _storages(values: list) -> list[int]:
+    """Storage addresses of the tensors in these values (patches, tuples, tensors)."""
+    pointers = []
+    for value in values:
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, Patched):
+                item = item.data
+            if isinstance(item, torch.Tensor):
+                pointers.append(_storage(item))
+    return pointers
 
 
 def view_pad_value(spec: ops.LocalOpSpec) -> float:
@@ -85,7 +117,7 @@ def run_batch(
 
     env: dict[fx.Node, Any] = {}
     full_cache: dict[fx.Node, torch.Tensor] = {}
-    state = _Batch(graph, env, views, geometry, start_tensor, items)
+    state = _Batch(graph, env, views, geometry, start_tensor, items, full_cache, occluder)
 
     def concrete(node: fx.Node) -> Any:
         value = env[node]
@@ -98,6 +130,7 @@ def run_batch(
     for index, step in enumerate(graph.steps):
         node = step.node
         kind = step.kind
+        state.index = index
         began = time.perf_counter() if timings is not None else 0.0
         if kind in (NodeKind.STATIC, NodeKind.FROZEN):
             env[node] = views.values[node]
@@ -266,7 +299,12 @@ def _run_pointwise(batch: _Batch, step: Step) -> Any:
         replacements[arg] = to_logical(context, graph.shapes[arg], graph.dims_of(arg))
     args = fx.node.map_arg(node.args, lambda n: replacements.get(n, env[n]))
     kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
-    output = step.call(args, kwargs)
+    call = step.call
+    if step.in_place_call is not None:
+        written = node.args[0]  # the op's only tensor input
+        if (node, written) in geometry.aligned and batch.may_overwrite(written):
+            call = step.in_place_call  # same values, without a new tensor
+    output = call(args, kwargs)
     if isinstance(output, (tuple, list)):  # a split: one patch per piece
         return tuple(
             Patched(piece, out_starts, piece_shape, step.spatial_dims)

@@ -8,6 +8,7 @@ the tensors stream past and peak memory stays that of ordinary inference.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +37,22 @@ class MaterializedViews:
     padded: dict[tuple[fx.Node, float], tuple[torch.Tensor, tuple[int, ...]]]
     logits: torch.Tensor
 
+    def _tensors(self) -> list[torch.Tensor]:
+        tensors = [t for t in self.values.values() if isinstance(t, torch.Tensor)]
+        return tensors + [padded for padded, _ in self.padded.values()]
+
     @property
     def nbytes(self) -> int:
         """Bytes the views hold (each tensor's storage counted once)."""
-        tensors = [t for t in self.values.values() if isinstance(t, torch.Tensor)]
-        tensors += [padded for padded, _ in self.padded.values()]
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self._tensors()
+        }
         return int(sum(storages.values()))
+
+    @functools.cached_property
+    def storages(self) -> frozenset[int]:
+        """Addresses of the storages the views hold: what a run must never overwrite."""
+        return frozenset(t.untyped_storage().data_ptr() for t in self._tensors())
 
     def spatial(
         self, node: fx.Node, pad_value: float = 0.0
