@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -301,7 +301,7 @@ def _run_pointwise(batch: _Batch, step: Step) -> Any:
     kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
     call = step.call
     if step.in_place_call is not None:
-        written = node.args[0]  # the op's only tensor input
+        written = cast(fx.Node, node.args[0])  # the op's only tensor input (graph.py)
         if (node, written) in geometry.aligned and batch.may_overwrite(written):
             call = step.in_place_call  # same values, without a new tensor
     output = call(args, kwargs)
