@@ -10,6 +10,7 @@ every node (:mod:`.classify`) and materialises that image's views (:mod:`.views`
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -36,6 +37,66 @@ class UnsupportedModelError(ValueError):
 def _out_of_place_name(method: str) -> str:
     """'add_' -> 'add': the engine never lets an operation overwrite its input."""
     return method[:-1] if method.endswith("_") and not method.endswith("__") else method
+
+
+def writes_first_input(module: nn.Module, node: fx.Node) -> bool:
+    """Whether ``node`` overwrites its first argument in place, as the model wrote it
+    (``ReLU(inplace=True)``, ``F.relu(x, inplace=True)``, ``x.relu_()``)."""
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    if node.op == "call_module":
+        return getattr(module.get_submodule(str(node.target)), "inplace", False) is True
+    if node.op == "call_function":
+        return ops.writes_in_place(cast(Callable[..., Any], node.target), node.args, node.kwargs)
+    return node.op == "call_method" and _out_of_place_name(str(node.target)) != node.target
+
+
+_VIEW_METHODS = frozenset(
+    "view view_as reshape reshape_as flatten unflatten squeeze unsqueeze transpose permute "
+    "narrow expand expand_as unfold select chunk split t movedim as_strided contiguous "
+    "detach".split()
+)
+_VIEW_FUNCTIONS = (
+    operator.getitem, torch.flatten, torch.reshape, torch.transpose, torch.permute,
+    torch.squeeze, torch.unsqueeze, torch.narrow, torch.chunk, torch.split, torch.select,
+    torch.movedim, torch.t, torch.detach,
+)  # fmt: skip
+
+
+def _may_be_view(node: fx.Node) -> bool:
+    """Whether ``node``'s value may share storage with its first argument."""
+    if node.op == "call_method":
+        return str(node.target) in _VIEW_METHODS
+    return node.op == "call_function" and node.target in _VIEW_FUNCTIONS
+
+
+def follow_in_place_writes(module: fx.GraphModule) -> None:
+    """Make the ops that read a tensor after an in-place write read the write's result.
+
+    The engine runs every op out of place (cached views must never change), so where a
+    model reads ``y`` again after ``z = relu_(y)``, eager PyTorch sees the overwritten
+    values and the captured graph the old ones: exact mode gave another heatmap than
+    naive. Later readers of ``y`` now read ``z``, which holds what eager ``y`` holds. A
+    write through a view of a tensor read later cannot be followed that way, and is
+    refused rather than run differently."""
+    nodes = list(module.graph.nodes)
+    order = {node: index for index, node in enumerate(nodes)}
+    for node in nodes:
+        if not writes_first_input(module, node):
+            continue
+        written = cast(fx.Node, node.args[0])
+        for user in [u for u in written.users if order[u] > order[node]]:
+            user.replace_input_with(written, node)
+        base = written
+        while _may_be_view(base) and isinstance(base.args[0], fx.Node):
+            base = base.args[0]
+            if any(order[u] > order[node] for u in base.users):
+                raise UnsupportedModelError(
+                    f"node '{node.name}' writes a view of '{base.name}' in place, and a "
+                    f"later operation reads '{base.name}'; exact and approximate modes "
+                    f"cannot follow that write — use mode='naive' for this model"
+                )
+    module.recompile()
 
 
 def gate_roots(graph: fx.Graph, input_node: fx.Node) -> dict[fx.Node, set[fx.Node]]:
@@ -111,6 +172,7 @@ class IncrementalGraph:
                 f"({type(exc).__name__}: {exc}); exact and approximate modes need a traceable "
                 f"model — use mode='naive' for this one"
             ) from exc
+        follow_in_place_writes(self.module)
         self.nodes = list(self.module.graph.nodes)
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
         if not placeholders:
@@ -201,14 +263,7 @@ class IncrementalGraph:
 
             return call_function
         if node.op == "call_method":
-            name = _out_of_place_name(str(node.target))
-            if name != node.target:
-                mutated = node.args[0]
-                if isinstance(mutated, fx.Node) and len(mutated.users) > 1:
-                    raise UnsupportedModelError(
-                        f"node '{node.name}' modifies '{mutated.name}' in place "
-                        f"(.{node.target}) while other operations still read it"
-                    )
+            name = _out_of_place_name(str(node.target))  # later readers: see above
             return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
         return None
 
@@ -226,18 +281,16 @@ class IncrementalGraph:
             or node.args[0] not in step.patched_args
         ):
             return None
+        if not writes_first_input(self.module, node):
+            return None
         if node.op == "call_module":
             module = self.module.get_submodule(str(node.target))
-            if getattr(module, "inplace", False) is True:
-                return lambda args, kwargs: module(*args, **kwargs)
-        elif node.op == "call_function":
+            return lambda args, kwargs: module(*args, **kwargs)
+        if node.op == "call_function":
             target = cast(Callable[..., Any], node.target)
-            if ops.writes_in_place(target, node.args, node.kwargs):
-                return lambda args, kwargs: target(*args, **kwargs)
-        elif node.op == "call_method" and _out_of_place_name(str(node.target)) != node.target:
-            name = str(node.target)
-            return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
-        return None
+            return lambda args, kwargs: target(*args, **kwargs)
+        name = str(node.target)
+        return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
 
     def _classify_node(
         self,
