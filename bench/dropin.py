@@ -99,9 +99,11 @@ def monai_row() -> dict:
     }
 
 
-def monai_volume_row(side: int) -> dict:
+def monai_volume_row(side: int, box: list[int] | None = None) -> dict:
     """MONAI's defaults on a 3-D DenseNet121 over a ``side``-cubed one-channel volume
-    (MONAI's 3-D tutorials): both libraries on the same volume, the FLOP limit beside."""
+    (MONAI's 3-D tutorials): both libraries on the same volume, the FLOP limit beside.
+    ``box``: MONAI's ``b_box`` (min, max per axis, inclusive), the same for both, so a
+    large volume can be timed on its central windows."""
     from monai.networks.nets import DenseNet121
     from monai.visualize import OcclusionSensitivity as MonaiOcclusionSensitivity
 
@@ -114,12 +116,13 @@ def monai_volume_row(side: int) -> dict:
     ours = OcclusionSensitivity(model, verbose=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        (krypton_map, _), krypton_seconds = timed(lambda: ours(volume))
+        (krypton_map, _), krypton_seconds = timed(lambda: ours(volume, b_box=box))
         (monai_map, _), monai_seconds = timed(
-            lambda: MonaiOcclusionSensitivity(model, verbose=False)(volume)
+            lambda: MonaiOcclusionSensitivity(model, verbose=False)(volume, b_box=box)
         )
+    where = "" if box is None else f", b_box {box}"
     return {
-        "model": f"DenseNet121 3-D, {side}^3",
+        "model": f"DenseNet121 3-D, {side}^3{where}",
         "monai": monai_seconds,
         "krypton": krypton_seconds,
         "engine": ours.last_engine,
@@ -135,9 +138,13 @@ def main() -> None:
     parser.add_argument("--no-monai", action="store_true")
     parser.add_argument("--volume-side", type=int, default=64, help="0 skips the 3-D row")
     parser.add_argument("--only-volume", action="store_true", help="just the 3-D MONAI row")
+    parser.add_argument(
+        "--box", help="the 3-D row's b_box, e.g. 40,60,40,60,40,60 (both libraries)"
+    )
     args = parser.parse_args()
+    box = None if args.box is None else [int(value) for value in args.box.split(",")]
     if args.only_volume:
-        _print_volume_row(monai_volume_row(args.volume_side))
+        _print_volume_row(monai_volume_row(args.volume_side, box))
         return
     rows = captum_rows(args.models.split(","), args.captum_stride)
     print(
@@ -165,7 +172,7 @@ def main() -> None:
             f"{r['monai'] / r['krypton']:.2f}× | {r['engine']} | {r['diff']:.1e} |"
         )
         if args.volume_side:
-            _print_volume_row(monai_volume_row(args.volume_side))
+            _print_volume_row(monai_volume_row(args.volume_side, box))
 
 
 def _print_volume_row(r: dict) -> None:
