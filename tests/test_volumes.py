@@ -411,3 +411,24 @@ def test_tau_is_tuned_over_volumes_as_over_images(small_volume_net):
     assert record["sample_images"] == 2 and 0.6 <= record["chosen"]["tau"] <= 1.0
     assert record["mean_ssim_by_tau"]["1.0"] == pytest.approx(1.0)  # tau 1 is exact
     assert record["held_out"]["images"] == 1
+
+
+def test_the_time_limit_scales_each_layer_by_the_share_a_centred_mask_changes():
+    """bench.dropin's time limit: a net whose every layer is a 1x1x1 convolution changes
+    only the mask's cells, so the limit nears volume / mask cells and nothing changes in
+    full; a global mean and what follows it count in full."""
+    from bench.dropin import time_limit
+
+    torch.manual_seed(0)
+    pointwise = nn.Sequential(
+        nn.Conv3d(1, 32, 1), nn.ReLU(), nn.Conv3d(32, 32, 1), nn.AdaptiveAvgPool3d(1),
+        nn.Flatten(), nn.Linear(32, 2),
+    ).eval()  # fmt: skip
+    limit, in_full = time_limit(pointwise, torch.randn(1, 1, 16, 16, 16), 8, batch=4)
+    assert 2.0 < limit <= 8.0 and in_full < 0.5
+    spreading = nn.Sequential(
+        nn.Conv3d(1, 8, 9, padding=4), nn.Conv3d(8, 8, 9, padding=4), nn.AdaptiveAvgPool3d(1),
+        nn.Flatten(), nn.Linear(8, 2),
+    ).eval()  # fmt: skip
+    limit, in_full = time_limit(spreading, torch.randn(1, 1, 16, 16, 16), 8, batch=4)
+    assert limit < 1.3 and in_full > 0.5  # the second convolution's window is the whole map
