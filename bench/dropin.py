@@ -135,7 +135,9 @@ def monai_volume_row(side: int, box: list[int] | None = None) -> dict:
     }
 
 
-def time_limit(model: torch.nn.Module, volume: torch.Tensor, mask: int, batch: int = 16):
+def time_limit(
+    model: torch.nn.Module, volume: torch.Tensor, mask: int, batch: int = 16
+) -> tuple[float, float]:
     """The time analogue of the FLOP limit for a centred ``mask``: a full forward pass of
     ``batch`` copies of ``volume`` (1, C, D, H, W) timed node by node (bench.profile's
     TimedInterpreter, best of two), each node's seconds scaled by the share of its output
