@@ -245,14 +245,17 @@ class IncrementalGraph:
                 last[used] = index
         return last
 
-    def _call_for(self, node: fx.Node) -> Callable[..., Any] | None:
-        """A callable evaluating ``node`` out of place (cached views must never change)."""
+    def _call_for(self, node: fx.Node, as_written: bool = False) -> Callable[..., Any] | None:
+        """A callable evaluating ``node`` out of place (cached views must never change),
+        or ``as_written``: in place where the model wrote it so."""
         if node.op == "call_module":
-            module = ops.out_of_place_module(self.module.get_submodule(str(node.target)))
+            module = self.module.get_submodule(str(node.target))
+            if not as_written:
+                module = ops.out_of_place_module(module)
             return lambda args, kwargs: module(*args, **kwargs)
         if node.op == "call_function":
             target = cast(Callable[..., Any], node.target)
-            if not ops.writes_in_place(target, node.args, node.kwargs):
+            if as_written or not ops.writes_in_place(target, node.args, node.kwargs):
                 # Decided once here: binding the signature on every call cost 14% of a
                 # DenseNet run. ``inplace`` is a literal in the graph, never a value.
                 return lambda args, kwargs: target(*args, **kwargs)
@@ -263,7 +266,9 @@ class IncrementalGraph:
 
             return call_function
         if node.op == "call_method":
-            name = _out_of_place_name(str(node.target))  # later readers: see above
+            name = str(node.target)
+            if not as_written:
+                name = _out_of_place_name(name)  # later readers: follow_in_place_writes
             return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
         return None
 
@@ -283,14 +288,7 @@ class IncrementalGraph:
             return None
         if not writes_first_input(self.module, node):
             return None
-        if node.op == "call_module":
-            module = self.module.get_submodule(str(node.target))
-            return lambda args, kwargs: module(*args, **kwargs)
-        if node.op == "call_function":
-            target = cast(Callable[..., Any], node.target)
-            return lambda args, kwargs: target(*args, **kwargs)
-        name = str(node.target)
-        return lambda args, kwargs: getattr(args[0], name)(*args[1:], **kwargs)
+        return self._call_for(node, as_written=True)
 
     def _classify_node(
         self,
