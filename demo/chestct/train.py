@@ -430,6 +430,15 @@ def _generated(seed: int, count: int, generator_class=ChestCTGenerator):
     return (generator.sample().volume for _ in range(count))
 
 
+def ood_reference(count: int = 600) -> str:
+    """What the OOD check's reference volumes are, for the check and the registry entry."""
+    nodules = ", nodules varied" if TRAINED_NODULES else ""
+    return (
+        f"{count} generated chest-CT-like volumes (krypton.chestct, seed {REFERENCE_SEED}, "
+        f"{round(10 * TRAINED_VARIED)} in 10 from the varied draw{nodules})"
+    )
+
+
 def fit_ood(model: torch.nn.Module, reference: int = 600, held_out: int = 2400):
     """The out-of-distribution reference: generated training-like volumes fit the
     densities (seed 5), others calibrate the p-values and set the threshold (seed 6).
@@ -442,11 +451,7 @@ def fit_ood(model: torch.nn.Module, reference: int = 600, held_out: int = 2400):
 
     names, fit = _features(model, _generated(REFERENCE_SEED, reference))
     _, calibrate = _features(model, _generated(THRESHOLD_SEED, held_out))
-    description = (
-        f"{reference} generated chest-CT-like volumes, {round(10 * TRAINED_VARIED)} in 10 "
-        f"from the varied draw" + (", nodules varied" if TRAINED_NODULES else "")
-    )
-    density = fit_density(names, fit, calibrate, description)
+    density = fit_density(names, fit, calibrate, ood_reference(reference))
     if density.fitted_tails:  # the card's check keeps empirical p-values
         raise ValueError(f"{held_out} held-out volumes are too few for empirical p-values")
     return density
@@ -584,8 +589,7 @@ def save(record: dict, evaluation: dict, tuning: dict, model: torch.nn.Module) -
         "ood": {
             "path": OOD_FILE,
             "threshold": evaluation["ood"]["threshold"],
-            "reference": "600 generated chest-CT-like volumes (krypton.chestct, seed 5, "
-            "seven in ten from the varied draw, nodules varied)",
+            "reference": ood_reference(),
         },
         "training": record,
         "evaluation": evaluation,
