@@ -238,7 +238,8 @@ def test_multiframe_files_that_are_not_volumes_are_refused(tmp_path, monkeypatch
     with pytest.raises(ImageLoadError, match="no per-frame functional groups"):
         read_multiframe_dicom(get_testdata_file("examples_ybr_color.dcm"))
     whole = enhanced_from_series(tmp_path / "series", tmp_path / "whole.dcm")
-    monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 100_000)
+    # the file (0.2 MB) fits, its 6x128x128 decode (1.6 MB) does not
+    monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 1_000_000)
     with pytest.raises(ImageLoadError, match="6x128x128 16-bit multi-frame DICOM.*decode budget"):
         read_multiframe_dicom(whole)
 

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_SIDE",
     "MIN_SIDE",
     "reduced_to_max_side",
+    "megabytes",
 ]
 
 DECODE_BUDGET_ENV = "KRYPTON_DECODE_BUDGET_MB"
@@ -59,7 +60,8 @@ class ImageLoadError(ValueError):
     """The file is not an image we can read (or not within the limits)."""
 
 
-def _megabytes(count: float) -> str:
+def megabytes(count: float) -> str:
+    """``count`` bytes for people: '256 MB' ('0.4 MB' under one)."""
     return f"{count / 2**20:,.0f} MB" if count >= 2**20 else f"{count / 2**20:.1f} MB"
 
 
@@ -104,8 +106,8 @@ class DecodeBudget:
         cost = int(values * bytes_per_value * factor)
         if cost > self.limit_bytes:
             raise ImageLoadError(
-                f"{name} is {what}: decoding it needs about {_megabytes(cost)}, over this "
-                f"server's decode budget of {_megabytes(self.limit_bytes)} "
+                f"{name} is {what}: decoding it needs about {megabytes(cost)}, over this "
+                f"server's decode budget of {megabytes(self.limit_bytes)} "
                 f"({DECODE_BUDGET_ENV}); reduce the image before loading it"
             )
         return cost

@@ -183,10 +183,30 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
-def _inflated(data: bytes, name: str) -> bytes:
-    """A Deflated Explicit VR file rewritten as plain Explicit VR, inflated at most to the
-    decode budget's share of one frame (pydicom would inflate all of it at once); other
-    files unchanged."""
+def read_header(data: bytes, name: str):
+    """The header of a DICOM file's ``data`` (pixels not read), a deflated file inflated
+    through the bounded inflater first (pydicom would inflate all of it to read one tag).
+    Raises :class:`ImageLoadError`: for a file that is not DICOM, or that inflates past
+    the budget."""
+    import pydicom
+
+    data = _inflated(data, name)
+    try:
+        return pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+    except Exception as exc:  # pydicom raises many kinds on malformed files
+        raise ImageLoadError(f"{name} is not a readable DICOM file ({_reason(exc)})") from exc
+
+
+def inflated_limit() -> int:
+    """The most bytes one deflated DICOM file may inflate to: the decode budget's share
+    of the decoded frame or volume (a larger one could not be decoded within it)."""
+    return int(DECODE_BUDGET.limit_bytes / DICOM_DECODE_FACTOR)
+
+
+def _inflated(data: bytes, name: str, limit: int | None = None) -> bytes:
+    """A Deflated Explicit VR file rewritten as plain Explicit VR, inflated at most to
+    ``limit`` bytes (default :func:`inflated_limit`; pydicom would inflate all of it at
+    once); other files unchanged."""
     import zlib
 
     from pydicom.filebase import DicomBytesIO
@@ -202,27 +222,38 @@ def _inflated(data: bytes, name: str) -> bytes:
             return data
     except Exception:  # not a readable Part 10 header: dcmread says what is wrong
         return data
-    limit = int(DECODE_BUDGET.limit_bytes / DICOM_DECODE_FACTOR)
-    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-    try:
-        body = inflater.decompress(data[handle.tell() :], limit + 1)
-    except zlib.error as exc:
-        raise ImageLoadError(f"{name}: its deflated data is corrupt ({exc})") from exc
-    if len(body) > limit or inflater.unconsumed_tail:
-        raise ImageLoadError(
-            f"{name} is deflated and inflates to more than {limit / 2**20:.0f} MB, over this "
-            f"server's decode budget of {DECODE_BUDGET.limit_bytes / 2**20:.0f} MB "
-            f"({DECODE_BUDGET_ENV})"
-        )
-    if not inflater.eof:
-        raise ImageLoadError(f"{name}: its deflated data is truncated")
+    limit = inflated_limit() if limit is None else max(int(limit), 0)
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     rewritten = DicomBytesIO()
     rewritten.write(b"\0" * 128 + b"DICM")
     write_file_meta_info(rewritten, meta, enforce_standard=True)
-    return rewritten.getvalue() + body
+    plain = bytearray(rewritten.getvalue())  # the body is inflated onto it: no second copy
+    start, inflater = len(plain), zlib.decompressobj(-zlib.MAX_WBITS)
+    pending: bytes | memoryview = memoryview(data)[handle.tell() :]
+    try:
+        while not inflater.eof and len(plain) - start <= limit:
+            chunk = inflater.decompress(
+                pending, min(_INFLATE_STEP, limit + 1 - (len(plain) - start))
+            )
+            pending = inflater.unconsumed_tail
+            if not chunk and not pending:
+                break  # the stream ended before its end marker
+            plain += chunk
+    except zlib.error as exc:
+        raise ImageLoadError(f"{name}: its deflated data is corrupt ({exc})") from exc
+    if len(plain) - start > limit:
+        raise ImageLoadError(
+            f"{name} is deflated and inflates to more than {limit / 2**20:.0f} MB, over what "
+            f"this server's decode budget of {DECODE_BUDGET.limit_bytes / 2**20:.0f} MB "
+            f"({DECODE_BUDGET_ENV}) allows it"
+        )
+    if not inflater.eof:
+        raise ImageLoadError(f"{name}: its deflated data is truncated")
+    return bytes(plain)
 
 
+# Inflated at a time: the bounded inflater's step.
+_INFLATE_STEP = 16 << 20
 _PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 # More frames than any acquisition has: a header claiming them is lying.
 _MAX_FRAMES = 100_000
@@ -269,24 +300,50 @@ def _frame_cost(dataset, name: str, frame: int) -> int:
         stored = DECODE_BUDGET.cost(name, what, (max(present, 1),), 1.0, DICOM_DECODE_FACTOR)
         return max(cost, stored)
     if "PixelData" in dataset:
-        coded = _codestream_shape(dataset, name, frame, frames)
-        if coded is not None and coded != shape:  # the decoder allocates by the codestream
-            raise ImageLoadError(
-                f"{name}: the compressed frame is {coded[1]}x{coded[0]} with {coded[2]} "
-                f"sample(s) but the header says {columns}x{rows} with {samples}"
-            )
+        check_codestreams(dataset, name, (frame,))
     return cost
 
 
-def _codestream_shape(dataset, name: str, frame: int, frames: int):
+def check_codestreams(dataset, name: str, frames: tuple[int, ...] | None = None) -> None:
+    """Refuse a compressed frame whose codestream declares another size than the header
+    (the decoder allocates by the codestream, so a small header can hide a huge frame):
+    the frames numbered in ``frames``, or every frame. Native data is not checked here."""
+    from pydicom.encaps import generate_frames, get_frame
+
+    syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
+    if syntax is None or not syntax.is_encapsulated or "PixelData" not in dataset:
+        return
+    count = _header_int(dataset, "NumberOfFrames", name, 1)
+    shape = (
+        _header_int(dataset, "Rows", name),
+        _header_int(dataset, "Columns", name),
+        _header_int(dataset, "SamplesPerPixel", name, 1),
+    )
+    try:
+        if frames is None:
+            coded_frames = enumerate(generate_frames(dataset.PixelData, number_of_frames=count))
+        else:
+            coded_frames = (
+                (f, get_frame(dataset.PixelData, f, number_of_frames=count)) for f in frames
+            )
+        for index, coded in coded_frames:
+            found = _codestream_shape(coded)
+            if found is not None and found != shape:
+                raise ImageLoadError(
+                    f"{name}: compressed frame {index} is {found[1]}x{found[0]} with "
+                    f"{found[2]} sample(s) but the header says {shape[1]}x{shape[0]} with "
+                    f"{shape[2]}"
+                )
+    except ImageLoadError:
+        raise
+    except Exception as exc:
+        raise ImageLoadError(f"{name}: its frames cannot be found ({_reason(exc)})") from exc
+
+
+def _codestream_shape(coded: bytes):
     """(rows, columns, samples) a JPEG, JPEG-LS or JPEG 2000 frame declares, or None."""
-    from pydicom.encaps import get_frame
     from pydicom.pixels.utils import _get_jpg_parameters  # header only, no decoding
 
-    try:
-        coded = get_frame(dataset.PixelData, frame, number_of_frames=frames)
-    except Exception as exc:
-        raise ImageLoadError(f"{name}: frame {frame} cannot be found ({_reason(exc)})") from exc
     start = coded.find(b"\xff\x4f\xff\x51", 0, 4096)  # JPEG 2000: SOC then SIZ
     if start >= 0 and len(coded) >= start + 42:
         size = coded[start + 8 : start + 24]

@@ -5,13 +5,24 @@ spacing a model was trained on.
 A series is checked before any pixel is decoded: one series only (mixed series are
 refused, each named), every slice with the same orientation, size and pixel spacing,
 slices sorted by their Image Position (Patient) along the slice normal, and evenly spaced
-(a missing slice or a duplicate is refused, naming where). The whole volume's decode must
-fit the same decode budget as a 2-D file (:data:`krypton.io._decoding.DECODE_BUDGET`).
+(a missing slice or a duplicate is refused, naming where).
+
+Every size that decides what reading costs is read or bounded before anything is
+allocated or inflated, against the same decode budget as a 2-D file
+(:data:`krypton.io._decoding.DECODE_BUDGET`), and through the 2-D path's guards: deflated
+DICOM files go through its bounded inflater, compressed frames through its codestream
+check. A series' files (as inflated) are held within the budget; a multi-frame file has at
+most :data:`MAX_SLICES` frames; a NIfTI file's voxels are costed at their stored type and
+the bytes before them (which a .nii.gz must inflate to reach them) count too; voxel
+spacings are finite, positive and at most :data:`MAX_SPACING_MM`. Resampling for a model
+computes only the model's block (:func:`prepare_for_model`), whatever the source's
+spacing.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -20,9 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ._decoding import DECODE_BUDGET, DICOM_DECODE_FACTOR, ImageLoadError
+from ._decoding import DECODE_BUDGET, DICOM_DECODE_FACTOR, ImageLoadError, megabytes
 
 __all__ = [
     "Volume",
@@ -32,15 +42,35 @@ __all__ = [
     "read_nifti",
     "read_volume",
     "resample",
+    "resampled_shape",
     "prepare_for_model",
+    "MAX_SLICES",
+    "MAX_SPACING_MM",
 ]
 
 # Slices are evenly spaced when every gap is within this share of the median gap.
 SPACING_TOLERANCE = 0.01
 # Direction cosines agree when they differ by less than this.
 ORIENTATION_TOLERANCE = 1e-4
-# Most files a series may have: more is not a scan but a folder of everything.
+# Most files a series, or frames a multi-frame file, may have: more is not a scan but a
+# folder of everything (or a file built to take minutes of CPU; each frame costs time).
 MAX_SLICES = 2048
+# Largest voxel spacing accepted, mm: CT and MR voxels are a fraction of a millimetre to a
+# few; more is a header error (or a file built so that resampling it allocates gigabytes).
+MAX_SPACING_MM = 20.0
+# What a NIfTI read allocates per voxel (tracemalloc, 128x128x96, .nii and .nii.gz, with
+# and without scaling): the stored values read whole (an itemsize, twice from a gzip
+# stream) or, scaled, float64 (8), then the float32 values and their transposed copy (8):
+# 4-21 bytes measured for uint8 to float64 against the 10-24 this charges.
+NIFTI_WORK_BYTES = 8.0
+
+
+def nifti_bytes_per_voxel(itemsize: int) -> float:
+    """The decode budget's charge per voxel of a NIfTI file storing ``itemsize`` bytes."""
+    return max(2.0 * itemsize, 8.0) + NIFTI_WORK_BYTES
+
+
+NIFTI_SUFFIXES = (".nii", ".nii.gz", ".hdr", ".img", ".hdr.gz", ".img.gz")
 # DICOM's patient frame is LPS+; NIfTI's (and Volume.affine's) is RAS+
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
@@ -61,9 +91,28 @@ class Volume:
     modality: str | None = None
     affine: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spacing", checked_spacing(self.spacing, self.source))
+
     @property
     def shape(self) -> tuple[int, int, int]:
         return tuple(int(s) for s in self.voxels.shape)  # type: ignore[return-value]
+
+
+def checked_spacing(spacing, name: str) -> tuple[float, float, float]:
+    """``spacing`` as three floats, each finite, positive and at most
+    :data:`MAX_SPACING_MM`; else :class:`ImageLoadError` naming what was found."""
+    try:
+        values = tuple(float(s) for s in spacing)
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) != 3 or not all(math.isfinite(v) and 0 < v <= MAX_SPACING_MM for v in values):
+        shown = " x ".join(f"{v:g}" for v in values) if values else repr(spacing)
+        raise ImageLoadError(
+            f"{name} declares a voxel spacing of {shown} mm; a CT or MR volume's voxels "
+            f"measure more than 0 and at most {MAX_SPACING_MM:g} mm on each axis"
+        )
+    return values  # type: ignore[return-value]
 
 
 def _check_files_size(source: Path, count: int, total: int) -> None:
@@ -104,12 +153,24 @@ def _members(source: Path) -> Iterator[tuple[str, bytes]]:
 
 
 def _headers(source: Path) -> list[tuple[str, object, bytes]]:
-    """(name, header, bytes) of every DICOM file in the source; other files are skipped."""
+    """(name, header, bytes) of every DICOM file in the source, deflated ones inflated
+    through the 2-D path's bounded inflater; the files as held, inflated, must fit the
+    decode budget together. Other files are skipped."""
     import pydicom
     from pydicom.errors import InvalidDicomError
 
-    found = []
+    from .dicom import _inflated, inflated_limit
+
+    found, inflated, limit = [], 0, inflated_limit()
     for name, data in _members(source):
+        try:  # deflated files together inflate at most as far as one deflated file may
+            plain = _inflated(data, name, limit - inflated)
+        except ImageLoadError as exc:
+            raise ImageLoadError(
+                f"{exc}; a series' deflated files together may inflate to {megabytes(limit)}"
+            ) from None
+        inflated += len(plain) if plain is not data else 0
+        data = plain
         try:
             header = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
         except (InvalidDicomError, EOFError, OSError, ValueError, TypeError):
@@ -193,7 +254,7 @@ def read_dicom_series(source: str | Path) -> Volume:
     import pydicom
     from pydicom.pixels import apply_modality_lut
 
-    from .dicom import _decode_frame
+    from .dicom import _decode_frame, _frame_cost
 
     source = Path(source)
     headers = _headers(source)
@@ -210,6 +271,7 @@ def read_dicom_series(source: str | Path) -> Volume:
     with DECODE_BUDGET.reserve(cost):
         for index, (_, name, _, data) in enumerate(placed):
             dataset = pydicom.dcmread(io.BytesIO(data))
+            _frame_cost(dataset, name, 0)  # the codestream's own size, before decoding
             pixels = _decode_frame(dataset, name, None)
             if pixels.shape != (rows, columns):
                 raise ImageLoadError(f"{name} is not a single-frame grayscale slice")
@@ -239,9 +301,11 @@ def _series_affine(first, step: float, pixel_spacing: tuple[float, float]) -> np
 
 
 def read_nifti(source: str | Path) -> Volume:
-    """A NIfTI file (.nii or .nii.gz, nibabel) as (D, H, W): the file's third axis
-    becomes the slices, its first the columns. The header's shape is checked against
-    the decode budget before the data is read."""
+    """A NIfTI-1/-2 file (.nii, .nii.gz) or an ANALYZE pair (.hdr/.img), nibabel, as
+    (D, H, W): the file's third axis becomes the slices, its first the columns. Before
+    any voxel is read: one real value per voxel (not RGB or complex), the decode budget
+    asked for the voxels at their stored type, and the bytes before them bounded (a
+    .nii.gz inflates everything up to its data: an offset 8 GiB in costs a minute)."""
     try:
         import nibabel
     except ImportError as exc:  # pragma: no cover - a pinned requirement
@@ -249,6 +313,9 @@ def read_nifti(source: str | Path) -> Volume:
     source = Path(source)
     try:
         image = nibabel.load(str(source))
+        proxy = image.dataobj  # where and how the voxels are stored, as the file says
+        dtype, offset = np.dtype(proxy.dtype), int(proxy.offset)
+        zooms = _stored_zooms(image)
     except Exception as exc:  # nibabel raises many kinds on a damaged file
         raise ImageLoadError(f"{source} is not a NIfTI file nibabel can read ({exc})") from exc
     shape = tuple(int(s) for s in image.shape)
@@ -256,36 +323,94 @@ def read_nifti(source: str | Path) -> Volume:
         shape = shape[:3]
     if len(shape) != 3:
         raise ImageLoadError(f"{source} has shape {image.shape}; a volume is 3-D")
-    what = f"a {'x'.join(map(str, shape))} NIfTI volume"
-    cost = DECODE_BUDGET.cost(str(source), what, shape, 4.0, 2.0)
+    if dtype.fields is not None or dtype.kind not in "biuf":
+        raise ImageLoadError(
+            f"{source} stores {dtype} voxels; a CT or MR volume holds one real value per "
+            f"voxel (not RGB or complex)"
+        )
+    what = f"a {'x'.join(map(str, shape))} NIfTI volume of {dtype.name} voxels"
+    cost = DECODE_BUDGET.cost(str(source), what, shape, nifti_bytes_per_voxel(dtype.itemsize), 1.0)
+    _check_nifti_data(image, source, offset, int(np.prod(shape)) * dtype.itemsize)
+    spacing = checked_spacing((zooms[2], zooms[1], zooms[0]), str(source))
     with DECODE_BUDGET.reserve(cost):
-        data = np.asarray(image.dataobj, dtype=np.float32).reshape(shape)
-    zooms = [float(z) for z in image.header.get_zooms()[:3]]
-    # (x, y, z) -> (z, y, x): slices first, as a DICOM series and the engine hold them
-    voxels = np.ascontiguousarray(np.transpose(data, (2, 1, 0)))
+        try:
+            data = np.asarray(image.dataobj, dtype=np.float32).reshape(shape)
+        except Exception as exc:  # a truncated or corrupt stream: EOFError, zlib, OSError
+            raise ImageLoadError(
+                f"{source}: its voxels cannot be read ({type(exc).__name__}: {exc}); the file "
+                f"may be truncated"
+            ) from exc
+        # (x, y, z) -> (z, y, x): slices first, as a DICOM series and the engine hold them
+        voxels = np.ascontiguousarray(np.transpose(data, (2, 1, 0)))
     affine = np.asarray(image.affine, dtype=np.float64)[:, [2, 1, 0, 3]]
-    return Volume(voxels, (zooms[2], zooms[1], zooms[0]), f"NIfTI {source.name}", affine=affine)
+    return Volume(voxels, spacing, f"NIfTI {source.name}", affine=affine)
+
+
+def _stored_zooms(image) -> list[float]:
+    """The voxel sizes the header stores (nibabel's loaded header has replaced a zero with
+    one and a negative with its size, which would hide a damaged or hostile header)."""
+    from nibabel.openers import ImageOpener
+
+    holder = image.file_map.get("header") or image.file_map["image"]
+    with ImageOpener(holder.filename) as handle:
+        stored = image.header_class.from_fileobj(handle, check=False)
+    return [float(z) for z in np.asarray(stored["pixdim"], dtype=np.float64)[1:4]]
+
+
+def _check_nifti_data(image, source: Path, offset: int, stored: int) -> None:
+    """Where a NIfTI file's voxels lie must be reachable within the budget: on disk, the
+    file must hold them; compressed, the bytes inflated to reach and read them (the
+    offset plus the voxels) must fit the decode budget."""
+    holder = image.file_map["image"]
+    path = Path(holder.filename) if holder.filename else source
+    if offset < 0:
+        raise ImageLoadError(f"{source} puts its voxels at byte {offset}")
+    if path.name.endswith(".gz"):
+        reach = offset + stored
+        if reach > DECODE_BUDGET.limit_bytes:
+            raise ImageLoadError(
+                f"{source} is compressed and puts its voxels {megabytes(offset)} into the "
+                f"stream: reading them inflates {megabytes(reach)}, over this server's "
+                f"decode budget of {megabytes(DECODE_BUDGET.limit_bytes)}"
+            )
+        return
+    size = path.stat().st_size if path.is_file() else 0
+    if offset + stored > size:
+        raise ImageLoadError(
+            f"{source} is truncated: its header puts {stored:,} bytes of voxels at byte "
+            f"{offset:,}, but the file holds {size:,} bytes"
+        )
 
 
 def read_multiframe_dicom(source: str | Path) -> Volume:
     """An enhanced multi-frame DICOM file (Enhanced CT / MR, their Legacy Converted forms,
     any image whose per-frame functional groups place each frame) as one volume, in
     modality values, slices in order along the normal. highdicom assembles it and refuses
-    frames that do not form one evenly spaced volume; the decode budget is asked first."""
+    frames that do not form one evenly spaced volume. Before that: the file's size and
+    (deflated) inflated size within the budget, at most :data:`MAX_SLICES` frames, every
+    compressed frame's codestream the size the header says, the decode budget asked."""
     import highdicom
     import pydicom
 
+    from .dicom import _frame_cost, check_codestreams, read_header
+
     source = Path(source)
+    name = source.name
     try:
-        header = pydicom.dcmread(str(source), stop_before_pixels=True)
-        frames = int(getattr(header, "NumberOfFrames", 1) or 1)
-    except Exception as exc:  # pydicom raises many kinds on a damaged file
-        raise ImageLoadError(f"{source} is not a DICOM file pydicom can read ({exc})") from exc
+        size = source.stat().st_size
+    except OSError as exc:
+        raise ImageLoadError(f"{source} cannot be read ({exc})") from exc
+    _check_files_size(source, 1, size)  # held whole while its header is read
+    data = source.read_bytes()
+    header = read_header(data, name)  # deflated: inflated within the budget, once
+    frames = int(getattr(header, "NumberOfFrames", 1) or 1)
     if frames < 2:
         raise ImageLoadError(
             f"{source} holds one frame: a volume is a series (a folder or a zip of its "
             f"slices), a multi-frame file or NIfTI"
         )
+    if frames > MAX_SLICES:
+        raise ImageLoadError(f"{source} declares {frames} frames, over {MAX_SLICES}")
     if "PerFrameFunctionalGroupsSequence" not in header:
         raise ImageLoadError(
             f"{source} has {frames} frames but no per-frame functional groups, so nothing "
@@ -298,9 +423,13 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
         str(source), what, (frames, rows, columns), max(bits / 8, 4.0), DICOM_DECODE_FACTOR
     )
     with DECODE_BUDGET.reserve(cost):
+        dataset = pydicom.dcmread(io.BytesIO(_plain(data, name)))
+        _frame_cost(dataset, name, 0)  # native data present, header sizes
+        check_codestreams(dataset, name)  # every compressed frame, before decoding one
         try:
-            assembled = highdicom.imread(str(source)).get_volume(dtype=np.float32)
-        except (RuntimeError, ValueError, AttributeError, KeyError) as exc:
+            image = highdicom.Image.from_dataset(dataset, copy=False)
+            assembled = image.get_volume(dtype=np.float32)
+        except (RuntimeError, ValueError, AttributeError, KeyError, TypeError) as exc:
             raise ImageLoadError(
                 f"{source}: its frames do not form one evenly spaced volume ({exc})"
             ) from exc
@@ -315,7 +444,7 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
         lps = lps @ flip
     return Volume(
         np.ascontiguousarray(voxels),
-        tuple(float(s) for s in assembled.spacing),  # type: ignore[arg-type]
+        checked_spacing(assembled.spacing, str(source)),
         f"multi-frame DICOM {source.name} ({frames} frames)",
         str(getattr(header, "SeriesInstanceUID", "")) or None,
         getattr(header, "Modality", None),
@@ -323,45 +452,97 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
     )
 
 
+def _plain(data: bytes, name: str) -> bytes:
+    """``data`` with a deflated body inflated (within the budget), as pydicom reads it."""
+    from .dicom import _inflated
+
+    return _inflated(data, name)
+
+
 def read_volume(source: str | Path) -> Volume:
-    """A DICOM series (folder or zip), a multi-frame DICOM file or a NIfTI file, chosen by
-    what ``source`` is."""
+    """A DICOM series (folder or zip), a multi-frame DICOM file or a NIfTI / ANALYZE file,
+    chosen by what ``source`` is. Whatever the file holds, a problem is an
+    :class:`ImageLoadError` that says what was found."""
     path = Path(source)
-    if path.name.endswith((".nii", ".nii.gz")):
-        return read_nifti(path)
-    if path.is_file() and not zipfile.is_zipfile(path):
-        return read_multiframe_dicom(path)
-    return read_dicom_series(path)
+    if path.name.lower().endswith(NIFTI_SUFFIXES):
+        reader = read_nifti
+    elif path.is_file() and not zipfile.is_zipfile(path):
+        reader = read_multiframe_dicom
+    else:
+        reader = read_dicom_series
+    try:
+        return reader(path)
+    except ImageLoadError:
+        raise
+    except Exception as exc:  # a reader library's own error on a malformed file
+        raise ImageLoadError(
+            f"{path.name} could not be read as a volume ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from exc
+
+
+def resampled_shape(
+    shape: tuple[int, ...], spacing: tuple[float, ...], target: tuple[float, ...]
+) -> tuple[int, int, int]:
+    """The (D, H, W) a volume of ``shape`` at ``spacing`` has at ``target`` spacing (mm),
+    its extent kept; computed, nothing allocated."""
+    if len(target) != 3 or not all(math.isfinite(t) and t > 0 for t in target):
+        raise ValueError(f"spacing must be three positive distances in mm, got {target}")
+    return tuple(  # type: ignore[return-value]
+        max(1, int(round(size * old / new))) for size, old, new in zip(shape, spacing, target)
+    )
+
+
+def _resampled_affine(volume: Volume, shape: tuple[int, int, int]) -> np.ndarray | None:
+    if volume.affine is None:  # new index n sits at old index (n + 0.5) * scale - 0.5
+        return None
+    scale = np.array(volume.shape, float) / np.array(shape, float)
+    to_old = np.eye(4)
+    to_old[:3, :3] = np.diag(scale)
+    to_old[:3, 3] = 0.5 * scale - 0.5
+    return volume.affine @ to_old
 
 
 def resample(volume: Volume, spacing: tuple[float, float, float]) -> Volume:
     """The volume resampled (trilinear) to ``spacing`` (slice, row, column) in mm, so a
-    model sees voxels of the size it was trained on; the extent in mm is kept."""
-    if len(spacing) != 3 or min(spacing) <= 0:
-        raise ValueError(f"spacing must be three positive distances in mm, got {spacing}")
-    shape = tuple(
-        max(1, int(round(size * old / new)))
-        for size, old, new in zip(volume.shape, volume.spacing, spacing)
-    )
+    model sees voxels of the size it was trained on; the extent in mm is kept. The whole
+    result must fit the decode budget (:func:`prepare_for_model` computes only a model's
+    block)."""
+    shape = resampled_shape(volume.shape, volume.spacing, spacing)
     if shape == volume.shape:
         return volume
-    grid = torch.from_numpy(volume.voxels)[None, None]
-    resized = F.interpolate(grid, size=shape, mode="trilinear", align_corners=False)
-    affine = None
-    if volume.affine is not None:  # new index n sits at old index (n + 0.5) * scale - 0.5
-        scale = np.array(volume.shape, float) / np.array(shape, float)
-        to_old = np.eye(4)
-        to_old[:3, :3] = np.diag(scale)
-        to_old[:3, 3] = 0.5 * scale - 0.5
-        affine = volume.affine @ to_old
+    what = f"resampled to {'x'.join(map(str, shape))} voxels"
+    DECODE_BUDGET.cost(volume.source, what, shape, 4.0, 2.0)
+    resized = _trilinear(volume.voxels, shape, [(0, side) for side in shape])
     return Volume(
-        resized[0, 0].numpy(),
+        resized,
         tuple(float(s) for s in spacing),  # type: ignore[arg-type]
         volume.source,
         volume.series_uid,
         volume.modality,
-        affine,
+        _resampled_affine(volume, shape),
     )
+
+
+def _trilinear(
+    voxels: np.ndarray, shape: tuple[int, ...], spans: list[tuple[int, int]]
+) -> np.ndarray:
+    """Voxels ``spans`` (start, stop per axis) of ``voxels`` resized trilinearly to
+    ``shape``, as ``F.interpolate(mode="trilinear", align_corners=False)`` computes them
+    (the same source coordinates and weights), one axis at a time: nothing of the full
+    resized volume is allocated, only the spans asked for. Axes that shrink go first."""
+    grid = torch.from_numpy(np.ascontiguousarray(voxels, dtype=np.float32))
+    order = sorted(range(3), key=lambda a: (spans[a][1] - spans[a][0]) / max(grid.shape[a], 1))
+    for axis in order:
+        size, (start, stop) = grid.shape[axis], spans[axis]
+        scale = size / shape[axis]
+        wanted = torch.arange(start, stop, dtype=torch.float32)
+        where = ((wanted + 0.5) * scale - 0.5).clamp(min=0.0)
+        low = where.floor().long().clamp(max=size - 1)
+        high = (low + 1).clamp(max=size - 1)
+        weight = (where - low.float()).view([-1 if a == axis else 1 for a in range(3)])
+        below, above = grid.index_select(axis, low), grid.index_select(axis, high)
+        grid = below + (above - below) * weight
+    return grid.numpy()
 
 
 @dataclass(frozen=True)
@@ -389,24 +570,28 @@ def prepare_for_model(
 ) -> ModelVolume:
     """Resample to the model's ``spacing``, take the centred block of ``size`` (padding
     with the window's low end, air in CT, where the volume is smaller), scale the modality
-    ``window`` to [0, 1] (clipped) and normalise with ``mean`` and ``std``."""
-    resampled = resample(volume, spacing)
+    ``window`` to [0, 1] (clipped) and normalise with ``mean`` and ``std``. Only the
+    block is computed: its cost follows ``size``, never the source's spacing."""
+    shape = resampled_shape(volume.shape, volume.spacing, spacing)
     low, high = window
-    corner = tuple((have - want) // 2 for have, want in zip(resampled.shape, size))
+    corner = tuple((have - want) // 2 for have, want in zip(shape, size))
     block = np.full(size, low, np.float32)
     source = tuple(
-        slice(max(c, 0), max(c, 0) + min(w, h - max(c, 0)))
-        for c, w, h in zip(corner, size, resampled.shape)
+        slice(max(c, 0), max(c, 0) + min(w, h - max(c, 0))) for c, w, h in zip(corner, size, shape)
     )
     target = tuple(
         slice(max(-c, 0), max(-c, 0) + (s.stop - s.start)) for c, s in zip(corner, source)
     )
-    block[target] = resampled.voxels[source]
+    spans = [(s.start, s.stop) for s in source]
+    if shape == volume.shape:
+        block[target] = volume.voxels[source]
+    else:  # only the voxels that land in the block, however fine the source's grid
+        block[target] = _trilinear(volume.voxels, shape, spans)
     unit = np.clip((block - low) / (high - low), 0.0, 1.0).astype(np.float32)
-    affine = None
-    if resampled.affine is not None:
+    affine = _resampled_affine(volume, shape) if shape != volume.shape else volume.affine
+    if affine is not None:
         shift = np.eye(4)
         shift[:3, 3] = corner
-        affine = resampled.affine @ shift
+        affine = affine @ shift
     tensor = (torch.from_numpy(unit)[None] - mean) / std
-    return ModelVolume(tensor, affine, corner, resampled.shape, block)  # type: ignore[arg-type]
+    return ModelVolume(tensor, affine, corner, shape, block)  # type: ignore[arg-type]
