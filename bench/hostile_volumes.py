@@ -119,8 +119,7 @@ def analyze_pair() -> dict[str, bytes]:
     """An ANALYZE 7.5 pair (.hdr, .img) of 16³ voxels claiming 312.5 mm."""
     import nibabel
 
-    image = nibabel.AnalyzeImage(np.zeros((16, 16, 16), np.float32), np.eye(4))
-    image.header.set_zooms((312.5, 312.5, 312.5))
+    image = nibabel.AnalyzeImage(np.zeros((16, 16, 16), np.float32), np.diag([312.5] * 3 + [1]))
     header, voxels = io.BytesIO(), io.BytesIO()
     image.to_file_map(
         {"header": nibabel.FileHolder(fileobj=header), "image": nibabel.FileHolder(fileobj=voxels)}
@@ -224,13 +223,26 @@ def _multiframe(frames: int, rows: int = 8, columns: int = 8):
 
 
 def many_frames(frames: int = 20_000) -> tuple[str, bytes]:
-    """A multi-frame file of ``frames`` real 8² frames, each placed (a few MB)."""
-    return "frames.dcm", _saved(_multiframe(frames))
+    """A multi-frame file of ``frames`` real 8² frames, each placed 2.5 mm further along
+    (a few MB); made from a two-frame conversion whose per-frame groups are repeated."""
+    import copy
+
+    converted = _multiframe(2)
+    first = converted.PerFrameFunctionalGroupsSequence[0]
+    groups = []
+    for index in range(frames):
+        group = copy.deepcopy(first)
+        group.PlanePositionSequence[0].ImagePositionPatient = [0.0, 0.0, 2.5 * index]
+        groups.append(group)
+    converted.PerFrameFunctionalGroupsSequence = groups
+    converted.NumberOfFrames = frames
+    converted.PixelData = np.zeros((frames, 8, 8), np.uint16).tobytes()
+    return "frames.dcm", _saved(converted)
 
 
 def deflated_many_frames(frames: int = 3000) -> tuple[str, bytes]:
     """The same, deflated: the frame count is only known after inflating the header."""
-    return "frames-deflated.dcm", _deflated(_saved(_multiframe(frames)))
+    return "frames-deflated.dcm", _deflated(many_frames(frames)[1])
 
 
 # name -> maker; every maker returns (file name, bytes)

@@ -1,0 +1,263 @@
+"""Hostile volumes through the library (read_volume, prepare_for_model): every file of
+bench.hostile_volumes is refused with a message that says what was found and what the
+limit is, within 10 s and well under 400 MB; and the bounded paths that replaced the
+unbounded ones (resampling only the model's block, the bounded inflater) compute what the
+unbounded ones did."""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+
+import nibabel
+import numpy as np
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench import hostile_volumes
+from krypton.io import _decoding
+from krypton.io._decoding import ImageLoadError
+from krypton.io.volumes import (
+    MAX_SLICES,
+    Volume,
+    nifti_bytes_per_voxel,
+    prepare_for_model,
+    read_nifti,
+    read_volume,
+    resample,
+)
+
+LIMIT_MB = 400
+LIMIT_S = 10.0
+
+# name in HOSTILE_VOLUMES -> what the message must say (the finding and the limit)
+EXPECTED = {
+    "resample 312.5 mm (NIfTI-1 .nii.gz)": "312.5 x 312.5 x 312.5 mm.*at most 20 mm",
+    "resample 250 mm (NIfTI-2 .nii)": "250 x 250 x 250 mm.*at most 20 mm",
+    "spacing inf": "1 x inf x 1 mm.*at most 20 mm",
+    "spacing NaN": "1 x nan x 1 mm.*at most 20 mm",
+    "spacing 1e6": "1 x 1e\\+06 x 1 mm.*at most 20 mm",
+    "spacing 0": "1 x 0 x 1 mm.*more than 0",
+    "spacing -1": "1 x -1 x 1 mm.*more than 0",
+    "gzip seek 8 GiB (NIfTI-2)": "8,192 MB into the stream.*decode budget of 256 MB",
+    "gzip seek 1 GiB (NIfTI-1)": "1,024 MB into the stream.*decode budget of 256 MB",
+    "offset past the end (.nii)": "truncated.*at byte 4,294,967,296.*holds 16,928 bytes",
+    "RGB24 NIfTI": "one real value per voxel",
+    "complex128 NIfTI 300x320x320": "complex128 voxels.*one real value per voxel",
+    "truncated .nii.gz": "may be truncated",
+    "deflated series 2 x 512 MB": "inflates to more than 64 MB.*decode budget of 256 MB",
+    "deflated multi-frame 1 GB": "inflates to more than 64 MB.*decode budget of 256 MB",
+    "JPEG 2000 series hiding 16384²": "16384x16384.*header says 64x64",
+    "JPEG-LS series hiding 16384²": "16384x16384.*header says 64x64",
+    "multi-frame 20,000 frames": f"declares 20000 frames, over {MAX_SLICES}",
+    "deflated multi-frame 3,000 frames": f"declares 3000 frames, over {MAX_SLICES}",
+}
+# makers too slow for the suite get a smaller size that takes the same path
+SMALLER = {
+    "multi-frame 20,000 frames": lambda: hostile_volumes.many_frames(MAX_SLICES + 1),
+    "deflated multi-frame 3,000 frames": lambda: hostile_volumes.deflated_many_frames(
+        MAX_SLICES + 1
+    ),
+}
+
+
+class PeakRss:
+    """This process's peak RSS growth over the block (psutil, every 10 ms)."""
+
+    def __enter__(self):
+        self.process = psutil.Process()
+        self.start = self.peak = self.process.memory_info().rss
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.stop.wait(0.01)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def test_every_hostile_volume_is_named_in_the_expectations():
+    assert set(EXPECTED) == set(hostile_volumes.HOSTILE_VOLUMES)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_hostile_volume_is_refused_cheaply_with_what_was_found(tmp_path, name):
+    maker = SMALLER.get(name, hostile_volumes.HOSTILE_VOLUMES[name])
+    if name in SMALLER:
+        expected = EXPECTED[name].replace("20000", str(MAX_SLICES + 1))
+        expected = expected.replace("3000", str(MAX_SLICES + 1))
+    else:
+        expected = EXPECTED[name]
+    filename, data = maker()
+    path = tmp_path / filename
+    path.write_bytes(data)
+    started = time.perf_counter()
+    with PeakRss() as rss, pytest.raises(ImageLoadError, match=expected):
+        read_volume(path)
+    seconds = time.perf_counter() - started
+    print(f"{name}: {len(data) / 1024:.1f} KB, +{rss.growth_mb:.0f} MB, {seconds:.2f} s")
+    assert rss.growth_mb < LIMIT_MB and seconds < LIMIT_S
+
+
+def test_an_analyze_pair_is_read_through_the_same_checks(tmp_path):
+    for filename, data in hostile_volumes.analyze_pair().items():
+        (tmp_path / filename).write_bytes(data)
+    with pytest.raises(ImageLoadError, match="312.5 x 312.5 x 312.5 mm"):
+        read_volume(tmp_path / "pair.hdr")
+    voxels = np.arange(16**3, dtype=np.int16).reshape(16, 16, 16)
+    image = nibabel.AnalyzeImage(voxels, np.diag([1.0, 2.0, 3.0, 1.0]))
+    nibabel.save(image, tmp_path / "fine.hdr")
+    volume = read_volume(tmp_path / "fine.img")
+    assert volume.spacing == (3.0, 2.0, 1.0) and volume.shape == (16, 16, 16)
+
+
+def test_a_volume_within_the_frame_limit_reads_in_about_a_second(tmp_path):
+    filename, data = hostile_volumes.many_frames(MAX_SLICES)
+    (tmp_path / filename).write_bytes(data)
+    started = time.perf_counter()
+    volume = read_volume(tmp_path / filename)
+    assert volume.shape == (MAX_SLICES, 8, 8) and volume.spacing == pytest.approx((2.5, 1, 1))
+    assert time.perf_counter() - started < LIMIT_S
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int32", "float32", "float64"])
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])
+def test_a_nifti_read_allocates_no_more_than_the_budget_charges(tmp_path, dtype, scaled, suffix):
+    """complex128 300x320x320 once took +956 MB against 245 MB charged (8 bytes a voxel
+    whatever the type)."""
+    shape = (64, 64, 48)
+    image = nibabel.Nifti1Image(np.ones(shape, dtype), np.eye(4))
+    if scaled:
+        image.header.set_slope_inter(2.0, 1.5)
+    path = tmp_path / f"volume{suffix}"
+    nibabel.save(image, path)
+    tracemalloc.start()
+    try:
+        read_nifti(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    charged = np.prod(shape) * nifti_bytes_per_voxel(np.dtype(dtype).itemsize)
+    assert peak <= charged, (peak / np.prod(shape), charged / np.prod(shape))
+
+
+def test_the_budget_is_asked_at_the_stored_type(tmp_path, monkeypatch):
+    """A float64 volume costs more than an int16 one of the same shape."""
+    shape = (64, 64, 64)
+    for dtype in ("int16", "float64"):
+        nibabel.save(
+            nibabel.Nifti1Image(np.ones(shape, dtype), np.eye(4)), tmp_path / f"{dtype}.nii"
+        )
+    limit = int(np.prod(shape) * (nifti_bytes_per_voxel(2) + 1))
+    monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", limit)
+    assert read_volume(tmp_path / "int16.nii").shape == shape
+    with pytest.raises(ImageLoadError, match="64x64x64 NIfTI volume of float64 voxels"):
+        read_volume(tmp_path / "float64.nii")
+
+
+def interpolated(voxels: np.ndarray, shape) -> np.ndarray:
+    grid = torch.from_numpy(voxels)[None, None]
+    return F.interpolate(grid, size=shape, mode="trilinear", align_corners=False)[0, 0].numpy()
+
+
+@pytest.mark.parametrize(
+    "source_shape, spacing, target",
+    [
+        ((7, 9, 11), (2.0, 1.0, 3.0), (1.0, 1.5, 0.7)),
+        ((16, 12, 10), (5.0, 5.0, 5.0), (1.3, 4.0, 9.0)),
+    ],
+)
+def test_resampling_computes_what_trilinear_interpolation_does(source_shape, spacing, target):
+    voxels = np.random.default_rng(0).normal(size=source_shape).astype(np.float32)
+    volume = Volume(voxels, spacing, "random")
+    resampled = resample(volume, target)
+    np.testing.assert_allclose(resampled.voxels, interpolated(voxels, resampled.shape), atol=1e-5)
+    # the model's block alone is the same block of the whole resampled volume
+    size = (8, 8, 8)
+    prepared = prepare_for_model(volume, target, (-1.0, 1.0), size, 0.0, 1.0)
+    corner = prepared.corner
+    inside = tuple(
+        slice(max(c, 0), min(c + s, h)) for c, s, h in zip(corner, size, resampled.shape)
+    )
+    placed = tuple(slice(i.start - c, i.stop - c) for i, c in zip(inside, corner))
+    np.testing.assert_allclose(prepared.values[placed], resampled.voxels[inside], atol=1e-5)
+
+
+def test_resampling_for_a_model_costs_the_block_not_the_source_spacing():
+    """A 64³ volume of 20 mm voxels at a 0.5 mm model grid is 2560³ (67 GB of float32)
+    resampled whole; the model's 32³ block is computed alone. Resampled whole it is
+    refused by the decode budget instead of allocated."""
+    voxels = np.random.default_rng(1).normal(size=(64, 64, 64)).astype(np.float32)
+    volume = Volume(voxels, (20.0, 20.0, 20.0), "coarse")
+    started = time.perf_counter()
+    with PeakRss() as rss:
+        prepared = prepare_for_model(volume, (0.5, 0.5, 0.5), (-1.0, 1.0), (32, 32, 32), 0.0, 1.0)
+    assert prepared.resampled_shape == (2560, 2560, 2560)
+    assert rss.growth_mb < 100 and time.perf_counter() - started < 2.0
+    with pytest.raises(ImageLoadError, match="resampled to 2560x2560x2560.*decode budget"):
+        resample(volume, (0.5, 0.5, 0.5))
+
+
+def test_a_deflated_slice_within_the_budget_still_reads(tmp_path):
+    """The bounded inflater, step by step, gives the bytes pydicom's own inflation does."""
+    import io
+    import zipfile
+
+    import pydicom
+
+    from bench.hostile import _deflated
+
+    slices = {}
+    for index in range(3):
+        dataset = hostile_volumes._slice(index, 40, 40)
+        dataset.PixelData = (np.arange(1600, dtype=np.uint16) * (index + 1)).tobytes()
+        slices[f"s{index}.dcm"] = _deflated(hostile_volumes._saved(dataset))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in slices.items():
+            archive.writestr(name, data)
+    path = tmp_path / "series.zip"
+    path.write_bytes(buffer.getvalue())
+    volume = read_volume(path)
+    expected = [
+        pydicom.dcmread(io.BytesIO(slices[f"s{i}.dcm"])).pixel_array.astype(np.float32)
+        for i in range(3)
+    ]
+    dataset = pydicom.dcmread(io.BytesIO(slices["s0.dcm"]))
+    slope, intercept = float(dataset.RescaleSlope), float(dataset.RescaleIntercept)
+    np.testing.assert_allclose(volume.voxels, np.stack(expected) * slope + intercept)
+
+
+def test_every_reader_error_is_a_load_error(tmp_path):
+    """Whatever a reader library raises on a malformed file reaches the caller as a
+    message, never as its own exception type (the CLI printed tracebacks)."""
+    path = tmp_path / "garbage.nii.gz"
+    path.write_bytes(b"\x1f\x8b" + bytes(range(256)) * 4)
+    with pytest.raises(ImageLoadError):
+        read_volume(path)
+    empty = tmp_path / "empty.dcm"
+    empty.write_bytes(b"\0" * 128 + b"DICM" + b"\x02\x00\x10\x00UI\xff\xff")
+    with pytest.raises(ImageLoadError):
+        read_volume(empty)
+    assert isinstance(ImageLoadError("x"), ValueError)
+
+
+def test_a_volume_object_refuses_an_absurd_spacing():
+    with pytest.raises(ImageLoadError, match="at most 20 mm"):
+        Volume(np.zeros((2, 2, 2), np.float32), (1.0, 25.0, 1.0), "made")
+    assert Volume(np.zeros((2, 2, 2), np.float32), (20.0, 0.01, 1.0), "made").spacing[0] == 20.0
