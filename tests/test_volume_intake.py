@@ -261,3 +261,25 @@ def test_a_volume_object_refuses_an_absurd_spacing():
     with pytest.raises(ImageLoadError, match="at most 20 mm"):
         Volume(np.zeros((2, 2, 2), np.float32), (1.0, 25.0, 1.0), "made")
     assert Volume(np.zeros((2, 2, 2), np.float32), (20.0, 0.01, 1.0), "made").spacing[0] == 20.0
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["resample 312.5 mm (NIfTI-1 .nii.gz)", "RGB24 NIfTI", "spacing inf", "truncated .nii.gz",
+     "gzip seek 8 GiB (NIfTI-2)", "deflated multi-frame 1 GB"],
+)  # fmt: skip
+def test_the_cli_refuses_a_hostile_volume_with_a_message_not_a_traceback(tmp_path, name):
+    """`krypton explain` exited 0 on the resample bomb after peaking at 2,694 MB, and
+    printed tracebacks for an RGB24 file (DTypePromotionError) and an infinite spacing
+    (OverflowError)."""
+    import subprocess
+    import sys
+
+    filename, data = hostile_volumes.HOSTILE_VOLUMES[name]()
+    (tmp_path / filename).write_bytes(data)
+    command = [sys.executable, "-m", "krypton", "explain", str(tmp_path / filename),
+               "--model", "chestct-demo", "--out", str(tmp_path / "out.png")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.startswith("error: "), done.stderr
+    assert filename in done.stderr and not (tmp_path / "out.png").exists()
