@@ -132,9 +132,27 @@ class DecodeBudget:
             yield record
         finally:
             with self._condition:
-                self._in_use -= cost
+                self._in_use -= record.cost
                 self._condition.notify_all()
                 self.records = [*self.records[-999:], record]
+
+    def grow(self, record: DecodeRecord, cost: int) -> None:
+        """Hold ``cost`` bytes for ``record``'s reservation from now on (a read that learns
+        its decode's cost only after reading a header it held less for), waiting for other
+        decodes as :meth:`reserve` does; never less than it holds already."""
+        cost = min(int(cost), self.limit_bytes)
+        deadline = time.monotonic() + self.wait_seconds
+        with self._condition:
+            while cost > record.cost and self._in_use - record.cost + cost > self.limit_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ImageLoadError(
+                        "the server is decoding other large images; try again in a moment"
+                    )
+                self._condition.wait(timeout=left)
+            if cost > record.cost:
+                self._in_use += cost - record.cost
+                record.cost = cost
 
 
 DECODE_BUDGET = DecodeBudget.from_environment()

@@ -251,13 +251,35 @@ def _sorted_slices(headers, source: Path) -> tuple[list, float, tuple[float, flo
 def read_dicom_series(source: str | Path) -> Volume:
     """A DICOM series from a folder or a zip of single-slice files, in modality values
     (the modality LUT applied: Hounsfield units for CT), slices in order along the normal.
-    Raises :class:`ImageLoadError` naming what is wrong with the series."""
+    Raises :class:`ImageLoadError` naming what is wrong with the series. Its files, their
+    inflation and their decode are held within one reservation of the decode budget."""
+    source = Path(source)
+    with DECODE_BUDGET.reserve(_held_while_reading(source)) as held:
+        return _read_series(source, held)
+
+
+def _held_while_reading(source: Path) -> int:
+    """What reading a series' headers holds: its files (a zip's as declared) and what
+    deflated ones may inflate to."""
+    from .dicom import inflated_limit
+
+    if source.is_dir():
+        total = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    else:
+        try:
+            with zipfile.ZipFile(source) as archive:
+                total = sum(e.file_size for e in archive.infolist())
+        except (zipfile.BadZipFile, OSError, ValueError):
+            total = 0  # _members says what is wrong with it
+    return total + inflated_limit()
+
+
+def _read_series(source: Path, held) -> Volume:
     import pydicom
     from pydicom.pixels import apply_modality_lut
 
     from .dicom import _decode_frame, _frame_cost
 
-    source = Path(source)
     headers = _headers(source)
     uid = _one_series(headers, source)
     placed, step, (row_spacing, column_spacing) = _sorted_slices(headers, source)
@@ -268,15 +290,15 @@ def read_dicom_series(source: str | Path) -> Volume:
     cost = DECODE_BUDGET.cost(
         str(source), what, (len(placed), rows, columns), max(bits / 8, 4.0), DICOM_DECODE_FACTOR
     )
+    DECODE_BUDGET.grow(held, cost + sum(len(data) for *_, data in placed))
     voxels = np.empty((len(placed), rows, columns), dtype=np.float32)
-    with DECODE_BUDGET.reserve(cost):
-        for index, (_, name, _, data) in enumerate(placed):
-            dataset = pydicom.dcmread(io.BytesIO(data))
-            _frame_cost(dataset, name, 0)  # the codestream's own size, before decoding
-            pixels = _decode_frame(dataset, name, None)
-            if pixels.shape != (rows, columns):
-                raise ImageLoadError(f"{name} is not a single-frame grayscale slice")
-            voxels[index] = apply_modality_lut(pixels, dataset)
+    for index, (_, name, _, data) in enumerate(placed):
+        dataset = pydicom.dcmread(io.BytesIO(data))
+        _frame_cost(dataset, name, 0)  # the codestream's own size, before decoding
+        pixels = _decode_frame(dataset, name, None)
+        if pixels.shape != (rows, columns):
+            raise ImageLoadError(f"{name} is not a single-frame grayscale slice")
+        voxels[index] = apply_modality_lut(pixels, dataset)
     return Volume(
         voxels,
         (step, row_spacing, column_spacing),
@@ -390,20 +412,30 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
     frames that do not form one evenly spaced volume. Before that: the file's size and
     (deflated) inflated size within the budget, at most :data:`MAX_SLICES` frames, every
     compressed frame's codestream the size the header says, the decode budget asked."""
-    import highdicom
-    import pydicom
-
-    from .dicom import _frame_cost, check_codestreams, read_header
+    from .dicom import inflated_limit
 
     source = Path(source)
-    name = source.name
     try:
         size = source.stat().st_size
     except OSError as exc:
         raise ImageLoadError(f"{source} cannot be read ({exc})") from exc
     _check_files_size(source, 1, size)  # held whole while its header is read
-    data = source.read_bytes()
-    header = read_header(data, name)  # deflated: inflated within the budget, once
+    with DECODE_BUDGET.reserve(size + inflated_limit()) as held:
+        return _read_multiframe(source, held)
+
+
+def _read_multiframe(source: Path, held) -> Volume:
+    import highdicom
+    import pydicom
+
+    from .dicom import _frame_cost, _inflated, check_codestreams
+
+    name = source.name
+    data = _inflated(source.read_bytes(), name)  # deflated: within the budget, once
+    try:
+        header = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+    except Exception as exc:  # pydicom raises many kinds on a damaged file
+        raise ImageLoadError(f"{source} is not a DICOM file pydicom can read ({exc})") from exc
     frames = int(getattr(header, "NumberOfFrames", 1) or 1)
     if frames < 2:
         raise ImageLoadError(
@@ -423,17 +455,17 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
     cost = DECODE_BUDGET.cost(
         str(source), what, (frames, rows, columns), max(bits / 8, 4.0), DICOM_DECODE_FACTOR
     )
-    with DECODE_BUDGET.reserve(cost):
-        dataset = pydicom.dcmread(io.BytesIO(_plain(data, name)))
-        _frame_cost(dataset, name, 0)  # native data present, header sizes
-        check_codestreams(dataset, name)  # every compressed frame, before decoding one
-        try:
-            image = highdicom.Image.from_dataset(dataset, copy=False)
-            assembled = image.get_volume(dtype=np.float32)
-        except (RuntimeError, ValueError, AttributeError, KeyError, TypeError) as exc:
-            raise ImageLoadError(
-                f"{source}: its frames do not form one evenly spaced volume ({exc})"
-            ) from exc
+    DECODE_BUDGET.grow(held, cost + len(data))
+    dataset = pydicom.dcmread(io.BytesIO(data))
+    _frame_cost(dataset, name, 0)  # native data present, header sizes
+    check_codestreams(dataset, name)  # every compressed frame, before decoding one
+    try:
+        image = highdicom.Image.from_dataset(dataset, copy=False)
+        assembled = image.get_volume(dtype=np.float32)
+    except (RuntimeError, ValueError, AttributeError, KeyError, TypeError) as exc:
+        raise ImageLoadError(
+            f"{source}: its frames do not form one evenly spaced volume ({exc})"
+        ) from exc
     voxels, lps = np.asarray(assembled.array, dtype=np.float32), np.asarray(assembled.affine)
     if voxels.ndim != 3:
         raise ImageLoadError(f"{source}: frames of shape {voxels.shape[1:]}; a volume is gray")
@@ -451,13 +483,6 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
         getattr(header, "Modality", None),
         LPS_TO_RAS @ lps,
     )
-
-
-def _plain(data: bytes, name: str) -> bytes:
-    """``data`` with a deflated body inflated (within the budget), as pydicom reads it."""
-    from .dicom import _inflated
-
-    return _inflated(data, name)
 
 
 def read_volume(source: str | Path) -> Volume:
