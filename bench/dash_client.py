@@ -386,12 +386,16 @@ class Tab:
             self.screen["label.value"] = handle["provenance"]["label"]
         return answer
 
-    def load_volume(self, data: bytes, filename: str = "volume.nii.gz") -> dict:
-        """Upload a volume into the volume panel: the page's record of it."""
+    def load_volume_response(self, data: bytes, filename: str) -> requests.Response:
+        """Upload a volume and load it into the volume panel: the callback's response."""
         ticket = self.upload_file(data, "volume", filename)
-        response = self.call(
+        return self.call(
             "volume-store.data", {"volume-ticket.data": ticket, "session.data": self.session}
         )
+
+    def load_volume(self, data: bytes, filename: str = "volume.nii.gz") -> dict:
+        """Upload a volume into the volume panel: the page's record of it."""
+        response = self.load_volume_response(data, filename)
         assert response.status_code == 200, response.text[:300]
         answer = response.json()["response"]
         assert answer["volume-store"]["data"], answer

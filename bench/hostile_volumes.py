@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
 import zipfile
 from collections.abc import Callable
 
 import numpy as np
 
 from bench.hostile import _deflated, deflate_bomb, shipped
+from krypton.io.volumes import MAX_SLICES
 
 ORIENTATION = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
 
@@ -267,3 +269,43 @@ HOSTILE_VOLUMES: dict[str, Callable[[], tuple[str, bytes]]] = {
     "multi-frame 20,000 frames": many_frames,
     "deflated multi-frame 3,000 frames": deflated_many_frames,
 }
+
+
+# name in HOSTILE_VOLUMES -> what its refusal must say (what was found and the limit)
+REFUSALS = {
+    "resample 312.5 mm (NIfTI-1 .nii.gz)": "312.5 x 312.5 x 312.5 mm.*at most 20 mm",
+    "resample 250 mm (NIfTI-2 .nii)": "250 x 250 x 250 mm.*at most 20 mm",
+    "spacing inf": "1 x inf x 1 mm.*at most 20 mm",
+    "spacing NaN": "1 x nan x 1 mm.*at most 20 mm",
+    "spacing 1e6": "1 x 1e\\+06 x 1 mm.*at most 20 mm",
+    "spacing 0": "1 x 0 x 1 mm.*more than 0",
+    "spacing -1": "1 x -1 x 1 mm.*more than 0",
+    "gzip seek 8 GiB (NIfTI-2)": "8,192 MB into the stream.*decode budget of 256 MB",
+    "gzip seek 1 GiB (NIfTI-1)": "1,024 MB into the stream.*decode budget of 256 MB",
+    "offset past the end (.nii)": "truncated.*at byte 4,294,967,296.*holds 16,928 bytes",
+    "RGB24 NIfTI": "one real value per voxel",
+    "complex128 NIfTI 300x320x320": "complex128 voxels.*one real value per voxel",
+    "truncated .nii.gz": "may be truncated",
+    "deflated series 2 x 512 MB": "inflates to more than 64 MB.*decode budget of 256 MB",
+    "deflated multi-frame 1 GB": "inflates to more than 64 MB.*decode budget of 256 MB",
+    "JPEG 2000 series hiding 16384²": "16384x16384.*header says 64x64",
+    "JPEG-LS series hiding 16384²": "16384x16384.*header says 64x64",
+    "multi-frame 20,000 frames": f"declares 20000 frames, over {MAX_SLICES}",
+    "deflated multi-frame 3,000 frames": f"declares 3000 frames, over {MAX_SLICES}",
+}
+# makers too slow for a test suite: a smaller size that takes the same path
+_SMALLER = {
+    "multi-frame 20,000 frames": lambda: many_frames(MAX_SLICES + 1),
+    "deflated multi-frame 3,000 frames": lambda: deflated_many_frames(MAX_SLICES + 1),
+}
+
+
+def for_tests(name: str) -> tuple[str, bytes, str]:
+    """(file name, bytes, what the refusal must say) of the hostile volume ``name``, at a
+    size a test suite can make in seconds (the frame counts just over the limit)."""
+    expected = REFUSALS[name]
+    if name in _SMALLER:
+        filename, data = _SMALLER[name]()
+        return filename, data, re.sub(r"declares \d+", f"declares {MAX_SLICES + 1}", expected)
+    filename, data = HOSTILE_VOLUMES[name]()
+    return filename, data, expected

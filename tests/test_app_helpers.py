@@ -11,6 +11,7 @@ from PIL import Image
 
 from webapp import helpers
 from webapp.helpers import InputError
+from webapp.image_store import ImageStore
 from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
 
 
@@ -35,7 +36,7 @@ def test_decode_upload_modes_and_errors():
 
 
 def test_image_store_round_trip_and_bad_keys(tmp_path):
-    store = helpers.ImageStore(tmp_path)
+    store = ImageStore(tmp_path)
     image = Image.new("RGB", (10, 6), (1, 2, 3))
     key = store.put(image)
     assert key == helpers.image_key(image) and store.put(image) == key
@@ -266,3 +267,33 @@ def test_the_patch_menu_offers_the_models_own_default():
     values = [o["value"] for o in patch_options(10)]
     assert 10 in values and values == sorted(values)
     assert {"label": "10x10", "value": 10} in patch_options(10)
+
+
+def test_one_client_cannot_evict_another_clients_stored_files(tmp_path):
+    """Two 130 MB volumes from one client evicted other users' stored uploads (their
+    volume DICOM export then said "no longer on the server"): a client's new file now
+    evicts its own older ones first, and it holds at most a quarter of the store."""
+    store = ImageStore(tmp_path, max_bytes=4000, max_count=100)
+    mine = store.put_source(b"a" * 900, "tab-a", "address:127.0.0.1")
+    for index in range(6):  # another client, over and over, near its whole share
+        store.put_source(bytes([index]) * 900, f"tab-b{index}", "address:127.0.0.2")
+        assert store.source(mine, "tab-a") == b"a" * 900
+    files, stored = store.usage()
+    assert stored <= 2 * 900 and files == 2  # a's file and b's newest (b's share: 1,000)
+    with pytest.raises(InputError, match="no longer on the server"):
+        store.source(helpers_key(bytes([4]) * 900), "tab-b4")
+    assert store.source(helpers_key(bytes([5]) * 900), "tab-b5") == bytes([5]) * 900
+
+
+def test_a_full_store_still_drops_the_least_recently_used_of_anyone(tmp_path):
+    store = ImageStore(tmp_path, max_bytes=4000, max_count=100)
+    keys = [store.put_source(bytes([i]) * 900, f"t{i}", f"address:10.0.0.{i}") for i in range(5)]
+    with pytest.raises(InputError, match="no longer on the server"):
+        store.source(keys[0], "t0")  # five clients' 900 bytes: the store's 4,000 overflowed
+    assert store.source(keys[4], "t4") == bytes([4]) * 900
+
+
+def helpers_key(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=12).hexdigest()

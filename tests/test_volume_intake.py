@@ -33,36 +33,6 @@ from krypton.io.volumes import (
 LIMIT_MB = 400
 LIMIT_S = 10.0
 
-# name in HOSTILE_VOLUMES -> what the message must say (the finding and the limit)
-EXPECTED = {
-    "resample 312.5 mm (NIfTI-1 .nii.gz)": "312.5 x 312.5 x 312.5 mm.*at most 20 mm",
-    "resample 250 mm (NIfTI-2 .nii)": "250 x 250 x 250 mm.*at most 20 mm",
-    "spacing inf": "1 x inf x 1 mm.*at most 20 mm",
-    "spacing NaN": "1 x nan x 1 mm.*at most 20 mm",
-    "spacing 1e6": "1 x 1e\\+06 x 1 mm.*at most 20 mm",
-    "spacing 0": "1 x 0 x 1 mm.*more than 0",
-    "spacing -1": "1 x -1 x 1 mm.*more than 0",
-    "gzip seek 8 GiB (NIfTI-2)": "8,192 MB into the stream.*decode budget of 256 MB",
-    "gzip seek 1 GiB (NIfTI-1)": "1,024 MB into the stream.*decode budget of 256 MB",
-    "offset past the end (.nii)": "truncated.*at byte 4,294,967,296.*holds 16,928 bytes",
-    "RGB24 NIfTI": "one real value per voxel",
-    "complex128 NIfTI 300x320x320": "complex128 voxels.*one real value per voxel",
-    "truncated .nii.gz": "may be truncated",
-    "deflated series 2 x 512 MB": "inflates to more than 64 MB.*decode budget of 256 MB",
-    "deflated multi-frame 1 GB": "inflates to more than 64 MB.*decode budget of 256 MB",
-    "JPEG 2000 series hiding 16384²": "16384x16384.*header says 64x64",
-    "JPEG-LS series hiding 16384²": "16384x16384.*header says 64x64",
-    "multi-frame 20,000 frames": f"declares 20000 frames, over {MAX_SLICES}",
-    "deflated multi-frame 3,000 frames": f"declares 3000 frames, over {MAX_SLICES}",
-}
-# makers too slow for the suite get a smaller size that takes the same path
-SMALLER = {
-    "multi-frame 20,000 frames": lambda: hostile_volumes.many_frames(MAX_SLICES + 1),
-    "deflated multi-frame 3,000 frames": lambda: hostile_volumes.deflated_many_frames(
-        MAX_SLICES + 1
-    ),
-}
-
 
 class PeakRss:
     """This process's peak RSS growth over the block (psutil, every 10 ms)."""
@@ -90,19 +60,13 @@ class PeakRss:
         return (self.peak - self.start) / 2**20
 
 
-def test_every_hostile_volume_is_named_in_the_expectations():
-    assert set(EXPECTED) == set(hostile_volumes.HOSTILE_VOLUMES)
+def test_every_hostile_volume_says_what_its_refusal_names():
+    assert set(hostile_volumes.REFUSALS) == set(hostile_volumes.HOSTILE_VOLUMES)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(hostile_volumes.REFUSALS))
 def test_a_hostile_volume_is_refused_cheaply_with_what_was_found(tmp_path, name):
-    maker = SMALLER.get(name, hostile_volumes.HOSTILE_VOLUMES[name])
-    if name in SMALLER:
-        expected = EXPECTED[name].replace("20000", str(MAX_SLICES + 1))
-        expected = expected.replace("3000", str(MAX_SLICES + 1))
-    else:
-        expected = EXPECTED[name]
-    filename, data = maker()
+    filename, data, expected = hostile_volumes.for_tests(name)
     path = tmp_path / filename
     path.write_bytes(data)
     started = time.perf_counter()
@@ -283,3 +247,34 @@ def test_the_cli_refuses_a_hostile_volume_with_a_message_not_a_traceback(tmp_pat
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and done.stderr.startswith("error: "), done.stderr
     assert filename in done.stderr and not (tmp_path / "out.png").exists()
+
+
+def test_a_reservation_grows_only_into_what_others_leave():
+    """A read holds little while it reads a header and grows to its decode's cost; the
+    pool never holds more than its limit, and the growth waits for others to finish."""
+    budget = _decoding.DecodeBudget(100, wait_seconds=5)
+    order = []
+    with budget.reserve(30) as mine:
+        other_entered = threading.Event()
+
+        def other():
+            with budget.reserve(50):
+                other_entered.set()
+                time.sleep(0.3)
+                order.append("other done")
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert other_entered.wait(5)
+        budget.grow(mine, 80)  # 30 + 50 held: waits for the other's 50
+        order.append("grown")
+        assert mine.cost == 80 and budget._in_use == 80
+        thread.join()
+    assert order == ["other done", "grown"] and budget._in_use == 0
+    with budget.reserve(90) as alone:
+        waiting = _decoding.DecodeBudget(100, wait_seconds=0.2)
+        with waiting.reserve(60) as held, waiting.reserve(40):
+            with pytest.raises(ImageLoadError, match="decoding other large images"):
+                waiting.grow(held, 70)
+        budget.grow(alone, 10)  # never shrinks
+        assert alone.cost == 90

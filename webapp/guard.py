@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from .settings import ServerSettings
 from .uploads import PURPOSES, UPLOAD_ROUTE
 
-__all__ = ["RequestGuard", "CLIENT_HEADER", "DuplicateKeyError", "strict_json"]
+__all__ = ["RequestGuard", "CLIENT_HEADER", "DuplicateKeyError", "strict_json", "request_client"]
 
 CLIENT_HEADER = "X-Krypton-Client"
 
@@ -36,6 +36,14 @@ def _environ_key(header: str) -> str:
 
 
 _CLIENT_ENVIRON = _environ_key(CLIENT_HEADER)
+
+
+def request_client() -> str:
+    """Who sent the request being served, as the guard named it (:data:`CLIENT_HEADER`);
+    '' outside a request (a background job)."""
+    from flask import has_request_context, request
+
+    return str(request.headers.get(CLIENT_HEADER, "")) if has_request_context() else ""
 
 
 class DuplicateKeyError(ValueError):

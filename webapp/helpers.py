@@ -9,7 +9,6 @@ import base64
 import hashlib
 import html
 import io
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -169,105 +168,6 @@ def check_stored_key(key: str, what: str) -> None:
 def owner_tag(session: str) -> str:
     """What stored uploads are bound to: a short digest of the uploading tab's session."""
     return hashlib.blake2b(str(session or "").encode(), digest_size=8).hexdigest()
-
-
-class ImageStore:
-    """Images kept on the server by content key, so the browser only holds the key.
-
-    Bounded: at most ``max_bytes`` of files and ``max_count`` of them; the least recently
-    used go first. Images arrive already reduced to what any model can use
-    (:data:`krypton.io.images.MAX_SIDE`), and are stored at that resolution. DICOM uploads
-    are kept as sent too (:meth:`put_source`), so the window and frame can change and the
-    export can reference the source.
-    """
-
-    def __init__(self, directory: Path, max_bytes: int = 256 * 2**20, max_count: int = 500):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.max_bytes, self.max_count = max_bytes, max_count
-        self._lock = threading.Lock()
-
-    def put(self, image: Image.Image) -> str:
-        image = reduced_for_storage(image)
-        key = image_key(image)
-        path = self.directory / f"{key}.png"
-        with self._lock:
-            if path.exists():
-                os.utime(path)
-            else:
-                temporary = path.with_suffix(".tmp")
-                image.save(temporary, format="PNG")
-                os.replace(temporary, path)
-            self._evict(keep=path)
-        return key
-
-    def put_source(self, data: bytes, owner: str) -> str:
-        """Keep an uploaded file's bytes (a DICOM source) for the tab ``owner`` (its
-        session id) alone: its key, which no other tab can read it with."""
-        key = hashlib.blake2b(data, digest_size=12).hexdigest()
-        path = self.directory / f"{key}.{owner_tag(owner)}.dcm"
-        with self._lock:
-            if path.exists():
-                os.utime(path)
-            else:
-                temporary = path.with_suffix(".tmp")
-                temporary.write_bytes(data)
-                os.replace(temporary, path)
-            self._evict(keep=path)
-        return key
-
-    def source(self, key: str, owner: str) -> bytes:
-        """The bytes :meth:`put_source` kept for ``owner`` (another tab gets none)."""
-        check_stored_key(key, "DICOM file")
-        path = self.directory / f"{key}.{owner_tag(owner)}.dcm"
-        try:
-            with self._lock:
-                os.utime(path)
-            return path.read_bytes()
-        except FileNotFoundError:
-            raise InputError(
-                "the DICOM file is no longer on the server (or was loaded in another tab); "
-                "load it again"
-            ) from None
-
-    def get(self, key: str) -> Image.Image:
-        check_stored_key(key, "image")
-        path = self.directory / f"{key}.png"
-        try:
-            with self._lock:
-                os.utime(path)  # recently used
-            with Image.open(path) as image:
-                return image.convert("RGB")
-        except FileNotFoundError:
-            raise InputError("the image is no longer on the server; load it again") from None
-
-    def _files(self) -> list[Path]:
-        return [*self.directory.glob("*.png"), *self.directory.glob("*.dcm")]
-
-    def usage(self) -> tuple[int, int]:
-        """(files, bytes) stored."""
-        files = self._files()
-        return len(files), sum(f.stat().st_size for f in files)
-
-    def _evict(self, keep: Path) -> None:
-        files = []
-        for path in self._files():
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue
-            files.append((stat.st_mtime, stat.st_size, path))
-        files.sort()
-        total = sum(size for _, size, _ in files)
-        count = len(files)
-        for _, size, path in files:
-            if total <= self.max_bytes and count <= self.max_count:
-                break
-            if path == keep:
-                continue
-            path.unlink(missing_ok=True)
-            total -= size
-            count -= 1
 
 
 def result_nbytes(result: dict) -> int:

@@ -19,7 +19,9 @@ from krypton.io.volumes import Volume
 from krypton.registry import CheckpointError, RegistryError, load_model
 
 from . import helpers, runs, volume_runs
+from .guard import request_client
 from .helpers import VOLUME_MODEL_REASON, InputError
+from .image_store import ImageStore
 from .jobs import JobQueue, running_as
 from .settings import ServerSettings
 from .uploads import UploadStore
@@ -35,7 +37,7 @@ class Services:
         if team is not None:
             self.images, self.results, self.cells = team.images(), team.results(), team.cells()
         else:
-            self.images = helpers.ImageStore(
+            self.images = ImageStore(
                 Path(cache_dir) / "images",
                 self.settings.mb(self.settings.image_store_mb),
                 self.settings.image_store_count,
@@ -61,6 +63,37 @@ class Services:
         # keyed apart by a leading "volume", in Redis in team mode)
         self.volumes = volume_runs.VolumeCache()
         self.volume_sources = volume_runs.VolumeCache(max_items=1)  # source voxels are large
+        self._intakes: dict[str, list] = {}  # client -> [its lock, requests holding or waiting]
+
+    @contextmanager
+    def intake(self) -> Iterator[str]:
+        """Around reading a file a request sent (an image, a DICOM frame, a volume): one
+        read at a time per client (:func:`webapp.guard.request_client`), so one client's
+        uploads, however many at once, take turns and leave the decode budget to others
+        between them; a read that waits over ``intake_wait_seconds`` is refused. Yields the
+        client. Outside a request (a background job) nothing waits."""
+        client = request_client()
+        if not client:
+            yield client
+            return
+        with self._lock:
+            entry = self._intakes.setdefault(client, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            if not entry[0].acquire(timeout=self.settings.intake_wait_seconds):
+                raise InputError(
+                    "your other files are still being read; try this one again when they "
+                    "have loaded"
+                )
+            try:
+                yield client
+            finally:
+                entry[0].release()
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self._intakes.pop(client, None)
 
     @contextmanager
     def job(self) -> Iterator[None]:
@@ -147,11 +180,12 @@ class Services:
             return volume_runs.read_uploaded_volume(self.images.source(key, session), name)
 
         def build() -> volume_runs.PreparedVolume:
-            source = self.volume_sources.get((key, helpers.owner_tag(session)), read)
-            try:
-                model_input = loaded.prepare_volume(source)
-            except ValueError as exc:
-                raise InputError(str(exc)) from None
+            with self.intake():
+                source = self.volume_sources.get((key, helpers.owner_tag(session)), read)
+                try:
+                    model_input = loaded.prepare_volume(source)
+                except ValueError as exc:
+                    raise InputError(str(exc)) from None
             mean, std = float(loaded.mean[0]), float(loaded.std[0])
             unit = model_input.tensor[0].numpy() * std + mean
             info = volume_runs.SourceInfo.of(source)

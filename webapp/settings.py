@@ -62,13 +62,16 @@ class ServerSettings:
     abandon_seconds: float = 75.0
     # Team mode: a run that no worker picks up is withdrawn after this long.
     no_worker_seconds: float = 45.0
-    # Uploaded images kept on the server (least recently used go first).
-    image_store_mb: float = 256.0
+    # Uploaded images and sources kept on the server, on disk; each client holds at most a
+    # quarter (webapp/image_store.py), so a client's 200 MB volume evicts none of another's.
+    image_store_mb: float = 1024.0
     image_store_count: int = 500
     results_kept: int = 256  # sessions whose last result is kept for export/refinement
     result_store_mb: float = 512.0  # their arrays together (least recently used go first)
     cell_cache_mb: float = 512.0  # every computed cell kept for reuse, all sessions
     upload_store_mb: float = 1024.0  # uploads on disk not yet taken by the page (15 min)
+    # A client's file reads (images, volumes) run one at a time; the next waits this long.
+    intake_wait_seconds: float = 30.0
     # Slow clients: a request must arrive whole within this many seconds of inactivity.
     read_timeout_seconds: float = 30.0
     # TorchScript runs its author's code: only for trusted uploaders.

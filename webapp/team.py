@@ -324,7 +324,9 @@ class RedisImageStore:
         self.client, self.url, self.ttl = client, url, ttl
 
     @redis_errors_as_input_errors
-    def put(self, image: Image.Image) -> str:
+    def put(self, image: Image.Image, client: str = "") -> str:
+        """Store ``image``; each key expires a day after its last use, whoever stored it
+        (``client`` is for the embedded store's per-client shares)."""
         image = reduced_for_storage(image)
         key = image_key(image)
         buffer = io.BytesIO()
@@ -333,7 +335,7 @@ class RedisImageStore:
         return key
 
     @redis_errors_as_input_errors
-    def put_source(self, data: bytes, owner: str) -> str:
+    def put_source(self, data: bytes, owner: str, client: str = "") -> str:
         """Keep an uploaded file's bytes (a DICOM source) for the tab ``owner``; its key."""
         key = hashlib.blake2b(data, digest_size=12).hexdigest()
         self.client.set(PREFIX + "source:" + key + ":" + owner_tag(owner), data, ex=self.ttl)

@@ -7,6 +7,7 @@ from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
 from .. import helpers, ids
+from ..guard import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
 from ..services import Services
@@ -101,12 +102,15 @@ class ImagePanel:
                     name = DICOM_SAMPLES[name][0]
             else:
                 raise PreventUpdate
-            if helpers.upload_is_dicom(data, filename if trigger == ids.UPLOAD_TICKET else name):
-                image_data = self.dicom_image_data(data, str(name or "the file"), session)
-                record = image_data["dicom"]
-                return image_data, None, "", "file", record["frames"], record["frame"] + 1
-            image = helpers.decode_upload(data, name)
-            key = self.services.images.put(image)
+            with self.services.intake() as client:
+                if helpers.upload_is_dicom(
+                    data, filename if trigger == ids.UPLOAD_TICKET else name
+                ):
+                    image_data = self.dicom_image_data(data, str(name or "the file"), session)
+                    record = image_data["dicom"]
+                    return image_data, None, "", "file", record["frames"], record["frame"] + 1
+                image = helpers.decode_upload(data, name)
+                key = self.services.images.put(image, client)
         except InputError as exc:
             return no_update, no_update, str(exc), no_update, no_update, no_update
         image_data = {"key": key, "name": name, "size": list(image.size)}
@@ -127,9 +131,10 @@ class ImagePanel:
     def dicom_image_data(self, data: bytes, name: str, session: str, window=None, frame=None):
         """Keep a DICOM file's bytes (for this tab only), store its windowed frame; the
         page's record of it."""
-        source = self.services.images.put_source(data, session)
+        client = request_client()
+        source = self.services.images.put_source(data, session, client)
         loaded, record = helpers.dicom_view(data, source, window, frame, name)
-        key = self.services.images.put(loaded.picture)
+        key = self.services.images.put(loaded.picture, client)
         return {
             "key": key,
             "name": helpers.dicom_name(record),
@@ -152,7 +157,11 @@ class ImagePanel:
                 raise PreventUpdate  # the controls caught up with the stored image
             session = str(session or "")
             data = self.services.images.source(record["source"], session)
-            return self.dicom_image_data(data, image_data["name"], session, window, frame), ""
+            with self.services.intake():
+                return (
+                    self.dicom_image_data(data, image_data["name"], session, window, frame),
+                    "",
+                )
         except InputError as exc:
             return no_update, str(exc)
 

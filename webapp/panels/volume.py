@@ -222,8 +222,9 @@ class VolumePanel:
                 _,
             ):
                 data = path.read_bytes()
-            volume = volume_runs.read_uploaded_volume(data, name)
-            key = self.services.images.put_source(data, session)
+            with self.services.intake() as client:
+                volume = volume_runs.read_uploaded_volume(data, name)
+                key = self.services.images.put_source(data, session, client)
             owner = (key, owner_tag(session))
             self.services.volume_sources.get(owner, lambda: volume)  # read once, not twice
         except InputError as exc:

@@ -1,0 +1,113 @@
+"""Hostile volumes over HTTP, against a real server (``python app.py``): every file of
+bench.hostile_volumes answers with a message (never HTTP 500) for under 400 MB of server
+RSS and 10 s, while another tab's light callback answers within a second; and one client
+uploading the worst of them eight times at once leaves another user's ordinary volume and
+image loading within 5 s."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import shutil
+import threading
+import time
+
+import nibabel
+import numpy as np
+import pytest
+
+from bench import hostile_volumes
+from bench.dash_client import ROOT, Server, Tab, png_bytes
+from krypton.chestct import ChestCTGenerator
+from krypton.fundus import FundusGenerator
+
+from .costs import measured
+
+pytestmark = pytest.mark.security
+
+RSS_LIMIT_MB = 400
+SECONDS = 10.0
+LIGHT_LIMIT_S = 1.0
+OTHERS_LIMIT_S = 5.0
+WORST = "deflated multi-frame 1 GB"  # the most memory and time of any (bench-hostile)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models")
+    for stem in ("fundus-demo", "chestct-demo"):
+        for suffix in (".json", ".pt", ".ood.npz"):
+            shutil.copy(ROOT / "krypton" / "shipped_models" / f"{stem}{suffix}", folder)
+    started = Server(tmp_path_factory.mktemp("server"), models_dir=folder)
+    yield started
+    started.stop()
+
+
+def ordinary_volume() -> bytes:
+    """A 48³ chest CT at 5 mm as a .nii.gz, as a user would load."""
+    hu = ChestCTGenerator(seed=5).sample(label=0).volume.astype(np.int16)
+    image = nibabel.Nifti1Image(np.transpose(hu, (2, 1, 0)), np.diag([5.0, 5.0, 5.0, 1.0]))
+    buffer = io.BytesIO()
+    image.to_file_map({"image": nibabel.FileHolder(fileobj=buffer), "header": None})
+    return gzip.compress(buffer.getvalue())
+
+
+def answer_text(response) -> str:
+    assert response.status_code == 200, (response.status_code, response.text[:300])
+    return json.dumps(response.json()["response"])
+
+
+@pytest.mark.parametrize("name", sorted(hostile_volumes.REFUSALS))
+def test_a_hostile_volume_upload_is_refused_cheaply_with_a_message(server, name):
+    filename, data, expected = hostile_volumes.for_tests(name)
+    tab, light = Tab(server.url), Tab(server.url)
+    started = time.perf_counter()
+    with measured(server, light) as cost:
+        text = answer_text(tab.load_volume_response(data, filename))
+    seconds = time.perf_counter() - started
+    print(f"COST {name}: +{cost.growth_mb:.0f} MB, {seconds:.2f} s, light {cost.slowest_light:.2f}")
+    assert re.search(expected, text), text[:500]
+    assert cost.growth_mb < RSS_LIMIT_MB and seconds < SECONDS
+    assert cost.slowest_light < LIGHT_LIMIT_S
+
+
+def test_eight_worst_uploads_from_one_client_leave_others_loading_within_5_s(server):
+    """Each client speaks from its own loopback address; the attacker's eight uploads take
+    turns (one read per client at a time) and each is bounded, so the decode budget is
+    free for the other user between them."""
+    filename, data, expected = hostile_volumes.for_tests(WORST)
+    volume, fundus = ordinary_volume(), FundusGenerator(seed=3).sample(label=1).image
+    from PIL import Image
+
+    image = png_bytes(Image.fromarray(fundus))
+    answers: list[str] = []
+    finished: list[float] = []
+
+    def attack(index: int) -> None:
+        tab = Tab.at(server.url, "127.0.0.2")
+        answers.append(answer_text(tab.load_volume_response(data, f"{index}-{filename}")))
+        finished.append(time.perf_counter())
+
+    user = Tab.at(server.url, "127.0.0.3")
+    with measured(server) as cost:
+        attackers = [threading.Thread(target=attack, args=(i,)) for i in range(8)]
+        for thread in attackers:
+            thread.start()
+        time.sleep(0.3)  # the attack is under way
+        started = first = time.perf_counter()
+        record = user.load_volume(volume, "chest.nii.gz")
+        volume_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        loaded = user.load_file(image, "fundus.png")
+        image_seconds = time.perf_counter() - started
+        for thread in attackers:
+            thread.join(120)
+    print(f"COST eight {WORST}: +{cost.growth_mb:.0f} MB; the other user's volume "
+          f"{volume_seconds:.2f} s, image {image_seconds:.2f} s")  # fmt: skip
+    assert record["shape"] == [48, 48, 48] and max(finished) > first  # loaded mid-attack
+    assert loaded.status_code == 200 and "image-store" in loaded.json()["response"]
+    assert volume_seconds < OTHERS_LIMIT_S and image_seconds < OTHERS_LIMIT_S
+    assert len(answers) == 8 and all(re.search(expected, a) for a in answers), answers
+    assert cost.growth_mb < RSS_LIMIT_MB

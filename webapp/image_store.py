@@ -1,0 +1,136 @@
+"""Images and uploaded sources kept on the server by content key, so the browser only holds
+the key; each client's share of the store bounded, so one client cannot evict another's.
+
+Images arrive reduced to what any model can use (:data:`krypton.io.images.MAX_SIDE`) and
+are stored at that resolution; DICOM and volume uploads are kept as sent
+(:meth:`ImageStore.put_source`), for their tab alone, so the window and frame can change and
+the exports can reference the source.
+
+Bounded: at most ``max_bytes`` of files and ``max_count`` of them. Each client (the
+authenticated user or the address, :data:`webapp.guard.CLIENT_HEADER`) may hold at most
+:data:`CLIENT_SHARE` of either; a client's new file first evicts that client's own least
+recently used ones, so a client can never evict another's. Only when many clients together
+fill the store do the least recently used of anyone's go.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+from PIL import Image
+
+from .helpers import InputError, check_stored_key, image_key, owner_tag, reduced_for_storage
+
+__all__ = ["ImageStore", "CLIENT_SHARE"]
+
+# The share of the store's bytes and files one client may hold (a quarter: at the default
+# 1,024 MB a client keeps a 200 MB volume, the upload limit, and three others can too).
+CLIENT_SHARE = 0.25
+
+
+class ImageStore:
+    """See the module docstring."""
+
+    def __init__(self, directory: Path, max_bytes: int = 1024 * 2**20, max_count: int = 500):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes, self.max_count = max_bytes, max_count
+        self._clients: dict[str, str] = {}  # file name -> client tag of who stored it
+        self._lock = threading.Lock()
+
+    def put(self, image: Image.Image, client: str = "") -> str:
+        """Store ``image`` (reduced to what a model can use) for ``client``; its key."""
+        image = reduced_for_storage(image)
+        key = image_key(image)
+        path = self.directory / f"{key}.png"
+        with self._lock:
+            if path.exists():
+                os.utime(path)
+            else:
+                temporary = path.with_suffix(".tmp")
+                image.save(temporary, format="PNG")
+                os.replace(temporary, path)
+            self._clients.setdefault(path.name, owner_tag(client))
+            self._evict(keep=path)
+        return key
+
+    def put_source(self, data: bytes, owner: str, client: str = "") -> str:
+        """Keep an uploaded file's bytes (a DICOM source) for the tab ``owner`` (its
+        session id) alone, counted in ``client``'s share: its key, which no other tab can
+        read it with."""
+        key = hashlib.blake2b(data, digest_size=12).hexdigest()
+        path = self.directory / f"{key}.{owner_tag(owner)}.dcm"
+        with self._lock:
+            if path.exists():
+                os.utime(path)
+            else:
+                temporary = path.with_suffix(".tmp")
+                temporary.write_bytes(data)
+                os.replace(temporary, path)
+            self._clients[path.name] = owner_tag(client)
+            self._evict(keep=path)
+        return key
+
+    def source(self, key: str, owner: str) -> bytes:
+        """The bytes :meth:`put_source` kept for ``owner`` (another tab gets none)."""
+        check_stored_key(key, "DICOM file")
+        path = self.directory / f"{key}.{owner_tag(owner)}.dcm"
+        try:
+            with self._lock:
+                os.utime(path)
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise InputError(
+                "the DICOM file is no longer on the server (or was loaded in another tab); "
+                "load it again"
+            ) from None
+
+    def get(self, key: str) -> Image.Image:
+        check_stored_key(key, "image")
+        path = self.directory / f"{key}.png"
+        try:
+            with self._lock:
+                os.utime(path)  # recently used
+            with Image.open(path) as image:
+                return image.convert("RGB")
+        except FileNotFoundError:
+            raise InputError("the image is no longer on the server; load it again") from None
+
+    def _files(self) -> list[Path]:
+        return [*self.directory.glob("*.png"), *self.directory.glob("*.dcm")]
+
+    def usage(self) -> tuple[int, int]:
+        """(files, bytes) stored."""
+        files = self._files()
+        return len(files), sum(f.stat().st_size for f in files)
+
+    def _evict(self, keep: Path) -> None:
+        """The client that stored ``keep`` back within its share (its own oldest first),
+        then the store within its bounds (anyone's oldest first); ``keep`` stays."""
+        files = []
+        for path in self._files():
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            files.append((stat.st_mtime, stat.st_size, path))
+        files.sort()
+        client = self._clients.get(keep.name, "")
+        mine = [f for f in files if self._clients.get(f[2].name, "") == client]
+        self._drop_oldest(mine, keep, CLIENT_SHARE * self.max_bytes, CLIENT_SHARE * self.max_count)
+        self._drop_oldest([f for f in files if f[2].exists()], keep, self.max_bytes, self.max_count)
+
+    def _drop_oldest(self, files: list, keep: Path, max_bytes: float, max_count: float) -> None:
+        total, count = sum(size for _, size, _ in files), len(files)
+        for _, size, path in files:
+            if total <= max_bytes and count <= max_count:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)
+            self._clients.pop(path.name, None)
+            total -= size
+            count -= 1
