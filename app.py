@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import diskcache
 from dash import Dash
 
 from krypton.registry import default_model_name
+from webapp.front import FRONT_ENV, Front, find_nginx
 from webapp.guard import RequestGuard
 from webapp.jobs import ThreadedDiskcacheManager
 from webapp.layout import build_layout
@@ -110,24 +112,42 @@ class QuietPolls(logging.Filter):
 
 def serve_production(app: Dash, host: str, port: int, settings: ServerSettings) -> None:
     """Serve ``app`` with waitress: one process (jobs, models and the queue live in it),
-    16 threads for requests that have fully arrived. Waitress reads requests on one
-    event loop, so slow or idle clients hold sockets, never threads (gunicorn's threads
-    each waited on one: 16 idle sockets took the server off the air); a connection idle
-    for ``read_timeout_seconds`` is closed, and bodies over the largest upload limit are
-    refused from their Content-Length."""
+    16 threads for requests that have fully arrived. In front of it, unless
+    KRYPTON_FRONT=none, Debian's nginx (webapp/front.py): it caps each address's
+    connections at accept, bounds header and body times and buffers bodies, and waitress
+    listens on a unix socket only the front reaches. Waitress itself reads requests on one
+    event loop (slow clients hold sockets, never threads), closes a connection idle for
+    ``read_timeout_seconds`` and refuses bodies over the largest upload limit."""
     import waitress
 
-    waitress.serve(
-        app.server,
-        host=host,
-        port=port,
+    largest = RequestGuard(None, settings).largest_limit()
+    options = dict(
         threads=16,
         channel_timeout=int(settings.read_timeout_seconds),
         connection_limit=1000,
         asyncore_use_poll=True,  # select() stops at 1024 file descriptors
-        max_request_body_size=RequestGuard(None, settings).largest_limit(),
+        max_request_body_size=largest,
         ident="Krypton",
     )
+    if os.environ.get(FRONT_ENV, "nginx").strip().lower() == "none":
+        waitress.serve(app.server, host=host, port=port, **options)
+        return
+    front = Front(host, port, settings, largest)
+    server = waitress.create_server(
+        app.server,
+        unix_socket=str(front.app_socket),
+        unix_socket_perms="600",
+        trusted_proxy="localhost",  # the unix socket's peer: the front, alone
+        trusted_proxy_headers={"x-forwarded-for", "x-forwarded-proto"},
+        clear_untrusted_proxy_headers=True,
+        **options,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the front stops with us
+    try:
+        front.start()
+        server.run()
+    finally:
+        front.stop()
 
 
 def warn_if_exposed(host: str, settings: ServerSettings) -> None:
@@ -177,6 +197,12 @@ def main() -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     warn_if_exposed(args.host, settings)
+    if args.production and os.environ.get(FRONT_ENV, "nginx").strip().lower() != "none":
+        try:
+            find_nginx()  # before anything loads: a missing front is said at once
+        except SettingsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     app = create_app(settings=settings)
     print(f"Krypton is running at http://{args.host}:{args.port}/ (Ctrl+C to stop)", flush=True)
     if args.production:

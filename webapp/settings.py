@@ -74,6 +74,11 @@ class ServerSettings:
     intake_wait_seconds: float = 30.0
     # Slow clients: a request must arrive whole within this many seconds of inactivity.
     read_timeout_seconds: float = 30.0
+    # make serve's nginx front (webapp/front.py): connections one address may hold (counted
+    # at accept; a browser opens about six per server, a few users may share an address)
+    # and the seconds a request's headers may take in all.
+    front_connections_per_address: int = 32
+    header_timeout_seconds: float = 10.0
     # TorchScript runs its author's code: only for trusted uploaders.
     trusted_uploads: bool = False
     # Access.
@@ -118,6 +123,15 @@ class ServerSettings:
             upload_store_mb=_number("KRYPTON_UPLOAD_STORE_MB", cls.upload_store_mb, 1),
             read_timeout_seconds=_number(
                 "KRYPTON_READ_TIMEOUT_SECONDS", cls.read_timeout_seconds, 1
+            ),
+            intake_wait_seconds=_number("KRYPTON_INTAKE_WAIT_SECONDS", cls.intake_wait_seconds, 1),
+            front_connections_per_address=int(
+                _number(
+                    "KRYPTON_FRONT_CONNECTIONS_PER_ADDRESS", cls.front_connections_per_address, 4
+                )
+            ),
+            header_timeout_seconds=_number(
+                "KRYPTON_HEADER_TIMEOUT_SECONDS", cls.header_timeout_seconds, 1
             ),
             trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,
             allowed_hosts=hosts,
