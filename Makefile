@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-quick lint run serve worker cluster bench bench-load bench-dropin bench-serve analyze models tune calibrate clean
+.PHONY: setup test test-quick lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile analyze models tune calibrate clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,8 +35,10 @@ lint: $(STAMP)
 run: $(STAMP)
 	$(PY) app.py --host $(HOST) --port $(PORT)
 
-# Production entry for anything beyond localhost: waitress, one process with threads (jobs,
-# models and the queue live in the process); slow clients cannot hold its threads. Set
+# Production entry for anything beyond localhost: Debian's nginx in front (per-address
+# connection cap, header and body timeouts; webapp/front.py) of waitress, one process with
+# threads (jobs, models and the queue live in the process). KRYPTON_FRONT=none serves
+# waitress alone, for a front of your own. Set
 # KRYPTON_USERNAME/KRYPTON_PASSWORD or KRYPTON_AUTH_HEADER and KRYPTON_ALLOWED_HOSTS first
 # (docs/security.md).
 serve: $(STAMP)
@@ -81,6 +83,12 @@ bench-serve: $(STAMP)
 bench-load: $(STAMP)
 	$(PY) -m bench.load
 	$(PY) -m bench.load --hostile --sessions 8
+
+# Every hostile volume against make serve's server (nginx front, basic auth) and krypton
+# explain: RSS growth and time each; eight of the worst at once beside another user; 2,000
+# slow sockets from one address (loopback only, bounded). Needs nginx (.ci/run installs it).
+bench-hostile: $(STAMP)
+	$(PY) -m bench.hostile_volumes_bench
 
 analyze: $(STAMP)
 	for model in vgg16 resnet18 inception_v3 fundus-demo; do \

@@ -19,6 +19,19 @@ from krypton.io.volumes import MAX_SLICES
 ORIENTATION = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
 
 
+def ordinary_volume() -> bytes:
+    """A 48³ chest CT at 5 mm as a .nii.gz, as a user would load."""
+    import nibabel
+
+    from krypton.chestct import ChestCTGenerator
+
+    hu = ChestCTGenerator(seed=5).sample(label=0).volume.astype(np.int16)
+    image = nibabel.Nifti1Image(np.transpose(hu, (2, 1, 0)), np.diag([5.0, 5.0, 5.0, 1.0]))
+    buffer = io.BytesIO()
+    image.to_file_map({"image": nibabel.FileHolder(fileobj=buffer), "header": None})
+    return gzip.compress(buffer.getvalue())
+
+
 def _nifti(
     voxels: np.ndarray,
     zooms=(1.0, 1.0, 1.0),

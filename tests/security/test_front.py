@@ -13,64 +13,17 @@ import time
 import pytest
 import requests
 
+from bench.costs import closed_by_peer, slow_sockets, trickle
 from bench.dash_client import Server, Tab
-from webapp.front import find_nginx
-from webapp.settings import SettingsError
 
+from .costs import needs_nginx
 from .test_hostile_costs import FUNDUS, shipped_models  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.security
 
-try:
-    find_nginx()
-    NGINX = True
-except SettingsError:
-    NGINX = False
-needs_nginx = pytest.mark.skipif(not NGINX, reason="nginx is not installed")
-
 ATTACK_SOCKETS = 2000
 ANSWER_LIMIT_S = 2.0
 AUTH = ("reader", "s3cret-words")
-
-
-def slow_sockets(port: int, count: int, address: str = "127.0.0.2") -> list[socket.socket]:
-    """``count`` connections from ``address``, each having sent one byte of a request."""
-    opened = []
-    for _ in range(count):
-        connection = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        connection.settimeout(5)
-        try:
-            connection.bind((address, 0))
-            connection.connect(("127.0.0.1", port))
-            connection.sendall(b"G")
-        except OSError:
-            connection.close()
-            continue
-        opened.append(connection)
-    return opened
-
-
-def trickle(connections: list[socket.socket], data: bytes = b"E") -> int:
-    """One more byte on each connection still open; how many took it."""
-    alive = 0
-    for connection in connections:
-        try:
-            connection.sendall(data)
-            alive += 1
-        except OSError:
-            pass
-    return alive
-
-
-def closed_by_peer(connection: socket.socket) -> bool:
-    """True when the other end has closed ``connection`` (EOF or reset) within 3 s."""
-    connection.settimeout(3)
-    try:
-        return connection.recv(4096) == b""
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 @needs_nginx

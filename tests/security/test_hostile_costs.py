@@ -26,7 +26,7 @@ from bench.dash_client import ROOT, Server, Tab, find
 from krypton.fundus import FundusGenerator
 from krypton.registry import register_model
 
-from .costs import light_callback, measured
+from .costs import light_callback, measured, needs_nginx
 
 pytestmark = pytest.mark.security
 
@@ -229,6 +229,7 @@ def test_kept_results_and_cells_are_bounded_by_bytes(tmp_path, shipped_models):
 # -- 6. slow clients ------------------------------------------------------------------------
 
 
+@needs_nginx
 def test_idle_and_slow_sockets_do_not_stall_make_serve(tmp_path, shipped_models):
     """16 sockets that sent 'GET / HTTP/1.1\\r\\n' and nothing more took gunicorn's 16
     threads for >= 120 s."""

@@ -6,21 +6,16 @@ image loading within 5 s."""
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import re
 import shutil
 import threading
 import time
 
-import nibabel
-import numpy as np
 import pytest
 
 from bench import hostile_volumes
 from bench.dash_client import ROOT, Server, Tab, png_bytes
-from krypton.chestct import ChestCTGenerator
 from krypton.fundus import FundusGenerator
 
 from .costs import measured
@@ -43,15 +38,6 @@ def server(tmp_path_factory):
     started = Server(tmp_path_factory.mktemp("server"), models_dir=folder)
     yield started
     started.stop()
-
-
-def ordinary_volume() -> bytes:
-    """A 48³ chest CT at 5 mm as a .nii.gz, as a user would load."""
-    hu = ChestCTGenerator(seed=5).sample(label=0).volume.astype(np.int16)
-    image = nibabel.Nifti1Image(np.transpose(hu, (2, 1, 0)), np.diag([5.0, 5.0, 5.0, 1.0]))
-    buffer = io.BytesIO()
-    image.to_file_map({"image": nibabel.FileHolder(fileobj=buffer), "header": None})
-    return gzip.compress(buffer.getvalue())
 
 
 def answer_text(response) -> str:
@@ -78,7 +64,10 @@ def test_eight_worst_uploads_from_one_client_leave_others_loading_within_5_s(ser
     turns (one read per client at a time) and each is bounded, so the decode budget is
     free for the other user between them."""
     filename, data, expected = hostile_volumes.for_tests(WORST)
-    volume, fundus = ordinary_volume(), FundusGenerator(seed=3).sample(label=1).image
+    volume, fundus = (
+        hostile_volumes.ordinary_volume(),
+        FundusGenerator(seed=3).sample(label=1).image,
+    )
     from PIL import Image
 
     image = png_bytes(Image.fromarray(fundus))
