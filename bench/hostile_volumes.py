@@ -194,17 +194,7 @@ def _coded_liar(index: int, syntax: str, side: int) -> bytes:
     """A 64² slice whose compressed frame is really side²."""
     from pydicom.encaps import encapsulate
 
-    zeros = np.zeros((side, side), np.uint16)
-    if syntax == "jpeg2000":
-        from openjpeg import encode
-        from pydicom.uid import JPEG2000Lossless as uid
-
-        stream = bytes(encode(zeros, photometric_interpretation=2))
-    else:
-        import jpeg_ls
-        from pydicom.uid import JPEGLSLossless as uid
-
-        stream = bytes(jpeg_ls.encode(zeros))
+    uid, stream = _codestream(syntax, side)
     dataset = _slice(index)
     dataset.file_meta.TransferSyntaxUID = uid
     dataset.PixelData = encapsulate([stream])
@@ -217,6 +207,34 @@ def codestream_series(syntax: str = "jpeg2000", side: int = 16384) -> tuple[str,
     return f"coded-{syntax}.zip", _zip(
         {f"slice{i}.dcm": _coded_liar(i, syntax, side) for i in range(4)}
     )
+
+
+def codestream_multiframe(syntax: str = "jpeg2000", side: int = 16384) -> tuple[str, bytes]:
+    """A multi-frame file of 4 frames whose header says 32² and whose last frame's
+    codestream is side² (the first three are honest)."""
+    import pydicom
+    from pydicom.encaps import encapsulate
+
+    dataset = pydicom.dcmread(io.BytesIO(many_frames(4, 32)[1]))
+    honest = _codestream(syntax, 32)
+    dataset.file_meta.TransferSyntaxUID = honest[0]
+    dataset.PixelData = encapsulate([honest[1]] * 3 + [_codestream(syntax, side)[1]])
+    dataset["PixelData"].VR = "OB"
+    return f"coded-{syntax}.dcm", _saved(dataset)
+
+
+def _codestream(syntax: str, side: int):
+    """(transfer syntax, one codestream of side² 16-bit zeros)."""
+    zeros = np.zeros((side, side), np.uint16)
+    if syntax == "jpeg2000":
+        from openjpeg import encode
+        from pydicom.uid import JPEG2000Lossless
+
+        return JPEG2000Lossless, bytes(encode(zeros, photometric_interpretation=2))
+    import jpeg_ls
+    from pydicom.uid import JPEGLSLossless
+
+    return JPEGLSLossless, bytes(jpeg_ls.encode(zeros))
 
 
 def _multiframe(frames: int, rows: int = 8, columns: int = 8):
@@ -237,12 +255,12 @@ def _multiframe(frames: int, rows: int = 8, columns: int = 8):
     )
 
 
-def many_frames(frames: int = 20_000) -> tuple[str, bytes]:
-    """A multi-frame file of ``frames`` real 8² frames, each placed 2.5 mm further along
+def many_frames(frames: int = 20_000, side: int = 8) -> tuple[str, bytes]:
+    """A multi-frame file of ``frames`` real side² frames, each placed 2.5 mm further along
     (a few MB); made from a two-frame conversion whose per-frame groups are repeated."""
     import copy
 
-    converted = _multiframe(2)
+    converted = _multiframe(2, side, side)
     first = converted.PerFrameFunctionalGroupsSequence[0]
     groups = []
     for index in range(frames):
@@ -251,7 +269,7 @@ def many_frames(frames: int = 20_000) -> tuple[str, bytes]:
         groups.append(group)
     converted.PerFrameFunctionalGroupsSequence = groups
     converted.NumberOfFrames = frames
-    converted.PixelData = np.zeros((frames, 8, 8), np.uint16).tobytes()
+    converted.PixelData = np.zeros((frames, side, side), np.uint16).tobytes()
     return "frames.dcm", _saved(converted)
 
 
@@ -279,6 +297,8 @@ HOSTILE_VOLUMES: dict[str, Callable[[], tuple[str, bytes]]] = {
     "deflated multi-frame 1 GB": deflated_multiframe,
     "JPEG 2000 series hiding 16384²": codestream_series,
     "JPEG-LS series hiding 16384²": lambda: codestream_series("jpeg-ls"),
+    "JPEG 2000 multi-frame hiding 16384²": codestream_multiframe,
+    "JPEG-LS multi-frame hiding 16384²": lambda: codestream_multiframe("jpeg-ls"),
     "multi-frame 20,000 frames": many_frames,
     "deflated multi-frame 3,000 frames": deflated_many_frames,
 }
@@ -303,6 +323,8 @@ REFUSALS = {
     "deflated multi-frame 1 GB": "inflates to more than 64 MB.*decode budget of 256 MB",
     "JPEG 2000 series hiding 16384²": "16384x16384.*header says 64x64",
     "JPEG-LS series hiding 16384²": "16384x16384.*header says 64x64",
+    "JPEG 2000 multi-frame hiding 16384²": "frame 3 is 16384x16384.*header says 32x32",
+    "JPEG-LS multi-frame hiding 16384²": "frame 3 is 16384x16384.*header says 32x32",
     "multi-frame 20,000 frames": f"declares 20000 frames, over {MAX_SLICES}",
     "deflated multi-frame 3,000 frames": f"declares 3000 frames, over {MAX_SLICES}",
 }

@@ -4,7 +4,9 @@ guard's duplicate-key check, the byte-bounded result and cell stores, pending up
 from __future__ import annotations
 
 import io
+import tempfile
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,6 +155,31 @@ def test_a_pending_upload_works_once_and_only_for_its_tab(tmp_path):
         with store.take(first, "model", "tab-a"):
             pass
     assert store.usage() == (1, 1)
+
+
+def test_one_clients_pending_uploads_never_push_out_another_clients():
+    """Pending uploads were evicted oldest first whoever sent them: one client's volume
+    uploads under made-up tabs pushed out another user's upload before its callback ran."""
+    store = UploadStore(Path(tempfile.mkdtemp()) / "uploads", max_bytes=4000)
+    mine = store.save(io.BytesIO(b"a" * 900), 900, "volume", "tab-a", "a.nii", 2000, "address:1")
+    for index in range(8):  # another client, under a new tab each time
+        store.save(
+            io.BytesIO(b"b" * 900), 900, "volume", f"tab-b{index}", "b.nii", 2000, "address:2"
+        )
+    assert store.usage() == (2, 1800)  # b keeps its newest (its share: 1,000 bytes)
+    with store.take(mine, "volume", "tab-a") as (path, _):
+        assert path.read_bytes() == b"a" * 900
+    tokens = [  # five clients together overflow the store: anyone's oldest go
+        store.save(
+            io.BytesIO(b"c" * 900), 900, "volume", f"t{i}", "c.nii", 2000, f"address:{i + 3}"
+        )
+        for i in range(5)
+    ]
+    with pytest.raises(InputError, match="no longer on the server"):
+        with store.take(tokens[0], "volume", "t0"):
+            pass
+    with store.take(tokens[-1], "volume", "t4") as (path, _):
+        assert path.stat().st_size == 900
 
 
 def test_a_trusted_proxys_user_authenticates_and_is_the_client():

@@ -278,3 +278,21 @@ def test_a_reservation_grows_only_into_what_others_leave():
                 waiting.grow(held, 70)
         budget.grow(alone, 10)  # never shrinks
         assert alone.cost == 90
+
+
+def test_the_dicom_export_reads_its_source_header_through_the_bounded_inflater():
+    """The volume DICOM export's header read called pydicom on each member, which inflated
+    a deflated one whole (512 MB here) to read one tag."""
+    import io
+    import zipfile
+
+    from krypton.io.dicom_series_export import first_dicom_header
+
+    plain = hostile_volumes._saved(hostile_volumes._slice(0, 16, 16, PixelData=bytes(512)))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("a-bomb.dcm", hostile_volumes.deflate_bomb(16384, 16384))
+        archive.writestr("b-slice.dcm", plain)
+    with PeakRss() as rss:
+        header = first_dicom_header(buffer.getvalue())
+    assert header.Rows == 16 and rss.growth_mb < 200, rss.growth_mb

@@ -22,12 +22,11 @@ import io
 import json
 from collections.abc import Callable, Iterable
 
+from .client import CLIENT_HEADER
 from .settings import ServerSettings
 from .uploads import PURPOSES, UPLOAD_ROUTE
 
-__all__ = ["RequestGuard", "CLIENT_HEADER", "DuplicateKeyError", "strict_json", "request_client"]
-
-CLIENT_HEADER = "X-Krypton-Client"
+__all__ = ["RequestGuard", "CLIENT_HEADER", "DuplicateKeyError", "strict_json"]
 
 
 def _environ_key(header: str) -> str:
@@ -36,14 +35,6 @@ def _environ_key(header: str) -> str:
 
 
 _CLIENT_ENVIRON = _environ_key(CLIENT_HEADER)
-
-
-def request_client() -> str:
-    """Who sent the request being served, as the guard named it (:data:`CLIENT_HEADER`);
-    '' outside a request (a background job)."""
-    from flask import has_request_context, request
-
-    return str(request.headers.get(CLIENT_HEADER, "")) if has_request_context() else ""
 
 
 class DuplicateKeyError(ValueError):

@@ -19,7 +19,7 @@ from krypton.io.volumes import Volume
 from krypton.registry import CheckpointError, RegistryError, load_model
 
 from . import helpers, runs, volume_runs
-from .guard import request_client
+from .client import request_client
 from .helpers import VOLUME_MODEL_REASON, InputError
 from .image_store import ImageStore
 from .jobs import JobQueue, running_as

@@ -11,7 +11,11 @@ the volume or registers the model then sends only the token, which works for the
 (session) that uploaded it and only once.
 
 Pending uploads are bounded: one per tab and purpose (a new one replaces it), gone after
-:data:`PENDING_SECONDS`, and at most ``max_bytes`` on disk together (oldest first out).
+:data:`PENDING_SECONDS`, and at most ``max_bytes`` on disk together. Each client (the
+guard's :data:`webapp.guard.CLIENT_HEADER`: the authenticated user or the address; tabs
+are the client's to make up) holds at most :data:`CLIENT_SHARE` of that, its own oldest
+going first, so one client's uploads never push out another's; past that, the oldest of
+anyone's go.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from urllib.parse import unquote
 
 from flask import Flask, jsonify, request
 
+from .client import request_client
 from .helpers import InputError, owner_tag
 from .settings import ServerSettings
 
 __all__ = ["UPLOAD_ROUTE", "PURPOSES", "UploadStore", "add_upload_route"]
 
 UPLOAD_ROUTE = "/_krypton/upload/"
+CLIENT_SHARE = 0.25  # of the pending bytes: 256 MB of the default 1024, over any one upload
 PURPOSES = ("image", "model", "volume")
 PENDING_SECONDS = 15 * 60
 CHUNK_BYTES = 1 << 20
@@ -45,6 +51,7 @@ class _Pending:
     path: Path
     purpose: str
     owner: str  # session_tag of the tab that uploaded it
+    client: str  # who sent it (the guard's client identity), for the per-client share
     filename: str
     size: int
     created: float
@@ -62,9 +69,17 @@ class UploadStore:
         self._lock = threading.Lock()
 
     def save(
-        self, stream: BinaryIO, length: int, purpose: str, session: str, filename: str, limit: int
+        self,
+        stream: BinaryIO,
+        length: int,
+        purpose: str,
+        session: str,
+        filename: str,
+        limit: int,
+        client: str = "",
     ) -> str:
-        """Copy ``length`` bytes of ``stream`` to disk; the token that names them."""
+        """Copy ``length`` bytes of ``stream`` to disk for ``client``; the token that names
+        them."""
         if purpose not in PURPOSES:
             raise InputError(f"unknown upload kind {purpose!r}")
         if length > limit:
@@ -97,9 +112,9 @@ class UploadStore:
                 if pending.owner == owner and pending.purpose == purpose:
                     self._drop(old)
             self._pending[token] = _Pending(
-                path, purpose, owner, str(filename or "")[:255], received, time.time()
+                path, purpose, owner, client, str(filename or "")[:255], received, time.time()
             )
-            self._evict()
+            self._evict(keep=token)
         return token
 
     @contextmanager
@@ -130,14 +145,31 @@ class UploadStore:
         if pending is not None:
             pending.path.unlink(missing_ok=True)
 
-    def _evict(self) -> None:
+    def _evict(self, keep: str | None = None) -> None:
+        """Expired uploads out; then ``keep``'s client back within its share (its own
+        oldest first), then the store within its bytes (anyone's oldest first)."""
         now = time.time()
         for token, pending in list(self._pending.items()):
             if now - pending.created > PENDING_SECONDS:
                 self._drop(token)
         oldest = sorted(self._pending, key=lambda t: self._pending[t].created)
-        while oldest and sum(p.size for p in self._pending.values()) > self.max_bytes:
-            self._drop(oldest.pop(0))
+        if keep in self._pending:
+            client = self._pending[keep].client
+            self._drop_oldest(
+                [t for t in oldest if self._pending[t].client == client],
+                CLIENT_SHARE * self.max_bytes,
+                keep,
+            )
+        self._drop_oldest([t for t in oldest if t in self._pending], self.max_bytes, keep)
+
+    def _drop_oldest(self, tokens: list[str], max_bytes: float, keep: str | None) -> None:
+        total = sum(self._pending[t].size for t in tokens)
+        for token in tokens:
+            if total <= max_bytes:
+                break
+            if token != keep:
+                total -= self._pending[token].size
+                self._drop(token)
 
 
 def add_upload_route(server: Flask, store: UploadStore, settings: ServerSettings) -> None:
@@ -165,6 +197,7 @@ def add_upload_route(server: Flask, store: UploadStore, settings: ServerSettings
                 request.headers.get("X-Krypton-Session", ""),
                 name,
                 limits[purpose],
+                request_client(),
             )
         except InputError as exc:
             return jsonify(error=str(exc)), 413 if length > limits[purpose] else 400

@@ -17,12 +17,14 @@ __all__ = ["first_dicom_header", "capture_series", "capture_series_zip"]
 
 def first_dicom_header(source: bytes):
     """The header of the first DICOM file in ``source`` (a zip of a series, or one
-    multi-frame file); ValueError when there is none."""
-    import pydicom
+    multi-frame file), read through the bounded inflater (:func:`krypton.io.dicom.read_header`);
+    ValueError when there is none."""
     from pydicom.errors import InvalidDicomError
 
+    from .dicom import read_header
+
     def read(data: bytes):
-        return pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+        return read_header(data, "the source")
 
     if zipfile.is_zipfile(io.BytesIO(source)):
         with zipfile.ZipFile(io.BytesIO(source)) as archive:

@@ -218,8 +218,13 @@ def test_uploads_are_bounded_and_stored_at_the_resolution_used(tmp_path, registr
         big = tab.upload_image(FUNDUS.resize((3000, 2000)))
         assert big["size"] == [1024, 683]
         stored = list((tmp_path / "cache" / "images").glob("*.png"))
-        assert len(stored) == 3
+        assert len(stored) == 1  # one client keeps a quarter of the store's 3: its newest
         assert max(Image.open(p).size[0] for p in stored) == 1024
+        other = Tab.at(server.url, "127.0.0.2")  # another client: its own quarter
+        for _ in range(5):
+            other.upload_image(Image.fromarray(rng.integers(0, 255, (300, 300, 3), np.uint8)))
+        stored = list((tmp_path / "cache" / "images").glob("*.png"))
+        assert len(stored) == 2 and max(Image.open(p).size[0] for p in stored) == 1024
     finally:
         server.stop()
 

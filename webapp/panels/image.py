@@ -7,7 +7,7 @@ from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
 from .. import helpers, ids
-from ..guard import request_client
+from ..client import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
 from ..services import Services

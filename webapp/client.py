@@ -1,0 +1,16 @@
+"""Who sent a request: the identity the guard (webapp/guard.py) writes into every request
+it lets through, for the per-client limits (runs, file reads, stored files, uploads)."""
+
+from __future__ import annotations
+
+__all__ = ["CLIENT_HEADER", "request_client"]
+
+CLIENT_HEADER = "X-Krypton-Client"
+
+
+def request_client() -> str:
+    """Who sent the request being served, as the guard named it (:data:`CLIENT_HEADER`);
+    '' outside a request (a background job)."""
+    from flask import has_request_context, request
+
+    return str(request.headers.get(CLIENT_HEADER, "")) if has_request_context() else ""
