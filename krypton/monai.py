@@ -142,15 +142,15 @@ class OcclusionSensitivity(DropIn):
             mul, add = monai_sensitivity.gaussian_occlusion(x, mask_size)
         else:  # mean_patch: per window, below
             mul, add = None, None
-        if self._explainer is None:
-            self._explainer = OcclusionExplainer(self.nn_module.eval())
         sliding = dict(
             roi_size=mask_size,
             sw_batch_size=monai_sensitivity.n_batch,
             overlap=monai_sensitivity.overlap,
             mode="gaussian" if mode == "gaussian" else "constant",
         )
-        with eval_mode(self.nn_module):
+        with eval_mode(self.nn_module):  # as MONAI runs it, the caller's mode restored after
+            if self._explainer is None:
+                self._explainer = OcclusionExplainer(self.nn_module)
             classes = self._explainer.views_for(x[0].detach().to(self._explainer.dtype))[
                 1
             ].logits.shape[1]
@@ -159,7 +159,11 @@ class OcclusionSensitivity(DropIn):
 
             def record(cropped_grid: torch.Tensor) -> torch.Tensor:
                 corners.append(cropped_grid[(slice(None), slice(None), *[0] * rank)].round().long())
-                return torch.zeros((cropped_grid.shape[0], classes, *mask_size), dtype=x.dtype)
+                return torch.zeros(  # on the input's device: MONAI adds it to its own buffers
+                    (cropped_grid.shape[0], classes, *mask_size),
+                    dtype=x.dtype,
+                    device=cropped_grid.device,
+                )
 
             sliding_window_inference(grid, predictor=record, progress=False, **sliding)
             # Every window's occluded image at once, incrementally (one capture check,

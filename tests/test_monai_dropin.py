@@ -1,5 +1,6 @@
 """krypton.monai.OcclusionSensitivity against MONAI's own: same call, same numbers."""
 
+import copy
 import warnings
 
 import pytest
@@ -103,3 +104,45 @@ def test_volumes_agree_with_monai_computed_by_krypton(settings, call):
     assert got.shape == expected.shape
     assert (got - expected).abs().max() <= 1e-5 * max(1.0, float(expected.abs().max()))
     assert torch.equal(got_class, expected_class)
+
+
+def test_a_model_in_training_mode_is_left_in_training_mode():
+    """The drop-in once left a training model in eval mode (OcclusionExplainer(module.eval()))
+    where MONAI restores it: a training loop that called it went on with BatchNorm frozen and
+    dropout off. It runs in eval mode, as MONAI does, and gives MONAI's numbers."""
+    torch.manual_seed(1)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.5),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3),
+    )  # fmt: skip
+    model.train()
+    settings = dict(mask_size=12, overlap=0.25, verbose=False)
+    expected, _ = monai_visualize.OcclusionSensitivity(model, **settings)(IMAGE)
+    assert model.training
+    sensitivity = OcclusionSensitivity(model, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        got, _ = sensitivity(IMAGE)
+        assert model.training and all(m.training for m in model.modules())
+        again, _ = sensitivity(IMAGE)  # the kept capture, still in eval for the computation
+    assert sensitivity.last_engine == "krypton" and model.training
+    assert (got - expected).abs().max() <= 1e-5 and torch.equal(got, again)
+
+
+@pytest.mark.cuda
+def test_a_cuda_model_and_volume_run_on_the_card():
+    """The drop-in crashed on a CUDA model ("Expected all tensors to be on the same
+    device"): its first pass built its windows' outputs on the CPU whatever the input's
+    device. Skipped without a GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model = copy.deepcopy(VOLUME_MODEL).to("cuda")
+    volume = torch.randn(1, 1, 24, 24, 24, device="cuda")
+    settings = dict(mask_size=8, overlap=0.5, verbose=False)
+    expected, _ = monai_visualize.OcclusionSensitivity(model, **settings)(volume)
+    sensitivity = OcclusionSensitivity(model, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        got, _ = sensitivity(volume)
+    assert sensitivity.last_engine == "krypton" and got.device.type == "cuda"
+    assert (got - expected).abs().max() <= 1e-4 * max(1.0, float(expected.abs().max()))
