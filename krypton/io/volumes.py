@@ -155,8 +155,8 @@ def _members(source: Path) -> Iterator[tuple[str, bytes]]:
 
 def _headers(source: Path) -> list[tuple[str, object, bytes]]:
     """(name, header, bytes) of every DICOM file in the source, deflated ones inflated
-    through the 2-D path's bounded inflater; the files as held, inflated, must fit the
-    decode budget together. Other files are skipped."""
+    through the 2-D path's bounded inflater: together they may inflate as far as one
+    deflated file may (:func:`krypton.io.dicom.inflated_limit`). Other files are skipped."""
     import pydicom
     from pydicom.errors import InvalidDicomError
 
@@ -263,15 +263,19 @@ def _held_while_reading(source: Path) -> int:
     deflated ones may inflate to."""
     from .dicom import inflated_limit
 
+    return _declared_size(source) + inflated_limit()
+
+
+def _declared_size(source: Path) -> int:
+    """A folder's files' bytes, or a zip's entries' as it declares them inflated (0 for a
+    source that is neither: :func:`_members` says what is wrong with it)."""
     if source.is_dir():
-        total = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
-    else:
-        try:
-            with zipfile.ZipFile(source) as archive:
-                total = sum(e.file_size for e in archive.infolist())
-        except (zipfile.BadZipFile, OSError, ValueError):
-            total = 0  # _members says what is wrong with it
-    return total + inflated_limit()
+        return sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    try:
+        with zipfile.ZipFile(source) as archive:
+            return sum(e.file_size for e in archive.infolist() if not e.is_dir())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return 0
 
 
 def _read_series(source: Path, held) -> Volume:
