@@ -169,7 +169,8 @@ def _saved(dataset) -> bytes:
     return buffer.getvalue()
 
 
-def _zip(entries: dict[str, bytes]) -> bytes:
+def zipped(entries: dict[str, bytes]) -> bytes:
+    """A zip archive (deflated) of ``entries``: name -> bytes."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in entries.items():
@@ -180,7 +181,7 @@ def _zip(entries: dict[str, bytes]) -> bytes:
 def deflated_series(side: int = 16384, count: int = 2) -> tuple[str, bytes]:
     """A zip of ``count`` deflated slices that each inflate to side² 16-bit values (512 MB
     at 16384): about 0.5 MB a slice."""
-    return "deflated-series.zip", _zip(
+    return "deflated-series.zip", zipped(
         {f"slice{i}.dcm": deflate_bomb(side, side) for i in range(count)}
     )
 
@@ -204,7 +205,7 @@ def _coded_liar(index: int, syntax: str, side: int) -> bytes:
 
 def codestream_series(syntax: str = "jpeg2000", side: int = 16384) -> tuple[str, bytes]:
     """A zip of 4 slices whose headers say 64² and whose codestreams are side²."""
-    return f"coded-{syntax}.zip", _zip(
+    return f"coded-{syntax}.zip", zipped(
         {f"slice{i}.dcm": _coded_liar(i, syntax, side) for i in range(4)}
     )
 

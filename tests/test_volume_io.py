@@ -1,7 +1,6 @@
 """Volumes in: DICOM series (folder or zip) and NIfTI, checked before decoding, and
 resampling to a model's voxel spacing. Series are made from pydicom's own CT slice."""
 
-import io
 import zipfile
 
 import nibabel
@@ -11,6 +10,7 @@ import pytest
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
+from bench.hostile_volumes import zipped
 from krypton.io import _decoding
 from krypton.io._decoding import ImageLoadError
 from krypton.io.volumes import (
@@ -242,14 +242,6 @@ def test_multiframe_files_that_are_not_volumes_are_refused(tmp_path, monkeypatch
     monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 1_000_000)
     with pytest.raises(ImageLoadError, match="6x128x128 16-bit multi-frame DICOM.*decode budget"):
         read_multiframe_dicom(whole)
-
-
-def zipped(entries: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in entries.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
 
 
 def test_a_zip_bomb_is_refused_before_anything_is_inflated(tmp_path, monkeypatch):
