@@ -115,6 +115,8 @@ def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_byte
     )
     text = volume_runs.export_volume_json(result)
     assert '"kind": "volume"' in text and '"class_values"' not in text
+    # the server's stored-file key never leaves it (the image export strips its own)
+    assert key not in text and '"source_key"' not in text and '"warnings"' in text
     from webapp.helpers import export_stem
 
     expected = f"krypton-ct-test-chest-exact-p8s8-z8-40_y8-40_x8-40-{result['label_name']}"

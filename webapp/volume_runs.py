@@ -32,7 +32,7 @@ from krypton.estimator import MIN_LOGGED_RUNS, NotCalibratedError, estimate_for_
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
 
-from .helpers import InputError
+from .helpers import InputError, ood_text
 
 __all__ = [
     "VolumeRequest",
@@ -460,7 +460,9 @@ def volume_summary(result: dict) -> list[str]:
 
 
 def export_volume_json(result: dict) -> str:
-    """Settings and result of a volume run as JSON (values as nested lists, NaN as null)."""
+    """Settings and result of a volume run as JSON (values as nested lists, NaN as null),
+    with its warnings, and, as the image export, without the key that names the server's
+    stored file (a file that leaves the server names none)."""
 
     def plain(value):
         if isinstance(value, np.ndarray):
@@ -473,7 +475,8 @@ def export_volume_json(result: dict) -> str:
             return {k: plain(v) for k, v in value.items()}
         return value
 
-    kept = {k: v for k, v in result.items() if k not in ("class_values",)}
+    kept = {k: v for k, v in result.items() if k not in ("class_values", "source_key")}
+    kept["warnings"] = [text for text in (ood_text(result.get("ood")),) if text]
     return json.dumps(plain(kept), indent=1)
 
 
