@@ -88,7 +88,12 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
         help="patch side in pixels (default the model's own: its registry entry's "
         "'patch', else 16)",
     )
-    parser.add_argument("--stride", type=int, default=4)
+    parser.add_argument(
+        "--stride",
+        type=int,
+        help="positions' step in pixels or voxels (default 4 for an image model, 5 for a "
+        "volume model, as in the app)",
+    )
     parser.add_argument("--mode", default="exact", choices=explain_module.MODES)
     parser.add_argument(
         "--region",
@@ -151,7 +156,7 @@ def explain_options(args: argparse.Namespace, model) -> dict:
     """explain() keyword arguments from the parsed options (without the image)."""
     options = dict(
         patch=model.patch if args.patch is None else args.patch,
-        stride=args.stride,
+        stride=model.default_stride if args.stride is None else args.stride,
         mode=args.mode,
         fill=model.gray_fill() if args.fill == "gray" else args.fill,
         region=args.region,

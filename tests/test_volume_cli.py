@@ -279,3 +279,22 @@ def test_the_page_lists_a_volume_model_disabled_and_refuses_a_request_for_it(
     assert option["disabled"] and "volume model" in option["title"]
     with pytest.raises(InputError, match="ct-test is a volume model"):
         Services(tmp_path / "cache").model("ct-test")
+
+
+def test_the_cli_and_the_app_share_their_default_strides(volume_model):
+    """The app's volume stride was 5 and the CLI's 4: the same volume explained at
+    defaults gave different grids in the two."""
+    import plotly
+
+    from bench.dash_client import find
+    from krypton.cli import build_parser, explain_options
+    from webapp import ids
+    from webapp.layout import build_layout
+
+    args = build_parser().parse_args(["explain", "chest.nii.gz", "--model", "ct-test"])
+    image_model = load_model("fundus-demo")
+    assert explain_options(args, volume_model)["stride"] == volume_model.default_stride == 5
+    assert explain_options(args, image_model)["stride"] == image_model.default_stride == 4
+    page = json.loads(json.dumps(build_layout([], None), cls=plotly.utils.PlotlyJSONEncoder))
+    assert find(page, ids.VOLUME_STRIDE)["props"]["value"] == 5
+    assert find(page, ids.STRIDE)["props"]["value"] == 4

@@ -11,7 +11,7 @@ from dash import dcc, html
 from krypton.approximate.settings import DEFAULTS
 from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
 from krypton.io.dicom import WINDOW_PRESETS
-from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH
+from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH, DEFAULT_STRIDE
 
 from . import ids
 from .volume_layout import volume_section
@@ -497,7 +497,7 @@ def _settings_section(
                         dcc.Dropdown(
                             id=ids.STRIDE,
                             options=[{"label": str(s), "value": s} for s in STRIDES],
-                            value=4,
+                            value=DEFAULT_STRIDE,
                             clearable=False,
                         ),
                     ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from krypton.io.dicom import WINDOW_PRESETS
+from krypton.registry.models import DEFAULT_VOLUME_STRIDE
 
 from . import ids
 
@@ -18,7 +19,6 @@ VOLUME_EXPORTS = (
      "the model's block, in the source's study, referencing the source series (DICOM input "
      "only)"),
 )  # fmt: skip
-DEFAULT_VOLUME_STRIDE = 5  # voxels: 729 positions over a 48-voxel block at cube 8
 
 
 def volume_section(models: list[dict], default_model: str | None, max_bytes: int) -> html.Section:

@@ -32,6 +32,8 @@ __all__ = [
     "IMAGENET_STD",
     "TORCHVISION_MODELS",
     "DEFAULT_PATCH",
+    "DEFAULT_STRIDE",
+    "DEFAULT_VOLUME_STRIDE",
     "CALIBRATION_PATCHES",
 ]
 
@@ -40,6 +42,11 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # The occluding patch's side in pixels where neither the user nor the model's registry
 # entry ("patch") says otherwise: the paper's setting for 224-px inputs.
 DEFAULT_PATCH = 16
+# The stride where the user does not give one, the same in the app and the CLI: 4 pixels
+# for an image; 5 voxels for a volume (729 positions over a 48-voxel block at cube 8,
+# where 4 would be 1,331).
+DEFAULT_STRIDE = 4
+DEFAULT_VOLUME_STRIDE = 5
 # The patch sides `krypton calibrate` times by default and the app offers (kept here, not
 # in estimator.py, so the CLI can name them without importing scikit-learn at start-up).
 CALIBRATION_PATCHES = (4, 8, 12, 16, 32)
@@ -80,6 +87,11 @@ class LoadedModel:
     def is_volume(self) -> bool:
         """A 3-D model: it takes (1, D, H, W) volumes (:meth:`prepare_volume`)."""
         return len(self.input_size) == 3
+
+    @property
+    def default_stride(self) -> int:
+        """The stride its heatmaps are made with where none is given (app and CLI)."""
+        return DEFAULT_VOLUME_STRIDE if self.is_volume else DEFAULT_STRIDE
 
     def prepare_volume(self, volume):
         """A :class:`~krypton.io.volumes.Volume` as this volume model takes it: resampled
