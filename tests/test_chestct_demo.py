@@ -14,6 +14,7 @@ from demo.chestct.train import head_phantom, nodule_target
 from krypton.chestct import NODULE_RADIUS, PARENCHYMA_HU, ChestCTGenerator, label_for
 from krypton.cli import main
 from krypton.registry import available_models
+from krypton.registry.models import DEFAULT_VOLUME_STRIDE
 
 VARIED = pytest.param(partial(ChestCTGenerator, varied=True), id="ChestCTGenerator-varied")
 VARIED_NODULES = pytest.param(
@@ -141,7 +142,8 @@ def test_the_shipped_chest_ct_model_points_at_the_nodule(tmp_path, capsys):
     assert "label      1 NODULE" in printed and "like the training images" in printed
     values = np.load(tmp_path / "h.npy")
     k, i, j = np.unravel_index(np.argmin(values), values.shape)
-    corner = np.array([k, i, j]) * 4  # patch 8 (the model's), stride 4 (the CLI's default)
+    # patch 8 (the model's), the default stride for a volume model (app and CLI alike)
+    corner = np.array([k, i, j]) * DEFAULT_VOLUME_STRIDE
     nodule = sample.nodules[0]
     centre = np.array([nodule.z, nodule.y, nodule.x])
     assert np.all((corner <= centre) & (centre < corner + 8)), (corner, centre)
