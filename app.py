@@ -22,7 +22,7 @@ import diskcache
 from dash import Dash
 
 from krypton.registry import default_model_name
-from webapp.front import FRONT_ENV, Front, find_nginx
+from webapp.front import Front, find_nginx, front_wanted
 from webapp.guard import RequestGuard
 from webapp.jobs import ThreadedDiskcacheManager
 from webapp.layout import build_layout
@@ -129,7 +129,7 @@ def serve_production(app: Dash, host: str, port: int, settings: ServerSettings) 
         max_request_body_size=largest,
         ident="Krypton",
     )
-    if os.environ.get(FRONT_ENV, "nginx").strip().lower() == "none":
+    if not front_wanted():
         waitress.serve(app.server, host=host, port=port, **options)
         return
     front = Front(host, port, settings, largest)
@@ -197,7 +197,7 @@ def main() -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     warn_if_exposed(args.host, settings)
-    if args.production and os.environ.get(FRONT_ENV, "nginx").strip().lower() != "none":
+    if args.production and front_wanted():
         try:
             find_nginx()  # before anything loads: a missing front is said at once
         except SettingsError as exc:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .settings import ServerSettings, SettingsError
 
-__all__ = ["Front", "find_nginx", "FRONT_ENV", "TEMPLATE"]
+__all__ = ["Front", "find_nginx", "front_wanted", "FRONT_ENV", "TEMPLATE"]
 
 FRONT_ENV = "KRYPTON_FRONT"  # "nginx" (the default) or "none": waitress alone, as before
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "nginx-front.conf"
@@ -34,6 +34,11 @@ _STREAM_MODULES = (
     Path("/usr/lib/nginx/modules/ngx_stream_module.so"),
     Path("/usr/share/nginx/modules/ngx_stream_module.so"),
 )
+
+
+def front_wanted() -> bool:
+    """Whether make serve puts nginx in front (``KRYPTON_FRONT`` is not 'none')."""
+    return os.environ.get(FRONT_ENV, "nginx").strip().lower() != "none"
 
 
 def find_nginx() -> tuple[str, str]:

@@ -45,16 +45,7 @@ class ImageStore:
         """Store ``image`` (reduced to what a model can use) for ``client``; its key."""
         image = reduced_for_storage(image)
         key = image_key(image)
-        path = self.directory / f"{key}.png"
-        with self._lock:
-            if path.exists():
-                os.utime(path)
-            else:
-                temporary = path.with_suffix(".tmp")
-                image.save(temporary, format="PNG")
-                os.replace(temporary, path)
-            self._clients.setdefault(path.name, owner_tag(client))
-            self._evict(keep=path)
+        self._keep(self.directory / f"{key}.png", lambda to: image.save(to, format="PNG"), client)
         return key
 
     def put_source(self, data: bytes, owner: str, client: str = "") -> str:
@@ -62,17 +53,22 @@ class ImageStore:
         session id) alone, counted in ``client``'s share: its key, which no other tab can
         read it with."""
         key = hashlib.blake2b(data, digest_size=12).hexdigest()
-        path = self.directory / f"{key}.{owner_tag(owner)}.dcm"
+        self._keep(self.directory / f"{key}.{owner_tag(owner)}.dcm", Path.write_bytes, client, data)
+        return key
+
+    def _keep(self, path: Path, write, client: str, *data) -> None:
+        """``path`` written (``write(temporary, *data)``, then moved into place) or, if it
+        is there already, marked recently used; counted in ``client``'s share (a content
+        key two clients stored stays the first one's) and the store kept in its bounds."""
         with self._lock:
             if path.exists():
                 os.utime(path)
             else:
                 temporary = path.with_suffix(".tmp")
-                temporary.write_bytes(data)
+                write(temporary, *data)
                 os.replace(temporary, path)
-            self._clients[path.name] = owner_tag(client)
+            self._clients.setdefault(path.name, owner_tag(client))
             self._evict(keep=path)
-        return key
 
     def source(self, key: str, owner: str) -> bytes:
         """The bytes :meth:`put_source` kept for ``owner`` (another tab gets none)."""

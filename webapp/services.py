@@ -64,11 +64,12 @@ class Services:
         self.volumes = volume_runs.VolumeCache()
         self.volume_sources = volume_runs.VolumeCache(max_items=1)  # source voxels are large
         self._intakes: dict[str, list] = {}  # client -> [its lock, requests holding or waiting]
+        self._intakes_lock = threading.Lock()  # not self._lock: that one is held while loading
 
     @contextmanager
     def intake(self) -> Iterator[str]:
         """Around reading a file a request sent (an image, a DICOM frame, a volume): one
-        read at a time per client (:func:`webapp.guard.request_client`), so one client's
+        read at a time per client (:func:`webapp.client.request_client`), so one client's
         uploads, however many at once, take turns and leave the decode budget to others
         between them; a read that waits over ``intake_wait_seconds`` is refused. Yields the
         client. Outside a request (a background job) nothing waits."""
@@ -76,8 +77,8 @@ class Services:
         if not client:
             yield client
             return
-        with self._lock:
-            entry = self._intakes.setdefault(client, [threading.Lock(), 0])
+        with self._intakes_lock:  # re-entrant: a read inside a read of the same request
+            entry = self._intakes.setdefault(client, [threading.RLock(), 0])
             entry[1] += 1
         try:
             if not entry[0].acquire(timeout=self.settings.intake_wait_seconds):
@@ -90,7 +91,7 @@ class Services:
             finally:
                 entry[0].release()
         finally:
-            with self._lock:
+            with self._intakes_lock:
                 entry[1] -= 1
                 if entry[1] == 0:
                     self._intakes.pop(client, None)
