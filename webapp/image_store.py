@@ -7,10 +7,10 @@ are stored at that resolution; DICOM and volume uploads are kept as sent
 the exports can reference the source.
 
 Bounded: at most ``max_bytes`` of files and ``max_count`` of them. Each client (the
-authenticated user or the address, :data:`webapp.guard.CLIENT_HEADER`) may hold at most
-:data:`CLIENT_SHARE` of either; a client's new file first evicts that client's own least
-recently used ones, so a client can never evict another's. Only when many clients together
-fill the store do the least recently used of anyone's go.
+authenticated user or the address, :data:`webapp.client.CLIENT_HEADER`) may hold at
+most :data:`webapp.client.CLIENT_SHARE` of either; a client's new file first evicts that
+client's own least recently used ones, so a client can never evict another's. Only when
+many clients together fill the store do the least recently used of anyone's go.
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ from pathlib import Path
 
 from PIL import Image
 
+from .client import CLIENT_SHARE
 from .helpers import InputError, check_stored_key, image_key, owner_tag, reduced_for_storage
 
-__all__ = ["ImageStore", "CLIENT_SHARE"]
-
-# The share of the store's bytes and files one client may hold (a quarter: at the default
-# 1,024 MB a client keeps a 200 MB volume, the upload limit, and three others can too).
-CLIENT_SHARE = 0.25
+__all__ = ["ImageStore"]
 
 
 class ImageStore:

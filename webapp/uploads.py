@@ -12,10 +12,10 @@ the volume or registers the model then sends only the token, which works for the
 
 Pending uploads are bounded: one per tab and purpose (a new one replaces it), gone after
 :data:`PENDING_SECONDS`, and at most ``max_bytes`` on disk together. Each client (the
-guard's :data:`webapp.guard.CLIENT_HEADER`: the authenticated user or the address; tabs
-are the client's to make up) holds at most :data:`CLIENT_SHARE` of that, its own oldest
-going first, so one client's uploads never push out another's; past that, the oldest of
-anyone's go.
+guard's :data:`webapp.client.CLIENT_HEADER`: the authenticated user or the address;
+tabs are the client's to make up) holds at most :data:`webapp.client.CLIENT_SHARE` of
+that, its own oldest going first, so one client's uploads never push out another's; past
+that, the oldest of anyone's go.
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ from urllib.parse import unquote
 
 from flask import Flask, jsonify, request
 
-from .client import request_client
+from .client import CLIENT_SHARE, request_client
 from .helpers import InputError, owner_tag
 from .settings import ServerSettings
 
 __all__ = ["UPLOAD_ROUTE", "PURPOSES", "UploadStore", "add_upload_route"]
 
 UPLOAD_ROUTE = "/_krypton/upload/"
-CLIENT_SHARE = 0.25  # of the pending bytes: 256 MB of the default 1024, over any one upload
 PURPOSES = ("image", "model", "volume")
 PENDING_SECONDS = 15 * 60
 CHUNK_BYTES = 1 << 20
