@@ -1,299 +1,426 @@
-"""A drop-in for Captum's ``Occlusion``: the same call, the same numbers, computed
-incrementally.
+"""A drop-in for Captum's ``Occlusion`` that *is* Captum's class: the same call, the same
+numbers, the occluded forwards computed by Krypton's engine.
 
     from krypton.captum import Occlusion      # instead of: from captum.attr import Occlusion
 
     attributions = Occlusion(model).attribute(images, sliding_window_shapes=(3, 16, 16),
                                               strides=(3, 4, 4), target=label)
 
-Semantics are Captum's (``captum.attr.Occlusion``, 0.9): windows slide over every input
-dimension — channels included — at the given strides, ``ceil((D - w) / s) + 1`` positions
-per dimension, the last one cropped at the border; each window is replaced by the
-baseline (a scalar, per-channel values or a whole tensor, e.g. a blurred copy); the
-difference of the forward's raw output for the target, unoccluded minus occluded, is
-added to every feature the window covers, and each feature's sum is divided by the number
-of windows covering it.
+``krypton.captum.Occlusion`` subclasses ``captum.attr.Occlusion`` and overrides one
+thing: where the model's outputs for the occluded inputs come from. Captum's own code
+still checks the arguments, orders the windows, crops them at the border, selects the
+targets, accumulates and averages the differences, keeps its dtypes and draws its
+progress bar, so every inherited method (``NoiseTunnel(Occlusion(model))``,
+``attribute_future``, ``get_name``) behaves as Captum's.
 
-Where the incremental engine applies — a 4-D image batch, an ``nn.Module`` torch.fx can
-capture that returns (N, classes), no ``additional_forward_args`` — every window becomes
-one occluded image computed incrementally (a window cropped at the border, or covering
-some channels only, is a full-size patch whose pixels are partly the image's own).
-Anything else is handed to Captum itself, with one warning saying why: the results are the
-same either way.
+Each forward Captum asks for is answered from outputs the engine computes ahead, a chunk
+of windows at a time (so the progress bar follows the real work), with one of:
+
+- ``incremental``: one (N, C, H, W) image or (N, C, D, H, W) volume batch, an
+  ``nn.Module`` torch.fx can capture, no ``additional_forward_args``: each window is a
+  patch the engine pastes into the materialised views, recomputing only what it changes
+  (or, where static analysis says that cannot pay, whole images batched).
+- ``batched``: any other input form (1-D features, tuples of inputs, extra arguments,
+  integer inputs, plain callables): the occluded inputs Captum would build, evaluated in
+  batches sized from the engine's memory budget rather than ``perturbations_per_eval``
+  at a time.
+
+The model runs in eval mode for the computation and goes back to the mode it was in.
+A model whose training mode changes its numbers (dropout, batch norm in training), a
+forward that returns one value per batch, or anything the engine fails on is evaluated
+by Captum's own calls instead, with one warning saying why: the results are Captum's
+either way. ``last_engine`` ("krypton" or "captum") and ``last_strategy`` say what ran.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import torch
+from captum._utils.common import (
+    _expand_additional_forward_args,
+    _format_additional_forward_args,
+    _run_forward,
+)
+from captum.attr import Occlusion as CaptumOcclusion
+from captum.log import log_usage
 from torch import nn
 
-from .dropin import DropIn
-from .engine import UnsupportedModelError
-from .engine.capture_lock import CAPTURE_LOCK
-from .explainer import OcclusionExplainer
+from ._fingerprint import LIVE_ACTIVATION_FACTOR, capped_batch_size
+from .dropin import evaluated, explainer_for, mode_dependent_modules, warn_once
+from .engine.kernels import window_index
+from .explainer import DEFAULT_BATCH
 
 __all__ = ["Occlusion"]
 
+# Windows the engine computes per call: at least this many, and at least an eighth of
+# the attribution's, so Captum's progress bar moves as the work is done.
+CHUNK_POSITIONS = 64
+PROGRESS_STEPS = 8
+# Bytes one occluded example is taken to hold while a batched forward runs, per byte of
+# its inputs (a convolutional net's activations reach this; the budget does the rest).
+BATCHED_ACTIVATION_PER_INPUT_BYTE = 16
 
-class Occlusion(DropIn):
-    """Captum's ``Occlusion`` with the same constructor and ``attribute()``.
+
+class Occlusion(CaptumOcclusion):
+    """``captum.attr.Occlusion`` whose occluded forwards the engine computes.
 
     Args:
-        forward_func: the model (an ``nn.Module`` in eval mode for the incremental engine;
-            any callable works through Captum).
+        forward_func: the model or any callable, as for Captum.
     """
 
-    name = "krypton.captum.Occlusion"
-    library = "Captum's own Occlusion"
-    library_key = "captum"
+    def __init__(self, forward_func: Callable[..., torch.Tensor]) -> None:
+        super().__init__(forward_func)
+        self.last_engine: str | None = None  # "krypton" or "captum": who evaluated
+        self.last_strategy: str | None = None  # "incremental" or "batched" (krypton)
+        self._warned: set[str] = set()
+        self._session: _Session | None = None
 
-    def __init__(self, forward_func: Callable[..., torch.Tensor]):
-        super().__init__()
-        self.forward_func = forward_func
-        self._explainer: OcclusionExplainer | None = None
-
-    # ------------------------------------------------------------------------------------
-    def attribute(
+    @log_usage(part_of_slo=True)
+    def attribute(  # type: ignore[override]
         self,
-        inputs: torch.Tensor | tuple[torch.Tensor, ...],
-        sliding_window_shapes: tuple[int, ...] | tuple[tuple[int, ...], ...],
-        strides: int | tuple[int, ...] | tuple[tuple[int, ...], ...] | None = None,
+        inputs: Any,
+        sliding_window_shapes: Any,
+        strides: Any = None,
         baselines: Any = None,
         target: Any = None,
         additional_forward_args: Any = None,
         perturbations_per_eval: int = 1,
         show_progress: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """Occlusion attributions shaped like ``inputs`` (Captum's arguments and meaning).
+    ) -> Any:
+        """Captum's ``Occlusion.attribute``: the same arguments, checks and result."""
+        session = _Session(self.forward_func, additional_forward_args, perturbations_per_eval)
+        module = self.forward_func if isinstance(self.forward_func, nn.Module) else None
+        self._session, self.forward_func = session, session.forward
+        try:
+            with evaluated(module) if session.may_evaluate(module) else nullcontext():  # type: ignore[arg-type]
+                result = CaptumOcclusion.attribute.__wrapped__(  # type: ignore[attr-defined]
+                    self,
+                    inputs,
+                    sliding_window_shapes=sliding_window_shapes,
+                    strides=strides,
+                    baselines=baselines,
+                    target=target,
+                    additional_forward_args=additional_forward_args,
+                    perturbations_per_eval=perturbations_per_eval,
+                    show_progress=show_progress,
+                )
+        finally:
+            self._session, self.forward_func = None, session.real
+        self.last_engine = "captum" if session.strategy == "captum" else "krypton"
+        self.last_strategy = session.reported_strategy
+        for reason in session.reasons:
+            warn_once(self._warned, f"krypton.captum.Occlusion: {reason}")
+        return result
 
-        Args:
-            inputs: (N, C, H, W) images, or anything Captum takes (tuples go to Captum).
-            sliding_window_shapes: window shape over the dimensions after the batch, e.g.
-                (3, 16, 16) to occlude all three channels of a 16 x 16 square.
-            strides: an int or one per dimension; default 1.
-            baselines: what a window is replaced with: a number, a tensor broadcastable to
-                one example (per-channel values, a baseline image) or to the batch.
-            target: output index for each example: an int, a 1-tuple, a list or a tensor
-                with one index per example; None for a (N,) output.
-            additional_forward_args: further forward arguments (handed to Captum).
-            perturbations_per_eval: occluded images per forward pass (the batch size).
-            show_progress: a tqdm progress bar.
-        """
-        reason = self._why_not_incremental(
-            inputs, sliding_window_shapes, strides, baselines, target, additional_forward_args
+    def _construct_ablated_input_across_tensors(  # type: ignore[override]
+        self,
+        inputs: tuple[torch.Tensor, ...],
+        input_mask: Any,
+        baselines: Any,
+        feature_idxs: list[int],
+        feature_idx_to_tensor_idx: dict[int, list[int]],
+        current_num_ablated_features: int,
+        **kwargs: Any,
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]:
+        """Captum's ablated inputs and masks; the session learns which windows the next
+        forward is for (and, the first time, how to build any others)."""
+        ablated = super()._construct_ablated_input_across_tensors(
+            inputs,
+            input_mask,
+            baselines,
+            feature_idxs,
+            feature_idx_to_tensor_idx,
+            current_num_ablated_features,
+            **kwargs,
         )
-
-        def incremental():
-            return self._attribute_incrementally(
-                inputs,
-                tuple(sliding_window_shapes),
-                strides,
-                baselines,
-                target,
-                max(1, int(perturbations_per_eval)),
-                show_progress,
+        if self._session is not None:
+            examples = inputs[0].shape[0] // current_num_ablated_features
+            self._session.ablating(
+                self,
+                list(feature_idxs),
+                _Ablation(
+                    originals=tuple(t[:examples] for t in inputs),
+                    input_mask=input_mask,
+                    baselines=baselines,
+                    feature_tensors=feature_idx_to_tensor_idx,
+                    kwargs=kwargs,
+                ),
             )
+        return ablated
 
-        def delegate():
-            from captum.attr import Occlusion as CaptumOcclusion
 
-            return CaptumOcclusion(self.forward_func).attribute(
-                inputs,
-                sliding_window_shapes=sliding_window_shapes,
-                strides=strides,
-                baselines=baselines,
-                target=target,
-                additional_forward_args=additional_forward_args,
-                perturbations_per_eval=perturbations_per_eval,
-                show_progress=show_progress,
-            )
+class _Ablation:
+    """What Captum passes when it builds ablated inputs: enough to build any window's."""
 
-        return self._run(reason, incremental, delegate)
+    def __init__(self, originals, input_mask, baselines, feature_tensors, kwargs) -> None:
+        self.originals: tuple[torch.Tensor, ...] = originals  # the N examples
+        self.input_mask = input_mask
+        self.baselines = baselines
+        self.feature_tensors: dict[int, list[int]] = feature_tensors
+        self.kwargs: dict[str, Any] = kwargs
 
-    # ------------------------------------------------------------------------------------
-    def _why_not_incremental(
-        self, inputs, windows, strides, baselines, target, additional_forward_args
-    ) -> str | None:
-        if not isinstance(inputs, torch.Tensor) or inputs.dim() != 4:
-            return "the incremental engine takes one 4-D image batch (N, C, H, W)"
-        if not isinstance(self.forward_func, nn.Module):
-            return "forward_func is not an nn.Module"
-        if any(module.training for module in self.forward_func.modules()):
-            return "the model is in training mode"
-        if additional_forward_args is not None:
-            return "additional_forward_args are given"
-        if not (
-            isinstance(windows, tuple)
-            and len(windows) == 3
-            and all(isinstance(w, int) for w in windows)
-        ):
-            return "sliding_window_shapes is not one (C, h, w) tuple"
-        if (
-            strides is not None
-            and not isinstance(strides, int)
-            and not (
-                isinstance(strides, tuple)
-                and len(strides) == 3
-                and all(isinstance(s, int) for s in strides)
-            )
-        ):
-            return "strides is not an int or one (C, h, w) tuple"
-        if not inputs.is_floating_point():
-            return "inputs are not floating point"
-        if baselines is not None and not isinstance(baselines, (int, float, torch.Tensor)):
-            return "baselines are not a number or a tensor"
-        if isinstance(baselines, torch.Tensor):
+    @property
+    def examples(self) -> int:
+        return int(self.originals[0].shape[0])
+
+    @property
+    def features(self) -> int:
+        return len(self.feature_tensors)
+
+    @property
+    def extent(self) -> tuple[int, ...]:
+        """The window's shape over the spatial dims (after the channel dim)."""
+        return tuple(self.kwargs["sliding_window_tensors"][0].shape)[1:]
+
+    def window_starts(self, windows: range) -> np.ndarray:
+        """(windows, dims) first cell of each window over the dims after the batch, in
+        Captum's order (the first dimension fastest, as its ``_occlusion_mask``)."""
+        shift_counts = tuple(int(count) for count in self.kwargs["shift_counts"][0])
+        strides = self.kwargs["strides"][0]
+        steps = np.asarray(
+            strides if isinstance(strides, tuple) else (strides,) * len(shift_counts)
+        )
+        index = np.unravel_index(np.asarray(list(windows), dtype=np.int64), shift_counts, "F")
+        return np.stack(index, axis=1) * steps
+
+
+class _Session:
+    """One ``attribute`` call: answers Captum's forwards from the engine's outputs."""
+
+    def __init__(self, real: Callable, additional_forward_args: Any, per_eval: Any) -> None:
+        self.real = real
+        self.additional = _format_additional_forward_args(additional_forward_args)
+        self.per_eval = per_eval if isinstance(per_eval, int) and per_eval > 0 else 1
+        self.strategy: str | None = None  # decided at the first ablation
+        self.reasons: list[str] = []
+        self.initial: Any = None  # Captum's unablated forward, as the model returned it
+        self.pending: list[int] | None = None
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.ablation: _Ablation | None = None
+        self.owner: Occlusion | None = None
+        self.mode = "exact"  # or "naive", where static analysis says so
+
+    @property
+    def reported_strategy(self) -> str | None:
+        """"incremental", "naive" (the engine's whole-image batches, where static
+        analysis says incremental cannot pay), "batched", or None (Captum evaluated)."""
+        if self.strategy == "incremental" and self.mode == "naive":
+            return "naive"
+        return None if self.strategy in ("captum", None) else self.strategy
+
+    # -- what Captum calls --------------------------------------------------------------
+    def forward(self, *args: Any) -> Any:
+        """Stands in for the forward function inside Captum's ``attribute``."""
+        features, self.pending = self.pending, None
+        if features is None or self.strategy == "captum":
+            output = self.real(*args)
+            if features is None and self.initial is None:
+                self.initial = output
+            return output
+        try:
+            missing = [feature for feature in features if feature not in self.outputs]
+            if missing:
+                self._compute(min(missing))
+            return torch.cat([self.outputs.pop(feature) for feature in features])
+        except Exception as exc:  # the engine failed: Captum's own forwards from here on
+            self._give_up(f"the engine failed ({type(exc).__name__}: {exc})")
+            return self.real(*args)
+
+    def ablating(self, owner: Occlusion, features: list[int], ablation: _Ablation) -> None:
+        self.pending = features
+        if self.strategy is None:
+            self.owner, self.ablation = owner, ablation
+            self.strategy = self._choose(self.real, ablation)
+
+    # -- deciding -----------------------------------------------------------------------
+    def may_evaluate(self, module: nn.Module | None) -> bool:
+        """Whether the computation may run in eval mode: a model in training mode whose
+        numbers do not depend on it. One that depends on it is Captum's to evaluate."""
+        if module is None or not any(m.training for m in module.modules()):
+            return False
+        dependent = mode_dependent_modules(module)
+        if dependent:
+            shown = ", ".join(dependent[:3]) + (" ..." if len(dependent) > 3 else "")
+            self._give_up(f"the model is in training mode and {shown} depend on it")
+            return False
+        return True
+
+    def _choose(self, forward: Callable, ablation: _Ablation) -> str:
+        if self.strategy == "captum":
+            return "captum"
+        initial = self.initial
+        if not isinstance(initial, torch.Tensor) or initial.dim() == 0:
+            return self._give_up("the forward does not return a tensor per example")
+        if initial.shape[0] != ablation.examples:
+            return self._give_up("the forward returns one output per batch, not per example")
+        reason = self._why_not_incremental(forward, ablation)
+        if reason is None:
             try:
-                torch.broadcast_shapes(baselines.shape, inputs.shape)
-            except RuntimeError:
-                return "baselines do not broadcast to the inputs"
-            if baselines.dim() == 4 and baselines.shape[0] not in (1, inputs.shape[0]):
-                return "baselines do not broadcast to the inputs"
-        if target is not None and not isinstance(target, (int, tuple, list, torch.Tensor)):
-            return "target is not an int, tuple, list or tensor"
-        if isinstance(target, tuple) and len(target) != 1:
-            return "target tuples index outputs with more than two dimensions"
+                starts = ablation.window_starts(range(ablation.features))
+                corners = _corners(starts, ablation.originals[0].shape[1:], ablation.extent)
+                plan = explainer_for(forward).position_plan(  # type: ignore[arg-type]
+                    ablation.originals[0][0], list(corners.T), ablation.extent
+                )
+            except Exception as exc:  # cannot be captured, or the engine refuses it
+                reason = f"the engine cannot take this model or input ({exc})"
+            else:
+                self.mode = "exact" if plan.incremental else "naive"
+                return "incremental"
+        self.reasons.append(f"{reason}: the engine evaluates whole inputs, batched")
+        return "batched"
+
+    def _give_up(self, reason: str) -> str:
+        self.reasons.append(f"{reason}; Captum evaluates it (same results)")
+        self.strategy = "captum"
+        return "captum"
+
+    def _why_not_incremental(self, forward: Callable, ablation: _Ablation) -> str | None:
+        inputs = ablation.originals
+        if len(inputs) != 1:
+            return "the inputs are a tuple of tensors"
+        if not isinstance(forward, nn.Module):
+            return "forward_func is not an nn.Module"
+        if self.additional is not None:
+            return "additional_forward_args are given"
+        tensor = inputs[0]
+        if tensor.dim() not in (4, 5) or not tensor.is_floating_point():
+            return "the input is not an image (N, C, H, W) or volume (N, C, D, H, W) batch"
+        explainer = explainer_for(forward)
+        if tensor.dtype != explainer.dtype or tensor.device != explainer.device:
+            return "the input's dtype or device is not the model's"
+        if not (isinstance(ablation.baselines, tuple) and len(ablation.baselines) == 1):
+            return "the baselines are not one value or tensor"
         return None
 
-    def _targets(self, target, count: int) -> list[int | None]:
-        if target is None:
-            return [None] * count
-        if isinstance(target, tuple):
-            target = target[0]
-        if isinstance(target, int):
-            return [target] * count
-        values = target.flatten().tolist() if isinstance(target, torch.Tensor) else list(target)
-        if len(values) == 1:
-            return [int(values[0])] * count
-        if len(values) != count:
-            raise ValueError(f"target has {len(values)} entries for {count} examples")
-        return [int(v) for v in values]
+    # -- computing ----------------------------------------------------------------------
+    def _compute(self, first: int) -> None:
+        ablation = self.ablation
+        assert ablation is not None
+        if self.strategy == "incremental":
+            size = max(self.per_eval, CHUNK_POSITIONS, -(-ablation.features // PROGRESS_STEPS))
+            chunk = range(first, min(first + size, ablation.features))
+            outputs = self._incremental(chunk, ablation)
+        else:
+            chunk = range(first, min(first + self._batch(ablation), ablation.features))
+            outputs = self._batched(chunk, ablation)
+        rest = tuple(self.initial.shape[1:])
+        if tuple(outputs.shape[2:]) != rest or outputs.shape[1] != ablation.examples:
+            raise RuntimeError(f"outputs {tuple(outputs.shape)} do not match {rest}")
+        for offset, feature in enumerate(chunk):
+            self.outputs[feature] = outputs[offset].clone()
 
-    def _attribute_incrementally(
-        self, inputs, windows, strides, baselines, target, batch_size, show_progress
-    ) -> torch.Tensor:
-        module: nn.Module = self.forward_func
-        if self._explainer is None or self._explainer.model is not module:
-            self._explainer = OcclusionExplainer(module)
-        count, channels, height, width = inputs.shape
-        shape = (channels, height, width)
-        strides = (strides,) * 3 if isinstance(strides, int) else (strides or (1, 1, 1))
-        for window, stride, size in zip(windows, strides, shape):
-            if window > size:
-                raise AssertionError(
-                    f"Sliding window dimensions {windows} cannot exceed input dimensions {shape}."
+    def _batch(self, ablation: _Ablation) -> int:
+        """Windows per batched forward: from the memory budget, never fewer than the
+        caller asked for per evaluation."""
+        example = sum(t.element_size() * t.numel() for t in ablation.originals)
+        fits = capped_batch_size(
+            DEFAULT_BATCH.get(ablation.originals[0].device.type, 16),
+            example * BATCHED_ACTIVATION_PER_INPUT_BYTE // LIVE_ACTIVATION_FACTOR,
+        )
+        return max(self.per_eval, fits)
+
+    def _batched(self, chunk: range, ablation: _Ablation) -> torch.Tensor:
+        """(windows, N, ...) outputs of the occluded inputs Captum would build."""
+        count = len(chunk)
+        repeated = tuple(torch.cat([t] * count) for t in ablation.originals)
+        assert self.owner is not None
+        ablated, _ = CaptumOcclusion._construct_ablated_input_across_tensors(
+            self.owner,
+            repeated,
+            ablation.input_mask,
+            ablation.baselines,
+            list(chunk),
+            ablation.feature_tensors,
+            count,
+            **ablation.kwargs,
+        )
+        arguments = (
+            None
+            if self.additional is None
+            else _expand_additional_forward_args(self.additional, count)
+        )
+        with torch.no_grad():
+            output = _run_forward(self.real, ablated, None, arguments)
+        if not isinstance(output, torch.Tensor) or output.dim() == 0:
+            raise RuntimeError("the forward did not return a tensor for a larger batch")
+        return output.reshape(count, ablation.examples, *output.shape[1:])
+
+    def _incremental(self, chunk: range, ablation: _Ablation) -> torch.Tensor:
+        """(windows, N, ...) outputs computed by the engine: each window (cropped at the
+        border, over some channels or all) is a full-size patch kept inside the image,
+        whose cells outside the window are the image's own."""
+        images = ablation.originals[0]
+        shape = tuple(images.shape[1:])
+        extent = ablation.extent
+        starts = ablation.window_starts(chunk)
+        full = np.asarray(tuple(ablation.kwargs["sliding_window_tensors"][0].shape))
+        ends = np.minimum(starts + full, np.asarray(shape))
+        corners = _corners(starts, shape, extent)
+        device = images.device
+        mask = _box_mask(starts, ends, corners, shape[0], extent, device)
+        index = window_index(
+            [torch.as_tensor(corners[:, axis], device=device) for axis in range(len(extent))],
+            list(extent),
+        )
+        baseline = ablation.baselines[0]
+        explainer = explainer_for(self.real)  # type: ignore[arg-type]
+        per_example = []
+        for example in range(ablation.examples):
+            image = images[example]
+            own = image[(slice(None), *index)].movedim(1, 0)
+            if isinstance(baseline, torch.Tensor):
+                base = torch.broadcast_to(baseline, (1, *images.shape))[0, example]
+                replaced = base.to(image.dtype)[(slice(None), *index)].movedim(1, 0)
+            else:
+                replaced = torch.full_like(own, float(baseline))
+            patches = torch.where(mask, replaced, own)
+            per_example.append(
+                explainer.occluded_outputs(
+                    image,
+                    corners[:, -2],
+                    corners[:, -1],
+                    patches,
+                    zs=corners[:, 0] if len(extent) == 3 else None,
+                    mode=self.mode,
                 )
-            if stride > window and window < size:
-                raise AssertionError("Stride dimension cannot be larger than sliding window")
-        # Captum's window starts: k * stride for k < ceil((D - w) / s) + 1 (last cropped)
-        starts = [
-            np.arange(math.ceil((size - window) / stride) + 1) * stride
-            for window, stride, size in zip(windows, strides, shape)
-        ]
-        c0, y0, x0 = (a.ravel() for a in np.meshgrid(*starts, indexing="ij"))
-        c1, y1, x1 = (
-            np.minimum(start + w, size) for start, w, size in zip((c0, y0, x0), windows, shape)
-        )
-        _, patch_h, patch_w = windows
-        # Each window is a full-size patch kept inside the image: its pixels outside the
-        # window (cropped border, other channels) are the image's own.
-        top = np.minimum(y0, height - patch_h)
-        left = np.minimum(x0, width - patch_w)
-        device = inputs.device
-        channel = torch.arange(channels, device=device)[None, :, None, None]
-        row = torch.arange(patch_h, device=device)[None, None, :, None]
-        col = torch.arange(patch_w, device=device)[None, None, None, :]
+            )
+        return torch.stack(per_example, dim=1)
 
-        def column(values) -> torch.Tensor:
-            return torch.as_tensor(values, device=device)[:, None, None, None]
 
-        mask = (
-            (channel >= column(c0))
-            & (channel < column(c1))
-            & (row >= column(y0 - top))
-            & (row < column(y1 - top))
-            & (col >= column(x0 - left))
-            & (col < column(x1 - left))
-        )
-        rows_index = torch.as_tensor(top, device=device)[:, None] + torch.arange(
-            patch_h, device=device
-        )
-        cols_index = torch.as_tensor(left, device=device)[:, None] + torch.arange(
-            patch_w, device=device
-        )
+def _corners(starts: np.ndarray, shape: Any, extent: tuple[int, ...]) -> np.ndarray:
+    """(windows, rank) first cell per spatial axis of each window's full-size patch,
+    kept inside the image (a window cropped at the border keeps its patch's size)."""
+    sizes = np.asarray(tuple(shape)[1:])
+    return np.minimum(starts[:, 1:], sizes - np.asarray(extent))
 
-        def windows_of(tensor: torch.Tensor) -> torch.Tensor:
-            """(C, H, W) -> (P, C, h, w): the pixels under every patch."""
-            gathered = tensor[:, rows_index[:, :, None], cols_index[:, None, :]]
-            return gathered.permute(1, 0, 2, 3)
 
-        base = (
-            torch.zeros((), dtype=inputs.dtype, device=device)
-            if baselines is None
-            else torch.as_tensor(baselines, dtype=inputs.dtype, device=device)
-        )
-        base = torch.broadcast_to(base, inputs.shape) if base.dim() else base
-        targets = self._targets(target, count)
-        attributions = torch.zeros_like(inputs)
-        # how many windows cover each feature: the same for every example
-        covered = torch.zeros(shape, dtype=inputs.dtype, device=device)
-        flat = self._flat_indices(top, left, windows, shape, device)
-        covered.view(-1).index_add_(0, flat, mask.reshape(-1).to(inputs.dtype))
-        bar = None
-        if show_progress:
-            from tqdm import tqdm
+def _box_mask(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    corners: np.ndarray,
+    channels: int,
+    extent: tuple[int, ...],
+    device: torch.device,
+) -> torch.Tensor:
+    """(windows, C, *extent) True where each window covers its full-size patch."""
+    count, rank = len(starts), len(extent)
 
-            bar = tqdm(total=count * len(top), desc="Occlusion (krypton)")
-        with torch.inference_mode():
-            for example in range(count):
-                image = inputs[example]
-                baseline = base[example] if base.dim() else base
-                own = windows_of(image)
-                replaced = windows_of(baseline) if base.dim() else baseline.expand_as(own)
-                patches = torch.where(mask, replaced, own)
-                outputs = self._explainer.occluded_outputs(
-                    image, top, left, patches, batch_size=batch_size
-                )
-                with CAPTURE_LOCK.shared():
-                    unoccluded = module(image.unsqueeze(0))
-                wanted = targets[example]
-                if outputs.dim() != 2 and not (outputs.dim() == 1 and wanted is None):
-                    raise UnsupportedModelError("the forward returns more than (N, classes)")
-                if wanted is None:
-                    if outputs.dim() == 2 and outputs.shape[1] != 1:
-                        raise ValueError("target is needed: the model returns several outputs")
-                    difference = unoccluded.reshape(-1)[0] - outputs.reshape(len(top), -1)[:, 0]
-                else:
-                    difference = unoccluded[0, wanted] - outputs[:, wanted]
-                contribution = mask.to(inputs.dtype) * difference[:, None, None, None].to(
-                    inputs.dtype
-                )
-                total = torch.zeros(shape, dtype=inputs.dtype, device=device)
-                total.view(-1).index_add_(0, flat, contribution.reshape(-1))
-                attributions[example] = total / covered
-                if bar is not None:
-                    bar.update(len(top))
-        if bar is not None:
-            bar.close()
-        return attributions
+    def along(axis: int, size: int, low: np.ndarray, high: np.ndarray) -> torch.Tensor:
+        cells = torch.arange(size, device=device).reshape(
+            [1] * (axis + 1) + [size] + [1] * (rank - axis)
+        )
+        shape = [count] + [1] * (rank + 1)
+        lows = torch.as_tensor(low, device=device).reshape(shape)
+        highs = torch.as_tensor(high, device=device).reshape(shape)
+        return (cells >= lows) & (cells < highs)
 
-    @staticmethod
-    def _flat_indices(top, left, windows, shape, device) -> torch.Tensor:
-        """Flat (C*H*W) index of every element of every (C, h, w) patch, in patch order."""
-        channels, height, width = shape
-        _, patch_h, patch_w = windows
-        channel = torch.arange(channels, device=device)[None, :, None, None]
-        row = (
-            torch.as_tensor(top, device=device)[:, None, None, None]
-            + torch.arange(patch_h, device=device)[None, None, :, None]
-        )
-        col = (
-            torch.as_tensor(left, device=device)[:, None, None, None]
-            + torch.arange(patch_w, device=device)[None, None, None, :]
-        )
-        return ((channel * height + row) * width + col).reshape(-1)
+    mask = along(0, channels, starts[:, 0], ends[:, 0])
+    for axis in range(rank):
+        low = starts[:, axis + 1] - corners[:, axis]
+        high = ends[:, axis + 1] - corners[:, axis]
+        mask = mask & along(axis + 1, extent[axis], low, high)
+    return mask

@@ -1,48 +1,88 @@
-"""What the drop-ins (krypton.captum, krypton.monai) share: run incrementally where the
-engine applies, else hand the call to the library itself, saying why once per reason."""
+"""What the drop-ins (krypton.captum, krypton.monai) share: one captured engine per model
+for every instance and call, the model's training mode left as the caller set it, and
+one warning per reason when the library's own code has to run instead of the engine."""
 
 from __future__ import annotations
 
+import inspect
+import threading
 import warnings
-from collections.abc import Callable
-from typing import TypeVar
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from .engine import UnsupportedModelError
+from torch import nn
 
-__all__ = ["DropIn"]
+from ._inputs import _model_device
+from .explainer import OcclusionExplainer
 
-Result = TypeVar("Result")
+__all__ = ["explainer_for", "evaluated", "mode_dependent_modules", "warn_once"]
+
+_EXPLAINERS: weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer] = weakref.WeakKeyDictionary()
+_EXPLAINERS_LOCK = threading.Lock()
+
+# torch.nn layers whose forward reads ``self.training``
+_MODE_DEPENDENT = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.modules.dropout._DropoutNd,
+    nn.RNNBase,
+    nn.MultiheadAttention,
+)
 
 
-class DropIn:
-    """Base of a drop-in replacement for another library's occlusion class."""
+def explainer_for(model: nn.Module) -> OcclusionExplainer:
+    """The engine for ``model``, shared by every drop-in instance and call: a fresh
+    ``Occlusion(model)`` per call (as tutorials write it) does not capture the graph
+    again. The explainer itself recaptures when the weights, settings or layers change
+    (its fingerprint); a model moved to another device gets a new one."""
+    with _EXPLAINERS_LOCK:
+        explainer = _EXPLAINERS.get(model)
+        if explainer is None or explainer.device != _model_device(model):
+            with evaluated(model):  # it refuses a training model; each call runs in eval
+                explainer = _EXPLAINERS[model] = OcclusionExplainer(model)
+        return explainer
 
-    name = ""  # e.g. "krypton.captum.Occlusion"
-    library = ""  # e.g. "Captum's own Occlusion"
-    library_key = ""  # what ``last_engine`` says when the library ran
 
-    def __init__(self) -> None:
-        self._warned: set[str] = set()
-        self.last_engine: str | None = None  # "krypton" or library_key: what ran last
+def mode_dependent_modules(model: nn.Module) -> list[str]:
+    """Submodules in training mode whose output depends on it (dropout, batch norm and
+    custom code that reads ``self.training``): running them in eval mode would change
+    the numbers, so the engine does not."""
+    found = []
+    for name, module in model.named_modules():
+        if not module.training:
+            continue
+        if isinstance(module, _MODE_DEPENDENT):
+            found.append(name or type(module).__name__)
+        elif not type(module).__module__.startswith("torch.nn") and _reads_training(module):
+            found.append(name or type(module).__name__)
+    return found
 
-    def _run(
-        self, reason: str | None, incremental: Callable[[], Result], delegate: Callable[[], Result]
-    ) -> Result:
-        """``incremental()`` when ``reason`` is None and the model can be captured; else
-        ``delegate()`` after one warning per reason (the results are the same)."""
-        if reason is None:
-            try:
-                result = incremental()
-                self.last_engine = "krypton"
-                return result
-            except UnsupportedModelError as exc:
-                reason = f"the model cannot be captured as a graph ({exc})"
-        if reason not in self._warned:
-            self._warned.add(reason)
-            warnings.warn(
-                f"{self.name}: {reason}; using {self.library} (same results, no "
-                f"incremental speedup)",
-                stacklevel=3,
-            )
-        self.last_engine = self.library_key
-        return delegate()
+
+def _reads_training(module: nn.Module) -> bool:
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):  # no source to read: assume it may
+        return True
+    return "training" in source
+
+
+@contextmanager
+def evaluated(model: nn.Module) -> Iterator[None]:
+    """Every submodule in eval mode for the computation, each one's own mode restored
+    after (as MONAI's ``eval_mode`` does), even when the computation raises."""
+    modes = [(module, module.training) for module in model.modules()]
+    try:
+        for module, _ in modes:
+            module.training = False
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def warn_once(warned: set[str], message: str, stacklevel: int = 3) -> None:
+    """``warnings.warn(message)`` unless this instance has said it already."""
+    if message not in warned:
+        warned.add(message)
+        warnings.warn(message, stacklevel=stacklevel + 1)

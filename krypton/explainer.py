@@ -51,6 +51,7 @@ from .engine import (
     scatter_full,
 )
 from .engine.capture_lock import CAPTURE_LOCK
+from .engine.plan import static_plan
 from .engine.monitor import StrategyMonitor
 from .registry.models import LoadedModel
 
@@ -444,6 +445,19 @@ class OcclusionExplainer:
             class_values = np.full((*shape, classes), np.nan, dtype=every.dtype)
             class_values[cells] = every
         return values, class_values, tuple(axes)
+
+    @torch.inference_mode()
+    def position_plan(
+        self, image: torch.Tensor, starts: Sequence[Sequence[int]], extent: Sequence[int]
+    ) -> ExecutionPlan:
+        """What static analysis (eqs 9-12) says exact mode should run for patches of
+        ``extent`` whose first cells are ``starts`` (one sequence per spatial axis):
+        incremental, or naive where the FLOPs it can avoid do not pay for its own work.
+        Raises :class:`UnsupportedModelError` when the model cannot be captured."""
+        image = self._prepare(image)
+        graph, _ = self.views_for(image)
+        axes = tuple(np.asarray(axis, dtype=np.int64) for axis in starts)
+        return static_plan(graph, graph.geometry(axes, tuple(int(e) for e in extent), 1.0))
 
     @torch.inference_mode()
     def occluded_outputs(

@@ -1,21 +1,24 @@
-"""A drop-in for MONAI's ``OcclusionSensitivity``: the same call, the same numbers, each
-occluded image computed incrementally.
+"""A drop-in for MONAI's ``OcclusionSensitivity`` that *is* MONAI's class: the same
+call, the same numbers, each occluded image computed by Krypton's engine.
 
     from krypton.monai import OcclusionSensitivity   # instead of monai.visualize's
 
     occ_map, most_probable_class = OcclusionSensitivity(model)(image)
 
-MONAI itself still does what makes its results MONAI's: the bounding-box crop of the
-coordinate grid, the window positions of ``sliding_window_inference`` at the given
-overlap, the Gaussian or constant weighting that blends overlapping windows, and the
-Gaussian kernel of ``mode="gaussian"``. Krypton replaces only the predictor: where MONAI
-runs the whole network on each occluded copy, the engine recomputes what each window
-changes (its pixels multiplied by MONAI's kernel and offset, or replaced by a patch
-mean — content that varies with position), on 2-D images and 3-D volumes alike. Extra
-forward arguments, callable modes and models torch.fx cannot capture go to MONAI's own
-class, with one warning.
+``krypton.monai.OcclusionSensitivity`` subclasses ``monai.visualize.OcclusionSensitivity``
+and keeps what makes the results MONAI's: its constructor and checks, the bounding-box
+crop of the coordinate grid (``crop_meshgrid``), the window positions of
+``sliding_window_inference`` at the given overlap, the Gaussian or constant weighting
+that blends overlapping windows, and the kernels of ``gaussian_occlusion`` and
+``constant_occlusion``. Krypton replaces only the predictor: where MONAI runs the whole
+network on each occluded copy, the engine recomputes what each window changes, on 2-D
+images and 3-D volumes alike, in batches sized from its memory budget (``n_batch`` is
+what MONAI's own runs use). The model runs in eval mode and goes back to its own mode,
+as MONAI does. Extra forward arguments, callable modes, inputs whose dtype or device is
+not the model's and models torch.fx cannot capture go to MONAI's own code, with one
+warning.
 
-MONAI is optional: Krypton imports without it; this module needs ``pip install monai``.
+MONAI is optional: Krypton imports without it; this class needs ``pip install monai``.
 """
 
 from __future__ import annotations
@@ -26,40 +29,47 @@ from typing import Any
 import torch
 from torch import nn
 
-from .dropin import DropIn
+from .dropin import explainer_for, warn_once
+from .engine import UnsupportedModelError
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.kernels import window_index
-from .explainer import OcclusionExplainer
 
 __all__ = ["OcclusionSensitivity"]
 
+# Windows the engine computes per call: at least this many, and at least an eighth of
+# the map's, so MONAI's progress bar moves as the work is done.
+CHUNK_WINDOWS = 64
+PROGRESS_STEPS = 8
 
-def _monai_class():
-    try:
-        from monai.visualize import OcclusionSensitivity as MonaiOcclusionSensitivity
-    except ImportError as exc:  # Krypton itself does not need MONAI
-        raise ImportError("krypton.monai needs MONAI: pip install monai") from exc
-    return MonaiOcclusionSensitivity
+try:
+    from monai.visualize import OcclusionSensitivity as _MonaiOcclusionSensitivity
+except ImportError:  # Krypton itself does not need MONAI
+    _MonaiOcclusionSensitivity = None
 
 
-class OcclusionSensitivity(DropIn):
-    """MONAI's ``OcclusionSensitivity`` with the same constructor and ``__call__``.
+class _MissingMonai:
+    """Stands in for the class where MONAI is not installed: says what to install."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise ImportError("krypton.monai needs MONAI: pip install monai")
+
+
+class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type: ignore[misc]
+    """``monai.visualize.OcclusionSensitivity`` whose occluded forwards the engine
+    computes: the same constructor, ``__call__``, checks and results.
 
     Args:
         nn_module: the classifier (an ``nn.Module``).
         mask_size: side of the occluded box, one number or one per spatial dimension.
-        n_batch: occluded images per forward pass.
-        verbose: a progress bar.
+        n_batch: windows per forward in MONAI's own runs; the engine sizes its batches
+            from its memory budget.
+        verbose: MONAI's progress bar, moving as the engine computes.
         mode: "gaussian" (multiply by 1 - a Gaussian), "mean_patch", "mean_img", a float,
-            or a callable (handed to MONAI).
+            or a callable (MONAI's own code runs it).
         overlap: overlap of neighbouring windows, in [0, 1).
         activate: softmax (sigmoid for one input channel, as MONAI does), False, or a
             callable.
     """
-
-    name = "krypton.monai.OcclusionSensitivity"
-    library = "MONAI's own OcclusionSensitivity"
-    library_key = "monai"
 
     def __init__(
         self,
@@ -71,7 +81,7 @@ class OcclusionSensitivity(DropIn):
         overlap: float = 0.6,
         activate: bool | Callable = True,
     ) -> None:
-        self._monai = _monai_class()(
+        super().__init__(
             nn_module=nn_module,
             mask_size=mask_size,
             n_batch=n_batch,
@@ -80,30 +90,47 @@ class OcclusionSensitivity(DropIn):
             overlap=overlap,
             activate=activate,
         )
-        super().__init__()
-        self.nn_module = nn_module
-        self._explainer: OcclusionExplainer | None = None
+        self.last_engine: str | None = None  # "krypton" or "monai": what ran last
+        self._warned: set[str] = set()
 
     def __call__(
         self, x: torch.Tensor, b_box: Sequence[int] | None = None, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(occlusion map, most probable class), exactly as MONAI returns them."""
         reason = self._why_not_incremental(x, kwargs)
-        return self._run(
-            reason, lambda: self._incremental(x, b_box), lambda: self._monai(x, b_box, **kwargs)
-        )
+        if reason is None:
+            try:
+                result = self._incremental(x, b_box)
+            except UnsupportedModelError as exc:
+                reason = f"the model cannot be captured as a graph ({exc})"
+            else:
+                self.last_engine = "krypton"
+                return result
+        if reason:
+            warn_once(
+                self._warned,
+                f"krypton.monai.OcclusionSensitivity: {reason}; MONAI's own code runs it "
+                f"(same results, no incremental speedup)",
+            )
+        self.last_engine = "monai"
+        return super().__call__(x, b_box, **kwargs)
 
-    def _why_not_incremental(self, x, kwargs) -> str | None:
+    def _why_not_incremental(self, x: Any, kwargs: dict) -> str | None:
+        """Why the engine does not run this call ("" when MONAI's checks will refuse
+        it anyway), or None."""
         if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5):
-            return "the incremental engine takes images (B, C, H, W) or volumes (B, C, D, H, W)"
+            return "the engine takes images (B, C, H, W) or volumes (B, C, D, H, W)"
         if x.shape[0] != 1:
-            return None  # MONAI refuses a batch larger than one: let it say so
+            return ""  # MONAI refuses a batch larger than one: let it say so
         if kwargs:
             return "extra forward arguments are given"
-        if callable(self._monai.mode):
+        if callable(self.mode):
             return "mode is a callable"
         if not isinstance(self.nn_module, nn.Module):
             return "nn_module is not an nn.Module"
+        explainer = explainer_for(self.nn_module)
+        if x.dtype != explainer.dtype or x.device != explainer.device:
+            return "the input's dtype or device is not the model's"
         return None
 
     def _incremental(self, x: torch.Tensor, b_box) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,11 +141,8 @@ class OcclusionSensitivity(DropIn):
         from monai.transforms import SpatialCrop
         from monai.utils import ensure_tuple_rep
 
-        monai_sensitivity = self._monai
-        if x.shape[0] > 1:
-            raise ValueError("Expected batch size of 1.")
         rank = x.dim() - 2  # spatial axes: 2 for an image, 3 for a volume
-        mask_size: Sequence = ensure_tuple_rep(monai_sensitivity.mask_size, rank)
+        mask_size: Sequence = ensure_tuple_rep(self.mask_size, rank)
         grid = MetaTensor(
             np.stack(np.meshgrid(*[np.arange(0, i) for i in x.shape[2:]], indexing="ij"))[None],
             device=x.device,
@@ -126,39 +150,26 @@ class OcclusionSensitivity(DropIn):
         )
         cropper = None
         if b_box is not None:
-            grid, cropper, mask_size = monai_sensitivity.crop_meshgrid(grid, b_box, mask_size)
+            grid, cropper, mask_size = self.crop_meshgrid(grid, b_box, mask_size)
         if any(m > g for g, m in zip(grid.shape[2:], mask_size)):
             raise ValueError(
                 f"Image (spatial shape) {grid.shape[2:]} should be bigger than mask {mask_size}."
             )
-        mode = monai_sensitivity.mode
-        mul: Any
-        add: Any
-        if isinstance(mode, float):
-            mul, add = monai_sensitivity.constant_occlusion(x, mode, mask_size)
-        elif mode == "mean_img":
-            mul, add = monai_sensitivity.constant_occlusion(x, x.mean().item(), mask_size)
-        elif mode == "gaussian":
-            mul, add = monai_sensitivity.gaussian_occlusion(x, mask_size)
-        else:  # mean_patch: per window, below
-            mul, add = None, None
         sliding = dict(
             roi_size=mask_size,
-            sw_batch_size=monai_sensitivity.n_batch,
-            overlap=monai_sensitivity.overlap,
-            mode="gaussian" if mode == "gaussian" else "constant",
+            sw_batch_size=self.n_batch,
+            overlap=self.overlap,
+            mode="gaussian" if self.mode == "gaussian" else "constant",
         )
         with eval_mode(self.nn_module):  # as MONAI runs it, the caller's mode restored after
-            if self._explainer is None:
-                self._explainer = OcclusionExplainer(self.nn_module)
-            classes = self._explainer.views_for(x[0].detach().to(self._explainer.dtype))[
-                1
-            ].logits.shape[1]
+            explainer = explainer_for(self.nn_module)
+            image = x[0].as_subclass(torch.Tensor)
+            classes = explainer.views_for(image.detach())[1].logits.shape[1]
             # Pass 1: where MONAI's sliding window puts its windows, in its order.
-            corners: list[torch.Tensor] = []
+            found: list[torch.Tensor] = []
 
             def record(cropped_grid: torch.Tensor) -> torch.Tensor:
-                corners.append(cropped_grid[(slice(None), slice(None), *[0] * rank)].round().long())
+                found.append(cropped_grid[(slice(None), slice(None), *[0] * rank)].round().long())
                 return torch.zeros(  # on the input's device: MONAI adds it to its own buffers
                     (cropped_grid.shape[0], classes, *mask_size),
                     dtype=x.dtype,
@@ -166,23 +177,22 @@ class OcclusionSensitivity(DropIn):
                 )
 
             sliding_window_inference(grid, predictor=record, progress=False, **sliding)
-            # Every window's occluded image at once, incrementally (one capture check,
-            # one geometry for all positions), then MONAI blends them as it would.
-            outputs = self._outputs(
-                x, torch.cat(corners), mul, add, mask_size, mode, monai_sensitivity.activate
-            )
+            corners = torch.cat(found)
+            windows = _Windows(self, x, corners, list(mask_size))
             position = [0]
 
             def replay(cropped_grid: torch.Tensor) -> torch.Tensor:
+                """Pass 2: each window's outputs, computed by the engine a chunk at a
+                time as MONAI asks for them, spread over the window as MONAI does."""
                 count = cropped_grid.shape[0]
-                out = outputs[position[0] : position[0] + count]
+                out = windows.outputs(position[0], position[0] + count)
                 position[0] += count
                 for m in mask_size:
                     out = torch.repeat_interleave(out.unsqueeze(-1), m, dim=-1)
                 return out
 
             sensitivity = sliding_window_inference(
-                grid, predictor=replay, progress=monai_sensitivity.verbose, **sliding
+                grid, predictor=replay, progress=self.verbose, **sliding
             )
         if b_box is not None:
             sensitivity = cropper.inverse(sensitivity[0])[None]
@@ -191,42 +201,77 @@ class OcclusionSensitivity(DropIn):
             sensitivity = SpatialCrop(roi_start=bbox_min, roi_end=bbox_max)(sensitivity[0])[None]
         return sensitivity, sensitivity.argmax(dim=1, keepdim=True)
 
-    def _outputs(
+
+class _Windows:
+    """The activated outputs (P, classes) of every window of one call, computed by the
+    engine a chunk at a time: incremental where static analysis (eqs 9-12) says it pays,
+    whole occluded images batched where it does not."""
+
+    def __init__(
         self,
+        owner: OcclusionSensitivity,
         x: torch.Tensor,
         corners: torch.Tensor,
-        mul: Any,
-        add: Any,
-        mask_size: Sequence[int],
-        occ_mode: Any,
-        activate: bool | Callable,
-    ) -> torch.Tensor:
-        """What MONAI's predictor returns for each window (first corners, (P, rank)),
-        before it is spread over the window: the activated outputs (P, classes)."""
-        image = x[0].as_subclass(torch.Tensor)
-        rank = corners.shape[1]
-        index = window_index([corners[:, axis] for axis in range(rank)], list(mask_size))
+        mask_size: list[int],
+    ) -> None:
+        self.owner, self.x, self.mask_size = owner, x, mask_size
+        self.image = x[0].as_subclass(torch.Tensor)
+        self.starts = corners.cpu().numpy()  # (P, rank) first cell of each window
+        self.explainer = explainer_for(owner.nn_module)
+        plan = self.explainer.position_plan(self.image, list(self.starts.T), mask_size)
+        self.mode = "exact" if plan.incremental else "naive"
+        count = len(self.starts)
+        self.chunk = max(owner.n_batch, CHUNK_WINDOWS, -(-count // PROGRESS_STEPS))
+        self.done: list[torch.Tensor] = []
+        self.computed = 0
+        mode = owner.mode
+        self.mul: Any = None
+        self.add: Any = None
+        if isinstance(mode, float):
+            self.mul, self.add = owner.constant_occlusion(x, mode, mask_size)
+        elif mode == "mean_img":
+            self.mul, self.add = owner.constant_occlusion(x, x.mean().item(), mask_size)
+        elif mode == "gaussian":
+            self.mul, self.add = owner.gaussian_occlusion(x, mask_size)
+
+    def outputs(self, begin: int, end: int) -> torch.Tensor:
+        while self.computed < end:
+            stop = min(self.computed + self.chunk, len(self.starts))
+            self.done.append(self._compute(self.computed, stop))
+            self.computed = stop
+        if len(self.done) > 1:
+            self.done = [torch.cat(self.done)]
+        return self.done[0][begin:end]
+
+    def _compute(self, begin: int, end: int) -> torch.Tensor:
+        starts = self.starts[begin:end]
+        rank = starts.shape[1]
+        device = self.image.device
+        index = window_index(
+            [torch.as_tensor(starts[:, axis], device=device) for axis in range(rank)],
+            self.mask_size,
+        )
         # (C, P, *mask) -> (P, C, *mask)
-        windows = image[(slice(None), *index)].movedim(1, 0)
-        if occ_mode == "mean_patch":
+        windows = self.image[(slice(None), *index)].movedim(1, 0)
+        if self.owner.mode == "mean_patch":
             # What MONAI 1.6 computes: its predictor unpacks constant_occlusion's
             # (multiplicative, additive) = (0, mean) as (add, mul), so the box is
             # *multiplied* by its mean rather than replaced by it. Same numbers as MONAI.
             patches = windows * windows.mean(dim=tuple(range(1, rank + 2)), keepdim=True)
         else:
-            patches = windows * mul + add
-        starts = corners.cpu().numpy()
-        out = self._explainer.occluded_outputs(
-            image,
+            patches = windows * self.mul + self.add
+        out = self.explainer.occluded_outputs(
+            self.image,
             starts[:, -2],
             starts[:, -1],
             torch.as_tensor(patches).as_subclass(torch.Tensor),
             zs=starts[:, 0] if rank == 3 else None,
-            batch_size=self._monai.n_batch,
+            mode=self.mode,
         )
+        activate = self.owner.activate
         if callable(activate):
             with CAPTURE_LOCK.shared():
                 out = activate(out)
         elif activate:
-            out = out.sigmoid() if x.shape[1] == 1 else out.softmax(1)
+            out = out.sigmoid() if self.x.shape[1] == 1 else out.softmax(1)
         return out

@@ -27,6 +27,7 @@ def agree(model, inputs, **arguments):
         warnings.simplefilter("error")  # no fallback on these configurations
         got = occlusion.attribute(inputs, **arguments)
     assert occlusion.last_engine == "krypton"
+    assert occlusion.last_strategy in ("incremental", "naive")  # as static analysis says
     with torch.no_grad():
         scale = model(inputs).abs().max()
     assert got.shape == inputs.shape
@@ -75,7 +76,10 @@ def test_one_example_and_default_stride():
     )
 
 
-def test_what_the_engine_cannot_do_goes_to_captum_with_one_warning():
+def test_what_the_engine_cannot_capture_is_batched_with_one_warning():
+    """Extra forward arguments, uncapturable control flow and plain callables: the engine
+    evaluates the occluded inputs Captum builds, batched, and says so once."""
+
     class Scaled(nn.Module):  # two inputs: additional_forward_args
         def __init__(self):
             super().__init__()
@@ -94,18 +98,18 @@ def test_what_the_engine_cannot_do_goes_to_captum_with_one_warning():
 
     inputs = IMAGES[:2]
     arguments = dict(sliding_window_shapes=(3, 12, 12), strides=(3, 10, 10), target=1)
-    for model, extra in (
-        (Scaled().eval(), {"additional_forward_args": (2.0,)}),
-        (Dynamic().eval(), {}),
-        (lambda x: MODELS["resnet18"](x), {}),
+    for model, extra, said in (
+        (Scaled().eval(), {"additional_forward_args": (2.0,)}, "additional_forward_args"),
+        (Dynamic().eval(), {}, "cannot take this model"),
+        (lambda x: MODELS["resnet18"](x), {}, "not an nn.Module"),
     ):
         occlusion = Occlusion(model)
-        with pytest.warns(UserWarning, match="using Captum's own Occlusion"):
+        with pytest.warns(UserWarning, match=said):
             got = occlusion.attribute(inputs, **arguments, **extra)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # said once per reason
             occlusion.attribute(inputs, **arguments, **extra)
-        assert occlusion.last_engine == "captum"
+        assert (occlusion.last_engine, occlusion.last_strategy) == ("krypton", "batched")
         expected = CaptumOcclusion(model).attribute(inputs, **arguments, **extra)
         torch.testing.assert_close(got, expected)
 
@@ -114,23 +118,27 @@ def test_what_the_engine_cannot_do_goes_to_captum_with_one_warning():
             return MODELS["resnet18"](first + second)
 
     pair = (IMAGES[:1], IMAGES[:1] * 2)
-    with pytest.warns(UserWarning, match="one 4-D image batch"):
-        got = Occlusion(Sum().eval()).attribute(
-            pair,
-            sliding_window_shapes=((3, 12, 12), (3, 12, 12)),
-            target=0,
-            strides=((3, 10, 10), (3, 10, 10)),
-        )
-    assert isinstance(got, tuple) and len(got) == 2
+    arguments = dict(
+        sliding_window_shapes=((3, 12, 12), (3, 12, 12)),
+        target=0,
+        strides=((3, 10, 10), (3, 10, 10)),
+    )
+    occlusion = Occlusion(Sum().eval())
+    with pytest.warns(UserWarning, match="a tuple of tensors"):
+        got = occlusion.attribute(pair, **arguments)
+    assert occlusion.last_engine == "krypton" and isinstance(got, tuple) and len(got) == 2
+    expected = CaptumOcclusion(Sum().eval()).attribute(pair, **arguments)
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine, theirs)
 
 
-def test_a_sequence_input_goes_to_captum():
-    """3-D inputs (N, C, L): not images, so Captum computes them, with its own result."""
+def test_a_sequence_input_is_batched():
+    """3-D inputs (N, C, L): not images, so the engine evaluates them whole, batched."""
     model = nn.Sequential(nn.Conv1d(2, 4, 3), nn.AdaptiveAvgPool1d(1), nn.Flatten()).eval()
     signal = torch.randn(3, 2, 20)
     arguments = dict(sliding_window_shapes=(2, 5), strides=(2, 3), target=1)
     occlusion = Occlusion(model)
-    with pytest.warns(UserWarning, match="one 4-D image batch"):
+    with pytest.warns(UserWarning, match="not an image"):
         got = occlusion.attribute(signal, **arguments)
-    assert occlusion.last_engine == "captum"
+    assert (occlusion.last_engine, occlusion.last_strategy) == ("krypton", "batched")
     torch.testing.assert_close(got, CaptumOcclusion(model).attribute(signal, **arguments))

@@ -47,7 +47,7 @@ def test_untraceable_models_go_to_monai():
             return MODEL(x) if x.sum() > -1e9 else -MODEL(x)
 
     sensitivity = OcclusionSensitivity(Dynamic().eval(), mask_size=16, verbose=False)
-    with pytest.warns(UserWarning, match="using MONAI's own"):
+    with pytest.warns(UserWarning, match="MONAI.s own code runs it"):
         got, _ = sensitivity(IMAGE)
     assert sensitivity.last_engine == "monai"
     expected, _ = monai_visualize.OcclusionSensitivity(Dynamic().eval(), verbose=False)(IMAGE)
@@ -146,3 +146,133 @@ def test_a_cuda_model_and_volume_run_on_the_card():
         got, _ = sensitivity(volume)
     assert sensitivity.last_engine == "krypton" and got.device.type == "cuda"
     assert (got - expected).abs().max() <= 1e-4 * max(1.0, float(expected.abs().max()))
+
+
+# -- what MONAI's own tests check, with the engine computing ------------------------------
+def test_it_is_monais_class():
+    sensitivity = OcclusionSensitivity(MODEL)
+    assert isinstance(sensitivity, monai_visualize.OcclusionSensitivity)
+    assert OcclusionSensitivity.crop_meshgrid is monai_visualize.OcclusionSensitivity.crop_meshgrid
+
+
+def dense_2d(channels: int = 1):
+    from monai.networks.nets import DenseNet121
+
+    torch.manual_seed(0)
+    return DenseNet121(spatial_dims=2, in_channels=channels, out_channels=4).eval()
+
+
+@pytest.mark.parametrize("mode", ["gaussian", "mean_patch", "mean_img"])
+def test_image_shapes_classes_and_box_as_monai(mode):
+    model = dense_2d()
+    image = torch.rand(1, 1, 48, 64)
+    sensitivity = OcclusionSensitivity(model, mode=mode, verbose=False)
+    got, most_probable = sensitivity(image, b_box=[2, 40, 1, 62])
+    expected, _ = monai_visualize.OcclusionSensitivity(model, mode=mode, verbose=False)(
+        image, b_box=[2, 40, 1, 62]
+    )
+    assert sensitivity.last_engine == "krypton"
+    assert got.shape == (1, 4, 38, 61) and most_probable.shape == (1, 1, 38, 61)
+    assert most_probable.dtype == torch.int64 and 0 <= int(most_probable.min())
+    assert int(most_probable.max()) < 4
+    torch.testing.assert_close(got.as_tensor(), expected.as_tensor(), rtol=1e-5, atol=1e-5)
+
+
+def test_volumes_with_boxes_and_two_channel_images_as_monai():
+    from monai.networks.nets import DenseNet
+
+    torch.manual_seed(0)
+    model = DenseNet(
+        spatial_dims=3, in_channels=1, out_channels=3, init_features=2, growth_rate=2,
+        block_config=(6,),
+    ).eval()  # fmt: skip
+    cases = [
+        (model, dict(n_batch=10, mask_size=(16, 15, 14)), torch.rand(1, 1, 64, 32, 16),
+         [2, 43, -1, -1, -1, -1], (1, 3, 41, 32, 16)),
+        (model, dict(n_batch=10), torch.rand(1, 1, 6, 7, 8), [1, 3, -1, -1, -1, -1],
+         (1, 3, 2, 7, 8)),
+        (dense_2d(2), {}, torch.rand(1, 2, 48, 64), None, (1, 4, 48, 64)),
+    ]  # fmt: skip
+    for net, settings, x, box, shape in cases:
+        sensitivity = OcclusionSensitivity(net, verbose=False, **settings)
+        got, most_probable = sensitivity(x, b_box=box)
+        expected, _ = monai_visualize.OcclusionSensitivity(net, verbose=False, **settings)(
+            x, b_box=box
+        )
+        assert sensitivity.last_engine == "krypton"
+        assert got.shape == shape and most_probable.shape == (1, 1, *shape[2:])
+        torch.testing.assert_close(got.as_tensor(), expected.as_tensor(), rtol=1e-5, atol=1e-5)
+
+
+def test_extra_forward_arguments_go_to_monai():
+    from monai.networks.nets import DenseNet121
+
+    class Adjoint(DenseNet121):
+        def __call__(self, x, adjoint_info):
+            if adjoint_info != 42:
+                raise ValueError
+            return super().__call__(x)
+
+    torch.manual_seed(0)
+    model = Adjoint(spatial_dims=2, in_channels=1, out_channels=4).eval()
+    sensitivity = OcclusionSensitivity(model, verbose=False)
+    with pytest.warns(UserWarning, match="extra forward arguments"):
+        got, _ = sensitivity(torch.rand(1, 1, 48, 64), b_box=[2, 40, 1, 62], adjoint_info=42)
+    assert got.shape == (1, 4, 38, 61) and sensitivity.last_engine == "monai"
+
+
+@pytest.mark.parametrize(
+    "settings, x, error",
+    [
+        ({"n_batch": 10, "mask_size": 200}, torch.rand(1, 1, 48, 64), ValueError),
+        ({"n_batch": 10, "mask_size": 100}, torch.rand(2, 1, 48, 64), ValueError),
+        ({"mode": "test"}, torch.rand(1, 1, 48, 64), NotImplementedError),
+    ],
+)
+def test_refusals_are_monais(settings, x, error):
+    with pytest.raises(error):
+        OcclusionSensitivity(dense_2d(), **settings)(x)
+
+
+def test_a_float64_image_for_a_float32_model_fails_as_in_monai():
+    """The drop-in once converted the image to the model's dtype where MONAI raises."""
+    image = IMAGE.double()
+    with pytest.raises(RuntimeError) as theirs:
+        monai_visualize.OcclusionSensitivity(MODEL, verbose=False)(image)
+    sensitivity = OcclusionSensitivity(MODEL, verbose=False)
+    with pytest.raises(RuntimeError) as mine, pytest.warns(UserWarning, match="dtype"):
+        sensitivity(image)
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_progress_follows_the_engine_and_a_fresh_instance_reuses_the_capture(monkeypatch):
+    """MONAI's own bar runs while the engine computes a chunk at a time (not a replay of
+    work done before it), and a new instance per call does not capture again."""
+    import krypton.explainer
+    import krypton.monai as krypton_monai
+
+    chunks = []
+    real = krypton_monai._Windows._compute
+
+    def counted(windows, begin, end):
+        chunks.append((begin, end))
+        return real(windows, begin, end)
+
+    monkeypatch.setattr(krypton_monai._Windows, "_compute", counted)
+    model = torchvision.models.resnet18(num_classes=4).eval()
+    image = torch.randn(1, 3, 96, 96)
+    settings = dict(mask_size=8, overlap=0.5, n_batch=1)
+    expected, _ = monai_visualize.OcclusionSensitivity(model, verbose=False, **settings)(image)
+    sensitivity = OcclusionSensitivity(model, verbose=True, **settings)
+    got, _ = sensitivity(image)
+    torch.testing.assert_close(got.as_tensor(), expected.as_tensor(), rtol=1e-5, atol=1e-5)
+    assert len(chunks) == 8 and chunks[0] == (0, 67)  # 23 x 23 = 529 windows in eighths
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured again")
+
+    monkeypatch.setattr(krypton.explainer, "IncrementalGraph", no_capture)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="krypton")  # no "MONAI's own code runs it"
+        again, _ = OcclusionSensitivity(model, verbose=False, **settings)(image)
+    torch.testing.assert_close(again, got)
