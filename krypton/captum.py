@@ -206,7 +206,7 @@ class _Session:
 
     @property
     def reported_strategy(self) -> str | None:
-        """"incremental", "naive" (the engine's whole-image batches, where static
+        """ "incremental", "naive" (the engine's whole-image batches, where static
         analysis says incremental cannot pay), "batched", or None (Captum evaluated)."""
         if self.strategy == "incremental" and self.mode == "naive":
             return "naive"

@@ -51,8 +51,8 @@ from .engine import (
     scatter_full,
 )
 from .engine.capture_lock import CAPTURE_LOCK
-from .engine.plan import static_plan
 from .engine.monitor import StrategyMonitor
+from .engine.plan import static_plan
 from .registry.models import LoadedModel
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]

@@ -144,31 +144,38 @@ def test_a_wrong_length_target_raises_what_captum_raises():
 # -- the forms Captum's own tests pass, computed by the engine ------------------------
 FORMS = {
     "1-D features, each batch size": (
-        FEATURES, torch.tensor([[20.0, 50.0, 30.0]], requires_grad=True),
+        FEATURES,
+        torch.tensor([[20.0, 50.0, 30.0]], requires_grad=True),
         dict(sliding_window_shapes=(1,), target=0),
     ),
     "1-D features, window 2, baseline per feature": (
-        FEATURES, torch.tensor([[20.0, 50.0, 30.0], [2.0, 10.0, 3.0]]),
+        FEATURES,
+        torch.tensor([[20.0, 50.0, 30.0], [2.0, 10.0, 3.0]]),
         dict(sliding_window_shapes=(2,), baselines=torch.tensor([10.0, 10.0, 10.0]), target=1),
     ),
     "1-D features, stride 2": (
-        FEATURES, torch.tensor([[20.0, 50.0, 30.0]]),
+        FEATURES,
+        torch.tensor([[20.0, 50.0, 30.0]]),
         dict(sliding_window_shapes=(2,), strides=2, target=0),
     ),
     "two integer inputs": (
-        Pair(), (torch.tensor([[-10], [3]]), torch.tensor([[-5], [1]])),
+        Pair(),
+        (torch.tensor([[-10], [3]]), torch.tensor([[-5], [1]])),
         dict(sliding_window_shapes=((1,), (1,)), target=0),
     ),
     "two 0-d feature inputs, no target": (
-        Pair(), (torch.tensor([-10.0, 3.0]), torch.tensor([-5.0, 1.0])),
+        Pair(),
+        (torch.tensor([-10.0, 3.0]), torch.tensor([-5.0, 1.0])),
         dict(sliding_window_shapes=((), ())),
     ),
     "extra forward arguments": (
-        Pair(), (torch.tensor([[4.0], [3.0]]), torch.tensor([[-5.0], [1.0]])),
+        Pair(),
+        (torch.tensor([[4.0], [3.0]]), torch.tensor([[-5.0], [1.0]])),
         dict(sliding_window_shapes=((1,), (1,)), additional_forward_args=(3,), target=0),
     ),
     "baselines per input": (
-        Pair(), (torch.tensor([[4.0, 7.0], [3.0, 1.0]]), torch.tensor([[-5.0, 2.0], [1.0, 0.5]])),
+        Pair(),
+        (torch.tensor([[4.0, 7.0], [3.0, 1.0]]), torch.tensor([[-5.0, 2.0], [1.0, 0.5]])),
         dict(
             sliding_window_shapes=((1,), (2,)),
             baselines=(torch.tensor([[1.0, 4.0], [3.0, 6.0]]), 3.0),
@@ -177,7 +184,8 @@ FORMS = {
         ),
     ),
     "two images, windows and strides per input": (
-        CONV, (torch.arange(16.0).view(1, 1, 4, 4), torch.ones(1, 1, 4, 4)),
+        CONV,
+        (torch.arange(16.0).view(1, 1, 4, 4), torch.ones(1, 1, 4, 4)),
         dict(
             sliding_window_shapes=((1, 2, 3), (1, 1, 2)),
             strides=((1, 2, 1), (1, 1, 2)),
@@ -185,10 +193,13 @@ FORMS = {
         ),
     ),
     "two images of different shapes": (
-        CONV, (torch.arange(16.0).view(1, 1, 4, 4), torch.ones(1, 1, 4, 1)),
-        dict(sliding_window_shapes=((1, 2, 4), (1, 2, 1)), strides=((1, 2, 1), (1, 1, 1)), target=0),
+        CONV,
+        (torch.arange(16.0).view(1, 1, 4, 4), torch.ones(1, 1, 4, 1)),
+        dict(
+            sliding_window_shapes=((1, 2, 4), (1, 2, 1)), strides=((1, 2, 1), (1, 1, 1)), target=0
+        ),
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(FORMS))
@@ -268,53 +279,105 @@ class Spatial(nn.Module):
 
 PATTERNS = {
     "tutorial: int target, (3, 15, 15) window, stride 8": (
-        RESNET, IMAGES[:1], dict(target=3, sliding_window_shapes=(3, 15, 15), strides=(3, 8, 8))
+        RESNET,
+        IMAGES[:1],
+        dict(target=3, sliding_window_shapes=(3, 15, 15), strides=(3, 8, 8)),
     ),
-    "list of targets": (RESNET, IMAGES, dict(target=[4, 0], sliding_window_shapes=(3, 8, 8), strides=6)),
+    "list of targets": (
+        RESNET,
+        IMAGES,
+        dict(target=[4, 0], sliding_window_shapes=(3, 8, 8), strides=6),
+    ),
     "tensor of targets": (
-        RESNET, IMAGES, dict(target=torch.tensor([1, 2]), sliding_window_shapes=(3, 8, 8), strides=6)
+        RESNET,
+        IMAGES,
+        dict(target=torch.tensor([1, 2]), sliding_window_shapes=(3, 8, 8), strides=6),
     ),
     "one-element tensor target": (
-        RESNET, IMAGES, dict(target=torch.tensor(1), sliding_window_shapes=(3, 8, 8), strides=6)
+        RESNET,
+        IMAGES,
+        dict(target=torch.tensor(1), sliding_window_shapes=(3, 8, 8), strides=6),
     ),
-    "1-tuple target": (RESNET, IMAGES, dict(target=(2,), sliding_window_shapes=(3, 8, 8), strides=6)),
+    "1-tuple target": (
+        RESNET,
+        IMAGES,
+        dict(target=(2,), sliding_window_shapes=(3, 8, 8), strides=6),
+    ),
     "list of 1-tuples": (
-        RESNET, IMAGES, dict(target=[(1,), (3,)], sliding_window_shapes=(3, 8, 8), strides=6)
+        RESNET,
+        IMAGES,
+        dict(target=[(1,), (3,)], sliding_window_shapes=(3, 8, 8), strides=6),
     ),
     "no target, one score per example": (
-        Scores().eval(), IMAGES, dict(sliding_window_shapes=(3, 8, 8), strides=6)
+        Scores().eval(),
+        IMAGES,
+        dict(sliding_window_shapes=(3, 8, 8), strides=6),
     ),
     "no target, five outputs": (RESNET, IMAGES, dict(sliding_window_shapes=(3, 8, 8), strides=6)),
     "a tuple target on (N, 2, h, w) outputs": (
-        Spatial().eval(), IMAGES, dict(target=(1, 2, 3), sliding_window_shapes=(3, 8, 8), strides=6)
+        Spatial().eval(),
+        IMAGES,
+        dict(target=(1, 2, 3), sliding_window_shapes=(3, 8, 8), strides=6),
     ),
-    "window of one channel": (RESNET, IMAGES, dict(target=1, sliding_window_shapes=(1, 8, 8), strides=(1, 8, 8))),
+    "window of one channel": (
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=(1, 8, 8), strides=(1, 8, 8)),
+    ),
     "window as a 1-tuple of tuples": (
-        RESNET, IMAGES, dict(target=1, sliding_window_shapes=((3, 8, 8),), strides=((3, 6, 6),))
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=((3, 8, 8),), strides=((3, 6, 6),)),
     ),
     "a 1-tuple of inputs": (
-        RESNET, (IMAGES,), dict(target=1, sliding_window_shapes=((3, 8, 8),), strides=6)
+        RESNET,
+        (IMAGES,),
+        dict(target=1, sliding_window_shapes=((3, 8, 8),), strides=6),
     ),
-    "scalar baseline": (RESNET, IMAGES, dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=0.3)),
-    "integer baseline": (RESNET, IMAGES, dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=1)),
+    "scalar baseline": (
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=0.3),
+    ),
+    "integer baseline": (
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=1),
+    ),
     "per-channel baseline": (
-        RESNET, IMAGES,
-        dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=torch.tensor([0.4, 0.5, 0.6]).view(3, 1, 1)),
+        RESNET,
+        IMAGES,
+        dict(
+            target=1,
+            sliding_window_shapes=(3, 8, 8),
+            strides=6,
+            baselines=torch.tensor([0.4, 0.5, 0.6]).view(3, 1, 1),
+        ),
     ),
     "baseline image per example": (
-        RESNET, IMAGES, dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=IMAGES.flip(-1))
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=IMAGES.flip(-1)),
     ),
     "baseline as a 1-tuple": (
-        RESNET, IMAGES, dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=(0.2,))
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, baselines=(0.2,)),
     ),
     "window the size of the image": (
-        RESNET, IMAGES, dict(target=1, sliding_window_shapes=(3, 32, 36))
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=(3, 32, 36)),
     ),
     "large perturbations_per_eval": (
-        RESNET, IMAGES, dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, perturbations_per_eval=64)
+        RESNET,
+        IMAGES,
+        dict(target=1, sliding_window_shapes=(3, 8, 8), strides=6, perturbations_per_eval=64),
     ),
     "float64 model and input": (
-        copy.deepcopy(RESNET).double(), IMAGES.double(), dict(target=1, sliding_window_shapes=(3, 8, 8), strides=8)
+        copy.deepcopy(RESNET).double(),
+        IMAGES.double(),
+        dict(target=1, sliding_window_shapes=(3, 8, 8), strides=8),
     ),
     "volume batch": (
         nn.Sequential(nn.Conv3d(1, 3, 3), nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten()).eval(),
@@ -322,9 +385,11 @@ PATTERNS = {
         dict(target=1, sliding_window_shapes=(1, 4, 4, 4), strides=(1, 3, 4, 4)),
     ),
     "one number per batch, perturbations_per_eval 1": (
-        Summed().eval(), IMAGES, dict(sliding_window_shapes=(3, 8, 8), strides=8)
+        Summed().eval(),
+        IMAGES,
+        dict(sliding_window_shapes=(3, 8, 8), strides=8),
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
