@@ -50,15 +50,14 @@ from captum.log import log_usage
 from torch import nn
 
 from ._fingerprint import LIVE_ACTIVATION_FACTOR, capped_batch_size
-from .dropin import evaluated, explainer_for, mode_dependent_modules, warn_once
+from .dropin import ENGINE_BATCH, evaluated, explainer_for, mode_dependent_modules, warn_once
 from .engine.kernels import window_index
 from .explainer import DEFAULT_BATCH
 
 __all__ = ["Occlusion"]
 
-# Windows the engine computes per call: at least this many, and at least an eighth of
-# the attribution's, so Captum's progress bar moves as the work is done.
-CHUNK_POSITIONS = 64
+# Windows the engine computes per call: at least one engine batch, and at least an
+# eighth of the attribution's, so Captum's progress bar moves as the work is done.
 PROGRESS_STEPS = 8
 # Bytes one occluded example is taken to hold while a batched forward runs, per byte of
 # its inputs (a convolutional net's activations reach this; the budget does the rest).
@@ -301,7 +300,7 @@ class _Session:
         ablation = self.ablation
         assert ablation is not None
         if self.strategy == "incremental":
-            size = max(self.per_eval, CHUNK_POSITIONS, -(-ablation.features // PROGRESS_STEPS))
+            size = max(self.per_eval, ENGINE_BATCH, -(-ablation.features // PROGRESS_STEPS))
             chunk = range(first, min(first + size, ablation.features))
             outputs = self._incremental(chunk, ablation)
         else:
@@ -386,6 +385,7 @@ class _Session:
                     patches,
                     zs=corners[:, 0] if len(extent) == 3 else None,
                     mode=self.mode,
+                    batch_size=ENGINE_BATCH,
                 )
             )
         return torch.stack(per_example, dim=1)

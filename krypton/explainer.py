@@ -194,6 +194,7 @@ class OcclusionExplainer:
         self._lock = threading.Lock()  # one capture per shape, shared by every thread
         # Plans confirmed by timing both on this host, per (shape, patch, batch size).
         self.measured_plans: dict[tuple, ExecutionPlan] = {}
+        self._position_plans: dict[tuple, ExecutionPlan] = {}  # position_plan's, per graph
         self.monitors: dict[tuple, StrategyMonitor] = {}  # carried from call to call
         self._ood: tuple[tuple, dict] | None = None  # the last image's check (its key, report)
 
@@ -216,18 +217,8 @@ class OcclusionExplainer:
         failure is remembered, so it is reported again without tracing again.
         """
         key = _image_key(image)
-        fingerprint = model_fingerprint(self.model)
         with self._lock:
-            if fingerprint != self._fingerprint:  # weights, settings or layers changed
-                self._graphs.clear()
-                self.measured_plans.clear()
-                self.monitors.clear()
-                self._views = {}
-                self._fingerprint = fingerprint
-            shape = tuple(image.shape)
-            graph = self._graph(image, shape, False)
-            if freeze_gates and graph.gate_candidates:
-                graph = self._graph(image, shape, True)
+            graph = self._current_graph(image, freeze_gates)
             cached = self._views.get(graph.freeze_gates)
             if cached is None or cached[0] != key:
                 self._views[graph.freeze_gates] = cached = (key, graph.materialize(image))
@@ -248,6 +239,29 @@ class OcclusionExplainer:
         with self._lock:
             self._ood = (key, report)
         return dict(report)
+
+    def captured_graph(self, image: torch.Tensor) -> IncrementalGraph:
+        """The captured graph for images shaped like ``image``, without materialising
+        views (no forward pass once captured). Raises :class:`UnsupportedModelError`."""
+        with self._lock:
+            return self._current_graph(image, False)
+
+    def _current_graph(self, image: torch.Tensor, freeze_gates: bool) -> IncrementalGraph:
+        """The graph for ``image``'s shape, after dropping everything the model's last
+        fingerprint vouched for if its weights, settings or layers changed (lock held)."""
+        fingerprint = model_fingerprint(self.model)
+        if fingerprint != self._fingerprint:
+            self._graphs.clear()
+            self.measured_plans.clear()
+            self._position_plans.clear()
+            self.monitors.clear()
+            self._views = {}
+            self._fingerprint = fingerprint
+        shape = tuple(image.shape)
+        graph = self._graph(image, shape, False)
+        if freeze_gates and graph.gate_candidates:
+            graph = self._graph(image, shape, True)
+        return graph
 
     def _graph(self, image: torch.Tensor, shape: tuple, freeze_gates: bool) -> IncrementalGraph:
         graph = self._graphs.get((shape, freeze_gates))
@@ -448,16 +462,32 @@ class OcclusionExplainer:
 
     @torch.inference_mode()
     def position_plan(
-        self, image: torch.Tensor, starts: Sequence[Sequence[int]], extent: Sequence[int]
+        self,
+        image: torch.Tensor,
+        starts: Sequence[Sequence[int]],
+        extent: Sequence[int],
+        graph: IncrementalGraph | None = None,
     ) -> ExecutionPlan:
         """What static analysis (eqs 9-12) says exact mode should run for patches of
         ``extent`` whose first cells are ``starts`` (one sequence per spatial axis):
         incremental, or naive where the FLOPs it can avoid do not pay for its own work.
-        Raises :class:`UnsupportedModelError` when the model cannot be captured."""
-        image = self._prepare(image)
-        graph, _ = self.views_for(image)
+        ``graph``: the one :meth:`captured_graph` just returned, to skip checking the
+        model's fingerprint again. Raises :class:`UnsupportedModelError` when the model
+        cannot be captured."""
+        if graph is None:  # else the caller's, from captured_graph() in this call
+            graph = self.captured_graph(self._prepare(image))
         axes = tuple(np.asarray(axis, dtype=np.int64) for axis in starts)
-        return static_plan(graph, graph.geometry(axes, tuple(int(e) for e in extent), 1.0))
+        patch = tuple(int(e) for e in extent)
+        key = (id(graph), patch, tuple(axis.tobytes() for axis in axes))
+        with self._lock:  # the same windows on the same graph: the same plan
+            known = self._position_plans.get(key)
+        if known is None:
+            known = static_plan(graph, graph.geometry(axes, patch, 1.0))
+            with self._lock:
+                if len(self._position_plans) >= 64:
+                    self._position_plans.clear()
+                self._position_plans[key] = known
+        return known
 
     @torch.inference_mode()
     def occluded_outputs(
@@ -513,7 +543,11 @@ class OcclusionExplainer:
             batch_size = DEFAULT_BATCH.get(self.device.type, 16)
         batch_size = _positive_int(batch_size, "batch_size")
         if mode == "naive":
-            _, _, largest = _count_macs_with_hooks(self.model, image)
+            captured = self._graphs.get((tuple(image.shape), False))
+            if isinstance(captured, IncrementalGraph):  # its shapes: no forward needed
+                largest = self.largest_activation_bytes(captured)
+            else:
+                _, _, largest = _count_macs_with_hooks(self.model, image)
             graph = views = geometry = None
         else:
             graph, views = self.views_for(image)

@@ -29,16 +29,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .dropin import explainer_for, warn_once
+from .dropin import ENGINE_BATCH, explainer_for, warn_once
 from .engine import UnsupportedModelError
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.kernels import window_index
 
 __all__ = ["OcclusionSensitivity"]
 
-# Windows the engine computes per call: at least this many, and at least an eighth of
-# the map's, so MONAI's progress bar moves as the work is done.
-CHUNK_WINDOWS = 64
+# Windows the engine computes per call: at least one engine batch, and at least an
+# eighth of the map's, so MONAI's progress bar moves as the work is done.
 PROGRESS_STEPS = 8
 
 try:
@@ -163,8 +162,9 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
         )
         with eval_mode(self.nn_module):  # as MONAI runs it, the caller's mode restored after
             explainer = explainer_for(self.nn_module)
-            image = x[0].as_subclass(torch.Tensor)
-            classes = explainer.views_for(image.detach())[1].logits.shape[1]
+            image = x[0].as_subclass(torch.Tensor).detach()
+            graph = explainer.captured_graph(image)
+            classes = graph.output_shape[1]
             # Pass 1: where MONAI's sliding window puts its windows, in its order.
             found: list[torch.Tensor] = []
 
@@ -178,7 +178,7 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
 
             sliding_window_inference(grid, predictor=record, progress=False, **sliding)
             corners = torch.cat(found)
-            windows = _Windows(self, x, corners, list(mask_size))
+            windows = _Windows(self, x, corners, list(mask_size), graph)
             position = [0]
 
             def replay(cropped_grid: torch.Tensor) -> torch.Tensor:
@@ -213,15 +213,16 @@ class _Windows:
         x: torch.Tensor,
         corners: torch.Tensor,
         mask_size: list[int],
+        graph: Any,
     ) -> None:
         self.owner, self.x, self.mask_size = owner, x, mask_size
         self.image = x[0].as_subclass(torch.Tensor)
         self.starts = corners.cpu().numpy()  # (P, rank) first cell of each window
         self.explainer = explainer_for(owner.nn_module)
-        plan = self.explainer.position_plan(self.image, list(self.starts.T), mask_size)
+        plan = self.explainer.position_plan(self.image, list(self.starts.T), mask_size, graph)
         self.mode = "exact" if plan.incremental else "naive"
         count = len(self.starts)
-        self.chunk = max(owner.n_batch, CHUNK_WINDOWS, -(-count // PROGRESS_STEPS))
+        self.chunk = max(owner.n_batch, ENGINE_BATCH, -(-count // PROGRESS_STEPS))
         self.done: list[torch.Tensor] = []
         self.computed = 0
         mode = owner.mode
@@ -267,6 +268,7 @@ class _Windows:
             torch.as_tensor(patches).as_subclass(torch.Tensor),
             zs=starts[:, 0] if rank == 3 else None,
             mode=self.mode,
+            batch_size=ENGINE_BATCH,
         )
         activate = self.owner.activate
         if callable(activate):

@@ -18,9 +18,9 @@ from captum.attr import Occlusion as CaptumOcclusion
 from torch import nn
 
 import krypton.captum as krypton_captum
-import krypton.explainer
+import krypton.engine.graph
 from krypton.captum import Occlusion
-from krypton.dropin import explainer_for
+from krypton.dropin import ENGINE_BATCH, explainer_for
 
 torch.manual_seed(0)
 
@@ -239,7 +239,7 @@ def test_progress_has_captums_text_and_follows_the_engine(monkeypatch):
     mine = final_bar(lambda: occlusion.attribute(image, show_progress=True, **arguments))
     assert mine.split("|")[-1] == theirs.split("|")[-1] == " 226/12289"
     assert occlusion.last_strategy == "incremental"
-    assert len(chunks) == -(-225 // krypton_captum.CHUNK_POSITIONS) > 1
+    assert len(chunks) == -(-225 // ENGINE_BATCH) == 2  # one engine batch each
     features = torch.tensor([[20.0, 50.0, 30.0]])
     for per_eval in (1, 2, 3):
         bar = final_bar(
@@ -462,7 +462,7 @@ def test_a_fresh_instance_per_call_reuses_the_capture(monkeypatch):
     def no_capture(*args, **kwargs):
         raise AssertionError("captured again")
 
-    monkeypatch.setattr(krypton.explainer, "IncrementalGraph", no_capture)
+    monkeypatch.setattr(krypton.engine.graph.fx, "symbolic_trace", no_capture)
     again = Occlusion(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

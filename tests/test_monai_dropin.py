@@ -248,7 +248,7 @@ def test_a_float64_image_for_a_float32_model_fails_as_in_monai():
 def test_progress_follows_the_engine_and_a_fresh_instance_reuses_the_capture(monkeypatch):
     """MONAI's own bar runs while the engine computes a chunk at a time (not a replay of
     work done before it), and a new instance per call does not capture again."""
-    import krypton.explainer
+    import krypton.engine.graph
     import krypton.monai as krypton_monai
 
     chunks = []
@@ -266,12 +266,12 @@ def test_progress_follows_the_engine_and_a_fresh_instance_reuses_the_capture(mon
     sensitivity = OcclusionSensitivity(model, verbose=True, **settings)
     got, _ = sensitivity(image)
     torch.testing.assert_close(got.as_tensor(), expected.as_tensor(), rtol=1e-5, atol=1e-5)
-    assert len(chunks) == 8 and chunks[0] == (0, 67)  # 23 x 23 = 529 windows in eighths
+    assert len(chunks) == 5 and chunks[0] == (0, 128)  # 529 windows, one engine batch each
 
     def no_capture(*args, **kwargs):
         raise AssertionError("captured again")
 
-    monkeypatch.setattr(krypton.explainer, "IncrementalGraph", no_capture)
+    monkeypatch.setattr(krypton.engine.graph.fx, "symbolic_trace", no_capture)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="krypton")  # no "MONAI's own code runs it"
         again, _ = OcclusionSensitivity(model, verbose=False, **settings)(image)

@@ -435,6 +435,15 @@ class IncrementalGraph:
     # ---------------------------------------------------------------------------------
     # Geometry, plan, execution
     # ---------------------------------------------------------------------------------
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """Shape of what the model returns for one image (e.g. (1, classes))."""
+        output = next(node for node in self.nodes if node.op == "output")
+        value = output.args[0]
+        if not isinstance(value, fx.Node) or value not in self.shapes:
+            raise UnsupportedModelError("the model does not return one tensor")
+        return self.shapes[value]
+
     def geometry(
         self,
         starts: Sequence[np.ndarray],
