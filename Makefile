@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-quick lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile analyze models tune calibrate clean
+.PHONY: setup test test-quick test-gpu lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu analyze models tune calibrate clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,16 @@ bench: $(STAMP)
 	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin
 	$(PY) -m bench.estimates
+
+# On a CUDA host: the GPU matrix (fp32 and bf16; bench/gpu.py, under 6 minutes on one
+# H100/H200) and the cuda-marked tests. They use the host's own Python and PyTorch
+# (GPU_PYTHON), not .venv: a GPU machine brings its own CUDA build of PyTorch.
+GPU_PYTHON ?= python3
+bench-gpu:
+	PYTHONPATH=. $(GPU_PYTHON) -m bench.gpu
+
+test-gpu:
+	PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -o addopts="" -p no:cacheprovider -m cuda tests
 
 # Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.
 bench-dropin: $(STAMP)

@@ -186,7 +186,14 @@ def main() -> None:
         action="store_true",
         help="serve with waitress (make serve): for more than one user, beyond localhost",
     )
+    parser.add_argument(
+        "--device",
+        help="where runs compute: auto (default, or $KRYPTON_DEVICE): a CUDA card when "
+        "PyTorch sees one, else the CPU; or cpu, cuda, cuda:N",
+    )
     args = parser.parse_args()
+    if args.device:  # one setting for the server and the workers it starts
+        os.environ["KRYPTON_DEVICE"] = args.device
     problem = port_problem(args.host, args.port)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -96,9 +96,20 @@ def _count_macs_with_hooks(model: nn.Module, image: torch.Tensor) -> tuple[torch
     return logits, total, largest
 
 
-def memory_budget_bytes() -> int:
-    """Memory one run may use for its batches: $KRYPTON_MEMORY_BUDGET_MB, default 2048."""
-    text = os.environ.get("KRYPTON_MEMORY_BUDGET_MB", "2048")
+# A run on a card may use this share of the card's free memory at its start, unless
+# $KRYPTON_MEMORY_BUDGET_MB says otherwise: two runs at once (the app's default) each
+# find room, and whatever else holds memory on the card is left alone.
+CARD_SHARE = 0.5
+
+
+def memory_budget_bytes(device: torch.device | None = None) -> int:
+    """Memory one run may use for its batches: $KRYPTON_MEMORY_BUDGET_MB, default 2048 MB
+    on the CPU and half the card's free memory on a CUDA ``device``."""
+    text = os.environ.get("KRYPTON_MEMORY_BUDGET_MB")
+    if not text and device is not None and torch.device(device).type == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return max(1, int(free * CARD_SHARE))
+    text = text or "2048"
     try:
         megabytes = float(text)
     except ValueError:
@@ -122,15 +133,17 @@ def capped_batch_size(
     largest_activation_bytes: int,
     reserved_bytes: int = 0,
     strict: bool = False,
+    device: torch.device | None = None,
 ) -> int:
     """The batch size that keeps one batch's activations, beside ``reserved_bytes`` (the
     materialised views a run holds), inside the memory budget.
 
     An image's run always gets a batch of at least one. With ``strict`` (volumes, where
     3-D activations and views are what binds) a run that cannot fit even one occluded
-    input is refused with :class:`MemoryBudgetError` instead."""
+    input is refused with :class:`MemoryBudgetError` instead. ``device``: where the run
+    computes (a card's budget is a share of its free memory)."""
     per_image = max(1, LIVE_ACTIVATION_FACTOR * largest_activation_bytes)
-    budget = memory_budget_bytes()
+    budget = memory_budget_bytes(device)
     available = budget - reserved_bytes
     if strict and available < per_image:
         raise MemoryBudgetError(

@@ -316,9 +316,11 @@ class _Session:
         """Windows per batched forward: from the memory budget, never fewer than the
         caller asked for per evaluation."""
         example = sum(t.element_size() * t.numel() for t in ablation.originals)
+        device = ablation.originals[0].device
         fits = capped_batch_size(
-            DEFAULT_BATCH.get(ablation.originals[0].device.type, 16),
+            DEFAULT_BATCH.get(device.type, 16),
             example * BATCHED_ACTIVATION_PER_INPUT_BYTE // LIVE_ACTIVATION_FACTOR,
+            device=device,
         )
         return max(self.per_eval, fits)
 

@@ -26,6 +26,7 @@ from .cli_volumes import (
     stem_of,
     wants_volume,
 )
+from .devices import PRECISIONS, resolve_device
 from .engine import analysis
 from .io.dicom import is_dicom, parse_window
 from .io.images import ImageLoadError, load_image
@@ -108,6 +109,18 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int)
     parser.add_argument(
+        "--device",
+        help="auto (default, or $KRYPTON_DEVICE): CUDA when PyTorch sees a card, else the "
+        "CPU; or cpu, cuda, cuda:N",
+    )
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=tuple(PRECISIONS),
+        help="fp32 (default: TF32 off, exact equals naive to ~1e-6), or tf32/bf16/fp16 "
+        "for speed on a card; naive runs at the same precision",
+    )
+    parser.add_argument(
         "--random-weights",
         action="store_true",
         help="use an untrained network when trained weights are unavailable",
@@ -162,6 +175,7 @@ def explain_options(args: argparse.Namespace, model) -> dict:
         region=args.region,
         batch_size=args.batch_size,
         strategy=args.strategy,
+        precision=args.precision,
     )
     if args.mode == "approximate":
         options.update(
@@ -285,7 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(name: str | None, random_weights: bool):
+def _load(name: str | None, random_weights: bool, device: str | None = None):
+    """The registry model, on ``device`` (--device; default $KRYPTON_DEVICE or auto)."""
+    try:
+        where = resolve_device(device)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    return _load_model(name, random_weights).to(where)
+
+
+def _load_model(name: str | None, random_weights: bool):
     name = name or default_model_name()
     if name is None:
         raise SystemExit("error: no model is available; run `krypton models`")
@@ -373,7 +396,7 @@ def run_explain(args: argparse.Namespace) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
-        model = _load(args.model or default_volume_model(), args.random_weights)
+        model = _load(args.model or default_volume_model(), args.random_weights, args.device)
         return run_explain_volume(args, model, explain_options(args, model))
     problem = output_problem(Path(args.out))
     if problem:
@@ -384,7 +407,7 @@ def run_explain(args: argparse.Namespace) -> int:
     except (ImageLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    model = _load(args.model, args.random_weights)
+    model = _load(args.model, args.random_weights, args.device)
     image = model.preprocess(picture)
     bar = tqdm(
         total=0, unit="pos", desc=args.mode, file=sys.stderr, leave=False, disable=None
@@ -503,7 +526,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         print(f"error: --out '{out}' is a file; name a folder", file=sys.stderr)
         return 2
-    model = _load(args.model, args.random_weights)
+    model = _load(args.model, args.random_weights, args.device)
     options = explain_options(args, model)
     bar = tqdm(total=len(items), unit="image", file=sys.stderr, disable=None)
 

@@ -9,8 +9,8 @@ other positions on the same image skips capture and materialisation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +42,7 @@ from .approximate import drilldown
 from .approximate._plan import _approximate_plan, _ApproximatePlan
 from .approximate.settings import DEFAULTS, ApproximateSettings
 from .approximate.tuning import TauTuning
+from .devices import check_precision, describe, run_precision
 from .engine import (
     ExecutionPlan,
     IncrementalGraph,
@@ -51,6 +52,7 @@ from .engine import (
     scatter_full,
 )
 from .engine.capture_lock import CAPTURE_LOCK
+from .engine.clock import DeviceClock
 from .engine.monitor import StrategyMonitor
 from .engine.plan import static_plan
 from .registry.models import LoadedModel
@@ -159,6 +161,19 @@ class Heatmap:
         ]
 
 
+def _in_run_precision(method: Callable[..., Heatmap]) -> Callable[..., Heatmap]:
+    """Run ``method`` (``explain``) inside its ``precision`` argument's numerics (fp32 by
+    default: TF32 off; see :mod:`krypton.devices`), the caller's flags restored after."""
+
+    @functools.wraps(method)
+    def at_precision(self: OcclusionExplainer, *args, **kwargs) -> Heatmap:
+        precision = check_precision(kwargs.get("precision", "fp32"))
+        with run_precision(self.device, precision):
+            return method(self, *args, **kwargs)
+
+    return at_precision
+
+
 class OcclusionExplainer:
     """Occlusion explanations for one model, keeping its graph and the last image's views.
 
@@ -188,6 +203,7 @@ class OcclusionExplainer:
                 f"for; move the model first (model.to('{self.device}'))"
             )
         self.dtype = _model_dtype(model)
+        self.clock = DeviceClock(self.device)  # every timing of this model's runs
         self._graphs: dict[tuple, IncrementalGraph | UnsupportedModelError] = {}
         self._views: dict[bool, tuple[str, MaterializedViews]] = {}  # per freeze_gates
         self._fingerprint: tuple | None = None
@@ -216,7 +232,8 @@ class OcclusionExplainer:
         Raises :class:`UnsupportedModelError` when the model cannot be captured; the
         failure is remembered, so it is reported again without tracing again.
         """
-        key = _image_key(image)
+        # views materialised under one precision (autocast) serve runs of that one only
+        key = f"{_image_key(image)}:{_autocast_state(image.device)}"
         with self._lock:
             graph = self._current_graph(image, freeze_gates)
             cached = self._views.get(graph.freeze_gates)
@@ -287,6 +304,7 @@ class OcclusionExplainer:
 
     # -- the one method -------------------------------------------------------------------
     @torch.inference_mode()
+    @_in_run_precision
     def explain(
         self,
         image: torch.Tensor,
@@ -311,11 +329,12 @@ class OcclusionExplainer:
         freeze_gates: bool | None = DEFAULTS.freeze_gates,
         refine_by: str = DEFAULTS.refine_by,
         approximate: ApproximateSettings | None = None,
+        precision: str = "fp32",
     ) -> Heatmap:
         """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments.
         ``tuning`` defaults to the registry model's tuned τ curve when the explainer was
         built from a :class:`LoadedModel`."""
-        started = time.perf_counter()
+        started = self.clock.now()
         if tuning is None and self.loaded is not None:
             tuning = self.loaded.tuning
         if mode not in MODES:
@@ -358,7 +377,9 @@ class OcclusionExplainer:
             largest = self.largest_activation_bytes(graph)
         requested_batch = batch_size
         reserved = 0 if views is None else views.nbytes
-        batch_size = capped_batch_size(batch_size, largest, reserved, strict=image.dim() == 4)
+        batch_size = capped_batch_size(
+            batch_size, largest, reserved, strict=image.dim() == 4, device=self.device
+        )
         classes = _check_logits(logits)
         if label is None:
             label = int(logits[0].argmax())
@@ -408,6 +429,9 @@ class OcclusionExplainer:
             )
         if self.loaded is not None and self.loaded.ood is not None:
             extra["ood"] = self.ood_report(image)
+        extra.update(device=str(self.device), precision=precision)
+        if "plan" in extra:  # the line the page, the CLI and the exports show
+            extra["plan"] = f"{extra['plan']} (on {describe(self.device, precision)})"
         return Heatmap(
             values=values,
             xs=axes[-1],
@@ -416,7 +440,7 @@ class OcclusionExplainer:
             label=label,
             prob=prob,
             mode=mode,
-            seconds=time.perf_counter() - started,
+            seconds=self.clock.now() - started,
             patch=patch,
             stride=stride_used,
             positions_evaluated=run.evaluated,
@@ -555,7 +579,9 @@ class OcclusionExplainer:
             geometry = graph.geometry(tuple(starts), extent, 1.0)
         corners = np.stack(starts, axis=1)
         reserved = 0 if views is None else views.nbytes
-        batch_size = capped_batch_size(batch_size, largest, reserved, strict=image.dim() == 4)
+        batch_size = capped_batch_size(
+            batch_size, largest, reserved, strict=image.dim() == 4, device=self.device
+        )
         outputs = []
         for begin in range(0, count, batch_size):
             batch = slice(begin, min(begin + batch_size, count))
@@ -686,6 +712,7 @@ def explain(
     freeze_gates: bool | None = DEFAULTS.freeze_gates,
     refine_by: str = DEFAULTS.refine_by,
     approximate: ApproximateSettings | None = None,
+    precision: str = "fp32",
 ) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
@@ -739,6 +766,9 @@ def explain(
         approximate: all of approximate mode's settings as one
             :class:`krypton.approximate.ApproximateSettings` (instead of tau, target_ssim,
             r_drill_down, target_speedup, s1, freeze_gates and refine_by; not with them).
+        precision: "fp32" (default: TF32 off, so exact equals naive to ~1e-6 on a card
+            as on the CPU), or "tf32", "bf16", "fp16" for speed; naive runs at the same
+            precision. ``heatmap.extra`` says the device and precision that ran.
 
     Returns:
         A :class:`Heatmap` of probabilities of ``label`` with the patch at each position;
@@ -781,7 +811,15 @@ def explain(
         freeze_gates=freeze_gates,
         refine_by=refine_by,
         approximate=approximate,
+        precision=precision,
     )
     if loaded is not None and loaded.ood is not None:
         heatmap.extra["ood"] = _ood_report(loaded, image)
     return heatmap
+
+
+def _autocast_state(device: torch.device) -> str:
+    """Whether (and to what) autocast is on for ``device``'s kind: part of a view's key."""
+    if not torch.is_autocast_enabled(device.type):
+        return "off"
+    return str(torch.get_autocast_dtype(device.type))

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import krypton
+from krypton.devices import resolve_device
 from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.explainer import model_fingerprint
 from krypton.io.volumes import Volume
@@ -147,7 +148,7 @@ class Services:
         with self._lock:
             if name not in self._models:
                 try:
-                    loaded = load_model(name)
+                    loaded = load_model(name).to(resolve_device(self.settings.device))
                 except (RegistryError, CheckpointError, krypton.WeightsUnavailableError) as exc:
                     raise InputError(str(exc)) from exc
                 self._models[name] = loaded

@@ -40,6 +40,18 @@ def _list(name: str) -> tuple[str, ...]:
     )
 
 
+def _device() -> str:
+    """KRYPTON_DEVICE, checked now: a server told to use a card it lacks says so at start."""
+    from krypton.devices import DEVICE_ENVIRONMENT, resolve_device
+
+    text = os.environ.get(DEVICE_ENVIRONMENT, "").strip() or "auto"
+    try:
+        resolve_device(text)
+    except ValueError as exc:
+        raise SettingsError(f"{DEVICE_ENVIRONMENT}: {exc}") from None
+    return text
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Limits and access rules of one server process."""
@@ -79,6 +91,9 @@ class ServerSettings:
     # and the seconds a request's headers may take in all.
     front_connections_per_address: int = 32
     header_timeout_seconds: float = 10.0
+    # Where runs compute: auto (a CUDA card when PyTorch sees one, else the CPU), cpu,
+    # cuda or cuda:N (KRYPTON_DEVICE; krypton.devices decides what each means).
+    device: str = "auto"
     # TorchScript runs its author's code: only for trusted uploaders.
     trusted_uploads: bool = False
     # Access.
@@ -133,6 +148,7 @@ class ServerSettings:
             header_timeout_seconds=_number(
                 "KRYPTON_HEADER_TIMEOUT_SECONDS", cls.header_timeout_seconds, 1
             ),
+            device=_device(),
             trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,
             allowed_hosts=hosts,
             username=username,

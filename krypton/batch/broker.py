@@ -147,12 +147,14 @@ _models_lock = threading.Lock()
 
 def _worker_model(name: str):
     """(LoadedModel, weights checksum), loaded the first time a task needs it."""
+    from ..devices import resolve_device
     from ..explainer import model_fingerprint
     from ..registry import load_model
 
     with _models_lock:
         if name not in _models:
-            loaded = load_model(name)
+            # on this worker's device: $KRYPTON_DEVICE, default auto (its card if it has one)
+            loaded = load_model(name).to(resolve_device())
             _models[name] = (loaded, model_fingerprint(loaded.module)[1])
         return _models[name]
 

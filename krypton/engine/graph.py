@@ -22,6 +22,7 @@ from torch import nn
 from . import ops
 from .capture_lock import CAPTURE_LOCK
 from .classify import PATCHED_KINDS, Classifier, NodeKind, Step, first_input, flatten_nodes
+from .clock import DeviceClock
 from .geometry import padding_needed
 from .plan import ExecutionPlan, PatchGeometry, propagate, static_plan
 from .run import run_batch, view_pad_value
@@ -505,12 +506,14 @@ class IncrementalGraph:
         batch: slice,
         occluder: torch.Tensor,
         timings: dict[str, float] | None = None,
+        clock: DeviceClock | None = None,
     ) -> torch.Tensor:
         """Logits of the occluded images for positions ``batch`` (Algorithm 1 per layer).
 
         ``occluder``: (C, *patch) pixels superimposed on the image (eq 5), or
         (count, C, *patch): each position's own pixels. ``timings``: seconds
-        per node name, added to (a per-layer profile).
+        per node name, added to (a per-layer profile), read from ``clock`` (default the
+        occluder's device's).
         """
         with CAPTURE_LOCK.shared():
-            return run_batch(self, views, geometry, batch, occluder, timings)
+            return run_batch(self, views, geometry, batch, occluder, timings, clock)

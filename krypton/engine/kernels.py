@@ -186,7 +186,7 @@ def read_in_context_scatter(
     rank = len(lengths)
     relative = [start - read for start, read in zip(source.starts, read_starts)]
     index = window_index(relative, patch.shape[1 : rank + 1])
-    context[(_items(items, rank), *index)] = patch
+    context[(_items(items, rank), *index)] = patch.to(context.dtype)  # autocast: bf16 into fp32
     return context
 
 
@@ -227,5 +227,5 @@ def scatter_full(value: Patched, view: torch.Tensor, items: torch.Tensor) -> tor
     target = canonical(full, dims)  # a view into ``full``, any layout
     # Advanced indices around the other dimensions put (N, *window) first, then the others.
     where: tuple[Any, ...] = (_items(items, rank), Ellipsis, *index)
-    target[where] = patch.movedim(_last(rank), tuple(range(1, rank + 1)))
+    target[where] = patch.movedim(_last(rank), tuple(range(1, rank + 1))).to(target.dtype)
     return full

@@ -8,7 +8,6 @@ together at the first of them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -19,6 +18,7 @@ import torch.fx as fx
 
 from . import ops
 from .classify import NodeKind, Step, first_input, flatten_nodes
+from .clock import DeviceClock
 from .geometry import padding_needed
 from .kernels import (
     Patched,
@@ -97,14 +97,20 @@ def run_batch(
     batch: slice,
     occluder: torch.Tensor,
     timings: dict[str, float] | None = None,
+    clock: DeviceClock | None = None,
 ) -> Any:
     """The model's output for the occluded images at positions ``batch``.
 
     ``occluder``: (C, *patch) pixels superimposed on the image (eq 5), or
     (count, C, *patch): each position's own pixels. ``timings``: when given,
-    each node's seconds are added under its name (the per-layer profile, bench.profile).
+    each node's seconds are added under its name (the per-layer profile, bench.profile),
+    read from ``clock`` (the device's; it waits for a card's queued kernels).
     """
     device = occluder.device
+    if timings is not None and clock is None:
+        clock = DeviceClock(device)
+    elif timings is None:
+        clock = None
     count = len(range(*batch.indices(geometry.positions)))
     items = torch.arange(count, device=device)
     starts: dict[int, torch.Tensor] = {}
@@ -131,7 +137,7 @@ def run_batch(
         node = step.node
         kind = step.kind
         state.index = index
-        began = time.perf_counter() if timings is not None else 0.0
+        began = clock.now() if clock is not None else 0.0
         if kind in (NodeKind.STATIC, NodeKind.FROZEN):
             env[node] = views.values[node]
         elif kind == NodeKind.INPUT:
@@ -169,7 +175,7 @@ def run_batch(
         else:  # OUTPUT
             return fx.node.map_arg(node.args[0], concrete)
         if timings is not None:
-            timings[node.name] = timings.get(node.name, 0.0) + time.perf_counter() - began
+            timings[node.name] = timings.get(node.name, 0.0) + clock.now() - began
         # Free what no later node reads, to keep memory bounded.
         for used in flatten_nodes((node.args, node.kwargs)):
             if graph.last_use.get(used, -1) <= index:

@@ -110,6 +110,11 @@ class LoadedModel:
             self.std[0],
         )
 
+    def to(self, device: torch.device | str) -> LoadedModel:
+        """Move the module to ``device`` (see :func:`krypton.devices.resolve_device`)."""
+        self.module.to(device)
+        return self
+
     def check_ood(self, image: torch.Tensor) -> OodResult | None:
         """Whether a preprocessed image (3, H, W) looks like this model's training images
         (:mod:`krypton.registry.ood`); None when the model has no reference set."""
@@ -120,8 +125,9 @@ class LoadedModel:
 
         # exclusive: the check hooks the module's layers, and a forward of the same module
         # in another thread (a run in progress) must neither trip nor feed those hooks
+        device = next(self.module.parameters(), image).device
         with CAPTURE_LOCK.exclusive():
-            return check(self.ood, self.module, image, self.name)
+            return check(self.ood, self.module, image.to(device), self.name)
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:
         """Resize to the input size and normalise: (3, H, W) float tensor."""
