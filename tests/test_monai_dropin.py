@@ -276,3 +276,41 @@ def test_progress_follows_the_engine_and_a_fresh_instance_reuses_the_capture(mon
         warnings.filterwarnings("error", message="krypton")  # no "MONAI's own code runs it"
         again, _ = OcclusionSensitivity(model, verbose=False, **settings)(image)
     torch.testing.assert_close(again, got)
+
+
+# -- call patterns of MONAI's tutorials and public code --------------------------------------
+PATTERNS = {
+    "defaults": ({}, {}),
+    "mask as a tuple": ({"mask_size": (12, 16)}, {}),
+    "no overlap": ({"overlap": 0.0}, {}),
+    "high overlap": ({"overlap": 0.75, "mask_size": 20}, {}),
+    "n_batch 1": ({"n_batch": 1, "mask_size": 20}, {}),
+    "n_batch larger than the windows": ({"n_batch": 500, "mask_size": 24}, {}),
+    "constant 0": ({"mode": 0.0}, {}),
+    "constant 1": ({"mode": 1.0}, {}),
+    "mean_img": ({"mode": "mean_img"}, {}),
+    "mean_patch": ({"mode": "mean_patch", "mask_size": 20}, {}),
+    "no activation": ({"activate": False}, {}),
+    "callable activation": ({"activate": lambda out: out.sigmoid()}, {}),
+    "box on both axes": ({}, {"b_box": [10, 30, 5, 45]}),
+    "box with -1 (whole axis)": ({}, {"b_box": [-1, -1, 20, 40]}),
+    "box smaller than the mask": ({"mask_size": 8}, {"b_box": [20, 24, 20, 24]}),
+    "mask the image's size": ({"mask_size": (48, 56)}, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_call_patterns_give_monais_numbers_on_the_engine(name):
+    settings, call = PATTERNS[name]
+    settings = dict(settings, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # MONAI's own indexing warnings
+        expected, expected_class = monai_visualize.OcclusionSensitivity(MODEL, **settings)(
+            IMAGE, **call
+        )
+        sensitivity = OcclusionSensitivity(MODEL, **settings)
+        got, got_class = sensitivity(IMAGE, **call)
+    assert sensitivity.last_engine == "krypton"
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    torch.testing.assert_close(got.as_tensor(), expected.as_tensor(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got_class, expected_class)
