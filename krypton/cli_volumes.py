@@ -137,8 +137,9 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict) -> int:
     stem = stem_of(Path(args.out))
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    for suffix, path in _outputs(stem).items():
-        path.write_bytes(files[suffix])
+    for suffix, data in files.items():  # a flagged volume's warning beside its .npy too
+        path = _outputs(stem).get(suffix, stem.with_name(stem.name + suffix))
+        path.write_bytes(data)
         written.append(path)
     _report(model, volume, prepared, heatmap, at, args.slices, written)
     return 0

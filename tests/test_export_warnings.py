@@ -89,3 +89,53 @@ def test_cli_and_batch_pictures_carry_the_warning():
     heatmap.extra["ood"] = FLAGGED
     png = heatmap_files(picture, heatmap, model)[".png"]
     assert "not meaningful" in Image.open(io.BytesIO(png)).info["Warning"]
+
+
+def test_csv_npz_and_npy_downloads_carry_the_warning_too(dicom_result, tmp_path):
+    """README promised the warning "in every download", and the CSV and .npy had none:
+    the CSV now opens with a comment line, the .npz holds it under "warning", and the
+    .npy — one array, nothing else — gets a STEM.warning.txt beside it (CLI, batch) or a
+    file name that says so (the page). The comment line is what pandas skips with
+    ``read_csv(..., comment="#")``."""
+    import csv
+
+    import numpy as np
+
+    from krypton.registry import load_model
+    from krypton.render.exports import WARNING_KEY, WARNING_SUFFIX
+    from webapp import helpers
+
+    services, result, data = dicom_result
+    text = helpers.export_csv(result)
+    assert text.startswith("# warning: this image does not look like")
+    rows = list(csv.reader(line for line in text.splitlines() if not line.startswith("#")))
+    assert rows[0] == ["x", "y", "probability"] and len(rows) == 5  # 2 x 2 positions
+    with np.load(io.BytesIO(helpers.export_all_classes(result))) as archive:
+        assert "not meaningful" in str(archive[WARNING_KEY])
+    clean = dict(result, ood=dict(FLAGGED, flagged=False))
+    assert helpers.export_csv(clean).startswith("x,y,probability")
+    with np.load(io.BytesIO(helpers.export_all_classes(clean))) as archive:
+        assert WARNING_KEY not in archive.files
+
+    model = load_model("fundus-demo")
+    picture = Image.new("RGB", (224, 224), (120, 60, 40))
+    heatmap = krypton.explain(
+        model, model.preprocess(picture), patch=32, stride=32, region=(0, 0, 64, 64)
+    )
+    heatmap.extra["ood"] = FLAGGED
+    files = heatmap_files(picture, heatmap, model)
+    assert "not meaningful" in files[WARNING_SUFFIX].decode()
+    with np.load(io.BytesIO(files[".npz"])) as archive:
+        assert "not meaningful" in str(archive[WARNING_KEY])
+    heatmap.extra["ood"] = dict(FLAGGED, flagged=False)
+    assert WARNING_SUFFIX not in heatmap_files(picture, heatmap, model)
+
+
+def test_the_cli_writes_the_warning_beside_a_flagged_photographs_npy(cli_here, tmp_path):
+    """A photograph is not a fundus image: the fundus model's check flags it."""
+    out = tmp_path / "coffee.png"
+    result = cli_here("explain", "assets/samples/coffee.png", "--stride", "32", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    sidecar = tmp_path / "coffee.warning.txt"
+    assert sidecar.exists() and "does not look like" in sidecar.read_text()
+    assert (tmp_path / "coffee.npy").exists()

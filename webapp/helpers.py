@@ -684,13 +684,19 @@ def export_all_classes(result: dict) -> bytes:
     if result.get("class_values") is None:
         raise InputError("this run kept only the explained class (approximate mode)")
     return all_classes_npz(
-        result["class_values"], result["xs"], result["ys"], result["classes"], result["base_probs"]
+        result["class_values"],
+        result["xs"],
+        result["ys"],
+        result["classes"],
+        result["base_probs"],
+        caveat(result.get("ood")),
     )
 
 
 def export_csv(result: dict) -> str:
-    """One row per evaluated position (krypton.render.exports)."""
-    return values_csv(result["values"], result["xs"], result["ys"])
+    """One row per evaluated position (krypton.render.exports), after the
+    out-of-distribution warning's comment line when the image was flagged."""
+    return values_csv(result["values"], result["xs"], result["ys"], caveat(result.get("ood")))
 
 
 def jsonable(value: Any):

@@ -36,7 +36,7 @@ from ..explainer import explain
 from ..io.images import ImageLoadError, load_image
 from ..registry.models import LoadedModel
 from ..registry.ood import caveat
-from ..render.exports import all_classes_npz, heatmap_title, values_npy
+from ..render.exports import WARNING_SUFFIX, all_classes_npz, heatmap_title, values_npy
 from ..render.overlay import heatmap_picture
 
 __all__ = [
@@ -225,10 +225,18 @@ def heatmap_files(picture, heatmap, model: LoadedModel) -> dict[str, bytes]:
         )
     }
     files[".npy"] = values_npy(heatmap.values)
+    warning = caveat(heatmap.extra.get("ood"))
     if heatmap.class_values is not None:
         files[".npz"] = all_classes_npz(
-            heatmap.class_values, heatmap.xs, heatmap.ys, model.classes, heatmap.base_probs
+            heatmap.class_values,
+            heatmap.xs,
+            heatmap.ys,
+            model.classes,
+            heatmap.base_probs,
+            warning,
         )
+    if warning:  # the .npy holds one array: its warning goes beside it
+        files[WARNING_SUFFIX] = f"{warning}\n".encode()
     return files
 
 

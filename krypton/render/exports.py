@@ -11,11 +11,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["NPZ_KEYS", "heatmap_title", "values_npy", "all_classes_npz", "values_csv"]
+__all__ = [
+    "NPZ_KEYS",
+    "WARNING_KEY",
+    "WARNING_SUFFIX",
+    "heatmap_title",
+    "values_npy",
+    "all_classes_npz",
+    "values_csv",
+]
 
 # The .npz schema: every class's probabilities (rows x cols x classes), the positions'
-# x and y, the class names and the unoccluded image's probabilities.
+# x and y, the class names and the unoccluded image's probabilities; and, only for an
+# image the out-of-distribution check flagged, WARNING_KEY with the warning's text.
 NPZ_KEYS = ("probabilities", "xs", "ys", "classes", "unoccluded")
+WARNING_KEY = "warning"
+# Beside a .npy (which holds one array and nothing else), a flagged image's warning goes
+# to a text file of this suffix: STEM.npy and STEM.warning.txt.
+WARNING_SUFFIX = ".warning.txt"
 
 
 def heatmap_title(
@@ -48,21 +61,33 @@ def all_classes_npz(
     ys: Sequence[int] | np.ndarray,
     classes: Sequence[str],
     unoccluded: Sequence[float] | np.ndarray,
+    warning: str = "",
 ) -> bytes:
-    """Every class's probabilities with the positions and names (NPZ_KEYS)."""
+    """Every class's probabilities with the positions and names (NPZ_KEYS), and the
+    out-of-distribution ``warning`` under WARNING_KEY when there is one."""
     buffer = io.BytesIO()
     arrays = (np.asarray(class_values), np.asarray(xs), np.asarray(ys))
     named = (np.asarray(list(classes)), np.asarray(unoccluded))
-    np.savez_compressed(buffer, **dict(zip(NPZ_KEYS, arrays + named)))
+    contents = dict(zip(NPZ_KEYS, arrays + named))
+    if warning:
+        contents[WARNING_KEY] = np.asarray(warning)
+    np.savez_compressed(buffer, **contents)
     return buffer.getvalue()
 
 
 def values_csv(
-    values: np.ndarray, xs: Sequence[int] | np.ndarray, ys: Sequence[int] | np.ndarray
+    values: np.ndarray,
+    xs: Sequence[int] | np.ndarray,
+    ys: Sequence[int] | np.ndarray,
+    warning: str = "",
 ) -> str:
-    """One row per evaluated position: x, y (top-left corner) and the probability."""
+    """One row per evaluated position: x, y (top-left corner) and the probability; an
+    out-of-distribution ``warning`` first, as a comment line ("# warning: ..."; pandas
+    reads past it with ``comment="#"``)."""
     values = np.asarray(values, dtype=np.float32)
     text = io.StringIO()
+    if warning:
+        text.write(f"# warning: {' '.join(warning.split())}\n")
     writer = csv.writer(text)
     writer.writerow(["x", "y", "probability"])
     for row, y in enumerate(ys):

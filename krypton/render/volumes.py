@@ -150,7 +150,7 @@ def volume_files(heatmap, prepared, model, slices: str = "lowest") -> dict[str, 
     import time
 
     from ..registry.ood import caveat
-    from .exports import heatmap_title, values_npy
+    from .exports import WARNING_SUFFIX, heatmap_title, values_npy
 
     name = model.class_name(heatmap.label)
     title = heatmap_title(
@@ -164,4 +164,6 @@ def volume_files(heatmap, prepared, model, slices: str = "lowest") -> dict[str, 
     pictures = view_pngs(unit, heatmap, at, title, warning)  # type: ignore[arg-type]
     files.update({f".{view}.png": data for view, data in pictures.items()})
     files[".npy"] = values_npy(heatmap.values)
+    if warning:  # the .npy holds one array: its warning goes beside it
+        files[WARNING_SUFFIX] = f"{warning}\n".encode()
     return files

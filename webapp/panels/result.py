@@ -181,8 +181,9 @@ class ResultPanel:
             )
             data = helpers.export_dicom(source, result, style, "identity" in (identity or []))
             return dcc.send_bytes(data, f"{stem}.dcm"), ""
-        if fmt == "npy":
-            return dcc.send_bytes(helpers.export_npy(result), f"{stem}.npy"), ""
+        if fmt == "npy":  # one array and nothing else: a flagged image's name says so
+            flagged = "-out-of-distribution" if helpers.ood_text(result.get("ood")) else ""
+            return dcc.send_bytes(helpers.export_npy(result), f"{stem}{flagged}.npy"), ""
         if fmt == "npz":
             return dcc.send_bytes(helpers.export_all_classes(result), f"{stem}-all.npz"), ""
         if fmt == "csv":
