@@ -40,7 +40,26 @@ class SettingsPanel:
             State(ids.MODE, "value"),
             State(ids.RUN, "disabled"),
             prevent_initial_call="initial_duplicate",
+            # no Run until the prediction for what is on screen exists: a Run pressed in
+            # between explained the new image for the old one's class
+            running=[(Output(ids.RUN, "disabled"), True, False)],
         )(self.predict)
+        # A new image or model: the old prediction, class list and chosen class go at
+        # once, in the browser, before the new prediction comes (it takes seconds on a
+        # busy host, and they sat beside the new image all that time).
+        app.clientside_callback(
+            """function(image, model) {
+                return [null, [], null, "", true];
+            }""",
+            Output(ids.PREDICTION_STORE, "data", allow_duplicate=True),
+            Output(ids.LABEL, "options", allow_duplicate=True),
+            Output(ids.LABEL, "value", allow_duplicate=True),
+            Output(ids.TOP5, "children", allow_duplicate=True),
+            Output(ids.RUN, "disabled", allow_duplicate=True),
+            Input(ids.IMAGE_STORE, "data"),
+            Input(ids.MODEL, "value"),
+            prevent_initial_call=True,
+        )
         app.callback(
             Output(ids.PATCH, "options"), Output(ids.PATCH, "value"), Input(ids.MODEL, "value")
         )(self.model_patch)
