@@ -227,18 +227,39 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
     panel = VolumePanel(services, None)
     record = {"key": key, "name": "chest.nii.gz"}
     handle = {"id": result["id"]}
-    drawn = panel.draw_views(record, "ct-test", 24, 24, 24, None, handle, "model", "tab-1")
-    assert [len(f.data) for f in drawn[:3]] == [2, 2, 2]  # gray block + heatmap, each view
-    summary = panel.summary(handle, record, "ct-test", "tab-1")
-    assert summary[1:] == (False, False, True)  # NIfTI, JSON; no DICOM for a NIfTI source
+    region = [16, 16, 16, 32, 32, 32]
+    settings = (result["patch"], result["stride"], "exact", None)  # patch, stride, mode, class
+
+    def drawn_layers(record, region, settings):
+        drawn = panel.draw_views(
+            record, "ct-test", 24, 24, 24, region, handle, "model", *settings, "tab-1"
+        )
+        return [len(f.data) for f in drawn[:3]]
+
+    def summary(record, region, settings, session="tab-1"):
+        return panel.summary(handle, record, "ct-test", region, *settings, session)
+
+    assert drawn_layers(record, region, settings) == [2, 2, 2]  # gray block + heatmap
+    assert summary(record, region, settings)[1:] == (False, False, True)  # no DICOM source
+    # the panel compared only the volume and the model: a changed patch, stride, mode,
+    # region or class left the old heatmap and its downloads up
+    changed = {
+        "the patch size": (region, (result["patch"] + 2, *settings[1:])),
+        "the stride": (region, (settings[0], result["stride"] + 1, *settings[2:])),
+        "the mode": (region, (*settings[:2], "naive", None)),
+        "the region": ([16, 16, 16, 40, 40, 40], settings),
+        "the class": (region, (*settings[:3], 1 - result["label"])),
+    }
+    for words, (other_region, other_settings) in changed.items():
+        text, *disabled = summary(record, other_region, other_settings)
+        assert disabled == [True, True, True] and words in str(text), (words, text)
+        assert drawn_layers(record, other_region, other_settings) == [1, 1, 1]  # no heatmap
     # another volume on screen (the same tab loaded a new one): no heatmap, no downloads
     other = stored(services, nifti_bytes[:-8] + b"\x00" * 8)
-    record = {"key": other, "name": "other.nii.gz"}
-    assert panel.summary(handle, record, "ct-test", "tab-1") == (
-        "The last heatmap explains another volume or model.", True, True, True,
-    )  # fmt: skip
+    text, *disabled = summary({"key": other, "name": "other.nii.gz"}, region, settings)
+    assert "another volume or model" in str(text) and disabled == [True, True, True]
     # another tab never sees this tab's result
-    assert panel.summary(handle, {"key": key}, "ct-test", "tab-2")[1:] == (True, True, True)
+    assert summary({"key": key}, region, settings, "tab-2")[1:] == (True, True, True)
 
 
 def hostile_volumes() -> dict[str, bytes]:

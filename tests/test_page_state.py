@@ -229,3 +229,37 @@ def test_users_words_keeps_file_names_and_drops_folders(tmp_path):
     upload_path = tmp_path / "abc123.model"
     message = f"cannot read {upload_path}: bad; /srv/krypton/home/models/x.json exists"
     assert users_words(message, upload_path, "mine.pt") == "cannot read mine.pt: bad; x.json exists"
+
+
+def test_approximate_results_are_bound_to_their_quality_and_drill_down_settings():
+    """The provenance check ignored approximate mode's sliders: a heatmap computed at one
+    quality target stayed up, downloads enabled, after the slider moved."""
+    shown = provenance(mode="approximate", approximate=(0.9, 0.25, 3.0))
+    assert result_view(shown, provenance(mode="approximate", approximate=[0.9, 0.25, 3.0])).show
+    for moved in ((0.8, 0.25, 3.0), (0.9, 0.5, 3.0), (0.9, 0.25, 5.0)):
+        hidden = result_view(shown, provenance(mode="approximate", approximate=moved))
+        assert not hidden.show and "the approximate-mode settings" in hidden.reason
+    # the other modes do not read the sliders: moving them leaves an exact result up
+    exact = provenance(approximate=(0.9, 0.25, 3.0))
+    assert result_view(exact, provenance(approximate=(0.5, 1.0, 2.0))).show
+    assert Provenance.from_dict(shown.as_dict()) == shown
+
+
+def test_a_volume_result_is_bound_to_its_patch_stride_mode_and_region():
+    """The volume panel compared only the run's id, the volume and the model: a changed
+    patch, stride, mode or region left the old heatmap up. Volumes now share the image
+    panel's provenance (a six-number region, no occluder colour)."""
+    shown = provenance(region=(0, 8, 8, 16, 40, 40), colour=(), patch=8, stride=4)
+    same = provenance(region=[0, 8, 8, 16, 40, 40], colour=(), patch=8, stride=4)
+    assert result_view(shown, same).show
+    for change, words in [
+        (dict(patch=12), "the patch size"),
+        (dict(stride=8), "the stride"),
+        (dict(mode="naive"), "the mode"),
+        (dict(region=(0, 0, 0, 16, 48, 48)), "the region"),
+        (dict(label=1), "the class"),
+    ]:
+        fields = dict(region=(0, 8, 8, 16, 40, 40), colour=(), patch=8, stride=4)
+        fields.update(change)
+        hidden = result_view(shown, provenance(**fields))
+        assert not hidden.show and words in hidden.reason

@@ -39,6 +39,7 @@ _NAMES = {
     "mode": "the mode",
     "colour": "the occluder colour",
     "label": "the class",
+    "approximate": "the approximate-mode settings",
 }
 
 
@@ -46,25 +47,36 @@ _NAMES = {
 class Provenance:
     """What a heatmap explains; two are equal exactly when they explain the same thing."""
 
-    image: str  # the image's content key (a hash of the picture the model sees)
+    image: str  # the image's (or volume's) content key
     model: str
     weights: str  # the weights checksum of the model that ran
-    region: tuple[int, int, int, int] | None  # as requested (None: the whole image)
+    # as requested (None: the whole input): (x0, y0, x1, y1), a volume's (z0, y0, x0, z1, y1, x1)
+    region: tuple[int, ...] | None
     patch: int
     stride: int
     mode: str
-    colour: tuple[float, float, float]
+    colour: tuple[float, ...]  # the occluder's; () where the model's own fill is used
     label: int | None  # None: the top class, before the run decides it
+    # approximate mode's quality target, drill-down fraction and speedup target (None in
+    # the other modes, which do not read them)
+    approximate: tuple[float | None, ...] | None = None
 
     @classmethod
     def make(cls, **fields) -> Provenance:
-        """Normalised: a region as a tuple of ints, the colour rounded to 6 places."""
+        """Normalised: a region as a tuple of ints, numbers rounded to 6 places, the
+        approximate settings only in approximate mode."""
         region = fields.get("region")
         fields["region"] = None if not region else tuple(int(v) for v in region)
-        fields["colour"] = tuple(round(float(c), 6) for c in fields["colour"])
+        fields["colour"] = tuple(round(float(c), 6) for c in fields.get("colour") or ())
         fields["patch"], fields["stride"] = int(fields["patch"]), int(fields["stride"])
         label = fields.get("label")
         fields["label"] = None if label is None else int(label)
+        approximate = fields.get("approximate")
+        fields["approximate"] = (
+            tuple(None if v is None else round(float(v), 6) for v in approximate)
+            if fields["mode"] == "approximate" and approximate is not None
+            else None
+        )
         return cls(**fields)
 
     @classmethod
@@ -75,6 +87,7 @@ class Provenance:
         data = dataclasses.asdict(self)
         data["region"] = None if self.region is None else list(self.region)
         data["colour"] = list(self.colour)
+        data["approximate"] = None if self.approximate is None else list(self.approximate)
         return data
 
     def with_label(self, label: int) -> Provenance:

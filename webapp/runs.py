@@ -192,6 +192,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         mode=request.mode,
         colour=request.fill_rgb,
         label=label,
+        approximate=(request.target_ssim, request.r_drill_down, request.target_speedup),
     )
     known, region, note = _known_cells(services, request, region)
     whole = region == (0, 0, width, height)

@@ -33,6 +33,7 @@ from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
 
 from .helpers import InputError, ood_text
+from .lifecycle import Provenance
 
 __all__ = [
     "VolumeRequest",
@@ -196,6 +197,18 @@ def _grid_axes(size, patch: int, stride: int, region) -> tuple[np.ndarray, ...]:
     return volume_grid(size, (patch,) * 3, (stride,) * 3, region)
 
 
+def volume_provenance(
+    source_key: str, model: str, weights: str, region, patch, stride, mode: str, label
+) -> Provenance:
+    """What a volume run explains, in the image panel's terms: the volume's content key,
+    the model and its weights, the region as asked (z0, y0, x0, z1, y1, x1), the cube, the
+    stride, the mode and the class (volumes fill with the model's own value: no colour)."""
+    return Provenance.make(
+        image=source_key, model=model, weights=weights, region=region, patch=patch,
+        stride=stride, mode=mode, colour=(), label=label,
+    )  # fmt: skip
+
+
 def execute_volume(services, session: str, request: VolumeRequest, report: VolumeReporter) -> dict:
     """Run one volume heatmap (exact and naive in chunks of one slice of positions each,
     coarse to fine, reusing known cells; approximate in one call with its stage-one
@@ -268,6 +281,17 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         "weights_checksum": weights,
         "mode": request.mode,
         "label": label,
+        # what it explains, compared with the page as the image panel's results are
+        "provenance": volume_provenance(
+            request.source_key,
+            request.model,
+            weights,
+            request.region,
+            request.patch,
+            request.stride,
+            request.mode,
+            label,
+        ).as_dict(),  # fmt: skip
         "label_name": loaded.class_name(label),
         "classes": list(loaded.classes),
         "prob": float(base_probs[label]),
@@ -401,9 +425,13 @@ def relabel_volume(result: dict, label: int) -> dict:
         )
     if not 0 <= label < len(result["classes"]):
         raise InputError(f"class {label} does not exist")
+    provenance = result.get("provenance")
     return dict(
         result,
         label=label,
+        provenance=None
+        if provenance is None
+        else Provenance.from_dict(provenance).with_label(label).as_dict(),
         label_name=result["classes"][label],
         prob=float(result["base_probs"][label]),
         values=np.asarray(result["class_values"])[..., label].astype(np.float32),
@@ -476,6 +504,8 @@ def export_volume_json(result: dict) -> str:
         return value
 
     kept = {k: v for k, v in result.items() if k not in ("class_values", "source_key")}
+    if kept.get("provenance"):  # its "image" is the same stored-file key
+        kept["provenance"] = {k: v for k, v in kept["provenance"].items() if k != "image"}
     kept["warnings"] = [text for text in (ood_text(result.get("ood")),) if text]
     return json.dumps(plain(kept), indent=1)
 

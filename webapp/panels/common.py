@@ -19,6 +19,9 @@ SCREEN_INPUTS = [
     Input(ids.MODE, "value"),
     Input(ids.COLOUR, "value"),
     Input(ids.CUSTOM_COLOUR, "value"),
+    Input(ids.TARGET_SSIM, "value"),
+    Input(ids.DRILL_DOWN, "value"),
+    Input(ids.TARGET_SPEEDUP, "value"),
 ]
 
 

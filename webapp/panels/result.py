@@ -115,7 +115,19 @@ class ResultPanel:
         return figure, summary(result), disabled, {"display": "block" if is_dicom else "none"}
 
     def screen_provenance(
-        self, image_data, model_name, region, patch, stride, mode, colour, custom, label
+        self,
+        image_data,
+        model_name,
+        region,
+        patch,
+        stride,
+        mode,
+        colour,
+        custom,
+        target_ssim,
+        drill_down,
+        speedup,
+        label,
     ) -> Provenance | None:
         """What the page shows now, as a run's provenance (None: nothing runnable)."""
         try:
@@ -129,6 +141,7 @@ class ResultPanel:
                 mode=mode,
                 colour=helpers.parse_colour(colour, custom),
                 label=label,
+                approximate=(target_ssim, drill_down, speedup),
             )
         except (InputError, KeyError, TypeError, ValueError):
             return None

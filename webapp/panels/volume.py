@@ -8,7 +8,7 @@ import logging
 import time
 
 import numpy as np
-from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
+from dash import ALL, ClientsideFunction, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 from krypton.registry import available_models
@@ -18,7 +18,7 @@ from .. import ids, volume_runs, volume_views
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError, export_stem, fill_for_display, owner_tag
 from ..jobs import JobCancelled, QueueFull, check_cancelled
-from ..lifecycle import RunLifecycle
+from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
 from .common import empty_figure
 
@@ -45,6 +45,15 @@ def volume_model_options() -> list[dict]:
 def default_volume_model() -> str | None:
     options = [o for o in volume_model_options() if not o["disabled"]]
     return options[0]["value"] if options else None
+
+
+# The panel's run settings a shown result must match (with the volume, model and region).
+VOLUME_SETTINGS = [
+    Input(ids.VOLUME_PATCH, "value"),
+    Input(ids.VOLUME_STRIDE, "value"),
+    Input(ids.VOLUME_MODE, "value"),
+    Input(ids.VOLUME_LABEL, "value"),
+]
 
 
 class VolumePanel:
@@ -107,6 +116,7 @@ class VolumePanel:
             Input(ids.VOLUME_REGION, "data"),
             Input(ids.VOLUME_RESULT, "data"),
             Input(ids.VOLUME_WINDOW, "value"),
+            *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.draw_views)
@@ -157,6 +167,8 @@ class VolumePanel:
             Input(ids.VOLUME_RESULT, "data"),
             Input(ids.VOLUME_STORE, "data"),
             Input(ids.VOLUME_MODEL, "value"),
+            Input(ids.VOLUME_REGION, "data"),
+            *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
         )(self.summary)  # fmt: skip
         app.callback(
@@ -309,7 +321,9 @@ class VolumePanel:
             raise PreventUpdate
         return picked
 
-    def draw_views(self, record, model, z, y, x, region, handle, window, session):
+    def draw_views(
+        self, record, model, z, y, x, region, handle, window, patch, stride, mode, label, session
+    ):
         """The three views through the crosshair in the display ``window`` (a preset's
         name, or "model": what the model sees), with the heatmap over them only when the
         kept result explains this volume with this model."""
@@ -320,7 +334,9 @@ class VolumePanel:
         except InputError as exc:
             return (*[empty_figure(str(exc))] * len(GRAPHS), "")
         per_voxel, value_range, title = None, (0.0, 1.0), ""
-        result = self._result_for(handle, record, model, session)
+        result = self._result_for(
+            handle, record, model, session, (region, patch, stride, mode, label)
+        )
         if result is not None:
             heatmap = volume_runs.volume_heatmap(result)
             per_voxel = voxel_values(heatmap, prepared.unit.shape)
@@ -355,19 +371,34 @@ class VolumePanel:
             return str(exc)
         return volume_runs.volume_estimate(model, size, patch, stride, mode, region)
 
-    def _result_for(self, handle, record, model, session) -> dict | None:
-        """The kept volume result the handle names, when it explains this volume and model."""
+    def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
+        """The kept volume result the handle names, when it explains what the panel shows:
+        this volume and model and, given ``screen`` (region, patch, stride, mode, class),
+        these settings — the image panel's provenance rule (webapp.lifecycle)."""
+        return self._shown(handle, record, model, session, screen)[0]
+
+    def _shown(self, handle, record, model, session, screen=()) -> tuple[dict | None, str]:
+        """(the result to show, or None; why not, in the page's words)."""
         if not handle or not record:
-            return None
+            return None, ""
         result = self.services.results.get(volume_runs.volume_session(str(session or "")))
-        if (
-            result is None
-            or result.get("id") != handle.get("id")
-            or result.get("source_key") != record.get("key")
-            or result.get("model") != model
-        ):
-            return None
-        return result
+        if result is None or result.get("id") != handle.get("id"):
+            return None, ""
+        if result.get("source_key") != record.get("key") or result.get("model") != model:
+            return None, "The last heatmap explains another volume or model."
+        if not screen or result.get("provenance") is None:
+            return result, ""
+        region, patch, stride, mode, label = screen
+        kept = Provenance.from_dict(result["provenance"])
+        try:
+            now = volume_runs.volume_provenance(
+                record.get("key"), model, kept.weights, region, patch, stride, mode,
+                kept.label if label is None else label,
+            )  # fmt: skip
+        except (TypeError, ValueError):
+            return None, "The last heatmap is hidden: the settings are incomplete."
+        view = result_view(kept, now)
+        return (result, "") if view.show else (None, view.reason)
 
     # -- running ---------------------------------------------------------------------
 
@@ -431,12 +462,13 @@ class VolumePanel:
         self.services.results.put(key, relabelled)
         return _handle(relabelled), ""
 
-    def summary(self, handle, record, model, session):
+    def summary(self, handle, record, model, region, patch, stride, mode, label, session):
         """What the shown result is, and its downloads, only beside what it explains."""
-        result = self._result_for(handle, record, model, session)
+        result, why = self._shown(
+            handle, record, model, session, (region, patch, stride, mode, label)
+        )
         if result is None:
-            text = "" if not handle else "The last heatmap explains another volume or model."
-            return text, True, True, True
+            return (html.P(why, className="warning") if why else ""), True, True, True
         lines = volume_runs.volume_summary(result)
         dicom = bool(result.get("dicom_source"))
         return [_line(t) for t in lines], False, False, not dicom
