@@ -300,3 +300,20 @@ def test_a_run_in_many_chunks_checks_out_of_distribution_once(services, monkeypa
     result = runs.execute(services, "s", request(services, region=None, stride=16), lambda *a: None)
     assert result["evaluated"] == 14 * 14 and result["ood"] is not None
     assert len(checks) == 1
+
+
+def test_two_entries_sharing_a_checkpoint_but_not_its_preprocessing_share_no_cells(services):
+    """Cell keys named the image, the weights, the patch, the colour and the mode, but
+    not the model's preprocessing: a second registry entry with the same checkpoint and
+    another normalisation reused the first one's cells — values of other inputs."""
+    import dataclasses
+
+    loaded = services.model("fundus-demo")
+    other = dataclasses.replace(loaded, name="fundus-demo-v2", std=(0.5, 0.5, 0.5))
+    services._models["fundus-demo-v2"] = other  # as if registered beside it
+    services._explainers["fundus-demo-v2"] = krypton.OcclusionExplainer(other)
+    assert services.weights_checksum("fundus-demo-v2") == services.weights_checksum("fundus-demo")
+    first = runs.execute(services, "s", request(services), lambda *a: None)
+    second = runs.execute(services, "s", request(services, model="fundus-demo-v2"), lambda *a: None)
+    assert first["evaluated"] == 25 and second["reused"] == 0 and second["evaluated"] == 25
+    assert not np.allclose(second["values"], first["values"])

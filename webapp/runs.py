@@ -299,13 +299,15 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     return result
 
 
-def cell_key(request: RunRequest, weights: str) -> tuple:
+def cell_key(request: RunRequest, weights: str, preprocessing: tuple = ()) -> tuple:
     """What determines a computed cell's value, so the key of the cells a run may reuse
     (both cell caches, embedded and team mode): image, ``weights`` (the weights
     checksum, so a model replaced under the same name never reuses its predecessor's
-    cells), patch, occluder colour and mode. No tab: a reload keeps them."""
+    cells), the model's ``preprocessing`` (LoadedModel.preprocessing: one checkpoint
+    under two entries with other sizes or normalisations sees other inputs), patch,
+    occluder colour and mode. No tab: a reload keeps them."""
     colour = tuple(round(c, 6) for c in request.fill_rgb)
-    return (request.image_key, weights, request.patch, colour, request.mode)
+    return (request.image_key, weights, preprocessing, request.patch, colour, request.mode)
 
 
 def _known_cells(
@@ -317,7 +319,8 @@ def _known_cells(
     if request.mode not in ("exact", "naive"):
         return None, region, ""
     weights = services.weights_checksum(request.model)
-    known = services.cells.get(cell_key(request, weights))
+    preprocessing = services.model(request.model).preprocessing
+    known = services.cells.get(cell_key(request, weights, preprocessing))
     if known.origin is None or not known.cells:
         return known, region, ""
     offset = (

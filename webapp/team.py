@@ -445,7 +445,7 @@ def _parse_position(text: bytes) -> tuple[int, ...]:
 
 class RedisCellCache:
     """Computed positions shared by every worker, keyed by what determines their value:
-    image content, model weights, patch, occluder colour and mode (exact and naive keep
+    image content, model weights and preprocessing, patch, occluder colour and mode (exact and naive keep
     separate cells; approximate runs do not enter the cache). A refinement reuses cells
     whichever worker computed them; a redelivered job resumes where the lost one stopped."""
 

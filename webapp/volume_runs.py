@@ -246,7 +246,10 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
         plan = heatmap.extra.get("plan")
     else:
-        key = ("volume", request.source_key, weights, request.patch, request.stride, request.mode)
+        key = (
+            "volume", request.source_key, weights, loaded.preprocessing, request.patch,
+            request.stride, request.mode,
+        )  # fmt: skip
         known = services.cells.get(key)  # the images' cache: one bound for both
         had_cells = bool(known.cells)
         if region is not None and request.snap and known.origin is not None:

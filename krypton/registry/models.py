@@ -89,6 +89,14 @@ class LoadedModel:
         return len(self.input_size) == 3
 
     @property
+    def preprocessing(self) -> tuple:
+        """What turns a file into this model's input: its size and normalisation and, for
+        a volume model, its spacing, window and fill. Two registry entries sharing one
+        checkpoint but not this see different inputs (their cells differ)."""
+        volume = tuple(sorted((key, repr(value)) for key, value in (self.volume or {}).items()))
+        return (tuple(self.input_size), tuple(self.mean), tuple(self.std), volume)
+
+    @property
     def default_stride(self) -> int:
         """The stride its heatmaps are made with where none is given (app and CLI)."""
         return DEFAULT_VOLUME_STRIDE if self.is_volume else DEFAULT_STRIDE
