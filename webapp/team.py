@@ -445,9 +445,10 @@ def _parse_position(text: bytes) -> tuple[int, ...]:
 
 class RedisCellCache:
     """Computed positions shared by every worker, keyed by what determines their value:
-    image content, model weights and preprocessing, patch, occluder colour and mode (exact and naive keep
-    separate cells; approximate runs do not enter the cache). A refinement reuses cells
-    whichever worker computed them; a redelivered job resumes where the lost one stopped."""
+    image content, model weights and preprocessing, patch, occluder colour and mode
+    (exact and naive keep separate cells; approximate runs do not enter the cache). A
+    refinement reuses cells whichever worker computed them; a redelivered job resumes
+    where the lost one stopped."""
 
     def __init__(self, client: redis.Redis, url: str, ttl: int = STATE_TTL):
         self.client, self.url, self.ttl = client, url, ttl
