@@ -38,6 +38,7 @@ __all__ = [
     "Estimate",
     "estimate",
     "record_run",
+    "naive_equivalent",
     "logged_runs",
     "runtime_log_path",
     "estimate_for_counts",
@@ -385,6 +386,50 @@ def _fit_seconds(features: np.ndarray, seconds: np.ndarray) -> LinearRegression:
     return regression
 
 
+# A fit from the log is used only where positions explain its runs: at the largest run
+# logged, the positions' share of the predicted time is at least this. Runs whose time
+# did not grow with their positions (a load that came and went, fixed costs that
+# dominated) fitted ~0 s per position, and the page then gave 2,916 positions the
+# estimate of 49 (45.6 s against 314.5 s measured).
+MIN_POSITION_SHARE = 0.5
+
+
+def _per_position(fit: LinearRegression, features: np.ndarray) -> bool:
+    """Whether ``fit`` (seconds = fixed + positions x cost, eq. thesis §7.1.3) has time
+    that grows with the positions: its position term is at least MIN_POSITION_SHARE of
+    its prediction for the largest logged run."""
+    largest = features[int(np.argmax(features.sum(axis=1)))]
+    position_seconds = float(np.dot(fit.coef_, largest))
+    total = position_seconds + max(float(fit.intercept_), 0.0)
+    return total > 0 and position_seconds >= MIN_POSITION_SHARE * total
+
+
+def naive_equivalent(
+    model_name: str,
+    mode: str,
+    patch: int,
+    counts: tuple[int, int],
+    found: Estimate,
+    positions: int,
+    directory: Path | None = None,
+) -> float | None:
+    """Seconds a naive run of ``positions`` (the grid naive would compute) would take,
+    computed as ``found`` (``mode``'s estimate for ``counts``) was: its seconds times the
+    calibration's naive-over-``mode`` ratio (both timed side by side on one host). None
+    without a calibration of both."""
+    from .registry.entries import RegistryError, find_entry
+
+    try:
+        _, entry = find_entry(model_name, directory)
+        this = _calibrated_seconds(entry, model_name, mode, patch, counts)
+        naive = _calibrated_seconds(entry, model_name, "naive", patch, (positions, 0))
+    except (RegistryError, NotCalibratedError):
+        return None
+    if this <= 0:
+        return None
+    return found.seconds * naive / this
+
+
 def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> tuple[Estimate, float] | None:
     """The estimate refitted from logged runs, and its spread factor (a ratio either
     way); None with too few runs to fit."""
@@ -392,7 +437,10 @@ def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> tuple[Esti
     seconds = np.maximum(np.array([r["seconds"] for r in rows]), 1e-3)
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
-    predicted = float(_fit_seconds(features, seconds).predict([_features(mode, counts)])[0])
+    fit = _fit_seconds(features, seconds)
+    if not _per_position(fit, features):
+        return None
+    predicted = float(fit.predict([_features(mode, counts)])[0])
     predicted = max(predicted, 1e-3)
     # The range: how far each logged run fell from a fit on the *other* runs (leave one
     # out), as a ratio, 90th percentile. In-sample residuals of a two-parameter fit on
@@ -421,10 +469,13 @@ def estimate(
     s1: int | None = None,
     directory: Path | None = None,
     log_path: Path | None = None,
+    cached: int = 0,
 ) -> Estimate:
     """Estimated run time with a range: refit from this host's logged runs when there are
     enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
-    when neither exists."""
+    when neither exists. ``cached``: positions of the grid already computed, which exact
+    and naive runs reuse (time = fixed + positions left x per-position cost: a run with
+    every cell cached costs its fixed part)."""
     from .registry.entries import find_entry
 
     path, entry = find_entry(model_name, directory)
@@ -432,6 +483,8 @@ def estimate(
     counts = planned_positions(
         image_size, patch, stride, region, mode, r_drill_down, target_speedup, s1
     )
+    if mode != "approximate":
+        counts = (max(counts[0] - int(cached), 0), counts[1])
     return estimate_for_counts(model_name, mode, patch, counts, directory, log_path)
 
 

@@ -7,7 +7,13 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton.estimator import estimate, estimate_for_counts, record_run
+from krypton.estimator import (
+    NotCalibratedError,
+    estimate,
+    estimate_for_counts,
+    naive_equivalent,
+    record_run,
+)
 from krypton.fundus import FundusGenerator
 from webapp import runs
 from webapp.helpers import InputError
@@ -271,7 +277,7 @@ def test_ranges_learned_from_a_few_noisy_runs_contain_the_next_run(tmp_path):
     logged run is predicted from the others (leave one out). Seeded runs: 0.8 s plus
     10 ms a position, times 25 % log-normal noise, as on a shared host."""
     rng = np.random.default_rng(0)
-    hits = shown = 0
+    hits = shown = asked = 0
     patch = 20  # not calibrated: the learned range is all there is, however wide
     for trial in range(40):
         log = tmp_path / f"log-{trial}.jsonl"
@@ -280,12 +286,18 @@ def test_ranges_learned_from_a_few_noisy_runs_contain_the_next_run(tmp_path):
             seconds = (0.8 + 0.01 * positions) * float(np.exp(rng.normal(0, 0.25)))
             if number >= 3:  # the log is refitted from three runs on
                 counts = (positions, 0)
-                found = estimate_for_counts("fundus-demo", "exact", patch, counts, None, log)
-                assert found.source.startswith("this host's last")
-                shown += 1
-                hits += found.low <= seconds <= found.high
+                asked += 1
+                try:
+                    found = estimate_for_counts("fundus-demo", "exact", patch, counts, None, log)
+                except NotCalibratedError:  # runs whose time did not follow their positions
+                    found = None
+                if found is not None:
+                    assert found.source.startswith("this host's last")
+                    shown += 1
+                    hits += found.low <= seconds <= found.high
             record_run("fundus-demo", "exact", patch, (positions, 0), seconds, log)
     assert hits / shown >= 0.85, hits / shown
+    assert shown >= 0.9 * asked, (shown, asked)  # no estimate is rare, and never a wrong one
 
 
 def test_a_run_in_many_chunks_checks_out_of_distribution_once(services, monkeypatch):
@@ -317,3 +329,58 @@ def test_two_entries_sharing_a_checkpoint_but_not_its_preprocessing_share_no_cel
     second = runs.execute(services, "s", request(services, model="fundus-demo-v2"), lambda *a: None)
     assert first["evaluated"] == 25 and second["reused"] == 0 and second["evaluated"] == 25
     assert not np.allclose(second["values"], first["values"])
+
+
+def test_estimates_follow_the_positions_when_logged_runs_did_not(krypton_home):
+    """Runs whose time did not grow with their positions (a load that came and went)
+    fitted ~0 s a position: the page then estimated 45.6 s for 2,916 positions and the
+    same for 400 and 49 (314.5 s, 50 s and 7.2 s measured). Such a fit is not used: the
+    calibration, scaled by this host's runs, keeps the estimates proportional."""
+    for positions, seconds in ((2916, 45), (2916, 46), (400, 44), (49, 44), (2916, 47)):
+        record_run("fundus-demo", "exact", 12, (positions, 0), seconds)
+    found = {n: estimate_for_counts("fundus-demo", "exact", 12, (n, 0)) for n in (49, 400, 2916)}
+    assert not found[49].source.startswith("this host's last")
+    per_position = {n: (found[n].seconds - found[49].seconds) for n in (400, 2916)}
+    assert per_position[2916] == pytest.approx(per_position[400] * (2916 - 49) / (400 - 49))
+    assert found[2916].seconds > 3 * found[400].seconds > 3 * found[49].seconds
+
+
+def test_a_run_with_every_cell_cached_is_estimated_at_its_fixed_cost(services, krypton_home):
+    """The estimate counted the planned positions, cached or not (51.8 s shown for a run
+    that computed nothing); the page now counts the positions left."""
+    from webapp.panels.settings import SettingsPanel
+
+    first = runs.execute(services, "s", request(services), lambda *a: None)
+    assert first["evaluated"] == 25
+    fixed = estimate_for_counts("fundus-demo", "exact", 16, (0, 0)).seconds
+    everything = estimate("fundus-demo", patch=16, stride=8, mode="exact", region=(16, 16, 64, 64))
+    cached = estimate(
+        "fundus-demo", patch=16, stride=8, mode="exact", region=(16, 16, 64, 64), cached=25
+    )
+    assert cached.seconds == pytest.approx(fixed) and cached.seconds < everything.seconds
+    panel = SettingsPanel(services)
+    image = {"key": first["image_key"]}
+    text = panel.estimate(
+        "fundus-demo", 16, 8, "exact", [16, 16, 64, 64], 0.25, 3.0, None, image, "gray", None
+    )
+    assert "for 0 of 25 positions (the rest are computed already)" in text
+    text = panel.estimate(
+        "fundus-demo", 16, 8, "exact", [0, 0, 64, 64], 0.25, 3.0, None, image, "gray", None
+    )
+    assert "of 49 positions" in text  # the new part of a larger region is estimated
+
+
+def test_the_naive_figure_is_scaled_as_the_estimate_beside_it(krypton_home):
+    """'(naive ≈ …)' read 0.0 s, 34.6 min or 3.4 s, unscaled, beside an exact figure
+    scaled 17x: it now is the exact estimate times the calibration's naive/exact ratio."""
+    for positions, seconds in ((100, 17 * 1.0), (400, 17 * 3.0), (900, 17 * 6.0)):
+        record_run("fundus-demo", "exact", 16, (positions, 0), seconds)
+    found = estimate_for_counts("fundus-demo", "exact", 16, (400, 0))
+    naive = naive_equivalent("fundus-demo", "exact", 16, (400, 0), found, 400)
+    calibrated = {
+        mode: estimate_for_counts("fundus-demo", mode, 16, (400, 0), log_path=krypton_home / "x")
+        for mode in ("exact", "naive")
+    }
+    ratio = calibrated["naive"].seconds / calibrated["exact"].seconds
+    assert naive == pytest.approx(found.seconds * ratio)
+    assert runs.naive_figure("fundus-demo", "exact", 16, (400, 0), 400, found) == naive

@@ -25,7 +25,13 @@ import torch
 import krypton
 from krypton.approximate.settings import DEFAULTS
 from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
-from krypton.estimator import Estimate, NotCalibratedError, estimate, record_run
+from krypton.estimator import (
+    Estimate,
+    NotCalibratedError,
+    estimate,
+    naive_equivalent,
+    record_run,
+)
 from krypton.explainer import grid_positions
 from krypton.registry import RegistryError
 
@@ -134,6 +140,12 @@ class CellCache:
             ):
                 self._known.popitem(last=False)
             return known
+
+    def peek(self, key: tuple) -> _Known | None:
+        """The cells kept for ``key``, or None; unlike :meth:`get`, adds nothing and moves
+        nothing (the page's estimate asks often)."""
+        with self._lock:
+            return self._known.get(key)
 
     def usage(self) -> tuple[int, int]:
         """(settings, bytes) kept."""
@@ -435,9 +447,12 @@ def find_estimate(
     region,
     r_drill_down: float,
     target_speedup: float,
+    cached: int = 0,
 ) -> Estimate | None:
     """The run-time estimate the page shows, or None where there is none (not calibrated,
-    settings explain() would refuse, an unknown model)."""
+    settings explain() would refuse, an unknown model). ``cached``: positions of the grid
+    already computed (exact and naive reuse them): the estimate is for the rest, so a
+    run with every cell cached is estimated at its fixed cost."""
     try:
         return estimate(
             model,
@@ -447,9 +462,21 @@ def find_estimate(
             region=region,
             r_drill_down=r_drill_down,
             target_speedup=target_speedup,
+            cached=cached,
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
+
+
+def naive_figure(
+    model: str, mode: str, patch: int, counts: tuple[int, int], positions: int, found: Estimate
+) -> float | None:
+    """Seconds naive would take for the same ``positions`` (``counts``: this mode's
+    planned stage-one and stage-two positions left), scaled as ``found`` was — the
+    calibration's naive-over-this-mode ratio; None where there is no basis for it."""
+    if mode == "naive":
+        return found.seconds
+    return naive_equivalent(model, mode, patch, counts, found, positions)
 
 
 def _estimate(request: RunRequest, region) -> dict | None:

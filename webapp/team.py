@@ -466,6 +466,11 @@ class RedisCellCache:
             known.origin = _parse_position(stored[b"origin"])
         return known
 
+    def peek(self, key: tuple) -> RedisKnown | None:
+        """The cells kept for ``key``, or None (reading writes nothing here either)."""
+        known = self.get(key)
+        return known if known.cells else None
+
 
 @dataclass
 class TeamStores:

@@ -10,6 +10,7 @@ from dash import Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 import krypton
+from krypton.estimator import planned_positions
 from krypton.explainer import grid_positions
 
 from .. import helpers, ids, runs
@@ -87,6 +88,9 @@ class SettingsPanel:
             Input(ids.DRILL_DOWN, "value"),
             Input(ids.TARGET_SPEEDUP, "value"),
             Input(ids.RESULT_STORE, "data"),  # refreshed after each run: it learns
+            Input(ids.IMAGE_STORE, "data"),  # its cells computed already cost nothing
+            Input(ids.COLOUR, "value"),
+            Input(ids.CUSTOM_COLOUR, "value"),
         )(self.estimate)
         app.callback(
             Output(ids.MESSAGE, "children", allow_duplicate=True),
@@ -161,29 +165,63 @@ class SettingsPanel:
             raise PreventUpdate from None
         return patch_options(patch), patch
 
-    def estimate(self, model_name, patch, stride, mode, region, drill, speedup, _result):
-        """How long a Run with these settings should take, and where that comes from."""
+    def estimate(
+        self, model_name, patch, stride, mode, region, drill, speedup, _result, image, colour,
+        custom,
+    ):  # fmt: skip
+        """How long a Run with these settings should take, and where that comes from:
+        fixed cost + the positions not computed yet x their cost, and what naive would
+        take for the same positions, scaled alike."""
         try:
             size = self.services.model(model_name).input_size
             helpers.check_region(region, size, patch, stride)
             ys, xs = grid_positions(size, patch, stride, region)
         except (InputError, ValueError) as exc:
             return html.Span(str(exc), className="warning")
-        found = runs.find_estimate(model_name, patch, stride, mode, region, drill, speedup)
-        naive = runs.find_estimate(model_name, patch, stride, "naive", region, drill, speedup)
         positions = len(ys) * len(xs)
+        cached = self._cached(model_name, patch, stride, mode, image, colour, custom, ys, xs)
+        found = runs.find_estimate(model_name, patch, stride, mode, region, drill, speedup, cached)
+        left = f"{positions - cached} of {positions}" if cached else f"{positions}"
         if found is None:
             return (
-                f"{positions} positions; no runtime estimate for this model and patch "
-                f"size yet (make calibrate, or it learns from your first runs)"
+                f"{left} positions; no runtime estimate for this model and patch size yet "
+                f"(make calibrate, or it learns from your first runs)"
             )
         text = (
-            f"Estimated {runs.estimate_text(dataclasses.asdict(found))} for {positions} "
-            f"positions, from {found.source}"
+            f"Estimated {runs.estimate_text(dataclasses.asdict(found))} for {left} "
+            f"positions{' (the rest are computed already)' if cached else ''}, from "
+            f"{found.source}"
         )
-        if naive and mode != "naive":
-            text += f" (naive ≈ {runs.format_seconds(naive.seconds)})"
+        try:
+            counts = planned_positions(size, patch, stride, region, mode, drill, speedup)
+        except ValueError:  # drill-down settings explain() would refuse
+            counts = (positions, 0)
+        counts = (counts[0] - cached, counts[1])
+        naive = runs.naive_figure(model_name, mode, patch, counts, positions - cached, found)
+        if naive is not None and mode != "naive":
+            text += f" (naive ≈ {runs.format_seconds(naive)})"
         return text
+
+    def _cached(self, model_name, patch, stride, mode, image, colour, custom, ys, xs) -> int:
+        """Grid positions whose cells an exact or naive run would reuse (0 otherwise)."""
+        if mode not in ("exact", "naive") or not image:
+            return 0
+        try:
+            request = runs.RunRequest(
+                image_key=image["key"], image_name="", model=model_name, patch=int(patch),
+                stride=int(stride), mode=mode, fill_rgb=helpers.parse_colour(colour, custom),
+            )  # fmt: skip
+            key = runs.cell_key(
+                request,
+                self.services.weights_checksum(model_name),
+                self.services.model(model_name).preprocessing,
+            )
+            known = self.services.cells.peek(key)
+        except (InputError, KeyError, TypeError, ValueError):
+            return 0
+        if known is None or not known.cells:
+            return 0
+        return sum((int(x), int(y)) in known.cells for y in ys for x in xs)
 
 
 def toggle_approximate(mode):
