@@ -60,6 +60,9 @@ class _Run:
         self.total = 0
         self.plan: ExecutionPlan | None = None
         self.timed_in_this_call = False  # both strategies were timed by this run
+        # seconds spent only to choose the strategy (timing the other one on positions
+        # already computed): work a naive run does not do, for the whole-run comparison
+        self.deciding_seconds = 0.0
 
     def timing(self) -> dict | None:
         """Both strategies' ms per position, when this call timed them on the same
@@ -163,11 +166,14 @@ class _Run:
         batch = self.batch_size
         first_batch = geometry.take(slice(0, batch))
         clock = self.explainer.clock
+        deciding = clock.now()
         if clock.cold(("incremental", tuple(self.image.shape), batch)):  # a card's warm-up
             self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
         began = clock.now()
+        self.deciding_seconds += began - deciding
         first = self.evaluate(corners[:batch], patch, geometry=first_batch)
-        incremental_seconds = (clock.now() - began) / batch
+        deciding = clock.now()
+        incremental_seconds = (deciding - began) / batch
         probe = naive_probe_size(batch, static.theoretical_speedup)
         naive_seconds, check = self._time_naive(corners[:probe])
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
@@ -182,6 +188,7 @@ class _Run:
             naive_seconds = min(naive_seconds, naive_again)
             self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
         self.timed_in_this_call = True
+        self.deciding_seconds += clock.now() - deciding
         if not self.plan.incremental:  # the first batch's values by the chosen strategy too
             softmax = torch.softmax(check.float(), dim=1).cpu().numpy()
             first = (
@@ -273,6 +280,7 @@ class _Run:
                     began = clock.now()
                     self._logits(corners, batch, geometry, not batch_naive)
                     other_seconds = clock.now() - began
+                    self.deciding_seconds += other_seconds
                     monitor.probe(seconds / size, other_seconds / size, self.evaluated + size)
             self.macs_spent += (full_macs if batch_naive else incremental_macs) * size
             self.macs_naive += full_macs * size

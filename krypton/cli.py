@@ -22,6 +22,7 @@ from .cli_volumes import (
     default_volume_model,
     is_volume_model,
     print_ood,
+    print_speed,
     run_explain_volume,
     stem_of,
     wants_volume,
@@ -455,6 +456,7 @@ def run_explain(args: argparse.Namespace) -> int:
         print(f"dicom      {dicom_line}")
     if heatmap.mode == "exact":
         print(f"plan       {heatmap.extra['plan']}")
+        print_speed(heatmap)
     if heatmap.mode == "approximate":
         per_position = heatmap.macs_naive / max(heatmap.positions_evaluated, 1)
         fewer = heatmap.values.size * per_position / max(heatmap.macs_spent, 1)

@@ -145,6 +145,15 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict) -> int:
     return 0
 
 
+def print_speed(heatmap) -> None:
+    """The exact run's speed line, worded as the page's (krypton.estimator.speed_claim)."""
+    from .estimator import heatmap_speed, speed_claim
+
+    speed = heatmap_speed(heatmap)
+    if speed is not None:
+        print(f"speed      {speed_claim(speed)}")
+
+
 def print_ood(ood: dict | None) -> None:
     """The out-of-distribution line (and, when flagged, the warning, also on stderr)."""
     if ood is None:
@@ -179,6 +188,7 @@ def _report(model, volume, prepared, heatmap, at, slices: str, written: list[Pat
     print_ood(heatmap.extra.get("ood"))
     if heatmap.mode == "exact":
         print(f"plan       {heatmap.extra['plan']}")
+        print_speed(heatmap)
     print(f"views      through voxel (z, y, x) = {at} ({slices})")
     if prepared.affine is None:
         print("frame      the source gave no scanner frame: the NIfTI is in model voxels")

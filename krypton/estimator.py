@@ -10,6 +10,7 @@ estimate needs nothing that only running would reveal).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 import math
@@ -39,6 +40,12 @@ __all__ = [
     "estimate",
     "record_run",
     "naive_equivalent",
+    "RunComparison",
+    "compare_with_naive",
+    "speed_claim",
+    "heatmap_speed",
+    "format_duration",
+    "SAME_SPEED",
     "logged_runs",
     "runtime_log_path",
     "estimate_for_counts",
@@ -285,6 +292,114 @@ def save_calibration(path: Path, record: dict, keep_other_patches: bool = False)
 RECENT_RUNS = 40  # the estimate follows this host's recent load, not last month's
 MIN_LOGGED_RUNS = 3
 _log_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """A finished run against a naive run of the same positions, both from what this run
+    measured: the speed claim the page, the CLI and the exports state."""
+
+    seconds: float  # the whole run, every fixed cost included
+    naive_seconds: float  # a naive run of the same positions, estimated
+    positions: int
+    incremental_ms: float  # per position, timed side by side in this run
+    naive_ms: float
+
+    @property
+    def ratio(self) -> float:
+        """Naive's whole-run time over this run's (above 1: this run was faster)."""
+        return self.naive_seconds / self.seconds if self.seconds > 0 else float("inf")
+
+
+def compare_with_naive(
+    seconds: float, positions: int, timing: dict, incremental_only: float = 0.0
+) -> RunComparison | None:
+    """This run (``seconds`` from start to end) against a naive run of its ``positions``:
+    the costs both pay (loading, preprocessing, the out-of-distribution check, per-call
+    overheads: what is left of ``seconds`` after the positions at the rate that ran and
+    the ``incremental_only`` seconds — views, timing the other strategy) plus the positions
+    at the naive rate this run measured (``timing``: its ms per position both ways, as
+    ``heatmap.extra["plan_timing"]``). None without a timing."""
+    if not timing or positions <= 0:
+        return None
+    incremental_ms = float(timing["incremental_ms_per_position"])
+    naive_ms = float(timing["naive_ms_per_position"])
+    ran_ms = naive_ms if timing.get("strategy") == "naive" else incremental_ms
+    common = max(seconds - incremental_only - positions * ran_ms / 1e3, 0.0)
+    return RunComparison(
+        seconds, common + positions * naive_ms / 1e3, positions, incremental_ms, naive_ms
+    )
+
+
+SAME_SPEED = 1.1  # within this factor either way, a run says neither faster nor slower
+
+
+def heatmap_speed(heatmap) -> dict | None:
+    """What an exact ``heatmap``'s run timed side by side (``extra["plan_timing"]``) with
+    the whole call against a naive one (``whole``), for :func:`speed_claim`; None where
+    the run timed nothing."""
+    timing = heatmap.extra.get("plan_timing")
+    if not timing:
+        return None
+    compared = compare_with_naive(
+        heatmap.seconds,
+        heatmap.positions_evaluated,
+        timing,
+        heatmap.extra.get("incremental_only_seconds", 0.0),
+    )
+    return dict(timing) if compared is None else dict(timing, whole=dataclasses.asdict(compared))
+
+
+def speed_claim(speed: dict) -> str:
+    """The speed line of an exact run (the page, the CLI, the exports and team mode all
+    say this): the whole run against a naive run of its positions where ``speed`` has it
+    (``whole``: :func:`compare_with_naive` as a dict), per position otherwise, saying which.
+    ``speed``: ``heatmap.extra["plan_timing"]``, what this run timed side by side."""
+    incremental = speed["incremental_ms_per_position"]
+    naive = speed["naive_ms_per_position"]
+    per_ratio = naive / incremental if incremental > 0 else float("inf")
+    per_position = (
+        f"measured in this run on the same positions: {incremental:.1f} ms/position "
+        f"incremental vs {naive:.1f} ms naive"
+    )
+    if speed.get("switched"):
+        # the run changed strategy when the other measured faster: the latest timing
+        return (
+            f"Switched to {speed.get('strategy')} during the run, when it measured faster: "
+            f"incremental at {per_ratio:.2f}× naive's speed per position, {per_position}."
+        )
+    if speed.get("strategy") == "naive":
+        return (
+            f"Ran naive: incremental was {per_ratio:.2f}× naive's speed per position, "
+            f"{per_position}."
+        )
+    whole = speed.get("whole")
+    if not whole:
+        return _claim(per_ratio, f"per position, {per_position}")
+    ratio = whole["naive_seconds"] / whole["seconds"] if whole["seconds"] > 0 else 1.0
+    return _claim(
+        ratio,
+        f"the whole run: {format_duration(whole['seconds'])} here, about "
+        f"{format_duration(whole['naive_seconds'])} for a naive run of its "
+        f"{whole['positions']} positions, every fixed cost counted ({per_position})",
+    )
+
+
+def _claim(ratio: float, basis: str) -> str:
+    if ratio >= SAME_SPEED:
+        return f"{ratio:.1f}× faster than naive, {basis}."
+    if ratio <= 1 / SAME_SPEED:
+        return f"{1 / ratio:.1f}× slower than naive, {basis}."
+    return f"About as fast as naive (within 10%), {basis}."
+
+
+def format_duration(seconds: float) -> str:
+    """'45 s', '2.5 min', '1.3 h': one unit, chosen by size."""
+    if seconds < 90:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from PIL import Image
 import krypton
 from krypton.estimator import (
     NotCalibratedError,
+    compare_with_naive,
     estimate,
     estimate_for_counts,
     naive_equivalent,
@@ -170,12 +171,22 @@ def test_result_lines_compare_truthfully():
     lines = runs.summary_lines(dict(base, speed=dict(timed, strategy="incremental")))
     assert lines[1] == "exact · 100 positions computed in 2.0 s (estimated 2.5 s (2.0–3.0 s))"
     assert lines[2] == (
-        "2.3× faster than naive, measured in this run on the same positions: "
-        "2.0 ms/position incremental vs 4.6 naive."
+        "2.3× faster than naive, per position, measured in this run on the same "
+        "positions: 2.0 ms/position incremental vs 4.6 ms naive."
+    )
+    # with the whole run's time: the claim a stopwatch checks, fixed costs counted. 100
+    # positions at 2.0 ms = 0.2 s of the 2.0 s, 0.3 s of it views and timing naive:
+    # 1.5 s both would pay, so naive ≈ 1.5 + 100 x 4.6 ms = 1.96 s, about as fast.
+    whole = compare_with_naive(2.0, 100, dict(timed, strategy="incremental"), 0.3)
+    assert whole.naive_seconds == pytest.approx(1.96) and whole.ratio == pytest.approx(0.98)
+    claimed = dict(timed, strategy="incremental", whole=whole.__dict__)
+    assert runs.summary_lines(dict(base, speed=claimed))[2].startswith(
+        "About as fast as naive (within 10%), the whole run: 2.0 s here, about 2.0 s for a "
+        "naive run of its 100 positions, every fixed cost counted (measured in this run"
     )
     slow = dict(timed, naive_ms_per_position=0.2, strategy="naive")
     assert runs.summary_lines(dict(base, speed=slow))[2].startswith(
-        "Ran naive: incremental was 0.10× naive's speed, measured in this run"
+        "Ran naive: incremental was 0.10× naive's speed per position, measured in this run"
     )
     switched = dict(slow, switched=True)  # the run changed strategy when naive measured faster
     assert runs.summary_lines(dict(base, speed=switched))[2].startswith(

@@ -19,6 +19,8 @@ from enum import Enum
 
 from tqdm import tqdm
 
+from krypton.estimator import format_duration  # one wording for durations
+
 __all__ = [
     "Provenance",
     "ResultView",
@@ -162,15 +164,6 @@ FINAL = frozenset({Phase.DONE, Phase.CANCELLED, Phase.FAILED})
 
 class IllegalTransition(RuntimeError):
     """A run was asked to move to a phase it cannot reach from its current one."""
-
-
-def format_duration(seconds: float) -> str:
-    """'45 s', '2.5 min', '1.3 h': one unit, chosen by size."""
-    if seconds < 90:
-        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass

@@ -28,9 +28,11 @@ from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
 from krypton.estimator import (
     Estimate,
     NotCalibratedError,
+    compare_with_naive,
     estimate,
     naive_equivalent,
     record_run,
+    speed_claim,
 )
 from krypton.explainer import grid_positions
 from krypton.registry import RegistryError
@@ -270,6 +272,12 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
     ood = services.explainer(request.model).ood_report(tensor)
     seconds = time.perf_counter() - started
+    if speed is not None:  # the whole run against a naive one, from this run's timing
+        compared = compare_with_naive(
+            seconds, evaluated, speed, speed.get("incremental_only_seconds", 0.0)
+        )
+        if compared is not None:
+            speed = dict(speed, whole=dataclasses.asdict(compared))
     if evaluated:
         record_run(request.model, request.mode, request.patch, counts, seconds)
 
@@ -400,6 +408,7 @@ def _run_grid(
         report(done, total, values.copy())
     chunk, begin = FIRST_CHUNK, 0
     plan_line = speed = None
+    incremental_only = 0.0  # seconds a naive run would not have spent (views, probes)
     while begin < len(todo):
         part = todo[begin : begin + chunk]
         offset = done
@@ -413,6 +422,7 @@ def _run_grid(
             progress=lambda d, t, offset=offset: report(offset + d, total),
         )
         plan = heatmap.extra.get("plan", "")
+        incremental_only += heatmap.extra.get("incremental_only_seconds", 0.0)
         if "plan_timing" in heatmap.extra:  # this chunk timed both strategies side by side
             speed = heatmap.extra["plan_timing"]  # the run's latest timing
             if "measured in this call" in plan:  # the chunk that planned the run
@@ -436,6 +446,8 @@ def _run_grid(
         begin += len(part)
         chunk = min(chunk * 2, LARGEST_CHUNK)
         report(done, total, values.copy())
+    if speed is not None:
+        speed = dict(speed, incremental_only_seconds=incremental_only)
     return values, class_values, reused, len(todo), plan_line, speed
 
 
@@ -508,9 +520,6 @@ def format_seconds(seconds: float | None) -> str:
     return "unknown" if seconds is None else format_duration(seconds)
 
 
-SAME_SPEED = 1.1  # within this factor either way, the run says neither faster nor slower
-
-
 def speed_text(speed: dict | None, mode: str) -> str:
     """The speed claim of an exact run: only what this run timed side by side."""
     if mode != "exact":
@@ -520,26 +529,7 @@ def speed_text(speed: dict | None, mode: str) -> str:
             "No speed comparison: this run did not time naive inference beside it "
             "(too few positions to compute, or the plan ruled incremental out)."
         )
-    incremental = speed["incremental_ms_per_position"]
-    naive = speed["naive_ms_per_position"]
-    ratio = naive / incremental if incremental > 0 else float("inf")
-    timed = (
-        f"measured in this run on the same positions: {incremental:.1f} ms/position "
-        f"incremental vs {naive:.1f} naive"
-    )
-    if speed.get("switched"):
-        # the run changed strategy when the other measured faster: the latest timing
-        return (
-            f"Switched to {speed.get('strategy')} during the run, when it measured faster: "
-            f"incremental at {ratio:.2f}× naive's speed, {timed}."
-        )
-    if speed.get("strategy") == "naive":
-        return f"Ran naive: incremental was {ratio:.2f}× naive's speed, {timed}."
-    if ratio >= SAME_SPEED:
-        return f"{ratio:.1f}× faster than naive, {timed}."
-    if ratio <= 1 / SAME_SPEED:
-        return f"{1 / ratio:.1f}× slower than naive, {timed}."
-    return f"About as fast as naive (within 10%), {timed}."
+    return speed_claim(speed)
 
 
 def summary_lines(result: dict) -> list[str]:
