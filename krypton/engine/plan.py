@@ -324,9 +324,9 @@ def measured_plan(
     )
     where = plan.reason.split(";")[0]
     if ratio >= MEASURED_MARGIN:
-        strategy, verdict = "incremental", f"{ratio:.2f}x faster"
+        strategy, verdict = "incremental", f"{ratio:.2f}x faster per position"
     else:
-        strategy, verdict = "naive", f"incremental only {ratio:.2f}x"
+        strategy, verdict = "naive", f"incremental only {ratio:.2f}x per position"
     return ExecutionPlan(
         strategy,
         f"{where}; {timing} ({verdict})",
