@@ -407,3 +407,22 @@ def test_a_run_in_many_calls_checks_out_of_distribution_once(tmp_path, nifti_byt
     )
     assert len(result["zs"]) == 3 and result["ood"] is not None  # three calls, one check
     assert len(checks) == 1
+
+
+def test_cancel_in_the_volume_panel_says_what_it_did(tmp_path):
+    """Cancel in the volume panel said nothing (the image panel's said what it did)."""
+    from app import create_app
+    from webapp import ids
+    from webapp.panels.run import cancelled
+
+    app = create_app(tmp_path / "cache")
+    wired = [
+        callback
+        for callback in app.callback_map.values()
+        if any(i["id"] == ids.VOLUME_CANCEL and i["property"] == "n_clicks"
+               for i in callback["inputs"])
+        and ids.VOLUME_MESSAGE in str(callback["output"])
+    ]  # fmt: skip
+    assert len(wired) == 1
+    assert cancelled(1, None) == "Run cancelled."
+    assert "previous run's" in cancelled(1, {"id": "x"})

@@ -236,7 +236,12 @@ def live_reporter(set_progress, shown, style, lifecycle: RunLifecycle) -> runs.R
 
 
 def cancelled(n_clicks, handle):
-    """What Cancel did, in words."""
+    """What Cancel did, in words (the image and the volume panels alike)."""
     if not n_clicks:
         return no_update
-    return "Run cancelled; the previous heatmap is kept." if handle else "Run cancelled."
+    if not handle:
+        return "Run cancelled."
+    return (
+        "Run cancelled; the heatmap below, if any, is the previous run's (shown only while "
+        "it matches these settings)."
+    )

@@ -21,6 +21,7 @@ from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
 from .common import empty_figure
+from .run import cancelled
 
 logger = logging.getLogger("krypton.app")
 LIVE_UPDATE_SECONDS = 0.3
@@ -171,6 +172,12 @@ class VolumePanel:
             *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
         )(self.summary)  # fmt: skip
+        app.callback(  # Cancel says what it did, as the image panel's does
+            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Input(ids.VOLUME_CANCEL, "n_clicks"),
+            State(ids.VOLUME_RESULT, "data"),
+            prevent_initial_call=True,
+        )(cancelled)
         app.callback(
             Output(ids.VOLUME_DOWNLOAD, "data"),
             Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
