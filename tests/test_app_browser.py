@@ -260,7 +260,7 @@ def test_a_file_over_the_limit_is_named_with_the_limit(dash_duo, tmp_path, fundu
     assert "0.05 MB" in dash_duo.find_element("#message").text
     weights = tmp_path / "huge-weights.pt"
     weights.write_bytes(bytes(300 * 1024))
-    dash_duo.find_element("details summary").click()  # "Add your own model"
+    dash_duo.find_element("#model-upload-details summary").click()  # "Add your own model"
     upload(dash_duo, "#model-upload", weights)
     dash_duo.wait_for_contains_text(
         "#model-upload-name", "huge-weights.pt is 0.3 MB; the limit is 0.05 MB", timeout=20
@@ -278,7 +278,7 @@ def test_user_model_upload(dash_duo, krypton_app, tmp_path, monkeypatch, krypton
     torch.save(model.state_dict(), tmp_path / "oct.pt")
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
-    dash_duo.find_element("details summary").click()
+    dash_duo.find_element("#model-upload-details summary").click()
     upload(dash_duo, "#model-upload", tmp_path / "oct.pt")
     dash_duo.wait_for_contains_text("#model-upload-name", "uploaded: oct.pt", timeout=60)
     dash_duo.find_element("#model-name").send_keys("oct-resnet18")

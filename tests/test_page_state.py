@@ -263,3 +263,23 @@ def test_a_volume_result_is_bound_to_its_patch_stride_mode_and_region():
         fields.update(change)
         hidden = result_view(shown, provenance(**fields))
         assert not hidden.show and words in hidden.reason
+
+
+def test_the_model_card_keeps_run_in_view():
+    """The card ran to about 250 words ("unusualness … at relu", every measured number)
+    and pushed Run below the fold: a few words stay in view, the rest behind "more"."""
+    from dash import html
+
+    from krypton.registry import load_model
+    from webapp.helpers import model_card_lines
+    from webapp.panels.settings import model_card
+
+    loaded = load_model("fundus-demo")
+    card = model_card(loaded)
+    *shown, more = card.children
+    words = " ".join(part.children for part in shown).split()
+    assert len(words) <= 30, words
+    assert "Out-of-distribution check: on." in [part.children for part in shown]
+    assert isinstance(more, html.Details) and more.children[0].children == "more about this model"
+    hidden = [part.children for part in more.children[1:]]
+    assert all(line in hidden for line in model_card_lines(loaded)[2:])

@@ -9,6 +9,8 @@ SESSION = "session"
 IMAGE_STORE = "image-store"
 REGION_STORE = "region-store"
 PREDICTION_STORE = "prediction-store"
+RUN_BUSY = "run-busy"  # true while a run of this tab is queued or running
+IMAGE_SHOWN = "image-shown"  # the image and model the picture on the page shows
 RESULT_STORE = "result-store"
 OVERLAY_STORE = "overlay-store"
 UPLOAD_TICKET = "upload-ticket"
@@ -126,3 +128,4 @@ VOLUME_GRAPHS = (
     ("coronal", VOLUME_GRAPH_CORONAL, VOLUME_SLIDER_CORONAL),
     ("sagittal", VOLUME_GRAPH_SAGITTAL, VOLUME_SLIDER_SAGITTAL),
 )
+MODEL_UPLOAD_DETAILS = "model-upload-details"  # "Add your own model"

@@ -311,7 +311,8 @@ def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
         " or a TorchScript file" if trusted_uploads else ""
     )
     return html.Details(
-        [
+        id=ids.MODEL_UPLOAD_DETAILS,
+        children=[
             html.Summary("Add your own model"),
             html.P(
                 f"Upload {accepted}, plus its class names (up to "
@@ -687,6 +688,8 @@ def build_layout(
             dcc.Store(id=ids.IMAGE_STORE),
             dcc.Store(id=ids.REGION_STORE),
             dcc.Store(id=ids.PREDICTION_STORE),
+            dcc.Store(id=ids.RUN_BUSY, data=False),
+            dcc.Store(id=ids.IMAGE_SHOWN),
             dcc.Store(id=ids.RESULT_STORE),
             dcc.Store(id=ids.OVERLAY_STORE),
             dcc.Store(id=ids.UPLOAD_TICKET),  # the server's token for an uploaded image

@@ -76,6 +76,7 @@ class ImagePanel:
         app.callback(
             Output(ids.IMAGE_GRAPH, "figure"),
             Output(ids.REGION_TEXT, "children"),
+            Output(ids.IMAGE_SHOWN, "data"),
             Input(ids.IMAGE_STORE, "data"),
             Input(ids.REGION_STORE, "data"),
             Input(ids.MODEL, "value"),
@@ -193,23 +194,25 @@ class ImagePanel:
         return region
 
     def draw_image(self, image_data, region, model_name):
-        """The picture at the model's input size, with the selected region."""
+        """The picture at the model's input size, with the selected region, and which
+        image and model the page now shows (the prediction beside it must be theirs)."""
         if not image_data:
-            return empty_figure("Load an image: upload one or pick a sample"), ""
+            return empty_figure("Load an image: upload one or pick a sample"), "", None
         try:
             loaded = self.services.model(model_name)
             image = helpers.model_view(
                 self.services.images.get(image_data["key"]), loaded.input_size
             )
         except InputError as exc:
-            return empty_figure(str(exc)), ""
+            return empty_figure(str(exc)), "", None
         height, width = loaded.input_size
         if region:
             x0, y0, x1, y1 = region
             text = f"Region x {x0}–{x1}, y {y0}–{y1} ({x1 - x0}×{y1 - y0} px)"
         else:
             text = f"Whole image ({width}×{height} px, the model's input size)"
-        return helpers.image_figure(image, region), text
+        shown = {"key": image_data["key"], "model": model_name}
+        return helpers.image_figure(image, region), text, shown
 
 
 def toggle_manual_window(preset):

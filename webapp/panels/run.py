@@ -66,7 +66,8 @@ class RunPanel:
             prevent_initial_call=True,
             interval=LIVE_UPDATE_SECONDS * 1000,
             running=[
-                (Output(ids.RUN, "disabled"), True, False),
+                # Run's own state follows this and the prediction (settings panel)
+                (Output(ids.RUN_BUSY, "data"), True, False),
                 (Output(ids.CANCEL, "disabled"), False, True),
                 (Output(ids.RESULT_PANEL_BODY, "style"), {"display": "none"}, {"display": "block"}),
                 (Output(ids.LIVE_PANEL, "style"), {"display": "block"}, {"display": "none"}),

@@ -39,27 +39,35 @@ class SettingsPanel:
             Input(ids.IMAGE_STORE, "data"),
             Input(ids.MODEL, "value"),
             State(ids.MODE, "value"),
-            State(ids.RUN, "disabled"),
+            State(ids.RUN_BUSY, "data"),
             prevent_initial_call="initial_duplicate",
-            # no Run until the prediction for what is on screen exists: a Run pressed in
-            # between explained the new image for the old one's class
-            running=[(Output(ids.RUN, "disabled"), True, False)],
         )(self.predict)
-        # A new image or model: the old prediction, class list and chosen class go at
-        # once, in the browser, before the new prediction comes (it takes seconds on a
-        # busy host, and they sat beside the new image all that time).
+        # The prediction, the class list and Run belong to one image and model: shown (and
+        # Run enabled, no run of this tab under way) only while the prediction on the page
+        # is the one for what is on screen. Decided in the browser from the current values
+        # alone, at once: the old top 5 and class sat beside a new image for 4 s on a busy
+        # host, and a Run pressed then explained the new image for the old image's class.
+        # The picture lags the image store by a server round trip (and a cached
+        # prediction can come first): the prediction shows beside the picture it is for,
+        # and Run waits until the picture, the image it would explain and the prediction
+        # all agree.
         app.clientside_callback(
-            """function(image, model) {
-                return [null, [], null, "", true];
+            """function(prediction, image, model, busy, shown) {
+                const on = p => Boolean(p) && Boolean(shown) && p.image === shown.key
+                    && p.model === shown.model;
+                const visible = on(prediction) ? {} : {"display": "none"};
+                const runnable = on(prediction) && Boolean(image) && image.key === shown.key
+                    && model === shown.model && !busy;
+                return [visible, visible, !runnable];
             }""",
-            Output(ids.PREDICTION_STORE, "data", allow_duplicate=True),
-            Output(ids.LABEL, "options", allow_duplicate=True),
-            Output(ids.LABEL, "value", allow_duplicate=True),
-            Output(ids.TOP5, "children", allow_duplicate=True),
-            Output(ids.RUN, "disabled", allow_duplicate=True),
+            Output(ids.TOP5, "style"),
+            Output(ids.LABEL, "style"),
+            Output(ids.RUN, "disabled"),
+            Input(ids.PREDICTION_STORE, "data"),
             Input(ids.IMAGE_STORE, "data"),
             Input(ids.MODEL, "value"),
-            prevent_initial_call=True,
+            Input(ids.RUN_BUSY, "data"),
+            Input(ids.IMAGE_SHOWN, "data"),
         )
         app.callback(
             Output(ids.PATCH, "options"), Output(ids.PATCH, "value"), Input(ids.MODEL, "value")
@@ -251,6 +259,26 @@ def clear_stale_message(*_):
 
 
 def model_card(loaded: krypton.LoadedModel) -> html.Div:
-    """What the model is, in a few lines (helpers.model_card_lines)."""
-    first, *rest = helpers.model_card_lines(loaded)
-    return html.Div([html.P(first)] + [html.P(line, className="help") for line in rest])
+    """What the model is (helpers.model_card_lines) in a few words — its name, classes and
+    input, whether images are checked against its training images — with the description
+    and every measured number behind "more about this model": the whole card (about 250
+    words) pushed Run below the fold."""
+    description, *rest = helpers.model_card_lines(loaded)
+    check = next((line for line in rest if line.startswith("Out-of-distribution check")), "")
+    short = [f"{loaded.name} · {rest[0]}" if rest else loaded.name]
+    if "not a medical device" in description:
+        short.append("A demonstration model, not a medical device.")
+    if check:
+        short.append(check.split(" (")[0] + ".")
+    more = [description] + rest[1:]
+    return html.Div(
+        [html.P(short[0])]
+        + [html.P(line, className="help") for line in short[1:]]
+        + [
+            html.Details(
+                [html.Summary("more about this model")]
+                + [html.P(line, className="help") for line in more],
+                className="model-card-more",
+            )
+        ]
+    )
