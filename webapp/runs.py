@@ -330,6 +330,13 @@ def cell_key(request: RunRequest, weights: str, preprocessing: tuple = ()) -> tu
     return (request.image_key, weights, preprocessing, request.patch, colour, request.mode)
 
 
+def request_cell_key(services: Services, request: RunRequest) -> tuple:
+    """:func:`cell_key` of ``request`` with its model's weights and preprocessing: the
+    one key a run's cells and the page's estimate of them are looked up by."""
+    preprocessing = services.model(request.model).preprocessing
+    return cell_key(request, services.weights_checksum(request.model), preprocessing)
+
+
 def _known_cells(
     services: Services, request: RunRequest, region: tuple
 ) -> tuple[_Known | None, tuple, str]:
@@ -338,9 +345,7 @@ def _known_cells(
     Approximate runs keep no cells: (None, region, "")."""
     if request.mode not in ("exact", "naive"):
         return None, region, ""
-    weights = services.weights_checksum(request.model)
-    preprocessing = services.model(request.model).preprocessing
-    known = services.cells.get(cell_key(request, weights, preprocessing))
+    known = services.cells.get(request_cell_key(services, request))
     if known.origin is None or not known.cells:
         return known, region, ""
     offset = (

@@ -219,12 +219,7 @@ class SettingsPanel:
                 image_key=image["key"], image_name="", model=model_name, patch=int(patch),
                 stride=int(stride), mode=mode, fill_rgb=helpers.parse_colour(colour, custom),
             )  # fmt: skip
-            key = runs.cell_key(
-                request,
-                self.services.weights_checksum(model_name),
-                self.services.model(model_name).preprocessing,
-            )
-            known = self.services.cells.peek(key)
+            known = self.services.cells.peek(runs.request_cell_key(self.services, request))
         except (InputError, KeyError, TypeError, ValueError):
             return 0
         if known is None or not known.cells:
