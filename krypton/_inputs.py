@@ -92,6 +92,15 @@ def grid_positions(
     return ys, xs
 
 
+def snap_start(start: int, end: int, through: int, stride: int, patch: int) -> int:
+    """One axis of a region moved onto the grid through ``through``: its first position
+    moves forward to the next grid line, never outside the region, so the positions
+    computed are ones the earlier grid has (the same rule for images and volumes); the
+    start is kept where the patch would no longer fit before ``end``."""
+    snapped = start + (through - start) % stride
+    return snapped if snapped + patch <= end else start
+
+
 def _listed_positions(
     positions: Iterable, image_hw: tuple[int, int], patch: int
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,7 @@ from ._inputs import (
     _where,
 )
 from ._inputs import grid_positions as grid_positions  # where the app and benches read it
+from ._inputs import snap_start as snap_start  # one snapping rule for the app's images and volumes
 from .approximate import drilldown
 from .approximate._plan import _approximate_plan, _ApproximatePlan
 from .approximate.settings import DEFAULTS, ApproximateSettings

@@ -80,11 +80,18 @@ def test_a_region_after_a_whole_run_reuses_its_cells_on_the_same_grid(services, 
     key = stored(services, nifti_bytes)
     first = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
     assert first["reused"] == 0 and first["evaluated"] == 6**3
-    # a region not on the grid: moved back onto it, every cell known
+    # a region not on the grid: moved forward onto it (inside the region), every cell known
+    pictures = []
     second = volume_runs.execute_volume(
-        services, "tab-1", request(key, region=(10, 3, 17, 40, 30, 48)), lambda *a: None
+        services, "tab-1", request(key, region=(10, 3, 17, 40, 30, 48)),
+        lambda done, total, values, axes: pictures.append(axes) if values is not None else None,
+    )  # fmt: skip
+    assert second["region"][:3] == [16, 8, 24] and "moved onto" in second["reuse_note"]
+    # the live picture is drawn on the grid the run computed, not the region as drawn
+    assert pictures and all(
+        [list(map(int, a)) for a in axes] == [second[n] for n in ("zs", "ys", "xs")]
+        for axes in pictures
     )
-    assert second["region"][:3] == [8, 0, 16] and "moved onto" in second["reuse_note"]
     assert second["evaluated"] == 0 and second["reused"] == second["values"].size
     expected = library(services, key, tuple(second["region"]), label=first["label"])
     np.testing.assert_allclose(second["values"], expected.values, atol=1e-5)
@@ -296,7 +303,7 @@ def test_approximate_runs_show_their_stage_one_picture_and_refuse_another_class(
     pictures = []
     result = volume_runs.execute_volume(
         services, "tab-1", request(key, mode="approximate", stride=4),
-        lambda done, total, values: pictures.append(values) if values is not None else None,
+        lambda done, total, values, axes: pictures.append(values) if values is not None else None,
     )  # fmt: skip
     assert result["mode"] == "approximate" and result["class_values"] is None
     assert result["values"].shape == tuple(len(result[a]) for a in ("zs", "ys", "xs"))
@@ -311,7 +318,7 @@ def test_a_cancelled_run_keeps_the_cells_it_computed_for_the_next(services, nift
     key = stored(services, nifti_bytes)
     seen = []
 
-    def cancel_after_two_pictures(done, total, values):
+    def cancel_after_two_pictures(done, total, values, axes):
         if values is not None:
             seen.append(done)
             if len(seen) == 2:

@@ -34,7 +34,7 @@ from krypton.estimator import (
     record_run,
     speed_claim,
 )
-from krypton.explainer import grid_positions
+from krypton.explainer import grid_positions, snap_start
 from krypton.registry import RegistryError
 
 from . import helpers
@@ -158,16 +158,12 @@ class CellCache:
 def snap_region(
     region: tuple[int, int, int, int], origin: tuple[int, int], stride: int, patch: int
 ) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
-    """Move the region's first position onto the grid through ``origin`` (never outside
-    the region): (snapped region, shift in pixels)."""
+    """Move the region's first position onto the grid through ``origin``
+    (:func:`krypton._inputs.snap_start`): (snapped region, shift in pixels)."""
     x0, y0, x1, y1 = region
-    shift_x = (origin[0] - x0) % stride
-    shift_y = (origin[1] - y0) % stride
-    if x0 + shift_x + patch > x1:
-        shift_x = 0
-    if y0 + shift_y + patch > y1:
-        shift_y = 0
-    return (x0 + shift_x, y0 + shift_y, x1, y1), (shift_x, shift_y)
+    left = snap_start(x0, x1, origin[0], stride, patch)
+    top = snap_start(y0, y1, origin[1], stride, patch)
+    return (left, top, x1, y1), (left - x0, top - y0)
 
 
 def execute(services: Services, session: str, request: RunRequest, report: Reporter) -> dict:

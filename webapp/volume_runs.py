@@ -29,6 +29,7 @@ import torch
 import krypton
 from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.estimator import MIN_LOGGED_RUNS, NotCalibratedError, estimate_for_counts, record_run
+from krypton.explainer import snap_start
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
 
@@ -48,8 +49,10 @@ __all__ = [
     "export_volume_json",
 ]
 
-# report(done, total, the grid's values so far or None): after every chunk; raising stops
-VolumeReporter = Callable[[int, int, "np.ndarray | None"], None]
+# report(done, total, the grid's values so far or None, the grid's (zs, ys, xs) or None):
+# after every chunk; raising stops the run. The grid is the one the run computes (a region
+# snapped onto the last run's grid included), so the live picture is drawn where it is.
+VolumeReporter = Callable[[int, int, "np.ndarray | None", "tuple | None"], None]
 
 
 def volume_suffix(data: bytes, filename: str | None) -> str:
@@ -171,15 +174,11 @@ def check_volume_region(region, size: tuple[int, int, int], patch: int, stride: 
         )
 
 
-def snap_volume_region(region, origin, stride: int, size) -> tuple[int, ...]:
-    """``region`` with its first corner moved back onto the grid through ``origin``
-    (z, y, x), so its positions are ones the last run computed (forward by a stride
-    where moving back would leave the block)."""
-    low = []
-    for start, through in zip(region[:3], origin):
-        snapped = through + ((start - through) // stride) * stride
-        low.append(snapped + stride if snapped < 0 else snapped)
-    return (*low, *(min(int(b), int(s)) for b, s in zip(region[3:], size)))
+def snap_volume_region(region, origin, stride: int, patch: int) -> tuple[int, ...]:
+    """``region`` with its first corner moved forward onto the grid through ``origin``
+    (z, y, x), by the images' rule (:func:`krypton._inputs.snap_start`)."""
+    low = (snap_start(a, b, o, stride, patch) for a, b, o in zip(region[:3], region[3:], origin))
+    return (*low, *(int(b) for b in region[3:]))
 
 
 def coarse_to_fine(count: int) -> list[int]:
@@ -233,11 +232,12 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
     fill = loaded.gray_fill()
     note = ""
     if request.mode == "approximate":
+        grid = _grid_axes(size, request.patch, request.stride, region)
         heatmap = explainer.explain(
             tensor, patch=request.patch, stride=request.stride, mode="approximate",
             fill=fill, label=label, region=region,
-            progress=lambda done, total: report(done, total, None),
-            partial=lambda values: report(0, 0, np.asarray(values, np.float32)),
+            progress=lambda done, total: report(done, total, None, None),
+            partial=lambda values: report(0, 0, np.asarray(values, np.float32), grid),
         )  # fmt: skip
         axes = (heatmap.zs, heatmap.ys, heatmap.xs)
         values, class_values = heatmap.values, None
@@ -253,7 +253,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         known = services.cells.get(key)  # the images' cache: one bound for both
         had_cells = bool(known.cells)
         if region is not None and request.snap and known.origin is not None:
-            snapped = snap_volume_region(region, known.origin, request.stride, size)
+            snapped = snap_volume_region(region, known.origin, request.stride, request.patch)
             if snapped != region:
                 note = (
                     f"region moved onto the last run's grid, from corner {list(region[:3])} "
@@ -348,7 +348,7 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
     reused = int(np.count_nonzero(~np.isnan(values)))
     done, plans = reused, []
     if reused:
-        report(done, total, values.copy())
+        report(done, total, values.copy(), axes)
     side = request.patch
     for k in coarse_to_fine(len(zs)):
         rows, cols = np.nonzero(np.isnan(values[k]))
@@ -363,7 +363,7 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
         heatmap = explainer.explain(
             tensor, patch=side, stride=request.stride, mode=request.mode, fill=fill,
             label=label, region=box,
-            progress=lambda d, t, offset=offset: report(offset + d, total, None),
+            progress=lambda d, t, offset=offset: report(offset + d, total, None, None),
         )  # fmt: skip
         plans.append(heatmap.extra.get("plan"))
         part = np.s_[k, i0 : i1 + 1, j0 : j1 + 1]
@@ -381,7 +381,7 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
                 }
             )
         done += int(np.count_nonzero(fresh))
-        report(done, total, values.copy())
+        report(done, total, values.copy(), axes)
     return values, class_values, reused, done - reused, _plan_line(plans)
 
 

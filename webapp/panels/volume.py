@@ -437,7 +437,7 @@ class VolumePanel:
             lifecycle.queue()
             with self.services.job(), self.services.jobs.slot(session, waiting, client):
                 lifecycle.start()
-                reporter = _live_reporter(set_progress, prepared, cursor, request, lifecycle)
+                reporter = _live_reporter(set_progress, prepared, cursor, request.patch, lifecycle)
                 result = volume_runs.execute_volume(self.services, session, request, reporter)
             lifecycle.finish()
         except QueueFull as exc:
@@ -545,27 +545,24 @@ def _view_of(trigger) -> str | None:
     return None
 
 
-def _live_reporter(set_progress, prepared, cursor, request, lifecycle: RunLifecycle):
+def _live_reporter(set_progress, prepared, cursor, patch: int, lifecycle: RunLifecycle):
     """Progress to the page: the bar, the count and the three views with the picture so
-    far (unknown cells take their nearest known one), at most every LIVE_UPDATE_SECONDS."""
-    from krypton._inputs import volume_grid
-
+    far (unknown cells take their nearest known one) on the grid the run computes, at
+    most every LIVE_UPDATE_SECONDS."""
     size = prepared.unit.shape
-    region = request.region
-    axes = volume_grid(size, (request.patch,) * 3, (request.stride,) * 3, region)
     state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
 
-    def report(done: int, total: int, values: np.ndarray | None) -> None:
+    def report(done: int, total: int, values: np.ndarray | None, axes) -> None:
         check_cancelled()
         if total:
             lifecycle.progress(done, total)
         now = time.perf_counter()
         if values is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
             return
-        if values is not None and values.shape == tuple(len(a) for a in axes):
+        if values is not None and axes is not None:
             filled = fill_for_display(values)
             if not np.isnan(filled).all():
-                heatmap = volume_runs.grid_heatmap(filled, axes, request.patch)
+                heatmap = volume_runs.grid_heatmap(filled, axes, patch)
                 per_voxel = voxel_values(heatmap, size)
                 low, high = float(np.nanmin(filled)), float(np.nanmax(filled)) + 1e-9
                 state["figure"] = volume_views.views_live_figure(
