@@ -60,6 +60,8 @@ def test_claims_under_a_cpu_burning_neighbour_match_the_same_runs_timing(tmp_pat
         lines = runs.summary_lines(result)
         claims = [line for line in lines if _direction(line) or line.startswith("About as")]
         assert len(claims) == 1, lines
+        # one measurement on the summary: the plan line does not repeat an earlier chunk's
+        assert sum("ms/position" in line for line in lines) == 1, lines
         assert "measured in this run" in claims[0], claims[0]
         speed = result["speed"]
         assert speed is not None, "an exact run of 121 positions times naive beside it"

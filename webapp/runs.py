@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 import uuid
@@ -533,6 +534,16 @@ def speed_text(speed: dict | None, mode: str) -> str:
     return speed_claim(speed)
 
 
+_PLAN_TIMING = re.compile(r"; measured (?:in this (?:run|call)|at [\d:]+) [^;]*?per position\)")
+
+
+def plan_text(plan: str, speed: dict | None) -> str:
+    """A run's plan line: its strategy and why; where the run has a speed line, without
+    the timing of the chunk that planned it (an early, colder one), so that the summary
+    states one measurement, the speed line's latest."""
+    return _PLAN_TIMING.sub("", plan) if speed else plan
+
+
 def summary_lines(result: dict) -> list[str]:
     """The result as the page states it: label, what ran and how long, against what."""
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
@@ -553,7 +564,7 @@ def summary_lines(result: dict) -> list[str]:
     else:
         lines.append(f"{result['mode']} · nothing computed: every cell was known from earlier runs")
     if result.get("plan") and result["mode"] == "exact":
-        lines.append(f"Plan: {result['plan']}")
+        lines.append(f"Plan: {plan_text(result['plan'], result.get('speed'))}")
     if result["reused"]:
         lines.append(f"Reused {result['reused']} cells from earlier runs")
     if result.get("reuse_note"):

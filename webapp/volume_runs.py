@@ -28,7 +28,13 @@ import torch
 
 import krypton
 from krypton.engine.capture_lock import CAPTURE_LOCK
-from krypton.estimator import MIN_LOGGED_RUNS, NotCalibratedError, estimate_for_counts, record_run
+from krypton.estimator import (
+    MIN_LOGGED_RUNS,
+    NotCalibratedError,
+    compare_with_naive,
+    estimate_for_counts,
+    record_run,
+)
 from krypton.explainer import snap_start
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
@@ -230,7 +236,9 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
     weights = services.weights_checksum(request.model)
     explainer = services.volume_explainer(request.model)
     fill = loaded.gray_fill()
-    note = ""
+    note, speed = "", None
+    if request.mode == "exact":  # this run times incremental against naive itself
+        explainer.forget_plans()
     if request.mode == "approximate":
         grid = _grid_axes(size, request.patch, request.stride, region)
         heatmap = explainer.explain(
@@ -262,7 +270,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
                 region = snapped
                 check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
         axes = _grid_axes(size, request.patch, request.stride, region)
-        values, class_values, reused, evaluated, plan = _run_slices(
+        values, class_values, reused, evaluated, plan, speed = _run_slices(
             explainer, tensor, axes, request, fill, label, known, report
         )
         known.set_origin((int(axes[0][0]), int(axes[1][0]), int(axes[2][0])))
@@ -273,6 +281,11 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
     # (the explainer checks an image once, however many calls ask)
     ood = explainer.ood_report(tensor)
     seconds = time.perf_counter() - started
+    if speed is not None:  # the whole run against a naive one, as the image panel's
+        compared = compare_with_naive(
+            seconds, evaluated, speed, speed["incremental_only_seconds"]
+        )
+        speed = dict(speed, whole=None if compared is None else dataclasses.asdict(compared))
     if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
         record_run(request.model, request.mode, request.patch, counts, seconds)
     result = {
@@ -313,6 +326,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         "reused": reused,
         "reuse_note": note,
         "plan": plan,
+        "speed": speed,  # incremental vs naive, timed side by side in this run, or None
         "ood": ood,
         "dicom_source": prepared.source.series_uid is not None,
         "affine": None
@@ -347,6 +361,7 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
     total = values.size
     reused = int(np.count_nonzero(~np.isnan(values)))
     done, plans = reused, []
+    timing: dict = {"incremental_only_seconds": 0.0}  # what the chunks timed side by side
     if reused:
         report(done, total, values.copy(), axes)
     side = request.patch
@@ -366,6 +381,8 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
             progress=lambda d, t, offset=offset: report(offset + d, total, None, None),
         )  # fmt: skip
         plans.append(heatmap.extra.get("plan"))
+        timing["incremental_only_seconds"] += heatmap.extra.get("incremental_only_seconds", 0.0)
+        timing.update(heatmap.extra.get("plan_timing") or {})  # the run's latest timing
         part = np.s_[k, i0 : i1 + 1, j0 : j1 + 1]
         fresh = np.isnan(values[part])
         values[part] = np.where(fresh, heatmap.values[0], values[part])
@@ -382,7 +399,8 @@ def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, kn
             )
         done += int(np.count_nonzero(fresh))
         report(done, total, values.copy(), axes)
-    return values, class_values, reused, done - reused, _plan_line(plans)
+    speed = timing if "naive_ms_per_position" in timing else None
+    return values, class_values, reused, done - reused, _plan_line(plans), speed
 
 
 def _plan_line(plans: list) -> str | None:
@@ -481,8 +499,12 @@ def volume_summary(result: dict) -> list[str]:
         )
     else:
         lines.append(f"{result['mode']} · nothing computed: every cell was known from earlier runs")
-    if result.get("plan") and result["mode"] == "exact":
-        lines.append(f"Plan: {result['plan']}")
+    if result["mode"] == "exact" and result["evaluated"]:
+        from .runs import plan_text, speed_text
+
+        if result.get("plan"):
+            lines.append(f"Plan: {plan_text(result['plan'], result.get('speed'))}")
+        lines.append(speed_text(result.get("speed"), "exact"))
     if result.get("reused"):
         lines.append(f"Reused {result['reused']} cells from earlier runs")
     if result.get("reuse_note"):
