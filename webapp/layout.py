@@ -14,6 +14,7 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH, DEFAULT_STRIDE
 
 from . import ids
+from .glossary import term_label
 from .volume_layout import volume_section
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
@@ -136,7 +137,7 @@ def mode_options(traceable: bool = True) -> list[dict]:
 
 
 def _labelled(label: str, control, help_text: str | None = None) -> html.Div:
-    children = [html.Label(label, className="control-label"), control]
+    children = [term_label(label), control]
     if help_text:
         children.append(html.Small(help_text, className="help"))
     return html.Div(children, className="control")

@@ -10,6 +10,7 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import DEFAULT_VOLUME_STRIDE
 
 from . import ids
+from .glossary import term_label
 
 VOLUME_EXPORTS = (
     ("NIfTI", "nifti", "the heatmap's cells in the scanner's frame (.nii.gz), one value per "
@@ -43,22 +44,22 @@ def volume_section(models: list[dict], default_model: str | None, max_bytes: int
     ]  # fmt: skip
     controls = html.Div(
         [
-            html.Label("Volume model", className="control-label"),
+            term_label("Volume model"),
             dcc.Dropdown(id=ids.VOLUME_MODEL, options=models, value=default_model,
                          clearable=False, style={"minWidth": "14em"}),
-            html.Label("Mode", className="control-label"),
+            term_label("Mode"),
             dcc.RadioItems(
                 id=ids.VOLUME_MODE, value="exact", inline=True,
                 options=[{"label": f" {m.capitalize()} ", "value": m}
                          for m in ("naive", "exact", "approximate")],
             ),
-            html.Label("Cube (voxels)", className="control-label"),
+            term_label("Cube (voxels)"),
             dcc.Input(id=ids.VOLUME_PATCH, type="number", min=1, step=1, value=8,
                       style={"width": "5em"}),
-            html.Label("Stride", className="control-label"),
+            term_label("Stride"),
             dcc.Input(id=ids.VOLUME_STRIDE, type="number", min=1, step=1,
                       value=DEFAULT_VOLUME_STRIDE, style={"width": "5em"}),
-            html.Label("Display window", className="control-label"),
+            term_label("Display window"),
             dcc.Dropdown(
                 id=ids.VOLUME_WINDOW, value="model", clearable=False,
                 options=[{"label": "The model's", "value": "model"}] + [
@@ -67,7 +68,7 @@ def volume_section(models: list[dict], default_model: str | None, max_bytes: int
                 ],
                 style={"minWidth": "13em"},
             ),
-            html.Label("Class", className="control-label"),
+            term_label("Class"),
             dcc.Dropdown(id=ids.VOLUME_LABEL, options=[], value=None,
                          placeholder="predicted class", style={"minWidth": "12em"}),
         ],
