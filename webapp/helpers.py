@@ -318,7 +318,7 @@ def model_card_lines(loaded) -> list[str]:
             f"image whose features at some stage of the network are unusually far from "
             f"theirs"
             + (
-                f" or on the side of {loaded.ood.outliers:,} synthetic non-images"
+                f" or on the side of {loaded.ood.outliers:,} synthetic counter-examples"
                 if loaded.ood.boundary is not None
                 else ""
             )
@@ -349,6 +349,15 @@ def model_card_lines(loaded) -> list[str]:
                     f"; the real Retina sample {_flagged_word(real['retina'])}, the "
                     f"Microaneurysms sample {_flagged_word(real['microaneurysms'])}, "
                     f"{real['microaneurysm_tiles']} of its 9 tiles flagged"
+                )
+            scans = rates.get("tomography")
+            if scans:
+                samples = scans["app_samples_flagged"]
+                text += (
+                    f"; real CT and MR: {sum(samples.values())} of the {len(samples)} CT and "
+                    f"MR samples here flagged, {scans['held_out_flagged']:.0%} of "
+                    f"{scans['held_out_slices']} held-out slices (pydicom's and nibabel's "
+                    f"test data)"
                 )
         lines.append(text + ".")
     else:

