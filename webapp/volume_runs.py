@@ -491,14 +491,17 @@ def volume_summary(result: dict) -> list[str]:
         lines.append(warning)
     grid = "x".join(str(len(result[a])) for a in ("zs", "ys", "xs"))
     where = "the whole block" if not result.get("region") else f"region {result['region']}"
+    named = f"{result['image']} · " if result.get("image") else ""  # which volume it explains
     if result["evaluated"]:
         lines.append(
-            f"{result['mode']} · {result['evaluated']} positions computed in "
+            f"{named}{result['mode']} · {result['evaluated']} positions computed in "
             f"{format_duration(result['seconds'])} ({grid} grid over {where}, cube "
             f"{result['patch']}, stride {result['stride']})"
         )
     else:
-        lines.append(f"{result['mode']} · nothing computed: every cell was known from earlier runs")
+        lines.append(
+            f"{named}{result['mode']} · nothing computed: every cell was known from earlier runs"
+        )
     if result["mode"] == "exact" and result["evaluated"]:
         from .runs import plan_text, speed_text
 
