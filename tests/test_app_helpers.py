@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from webapp import helpers
+from webapp import exports, figures, helpers
 from webapp.helpers import InputError
 from webapp.image_store import ImageStore
 from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
@@ -99,21 +99,21 @@ def test_exports_for_the_record():
         "input_size": [32, 32],
         "date": "2026-11-22 10:00",
     }
-    png = Image.open(io.BytesIO(helpers.export_png(image, result)))
+    png = Image.open(io.BytesIO(exports.export_png(image, result)))
     assert max(png.size) >= 512 and png.size[0] > png.size[1]  # image shape, colour bar
-    assert np.load(io.BytesIO(helpers.export_npy(result))).shape == (2, 2)
-    rows = helpers.export_csv(result).strip().splitlines()
+    assert np.load(io.BytesIO(exports.export_npy(result))).shape == (2, 2)
+    rows = exports.export_csv(result).strip().splitlines()
     assert rows[0] == "x,y,probability" and len(rows) == 4  # the NaN cell is left out
-    assert helpers.export_stem(result) == "krypton-m-scan_1-exact-p16s16-x0-32_y0-32-b_EXU_DATE_b"
+    assert exports.export_stem(result) == "krypton-m-scan_1-exact-p16s16-x0-32_y0-32-b_EXU_DATE_b"
     with pytest.raises(helpers.InputError, match="only the explained class"):
-        helpers.export_all_classes(result)
+        exports.export_all_classes(result)
     every = dict(
         result,
         class_values=np.zeros((2, 2, 3)),
         classes=["a", "b", "c"],
         base_probs=[0.2, 0.6, 0.2],
     )
-    archive = np.load(io.BytesIO(helpers.export_all_classes(every)))
+    archive = np.load(io.BytesIO(exports.export_all_classes(every)))
     assert archive["probabilities"].shape == (2, 2, 3) and list(archive["classes"]) == [
         "a",
         "b",
@@ -164,7 +164,7 @@ def test_overlay_styles_colour_what_they_say():
     with pytest.raises(ValueError, match="scale"):
         OverlayStyle(scale="log")
     with pytest.raises(helpers.InputError, match="opacity"):
-        helpers.overlay_style({"opacity": 2})
+        figures.overlay_style({"opacity": 2})
 
 
 def test_a_threshold_that_hides_every_cell_says_so():
@@ -174,12 +174,12 @@ def test_a_threshold_that_hides_every_cell_says_so():
     image = Image.new("RGB", (32, 32), "gray")
     values = np.array([[0.7, 0.75], [0.78, 0.8]])  # largest drop 0.1
     hiding = OverlayStyle(scale="absolute", threshold=0.5)
-    figure = helpers.heatmap_figure(image, values, [0, 16], [0, 16], 16, 0.8, "A", hiding)
+    figure = figures.heatmap_figure(image, values, [0, 16], [0, 16], 16, 0.8, "A", hiding)
     assert np.isnan(np.asarray(figure.data[1].z, dtype=float)).all()
     notes = " ".join(a.text for a in figure.layout.annotations).replace("<br>", " ")
     notes = html.unescape(notes)
     assert "No cell's drop exceeds the threshold 0.50 (the largest is 0.100)" in notes
-    some = helpers.heatmap_figure(
+    some = figures.heatmap_figure(
         image, values, [0, 16], [0, 16], 16, 0.8, "A", OverlayStyle(threshold=0.05)
     )
     assert not some.layout.annotations  # cells are coloured: nothing to say
@@ -190,11 +190,11 @@ def test_heatmap_figure_side_by_side_hidden_and_labelled():
 
     image = Image.new("RGB", (32, 32), "gray")
     values = np.array([[0.2, 0.5], [0.7, 0.8]])
-    figure = helpers.heatmap_figure(image, values, [0, 16], [0, 16], 16, 0.8, "A")
+    figure = figures.heatmap_figure(image, values, [0, 16], [0, 16], 16, 0.8, "A")
     assert [t.type for t in figure.data] == ["image", "heatmap"]
     assert figure.data[1].opacity == 0.55 and figure.data[1].visible
     assert "relative" in figure.data[1].colorbar.title.text
-    side = helpers.heatmap_figure(
+    side = figures.heatmap_figure(
         image, values, [0, 16], [0, 16], 16, 0.8, "A", OverlayStyle(show=False), True
     )
     assert [t.type for t in side.data] == ["image", "image", "heatmap"]
@@ -297,3 +297,18 @@ def helpers_key(data: bytes) -> str:
     import hashlib
 
     return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def test_a_message_in_place_of_a_figure_is_wrapped_inside_the_plot_and_escaped():
+    """A long message over a hidden result ran past the plot's edges in one line."""
+    from webapp.layout import PLACEHOLDER_LINE, placeholder_figure
+
+    message = (
+        "This heatmap was computed for another volume, model or setting; press Run to "
+        "explain <b>scan.nii.gz</b> as it is now on screen"
+    )
+    shown = placeholder_figure(message)["layout"]["annotations"][0]["text"]
+    lines = shown.split("<br>")
+    assert len(lines) > 2 and all(len(line) <= PLACEHOLDER_LINE + 12 for line in lines)
+    assert "<b>" not in shown and "&lt;b&gt;scan.nii.gz&lt;/b&gt;" in shown
+    assert placeholder_figure("")["layout"]["annotations"][0]["text"] == ""

@@ -139,7 +139,7 @@ def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_byte
     assert '"kind": "volume"' in text and '"class_values"' not in text
     # the server's stored-file key never leaves it (the image export strips its own)
     assert key not in text and '"source_key"' not in text and '"warnings"' in text
-    from webapp.helpers import export_stem
+    from webapp.exports import export_stem
 
     expected = f"krypton-ct-test-chest-exact-p8s8-z8-40_y8-40_x8-40-{result['label_name']}"
     assert export_stem(result) == expected

@@ -14,6 +14,7 @@ from test_cli import run_cli
 import krypton
 from krypton.batch.folder import collect_inputs, run_batch
 from krypton.io.images import load_image
+from webapp import exports
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ["retina.jpg", "microaneurysms.png", "chelsea.png", "coffee.png"]
@@ -147,7 +148,6 @@ def test_batch_and_the_app_write_the_same_value_files():
 
     from krypton.batch.folder import heatmap_files
     from krypton.render.exports import NPZ_KEYS
-    from webapp import helpers
 
     model = krypton.load_model("fundus-demo")
     picture = Image.open(ROOT / "assets" / "samples" / "retina.jpg").convert("RGB")
@@ -158,12 +158,12 @@ def test_batch_and_the_app_write_the_same_value_files():
         "values": heatmap.values, "class_values": heatmap.class_values, "xs": heatmap.xs,
         "ys": heatmap.ys, "classes": model.classes, "base_probs": heatmap.base_probs,
     }  # fmt: skip
-    assert files[".npy"] == helpers.export_npy(result)
+    assert files[".npy"] == exports.export_npy(result)
     batch, app = (
-        np.load(io.BytesIO(data)) for data in (files[".npz"], helpers.export_all_classes(result))
+        np.load(io.BytesIO(data)) for data in (files[".npz"], exports.export_all_classes(result))
     )
     assert tuple(batch.files) == tuple(app.files) == NPZ_KEYS
     for key in NPZ_KEYS:
         np.testing.assert_array_equal(batch[key], app[key])
-    rows = list(csv.reader(io.StringIO(helpers.export_csv(result))))
+    rows = list(csv.reader(io.StringIO(exports.export_csv(result))))
     assert rows[0] == ["x", "y", "probability"] and len(rows) == 1 + heatmap.values.size

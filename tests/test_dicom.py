@@ -24,6 +24,7 @@ from krypton.io.dicom import (
     secondary_capture,
 )
 from krypton.io.images import ImageLoadError, load_image
+from webapp import exports
 
 CT = get_testdata_file("CT_small.dcm")
 MR = get_testdata_file("MR_small.dcm")
@@ -267,22 +268,22 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
         dicom=record,
     )
     result = runs.execute(services, "s", request, lambda *a: None)
-    exports = {
-        "png": helpers.export_png(services.images.get(key), result),
-        "npy": helpers.export_npy(result),
-        "npz": helpers.export_all_classes(result),
-        "csv": helpers.export_csv(result).encode(),
+    files = {
+        "png": exports.export_png(services.images.get(key), result),
+        "npy": exports.export_npy(result),
+        "npz": exports.export_all_classes(result),
+        "csv": exports.export_csv(result).encode(),
         "json": runs.export_summary(result).encode(),
-        "dcm": helpers.export_dicom(services.images.source(source, "s"), result),
+        "dcm": exports.export_dicom(services.images.source(source, "s"), result),
     }
-    names = [helpers.export_stem(result)] + [p.name for p in (tmp_path / "cache").rglob("*")]
+    names = [exports.export_stem(result)] + [p.name for p in (tmp_path / "cache").rglob("*")]
     for secret in ("Doe", "Jane", "ID-12345", "19700101", "ACC-999"):
-        for kind, content in exports.items():
+        for kind, content in files.items():
             assert secret.encode() not in content, (secret, kind)
         assert not any(secret in name for name in names)
         assert all(secret not in r.getMessage() for r in caplog.records)
-    assert json.loads(exports["json"])["dicom"]["window"] == [-600.0, 1500.0]
-    assert json.loads(exports["json"])["dicom"]["window_source"] == "preset lung"
+    assert json.loads(files["json"])["dicom"]["window"] == [-600.0, 1500.0]
+    assert json.loads(files["json"])["dicom"]["window_source"] == "preset lung"
 
 
 def test_cli_explain_writes_a_secondary_capture_without_identity(tmp_path):

@@ -16,6 +16,7 @@ from pydicom.data import get_testdata_file
 import krypton
 from krypton.batch.folder import heatmap_files
 from krypton.registry.ood import caveat
+from webapp import exports
 
 FLAGGED = {
     "score": 12.3,
@@ -55,26 +56,26 @@ def dicom_result(tmp_path_factory):
 
 
 def test_app_exports_of_a_flagged_image_carry_the_warning(dicom_result):
-    from webapp import helpers, runs
+    from webapp import runs
 
     services, result, data = dicom_result
-    png = helpers.export_png(services.images.get(result["image_key"]), result)
+    png = exports.export_png(services.images.get(result["image_key"]), result)
     assert "not meaningful" in Image.open(io.BytesIO(png)).info["Warning"]
     summary = json.loads(runs.export_summary(result))
     assert summary["warnings"] and "not meaningful" in summary["warnings"][0]
-    capture = pydicom.dcmread(io.BytesIO(helpers.export_dicom(data, result)))
+    capture = pydicom.dcmread(io.BytesIO(exports.export_dicom(data, result)))
     assert capture.ImageComments.startswith("WARNING: this image does not look like")
 
 
 def test_app_exports_of_an_unflagged_image_say_nothing_extra(dicom_result):
-    from webapp import helpers, runs
+    from webapp import runs
 
     services, result, data = dicom_result
     clean = dict(result, ood=dict(FLAGGED, flagged=False))
-    png = helpers.export_png(services.images.get(clean["image_key"]), clean)
+    png = exports.export_png(services.images.get(clean["image_key"]), clean)
     assert "Warning" not in Image.open(io.BytesIO(png)).info
     assert json.loads(runs.export_summary(clean))["warnings"] == []
-    capture = pydicom.dcmread(io.BytesIO(helpers.export_dicom(data, clean)))
+    capture = pydicom.dcmread(io.BytesIO(exports.export_dicom(data, clean)))
     assert not capture.ImageComments.startswith("WARNING")
 
 
@@ -103,18 +104,17 @@ def test_csv_npz_and_npy_downloads_carry_the_warning_too(dicom_result, tmp_path)
 
     from krypton.registry import load_model
     from krypton.render.exports import WARNING_KEY, WARNING_SUFFIX
-    from webapp import helpers
 
     services, result, data = dicom_result
-    text = helpers.export_csv(result)
+    text = exports.export_csv(result)
     assert text.startswith("# warning: this image does not look like")
     rows = list(csv.reader(line for line in text.splitlines() if not line.startswith("#")))
     assert rows[0] == ["x", "y", "probability"] and len(rows) == 5  # 2 x 2 positions
-    with np.load(io.BytesIO(helpers.export_all_classes(result))) as archive:
+    with np.load(io.BytesIO(exports.export_all_classes(result))) as archive:
         assert "not meaningful" in str(archive[WARNING_KEY])
     clean = dict(result, ood=dict(FLAGGED, flagged=False))
-    assert helpers.export_csv(clean).startswith("x,y,probability")
-    with np.load(io.BytesIO(helpers.export_all_classes(clean))) as archive:
+    assert exports.export_csv(clean).startswith("x,y,probability")
+    with np.load(io.BytesIO(exports.export_all_classes(clean))) as archive:
         assert WARNING_KEY not in archive.files
 
     model = load_model("fundus-demo")

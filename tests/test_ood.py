@@ -224,7 +224,7 @@ def test_too_few_or_unreadable_reference_images_are_refused(tmp_path, reference_
 
 
 def test_models_without_a_reference_set_say_so():
-    from webapp.helpers import model_card_lines
+    from webapp.model_card import model_card_lines
 
     torch.manual_seed(0)
     module = torchvision.models.resnet18(num_classes=2).eval()
@@ -289,7 +289,7 @@ def test_the_check_is_safe_beside_a_run_of_the_same_model_in_another_thread():
 def test_the_default_models_card_states_its_pointing_setting_and_real_photo_flags():
     """The card says at which stride the pointing game was played and whether the check
     flags the real fundus photographs, as the record measured them."""
-    from webapp.helpers import model_card_lines
+    from webapp.model_card import model_card_lines
 
     loaded = krypton.load_model("fundus-demo")
     evaluation = loaded.extra["entry"]["evaluation"]

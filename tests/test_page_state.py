@@ -271,7 +271,7 @@ def test_the_model_card_keeps_run_in_view():
     from dash import html
 
     from krypton.registry import load_model
-    from webapp.helpers import model_card_lines
+    from webapp.model_card import model_card_lines
     from webapp.panels.settings import model_card
 
     loaded = load_model("fundus-demo")

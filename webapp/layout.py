@@ -386,8 +386,17 @@ def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
     )
 
 
+PLACEHOLDER_LINE = 40  # characters: Plotly does not wrap an annotation, so it is wrapped here
+
+
 def placeholder_figure(text: str) -> dict:
-    """An empty panel with a line of text, instead of bare axes."""
+    """An empty panel with a message, instead of bare axes: wrapped into short lines (a long
+    one ran past the edges of the plot, the volume views' narrower still), and escaped, as
+    it may name the user's files."""
+    import html as markup
+    import textwrap
+
+    lines = textwrap.wrap(text, PLACEHOLDER_LINE) or [""]
     return {
         "data": [],
         "layout": {
@@ -397,7 +406,7 @@ def placeholder_figure(text: str) -> dict:
             "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
             "annotations": [
                 {
-                    "text": text,
+                    "text": "<br>".join(markup.escape(line) for line in lines),
                     "showarrow": False,
                     "xref": "paper",
                     "yref": "paper",

@@ -38,7 +38,7 @@ from krypton.estimator import (
 from krypton.explainer import grid_positions, snap_start
 from krypton.registry import RegistryError
 
-from . import helpers
+from . import exports, helpers, model_card
 from .helpers import InputError
 from .lifecycle import Provenance, format_duration
 
@@ -547,7 +547,7 @@ def plan_text(plan: str, speed: dict | None) -> str:
 def summary_lines(result: dict) -> list[str]:
     """The result as the page states it: label, what ran and how long, against what."""
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
-    warning = helpers.ood_text(result.get("ood"))
+    warning = model_card.ood_text(result.get("ood"))
     if warning:
         lines.append(warning)
     if result["evaluated"]:
@@ -602,9 +602,9 @@ def export_summary(result: dict) -> str:
     that name the server's stored files (a file that leaves the server names none)."""
     skipped = ("values", "class_values", "base_probs", "image_key")
     summary = {k: v for k, v in result.items() if k not in skipped}
-    summary["warnings"] = [text for text in (helpers.ood_text(result.get("ood")),) if text]
+    summary["warnings"] = [text for text in (model_card.ood_text(result.get("ood")),) if text]
     if summary.get("provenance"):  # its image is the stored image's key
         summary["provenance"] = {k: v for k, v in summary["provenance"].items() if k != "image"}
     if summary.get("dicom"):
         summary["dicom"] = {k: v for k, v in summary["dicom"].items() if k != "source"}
-    return json.dumps(summary, indent=2, default=helpers.jsonable)
+    return json.dumps(summary, indent=2, default=exports.jsonable)

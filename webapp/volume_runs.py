@@ -39,8 +39,9 @@ from krypton.explainer import snap_start
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
 
-from .helpers import InputError, ood_text
+from .helpers import InputError
 from .lifecycle import Provenance
+from .model_card import ood_text
 
 __all__ = [
     "VolumeRequest",
@@ -282,9 +283,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
     ood = explainer.ood_report(tensor)
     seconds = time.perf_counter() - started
     if speed is not None:  # the whole run against a naive one, as the image panel's
-        compared = compare_with_naive(
-            seconds, evaluated, speed, speed["incremental_only_seconds"]
-        )
+        compared = compare_with_naive(seconds, evaluated, speed, speed["incremental_only_seconds"])
         speed = dict(speed, whole=None if compared is None else dataclasses.asdict(compared))
     if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
         record_run(request.model, request.mode, request.patch, counts, seconds)
@@ -482,8 +481,8 @@ def volume_heatmap(result: dict) -> krypton.Heatmap:
 
 def volume_summary(result: dict) -> list[str]:
     """The result as the panel states it."""
-    from .helpers import ood_text
     from .lifecycle import format_duration
+    from .model_card import ood_text
 
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
     warning = ood_text(result.get("ood"))
@@ -575,7 +574,7 @@ def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -
         )
         for z in range(depth)
     ]  # fmt: skip
-    from .helpers import ood_text
+    from .model_card import ood_text
 
     warning = ood_text(result.get("ood"))
     comments = (f"WARNING: {warning} " if warning else "") + (

@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 from krypton.io.dicom import WINDOW_PRESETS
 from krypton.render.volumes import VIEWS
 
-from .helpers import plotly_text
+from .figures import plotly_text
 
 __all__ = [
     "VIEW_AXES",

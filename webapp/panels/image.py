@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import helpers, ids
+from .. import figures, helpers, ids
 from ..client import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
@@ -212,7 +212,7 @@ class ImagePanel:
         else:
             text = f"Whole image ({width}×{height} px, the model's input size)"
         shown = {"key": image_data["key"], "model": model_name}
-        return helpers.image_figure(image, region), text, shown
+        return figures.image_figure(image, region), text, shown
 
 
 def toggle_manual_window(preset):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import helpers, ids, runs
+from .. import exports, figures, helpers, ids, model_card, runs
 from ..helpers import InputError
 from ..lifecycle import Provenance, result_view
 from ..services import Services
@@ -150,7 +150,7 @@ class ResultPanel:
         """The heatmap over the picture the model saw, drawn with the overlay settings."""
         loaded = self.services.model(result["model"])
         shown = helpers.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
-        return helpers.heatmap_figure(
+        return figures.heatmap_figure(
             shown,
             result["values"],
             result["xs"],
@@ -158,7 +158,7 @@ class ResultPanel:
             result["patch"],
             result["prob"],
             result["label_name"],
-            helpers.overlay_style(overlay),
+            figures.overlay_style(overlay),
             (overlay or {}).get("view") == "side",
         )
 
@@ -183,24 +183,24 @@ class ResultPanel:
 
     def download(self, result: dict, fmt: str, session, overlay, identity) -> tuple[dict, str]:
         """The file for one export button (helpers' writers) and an empty message."""
-        stem = helpers.export_stem(result)
-        style = helpers.overlay_style(overlay)
+        stem = exports.export_stem(result)
+        style = figures.overlay_style(overlay)
         if fmt == "png":
             original = self.services.images.get(result["image_key"])
-            return dcc.send_bytes(helpers.export_png(original, result, style), f"{stem}.png"), ""
+            return dcc.send_bytes(exports.export_png(original, result, style), f"{stem}.png"), ""
         if fmt == "dcm":
             source = self.services.images.source(
                 (result.get("dicom") or {}).get("source", ""), str(session or "")
             )
-            data = helpers.export_dicom(source, result, style, "identity" in (identity or []))
+            data = exports.export_dicom(source, result, style, "identity" in (identity or []))
             return dcc.send_bytes(data, f"{stem}.dcm"), ""
         if fmt == "npy":  # one array and nothing else: a flagged image's name says so
-            flagged = "-out-of-distribution" if helpers.ood_text(result.get("ood")) else ""
-            return dcc.send_bytes(helpers.export_npy(result), f"{stem}{flagged}.npy"), ""
+            flagged = "-out-of-distribution" if model_card.ood_text(result.get("ood")) else ""
+            return dcc.send_bytes(exports.export_npy(result), f"{stem}{flagged}.npy"), ""
         if fmt == "npz":
-            return dcc.send_bytes(helpers.export_all_classes(result), f"{stem}-all.npz"), ""
+            return dcc.send_bytes(exports.export_all_classes(result), f"{stem}-all.npz"), ""
         if fmt == "csv":
-            return dcc.send_string(helpers.export_csv(result), f"{stem}.csv"), ""
+            return dcc.send_string(exports.export_csv(result), f"{stem}.csv"), ""
         return dcc.send_string(runs.export_summary(result), f"{stem}.json"), ""
 
 

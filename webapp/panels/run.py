@@ -10,7 +10,7 @@ import time
 from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import helpers, ids, runs
+from .. import figures, helpers, ids, runs
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError
 from ..jobs import JobCancelled, QueueFull, check_cancelled
@@ -127,7 +127,7 @@ class RunPanel:
                 raise InputError("load an image first")
             loaded = self.services.model(model_name)
             request, overlay = run_request(image_data, model_name, *settings)
-            style = helpers.overlay_style(overlay)
+            style = figures.overlay_style(overlay)
             shown = helpers.model_view(
                 self.services.images.get(request.image_key), loaded.input_size
             )
@@ -213,7 +213,7 @@ def live_reporter(set_progress, shown, style, lifecycle: RunLifecycle) -> runs.R
         if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
             return
         if partial is not None:
-            state["figure"] = helpers.heatmap_figure(
+            state["figure"] = figures.heatmap_figure(
                 shown,
                 helpers.fill_for_display(partial.values),
                 partial.xs,

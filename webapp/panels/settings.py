@@ -16,6 +16,7 @@ from krypton.explainer import grid_positions
 from .. import helpers, ids, runs
 from ..helpers import InputError
 from ..layout import mode_options, patch_options
+from ..model_card import model_card_lines, ood_text
 from ..services import Services
 
 
@@ -126,7 +127,7 @@ class SettingsPanel:
         tensor = loaded.preprocess(image)
         logits, capture_error = self.services.logits(model_name, tensor)
         ood = loaded.check_ood(tensor)
-        warning = helpers.ood_text(None if ood is None else ood.as_dict())
+        warning = ood_text(None if ood is None else ood.as_dict())
         probs = torch.softmax(logits[0].float(), 0)
         top = torch.topk(probs, min(5, probs.numel()))
         top5 = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
@@ -254,11 +255,11 @@ def clear_stale_message(*_):
 
 
 def model_card(loaded: krypton.LoadedModel) -> html.Div:
-    """What the model is (helpers.model_card_lines) in a few words — its name, classes and
+    """What the model is (model_card_lines) in a few words — its name, classes and
     input, whether images are checked against its training images — with the description
     and every measured number behind "more about this model": the whole card (about 250
     words) pushed Run below the fold."""
-    description, *rest = helpers.model_card_lines(loaded)
+    description, *rest = model_card_lines(loaded)
     check = next((line for line in rest if line.startswith("Out-of-distribution check")), "")
     short = [f"{loaded.name} · {rest[0]}" if rest else loaded.name]
     if "not a medical device" in description:

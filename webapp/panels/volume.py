@@ -15,8 +15,9 @@ from krypton.registry import available_models
 from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
 from .. import ids, volume_runs, volume_views
+from ..exports import export_stem
 from ..guard import CLIENT_HEADER
-from ..helpers import InputError, export_stem, fill_for_display, owner_tag
+from ..helpers import InputError, fill_for_display, owner_tag
 from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services

@@ -1,0 +1,137 @@
+"""The page's Plotly figures: the model-input image with its region, and a heatmap over
+it with a colour bar that names its scale."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+from PIL import Image
+
+from krypton.render.overlay import OverlayStyle, styled_heatmap
+
+from .helpers import InputError, data_url
+
+
+def plotly_text(text: str) -> str:
+    """User text (class, model and file names) for a Plotly title: Plotly renders a subset
+    of HTML there (links, styles), so every markup character is escaped."""
+    return html.escape(str(text), quote=True)
+
+
+def image_figure(image: Image.Image, region: list[int] | None) -> go.Figure:
+    """The model-input image; drag a box on it to choose the region."""
+    figure = go.Figure(go.Image(source=data_url(image), hoverinfo="x+y"))
+    if region:
+        x0, y0, x1, y1 = region
+        figure.add_shape(
+            type="rect",
+            x0=x0 - 0.5,
+            y0=y0 - 0.5,
+            x1=x1 - 0.5,
+            y1=y1 - 0.5,
+            line={"color": "#00e5ff", "width": 2},
+        )
+    figure.update_layout(
+        dragmode="select",
+        margin={"l": 0, "r": 0, "t": 0, "b": 0},
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        height=420,
+        uirevision="image",
+        newselection={"mode": "immediate"},
+    )
+    return figure
+
+
+def overlay_style(data: dict | None) -> OverlayStyle:
+    """The overlay controls' values (the overlay-store) as an OverlayStyle."""
+    data = data or {}
+    try:
+        return OverlayStyle(
+            opacity=float(data.get("opacity", 0.55)),
+            threshold=float(data.get("threshold", 0.0)),
+            scale=str(data.get("scale", "relative")),
+            show=bool(data.get("show", True)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"overlay settings: {exc}") from None
+
+
+def _wrapped(text: str, width: int = 22) -> str:
+    """A colour-bar title broken into short lines (Plotly's <br>), escaped."""
+    import textwrap
+
+    return "<br>".join(plotly_text(line) for line in textwrap.wrap(text, width))
+
+
+def heatmap_figure(
+    image: Image.Image,
+    values: np.ndarray,
+    xs,
+    ys,
+    patch: int,
+    prob: float,
+    title: str = "",
+    style: OverlayStyle | None = None,
+    side_by_side: bool = False,
+) -> go.Figure:
+    """The heatmap over the image, red = most sensitive, with a colour bar that names its
+    scale; ``side_by_side`` puts the plain image on the left (zoom and pan linked)."""
+    from plotly.subplots import make_subplots
+
+    style = style or OverlayStyle()
+    styled = styled_heatmap(values, prob, style)
+    raw = np.asarray(values, dtype=np.float64)
+    source = data_url(image)
+    columns = 2 if side_by_side else 1
+    figure = make_subplots(rows=1, cols=columns, horizontal_spacing=0.02)
+    for column in range(1, columns + 1):
+        figure.add_trace(go.Image(source=source, hoverinfo="skip"), row=1, col=column)
+    centres_x = np.asarray(xs) + (patch - 1) / 2
+    centres_y = np.asarray(ys) + (patch - 1) / 2
+    figure.add_trace(
+        go.Heatmap(
+            z=styled.values,
+            x=centres_x,
+            y=centres_y,
+            zmin=styled.low,
+            zmax=styled.high,
+            colorscale="Jet",
+            reversescale=styled.colormap == "jet_r",
+            opacity=style.opacity,
+            visible=style.show,
+            customdata=np.dstack([raw, prob - raw]),
+            hoverongaps=False,
+            hovertemplate=(
+                "patch at (%{x:.0f}, %{y:.0f}): p = %{customdata[0]:.4f}, "
+                "drop %{customdata[1]:.4f}<extra></extra>"
+            ),
+            colorbar={"title": {"text": _wrapped(styled.label)}, "thickness": 14},
+        ),
+        row=1,
+        col=columns,
+    )
+    figure.update_xaxes(visible=False)
+    figure.update_yaxes(visible=False, autorange="reversed")
+    if side_by_side:
+        figure.update_xaxes(matches="x")
+        figure.update_yaxes(matches="y", scaleanchor="x")
+    figure.update_layout(
+        margin={"l": 0, "r": 0, "t": 30 if title else 0, "b": 0},
+        title={"text": plotly_text(title), "font": {"size": 13}},
+        height=420,
+    )
+    if styled.note and style.show:  # no cell coloured: Plotly drops the colour bar too
+        figure.add_annotation(
+            text=_wrapped(styled.note, 60),
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.02,
+            showarrow=False,
+            bgcolor="rgba(255, 255, 255, 0.85)",
+            font={"size": 12},
+        )
+    return figure
