@@ -129,6 +129,27 @@ def _listed_positions(
     return array[:, 1], array[:, 0]
 
 
+def _listed_corners(positions: Iterable, size: tuple[int, ...], extent: tuple[int, ...]):
+    """A volume's listed positions: (z, y, x) first voxels of the cube, as its region is
+    (z0, y0, x0, ...); (N, 3) unique corners, every cube inside the volume."""
+    try:
+        array = np.asarray(list(positions), dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError("positions must be a list of (z, y, x) integer triples") from exc
+    if array.size == 0:
+        raise ValueError("positions is empty: give at least one (z, y, x) position")
+    if array.ndim != 2 or array.shape[1] != 3:
+        raise ValueError(f"positions must be a list of (z, y, x) triples, got shape {array.shape}")
+    bad = ((array < 0) | (array + np.asarray(extent) > np.asarray(size))).any(axis=1)
+    if bad.any():
+        z, y, x = array[np.argmax(bad)]
+        raise ValueError(
+            f"position (z={z}, y={y}, x={x}) puts the {'x'.join(map(str, extent))} cube "
+            f"outside the {'x'.join(map(str, size))} volume"
+        )
+    return np.unique(array, axis=0)  # duplicates cost time and change nothing
+
+
 def per_axis(value, name: str, rank: int) -> tuple[int, ...]:
     """A patch or stride for a volume: one positive int (a cube) or one per axis."""
     if isinstance(value, (tuple, list)):
@@ -241,12 +262,10 @@ def _where(image: torch.Tensor, patch, stride, region, positions, mode: str) -> 
     if positions is not None and region is not None:
         raise ValueError("give either region or positions, not both")
     if image.dim() == 4:
-        if positions is not None:
-            raise ValueError(
-                "position lists are for 2-D images; give a volume a region "
-                "(z0, y0, x0, z1, y1, x1) and a stride"
-            )
         extent = per_axis(patch, "patch", 3)
+        if positions is not None:
+            corners = _listed_corners(positions, tuple(image.shape[1:]), extent)
+            return Where(corners, extent, None, _compact(extent), None)
         strides = per_axis(stride, "stride", 3)
         grid = volume_grid(tuple(image.shape[1:]), extent, strides, region)
         mesh = np.meshgrid(*grid, indexing="ij")

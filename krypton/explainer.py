@@ -739,7 +739,8 @@ def explain(
         label: class to explain; default the class predicted on the unoccluded image.
         region: (x0, y0, x1, y1) to restrict the grid to; default the whole image. For a
             volume (z0, y0, x0, z1, y1, x1).
-        positions: explicit list of (x, y) top-left corners instead of a grid (approximate
+        positions: explicit list of (x, y) top-left corners (for a volume (z, y, x) first
+            voxels, as its region) instead of a grid (approximate
             mode then applies thresholding only: drill-down needs a grid).
         batch_size: occluded images per batch; default 16 on CPU, 128 on CUDA.
         device: where to run; default the model's device (the model is not moved).

@@ -68,10 +68,15 @@ def test_check_region_and_colours():
 
 def test_coarse_to_fine_order_covers_region_first():
     ys, xs = np.meshgrid(np.arange(0, 64, 4), np.arange(0, 64, 4), indexing="ij")
-    order = helpers.order_coarse_to_fine(ys.ravel(), xs.ravel())
+    cells = np.stack([ys.ravel() // 4, xs.ravel() // 4], axis=1)  # grid rows and columns
+    order = helpers.order_coarse_to_fine(cells)
     assert sorted(order.tolist()) == list(range(256))
     first = order[:4]
     assert set(zip(ys.ravel()[first], xs.ravel()[first])) == {(0, 0), (0, 32), (32, 0), (32, 32)}
+    # a volume's grid the same way: the coarse corners of the block first
+    block = np.stack([g.ravel() for g in np.indices((9, 9, 9))], axis=1)
+    first = block[helpers.order_coarse_to_fine(block)[:8]]
+    assert {tuple(c) for c in first} == {(z, y, x) for z in (0, 8) for y in (0, 8) for x in (0, 8)}
 
 
 def test_fill_for_display_uses_nearest_known():

@@ -69,7 +69,8 @@ def test_a_run_equals_the_library_on_the_same_block_and_reports_live_pictures(
     np.testing.assert_allclose(result["values"], expected.values, atol=1e-5)
     assert result["zs"] == expected.zs.tolist() and result["xs"] == expected.xs.tolist()
     pictures = [r for r in reports if r[2] is not None]
-    assert len(pictures) == len(expected.zs)  # one per slice of positions, coarse first
+    # the image panel's loop: chunks of 16 positions, doubling, coarse first (48: 16 + 32)
+    assert expected.values.size == 48 and len(pictures) == 2
     assert np.isnan(pictures[0][2]).any() and not np.isnan(pictures[-1][2]).any()
     assert reports[-1][0] == reports[-1][1] == expected.values.size
     other = volume_runs.relabel_volume(result, 1 - result["label"])
@@ -343,7 +344,7 @@ def test_a_cancelled_run_keeps_the_cells_it_computed_for_the_next(services, nift
         volume_runs.execute_volume(services, "tab-1", request(key), cancel_after_two_pictures)
     assert services.results.get(volume_runs.volume_session("tab-1")) is None  # no result
     again = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
-    assert again["reused"] == seen[-1] == 2 * 36  # two slices of 6 x 6 positions
+    assert again["reused"] == seen[-1] == 16 + 32  # the first two chunks
     assert again["evaluated"] == 6**3 - again["reused"]
 
 
@@ -415,7 +416,7 @@ def test_the_panel_estimates_a_run_from_this_hosts_volume_runs(services, nifti_b
 
 
 def test_a_run_in_many_calls_checks_out_of_distribution_once(tmp_path, nifti_bytes, monkeypatch):
-    """Each slice of positions is one explain call, and each call reports the verdict;
+    """Each chunk of positions is one explain call, and each call reports the verdict;
     the check itself (a forward pass under the exclusive capture lock) runs once."""
     import krypton.explainer
 
@@ -427,7 +428,7 @@ def test_a_run_in_many_calls_checks_out_of_distribution_once(tmp_path, nifti_byt
     result = volume_runs.execute_volume(
         services, "tab-1", request(key, model="chestct-demo", stride=16), lambda *a: None
     )
-    assert len(result["zs"]) == 3 and result["ood"] is not None  # three calls, one check
+    assert result["evaluated"] == 27 and result["ood"] is not None  # two calls, one check
     assert len(checks) == 1
 
 

@@ -281,11 +281,33 @@ def test_explain_a_volume_with_a_cube_and_the_explainer_object(small_volume_net)
     np.testing.assert_allclose(heatmap.values, again.values, atol=1e-5, rtol=0)
 
 
+def test_a_volume_explains_listed_positions_as_its_grid_does(small_volume_net):
+    """Volumes take positions as images do — (z, y, x) first voxels, as their regions —
+    so an app computes any set of cells (coarse to fine, the unknown ones) in one call."""
+    volume = torch.rand(1, 16, 16, 16)
+    explainer = krypton.OcclusionExplainer(small_volume_net)
+    grid = explainer.explain(volume, patch=8, stride=4, mode="exact")
+    listed = [(8, 0, 4), (0, 8, 8), (4, 4, 0), (8, 0, 4)]  # a duplicate costs nothing
+    for mode in ("exact", "naive"):
+        some = explainer.explain(volume, patch=8, mode=mode, positions=listed)
+        assert some.positions_evaluated == 3
+        assert some.zs.tolist() == [0, 4, 8] and some.xs.tolist() == [0, 4, 8]
+        for z, y, x in listed:
+            k, i, j = (
+                int(np.searchsorted(a, v)) for a, v in ((some.zs, z), (some.ys, y), (some.xs, x))
+            )
+            assert some.values[k, i, j] == pytest.approx(
+                grid.values[z // 4, y // 4, x // 4], abs=1e-5
+            )
+        assert np.isnan(some.values).sum() == some.values.size - 3  # the rest not computed
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(mode="approximate", tau=1.0, stride=(4, 4, 2)), "drill-down needs one stride"),
-        (dict(positions=[(0, 0)]), "position lists are for 2-D images"),
+        (dict(positions=[(0, 0)]), r"list of \(z, y, x\) triples"),
+        (dict(positions=[(0, 0, 14)]), r"position \(z=0, y=0, x=14\) puts the 4x4x4 cube outside"),
         (dict(region=(0, 0, 8, 8)), r"\(z0, y0, x0, z1, y1, x1\)"),
         (dict(region=(0, 0, 0, 8, 8, 40)), "outside the 16x16x16 volume"),
         (dict(patch=(4, 4)), "one integer or 3"),

@@ -302,16 +302,16 @@ def normalised_fill(rgb: tuple[float, float, float], mean, std) -> tuple[float, 
 # -- refinement ----------------------------------------------------------------------------
 
 
-def order_coarse_to_fine(ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
-    """Order grid cells so a coarse sub-grid comes first: the first batches already cover
-    the whole region and later ones sharpen it."""
-    rows = np.searchsorted(np.unique(ys), ys)
-    cols = np.searchsorted(np.unique(xs), xs)
-    level = np.zeros(len(ys), dtype=int)
+def order_coarse_to_fine(cells: np.ndarray) -> np.ndarray:
+    """Order grid cells (``cells``: (N, rank) indices on the grid, rows and columns, or
+    slices, rows and columns) so a coarse sub-grid comes first: the first batches already
+    cover the whole region and later ones sharpen it."""
+    cells = np.asarray(cells)
+    level = np.zeros(len(cells), dtype=int)
     # down to one cell at the coarsest level: on a 224-px image at stride 4 (53 x 53
     # cells) the first 16 positions are then the 16-cell grid spread over the image
     for step in (64, 32, 16, 8, 4, 2, 1):
-        on_grid = (rows % step == 0) & (cols % step == 0) & (level == 0)
+        on_grid = (cells % step == 0).all(axis=1) & (level == 0)
         level[on_grid] = step
     return np.argsort(-level, kind="stable")
 

@@ -382,29 +382,52 @@ def _run_grid(
     known: _Known,
     report: Callable[..., None],
 ):
-    """Exact/naive over the grid: known cells first, then coarse-to-fine chunks, so the
-    picture covers the region from the first chunk and sharpens."""
-    ys = np.repeat(grid_ys, len(grid_xs))
-    xs = np.tile(grid_xs, len(grid_ys))
-    rows = np.repeat(np.arange(len(grid_ys)), len(grid_xs))
-    cols = np.tile(np.arange(len(grid_xs)), len(grid_ys))
-    values = np.full((len(grid_ys), len(grid_xs)), np.nan, dtype=np.float32)
+    """Exact/naive over an image's grid (:func:`run_cells`, its cells keyed (x, y))."""
+    return run_cells(
+        explainer, tensor, (grid_ys, grid_xs), request.patch, request.mode, fill, label,
+        known, report,
+    )  # fmt: skip
+
+
+def run_cells(
+    explainer,
+    tensor,
+    axes: tuple,
+    patch: int,
+    mode: str,
+    fill,
+    label: int,
+    known: _Known,
+    report: Callable[..., None],
+):
+    """Exact or naive over the grid ``axes`` ((ys, xs) for an image, (zs, ys, xs) for a
+    volume) — one loop for both: known cells first, then the unknown ones in coarse-to-fine
+    chunks (16 positions, doubling to 256), each one call of the explainer with their
+    positions ((x, y) for an image, (z, y, x) for a volume, as their regions), so the
+    picture covers the region from the first chunk and sharpens. Every cell computed is
+    kept in ``known``. Returns (values, class_values, reused, evaluated, plan line, speed)."""
+    shape = tuple(len(axis) for axis in axes)
+    index = np.stack([grid.ravel() for grid in np.indices(shape)], axis=1)  # (N, rank)
+    corners = np.stack([np.asarray(axis)[index[:, k]] for k, axis in enumerate(axes)], axis=1)
+    # a cell's key and the explainer's position: (x, y) for an image, (z, y, x) for a volume
+    keys = [tuple(c[::-1]) if len(axes) == 2 else tuple(c) for c in corners.tolist()]
+    values = np.full(shape, np.nan, dtype=np.float32)
     class_values = None
     todo = []
-    for index, (x, y) in enumerate(zip(xs.tolist(), ys.tolist())):
-        cell = known.cells.get((x, y))
+    for n, key in enumerate(keys):
+        cell = known.cells.get(key)
         if cell is None:
-            todo.append(index)
+            todo.append(n)
             continue
         if class_values is None:
-            class_values = np.full(values.shape + (len(cell),), np.nan, dtype=np.float32)
-        class_values[rows[index], cols[index]] = cell
-        values[rows[index], cols[index]] = cell[label]
-    reused = len(ys) - len(todo)
+            class_values = np.full(shape + (len(cell),), np.nan, dtype=np.float32)
+        class_values[tuple(index[n])] = cell
+        values[tuple(index[n])] = cell[label]
+    reused = len(keys) - len(todo)
     todo = np.array(todo, dtype=int)
     if len(todo):
-        todo = todo[helpers.order_coarse_to_fine(ys[todo], xs[todo])]
-    total = len(ys)
+        todo = todo[helpers.order_coarse_to_fine(index[todo])]
+    total = len(keys)
     done = reused
     if reused:
         report(done, total, values.copy())
@@ -416,11 +439,11 @@ def _run_grid(
         offset = done
         heatmap = explainer.explain(
             tensor,
-            patch=request.patch,
-            mode=request.mode,
+            patch=patch,
+            mode=mode,
             fill=fill,
             label=label,
-            positions=list(zip(xs[part].tolist(), ys[part].tolist())),
+            positions=[keys[n] for n in part],
             progress=lambda d, t, offset=offset: report(offset + d, total),
         )
         plan = heatmap.extra.get("plan", "")
@@ -435,15 +458,20 @@ def _run_grid(
                 )
         elif speed is None:
             plan_line = plan or plan_line
-        found_rows = np.searchsorted(heatmap.ys, ys[part])
-        found_cols = np.searchsorted(heatmap.xs, xs[part])
-        values[rows[part], cols[part]] = heatmap.values[found_rows, found_cols]
+        heatmap_axes = (heatmap.ys, heatmap.xs) if len(axes) == 2 else (
+            heatmap.zs, heatmap.ys, heatmap.xs
+        )  # fmt: skip
+        found = tuple(
+            np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap_axes)
+        )
+        cells = tuple(index[part].T)
+        values[cells] = heatmap.values[found]
         if heatmap.class_values is not None:
-            every = heatmap.class_values[found_rows, found_cols].astype(np.float32)
+            every = heatmap.class_values[found].astype(np.float32)
             if class_values is None:
-                class_values = np.full(values.shape + (every.shape[1],), np.nan, dtype=np.float32)
-            class_values[rows[part], cols[part]] = every
-            known.add(dict(zip(zip(xs[part].tolist(), ys[part].tolist()), every)))
+                class_values = np.full(shape + (every.shape[1],), np.nan, dtype=np.float32)
+            class_values[cells] = every
+            known.add(dict(zip((keys[n] for n in part), every)))
         done += len(part)
         begin += len(part)
         chunk = min(chunk * 2, LARGEST_CHUNK)

@@ -188,15 +188,6 @@ def snap_volume_region(region, origin, stride: int, patch: int) -> tuple[int, ..
     return (*low, *(int(b) for b in region[3:]))
 
 
-def coarse_to_fine(count: int) -> list[int]:
-    """Indices 0..count-1 with a coarse subset first (every 8th, then 4th, ...): the
-    live picture covers the whole depth early and sharpens."""
-    order: list[int] = []
-    for step in (8, 4, 2, 1):
-        order += [i for i in range(0, count, step) if i not in order]
-    return order
-
-
 def _grid_axes(size, patch: int, stride: int, region) -> tuple[np.ndarray, ...]:
     from krypton._inputs import volume_grid
 
@@ -216,9 +207,10 @@ def volume_provenance(
 
 
 def execute_volume(services, session: str, request: VolumeRequest, report: VolumeReporter) -> dict:
-    """Run one volume heatmap (exact and naive in chunks of one slice of positions each,
-    coarse to fine, reusing known cells; approximate in one call with its stage-one
-    picture) and keep its result record for ``session``."""
+    """Run one volume heatmap (exact and naive through the image panel's own loop,
+    :func:`webapp.runs.run_cells`: known cells reused, the rest in coarse-to-fine chunks
+    of listed positions; approximate in one call with its stage-one picture) and keep its
+    result record for ``session``."""
     if request.mode not in krypton.MODES:
         raise InputError(f"unknown mode {request.mode!r}")
     started = time.perf_counter()
@@ -271,9 +263,15 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
                 region = snapped
                 check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
         axes = _grid_axes(size, request.patch, request.stride, region)
-        values, class_values, reused, evaluated, plan, speed = _run_slices(
-            explainer, tensor, axes, request, fill, label, known, report
-        )
+        from .runs import run_cells  # the image panel's loop: one for both
+
+        def report_cells(done: int, total: int, values: np.ndarray | None = None) -> None:
+            report(done, total, values, None if values is None else axes)
+
+        values, class_values, reused, evaluated, plan, speed = run_cells(
+            explainer, tensor, axes, request.patch, request.mode, fill, label, known,
+            report_cells,
+        )  # fmt: skip
         known.set_origin((int(axes[0][0]), int(axes[1][0]), int(axes[2][0])))
         counts = (evaluated, 0)
         if region is not None and not reused and had_cells and not note:
@@ -340,75 +338,6 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
 def volume_session(session: str) -> str:
     """Where a tab's volume result is kept, apart from its image result."""
     return f"{session}/volume"
-
-
-def _run_slices(explainer, tensor, axes, request: VolumeRequest, fill, label, known, report):
-    """Exact or naive over the grid ``axes`` (zs, ys, xs): known cells first, then one
-    call per slice of positions (z) with unknown cells, over the box of its unknown
-    cells, slices coarse to fine; every cell computed is kept in ``known``."""
-    zs, ys, xs = (np.asarray(a) for a in axes)
-    shape = (len(zs), len(ys), len(xs))
-    values = np.full(shape, np.nan, np.float32)
-    class_values: np.ndarray | None = None
-    for k, i, j in np.ndindex(*shape):
-        cell = known.cells.get((int(zs[k]), int(ys[i]), int(xs[j])))
-        if cell is not None:
-            if class_values is None:
-                class_values = np.full((*shape, len(cell)), np.nan, np.float32)
-            class_values[k, i, j] = cell
-            values[k, i, j] = cell[label]
-    total = values.size
-    reused = int(np.count_nonzero(~np.isnan(values)))
-    done, plans = reused, []
-    timing: dict = {"incremental_only_seconds": 0.0}  # what the chunks timed side by side
-    if reused:
-        report(done, total, values.copy(), axes)
-    side = request.patch
-    for k in coarse_to_fine(len(zs)):
-        rows, cols = np.nonzero(np.isnan(values[k]))
-        if not len(rows):
-            continue
-        i0, i1, j0, j1 = rows.min(), rows.max(), cols.min(), cols.max()
-        box = (
-            int(zs[k]), int(ys[i0]), int(xs[j0]),
-            int(zs[k]) + side, int(ys[i1]) + side, int(xs[j1]) + side,
-        )  # fmt: skip
-        offset = done
-        heatmap = explainer.explain(
-            tensor, patch=side, stride=request.stride, mode=request.mode, fill=fill,
-            label=label, region=box,
-            progress=lambda d, t, offset=offset: report(offset + d, total, None, None),
-        )  # fmt: skip
-        plans.append(heatmap.extra.get("plan"))
-        timing["incremental_only_seconds"] += heatmap.extra.get("incremental_only_seconds", 0.0)
-        timing.update(heatmap.extra.get("plan_timing") or {})  # the run's latest timing
-        part = np.s_[k, i0 : i1 + 1, j0 : j1 + 1]
-        fresh = np.isnan(values[part])
-        values[part] = np.where(fresh, heatmap.values[0], values[part])
-        if heatmap.class_values is not None:
-            every = np.asarray(heatmap.class_values[0], np.float32)
-            if class_values is None:
-                class_values = np.full((*shape, every.shape[-1]), np.nan, np.float32)
-            class_values[part] = np.where(fresh[..., None], every, class_values[part])
-            known.add(
-                {
-                    (int(zs[k]), int(ys[i0 + a]), int(xs[j0 + b])): every[a, b]
-                    for a, b in zip(*np.nonzero(fresh))
-                }
-            )
-        done += int(np.count_nonzero(fresh))
-        report(done, total, values.copy(), axes)
-    speed = timing if "naive_ms_per_position" in timing else None
-    return values, class_values, reused, done - reused, _plan_line(plans), speed
-
-
-def _plan_line(plans: list) -> str | None:
-    """The plan of the run: the first chunk's (it measured), and any later switch."""
-    plans = [p for p in plans if p]
-    if not plans:
-        return None
-    switches = [p[p.index("switched to") :] for p in plans[1:] if "switched to" in p]
-    return "; ".join([plans[0].replace("in this call", "in this run", 1), *switches[-1:]])
 
 
 def volume_estimate(model: str, size, patch: int, stride: int, mode: str, region) -> str:
