@@ -1,0 +1,279 @@
+"""Occlusion beside the methods it is compared with — Grad-CAM and Integrated Gradients,
+computed through Captum — on occlusion's own grid, with one sign convention.
+
+Occlusion's heatmap holds the class's probability with the patch in place: a *drop*
+below the unoccluded probability marks evidence. Grad-CAM and Integrated Gradients give
+attributions, where a positive value is evidence *for* the class. A :class:`MethodMap`
+states every method's map as **importance: evidence for the class, higher is more**:
+
+* occlusion: the drop, ``prob - value`` (this engine, exact, approximate or naive);
+* Grad-CAM (Selvaraju et al., 2017; ``captum.attr.LayerGradCam``): the ReLU'd class
+  activation map of the last spatial layer (the last convolutional block; or the layer
+  the caller names), for the class's logit, interpolated to the input's size;
+* Integrated Gradients (Sundararajan et al., 2017; ``captum.attr.IntegratedGradients``):
+  the logit's attribution summed over channels, integrated along the straight path from
+  the occlusion fill (the same "absent" value occlusion uses) to the input.
+
+Each is averaged over every occlusion cell (the patch at each grid position), so the
+three maps have the same cells and can be ranked against each other cell by cell, for
+images (N, C, H, W models) and volumes (N, C, D, H, W) alike.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._inputs import grid_positions, per_axis, volume_grid
+from .explainer import explain
+from .registry.models import LoadedModel
+
+__all__ = [
+    "METHODS",
+    "MethodMap",
+    "agreement",
+    "compare",
+    "deletion_curve",
+    "gradcam_layer",
+    "on_grid",
+    "randomised",
+]
+
+METHODS = ("occlusion", "gradcam", "integrated_gradients")
+IG_STEPS = 32  # Integrated Gradients' path steps (Captum's default is 50)
+
+
+@dataclass(frozen=True)
+class MethodMap:
+    """One method's map on occlusion's grid: ``importance`` (evidence for ``label``,
+    higher is more), the cells' first pixels per axis ((ys, xs) or (zs, ys, xs)), and how
+    long the method took."""
+
+    method: str
+    importance: np.ndarray
+    axes: tuple[np.ndarray, ...]
+    patch: tuple[int, ...]
+    label: int
+    prob: float
+    seconds: float
+    detail: str  # what ran: the layer, the steps and baseline, the occlusion mode
+
+    def top_cells(self, share: float = 0.05) -> np.ndarray:
+        """Flat indices of the most important ``share`` of cells (at least one)."""
+        flat = np.nan_to_num(self.importance.ravel(), nan=-np.inf)
+        count = max(1, int(round(share * flat.size)))
+        return np.argsort(-flat, kind="stable")[:count]
+
+    def strongest_cell_centre(self) -> tuple[float, ...]:
+        """The centre of the most important cell, in input pixels (y, x) or (z, y, x)."""
+        index = np.unravel_index(int(self.top_cells(0.0)[0]), self.importance.shape)
+        return tuple(float(a[i]) + (p - 1) / 2 for a, i, p in zip(self.axes, index, self.patch))
+
+
+def _module(model: nn.Module | LoadedModel) -> nn.Module:
+    return model.module if isinstance(model, LoadedModel) else model
+
+
+def gradcam_layer(
+    model: nn.Module | LoadedModel, image: torch.Tensor, layer: str | None = None
+) -> tuple[str, nn.Module]:
+    """The layer Grad-CAM reads: ``layer`` by name, or the last module (run once per
+    forward) whose output still has the input's spatial axes — the last convolutional
+    block, before global pooling."""
+    module = _module(model)
+    named = dict(module.named_modules())
+    if layer is not None:
+        if layer not in named:
+            raise ValueError(f"no layer {layer!r} in the model; its layers: {list(named)[1:8]} …")
+        return layer, named[layer]
+    calls: dict[str, int] = {}
+    finished: list[str] = []
+
+    def remember(name):
+        def hook(_, __, out):
+            calls[name] = calls.get(name, 0) + 1
+            spatial = isinstance(out, torch.Tensor) and out.dim() == image.dim() + 1
+            if spatial and math.prod(out.shape[2:]) > 1:  # a global pool's 1x1 is not
+                finished.append(name)
+
+        return hook
+
+    hooks = [m.register_forward_hook(remember(n)) for n, m in named.items() if n]
+    try:
+        with torch.inference_mode():
+            module(image.unsqueeze(0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    once = [name for name in finished if calls[name] == 1]
+    if not once:
+        raise ValueError("the model has no layer with spatial output for Grad-CAM; name one")
+    return once[-1], named[once[-1]]
+
+
+def on_grid(
+    pixel_map: torch.Tensor, axes: Sequence[np.ndarray], patch: Sequence[int]
+) -> np.ndarray:
+    """``pixel_map`` ((H, W) or (D, H, W)) averaged over each cell of the grid ``axes``
+    (the patch at each position, one stride apart)."""
+    starts = [int(a[0]) for a in axes]
+    strides = [int(a[1] - a[0]) if len(a) > 1 else 1 for a in axes]
+    crop = pixel_map[tuple(slice(s, int(a[-1]) + p) for s, a, p in zip(starts, axes, patch))]
+    pool = F.avg_pool2d if len(axes) == 2 else F.avg_pool3d
+    pooled = pool(crop[None, None].double(), tuple(patch), tuple(strides))[0, 0]
+    return pooled[tuple(slice(0, len(a)) for a in axes)].cpu().numpy()
+
+
+def _gradcam(module, image, label: int, layer) -> torch.Tensor:
+    from captum.attr import LayerAttribution, LayerGradCam
+
+    cam = LayerGradCam(module, layer).attribute(
+        image.unsqueeze(0), target=label, relu_attributions=True
+    )
+    mode = "bilinear" if image.dim() == 3 else "trilinear"
+    return LayerAttribution.interpolate(cam, tuple(image.shape[1:]), mode)[0].sum(0).detach()
+
+
+def _integrated_gradients(module, image, label: int, fill, steps: int) -> torch.Tensor:
+    from captum.attr import IntegratedGradients
+
+    baseline = torch.empty_like(image)
+    baseline[:] = torch.as_tensor(fill, dtype=image.dtype, device=image.device).view(
+        -1, *[1] * (image.dim() - 1)
+    )
+    attribution = IntegratedGradients(module).attribute(
+        image.unsqueeze(0),
+        baselines=baseline.unsqueeze(0),
+        target=label,
+        n_steps=steps,
+        internal_batch_size=8,
+    )
+    return attribution[0].sum(0).detach()
+
+
+def compare(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    *,
+    patch: int | Sequence[int] = 16,
+    stride: int | Sequence[int] = 4,
+    label: int | None = None,
+    region: Sequence[int] | None = None,
+    fill=None,
+    mode: str = "exact",
+    methods: Sequence[str] = METHODS,
+    layer: str | None = None,
+    steps: int = IG_STEPS,
+) -> dict[str, MethodMap]:
+    """Each of ``methods`` on ``image`` (C, H, W) or (C, D, H, W) for ``label`` (default:
+    the predicted class), as :class:`MethodMap` on occlusion's grid (``patch``, ``stride``,
+    ``region`` as :func:`krypton.explain` takes them). ``fill``: the occlusion value and
+    Integrated Gradients' baseline (default: the loaded model's gray, else 0)."""
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; known: {', '.join(METHODS)}")
+    module = _module(model)
+    if fill is None:
+        fill = model.gray_fill() if isinstance(model, LoadedModel) else 0.0
+    rank = image.dim() - 1
+    extent = per_axis(patch, "patch", rank)
+    strides = per_axis(stride, "stride", rank)
+    if rank == 2:
+        size = (int(image.shape[1]), int(image.shape[2]))
+        axes = grid_positions(size, extent[0], strides[0], region)
+    else:
+        axes = volume_grid(tuple(image.shape[1:]), extent, strides, region)
+    with torch.inference_mode():
+        probs = torch.softmax(module(image.unsqueeze(0)).float(), 1)[0]
+    label = int(probs.argmax()) if label is None else int(label)
+    prob = float(probs[label])
+    maps: dict[str, MethodMap] = {}
+    for method in methods:
+        started = time.perf_counter()
+        if method == "occlusion":
+            heatmap = explain(
+                model, image, patch=patch, stride=stride, mode=mode, fill=fill, label=label,
+                region=region,
+            )  # fmt: skip
+            importance, detail = prob - np.asarray(heatmap.values, np.float64), f"{mode} mode"
+        elif method == "gradcam":
+            name, chosen = gradcam_layer(module, image, layer)
+            importance = on_grid(_gradcam(module, image, label, chosen), axes, extent)
+            detail = f"layer {name}"
+        else:
+            pixels = _integrated_gradients(module, image, label, fill, steps)
+            importance, detail = on_grid(pixels, axes, extent), f"{steps} steps from the fill"
+        seconds = time.perf_counter() - started
+        maps[method] = MethodMap(
+            method, importance, tuple(np.asarray(a) for a in axes), extent, label, prob,
+            seconds, detail,
+        )  # fmt: skip
+    return maps
+
+
+def agreement(first: MethodMap, second: MethodMap, share: float = 0.05) -> dict:
+    """How alike two maps rank the cells: Spearman's rank correlation over all cells, and
+    the overlap of their most important ``share`` of cells (intersection over the count)."""
+    from scipy.stats import spearmanr
+
+    a, b = first.importance.ravel(), second.importance.ravel()
+    kept = np.isfinite(a) & np.isfinite(b)
+    rho = float(spearmanr(a[kept], b[kept]).statistic) if kept.sum() > 2 else float("nan")
+    top_a, top_b = set(first.top_cells(share).tolist()), set(second.top_cells(share).tolist())
+    return {"spearman": rho, "top_overlap": len(top_a & top_b) / max(len(top_a), 1)}
+
+
+def deletion_curve(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    method_map: MethodMap,
+    fill=None,
+    steps: int = 10,
+    insertion: bool = False,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The class's probability as the map's cells are hidden under the fill, most
+    important first (deletion: a map that finds the evidence drops it fast, low area), or
+    revealed on an image all fill (``insertion``: high area is good) — Petsiuk et al.,
+    2018, on occlusion's cells. Returns (share of cells, probabilities, area under the
+    curve by the trapezoid rule); one batch of ``steps + 1`` forwards."""
+    module = _module(model)
+    if fill is None:
+        fill = model.gray_fill() if isinstance(model, LoadedModel) else 0.0
+    order = method_map.top_cells(1.0)
+    shares = np.linspace(0.0, 1.0, steps + 1)
+    blank = torch.empty_like(image)
+    blank[:] = torch.as_tensor(fill, dtype=image.dtype).view(-1, *[1] * (image.dim() - 1))
+    batch = []
+    for share in shares:
+        mask = torch.zeros(image.shape[1:], dtype=torch.bool)
+        for flat in order[: int(round(share * len(order)))]:
+            index = np.unravel_index(int(flat), method_map.importance.shape)
+            mask[tuple(slice(int(a[i]), int(a[i]) + p) for a, i, p in
+                       zip(method_map.axes, index, method_map.patch))] = True  # fmt: skip
+        chosen = torch.where(mask, image, blank) if insertion else torch.where(mask, blank, image)
+        batch.append(chosen)
+    with torch.inference_mode():
+        probs = torch.softmax(module(torch.stack(batch)).float(), 1)[:, method_map.label]
+    curve = probs.cpu().numpy().astype(np.float64)
+    area = float(np.sum((curve[1:] + curve[:-1]) / 2 * np.diff(shares)))
+    return shares, curve, area
+
+
+def randomised(model: nn.Module | LoadedModel, seed: int = 0) -> nn.Module:
+    """The same architecture with every layer's weights re-initialised (Adebayo et al.,
+    2018: a method whose map does not change is not explaining the model); eval mode."""
+    import copy
+
+    clone = copy.deepcopy(_module(model))
+    torch.manual_seed(seed)
+    for layer in clone.modules():
+        if hasattr(layer, "reset_parameters"):
+            layer.reset_parameters()
+    return clone.eval()

@@ -1,0 +1,156 @@
+"""Grad-CAM, Integrated Gradients and occlusion on one grid (krypton.methods), each checked
+against a reference computed here with plain autograd or plain forwards (to 1e-5), for an
+image and a volume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from krypton.methods import METHODS, agreement, compare, gradcam_layer
+
+
+def small_net(rank: int) -> nn.Module:
+    conv = nn.Conv2d if rank == 2 else nn.Conv3d
+    pool = nn.AdaptiveAvgPool2d(1) if rank == 2 else nn.AdaptiveAvgPool3d(1)
+    torch.manual_seed(3)
+    return nn.Sequential(
+        conv(2, 4, 3, padding=1), nn.ReLU(),
+        nn.Sequential(conv(4, 5, 3, padding=1), nn.ReLU()),
+        pool, nn.Flatten(), nn.Linear(5, 3),
+    ).eval()  # fmt: skip
+
+
+def cell_means(pixels: torch.Tensor, axes, patch: int) -> np.ndarray:
+    """The mean of ``pixels`` over each cell, one cell at a time."""
+    out = np.zeros([len(a) for a in axes])
+    for index in np.ndindex(*out.shape):
+        box = tuple(slice(int(a[i]), int(a[i]) + patch) for a, i in zip(axes, index))
+        out[index] = float(pixels[box].double().mean())
+    return out
+
+
+def reference_gradcam(model, image, label, layer) -> torch.Tensor:
+    seen = {}
+    handle = layer.register_forward_hook(lambda _, __, out: seen.__setitem__("a", out))
+    logits = model(image.unsqueeze(0))
+    handle.remove()
+    activation = seen["a"]
+    (grads,) = torch.autograd.grad(logits[0, label], activation)
+    weights = grads.mean(dim=tuple(range(2, grads.dim())), keepdim=True)
+    cam = F.relu((weights * activation).sum(1, keepdim=True))
+    mode = "bilinear" if image.dim() == 3 else "trilinear"
+    return F.interpolate(cam, size=tuple(image.shape[1:]), mode=mode)[0, 0].detach()
+
+
+def reference_ig(model, image, label, fill, steps) -> torch.Tensor:
+    """Gauss-Legendre points on [0, 1] along the straight path (Captum's default rule)."""
+    points, weights = np.polynomial.legendre.leggauss(steps)
+    baseline = torch.full_like(image, fill)
+    total = torch.zeros_like(image)
+    for point, weight in zip((points + 1) / 2, weights / 2):
+        step = (baseline + float(point) * (image - baseline)).requires_grad_(True)
+        (grad,) = torch.autograd.grad(model(step.unsqueeze(0))[0, label], step)
+        total += float(weight) * grad
+    return ((image - baseline) * total).sum(0).detach()
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_each_method_matches_a_direct_computation(rank):
+    model = small_net(rank)
+    torch.manual_seed(5)
+    image = torch.rand(2, *([12] * rank))
+    patch, stride, fill = 4, 4, 0.25
+    maps = compare(model, image, patch=patch, stride=stride, fill=fill, mode="exact", steps=16)
+    assert set(maps) == set(METHODS)
+    label = maps["occlusion"].label
+    with torch.no_grad():
+        probs = torch.softmax(model(image.unsqueeze(0)), 1)[0]
+    assert label == int(probs.argmax())
+    axes = maps["occlusion"].axes
+    assert [a.tolist() for a in axes] == [[0, 4, 8]] * rank
+    # occlusion: the drop of the class's probability with the patch at each cell
+    drops = np.zeros([3] * rank)
+    for index in np.ndindex(*drops.shape):
+        hidden = image.clone()
+        hidden[(slice(None), *(slice(4 * i, 4 * i + 4) for i in index))] = fill
+        with torch.no_grad():
+            drops[index] = probs[label] - torch.softmax(model(hidden.unsqueeze(0)), 1)[0, label]
+    np.testing.assert_allclose(maps["occlusion"].importance, drops, atol=1e-5)
+    # Grad-CAM on the last spatial block, found by the module, not named here
+    name, layer = gradcam_layer(model, image)
+    assert name == "2" and maps["gradcam"].detail == "layer 2"
+    expected = cell_means(reference_gradcam(model, image, label, layer), axes, patch)
+    np.testing.assert_allclose(maps["gradcam"].importance, expected, atol=1e-5)
+    # Integrated Gradients from the occlusion fill
+    expected = cell_means(reference_ig(model, image, label, fill, 16), axes, patch)
+    np.testing.assert_allclose(maps["integrated_gradients"].importance, expected, atol=1e-5)
+    for method_map in maps.values():
+        assert method_map.importance.shape == (3,) * rank and method_map.seconds > 0
+
+
+def test_a_region_and_a_named_layer_and_another_class():
+    model = small_net(2)
+    image = torch.rand(2, 16, 16)
+    maps = compare(model, image, patch=4, stride=2, region=(4, 2, 16, 12), label=1,
+                   methods=("gradcam", "occlusion"), layer="0")  # fmt: skip
+    assert list(maps) == ["gradcam", "occlusion"]
+    assert maps["gradcam"].axes[1].tolist() == [4, 6, 8, 10, 12]  # x from 4, stride 2
+    assert maps["gradcam"].axes[0].tolist() == [2, 4, 6, 8]
+    assert maps["gradcam"].detail == "layer 0" and maps["gradcam"].label == 1
+    assert maps["gradcam"].importance.shape == maps["occlusion"].importance.shape == (4, 5)
+    with pytest.raises(ValueError, match="no layer 'conv9'"):
+        compare(model, image, patch=4, stride=4, methods=("gradcam",), layer="conv9")
+    with pytest.raises(ValueError, match="unknown methods"):
+        compare(model, image, methods=("lime",))
+
+
+def test_agreement_ranks_and_overlaps():
+    model = small_net(2)
+    image = torch.rand(2, 16, 16)
+    maps = compare(model, image, patch=4, stride=2, methods=("occlusion",))
+    same = agreement(maps["occlusion"], maps["occlusion"], share=0.1)
+    assert same == {"spearman": pytest.approx(1.0), "top_overlap": 1.0}
+    flipped = maps["occlusion"].__class__(
+        **{**maps["occlusion"].__dict__, "importance": -maps["occlusion"].importance}
+    )
+    opposite = agreement(maps["occlusion"], flipped, share=0.1)
+    assert opposite["spearman"] == pytest.approx(-1.0) and opposite["top_overlap"] == 0.0
+    centre = maps["occlusion"].strongest_cell_centre()
+    index = np.unravel_index(np.argmax(maps["occlusion"].importance), (7, 7))
+    assert centre == (2 * index[0] + 1.5, 2 * index[1] + 1.5)
+
+
+def test_deletion_and_insertion_curves_run_from_the_image_to_the_fill_and_back():
+    from krypton.methods import deletion_curve, randomised
+
+    model = small_net(2)
+    image = torch.rand(2, 16, 16)
+    maps = compare(model, image, patch=4, stride=4, fill=0.5, methods=("occlusion",))
+    occlusion = maps["occlusion"]
+    with torch.no_grad():
+        whole = torch.softmax(model(image[None]), 1)[0, occlusion.label]
+        blank = torch.softmax(model(torch.full_like(image, 0.5)[None]), 1)[0, occlusion.label]
+    shares, curve, area = deletion_curve(model, image, occlusion, fill=0.5, steps=4)
+    assert shares.tolist() == [0, 0.25, 0.5, 0.75, 1.0]
+    assert curve[0] == pytest.approx(float(whole), abs=1e-6)
+    assert curve[-1] == pytest.approx(float(blank), abs=1e-6)
+    assert area == pytest.approx(np.trapezoid(curve, shares))
+    # the first quarter hidden is the four most important cells, as occlusion ranked them
+    hidden = image.clone()
+    for flat in occlusion.top_cells(1.0)[:4]:
+        i, j = np.unravel_index(int(flat), (4, 4))
+        hidden[:, 4 * i : 4 * i + 4, 4 * j : 4 * j + 4] = 0.5
+    with torch.no_grad():
+        expected = torch.softmax(model(hidden[None]), 1)[0, occlusion.label]
+    assert curve[1] == pytest.approx(float(expected), abs=1e-6)
+    _, inserted, _ = deletion_curve(model, image, occlusion, fill=0.5, steps=4, insertion=True)
+    assert inserted[0] == pytest.approx(float(blank), abs=1e-6)
+    assert inserted[-1] == pytest.approx(float(whole), abs=1e-6)
+    # the randomisation test's model: the same layers, other weights, the original untouched
+    other = randomised(model, seed=1)
+    assert [type(m) for m in other.modules()] == [type(m) for m in model.modules()]
+    assert not torch.equal(other[0].weight, model[0].weight) and not other.training
