@@ -631,11 +631,14 @@ def estimate_for_counts(
     seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
     calibration = entry.get("calibration", {})
     error = ((fit or {}).get("held_out_median_abs_error_percent") or 25.0) / 100
-    # This host's recent runs of this mode against the calibration's prediction for them:
-    # their median ratio corrects the estimate (the load or the machine changed since),
-    # and the range widens to cover their spread. Then the median error, doubled.
+    # This host's recent runs against the calibration's prediction for them: their median
+    # ratio corrects the estimate (the load or the machine changed since), and the range
+    # widens to cover their spread. Then the median error, doubled. Runs of every mode
+    # count, each against its own mode's calibration: the load they met is this one's too,
+    # and a mode's first run here was otherwise estimated at the calibration's idle pace
+    # (beside a 2-core burner: 1.4 s shown, 3.5 s taken).
     ratios = []
-    for row in logged_runs(model_name, mode, patch, log_path)[-HOST_RUNS:]:
+    for row in logged_runs(model_name, None, patch, log_path)[-HOST_RUNS:]:
         try:
             predicted = _calibrated_seconds(
                 entry, model_name, row["mode"], patch, (row["stage_one"], row["stage_two"])

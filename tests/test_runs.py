@@ -282,6 +282,19 @@ def test_estimates_follow_this_hosts_pace_when_it_disagrees_with_the_calibration
     assert widened.low <= widened.seconds <= widened.high and widened.low > 0
 
 
+def test_a_modes_first_run_here_follows_the_pace_of_this_hosts_other_modes(krypton_home):
+    """Beside a busy neighbour, the first exact run after naive ones was estimated at the
+    calibration's idle pace (1.4 s shown, 3.5 s taken): only runs of the same mode scaled."""
+    calibrated = estimate("fundus-demo", patch=16, stride=8, mode="exact")
+    slow = {n: 3 * estimate_for_counts("fundus-demo", "naive", 16, (n, 0)).seconds
+            for n in (100, 200)}  # fmt: skip
+    for positions, seconds in slow.items():
+        record_run("fundus-demo", "naive", 16, (positions, 0), seconds)
+    busy = estimate("fundus-demo", patch=16, stride=8, mode="exact")
+    assert "scaled by 3.00" in busy.source, busy.source
+    assert busy.seconds == pytest.approx(3 * calibrated.seconds, rel=1e-6)
+
+
 def test_ranges_learned_from_a_few_noisy_runs_contain_the_next_run(tmp_path):
     """The range came from the fit's own residuals: on three or four runs a two-parameter
     fit is near perfect, so the page showed ±15 % and missed one run in four. Now each
