@@ -69,6 +69,7 @@ bench: $(STAMP)
 	$(PY) -W ignore -m bench.dropin
 	$(PY) -m bench.estimates
 	$(PY) -m bench.speed_claims
+	$(PY) -W ignore -m bench.methods
 
 # On a CUDA host: the GPU matrix (fp32 and bf16; bench/gpu.py, under 6 minutes on one
 # H100/H200) and the cuda-marked tests. They use the host's own Python and PyTorch

@@ -99,7 +99,7 @@ def main() -> None:
             burner.kill()
     print(
         f"\nestimate coverage: idle {idle:.0%}, under a CPU-burning neighbour {busy:.0%} "
-        f"(target: idle >= 80%)"
+        f"(targets: idle >= 80%, beside the neighbour >= 60%)"
     )
 
 

@@ -101,17 +101,25 @@ def snap_start(start: int, end: int, through: int, stride: int, patch: int) -> i
     return snapped if snapped + patch <= end else start
 
 
-def _listed_positions(
-    positions: Iterable, image_hw: tuple[int, int], patch: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _position_array(positions: Iterable, axes: str) -> np.ndarray:
+    """Listed positions as an (N, len(axes)) integer array; ``axes`` names their order
+    ("xy" for an image, "zyx" for a volume), which the messages say."""
+    names, kind = ", ".join(axes), "pairs" if len(axes) == 2 else "triples"
     try:
         array = np.asarray(list(positions), dtype=np.int64)
     except (TypeError, ValueError) as exc:
-        raise ValueError("positions must be a list of (x, y) integer pairs") from exc
+        raise ValueError(f"positions must be a list of ({names}) integer {kind}") from exc
     if array.size == 0:
-        raise ValueError("positions is empty: give at least one (x, y) position")
-    if array.ndim != 2 or array.shape[1] != 2:
-        raise ValueError(f"positions must be a list of (x, y) pairs, got shape {array.shape}")
+        raise ValueError(f"positions is empty: give at least one ({names}) position")
+    if array.ndim != 2 or array.shape[1] != len(axes):
+        raise ValueError(f"positions must be a list of ({names}) {kind}, got shape {array.shape}")
+    return array
+
+
+def _listed_positions(
+    positions: Iterable, image_hw: tuple[int, int], patch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    array = _position_array(positions, "xy")
     height, width = image_hw
     bad = (
         (array[:, 0] < 0)
@@ -132,14 +140,7 @@ def _listed_positions(
 def _listed_corners(positions: Iterable, size: tuple[int, ...], extent: tuple[int, ...]):
     """A volume's listed positions: (z, y, x) first voxels of the cube, as its region is
     (z0, y0, x0, ...); (N, 3) unique corners, every cube inside the volume."""
-    try:
-        array = np.asarray(list(positions), dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError("positions must be a list of (z, y, x) integer triples") from exc
-    if array.size == 0:
-        raise ValueError("positions is empty: give at least one (z, y, x) position")
-    if array.ndim != 2 or array.shape[1] != 3:
-        raise ValueError(f"positions must be a list of (z, y, x) triples, got shape {array.shape}")
+    array = _position_array(positions, "zyx")
     bad = ((array < 0) | (array + np.asarray(extent) > np.asarray(size))).any(axis=1)
     if bad.any():
         z, y, x = array[np.argmax(bad)]

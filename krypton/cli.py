@@ -18,6 +18,7 @@ from tqdm import tqdm
 from . import explainer as explain_module
 from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
+from .cli_compare import add_compare_parser, run_compare
 from .cli_volumes import (
     default_volume_model,
     is_volume_model,
@@ -297,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--patch", type=int, default=16)
     analyze.add_argument("--tau", type=float, default=1.0)
+    add_compare_parser(commands)
     return parser
 
 
@@ -730,4 +732,6 @@ def main(argv: list[str] | None = None) -> int:
         return run_tune(args)
     if args.command == "calibrate":
         return run_calibrate(args)
+    if args.command == "compare":
+        return run_compare(args, lambda name: _load(name, False))
     return run_analyze(args)

@@ -42,6 +42,7 @@ from krypton.io.volumes import ModelVolume, Volume, read_volume
 from .helpers import InputError
 from .lifecycle import Provenance
 from .model_card import ood_text
+from .runs import estimate_text, plan_text, run_cells, speed_text
 
 __all__ = [
     "VolumeRequest",
@@ -263,12 +264,11 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
                 region = snapped
                 check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
         axes = _grid_axes(size, request.patch, request.stride, region)
-        from .runs import run_cells  # the image panel's loop: one for both
 
         def report_cells(done: int, total: int, values: np.ndarray | None = None) -> None:
             report(done, total, values, None if values is None else axes)
 
-        values, class_values, reused, evaluated, plan, speed = run_cells(
+        values, class_values, reused, evaluated, plan, speed = run_cells(  # the images' loop
             explainer, tensor, axes, request.patch, request.mode, fill, label, known,
             report_cells,
         )  # fmt: skip
@@ -360,8 +360,6 @@ def volume_estimate(model: str, size, patch: int, stride: int, mode: str, region
             f"{positions}; no time estimate yet (it is learnt from "
             f"this host's runs of {model} in {mode} mode at this cube: {MIN_LOGGED_RUNS} needed)"
         )
-    from .runs import estimate_text
-
     return f"{positions}; estimated {estimate_text(dataclasses.asdict(found))}, from {found.source}"
 
 
@@ -411,7 +409,6 @@ def volume_heatmap(result: dict) -> krypton.Heatmap:
 def volume_summary(result: dict) -> list[str]:
     """The result as the panel states it."""
     from .lifecycle import format_duration
-    from .model_card import ood_text
 
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
     warning = ood_text(result.get("ood"))
@@ -431,8 +428,6 @@ def volume_summary(result: dict) -> list[str]:
             f"{named}{result['mode']} · nothing computed: every cell was known from earlier runs"
         )
     if result["mode"] == "exact" and result["evaluated"]:
-        from .runs import plan_text, speed_text
-
         if result.get("plan"):
             lines.append(f"Plan: {plan_text(result['plan'], result.get('speed'))}")
         lines.append(speed_text(result.get("speed"), "exact"))
@@ -503,7 +498,6 @@ def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -
         )
         for z in range(depth)
     ]  # fmt: skip
-    from .model_card import ood_text
 
     warning = ood_text(result.get("ood"))
     comments = (f"WARNING: {warning} " if warning else "") + (

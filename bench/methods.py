@@ -1,0 +1,159 @@
+"""Which method points at the lesion? Occlusion, Grad-CAM and Integrated Gradients on the
+demo models' independently written generators, where the ground truth is known.
+
+    python -m bench.methods [--images 100] [--volumes 50]      (part of make bench)
+
+For each method (krypton.methods.compare, on occlusion's grid: fundus-demo patch 12,
+stride 8; chestct-demo cube 8, stride 5, the app's defaults for it):
+
+* pointing game: the strongest cell touches a planted lesion of the explained class
+  (fundus), or its cube holds the nodule's centre (chest CT);
+* coverage (fundus, images with 2-4 lesions): the share of lesions under the top 5% of
+  cells;
+* deletion and insertion AUC (Petsiuk et al., 2018): the class's probability as the
+  top-ranked cells are hidden under the fill (low is good) or revealed on an image all
+  fill (high is good), 10 steps;
+* seconds per image or volume;
+* the randomisation test (Adebayo et al., 2018): Spearman's rank correlation of each
+  method's map on the trained model with its map on the same architecture re-initialised
+  (near 0: the map depends on what the model learnt; near 1: it does not).
+
+The held-out sets are demo.fundus.independent and demo.chestct.independent: separately
+written drawing code, seeds no training or tuning used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+
+import numpy as np
+import torch
+from PIL import Image
+
+from krypton.methods import METHODS, agreement, compare, deletion_curve, randomised
+from krypton.registry import load_model
+
+SEED = 77  # the held-out draws: no training, tuning or evaluation used this seed
+NAMES = {"occlusion": "occlusion (exact)", "gradcam": "Grad-CAM", "integrated_gradients": "IG"}
+
+
+def _measure(model, cases, stride: int, randomisation: int, hit, coverage=None):
+    """Each method on each (input, label, lesions) of ``cases``: ``hit(map, lesions)`` for
+    the pointing game, ``coverage(map, lesions)`` on inputs with 2 or more, the deletion
+    and insertion areas and the seconds; and on the first ``randomisation`` inputs, each
+    map's rank correlation with its map on the re-initialised model."""
+    scores: dict = defaultdict(lambda: defaultdict(list))
+    similarity: dict = defaultdict(list)
+    shuffled = randomised(model, seed=SEED)
+    for number, (tensor, label, lesions) in enumerate(cases):
+        maps = compare(model, tensor, patch=model.patch, stride=stride, label=label)
+        for method, found in maps.items():
+            score = scores[method]
+            score["pointing"].append(hit(found, lesions))
+            if coverage is not None and len(lesions) >= 2:
+                score["coverage"].append(coverage(found, lesions))
+            score["deletion"].append(deletion_curve(model, tensor, found)[2])
+            score["insertion"].append(deletion_curve(model, tensor, found, insertion=True)[2])
+            score["seconds"].append(found.seconds)
+        if number < randomisation:
+            other = compare(shuffled, tensor, patch=model.patch, stride=stride, label=label,
+                            fill=model.gray_fill())  # fmt: skip
+            for method in METHODS:
+                similarity[method].append(agreement(maps[method], other[method])["spearman"])
+    return scores, similarity
+
+
+def _fundus(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
+    from demo.fundus.independent import IndependentFundusGenerator
+
+    model = load_model("fundus-demo")
+    generator = IndependentFundusGenerator(seed=SEED)
+
+    def cases():
+        for number in range(count):
+            sample = generator.sample(label=1 + number % 2)
+            yield model.preprocess(Image.fromarray(sample.image)), sample.label, sample.lesions
+
+    def hit(found, lesions) -> bool:  # the strongest cell's patch touches a lesion
+        y, x = (int(a[i]) for a, i in zip(found.axes, _strongest(found)))
+        return any(lesion.covered_by(x, y, model.patch) for lesion in lesions)
+
+    return _measure(model, cases(), stride, randomisation, hit, _covered)
+
+
+def _strongest(found) -> tuple[int, ...]:
+    return np.unravel_index(int(found.top_cells(0.0)[0]), found.importance.shape)
+
+
+def _covered(found, lesions) -> float:
+    """The share of lesions whose centre lies under one of the top 5% of cells."""
+    top = [np.unravel_index(int(f), found.importance.shape) for f in found.top_cells(0.05)]
+    boxes = [[(int(a[i]), int(a[i]) + p) for a, i, p in zip(found.axes, c, found.patch)]
+             for c in top]  # fmt: skip
+    hit = [any(y0 <= k.y < y1 and x0 <= k.x < x1 for (y0, y1), (x0, x1) in boxes)
+           for k in lesions]  # fmt: skip
+    return float(np.mean(hit))
+
+
+def _chest(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
+    from demo.chestct.independent import IndependentChestCT
+    from demo.chestct.train import to_tensor
+
+    model = load_model("chestct-demo")
+    generator = IndependentChestCT(seed=SEED)
+
+    def cases():
+        for _ in range(count):
+            sample = generator.sample(label=1, nodules=1)
+            yield to_tensor([sample.volume])[0], 1, sample.nodules
+
+    def hit(found, nodules) -> bool:  # the strongest cell's cube holds the nodule's centre
+        corner = [int(a[i]) for a, i in zip(found.axes, _strongest(found))]
+        centre = (nodules[0].z, nodules[0].y, nodules[0].x)
+        return all(c <= v < c + model.patch for c, v in zip(corner, centre))
+
+    return _measure(model, cases(), stride, randomisation, hit)
+
+
+def _table(title: str, count: int, scores: dict, similarity: dict) -> None:
+    print(f"\n{title} ({count} held-out)")
+    coverage = "coverage (2-4 lesions) | " if any("coverage" in s for s in scores.values()) else ""
+    print(f"| method | pointing game | {coverage}deletion AUC ↓ | insertion AUC ↑ | "
+          f"s each | randomisation: Spearman with a re-initialised model |")  # fmt: skip
+    print("|---" * (6 + bool(coverage)) + "|")
+    for method in METHODS:
+        score = scores[method]
+        cells = [f"{np.mean(score['pointing']):.0%}"]
+        if coverage:
+            cells.append(f"{np.mean(score['coverage']):.0%} ({len(score['coverage'])} images)")
+        cells += [
+            f"{np.mean(score['deletion']):.3f}",
+            f"{np.mean(score['insertion']):.3f}",
+            f"{statistics.median(score['seconds']):.2f}",
+            f"{np.nanmean(similarity[method]):+.2f} ({len(similarity[method])})",
+        ]
+        print(f"| {NAMES[method]} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=100)
+    parser.add_argument("--volumes", type=int, default=50)
+    parser.add_argument("--randomisation", type=int, default=20, help="per model")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    print(f"{torch.get_num_threads()} threads")
+    if args.images:
+        scores, similarity = _fundus(args.images, 8, args.randomisation)
+        _table("fundus-demo, demo.fundus.independent, patch 12, stride 8", args.images,
+               scores, similarity)  # fmt: skip
+    if args.volumes:
+        scores, similarity = _chest(args.volumes, 5, args.randomisation)
+        _table("chestct-demo, demo.chestct.independent (one nodule), cube 8, stride 5",
+               args.volumes, scores, similarity)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

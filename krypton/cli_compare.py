@@ -1,0 +1,179 @@
+"""``krypton compare``: occlusion, Grad-CAM and Integrated Gradients on one image or volume
+(:mod:`krypton.methods`), side by side in one PNG, with their agreement, deletion and
+insertion areas and times in JSON and on the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .io.images import ImageLoadError, load_image
+from .methods import METHODS, MethodMap, agreement, compare, deletion_curve
+
+SHORT_NAMES = {"occlusion": "occlusion", "gradcam": "gradcam", "ig": "integrated_gradients"}
+TITLES = {
+    "occlusion": "Occlusion",
+    "gradcam": "Grad-CAM",
+    "integrated_gradients": "Integrated Gradients",
+}
+
+
+def add_compare_parser(commands) -> None:
+    """The ``compare`` subcommand's options."""
+    parser = commands.add_parser(
+        "compare",
+        help="occlusion beside Grad-CAM and Integrated Gradients on one image or volume",
+        description="Each method's map on occlusion's grid, as evidence for the class "
+        "(higher is more): OUT.png side by side, OUT.json with every map, the times, the "
+        "methods' agreement (Spearman, top-5%% overlap) and deletion/insertion areas.",
+    )
+    parser.add_argument("image", help="an image file, or a volume for a volume model")
+    parser.add_argument("--model", default=None, help="registered model (default: the default)")
+    parser.add_argument("--out", default="compare.png", help="the PNG; OUT.json beside it")
+    parser.add_argument("--methods", default="occlusion,gradcam,ig",
+                        help="comma-separated: occlusion, gradcam, ig")  # fmt: skip
+    parser.add_argument("--patch", type=int, help="default the model's own")
+    parser.add_argument("--stride", type=int, help="default the model's (4 image, 5 volume)")
+    parser.add_argument("--mode", default="exact", choices=("exact", "approximate", "naive"))
+    parser.add_argument("--label", type=int, help="class index (default: the prediction)")
+    parser.add_argument("--layer", help="Grad-CAM's layer (default: the last spatial block)")
+
+
+def _picture(maps: dict[str, MethodMap], background: np.ndarray) -> bytes:
+    """One panel per method over the image (or, for a volume, the three views through
+    each map's strongest cell), each with its own colour scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    volume = background.ndim == 3
+    rows = len(maps) if volume else 1
+    columns = 3 if volume else len(maps)
+    figure, grid = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.3 * rows), squeeze=False)
+    for number, (method, found) in enumerate(maps.items()):
+        full = _per_pixel(found, background.shape)
+        if volume:
+            centre = [int(round(c)) for c in found.strongest_cell_centre()]
+            planes = [(background[centre[0]], full[centre[0]], "axial"),
+                      (background[:, centre[1]], full[:, centre[1]], "coronal"),
+                      (background[:, :, centre[2]], full[:, :, centre[2]], "sagittal")]  # fmt: skip
+        else:
+            planes = [(background, full, "")]
+        for column, (plane, values, view) in enumerate(planes):
+            axis = grid[number if volume else 0][column if volume else number]
+            axis.imshow(plane, cmap="gray")
+            shown = axis.imshow(values, cmap="jet", alpha=0.5)
+            figure.colorbar(shown, ax=axis, fraction=0.046, label="evidence for the class")
+            axis.set_title(f"{TITLES[method]} {view}\n{found.seconds:.2f} s · {found.detail}",
+                           fontsize=8)  # fmt: skip
+            axis.axis("off")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _per_pixel(found: MethodMap, shape: tuple[int, ...]) -> np.ndarray:
+    """The map painted back at input resolution: each pixel the mean of the cells over it
+    (NaN where none is)."""
+    total, count = np.zeros(shape), np.zeros(shape)
+    for index in np.ndindex(*found.importance.shape):
+        box = tuple(
+            slice(int(a[i]), int(a[i]) + p) for a, i, p in zip(found.axes, index, found.patch)
+        )
+        total[box] += found.importance[index]
+        count[box] += 1
+    with np.errstate(invalid="ignore"):
+        return total / count
+
+
+def run_compare(args: argparse.Namespace, load) -> int:
+    """Run the chosen methods and write OUT.png and OUT.json; ``load`` is the CLI's model
+    loader."""
+    from .cli_volumes import default_volume_model, wants_volume
+
+    chosen = [name.strip() for name in args.methods.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in SHORT_NAMES]
+    if unknown or not chosen:
+        print(f"error: unknown methods {unknown}; choose from occlusion, gradcam, ig",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    methods = [SHORT_NAMES[name] for name in chosen]
+    try:
+        if wants_volume(args.image, args.model):
+            from .io.volumes import read_volume
+
+            model = load(args.model or default_volume_model())
+            prepared = model.prepare_volume(read_volume(args.image))
+            tensor, background = prepared.tensor, prepared.tensor[0].numpy()
+        else:
+            model = load(args.model)
+            picture = load_image(args.image)
+            tensor = model.preprocess(picture)
+            size = tuple(model.input_size)
+            background = np.asarray(picture.convert("L").resize(size[::-1]), np.float32)
+        maps = compare(
+            model, tensor, patch=args.patch or model.patch,
+            stride=args.stride or model.default_stride, label=args.label, mode=args.mode,
+            methods=[m for m in METHODS if m in methods], layer=args.layer,
+        )  # fmt: skip
+    except (ImageLoadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(_picture(maps, background))
+    record = _record(model, tensor, maps)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    first = next(iter(maps.values()))
+    print(f"model      {model.name}; class {first.label} {model.class_name(first.label)} "
+          f"(p = {first.prob:.3f})")  # fmt: skip
+    print("method                 seconds  deletion AUC (low: good)  insertion AUC (high: good)")
+    for method, entry in record["methods"].items():
+        print(f"{TITLES[method]:<22} {entry['seconds']:7.2f}  {entry['deletion_auc']:24.3f}  "
+              f"{entry['insertion_auc']:26.3f}")  # fmt: skip
+    for pair in record["agreement"]:
+        print(f"agreement  {pair['methods'][0]} / {pair['methods'][1]}: Spearman "
+              f"{pair['spearman']:+.2f}, top-5% overlap {pair['top_overlap']:.0%}")  # fmt: skip
+    print(f"wrote      {out}, {out.with_suffix('.json')}")
+    return 0
+
+
+def _record(model, tensor, maps: dict[str, MethodMap]) -> dict:
+    """Everything the comparison measured, as JSON (maps as nested lists, NaN as null)."""
+    methods = {}
+    for method, found in maps.items():
+        deletion = deletion_curve(model, tensor, found)
+        insertion = deletion_curve(model, tensor, found, insertion=True)
+        methods[method] = {
+            "seconds": found.seconds,
+            "detail": found.detail,
+            "importance": np.where(np.isfinite(found.importance), found.importance, None).tolist(),
+            "axes": [a.tolist() for a in found.axes],
+            "patch": list(found.patch),
+            "deletion_auc": deletion[2],
+            "insertion_auc": insertion[2],
+        }
+    pairs = [
+        {"methods": [a, b], **agreement(maps[a], maps[b])}
+        for a, b in itertools.combinations(maps, 2)
+    ]
+    first = next(iter(maps.values()))
+    return {
+        "model": model.name,
+        "label": first.label,
+        "class": model.class_name(first.label),
+        "prob": first.prob,
+        "importance": "evidence for the class, higher is more (occlusion: the probability's "
+        "drop under the patch; Grad-CAM and Integrated Gradients: attribution)",
+        "methods": methods,
+        "agreement": pairs,
+    }
