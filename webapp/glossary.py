@@ -36,5 +36,5 @@ def term_label(text: str) -> html.Label:
     tip = GLOSSARY.get(text)
     if tip is None:
         return html.Label(text, className="control-label")
-    return html.Label([text, html.Span(" ⓘ", className="tip-mark")], title=tip,
+    return html.Label([text, html.Span("?", className="tip-mark")], title=tip,
                       className="control-label has-tip")  # fmt: skip
