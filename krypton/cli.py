@@ -243,6 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.add_argument("--out", required=True, help="output folder")
     batch.add_argument(
+        "--methods",
+        default="occlusion",
+        help="occlusion, plus gradcam and/or ig (comma-separated): each image also gets "
+        "STEM.methods.png and STEM.methods.json with the maps on occlusion's cells, and "
+        "summary.csv each method's seconds and rank correlation with occlusion",
+    )
+    batch.add_argument(
         "--broker",
         help="redis://HOST:PORT/DB: explain the images on the team's Celery workers "
         "(`make worker`) instead of in this process; the outputs are the same",
@@ -530,8 +537,17 @@ def run_batch_command(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         print(f"error: --out '{out}' is a file; name a folder", file=sys.stderr)
         return 2
+    chosen = [name.strip() for name in args.methods.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in ("occlusion", "gradcam", "ig")]
+    if unknown:
+        print(f"error: unknown methods {unknown}; choose from occlusion, gradcam, ig",
+              file=sys.stderr)  # fmt: skip
+        return 2
     model = _load(args.model, args.random_weights, args.device)
     options = explain_options(args, model)
+    gradients = [{"ig": "integrated_gradients"}.get(n, n) for n in chosen if n != "occlusion"]
+    if gradients:  # krypton.batch.folder.explain_item sets them beside occlusion
+        options["methods"] = gradients
     bar = tqdm(total=len(items), unit="image", file=sys.stderr, disable=None)
 
     def progress(done: int, total: int, name: str) -> None:

@@ -5,8 +5,6 @@ insertion areas and times in JSON and on the terminal."""
 from __future__ import annotations
 
 import argparse
-import io
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -14,14 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from .io.images import ImageLoadError, load_image
-from .methods import METHODS, MethodMap, agreement, compare, deletion_curve
+from .methods import METHODS, compare, comparison_record
+from .render.methods import TITLES, methods_picture
 
 SHORT_NAMES = {"occlusion": "occlusion", "gradcam": "gradcam", "ig": "integrated_gradients"}
-TITLES = {
-    "occlusion": "Occlusion",
-    "gradcam": "Grad-CAM",
-    "integrated_gradients": "Integrated Gradients",
-}
 
 
 def add_compare_parser(commands) -> None:
@@ -43,56 +37,6 @@ def add_compare_parser(commands) -> None:
     parser.add_argument("--mode", default="exact", choices=("exact", "approximate", "naive"))
     parser.add_argument("--label", type=int, help="class index (default: the prediction)")
     parser.add_argument("--layer", help="Grad-CAM's layer (default: the last spatial block)")
-
-
-def _picture(maps: dict[str, MethodMap], background: np.ndarray) -> bytes:
-    """One panel per method over the image (or, for a volume, the three views through
-    each map's strongest cell), each with its own colour scale."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    volume = background.ndim == 3
-    rows = len(maps) if volume else 1
-    columns = 3 if volume else len(maps)
-    figure, grid = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.3 * rows), squeeze=False)
-    for number, (method, found) in enumerate(maps.items()):
-        full = _per_pixel(found, background.shape)
-        if volume:
-            centre = [int(round(c)) for c in found.strongest_cell_centre()]
-            planes = [(background[centre[0]], full[centre[0]], "axial"),
-                      (background[:, centre[1]], full[:, centre[1]], "coronal"),
-                      (background[:, :, centre[2]], full[:, :, centre[2]], "sagittal")]  # fmt: skip
-        else:
-            planes = [(background, full, "")]
-        for column, (plane, values, view) in enumerate(planes):
-            axis = grid[number if volume else 0][column if volume else number]
-            axis.imshow(plane, cmap="gray")
-            shown = axis.imshow(values, cmap="jet", alpha=0.5)
-            figure.colorbar(shown, ax=axis, fraction=0.046, label="evidence for the class")
-            axis.set_title(f"{TITLES[method]} {view}\n{found.seconds:.2f} s · {found.detail}",
-                           fontsize=8)  # fmt: skip
-            axis.axis("off")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    return buffer.getvalue()
-
-
-def _per_pixel(found: MethodMap, shape: tuple[int, ...]) -> np.ndarray:
-    """The map painted back at input resolution: each pixel the mean of the cells over it
-    (NaN where none is)."""
-    total, count = np.zeros(shape), np.zeros(shape)
-    for index in np.ndindex(*found.importance.shape):
-        box = tuple(
-            slice(int(a[i]), int(a[i]) + p) for a, i, p in zip(found.axes, index, found.patch)
-        )
-        total[box] += found.importance[index]
-        count[box] += 1
-    with np.errstate(invalid="ignore"):
-        return total / count
 
 
 def run_compare(args: argparse.Namespace, load) -> int:
@@ -130,8 +74,8 @@ def run_compare(args: argparse.Namespace, load) -> int:
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(_picture(maps, background))
-    record = _record(model, tensor, maps)
+    out.write_bytes(methods_picture(maps, background))
+    record = comparison_record(model, tensor, maps)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     first = next(iter(maps.values()))
     print(f"model      {model.name}; class {first.label} {model.class_name(first.label)} "
@@ -145,35 +89,3 @@ def run_compare(args: argparse.Namespace, load) -> int:
               f"{pair['spearman']:+.2f}, top-5% overlap {pair['top_overlap']:.0%}")  # fmt: skip
     print(f"wrote      {out}, {out.with_suffix('.json')}")
     return 0
-
-
-def _record(model, tensor, maps: dict[str, MethodMap]) -> dict:
-    """Everything the comparison measured, as JSON (maps as nested lists, NaN as null)."""
-    methods = {}
-    for method, found in maps.items():
-        deletion = deletion_curve(model, tensor, found)
-        insertion = deletion_curve(model, tensor, found, insertion=True)
-        methods[method] = {
-            "seconds": found.seconds,
-            "detail": found.detail,
-            "importance": np.where(np.isfinite(found.importance), found.importance, None).tolist(),
-            "axes": [a.tolist() for a in found.axes],
-            "patch": list(found.patch),
-            "deletion_auc": deletion[2],
-            "insertion_auc": insertion[2],
-        }
-    pairs = [
-        {"methods": [a, b], **agreement(maps[a], maps[b])}
-        for a, b in itertools.combinations(maps, 2)
-    ]
-    first = next(iter(maps.values()))
-    return {
-        "model": model.name,
-        "label": first.label,
-        "class": model.class_name(first.label),
-        "prob": first.prob,
-        "importance": "evidence for the class, higher is more (occlusion: the probability's "
-        "drop under the patch; Grad-CAM and Integrated Gradients: attribution)",
-        "methods": methods,
-        "agreement": pairs,
-    }

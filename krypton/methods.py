@@ -21,6 +21,7 @@ images (N, C, H, W models) and volumes (N, C, D, H, W) alike.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -40,7 +41,9 @@ __all__ = [
     "MethodMap",
     "agreement",
     "compare",
+    "comparison_record",
     "deletion_curve",
+    "from_heatmap",
     "gradcam_layer",
     "on_grid",
     "randomised",
@@ -277,3 +280,48 @@ def randomised(model: nn.Module | LoadedModel, seed: int = 0) -> nn.Module:
         if hasattr(layer, "reset_parameters"):
             layer.reset_parameters()
     return clone.eval()
+
+
+def from_heatmap(heatmap) -> MethodMap:
+    """An occlusion :class:`~krypton.Heatmap` as a :class:`MethodMap` (its drop), to set
+    beside the gradient methods on its own cells without computing it again."""
+    axes = (heatmap.ys, heatmap.xs) if heatmap.zs is None else (heatmap.zs, heatmap.ys, heatmap.xs)
+    rank = len(axes)
+    patch = per_axis(heatmap.patch, "patch", rank)
+    importance = heatmap.prob - np.asarray(heatmap.values, np.float64)
+    return MethodMap(
+        "occlusion", importance, tuple(np.asarray(a) for a in axes), patch, heatmap.label,
+        float(heatmap.prob), float(heatmap.seconds), f"{heatmap.mode} mode",
+    )  # fmt: skip
+
+
+def comparison_record(model, tensor, maps: dict[str, MethodMap]) -> dict:
+    """Everything the comparison measured, as JSON (maps as nested lists, NaN as null)."""
+    methods = {}
+    for method, found in maps.items():
+        deletion = deletion_curve(model, tensor, found)
+        insertion = deletion_curve(model, tensor, found, insertion=True)
+        methods[method] = {
+            "seconds": found.seconds,
+            "detail": found.detail,
+            "importance": np.where(np.isfinite(found.importance), found.importance, None).tolist(),
+            "axes": [a.tolist() for a in found.axes],
+            "patch": list(found.patch),
+            "deletion_auc": deletion[2],
+            "insertion_auc": insertion[2],
+        }
+    pairs = [
+        {"methods": [a, b], **agreement(maps[a], maps[b])}
+        for a, b in itertools.combinations(maps, 2)
+    ]
+    first = next(iter(maps.values()))
+    return {
+        "model": model.name,
+        "label": first.label,
+        "class": model.class_name(first.label),
+        "prob": first.prob,
+        "importance": "evidence for the class, higher is more (occlusion: the probability's "
+        "drop under the patch; Grad-CAM and Integrated Gradients: attribution)",
+        "methods": methods,
+        "agreement": pairs,
+    }

@@ -48,3 +48,37 @@ def test_compare_takes_a_volume_and_refuses_unknown_methods(tmp_path, cli_here):
     assert out.exists()
     bad = cli_here("compare", str(path), "--methods", "occlusion,lime", "--out", str(out))
     assert bad.returncode == 2 and "unknown methods ['lime']" in bad.stderr
+
+
+def test_batch_sets_the_gradient_methods_beside_occlusion_for_each_image(tmp_path, cli_here):
+    import csv
+    import shutil
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("fundus-exudates.png", "fundus-microaneurysms.png"):
+        shutil.copy(f"assets/samples/{name}", folder / name)
+    out = tmp_path / "out"
+    done = cli_here("batch", str(folder), "--out", str(out), "--stride", "32",
+                    "--methods", "occlusion,gradcam,ig")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with (out / "summary.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2
+    for row in rows:
+        stem = row["outputs"].split(";")[0].rsplit(".", 1)[0]
+        assert {f"{stem}.methods.png", f"{stem}.methods.json", f"{stem}.npy"} <= set(
+            row["outputs"].split(";")
+        )
+        assert float(row["gradcam_seconds"]) > 0 and float(row["ig_seconds"]) > 0
+        assert -1 <= float(row["gradcam_spearman"]) <= 1 and -1 <= float(row["ig_spearman"]) <= 1
+        record = json.loads((out / f"{stem}.methods.json").read_text())
+        assert list(record["methods"]) == ["occlusion", "gradcam", "integrated_gradients"]
+        # occlusion's map is the batch's own heatmap, not computed again
+        values = np.load(out / f"{stem}.npy")
+        occlusion = np.asarray(record["methods"]["occlusion"]["importance"], np.float64)
+        np.testing.assert_allclose(occlusion, record["prob"] - values, atol=1e-6)
+    plain = cli_here("batch", str(folder), "--out", str(tmp_path / "plain"), "--stride", "32")
+    assert plain.returncode == 0 and not list((tmp_path / "plain").glob("*.methods.*"))
+    bad = cli_here("batch", str(folder), "--out", str(out), "--methods", "lime")
+    assert bad.returncode == 2 and "unknown methods ['lime']" in bad.stderr

@@ -66,6 +66,10 @@ SUMMARY_FIELDS = (
     "ood_score",
     "outputs",
     "error",
+    "gradcam_seconds",
+    "gradcam_spearman",
+    "ig_seconds",
+    "ig_spearman",
 )
 
 
@@ -99,6 +103,11 @@ class BatchRow:
     ood_flagged: bool | str = ""  # score above the model's threshold: not meaningful
     outputs: str = ""
     error: str = ""
+    # --methods: each gradient method's seconds and its rank correlation with occlusion
+    gradcam_seconds: float | str = ""
+    gradcam_spearman: float | str = ""
+    ig_seconds: float | str = ""
+    ig_spearman: float | str = ""
     extra: dict = field(default_factory=dict, repr=False)
 
 
@@ -253,23 +262,62 @@ def explain_item(
     read or explained gives a row with its error and no files. The local loop and the
     Celery workers (krypton.batch.broker) both call this."""
     row = BatchRow(image=image or str(source), given_label=label or "")
+    options, methods = _split_methods(options)
     if model.is_volume:
-        return _explain_volume_item(source, label, model, options, row)
+        return _explain_volume_item(source, label, model, options, row, methods)
     started = time.perf_counter()
     try:
         picture = load_image(source, window=window, frame=frame)
-        heatmap = explain(
-            model, model.preprocess(picture), label=_label_index(label, model), **options
-        )
+        tensor = model.preprocess(picture)
+        heatmap = explain(model, tensor, label=_label_index(label, model), **options)
         files = heatmap_files(picture, heatmap, model)
+        _fill_row(row, heatmap, model, started)
+        if methods:
+            size = tuple(model.input_size)[::-1]
+            background = np.asarray(picture.convert("L").resize(size), np.float32)
+            files.update(method_files(model, tensor, heatmap, options, methods, background, row))
     except ImageLoadError as exc:
         row.error = str(exc)
         return row, {}
     except (ValueError, TypeError, OSError) as exc:  # explain() refused, a bad label, ...
         row.error = f"{type(exc).__name__}: {exc}"
         return row, {}
-    _fill_row(row, heatmap, model, started)
     return row, files
+
+
+GRADIENT_METHODS = {"gradcam": "gradcam", "integrated_gradients": "ig"}  # name: column
+
+
+def _split_methods(options: dict) -> tuple[dict, tuple[str, ...]]:
+    """explain()'s options, and the gradient methods to set beside occlusion
+    (``options["methods"]``: ``krypton batch --methods``)."""
+    methods = tuple(m for m in options.get("methods") or () if m in GRADIENT_METHODS)
+    return {k: v for k, v in options.items() if k != "methods"}, methods
+
+
+def method_files(model, tensor, heatmap, options: dict, methods, background, row) -> dict:
+    """Grad-CAM and/or Integrated Gradients on the occlusion heatmap's own cells
+    (:mod:`krypton.methods`): STEM.methods.png side by side, STEM.methods.json with every
+    map, agreement and deletion/insertion areas; each method's seconds and rank
+    correlation with occlusion go into ``row``."""
+    from ..methods import agreement, compare, comparison_record, from_heatmap
+    from ..render.methods import methods_picture
+
+    occlusion = from_heatmap(heatmap)
+    maps = {"occlusion": occlusion, **compare(
+        model, tensor, patch=heatmap.patch, stride=heatmap.stride, label=heatmap.label,
+        region=options.get("region"), fill=options.get("fill"), methods=methods,
+    )}  # fmt: skip
+    for method, column in GRADIENT_METHODS.items():
+        if method in maps:
+            setattr(row, f"{column}_seconds", round(maps[method].seconds, 3))
+            rho = agreement(occlusion, maps[method])["spearman"]
+            setattr(row, f"{column}_spearman", round(rho, 4))
+    record = comparison_record(model, tensor, maps)
+    return {
+        ".methods.png": methods_picture(maps, background),
+        ".methods.json": json.dumps(record, indent=1).encode(),
+    }
 
 
 def _fill_row(row: BatchRow, heatmap, model: LoadedModel, started: float) -> None:
@@ -293,7 +341,12 @@ def _fill_row(row: BatchRow, heatmap, model: LoadedModel, started: float) -> Non
 
 
 def _explain_volume_item(
-    source: Path | bytes, label: str | None, model: LoadedModel, options: dict, row: BatchRow
+    source: Path | bytes,
+    label: str | None,
+    model: LoadedModel,
+    options: dict,
+    row: BatchRow,
+    methods: tuple[str, ...] = (),
 ) -> tuple[BatchRow, dict[str, bytes]]:
     """:func:`explain_item` for a volume model: a DICOM series (folder or zip), a
     multi-frame DICOM or a NIfTI file; its files as ``krypton explain`` writes them
@@ -307,15 +360,19 @@ def _explain_volume_item(
         return row, {}
     try:
         prepared = model.prepare_volume(read_volume(source))
-        heatmap = explain(model, prepared.tensor, label=_label_index(label, model), **options)
+        tensor = prepared.tensor
+        heatmap = explain(model, tensor, label=_label_index(label, model), **options)
         files = volume_files(heatmap, prepared, model)
+        _fill_row(row, heatmap, model, started)
+        if methods:
+            background = tensor[0].numpy()
+            files.update(method_files(model, tensor, heatmap, options, methods, background, row))
     except ImageLoadError as exc:
         row.error = str(exc)
         return row, {}
     except (ValueError, TypeError, OSError) as exc:
         row.error = f"{type(exc).__name__}: {exc}"
         return row, {}
-    _fill_row(row, heatmap, model, started)
     return row, files
 
 

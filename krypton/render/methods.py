@@ -1,0 +1,69 @@
+"""Occlusion, Grad-CAM and Integrated Gradients side by side in one PNG (``krypton
+compare``, ``krypton batch --methods``): each map over the image, or for a volume the three
+views through each map's strongest cell, each with its own colour scale."""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..methods import MethodMap
+
+TITLES = {
+    "occlusion": "Occlusion",
+    "gradcam": "Grad-CAM",
+    "integrated_gradients": "Integrated Gradients",
+}
+
+
+def methods_picture(maps: dict[str, MethodMap], background: np.ndarray) -> bytes:
+    """One panel per method over the image (or, for a volume, the three views through
+    each map's strongest cell), each with its own colour scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    volume = background.ndim == 3
+    rows = len(maps) if volume else 1
+    columns = 3 if volume else len(maps)
+    figure, grid = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.3 * rows), squeeze=False)
+    for number, (method, found) in enumerate(maps.items()):
+        full = per_pixel(found, background.shape)
+        if volume:
+            centre = [int(round(c)) for c in found.strongest_cell_centre()]
+            planes = [(background[centre[0]], full[centre[0]], "axial"),
+                      (background[:, centre[1]], full[:, centre[1]], "coronal"),
+                      (background[:, :, centre[2]], full[:, :, centre[2]], "sagittal")]  # fmt: skip
+        else:
+            planes = [(background, full, "")]
+        for column, (plane, values, view) in enumerate(planes):
+            axis = grid[number if volume else 0][column if volume else number]
+            axis.imshow(plane, cmap="gray")
+            shown = axis.imshow(values, cmap="jet", alpha=0.5)
+            figure.colorbar(shown, ax=axis, fraction=0.046, label="evidence for the class")
+            axis.set_title(f"{TITLES[method]} {view}\n{found.seconds:.2f} s · {found.detail}",
+                           fontsize=8)  # fmt: skip
+            axis.axis("off")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def per_pixel(found: MethodMap, shape: tuple[int, ...]) -> np.ndarray:
+    """The map painted back at input resolution: each pixel the mean of the cells over it
+    (NaN where none is)."""
+    total, count = np.zeros(shape), np.zeros(shape)
+    for index in np.ndindex(*found.importance.shape):
+        box = tuple(
+            slice(int(a[i]), int(a[i]) + p) for a, i, p in zip(found.axes, index, found.patch)
+        )
+        total[box] += found.importance[index]
+        count[box] += 1
+    with np.errstate(invalid="ignore"):
+        return total / count
