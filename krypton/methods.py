@@ -275,10 +275,11 @@ def randomised(model: nn.Module | LoadedModel, seed: int = 0) -> nn.Module:
     import copy
 
     clone = copy.deepcopy(_module(model))
-    torch.manual_seed(seed)
-    for layer in clone.modules():
-        if hasattr(layer, "reset_parameters"):
-            layer.reset_parameters()
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
+        torch.manual_seed(seed)
+        for layer in clone.modules():
+            if hasattr(layer, "reset_parameters"):
+                layer.reset_parameters()
     return clone.eval()
 
 
@@ -295,8 +296,10 @@ def from_heatmap(heatmap) -> MethodMap:
     )  # fmt: skip
 
 
-def comparison_record(model, tensor, maps: dict[str, MethodMap]) -> dict:
-    """Everything the comparison measured, as JSON (maps as nested lists, NaN as null)."""
+def comparison_record(model: LoadedModel, tensor: torch.Tensor, maps: dict[str, MethodMap]) -> dict:
+    """Everything a comparison of ``maps`` (on ``tensor``, the model's input) measured,
+    as JSON: each map as nested lists (NaN as null), its seconds and deletion and
+    insertion areas, and every pair's agreement."""
     methods = {}
     for method, found in maps.items():
         deletion = deletion_curve(model, tensor, found)
