@@ -18,7 +18,7 @@ from tqdm import tqdm
 from . import explainer as explain_module
 from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
-from .cli_compare import add_compare_parser, run_compare
+from .cli_compare import add_compare_parser, parse_methods, run_compare
 from .cli_volumes import (
     default_volume_model,
     is_volume_model,
@@ -537,15 +537,13 @@ def run_batch_command(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         print(f"error: --out '{out}' is a file; name a folder", file=sys.stderr)
         return 2
-    chosen = [name.strip() for name in args.methods.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in ("occlusion", "gradcam", "ig")]
-    if unknown:
-        print(f"error: unknown methods {unknown}; choose from occlusion, gradcam, ig",
-              file=sys.stderr)  # fmt: skip
+    try:
+        gradients = [name for name in parse_methods(args.methods) if name != "occlusion"]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     model = _load(args.model, args.random_weights, args.device)
     options = explain_options(args, model)
-    gradients = [{"ig": "integrated_gradients"}.get(n, n) for n in chosen if n != "occlusion"]
     if gradients:  # krypton.batch.folder.explain_item sets them beside occlusion
         options["methods"] = gradients
     bar = tqdm(total=len(items), unit="image", file=sys.stderr, disable=None)

@@ -39,18 +39,26 @@ def add_compare_parser(commands) -> None:
     parser.add_argument("--layer", help="Grad-CAM's layer (default: the last spatial block)")
 
 
+def parse_methods(text: str) -> list[str]:
+    """``--methods`` (comma-separated short names) as krypton.methods' names; ValueError
+    names what is unknown."""
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in SHORT_NAMES]
+    if unknown or not chosen:
+        raise ValueError(f"unknown methods {unknown}; choose from occlusion, gradcam, ig")
+    return [SHORT_NAMES[name] for name in chosen]
+
+
 def run_compare(args: argparse.Namespace, load) -> int:
     """Run the chosen methods and write OUT.png and OUT.json; ``load`` is the CLI's model
     loader."""
     from .cli_volumes import default_volume_model, wants_volume
 
-    chosen = [name.strip() for name in args.methods.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in SHORT_NAMES]
-    if unknown or not chosen:
-        print(f"error: unknown methods {unknown}; choose from occlusion, gradcam, ig",
-              file=sys.stderr)  # fmt: skip
+    try:
+        methods = parse_methods(args.methods)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    methods = [SHORT_NAMES[name] for name in chosen]
     try:
         if wants_volume(args.image, args.model):
             from .io.volumes import read_volume

@@ -239,9 +239,10 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     plan_line = speed = None
     if known is not None:
         had_cells = bool(known.cells)
-        values, class_values, reused, evaluated, plan_line, speed = _run_grid(
-            explainer, tensor, grid_ys, grid_xs, request, fill, label, known, live
-        )
+        values, class_values, reused, evaluated, plan_line, speed = run_cells(
+            explainer, tensor, (grid_ys, grid_xs), request.patch, request.mode, fill, label,
+            known, live,
+        )  # fmt: skip
         if not reused and not note and had_cells:
             note = "no cells reused: none of the earlier positions lies on this grid"
         known.set_origin((int(grid_xs[0]), int(grid_ys[0])))
@@ -369,24 +370,6 @@ def _known_cells(
             f"reuse them"
         ),
     )
-
-
-def _run_grid(
-    explainer,
-    tensor,
-    grid_ys,
-    grid_xs,
-    request: RunRequest,
-    fill,
-    label: int,
-    known: _Known,
-    report: Callable[..., None],
-):
-    """Exact/naive over an image's grid (:func:`run_cells`, its cells keyed (x, y))."""
-    return run_cells(
-        explainer, tensor, (grid_ys, grid_xs), request.patch, request.mode, fill, label,
-        known, report,
-    )  # fmt: skip
 
 
 def run_cells(
