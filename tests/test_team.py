@@ -5,6 +5,7 @@ KRYPTON_BROKER_URL), driven over HTTP the way the browser drives it."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -418,6 +419,37 @@ def test_batch_through_the_broker_matches_local_and_resumes(team, tmp_path):
     assert len(rows) == 5 and "broken.png" in rows and rows["broken.png"]["error"]
     assert all(not rows[f"fundus{s}.png"]["error"] for s in (31, 32, 33, 34))
     assert "broken.png" in (out / "index.html").read_text()
+
+
+def test_gradient_methods_run_on_the_workers_as_they_do_locally(team, tmp_path):
+    """krypton batch --methods carries the methods in the options the workers get; their
+    maps and summary columns are the ones a local batch writes."""
+    team.ensure_workers()
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for seed in (31, 32):
+        _image(seed).save(folder / f"fundus{seed}.png")
+    common = ["batch", str(folder), "--model", "fundus-demo", "--stride", "32",
+              "--methods", "occlusion,gradcam"]  # fmt: skip
+    local = _krypton(*common, "--out", str(tmp_path / "local"))
+    assert local.wait(timeout=600) == 0, local.stdout.read()
+    remote = _krypton(*common, "--out", str(tmp_path / "broker"), "--broker", team.cluster.url)
+    assert remote.wait(timeout=600) == 0, remote.stdout.read()
+    for seed in (31, 32):
+        maps = [
+            json.loads((tmp_path / where / f"fundus{seed}.methods.json").read_text())
+            for where in ("local", "broker")
+        ]
+        assert list(maps[1]["methods"]) == ["occlusion", "gradcam"]
+        for method in ("occlusion", "gradcam"):
+            np.testing.assert_allclose(
+                np.asarray(maps[1]["methods"][method]["importance"], np.float64),
+                np.asarray(maps[0]["methods"][method]["importance"], np.float64),
+                atol=1e-5,
+            )
+    with open(tmp_path / "broker" / "summary.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert all(float(row["gradcam_seconds"]) > 0 and row["gradcam_spearman"] for row in rows)
 
 
 def test_redis_going_away_is_a_message_and_pages_still_load(team):
