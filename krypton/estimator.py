@@ -44,6 +44,7 @@ __all__ = [
     "compare_with_naive",
     "speed_claim",
     "heatmap_speed",
+    "whole_run_speed",
     "format_duration",
     "SAME_SPEED",
     "logged_runs",
@@ -334,20 +335,30 @@ def compare_with_naive(
 SAME_SPEED = 1.1  # within this factor either way, a run says neither faster nor slower
 
 
-def heatmap_speed(heatmap) -> dict | None:
-    """What an exact ``heatmap``'s run timed side by side (``extra["plan_timing"]``) with
-    the whole call against a naive one (``whole``), for :func:`speed_claim`; None where
-    the run timed nothing."""
-    timing = heatmap.extra.get("plan_timing")
+def whole_run_speed(
+    timing: dict | None, seconds: float, positions: int, incremental_only: float | None = None
+) -> dict | None:
+    """What a run timed side by side (``timing``: ``heatmap.extra["plan_timing"]``) with
+    the whole run against a naive one (``whole``: :func:`compare_with_naive`), for
+    :func:`speed_claim`; None where the run timed nothing. ``incremental_only``: default
+    the timing's own ``incremental_only_seconds``. The page's image and volume runs and
+    :func:`heatmap_speed` all state it this way."""
     if not timing:
         return None
-    compared = compare_with_naive(
+    if incremental_only is None:
+        incremental_only = timing.get("incremental_only_seconds", 0.0)
+    compared = compare_with_naive(seconds, positions, timing, incremental_only)
+    return dict(timing) if compared is None else dict(timing, whole=dataclasses.asdict(compared))
+
+
+def heatmap_speed(heatmap) -> dict | None:
+    """:func:`whole_run_speed` of one exact ``heatmap``'s call."""
+    return whole_run_speed(
+        heatmap.extra.get("plan_timing"),
         heatmap.seconds,
         heatmap.positions_evaluated,
-        timing,
         heatmap.extra.get("incremental_only_seconds", 0.0),
     )
-    return dict(timing) if compared is None else dict(timing, whole=dataclasses.asdict(compared))
 
 
 def speed_claim(speed: dict) -> str:

@@ -29,11 +29,11 @@ from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
 from krypton.estimator import (
     Estimate,
     NotCalibratedError,
-    compare_with_naive,
     estimate,
     naive_equivalent,
     record_run,
     speed_claim,
+    whole_run_speed,
 )
 from krypton.explainer import grid_positions, snap_start
 from krypton.registry import RegistryError
@@ -270,12 +270,8 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
     ood = services.explainer(request.model).ood_report(tensor)
     seconds = time.perf_counter() - started
-    if speed is not None:  # the whole run against a naive one, from this run's timing
-        compared = compare_with_naive(
-            seconds, evaluated, speed, speed.get("incremental_only_seconds", 0.0)
-        )
-        if compared is not None:
-            speed = dict(speed, whole=dataclasses.asdict(compared))
+    # the whole run against a naive one, from this run's timing
+    speed = whole_run_speed(speed, seconds, evaluated)
     if evaluated:
         record_run(request.model, request.mode, request.patch, counts, seconds)
 

@@ -31,9 +31,9 @@ from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.estimator import (
     MIN_LOGGED_RUNS,
     NotCalibratedError,
-    compare_with_naive,
     estimate_for_counts,
     record_run,
+    whole_run_speed,
 )
 from krypton.explainer import snap_start
 from krypton.io.images import ImageLoadError
@@ -280,9 +280,8 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
     # (the explainer checks an image once, however many calls ask)
     ood = explainer.ood_report(tensor)
     seconds = time.perf_counter() - started
-    if speed is not None:  # the whole run against a naive one, as the image panel's
-        compared = compare_with_naive(seconds, evaluated, speed, speed["incremental_only_seconds"])
-        speed = dict(speed, whole=None if compared is None else dataclasses.asdict(compared))
+    # the whole run against a naive one, as the image panel's
+    speed = whole_run_speed(speed, seconds, evaluated)
     if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
         record_run(request.model, request.mode, request.patch, counts, seconds)
     result = {
