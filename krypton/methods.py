@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +37,11 @@ from .explainer import explain
 from .registry.models import LoadedModel
 
 __all__ = [
+    "GRADIENT_METHODS",
     "METHODS",
     "MethodMap",
     "agreement",
+    "attribution_maps",
     "compare",
     "comparison_record",
     "deletion_curve",
@@ -161,6 +163,56 @@ def _integrated_gradients(module, image, label: int, fill, steps: int) -> torch.
     return attribution[0].sum(0).detach()
 
 
+GRADIENT_METHODS = ("gradcam", "integrated_gradients")
+
+
+def attribution_maps(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    axes: Sequence[np.ndarray],
+    patch: Sequence[int],
+    labels: Sequence[int],
+    *,
+    fill=None,
+    methods: Sequence[str] = GRADIENT_METHODS,
+    layer: str | None = None,
+    steps: int = IG_STEPS,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, tuple[np.ndarray, tuple[float, ...], str]]:
+    """Grad-CAM and Integrated Gradients of ``image`` for each of ``labels``, averaged over
+    the cells of occlusion's grid ``axes`` (``patch`` per axis): per method, (importance of
+    shape (*grid, len(labels)), seconds per label, what ran). ``progress(done, total,
+    what)`` is called before each (method, label) step; raising from it stops the work."""
+    unknown = set(methods) - set(GRADIENT_METHODS)
+    if unknown:
+        raise ValueError(f"not a gradient method: {sorted(unknown)}")
+    module = _module(model)
+    if fill is None:
+        fill = model.gray_fill() if isinstance(model, LoadedModel) else 0.0
+    if "gradcam" in methods:
+        name, chosen = gradcam_layer(module, image, layer)
+    total, done = len(methods) * len(labels), 0
+    maps: dict[str, tuple[np.ndarray, tuple[float, ...], str]] = {}
+    for method in methods:
+        planes, seconds = [], []
+        for label in labels:
+            if progress is not None:
+                progress(done, total, f"{method} for class {label}")
+            started = time.perf_counter()
+            if method == "gradcam":
+                pixels = _gradcam(module, image, int(label), chosen)
+            else:
+                pixels = _integrated_gradients(module, image, int(label), fill, steps)
+            planes.append(on_grid(pixels, axes, patch))
+            seconds.append(time.perf_counter() - started)
+            done += 1
+        detail = f"layer {name}" if method == "gradcam" else f"{steps} steps from the fill"
+        maps[method] = (np.stack(planes, -1), tuple(seconds), detail)
+    if progress is not None:
+        progress(done, total, "done")
+    return maps
+
+
 def compare(
     model: nn.Module | LoadedModel,
     image: torch.Tensor,
@@ -206,13 +258,13 @@ def compare(
                 region=region,
             )  # fmt: skip
             importance, detail = prob - np.asarray(heatmap.values, np.float64), f"{mode} mode"
-        elif method == "gradcam":
-            name, chosen = gradcam_layer(module, image, layer)
-            importance = on_grid(_gradcam(module, image, label, chosen), axes, extent)
-            detail = f"layer {name}"
         else:
-            pixels = _integrated_gradients(module, image, label, fill, steps)
-            importance, detail = on_grid(pixels, axes, extent), f"{steps} steps from the fill"
+            found = attribution_maps(
+                module, image, axes, extent, [label], fill=fill, methods=[method],
+                layer=layer, steps=steps,
+            )  # fmt: skip
+            values, _, detail = found[method]
+            importance = values[..., 0]
         seconds = time.perf_counter() - started
         maps[method] = MethodMap(
             method, importance, tuple(np.asarray(a) for a in axes), extent, label, prob,

@@ -46,6 +46,7 @@ TARGET_SSIM = "target-ssim"
 DRILL_DOWN = "drill-down"
 TARGET_SPEEDUP = "target-speedup"
 SNAP = "snap"
+COMPARE = "compare"  # also compute Grad-CAM and Integrated Gradients
 ESTIMATE = "estimate"
 
 # Run panel
@@ -61,6 +62,8 @@ LIVE_STATUS = "live-status"
 RESULT_PANEL_BODY = "result-panel-body"
 HEATMAP_GRAPH = "heatmap-graph"
 RESULT_SUMMARY = "result-summary"
+COMPARE_PANEL = "compare-panel"  # the three methods side by side
+COMPARE_PENDING = "compare-pending"  # a sample's Compare button: run once it is shown
 DICOM_IDENTITY = "dicom-identity"
 OVERLAY_SHOW = "overlay-show"
 OVERLAY_VIEW = "overlay-view"
@@ -82,6 +85,7 @@ MODEL_REMOVE = "model-remove"
 # Pattern-matching ids: {"type": SAMPLE, "name": ...}, {"type": EXPORT, "format": ...} and
 # {"type": VOLUME_EXPORT, "format": ...} (VOLUME_EXPORT is with the volume panel's ids)
 SAMPLE = "sample"
+COMPARE_SAMPLE = "compare-sample"  # {"type": COMPARE_SAMPLE, "name": ...}
 EXPORT = "export"
 
 # Inside callback answers (the settings and result panels build these)
@@ -121,6 +125,8 @@ VOLUME_SLIDER_AXIAL = "volume-slider-axial"
 VOLUME_SLIDER_CORONAL = "volume-slider-coronal"
 VOLUME_SLIDER_SAGITTAL = "volume-slider-sagittal"
 VOLUME_EXPORT = "volume-export"  # a pattern-matching id's type
+VOLUME_COMPARE = "volume-compare"
+VOLUME_COMPARE_PANEL = "volume-compare-panel"  # a row of three views per method
 
 # view -> its graph and its slider
 VOLUME_GRAPHS = (

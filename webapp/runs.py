@@ -38,7 +38,7 @@ from krypton.estimator import (
 from krypton.explainer import grid_positions, snap_start
 from krypton.registry import RegistryError
 
-from . import exports, helpers, model_card
+from . import comparison, exports, helpers, model_card
 from .helpers import InputError
 from .lifecycle import Provenance, format_duration
 
@@ -80,6 +80,7 @@ class RunRequest:
     r_drill_down: float = DEFAULTS.r_drill_down
     target_speedup: float = DEFAULTS.target_speedup
     snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
+    compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
     # the page's record of a DICOM image (window, frame, spacing; no identity), or None
     dicom: dict | None = field(default=None, compare=False, hash=False)
 
@@ -167,8 +168,16 @@ def snap_region(
     return (left, top, x1, y1), (left - x0, top - y0)
 
 
-def execute(services: Services, session: str, request: RunRequest, report: Reporter) -> dict:
-    """Run one heatmap and return its result record (also stored for the session)."""
+def execute(
+    services: Services,
+    session: str,
+    request: RunRequest,
+    report: Reporter,
+    stage: comparison.Stage | None = None,
+) -> dict:
+    """Run one heatmap and return its result record (also stored for the session); with
+    ``request.compare``, the gradient methods on its grid after it (``stage`` hears of
+    each step; webapp.comparison)."""
     if request.mode not in krypton.MODES:
         raise InputError(f"unknown mode {request.mode!r}")
     # the whole run is timed, as the user waits for it (and as the estimate promises it):
@@ -274,6 +283,11 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
     speed = whole_run_speed(speed, seconds, evaluated)
     if evaluated:
         record_run(request.model, request.mode, request.patch, counts, seconds)
+    methods = None
+    if request.compare:  # after the occlusion's clock: its seconds stay its own
+        methods = comparison.compute_methods(
+            loaded, tensor, (grid_ys, grid_xs), request.patch, fill, label, stage
+        )
 
     result = {
         "id": uuid.uuid4().hex,
@@ -308,6 +322,7 @@ def execute(services: Services, session: str, request: RunRequest, report: Repor
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "dicom": request.dicom,
         "ood": ood,
+        "methods": methods,  # Grad-CAM and Integrated Gradients (webapp.comparison), or None
     }
     services.results.put(session, result)
     return result
@@ -607,9 +622,12 @@ def relabel(result: dict, label: int) -> dict:
 def export_summary(result: dict) -> str:
     """The JSON export: settings and result, without the arrays and without the keys
     that name the server's stored files (a file that leaves the server names none)."""
-    skipped = ("values", "class_values", "base_probs", "image_key")
+    skipped = ("values", "class_values", "base_probs", "image_key", "methods")
     summary = {k: v for k, v in result.items() if k not in skipped}
     summary["warnings"] = [text for text in (model_card.ood_text(result.get("ood")),) if text]
+    compared = comparison.comparison_json(result)
+    if compared is not None:  # the three maps for the class shown, and their agreement
+        summary["comparison"] = compared
     if summary.get("provenance"):  # its image is the stored image's key
         summary["provenance"] = {k: v for k, v in summary["provenance"].items() if k != "image"}
     if summary.get("dicom"):

@@ -39,6 +39,7 @@ from krypton.explainer import snap_start
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
 
+from . import comparison
 from .helpers import InputError
 from .lifecycle import Provenance
 from .model_card import ood_text
@@ -165,6 +166,7 @@ class VolumeRequest:
     label: int | None = None
     region: tuple[int, int, int, int, int, int] | None = None  # (z0, y0, x0, z1, y1, x1)
     snap: bool = True  # move a region's grid onto the last run's grid to reuse its cells
+    compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
 
 
 def check_volume_region(region, size: tuple[int, int, int], patch: int, stride: int) -> None:
@@ -207,11 +209,18 @@ def volume_provenance(
     )  # fmt: skip
 
 
-def execute_volume(services, session: str, request: VolumeRequest, report: VolumeReporter) -> dict:
+def execute_volume(
+    services,
+    session: str,
+    request: VolumeRequest,
+    report: VolumeReporter,
+    stage: comparison.Stage | None = None,
+) -> dict:
     """Run one volume heatmap (exact and naive through the image panel's own loop,
     :func:`webapp.runs.run_cells`: known cells reused, the rest in coarse-to-fine chunks
     of listed positions; approximate in one call with its stage-one picture) and keep its
-    result record for ``session``."""
+    result record for ``session``; with ``request.compare``, the gradient methods on its
+    grid after it, as the image panel's (webapp.comparison)."""
     if request.mode not in krypton.MODES:
         raise InputError(f"unknown mode {request.mode!r}")
     started = time.perf_counter()
@@ -284,6 +293,11 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
     speed = whole_run_speed(speed, seconds, evaluated)
     if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
         record_run(request.model, request.mode, request.patch, counts, seconds)
+    methods = None
+    if request.compare:  # after the occlusion's clock, as the image panel's
+        methods = comparison.compute_methods(
+            loaded, tensor, axes, request.patch, fill, label, stage
+        )
     result = {
         "id": uuid.uuid4().hex,
         "kind": "volume",
@@ -329,6 +343,7 @@ def execute_volume(services, session: str, request: VolumeRequest, report: Volum
         if prepared.model_input.affine is None
         else np.asarray(prepared.model_input.affine).tolist(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "methods": methods,  # Grad-CAM and Integrated Gradients (webapp.comparison), or None
     }
     services.results.put(volume_session(session), result)
     return result
@@ -453,10 +468,14 @@ def export_volume_json(result: dict) -> str:
             return {k: plain(v) for k, v in value.items()}
         return value
 
-    kept = {k: v for k, v in result.items() if k not in ("class_values", "source_key")}
+    skipped = ("class_values", "source_key", "methods")
+    kept = {k: v for k, v in result.items() if k not in skipped}
     if kept.get("provenance"):  # its "image" is the same stored-file key
         kept["provenance"] = {k: v for k, v in kept["provenance"].items() if k != "image"}
     kept["warnings"] = [text for text in (ood_text(result.get("ood")),) if text]
+    compared = comparison.comparison_json(result)
+    if compared is not None:  # the three maps for the class shown, and their agreement
+        kept["comparison"] = compared
     return json.dumps(plain(kept), indent=1)
 
 

@@ -27,7 +27,7 @@ def methods_picture(maps: dict[str, MethodMap], background: np.ndarray) -> bytes
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    volume = background.ndim == 3
+    volume = len(next(iter(maps.values())).axes) == 3  # an RGB picture has ndim 3 too
     rows = len(maps) if volume else 1
     columns = 3 if volume else len(maps)
     figure, grid = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.3 * rows), squeeze=False)
@@ -42,7 +42,7 @@ def methods_picture(maps: dict[str, MethodMap], background: np.ndarray) -> bytes
             planes = [(background, full, "")]
         for column, (plane, values, view) in enumerate(planes):
             axis = grid[number if volume else 0][column if volume else number]
-            axis.imshow(plane, cmap="gray")
+            axis.imshow(plane, cmap="gray")  # an RGB picture keeps its colours
             shown = axis.imshow(values, cmap="jet", alpha=0.5)
             figure.colorbar(shown, ax=axis, fraction=0.046, label="evidence for the class")
             axis.set_title(f"{TITLES[method]} {view}\n{found.seconds:.2f} s · {found.detail}",

@@ -1,0 +1,128 @@
+"""Compare in the app without a browser (webapp.comparison through webapp.runs and
+webapp.volume_runs): a run with Compare ticked carries Grad-CAM and Integrated Gradients
+on its own grid, equal to krypton.methods.compare on the same input, for every class of a
+small model (the class switch shows all three at once) or for the run's class only past
+EVERY_CLASS_UP_TO; its steps are reported and can stop it; the exports carry all three."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_app_volumes import nifti_bytes, request as volume_request, stored  # noqa: F401
+from test_runs import IMAGE, request
+from test_volume_cli import hu_volume, volume_model  # noqa: F401
+
+from krypton.methods import compare
+from webapp import comparison, runs, volume_runs
+from webapp.helpers import InputError
+from webapp.services import Services
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def services(tmp_path, volume_model):  # noqa: F811
+    return Services(tmp_path / "cache")
+
+
+def reference(services, run: runs.RunRequest, label: int) -> dict:
+    loaded = services.model(run.model)
+    fill = tuple((c - m) / s for c, m, s in zip(run.fill_rgb, loaded.mean, loaded.std))
+    return compare(
+        loaded, loaded.preprocess(IMAGE), patch=run.patch, stride=run.stride,
+        region=run.region, fill=fill, label=label, mode="naive",
+    )  # fmt: skip
+
+
+def test_a_compared_run_carries_the_gradient_maps_of_every_class_on_its_grid(services):
+    steps = []
+    run = request(services, compare=True, fill_rgb=(0.0, 0.0, 0.0))  # black: IG's baseline too
+    result = runs.execute(services, "s", run, lambda *a: None, lambda *a: steps.append(a))
+    assert result["methods"]["gradcam"]["labels"] == [0, 1, 2]  # fundus-demo: 3 classes
+    assert [s[:2] for s in steps] == [(i, 6) for i in range(7)]  # 2 methods x 3 classes, end
+    for label in (result["label"], (result["label"] + 1) % 3):
+        shown = runs.relabel(result, label) if label != result["label"] else result
+        maps = comparison.method_maps(shown)
+        assert list(maps) == ["occlusion", "gradcam", "integrated_gradients"]
+        expected = reference(services, run, label)
+        for method, found in maps.items():
+            assert found.label == label and found.importance.shape == (5, 5)
+            np.testing.assert_allclose(
+                found.importance, expected[method].importance, atol=1e-5, rtol=1e-4
+            )
+        rows = comparison.agreement_rows(maps)
+        assert [r["methods"] for r in rows] == [
+            ["occlusion", "gradcam"], ["occlusion", "integrated_gradients"],
+            ["gradcam", "integrated_gradients"],
+        ]  # fmt: skip
+        assert all(-1 <= r["spearman"] <= 1 and 0 <= r["top_overlap"] <= 1 for r in rows)
+
+
+def test_a_run_without_compare_has_no_maps_and_no_compare_export(services):
+    result = runs.execute(services, "s", request(services), lambda *a: None)
+    assert result["methods"] is None and comparison.method_maps(result) == {}
+    assert "comparison" not in json.loads(runs.export_summary(result))
+    with pytest.raises(InputError, match="tick Compare"):
+        comparison.comparison_png(result, np.zeros((224, 224, 3)))
+
+
+def test_past_few_classes_only_the_runs_class_and_another_asks_for_a_run(
+    services, monkeypatch
+):
+    monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 2)
+    result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
+    assert result["methods"]["integrated_gradients"]["labels"] == [result["label"]]
+    other = runs.relabel(result, (result["label"] + 1) % 3)
+    reason = comparison.method_maps(other)
+    assert isinstance(reason, str) and "press Run" in reason
+    assert "comparison" not in json.loads(runs.export_summary(other))
+
+
+def test_a_stage_that_raises_stops_the_run(services):
+    class Stop(Exception):
+        pass
+
+    def stage(done, total, what):
+        if done == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        runs.execute(services, "s", request(services, compare=True), lambda *a: None, stage)
+    assert services.results.get("s") is None  # nothing kept half done
+
+
+def test_the_exports_carry_all_three_maps_and_their_agreement(services):
+    result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
+    record = json.loads(runs.export_summary(result))["comparison"]
+    assert set(record["methods"]) == {"occlusion", "gradcam", "integrated_gradients"}
+    assert np.asarray(record["methods"]["gradcam"]["importance"]).shape == (5, 5)
+    assert len(record["agreement"]) == 3 and "evidence for the class" in record["importance"]
+    picture = comparison.comparison_png(result, np.asarray(IMAGE.resize((224, 224))))
+    assert picture.startswith(PNG)
+
+
+def test_a_compared_volume_run_has_three_maps_per_class_on_its_grid(
+    services, nifti_bytes  # noqa: F811
+):
+    key = stored(services, nifti_bytes)
+    run = volume_request(key, compare=True)
+    result = volume_runs.execute_volume(services, "tab-1", run, lambda *a: None)
+    maps = comparison.method_maps(result)
+    assert list(maps) == ["occlusion", "gradcam", "integrated_gradients"]
+    loaded = services.volume_model("ct-test")
+    tensor = services.prepared_volume(key, "tab-1", "ct-test").model_input.tensor
+    expected = compare(loaded, tensor, patch=8, stride=8, label=result["label"], mode="naive")
+    for method, found in maps.items():
+        assert found.importance.shape == expected[method].importance.shape
+        np.testing.assert_allclose(
+            found.importance, expected[method].importance, atol=1e-5, rtol=1e-4
+        )
+    other = volume_runs.relabel_volume(result, 1 - result["label"])
+    assert comparison.method_maps(other)["gradcam"].label == 1 - result["label"]
+    exported = json.loads(volume_runs.export_volume_json(result))
+    assert set(exported["comparison"]["methods"]) == set(maps) and "methods" not in exported
+    prepared = services.prepared_volume(key, "tab-1", "ct-test")
+    assert comparison.comparison_png(result, prepared.unit).startswith(PNG)

@@ -1,0 +1,160 @@
+"""The Compare view's record: Grad-CAM and Integrated Gradients beside a run's occlusion
+map, on its grid, for images and volumes alike.
+
+A run with Compare ticked computes the two gradient methods (krypton.methods, through
+Captum) after its occlusion cells, in the same background job, queue place and result
+record. What the page, the class switch and the exports read from that record is here:
+the three maps for the class on screen, how alike they rank the cells, and the files.
+Sign convention (krypton.methods): every map is *evidence for the class, higher is
+more*; occlusion's is the probability's drop under the patch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+import krypton
+from krypton.methods import GRADIENT_METHODS, MethodMap, agreement, attribution_maps
+from krypton.render.methods import TITLES, methods_picture
+
+from .helpers import InputError
+
+__all__ = [
+    "EVERY_CLASS_UP_TO",
+    "TOP_SHARE",
+    "agreement_rows",
+    "compute_methods",
+    "comparison_json",
+    "comparison_png",
+    "method_maps",
+]
+
+# A model with at most this many classes gets both gradient maps for every class, so the
+# class switch shows all three methods at once (IG costs a backward pass per path step and
+# class); past it, the run's class only, and another class asks for a new run.
+EVERY_CLASS_UP_TO = 4
+TOP_SHARE = 0.05  # the top-k overlap's k: the most important 5% of cells
+# stage(done, total, what) before each (method, class) step; raising stops the run
+Stage = Callable[[int, int, str], None]
+
+
+def compute_methods(
+    model: krypton.LoadedModel,
+    tensor: torch.Tensor,
+    axes: Sequence[np.ndarray],
+    patch: int,
+    fill,
+    label: int,
+    stage: Stage | None = None,
+) -> dict:
+    """Grad-CAM and Integrated Gradients of ``tensor`` on the run's grid ``axes`` (cells of
+    ``patch`` per axis), for every class of a model with few classes or else ``label``:
+    per method its values (*grid, classes computed), the classes, seconds per class and
+    what ran. Integrated Gradients' path starts from ``fill``, the run's occluder: the
+    same "absent" input for both."""
+    classes = len(model.classes)
+    labels = list(range(classes)) if classes <= EVERY_CLASS_UP_TO else [int(label)]
+    found = attribution_maps(
+        model, tensor, axes, (int(patch),) * len(axes), labels, fill=fill,
+        progress=stage,
+    )  # fmt: skip
+    return {
+        method: {
+            "values": np.asarray(values, np.float32),
+            "labels": labels,
+            "seconds": [float(s) for s in seconds],
+            "detail": detail,
+        }
+        for method, (values, seconds, detail) in found.items()
+    }
+
+
+def _axes(result: dict) -> tuple[np.ndarray, ...]:
+    names = ("zs", "ys", "xs") if result.get("zs") is not None else ("ys", "xs")
+    return tuple(np.asarray(result[n]) for n in names)
+
+
+def method_maps(result: dict) -> dict[str, MethodMap] | str:
+    """The three maps for the result's class on screen (occlusion first), or, where the
+    run computed the gradient methods for other classes only, why not in the page's
+    words. ``{}`` for a run without Compare."""
+    kept = result.get("methods")
+    if not kept:
+        return {}
+    axes = _axes(result)
+    patch = (int(result["patch"]),) * len(axes)
+    label, prob = int(result["label"]), float(result["prob"])
+    occlusion = prob - np.asarray(result["values"], np.float64)
+    maps = {
+        "occlusion": MethodMap(
+            "occlusion", occlusion, axes, patch, label, prob,
+            float(result["seconds"]), f"{result['mode']} mode",
+        )  # fmt: skip
+    }
+    for method in GRADIENT_METHODS:
+        found = kept[method]
+        if label not in found["labels"]:
+            return (
+                f"Grad-CAM and Integrated Gradients were computed for "
+                f"{result['classes'][found['labels'][0]]} only; press Run to compare "
+                f"for {result['label_name']}"
+            )
+        index = found["labels"].index(label)
+        values = np.asarray(found["values"], np.float64)[..., index]
+        maps[method] = MethodMap(
+            method, values, axes, patch, label, prob, float(found["seconds"][index]),
+            found["detail"],
+        )  # fmt: skip
+    return maps
+
+
+def agreement_rows(maps: dict[str, MethodMap]) -> list[dict]:
+    """Every pair's rank correlation and top-5% overlap (krypton.methods.agreement)."""
+    return [
+        {"methods": [a, b], "titles": [TITLES[a], TITLES[b]], **agreement(maps[a], maps[b], TOP_SHARE)}
+        for a, b in itertools.combinations(maps, 2)
+    ]
+
+
+def comparison_json(result: dict) -> dict | None:
+    """The comparison as the exports carry it: each map for the class on screen (nested
+    lists on the grid, NaN as null), its seconds and what ran, every pair's agreement and
+    the sign convention; None for a run without Compare (or for another class)."""
+    maps = method_maps(result)
+    if not isinstance(maps, dict) or not maps:
+        return None
+    return {
+        "class": result["label_name"],
+        "importance": "evidence for the class, higher is more (occlusion: the probability's "
+        "drop under the patch; Grad-CAM and Integrated Gradients: attribution)",
+        "top_share": TOP_SHARE,
+        "methods": {
+            method: {
+                "seconds": found.seconds,
+                "detail": found.detail,
+                "importance": np.where(
+                    np.isfinite(found.importance), found.importance, None
+                ).tolist(),
+            }
+            for method, found in maps.items()
+        },
+        "agreement": [
+            {k: v for k, v in row.items() if k != "titles"} for row in agreement_rows(maps)
+        ],
+    }
+
+
+def comparison_png(result: dict, background: np.ndarray) -> bytes:
+    """The three maps side by side, each over ``background`` (the picture the model saw,
+    or the volume's block: three views through each map's strongest cell) with its own
+    colour scale."""
+    maps = method_maps(result)
+    if isinstance(maps, str):
+        raise InputError(maps)
+    if not maps:
+        raise InputError("this run did not compare methods; tick Compare and press Run")
+    return methods_picture(maps, background)
