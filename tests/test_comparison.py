@@ -10,7 +10,8 @@ import json
 
 import numpy as np
 import pytest
-from test_app_volumes import nifti_bytes, request as volume_request, stored  # noqa: F401
+from test_app_volumes import nifti_bytes, stored  # noqa: F401
+from test_app_volumes import request as volume_request
 from test_runs import IMAGE, request
 from test_volume_cli import hu_volume, volume_model  # noqa: F401
 
@@ -69,9 +70,7 @@ def test_a_run_without_compare_has_no_maps_and_no_compare_export(services):
         comparison.comparison_png(result, np.zeros((224, 224, 3)))
 
 
-def test_past_few_classes_only_the_runs_class_and_another_asks_for_a_run(
-    services, monkeypatch
-):
+def test_past_few_classes_only_the_runs_class_and_another_asks_for_a_run(services, monkeypatch):
     monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 2)
     result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
     assert result["methods"]["integrated_gradients"]["labels"] == [result["label"]]
@@ -105,7 +104,8 @@ def test_the_exports_carry_all_three_maps_and_their_agreement(services):
 
 
 def test_a_compared_volume_run_has_three_maps_per_class_on_its_grid(
-    services, nifti_bytes  # noqa: F811
+    services,
+    nifti_bytes,  # noqa: F811
 ):
     key = stored(services, nifti_bytes)
     run = volume_request(key, compare=True)

@@ -91,8 +91,14 @@ def method_maps(result: dict) -> dict[str, MethodMap] | str:
     occlusion = prob - np.asarray(result["values"], np.float64)
     maps = {
         "occlusion": MethodMap(
-            "occlusion", occlusion, axes, patch, label, prob,
-            float(result["seconds"]), f"{result['mode']} mode",
+            "occlusion",
+            occlusion,
+            axes,
+            patch,
+            label,
+            prob,
+            float(result["seconds"]),
+            f"{result['mode']} mode",
         )  # fmt: skip
     }
     for method in GRADIENT_METHODS:
@@ -114,10 +120,11 @@ def method_maps(result: dict) -> dict[str, MethodMap] | str:
 
 def agreement_rows(maps: dict[str, MethodMap]) -> list[dict]:
     """Every pair's rank correlation and top-5% overlap (krypton.methods.agreement)."""
-    return [
-        {"methods": [a, b], "titles": [TITLES[a], TITLES[b]], **agreement(maps[a], maps[b], TOP_SHARE)}
-        for a, b in itertools.combinations(maps, 2)
-    ]
+    rows = []
+    for a, b in itertools.combinations(maps, 2):
+        found = agreement(maps[a], maps[b], TOP_SHARE)
+        rows.append({"methods": [a, b], "titles": [TITLES[a], TITLES[b]], **found})
+    return rows
 
 
 def comparison_json(result: dict) -> dict | None:
