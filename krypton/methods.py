@@ -177,12 +177,12 @@ def attribution_maps(
     methods: Sequence[str] = GRADIENT_METHODS,
     layer: str | None = None,
     steps: int = IG_STEPS,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Callable[[int, int, str, int], None] | None = None,
 ) -> dict[str, tuple[np.ndarray, tuple[float, ...], str]]:
     """Grad-CAM and Integrated Gradients of ``image`` for each of ``labels``, averaged over
     the cells of occlusion's grid ``axes`` (``patch`` per axis): per method, (importance of
     shape (*grid, len(labels)), seconds per label, what ran). ``progress(done, total,
-    what)`` is called before each (method, label) step; raising from it stops the work."""
+    method, label)`` is called before each step; raising from it stops the work."""
     unknown = set(methods) - set(GRADIENT_METHODS)
     if unknown:
         raise ValueError(f"not a gradient method: {sorted(unknown)}")
@@ -197,7 +197,7 @@ def attribution_maps(
         planes, seconds = [], []
         for label in labels:
             if progress is not None:
-                progress(done, total, f"{method} for class {label}")
+                progress(done, total, method, int(label))
             started = time.perf_counter()
             if method == "gradcam":
                 pixels = _gradcam(module, image, int(label), chosen)
@@ -208,8 +208,6 @@ def attribution_maps(
             done += 1
         detail = f"layer {name}" if method == "gradcam" else f"{steps} steps from the fill"
         maps[method] = (np.stack(planes, -1), tuple(seconds), detail)
-    if progress is not None:
-        progress(done, total, "done")
     return maps
 
 

@@ -43,7 +43,12 @@ def test_a_compared_run_carries_the_gradient_maps_of_every_class_on_its_grid(ser
     run = request(services, compare=True, fill_rgb=(0.0, 0.0, 0.0))  # black: IG's baseline too
     result = runs.execute(services, "s", run, lambda *a: None, lambda *a: steps.append(a))
     assert result["methods"]["gradcam"]["labels"] == [0, 1, 2]  # fundus-demo: 3 classes
-    assert [s[:2] for s in steps] == [(i, 6) for i in range(7)]  # 2 methods x 3 classes, end
+    assert steps == [  # 2 methods x 3 classes
+        (i, 6, method, label)
+        for i, (method, label) in enumerate(
+            (m, c) for m in ("gradcam", "integrated_gradients") for c in range(3)
+        )
+    ]
     for label in (result["label"], (result["label"] + 1) % 3):
         shown = runs.relabel(result, label) if label != result["label"] else result
         maps = comparison.method_maps(shown)
@@ -84,7 +89,7 @@ def test_a_stage_that_raises_stops_the_run(services):
     class Stop(Exception):
         pass
 
-    def stage(done, total, what):
+    def stage(done, total, method, label):
         if done == 2:
             raise Stop
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
 import krypton
 from krypton.methods import GRADIENT_METHODS, MethodMap, agreement, attribution_maps
@@ -31,6 +32,7 @@ __all__ = [
     "comparison_json",
     "comparison_png",
     "method_maps",
+    "stage_text",
 ]
 
 # A model with at most this many classes gets both gradient maps for every class, so the
@@ -38,8 +40,8 @@ __all__ = [
 # class); past it, the run's class only, and another class asks for a new run.
 EVERY_CLASS_UP_TO = 4
 TOP_SHARE = 0.05  # the top-k overlap's k: the most important 5% of cells
-# stage(done, total, what) before each (method, class) step; raising stops the run
-Stage = Callable[[int, int, str], None]
+# stage(done, total, method, class) before each step; raising stops the run
+Stage = Callable[[int, int, str, int], None]
 
 
 def compute_methods(
@@ -71,6 +73,14 @@ def compute_methods(
         }
         for method, (values, seconds, detail) in found.items()
     }
+
+
+def stage_text(done: int, total: int, method: str, label: int, classes: Sequence[str]) -> str:
+    """A gradient step in the page's words, for the run's status line."""
+    return (
+        f"Occlusion done · {TITLES[method]} for {classes[label]} "
+        f"({done + 1} of {total} comparison steps)"
+    )
 
 
 def _axes(result: dict) -> tuple[np.ndarray, ...]:
@@ -155,10 +165,12 @@ def comparison_json(result: dict) -> dict | None:
     }
 
 
-def comparison_png(result: dict, background: np.ndarray) -> bytes:
+def comparison_png(result: dict, background: np.ndarray | Image.Image) -> bytes:
     """The three maps side by side, each over ``background`` (the picture the model saw,
     or the volume's block: three views through each map's strongest cell) with its own
     colour scale."""
+    if isinstance(background, Image.Image):
+        background = np.asarray(background.convert("RGB"))
     maps = method_maps(result)
     if isinstance(maps, str):
         raise InputError(maps)

@@ -135,3 +135,35 @@ def heatmap_figure(
             font={"size": 12},
         )
     return figure
+
+
+def importance_figure(image: Image.Image, found, title: str) -> go.Figure:
+    """One method's map (a krypton.methods.MethodMap on the occlusion grid) over the image,
+    on its own colour scale: evidence for the class, red = most."""
+    values = np.asarray(found.importance, np.float64)
+    ys, xs = (np.asarray(a) for a in found.axes)
+    finite = values[np.isfinite(values)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    figure = go.Figure(go.Image(source=data_url(image), hoverinfo="skip"))
+    figure.add_trace(
+        go.Heatmap(
+            z=values,
+            x=xs + (found.patch[1] - 1) / 2,
+            y=ys + (found.patch[0] - 1) / 2,
+            zmin=low,
+            zmax=high if high > low else low + 1e-9,
+            colorscale="Jet",
+            opacity=0.55,
+            hoverongaps=False,
+            hovertemplate="cell at (%{x:.0f}, %{y:.0f}): %{z:.4g}<extra></extra>",
+            colorbar={"title": {"text": _wrapped("evidence for the class", 12)}, "thickness": 10},
+        )
+    )
+    figure.update_xaxes(visible=False)
+    figure.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
+    figure.update_layout(
+        margin={"l": 0, "r": 0, "t": 40, "b": 0},
+        title={"text": _wrapped(title, 40), "font": {"size": 12}},
+        height=300,
+    )
+    return figure

@@ -23,7 +23,13 @@ EXPORTS = (
     (".npy", "npy", "the explained class's probabilities (rows x cols)"),
     ("All classes (.npz)", "npz", "every class's probabilities, positions, names"),
     ("CSV", "csv", "x, y, probability per position"),
-    ("JSON", "json", "settings and result"),
+    ("JSON", "json", "settings and result (with Compare: the three maps and their agreement)"),
+    (
+        "Compare (PNG)",
+        "compare",
+        "occlusion, Grad-CAM and Integrated Gradients side by side, each with its own "
+        "colour scale (runs with Compare ticked)",
+    ),
     (
         "DICOM",
         "dcm",
@@ -143,18 +149,32 @@ def _labelled(label: str, control, help_text: str | None = None) -> html.Div:
     return html.Div(children, className="control")
 
 
-def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.Button:
-    """A gallery sample: its thumbnail, its short title and what it is (also the tooltip)."""
-    return html.Button(
+def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.Div:
+    """A gallery sample: its thumbnail, its short title and what it is (also the tooltip),
+    and a button that loads it and runs Compare on it at once."""
+    return html.Div(
         [
-            html.Img(src=thumbnail, className="thumb"),
-            html.Span(title, className="sample-title"),
-            html.Span(caption, className="sample-caption"),
+            html.Button(
+                [
+                    html.Img(src=thumbnail, className="thumb"),
+                    html.Span(title, className="sample-title"),
+                    html.Span(caption, className="sample-caption"),
+                ],
+                id={"type": ids.SAMPLE, "name": name},
+                className="sample",
+                title=caption,
+                n_clicks=0,
+            ),
+            html.Button(
+                "Compare methods",
+                id={"type": ids.COMPARE_SAMPLE, "name": name},
+                className="compare-sample",
+                title="load this sample and run occlusion, Grad-CAM and Integrated Gradients "
+                "on it at once, with the settings on the page",
+                n_clicks=0,
+            ),
         ],
-        id={"type": ids.SAMPLE, "name": name},
-        className="sample",
-        title=caption,
-        n_clicks=0,
+        className="sample-item",
     )
 
 
@@ -601,6 +621,18 @@ def _settings_section(
                     }
                 ],
             ),
+            dcc.Checklist(
+                id=ids.COMPARE,
+                value=[],
+                className="help",
+                options=[
+                    {
+                        "label": " compare with Grad-CAM and Integrated Gradients (computed "
+                        "after the occlusion, on its grid)",
+                        "value": "compare",
+                    }
+                ],
+            ),
             html.Div(id=ids.TOP5, className="top5"),
             html.Div(id=ids.ESTIMATE, className="estimate"),
             html.Div(
@@ -701,6 +733,7 @@ def build_layout(
             dcc.Store(id=ids.RUN_BUSY, data=False),
             dcc.Store(id=ids.IMAGE_SHOWN),
             dcc.Store(id=ids.RESULT_STORE),
+            dcc.Store(id=ids.COMPARE_PENDING),  # a sample's Compare: its image's key
             dcc.Store(id=ids.OVERLAY_STORE),
             dcc.Store(id=ids.UPLOAD_TICKET),  # the server's token for an uploaded image
             dcc.Store(id=ids.MODEL_UPLOAD_TICKET),  # ... and for a weights file
@@ -723,6 +756,8 @@ def build_layout(
                 ],
                 className="grid",
             ),
+            # the Compare view, the page's width: three maps side by side (panels.compare)
+            html.Section(id=ids.COMPARE_PANEL, className="panel compare"),
             volume_section(volume_models or [], default_volume, max_volume_bytes),
             html.Footer(
                 "Red cells mark where occluding the image lowers the class probability "

@@ -15,7 +15,10 @@ from .glossary import term_label
 VOLUME_EXPORTS = (
     ("NIfTI", "nifti", "the heatmap's cells in the scanner's frame (.nii.gz), one value per "
      "position of the cube"),
-    ("JSON", "json", "settings and result"),
+    ("JSON", "json", "settings and result (with Compare: the three maps and their agreement)"),
+    ("Compare (PNG)", "compare", "occlusion, Grad-CAM and Integrated Gradients, each in the "
+     "three views through its strongest cell on its own colour scale (runs with Compare "
+     "ticked)"),
     ("DICOM series", "dicom", "the overlay as a DICOM Secondary Capture per axial slice of "
      "the model's block, in the source's study, referencing the source series (DICOM input "
      "only)"),
@@ -71,6 +74,11 @@ def volume_section(models: list[dict], default_model: str | None, max_bytes: int
             term_label("Class"),
             dcc.Dropdown(id=ids.VOLUME_LABEL, options=[], value=None,
                          placeholder="predicted class", style={"minWidth": "12em"}),
+            dcc.Checklist(
+                id=ids.VOLUME_COMPARE, value=[], className="help",
+                options=[{"label": " compare with Grad-CAM and Integrated Gradients",
+                          "value": "compare"}],
+            ),
         ],
         className="row volume-controls",
     )  # fmt: skip
@@ -136,6 +144,7 @@ def volume_section(models: list[dict], default_model: str | None, max_bytes: int
                 style={"display": "none"},
             ),  # fmt: skip
             html.Div(id=ids.VOLUME_SUMMARY, className="summary"),
+            html.Div(id=ids.VOLUME_COMPARE_PANEL, className="compare"),
             html.Div(
                 [
                     html.Span("Download: "),

@@ -57,7 +57,9 @@ def _plane(array: np.ndarray, view: str, cursor) -> np.ndarray:
     return plane if remaining == [vertical, horizontal] else plane.T
 
 
-def _traces(unit, view, cursor, per_voxel, value_range, show_scale: bool):
+def _traces(unit, view, cursor, per_voxel, value_range, show_scale: bool, importance=False):
+    """The gray block and the heatmap over it: occlusion's probabilities (red: lowest)
+    or, with ``importance``, a Compare map (evidence for the class, red: most)."""
     gray = _plane(unit, view, cursor)
     traces = [
         go.Heatmap(
@@ -70,10 +72,12 @@ def _traces(unit, view, cursor, per_voxel, value_range, show_scale: bool):
         low, high = value_range
         traces.append(
             go.Heatmap(
-                z=_plane(per_voxel, view, cursor), colorscale="Jet", reversescale=True,
+                z=_plane(per_voxel, view, cursor), colorscale="Jet", reversescale=not importance,
                 zmin=low, zmax=high, opacity=0.5, hoverongaps=False, showscale=show_scale,
-                hovertemplate="p with the cube here = %{z:.4f}<extra></extra>",
-                colorbar={"title": {"text": "p (red: lowest)"}, "thickness": 12},
+                hovertemplate=("evidence = %{z:.4g}" if importance
+                               else "p with the cube here = %{z:.4f}") + "<extra></extra>",
+                colorbar={"title": {"text": "evidence (red: most)" if importance
+                                    else "p (red: lowest)"}, "thickness": 12},
             )
         )  # fmt: skip
     return traces
@@ -130,13 +134,18 @@ def view_figure(
 
 
 def views_live_figure(
-    unit: np.ndarray, cursor, per_voxel: np.ndarray | None, value_range, title: str
+    unit: np.ndarray,
+    cursor,
+    per_voxel: np.ndarray | None,
+    value_range,
+    title: str,
+    importance: bool = False,
 ) -> go.Figure:
     """The three views side by side through ``cursor`` with the picture so far (the live
-    picture of a running volume run)."""
+    picture of a running volume run), or with one Compare map (``importance``)."""
     figure = make_subplots(rows=1, cols=3, subplot_titles=list(VIEWS), horizontal_spacing=0.04)
     for col, view in enumerate(VIEWS, start=1):
-        for trace in _traces(unit, view, cursor, per_voxel, value_range, col == 3):
+        for trace in _traces(unit, view, cursor, per_voxel, value_range, col == 3, importance):
             figure.add_trace(trace, row=1, col=col)
         _decorations(figure, view, cursor, None, unit.shape, row=1, col=col)
     figure.update_yaxes(autorange="reversed", row=1, col=1)

@@ -1,7 +1,8 @@
 """The page's callbacks, one module per panel: image (loading, DICOM window, region),
 settings (prediction, controls, estimate), run (Run/Cancel, progress, live picture),
-result (heatmap, summary, downloads), models (adding your own) and volume (a CT or MR
-volume in three linked views, its run and exports). Each panel is a class
+result (heatmap, summary, downloads), compare (three methods side by side), models
+(adding your own) and volume (a CT or MR volume in three linked views, its run and
+exports). Each panel is a class
 handed the server's Services; its callbacks are its methods (testable without a
 browser), attached by ``register``. No tensor algebra and no run orchestration here:
 those are krypton and webapp.runs."""
@@ -9,6 +10,7 @@ those are krypton and webapp.runs."""
 from __future__ import annotations
 
 from ..services import Services
+from .compare import ComparePanel
 from .image import ImagePanel
 from .models import ModelsPanel, model_options
 from .result import ResultPanel
@@ -36,5 +38,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         ResultPanel(services),
         ModelsPanel(services),
         VolumePanel(services, manager),
+        ComparePanel(),
     ):
         panel.register(app)

@@ -37,8 +37,10 @@ class ImagePanel:
             Output(ids.WINDOW_PRESET, "value"),
             Output(ids.DICOM_FRAME, "max"),
             Output(ids.DICOM_FRAME, "value"),
+            Output(ids.COMPARE_PENDING, "data"),
             Input(ids.UPLOAD_TICKET, "data"),
             Input({"type": ids.SAMPLE, "name": ALL}, "n_clicks"),
+            Input({"type": ids.COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.load_image)
@@ -82,10 +84,13 @@ class ImagePanel:
             Input(ids.MODEL, "value"),
         )(self.draw_image)
 
-    def load_image(self, ticket, sample_clicks, session):
+    def load_image(self, ticket, sample_clicks, compare_clicks, session):
         """An uploaded file or a sample becomes the page's image (a DICOM file: its
-        windowed frame, with the file kept for this tab)."""
+        windowed frame, with the file kept for this tab). A sample's Compare button also
+        marks the image for Compare: Run is pressed once its prediction shows
+        (panels.compare)."""
         trigger = ctx.triggered_id
+        compare = isinstance(trigger, dict) and trigger.get("type") == ids.COMPARE_SAMPLE
         session = str(session or "")
         ticket = ticket if isinstance(ticket, dict) else {}  # the page's, so the client's
         filename = str(ticket.get("name") or "") if trigger == ids.UPLOAD_TICKET else None
@@ -93,7 +98,7 @@ class ImagePanel:
             if trigger == ids.UPLOAD_TICKET:
                 data = self.uploaded_bytes(ticket, "image", session)
                 name = filename
-            elif isinstance(trigger, dict) and any(sample_clicks):
+            elif isinstance(trigger, dict) and any(sample_clicks + compare_clicks):
                 name = trigger["name"]
                 try:
                     data = sample_path(name).read_bytes()
@@ -109,13 +114,15 @@ class ImagePanel:
                 ):
                     image_data = self.dicom_image_data(data, str(name or "the file"), session)
                     record = image_data["dicom"]
-                    return image_data, None, "", "file", record["frames"], record["frame"] + 1
+                    pending = image_data["key"] if compare else None
+                    frames = record["frames"], record["frame"] + 1
+                    return image_data, None, "", "file", *frames, pending
                 image = helpers.decode_upload(data, name)
                 key = self.services.images.put(image, client)
         except InputError as exc:
-            return no_update, no_update, str(exc), no_update, no_update, no_update
+            return no_update, no_update, str(exc), no_update, no_update, no_update, None
         image_data = {"key": key, "name": name, "size": list(image.size)}
-        return image_data, None, "", no_update, no_update, no_update
+        return image_data, None, "", no_update, no_update, no_update, key if compare else None
 
     def uploaded_bytes(self, ticket: dict | None, purpose: str, session: str) -> bytes:
         """The bytes of a file the page posted to the upload route (its ticket)."""

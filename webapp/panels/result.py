@@ -7,11 +7,12 @@ from __future__ import annotations
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import exports, figures, helpers, ids, model_card, runs
+from .. import comparison, exports, figures, helpers, ids, model_card, runs
 from ..helpers import InputError
 from ..lifecycle import Provenance, result_view
 from ..services import Services
 from .common import SCREEN_INPUTS, empty_figure
+from .compare import image_compare_view
 
 NO_RESULT = "Press Run to compute the heatmap"
 DROPPED_RESULT = (
@@ -42,6 +43,7 @@ class ResultPanel:
             Output(ids.RESULT_SUMMARY, "children"),
             Output(EXPORTS, "disabled"),
             Output(ids.DICOM_IDENTITY, "style"),
+            Output(ids.COMPARE_PANEL, "children"),
             Input(ids.RESULT_STORE, "data"),
             Input(ids.OVERLAY_STORE, "data"),
             *SCREEN_INPUTS,
@@ -92,7 +94,7 @@ class ResultPanel:
         """The kept result, its line and its downloads, only while what is on screen is
         what it explains; otherwise why not."""
         *screen, label, session, buttons = screen_and_states
-        none = [True] * len(buttons), {"display": "none"}
+        none = [True] * len(buttons), {"display": "none"}, []
         try:
             result = self.services.results.get(session) if handle else None
         except InputError as exc:  # team mode: Redis is away
@@ -108,11 +110,15 @@ class ResultPanel:
             return empty_figure(view.reason), html.P(view.reason, className="warning"), *none
         try:
             figure = self.result_figure(result, overlay)
+            compared = image_compare_view(result, self.model_picture(result))
         except InputError as exc:
             return empty_figure(str(exc)), "", *none
         is_dicom = bool(result.get("dicom"))
-        disabled = [button["format"] == "dcm" and not is_dicom for button in buttons]
-        return figure, summary(result), disabled, {"display": "block" if is_dicom else "none"}
+        unavailable = {"dcm": not is_dicom, "compare": not isinstance(
+            comparison.method_maps(result), dict) or not result.get("methods")}  # fmt: skip
+        disabled = [unavailable.get(button["format"], False) for button in buttons]
+        dicom_style = {"display": "block" if is_dicom else "none"}
+        return figure, summary(result), disabled, dicom_style, compared
 
     def screen_provenance(
         self,
@@ -146,12 +152,15 @@ class ResultPanel:
         except (InputError, KeyError, TypeError, ValueError):
             return None
 
+    def model_picture(self, result: dict):
+        """The picture the model saw for ``result`` (its input size)."""
+        loaded = self.services.model(result["model"])
+        return helpers.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
+
     def result_figure(self, result: dict, overlay: dict | None):
         """The heatmap over the picture the model saw, drawn with the overlay settings."""
-        loaded = self.services.model(result["model"])
-        shown = helpers.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
         return figures.heatmap_figure(
-            shown,
+            self.model_picture(result),
             result["values"],
             result["xs"],
             result["ys"],
@@ -201,6 +210,9 @@ class ResultPanel:
             return dcc.send_bytes(exports.export_all_classes(result), f"{stem}-all.npz"), ""
         if fmt == "csv":
             return dcc.send_string(exports.export_csv(result), f"{stem}.csv"), ""
+        if fmt == "compare":  # the three methods side by side
+            data = comparison.comparison_png(result, self.model_picture(result))
+            return dcc.send_bytes(data, f"{stem}-compare.png"), ""
         return dcc.send_string(runs.export_summary(result), f"{stem}.json"), ""
 
 

@@ -10,7 +10,7 @@ import time
 from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import figures, helpers, ids, runs
+from .. import comparison, figures, helpers, ids, runs
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError
 from ..jobs import JobCancelled, QueueFull, check_cancelled
@@ -61,6 +61,7 @@ class RunPanel:
             State(ids.TARGET_SPEEDUP, "value"),
             State(ids.SNAP, "value"),
             State(ids.OVERLAY_STORE, "data"),
+            State(ids.COMPARE, "value"),
             background=True,
             manager=self.manager,
             prevent_initial_call=True,
@@ -71,6 +72,7 @@ class RunPanel:
                 (Output(ids.CANCEL, "disabled"), False, True),
                 (Output(ids.RESULT_PANEL_BODY, "style"), {"display": "none"}, {"display": "block"}),
                 (Output(ids.LIVE_PANEL, "style"), {"display": "block"}, {"display": "none"}),
+                (Output(ids.COMPARE_PANEL, "style"), {"display": "none"}, {}),
             ],
             # A new image or model stops the run that explains the old one (Dash cancels
             # a background job when any of these inputs changes).
@@ -89,12 +91,14 @@ class RunPanel:
         )(self.run)
         # A new image or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server.
+        # The Compare view of the old image goes with it.
         app.clientside_callback(
             """function(image, model) {
-                return [{"display": "none"}, {"display": "block"}];
+                return [{"display": "none"}, {"display": "block"}, []];
             }""",
             Output(ids.LIVE_PANEL, "style", allow_duplicate=True),
             Output(ids.RESULT_PANEL_BODY, "style", allow_duplicate=True),
+            Output(ids.COMPARE_PANEL, "children", allow_duplicate=True),
             Input(ids.IMAGE_STORE, "data"),
             Input(ids.MODEL, "value"),
             prevent_initial_call=True,
@@ -135,8 +139,10 @@ class RunPanel:
             lifecycle.queue()
             with self.services.job(), self.services.jobs.slot(session, waiting, client):
                 lifecycle.start()
-                reporter = live_reporter(set_progress, shown, style, lifecycle)
-                result = runs.execute(self.services, session, request, reporter)
+                reporter, stage = live_reporter(
+                    set_progress, shown, style, lifecycle, list(loaded.classes)
+                )
+                result = runs.execute(self.services, session, request, reporter, stage)
             lifecycle.finish()
         except QueueFull as exc:
             lifecycle.fail(str(exc))
@@ -174,6 +180,7 @@ def run_request(
     speedup,
     snap,
     overlay,
+    compare=None,
 ) -> tuple[runs.RunRequest, dict | None]:
     """The page's controls as a run request (and the overlay settings it is drawn with)."""
     request = runs.RunRequest(
@@ -190,17 +197,21 @@ def run_request(
         r_drill_down=float(drill),
         target_speedup=float(speedup),
         snap=bool(snap),
+        compare=bool(compare),
         dicom=image_data.get("dicom"),
     )
     return request, overlay
 
 
-def live_reporter(set_progress, shown, style, lifecycle: RunLifecycle) -> runs.Reporter:
+def live_reporter(
+    set_progress, shown, style, lifecycle: RunLifecycle, classes: list[str]
+) -> tuple[runs.Reporter, comparison.Stage]:
     """Progress to the page: the bar, the count, the time left and the live picture.
     Every update carries the latest picture (a progress output cannot be left unchanged:
     Dash would blank it), rebuilt when new values arrive, at most every
     LIVE_UPDATE_SECONDS. A picture without a count (approximate mode's coarse picture)
-    keeps the last count, so the bar never jumps back."""
+    keeps the last count, so the bar never jumps back. The second callable reports the
+    Compare steps after the occlusion (webapp.comparison), over the finished picture."""
     state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
     planned: dict[str, int] = {}
 
@@ -233,7 +244,12 @@ def live_reporter(set_progress, shown, style, lifecycle: RunLifecycle) -> runs.R
         bar = (str(lifecycle.done), str(max(lifecycle.total, 1)))
         set_progress((*bar, state["figure"], status))
 
-    return report
+    def stage(done: int, total: int, method: str, label: int) -> None:
+        check_cancelled()
+        text = comparison.stage_text(done, total, method, label, classes)
+        set_progress((str(done), str(total), state["figure"], text))
+
+    return report, stage
 
 
 def cancelled(n_clicks, handle):

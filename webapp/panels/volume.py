@@ -14,7 +14,7 @@ from dash.exceptions import PreventUpdate
 from krypton.registry import available_models
 from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
-from .. import ids, volume_runs, volume_views
+from .. import comparison, ids, volume_runs, volume_views
 from ..exports import export_stem
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError, fill_for_display, owner_tag
@@ -22,6 +22,7 @@ from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
 from .common import empty_figure
+from .compare import volume_compare_view
 from .run import cancelled
 
 logger = logging.getLogger("krypton.app")
@@ -144,12 +145,13 @@ class VolumePanel:
                     "annotations": [{"text": "Loading…", "showarrow": false,
                                      "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}]}};
                 const off = dash_clientside.callback_context.outputs_list[5].map(() => true);
-                return [{"display": "none"}, blank, blank, blank, "", off];
+                return [{"display": "none"}, blank, blank, blank, "", off, []];
             }""",
             Output(ids.VOLUME_LIVE_PANEL, "style", allow_duplicate=True),
             *[Output(g, "figure", allow_duplicate=True) for g in GRAPHS],
             Output(ids.VOLUME_SUMMARY, "children", allow_duplicate=True),
             Output({"type": ids.VOLUME_EXPORT, "format": ALL}, "disabled", allow_duplicate=True),
+            Output(ids.VOLUME_COMPARE_PANEL, "children", allow_duplicate=True),
             Input(ids.VOLUME_STORE, "data"),
             Input(ids.VOLUME_MODEL, "value"),
             prevent_initial_call=True,
@@ -165,7 +167,7 @@ class VolumePanel:
         app.callback(
             Output(ids.VOLUME_SUMMARY, "children"),
             *[Output({"type": ids.VOLUME_EXPORT, "format": f}, "disabled")
-              for f in ("nifti", "json", "dicom")],
+              for f in ("nifti", "json", "dicom", "compare")],
             Input(ids.VOLUME_RESULT, "data"),
             Input(ids.VOLUME_STORE, "data"),
             Input(ids.VOLUME_MODEL, "value"),
@@ -173,6 +175,17 @@ class VolumePanel:
             *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
         )(self.summary)  # fmt: skip
+        app.callback(
+            Output(ids.VOLUME_COMPARE_PANEL, "children"),
+            Input(ids.VOLUME_RESULT, "data"),
+            Input(ids.VOLUME_STORE, "data"),
+            Input(ids.VOLUME_MODEL, "value"),
+            Input(ids.VOLUME_REGION, "data"),
+            *[Input(s, "value") for s in SLIDERS],
+            Input(ids.VOLUME_WINDOW, "value"),
+            *VOLUME_SETTINGS,
+            State(ids.SESSION, "data"),
+        )(self.compare_rows)
         app.callback(  # Cancel says what it did, as the image panel's does
             Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
             Input(ids.VOLUME_CANCEL, "n_clicks"),
@@ -202,6 +215,7 @@ class VolumePanel:
             State(ids.VOLUME_LABEL, "value"),
             State(ids.VOLUME_REGION, "data"),
             *[State(s, "value") for s in SLIDERS],
+            State(ids.VOLUME_COMPARE, "value"),
             background=True,
             manager=self.manager,
             prevent_initial_call=True,
@@ -411,7 +425,7 @@ class VolumePanel:
     # -- running ---------------------------------------------------------------------
 
     def run(self, set_progress, n_clicks, session, record, model, patch, stride, mode, label,
-            region, z, y, x):  # fmt: skip
+            region, z, y, x, compare=None):  # fmt: skip
         """Queue, run and keep one volume run; the page gets its handle."""
         if not n_clicks:
             raise PreventUpdate
@@ -424,7 +438,7 @@ class VolumePanel:
                 source_key=str(record["key"]), name=str(record.get("name")), model=model,
                 patch=_whole(patch, "cube"), stride=_whole(stride, "stride"), mode=mode,
                 label=None if label is None else int(label),
-                region=tuple(region) if region else None,
+                region=tuple(region) if region else None, compare=bool(compare),
             )  # fmt: skip
             prepared = self._prepared(record, model, session)
             cursor = tuple(int(v) for v in (z, y, x))
@@ -438,8 +452,13 @@ class VolumePanel:
             lifecycle.queue()
             with self.services.job(), self.services.jobs.slot(session, waiting, client):
                 lifecycle.start()
-                reporter = _live_reporter(set_progress, prepared, cursor, request.patch, lifecycle)
-                result = volume_runs.execute_volume(self.services, session, request, reporter)
+                reporter, stage = _live_reporter(
+                    set_progress, prepared, cursor, request.patch, lifecycle,
+                    list(self.services.volume_model(model).classes),
+                )  # fmt: skip
+                result = volume_runs.execute_volume(
+                    self.services, session, request, reporter, stage
+                )
             lifecycle.finish()
         except QueueFull as exc:
             return no_update, str(exc)
@@ -476,10 +495,27 @@ class VolumePanel:
             handle, record, model, session, (region, patch, stride, mode, label)
         )
         if result is None:
-            return (html.P(why, className="warning") if why else ""), True, True, True
+            return (html.P(why, className="warning") if why else ""), True, True, True, True
         lines = volume_runs.volume_summary(result)
         dicom = bool(result.get("dicom_source"))
-        return [_line(t) for t in lines], False, False, not dicom
+        compared = isinstance(comparison.method_maps(result), dict) and bool(result.get("methods"))
+        return [_line(t) for t in lines], False, False, not dicom, not compared
+
+    def compare_rows(self, handle, record, model, region, z, y, x, window, patch, stride,
+                     mode, label, session):  # fmt: skip
+        """The Compare view: a row of the three views per method through the crosshair,
+        only beside what the kept result explains (as the summary)."""
+        result, _ = self._shown(
+            handle, record, model, session, (region, patch, stride, mode, label)
+        )
+        if result is None or not result.get("methods") or None in (z, y, x):
+            return []
+        try:
+            prepared = self._prepared(record, model, session)
+            shown = volume_views.displayed(prepared.unit, prepared.model_input.values, window)
+        except (InputError, ValueError) as exc:
+            return [html.P(str(exc), className="warning")]
+        return volume_compare_view(result, shown, (int(z), int(y), int(x)))
 
     def download(self, clicks, handle, session):
         """One export of the kept result."""
@@ -501,6 +537,13 @@ class VolumePanel:
             if fmt == "json":
                 text = volume_runs.export_volume_json(result)
                 return {"content": text, "filename": f"{stem}.json"}, ""
+            if fmt == "compare":  # each method in the three views through its strongest cell
+                prepared = self.services.prepared_volume(
+                    result["source_key"], session, result["model"], result["image"]
+                )
+                data = comparison.comparison_png(result, prepared.unit)
+                return {"content": _b64(data), "filename": f"{stem}-compare.png",
+                        "base64": True}, ""  # fmt: skip
             if fmt == "dicom":
                 source = self.services.images.source(result["source_key"], session)
                 prepared = self.services.prepared_volume(
@@ -546,10 +589,13 @@ def _view_of(trigger) -> str | None:
     return None
 
 
-def _live_reporter(set_progress, prepared, cursor, patch: int, lifecycle: RunLifecycle):
+def _live_reporter(
+    set_progress, prepared, cursor, patch: int, lifecycle: RunLifecycle, classes: list[str]
+):
     """Progress to the page: the bar, the count and the three views with the picture so
     far (unknown cells take their nearest known one) on the grid the run computes, at
-    most every LIVE_UPDATE_SECONDS."""
+    most every LIVE_UPDATE_SECONDS; and, second, the Compare steps after the occlusion
+    (webapp.comparison), over its finished picture."""
     size = prepared.unit.shape
     state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
 
@@ -574,7 +620,12 @@ def _live_reporter(set_progress, prepared, cursor, patch: int, lifecycle: RunLif
         bar = (str(lifecycle.done), str(max(lifecycle.total, 1)))
         set_progress((*bar, state["figure"], status))
 
-    return report
+    def stage(done: int, total: int, method: str, label: int) -> None:
+        check_cancelled()
+        text = comparison.stage_text(done, total, method, label, classes)
+        set_progress((str(done), str(total), state["figure"], text))
+
+    return report, stage
 
 
 __all__ = ["VolumePanel", "volume_model_options", "default_volume_model"]

@@ -1,0 +1,122 @@
+"""The Compare view in a real Chromium: one click on a sample's Compare button runs
+occlusion, Grad-CAM and Integrated Gradients through the page's one Run; the three maps
+and their agreement show, the class switch redraws all three at once, and the downloads
+carry all three. The same for a volume: three linked-view rows, one per method."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_app_browser import choose, upload
+from test_app_dicom_browser import downloaded
+from test_app_volume_browser import write_chest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.browser
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def compare_state(dash_duo, panel: str = "#compare-panel") -> list[dict]:
+    """Each Compare map's title and heatmap count, from Plotly's own data."""
+    return dash_duo.driver.execute_script(
+        f"return Array.from(document.querySelectorAll('{panel} .js-plotly-plot'))"
+        ".map(p => ({title: (p._fullLayout && p._fullLayout.title.text) || '',"
+        "  heatmaps: (p._fullData || []).filter(t => t.type === 'heatmap').length}));"
+    )
+
+
+def wait_for_maps(dash_duo, heading: str, panel="#compare-panel", count=3, timeout=60):
+    deadline = time.time() + timeout
+    state: list[dict] = []
+    while time.time() < deadline:
+        state = compare_state(dash_duo, panel)
+        text = dash_duo.find_element(panel).text
+        if heading in text and len(state) == count and all(s["heatmaps"] for s in state):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"{panel} shows {state}, not {count} maps under {heading!r}")
+
+
+def agreement_rows(dash_duo, panel="#compare-panel") -> list[str]:
+    rows = dash_duo.find_elements(f"{panel} table tr")
+    return [r.text for r in rows[1:]]
+
+
+def test_a_samples_compare_button_runs_all_three_and_the_class_switch_and_downloads(
+    dash_duo, krypton_app
+):
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    choose(dash_duo, "stride", "16")  # the page's settings are the run's: a short one
+    dash_duo.find_element("button[id*='compare-sample'][id*='fundus-exudates.png']").click()
+    dash_duo.wait_for_contains_text("#result-summary", "positions computed", timeout=180)
+    assert "EXUDATE" in dash_duo.find_element("#result-summary").text
+    state = wait_for_maps(dash_duo, "Compare methods: EXUDATE")
+    titles = [s["title"] for s in state]
+    assert [t.split(" ·")[0] for t in titles] == ["Occlusion", "Grad-CAM", "Integrated Gradients"]
+    rows = agreement_rows(dash_duo)
+    assert len(rows) == 3 and rows[0].startswith("Occlusion vs Grad-CAM")
+    # README's picture of the view (out/ is ignored by git; copy it to docs/compare.png)
+    (ROOT / "out").mkdir(exist_ok=True)
+    element = dash_duo.find_element("#compare-panel")
+    dash_duo.driver.execute_script("arguments[0].scrollIntoView()", element)
+    time.sleep(0.5)
+    element.screenshot(str(ROOT / "out" / "compare.png"))
+    assert "%" in rows[0] and "Time: Occlusion" in dash_duo.find_element("#compare-panel").text
+    assert dash_duo.find_element("#compare input").is_selected()  # ticked by the click
+
+    choose(dash_duo, "label", "MICROANEURYSM", prefix=True)  # all three at once, no run
+    wait_for_maps(dash_duo, "Compare methods: MICROANEURYSM")
+    assert agreement_rows(dash_duo) != rows
+
+    dash_duo.find_element("button[id*='\"compare\"'][id*='export']").click()
+    picture = downloaded(dash_duo, "-compare.png")
+    assert picture.read_bytes().startswith(PNG)
+    assert Image.open(picture).size[0] > 2 * Image.open(picture).size[1]  # three side by side
+    dash_duo.find_element("button[id*='\"json\"'][id*='export']").click()
+    record = json.loads(downloaded(dash_duo, ".json").read_text())["comparison"]
+    assert record["class"] == "MICROANEURYSM"
+    assert set(record["methods"]) == {"occlusion", "gradcam", "integrated_gradients"}
+    assert all(np.asarray(m["importance"]).shape == (14, 14) for m in record["methods"].values())
+
+
+def test_a_volume_compare_run_shows_three_rows_switches_class_and_downloads(
+    dash_duo, krypton_app, tmp_path
+):
+    path = tmp_path / "chest.nii.gz"
+    write_chest(path)
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#volume-upload", timeout=20)
+    upload(dash_duo, "#volume-upload", path)
+    dash_duo.wait_for_contains_text("#volume-info", "48x48x48 voxels", timeout=60)
+    dash_duo.find_element("#volume-stride").clear()
+    dash_duo.find_element("#volume-stride").send_keys("8")
+    dash_duo.find_element("#volume-compare input").click()
+    dash_duo.find_element("#volume-run").click()
+    dash_duo.wait_for_contains_text("#volume-summary", "positions computed", timeout=180)
+    panel = "#volume-compare-panel"
+    state = wait_for_maps(dash_duo, "Compare methods: NODULE", panel)
+    element = dash_duo.find_element(panel)
+    dash_duo.driver.execute_script("arguments[0].scrollIntoView()", element)
+    time.sleep(0.5)
+    element.screenshot(str(ROOT / "out" / "volume-compare.png"))
+    assert all(s["heatmaps"] == 6 for s in state)  # each row: three views, gray + map
+    assert [s["title"].split(" ·")[0] for s in state] == [
+        "Occlusion", "Grad-CAM", "Integrated Gradients"
+    ]  # fmt: skip
+    rows = agreement_rows(dash_duo, panel)
+    assert len(rows) == 3
+
+    choose(dash_duo, "volume-label", "0: NORMAL")
+    wait_for_maps(dash_duo, "Compare methods: NORMAL", panel)
+
+    dash_duo.find_element(".volume-panel button[id*='\"compare\"']").click()
+    assert downloaded(dash_duo, "-compare.png").read_bytes().startswith(PNG)
+    dash_duo.find_element(".volume-panel button[id*='\"json\"']").click()
+    record = json.loads(downloaded(dash_duo, ".json").read_text())["comparison"]
+    assert record["class"] == "NORMAL" and len(record["agreement"]) == 3

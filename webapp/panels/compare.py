@@ -1,0 +1,128 @@
+"""The Compare view: occlusion, Grad-CAM and Integrated Gradients side by side for the
+class on screen (three maps over an image, or a row of three linked views per method for
+a volume), each on its own colour scale, with how alike they rank the cells and the time
+each took. It draws what a run with Compare ticked kept (webapp.comparison); the run
+itself is the page's one Run (panels.run, panels.volume). A sample's Compare button loads
+the sample and presses Run once the page shows its prediction."""
+
+from __future__ import annotations
+
+import numpy as np
+from dash import Input, Output, State, dcc, html
+from PIL import Image
+
+from krypton.render.methods import TITLES, per_pixel
+
+from .. import comparison, figures, ids, volume_views
+
+SIGN_NOTE = (
+    "Each map: evidence for the class, higher is more, on its own colour scale "
+    "(occlusion: the probability's drop under the patch; Grad-CAM and Integrated "
+    "Gradients: attribution). Agreement: Spearman's rank correlation over the cells, and "
+    "the share of the top 5% of cells two maps have in common."
+)
+
+
+def agreement_table(maps) -> html.Table:
+    """Every pair's rank correlation and top-5% overlap, one row each."""
+    rows = [html.Tr([html.Th("Methods"), html.Th("Rank correlation"), html.Th("Top 5% overlap")])]
+    for row in comparison.agreement_rows(maps):
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(" vs ".join(row["titles"])),
+                    html.Td(f"{row['spearman']:+.2f}"),
+                    html.Td(f"{row['top_overlap']:.0%}"),
+                ]
+            )
+        )
+    return html.Table(rows, id=ids.COMPARE_PANEL + "-agreement")
+
+
+def _heading(result: dict, maps) -> list:
+    times = " · ".join(f"{TITLES[m]} {found.seconds:.2f} s" for m, found in maps.items())
+    return [
+        html.H3(f"Compare methods: {result['label_name']}"),
+        html.Div(f"Time: {times}", className="help"),
+    ]
+
+
+def image_compare_view(result: dict, shown: Image.Image) -> list:
+    """The image panel's Compare view for a kept result (empty without Compare)."""
+    maps = comparison.method_maps(result)
+    if isinstance(maps, str):
+        return [html.P(maps, className="warning")]
+    if not maps:
+        return []
+    graphs = [
+        html.Div(
+            dcc.Graph(
+                figure=figures.importance_figure(
+                    shown, found, f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
+                ),
+                config={"displaylogo": False},
+                className="compare-map",
+            )
+        )
+        for method, found in maps.items()
+    ]
+    return [
+        *_heading(result, maps),
+        html.Div(graphs, className="compare-maps"),
+        agreement_table(maps),
+        html.Small(SIGN_NOTE, className="help"),
+    ]
+
+
+def volume_compare_view(result: dict, unit: np.ndarray, cursor) -> list:
+    """The volume panel's Compare view: per method a row of the three views through the
+    panel's crosshair ``cursor`` (z, y, x), its map on its own colour scale."""
+    maps = comparison.method_maps(result)
+    if isinstance(maps, str):
+        return [html.P(maps, className="warning")]
+    if not maps:
+        return []
+    rows = []
+    for method, found in maps.items():
+        per_voxel = per_pixel(found, unit.shape)
+        finite = found.importance[np.isfinite(found.importance)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        title = f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
+        figure = volume_views.views_live_figure(
+            unit, cursor, per_voxel, (low, high + 1e-9), title, importance=True
+        )
+        rows.append(
+            dcc.Graph(figure=figure, config={"displaylogo": False}, className="compare-map")
+        )
+    return [
+        *_heading(result, maps),
+        *rows,
+        agreement_table(maps),
+        html.Small(SIGN_NOTE, className="help"),
+    ]
+
+
+class ComparePanel:
+    """A sample's Compare button: the image panel loads the sample (its callback takes
+    these clicks too) and marks it pending here; once the page shows that image's
+    prediction and Run is enabled, Compare is ticked and Run pressed, in the browser."""
+
+    def register(self, app) -> None:
+        """Attach the panel's callbacks to ``app``."""
+        app.clientside_callback(
+            """function(disabled, pending, image, clicks) {
+                const none = window.dash_clientside.no_update;
+                if (disabled || !pending || !image || pending !== image.key) {
+                    return [none, none, none];
+                }
+                return [["compare"], (clicks || 0) + 1, null];
+            }""",
+            Output(ids.COMPARE, "value"),
+            Output(ids.RUN, "n_clicks"),
+            Output(ids.COMPARE_PENDING, "data", allow_duplicate=True),
+            Input(ids.RUN, "disabled"),
+            Input(ids.COMPARE_PENDING, "data"),
+            State(ids.IMAGE_STORE, "data"),
+            State(ids.RUN, "n_clicks"),
+            prevent_initial_call=True,
+        )
