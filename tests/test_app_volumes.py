@@ -263,7 +263,8 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
         return panel.summary(handle, record, "ct-test", region, *settings, session)
 
     assert drawn_layers(record, region, settings) == [2, 2, 2]  # gray block + heatmap
-    assert summary(record, region, settings)[1:] == (False, False, True)  # no DICOM source
+    # no DICOM source; no Compare (the run was not asked to compare)
+    assert summary(record, region, settings)[1:] == (False, False, True, True)
     # the panel compared only the volume and the model: a changed patch, stride, mode,
     # region or class left the old heatmap and its downloads up
     changed = {
@@ -275,14 +276,14 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
     }
     for words, (other_region, other_settings) in changed.items():
         text, *disabled = summary(record, other_region, other_settings)
-        assert disabled == [True, True, True] and words in str(text), (words, text)
+        assert disabled == [True] * 4 and words in str(text), (words, text)
         assert drawn_layers(record, other_region, other_settings) == [1, 1, 1]  # no heatmap
     # another volume on screen (the same tab loaded a new one): no heatmap, no downloads
     other = stored(services, nifti_bytes[:-8] + b"\x00" * 8)
     text, *disabled = summary({"key": other, "name": "other.nii.gz"}, region, settings)
-    assert "another volume or model" in str(text) and disabled == [True, True, True]
+    assert "another volume or model" in str(text) and disabled == [True] * 4
     # another tab never sees this tab's result
-    assert summary({"key": key}, region, settings, "tab-2")[1:] == (True, True, True)
+    assert summary({"key": key}, region, settings, "tab-2")[1:] == (True,) * 4
 
 
 def hostile_volumes() -> dict[str, bytes]:

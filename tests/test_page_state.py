@@ -168,11 +168,12 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path):
         value
         for name, value in vars(ids).items()
         if name.isupper()
-        and name not in ("SAMPLE", "EXPORT", "VOLUME_EXPORT", "OOD_WARNING", "REUSE_INFO")
+        and name
+        not in ("SAMPLE", "COMPARE_SAMPLE", "EXPORT", "VOLUME_EXPORT", "OOD_WARNING", "REUSE_INFO")
         and isinstance(value, str)
     }
     assert declared <= on_page, declared - on_page
-    assert {ids.SAMPLE, ids.EXPORT, ids.VOLUME_EXPORT} <= types
+    assert {ids.SAMPLE, ids.COMPARE_SAMPLE, ids.EXPORT, ids.VOLUME_EXPORT} <= types
     used = set()
     for key, spec in app.callback_map.items():
         for dependency in spec["inputs"] + spec.get("state", []):

@@ -149,6 +149,21 @@ def _labelled(label: str, control, help_text: str | None = None) -> html.Div:
     return html.Div(children, className="control")
 
 
+COMPARE_LABEL = (
+    " compare with Grad-CAM and Integrated Gradients (computed after the occlusion, on its grid)"
+)
+
+
+def _tick(component_id: str, label: str, on: bool = False) -> dcc.Checklist:
+    """A one-option checklist (its value: [component_id] when ticked, else [])."""
+    return dcc.Checklist(
+        id=component_id,
+        value=[component_id] if on else [],
+        className="help",
+        options=[{"label": label, "value": component_id}],
+    )
+
+
 def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.Div:
     """A gallery sample: its thumbnail, its short title and what it is (also the tooltip),
     and a button that loads it and runs Compare on it at once."""
@@ -610,29 +625,8 @@ def _settings_section(
                 dcc.Dropdown(id=ids.LABEL, clearable=False),
                 "switching class re-colours an exact or naive heatmap at once",
             ),
-            dcc.Checklist(
-                id=ids.SNAP,
-                value=["snap"],
-                className="help",
-                options=[
-                    {
-                        "label": " snap a new region to the last grid (reuses computed cells)",
-                        "value": "snap",
-                    }
-                ],
-            ),
-            dcc.Checklist(
-                id=ids.COMPARE,
-                value=[],
-                className="help",
-                options=[
-                    {
-                        "label": " compare with Grad-CAM and Integrated Gradients (computed "
-                        "after the occlusion, on its grid)",
-                        "value": "compare",
-                    }
-                ],
-            ),
+            _tick(ids.SNAP, " snap a new region to the last grid (reuses computed cells)", True),
+            _tick(ids.COMPARE, COMPARE_LABEL),
             html.Div(id=ids.TOP5, className="top5"),
             html.Div(id=ids.ESTIMATE, className="estimate"),
             html.Div(

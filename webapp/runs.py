@@ -257,23 +257,10 @@ def execute(
         known.set_origin((int(grid_xs[0]), int(grid_ys[0])))
         counts = (evaluated, 0)
     else:
-        heatmap = explainer.explain(
-            tensor,
-            patch=request.patch,
-            stride=request.stride,
-            mode="approximate",
-            fill=fill,
-            label=label,
-            region=None if whole else region,
-            progress=lambda done, total: live(done, total),
-            partial=lambda values: live(0, 0, values),
-            # The slider's quality target where the model has a tuned SSIM(τ) curve; else
-            # the τ policy (krypton.approximate.tuning.choose_tau) decides, in the explainer
-            # built from the LoadedModel.
-            target_ssim=request.target_ssim if loaded.tuning else None,
-            r_drill_down=request.r_drill_down,
-            target_speedup=request.target_speedup,
-        )
+        heatmap = _approximate(
+            explainer, tensor, request, fill, label, None if whole else region,
+            bool(loaded.tuning), live,
+        )  # fmt: skip
         values, evaluated, reused = heatmap.values, heatmap.positions_evaluated, 0
         extra = dict(heatmap.extra)
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
@@ -326,6 +313,36 @@ def execute(
     }
     services.results.put(session, result)
     return result
+
+
+def _approximate(
+    explainer: krypton.OcclusionExplainer,
+    tensor: torch.Tensor,
+    request: RunRequest,
+    fill,
+    label: int,
+    region,
+    tuned: bool,
+    live: Callable,
+) -> krypton.Heatmap:
+    """An approximate run in one call, with its stage-one picture and its progress."""
+    return explainer.explain(
+        tensor,
+        patch=request.patch,
+        stride=request.stride,
+        mode="approximate",
+        fill=fill,
+        label=label,
+        region=region,
+        progress=lambda done, total: live(done, total),
+        partial=lambda values: live(0, 0, values),
+        # The slider's quality target where the model has a tuned SSIM(τ) curve; else
+        # the τ policy (krypton.approximate.tuning.choose_tau) decides, in the explainer
+        # built from the LoadedModel.
+        target_ssim=request.target_ssim if tuned else None,
+        r_drill_down=request.r_drill_down,
+        target_speedup=request.target_speedup,
+    )
 
 
 def cell_key(request: RunRequest, weights: str, preprocessing: tuple = ()) -> tuple:

@@ -45,43 +45,7 @@ def volume_section(models: list[dict], default_model: str | None, max_bytes: int
         )
         for view, graph, slider in ids.VOLUME_GRAPHS
     ]  # fmt: skip
-    controls = html.Div(
-        [
-            term_label("Volume model"),
-            dcc.Dropdown(id=ids.VOLUME_MODEL, options=models, value=default_model,
-                         clearable=False, style={"minWidth": "14em"}),
-            term_label("Mode"),
-            dcc.RadioItems(
-                id=ids.VOLUME_MODE, value="exact", inline=True,
-                options=[{"label": f" {m.capitalize()} ", "value": m}
-                         for m in ("naive", "exact", "approximate")],
-            ),
-            term_label("Cube (voxels)"),
-            dcc.Input(id=ids.VOLUME_PATCH, type="number", min=1, step=1, value=8,
-                      style={"width": "5em"}),
-            term_label("Stride"),
-            dcc.Input(id=ids.VOLUME_STRIDE, type="number", min=1, step=1,
-                      value=DEFAULT_VOLUME_STRIDE, style={"width": "5em"}),
-            term_label("Display window"),
-            dcc.Dropdown(
-                id=ids.VOLUME_WINDOW, value="model", clearable=False,
-                options=[{"label": "The model's", "value": "model"}] + [
-                    {"label": f"{name.capitalize()} (C {c:g}, W {w:g})", "value": name}
-                    for name, (c, w) in WINDOW_PRESETS.items()
-                ],
-                style={"minWidth": "13em"},
-            ),
-            term_label("Class"),
-            dcc.Dropdown(id=ids.VOLUME_LABEL, options=[], value=None,
-                         placeholder="predicted class", style={"minWidth": "12em"}),
-            dcc.Checklist(
-                id=ids.VOLUME_COMPARE, value=[], className="help",
-                options=[{"label": " compare with Grad-CAM and Integrated Gradients",
-                          "value": "compare"}],
-            ),
-        ],
-        className="row volume-controls",
-    )  # fmt: skip
+    controls = _controls(models, default_model)
     return html.Section(
         [
             html.H2("Volume (CT, MR)"),
@@ -163,6 +127,47 @@ def volume_section(models: list[dict], default_model: str | None, max_bytes: int
         ],
         className="panel volume-panel",
     )
+
+
+def _controls(models: list[dict], default_model: str | None) -> html.Div:
+    """The model, mode, cube, stride, display window, class and Compare."""
+    return html.Div(
+        [
+            term_label("Volume model"),
+            dcc.Dropdown(id=ids.VOLUME_MODEL, options=models, value=default_model,
+                         clearable=False, style={"minWidth": "14em"}),
+            term_label("Mode"),
+            dcc.RadioItems(
+                id=ids.VOLUME_MODE, value="exact", inline=True,
+                options=[{"label": f" {m.capitalize()} ", "value": m}
+                         for m in ("naive", "exact", "approximate")],
+            ),
+            term_label("Cube (voxels)"),
+            dcc.Input(id=ids.VOLUME_PATCH, type="number", min=1, step=1, value=8,
+                      style={"width": "5em"}),
+            term_label("Stride"),
+            dcc.Input(id=ids.VOLUME_STRIDE, type="number", min=1, step=1,
+                      value=DEFAULT_VOLUME_STRIDE, style={"width": "5em"}),
+            term_label("Display window"),
+            dcc.Dropdown(
+                id=ids.VOLUME_WINDOW, value="model", clearable=False,
+                options=[{"label": "The model's", "value": "model"}] + [
+                    {"label": f"{name.capitalize()} (C {c:g}, W {w:g})", "value": name}
+                    for name, (c, w) in WINDOW_PRESETS.items()
+                ],
+                style={"minWidth": "13em"},
+            ),
+            term_label("Class"),
+            dcc.Dropdown(id=ids.VOLUME_LABEL, options=[], value=None,
+                         placeholder="predicted class", style={"minWidth": "12em"}),
+            dcc.Checklist(
+                id=ids.VOLUME_COMPARE, value=[], className="help",
+                options=[{"label": " compare with Grad-CAM and Integrated Gradients",
+                          "value": "compare"}],
+            ),
+        ],
+        className="row volume-controls",
+    )  # fmt: skip
 
 
 def _empty(view: str) -> dict:
