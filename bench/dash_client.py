@@ -361,6 +361,7 @@ class Tab:
         region=None,
         poll: bool = True,
         timeout: float = 180,
+        compare: bool = False,
     ):
         values = {
             "run.n_clicks": 1,
@@ -377,6 +378,7 @@ class Tab:
             "target-ssim.value": 0.9,
             "drill-down.value": 0.25,
             "target-speedup.value": 3,
+            "compare.value": ["compare"] if compare else [],
         }
         self.screen = {k: values[k] for k in SCREEN}  # what the page shows while it runs
         answer = self.call("result-store.data", values, timeout=timeout, poll=poll, background=True)

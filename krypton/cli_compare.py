@@ -37,6 +37,9 @@ def add_compare_parser(commands) -> None:
     parser.add_argument("--mode", default="exact", choices=("exact", "approximate", "naive"))
     parser.add_argument("--label", type=int, help="class index (default: the prediction)")
     parser.add_argument("--layer", help="Grad-CAM's layer (default: the last spatial block)")
+    parser.add_argument("--window", help="DICOM images: lung, mediastinum, bone, brain or "
+                        "centre,width (default the file's own window)")  # fmt: skip
+    parser.add_argument("--frame", type=int, help="DICOM multi-frame: which frame (default middle)")
 
 
 def parse_methods(text: str) -> list[str]:
@@ -68,7 +71,7 @@ def run_compare(args: argparse.Namespace, load) -> int:
             tensor, background = prepared.tensor, prepared.tensor[0].numpy()
         else:
             model = load(args.model)
-            picture = load_image(args.image)
+            picture = load_image(args.image, window=args.window, frame=args.frame)
             tensor = model.preprocess(picture)
             size = tuple(model.input_size)
             background = np.asarray(picture.convert("L").resize(size[::-1]), np.float32)

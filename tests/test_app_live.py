@@ -87,6 +87,7 @@ def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton
         for button in dash_duo.find_elements("#result-panel-body .exports button")
     }
     assert disabled.pop("DICOM")  # a PNG has no DICOM source to reference
+    assert disabled.pop("Compare (PNG)")  # a run without Compare ticked has no comparison
     assert not any(disabled.values())
     # naive after exact computes its own positions and does not compare with itself
     dash_duo.find_element("#mode input[value='naive']").click()

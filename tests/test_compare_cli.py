@@ -82,3 +82,23 @@ def test_batch_sets_the_gradient_methods_beside_occlusion_for_each_image(tmp_pat
     assert plain.returncode == 0 and not list((tmp_path / "plain").glob("*.methods.*"))
     bad = cli_here("batch", str(folder), "--out", str(out), "--methods", "lime")
     assert bad.returncode == 2 and "unknown methods ['lime']" in bad.stderr
+
+
+def test_compare_reads_a_dicom_slice_in_the_window_asked_for(tmp_path, cli_here):
+    """--window and --frame as `krypton explain` takes them: another window is another
+    input, so other maps; a window that does not parse is refused by name."""
+    from pydicom.data import get_testdata_file
+
+    source = get_testdata_file("CT_small.dcm")
+    records = {}
+    for window in (None, "lung"):
+        out = tmp_path / f"{window}.png"
+        extra = [] if window is None else ["--window", window]
+        done = cli_here("compare", source, "--stride", "32", "--methods", "occlusion,gradcam",
+                        "--out", str(out), *extra)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        records[window] = json.loads(out.with_suffix(".json").read_text())
+    own, lung = (np.asarray(records[w]["methods"]["gradcam"]["importance"]) for w in records)
+    assert own.shape == lung.shape and not np.allclose(own, lung)
+    bad = cli_here("compare", source, "--window", "sideways", "--out", str(tmp_path / "b.png"))
+    assert bad.returncode == 2 and "sideways" in bad.stderr

@@ -452,6 +452,32 @@ def test_gradient_methods_run_on_the_workers_as_they_do_locally(team, tmp_path):
     assert all(float(row["gradcam_seconds"]) > 0 and row["gradcam_spearman"] for row in rows)
 
 
+def test_a_compare_run_on_a_worker_keeps_the_gradient_maps_the_app_reads(team):
+    """The page's Compare through the team's queue: the worker computes Grad-CAM and
+    Integrated Gradients after the occlusion, and the maps it stored in Redis come back to
+    any app process as the ones computed here on the same input."""
+    from krypton.methods import attribution_maps
+    from webapp import comparison
+
+    team.ensure_workers()
+    tab = Tab(team.url)
+    picture = _image(27)
+    image = tab.upload_image(picture, "compare.png")
+    answer = tab.run(image, stride=16, region=[0, 0, 96, 96], compare=True)
+    assert answer["response"]["result-store"]["data"]["id"]
+    result = team.result(tab.session)
+    maps = comparison.method_maps(result)
+    assert list(maps) == ["occlusion", "gradcam", "integrated_gradients"]
+    assert result["methods"]["gradcam"]["labels"] == [0, 1, 2]
+    loaded = krypton.load_model("fundus-demo")
+    tensor = loaded.preprocess(helpers.decode_upload(png_bytes(picture), "compare.png"))
+    fill = helpers.normalised_fill((0.5, 0.5, 0.5), loaded.mean, loaded.std)
+    axes = (np.asarray(result["ys"]), np.asarray(result["xs"]))
+    here = attribution_maps(loaded, tensor, axes, (16, 16), [result["label"]], fill=fill)
+    for method, (values, _, _) in here.items():
+        np.testing.assert_allclose(maps[method].importance, values[..., 0], atol=1e-5)
+
+
 def test_redis_going_away_is_a_message_and_pages_still_load(team):
     team.ensure_workers()
     tab = Tab(team.url)

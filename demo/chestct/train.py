@@ -11,6 +11,7 @@
     python -m demo.chestct.train tune       # approximate mode's tau (SSIM over volumes)
     python -m demo.chestct.train save       # weights + registry entry + card into
                                             # krypton/shipped_models/
+    python -m demo.chestct.train gallery    # the volume panel's sample (assets/samples/)
 
 Seeded and reproducible: training volumes come from ChestCTGenerator(seed=1), a pool
 of 3000 seen as random crops, flips and occlusions (training_pool, _batch); held-out
@@ -624,12 +625,37 @@ def tune(model: torch.nn.Module, count: int = 8, held_out: int = 8, log=print) -
     )
 
 
+GALLERY_SEED = 40  # a held-out draw (no training, tuning or card seed) with one nodule
+GALLERY_FILE = "chestct-nodule.nii.gz"
+
+
+def write_gallery(folder: Path = ROOT / "assets" / "samples") -> Path:
+    """The volume panel's sample: a generated chest CT with one nodule, as a scanner would
+    write it — NIfTI, int16 Hounsfield units, at the model's 5 mm in an LPS-to-RAS frame."""
+    import nibabel
+
+    sample = ChestCTGenerator(seed=GALLERY_SEED).sample(label=1, nodules=1)
+    voxels = np.rint(np.transpose(sample.volume, (2, 1, 0))).astype(np.int16)  # (x, y, z)
+    slice_mm, row_mm, column_mm = SPACING_MM
+    affine = np.diag([-column_mm, -row_mm, slice_mm, 1.0])
+    affine[:3, 3] = [100.0, 120.0, -60.0]
+    image = nibabel.Nifti1Image(voxels, affine)
+    image.header.set_xyzt_units("mm")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / GALLERY_FILE
+    nibabel.save(image, str(path))
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    steps = ("train", "second", *LATER_STAGES, "evaluate", "ood", "tune", "save")
+    steps = ("train", "second", *LATER_STAGES, "evaluate", "ood", "tune", "save", "gallery")
     parser.add_argument("step", choices=steps)
     parser.add_argument("--pointing", type=int, default=100)
     args = parser.parse_args(argv)
+    if args.step == "gallery":
+        print("wrote", write_gallery())
+        return
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     if args.step == "train":
         model, record = train()
