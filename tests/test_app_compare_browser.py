@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from test_app_browser import choose, upload
+from test_app_browser import choose
 from test_app_dicom_browser import downloaded
-from test_app_volume_browser import write_chest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.browser
@@ -85,20 +84,17 @@ def test_a_samples_compare_button_runs_all_three_and_the_class_switch_and_downlo
     assert all(np.asarray(m["importance"]).shape == (14, 14) for m in record["methods"].values())
 
 
-def test_a_volume_compare_run_shows_three_rows_switches_class_and_downloads(
-    dash_duo, krypton_app, tmp_path
+def test_a_volume_samples_compare_button_shows_three_rows_switches_class_and_downloads(
+    dash_duo, krypton_app
 ):
-    path = tmp_path / "chest.nii.gz"
-    write_chest(path)
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#volume-upload", timeout=20)
-    upload(dash_duo, "#volume-upload", path)
-    dash_duo.wait_for_contains_text("#volume-info", "48x48x48 voxels", timeout=60)
     dash_duo.find_element("#volume-stride").clear()
-    dash_duo.find_element("#volume-stride").send_keys("8")
-    dash_duo.find_element("#volume-compare input").click()
-    dash_duo.find_element("#volume-run").click()
+    dash_duo.find_element("#volume-stride").send_keys("8")  # the panel's settings: short
+    dash_duo.find_element("button[id*='volume-compare-sample']").click()
     dash_duo.wait_for_contains_text("#volume-summary", "positions computed", timeout=180)
+    assert "chestct-nodule.nii.gz" in dash_duo.find_element("#volume-summary").text
+    assert dash_duo.find_element("#volume-compare input").is_selected()  # ticked by the click
     panel = "#volume-compare-panel"
     state = wait_for_maps(dash_duo, "Compare methods: NODULE", panel)
     element = dash_duo.find_element(panel)

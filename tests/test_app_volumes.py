@@ -308,7 +308,7 @@ def test_an_uploaded_volume_that_would_cost_too_much_memory_is_refused_by_the_pa
     assert len(data) < 2 * 2**20
     token = services.uploads.save(io.BytesIO(data), len(data), "volume", "tab-1", name, 1 << 30)
     panel = VolumePanel(services, None)
-    record, region, message = panel.load_volume({"token": token, "name": name}, "tab-1")
+    record, region, message, _ = panel.upload_volume({"token": token, "name": name}, "tab-1")
     assert "decode budget" in message and name in message
     assert services.images.usage()[0] == 0  # nothing kept
 
@@ -361,7 +361,7 @@ def test_a_loaded_volume_is_read_once_and_its_source_voxels_are_not_kept_per_mod
         io.BytesIO(nifti_bytes), len(nifti_bytes), "volume", "tab-1", "chest.nii.gz", 1 << 30
     )
     panel = VolumePanel(services, None)
-    record, _, message = panel.load_volume({"token": token, "name": "chest.nii.gz"}, "tab-1")
+    record, _, message, _ = panel.upload_volume({"token": token, "name": "chest.nii.gz"}, "tab-1")
     assert message == "" and record["shape"] == [48, 48, 48]
     shown = panel.show_volume(record, "ct-test", "tab-1")
     assert shown[:6] == (47, 47, 47, 24, 24, 24) and "48x48x48 voxels" in shown[6]
@@ -450,3 +450,23 @@ def test_cancel_in_the_volume_panel_says_what_it_did(tmp_path):
     assert len(wired) == 1
     assert cancelled(1, None) == "Run cancelled."
     assert "previous run's" in cancelled(1, {"id": "x"})
+
+
+def test_a_volume_sample_is_read_as_an_upload_and_its_compare_button_marks_it_pending(
+    services,
+):
+    """The panel's sample goes through the uploads' one intake (decode budget, store);
+    its Compare button returns the same record and marks it for the page to run."""
+    from webapp.panels.volume import VolumePanel
+    from webapp.volume_layout import VOLUME_SAMPLES
+
+    panel = VolumePanel(services, None)
+    name = next(iter(VOLUME_SAMPLES))
+    record, region, message, pending = panel.sample_volume(name, "tab-1")
+    assert message == "" and pending is None and region is None
+    assert record["name"] == name and record["shape"] == [48, 48, 48]
+    assert record["spacing"] == [5.0, 5.0, 5.0] and record["frame"]
+    again, _, _, pending = panel.sample_volume(name, "tab-1", compare=True)
+    assert pending == {"key": again["key"], "name": name} and again["key"] == record["key"]
+    _, _, message, pending = panel.sample_volume("../../etc/passwd", "tab-1", compare=True)
+    assert "not available" in message and pending is None

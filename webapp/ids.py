@@ -126,6 +126,9 @@ VOLUME_SLIDER_CORONAL = "volume-slider-coronal"
 VOLUME_SLIDER_SAGITTAL = "volume-slider-sagittal"
 VOLUME_EXPORT = "volume-export"  # a pattern-matching id's type
 VOLUME_COMPARE = "volume-compare"
+VOLUME_SAMPLE = "volume-sample"  # {"type": VOLUME_SAMPLE, "name": ...}
+VOLUME_COMPARE_SAMPLE = "volume-compare-sample"  # ... and its Compare button
+VOLUME_COMPARE_PENDING = "volume-compare-pending"  # that volume: run once it is shown
 VOLUME_COMPARE_PANEL = "volume-compare-panel"  # a row of three views per method
 
 # view -> its graph and its slider

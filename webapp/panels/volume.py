@@ -21,6 +21,7 @@ from ..helpers import InputError, fill_for_display, owner_tag
 from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
+from ..volume_layout import volume_sample_path
 from .common import empty_figure
 from .compare import volume_compare_view
 from .run import cancelled
@@ -80,10 +81,34 @@ class VolumePanel:
             Output(ids.VOLUME_STORE, "data"),
             Output(ids.VOLUME_REGION, "data"),
             Output(ids.VOLUME_MESSAGE, "children"),
+            Output(ids.VOLUME_COMPARE_PENDING, "data"),
             Input(ids.VOLUME_TICKET, "data"),
+            Input({"type": ids.VOLUME_SAMPLE, "name": ALL}, "n_clicks"),
+            Input({"type": ids.VOLUME_COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.load_volume)
+        # A sample's Compare button: once the panel describes that volume, tick Compare
+        # and press Run, in the browser (the image panel's rule, panels.compare).
+        app.clientside_callback(
+            """function(info, pending, record, clicks) {
+                const none = window.dash_clientside.no_update;
+                const text = typeof info === "string" ? info : "";
+                if (!pending || !record || pending.key !== record.key
+                        || !text.startsWith(pending.name + ":")) {
+                    return [none, none, none];
+                }
+                return [["compare"], (clicks || 0) + 1, null];
+            }""",
+            Output(ids.VOLUME_COMPARE, "value"),
+            Output(ids.VOLUME_RUN, "n_clicks"),
+            Output(ids.VOLUME_COMPARE_PENDING, "data", allow_duplicate=True),
+            Input(ids.VOLUME_INFO, "children"),
+            Input(ids.VOLUME_COMPARE_PENDING, "data"),
+            State(ids.VOLUME_STORE, "data"),
+            State(ids.VOLUME_RUN, "n_clicks"),
+            prevent_initial_call=True,
+        )
         app.callback(
             *[Output(s, "max") for s in SLIDERS],
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
@@ -242,27 +267,54 @@ class VolumePanel:
 
     # -- loading and viewing -----------------------------------------------------------
 
-    def load_volume(self, ticket, session):
-        """An uploaded volume: read it once (a bad file is refused here, by name), keep
-        its bytes for this tab; the page's record of it."""
+    def load_volume(self, ticket, sample_clicks, compare_clicks, session):
+        """An uploaded volume or a sample (:meth:`upload_volume`, :meth:`sample_volume`)."""
+        trigger = ctx.triggered_id
+        if not isinstance(trigger, dict):
+            return self.upload_volume(ticket, session)
+        if not any(sample_clicks + compare_clicks):
+            raise PreventUpdate
+        compare = trigger.get("type") == ids.VOLUME_COMPARE_SAMPLE
+        return self.sample_volume(str(trigger["name"]), session, compare)
+
+    def upload_volume(self, ticket, session):
+        """An uploaded volume, read as :meth:`open_volume` reads every volume."""
         session = str(session or "")
         ticket = ticket if isinstance(ticket, dict) else {}
         name = str(ticket.get("name") or "the volume")
         try:
             if ticket.get("error"):
                 raise InputError(str(ticket["error"]))
-            with self.services.uploads.take(str(ticket.get("token", "")), "volume", session) as (
-                path,
-                _,
-            ):
+            token = str(ticket.get("token", ""))
+            with self.services.uploads.take(token, "volume", session) as (path, _):
                 data = path.read_bytes()
+        except InputError as exc:
+            return no_update, no_update, str(exc), None
+        return self.open_volume(data, name, session)
+
+    def sample_volume(self, name: str, session, compare: bool = False):
+        """A shipped sample, read as an upload is; with ``compare`` its record is also
+        pending, so the page presses Run with Compare once the panel shows it."""
+        try:
+            data = volume_sample_path(name).read_bytes()
+        except (KeyError, OSError):
+            return no_update, no_update, f"the sample {name!r} is not available", None
+        record, region, message, _ = self.open_volume(data, name, str(session or ""))
+        pending = {"key": record["key"], "name": name} if compare and not message else None
+        return record, region, message, pending
+
+    def open_volume(self, data: bytes, name: str, session: str):
+        """Read a volume's bytes once (a bad file is refused here, by name, within the
+        decode budget), keep them for this tab: (the page's record, no region, message,
+        nothing pending)."""
+        try:
             with self.services.intake() as client:
                 volume = volume_runs.read_uploaded_volume(data, name)
                 key = self.services.images.put_source(data, session, client)
             owner = (key, owner_tag(session))
             self.services.volume_sources.get(owner, lambda: volume)  # read once, not twice
         except InputError as exc:
-            return no_update, no_update, str(exc)
+            return no_update, no_update, str(exc), None
         record = {
             "key": key,
             "name": name,
@@ -271,7 +323,7 @@ class VolumePanel:
             "modality": volume.modality,
             "frame": volume.affine is not None,
         }
-        return record, None, ""
+        return record, None, "", None
 
     def _prepared(self, record: dict, model: str, session: str):
         return self.services.prepared_volume(
