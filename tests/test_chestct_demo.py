@@ -3,6 +3,7 @@ chestct-demo explaining a volume from the command line as a user would — the n
 and a head CT flagged as not what it was trained on."""
 
 from functools import partial
+from pathlib import Path
 
 import nibabel
 import numpy as np
@@ -157,3 +158,21 @@ def test_a_head_ct_is_flagged_as_not_what_the_chest_model_knows(tmp_path, capsys
     captured = capsys.readouterr()
     assert code == 0 and "OUT OF DISTRIBUTION" in captured.out
     assert "warning:" in captured.err
+
+
+def test_the_volume_sample_is_the_gallery_step_s_output_and_holds_its_nodule(tmp_path):
+    """assets/samples/chestct-nodule.nii.gz is what `python -m demo.chestct.train gallery`
+    writes (voxels and frame), and chestct-demo finds its nodule."""
+    import nibabel
+
+    from demo.chestct.train import GALLERY_FILE, write_gallery
+    from krypton.io.volumes import read_volume
+    from krypton.registry import load_model
+
+    written = nibabel.load(str(write_gallery(tmp_path)))
+    shipped = nibabel.load(str(Path(__file__).parents[1] / "assets" / "samples" / GALLERY_FILE))
+    assert np.array_equal(np.asarray(written.dataobj), np.asarray(shipped.dataobj))
+    assert np.allclose(written.affine, shipped.affine)
+    model = load_model("chestct-demo")
+    tensor = model.prepare_volume(read_volume(tmp_path / GALLERY_FILE)).tensor
+    assert model.classes[int(model.module(tensor[None]).argmax())] == "NODULE"
