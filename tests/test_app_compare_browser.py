@@ -66,7 +66,9 @@ def test_a_samples_compare_button_runs_all_three_and_the_class_switch_and_downlo
     dash_duo.driver.execute_script("arguments[0].scrollIntoView()", element)
     time.sleep(0.5)
     element.screenshot(str(ROOT / "out" / "compare.png"))
-    assert "%" in rows[0] and "Time: Occlusion" in dash_duo.find_element("#compare-panel").text
+    heading = dash_duo.find_element("#compare-panel").text
+    assert "%" in rows[0] and "Time for this class: Occlusion" in heading
+    assert "Both gradient methods for all 3 classes" in heading
     assert dash_duo.find_element("#compare input").is_selected()  # ticked by the click
 
     choose(dash_duo, "label", "MICROANEURYSM", prefix=True)  # all three at once, no run

@@ -40,10 +40,19 @@ def agreement_table(maps) -> html.Table:
 
 
 def _heading(result: dict, maps) -> list:
+    """The class, the time each map took, and the whole gradient step's time."""
     times = " · ".join(f"{TITLES[m]} {found.seconds:.2f} s" for m, found in maps.items())
+    kept = result["methods"]
+    classes = len(next(iter(kept.values()))["labels"])
+    step = sum(sum(found["seconds"]) for found in kept.values())
+    for_what = f"all {classes} classes" if classes > 1 else "this class"
     return [
         html.H3(f"Compare methods: {result['label_name']}"),
-        html.Div(f"Time: {times}", className="help"),
+        html.Div(
+            f"Time for this class: {times} (occlusion: the whole run). Both gradient "
+            f"methods for {for_what}, after the occlusion: {step:.2f} s.",
+            className="help",
+        ),
     ]
 
 
