@@ -86,6 +86,14 @@ def _module(model: nn.Module | LoadedModel) -> nn.Module:
     return model.module if isinstance(model, LoadedModel) else model
 
 
+def _fill(model: nn.Module | LoadedModel, fill):
+    """The occlusion value and Integrated Gradients' baseline: ``fill``, else the loaded
+    model's gray, else 0."""
+    if fill is not None:
+        return fill
+    return model.gray_fill() if isinstance(model, LoadedModel) else 0.0
+
+
 def gradcam_layer(
     model: nn.Module | LoadedModel, image: torch.Tensor, layer: str | None = None
 ) -> tuple[str, nn.Module]:
@@ -186,9 +194,7 @@ def attribution_maps(
     unknown = set(methods) - set(GRADIENT_METHODS)
     if unknown:
         raise ValueError(f"not a gradient method: {sorted(unknown)}")
-    module = _module(model)
-    if fill is None:
-        fill = model.gray_fill() if isinstance(model, LoadedModel) else 0.0
+    module, fill = _module(model), _fill(model, fill)
     if "gradcam" in methods:
         name, chosen = gradcam_layer(module, image, layer)
     total, done = len(methods) * len(labels), 0
@@ -232,9 +238,7 @@ def compare(
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; known: {', '.join(METHODS)}")
-    module = _module(model)
-    if fill is None:
-        fill = model.gray_fill() if isinstance(model, LoadedModel) else 0.0
+    module, fill = _module(model), _fill(model, fill)
     rank = image.dim() - 1
     extent = per_axis(patch, "patch", rank)
     strides = per_axis(stride, "stride", rank)
@@ -296,9 +300,7 @@ def deletion_curve(
     revealed on an image all fill (``insertion``: high area is good) — Petsiuk et al.,
     2018, on occlusion's cells. Returns (share of cells, probabilities, area under the
     curve by the trapezoid rule); one batch of ``steps + 1`` forwards."""
-    module = _module(model)
-    if fill is None:
-        fill = model.gray_fill() if isinstance(model, LoadedModel) else 0.0
+    module, fill = _module(model), _fill(model, fill)
     order = method_map.top_cells(1.0)
     shares = np.linspace(0.0, 1.0, steps + 1)
     blank = torch.empty_like(image)

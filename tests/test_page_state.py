@@ -142,6 +142,12 @@ def test_a_result_is_shown_only_beside_what_it_explains():
     assert result_view(relabelled, provenance(label=0)).show
 
 
+# the types of pattern-matching ids ({"type": ..., "name"/"format": ...})
+PATTERN_TYPES = (
+    "SAMPLE", "COMPARE_SAMPLE", "EXPORT", "VOLUME_EXPORT", "VOLUME_SAMPLE", "VOLUME_COMPARE_SAMPLE",
+)  # fmt: skip
+
+
 def test_every_id_a_callback_uses_is_on_the_page(tmp_path):
     from app import create_app
 
@@ -168,12 +174,11 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path):
         value
         for name, value in vars(ids).items()
         if name.isupper()
-        and name
-        not in ("SAMPLE", "COMPARE_SAMPLE", "EXPORT", "VOLUME_EXPORT", "OOD_WARNING", "REUSE_INFO")
+        and name not in PATTERN_TYPES + ("OOD_WARNING", "REUSE_INFO")
         and isinstance(value, str)
     }
     assert declared <= on_page, declared - on_page
-    assert {ids.SAMPLE, ids.COMPARE_SAMPLE, ids.EXPORT, ids.VOLUME_EXPORT} <= types
+    assert {getattr(ids, name) for name in PATTERN_TYPES} <= types
     used = set()
     for key, spec in app.callback_map.items():
         for dependency in spec["inputs"] + spec.get("state", []):

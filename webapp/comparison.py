@@ -28,6 +28,7 @@ __all__ = [
     "EVERY_CLASS_UP_TO",
     "TOP_SHARE",
     "agreement_rows",
+    "available",
     "compute_methods",
     "comparison_json",
     "comparison_png",
@@ -126,6 +127,13 @@ def method_maps(result: dict) -> dict[str, MethodMap] | str:
             found["detail"],
         )  # fmt: skip
     return maps
+
+
+def available(result: dict) -> bool:
+    """Whether the result has the three maps for its class on screen (the Compare view
+    and its download)."""
+    maps = method_maps(result)
+    return isinstance(maps, dict) and bool(maps)
 
 
 def agreement_rows(maps: dict[str, MethodMap]) -> list[dict]:

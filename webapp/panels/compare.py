@@ -111,27 +111,42 @@ def volume_compare_view(result: dict, unit: np.ndarray, cursor) -> list:
     ]
 
 
+# In the browser, once the page shows the pending sample: tick Compare, press Run, clear.
+PRESS_RUN = """function(shown, pending, record, clicks) {
+    const none = window.dash_clientside.no_update;
+    return %s ? [["compare"], (clicks || 0) + 1, null] : [none, none, none];
+}"""
+# the image panel: Run is enabled (its prediction is the shown image's) for that image
+IMAGE_SHOWN = "!shown && pending && record && pending === record.key"
+# the volume panel: the panel describes that volume (show_volume prepared it)
+VOLUME_SHOWN = (
+    'pending && record && pending.key === record.key && typeof shown === "string" '
+    '&& shown.startsWith(pending.name + ":")'
+)
+
+
 class ComparePanel:
-    """A sample's Compare button: the image panel loads the sample (its callback takes
-    these clicks too) and marks it pending here; once the page shows that image's
-    prediction and Run is enabled, Compare is ticked and Run pressed, in the browser."""
+    """A sample's Compare button (an image's or a volume's): the panel loads the sample
+    (its load callback takes these clicks too) and marks it pending; once the page shows
+    it — the image's prediction with Run enabled, or the volume's description — Compare
+    is ticked and Run pressed, in the browser: the page's one Run, nothing beside it."""
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
-        app.clientside_callback(
-            """function(disabled, pending, image, clicks) {
-                const none = window.dash_clientside.no_update;
-                if (disabled || !pending || !image || pending !== image.key) {
-                    return [none, none, none];
-                }
-                return [["compare"], (clicks || 0) + 1, null];
-            }""",
-            Output(ids.COMPARE, "value"),
-            Output(ids.RUN, "n_clicks"),
-            Output(ids.COMPARE_PENDING, "data", allow_duplicate=True),
-            Input(ids.RUN, "disabled"),
-            Input(ids.COMPARE_PENDING, "data"),
-            State(ids.IMAGE_STORE, "data"),
-            State(ids.RUN, "n_clicks"),
-            prevent_initial_call=True,
-        )
+        for shown, ticked, run, pending, store, condition in (
+            ((ids.RUN, "disabled"), ids.COMPARE, ids.RUN, ids.COMPARE_PENDING,
+             ids.IMAGE_STORE, IMAGE_SHOWN),
+            ((ids.VOLUME_INFO, "children"), ids.VOLUME_COMPARE, ids.VOLUME_RUN,
+             ids.VOLUME_COMPARE_PENDING, ids.VOLUME_STORE, VOLUME_SHOWN),
+        ):  # fmt: skip
+            app.clientside_callback(
+                PRESS_RUN % condition,
+                Output(ticked, "value"),
+                Output(run, "n_clicks"),
+                Output(pending, "data", allow_duplicate=True),
+                Input(*shown),
+                Input(pending, "data"),
+                State(store, "data"),
+                State(run, "n_clicks"),
+                prevent_initial_call=True,
+            )

@@ -114,8 +114,7 @@ class ResultPanel:
         except InputError as exc:
             return empty_figure(str(exc)), "", *none
         is_dicom = bool(result.get("dicom"))
-        unavailable = {"dcm": not is_dicom, "compare": not isinstance(
-            comparison.method_maps(result), dict) or not result.get("methods")}  # fmt: skip
+        unavailable = {"dcm": not is_dicom, "compare": not comparison.available(result)}
         disabled = [unavailable.get(button["format"], False) for button in buttons]
         dicom_style = {"display": "block" if is_dicom else "none"}
         return figure, summary(result), disabled, dicom_style, compared

@@ -88,27 +88,6 @@ class VolumePanel:
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.load_volume)
-        # A sample's Compare button: once the panel describes that volume, tick Compare
-        # and press Run, in the browser (the image panel's rule, panels.compare).
-        app.clientside_callback(
-            """function(info, pending, record, clicks) {
-                const none = window.dash_clientside.no_update;
-                const text = typeof info === "string" ? info : "";
-                if (!pending || !record || pending.key !== record.key
-                        || !text.startsWith(pending.name + ":")) {
-                    return [none, none, none];
-                }
-                return [["compare"], (clicks || 0) + 1, null];
-            }""",
-            Output(ids.VOLUME_COMPARE, "value"),
-            Output(ids.VOLUME_RUN, "n_clicks"),
-            Output(ids.VOLUME_COMPARE_PENDING, "data", allow_duplicate=True),
-            Input(ids.VOLUME_INFO, "children"),
-            Input(ids.VOLUME_COMPARE_PENDING, "data"),
-            State(ids.VOLUME_STORE, "data"),
-            State(ids.VOLUME_RUN, "n_clicks"),
-            prevent_initial_call=True,
-        )
         app.callback(
             *[Output(s, "max") for s in SLIDERS],
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
@@ -550,8 +529,7 @@ class VolumePanel:
             return (html.P(why, className="warning") if why else ""), True, True, True, True
         lines = volume_runs.volume_summary(result)
         dicom = bool(result.get("dicom_source"))
-        compared = isinstance(comparison.method_maps(result), dict) and bool(result.get("methods"))
-        return [_line(t) for t in lines], False, False, not dicom, not compared
+        return [_line(t) for t in lines], False, False, not dicom, not comparison.available(result)
 
     def compare_rows(self, handle, record, model, region, z, y, x, window, patch, stride,
                      mode, label, session):  # fmt: skip
