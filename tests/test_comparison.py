@@ -131,3 +131,27 @@ def test_a_compared_volume_run_has_three_maps_per_class_on_its_grid(
     assert set(exported["comparison"]["methods"]) == set(maps) and "methods" not in exported
     prepared = services.prepared_volume(key, "tab-1", "ct-test")
     assert comparison.comparison_png(result, prepared.unit).startswith(PNG)
+
+
+def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticked(
+    services, monkeypatch
+):
+    """The estimate covers the occlusion positions; with Compare ticked it says the
+    gradient step follows and is not in it (the page did not say, and the run took ~5 s
+    more than the line beside Run), for both panels."""
+    from webapp.panels.settings import SettingsPanel
+    from webapp.panels.volume import VolumePanel
+
+    image = {"key": services.images.put(IMAGE)}
+    settings = ("fundus-demo", 16, 8, "exact", None, 0.25, 3.0, None, image, "gray", None)
+    panel = SettingsPanel(services)
+    plain, ticked = panel.estimate(*settings), panel.estimate(*settings, ["compare"])
+    note = "Compare adds Grad-CAM and Integrated Gradients for all 3 classes"
+    assert note not in plain and ticked.startswith(plain) and note in ticked
+    assert "not in this estimate" in ticked
+    volume = VolumePanel(services, None)
+    plain = volume.estimate("ct-test", 8, 8, "exact", None, None)
+    ticked = volume.estimate("ct-test", 8, 8, "exact", None, None, ["compare"])
+    assert ticked.startswith(plain) and "for all 2 classes" in ticked
+    monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 1)
+    assert "for the explained class" in panel.estimate(*settings, ["compare"])

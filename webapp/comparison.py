@@ -30,6 +30,7 @@ __all__ = [
     "agreement_rows",
     "available",
     "compute_methods",
+    "estimate_note",
     "comparison_json",
     "comparison_png",
     "method_maps",
@@ -74,6 +75,17 @@ def compute_methods(
         }
         for method, (values, seconds, detail) in found.items()
     }
+
+
+def estimate_note(model: krypton.LoadedModel) -> str:
+    """What the estimate line adds while Compare is ticked: the gradient step runs after
+    the occlusion and is not in the estimate (its time shows with the maps)."""
+    classes = len(model.classes)
+    which = f"all {classes} classes" if classes <= EVERY_CLASS_UP_TO else "the explained class"
+    return (
+        f"Compare adds Grad-CAM and Integrated Gradients for {which} after the occlusion; "
+        f"not in this estimate (their times show with the maps)."
+    )
 
 
 def stage_text(done: int, total: int, method: str, label: int, classes: Sequence[str]) -> str:

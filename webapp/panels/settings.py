@@ -13,7 +13,7 @@ import krypton
 from krypton.estimator import planned_positions
 from krypton.explainer import grid_positions
 
-from .. import helpers, ids, runs
+from .. import comparison, helpers, ids, runs
 from ..helpers import InputError
 from ..layout import mode_options, patch_options
 from ..model_card import model_card_lines, ood_text
@@ -100,6 +100,7 @@ class SettingsPanel:
             Input(ids.IMAGE_STORE, "data"),  # its cells computed already cost nothing
             Input(ids.COLOUR, "value"),
             Input(ids.CUSTOM_COLOUR, "value"),
+            Input(ids.COMPARE, "value"),
         )(self.estimate)
         app.callback(
             Output(ids.MESSAGE, "children", allow_duplicate=True),
@@ -176,11 +177,22 @@ class SettingsPanel:
 
     def estimate(
         self, model_name, patch, stride, mode, region, drill, speedup, _result, image, colour,
-        custom,
+        custom, compare=None,
     ):  # fmt: skip
         """How long a Run with these settings should take, and where that comes from:
         fixed cost + the positions not computed yet x their cost, and what naive would
-        take for the same positions, scaled alike."""
+        take for the same positions, scaled alike; with Compare ticked, that its
+        gradient step comes on top."""
+        text = self._estimate(
+            model_name, patch, stride, mode, region, drill, speedup, image, colour, custom
+        )
+        if not compare or not isinstance(text, str):
+            return text
+        return f"{text} {comparison.estimate_note(self.services.model(model_name))}"
+
+    def _estimate(
+        self, model_name, patch, stride, mode, region, drill, speedup, image, colour, custom
+    ):
         try:
             size = self.services.model(model_name).input_size
             helpers.check_region(region, size, patch, stride)

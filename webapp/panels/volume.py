@@ -135,6 +135,7 @@ class VolumePanel:
             Input(ids.VOLUME_MODE, "value"),
             Input(ids.VOLUME_REGION, "data"),
             Input(ids.VOLUME_RESULT, "data"),  # a finished run is one more to learn from
+            Input(ids.VOLUME_COMPARE, "value"),
         )(self.estimate)
         self._register_run(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
@@ -413,16 +414,18 @@ class VolumePanel:
         )
         return (*figures, text)
 
-    def estimate(self, model, patch, stride, mode, region, _handle):
-        """The positions the settings make, and how long they should take here."""
+    def estimate(self, model, patch, stride, mode, region, _handle, compare=None):
+        """The positions the settings make, and how long they should take here (with
+        Compare ticked, that its gradient step comes on top)."""
         if not model:
             return ""
         try:
-            size = self.services.volume_model(model).input_size
+            loaded = self.services.volume_model(model)
             patch, stride = _whole(patch, "cube"), _whole(stride, "stride")
         except InputError as exc:
             return str(exc)
-        return volume_runs.volume_estimate(model, size, patch, stride, mode, region)
+        text = volume_runs.volume_estimate(model, loaded.input_size, patch, stride, mode, region)
+        return f"{text}. {comparison.estimate_note(loaded)}" if compare else text
 
     def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
         """The kept volume result the handle names, when it explains what the panel shows:
