@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._inputs import grid_positions, per_axis, volume_grid
+from .engine.capture_lock import CAPTURE_LOCK
 from .explainer import explain
 from .registry.models import LoadedModel
 
@@ -118,13 +119,15 @@ def gradcam_layer(
 
         return hook
 
-    hooks = [m.register_forward_hook(remember(n)) for n, m in named.items() if n]
-    try:
-        with torch.inference_mode():
-            module(image.unsqueeze(0))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    # exclusive: the hooks are on the shared model (krypton.engine.capture_lock)
+    with CAPTURE_LOCK.exclusive():
+        hooks = [m.register_forward_hook(remember(n)) for n, m in named.items() if n]
+        try:
+            with torch.inference_mode():
+                module(image.unsqueeze(0))
+        finally:
+            for hook in hooks:
+                hook.remove()
     once = [name for name in finished if calls[name] == 1]
     if not once:
         raise ValueError("the model has no layer with spatial output for Grad-CAM; name one")
@@ -147,9 +150,12 @@ def on_grid(
 def _gradcam(module, image, label: int, layer) -> torch.Tensor:
     from captum.attr import LayerAttribution, LayerGradCam
 
-    cam = LayerGradCam(module, layer).attribute(
-        image.unsqueeze(0), target=label, relu_attributions=True
-    )
+    # Captum hooks ``layer`` while it runs: no other forward of the model meanwhile, as
+    # the out-of-distribution check (LoadedModel.check_ood) holds it
+    with CAPTURE_LOCK.exclusive():
+        cam = LayerGradCam(module, layer).attribute(
+            image.unsqueeze(0), target=label, relu_attributions=True
+        )
     mode = "bilinear" if image.dim() == 3 else "trilinear"
     return LayerAttribution.interpolate(cam, tuple(image.shape[1:]), mode)[0].sum(0).detach()
 
@@ -161,13 +167,14 @@ def _integrated_gradients(module, image, label: int, fill, steps: int) -> torch.
     baseline[:] = torch.as_tensor(fill, dtype=image.dtype, device=image.device).view(
         -1, *[1] * (image.dim() - 1)
     )
-    attribution = IntegratedGradients(module).attribute(
-        image.unsqueeze(0),
-        baselines=baseline.unsqueeze(0),
-        target=label,
-        n_steps=steps,
-        internal_batch_size=8,
-    )
+    with CAPTURE_LOCK.shared():  # forwards and input gradients only: no hooks
+        attribution = IntegratedGradients(module).attribute(
+            image.unsqueeze(0),
+            baselines=baseline.unsqueeze(0),
+            target=label,
+            n_steps=steps,
+            internal_batch_size=8,
+        )
     return attribution[0].sum(0).detach()
 
 
@@ -247,7 +254,7 @@ def compare(
         axes = grid_positions(size, extent[0], strides[0], region)
     else:
         axes = volume_grid(tuple(image.shape[1:]), extent, strides, region)
-    with torch.inference_mode():
+    with torch.inference_mode(), CAPTURE_LOCK.shared():
         probs = torch.softmax(module(image.unsqueeze(0)).float(), 1)[0]
     label = int(probs.argmax()) if label is None else int(label)
     prob = float(probs[label])
@@ -314,7 +321,7 @@ def deletion_curve(
                        zip(method_map.axes, index, method_map.patch))] = True  # fmt: skip
         chosen = torch.where(mask, image, blank) if insertion else torch.where(mask, blank, image)
         batch.append(chosen)
-    with torch.inference_mode():
+    with torch.inference_mode(), CAPTURE_LOCK.shared():
         probs = torch.softmax(module(torch.stack(batch)).float(), 1)[:, method_map.label]
     curve = probs.cpu().numpy().astype(np.float64)
     area = float(np.sum((curve[1:] + curve[:-1]) / 2 * np.diff(shares)))

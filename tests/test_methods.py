@@ -154,3 +154,48 @@ def test_deletion_and_insertion_curves_run_from_the_image_to_the_fill_and_back()
     other = randomised(model, seed=1)
     assert [type(m) for m in other.modules()] == [type(m) for m in model.modules()]
     assert not torch.equal(other[0].weight, model[0].weight) and not other.training
+
+
+def test_gradient_maps_beside_a_run_on_the_same_model_are_the_maps_computed_alone():
+    """Grad-CAM hooks the model's layers while it runs. The app's runs share one model
+    between threads: a Compare step beside another tab's run gave a wrong Grad-CAM map
+    (1 in 30) and broke the other run's out-of-distribution check (its hooks saw the
+    wrong layer: shapes (1, 512) vs (128,)). The methods now hold the engine's capture
+    lock as the check does: exclusively while hooked, shared while they only run."""
+    import threading
+
+    from PIL import Image
+
+    import krypton
+    from krypton.fundus import FundusGenerator
+    from krypton.methods import attribution_maps
+
+    model = krypton.load_model("fundus-demo")
+    image, other = (
+        model.preprocess(Image.fromarray(FundusGenerator(seed=s).sample(label=1).image))
+        for s in (11, 12)
+    )
+    axes = (np.arange(0, 209, 16), np.arange(0, 209, 16))
+    alone = attribution_maps(model, image, axes, (16, 16), [2], methods=["gradcam"])
+    stop, failures = threading.Event(), []
+
+    def another_run():
+        while not stop.is_set():
+            try:
+                krypton.explain(model, other, patch=16, stride=64, mode="naive")
+            except Exception as exc:  # noqa: BLE001 - the test reports what broke
+                failures.append(repr(exc))
+
+    beside = threading.Thread(target=another_run)
+    beside.start()
+    try:
+        maps = [
+            attribution_maps(model, image, axes, (16, 16), [2], methods=["gradcam"])
+            for _ in range(30)
+        ]
+    finally:
+        stop.set()
+        beside.join()
+    assert failures == []
+    for found in maps:
+        np.testing.assert_allclose(found["gradcam"][0], alone["gradcam"][0], atol=1e-6)
