@@ -317,3 +317,31 @@ def test_a_message_in_place_of_a_figure_is_wrapped_inside_the_plot_and_escaped()
     assert len(lines) > 2 and all(len(line) <= PLACEHOLDER_LINE + 12 for line in lines)
     assert "<b>" not in shown and "&lt;b&gt;scan.nii.gz&lt;/b&gt;" in shown
     assert placeholder_figure("")["layout"]["annotations"][0]["text"] == ""
+
+
+def test_a_job_that_ends_between_dash_reading_its_result_and_asking_if_it_runs_is_kept(
+    tmp_path,
+):
+    """Dash polls a background job by reading its result and then asking whether the job
+    still runs; a job thread that wrote its result and ended between the two was taken
+    for a cancelled job (no result, the page stopped polling): a volume run in the
+    switching test finished and the panel never showed it (1 of 5 runs under load)."""
+    import diskcache
+
+    manager = ThreadedDiskcacheManager(diskcache.Cache(str(tmp_path)))
+    release = threading.Event()
+
+    def job_fn(key, progress_key, args, context):
+        release.wait(5)
+        manager.handle.set(key, "the result")
+
+    job = manager.call_job_fn("key", job_fn, (), {})
+    assert manager.get_result("key", job) is manager.UNDEFINED  # Dash reads first ...
+    release.set()
+    deadline = time.monotonic() + 5
+    while any(t.name == f"krypton-job-{job}" for t in threading.enumerate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert manager.job_running(job)  # ... then asks: its result is still to be delivered
+    assert manager.get_result("key", job) == "the result"
+    assert not manager.job_running(job)  # delivered: done

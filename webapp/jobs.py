@@ -52,6 +52,15 @@ class _Job:
         self.cancel = threading.Event()
         self.last_poll = time.monotonic()
         self.abandon_seconds = abandon_seconds
+        self.ended: float | None = None  # when the thread ended (its result is written)
+
+    def awaits_delivery(self) -> bool:
+        """Ended with a result nobody has fetched yet, not long ago, and not cancelled."""
+        return (
+            self.ended is not None
+            and not self.cancel.is_set()
+            and time.monotonic() - self.ended < RESULT_GRACE_SECONDS
+        )
 
     def stop_reason(self) -> str | None:
         if self.cancel.is_set():
@@ -61,6 +70,9 @@ class _Job:
         return None
 
 
+# A job whose thread ended still counts as running until its result is fetched, for at
+# most this long (a page that stopped polling never fetches it).
+RESULT_GRACE_SECONDS = 30.0
 _job_ids = itertools.count(1)
 _jobs: dict[int, _Job] = {}
 _current = threading.local()
@@ -183,8 +195,11 @@ class ThreadedDiskcacheManager(DiskcacheManager):
                 job_fn(key, self._make_progress_key(key), args, context)
             finally:
                 _current.job = None
-                with _lock:
-                    _jobs.pop(job, None)
+                record.ended = time.monotonic()  # kept until its result is fetched
+
+        with _lock:  # jobs whose result nobody will fetch any more
+            for number in [n for n, r in _jobs.items() if r.ended and not r.awaits_delivery()]:
+                _jobs.pop(number)
 
         thread = threading.Thread(target=run, name=f"krypton-job-{job}", daemon=True)
         record = _Job(thread, self.abandon_seconds)
@@ -194,13 +209,18 @@ class ThreadedDiskcacheManager(DiskcacheManager):
         return job
 
     def get_result(self, key, job):
-        """Called on every poll of the page: the job is still wanted."""
+        """Called on every poll of the page: the job is still wanted; once its result is
+        read, the job is done."""
         if job is not None:
             with _lock:
                 record = _jobs.get(_job_number(job))
             if record is not None:
                 record.last_poll = time.monotonic()
-        return super().get_result(key, job)
+        result = super().get_result(key, job)
+        if job is not None and result is not self.UNDEFINED:
+            with _lock:
+                _jobs.pop(_job_number(job), None)
+        return result
 
     def terminate_job(self, job):
         if job is None:
@@ -214,9 +234,12 @@ class ThreadedDiskcacheManager(DiskcacheManager):
         return False  # a thread that ended has already removed itself
 
     def job_running(self, job):
+        """Whether the job is still under way. Dash reads a poll's result first and asks
+        this after: a thread that wrote its result and ended between the two would look
+        cancelled and its result be lost, so an ended job counts until it is fetched."""
         with _lock:
             entry = _jobs.get(_job_number(job))
-        return entry is not None and entry.thread.is_alive()
+        return entry is not None and (entry.thread.is_alive() or entry.awaits_delivery())
 
 
 def _job_number(job) -> int:

@@ -11,9 +11,10 @@ import numpy as np
 from dash import Input, Output, State, dcc, html
 from PIL import Image
 
-from krypton.render.methods import TITLES, per_pixel
+from krypton.render.methods import TITLES
+from krypton.render.volumes import voxel_values
 
-from .. import comparison, figures, ids, volume_views
+from .. import comparison, figures, ids, volume_runs, volume_views
 
 SIGN_NOTE = (
     "Each map: evidence for the class, higher is more, on its own colour scale "
@@ -93,7 +94,9 @@ def volume_compare_view(result: dict, unit: np.ndarray, cursor) -> list:
         return []
     rows = []
     for method, found in maps.items():
-        per_voxel = per_pixel(found, unit.shape)
+        # painted as the panel's own views paint a heatmap (nearest cell per voxel)
+        grid = volume_runs.grid_heatmap(found.importance, found.axes, found.patch[0])
+        per_voxel = voxel_values(grid, unit.shape)
         finite = found.importance[np.isfinite(found.importance)]
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         title = f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
