@@ -41,6 +41,7 @@ __all__ = [
     "GRADIENT_METHODS",
     "METHODS",
     "MethodMap",
+    "SIGN_CONVENTION",
     "agreement",
     "attribution_maps",
     "compare",
@@ -49,11 +50,16 @@ __all__ = [
     "from_heatmap",
     "gradcam_layer",
     "on_grid",
+    "pairwise_agreement",
     "randomised",
 ]
 
 METHODS = ("occlusion", "gradcam", "integrated_gradients")
 IG_STEPS = 32  # Integrated Gradients' path steps (Captum's default is 50)
+SIGN_CONVENTION = (
+    "evidence for the class, higher is more (occlusion: the probability's drop under the "
+    "patch; Grad-CAM and Integrated Gradients: attribution)"
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,22 @@ class MethodMap:
         flat = np.nan_to_num(self.importance.ravel(), nan=-np.inf)
         count = max(1, int(round(share * flat.size)))
         return np.argsort(-flat, kind="stable")[:count]
+
+    def value_range(self) -> tuple[float, float]:
+        """(lowest, highest) importance over the cells computed; (0, 1) when none is."""
+        finite = self.importance[np.isfinite(self.importance)]
+        return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+
+    def record(self) -> dict:
+        """The map as JSON: its seconds, what ran, the importance as nested lists on the
+        grid (NaN as null), the cells' axes and patch."""
+        return {
+            "seconds": self.seconds,
+            "detail": self.detail,
+            "importance": np.where(np.isfinite(self.importance), self.importance, None).tolist(),
+            "axes": [np.asarray(a).tolist() for a in self.axes],
+            "patch": list(self.patch),
+        }
 
     def strongest_cell_centre(self) -> tuple[float, ...]:
         """The centre of the most important cell, in input pixels (y, x) or (z, y, x)."""
@@ -294,6 +316,14 @@ def agreement(first: MethodMap, second: MethodMap, share: float = 0.05) -> dict:
     return {"spearman": rho, "top_overlap": len(top_a & top_b) / max(len(top_a), 1)}
 
 
+def pairwise_agreement(maps: dict[str, MethodMap], share: float = 0.05) -> list[dict]:
+    """:func:`agreement` of every pair of ``maps``, each with the pair's names."""
+    return [
+        {"methods": [a, b], **agreement(maps[a], maps[b], share)}
+        for a, b in itertools.combinations(maps, 2)
+    ]
+
+
 def deletion_curve(
     model: nn.Module | LoadedModel,
     image: torch.Tensor,
@@ -364,26 +394,17 @@ def comparison_record(model: LoadedModel, tensor: torch.Tensor, maps: dict[str, 
         deletion = deletion_curve(model, tensor, found)
         insertion = deletion_curve(model, tensor, found, insertion=True)
         methods[method] = {
-            "seconds": found.seconds,
-            "detail": found.detail,
-            "importance": np.where(np.isfinite(found.importance), found.importance, None).tolist(),
-            "axes": [a.tolist() for a in found.axes],
-            "patch": list(found.patch),
+            **found.record(),
             "deletion_auc": deletion[2],
             "insertion_auc": insertion[2],
         }
-    pairs = [
-        {"methods": [a, b], **agreement(maps[a], maps[b])}
-        for a, b in itertools.combinations(maps, 2)
-    ]
     first = next(iter(maps.values()))
     return {
         "model": model.name,
         "label": first.label,
         "class": model.class_name(first.label),
         "prob": first.prob,
-        "importance": "evidence for the class, higher is more (occlusion: the probability's "
-        "drop under the patch; Grad-CAM and Integrated Gradients: attribution)",
+        "importance": SIGN_CONVENTION,
         "methods": methods,
-        "agreement": pairs,
+        "agreement": pairwise_agreement(maps),
     }

@@ -11,7 +11,6 @@ more*; occlusion's is the probability's drop under the patch.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -19,7 +18,13 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton.methods import GRADIENT_METHODS, MethodMap, agreement, attribution_maps
+from krypton.methods import (
+    GRADIENT_METHODS,
+    SIGN_CONVENTION,
+    MethodMap,
+    attribution_maps,
+    pairwise_agreement,
+)
 from krypton.render.methods import TITLES, methods_picture
 
 from .helpers import InputError
@@ -149,39 +154,27 @@ def available(result: dict) -> bool:
 
 
 def agreement_rows(maps: dict[str, MethodMap]) -> list[dict]:
-    """Every pair's rank correlation and top-5% overlap (krypton.methods.agreement)."""
-    rows = []
-    for a, b in itertools.combinations(maps, 2):
-        found = agreement(maps[a], maps[b], TOP_SHARE)
-        rows.append({"methods": [a, b], "titles": [TITLES[a], TITLES[b]], **found})
-    return rows
+    """Every pair's rank correlation and top-5% overlap (krypton.methods), with titles."""
+    return [
+        {**row, "titles": [TITLES[name] for name in row["methods"]]}
+        for row in pairwise_agreement(maps, TOP_SHARE)
+    ]
 
 
 def comparison_json(result: dict) -> dict | None:
-    """The comparison as the exports carry it: each map for the class on screen (nested
-    lists on the grid, NaN as null), its seconds and what ran, every pair's agreement and
-    the sign convention; None for a run without Compare (or for another class)."""
+    """The comparison as the exports carry it: each map for the class on screen
+    (MethodMap.record: nested lists on the grid, NaN as null, its seconds and what ran),
+    every pair's agreement and the sign convention; None for a run without Compare (or
+    for another class)."""
     maps = method_maps(result)
     if not isinstance(maps, dict) or not maps:
         return None
     return {
         "class": result["label_name"],
-        "importance": "evidence for the class, higher is more (occlusion: the probability's "
-        "drop under the patch; Grad-CAM and Integrated Gradients: attribution)",
+        "importance": SIGN_CONVENTION,
         "top_share": TOP_SHARE,
-        "methods": {
-            method: {
-                "seconds": found.seconds,
-                "detail": found.detail,
-                "importance": np.where(
-                    np.isfinite(found.importance), found.importance, None
-                ).tolist(),
-            }
-            for method, found in maps.items()
-        },
-        "agreement": [
-            {k: v for k, v in row.items() if k != "titles"} for row in agreement_rows(maps)
-        ],
+        "methods": {method: found.record() for method, found in maps.items()},
+        "agreement": pairwise_agreement(maps, TOP_SHARE),
     }
 
 

@@ -142,8 +142,7 @@ def importance_figure(image: Image.Image, found, title: str) -> go.Figure:
     on its own colour scale: evidence for the class, red = most."""
     values = np.asarray(found.importance, np.float64)
     ys, xs = (np.asarray(a) for a in found.axes)
-    finite = values[np.isfinite(values)]
-    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    low, high = found.value_range()
     figure = go.Figure(go.Image(source=data_url(image), hoverinfo="skip"))
     figure.add_trace(
         go.Heatmap(

@@ -231,7 +231,7 @@ class ThreadedDiskcacheManager(DiskcacheManager):
             entry.cancel.set()
 
     def terminate_unhealthy_job(self, job):
-        return False  # a thread that ended has already removed itself
+        return False  # a thread only ends by returning; its record goes once fetched
 
     def job_running(self, job):
         """Whether the job is still under way. Dash reads a poll's result first and asks

@@ -97,8 +97,7 @@ def volume_compare_view(result: dict, unit: np.ndarray, cursor) -> list:
         # painted as the panel's own views paint a heatmap (nearest cell per voxel)
         grid = volume_runs.grid_heatmap(found.importance, found.axes, found.patch[0])
         per_voxel = voxel_values(grid, unit.shape)
-        finite = found.importance[np.isfinite(found.importance)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        low, high = found.value_range()
         title = f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
         figure = volume_views.views_live_figure(
             unit, cursor, per_voxel, (low, high + 1e-9), title, importance=True
