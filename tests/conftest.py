@@ -4,6 +4,7 @@ split `make test` runs in two pytest-xdist workers."""
 import os
 import shutil
 import subprocess
+import sys
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers share two cores: one thread of torch each (and in every process they
@@ -63,6 +64,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "browser" in item.keywords:
             item.add_marker(skip)
+
+
+# `make test-load` sets this: the tests marked "underload" then run beside this many
+# CPU-burning processes (one per core on the 2-core machines this project runs on), as a
+# user's page runs beside a browser, a video call or a test suite. They assert what the
+# page shows, never how fast this host is, so they pass idle and busy alike.
+BURNERS_VARIABLE = "KRYPTON_TEST_BURNERS"
+BURN_SECONDS = 1200  # bounded: a burner left behind by a killed run ends by itself
+_BURN = "import time\nend = time.time() + {}\nwhile time.time() < end:\n    pass\n"
+
+
+@pytest.fixture
+def busy_host() -> int:
+    """Start KRYPTON_TEST_BURNERS CPU burners (0 by default) for the test; their count."""
+    try:
+        count = max(0, int(os.environ.get(BURNERS_VARIABLE, "0") or 0))
+    except ValueError:
+        raise pytest.UsageError(f"{BURNERS_VARIABLE} must be a whole number") from None
+    burners = [
+        subprocess.Popen([sys.executable, "-c", _BURN.format(BURN_SECONDS)]) for _ in range(count)
+    ]
+    try:
+        yield count
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
 
 
 @pytest.fixture(autouse=True)

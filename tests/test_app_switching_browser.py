@@ -1,12 +1,13 @@
 """A prediction is bound to the image on screen, in a real (headless) Chromium.
 
 After another image was clicked, the old image's top 5 and "Class to explain" stayed
-beside the new image for over 4 s on a busy host, with Run enabled: pressed then, Run
+beside the new image for 5-15 s on a busy host, with Run enabled: pressed then, Run
 explained the new image for the old image's class. Here the page switches image 20
 times at random moments — idle, mid-run, right after a run — and is sampled every 50 ms
-after each switch: a top 5 or class list on screen is the shown image's (beside the
-previous picture for at most one redraw of the plot), and Run is enabled only once the
-shown image's own prediction is there."""
+from each click until the new image's prediction has settled: a top 5, class list or
+estimate on screen is the shown image's (beside the previous picture for at most one
+redraw of the plot, 0.3 s), and Run is enabled only once the shown image's own
+prediction is there. `make test-load` runs it beside two CPU burners (busy_host)."""
 
 import random
 import time
@@ -14,7 +15,7 @@ import time
 import pytest
 from test_app_browser import choose
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.underload]
 
 SAMPLES = (
     "fundus-exudates.png",
@@ -23,16 +24,20 @@ SAMPLES = (
     "retina.jpg",
 )
 
-REDRAW = 1.0  # seconds: a Plotly redraw of the picture, slowed by a live heatmap mid-run
+REDRAW = 0.3  # seconds: a Plotly redraw of the picture
 
 PAGE = """
 const plot = document.querySelector('#image-graph .js-plotly-plot');
 const source = plot && plot.data && plot.data[0] ? String(plot.data[0].source) : '';
 const label = document.querySelector('#label');
+const estimate = document.querySelector('#estimate');
+const shown = e => Boolean(e) && e.offsetParent !== null && e.innerText.trim() !== '';
 return {
   image: source.length + ':' + source.slice(-40),
-  top5: document.querySelector('#top5').innerText.trim(),
-  label: label ? label.innerText.trim() : '',
+  top5: shown(document.querySelector('#top5'))
+    ? document.querySelector('#top5').innerText.trim() : '',
+  label: shown(label) ? label.innerText.trim() : '',
+  estimate: shown(estimate),
   run_disabled: document.querySelector('#run').disabled,
   summary: document.querySelector('#result-summary').innerText,
 };
@@ -62,12 +67,13 @@ def settled(dash_duo, timeout: float = 60) -> dict:
 
 
 def test_switching_images_at_random_moments_never_shows_another_images_prediction(
-    dash_duo, krypton_app
+    dash_duo, krypton_app, busy_host
 ):
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     choose(dash_duo, "stride", "16")  # short runs: a few seconds each
     expected: dict[str, tuple[str, str]] = {}
+    pictures: dict[str, str] = {}
     before = page(dash_duo)["image"]
     for name in SAMPLES:
         show(dash_duo, name)
@@ -77,6 +83,7 @@ def test_switching_images_at_random_moments_never_shows_another_images_predictio
         state = settled(dash_duo)
         before = state["image"]
         expected[state["image"]] = (state["top5"], state["label"])
+        pictures[name] = state["image"]
     assert len(expected) == len(SAMPLES), "two samples look alike to the test"
 
     rng = random.Random(7)
@@ -93,24 +100,32 @@ def test_switching_images_at_random_moments_never_shows_another_images_predictio
                 dash_duo.wait_for_contains_text("#result-summary", "p = ", timeout=240)
         current = rng.choice([name for name in SAMPLES if name != current])
         show(dash_duo, current)
-        began = time.time()
-        mismatch_since = None
-        while time.time() - began < 2.5:
-            state = page(dash_duo)
-            own = expected.get(state["image"])
-            assert own is not None, f"an image the test never saw: {state['image']}"
-            # a top 5 or class beside another image's picture, or Run enabled without the
-            # picture's own prediction; Plotly draws a new picture a few tens of ms after
-            # the page's stores say it is on screen, so this may last one redraw, never
-            # longer (before: over 4 s, Run enabled)
-            stale = (state["top5"] and state["top5"] != own[0]) or (
-                not state["run_disabled"] and (state["top5"] != own[0] or state["label"] != own[1])
-            )
-            if stale:
-                mismatch_since = mismatch_since or time.time()
-                assert time.time() - mismatch_since < REDRAW, (moment, state, own)
-            else:
-                mismatch_since = None
-            time.sleep(0.05)
-        settled(dash_duo)
+        watch(dash_duo, expected, pictures[current], moment)
     assert all(seen.values()), seen
+
+
+def watch(dash_duo, expected: dict, picture: str, moment: str, timeout: float = 120) -> None:
+    """Sample the page from the click until the clicked image's prediction settles:
+    nothing beside the picture may be another image's for longer than one redraw."""
+    began, mismatch_since, state = time.time(), None, {}
+    while time.time() - began < timeout:
+        state = page(dash_duo)
+        own = expected.get(state["image"])
+        assert own is not None, f"an image the test never saw: {state['image']}"
+        # a top 5 or class beside another image's picture, an estimate beside a top 5
+        # that is not the picture's, or Run enabled without the picture's own prediction
+        stale = (
+            (state["top5"] and state["top5"] != own[0])
+            or (state["label"] and state["label"] != own[1])
+            or (state["estimate"] and state["top5"] != own[0])
+            or (not state["run_disabled"] and (state["top5"], state["label"]) != own)
+        )
+        if stale:
+            mismatch_since = mismatch_since or time.time()
+            assert time.time() - mismatch_since < REDRAW, (moment, state, own)
+        else:
+            mismatch_since = None
+        if state["image"] == picture and not state["run_disabled"]:
+            return  # the picture on screen has its own prediction and Run is open
+        time.sleep(0.05)
+    raise AssertionError(f"no prediction within {timeout} s: {state}")

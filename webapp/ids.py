@@ -11,6 +11,10 @@ REGION_STORE = "region-store"
 PREDICTION_STORE = "prediction-store"
 RUN_BUSY = "run-busy"  # true while a run of this tab is queued or running
 IMAGE_SHOWN = "image-shown"  # the image and model the picture on the page shows
+# the image the user asked for last (set in the browser at the click) and the request the
+# server answered last: while they differ, nothing beside the picture is shown
+IMAGE_WANTED = "image-wanted"
+IMAGE_ANSWERED = "image-answered"
 RESULT_STORE = "result-store"
 OVERLAY_STORE = "overlay-store"
 UPLOAD_TICKET = "upload-ticket"

@@ -726,6 +726,8 @@ def build_layout(
             dcc.Store(id=ids.PREDICTION_STORE),
             dcc.Store(id=ids.RUN_BUSY, data=False),
             dcc.Store(id=ids.IMAGE_SHOWN),
+            dcc.Store(id=ids.IMAGE_WANTED),
+            dcc.Store(id=ids.IMAGE_ANSWERED),
             dcc.Store(id=ids.RESULT_STORE),
             dcc.Store(id=ids.COMPARE_PENDING),  # a sample's Compare: its image's key
             dcc.Store(id=ids.OVERLAY_STORE),

@@ -38,12 +38,36 @@ class ImagePanel:
             Output(ids.DICOM_FRAME, "max"),
             Output(ids.DICOM_FRAME, "value"),
             Output(ids.COMPARE_PENDING, "data"),
+            Output(ids.IMAGE_ANSWERED, "data"),
             Input(ids.UPLOAD_TICKET, "data"),
             Input({"type": ids.SAMPLE, "name": ALL}, "n_clicks"),
             Input({"type": ids.COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.load_image)
+        # The click decides what may sit beside the picture: a sample's button, a file
+        # or another model hides the top 5, the class list and the estimate and disables
+        # Run in the browser at once. This rule listens to the user's own inputs only, so
+        # no server callback in flight holds it back (a rule that also listened to the
+        # prediction waited for it: the old top 5 stayed beside a new picture for 5-15 s
+        # on a busy host, with Run enabled). The settings panel's rule shows them again
+        # once what arrived is for the picture on screen and the answered request is
+        # the one wanted.
+        app.clientside_callback(
+            ClientsideFunction("krypton_binding", "hideImage"),
+            Output(ids.IMAGE_WANTED, "data"),
+            Output(ids.TOP5, "style", allow_duplicate=True),
+            Output(ids.LABEL, "style", allow_duplicate=True),
+            Output(ids.ESTIMATE, "style", allow_duplicate=True),
+            Output(ids.RUN, "disabled", allow_duplicate=True),
+            Input({"type": ids.SAMPLE, "name": ALL}, "n_clicks"),
+            Input({"type": ids.COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
+            Input(ids.UPLOAD, "contents"),
+            Input(ids.UPLOAD_TICKET, "data"),
+            Input(ids.MODEL, "value"),
+            State(ids.UPLOAD, "filename"),
+            prevent_initial_call=True,
+        )
         app.callback(
             Output(ids.IMAGE_STORE, "data", allow_duplicate=True),
             Output(ids.MESSAGE, "children", allow_duplicate=True),
@@ -88,8 +112,18 @@ class ImagePanel:
         """An uploaded file or a sample becomes the page's image (a DICOM file: its
         windowed frame, with the file kept for this tab). A sample's Compare button also
         marks the image for Compare: Run is pressed once its prediction shows
-        (panels.compare)."""
+        (panels.compare). The last output names the request answered (:func:`origin`),
+        loaded or refused, so the page knows the picture it waits for has come."""
         trigger = ctx.triggered_id
+        answered = origin(trigger, ticket)
+        if answered is None:
+            raise PreventUpdate
+        return (
+            *self._load_image(trigger, ticket, sample_clicks, compare_clicks, session),
+            answered,
+        )
+
+    def _load_image(self, trigger, ticket, sample_clicks, compare_clicks, session):
         compare = isinstance(trigger, dict) and trigger.get("type") == ids.COMPARE_SAMPLE
         session = str(session or "")
         ticket = ticket if isinstance(ticket, dict) else {}  # the page's, so the client's
@@ -220,6 +254,17 @@ class ImagePanel:
             text = f"Whole image ({width}×{height} px, the model's input size)"
         shown = {"key": image_data["key"], "model": model_name}
         return figures.image_figure(image, region), text, shown
+
+
+def origin(trigger, ticket) -> str | None:
+    """The request a load answers, named as the browser names it at the click
+    (assets/binding.js): 'sample:NAME' for a sample's buttons, 'upload:FILENAME' for a
+    file (the image and the volume panel alike); None for no request."""
+    if isinstance(trigger, dict) and trigger.get("name") is not None:
+        return f"sample:{trigger['name']}"
+    if isinstance(trigger, str) and trigger.endswith("ticket"):
+        return f"upload:{(ticket or {}).get('name') or ''}" if isinstance(ticket, dict) else None
+    return None
 
 
 def toggle_manual_window(preset):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from dash import Input, Output, State, ctx, html, no_update
+from dash import ClientsideFunction, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 import krypton
@@ -45,30 +45,24 @@ class SettingsPanel:
         )(self.predict)
         # The prediction, the class list and Run belong to one image and model: shown (and
         # Run enabled, no run of this tab under way) only while the prediction on the page
-        # is the one for what is on screen. Decided in the browser from the current values
-        # alone, at once: the old top 5 and class sat beside a new image for 4 s on a busy
-        # host, and a Run pressed then explained the new image for the old image's class.
-        # The picture lags the image store by a server round trip (and a cached
-        # prediction can come first): the prediction shows beside the picture it is for,
-        # and Run waits until the picture, the image it would explain and the prediction
-        # all agree.
+        # is the one for what is on screen, and the estimate only once the image it counts
+        # is the one on screen. The click hid them all (panels.image, assets/binding.js);
+        # this rule shows them again once the picture, the image it would explain, the
+        # prediction and the request last answered all agree.
         app.clientside_callback(
-            """function(prediction, image, model, busy, shown) {
-                const on = p => Boolean(p) && Boolean(shown) && p.image === shown.key
-                    && p.model === shown.model;
-                const visible = on(prediction) ? {} : {"display": "none"};
-                const runnable = on(prediction) && Boolean(image) && image.key === shown.key
-                    && model === shown.model && !busy;
-                return [visible, visible, !runnable];
-            }""",
+            ClientsideFunction("krypton_binding", "showImage"),
             Output(ids.TOP5, "style"),
             Output(ids.LABEL, "style"),
+            Output(ids.ESTIMATE, "style"),
             Output(ids.RUN, "disabled"),
             Input(ids.PREDICTION_STORE, "data"),
             Input(ids.IMAGE_STORE, "data"),
             Input(ids.MODEL, "value"),
             Input(ids.RUN_BUSY, "data"),
             Input(ids.IMAGE_SHOWN, "data"),
+            Input(ids.IMAGE_WANTED, "data"),
+            Input(ids.IMAGE_ANSWERED, "data"),
+            Input(ids.ESTIMATE, "children"),
         )
         app.callback(
             Output(ids.PATCH, "options"), Output(ids.PATCH, "value"), Input(ids.MODEL, "value")

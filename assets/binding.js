@@ -1,0 +1,67 @@
+/* Krypton: what sits beside a picture is decided at the click.
+
+   A sample's button, a file or another model makes the page's prediction, class list,
+   estimate and Run belong to a picture that is about to go. These rules hide them (and
+   disable Run) in the browser at once. They listen to the user's inputs alone, so no
+   server callback in flight can hold them back; the panels' show rules bring them back
+   once the data for the picture on screen has arrived and the request the server
+   answered last (IMAGE_ANSWERED, VOLUME_ANSWERED) is the one wanted here.
+
+   A request is named as webapp.panels.image.origin names it: "sample:NAME" or
+   "upload:FILENAME". */
+(function () {
+    const HIDDEN = {"display": "none"};
+
+    function wanted(filename, ticket) {
+        const context = window.dash_clientside.callback_context;
+        const trigger = context.triggered && context.triggered.length
+            ? context.triggered[0] : null;
+        if (!trigger || trigger.value === null || trigger.value === undefined) {
+            return null;  // a button created, not clicked
+        }
+        const id = trigger.prop_id.slice(0, trigger.prop_id.lastIndexOf("."));
+        if (id.startsWith("{")) {
+            return "sample:" + JSON.parse(id).name;
+        }
+        if (id.endsWith("ticket")) {  // an upload's ticket, refused before it was sent too
+            return "upload:" + ((ticket && ticket.name) || "");
+        }
+        if (id.endsWith("upload")) {
+            return "upload:" + (filename || "");
+        }
+        return undefined;  // another model: the same picture, another prediction
+    }
+
+    window.dash_clientside = Object.assign({}, window.dash_clientside, {
+        krypton_binding: {
+            hideImage: function (samples, compares, contents, ticket, model, filename) {
+                const name = wanted(filename, ticket);
+                const noUpdate = window.dash_clientside.no_update;
+                if (name === null) {
+                    return [noUpdate, noUpdate, noUpdate, noUpdate, noUpdate];
+                }
+                return [name === undefined ? noUpdate : name, HIDDEN, HIDDEN, HIDDEN, true];
+            },
+            hideVolume: function (samples, compares, contents, ticket, model, filename) {
+                const name = wanted(filename, ticket);
+                const noUpdate = window.dash_clientside.no_update;
+                if (name === null) {
+                    return [noUpdate, noUpdate, noUpdate, noUpdate, noUpdate];
+                }
+                return [name === undefined ? noUpdate : name, HIDDEN, HIDDEN, HIDDEN, true];
+            },
+            // The image panel's show rule: the top 5 and class list only beside the picture
+            // they are for, the estimate and Run only once nothing is pending.
+            showImage: function (prediction, image, model, busy, shown, want, answered, estimate) {
+                const settled = (want || null) === (answered || null);
+                const on = p => Boolean(p) && Boolean(shown) && p.image === shown.key
+                    && p.model === shown.model;
+                const bound = settled && on(prediction);
+                const visible = bound ? {} : HIDDEN;
+                const current = bound && Boolean(image) && image.key === shown.key
+                    && model === shown.model;
+                return [visible, visible, current ? {} : HIDDEN, !(current && !busy)];
+            },
+        },
+    });
+})();
