@@ -46,9 +46,19 @@
                 const name = wanted(filename, ticket);
                 const noUpdate = window.dash_clientside.no_update;
                 if (name === null) {
-                    return [noUpdate, noUpdate, noUpdate, noUpdate, noUpdate];
+                    return [noUpdate, noUpdate, noUpdate, noUpdate, noUpdate, noUpdate];
                 }
-                return [name === undefined ? noUpdate : name, HIDDEN, HIDDEN, HIDDEN, true];
+                return [name === undefined ? noUpdate : name, HIDDEN, HIDDEN, HIDDEN, HIDDEN,
+                        true];
+            },
+            // The volume panel's: the description, class box, estimate and summary once the
+            // volume answered is the one wanted and the description is that volume's.
+            showVolume: function (info, volume, busy, want, answered, estimate, summary) {
+                const settled = (want || null) === (answered || null);
+                const bound = settled && Boolean(volume) && typeof info === "string"
+                    && info.startsWith(volume.name + ":");
+                const visible = bound ? {} : HIDDEN;
+                return [visible, visible, visible, visible, !(bound && !busy)];
             },
             // The image panel's show rule: the top 5 and class list only beside the picture
             // they are for, the estimate and Run only once nothing is pending.

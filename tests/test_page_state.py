@@ -92,6 +92,20 @@ def test_progress_counts_only_while_running_and_time_left_comes_from_the_rate():
     assert run.seconds_left() is None
 
 
+def test_time_left_counts_only_positions_the_run_computed_itself():
+    """Cells known from earlier runs arrive in the first report, at once; the pace is the
+    run's own from there (before: the first figure counted them as computed in no time
+    and promised 3.1 s for a run of 93 s)."""
+    run = reach(Phase.QUEUED)
+    run.start()
+    run.progress(90, 100)  # 90 cells known from an earlier run, reported at once
+    assert run.seconds_left() is None  # no pace yet: nothing was computed
+    time.sleep(0.2)
+    run.progress(92, 100)  # two positions computed in 0.2 s: 0.8 s for the last eight
+    left = run.seconds_left()
+    assert left is not None and left >= 0.75, left
+
+
 def test_durations_are_written_in_one_unit():
     assert format_duration(4.26) == "4.3 s"
     assert format_duration(45) == "45 s"

@@ -387,11 +387,76 @@ def test_a_run_with_every_cell_cached_is_estimated_at_its_fixed_cost(services, k
     text = panel.estimate(
         "fundus-demo", 16, 8, "exact", [16, 16, 64, 64], 0.25, 3.0, None, image, "gray", None
     )
-    assert "for 0 of 25 positions (the rest are computed already)" in text
+    assert text.startswith("Nothing to compute: all 25 positions are known")
     text = panel.estimate(
         "fundus-demo", 16, 8, "exact", [0, 0, 64, 64], 0.25, 3.0, None, image, "gray", None
     )
     assert "of 49 positions" in text  # the new part of a larger region is estimated
+
+
+def test_the_estimate_counts_the_grid_the_run_will_snap_to(services, krypton_home):
+    """The estimate counted the region as drawn (49 positions) while the run computed the
+    grid snapped onto the last run's (36): it now counts what the run will compute."""
+    from webapp.panels.settings import SettingsPanel
+
+    first = runs.execute(services, "s", request(services), lambda *a: None)
+    image = {"key": first["image_key"]}
+    moved = request(services, region=(19, 21, 83, 85))  # 3 px and 5 px off the grid
+    planned = runs.plan_run(services, moved)
+    text = SettingsPanel(services).estimate(
+        "fundus-demo", 16, 8, "exact", [19, 21, 83, 85], 0.25, 3.0, None, image, "gray", None
+    )
+    second = runs.execute(services, "s", moved, lambda *a: None)
+    assert second["reuse_note"]  # the run did snap
+    assert planned.positions == len(second["xs"]) * len(second["ys"])
+    assert planned.to_compute == second["evaluated"] and planned.known == second["reused"]
+    assert f"for {planned.to_compute} of {planned.positions} positions" in text, text
+
+
+def test_the_naive_figure_is_naives_own_estimate_of_its_own_positions(services, krypton_home):
+    """'(naive ≈ 0.0 s)' beside a run whose exact cells were all known: naive keeps cells
+    of its own, so its figure is naive's estimate for every position it would compute."""
+    from webapp.panels.settings import SettingsPanel
+
+    first = runs.execute(services, "s", request(services), lambda *a: None)
+    for positions, seconds in ((25, 5.0), (49, 9.0), (100, 18.0)):
+        record_run("fundus-demo", "naive", 16, (positions, 0), seconds)
+    panel = SettingsPanel(services)
+    image = {"key": first["image_key"]}
+    text = panel.estimate(
+        "fundus-demo", 16, 8, "exact", [0, 0, 64, 64], 0.25, 3.0, None, image, "gray", None
+    )
+    naive = estimate("fundus-demo", patch=16, stride=8, mode="naive", region=(0, 0, 64, 64))
+    assert naive.seconds > 5.0
+    assert f"(naive: about {runs.format_seconds(naive.seconds)})" in text, text
+
+
+def test_a_run_with_nothing_to_compute_does_not_wait_for_a_running_place(services):
+    """A cached re-run waited behind other runs (60 s for a run of 2 s): a light job
+    takes no running place and waits in no line."""
+    import threading
+
+    from webapp.jobs import JobQueue
+
+    queue = JobQueue(running=1, waiting=4, per_session=1)
+    entered, release = threading.Event(), threading.Event()
+
+    def busy():
+        with queue.slot("other", lambda ahead: None, "a"):
+            entered.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        waits = []
+        with queue.slot("mine", waits.append, "b", light=True):
+            assert queue.status() == {"running": 1, "waiting": 0}
+        assert waits == []  # never told to wait
+    finally:
+        release.set()
+        worker.join()
 
 
 def test_the_naive_figure_is_scaled_as_the_estimate_beside_it(krypton_home):

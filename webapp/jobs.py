@@ -112,6 +112,7 @@ class JobQueue:
         self._condition = threading.Condition()
         self._line: list[object] = []  # tickets of waiting jobs, oldest first
         self._active = 0
+        self._light = 0  # light jobs under way (outside the line and the running places)
         self._sessions: Counter = Counter()
         self._clients: Counter = Counter()
 
@@ -121,10 +122,13 @@ class JobQueue:
 
     @contextmanager
     def slot(
-        self, session: str, on_wait: Callable[[int], None], client: str = ""
+        self, session: str, on_wait: Callable[[int], None], client: str = "", light: bool = False
     ) -> Iterator[None]:
         """Hold a run slot; while waiting, ``on_wait(jobs ahead)`` is called about once a
-        second (it may raise, e.g. JobCancelled, to give up the place in line)."""
+        second (it may raise, e.g. JobCancelled, to give up the place in line). A
+        ``light`` job (a run with nothing to compute: every cell is known) counts against
+        its session's and client's limits but neither waits in line nor takes a running
+        place: it shows its result at once, whatever else queues."""
         ticket = object()
         with self._condition:
             # A cancelled run stops at its next batch: give it that long to leave.
@@ -141,14 +145,27 @@ class JobQueue:
                     f"this server (the limit per user is {self.per_client}); wait for one "
                     f"to finish"
                 )
-            if self._active >= self.running and len(self._line) >= self.waiting:
+            if not light and self._active >= self.running and len(self._line) >= self.waiting:
                 raise QueueFull(
                     f"the server is busy ({self._active} runs, "
                     f"{len(self._line)} waiting); try again in a minute"
                 )
             self._sessions[session] += 1
             self._clients[client] += 1
-            self._line.append(ticket)
+            if light:
+                self._light += 1
+            else:
+                self._line.append(ticket)
+        if light:
+            try:
+                yield
+            finally:
+                with self._condition:
+                    self._light -= 1
+                    self._sessions[session] -= 1
+                    self._clients[client] -= 1
+                    self._condition.notify_all()
+            return
         try:
             while True:
                 with self._condition:

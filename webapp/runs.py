@@ -42,7 +42,17 @@ from . import comparison, exports, helpers, model_card
 from .helpers import InputError
 from .lifecycle import Provenance, format_duration
 
-__all__ = ["RunRequest", "CellCache", "Partial", "execute", "relabel", "summary_lines", "Reporter"]
+__all__ = [
+    "RunRequest",
+    "PlannedRun",
+    "plan_run",
+    "CellCache",
+    "Partial",
+    "execute",
+    "relabel",
+    "summary_lines",
+    "Reporter",
+]
 
 
 @dataclass(frozen=True)
@@ -220,7 +230,9 @@ def execute(
         size, request.patch, request.stride, None if whole else region
     )
 
-    planned = _estimate(request, None if whole else region)  # what the page showed
+    # what the page showed: the positions of this grid not known yet
+    cached = count_known(known, (grid_ys, grid_xs))
+    planned = _estimate(request, None if whole else region, cached)
 
     def live(done: int, total: int, values: np.ndarray | None = None) -> None:
         report(
@@ -364,15 +376,17 @@ def request_cell_key(services: Services, request: RunRequest) -> tuple:
 
 
 def _known_cells(
-    services: Services, request: RunRequest, region: tuple
+    services: Services, request: RunRequest, region: tuple, peek: bool = False
 ) -> tuple[_Known | None, tuple, str]:
     """Exact and naive runs: the cells known for these settings, the region (moved onto
     the last run's grid when snapping reuses its cells) and what the page says about it.
-    Approximate runs keep no cells: (None, region, "")."""
+    Approximate runs keep no cells: (None, region, ""). ``peek``: look without keeping
+    an entry (None where there is none), as the estimate does before a run."""
     if request.mode not in ("exact", "naive"):
         return None, region, ""
-    known = services.cells.get(request_cell_key(services, request))
-    if known.origin is None or not known.cells:
+    key = request_cell_key(services, request)
+    known = services.cells.peek(key) if peek else services.cells.get(key)
+    if known is None or known.origin is None or not known.cells:
         return known, region, ""
     offset = (
         (region[0] - known.origin[0]) % request.stride,
@@ -398,6 +412,47 @@ def _known_cells(
             f"reuse them"
         ),
     )
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A run as it will happen, before it starts: the region on the grid it will use
+    (snapped onto the last run's grid where that reuses cells), the grid's positions
+    and how many of them are known already (exact and naive runs reuse them)."""
+
+    region: tuple[int, int, int, int] | None  # None: the whole image
+    positions: int
+    known: int
+
+    @property
+    def to_compute(self) -> int:
+        return self.positions - self.known
+
+
+def plan_run(services: Services, request: RunRequest) -> PlannedRun:
+    """:class:`PlannedRun` of ``request``, as :func:`execute` will run it (the page's
+    estimate counts these positions, and a run with nothing to compute skips the
+    queue)."""
+    height, width = services.model(request.model).input_size
+    region = tuple(request.region) if request.region else (0, 0, width, height)
+    helpers.check_region(list(region), (height, width), request.patch, request.stride)
+    known, region, _ = _known_cells(services, request, region, peek=True)
+    whole = region == (0, 0, width, height)
+    ys, xs = grid_positions(
+        (height, width), request.patch, request.stride, None if whole else region
+    )
+    return PlannedRun(None if whole else region, len(ys) * len(xs), count_known(known, (ys, xs)))
+
+
+def count_known(known: _Known | None, axes: tuple) -> int:
+    """Positions of the grid ``axes`` ((ys, xs) or (zs, ys, xs)) whose cells ``known``
+    holds (keys as :func:`run_cells` makes them)."""
+    if known is None or not known.cells:
+        return 0
+    grids = np.meshgrid(*axes, indexing="ij")
+    corners = np.stack([g.ravel() for g in grids], axis=1).tolist()
+    keys = (tuple(c[::-1]) if len(axes) == 2 else tuple(c) for c in corners)
+    return sum(key in known.cells for key in keys)
 
 
 def run_cells(
@@ -532,7 +587,7 @@ def naive_figure(
     return naive_equivalent(model, mode, patch, counts, found, positions)
 
 
-def _estimate(request: RunRequest, region) -> dict | None:
+def _estimate(request: RunRequest, region, cached: int = 0) -> dict | None:
     found = find_estimate(
         request.model,
         request.patch,
@@ -541,6 +596,7 @@ def _estimate(request: RunRequest, region) -> dict | None:
         region,
         request.r_drill_down,
         request.target_speedup,
+        cached,
     )
     return None if found is None else dataclasses.asdict(found)
 

@@ -43,7 +43,7 @@ from . import comparison
 from .helpers import InputError
 from .lifecycle import Provenance
 from .model_card import ood_text
-from .runs import estimate_text, plan_text, run_cells, speed_text
+from .runs import PlannedRun, count_known, estimate_text, plan_text, run_cells, speed_text
 
 __all__ = [
     "VolumeRequest",
@@ -257,21 +257,8 @@ def execute_volume(
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
         plan = heatmap.extra.get("plan")
     else:
-        key = (
-            "volume", request.source_key, weights, loaded.preprocessing, request.patch,
-            request.stride, request.mode,
-        )  # fmt: skip
-        known = services.cells.get(key)  # the images' cache: one bound for both
+        known, region, note = _volume_known(services, request, weights, loaded, region)
         had_cells = bool(known.cells)
-        if region is not None and request.snap and known.origin is not None:
-            snapped = snap_volume_region(region, known.origin, request.stride, request.patch)
-            if snapped != region:
-                note = (
-                    f"region moved onto the last run's grid, from corner {list(region[:3])} "
-                    f"to {list(snapped[:3])}, to reuse its cells"
-                )
-                region = snapped
-                check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
         axes = _grid_axes(size, request.patch, request.stride, region)
 
         def report_cells(done: int, total: int, values: np.ndarray | None = None) -> None:
@@ -347,6 +334,44 @@ def execute_volume(
     }
     services.results.put(volume_session(session), result)
     return result
+
+
+def _volume_known(services, request: VolumeRequest, weights: str, loaded, region, peek=False):
+    """The cells known for a volume run's settings (the images' cache: one bound for
+    both), its region moved onto the last run's grid where snapping reuses them, and what
+    the panel says about that; ``peek``: look without keeping an entry (None if none)."""
+    key = (
+        "volume", request.source_key, weights, loaded.preprocessing, request.patch,
+        request.stride, request.mode,
+    )  # fmt: skip
+    known = services.cells.peek(key) if peek else services.cells.get(key)
+    note = ""
+    if known is not None and region is not None and request.snap and known.origin is not None:
+        snapped = snap_volume_region(region, known.origin, request.stride, request.patch)
+        if snapped != region:
+            note = (
+                f"region moved onto the last run's grid, from corner {list(region[:3])} "
+                f"to {list(snapped[:3])}, to reuse its cells"
+            )
+            region = snapped
+            size = tuple(loaded.input_size)
+            check_volume_region(region, size, request.patch, request.stride)
+    return known, region, note
+
+
+def plan_volume_run(services, request: VolumeRequest) -> PlannedRun:
+    """The volume run as :func:`execute_volume` will run it (webapp.runs.plan_run)."""
+    loaded = services.volume_model(request.model)
+    region = tuple(int(v) for v in request.region) if request.region else None
+    check_volume_region(region, tuple(loaded.input_size), request.patch, request.stride)
+    if request.mode not in ("exact", "naive"):
+        known = None
+    else:
+        weights = services.weights_checksum(request.model)
+        known, region, _ = _volume_known(services, request, weights, loaded, region, peek=True)
+    axes = _grid_axes(tuple(loaded.input_size), request.patch, request.stride, region)
+    positions = int(np.prod([len(a) for a in axes]))
+    return PlannedRun(region, positions, count_known(known, axes))
 
 
 def volume_session(session: str) -> str:

@@ -28,3 +28,14 @@ SCREEN_INPUTS = [
 def empty_figure(text: str = "") -> go.Figure:
     """A figure with only ``text`` in it."""
     return go.Figure(placeholder_figure(text))
+
+
+def origin(trigger, ticket) -> str | None:
+    """The request a load answers, named as the browser names it at the click
+    (assets/binding.js): 'sample:NAME' for a sample's buttons, 'upload:FILENAME' for a
+    file (the image and the volume panel alike); None for no request."""
+    if isinstance(trigger, dict) and trigger.get("name") is not None:
+        return f"sample:{trigger['name']}"
+    if isinstance(trigger, str) and trigger.endswith("ticket"):
+        return f"upload:{(ticket or {}).get('name') or ''}" if isinstance(ticket, dict) else None
+    return None

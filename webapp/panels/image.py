@@ -11,7 +11,7 @@ from ..client import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
 from ..services import Services
-from .common import empty_figure
+from .common import empty_figure, origin
 
 
 class ImagePanel:
@@ -254,17 +254,6 @@ class ImagePanel:
             text = f"Whole image ({width}×{height} px, the model's input size)"
         shown = {"key": image_data["key"], "model": model_name}
         return figures.image_figure(image, region), text, shown
-
-
-def origin(trigger, ticket) -> str | None:
-    """The request a load answers, named as the browser names it at the click
-    (assets/binding.js): 'sample:NAME' for a sample's buttons, 'upload:FILENAME' for a
-    file (the image and the volume panel alike); None for no request."""
-    if isinstance(trigger, dict) and trigger.get("name") is not None:
-        return f"sample:{trigger['name']}"
-    if isinstance(trigger, str) and trigger.endswith("ticket"):
-        return f"upload:{(ticket or {}).get('name') or ''}" if isinstance(ticket, dict) else None
-    return None
 
 
 def toggle_manual_window(preset):

@@ -137,7 +137,10 @@ class RunPanel:
             )
             client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
             lifecycle.queue()
-            with self.services.job(), self.services.jobs.slot(session, waiting, client):
+            # a run whose every cell is known computes nothing: it does not queue
+            planned = runs.plan_run(self.services, request)
+            light = planned.positions > 0 and not planned.to_compute
+            with self.services.job(), self.services.jobs.slot(session, waiting, client, light):
                 lifecycle.start()
                 reporter, stage = live_reporter(
                     set_progress, shown, style, lifecycle, list(loaded.classes)

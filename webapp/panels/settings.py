@@ -10,7 +10,6 @@ from dash import ClientsideFunction, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 import krypton
-from krypton.estimator import planned_positions
 from krypton.explainer import grid_positions
 
 from .. import comparison, helpers, ids, runs
@@ -190,48 +189,54 @@ class SettingsPanel:
         try:
             size = self.services.model(model_name).input_size
             helpers.check_region(region, size, patch, stride)
-            ys, xs = grid_positions(size, patch, stride, region)
+            grid_positions(size, patch, stride, region)  # settings explain() would refuse
         except (InputError, ValueError) as exc:
             return html.Span(str(exc), className="warning")
-        positions = len(ys) * len(xs)
-        cached = self._cached(model_name, patch, stride, mode, image, colour, custom, ys, xs)
-        found = runs.find_estimate(model_name, patch, stride, mode, region, drill, speedup, cached)
-        left = f"{positions - cached} of {positions}" if cached else f"{positions}"
+        planned = self._planned(model_name, patch, stride, mode, region, image, colour, custom)
+        if planned.positions and not planned.to_compute:
+            return (
+                f"Nothing to compute: all {planned.positions} positions are known from an "
+                f"earlier run, so Run shows them at once."
+            )
+        left = (
+            f"{planned.to_compute} of {planned.positions}"
+            if planned.known
+            else f"{planned.positions}"
+        )
+        found = runs.find_estimate(
+            model_name, patch, stride, mode, planned.region, drill, speedup, planned.known
+        )
         if found is None:
             return (
-                f"{left} positions; no runtime estimate for this model and patch size yet "
-                f"(make calibrate, or it learns from your first runs)"
+                f"{left} positions; no time estimate for this model and patch size yet "
+                f"(it learns from your first runs)"
             )
-        text = (
-            f"Estimated {runs.estimate_text(dataclasses.asdict(found))} for {left} "
-            f"positions{' (the rest are computed already)' if cached else ''}, from "
-            f"{found.source}"
-        )
-        try:
-            counts = planned_positions(size, patch, stride, region, mode, drill, speedup)
-        except ValueError:  # drill-down settings explain() would refuse
-            counts = (positions, 0)
-        counts = (counts[0] - cached, counts[1])
-        naive = runs.naive_figure(model_name, mode, patch, counts, positions - cached, found)
-        if naive is not None and mode != "naive":
-            text += f" (naive ≈ {runs.format_seconds(naive)})"
-        return text
+        text = f"About {runs.estimate_text(dataclasses.asdict(found))} for {left} positions"
+        if mode != "naive":
+            naive = self._planned(model_name, patch, stride, "naive", region, image, colour, custom)
+            found_naive = runs.find_estimate(
+                model_name, patch, stride, "naive", naive.region, drill, speedup, naive.known
+            )
+            if found_naive is not None and naive.to_compute:
+                text += f" (naive: about {runs.format_seconds(found_naive.seconds)})"
+        return text + "."
 
-    def _cached(self, model_name, patch, stride, mode, image, colour, custom, ys, xs) -> int:
-        """Grid positions whose cells an exact or naive run would reuse (0 otherwise)."""
-        if mode not in ("exact", "naive") or not image:
-            return 0
+    def _planned(self, model_name, patch, stride, mode, region, image, colour, custom):
+        """The run these settings make (webapp.runs.plan_run): its grid as the run will
+        snap it, and the positions known already (none where the image is unknown)."""
         try:
             request = runs.RunRequest(
-                image_key=image["key"], image_name="", model=model_name, patch=int(patch),
-                stride=int(stride), mode=mode, fill_rgb=helpers.parse_colour(colour, custom),
+                image_key=image["key"] if image else "", image_name="", model=model_name,
+                patch=int(patch), stride=int(stride), mode=mode,
+                fill_rgb=helpers.parse_colour(colour, custom),
+                region=tuple(region) if region else None,
             )  # fmt: skip
-            known = self.services.cells.peek(runs.request_cell_key(self.services, request))
+            return runs.plan_run(self.services, request)
         except (InputError, KeyError, TypeError, ValueError):
-            return 0
-        if known is None or not known.cells:
-            return 0
-        return sum((int(x), int(y)) in known.cells for y in ys for x in xs)
+            ys, xs = grid_positions(
+                self.services.model(model_name).input_size, patch, stride, region
+            )
+            return runs.PlannedRun(tuple(region) if region else None, len(ys) * len(xs), 0)
 
 
 def toggle_approximate(mode):

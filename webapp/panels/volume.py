@@ -22,7 +22,7 @@ from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import empty_figure
+from .common import empty_figure, origin
 from .compare import volume_compare_view
 from .run import cancelled
 
@@ -82,6 +82,7 @@ class VolumePanel:
             Output(ids.VOLUME_REGION, "data"),
             Output(ids.VOLUME_MESSAGE, "children"),
             Output(ids.VOLUME_COMPARE_PENDING, "data"),
+            Output(ids.VOLUME_ANSWERED, "data"),
             Input(ids.VOLUME_TICKET, "data"),
             Input({"type": ids.VOLUME_SAMPLE, "name": ALL}, "n_clicks"),
             Input({"type": ids.VOLUME_COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
@@ -138,6 +139,7 @@ class VolumePanel:
             Input(ids.VOLUME_COMPARE, "value"),
         )(self.estimate)
         self._register_run(app)
+        self._register_binding(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server (as the image panels' does).
         # The views, the summary and the downloads go at once too: until the server has
@@ -206,6 +208,43 @@ class VolumePanel:
             prevent_initial_call=True,
         )(self.download)
 
+    def _register_binding(self, app) -> None:
+        """The image panel's binding for volumes (assets/binding.js): a sample's button, a
+        file or another model hides the description, the class box, the estimate and the
+        summary and disables Run at the click; they come back once the volume answered is
+        the one wanted and the panel has described it."""
+        app.clientside_callback(
+            ClientsideFunction("krypton_binding", "hideVolume"),
+            Output(ids.VOLUME_WANTED, "data"),
+            Output(ids.VOLUME_INFO, "style", allow_duplicate=True),
+            Output(ids.VOLUME_LABEL, "style", allow_duplicate=True),
+            Output(ids.VOLUME_ESTIMATE, "style", allow_duplicate=True),
+            Output(ids.VOLUME_SUMMARY, "style", allow_duplicate=True),
+            Output(ids.VOLUME_RUN, "disabled", allow_duplicate=True),
+            Input({"type": ids.VOLUME_SAMPLE, "name": ALL}, "n_clicks"),
+            Input({"type": ids.VOLUME_COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
+            Input(ids.VOLUME_UPLOAD, "contents"),
+            Input(ids.VOLUME_TICKET, "data"),
+            Input(ids.VOLUME_MODEL, "value"),
+            State(ids.VOLUME_UPLOAD, "filename"),
+            prevent_initial_call=True,
+        )
+        app.clientside_callback(
+            ClientsideFunction("krypton_binding", "showVolume"),
+            Output(ids.VOLUME_INFO, "style"),
+            Output(ids.VOLUME_LABEL, "style"),
+            Output(ids.VOLUME_ESTIMATE, "style"),
+            Output(ids.VOLUME_SUMMARY, "style"),
+            Output(ids.VOLUME_RUN, "disabled"),
+            Input(ids.VOLUME_INFO, "children"),
+            Input(ids.VOLUME_STORE, "data"),
+            Input(ids.VOLUME_BUSY, "data"),
+            Input(ids.VOLUME_WANTED, "data"),
+            Input(ids.VOLUME_ANSWERED, "data"),
+            Input(ids.VOLUME_ESTIMATE, "children"),
+            Input(ids.VOLUME_SUMMARY, "children"),
+        )
+
     def _register_run(self, app) -> None:
         app.callback(
             Output(ids.VOLUME_RESULT, "data"),
@@ -226,7 +265,7 @@ class VolumePanel:
             prevent_initial_call=True,
             interval=LIVE_UPDATE_SECONDS * 1000,
             running=[
-                (Output(ids.VOLUME_RUN, "disabled"), True, False),
+                (Output(ids.VOLUME_BUSY, "data"), True, False),  # Run follows it (binding)
                 (Output(ids.VOLUME_CANCEL, "disabled"), False, True),
                 (Output(ids.VOLUME_LIVE_PANEL, "style"), {"display": "block"}, {"display": "none"}),
             ],
@@ -250,12 +289,15 @@ class VolumePanel:
     def load_volume(self, ticket, sample_clicks, compare_clicks, session):
         """An uploaded volume or a sample (:meth:`upload_volume`, :meth:`sample_volume`)."""
         trigger = ctx.triggered_id
+        answered = origin(trigger, ticket)
+        if answered is None:
+            raise PreventUpdate
         if not isinstance(trigger, dict):
-            return self.upload_volume(ticket, session)
+            return (*self.upload_volume(ticket, session), answered)
         if not any(sample_clicks + compare_clicks):
             raise PreventUpdate
         compare = trigger.get("type") == ids.VOLUME_COMPARE_SAMPLE
-        return self.sample_volume(str(trigger["name"]), session, compare)
+        return (*self.sample_volume(str(trigger["name"]), session, compare), answered)
 
     def upload_volume(self, ticket, session):
         """An uploaded volume, read as :meth:`open_volume` reads every volume."""
@@ -484,7 +526,10 @@ class VolumePanel:
                 set_progress(("0", "1", empty_figure(text), text))
 
             lifecycle.queue()
-            with self.services.job(), self.services.jobs.slot(session, waiting, client):
+            # a run whose every cell is known computes nothing: it does not queue
+            planned = volume_runs.plan_volume_run(self.services, request)
+            light = planned.positions > 0 and not planned.to_compute
+            with self.services.job(), self.services.jobs.slot(session, waiting, client, light):
                 lifecycle.start()
                 reporter, stage = _live_reporter(
                     set_progress, prepared, cursor, request.patch, lifecycle,
