@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import platform
 import threading
 import time
@@ -50,6 +51,8 @@ __all__ = [
     "logged_runs",
     "runtime_log_path",
     "estimate_for_counts",
+    "load_factor",
+    "conformal_ratios",
 ]
 
 
@@ -437,20 +440,29 @@ def record_run(
     counts: tuple[int, int],
     seconds: float,
     path: Path | None = None,
+    *,
+    estimated: float | None = None,
+    load: float | None = None,
 ) -> None:
-    """Append one finished run (positions as planned: stage one, stage two) to the log."""
+    """Append one finished run (positions as planned: stage one, stage two) to the log,
+    with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
+    these errors, :func:`conformal_ratios`) and the cores other work kept busy as it
+    started (``load``: the fit compares runs at one load, :func:`load_factor`)."""
     path = path or runtime_log_path()
-    line = json.dumps(
-        {
-            "model": model_name,
-            "mode": mode,
-            "patch": int(patch),
-            "stage_one": int(counts[0]),
-            "stage_two": int(counts[1]),
-            "seconds": round(float(seconds), 4),
-            "when": time.time(),
-        }
-    )
+    row = {
+        "model": model_name,
+        "mode": mode,
+        "patch": int(patch),
+        "stage_one": int(counts[0]),
+        "stage_two": int(counts[1]),
+        "seconds": round(float(seconds), 4),
+        "when": time.time(),
+    }
+    if estimated is not None and math.isfinite(estimated) and estimated > 0:
+        row["estimated"] = round(float(estimated), 4)
+    if load is not None and math.isfinite(load) and load >= 0:
+        row["load"] = round(float(load), 3)
+    line = json.dumps(row)
     with _log_lock:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as handle:
@@ -458,10 +470,14 @@ def record_run(
 
 
 def logged_runs(
-    model_name: str, mode: str | None, patch: int, path: Path | None = None
+    model_name: str,
+    mode: str | None,
+    patch: int | None,
+    path: Path | None = None,
+    limit: int = RECENT_RUNS,
 ) -> list[dict]:
-    """The most recent logged runs of (model, mode, patch), oldest first (``mode`` None:
-    every mode)."""
+    """The most recent logged runs of (model, mode, patch), oldest first (``mode`` or
+    ``patch`` None: every one)."""
     path = path or runtime_log_path()
     if not path.exists():
         return []
@@ -475,10 +491,49 @@ def logged_runs(
             if (
                 row.get("model") == model_name
                 and (mode is None or row.get("mode") == mode)
-                and row.get("patch") == patch
+                and (patch is None or row.get("patch") == patch)
             ):
                 rows.append(row)
-    return rows[-RECENT_RUNS:]
+    return rows[-limit:]
+
+
+def load_factor(load: float | None, cores: int | None = None, threads: int | None = None) -> float:
+    """How many times longer a run takes while other work keeps ``load`` cores busy than
+    on an idle host: the run's ``threads`` and the others share ``cores`` (each runnable
+    thread gets cores / (load + threads) of one, at most one), so the factor is
+    max(1, (load + threads) / cores) over the idle max(1, threads / cores). None: 1."""
+    if load is None or not math.isfinite(load) or load <= 0:
+        return 1.0
+    cores = cores or os.cpu_count() or 1
+    threads = threads or torch.get_num_threads()
+    return max(1.0, (load + threads) / cores) / max(1.0, threads / cores)
+
+
+CONFORMAL_RUNS = 20  # this host's recent runs whose errors set the range
+MIN_CONFORMAL_RUNS = 5  # fewer: the range is the fit's own (below)
+COVERAGE = 0.9  # the share of runs the range is meant to hold
+
+
+def conformal_ratios(
+    model_name: str, path: Path | None = None, coverage: float = COVERAGE
+) -> tuple[float, float, int] | None:
+    """Split-conformal bounds on actual ÷ estimate from this host's recent runs of the
+    model (any mode and patch) that logged the estimate they were given: the
+    ⌈(n+1)(1±c)/2⌉-th smallest of the n ratios (c = ``coverage``), so a new run falls
+    inside [low, high] × its estimate with probability at least ``coverage`` while the
+    host keeps behaving as over those runs. (low, high, n), or None with too few."""
+    rows = [
+        row
+        for row in logged_runs(model_name, None, None, path, CONFORMAL_RUNS * 4)
+        if row.get("estimated", 0) > 0 and row.get("seconds", 0) > 0
+    ][-CONFORMAL_RUNS:]
+    if len(rows) < MIN_CONFORMAL_RUNS:
+        return None
+    ratios = np.sort([row["seconds"] / row["estimated"] for row in rows])
+    n = len(ratios)
+    upper = min(math.ceil((n + 1) * (1 + coverage) / 2), n)
+    lower = max(math.floor((n + 1) * (1 - coverage) / 2), 1)
+    return float(ratios[lower - 1]), float(ratios[upper - 1]), n
 
 
 MIN_SPREAD = 1.15  # the narrowest range: ± 15 % (timing noise on an idle host)
@@ -556,11 +611,16 @@ def naive_equivalent(
     return found.seconds * naive / this
 
 
-def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> tuple[Estimate, float] | None:
+def _fit_log(
+    rows: list[dict], mode: str, counts: tuple[int, int], now: float = 1.0
+) -> tuple[Estimate, float] | None:
     """The estimate refitted from logged runs, and its spread factor (a ratio either
-    way); None with too few runs to fit."""
+    way); None with too few runs to fit. Each run's seconds are brought to an idle
+    host's (÷ its :func:`load_factor`) and the prediction to this moment's (× ``now``):
+    runs fitted while the host was busy kept the estimate 4-6x too high once it was not."""
     features = np.array([_features(mode, (r["stage_one"], r["stage_two"])) for r in rows])
-    seconds = np.maximum(np.array([r["seconds"] for r in rows]), 1e-3)
+    seconds = np.array([r["seconds"] / load_factor(r.get("load")) for r in rows])
+    seconds = np.maximum(seconds, 1e-3)
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
     fit = _fit_seconds(features, seconds)
@@ -578,6 +638,7 @@ def _fit_log(rows: list[dict], mode: str, counts: tuple[int, int]) -> tuple[Esti
         held_out[index] = fit.predict(features[index : index + 1])[0]
     log_errors = np.abs(np.log(seconds / np.maximum(held_out, 1e-3)))
     factor = max(float(np.exp(np.quantile(log_errors, 0.9))), MIN_SPREAD)
+    predicted *= now
     low, high = _ratio_range(predicted, factor)
     return Estimate(predicted, low, high, f"this host's last {len(rows)} runs"), factor
 
@@ -596,12 +657,14 @@ def estimate(
     directory: Path | None = None,
     log_path: Path | None = None,
     cached: int = 0,
+    load: float | None = None,
 ) -> Estimate:
     """Estimated run time with a range: refit from this host's logged runs when there are
     enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
     when neither exists. ``cached``: positions of the grid already computed, which exact
     and naive runs reuse (time = fixed + positions left x per-position cost: a run with
-    every cell cached costs its fixed part)."""
+    every cell cached costs its fixed part). ``load``: cores other work keeps busy now
+    (None: as over the logged runs)."""
     from .registry.entries import find_entry
 
     path, entry = find_entry(model_name, directory)
@@ -611,7 +674,16 @@ def estimate(
     )
     if mode != "approximate":
         counts = (max(counts[0] - int(cached), 0), counts[1])
-    return estimate_for_counts(model_name, mode, patch, counts, directory, log_path)
+    return estimate_for_counts(model_name, mode, patch, counts, directory, log_path, load)
+
+
+def _now_factor(rows: list[dict], load: float | None) -> float:
+    """The :func:`load_factor` to predict with: at ``load``, or where it is not known,
+    the mean of the logged runs' (the estimate then speaks of the load they met)."""
+    if load is not None:
+        return load_factor(load)
+    factors = [load_factor(r.get("load")) for r in rows[-HOST_RUNS:]]
+    return float(np.mean(factors)) if factors else 1.0
 
 
 def estimate_for_counts(
@@ -621,11 +693,40 @@ def estimate_for_counts(
     counts: tuple[int, int],
     directory: Path | None = None,
     log_path: Path | None = None,
+    load: float | None = None,
 ) -> Estimate:
-    """:func:`estimate` for given (stage-one, stage-two) position counts."""
+    """:func:`estimate` for given (stage-one, stage-two) position counts: the point
+    estimate (:func:`_point_estimate`) with, once this host has logged enough runs with
+    their estimates, the range their errors give (:func:`conformal_ratios`)."""
+    found = _point_estimate(model_name, mode, patch, counts, directory, log_path, load)
+    bounds = conformal_ratios(model_name, log_path)
+    if bounds is None:
+        return found
+    low, high, runs = bounds
+    return Estimate(
+        found.seconds,
+        max(found.seconds * min(low, 1 / MIN_SPREAD) - ABSOLUTE_SLACK, 0.0),
+        found.seconds * max(high, MIN_SPREAD) + ABSOLUTE_SLACK,
+        f"{found.source}; range from the errors of this host's last {runs} estimates",
+    )
+
+
+def _point_estimate(
+    model_name: str,
+    mode: str,
+    patch: int,
+    counts: tuple[int, int],
+    directory: Path | None,
+    log_path: Path | None,
+    load: float | None,
+) -> Estimate:
+    """The estimate from the log's refit or the calibration, at ``load`` (None: the
+    logged runs' own), with the fit's own range."""
     from .registry.entries import RegistryError, find_entry
 
-    learned = _fit_log(logged_runs(model_name, mode, patch, log_path), mode, counts)
+    rows = logged_runs(model_name, mode, patch, log_path)
+    now = _now_factor(rows, load)
+    learned = _fit_log(rows, mode, counts, now)
     if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
         return learned[0]
     # No learned fit, or one whose runs scatter too far to say much (a load that comes
@@ -657,8 +758,9 @@ def estimate_for_counts(
         except NotCalibratedError:
             continue
         if predicted > 0:
-            ratios.append(row["seconds"] / predicted)
+            ratios.append(row["seconds"] / load_factor(row.get("load")) / predicted)
     source = f"calibration ({calibration.get('date', 'undated')})"
+    seconds *= now
     if ratios:
         host = float(np.median(ratios))
         seconds *= host

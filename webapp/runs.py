@@ -190,8 +190,7 @@ def execute(
     each step; webapp.comparison)."""
     if request.mode not in krypton.MODES:
         raise InputError(f"unknown mode {request.mode!r}")
-    # the whole run is timed, as the user waits for it (and as the estimate promises it):
-    # loading, preprocessing and the out-of-distribution check included
+    # timed whole, as the user waits (loading, preprocessing, the OOD check included)
     started = time.perf_counter()
     loaded = services.model(request.model)
     size = loaded.input_size
@@ -232,7 +231,8 @@ def execute(
 
     # what the page showed: the positions of this grid not known yet
     cached = count_known(known, (grid_ys, grid_xs))
-    planned = _estimate(request, None if whole else region, cached)
+    load = host_load()  # before this run computes: what it competes with
+    planned = _estimate(request, None if whole else region, cached, load)
 
     def live(done: int, total: int, values: np.ndarray | None = None) -> None:
         report(
@@ -281,7 +281,10 @@ def execute(
     # the whole run against a naive one, from this run's timing
     speed = whole_run_speed(speed, seconds, evaluated)
     if evaluated:
-        record_run(request.model, request.mode, request.patch, counts, seconds)
+        record_run(
+            request.model, request.mode, request.patch, counts, seconds,
+            estimated=(planned or {}).get("seconds"), load=load,
+        )  # fmt: skip
     methods = None
     if request.compare:  # after the occlusion's clock: its seconds stay its own
         methods = comparison.compute_methods(
@@ -547,6 +550,18 @@ def run_cells(
     return values, class_values, reused, len(todo), plan_line, speed
 
 
+LOAD_SAMPLE_SECONDS = 0.1
+
+
+def host_load() -> float:
+    """Cores this host's work keeps busy now (every process, this server's other runs
+    included), sampled over LOAD_SAMPLE_SECONDS: what a run starting now competes with.
+    The estimate scales to it and each logged run records it (krypton.estimator)."""
+    import psutil
+
+    return psutil.cpu_percent(interval=LOAD_SAMPLE_SECONDS) / 100 * (psutil.cpu_count() or 1)
+
+
 def find_estimate(
     model: str,
     patch: int,
@@ -556,6 +571,7 @@ def find_estimate(
     r_drill_down: float,
     target_speedup: float,
     cached: int = 0,
+    load: float | None = None,
 ) -> Estimate | None:
     """The run-time estimate the page shows, or None where there is none (not calibrated,
     settings explain() would refuse, an unknown model). ``cached``: positions of the grid
@@ -571,6 +587,7 @@ def find_estimate(
             r_drill_down=r_drill_down,
             target_speedup=target_speedup,
             cached=cached,
+            load=host_load() if load is None else load,
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
@@ -587,7 +604,7 @@ def naive_figure(
     return naive_equivalent(model, mode, patch, counts, found, positions)
 
 
-def _estimate(request: RunRequest, region, cached: int = 0) -> dict | None:
+def _estimate(request: RunRequest, region, cached: int, load: float) -> dict | None:
     found = find_estimate(
         request.model,
         request.patch,
@@ -597,6 +614,7 @@ def _estimate(request: RunRequest, region, cached: int = 0) -> dict | None:
         request.r_drill_down,
         request.target_speedup,
         cached,
+        load,
     )
     return None if found is None else dataclasses.asdict(found)
 

@@ -43,7 +43,15 @@ from . import comparison
 from .helpers import InputError
 from .lifecycle import Provenance
 from .model_card import ood_text
-from .runs import PlannedRun, count_known, estimate_text, plan_text, run_cells, speed_text
+from .runs import (
+    PlannedRun,
+    count_known,
+    estimate_text,
+    host_load,
+    plan_text,
+    run_cells,
+    speed_text,
+)
 
 __all__ = [
     "VolumeRequest",
@@ -239,7 +247,8 @@ def execute_volume(
     weights = services.weights_checksum(request.model)
     explainer = services.volume_explainer(request.model)
     fill = loaded.gray_fill()
-    note, speed = "", None
+    note, speed, planned = "", None, None
+    load = host_load()  # before this run computes: what it competes with
     if request.mode == "exact":  # this run times incremental against naive itself
         explainer.forget_plans()
     if request.mode == "approximate":
@@ -260,6 +269,8 @@ def execute_volume(
         known, region, note = _volume_known(services, request, weights, loaded, region)
         had_cells = bool(known.cells)
         axes = _grid_axes(size, request.patch, request.stride, region)
+        left = int(np.prod([len(a) for a in axes])) - count_known(known, axes)
+        planned = _volume_estimate(request, left, load)  # what the panel showed
 
         def report_cells(done: int, total: int, values: np.ndarray | None = None) -> None:
             report(done, total, values, None if values is None else axes)
@@ -279,7 +290,10 @@ def execute_volume(
     # the whole run against a naive one, as the image panel's
     speed = whole_run_speed(speed, seconds, evaluated)
     if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
-        record_run(request.model, request.mode, request.patch, counts, seconds)
+        record_run(
+            request.model, request.mode, request.patch, counts, seconds,
+            estimated=(planned or {}).get("seconds"), load=load,
+        )  # fmt: skip
     methods = None
     if request.compare:  # after the occlusion's clock, as the image panel's
         methods = comparison.compute_methods(
@@ -319,6 +333,7 @@ def execute_volume(
         "values": np.asarray(values, np.float32),
         "class_values": class_values,
         "seconds": seconds,
+        "estimate": planned,  # what the panel estimated for the positions left
         "evaluated": evaluated,
         "reused": reused,
         "reuse_note": note,
@@ -379,6 +394,18 @@ def volume_session(session: str) -> str:
     return f"{session}/volume"
 
 
+def _volume_estimate(request: VolumeRequest, positions: int, load: float) -> dict | None:
+    """The estimate of a volume run's ``positions`` left to compute, as the panel gives
+    it; None where there is none yet."""
+    try:
+        found = estimate_for_counts(
+            request.model, request.mode, request.patch, (positions, 0), load=load
+        )
+    except (NotCalibratedError, ValueError):
+        return None
+    return dataclasses.asdict(found)
+
+
 def volume_estimate(model: str, size, patch: int, stride: int, mode: str, region) -> str:
     """What the panel says before Run: the positions, and the time this host's last runs
     of the model, mode and cube predict (none until there are enough of them)."""
@@ -393,7 +420,7 @@ def volume_estimate(model: str, size, patch: int, stride: int, mode: str, region
     if mode == "approximate":
         return f"{positions}; drill-down evaluates a share of them"
     try:
-        found = estimate_for_counts(model, mode, patch, (count, 0))
+        found = estimate_for_counts(model, mode, patch, (count, 0), load=host_load())
     except (NotCalibratedError, ValueError):
         return (
             f"{positions}; no time estimate yet (it is learnt from "
@@ -459,8 +486,13 @@ def volume_summary(result: dict) -> list[str]:
     if result["evaluated"]:
         lines.append(
             f"{named}{result['mode']} · {result['evaluated']} positions computed in "
-            f"{format_duration(result['seconds'])} ({grid} grid over {where}, cube "
-            f"{result['patch']}, stride {result['stride']})"
+            f"{format_duration(result['seconds'])}"
+            + (
+                f" (estimated {estimate_text(result['estimate'])})"
+                if result.get("estimate")
+                else ""
+            )
+            + f" ({grid} grid over {where}, cube {result['patch']}, stride {result['stride']})"
         )
     else:
         lines.append(

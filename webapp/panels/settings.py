@@ -203,8 +203,9 @@ class SettingsPanel:
             if planned.known
             else f"{planned.positions}"
         )
+        load = runs.host_load()
         found = runs.find_estimate(
-            model_name, patch, stride, mode, planned.region, drill, speedup, planned.known
+            model_name, patch, stride, mode, planned.region, drill, speedup, planned.known, load
         )
         if found is None:
             return (
@@ -215,8 +216,9 @@ class SettingsPanel:
         if mode != "naive":
             naive = self._planned(model_name, patch, stride, "naive", region, image, colour, custom)
             found_naive = runs.find_estimate(
-                model_name, patch, stride, "naive", naive.region, drill, speedup, naive.known
-            )
+                model_name, patch, stride, "naive", naive.region, drill, speedup, naive.known,
+                load,
+            )  # fmt: skip
             if found_naive is not None and naive.to_compute:
                 text += f" (naive: about {runs.format_seconds(found_naive.seconds)})"
         return text + "."

@@ -1,0 +1,81 @@
+"""Estimates that hold on a busy host (krypton.estimator): runs are compared at one load,
+the estimate is scaled to the load now, and its range comes from this host's own logged
+errors (split-conformal), without a browser."""
+
+import numpy as np
+import pytest
+
+from krypton.estimator import (
+    conformal_ratios,
+    estimate_for_counts,
+    load_factor,
+    record_run,
+)
+
+
+def test_load_factor_is_the_share_of_cores_a_run_gets():
+    assert load_factor(None) == load_factor(0.0) == 1.0
+    # one torch thread beside two burners on two cores: a core shared by three threads
+    assert load_factor(2.0, cores=2, threads=1) == pytest.approx(1.5)
+    # two threads on two cores: idle they have a core each; beside two burners, half
+    assert load_factor(2.0, cores=2, threads=2) == pytest.approx(2.0)
+    assert load_factor(float("nan"), cores=2, threads=1) == 1.0
+
+
+def test_runs_logged_while_busy_do_not_keep_the_estimate_high_once_idle(tmp_path):
+    """Fitted while the host was busy, the estimate stayed 4-6x too high once the load
+    fell (169 positions: 1.0 min estimated, 13.1 s taken)."""
+    log = tmp_path / "log.jsonl"
+    idle_rate = 0.05  # seconds per position on an idle host
+    busy = load_factor(2.0)
+    for positions in (49, 100, 169, 400, 900):
+        record_run("fundus-demo", "exact", 16, (positions, 0), 0.5 + positions * idle_rate * busy,
+                   log, load=2.0)  # fmt: skip
+    idle = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=0.0)
+    loaded = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=2.0)
+    truth = 0.5 + 169 * idle_rate
+    assert busy > 1.0
+    assert idle.seconds == pytest.approx(truth, rel=0.1)
+    assert idle.low <= truth <= idle.high
+    assert loaded.seconds == pytest.approx(idle.seconds * busy, rel=1e-6)
+
+
+def test_the_range_comes_from_this_hosts_logged_errors(tmp_path):
+    """Actual ÷ estimate over the last runs sets the range: with errors up to 3x it
+    holds a run 2.5x its estimate; the bounds are order statistics of those ratios."""
+    log = tmp_path / "log.jsonl"
+    rng = np.random.default_rng(0)
+    ratios = rng.uniform(0.8, 3.0, size=19)
+    for n, ratio in enumerate(ratios):
+        positions = 50 + 10 * n
+        record_run("fundus-demo", "exact", 16, (positions, 0), 10.0 * ratio, log,
+                   estimated=10.0)  # fmt: skip
+    low, high, count = conformal_ratios("fundus-demo", log)
+    assert count == 19
+    assert low <= np.quantile(ratios, 0.05) + 1e-9 and high >= np.quantile(ratios, 0.95) - 1e-9
+    found = estimate_for_counts("fundus-demo", "exact", 16, (200, 0), log_path=log, load=0.0)
+    assert found.high >= found.seconds * high
+    assert "errors of this host's last 19 estimates" in found.source
+    # fewer than five runs with their estimates: the fit's own range
+    assert conformal_ratios("fundus-demo", tmp_path / "none.jsonl") is None
+
+
+def test_a_run_records_its_estimate_and_the_load_it_met(tmp_path, krypton_home):
+    from PIL import Image
+
+    from krypton.estimator import logged_runs, runtime_log_path
+    from krypton.fundus import FundusGenerator
+    from webapp import runs
+    from webapp.services import Services
+
+    services = Services(tmp_path / "cache")
+    image = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=1).image)
+    request = runs.RunRequest(
+        image_key=services.images.put(image), image_name="f.png", model="fundus-demo",
+        patch=16, stride=16, mode="exact", fill_rgb=(0.5, 0.5, 0.5), region=(0, 0, 64, 64),
+    )  # fmt: skip
+    result = runs.execute(services, "s", request, lambda *a: None)
+    row = logged_runs("fundus-demo", "exact", 16, runtime_log_path())[-1]
+    assert row["load"] >= 0.0
+    if result["estimate"]:
+        assert row["estimated"] == pytest.approx(result["estimate"]["seconds"], rel=1e-3)
