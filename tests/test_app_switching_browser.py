@@ -129,3 +129,26 @@ def watch(dash_duo, expected: dict, picture: str, moment: str, timeout: float = 
             return  # the picture on screen has its own prediction and Run is open
         time.sleep(0.05)
     raise AssertionError(f"no prediction within {timeout} s: {state}")
+
+
+@pytest.mark.parametrize("size", [(1366, 768), (1400, 1000)])
+def test_after_a_sample_click_the_picture_and_its_prediction_are_both_on_screen(
+    dash_duo, krypton_app, size
+):
+    """At 1400x1000 the picture sat below the ten-sample gallery: after a click nothing
+    visible changed, and the picture and its prediction were never on screen together."""
+    dash_duo.start_server(krypton_app)
+    dash_duo.driver.set_window_size(*size)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    show(dash_duo, "fundus-exudates.png")
+    settled(dash_duo)
+    boxes = dash_duo.driver.execute_script(
+        """const box = s => document.querySelector(s).getBoundingClientRect();
+        const plot = box('#image-graph .js-plotly-plot'), top5 = box('#top5');
+        return {plot_top: plot.top, plot_bottom: plot.bottom, top5_top: top5.top,
+                top5_bottom: top5.bottom, height: window.innerHeight};"""
+    )
+    # the prediction whole, and most of the picture, in the first screen
+    assert boxes["top5_bottom"] <= boxes["height"], boxes
+    visible = min(boxes["plot_bottom"], boxes["height"]) - boxes["plot_top"]
+    assert visible >= 0.5 * (boxes["plot_bottom"] - boxes["plot_top"]), boxes

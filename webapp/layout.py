@@ -527,6 +527,8 @@ def _settings_section(
                 ),
             ),
             html.Div(id=ids.MODEL_CARD, className="model-card"),
+            # the prediction high, beside the picture: on a 768-pixel screen both show
+            html.Div(id=ids.TOP5, className="top5"),
             html.Div(
                 [
                     _labelled(
@@ -627,7 +629,6 @@ def _settings_section(
             ),
             _tick(ids.SNAP, " snap a new region to the last grid (reuses computed cells)", True),
             _tick(ids.COMPARE, COMPARE_LABEL),
-            html.Div(id=ids.TOP5, className="top5"),
             html.Div(id=ids.ESTIMATE, className="estimate"),
             html.Div(
                 [
