@@ -11,6 +11,7 @@ more*; occlusion's is the probability's drop under the patch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from PIL import Image
 
 import krypton
+from krypton.estimator import format_duration, load_factor, logged_runs, record_run
 from krypton.methods import (
     GRADIENT_METHODS,
     SIGN_CONVENTION,
@@ -59,6 +61,7 @@ def compute_methods(
     fill,
     label: int,
     stage: Stage | None = None,
+    load: float | None = None,
 ) -> dict:
     """Grad-CAM and Integrated Gradients of ``tensor`` on the run's grid ``axes`` (cells of
     ``patch`` per axis), for every class of a model with few classes or else ``label``:
@@ -67,10 +70,14 @@ def compute_methods(
     same "absent" input for both."""
     classes = len(model.classes)
     labels = list(range(classes)) if classes <= EVERY_CLASS_UP_TO else [int(label)]
+    started = time.perf_counter()
     found = attribution_maps(
         model, tensor, axes, (int(patch),) * len(axes), labels, fill=fill,
         progress=stage,
     )  # fmt: skip
+    # the step's whole time, logged as the occlusion's runs are: the next estimate says it
+    record_run(model.name, STEP_MODE, 0, (len(labels), 0), time.perf_counter() - started,
+               load=load)  # fmt: skip
     return {
         method: {
             "values": np.asarray(values, np.float32),
@@ -82,14 +89,27 @@ def compute_methods(
     }
 
 
-def estimate_note(model: krypton.LoadedModel) -> str:
-    """What the estimate line adds while Compare is ticked: the gradient step runs after
-    the occlusion and is not in the estimate (its time shows with the maps)."""
+STEP_MODE = "compare"  # the gradient step's rows in the runtime log
+
+
+def estimate_note(model: krypton.LoadedModel, load: float | None = None) -> str:
+    """What the estimate line adds while Compare is ticked: the gradient step that runs
+    after the occlusion, and how long it took here: the median of this host's last
+    logged steps for the model, each brought to an idle host's time and scaled to
+    ``load`` (krypton.estimator.load_factor)."""
     classes = len(model.classes)
     which = f"all {classes} classes" if classes <= EVERY_CLASS_UP_TO else "the explained class"
+    rows = logged_runs(model.name, STEP_MODE, 0, limit=5)
+    if not rows:
+        return (
+            f"Then Grad-CAM and Integrated Gradients for {which}: their time is measured "
+            f"on the first compared run here."
+        )
+    idle = float(np.median([r["seconds"] / load_factor(r.get("load")) for r in rows]))
     return (
-        f"Compare adds Grad-CAM and Integrated Gradients for {which} after the occlusion; "
-        f"not in this estimate (their times show with the maps)."
+        f"Then Grad-CAM and Integrated Gradients for {which}: about "
+        f"{format_duration(idle * load_factor(load))} more (this host's last "
+        f"{len(rows)} such step{'s' * (len(rows) > 1)})."
     )
 
 

@@ -288,7 +288,7 @@ def execute(
     methods = None
     if request.compare:  # after the occlusion's clock: its seconds stay its own
         methods = comparison.compute_methods(
-            loaded, tensor, (grid_ys, grid_xs), request.patch, fill, label, stage
+            loaded, tensor, (grid_ys, grid_xs), request.patch, fill, label, stage, load
         )
 
     result = {

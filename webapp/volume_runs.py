@@ -297,7 +297,7 @@ def execute_volume(
     methods = None
     if request.compare:  # after the occlusion's clock, as the image panel's
         methods = comparison.compute_methods(
-            loaded, tensor, axes, request.patch, fill, label, stage
+            loaded, tensor, axes, request.patch, fill, label, stage, load
         )
     result = {
         "id": uuid.uuid4().hex,

@@ -181,7 +181,8 @@ class SettingsPanel:
         )
         if not compare or not isinstance(text, str):
             return text
-        return f"{text} {comparison.estimate_note(self.services.model(model_name))}"
+        loaded = self.services.model(model_name)
+        return f"{text} {comparison.estimate_note(loaded, runs.host_load())}"
 
     def _estimate(
         self, model_name, patch, stride, mode, region, drill, speedup, image, colour, custom

@@ -467,7 +467,9 @@ class VolumePanel:
         except InputError as exc:
             return str(exc)
         text = volume_runs.volume_estimate(model, loaded.input_size, patch, stride, mode, region)
-        return f"{text}. {comparison.estimate_note(loaded)}" if compare else text
+        if not compare:
+            return text
+        return f"{text}. {comparison.estimate_note(loaded, volume_runs.host_load())}"
 
     def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
         """The kept volume result the handle names, when it explains what the panel shows:
