@@ -470,3 +470,29 @@ def test_a_volume_sample_is_read_as_an_upload_and_its_compare_button_marks_it_pe
     assert pending == {"key": again["key"], "name": name} and again["key"] == record["key"]
     _, _, message, pending = panel.sample_volume("../../etc/passwd", "tab-1", compare=True)
     assert "not available" in message and pending is None
+
+
+def test_the_panel_names_the_predicted_class_and_a_run_moves_the_views_to_its_strongest_cell(
+    services, nifti_bytes
+):
+    """The class box read "predicted class" instead of the class, and after a run the views
+    stayed at the centre slices, away from the strongest cell."""
+    from webapp.panels.volume import VolumePanel
+
+    key = stored(services, nifti_bytes)
+    panel = VolumePanel(services, None)
+    record = {"key": key, "name": "chest.nii.gz", "frame": True}
+    shown = panel.show_volume(record, "ct-test", "tab-1")
+    options, placeholder = shown[-4], shown[-3]
+    loaded = services.volume_model("ct-test")
+    probs = volume_runs.volume_prediction(loaded, panel._prepared(record, "ct-test", "tab-1"))
+    top = int(np.argmax(probs))
+    assert placeholder.startswith(f"{loaded.classes[top]} ({probs[top]:.1%}")
+    assert [o["label"] for o in options][top].startswith(loaded.classes[top] + " (")
+
+    result = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+    moved = panel.focus_strongest({"id": result["id"]}, record, "ct-test", "tab-1")
+    values = np.asarray(result["values"])
+    cell = np.unravel_index(int(np.argmin(values)), values.shape)  # the largest drop
+    centre = [result[a][cell[n]] + result["patch"] // 2 for n, a in enumerate(("zs", "ys", "xs"))]
+    assert list(moved) == centre

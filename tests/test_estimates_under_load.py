@@ -79,3 +79,28 @@ def test_a_run_records_its_estimate_and_the_load_it_met(tmp_path, krypton_home):
     assert row["load"] >= 0.0
     if result["estimate"]:
         assert row["estimated"] == pytest.approx(result["estimate"]["seconds"], rel=1e-3)
+
+
+def test_the_speed_line_says_less_where_this_hosts_naive_runs_say_less(krypton_home):
+    """The speed line took naive's rate from one early batch of the run (533 ms/position)
+    while a naive run right after took 350: it claimed 2.1x for 1.3x. Where this host's
+    logged naive runs at this load give a shorter naive run, that is the one compared."""
+    from krypton.estimator import runtime_log_path, speed_claim
+    from webapp import runs
+
+    for positions in (49, 100, 196, 400):  # naive here: 0.35 s a position, 0.2 s fixed
+        record_run("fundus-demo", "naive", 16, (positions, 0), 0.2 + 0.35 * positions,
+                   runtime_log_path(), load=0.0)  # fmt: skip
+    probed = {
+        "strategy": "incremental", "incremental_ms_per_position": 222.7,
+        "naive_ms_per_position": 533.0,
+        "whole": {"seconds": 80.0, "naive_seconds": 0.5 + 355 * 0.533, "positions": 355,
+                  "incremental_ms": 222.7, "naive_ms": 533.0},
+    }  # fmt: skip
+    told = runs.measured_speed(probed, "fundus-demo", 16, load=0.0)
+    assert told["naive_basis"] == "this host's naive runs at this load"
+    assert told["whole"]["naive_seconds"] == pytest.approx(0.2 + 0.35 * 355, rel=0.05)
+    assert "1.6× faster than naive" in speed_claim(told)  # not the probe's 2.4x
+    # a probe below what the log says stands as it is
+    slow_log = dict(probed, whole=dict(probed["whole"], naive_seconds=60.0))
+    assert runs.measured_speed(slow_log, "fundus-demo", 16, 0.0)["whole"]["naive_seconds"] == 60.0

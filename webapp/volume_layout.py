@@ -201,7 +201,7 @@ def _controls(models: list[dict], default_model: str | None) -> html.Div:
             ),
             term_label("Class"),
             dcc.Dropdown(id=ids.VOLUME_LABEL, options=[], value=None,
-                         placeholder="predicted class", style={"minWidth": "12em"}),
+                         placeholder="the prediction", style={"minWidth": "12em"}),
             dcc.Checklist(
                 id=ids.VOLUME_COMPARE, value=[], className="help",
                 options=[{"label": " compare with Grad-CAM and Integrated Gradients",
@@ -219,8 +219,10 @@ def _empty(view: str) -> dict:
             "height": 300,
             "xaxis": {"visible": False},
             "yaxis": {"visible": False},
-            "margin": {"l": 0, "r": 0, "t": 30, "b": 0},
-            "title": {"text": view, "font": {"size": 12}},
+            "margin": {"l": 0, "r": 0, "t": 40, "b": 0},
+            # left and above the plot: Plotly's toolbar takes the top right
+            "title": {"text": view, "font": {"size": 12}, "x": 0.01, "xanchor": "left",
+                      "y": 0.98, "yanchor": "top"},
             "annotations": [
                 {"text": "Load a volume", "showarrow": False, "xref": "paper",
                  "yref": "paper", "x": 0.5, "y": 0.5, "font": {"color": "#777"}}

@@ -48,6 +48,7 @@ from .runs import (
     count_known,
     estimate_text,
     host_load,
+    measured_speed,
     plan_text,
     run_cells,
     speed_text,
@@ -288,7 +289,9 @@ def execute_volume(
     ood = explainer.ood_report(tensor)
     seconds = time.perf_counter() - started
     # the whole run against a naive one, as the image panel's
-    speed = whole_run_speed(speed, seconds, evaluated)
+    speed = measured_speed(
+        whole_run_speed(speed, seconds, evaluated), request.model, request.patch, load
+    )
     if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
         record_run(
             request.model, request.mode, request.patch, counts, seconds,
@@ -387,6 +390,30 @@ def plan_volume_run(services, request: VolumeRequest) -> PlannedRun:
     axes = _grid_axes(tuple(loaded.input_size), request.patch, request.stride, region)
     positions = int(np.prod([len(a) for a in axes]))
     return PlannedRun(region, positions, count_known(known, axes))
+
+
+def volume_prediction(loaded, prepared: PreparedVolume) -> np.ndarray:
+    """The model's class probabilities for the block it sees of a prepared volume (the
+    panel's class box names the prediction before any run)."""
+    with torch.inference_mode(), CAPTURE_LOCK.shared():
+        logits = loaded.module(prepared.model_input.tensor.unsqueeze(0))
+    return torch.softmax(logits[0].float(), 0).cpu().numpy()
+
+
+def strongest_voxel(result: dict) -> tuple[int, int, int] | None:
+    """(z, y, x) of the centre of the result's strongest cell (the class's lowest
+    probability under the cube: its largest drop), in model voxels, within the block;
+    None where no cell has a value."""
+    values = np.asarray(result["values"], np.float64)
+    if not np.isfinite(values).any():
+        return None
+    cell = np.unravel_index(int(np.nanargmin(values)), values.shape)
+    size = result.get("input_size") or [None] * 3
+    centre = []
+    for axis, name in enumerate(("zs", "ys", "xs")):
+        voxel = int(result[name][cell[axis]]) + int(result["patch"]) // 2
+        centre.append(voxel if size[axis] is None else min(voxel, int(size[axis]) - 1))
+    return tuple(centre)  # type: ignore[return-value]
 
 
 def volume_session(session: str) -> str:

@@ -126,9 +126,10 @@ def view_figure(
     )  # fmt: skip
     figure.update_layout(
         title={"text": plotly_text(title or f"{view} · {AXIS_NAMES[VIEW_AXES[view][0]]} = "
-                                   f"{int(cursor[VIEW_AXES[view][0]])}"), "font": {"size": 12}},
+                                   f"{int(cursor[VIEW_AXES[view][0]])}"), "font": {"size": 12},
+               "x": 0.01, "xanchor": "left", "y": 0.98, "yanchor": "top"},  # clear of the toolbar
         dragmode="select", newselection={"mode": "immediate"},
-        margin={"l": 30, "r": 10, "t": 30, "b": 30}, height=300, uirevision=view,
+        margin={"l": 30, "r": 10, "t": 40, "b": 30}, height=300, uirevision=view,
     )  # fmt: skip
     return figure
 

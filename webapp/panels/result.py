@@ -7,7 +7,7 @@ from __future__ import annotations
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import comparison, exports, figures, helpers, ids, model_card, runs
+from .. import comparison, exports, figures, helpers, ids, model_card, runs, wording
 from ..helpers import InputError
 from ..lifecycle import Provenance, result_view
 from ..services import Services
@@ -216,12 +216,9 @@ class ResultPanel:
 
 
 def summary(result: dict) -> html.Div:
-    """The result line (wording decided by runs.summary_lines)."""
-    first, *rest = runs.summary_lines(result)
-    children = [html.Strong(first)]
-    for line in rest:
-        is_reuse = line.startswith("Reused")
-        children.append(html.Div(line, id=ids.REUSE_INFO) if is_reuse else html.Div(line))
+    """The result line (wording decided by runs.summary_lines, in the page's plain words
+    with the planner's and the detector's terms behind "details": webapp.wording)."""
+    children = wording.summary_children(runs.summary_lines(result), ids={"Reused": ids.REUSE_INFO})
     if not result["reused"]:
         children.append(html.Div("", id=ids.REUSE_INFO, style={"display": "none"}))
     return html.Div(children)

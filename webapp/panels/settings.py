@@ -12,7 +12,7 @@ from dash.exceptions import PreventUpdate
 import krypton
 from krypton.explainer import grid_positions
 
-from .. import comparison, helpers, ids, runs
+from .. import comparison, helpers, ids, runs, wording
 from ..helpers import InputError
 from ..layout import mode_options, patch_options
 from ..model_card import model_card_lines, ood_text
@@ -136,7 +136,14 @@ class SettingsPanel:
             className="top5-table",
         )
         if warning:
-            table = html.Div([html.P(warning, id=ids.OOD_WARNING, className="warning"), table])
+            said, detail = wording.plain_and_detail(warning)
+            table = html.Div(
+                [
+                    html.P(said, id=ids.OOD_WARNING, className="warning"),
+                    html.Details([html.Summary("details"), html.Small(detail, className="help")]),
+                    table,
+                ]
+            )
         message = (
             ""
             if capture_error is None
@@ -147,7 +154,8 @@ class SettingsPanel:
             if running and ctx.triggered_id in (ids.IMAGE_STORE, ids.MODEL)
             else ""
         )
-        message = " ".join(part for part in (stopped, warning, message) if part)
+        plain = wording.plain_and_detail(warning)[0] if warning else ""
+        message = " ".join(part for part in (stopped, plain, message) if part)
         traceable = capture_error is None
         return (
             {"top5": top5, "model": model_name, "image": image_data["key"]},

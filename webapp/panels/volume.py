@@ -14,7 +14,7 @@ from dash.exceptions import PreventUpdate
 from krypton.registry import available_models
 from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
-from .. import comparison, ids, volume_runs, volume_views
+from .. import comparison, ids, volume_runs, volume_views, wording
 from ..exports import export_stem
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError, fill_for_display, owner_tag
@@ -94,6 +94,7 @@ class VolumePanel:
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
             Output(ids.VOLUME_INFO, "children"),
             Output(ids.VOLUME_LABEL, "options"),
+            Output(ids.VOLUME_LABEL, "placeholder"),
             Output(ids.VOLUME_PATCH, "value"),
             Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
             Input(ids.VOLUME_STORE, "data"),
@@ -101,6 +102,14 @@ class VolumePanel:
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.show_volume)
+        app.callback(  # after a run, the views go through its strongest cell
+            *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
+            Input(ids.VOLUME_RESULT, "data"),
+            State(ids.VOLUME_STORE, "data"),
+            State(ids.VOLUME_MODEL, "value"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.focus_strongest)
         app.callback(
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
             *[Input(g, "clickData") for g in GRAPHS],
@@ -357,7 +366,7 @@ class VolumePanel:
         was read and how it was prepared, the model's classes and cube."""
         if not record or not model:
             raise PreventUpdate
-        unchanged = [no_update] * (2 * len(SLIDERS) + 3)
+        unchanged = [no_update] * (2 * len(SLIDERS) + 4)
         try:
             loaded = self.services.volume_model(model)
             prepared = self._prepared(record, model, session)
@@ -377,15 +386,33 @@ class VolumePanel:
             + ("" if record.get("frame") else " The file gave no scanner frame: the NIfTI "
                "export is in model voxels.")
         )  # fmt: skip
-        classes = [{"label": f"{i}: {n}", "value": i} for i, n in enumerate(loaded.classes)]
+        probs = volume_runs.volume_prediction(loaded, prepared)
+        classes = [
+            {"label": f"{n} ({p:.1%})", "value": i}
+            for i, (n, p) in enumerate(zip(loaded.classes, probs))
+        ]
+        top = int(np.argmax(probs))
+        predicted = f"{loaded.classes[top]} ({probs[top]:.1%}, the prediction)"
         return (
             *[s - 1 for s in size],
             *[s // 2 for s in size],
             info,
             classes,
+            predicted,
             int(loaded.patch),
             "",
         )
+
+    def focus_strongest(self, handle, record, model, session):
+        """The crosshair at the centre of the kept result's strongest cell (its largest
+        drop in probability), so the views show what mattered most, not the centre."""
+        result = self._result_for(handle, record, model, session)
+        if result is None:
+            raise PreventUpdate
+        cursor = volume_runs.strongest_voxel(result)
+        if cursor is None:
+            raise PreventUpdate
+        return tuple(cursor[VIEWS[v]] for v in VIEWS)
 
     def move_cursor(self, *args):
         """A click on a view moves the crosshair (the other views' sliders) there."""
@@ -579,7 +606,8 @@ class VolumePanel:
             return (html.P(why, className="warning") if why else ""), True, True, True, True
         lines = volume_runs.volume_summary(result)
         dicom = bool(result.get("dicom_source"))
-        return [_line(t) for t in lines], False, False, not dicom, not comparison.available(result)
+        children = wording.summary_children(lines, strong_first=False)
+        return children, False, False, not dicom, not comparison.available(result)
 
     def compare_rows(self, handle, record, model, region, z, y, x, window, patch, stride,
                      mode, label, session):  # fmt: skip
@@ -638,12 +666,6 @@ class VolumePanel:
 
 def _handle(result: dict) -> dict:
     return {"id": result["id"], "source_key": result["source_key"], "model": result["model"]}
-
-
-def _line(text: str):
-    from dash import html
-
-    return html.Div(text)
 
 
 def _b64(data: bytes) -> str:
