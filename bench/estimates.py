@@ -7,7 +7,9 @@ page does it: the estimate shown before Run (webapp.runs.find_estimate, which le
 from this host's runtime log), then the run (webapp.runs.execute, which logs it). Done
 twice in one benchmark run, with a fresh runtime log each time: on an idle host, and
 with a neighbour process burning every core. Prints each run and the share of runs whose
-actual time fell inside the shown range.
+actual time fell inside the shown range. First, the page's own mix (page_mix): 49, 400
+and 2,916 positions, exact and naive, a cached re-run and a volume run, idle and then
+beside a burner per core, on one runtime log.
 """
 
 from __future__ import annotations
@@ -83,10 +85,100 @@ def one_pass(count: int, label: str) -> float:
     return share
 
 
+# The page's own mix (patch 12, stride 4 on the fundus model): 49, 400 and 2,916 positions,
+# exact and naive, a re-run with every cell known, and a volume run on the chest-CT sample.
+MIX = (
+    ("exact", (94, 94, 130, 130)),  # 7x7 = 49 positions
+    ("naive", (94, 94, 130, 130)),
+    ("exact", (68, 68, 156, 156)),  # 20x20 = 400
+    ("naive", (68, 68, 156, 156)),
+    ("exact", None),  # 54x54 = 2,916
+    ("cached", (68, 68, 156, 156)),  # the 400 again: nothing to compute
+)
+
+
+def mix_pass(services: Services, label: str, seed: int) -> tuple[int, int]:
+    """The page's mix once, each estimated as the page estimates it (the grid the run
+    will use, cells known, the load now) and then run: (ranges that held, runs)."""
+    from webapp import volume_runs
+    from webapp.volume_layout import volume_sample_path
+
+    image = Image.fromarray(FundusGenerator(seed=seed).sample(label=1, lesions=2).image)
+    key = services.images.put(image)
+    print(f"\n{label}")
+    held = total = 0
+    for mode, region in MIX:
+        request = runs.RunRequest(
+            image_key=key, image_name="bench.png", model="fundus-demo", patch=12, stride=4,
+            mode="exact" if mode == "cached" else mode, fill_rgb=(0.5, 0.5, 0.5), region=region,
+        )  # fmt: skip
+        planned = runs.plan_run(services, request)
+        shown = runs.find_estimate(
+            "fundus-demo", 12, 4, request.mode, planned.region, 0.25, 3.0, planned.known
+        )
+        began = time.perf_counter()
+        runs.execute(services, "bench", request, lambda *a: None)
+        held, total = _tally(held, total, f"{mode} {planned.positions}", shown, began)
+    data = volume_sample_path("chestct-nodule.nii.gz").read_bytes()
+    source = services.images.put_source(data, "bench", "bench")
+    volume = volume_runs.VolumeRequest(
+        source_key=source, name="chestct-nodule.nii.gz", model="chestct-demo", patch=8,
+        stride=8, mode="exact",
+    )  # fmt: skip
+    services.prepared_volume(source, "bench", "chestct-demo", "chestct-nodule.nii.gz")
+    planned = volume_runs.plan_volume_run(services, volume)
+    try:
+        shown = runs.estimate_for_counts(
+            "chestct-demo", "exact", 8, (planned.to_compute, 0), load=runs.host_load()
+        )
+    except (runs.NotCalibratedError, ValueError):
+        shown = None
+    began = time.perf_counter()
+    volume_runs.execute_volume(services, "bench", volume, lambda *a: None)
+    held, total = _tally(held, total, f"volume {planned.positions}", shown, began)
+    return held, total
+
+
+def _tally(held: int, total: int, what: str, shown, began: float) -> tuple[int, int]:
+    actual = time.perf_counter() - began
+    hit = shown is not None and shown.low <= actual <= shown.high
+    text = "none" if shown is None else runs.estimate_text(shown.__dict__)
+    print(f"  {what:<16} shown {text:<28} actual {actual:6.1f} s  {'yes' if hit else 'NO'}")
+    return held + hit, total + 1
+
+
+def page_mix(passes: int) -> None:
+    """The page's mix, ``passes`` times idle, then as often beside a CPU burner per core,
+    on one runtime log (a host's history holds both): the share of ranges that held."""
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["KRYPTON_HOME"] = home
+        services = Services(Path(home) / "cache")
+        idle = [mix_pass(services, f"page mix, idle, pass {n + 1}", 10 + n) for n in range(passes)]
+        burners = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)
+        ]
+        try:
+            busy = [
+                mix_pass(services, f"page mix beside {len(burners)} burners, pass {n + 1}", 20 + n)
+                for n in range(passes)
+            ]
+        finally:
+            for burner in burners:
+                burner.kill()
+    for label, passes_done in (("idle", idle), ("beside the burners", busy)):
+        held = sum(h for h, _ in passes_done)
+        total = sum(t for _, t in passes_done)
+        print(f"page mix {label}: the range held in {held} of {total} runs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--mix-passes", type=int, default=2, help="passes of the page's mix")
     args = parser.parse_args()
+    if args.mix_passes:
+        page_mix(args.mix_passes)
     idle = one_pass(args.runs, "idle host")
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
