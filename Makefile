@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(PY) -W ignore -m bench.dropin
 	$(PY) -m bench.estimates
 	$(PY) -m bench.speed_claims
+	$(PY) -m bench.speed_claims --burners 2
 	$(PY) -W ignore -m bench.methods
 
 # On a CUDA host: the GPU matrix (fp32 and bf16; bench/gpu.py, under 6 minutes on one

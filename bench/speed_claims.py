@@ -5,6 +5,7 @@ claimed ratio (krypton.estimator.speed_claim: the whole run against a naive run 
 positions, fixed costs counted) is printed beside the ratio the stopwatch gives.
 
     python -m bench.speed_claims            (also part of make bench)
+    python -m bench.speed_claims --burners 2   beside two CPU-burning processes
 """
 
 from __future__ import annotations
@@ -99,6 +100,26 @@ def volume_panel_case(services, stride: int) -> tuple[float, float, str]:
 
 
 def main() -> None:
+    import argparse
+    import subprocess
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--burners", type=int, default=0, help="CPU burners beside the runs")
+    args = parser.parse_args()
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)
+    ]
+    try:
+        print(f"beside {args.burners} CPU burners" if burners else "idle host")
+        cases()
+    finally:
+        for burner in burners:
+            burner.kill()
+
+
+def cases() -> None:
+    """Every case, each as a table row: claimed, stopwatch, their ratio."""
     from webapp.services import Services
 
     torch.manual_seed(0)

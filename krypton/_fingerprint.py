@@ -11,6 +11,7 @@ import zlib
 import torch
 from torch import nn
 
+from ._environment import library_setting
 from .engine.capture_lock import CAPTURE_LOCK
 
 _PLAIN_ATTRIBUTES = (bool, int, float, str, type(None))
@@ -109,13 +110,7 @@ def memory_budget_bytes(device: torch.device | None = None) -> int:
     if not text and device is not None and torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return max(1, int(free * CARD_SHARE))
-    text = text or "2048"
-    try:
-        megabytes = float(text)
-    except ValueError:
-        raise ValueError(f"KRYPTON_MEMORY_BUDGET_MB must be a number, got {text!r}") from None
-    if megabytes <= 0:
-        raise ValueError(f"KRYPTON_MEMORY_BUDGET_MB must be positive, got {text!r}")
+    megabytes = library_setting("KRYPTON_MEMORY_BUDGET_MB")
     return int(megabytes * 2**20)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import explainer as explain_module
+from ._environment import SettingError, check_library_settings
 from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
 from .cli_compare import add_compare_parser, parse_methods, run_compare
@@ -734,6 +735,11 @@ def main_entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        check_library_settings()  # a bad KRYPTON_* number: its one line, not a traceback
+    except SettingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "explain":
         return run_explain(args)
     if args.command == "batch":

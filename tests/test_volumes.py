@@ -361,10 +361,10 @@ def test_a_volume_run_that_cannot_fit_its_budget_is_refused(small_volume_net, mo
     occluded volume exceed the budget is refused, saying what it needs."""
     from krypton._fingerprint import MemoryBudgetError
 
-    monkeypatch.setenv("KRYPTON_MEMORY_BUDGET_MB", "0.05")
-    volume = torch.rand(1, 16, 16, 16)
+    monkeypatch.setenv("KRYPTON_MEMORY_BUDGET_MB", "1")  # the smallest budget allowed
+    volume = torch.rand(1, 64, 64, 64)  # 1 MB of voxels: one occluded copy is over it
     for mode in ("exact", "naive"):
-        with pytest.raises(MemoryBudgetError, match="over the memory budget of 0 MB"):
+        with pytest.raises(MemoryBudgetError, match="over the memory budget of 1 MB"):
             krypton.explain(small_volume_net, volume, patch=8, stride=8, mode=mode)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from krypton._environment import SettingError, check_library_settings, number_setting
+
 __all__ = ["ServerSettings", "SettingsError", "LOCAL_HOSTS", "BROKER_ENV"]
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -21,17 +23,26 @@ class SettingsError(ValueError):
     """An environment variable holds a value the server cannot use."""
 
 
-def _number(name: str, default: float, minimum: float = 0.0) -> float:
-    text = os.environ.get(name)
-    if text is None or not text.strip():
-        return default
+# Upper bounds of the settings: far above any real deployment, far below what overflows.
+MAX_MB = 1024 * 1024  # 1 TB
+MAX_COUNT = 100_000
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def _number(name: str, default: float, minimum: float = 0.0, maximum: float = MAX_MB) -> float:
+    """$``name`` through the one parser of numeric settings (krypton._environment)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise SettingsError(f"{name} must be a number, got {text!r}") from None
-    if value < minimum:
-        raise SettingsError(f"{name} must be at least {minimum}, got {text!r}")
-    return value
+        return number_setting(name, default, minimum=minimum, maximum=maximum)
+    except SettingError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _count(name: str, default: int, minimum: int) -> int:
+    """A setting that counts things: a whole number."""
+    try:
+        return int(number_setting(name, default, minimum=minimum, maximum=MAX_COUNT, integer=True))
+    except SettingError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _list(name: str) -> tuple[str, ...]:
@@ -104,7 +115,13 @@ class ServerSettings:
 
     @classmethod
     def from_environment(cls, bind_host: str | None = None) -> ServerSettings:
-        """Settings from KRYPTON_* variables; ``bind_host`` joins the allowed hosts."""
+        """Settings from KRYPTON_* variables; ``bind_host`` joins the allowed hosts. The
+        library's own numeric settings (memory and decode budgets, ...) are checked too,
+        so a bad one stops the server at start with its one line."""
+        try:
+            check_library_settings()
+        except SettingError as exc:
+            raise SettingsError(str(exc)) from None
         hosts = _list("KRYPTON_ALLOWED_HOSTS")
         if not hosts:
             hosts = LOCAL_HOSTS
@@ -121,32 +138,32 @@ class ServerSettings:
             max_model_mb=_number("KRYPTON_MAX_MODEL_MB", cls.max_model_mb, 0.01),
             max_volume_mb=_number("KRYPTON_MAX_VOLUME_MB", cls.max_volume_mb, 0.01),
             max_request_kb=_number("KRYPTON_MAX_REQUEST_KB", cls.max_request_kb, 16),
-            max_running_jobs=int(_number("KRYPTON_MAX_RUNNING_JOBS", cls.max_running_jobs, 1)),
-            max_queued_jobs=int(_number("KRYPTON_MAX_QUEUED_JOBS", cls.max_queued_jobs, 0)),
-            max_jobs_per_session=int(
-                _number("KRYPTON_MAX_JOBS_PER_SESSION", cls.max_jobs_per_session, 1)
+            max_running_jobs=_count("KRYPTON_MAX_RUNNING_JOBS", cls.max_running_jobs, 1),
+            max_queued_jobs=_count("KRYPTON_MAX_QUEUED_JOBS", cls.max_queued_jobs, 0),
+            max_jobs_per_session=_count(
+                "KRYPTON_MAX_JOBS_PER_SESSION", cls.max_jobs_per_session, 1
             ),
-            abandon_seconds=_number("KRYPTON_ABANDON_SECONDS", cls.abandon_seconds, 2),
-            no_worker_seconds=_number("KRYPTON_NO_WORKER_SECONDS", cls.no_worker_seconds, 1),
+            abandon_seconds=_number("KRYPTON_ABANDON_SECONDS", cls.abandon_seconds, 2, MAX_SECONDS),
+            no_worker_seconds=_number(
+                "KRYPTON_NO_WORKER_SECONDS", cls.no_worker_seconds, 1, MAX_SECONDS
+            ),
             image_store_mb=_number("KRYPTON_IMAGE_STORE_MB", cls.image_store_mb, 1),
-            image_store_count=int(_number("KRYPTON_IMAGE_STORE_COUNT", cls.image_store_count, 1)),
-            max_jobs_per_client=int(
-                _number("KRYPTON_MAX_JOBS_PER_CLIENT", cls.max_jobs_per_client, 1)
-            ),
+            image_store_count=_count("KRYPTON_IMAGE_STORE_COUNT", cls.image_store_count, 1),
+            max_jobs_per_client=_count("KRYPTON_MAX_JOBS_PER_CLIENT", cls.max_jobs_per_client, 1),
             result_store_mb=_number("KRYPTON_RESULT_STORE_MB", cls.result_store_mb, 1),
             cell_cache_mb=_number("KRYPTON_CELL_CACHE_MB", cls.cell_cache_mb, 1),
             upload_store_mb=_number("KRYPTON_UPLOAD_STORE_MB", cls.upload_store_mb, 1),
             read_timeout_seconds=_number(
-                "KRYPTON_READ_TIMEOUT_SECONDS", cls.read_timeout_seconds, 1
+                "KRYPTON_READ_TIMEOUT_SECONDS", cls.read_timeout_seconds, 1, MAX_SECONDS
             ),
-            intake_wait_seconds=_number("KRYPTON_INTAKE_WAIT_SECONDS", cls.intake_wait_seconds, 1),
-            front_connections_per_address=int(
-                _number(
-                    "KRYPTON_FRONT_CONNECTIONS_PER_ADDRESS", cls.front_connections_per_address, 4
-                )
+            intake_wait_seconds=_number(
+                "KRYPTON_INTAKE_WAIT_SECONDS", cls.intake_wait_seconds, 1, MAX_SECONDS
+            ),
+            front_connections_per_address=_count(
+                "KRYPTON_FRONT_CONNECTIONS_PER_ADDRESS", cls.front_connections_per_address, 4
             ),
             header_timeout_seconds=_number(
-                "KRYPTON_HEADER_TIMEOUT_SECONDS", cls.header_timeout_seconds, 1
+                "KRYPTON_HEADER_TIMEOUT_SECONDS", cls.header_timeout_seconds, 1, MAX_SECONDS
             ),
             device=_device(),
             trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,

@@ -20,6 +20,8 @@ from dataclasses import asdict
 
 from celery import Celery
 
+from .._environment import library_setting
+
 __all__ = [
     "BATCH_TASK",
     "BrokerError",
@@ -50,14 +52,7 @@ class BrokerError(RuntimeError):
 def visibility_timeout() -> float:
     """Seconds an unacknowledged message stays invisible: $KRYPTON_VISIBILITY_TIMEOUT or
     20; at least 5 (refreshes come every REFRESH_SECONDS)."""
-    value = os.environ.get(VISIBILITY_ENV, "")
-    try:
-        seconds = float(value) if value else VISIBILITY_TIMEOUT
-    except ValueError:
-        raise ValueError(f"{VISIBILITY_ENV} must be a number of seconds, got {value!r}") from None
-    if seconds < 5:
-        raise ValueError(f"{VISIBILITY_ENV} must be at least 5 seconds, got {value!r}")
-    return seconds
+    return library_setting(VISIBILITY_ENV)
 
 
 def make_celery(url: str, visibility: float | None = None) -> Celery:
@@ -282,4 +277,4 @@ def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_
 
 def worker_threads() -> int:
     """Torch threads for a worker: KRYPTON_TORCH_THREADS, else every core."""
-    return int(os.environ.get("KRYPTON_TORCH_THREADS", "0") or 0) or (os.cpu_count() or 1)
+    return int(library_setting("KRYPTON_TORCH_THREADS")) or (os.cpu_count() or 1)

@@ -13,7 +13,6 @@ decodes, so two large files at once wait for each other instead of adding up.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from PIL import Image
+
+from .._environment import SettingError, library_setting
 
 __all__ = [
     "ImageLoadError",
@@ -85,12 +86,14 @@ class DecodeBudget:
 
     @classmethod
     def from_environment(cls) -> DecodeBudget:
-        text = os.environ.get(DECODE_BUDGET_ENV, "").strip()
+        """The budget $KRYPTON_DECODE_BUDGET_MB sets (krypton._environment decides its
+        range); at import a bad value falls back to the default, and the app and the CLI
+        refuse it at start with its one line (check_library_settings)."""
         try:
-            megabytes = float(text) if text else DEFAULT_DECODE_BUDGET_MB
-        except ValueError:
+            megabytes = library_setting(DECODE_BUDGET_ENV)
+        except SettingError:
             megabytes = DEFAULT_DECODE_BUDGET_MB
-        return cls(int(max(megabytes, 1.0) * 2**20))
+        return cls(int(megabytes * 2**20))
 
     def cost(
         self, name: str, what: str, shape: tuple[int, ...], bytes_per_value: float, factor: float
