@@ -34,6 +34,7 @@ either way. ``last_engine`` ("krypton" or "captum") and ``last_strategy`` say wh
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
@@ -51,6 +52,7 @@ from torch import nn
 
 from ._fingerprint import LIVE_ACTIVATION_FACTOR, capped_batch_size
 from .dropin import ENGINE_BATCH, evaluated, explainer_for, mode_dependent_modules, warn_once
+from .engine.capture_lock import CAPTURE_LOCK
 from .engine.kernels import window_index
 from .explainer import DEFAULT_BATCH
 
@@ -64,6 +66,19 @@ PROGRESS_STEPS = 8
 BATCHED_ACTIVATION_PER_INPUT_BYTE = 16
 
 
+SEAM = "_construct_ablated_input_across_tensors"  # Captum 0.9's: each forward's windows
+SEAM_MISSING = (
+    f"this Captum has no {SEAM} (Captum 0.9 added it; pip install 'captum>=0.9'), so the "
+    f"engine cannot see which windows each forward occludes: Captum evaluates them itself"
+)
+
+
+def seam_available() -> bool:
+    """Whether Captum's Occlusion builds its ablated inputs in the method this drop-in
+    hooks (Captum 0.9 and later); without it the drop-in is Captum, and says so."""
+    return callable(getattr(CaptumOcclusion, SEAM, None))
+
+
 class Occlusion(CaptumOcclusion):
     """``captum.attr.Occlusion`` whose occluded forwards the engine computes.
 
@@ -72,11 +87,36 @@ class Occlusion(CaptumOcclusion):
     """
 
     def __init__(self, forward_func: Callable[..., torch.Tensor]) -> None:
-        super().__init__(forward_func)
-        self.last_engine: str | None = None  # "krypton" or "captum": who evaluated
-        self.last_strategy: str | None = None  # "incremental" or "batched" (krypton)
+        # Per-call state lives per thread: one instance may serve several threads at once
+        # (a server handling two requests with one explainer). With it on the instance,
+        # one thread's call left forward_func pointing at another's finished session.
+        self._local = threading.local()
+        super().__init__(forward_func)  # sets forward_func: the real one (the setter)
         self._warned: set[str] = set()
-        self._session: _Session | None = None
+
+    @property  # type: ignore[override]
+    def forward_func(self) -> Callable[..., torch.Tensor]:
+        """The caller's model; inside this thread's call, its session's forward."""
+        session = self._session
+        return self._real_forward if session is None else session.forward
+
+    @forward_func.setter
+    def forward_func(self, value: Callable[..., torch.Tensor]) -> None:
+        self._real_forward = value
+
+    @property
+    def _session(self) -> _Session | None:
+        return getattr(self._local, "session", None)
+
+    @property
+    def last_engine(self) -> str | None:
+        """Who evaluated this thread's last call: "krypton" or "captum"."""
+        return getattr(self._local, "engine", None)
+
+    @property
+    def last_strategy(self) -> str | None:
+        """The engine's strategy in this thread's last call: "incremental" or "batched"."""
+        return getattr(self._local, "strategy", None)
 
     @log_usage(part_of_slo=True)
     def attribute(  # type: ignore[override]
@@ -91,26 +131,26 @@ class Occlusion(CaptumOcclusion):
         show_progress: bool = False,
     ) -> Any:
         """Captum's ``Occlusion.attribute``: the same arguments, checks and result."""
-        session = _Session(self.forward_func, additional_forward_args, perturbations_per_eval)
-        module = self.forward_func if isinstance(self.forward_func, nn.Module) else None
-        self._session, self.forward_func = session, session.forward
+        arguments = dict(
+            sliding_window_shapes=sliding_window_shapes, strides=strides, baselines=baselines,
+            target=target, additional_forward_args=additional_forward_args,
+            perturbations_per_eval=perturbations_per_eval, show_progress=show_progress,
+        )  # fmt: skip
+        if not seam_available():  # the engine cannot see Captum's windows: Captum's own
+            self._local.engine, self._local.strategy = "captum", None
+            warn_once(self._warned, f"krypton.captum.Occlusion: {SEAM_MISSING}")
+            return CaptumOcclusion(self._real_forward).attribute(inputs, **arguments)
+        real = self._real_forward
+        session = _Session(real, additional_forward_args, perturbations_per_eval)
+        module = real if isinstance(real, nn.Module) else None
+        self._local.session = session
         try:
             with evaluated(module) if session.may_evaluate(module) else nullcontext():  # type: ignore[arg-type]
-                result = CaptumOcclusion.attribute.__wrapped__(  # type: ignore[attr-defined]
-                    self,
-                    inputs,
-                    sliding_window_shapes=sliding_window_shapes,
-                    strides=strides,
-                    baselines=baselines,
-                    target=target,
-                    additional_forward_args=additional_forward_args,
-                    perturbations_per_eval=perturbations_per_eval,
-                    show_progress=show_progress,
-                )
+                result = CaptumOcclusion.attribute.__wrapped__(self, inputs, **arguments)  # type: ignore[attr-defined]
         finally:
-            self._session, self.forward_func = None, session.real
-        self.last_engine = "captum" if session.strategy == "captum" else "krypton"
-        self.last_strategy = session.reported_strategy
+            self._local.session = None
+        self._local.engine = "captum" if session.strategy == "captum" else "krypton"
+        self._local.strategy = session.reported_strategy
         for reason in session.reasons:
             warn_once(self._warned, f"krypton.captum.Occlusion: {reason}")
         return result
@@ -216,7 +256,9 @@ class _Session:
         """Stands in for the forward function inside Captum's ``attribute``."""
         features, self.pending = self.pending, None
         if features is None or self.strategy == "captum":
-            output = self.real(*args)
+            # shared: never while another thread's graph capture patches nn.Module
+            with CAPTURE_LOCK.shared():
+                output = self.real(*args)
             if features is None and self.initial is None:
                 self.initial = output
             return output
@@ -227,7 +269,8 @@ class _Session:
             return torch.cat([self.outputs.pop(feature) for feature in features])
         except Exception as exc:  # the engine failed: Captum's own forwards from here on
             self._give_up(f"the engine failed ({type(exc).__name__}: {exc})")
-            return self.real(*args)
+            with CAPTURE_LOCK.shared():
+                return self.real(*args)
 
     def ablating(self, owner: Occlusion, features: list[int], ablation: _Ablation) -> None:
         self.pending = features
