@@ -51,7 +51,14 @@ from captum.log import log_usage
 from torch import nn
 
 from ._fingerprint import LIVE_ACTIVATION_FACTOR, capped_batch_size
-from .dropin import ENGINE_BATCH, evaluated, explainer_for, mode_dependent_modules, warn_once
+from .dropin import (
+    ENGINE_BATCH,
+    evaluated,
+    explainer_for,
+    mode_dependent_modules,
+    warn_once,
+    windows_per_forward,
+)
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.kernels import window_index
 from .explainer import DEFAULT_BATCH
@@ -234,6 +241,8 @@ class _Session:
         self.real = real
         self.additional = _format_additional_forward_args(additional_forward_args)
         self.per_eval = per_eval if isinstance(per_eval, int) and per_eval > 0 else 1
+        # Captum's default is 1; any other count below the engine's batch is a cap
+        self.engine_batch = windows_per_forward(self.per_eval, 1)
         self.strategy: str | None = None  # decided at the first ablation
         self.reasons: list[str] = []
         self.initial: Any = None  # Captum's unablated forward, as the model returned it
@@ -343,7 +352,7 @@ class _Session:
         ablation = self.ablation
         assert ablation is not None
         if self.strategy == "incremental":
-            size = max(self.per_eval, ENGINE_BATCH, -(-ablation.features // PROGRESS_STEPS))
+            size = max(self.per_eval, self.engine_batch, -(-ablation.features // PROGRESS_STEPS))
             chunk = range(first, min(first + size, ablation.features))
             outputs = self._incremental(chunk, ablation)
         else:
@@ -357,7 +366,9 @@ class _Session:
 
     def _batch(self, ablation: _Ablation) -> int:
         """Windows per batched forward: from the memory budget, never fewer than the
-        caller asked for per evaluation."""
+        caller asked for per evaluation, and no more where the caller set a cap."""
+        if self.engine_batch < ENGINE_BATCH:
+            return self.engine_batch
         example = sum(t.element_size() * t.numel() for t in ablation.originals)
         device = ablation.originals[0].device
         fits = capped_batch_size(
@@ -430,7 +441,7 @@ class _Session:
                     patches,
                     zs=corners[:, 0] if len(extent) == 3 else None,
                     mode=self.mode,
-                    batch_size=ENGINE_BATCH,
+                    batch_size=self.engine_batch,
                 )
             )
         return torch.stack(per_example, dim=1)

@@ -38,6 +38,16 @@ _MODE_DEPENDENT = (
 )
 
 
+def windows_per_forward(requested: int, library_default: int) -> int:
+    """Occluded windows per engine forward: ENGINE_BATCH, or fewer where the caller chose
+    fewer (``requested``, Captum's ``perturbations_per_eval`` or MONAI's ``n_batch``, set
+    to something other than its ``library_default`` and below ENGINE_BATCH: a caller who
+    lowered it to fit a card's memory is heard)."""
+    if requested != library_default and 0 < requested < ENGINE_BATCH:
+        return int(requested)
+    return ENGINE_BATCH
+
+
 def explainer_for(model: nn.Module) -> OcclusionExplainer:
     """The engine for ``model``, shared by every drop-in instance and call: a fresh
     ``Occlusion(model)`` per call (as tutorials write it) does not capture the graph

@@ -12,8 +12,10 @@ crop of the coordinate grid (``crop_meshgrid``), the window positions of
 that blends overlapping windows, and the kernels of ``gaussian_occlusion`` and
 ``constant_occlusion``. Krypton replaces only the predictor: where MONAI runs the whole
 network on each occluded copy, the engine recomputes what each window changes, on 2-D
-images and 3-D volumes alike, in batches sized from its memory budget (``n_batch`` is
-what MONAI's own runs use). The model runs in eval mode and goes back to its own mode,
+images and 3-D volumes alike, in batches sized from its memory budget (an ``n_batch``
+other than MONAI's default 16 and below the engine's batch caps the windows per forward).
+A subclass that overrides MONAI's ``predictor`` is run by MONAI's code, with a warning.
+The model runs in eval mode and goes back to its own mode,
 as MONAI does. Extra forward arguments, callable modes, inputs whose dtype or device is
 not the model's and models torch.fx cannot capture go to MONAI's own code, with one
 warning.
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .dropin import ENGINE_BATCH, explainer_for, warn_once
+from .dropin import explainer_for, warn_once, windows_per_forward
 from .engine import UnsupportedModelError
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.kernels import window_index
@@ -44,6 +46,10 @@ try:
     from monai.visualize import OcclusionSensitivity as _MonaiOcclusionSensitivity
 except ImportError:  # Krypton itself does not need MONAI
     _MonaiOcclusionSensitivity = None
+
+
+_MONAI_PREDICTOR = getattr(_MonaiOcclusionSensitivity, "predictor", None)
+MONAI_N_BATCH = 16  # MONAI's default n_batch
 
 
 class _MissingMonai:
@@ -127,6 +133,13 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
             return "mode is a callable"
         if not isinstance(self.nn_module, nn.Module):
             return "nn_module is not an nn.Module"
+        if getattr(type(self), "predictor", None) is not _MONAI_PREDICTOR:
+            # MONAI's __call__ names OcclusionSensitivity.predictor, not self.predictor:
+            # what a subclass's override does there is MONAI's to decide
+            return (
+                "the class overrides MONAI's predictor (MONAI's own __call__ calls "
+                "OcclusionSensitivity.predictor, so it decides what the override does)"
+            )
         explainer = explainer_for(self.nn_module)
         if x.dtype != explainer.dtype or x.device != explainer.device:
             return "the input's dtype or device is not the model's"
@@ -222,7 +235,9 @@ class _Windows:
         plan = self.explainer.position_plan(self.image, list(self.starts.T), mask_size, graph)
         self.mode = "exact" if plan.incremental else "naive"
         count = len(self.starts)
-        self.chunk = max(owner.n_batch, ENGINE_BATCH, -(-count // PROGRESS_STEPS))
+        # MONAI's default is 16; any other count below the engine's batch is a cap
+        self.batch = windows_per_forward(owner.n_batch, MONAI_N_BATCH)
+        self.chunk = max(owner.n_batch, self.batch, -(-count // PROGRESS_STEPS))
         self.done: list[torch.Tensor] = []
         self.computed = 0
         mode = owner.mode
@@ -268,7 +283,7 @@ class _Windows:
             torch.as_tensor(patches).as_subclass(torch.Tensor),
             zs=starts[:, 0] if rank == 3 else None,
             mode=self.mode,
-            batch_size=ENGINE_BATCH,
+            batch_size=self.batch,
         )
         activate = self.owner.activate
         if callable(activate):

@@ -261,7 +261,7 @@ def test_progress_follows_the_engine_and_a_fresh_instance_reuses_the_capture(mon
     monkeypatch.setattr(krypton_monai._Windows, "_compute", counted)
     model = torchvision.models.resnet18(num_classes=4).eval()
     image = torch.randn(1, 3, 96, 96)
-    settings = dict(mask_size=8, overlap=0.5, n_batch=1)
+    settings = dict(mask_size=8, overlap=0.5)  # MONAI's n_batch: the engine batches
     expected, _ = monai_visualize.OcclusionSensitivity(model, verbose=False, **settings)(image)
     sensitivity = OcclusionSensitivity(model, verbose=True, **settings)
     got, _ = sensitivity(image)
