@@ -279,16 +279,8 @@ def execute(
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
     ood = services.explainer(request.model).ood_report(tensor)
     seconds = time.perf_counter() - started
-    # the whole run against a naive one, from this run's timing, never above what this
-    # host's naive runs at this load say
-    speed = measured_speed(
-        whole_run_speed(speed, seconds, evaluated), request.model, request.patch, load
-    )
-    if evaluated:
-        record_run(
-            request.model, request.mode, request.patch, counts, seconds,
-            estimated=(planned or {}).get("seconds"), load=load,
-        )  # fmt: skip
+    speed = finished_run(request.model, request.mode, request.patch, (speed, seconds),
+                         (evaluated, counts), planned, load)  # fmt: skip
     methods = None
     if request.compare:  # after the occlusion's clock: its seconds stay its own
         methods = comparison.compute_methods(
@@ -332,6 +324,30 @@ def execute(
     }
     services.results.put(session, result)
     return result
+
+
+def finished_run(
+    model: str,
+    mode: str,
+    patch: int,
+    timed: tuple[dict | None, float],
+    work: tuple[int, tuple[int, int]],
+    planned: dict | None,
+    load: float,
+) -> dict | None:
+    """A finished run's speed line and its row in the runtime log, for the image and the
+    volume panel alike. ``timed``: (the run's side-by-side timing, its whole seconds);
+    ``work``: (positions computed, planned stage counts). The speed is the whole run
+    against a naive one (krypton.estimator.whole_run_speed), never above what this host's
+    naive runs at this load say (:func:`measured_speed`); the log row keeps the estimate
+    shown and the load met, which the next estimates learn from."""
+    timing, seconds = timed
+    evaluated, counts = work
+    speed = measured_speed(whole_run_speed(timing, seconds, evaluated), model, patch, load)
+    if evaluated:
+        record_run(model, mode, patch, counts, seconds,
+                   estimated=(planned or {}).get("seconds"), load=load)  # fmt: skip
+    return speed
 
 
 def _approximate(

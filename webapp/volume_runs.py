@@ -32,8 +32,6 @@ from krypton.estimator import (
     MIN_LOGGED_RUNS,
     NotCalibratedError,
     estimate_for_counts,
-    record_run,
-    whole_run_speed,
 )
 from krypton.explainer import snap_start
 from krypton.io.images import ImageLoadError
@@ -47,8 +45,8 @@ from .runs import (
     PlannedRun,
     count_known,
     estimate_text,
+    finished_run,
     host_load,
-    measured_speed,
     plan_text,
     run_cells,
     speed_text,
@@ -288,15 +286,9 @@ def execute_volume(
     # (the explainer checks an image once, however many calls ask)
     ood = explainer.ood_report(tensor)
     seconds = time.perf_counter() - started
-    # the whole run against a naive one, as the image panel's
-    speed = measured_speed(
-        whole_run_speed(speed, seconds, evaluated), request.model, request.patch, load
-    )
-    if evaluated:  # what the estimate learns from (this host, this model, mode and cube)
-        record_run(
-            request.model, request.mode, request.patch, counts, seconds,
-            estimated=(planned or {}).get("seconds"), load=load,
-        )  # fmt: skip
+    # the whole run against a naive one and the runtime log, as the image panel's
+    speed = finished_run(request.model, request.mode, request.patch, (speed, seconds),
+                         (evaluated, counts), planned, load)  # fmt: skip
     methods = None
     if request.compare:  # after the occlusion's clock, as the image panel's
         methods = comparison.compute_methods(
