@@ -138,9 +138,11 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
     other = tmp_path / "other.nii.gz"
     write_chest(other, seed=43)
     upload(dash_duo, "#volume-upload", other)
-    deadline, samples = time.time() + 5, 0
-    while time.time() < deadline:
-        info = dash_duo.find_element("#volume-info").text
+    # sampled from the upload until the panel has named the new volume and ten samples
+    # more (a wait for that state, not a fixed 5 s: on a busy host the name came later)
+    deadline, samples = time.time() + 180, 0
+    while time.time() < deadline and samples <= 10:
+        info = dash_duo.find_element("#volume-info").get_attribute("textContent")
         if info.startswith("other.nii.gz"):
             samples += 1
             live = dash_duo.find_element("#volume-live-panel").value_of_css_property("display")

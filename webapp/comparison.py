@@ -19,7 +19,15 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton.estimator import format_duration, load_factor, logged_runs, record_run
+from krypton.estimator import (
+    ABSOLUTE_SLACK,
+    MIN_SPREAD,
+    Estimate,
+    format_duration,
+    load_factor,
+    logged_runs,
+    record_run,
+)
 from krypton.methods import (
     GRADIENT_METHODS,
     SIGN_CONVENTION,
@@ -38,6 +46,7 @@ __all__ = [
     "available",
     "compute_methods",
     "estimate_note",
+    "step_estimate",
     "comparison_json",
     "comparison_png",
     "method_maps",
@@ -92,24 +101,39 @@ def compute_methods(
 STEP_MODE = "compare"  # the gradient step's rows in the runtime log
 
 
-def estimate_note(model: krypton.LoadedModel, load: float | None = None) -> str:
-    """What the estimate line adds while Compare is ticked: the gradient step that runs
-    after the occlusion, and how long it took here: the median of this host's last
-    logged steps for the model, each brought to an idle host's time and scaled to
-    ``load`` (krypton.estimator.load_factor)."""
-    classes = len(model.classes)
-    which = f"all {classes} classes" if classes <= EVERY_CLASS_UP_TO else "the explained class"
+def step_estimate(model: krypton.LoadedModel, load: float | None = None) -> Estimate | None:
+    """Seconds the gradient step after the occlusion should take here: the median of this
+    host's last logged steps for the model, each brought to an idle host's time and
+    scaled to ``load`` (krypton.estimator.load_factor); the range spans those steps,
+    widened as the occlusion's narrowest range is. None before the first step."""
     rows = logged_runs(model.name, STEP_MODE, 0, limit=5)
     if not rows:
+        return None
+    now = load_factor(load)
+    idle = np.array([r["seconds"] / load_factor(r.get("load")) for r in rows])
+    return Estimate(
+        float(np.median(idle)) * now,
+        float(idle.min()) * now / MIN_SPREAD,
+        float(idle.max()) * now * MIN_SPREAD + ABSOLUTE_SLACK,
+        f"this host's last {len(rows)} such step{'s' * (len(rows) > 1)}",
+    )
+
+
+def estimate_note(model: krypton.LoadedModel, load: float | None = None) -> str:
+    """What the estimate line adds while Compare is ticked: the gradient step that runs
+    after the occlusion, and how long it should take here (:func:`step_estimate`)."""
+    classes = len(model.classes)
+    which = f"all {classes} classes" if classes <= EVERY_CLASS_UP_TO else "the explained class"
+    found = step_estimate(model, load)
+    if found is None:
         return (
             f"Then Grad-CAM and Integrated Gradients for {which}: their time is measured "
             f"on the first compared run here."
         )
-    idle = float(np.median([r["seconds"] / load_factor(r.get("load")) for r in rows]))
     return (
         f"Then Grad-CAM and Integrated Gradients for {which}: about "
-        f"{format_duration(idle * load_factor(load))} more (this host's last "
-        f"{len(rows)} such step{'s' * (len(rows) > 1)})."
+        f"{format_duration(found.seconds)} more ({format_duration(found.low)}–"
+        f"{format_duration(found.high)}; {found.source})."
     )
 
 
