@@ -208,6 +208,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.mix_passes:
         page_mix(args.mix_passes)
+    if not args.runs:
+        return
     idle = one_pass(args.runs, "idle host")
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
