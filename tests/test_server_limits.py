@@ -198,3 +198,44 @@ def test_a_trusted_proxys_user_authenticates_and_is_the_client():
 
     assert get(HTTP_X_FORWARDED_USER="ana") == ("200 OK", b"user:ana")
     assert get()[0].startswith("401")  # no proxy user: not authenticated
+
+
+def test_a_second_read_from_one_client_is_refused_at_once_not_parked_in_a_thread(tmp_path):
+    """A client's loads waited inside server threads (up to 30 s each): 32 in flight from
+    one address held waitress's 16 threads, and another user's page took 26-29 s. A read
+    that cannot start now is refused at once; another client reads meanwhile."""
+    import threading
+    import time
+
+    from flask import Flask
+
+    from webapp.client import CLIENT_HEADER
+    from webapp.helpers import InputError
+    from webapp.services import Services
+
+    services = Services(tmp_path / "cache")
+    flask = Flask("intake-test")
+    holding, release = threading.Event(), threading.Event()
+
+    def first_read():
+        with flask.test_request_context(headers={CLIENT_HEADER: "attacker"}):
+            with services.intake():
+                holding.set()
+                release.wait(30)
+
+    reader = threading.Thread(target=first_read)
+    reader.start()
+    try:
+        assert holding.wait(10)
+        began = time.perf_counter()
+        with flask.test_request_context(headers={CLIENT_HEADER: "attacker"}):
+            with pytest.raises(InputError, match="your other file is still being read"):
+                with services.intake():
+                    pass
+        assert time.perf_counter() - began < 10  # refused, not waited out (before: 30 s)
+        with flask.test_request_context(headers={CLIENT_HEADER: "someone else"}):
+            with services.intake() as client:  # another client is not held up
+                assert client == "someone else"
+    finally:
+        release.set()
+        reader.join()

@@ -71,9 +71,11 @@ class Services:
     def intake(self) -> Iterator[str]:
         """Around reading a file a request sent (an image, a DICOM frame, a volume): one
         read at a time per client (:func:`webapp.client.request_client`), so one client's
-        uploads, however many at once, take turns and leave the decode budget to others
-        between them; a read that waits over ``intake_wait_seconds`` is refused. Yields the
-        client. Outside a request (a background job) nothing waits."""
+        uploads leave the decode budget to others. A read that cannot start now is refused
+        at once, never parked in a server thread: 32 loads kept in flight by one address
+        each held one of waitress's 16 threads for up to 30 s, and another user's page
+        took 26-29 s to load. Yields the client. Outside a request (a background job)
+        nothing waits."""
         client = request_client()
         if not client:
             yield client
@@ -82,10 +84,9 @@ class Services:
             entry = self._intakes.setdefault(client, [threading.RLock(), 0])
             entry[1] += 1
         try:
-            if not entry[0].acquire(timeout=self.settings.intake_wait_seconds):
+            if not entry[0].acquire(blocking=False):
                 raise InputError(
-                    "your other files are still being read; try this one again when they "
-                    "have loaded"
+                    "your other file is still being read; try this one again when it has loaded"
                 )
             try:
                 yield client

@@ -93,8 +93,8 @@ class ServerSettings:
     result_store_mb: float = 512.0  # their arrays together (least recently used go first)
     cell_cache_mb: float = 512.0  # every computed cell kept for reuse, all sessions
     upload_store_mb: float = 1024.0  # uploads on disk not yet taken by the page (15 min)
-    # A client's file reads (images, volumes) run one at a time; the next waits this long.
-    intake_wait_seconds: float = 30.0
+    # A client's file reads (images, volumes) run one at a time; another is refused at once
+    # (webapp.services.Services.intake): no request waits inside a server thread.
     # Slow clients: a request must arrive whole within this many seconds of inactivity.
     read_timeout_seconds: float = 30.0
     # make serve's nginx front (webapp/front.py): connections one address may hold (counted
@@ -155,9 +155,6 @@ class ServerSettings:
             upload_store_mb=_number("KRYPTON_UPLOAD_STORE_MB", cls.upload_store_mb, 1),
             read_timeout_seconds=_number(
                 "KRYPTON_READ_TIMEOUT_SECONDS", cls.read_timeout_seconds, 1, MAX_SECONDS
-            ),
-            intake_wait_seconds=_number(
-                "KRYPTON_INTAKE_WAIT_SECONDS", cls.intake_wait_seconds, 1, MAX_SECONDS
             ),
             front_connections_per_address=_count(
                 "KRYPTON_FRONT_CONNECTIONS_PER_ADDRESS", cls.front_connections_per_address, 4
