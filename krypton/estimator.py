@@ -257,8 +257,10 @@ def _calibrated_seconds(
             f"no runtime calibration for model '{model_name}' with patch {patch} in {mode} "
             f"mode; run `krypton calibrate --model {model_name}`"
         )
-    seconds = model["intercept"] + float(np.dot(model["coefficients"], _features(mode, counts)))
-    return max(seconds, 0.0)
+    # a negative fixed term (a fit over large runs) would give small runs nothing: 0.0 s
+    # shown for 49 naive positions that took 1.6 s
+    intercept = max(float(model["intercept"]), 0.0)
+    return max(intercept + float(np.dot(model["coefficients"], _features(mode, counts))), 0.0)
 
 
 def save_calibration(path: Path, record: dict, keep_other_patches: bool = False) -> None:
@@ -677,6 +679,25 @@ def estimate(
     return estimate_for_counts(model_name, mode, patch, counts, directory, log_path, load)
 
 
+PROPORTIONAL_SPREAD = 2.0  # the range of an estimate from one or two runs: 2x either way
+
+
+def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: float) -> Estimate:
+    """With no calibration and too few runs to fit (a volume model's first runs here):
+    the positions at the logged runs' own pace (idle seconds per position, median), at
+    this load, with a range of PROPORTIONAL_SPREAD either way."""
+    paces = [
+        r["seconds"]
+        / load_factor(r.get("load"))
+        / max(sum(_features(mode, (r["stage_one"], r["stage_two"]))), 1.0)
+        for r in rows
+    ]
+    seconds = float(np.median(paces)) * max(sum(_features(mode, counts)), 1.0) * now
+    low, high = _ratio_range(seconds, PROPORTIONAL_SPREAD)
+    runs = f"{len(rows)} run{'s' * (len(rows) > 1)}"
+    return Estimate(seconds, low, high, f"this host's last {runs}, in proportion")
+
+
 def _now_factor(rows: list[dict], load: float | None) -> float:
     """The :func:`load_factor` to predict with: at ``load``, or where it is not known,
     the mean of the logged runs' (the estimate then speaks of the load they met)."""
@@ -736,10 +757,14 @@ def _point_estimate(
     except RegistryError:
         if learned is not None:
             return learned[0]
+        if rows:
+            return _proportional(rows, mode, counts, now)
         raise
     fit = _calibration_fit(entry, patch, mode)
     if learned is not None and fit is None:
         return learned[0]  # wide, but all there is
+    if fit is None and rows:
+        return _proportional(rows, mode, counts, now)
     seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
     calibration = entry.get("calibration", {})
     error = ((fit or {}).get("held_out_median_abs_error_percent") or 25.0) / 100

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from krypton.estimator import (
+    NotCalibratedError,
     conformal_ratios,
     estimate_for_counts,
     load_factor,
@@ -104,3 +105,24 @@ def test_the_speed_line_says_less_where_this_hosts_naive_runs_say_less(krypton_h
     # a probe below what the log says stands as it is
     slow_log = dict(probed, whole=dict(probed["whole"], naive_seconds=60.0))
     assert runs.measured_speed(slow_log, "fundus-demo", 16, 0.0)["whole"]["naive_seconds"] == 60.0
+
+
+def test_a_calibration_with_a_negative_fixed_term_never_estimates_nothing(tmp_path):
+    """The shipped naive fit at patch 12 has a fixed term of -3.8 s: 49 naive positions
+    were estimated at 0.0 s (0.0-0.3 s) and took 1.6 s."""
+    found = estimate_for_counts(
+        "fundus-demo", "naive", 12, (49, 0), log_path=tmp_path / "none.jsonl", load=0.0
+    )
+    assert found.seconds >= 49 * 0.04 and found.high > 1.6
+
+
+def test_a_model_without_calibration_is_estimated_from_its_first_run(tmp_path):
+    """The volume model has no calibration: its runs had no estimate until three were
+    logged. One run now gives one, in proportion, with a wide range."""
+    log = tmp_path / "log.jsonl"
+    with pytest.raises(NotCalibratedError):  # nothing logged, nothing calibrated
+        estimate_for_counts("chestct-demo", "exact", 8, (216, 0), log_path=log, load=0.0)
+    record_run("chestct-demo", "exact", 8, (216, 0), 4.0, log, load=0.0)
+    found = estimate_for_counts("chestct-demo", "exact", 8, (108, 0), log_path=log, load=0.0)
+    assert found.seconds == pytest.approx(2.0, rel=1e-6)
+    assert found.low < 2.0 < found.high and "in proportion" in found.source
