@@ -239,3 +239,19 @@ def test_a_second_read_from_one_client_is_refused_at_once_not_parked_in_a_thread
     finally:
         release.set()
         reader.join()
+
+
+def test_ipv6_addresses_of_one_64_are_one_client_and_ipv4_stays_per_address():
+    """On IPv6 one host holds 2^64 addresses: counted per address, a client could mint
+    as many shares of the run places and the stores as it liked."""
+    from webapp.guard import client_network
+
+    guard = RequestGuard(lambda *a: [], ServerSettings())
+    one = guard.client_of({"REMOTE_ADDR": "2001:db8:1:2::1"})
+    assert one == guard.client_of({"REMOTE_ADDR": "2001:db8:1:2:ffff:0:0:abcd"})
+    assert one != guard.client_of({"REMOTE_ADDR": "2001:db8:1:3::1"})
+    assert guard.client_of({"REMOTE_ADDR": "192.0.2.7"}) == "address:192.0.2.7"
+    assert guard.client_of({"REMOTE_ADDR": "192.0.2.8"}) == "address:192.0.2.8"
+    assert client_network("::ffff:192.0.2.7") == "192.0.2.7"
+    assert client_network("fe80::1%eth0") == "fe80::/64"
+    assert client_network("not an address") == "not an address"

@@ -19,6 +19,7 @@ import base64
 import binascii
 import hmac
 import io
+import ipaddress
 import json
 from collections.abc import Callable, Iterable
 
@@ -27,6 +28,21 @@ from .settings import ServerSettings
 from .uploads import PURPOSES, UPLOAD_ROUTE
 
 __all__ = ["RequestGuard", "CLIENT_HEADER", "DuplicateKeyError", "strict_json"]
+
+
+def client_network(address: str) -> str:
+    """The share an address draws on: an IPv4 address itself, an IPv6 address its /64
+    (one host is routinely given a whole /64, so 2^64 addresses are one client's); an
+    IPv4-mapped IPv6 address is its IPv4 address. Anything else is kept as it came."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, 64), strict=False))
+    return str(parsed)
 
 
 def _environ_key(header: str) -> str:
@@ -136,9 +152,12 @@ class RequestGuard:
 
     def client_of(self, environ) -> str:
         """Who sends the request, for per-client limits: the proxy-authenticated user,
-        else the peer address (a shared basic-auth account does not tell people apart)."""
+        else the peer's network (:func:`client_network`; a shared basic-auth account does
+        not tell people apart)."""
         user = self._proxy_user(environ)
-        return "user:" + user if user else "address:" + str(environ.get("REMOTE_ADDR", ""))
+        if user:
+            return "user:" + user
+        return "address:" + client_network(str(environ.get("REMOTE_ADDR", "")))
 
     # -- WSGI ---------------------------------------------------------------------------
     def __call__(self, environ, start_response):
