@@ -114,8 +114,9 @@ def mix_pass(services: Services, label: str, seed: int) -> tuple[int, int]:
         )  # fmt: skip
         planned = runs.plan_run(services, request)
         shown = runs.find_estimate(
-            "fundus-demo", 12, 4, request.mode, planned.region, 0.25, 3.0, planned.known
-        )
+            "fundus-demo", 12, 4, request.mode, planned.region, 0.25, 3.0, planned.known,
+            positions=planned.positions,
+        )  # fmt: skip
         began = time.perf_counter()
         runs.execute(services, "bench", request, lambda *a: None)
         held, total = _tally(held, total, f"{mode} {planned.positions}", shown, began)

@@ -52,6 +52,10 @@ __all__ = [
     "runtime_log_path",
     "estimate_for_counts",
     "load_factor",
+    "threads_for_load",
+    "row_load_factor",
+    "recent_estimate",
+    "max_threads",
     "conformal_ratios",
 ]
 
@@ -445,6 +449,7 @@ def record_run(
     *,
     estimated: float | None = None,
     load: float | None = None,
+    threads: int | None = None,
 ) -> None:
     """Append one finished run (positions as planned: stage one, stage two) to the log,
     with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
@@ -464,6 +469,7 @@ def record_run(
         row["estimated"] = round(float(estimated), 4)
     if load is not None and math.isfinite(load) and load >= 0:
         row["load"] = round(float(load), 3)
+        row["threads"] = int(threads or torch.get_num_threads())
     line = json.dumps(row)
     with _log_lock:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -499,16 +505,49 @@ def logged_runs(
     return rows[-limit:]
 
 
-def load_factor(load: float | None, cores: int | None = None, threads: int | None = None) -> float:
-    """How many times longer a run takes while other work keeps ``load`` cores busy than
-    on an idle host: the run's ``threads`` and the others share ``cores`` (each runnable
-    thread gets cores / (load + threads) of one, at most one), so the factor is
-    max(1, (load + threads) / cores) over the idle max(1, threads / cores). None: 1."""
-    if load is None or not math.isfinite(load) or load <= 0:
-        return 1.0
+_MAX_THREADS: list[int] = []  # the process's torch threads when first asked
+
+
+def max_threads() -> int:
+    """The torch threads this process was set up with (OMP_NUM_THREADS, a worker's
+    KRYPTON_TORCH_THREADS, else every core), read once, before any run lowers them."""
+    if not _MAX_THREADS:
+        _MAX_THREADS.append(torch.get_num_threads())
+    return _MAX_THREADS[0]
+
+
+def threads_for_load(load: float | None, cores: int | None = None) -> int:
+    """Torch threads for a run that starts while other work keeps ``load`` cores busy:
+    the cores left, at least one, at most :func:`max_threads`. Beside two burners on two
+    cores, exact mode took 18.4 s with two threads (each op waits at a barrier for a
+    thread the scheduler has put aside) and 9.6 s with one; naive 30.2 s and 26.5 s."""
     cores = cores or os.cpu_count() or 1
-    threads = threads or torch.get_num_threads()
-    return max(1.0, (load + threads) / cores) / max(1.0, threads / cores)
+    busy = 0 if load is None or not math.isfinite(load) else max(0, round(load))
+    return max(1, min(max_threads(), cores - busy))
+
+
+def _throughput(threads: int, load: float, cores: int) -> float:
+    """Cores' worth of work ``threads`` get beside ``load`` busy cores: each runnable
+    thread gets cores / (load + threads) of a core, at most a whole one."""
+    return threads * min(1.0, cores / (load + threads))
+
+
+def load_factor(
+    load: float | None,
+    cores: int | None = None,
+    threads: int | None = None,
+    idle_threads: int | None = None,
+) -> float:
+    """How many times longer a run takes while other work keeps ``load`` cores busy than
+    on an idle host: the throughput of ``idle_threads`` (default :func:`max_threads`) on
+    idle cores over that of the run's ``threads`` (default :func:`threads_for_load`)
+    beside the load (:func:`_throughput`). None or no load: 1."""
+    if load is None or not math.isfinite(load) or load <= 0:
+        load = 0.0
+    cores = cores or os.cpu_count() or 1
+    threads = threads or threads_for_load(load, cores)
+    idle_threads = idle_threads or max_threads()
+    return _throughput(idle_threads, 0.0, cores) / _throughput(threads, load, cores)
 
 
 CONFORMAL_RUNS = 20  # this host's recent runs whose errors set the range
@@ -621,7 +660,7 @@ def _fit_log(
     host's (÷ its :func:`load_factor`) and the prediction to this moment's (× ``now``):
     runs fitted while the host was busy kept the estimate 4-6x too high once it was not."""
     features = np.array([_features(mode, (r["stage_one"], r["stage_two"])) for r in rows])
-    seconds = np.array([r["seconds"] / load_factor(r.get("load")) for r in rows])
+    seconds = np.array([r["seconds"] / row_load_factor(r) for r in rows])
     seconds = np.maximum(seconds, 1e-3)
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
@@ -682,6 +721,32 @@ def estimate(
 PROPORTIONAL_SPREAD = 2.0  # the range of an estimate from one or two runs: 2x either way
 
 
+def recent_estimate(
+    model_name: str,
+    mode: str,
+    patch: int,
+    load: float | None,
+    what: tuple[str, str],
+    path: Path | None = None,
+) -> Estimate | None:
+    """Seconds of a step whose time does not grow with positions (the gradient step after
+    the occlusion, a run with every cell known), from this host's last five logged ones
+    of (model, mode, patch): their median, each at an idle host's pace and scaled to
+    ``load``; the range spans them, widened as the narrowest range is. None before the
+    first is logged. ``what`` names one and several of them in the source."""
+    rows = logged_runs(model_name, mode, patch, path, limit=5)
+    if not rows:
+        return None
+    now = load_factor(load)
+    idle = np.array([r["seconds"] / row_load_factor(r) for r in rows])
+    return Estimate(
+        float(np.median(idle)) * now,
+        max(float(idle.min()) * now / MIN_SPREAD - ABSOLUTE_SLACK, 0.0),
+        float(idle.max()) * now * MIN_SPREAD + ABSOLUTE_SLACK,
+        f"this host's last {len(rows)} {what[len(rows) > 1]}",
+    )
+
+
 def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: float) -> Estimate:
     """With no calibration and too few runs to fit (a volume model's first runs here):
     the positions at the logged runs' own pace (idle seconds per position, median), at
@@ -698,12 +763,18 @@ def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: flo
     return Estimate(seconds, low, high, f"this host's last {runs}, in proportion")
 
 
+def row_load_factor(row: dict) -> float:
+    """A logged run's :func:`load_factor`: at the load it met, with the threads it ran
+    (rows logged before either was recorded: idle, at this process's threads)."""
+    return load_factor(row.get("load"), threads=row.get("threads"), idle_threads=None)
+
+
 def _now_factor(rows: list[dict], load: float | None) -> float:
     """The :func:`load_factor` to predict with: at ``load``, or where it is not known,
     the mean of the logged runs' (the estimate then speaks of the load they met)."""
     if load is not None:
         return load_factor(load)
-    factors = [load_factor(r.get("load")) for r in rows[-HOST_RUNS:]]
+    factors = [row_load_factor(r) for r in rows[-HOST_RUNS:]]
     return float(np.mean(factors)) if factors else 1.0
 
 
@@ -783,7 +854,7 @@ def _point_estimate(
         except NotCalibratedError:
             continue
         if predicted > 0:
-            ratios.append(row["seconds"] / load_factor(row.get("load")) / predicted)
+            ratios.append(row["seconds"] / row_load_factor(row) / predicted)
     source = f"calibration ({calibration.get('date', 'undated')})"
     seconds *= now
     if ratios:

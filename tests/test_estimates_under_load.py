@@ -15,23 +15,38 @@ from krypton.estimator import (
 
 
 def test_load_factor_is_the_share_of_cores_a_run_gets():
-    assert load_factor(None) == load_factor(0.0) == 1.0
+    assert load_factor(None, threads=1, idle_threads=1) == 1.0
+    assert load_factor(0.0, threads=2, idle_threads=2) == 1.0
     # one torch thread beside two burners on two cores: a core shared by three threads
-    assert load_factor(2.0, cores=2, threads=1) == pytest.approx(1.5)
+    assert load_factor(2.0, cores=2, threads=1, idle_threads=1) == pytest.approx(1.5)
     # two threads on two cores: idle they have a core each; beside two burners, half
-    assert load_factor(2.0, cores=2, threads=2) == pytest.approx(2.0)
-    assert load_factor(float("nan"), cores=2, threads=1) == 1.0
+    assert load_factor(2.0, cores=2, threads=2, idle_threads=2) == pytest.approx(2.0)
+    # two idle threads, one beside two burners: a third of the idle throughput
+    assert load_factor(2.0, cores=2, threads=1, idle_threads=2) == pytest.approx(3.0)
+    assert load_factor(float("nan"), cores=2, threads=1, idle_threads=1) == 1.0
+
+
+def test_a_run_beside_busy_cores_takes_the_cores_left():
+    """Beside two burners on two cores exact mode took 18.4 s with two torch threads and
+    9.6 s with one: a run takes the cores other work leaves, at least one."""
+    from krypton.estimator import max_threads, threads_for_load
+
+    assert threads_for_load(0.0, cores=2) == min(2, max_threads())
+    assert threads_for_load(2.0, cores=2) == threads_for_load(1.6, cores=2) == 1
+    assert threads_for_load(float("nan"), cores=2) == min(2, max_threads())
 
 
 def test_runs_logged_while_busy_do_not_keep_the_estimate_high_once_idle(tmp_path):
     """Fitted while the host was busy, the estimate stayed 4-6x too high once the load
     fell (169 positions: 1.0 min estimated, 13.1 s taken)."""
     log = tmp_path / "log.jsonl"
+    from krypton.estimator import threads_for_load
+
     idle_rate = 0.05  # seconds per position on an idle host
-    busy = load_factor(2.0)
+    busy = load_factor(2.0)  # with the threads a run beside that load takes
     for positions in (49, 100, 169, 400, 900):
         record_run("fundus-demo", "exact", 16, (positions, 0), 0.5 + positions * idle_rate * busy,
-                   log, load=2.0)  # fmt: skip
+                   log, load=2.0, threads=threads_for_load(2.0))  # fmt: skip
     idle = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=0.0)
     loaded = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=2.0)
     truth = 0.5 + 169 * idle_rate
@@ -126,3 +141,33 @@ def test_a_model_without_calibration_is_estimated_from_its_first_run(tmp_path):
     found = estimate_for_counts("chestct-demo", "exact", 8, (108, 0), log_path=log, load=0.0)
     assert found.seconds == pytest.approx(2.0, rel=1e-6)
     assert found.low < 2.0 < found.high and "in proportion" in found.source
+
+
+def test_a_run_with_nothing_to_compute_is_estimated_from_such_runs(tmp_path, krypton_home):
+    """A cached re-run was estimated at a computing run's fixed cost (0.8 s, 0.2-1.7 s)
+    and took 0.1 s: runs that compute nothing are logged as their own kind and estimate
+    the next one."""
+    from PIL import Image
+
+    from krypton.fundus import FundusGenerator
+    from webapp import runs
+    from webapp.services import Services
+
+    services = Services(tmp_path / "cache")
+    image = Image.fromarray(FundusGenerator(seed=4).sample(label=1, lesions=1).image)
+    request = runs.RunRequest(
+        image_key=services.images.put(image), image_name="f.png", model="fundus-demo",
+        patch=16, stride=16, mode="exact", fill_rgb=(0.5, 0.5, 0.5), region=(0, 0, 64, 64),
+    )  # fmt: skip
+    runs.execute(services, "s", request, lambda *a: None)
+    assert runs.cached_estimate("fundus-demo", 0.0) is None  # none logged yet
+    again = runs.execute(services, "s", request, lambda *a: None)
+    assert again["evaluated"] == 0
+    found = runs.cached_estimate("fundus-demo", 0.0)
+    assert found is not None and found.low <= again["seconds"] <= found.high
+    planned = runs.plan_run(services, request)
+    shown = runs.find_estimate(
+        "fundus-demo", 16, 16, "exact", planned.region, 0.25, 3.0, planned.known, 0.0,
+        planned.positions,
+    )  # fmt: skip
+    assert shown == found

@@ -19,15 +19,7 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton.estimator import (
-    ABSOLUTE_SLACK,
-    MIN_SPREAD,
-    Estimate,
-    format_duration,
-    load_factor,
-    logged_runs,
-    record_run,
-)
+from krypton.estimator import Estimate, format_duration, recent_estimate, record_run
 from krypton.methods import (
     GRADIENT_METHODS,
     SIGN_CONVENTION,
@@ -102,21 +94,9 @@ STEP_MODE = "compare"  # the gradient step's rows in the runtime log
 
 
 def step_estimate(model: krypton.LoadedModel, load: float | None = None) -> Estimate | None:
-    """Seconds the gradient step after the occlusion should take here: the median of this
-    host's last logged steps for the model, each brought to an idle host's time and
-    scaled to ``load`` (krypton.estimator.load_factor); the range spans those steps,
-    widened as the occlusion's narrowest range is. None before the first step."""
-    rows = logged_runs(model.name, STEP_MODE, 0, limit=5)
-    if not rows:
-        return None
-    now = load_factor(load)
-    idle = np.array([r["seconds"] / load_factor(r.get("load")) for r in rows])
-    return Estimate(
-        float(np.median(idle)) * now,
-        float(idle.min()) * now / MIN_SPREAD,
-        float(idle.max()) * now * MIN_SPREAD + ABSOLUTE_SLACK,
-        f"this host's last {len(rows)} such step{'s' * (len(rows) > 1)}",
-    )
+    """Seconds the gradient step after the occlusion should take here
+    (krypton.estimator.recent_estimate over this host's logged steps for the model)."""
+    return recent_estimate(model.name, STEP_MODE, 0, load, ("such step", "such steps"))
 
 
 def estimate_note(model: krypton.LoadedModel, load: float | None = None) -> str:

@@ -32,8 +32,10 @@ from krypton.estimator import (
     estimate,
     estimate_for_counts,
     naive_equivalent,
+    recent_estimate,
     record_run,
     speed_claim,
+    threads_for_load,
     whole_run_speed,
 )
 from krypton.explainer import grid_positions, snap_start
@@ -233,7 +235,10 @@ def execute(
     # what the page showed: the positions of this grid not known yet
     cached = count_known(known, (grid_ys, grid_xs))
     load = host_load()  # before this run computes: what it competes with
-    planned = _estimate(request, None if whole else region, cached, load)
+    run_threads(load)
+    planned = _estimate(
+        request, None if whole else region, cached, load, grid_ys.size * grid_xs.size
+    )
 
     def live(done: int, total: int, values: np.ndarray | None = None) -> None:
         report(
@@ -344,9 +349,11 @@ def finished_run(
     timing, seconds = timed
     evaluated, counts = work
     speed = measured_speed(whole_run_speed(timing, seconds, evaluated), model, patch, load)
+    estimated = (planned or {}).get("seconds")
     if evaluated:
-        record_run(model, mode, patch, counts, seconds,
-                   estimated=(planned or {}).get("seconds"), load=load)  # fmt: skip
+        record_run(model, mode, patch, counts, seconds, estimated=estimated, load=load)
+    else:  # every cell was known: a run of its own kind (runs.cached_estimate)
+        record_run(model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
     return speed
 
 
@@ -571,6 +578,15 @@ def run_cells(
 
 
 LOAD_SAMPLE_SECONDS = 0.1
+CACHED_MODE = "cached"  # the runtime log's rows of runs that computed nothing
+
+
+def cached_estimate(model: str, load: float | None) -> Estimate | None:
+    """How long a run with every cell known takes here: prediction, the OOD verdict and
+    the picture, from this host's last such runs of the model (none before the first)."""
+    return recent_estimate(
+        model, CACHED_MODE, 0, load, ("run with every cell known", "runs with every cell known")
+    )
 
 
 def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> dict | None:
@@ -597,6 +613,16 @@ def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> d
     return dict(speed, whole=whole, naive_basis="this host's naive runs at this load")
 
 
+def run_threads(load: float) -> int:
+    """Set this process's torch threads for a run starting beside ``load`` busy cores
+    (krypton.estimator.threads_for_load: the cores left, at least one) and return them:
+    beside two burners on two cores a second thread made exact runs 1.9x slower."""
+    threads = threads_for_load(load)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
 def host_load() -> float:
     """Cores this host's work keeps busy now (every process, this server's other runs
     included), sampled over LOAD_SAMPLE_SECONDS: what a run starting now competes with.
@@ -616,11 +642,16 @@ def find_estimate(
     target_speedup: float,
     cached: int = 0,
     load: float | None = None,
+    positions: int | None = None,
 ) -> Estimate | None:
     """The run-time estimate the page shows, or None where there is none (not calibrated,
     settings explain() would refuse, an unknown model). ``cached``: positions of the grid
     already computed (exact and naive reuse them): the estimate is for the rest, so a
-    run with every cell cached is estimated at its fixed cost."""
+    run with every cell cached is estimated at its fixed cost. ``positions``: the grid's
+    (where all are ``cached``, the estimate is of a run that computes nothing:
+    :func:`cached_estimate`)."""
+    if positions is not None and cached >= positions and mode in ("exact", "naive"):
+        return cached_estimate(model, host_load() if load is None else load)  # nothing to do
     try:
         return estimate(
             model,
@@ -648,7 +679,9 @@ def naive_figure(
     return naive_equivalent(model, mode, patch, counts, found, positions)
 
 
-def _estimate(request: RunRequest, region, cached: int, load: float) -> dict | None:
+def _estimate(
+    request: RunRequest, region, cached: int, load: float, positions: int | None = None
+) -> dict | None:
     found = find_estimate(
         request.model,
         request.patch,
@@ -659,6 +692,7 @@ def _estimate(request: RunRequest, region, cached: int, load: float) -> dict | N
         request.target_speedup,
         cached,
         load,
+        positions,
     )
     return None if found is None else dataclasses.asdict(found)
 

@@ -49,6 +49,7 @@ from .runs import (
     host_load,
     plan_text,
     run_cells,
+    run_threads,
     speed_text,
 )
 
@@ -248,6 +249,7 @@ def execute_volume(
     fill = loaded.gray_fill()
     note, speed, planned = "", None, None
     load = host_load()  # before this run computes: what it competes with
+    run_threads(load)
     if request.mode == "exact":  # this run times incremental against naive itself
         explainer.forget_plans()
     if request.mode == "approximate":

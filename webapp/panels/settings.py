@@ -202,17 +202,19 @@ class SettingsPanel:
         except (InputError, ValueError) as exc:
             return html.Span(str(exc), className="warning")
         planned = self._planned(model_name, patch, stride, mode, region, image, colour, custom)
+        load = runs.host_load()
         if planned.positions and not planned.to_compute:
+            found = runs.cached_estimate(model_name, load) if mode in ("exact", "naive") else None
             return (
                 f"Nothing to compute: all {planned.positions} positions are known from an "
-                f"earlier run, so Run shows them at once."
+                f"earlier run, so Run shows them at once"
+                + (f" (about {runs.estimate_text(dataclasses.asdict(found))})." if found else ".")
             )
         left = (
             f"{planned.to_compute} of {planned.positions}"
             if planned.known
             else f"{planned.positions}"
         )
-        load = runs.host_load()
         found = runs.find_estimate(
             model_name, patch, stride, mode, planned.region, drill, speedup, planned.known, load
         )
