@@ -55,6 +55,7 @@ __all__ = [
     "threads_for_load",
     "row_load_factor",
     "recent_estimate",
+    "forward_seconds",
     "max_threads",
     "conformal_ratios",
 ]
@@ -745,6 +746,21 @@ def recent_estimate(
         float(idle.max()) * now * MIN_SPREAD + ABSOLUTE_SLACK,
         f"this host's last {len(rows)} {what[len(rows) > 1]}",
     )
+
+
+def forward_seconds(model_name: str, directory: Path | None = None) -> float | None:
+    """Seconds of one forward pass of one image on an idle host: the calibration's naive
+    cost per position (one occluded image's forward), averaged over its patch sizes;
+    None without a calibration."""
+    from .registry.entries import RegistryError, find_entry
+
+    try:
+        _, entry = find_entry(model_name, directory)
+    except RegistryError:
+        return None
+    fits = entry.get("calibration", {}).get("models", {})
+    costs = [fit["naive"]["coefficients"][0] for fit in fits.values() if "naive" in fit]
+    return float(np.mean(costs)) if costs else None
 
 
 def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: float) -> Estimate:

@@ -160,7 +160,8 @@ def test_a_run_with_nothing_to_compute_is_estimated_from_such_runs(tmp_path, kry
         patch=16, stride=16, mode="exact", fill_rgb=(0.5, 0.5, 0.5), region=(0, 0, 64, 64),
     )  # fmt: skip
     runs.execute(services, "s", request, lambda *a: None)
-    assert runs.cached_estimate("fundus-demo", 0.0) is None  # none logged yet
+    first = runs.cached_estimate("fundus-demo", 0.0)  # none logged yet: two forwards
+    assert first is not None and "two forward passes" in first.source
     again = runs.execute(services, "s", request, lambda *a: None)
     assert again["evaluated"] == 0
     found = runs.cached_estimate("fundus-demo", 0.0)

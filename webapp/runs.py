@@ -27,10 +27,14 @@ import krypton
 from krypton.approximate.settings import DEFAULTS
 from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
 from krypton.estimator import (
+    ABSOLUTE_SLACK,
+    MIN_SPREAD,
     Estimate,
     NotCalibratedError,
     estimate,
     estimate_for_counts,
+    forward_seconds,
+    load_factor,
     naive_equivalent,
     recent_estimate,
     record_run,
@@ -584,8 +588,17 @@ CACHED_MODE = "cached"  # the runtime log's rows of runs that computed nothing
 def cached_estimate(model: str, load: float | None) -> Estimate | None:
     """How long a run with every cell known takes here: prediction, the OOD verdict and
     the picture, from this host's last such runs of the model (none before the first)."""
-    return recent_estimate(
+    found = recent_estimate(
         model, CACHED_MODE, 0, load, ("run with every cell known", "runs with every cell known")
+    )
+    forward = forward_seconds(model)
+    if found is not None or forward is None:
+        return found
+    # none logged yet: its two forward passes (the prediction and the OOD check) at the
+    # calibration's naive pace, at this load
+    seconds = 2 * forward * load_factor(load)
+    return Estimate(
+        seconds, 0.0, seconds * MIN_SPREAD + ABSOLUTE_SLACK, "two forward passes (calibration)"
     )
 
 
