@@ -110,7 +110,7 @@ def test_a_volume_samples_compare_button_shows_three_rows_switches_class_and_dow
     rows = agreement_rows(dash_duo, panel)
     assert len(rows) == 3
 
-    choose(dash_duo, "volume-label", "0: NORMAL")
+    choose(dash_duo, "volume-label", "0: NORMAL", prefix=True)  # with its probability
     wait_for_maps(dash_duo, "Compare methods: NORMAL", panel)
 
     dash_duo.find_element(".volume-panel button[id*='\"compare\"']").click()

@@ -121,7 +121,7 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
     # README's picture of the panel (out/ is ignored by git; copy it to docs/volume.png)
     dash_duo.driver.save_screenshot(str(Path(__file__).parents[1] / "out" / "volume.png"))
 
-    choose(dash_duo, "volume-label", "0: NORMAL")
+    choose(dash_duo, "volume-label", "0: NORMAL", prefix=True)  # with its probability
     dash_duo.wait_for_contains_text("#volume-summary", "NORMAL: p =", timeout=30)
     wait_for_view(dash_duo, "sagittal", "NORMAL (exact)", traces=2)
 

@@ -488,7 +488,7 @@ def test_the_panel_names_the_predicted_class_and_a_run_moves_the_views_to_its_st
     probs = volume_runs.volume_prediction(loaded, panel._prepared(record, "ct-test", "tab-1"))
     top = int(np.argmax(probs))
     assert placeholder.startswith(f"{loaded.classes[top]} ({probs[top]:.1%}")
-    assert [o["label"] for o in options][top].startswith(loaded.classes[top] + " (")
+    assert [o["label"] for o in options][top].startswith(f"{top}: {loaded.classes[top]} (")
 
     result = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
     moved = panel.focus_strongest({"id": result["id"]}, record, "ct-test", "tab-1")

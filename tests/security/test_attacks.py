@@ -242,6 +242,14 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
         first.predict(image)
         # a long naive run (3969 positions), watched by its page for now
         handles = first.run(image, mode="naive", patch=4, stride=2, poll=False)
+        # it holds its place once it reports positions (a wait for that state: on a busy
+        # host the next request could arrive before the job had taken its place)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            progress = (first.poll_once("result-store.data", handles) or {}).get("progress")
+            if "positions" in str((progress or {}).get("live-status.children", "")):
+                break
+            time.sleep(0.3)
         watching = threading.Event()
         watching.set()
 

@@ -388,7 +388,7 @@ class VolumePanel:
         )  # fmt: skip
         probs = volume_runs.volume_prediction(loaded, prepared)
         classes = [
-            {"label": f"{n} ({p:.1%})", "value": i}
+            {"label": f"{i}: {n} ({p:.1%})", "value": i}
             for i, (n, p) in enumerate(zip(loaded.classes, probs))
         ]
         top = int(np.argmax(probs))
