@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -255,3 +256,40 @@ def test_ipv6_addresses_of_one_64_are_one_client_and_ipv4_stays_per_address():
     assert client_network("::ffff:192.0.2.7") == "192.0.2.7"
     assert client_network("fe80::1%eth0") == "fe80::/64"
     assert client_network("not an address") == "not an address"
+
+
+def test_a_client_with_nothing_running_gets_the_next_place_and_joins_a_full_line():
+    """Nine addresses with four runs each took all 34 run places and a tenth user was
+    told the server was busy. A newcomer joins a full line, and the next running place
+    goes to the waiting client with the fewest runs going, before a client with several."""
+    queue = JobQueue(running=1, waiting=2, per_session=1, per_client=3)
+    order: list[str] = []
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def run(session: str, client: str) -> None:
+        with queue.slot(session, lambda ahead: None, client):
+            order.append(client)
+            started.release()
+            release.wait(10)
+
+    first = threading.Thread(target=run, args=("a-0", "address:10.0.0.1"))
+    first.start()
+    assert started.acquire(timeout=10)  # the attacker holds the running place ...
+    line = [threading.Thread(target=run, args=(f"a-{n}", "address:10.0.0.1")) for n in (1, 2)]
+    for thread in line:
+        thread.start()
+    deadline = time.time() + 10
+    while queue.status()["waiting"] < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert queue.status() == {"running": 1, "waiting": 2}  # ... and fills the line
+    victim = threading.Thread(target=run, args=("victim", "address:10.0.0.9"))
+    victim.start()  # not refused: the victim has nothing running or waiting
+    deadline = time.time() + 10
+    while queue.status()["waiting"] < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    assert queue.status()["waiting"] == 3
+    release.set()  # each run ends at once from here; the order they start in is the test
+    for thread in [first, *line, victim]:
+        thread.join(10)
+    assert order[1] == "address:10.0.0.9", order  # before the attacker's older ones

@@ -99,10 +99,15 @@ def check_cancelled() -> None:
 
 
 class JobQueue:
-    """At most ``running`` jobs at once, ``waiting`` more in line (first come, first
-    served), ``per_session`` jobs (running or waiting) per session and ``per_client`` per
-    client (the user or address the request guard names: a client can make up session
-    ids, not its address)."""
+    """At most ``running`` jobs at once, ``waiting`` more in line, ``per_session`` jobs
+    (running or waiting) per session and ``per_client`` per client (the user or network
+    the request guard names: a client can make up session ids, not its address).
+
+    Fair by client: the next running place goes to the waiting job whose client has the
+    fewest jobs running, then fewest in all (first come, first served among equals); a
+    client with
+    nothing running or waiting joins a full line. Nine addresses with four runs each took
+    all 34 places, and a tenth user was told the server was busy."""
 
     SESSION_GRACE_SECONDS = 5.0
 
@@ -114,7 +119,20 @@ class JobQueue:
         self._active = 0
         self._light = 0  # light jobs under way (outside the line and the running places)
         self._sessions: Counter = Counter()
-        self._clients: Counter = Counter()
+        self._clients: Counter = Counter()  # running or waiting, per client
+        self._running_by: Counter = Counter()  # running, per client
+        self._owners: dict[object, str] = {}  # a waiting ticket's client
+
+    def _next_in_line(self) -> list[object]:
+        """The line in the order places are given: the client with the fewest jobs
+        running first, then the fewest running or waiting, then the oldest."""
+        return sorted(
+            self._line,
+            key=lambda ticket: (
+                self._running_by[self._owners[ticket]],
+                self._clients[self._owners[ticket]],
+            ),
+        )
 
     def status(self) -> dict:
         with self._condition:
@@ -145,7 +163,8 @@ class JobQueue:
                     f"this server (the limit per user is {self.per_client}); wait for one "
                     f"to finish"
                 )
-            if not light and self._active >= self.running and len(self._line) >= self.waiting:
+            full = self._active >= self.running and len(self._line) >= self.waiting
+            if not light and full and self._clients[client]:  # a newcomer still joins
                 raise QueueFull(
                     f"the server is busy ({self._active} runs, "
                     f"{len(self._line)} waiting); try again in a minute"
@@ -156,6 +175,7 @@ class JobQueue:
                 self._light += 1
             else:
                 self._line.append(ticket)
+                self._owners[ticket] = client
         if light:
             try:
                 yield
@@ -169,10 +189,12 @@ class JobQueue:
         try:
             while True:
                 with self._condition:
-                    ahead = self._line.index(ticket)
+                    ahead = self._next_in_line().index(ticket)
                     if ahead == 0 and self._active < self.running:
-                        self._line.pop(0)
+                        self._line.remove(ticket)
+                        self._owners.pop(ticket, None)
                         self._active += 1
+                        self._running_by[client] += 1
                         self._condition.notify_all()
                         break
                     ahead += self._active - self.running + 1
@@ -182,6 +204,7 @@ class JobQueue:
         except BaseException:
             with self._condition:
                 self._line.remove(ticket)
+                self._owners.pop(ticket, None)
                 self._sessions[session] -= 1
                 self._clients[client] -= 1
                 self._condition.notify_all()
@@ -191,6 +214,7 @@ class JobQueue:
         finally:
             with self._condition:
                 self._active -= 1
+                self._running_by[client] -= 1
                 self._sessions[session] -= 1
                 self._clients[client] -= 1
                 self._condition.notify_all()
