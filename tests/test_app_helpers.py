@@ -345,3 +345,16 @@ def test_a_job_that_ends_between_dash_reading_its_result_and_asking_if_it_runs_i
     assert manager.job_running(job)  # ... then asks: its result is still to be delivered
     assert manager.get_result("key", job) == "the result"
     assert not manager.job_running(job)  # delivered: done
+
+
+def test_a_full_store_evicts_from_the_client_holding_the_most(tmp_path):
+    """Five addresses storing many small files evicted another user's one image (the
+    oldest of anyone's went first): the client holding the most loses its oldest first."""
+    store = ImageStore(tmp_path, max_bytes=100_000, max_count=20)  # 5 files a client
+    victim = store.put_source(b"v" * 100, "victim-tab", "address:10.0.0.9")
+    for round_ in range(8):
+        for attacker in range(5):
+            data = bytes([attacker, round_]) * 50
+            store.put_source(data, f"tab-{attacker}-{round_}", f"address:10.0.0.{attacker}")
+            assert store.source(victim, "victim-tab") == b"v" * 100  # never the victim's
+    assert store.usage()[0] <= 20

@@ -9,8 +9,10 @@ the exports can reference the source.
 Bounded: at most ``max_bytes`` of files and ``max_count`` of them. Each client (the
 authenticated user or the address, :data:`webapp.client.CLIENT_HEADER`) may hold at
 most :data:`webapp.client.CLIENT_SHARE` of either; a client's new file first evicts that
-client's own least recently used ones, so a client can never evict another's. Only when
-many clients together fill the store do the least recently used of anyone's go.
+client's own least recently used ones. When many clients together fill the store, the
+least recently used file of the client holding the most goes, one at a time: five
+addresses with 101 small images each evicted another user's one image when the oldest of
+anyone's went first.
 """
 
 from __future__ import annotations
@@ -114,7 +116,29 @@ class ImageStore:
         client = self._clients.get(keep.name, "")
         mine = [f for f in files if self._clients.get(f[2].name, "") == client]
         self._drop_oldest(mine, keep, CLIENT_SHARE * self.max_bytes, CLIENT_SHARE * self.max_count)
-        self._drop_oldest([f for f in files if f[2].exists()], keep, self.max_bytes, self.max_count)
+        self._drop_from_the_largest([f for f in files if f[2].exists()], keep)
+
+    def _drop_from_the_largest(self, files: list, keep: Path) -> None:
+        """The store within its bounds: the oldest file of the client holding the most
+        bytes goes first (``keep`` stays), until the store fits."""
+        total, count = sum(size for _, size, _ in files), len(files)
+        held: dict[str, int] = {}
+        for _, size, path in files:
+            if path != keep:
+                owner = self._clients.get(path.name, "")
+                held[owner] = held.get(owner, 0) + size
+        while (total > self.max_bytes or count > self.max_count) and held:
+            largest = max(held, key=held.__getitem__)
+            _, size, path = next(
+                f for f in files if f[2] != keep and self._clients.get(f[2].name, "") == largest
+            )
+            path.unlink(missing_ok=True)
+            self._clients.pop(path.name, None)
+            files = [f for f in files if f[2] != path]
+            total, count = total - size, count - 1
+            held[largest] -= size
+            if held[largest] <= 0:
+                del held[largest]
 
     def _drop_oldest(self, files: list, keep: Path, max_bytes: float, max_count: float) -> None:
         total, count = sum(size for _, size, _ in files), len(files)
