@@ -105,9 +105,8 @@ class JobQueue:
 
     Fair by client: the next running place goes to the waiting job whose client has the
     fewest jobs running, then fewest in all (first come, first served among equals); a
-    client with
-    nothing running or waiting joins a full line. Nine addresses with four runs each took
-    all 34 places, and a tenth user was told the server was busy."""
+    client with nothing running or waiting joins a full line. Nine addresses with four
+    runs each took all 34 places, and a tenth user was told the server was busy."""
 
     SESSION_GRACE_SECONDS = 5.0
 
