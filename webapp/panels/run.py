@@ -137,9 +137,10 @@ class RunPanel:
             )
             client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
             lifecycle.queue()
-            # a run whose every cell is known computes nothing: it does not queue
+            # a run whose every cell is known computes nothing: it does not queue (a Compare
+            # run still computes its gradient maps, so it does)
             planned = runs.plan_run(self.services, request)
-            light = planned.positions > 0 and not planned.to_compute
+            light = planned.positions > 0 and not planned.to_compute and not request.compare
             with self.services.job(), self.services.jobs.slot(session, waiting, client, light):
                 lifecycle.start()
                 reporter, stage = live_reporter(

@@ -555,9 +555,10 @@ class VolumePanel:
                 set_progress(("0", "1", empty_figure(text), text))
 
             lifecycle.queue()
-            # a run whose every cell is known computes nothing: it does not queue
+            # a run whose every cell is known computes nothing: it does not queue (a Compare
+            # run still computes its gradient maps, so it does)
             planned = volume_runs.plan_volume_run(self.services, request)
-            light = planned.positions > 0 and not planned.to_compute
+            light = planned.positions > 0 and not planned.to_compute and not request.compare
             with self.services.job(), self.services.jobs.slot(session, waiting, client, light):
                 lifecycle.start()
                 reporter, stage = _live_reporter(
