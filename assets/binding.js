@@ -34,22 +34,17 @@
 
     window.dash_clientside = Object.assign({}, window.dash_clientside, {
         krypton_binding: {
-            hideImage: function (samples, compares, contents, ticket, model, filename) {
+            // At the click: what was wanted, then every other output hidden and Run
+            // disabled (the last output), for either panel (webapp.panels.common.hide_at_click).
+            hide: function (samples, compares, contents, ticket, model, filename) {
                 const name = wanted(filename, ticket);
                 const noUpdate = window.dash_clientside.no_update;
+                const count = window.dash_clientside.callback_context.outputs_list.length;
                 if (name === null) {
-                    return [noUpdate, noUpdate, noUpdate, noUpdate, noUpdate];
+                    return Array(count).fill(noUpdate);
                 }
-                return [name === undefined ? noUpdate : name, HIDDEN, HIDDEN, HIDDEN, true];
-            },
-            hideVolume: function (samples, compares, contents, ticket, model, filename) {
-                const name = wanted(filename, ticket);
-                const noUpdate = window.dash_clientside.no_update;
-                if (name === null) {
-                    return [noUpdate, noUpdate, noUpdate, noUpdate, noUpdate, noUpdate];
-                }
-                return [name === undefined ? noUpdate : name, HIDDEN, HIDDEN, HIDDEN, HIDDEN,
-                        true];
+                return [name === undefined ? noUpdate : name,
+                        ...Array(count - 2).fill(HIDDEN), true];
             },
             // The volume panel's: the description, class box, estimate and summary once the
             // volume answered is the one wanted and the description is that volume's.

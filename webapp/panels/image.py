@@ -11,7 +11,7 @@ from ..client import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
 from ..services import Services
-from .common import empty_figure, origin
+from .common import empty_figure, hide_at_click, origin
 
 
 class ImagePanel:
@@ -45,29 +45,12 @@ class ImagePanel:
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.load_image)
-        # The click decides what may sit beside the picture: a sample's button, a file
-        # or another model hides the top 5, the class list and the estimate and disables
-        # Run in the browser at once. This rule listens to the user's own inputs only, so
-        # no server callback in flight holds it back (a rule that also listened to the
-        # prediction waited for it: the old top 5 stayed beside a new picture for 5-15 s
-        # on a busy host, with Run enabled). The settings panel's rule shows them again
-        # once what arrived is for the picture on screen and the answered request is
-        # the one wanted.
-        app.clientside_callback(
-            ClientsideFunction("krypton_binding", "hideImage"),
-            Output(ids.IMAGE_WANTED, "data"),
-            Output(ids.TOP5, "style", allow_duplicate=True),
-            Output(ids.LABEL, "style", allow_duplicate=True),
-            Output(ids.ESTIMATE, "style", allow_duplicate=True),
-            Output(ids.RUN, "disabled", allow_duplicate=True),
-            Input({"type": ids.SAMPLE, "name": ALL}, "n_clicks"),
-            Input({"type": ids.COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
-            Input(ids.UPLOAD, "contents"),
-            Input(ids.UPLOAD_TICKET, "data"),
-            Input(ids.MODEL, "value"),
-            State(ids.UPLOAD, "filename"),
-            prevent_initial_call=True,
-        )
+        # a click hides the prediction, class list and estimate and disables Run; the
+        # settings panel's rule shows them again once what arrived is for the picture
+        hide_at_click(
+            app, ids.IMAGE_WANTED, [ids.TOP5, ids.LABEL, ids.ESTIMATE], ids.RUN,
+            (ids.SAMPLE, ids.COMPARE_SAMPLE, ids.UPLOAD, ids.UPLOAD_TICKET, ids.MODEL),
+        )  # fmt: skip
         app.callback(
             Output(ids.IMAGE_STORE, "data", allow_duplicate=True),
             Output(ids.MESSAGE, "children", allow_duplicate=True),

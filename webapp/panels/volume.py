@@ -22,7 +22,7 @@ from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import empty_figure, origin
+from .common import empty_figure, hide_at_click, origin
 from .compare import volume_compare_view
 from .run import cancelled
 
@@ -222,22 +222,13 @@ class VolumePanel:
         file or another model hides the description, the class box, the estimate and the
         summary and disables Run at the click; they come back once the volume answered is
         the one wanted and the panel has described it."""
-        app.clientside_callback(
-            ClientsideFunction("krypton_binding", "hideVolume"),
-            Output(ids.VOLUME_WANTED, "data"),
-            Output(ids.VOLUME_INFO, "style", allow_duplicate=True),
-            Output(ids.VOLUME_LABEL, "style", allow_duplicate=True),
-            Output(ids.VOLUME_ESTIMATE, "style", allow_duplicate=True),
-            Output(ids.VOLUME_SUMMARY, "style", allow_duplicate=True),
-            Output(ids.VOLUME_RUN, "disabled", allow_duplicate=True),
-            Input({"type": ids.VOLUME_SAMPLE, "name": ALL}, "n_clicks"),
-            Input({"type": ids.VOLUME_COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
-            Input(ids.VOLUME_UPLOAD, "contents"),
-            Input(ids.VOLUME_TICKET, "data"),
-            Input(ids.VOLUME_MODEL, "value"),
-            State(ids.VOLUME_UPLOAD, "filename"),
-            prevent_initial_call=True,
-        )
+        hide_at_click(
+            app, ids.VOLUME_WANTED,
+            [ids.VOLUME_INFO, ids.VOLUME_LABEL, ids.VOLUME_ESTIMATE, ids.VOLUME_SUMMARY],
+            ids.VOLUME_RUN,
+            (ids.VOLUME_SAMPLE, ids.VOLUME_COMPARE_SAMPLE, ids.VOLUME_UPLOAD, ids.VOLUME_TICKET,
+             ids.VOLUME_MODEL),
+        )  # fmt: skip
         app.clientside_callback(
             ClientsideFunction("krypton_binding", "showVolume"),
             Output(ids.VOLUME_INFO, "style"),
