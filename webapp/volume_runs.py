@@ -427,9 +427,12 @@ def _volume_estimate(request: VolumeRequest, positions: int, load: float) -> dic
     return dataclasses.asdict(found)
 
 
-def volume_estimate(model: str, size, patch: int, stride: int, mode: str, region) -> str:
+def volume_estimate(
+    model: str, size, patch: int, stride: int, mode: str, region, load: float | None = None
+) -> str:
     """What the panel says before Run: the positions, and the time this host's last runs
-    of the model, mode and cube predict (none until there are enough of them)."""
+    of the model, mode and cube predict at ``load`` (sampled now where None; none before
+    the first run here, for a model without a calibration)."""
     try:
         check_volume_region(region, tuple(size), patch, stride)
         axes = _grid_axes(tuple(size), patch, stride, region)
@@ -441,7 +444,8 @@ def volume_estimate(model: str, size, patch: int, stride: int, mode: str, region
     if mode == "approximate":
         return f"{positions}; drill-down evaluates a share of them"
     try:
-        found = estimate_for_counts(model, mode, patch, (count, 0), load=host_load())
+        load = host_load() if load is None else load
+        found = estimate_for_counts(model, mode, patch, (count, 0), load=load)
     except (NotCalibratedError, ValueError):
         return (
             f"{positions}; no time estimate yet (it is learnt from "

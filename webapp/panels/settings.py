@@ -183,17 +183,18 @@ class SettingsPanel:
         """How long a Run with these settings should take, and where that comes from:
         fixed cost + the positions not computed yet x their cost, and what naive would
         take for the same positions, scaled alike; with Compare ticked, that its
-        gradient step comes on top."""
+        gradient step comes on top. The host's load is sampled once for all of it."""
+        load = runs.host_load()
         text = self._estimate(
-            model_name, patch, stride, mode, region, drill, speedup, image, colour, custom
+            model_name, patch, stride, mode, region, drill, speedup, image, colour, custom, load
         )
         if not compare or not isinstance(text, str):
             return text
         loaded = self.services.model(model_name)
-        return f"{text} {comparison.estimate_note(loaded, runs.host_load())}"
+        return f"{text} {comparison.estimate_note(loaded, load)}"
 
     def _estimate(
-        self, model_name, patch, stride, mode, region, drill, speedup, image, colour, custom
+        self, model_name, patch, stride, mode, region, drill, speedup, image, colour, custom, load
     ):
         try:
             size = self.services.model(model_name).input_size
@@ -202,7 +203,6 @@ class SettingsPanel:
         except (InputError, ValueError) as exc:
             return html.Span(str(exc), className="warning")
         planned = self._planned(model_name, patch, stride, mode, region, image, colour, custom)
-        load = runs.host_load()
         if planned.positions and not planned.to_compute:
             found = runs.cached_estimate(model_name, load) if mode in ("exact", "naive") else None
             return (

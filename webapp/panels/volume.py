@@ -484,10 +484,11 @@ class VolumePanel:
             patch, stride = _whole(patch, "cube"), _whole(stride, "stride")
         except InputError as exc:
             return str(exc)
-        text = volume_runs.volume_estimate(model, loaded.input_size, patch, stride, mode, region)
-        if not compare:
-            return text
-        return f"{text}. {comparison.estimate_note(loaded, volume_runs.host_load())}"
+        load = volume_runs.host_load()  # sampled once for the line
+        text = volume_runs.volume_estimate(
+            model, loaded.input_size, patch, stride, mode, region, load
+        )
+        return f"{text}. {comparison.estimate_note(loaded, load)}" if compare else text
 
     def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
         """The kept volume result the handle names, when it explains what the panel shows:
