@@ -483,10 +483,18 @@ def count_known(known: _Known | None, axes: tuple) -> int:
     holds (keys as :func:`run_cells` makes them)."""
     if known is None or not known.cells:
         return 0
-    grids = np.meshgrid(*axes, indexing="ij")
-    corners = np.stack([g.ravel() for g in grids], axis=1).tolist()
-    keys = (tuple(c[::-1]) if len(axes) == 2 else tuple(c) for c in corners)
-    return sum(key in known.cells for key in keys)
+    return sum(key in known.cells for key in _grid_cells(axes)[2])
+
+
+def _grid_cells(axes: tuple) -> tuple[np.ndarray, np.ndarray, list[tuple[int, ...]]]:
+    """The cells of the grid ``axes``: (grid index (N, rank), first pixel or voxel
+    (N, rank), key). A cell's key is also the explainer's position for it: (x, y) for an
+    image, (z, y, x) for a volume, as their regions."""
+    shape = tuple(len(axis) for axis in axes)
+    index = np.stack([grid.ravel() for grid in np.indices(shape)], axis=1)  # (N, rank)
+    corners = np.stack([np.asarray(axis)[index[:, k]] for k, axis in enumerate(axes)], axis=1)
+    keys = [tuple(c[::-1]) if len(axes) == 2 else tuple(c) for c in corners.tolist()]
+    return index, corners, keys
 
 
 def run_cells(
@@ -507,10 +515,7 @@ def run_cells(
     picture covers the region from the first chunk and sharpens. Every cell computed is
     kept in ``known``. Returns (values, class_values, reused, evaluated, plan line, speed)."""
     shape = tuple(len(axis) for axis in axes)
-    index = np.stack([grid.ravel() for grid in np.indices(shape)], axis=1)  # (N, rank)
-    corners = np.stack([np.asarray(axis)[index[:, k]] for k, axis in enumerate(axes)], axis=1)
-    # a cell's key and the explainer's position: (x, y) for an image, (z, y, x) for a volume
-    keys = [tuple(c[::-1]) if len(axes) == 2 else tuple(c) for c in corners.tolist()]
+    index, corners, keys = _grid_cells(axes)
     values = np.full(shape, np.nan, dtype=np.float32)
     class_values = None
     todo = []
