@@ -35,7 +35,6 @@ from krypton.estimator import (
     estimate_for_counts,
     forward_seconds,
     load_factor,
-    naive_equivalent,
     recent_estimate,
     record_run,
     speed_claim,
@@ -684,17 +683,6 @@ def find_estimate(
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
-
-
-def naive_figure(
-    model: str, mode: str, patch: int, counts: tuple[int, int], positions: int, found: Estimate
-) -> float | None:
-    """Seconds naive would take for the same ``positions`` (``counts``: this mode's
-    planned stage-one and stage-two positions left), scaled as ``found`` was — the
-    calibration's naive-over-this-mode ratio; None where there is no basis for it."""
-    if mode == "naive":
-        return found.seconds
-    return naive_equivalent(model, mode, patch, counts, found, positions)
 
 
 def _estimate(
