@@ -454,8 +454,9 @@ def record_run(
 ) -> None:
     """Append one finished run (positions as planned: stage one, stage two) to the log,
     with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
-    these errors, :func:`conformal_ratios`) and the cores other work kept busy as it
-    started (``load``: the fit compares runs at one load, :func:`load_factor`)."""
+    these errors, :func:`conformal_ratios`), the cores other work kept busy as it started
+    and the torch ``threads`` it ran with (default: this process's now; the fit compares
+    runs at one load, :func:`row_load_factor`)."""
     path = path or runtime_log_path()
     row = {
         "model": model_name,
@@ -769,7 +770,7 @@ def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: flo
     this load, with a range of PROPORTIONAL_SPREAD either way."""
     paces = [
         r["seconds"]
-        / load_factor(r.get("load"))
+        / row_load_factor(r)
         / max(sum(_features(mode, (r["stage_one"], r["stage_two"]))), 1.0)
         for r in rows
     ]
@@ -782,7 +783,7 @@ def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: flo
 def row_load_factor(row: dict) -> float:
     """A logged run's :func:`load_factor`: at the load it met, with the threads it ran
     (rows logged before either was recorded: idle, at this process's threads)."""
-    return load_factor(row.get("load"), threads=row.get("threads"), idle_threads=None)
+    return load_factor(row.get("load"), threads=row.get("threads"))
 
 
 def _now_factor(rows: list[dict], load: float | None) -> float:
