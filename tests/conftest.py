@@ -94,6 +94,19 @@ def busy_host() -> int:
 
 
 @pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """Each test ends with the torch threads it began with: an app run beside busy cores
+    takes the cores left (webapp.runs.run_threads, process-wide by design), which must
+    not carry into the next test's timings or logged runs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def krypton_home(tmp_path_factory, monkeypatch):
     """Every test gets its own data folder: nothing is written under ~/.krypton."""
     home = tmp_path_factory.mktemp("krypton-home")

@@ -164,11 +164,14 @@ def test_a_run_with_nothing_to_compute_is_estimated_from_such_runs(tmp_path, kry
     assert first is not None and "two forward passes" in first.source
     again = runs.execute(services, "s", request, lambda *a: None)
     assert again["evaluated"] == 0
-    found = runs.cached_estimate("fundus-demo", 0.0)
+    from krypton.estimator import logged_runs, runtime_log_path
+
+    met = logged_runs("fundus-demo", runs.CACHED_MODE, 0, runtime_log_path())[-1]["load"]
+    found = runs.cached_estimate("fundus-demo", met)  # at the load that run met
     assert found is not None and found.low <= again["seconds"] <= found.high
     planned = runs.plan_run(services, request)
     shown = runs.find_estimate(
-        "fundus-demo", 16, 16, "exact", planned.region, 0.25, 3.0, planned.known, 0.0,
+        "fundus-demo", 16, 16, "exact", planned.region, 0.25, 3.0, planned.known, met,
         planned.positions,
     )  # fmt: skip
     assert shown == found
