@@ -201,7 +201,6 @@ class IncrementalGraph:
         # (node -> pad value -> (low, high) per spatial axis) and nodes kept whole
         self._padding_needs: dict[fx.Node, dict[float, list[tuple[int, int]]]] = {}
         self._kept_in_full: set[fx.Node] = set()
-        self._maps: dict[tuple[fx.Node, str], tuple[torch.Tensor, ...]] = {}
         depends: set[fx.Node] = set()
         dtype, device = image.dtype, image.device
 
@@ -488,16 +487,6 @@ class IncrementalGraph:
     def plan(self, geometry: PatchGeometry) -> ExecutionPlan:
         """Static plan for these positions: incremental, or naive when it cannot gain."""
         return static_plan(self, geometry)
-
-    def remap_maps(self, node: fx.Node, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """A copy op's index maps, one per spatial axis, as tensors on ``device`` (cached)."""
-        key = (node, str(device))
-        if key not in self._maps:
-            step = next(s for s in self.steps if s.node is node)
-            self._maps[key] = tuple(
-                torch.as_tensor(index_map, device=device) for index_map in step.remap.maps
-            )
-        return self._maps[key]
 
     def run_batch(
         self,

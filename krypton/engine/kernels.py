@@ -1,10 +1,11 @@
-"""Vectorised gather/scatter primitives: the batched form of Algorithm 1, lines 7-10.
+"""Patched batches and their layouts: what run.py's steps hand each other.
 
-Every function works on a whole batch of positions at once (one advanced-indexing call,
-no loop over items). Tensors have any number of spatial axes (rows and columns of an
-image; slices, rows and columns of a volume), and a patched tensor may keep them anywhere
-(NCHW, NHWC, NCDHW, ...): ``Patched.spatial_dims`` says where, and these kernels move
-them to the end only where they index.
+The incremental steps index through indices compiled once per run (:mod:`.indices`);
+what is left here builds naive inference's occluded batches (:func:`scatter_full`) and
+moves spatial axes where an index expects them, for a whole batch of positions at once.
+Tensors have any number of spatial axes (rows and columns of an image; slices, rows and
+columns of a volume), and a patched tensor may keep them anywhere (NCHW, NHWC, NCDHW,
+...): ``Patched.spatial_dims`` says where.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ __all__ = [
     "spatial_last",
     "to_logical",
     "window_index",
-    "gather_windows",
-    "read_in_context",
-    "read_in_context_scatter",
-    "gather_remapped",
     "scatter_full",
 ]
 
@@ -40,7 +37,9 @@ class Patched:
     """
 
     data: torch.Tensor
-    starts: tuple[torch.Tensor, ...]  # per spatial axis: (N,) window start per item
+    # per spatial axis: (N,) window start per item, where a scatter reads them (naive's
+    # occluded batches); incremental steps leave it empty, their indices are compiled
+    starts: tuple[torch.Tensor, ...]
     view_shape: tuple[int, ...]  # (1, ...) full shape of the view supplying the other cells
     spatial_dims: tuple[int, ...] | None = None  # default: the last len(starts) dimensions
 
@@ -68,6 +67,8 @@ def canonical(tensor: torch.Tensor, spatial_dims: Sequence[int]) -> torch.Tensor
 def spatial_last(data: torch.Tensor, spatial_dims: Sequence[int]) -> torch.Tensor:
     """(N, ..., h, ..., w, ...) -> (N, *spatial, M), M the other dimensions flattened."""
     rank = len(spatial_dims)
+    if data.dim() == rank + 2 and tuple(spatial_dims) == tuple(range(2, rank + 2)):
+        return data.permute(0, *range(2, rank + 2), 1)  # (N, C, *spatial): one view
     moved = canonical(data, spatial_dims)
     spatial = moved.shape[-rank:]
     flat = moved.reshape(moved.shape[0], -1, *spatial)
@@ -79,6 +80,8 @@ def to_logical(
 ) -> torch.Tensor:
     """(N, *spatial, M) -> the node's own layout, matching the view's other dimensions."""
     rank = len(spatial_dims)
+    if len(view_shape) == rank + 2 and tuple(spatial_dims) == tuple(range(2, rank + 2)):
+        return context.permute(0, rank + 1, *range(1, rank + 1))  # (N, C, *spatial): one view
     count, spatial = context.shape[0], context.shape[1 : rank + 1]
     other = [size for dim, size in enumerate(view_shape) if dim != 0 and dim not in spatial_dims]
     moved = context.permute(0, rank + 1, *range(1, rank + 1)).reshape(count, *other, *spatial)
@@ -111,106 +114,6 @@ def window_index(starts: Starts, lengths: Sequence[int]) -> tuple[torch.Tensor, 
 
 def _items(items: torch.Tensor, rank: int) -> torch.Tensor:
     return items.view(-1, *([1] * rank))
-
-
-def gather_windows(source: torch.Tensor, starts: Starts, lengths: Sequence[int]) -> torch.Tensor:
-    """Slice a (*spatial, M) tensor at a per-item window: (N, *lengths, M), eq 17."""
-    return source[window_index(starts, lengths)]
-
-
-def _overlay(
-    context: torch.Tensor,
-    absolute: Sequence[torch.Tensor],
-    source: Patched,
-    patch_starts: Starts,
-    patch_lengths: Sequence[int],
-    items: torch.Tensor,
-) -> torch.Tensor:
-    """Where the absolute cell lies in the given patch window, take the patch's value."""
-    inside_axes = [
-        (cells >= start.unsqueeze(1)) & (cells < (start + length).unsqueeze(1))
-        for cells, start, length in zip(absolute, patch_starts, patch_lengths)
-    ]
-    data_axes = [
-        (cells - start.unsqueeze(1)).clamp(0, size - 1)
-        for cells, start, size in zip(absolute, source.starts, source.lengths)
-    ]
-    patch = spatial_last(source.data, source.spatial_dims or ())
-    values = patch[(_items(items, len(absolute)), *_broadcast(data_axes))]
-    inside = _broadcast(inside_axes)
-    mask = inside[0]
-    for axis_mask in inside[1:]:
-        mask = mask & axis_mask
-    return torch.where(mask.unsqueeze(-1), values, context)
-
-
-def read_in_context(
-    padded: torch.Tensor,
-    read_starts: Starts,
-    offsets: Sequence[int],
-    lengths: Sequence[int],
-    source: Patched,
-    patch_starts: Starts,
-    patch_lengths: Sequence[int],
-    items: torch.Tensor,
-) -> torch.Tensor:
-    """Read-in context with the update patch superimposed (eqs 17-18), general form.
-
-    ``padded`` is the (*spatial + padding, M) view, its low padding per axis ``offsets``;
-    read windows are in unpadded coordinates. Only patch cells inside the given patch
-    window are superimposed (projective-field thresholding passes a centre-cropped window,
-    eqs 24-26).
-    """
-    shifted = [start + offset for start, offset in zip(read_starts, offsets)]
-    context = gather_windows(padded, shifted, lengths)
-    absolute = _ranges(read_starts, lengths)
-    return _overlay(context, absolute, source, patch_starts, patch_lengths, items)
-
-
-def read_in_context_scatter(
-    padded: torch.Tensor,
-    read_starts: Starts,
-    offsets: Sequence[int],
-    lengths: Sequence[int],
-    source: Patched,
-    items: torch.Tensor,
-) -> torch.Tensor:
-    """Read-in context when every patch lies inside its context (eqs 17-18, fast form).
-
-    Gathers the context from the view, then writes the whole patch at its per-item offset:
-    cheaper than the general form because only the patch cells are touched twice.
-    """
-    shifted = [start + offset for start, offset in zip(read_starts, offsets)]
-    context = gather_windows(padded, shifted, lengths)
-    patch = spatial_last(source.data, source.spatial_dims or ())
-    rank = len(lengths)
-    relative = [start - read for start, read in zip(source.starts, read_starts)]
-    index = window_index(relative, patch.shape[1 : rank + 1])
-    context[(_items(items, rank), *index)] = patch.to(context.dtype)  # autocast: bf16 into fp32
-    return context
-
-
-def gather_remapped(
-    view: torch.Tensor,
-    source_cells: Sequence[torch.Tensor],
-    source: Patched,
-    fill: float,
-    items: torch.Tensor,
-) -> torch.Tensor:
-    """Output cells that copy one input cell each (padding of any mode, cropping).
-
-    ``view``: the (*spatial, M) input view; ``source_cells``: per axis, the (N, l) input
-    coordinate each output cell copies, -1 for a cell filled with ``fill``. The incoming
-    patch is superimposed where a copied cell lies in it. Returns (N, *l, M).
-    """
-    clamped = [cells.clamp(min=0) for cells in source_cells]
-    context = view[_broadcast(clamped)]
-    context = _overlay(context, clamped, source, source.starts, source.lengths, items)
-    valid_axes = _broadcast([cells >= 0 for cells in source_cells])
-    valid = valid_axes[0]
-    for axis_valid in valid_axes[1:]:
-        valid = valid & axis_valid
-    return torch.where(valid.unsqueeze(-1), context, torch.full_like(context, fill))
 
 
 def scatter_full(value: Patched, view: torch.Tensor, items: torch.Tensor) -> torch.Tensor:

@@ -178,6 +178,7 @@ CONV_FUNCTIONS = {2: (F.conv2d, torch.conv2d), 3: (F.conv3d, torch.conv3d)}
 MAX_POOL_FUNCTIONS = {2: (F.max_pool2d, torch.max_pool2d), 3: (F.max_pool3d, torch.max_pool3d)}
 AVG_POOL_FUNCTIONS = {2: (F.avg_pool2d,), 3: (F.avg_pool3d,)}
 _CONV = {2: F.conv2d, 3: F.conv3d}
+_CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
 _MAX_POOL = {2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {2: F.avg_pool2d, 3: F.avg_pool3d}
 _CONV_MODULES: dict[type, int] = {nn.Conv2d: 2, nn.Conv3d: 3}
@@ -293,9 +294,20 @@ def _conv_spec(
     else:
         pads = _tuple(padding, rank)
     convolve = _CONV[rank]
+    layout = _CHANNELS_LAST[rank]
+    in_layout: dict[str, torch.Tensor] = {}  # the weight in the contexts' layout, made once
 
     def apply(context: torch.Tensor, padding: tuple[int, ...] | int = 0) -> torch.Tensor:
-        return convolve(context, weight, bias, strides, padding, dilations, groups)
+        # Read-in contexts are channels-last (gathered spatial-last); a weight in the
+        # other layout was converted on every call (4% of a ResNet18 run on a CPU).
+        used = weight
+        if context.is_contiguous(memory_format=layout) and not weight.is_contiguous(
+            memory_format=layout
+        ):
+            used = in_layout.get("weight")
+            if used is None:
+                used = in_layout["weight"] = weight.contiguous(memory_format=layout)
+        return convolve(context, used, bias, strides, padding, dilations, groups)
 
     return LocalOpSpec(
         kind="conv",

@@ -59,6 +59,9 @@ class PatchGeometry:
     # local ops whose input and output windows are the whole tensors for every position:
     # the update patch is the whole occluded tensor, so the op runs as in full inference
     whole: set[fx.Node] = field(default_factory=set)
+    # each run's compiled indices (run.batch_index), per device and first position: built
+    # once for this geometry and its batches, dropped with it
+    compiled: dict[str, dict] = field(default_factory=dict, repr=False, compare=False)
 
     def take(self, index: slice) -> PatchGeometry:
         """The same windows for a slice of the positions. Lengths stay those of all the
@@ -76,6 +79,7 @@ class PatchGeometry:
             windows={n: tuple(w.take(index) for w in ws) for n, ws in self.windows.items()},
             local_steps={n: tuple(cut(a) for a in ax) for n, ax in self.local_steps.items()},
             positions=len(range(*index.indices(self.positions))),
+            compiled={},
         )
 
     def macs_per_position(self, steps: list[Step], shapes: dict) -> tuple[int, int]:

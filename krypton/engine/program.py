@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
 import torch.fx as fx
 
 from .classify import Step
@@ -28,8 +27,4 @@ class Program(Protocol):
 
     def dims_of(self, node: fx.Node) -> tuple[int, ...]:
         """Where the spatial axes are in ``node``'s tensor."""
-        ...
-
-    def remap_maps(self, node: fx.Node, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """A remapping op's map per spatial axis (output index -> source index)."""
         ...

@@ -8,50 +8,39 @@ together at the first of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 import torch
 import torch.fx as fx
 
-from . import ops
 from .classify import NodeKind, Step, first_input, flatten_nodes
 from .clock import DeviceClock
-from .geometry import padding_needed
-from .kernels import (
-    Patched,
-    gather_remapped,
-    gather_windows,
-    read_in_context,
-    read_in_context_scatter,
-    scatter_full,
-    to_logical,
-)
+from .indices import BatchIndex, NodeIndex, Read, compile_batches, view_pad_value
+from .kernels import Patched, spatial_last, to_logical
 from .plan import PatchGeometry
 from .program import Program
 from .views import MaterializedViews
 
-__all__ = ["run_batch", "view_pad_value"]
-
-StartTensor = Callable[[np.ndarray], torch.Tensor]
+__all__ = ["run_batch", "view_pad_value", "batch_index"]
 
 
 @dataclass
 class _Batch:
     """What every node of one batch reads: the graph, the values so far, the views, the
-    windows, per-position start tensors and the item index."""
+    batch's compiled indices and the materialised tensors."""
 
     graph: Program
     env: dict
     views: MaterializedViews
     geometry: PatchGeometry
-    start_tensor: StartTensor
-    items: torch.Tensor
+    indices: BatchIndex
     full_cache: dict
     occluder: torch.Tensor
     index: int = 0  # the step running now
+
+    def of(self, node: fx.Node) -> NodeIndex:
+        return self.indices.nodes[node]
 
     def may_overwrite(self, node: fx.Node) -> bool:
         """Whether ``node``'s patch may be overwritten by the step running now: no later
@@ -83,11 +72,26 @@ def _storages(values: list) -> list[int]:
     return pointers
 
 
-def view_pad_value(spec: ops.LocalOpSpec) -> float:
-    """Padding value of the view a local op reads: its own (0 or -inf) where it reads
-    padding, else 0, so ops needing no padding share the plain zero-padded view."""
-    reads_padding = any(any(padding_needed(axis)) for axis in spec.axes)
-    return spec.pad_value if reads_padding else 0.0
+def batch_index(
+    graph: Program, views: MaterializedViews, geometry: PatchGeometry, batch: slice, device
+) -> BatchIndex:
+    """The compiled indices of positions ``batch`` (:mod:`.indices`): compiled on the
+    first batch of a run for it and every later batch of its length, then looked up."""
+    start, stop, _ = batch.indices(geometry.positions)
+    compiled = geometry.compiled.setdefault(str(device), {})
+    known = compiled.get(start)
+    if known is None or known.count != stop - start:
+        compiled.update(
+            compile_batches(
+                graph,
+                geometry,
+                lambda node, pad: views.spatial(node, pad)[1],
+                slice(start, stop),
+                torch.device(device),
+            )
+        )
+        known = compiled[start]
+    return known
 
 
 def run_batch(
@@ -111,26 +115,18 @@ def run_batch(
         clock = DeviceClock(device)
     elif timings is None:
         clock = None
-    count = len(range(*batch.indices(geometry.positions)))
-    items = torch.arange(count, device=device)
-    starts: dict[int, torch.Tensor] = {}
-
-    def start_tensor(array: np.ndarray) -> torch.Tensor:
-        key = id(array)
-        if key not in starts:
-            starts[key] = torch.as_tensor(array[batch], device=device)
-        return starts[key]
-
+    indices = batch_index(graph, views, geometry, batch, device)
+    count = indices.count
     env: dict[fx.Node, Any] = {}
     full_cache: dict[fx.Node, torch.Tensor] = {}
-    state = _Batch(graph, env, views, geometry, start_tensor, items, full_cache, occluder)
+    state = _Batch(graph, env, views, geometry, indices, full_cache, occluder)
 
     def concrete(node: fx.Node) -> Any:
         value = env[node]
         if not isinstance(value, Patched):
             return value
         if node not in full_cache:
-            full_cache[node] = scatter_full(value, views.values[node], items)
+            full_cache[node] = _materialise(value, views.values[node], state.of(node))
         return full_cache[node]
 
     for index, step in enumerate(graph.steps):
@@ -141,15 +137,13 @@ def run_batch(
         if kind in (NodeKind.STATIC, NodeKind.FROZEN):
             env[node] = views.values[node]
         elif kind == NodeKind.INPUT:
-            windows = geometry.windows[node]
             # one occluder for every position, or one per position (N, C, *patch)
             data = (
                 occluder
-                if occluder.dim() == len(windows) + 2
-                else occluder.unsqueeze(0).expand(count, *occluder.shape)
+                if occluder.dim() == len(graph.dims_of(node)) + 2
+                else occluder.expand(count, *occluder.shape)
             )
-            first_cells = tuple(start_tensor(window.start) for window in windows)
-            env[node] = Patched(data, first_cells, graph.shapes[node])
+            env[node] = Patched(data, (), graph.shapes[node], graph.dims_of(node))
         elif kind == NodeKind.LOCAL:
             env[node] = _run_local(state, step)
         elif kind == NodeKind.REMAP:
@@ -184,9 +178,27 @@ def run_batch(
     raise AssertionError("graph has no output node")  # pragma: no cover
 
 
-def _starts(batch: _Batch, windows) -> tuple[torch.Tensor, ...]:
-    """Per spatial axis, the batch's window starts as tensors."""
-    return tuple(batch.start_tensor(window.start) for window in windows)
+def _same_dtype(patch: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The patch in the target's dtype (autocast: bf16 written into fp32), no op if equal."""
+    return patch if patch.dtype == target.dtype else patch.to(target.dtype)
+
+
+def _materialise(value: Patched, view: torch.Tensor, index: NodeIndex) -> torch.Tensor:
+    """A patched batch in full: copies of the view with each patch written in place.
+
+    Always a fresh tensor (``repeat``): the patch must never land in the cached view."""
+    full = view.repeat(value.data.shape[0], *([1] * (view.dim() - 1)))
+    assert index.full is not None
+    full.index_put_(index.full, _same_dtype(value.data, full))
+    return full
+
+
+def _superimposed(context: torch.Tensor, read: Read, source: Patched) -> torch.Tensor:
+    """A spatial-last context (N, *window, M) with the patch's cells where they lie in it
+    (the general form of eqs 17-18: the patch may cover only part of it)."""
+    patch = spatial_last(source.data, source.spatial_dims or ())
+    assert read.values is not None and read.inside is not None
+    return torch.where(read.inside, _same_dtype(patch, context)[read.values], context)
 
 
 def _run_local(batch: _Batch, step: Step) -> Patched:
@@ -198,42 +210,28 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
         args = fx.node.map_arg(step.node.args, lambda n: _plain(env[n]))
         kwargs = fx.node.map_arg(step.node.kwargs, lambda n: _plain(env[n]))
         output = step.call(args, kwargs)
-        return Patched(output, source.starts, graph.shapes[step.node])
-    axis_steps = geometry.local_steps[step.node]
-    padded, offsets = views.spatial(source_node, view_pad_value(spec))
-    read_starts = _starts(batch, [a.read for a in axis_steps])
-    read_lengths = [a.read.length for a in axis_steps]
+        return Patched(output, (), graph.shapes[step.node], graph.dims_of(step.node))
+    index = batch.of(step.node)
+    read = index.read
+    assert read is not None
+    padded, _ = views.spatial(source_node, view_pad_value(spec))
+    context = padded[read.gather]  # (N, *context, M), eq 17
+    rank = context.dim() - 2
+    if read.place is None:
+        context = _superimposed(context, read, source)
+    else:  # eq 18: the patch's rows written in place
+        patch = spatial_last(source.data, source.spatial_dims or ())
+        context.index_put_(read.place, _same_dtype(patch, context))
+    channels_first = context.permute(0, rank + 1, *range(1, rank + 1))
     own_padding = geometry.implicit_padding.get(step.node)
-    if own_padding is not None:  # whole axes: read unpadded, the convolution pads them
-        read_starts = tuple(start + pad for start, pad in zip(read_starts, own_padding))
-        read_lengths = [length - 2 * pad for length, pad in zip(read_lengths, own_padding)]
-    if geometry.scatter_ok[step.node]:
-        context = read_in_context_scatter(
-            padded, read_starts, offsets, read_lengths, source, batch.items
-        )
-    else:
-        context = read_in_context(
-            padded,
-            read_starts,
-            offsets,
-            read_lengths,
-            source,
-            _starts(batch, [a.input for a in axis_steps]),
-            [a.input.length for a in axis_steps],
-            batch.items,
-        )
-    rank = len(axis_steps)
-    channels_first = (0, rank + 1, *range(1, rank + 1))
-    context = context.permute(channels_first)
     output = (  # eq 19, on the whole batch
-        spec.apply(context) if own_padding is None else spec.apply(context, own_padding)
+        spec.apply(channels_first)
+        if own_padding is None
+        else spec.apply(channels_first, own_padding)
     )
-    out_starts = _starts(batch, [a.output for a in axis_steps])
-    if spec.divisor_map is not None:
-        out_lengths = [a.output.length for a in axis_steps]
-        factor = gather_windows(spec.divisor_map.unsqueeze(-1), out_starts, out_lengths)
-        output = output * factor.permute(channels_first)
-    return Patched(output, out_starts, graph.shapes[step.node])
+    if index.divisor is not None:
+        output = output * index.divisor
+    return Patched(output, (), graph.shapes[step.node], graph.dims_of(step.node))
 
 
 def _plain(value: Any) -> Any:
@@ -242,66 +240,51 @@ def _plain(value: Any) -> Any:
 
 
 def _run_remap(batch: _Batch, step: Step) -> Patched:
-    graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
+    graph, env, views = batch.graph, batch.env, batch.views
     source_node = first_input(step.node)
-    source: Patched = env[source_node]
+    read = batch.of(step.node).read
+    assert read is not None
     view, _ = views.spatial(source_node)
-    windows = geometry.windows[step.node]
-    out_starts = _starts(batch, windows)
-    device = batch.items.device
-    source_cells = [
-        index_map[start.unsqueeze(1) + torch.arange(window.length, device=device)]
-        for index_map, start, window in zip(
-            graph.remap_maps(step.node, device), out_starts, windows
-        )
-    ]
-    context = gather_remapped(view, source_cells, source, step.remap.fill, batch.items)
+    context = _superimposed(view[read.gather], read, env[source_node])
+    if read.valid is not None:
+        context = torch.where(read.valid, context, step.remap.fill)
     shape = graph.shapes[step.node]
-    return Patched(
-        to_logical(context, shape, step.spatial_dims), out_starts, shape, step.spatial_dims
-    )
+    dims = graph.dims_of(step.node)
+    return Patched(to_logical(context, shape, dims), (), shape, dims)
 
 
 def _run_pointwise(batch: _Batch, step: Step) -> Any:
     graph, env, views, geometry = batch.graph, batch.env, batch.views, batch.geometry
-    items = batch.items
     node = step.node
     shape = graph.shapes.get(node)
     if step.pick is not None:  # one piece of a split
         return env[step.patched_args[0]][step.pick]
-    windows = geometry.windows[node]
-    out_starts = _starts(batch, windows)
-    out_lengths = [window.length for window in windows]
     if step.patch_call is not None:  # layout op on a single, aligned patch
         data = step.patch_call(env[step.patched_args[0]].data)
-        return Patched(data, out_starts, shape, step.spatial_dims)
+        return Patched(data, (), shape, graph.dims_of(node))
+    index = batch.of(node)
     replacements: dict[fx.Node, Any] = {}
     for arg in step.patched_args:
         value: Patched = env[arg]
         if (node, arg) in geometry.aligned:
             replacements[arg] = value.data
             continue
-        source, offsets = views.spatial(arg)
-        if (node, arg) in geometry.contained:  # merge, input inside the bounding box
-            context = read_in_context_scatter(
-                source, out_starts, offsets, out_lengths, value, items
-            )
+        read = index.args[arg]
+        source, _ = views.spatial(arg)
+        dims = value.spatial_dims or ()
+        if read.place is not None:  # merge, input inside the bounding box
+            context = source[read.gather]
+            patch = spatial_last(value.data, dims)
+            context.index_put_(read.place, _same_dtype(patch, context))
+            context = to_logical(context, value.view_shape, dims)
         else:  # merge: bring the input to the bounding box (eq 20)
-            context = read_in_context(
-                source,
-                out_starts,
-                offsets,
-                out_lengths,
-                value,
-                value.starts,
-                value.lengths,
-                items,
+            context = to_logical(
+                _superimposed(source[read.gather], read, value), value.view_shape, dims
             )
-        replacements[arg] = to_logical(context, value.view_shape, value.spatial_dims or ())
+        replacements[arg] = context
     for arg in step.cropped_statics:
-        source, offsets = views.spatial(arg)
-        shifted = [start + offset for start, offset in zip(out_starts, offsets)]
-        context = gather_windows(source, shifted, out_lengths)
+        source, _ = views.spatial(arg)
+        context = source[index.statics[arg]]
         replacements[arg] = to_logical(context, graph.shapes[arg], graph.dims_of(arg))
     args = fx.node.map_arg(node.args, lambda n: replacements.get(n, env[n]))
     kwargs = fx.node.map_arg(node.kwargs, lambda n: replacements.get(n, env[n]))
@@ -313,7 +296,7 @@ def _run_pointwise(batch: _Batch, step: Step) -> Any:
     output = call(args, kwargs)
     if isinstance(output, (tuple, list)):  # a split: one patch per piece
         return tuple(
-            Patched(piece, out_starts, piece_shape, step.spatial_dims)
+            Patched(piece, (), piece_shape, graph.dims_of(node))
             for piece, piece_shape in zip(output, step.element_shapes)
         )
-    return Patched(output, out_starts, shape, step.spatial_dims)
+    return Patched(output, (), shape, graph.dims_of(node))

@@ -1,0 +1,84 @@
+"""Incremental inference dispatches no more operators than naive inference can justify.
+
+Every aten operator an eager run dispatches is a kernel launch on a card and interpreter
+time on a CPU. A ``TorchDispatchMode`` counts them around ``OcclusionExplainer.explain``
+at bench.op_count's settings (the bench nets at their bench regions, CPU batch 16):
+forced incremental inference may dispatch at most twice naive's operators over the whole
+run, compilation of its indices included, and after the first batch no operator that
+waits for the host (``.item()``, ``nonzero``, ...) nor any tensor built from Python data.
+The graph is captured by a one-position call first, as a warm-up would, so capture is
+not counted; the counted runs are whole runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import krypton
+from bench.op_count import SETTINGS, OpCount, Setting
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _counted(explainer: krypton.OcclusionExplainer, setting: Setting, image, **options) -> OpCount:
+    counter = OpCount()
+
+    def progress(done: int, total: int) -> None:
+        counter.batches_seen += 1
+
+    with counter:
+        explainer.explain(
+            image,
+            patch=setting.patch,
+            stride=setting.stride,
+            region=setting.region,
+            batch_size=16,
+            label=0,
+            progress=progress,
+            **options,
+        )
+    return counter
+
+
+@pytest.mark.parametrize("name", ["resnet18", "vgg16", "inception3", "r3d_18"])
+def test_forced_incremental_dispatches_at_most_twice_naives_operators(name: str) -> None:
+    setting = SETTINGS[name]
+    model = setting.build()
+    torch.manual_seed(1)
+    image = torch.randn(setting.shape)
+    explainer = krypton.OcclusionExplainer(model)
+    one = setting.region[: len(setting.region) // 2]  # capture on one position's run
+    side = np.broadcast_to(setting.patch, (len(one),))
+    explainer.explain(
+        image,
+        patch=setting.patch,
+        mode="exact",
+        strategy="incremental",
+        region=tuple(one) + tuple(int(a) + int(p) for a, p in zip(one, side)),
+        label=0,
+    )
+    naive = _counted(explainer, setting, image, mode="naive")
+    incremental = _counted(explainer, setting, image, mode="exact", strategy="incremental")
+    assert incremental.batches_seen >= 3  # several batches: compilation is not the run
+    assert incremental.total <= 2 * naive.total, (
+        f"{name}: {incremental.total} operators incremental against {naive.total} naive; "
+        f"most frequent {incremental.counts.most_common(8)}"
+    )
+    assert incremental.syncs_after_first_batch() == {}
+
+
+def test_the_counter_sees_host_syncs_and_fresh_tensors_after_the_first_batch() -> None:
+    """The counter itself can fail: an .item() and a torch.tensor() after the first
+    batch are reported, and the same before it are not."""
+    counter = OpCount()
+    with counter:
+        torch.ones(2).sum().item()
+        counter.batches_seen = 1
+        torch.tensor([1, 2])
+        torch.ones(3).nonzero()
+    late = counter.syncs_after_first_batch()
+    assert late.get("lift_fresh") == 1 and late.get("nonzero") == 1
+    assert "_local_scalar_dense" not in late
+    assert counter.counts["_local_scalar_dense"] == 1
