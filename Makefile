@@ -66,7 +66,8 @@ cluster: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.bench
 	$(PY) -m bench.default_model
-	$(PY) -m bench.architectures
+	$(PY) -m bench.architectures --on-off
+	$(PY) -m bench.op_count --memory vgg16
 	$(PY) -m bench.profile
 	$(PY) -m bench.reuse
 	$(PY) -m bench.volumes

@@ -1,7 +1,7 @@
 """Benchmark: exact (planned) vs naive over the architecture matrix, side by side.
 
     python -m bench.architectures [--models tv:resnet18,timm:efficientnet_b0] [--side 52]
-                                  [--no-neighbour]
+                                  [--no-neighbour] [--on-off]
 
 Per architecture (random weights, 224x224 — 299 for Inception3 —, patch 16, stride 4,
 batch 16, a central region of 100 positions): the FLOP limit from static analysis
@@ -17,7 +17,10 @@ pairs cannot tell from 0.95x here): ratios are taken within the run because this
 is shared and noisy (a best of two per mode read equal work at 0.94x). Then again with a
 neighbour: one process per core burning it, as a colleague's job would (the planner's
 monitor must keep exact at least as fast as naive under any load), pairs on one torch
-thread (--neighbour-threads): two threads on two taken cores stall at random.
+thread (--neighbour-threads): two threads on two taken cores stall at random. With
+``--on-off``, a third time beside a load that comes and goes: the burners stopped and
+resumed every few seconds, as a test suite's bursts are, so the planner's timings and its
+monitor's probes meet a load other than the one the batch after them runs under.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -93,9 +98,9 @@ PATCH, STRIDE, BATCH = 16, 4, 16
 PAIRS, EQUAL_WORK_PAIRS = 4, 8
 
 
-def measure(name: str, side: int, neighbour_threads: int = 1) -> dict:
+def measure(name: str, side: int, neighbour_threads: int = 1, on_off: bool = False) -> dict:
     """One row: alone, then (unless neighbour_threads is 0) beside a CPU burner on
-    neighbour_threads torch threads."""
+    neighbour_threads torch threads, and (``on_off``) beside burners switched on and off."""
     import krypton
     from krypton.explainer import grid_positions
 
@@ -128,6 +133,10 @@ def measure(name: str, side: int, neighbour_threads: int = 1) -> dict:
         # far noisier: paired calls, the median pair, on neighbour_threads torch threads
         with burning_neighbour(), torch_threads(neighbour_threads):
             busy = paired(explainer, image, settings, name, pairs)
+    flickering = None
+    if on_off:
+        with on_off_neighbour():
+            flickering = paired(explainer, image, settings, name, pairs)
     return {
         "model": name,
         "positions": int(first_call.values.size),
@@ -149,6 +158,9 @@ def measure(name: str, side: int, neighbour_threads: int = 1) -> dict:
         "ratio_with_neighbour": None if busy is None else busy["ratio"],
         "plan_with_neighbour": None if busy is None else busy["plan"],
         "pair_ratios_with_neighbour": None if busy is None else busy["pair_ratios"],
+        "ratio_on_off": None if flickering is None else flickering["ratio"],
+        "plan_on_off": None if flickering is None else flickering["plan"],
+        "pair_ratios_on_off": None if flickering is None else flickering["pair_ratios"],
         "torch_threads": torch.get_num_threads(),
         "torch_threads_with_neighbour": neighbour_threads or None,
         "overhead": None,
@@ -217,14 +229,43 @@ def burning_neighbour() -> Iterator[None]:
             burner.wait()
 
 
+@contextlib.contextmanager
+def on_off_neighbour(on_seconds: float = 3.0, off_seconds: float = 2.0) -> Iterator[None]:
+    """One burner per core, stopped and resumed (SIGSTOP / SIGCONT) every few seconds
+    for as long as the block runs: a load that comes and goes."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    done = threading.Event()
+
+    def switch() -> None:
+        running = True
+        while not done.wait(on_seconds if running else off_seconds):
+            for burner in burners:
+                burner.send_signal(signal.SIGSTOP if running else signal.SIGCONT)
+            running = not running
+
+    switcher = threading.Thread(target=switch, daemon=True)
+    switcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        switcher.join()
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
 def below_limit_target(row: dict) -> bool:
     """A limit worth reaching (>= 1.5x) of which exact reached under 0.8 (alone)."""
     return row["flop_limit"] >= 1.5 and row["ratio"] < 0.8 * row["flop_limit"]
 
 
 def verdict(row: dict) -> str:
-    """Which target the row meets: >= 0.95x naive always (alone and beside the
-    neighbour); >= 0.8x of a limit >= 1.5x (alone)."""
+    """Which target the row meets: >= 0.95x naive always (alone, beside the neighbour
+    and beside the on-off load); >= 0.8x of a limit >= 1.5x (alone)."""
     problems = []
     for where, ratio, pairs, plan in (
         ("alone", row["ratio"], row.get("pair_ratios"), row["plan"]),
@@ -233,6 +274,12 @@ def verdict(row: dict) -> str:
             row.get("ratio_with_neighbour"),
             row.get("pair_ratios_with_neighbour"),
             row.get("plan_with_neighbour"),
+        ),
+        (
+            "beside a load that comes and goes",
+            row.get("ratio_on_off"),
+            row.get("pair_ratios_on_off"),
+            row.get("plan_on_off"),
         ),
     ):
         if ratio is None or ratio >= 0.95:
@@ -255,16 +302,18 @@ def print_table(rows: list[dict]) -> None:
     print(
         "| model | FLOP limit | FLOPs before first global op | first global op | capture (s) "
         "| naive (s) | exact (s) | exact/naive | share of limit | exact/naive, neighbour "
-        "| plan | target |"
+        "| exact/naive, on-off load | plan | target |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         busy = r.get("ratio_with_neighbour")
+        on_off = r.get("ratio_on_off")
         print(
             f"| {r['model']} | {r['flop_limit']:.2f}x | {r['share_before_first_global']:.0%} | "
             f"{r['first_global']} | {r['capture_s']:.2f} | {r['naive_s']:.2f} | "
             f"{r['exact_s']:.2f} | {r['ratio']:.2f}x | {r['limit_reached']:.0%} | "
-            f"{'-' if busy is None else f'{busy:.2f}x'} | {r['strategy']} | {verdict(r)} |"
+            f"{'-' if busy is None else f'{busy:.2f}x'} | "
+            f"{'-' if on_off is None else f'{on_off:.2f}x'} | {r['strategy']} | {verdict(r)} |"
         )
 
 
@@ -283,6 +332,9 @@ def main() -> None:
         help="torch threads beside the burner (1, as docs/team.md runs a shared core: two "
         "threads on two taken cores stall 2-7x at random, burying the plans' difference)",
     )
+    parser.add_argument(
+        "--on-off", action="store_true", help="also beside burners switched on and off"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_grad_enabled(False)
@@ -290,7 +342,7 @@ def main() -> None:
     for name in args.models.split(","):
         try:
             threads = 0 if args.no_neighbour else args.neighbour_threads
-            row = measure(name, args.side, neighbour_threads=threads)
+            row = measure(name, args.side, neighbour_threads=threads, on_off=args.on_off)
         except Exception as error:  # a row that cannot run says why; the others go on
             print(f"{name}: FAILED {type(error).__name__}: {error}", flush=True)
             failed.append(name)
@@ -310,6 +362,12 @@ def main() -> None:
                 if busy is None
                 else f", beside the neighbour {busy:.2f}x (pairs "
                 f"{row['pair_ratios_with_neighbour']})"
+            )
+            + (
+                ""
+                if row["ratio_on_off"] is None
+                else f", beside the on-off load {row['ratio_on_off']:.2f}x (pairs "
+                f"{row['pair_ratios_on_off']})"
             )
             + f" ({row['plan']}); target: {verdict(row)}",
             flush=True,

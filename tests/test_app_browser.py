@@ -110,6 +110,16 @@ def drag_region(
     raise TimeoutException(f"the drag on {graph} did not change the region (still {before!r})")
 
 
+def press_run(dash_duo, timeout=60):
+    """Press Run once it is enabled, as a user can: right after a run's summary shows, the
+    button comes back a moment later (its busy flag clears in the next callback), longer
+    on a busy host, and a click on the disabled button does nothing."""
+    deadline = time.monotonic() + timeout
+    while not dash_duo.find_element("#run").is_enabled() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    dash_duo.find_element("#run").click()
+
+
 def choose(dash_duo, dropdown_id, text, prefix=False):
     """Open a dcc.Dropdown and click the option with this text (or starting with it) —
     Dash 4 renders the open list in a portal, outside the dropdown element."""

@@ -6,7 +6,7 @@ re-colours at once."""
 import time
 
 import pytest
-from test_app_browser import choose, upload, wait_for_result
+from test_app_browser import choose, press_run, upload, wait_for_result
 
 pytestmark = pytest.mark.browser
 
@@ -23,8 +23,8 @@ def sample_live_run(dash_duo, timeout=180):
     (seconds to the first heatmap, [heatmap on screen?] after the first one, seconds from
     Run to the live panel's end)."""
     driver = dash_duo.driver
+    press_run(dash_duo)
     pressed = time.perf_counter()
-    driver.find_element("css selector", "#run").click()
     first, samples = None, []
     deadline = pressed + timeout
     while time.perf_counter() < deadline:
@@ -91,7 +91,7 @@ def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton
     assert not any(disabled.values())
     # naive after exact computes its own positions and does not compare with itself
     dash_duo.find_element("#mode input[value='naive']").click()
-    dash_duo.find_element("#run").click()
+    press_run(dash_duo)
     deadline = time.time() + 120
     while time.time() < deadline and "naive ·" not in dash_duo.find_element("#result-summary").text:
         time.sleep(0.3)
