@@ -19,9 +19,9 @@ import argparse
 import collections
 import json
 import os
-import resource
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -184,30 +184,55 @@ def measure(setting: Setting, batch_size: int = 16) -> dict[str, OpCount]:
     return counts
 
 
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+def _resident_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class _ResidentPeak:
+    """The process's highest resident set while the block runs, sampled every 2 ms."""
+
+    def __init__(self) -> None:
+        self.peak = self.before = _resident_mb()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, _resident_mb())
+
+    def __enter__(self) -> _ResidentPeak:
+        self.peak = self.before = _resident_mb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, _resident_mb())
 
 
 def child_peak(name: str, mode: str, batch_size: int) -> None:
-    """(In a child process) print one run's peak resident MB above the loaded model's."""
+    """(In a child process) print one run's peak resident MB above the process before it
+    (glibc returning every large block at once: MALLOC_MMAP_THRESHOLD_ set by the parent)."""
     setting = SETTINGS[name]
     model = setting.build()
     torch.manual_seed(1)
     image = torch.randn(setting.shape)
-    before = _peak_mb()
-    heatmap = krypton.explain(
-        model,
-        image,
-        patch=setting.patch,
-        stride=setting.stride,
-        mode="naive" if mode == "naive" else "exact",
-        strategy="auto" if mode == "naive" else "incremental",
-        region=setting.region,
-        batch_size=batch_size,
-        label=0,
-    )
+    with _ResidentPeak() as resident:
+        heatmap = krypton.explain(
+            model,
+            image,
+            patch=setting.patch,
+            stride=setting.stride,
+            mode="naive" if mode == "naive" else "exact",
+            strategy="auto" if mode == "naive" else "incremental",
+            region=setting.region,
+            batch_size=batch_size,
+            label=0,
+        )
     batch = heatmap.extra.get("batch_size", batch_size)
-    print(json.dumps({"peak_mb": _peak_mb() - before, "batch": batch}))
+    print(json.dumps({"peak_mb": resident.peak - resident.before, "batch": batch}))
 
 
 def peak_memory(name: str, batch_size: int = 128) -> dict[str, dict]:
@@ -220,7 +245,11 @@ def peak_memory(name: str, batch_size: int = 128) -> dict[str, dict]:
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, "KRYPTON_MEMORY_BUDGET_MB": "12000"},  # batch 128 for both
+            env={
+                **os.environ,
+                "KRYPTON_MEMORY_BUDGET_MB": "12000",  # batch 128 for both
+                "MALLOC_MMAP_THRESHOLD_": "131072",  # large blocks back to the system at once
+            },
         ).stdout
         found[mode] = json.loads(out.strip().splitlines()[-1])
     return found

@@ -153,10 +153,13 @@ def _members(source: Path) -> Iterator[tuple[str, bytes]]:
             yield entry.filename, data
 
 
-def _headers(source: Path) -> list[tuple[str, object, bytes]]:
-    """(name, header, bytes) of every DICOM file in the source, deflated ones inflated
-    through the 2-D path's bounded inflater: together they may inflate as far as one
-    deflated file may (:func:`krypton.io.dicom.inflated_limit`). Other files are skipped."""
+def _headers(source: Path) -> list[tuple[str, object, int]]:
+    """(name, dataset, size in bytes) of every DICOM file in the source, deflated ones
+    inflated through the 2-D path's bounded inflater: together they may inflate as far as
+    one deflated file may (:func:`krypton.io.dicom.inflated_limit`). Other files are
+    skipped. Each file is parsed once, its pixel data kept undecoded (a header-only pass
+    and a second full parse cost a 2,048-slice series of tiny slices two thirds of its
+    read); decoding waits for the budget's verdict on the whole series."""
     import pydicom
     from pydicom.errors import InvalidDicomError
 
@@ -173,10 +176,17 @@ def _headers(source: Path) -> list[tuple[str, object, bytes]]:
         inflated += len(plain) if plain is not data else 0
         data = plain
         try:
-            header = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
-        except (InvalidDicomError, EOFError, OSError, ValueError, TypeError):
-            continue
-        found.append((name, header, data))
+            dataset = pydicom.dcmread(io.BytesIO(data))
+        except (InvalidDicomError, EOFError, OSError, ValueError, TypeError) as exc:
+            try:  # not DICOM at all: skipped; DICOM whose pixel data breaks: refused
+                pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+            except (InvalidDicomError, EOFError, OSError, ValueError, TypeError):
+                continue
+            raise ImageLoadError(
+                f"{name}: its pixel data cannot be read ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); it may be truncated"
+            ) from None
+        found.append((name, dataset, len(data)))
     if not found:
         raise ImageLoadError(f"{source} holds no DICOM files")
     return found
@@ -214,7 +224,7 @@ def _sorted_slices(headers, source: Path) -> tuple[list, float, tuple[float, flo
     size = (getattr(first, "Rows", None), getattr(first, "Columns", None))
     normal = np.cross(orientation[:3], orientation[3:])
     placed = []
-    for name, header, data in headers:
+    for name, header, nbytes in headers:
         if not np.allclose(
             _vector(header, "ImageOrientationPatient", 6, name),
             orientation,
@@ -229,7 +239,7 @@ def _sorted_slices(headers, source: Path) -> tuple[list, float, tuple[float, flo
         if not np.allclose(_vector(header, "PixelSpacing", 2, name), pixel_spacing):
             raise ImageLoadError(f"{name} has another pixel spacing than {first_name}")
         position = _vector(header, "ImagePositionPatient", 3, name)
-        placed.append((float(position @ normal), name, header, data))
+        placed.append((float(position @ normal), name, header, nbytes))
     placed.sort(key=lambda item: item[0])
     if len(placed) < 2:
         raise ImageLoadError(f"{source} holds one slice: a volume needs at least two")
@@ -279,7 +289,6 @@ def _declared_size(source: Path) -> int:
 
 
 def _read_series(source: Path, held) -> Volume:
-    import pydicom
     from pydicom.pixels import apply_modality_lut
 
     from .dicom import _decode_frame, _frame_cost
@@ -294,10 +303,9 @@ def _read_series(source: Path, held) -> Volume:
     cost = DECODE_BUDGET.cost(
         str(source), what, (len(placed), rows, columns), max(bits / 8, 4.0), DICOM_DECODE_FACTOR
     )
-    DECODE_BUDGET.grow(held, cost + sum(len(data) for *_, data in placed))
+    DECODE_BUDGET.grow(held, cost + sum(size for *_, size in placed))
     voxels = np.empty((len(placed), rows, columns), dtype=np.float32)
-    for index, (_, name, _, data) in enumerate(placed):
-        dataset = pydicom.dcmread(io.BytesIO(data))
+    for index, (_, name, dataset, _) in enumerate(placed):
         _frame_cost(dataset, name, 0)  # the codestream's own size, before decoding
         pixels = _decode_frame(dataset, name, None)
         if pixels.shape != (rows, columns):
