@@ -170,7 +170,7 @@ class _Compiler:
         """A spatial-last gather of these cells (unpadded coordinates) from a view whose
         low padding per axis is ``offsets``."""
         shifted = [axis_cells + offset for axis_cells, offset in zip(cells, offsets)]
-        return tuple(self.arrays.add(array) for array in _gather(shifted))  # type: ignore[misc]
+        return tuple(self.arrays.add(array) for array in _gather(shifted))
 
     def place(
         self, cells: Sequence[np.ndarray], shape: Sequence[int], dims: Sequence[int]
