@@ -7,7 +7,8 @@ process (best of 2), random weights (speed does not depend on them).
     python -m bench.dropin --volume-side 64           (the 3-D FLOP/time-limit row)
 
 Captum: window (3, 16, 16) on ResNet18 112² at ``perturbations_per_eval=1`` (Captum's
-default) and 16, and VGG16 112² at 16. MONAI: DenseNet121 2-D 64² at MONAI's defaults;
+default) and 16, and VGG16 112² at 16. MONAI: DenseNet121 and ResNet18 2-D 64² at MONAI's
+defaults (the small input: fixed costs weigh most);
 the 3-D classification tutorial's pattern (DenseNet121, mask 12, a one-slice box) at
 ``n_batch=1`` and 10; resnet10 3-D at the defaults. The speedup is library seconds over
 krypton seconds; the maximum difference between the two results is printed beside it.
@@ -120,12 +121,14 @@ def monai_row(case: str, model, x, settings: dict, box=None) -> dict:
 
 
 def monai_rows(quick: bool) -> list[dict]:
+    import torchvision
     from monai.networks.nets import DenseNet121, resnet10
 
     torch.manual_seed(0)
     dense_2d = DenseNet121(spatial_dims=2, in_channels=1, out_channels=3).eval()
     dense_3d = DenseNet121(spatial_dims=3, in_channels=1, out_channels=2).eval()
     res_3d = resnet10(spatial_dims=3, n_input_channels=1, num_classes=2).eval()
+    small_2d = torchvision.models.resnet18(weights=None, num_classes=3).eval()
     side = 32 if quick else 48
     volume = torch.randn(1, 1, side, side, side)
     middle = side // 2
@@ -135,6 +138,10 @@ def monai_rows(quick: bool) -> list[dict]:
         monai_row(
             "MONAI, DenseNet121 2-D 64², defaults",
             dense_2d, torch.randn(1, 1, 64, 64), {},
+        ),
+        monai_row(  # a small input: the engine's fixed costs weigh most here
+            "MONAI, ResNet18 2-D 64², defaults",
+            small_2d, torch.randn(1, 3, 64, 64), {},
         ),
         monai_row(
             f"MONAI 3-D tutorial, DenseNet121 {side}³, mask 12, n_batch=1",
