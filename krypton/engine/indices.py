@@ -140,6 +140,14 @@ def _gather(cells: Sequence[np.ndarray]) -> list[np.ndarray]:
     ]
 
 
+def _every_axis(per_axis: Sequence[np.ndarray]) -> np.ndarray:
+    """Per axis (P, L_a) booleans -> (P, *L, 1): true where they are true on every axis."""
+    joint = np.ones((len(per_axis[0]), *(flags.shape[1] for flags in per_axis)), dtype=bool)
+    for shaped in _gather(per_axis):
+        joint &= shaped
+    return joint[..., None]
+
+
 def view_pad_value(spec: LocalOpSpec) -> float:
     """Padding value of the view a local op reads: its own (0 or -inf) where it reads
     padding, else 0, so ops needing no padding share the plain zero-padded view."""
@@ -206,17 +214,14 @@ class _Compiler:
         context cell at ``absolute`` would take (clamped into the patch, whose window is
         ``own``), and whether it lies in the ``patch`` window (a crop of ``own`` under
         projective-field thresholding, eqs 24-26)."""
-        rank = len(absolute)
-        count = len(self.items)
-        mask = np.ones((count, *(cells.shape[1] for cells in absolute)), dtype=bool)
-        data = []
-        for axis, (cells, window, source) in enumerate(zip(absolute, patch, own)):
+        hits, data = [], []
+        for cells, window, source in zip(absolute, patch, own):
             start = window.start[:, None]
-            hit = (cells >= start) & (cells < start + window.length)
-            mask &= hit.reshape(_axis_shape(count, hit.shape[1], axis + 1, rank + 1))
+            hits.append((cells >= start) & (cells < start + window.length))
             data.append(np.clip(cells - source.start[:, None], 0, source.length - 1))
-        values = (self._item_index(rank + 1), *(self.arrays.add(a) for a in _gather(data)))
-        return values, self.arrays.add(mask[..., None])
+        item = self._item_index(len(absolute) + 1)
+        values = (item, *(self.arrays.add(array) for array in _gather(data)))
+        return values, self.arrays.add(_every_axis(hits))
 
     def node(self, step: Step) -> NodeIndex | None:
         """The template of one step's indices (None where it indexes nothing)."""
@@ -268,13 +273,7 @@ class _Compiler:
         values, inside = self.overlay(clamped, incoming, incoming)
         valid = None
         if any(np.any(cells < 0) for cells in copied):
-            rank = len(copied)
-            mask = np.ones((len(self.items), *(c.shape[1] for c in copied)), dtype=bool)
-            for axis, cells in enumerate(copied):
-                mask &= (cells >= 0).reshape(
-                    _axis_shape(len(cells), cells.shape[1], axis + 1, rank + 1)
-                )
-            valid = self.arrays.add(mask[..., None])
+            valid = self.arrays.add(_every_axis([cells >= 0 for cells in copied]))
         return NodeIndex(read=Read(gather, values=values, inside=inside, valid=valid))
 
     def pointwise(self, step: Step) -> NodeIndex:
@@ -297,11 +296,11 @@ class _Compiler:
         statics = {arg: self.gather(box, self.offsets(arg, 0.0)) for arg in step.cropped_statics}
         return NodeIndex(args=args, statics=statics)
 
-    def materialised(self, node: fx.Node) -> NodeIndex:
+    def materialised(self, node: fx.Node) -> Index:
         """Where ``node``'s patch lands in its full tensor (a global op reads it whole)."""
         shape = (len(self.items), *self.graph.shapes[node][1:])
         cells = [_cells(window) for window in self.windows(node)]
-        return NodeIndex(full=self.place(cells, shape, self.graph.dims_of(node)))
+        return self.place(cells, shape, self.graph.dims_of(node))
 
     def templates(self) -> dict[fx.Node, NodeIndex]:
         """Every node's template, in execution order."""
@@ -314,7 +313,7 @@ class _Compiler:
                 for arg in flatten_nodes((step.node.args, step.node.kwargs)):
                     whole = self.kinds.get(arg) in PATCHED_KINDS and arg in self.graph.shapes
                     if whole and arg in self.geometry.windows:
-                        found.setdefault(arg, NodeIndex()).full = self.materialised(arg).full
+                        found.setdefault(arg, NodeIndex()).full = self.materialised(arg)
         return found
 
 
