@@ -1,16 +1,16 @@
 """Incremental inference dispatches no more operators than naive inference can justify.
 
 Every aten operator an eager run dispatches is a kernel launch on a card and interpreter
-time on a CPU. A ``TorchDispatchMode`` counts them around ``OcclusionExplainer.explain``
-at bench.op_count's settings (the bench nets at their bench regions, CPU batch 16):
+time on a CPU. A ``TorchDispatchMode`` counts them around ``krypton.explain`` at
+bench.op_count's settings (the bench nets at their bench regions, CPU batch 16):
 forced incremental inference may dispatch at most twice naive's operators over the whole
 run, compilation of its indices included, and after the first batch no operator that
 waits for the host (``.item()``, ``nonzero``, ...) nor any tensor built from Python data.
-The graph is captured by a one-position call first, as a warm-up would, so capture is
-not counted; the counted runs are whole runs. They skip the convolutions' arithmetic
+Each count follows an uncounted warm-up call, so capture is not counted; the counted runs
+are whole runs. They skip the convolutions' arithmetic
 (``OpCount.skip_convolutions``: zeros of the meta kernel's shape and strides; a run's
-operators do not depend on values — the label is given, the strategy forced — and the
-last test here checks the counts are the same both ways), which keeps the four nets
+operators do not depend on values — the label is given, the strategy forced — and a
+test here checks the counts are the same both ways), which keeps the four nets
 inside a minute of the suite.
 """
 
@@ -18,39 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
-import krypton
-from bench.op_count import SETTINGS, OpCount, Setting
+from bench.op_count import SETTINGS, OpCount, measure
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _counted(
-    explainer: krypton.OcclusionExplainer, setting: Setting, image, skip: bool = True, **options
-) -> OpCount:
-    """One whole run's operators, after an uncounted warm-up run of the same call."""
-    settings = dict(patch=setting.patch, stride=setting.stride, region=setting.region)
-    with OpCount(skip_convolutions=skip):  # the warm-up: counted by nobody
-        explainer.explain(image, batch_size=16, label=0, **settings, **options)
-    counter = OpCount(skip_convolutions=skip)
-
-    def progress(done: int, total: int) -> None:
-        counter.batches_seen += 1
-
-    with counter:
-        explainer.explain(image, batch_size=16, label=0, progress=progress, **settings, **options)
-    return counter
-
-
 @pytest.mark.parametrize("name", ["resnet18", "vgg16", "inception3", "r3d_18"])
 def test_forced_incremental_dispatches_at_most_twice_naives_operators(name: str) -> None:
-    setting = SETTINGS[name]
-    explainer, image = _captured(setting)
-    naive = _counted(explainer, setting, image, mode="naive")
-    incremental = _counted(explainer, setting, image, mode="exact", strategy="incremental")
+    counts = measure(SETTINGS[name], skip_convolutions=True)
+    naive, incremental = counts["naive"], counts["incremental"]
     assert incremental.batches_seen >= 3  # several batches: compilation is not the run
     assert incremental.total <= 2 * naive.total, (
         f"{name}: {incremental.total} operators incremental against {naive.total} naive; "
@@ -62,31 +41,9 @@ def test_forced_incremental_dispatches_at_most_twice_naives_operators(name: str)
 def test_skipping_the_convolutions_arithmetic_dispatches_the_same_operators() -> None:
     # ResNet18 on two batches (25 positions): what is compared is each operator's count
     setting = dataclasses.replace(SETTINGS["resnet18"], region=(80, 80, 112, 112))
-    explainer, image = _captured(setting)
-    for options in ({"mode": "naive"}, {"mode": "exact", "strategy": "incremental"}):
-        real = _counted(explainer, setting, image, skip=False, **options)
-        skipped = _counted(explainer, setting, image, **options)
-        assert skipped.counts == real.counts and real.counts["conv2d"] > 0
-
-
-def _captured(setting: Setting) -> tuple[krypton.OcclusionExplainer, torch.Tensor]:
-    """An explainer with the graph and views of the setting's image captured (by a
-    one-position run), and the image."""
-    model = setting.build()
-    torch.manual_seed(1)
-    image = torch.randn(setting.shape)
-    explainer = krypton.OcclusionExplainer(model)
-    one = setting.region[: len(setting.region) // 2]  # capture on one position's run
-    side = np.broadcast_to(setting.patch, (len(one),))
-    explainer.explain(
-        image,
-        patch=setting.patch,
-        mode="exact",
-        strategy="incremental",
-        region=tuple(one) + tuple(int(a) + int(p) for a, p in zip(one, side)),
-        label=0,
-    )
-    return explainer, image
+    real, skipped = measure(setting), measure(setting, skip_convolutions=True)
+    for mode in ("naive", "incremental"):
+        assert skipped[mode].counts == real[mode].counts and real[mode].counts["conv2d"] > 0
 
 
 def test_the_counter_sees_host_syncs_and_fresh_tensors_after_the_first_batch() -> None:
