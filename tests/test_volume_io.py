@@ -73,6 +73,24 @@ def test_a_zip_of_the_series_reads_the_same(tmp_path):
     )
 
 
+def test_a_slice_whose_pixel_data_will_not_parse_is_refused_by_name(tmp_path, monkeypatch):
+    """Each file is parsed once, pixels included: a file whose header reads but whose
+    whole parse fails is a broken slice, refused by name with an ImageLoadError (not
+    skipped as a non-DICOM file, nor left to fail later as a raw parser error)."""
+    write_series(tmp_path / "series")
+    broken = (tmp_path / "series" / "img002.dcm").read_bytes()
+    read = pydicom.dcmread
+
+    def failing_on_the_broken_slice(source, *args, **kwargs):
+        if not kwargs.get("stop_before_pixels") and source.getvalue() == broken:
+            raise ValueError("pixel element runs past the end")
+        return read(source, *args, **kwargs)
+
+    monkeypatch.setattr(pydicom, "dcmread", failing_on_the_broken_slice)
+    with pytest.raises(ImageLoadError, match=r"img002\.dcm: its pixel data cannot be read"):
+        read_dicom_series(tmp_path / "series")
+
+
 def test_mixed_series_are_refused_naming_each(tmp_path):
     write_series(tmp_path / "mixed", uid="1.2.3.4", name="a")
     write_series(tmp_path / "mixed", count=3, uid="1.2.3.5", name="b")
