@@ -214,15 +214,15 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def burning_neighbour() -> Iterator[None]:
-    """One process per core spinning, for as long as the block runs."""
+def burning_neighbour() -> Iterator[list[subprocess.Popen]]:
+    """One process per core spinning, for as long as the block runs (the processes)."""
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(os.cpu_count() or 2)
     ]
     try:
         time.sleep(0.5)  # let the scheduler see them
-        yield
+        yield burners
     finally:
         for burner in burners:
             burner.kill()
@@ -231,31 +231,25 @@ def burning_neighbour() -> Iterator[None]:
 
 @contextlib.contextmanager
 def on_off_neighbour(on_seconds: float = 3.0, off_seconds: float = 2.0) -> Iterator[None]:
-    """One burner per core, stopped and resumed (SIGSTOP / SIGCONT) every few seconds
+    """The burning neighbour, stopped and resumed (SIGSTOP / SIGCONT) every few seconds
     for as long as the block runs: a load that comes and goes."""
-    burners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(os.cpu_count() or 2)
-    ]
     done = threading.Event()
+    with burning_neighbour() as burners:
 
-    def switch() -> None:
-        running = True
-        while not done.wait(on_seconds if running else off_seconds):
-            for burner in burners:
-                burner.send_signal(signal.SIGSTOP if running else signal.SIGCONT)
-            running = not running
+        def switch() -> None:
+            running = True
+            while not done.wait(on_seconds if running else off_seconds):
+                for burner in burners:
+                    burner.send_signal(signal.SIGSTOP if running else signal.SIGCONT)
+                running = not running
 
-    switcher = threading.Thread(target=switch, daemon=True)
-    switcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        switcher.join()
-        for burner in burners:
-            burner.kill()
-            burner.wait()
+        switcher = threading.Thread(target=switch, daemon=True)
+        switcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            switcher.join()
 
 
 def below_limit_target(row: dict) -> bool:
