@@ -157,36 +157,47 @@ SETTINGS = {
 }
 
 
+# what each compared run is: (explain's mode, its strategy)
+RUNS = {"naive": ("naive", "auto"), "incremental": ("exact", "incremental")}
+
+
+def _built(setting: Setting) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The setting's model and its input (seeded)."""
+    model = setting.build()
+    torch.manual_seed(1)
+    return model, torch.randn(setting.shape)
+
+
+def _explain(setting: Setting, model, image, run: str, batch_size: int, progress=None):
+    """One bench run (``run``: a key of RUNS) of the setting, explaining class 0."""
+    mode, strategy = RUNS[run]
+    return krypton.explain(
+        model,
+        image,
+        patch=setting.patch,
+        stride=setting.stride,
+        mode=mode,
+        strategy=strategy,
+        region=setting.region,
+        batch_size=batch_size,
+        label=0,
+        progress=progress,
+    )
+
+
 def measure(
     setting: Setting, batch_size: int = 16, skip_convolutions: bool = False
 ) -> dict[str, OpCount]:
     """Operator counts of naive and forced-incremental exact runs of one setting
     (``skip_convolutions``: see :class:`OpCount`)."""
-    model = setting.build()
-    torch.manual_seed(1)
-    image = torch.randn(setting.shape)
-    counts = {}
-    for label, mode, strategy in (
-        ("naive", "naive", "auto"),
-        ("incremental", "exact", "incremental"),
-    ):
-
-        def run(progress, mode=mode, strategy=strategy):
-            return krypton.explain(
-                model,
-                image,
-                patch=setting.patch,
-                stride=setting.stride,
-                mode=mode,
-                strategy=strategy,
-                region=setting.region,
-                batch_size=batch_size,
-                label=0,
-                progress=progress,
-            )
-
-        counts[label] = count_run(run, skip_convolutions)
-    return counts
+    model, image = _built(setting)
+    return {
+        run: count_run(
+            lambda progress, run=run: _explain(setting, model, image, run, batch_size, progress),
+            skip_convolutions,
+        )
+        for run in RUNS
+    }
 
 
 def _resident_mb() -> float:
@@ -198,7 +209,7 @@ class _ResidentPeak:
     """The process's highest resident set while the block runs, sampled every 2 ms."""
 
     def __init__(self) -> None:
-        self.peak = self.before = _resident_mb()
+        self.peak = self.before = 0.0  # set on entering
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -217,25 +228,13 @@ class _ResidentPeak:
         self.peak = max(self.peak, _resident_mb())
 
 
-def child_peak(name: str, mode: str, batch_size: int) -> None:
+def child_peak(name: str, run: str, batch_size: int) -> None:
     """(In a child process) print one run's peak resident MB above the process before it
     (glibc returning every large block at once: MALLOC_MMAP_THRESHOLD_ set by the parent)."""
     setting = SETTINGS[name]
-    model = setting.build()
-    torch.manual_seed(1)
-    image = torch.randn(setting.shape)
+    model, image = _built(setting)
     with _ResidentPeak() as resident:
-        heatmap = krypton.explain(
-            model,
-            image,
-            patch=setting.patch,
-            stride=setting.stride,
-            mode="naive" if mode == "naive" else "exact",
-            strategy="auto" if mode == "naive" else "incremental",
-            region=setting.region,
-            batch_size=batch_size,
-            label=0,
-        )
+        heatmap = _explain(setting, model, image, run, batch_size)
     batch = heatmap.extra.get("batch_size", batch_size)
     print(json.dumps({"peak_mb": resident.peak - resident.before, "batch": batch}))
 
@@ -244,9 +243,9 @@ def peak_memory(name: str, batch_size: int = 128) -> dict[str, dict]:
     """Peak MB above the loaded model of a naive and a forced-incremental run, each in a
     child process of its own (the bench's own memory does not count)."""
     found = {}
-    for mode in ("naive", "incremental"):
+    for run in RUNS:
         out = subprocess.run(
-            [sys.executable, "-m", "bench.op_count", "--child", name, mode, str(batch_size)],
+            [sys.executable, "-m", "bench.op_count", "--child", name, run, str(batch_size)],
             capture_output=True,
             text=True,
             check=True,
@@ -256,7 +255,7 @@ def peak_memory(name: str, batch_size: int = 128) -> dict[str, dict]:
                 "MALLOC_MMAP_THRESHOLD_": "131072",  # large blocks back to the system at once
             },
         ).stdout
-        found[mode] = json.loads(out.strip().splitlines()[-1])
+        found[run] = json.loads(out.strip().splitlines()[-1])
     return found
 
 
@@ -268,8 +267,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        name, mode, batch = args.child
-        child_peak(name, mode, int(batch))
+        name, run, batch = args.child
+        child_peak(name, run, int(batch))
         return
     print(
         f"{'net':<12}{'naive ops':>11}{'incremental ops':>17}{'ratio':>8}  "
