@@ -193,12 +193,17 @@ def _materialise(value: Patched, view: torch.Tensor, index: NodeIndex) -> torch.
     return full
 
 
-def _superimposed(context: torch.Tensor, read: Read, source: Patched) -> torch.Tensor:
-    """A spatial-last context (N, *window, M) with the patch's cells where they lie in it
-    (the general form of eqs 17-18: the patch may cover only part of it)."""
-    patch = spatial_last(source.data, source.spatial_dims or ())
+def _read_in(view: torch.Tensor, read: Read, source: Patched) -> torch.Tensor:
+    """The spatial-last context (N, *window, M) gathered from ``view`` with the update
+    patch superimposed (eqs 17-18): written in as whole rows where the patch lies inside
+    the context, else taken cell by cell where it covers the context."""
+    context = view[read.gather]
+    patch = _same_dtype(spatial_last(source.data, source.spatial_dims or ()), context)
+    if read.place is not None:
+        context.index_put_(read.place, patch)
+        return context
     assert read.values is not None and read.inside is not None
-    return torch.where(read.inside, _same_dtype(patch, context)[read.values], context)
+    return torch.where(read.inside, patch[read.values], context)
 
 
 def _run_local(batch: _Batch, step: Step) -> Patched:
@@ -215,13 +220,8 @@ def _run_local(batch: _Batch, step: Step) -> Patched:
     read = index.read
     assert read is not None
     padded, _ = views.spatial(source_node, view_pad_value(spec))
-    context = padded[read.gather]  # (N, *context, M), eq 17
+    context = _read_in(padded, read, source)  # (N, *context, M), eqs 17-18
     rank = context.dim() - 2
-    if read.place is None:
-        context = _superimposed(context, read, source)
-    else:  # eq 18: the patch's rows written in place
-        patch = spatial_last(source.data, source.spatial_dims or ())
-        context.index_put_(read.place, _same_dtype(patch, context))
     channels_first = context.permute(0, rank + 1, *range(1, rank + 1))
     own_padding = geometry.implicit_padding.get(step.node)
     output = (  # eq 19, on the whole batch
@@ -245,7 +245,7 @@ def _run_remap(batch: _Batch, step: Step) -> Patched:
     read = batch.of(step.node).read
     assert read is not None
     view, _ = views.spatial(source_node)
-    context = _superimposed(view[read.gather], read, env[source_node])
+    context = _read_in(view, read, env[source_node])
     if read.valid is not None:
         context = torch.where(read.valid, context, step.remap.fill)
     shape = graph.shapes[step.node]
@@ -269,19 +269,9 @@ def _run_pointwise(batch: _Batch, step: Step) -> Any:
         if (node, arg) in geometry.aligned:
             replacements[arg] = value.data
             continue
-        read = index.args[arg]
-        source, _ = views.spatial(arg)
-        dims = value.spatial_dims or ()
-        if read.place is not None:  # merge, input inside the bounding box
-            context = source[read.gather]
-            patch = spatial_last(value.data, dims)
-            context.index_put_(read.place, _same_dtype(patch, context))
-            context = to_logical(context, value.view_shape, dims)
-        else:  # merge: bring the input to the bounding box (eq 20)
-            context = to_logical(
-                _superimposed(source[read.gather], read, value), value.view_shape, dims
-            )
-        replacements[arg] = context
+        source, _ = views.spatial(arg)  # a merge: the input brought to its box (eq 20)
+        context = _read_in(source, index.args[arg], value)
+        replacements[arg] = to_logical(context, value.view_shape, value.spatial_dims or ())
     for arg in step.cropped_statics:
         source, _ = views.spatial(arg)
         context = source[index.statics[arg]]
