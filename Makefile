@@ -85,10 +85,13 @@ bench: $(STAMP)
 # (GPU_PYTHON), not .venv: a GPU machine brings its own CUDA build of PyTorch.
 GPU_PYTHON ?= python3
 bench-gpu:
-	PYTHONPATH=. $(GPU_PYTHON) -m bench.gpu
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu
 
+# The files that hold cuda-marked tests: a card's host need not have the browser, DICOM or
+# team stacks that the other test files import.
 test-gpu:
-	PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -o addopts="" -p no:cacheprovider -m cuda tests
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -o addopts="" -p no:cacheprovider -m cuda \
+		$$(grep -l "mark.cuda" tests/test_*.py)
 
 # Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.
 bench-dropin: $(STAMP)

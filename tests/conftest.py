@@ -21,6 +21,7 @@ import pytest
 TEAM_GROUP = "team"
 
 
+@pytest.hookimpl(optionalhook=True)  # dash[testing]'s hook: absent where it is not installed
 def pytest_setup_options():
     """Chrome options for dash[testing]'s dash_duo (Debian's chromium, headless, as root)."""
     from selenium.webdriver.chrome.options import Options
