@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -129,7 +130,7 @@ class _Run:
             values = self.evaluate(corners, patch, geometry=geometry, monitor=monitor)
             self._conclude(key, monitor)
             return values
-        first, incremental_seconds, naive_seconds = self._time_first_batch(
+        first, incremental_seconds, naive_seconds, lead = self._time_first_batch(
             corners, patch, static, geometry
         )
         current, other = (
@@ -140,15 +141,12 @@ class _Run:
         monitor = StrategyMonitor(
             self.plan.strategy,
             ratio=other / current if current > 0 else None,  # the other's time over this one's
-            batches=-(-(count - batch) // batch),
+            batches=-(-(count - lead) // batch),
             pace=current,
         )
-        monitor.positions[self.plan.strategy] += batch
+        monitor.positions[self.plan.strategy] += lead
         rest = self.evaluate(
-            corners[batch:],
-            patch,
-            monitor=monitor,
-            geometry=geometry.take(slice(batch, None)),
+            corners[lead:], patch, monitor=monitor, geometry=geometry, placed_from=lead
         )
         self._conclude(key, monitor)
         probabilities = np.concatenate([first[0], rest[0]])
@@ -161,20 +159,33 @@ class _Run:
         self, corners: np.ndarray, patch: tuple[int, ...], static, geometry: PatchGeometry
     ):
         """The first batch's values, timed both ways on the same positions: (values,
-        incremental and naive seconds per position); sets ``self.plan``. ``geometry``:
-        all the call's positions (a batch sized on its own could round differently)."""
+        incremental and naive seconds per position, positions the values cover); sets
+        ``self.plan``. ``geometry``: all the call's positions (a batch sized on its own
+        could round differently).
+
+        On a card a run's batches overlap (the host queues one while the card computes
+        the one before), so a lone batch, launched and then waited for, reads slower than
+        a run goes: there the first two batches run incrementally, pipelined, and the
+        second one's time is incremental's; naive, a few large kernels, is timed on one
+        whole batch."""
         batch = self.batch_size
-        first_batch = geometry.take(slice(0, batch))
         clock = self.explainer.clock
+        lead = 2 * batch if clock.queued else batch
         deciding = clock.now()
         if clock.cold(("incremental", tuple(self.image.shape), batch)):  # a card's warm-up
-            self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
+            self.graph.run_batch(self.views, geometry, slice(0, batch), self.occluder)
+        timings: list[tuple[int, float]] = []
         began = clock.now()
         self.deciding_seconds += began - deciding
-        first = self.evaluate(corners[:batch], patch, geometry=first_batch)
+        first = self.evaluate(corners[:lead], patch, geometry=geometry, timings=timings)
         deciding = clock.now()
         incremental_seconds = (deciding - began) / batch
-        probe = naive_probe_size(batch, static.theoretical_speedup)
+        if clock.queued:
+            size, seconds = timings[-1]
+            incremental_seconds = seconds / size
+        # a card's time per position depends on the batch (a part-batch leaves it partly
+        # idle, so naive would read slower than it runs): there the probe is a whole batch
+        probe = batch if clock.queued else naive_probe_size(batch, static.theoretical_speedup)
         naive_seconds, check = self._time_naive(corners[:probe])
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
         if not self.plan.incremental:
@@ -182,20 +193,22 @@ class _Run:
             # rendering, a collector) must not decide it. Time both once more and keep
             # the faster of each.
             began = clock.now()  # as the first timing
-            self.graph.run_batch(self.views, first_batch, slice(0, batch), self.occluder)
+            self.graph.run_batch(self.views, geometry, slice(0, batch), self.occluder)
             incremental_seconds = min(incremental_seconds, (clock.now() - began) / batch)
             naive_again, check = self._time_naive(corners[:batch])  # the whole batch
             naive_seconds = min(naive_seconds, naive_again)
             self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
         self.timed_in_this_call = True
         self.deciding_seconds += clock.now() - deciding
-        if not self.plan.incremental:  # the first batch's values by the chosen strategy too
+        if not self.plan.incremental:  # the leading values by the chosen strategy too
+            if lead > batch:
+                check = torch.cat([check, self._naive_logits(corners[batch:lead])])
             softmax = torch.softmax(check.float(), dim=1).cpu().numpy()
             first = (
                 softmax[:, self.label].astype(np.float32),
                 None if first[1] is None else softmax.astype(first[1].dtype),
             )
-        return first, incremental_seconds, naive_seconds
+        return first, incremental_seconds, naive_seconds, lead
 
     def _conclude(self, key: tuple, monitor: StrategyMonitor) -> None:
         """The plan as it ran (a switch says when and why; the latest side-by-side timing
@@ -244,67 +257,156 @@ class _Run:
         geometry=None,
         on_batch: Callable[[int, np.ndarray], None] | None = None,
         monitor: StrategyMonitor | None = None,
+        timings: list[tuple[int, float]] | None = None,
+        placed_from: int = 0,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Probabilities of the label with the patch at each corner, batch by batch, and
         (when kept) every class's: (count,), (count, classes) or None. ``on_batch(done,
         probabilities)`` sees the first ``done`` values after each batch. With a
         ``monitor`` (exact mode), each batch runs on the monitor's strategy, which its
-        probes may change (``naive`` is then ignored)."""
+        probes may change (``naive`` is then ignored). ``timings`` receives each batch's
+        (positions, seconds). ``geometry`` may hold more positions than ``corners``:
+        theirs start at ``placed_from`` (a run in parts keeps one geometry, and the indices
+        compiled for it).
+
+        On a card the batches are pipelined: batch k+1 is queued before the host waits
+        for batch k (its end mark, its values copied to pinned memory), so the launches
+        of one batch overlap the work of the one before. Progress, ``on_batch`` and the
+        monitor see a batch once it has finished; a switch of strategy applies one batch
+        later than on the CPU, where each batch is settled as soon as it has run."""
         count = len(corners)
-        probabilities = np.empty(count, dtype=np.float32)
-        every = None
+        out = _Values(np.empty(count, dtype=np.float32), None)
         if count == 0:
-            return probabilities, every
+            return out.probabilities, out.every
         if geometry is None and (monitor is not None or not naive):
             geometry = self.graph.geometry(tuple(corners.T), patch, tau)
         if geometry is not None:
-            incremental_macs, full_macs = self.graph.macs_per_position(geometry)
+            macs = self.graph.macs_per_position(geometry)
         else:
-            incremental_macs = full_macs = (
-                self.macs_per_image if self.graph is None else self._full_macs(corners, patch)
-            )
+            full = self.macs_per_image if self.graph is None else self._full_macs(corners, patch)
+            macs = (full, full)
+        clock = self.explainer.clock
+        queued: _Queued | None = None
+        probed = False  # the batch just settled was probed: its probe's work is queued
         for begin in range(0, count, self.batch_size):
             batch = slice(begin, min(begin + self.batch_size, count))
-            size = batch.stop - batch.start
             batch_naive = naive if monitor is None else monitor.strategy == "naive"
-            clock = self.explainer.clock
-            began = clock.now()
-            logits = self._logits(corners, batch, geometry, batch_naive)
-            seconds = clock.now() - began
-            if monitor is not None:
-                monitor.ran(size, seconds)
-                if monitor.probe_due():  # the other strategy on the same positions
-                    kind = "naive" if not batch_naive else "incremental"
-                    if clock.cold((kind, tuple(self.image.shape), size)):  # a card's warm-up
-                        self._logits(corners, batch, geometry, not batch_naive)
-                    began = clock.now()
-                    self._logits(corners, batch, geometry, not batch_naive)
-                    other_seconds = clock.now() - began
-                    self.deciding_seconds += other_seconds
-                    monitor.probe(seconds / size, other_seconds / size, self.evaluated + size)
-            self.macs_spent += (full_macs if batch_naive else incremental_macs) * size
-            self.macs_naive += full_macs * size
-            softmax = torch.softmax(logits.float(), dim=1)
-            probabilities[batch] = softmax[:, self.label].cpu().numpy()
-            if self.keep_all:
-                if every is None:
-                    large = count * softmax.shape[1] > 1_000_000
-                    every = np.empty(
-                        (count, softmax.shape[1]), dtype=np.float16 if large else np.float32
-                    )
-                every[batch] = softmax.cpu().numpy()
-            self.evaluated += size
-            if self.progress is not None:
-                self.progress(self.evaluated, max(self.total, self.evaluated))
-            if on_batch is not None:
-                on_batch(batch.stop, probabilities)
-        return probabilities, every
+            placed = slice(batch.start + placed_from, batch.stop + placed_from)
+            # on a card a batch's time runs from the end of the one before (the host's
+            # work between batches, settling and preparing, delays the card too), unless
+            # a probe's work came in between
+            began = queued.ended if queued is not None and not probed else clock.mark()
+            logits = self._logits(corners[batch], placed, geometry, batch_naive)
+            following = self._queue(logits, batch, placed, batch_naive, began)
+            if queued is not None:
+                probed = self._settle(
+                    queued, out, corners, geometry, macs, monitor, on_batch, timings
+                )
+            queued = following
+            if not clock.queued:  # the CPU has nothing to overlap: settled at once
+                self._settle(queued, out, corners, geometry, macs, monitor, on_batch, timings)
+                queued = None
+        if queued is not None:
+            self._settle(queued, out, corners, geometry, macs, monitor, on_batch, timings)
+        return out.probabilities, out.every
 
-    def _logits(self, corners: np.ndarray, batch: slice, geometry, naive: bool) -> torch.Tensor:
-        """Logits of one batch of positions, by naive or incremental inference."""
+    def _queue(
+        self, logits: torch.Tensor, batch: slice, placed: slice, naive: bool, began
+    ) -> _Queued:
+        """A batch's probabilities on their way to the host, and its end mark."""
+        clock = self.explainer.clock
+        softmax = torch.softmax(logits.float(), dim=1)
+        label = softmax[:, self.label]
+        every = softmax if self.keep_all else None
+        if clock.queued:  # copied to pinned memory behind the batch's work, not waited for
+            label = _to_host(label)
+            every = None if every is None else _to_host(every)
+        return _Queued(batch, placed, naive, began, clock.mark(), label, every)
+
+    def _settle(
+        self,
+        queued: _Queued,
+        out: _Values,
+        corners: np.ndarray,
+        geometry,
+        macs: tuple[int, int],
+        monitor: StrategyMonitor | None,
+        on_batch: Callable[[int, np.ndarray], None] | None,
+        timings: list[tuple[int, float]] | None,
+    ) -> bool:
+        """Once a queued batch has finished: its values, timing, probe, MACs, progress.
+        Whether it was probed (the other strategy ran on its positions)."""
+        clock = self.explainer.clock
+        batch, size = queued.batch, queued.batch.stop - queued.batch.start
+        seconds = clock.between(queued.began, queued.ended)
+        if timings is not None:
+            timings.append((size, seconds))
+        probed = False
+        if monitor is not None:
+            monitor.ran(size, seconds)
+            if monitor.probe_due():  # the other strategy on the same positions
+                probed = True
+                kind = "naive" if not queued.naive else "incremental"
+                other = (corners[batch], queued.placed, geometry, not queued.naive)
+                if clock.cold((kind, tuple(self.image.shape), size)):  # a card's warm-up
+                    self._logits(*other)
+                began = clock.mark()
+                self._logits(*other)
+                other_seconds = clock.between(began, clock.mark())
+                self.deciding_seconds += other_seconds
+                monitor.probe(seconds / size, other_seconds / size, self.evaluated + size)
+        incremental_macs, full_macs = macs
+        self.macs_spent += (full_macs if queued.naive else incremental_macs) * size
+        self.macs_naive += full_macs * size
+        out.probabilities[batch] = queued.label.cpu().numpy()
+        if queued.every is not None:
+            if out.every is None:
+                count, classes = len(out.probabilities), queued.every.shape[1]
+                large = count * classes > 1_000_000
+                out.every = np.empty((count, classes), dtype=np.float16 if large else np.float32)
+            out.every[batch] = queued.every.cpu().numpy()
+        self.evaluated += size
+        if self.progress is not None:
+            self.progress(self.evaluated, max(self.total, self.evaluated))
+        if on_batch is not None:
+            on_batch(batch.stop, out.probabilities)
+        return probed
+
+    def _logits(self, corners: np.ndarray, placed: slice, geometry, naive: bool) -> torch.Tensor:
+        """Logits of one batch of positions (``corners``; ``placed`` in ``geometry``), by
+        naive or incremental inference."""
         if naive:
-            return self._naive_logits(corners[batch])
-        return self.graph.run_batch(self.views, geometry, batch, self.occluder)
+            return self._naive_logits(corners)
+        return self.graph.run_batch(self.views, geometry, placed, self.occluder)
+
+
+@dataclass
+class _Values:
+    """A run's probabilities of the label, and every class's when kept."""
+
+    probabilities: np.ndarray
+    every: np.ndarray | None
+
+
+@dataclass
+class _Queued:
+    """A batch whose work is queued: its positions, strategy, marks, and its values
+    (on the host once ``ended`` is reached)."""
+
+    batch: slice
+    placed: slice  # the same positions in the run's geometry
+    naive: bool
+    began: Any
+    ended: Any
+    label: torch.Tensor
+    every: torch.Tensor | None
+
+
+def _to_host(values: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy of ``values``, queued behind the work that computes them."""
+    pinned = values.device.type == "cuda"
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=pinned)
+    return host.copy_(values, non_blocking=True)
 
 
 def _pace(plan: ExecutionPlan) -> float | None:

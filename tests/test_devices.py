@@ -171,6 +171,90 @@ def test_the_clock_waits_for_queued_work_before_reading():
     assert clock.cold("x") is False  # no warm-up on the CPU
 
 
+class QueueEvent:
+    """A card's timing event, for a CPU test: records into one log what the run marks
+    and waits for."""
+
+    log: list = []
+
+    def __init__(self):
+        self.number = sum(1 for entry in QueueEvent.log if entry[0] == "mark")
+
+    def record(self):
+        self.time = time.perf_counter()
+        QueueEvent.log.append(("mark", self.number))
+
+    def synchronize(self):
+        QueueEvent.log.append(("wait", self.number))
+
+    def elapsed_time(self, end):
+        return (end.time - self.time) * 1e3
+
+
+CORNERS = [(x, y) for y in range(0, 49, 8) for x in range(0, 49, 8)]
+
+
+def queued_run(batches: int, **options):
+    """An explain() call on an explainer whose clock queues work as a card's does."""
+    QueueEvent.log = []
+    waits = []
+    explainer = krypton.OcclusionExplainer(MODEL)
+    explainer.clock = DeviceClock(
+        torch.device("cpu"), synchronize=lambda: waits.append(1), event=QueueEvent
+    )
+    assert explainer.clock.queued
+    heatmap = explainer.explain(
+        IMAGE, patch=16, stride=8, positions=CORNERS[: 4 * batches], batch_size=4,
+        progress=lambda done, total: QueueEvent.log.append(("progress", done)), **options,
+    )  # fmt: skip
+    return heatmap, len(waits), list(QueueEvent.log)
+
+
+@pytest.mark.parametrize("strategy", ["incremental", "naive"])
+def test_a_cards_batches_are_queued_one_ahead_and_settled_in_order(strategy):
+    """On a card the host launched a batch, then waited for it (a synchronise and a
+    read-back per batch), so the card idled while the host prepared the next: a card's
+    run now queues batch k+1 before it waits for batch k's end mark, never drains the
+    whole queue per batch, and reports progress only for batches that have finished.
+    The values are those of a run that waits for every batch."""
+    few, few_waits, _ = queued_run(2, strategy=strategy)
+    many, many_waits, log = queued_run(6, strategy=strategy)
+    assert few_waits == many_waits  # no full synchronise per batch
+    reference = krypton.OcclusionExplainer(MODEL).explain(
+        IMAGE, patch=16, stride=8, positions=CORNERS[:24], batch_size=4, strategy=strategy
+    )
+    assert np.array_equal(many.values, reference.values, equal_nan=True)
+    marks = [entry[1] for entry in log if entry[0] == "mark"]
+    ends = marks[1:]  # the run's start, then each batch's end (where the next begins)
+    assert len(ends) == 6
+    for k, end in enumerate(ends):
+        waited = log.index(("wait", end))
+        later = [m for m in ends if m > end]
+        if later:  # batch k+1 was queued before the host waited for batch k
+            assert log.index(("mark", later[0])) < waited
+        assert log.index(("progress", 4 * (k + 1))) > waited  # reported once finished
+
+
+def test_on_a_card_the_planner_times_incremental_as_a_run_goes_pipelined():
+    """A lone batch, launched then waited for, reads slower than a pipelined run goes:
+    on a card the first timing runs two batches queued one ahead and takes the second's
+    pace, and naive's probe is a whole batch. Every position is computed once by the
+    chosen strategy and reported once."""
+    QueueEvent.log = []
+    explainer = krypton.OcclusionExplainer(MODEL)
+    explainer.clock = DeviceClock(torch.device("cpu"), synchronize=lambda: None, event=QueueEvent)
+    reported = []
+    image = torch.randn(3, 96, 96)
+    options = dict(patch=16, stride=16, batch_size=4)
+    heatmap = explainer.explain(image, progress=lambda done, _: reported.append(done), **options)
+    plan = heatmap.extra["plan"]
+    assert "measured in this call" in plan, plan
+    reference = krypton.OcclusionExplainer(MODEL).explain(image, **options)
+    difference = np.nanmax(np.abs(heatmap.values - reference.values))
+    assert difference <= devices.EXACT_TOLERANCE["fp32"]
+    assert reported == sorted(reported) and reported[-1] == heatmap.values.size == 36
+
+
 # -- memory on a card --------------------------------------------------------------------------
 def test_a_cards_budget_is_a_share_of_its_free_memory(monkeypatch):
     monkeypatch.delenv("KRYPTON_MEMORY_BUDGET_MB", raising=False)
