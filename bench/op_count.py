@@ -87,12 +87,17 @@ class OpCount(TorchDispatchMode):
 
 
 def count_run(
-    run: Callable[[Callable[[int, int], None]], object], skip_convolutions: bool = False
+    run: Callable[[Callable[[int, int], None]], object],
+    skip_convolutions: bool = False,
+    forget: Callable[[], None] | None = None,
 ) -> OpCount:
     """Count one call of ``run(progress)`` (after a warm-up call, counted by nobody, that
-    skips the same arithmetic)."""
+    skips the same arithmetic; then ``forget()``, so the count is a first call's on its
+    grid, compiling its indices, not a repeat's)."""
     with OpCount(skip_convolutions=skip_convolutions):
         run(lambda done, total: None)
+    if forget is not None:
+        forget()
     counter = OpCount(skip_convolutions=skip_convolutions)
 
     def progress(done: int, total: int) -> None:
@@ -168,11 +173,17 @@ def _built(setting: Setting) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, torch.randn(setting.shape)
 
 
-def _explain(setting: Setting, model, image, run: str, batch_size: int, progress=None):
+def _explain(
+    setting: Setting,
+    explainer: krypton.OcclusionExplainer,
+    image: torch.Tensor,
+    run: str,
+    batch_size: int,
+    progress=None,
+):
     """One bench run (``run``: a key of RUNS) of the setting, explaining class 0."""
     mode, strategy = RUNS[run]
-    return krypton.explain(
-        model,
+    return explainer.explain(
         image,
         patch=setting.patch,
         stride=setting.stride,
@@ -191,10 +202,14 @@ def measure(
     """Operator counts of naive and forced-incremental exact runs of one setting
     (``skip_convolutions``: see :class:`OpCount`)."""
     model, image = _built(setting)
+    explainer = krypton.OcclusionExplainer(model)
     return {
         run: count_run(
-            lambda progress, run=run: _explain(setting, model, image, run, batch_size, progress),
+            lambda progress, run=run: _explain(
+                setting, explainer, image, run, batch_size, progress
+            ),
             skip_convolutions,
+            forget=explainer.forget_grids,
         )
         for run in RUNS
     }
@@ -234,7 +249,7 @@ def child_peak(name: str, run: str, batch_size: int) -> None:
     setting = SETTINGS[name]
     model, image = _built(setting)
     with _ResidentPeak() as resident:
-        heatmap = _explain(setting, model, image, run, batch_size)
+        heatmap = _explain(setting, krypton.OcclusionExplainer(model), image, run, batch_size)
     batch = heatmap.extra.get("batch_size", batch_size)
     print(json.dumps({"peak_mb": resident.peak - resident.before, "batch": batch}))
 

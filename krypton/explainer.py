@@ -222,6 +222,14 @@ class OcclusionExplainer:
             self.measured_plans.clear()
             self.monitors.clear()
 
+    def forget_grids(self) -> None:
+        """Drop the kept grids' geometries and compiled indices (memory; or to measure a
+        first call on a grid): the next call on a grid propagates and compiles again."""
+        with self._lock:
+            for graph in self._graphs.values():
+                if isinstance(graph, IncrementalGraph):
+                    graph.forget_geometries()
+
     # -- materialisation ----------------------------------------------------------------
     def views_for(
         self, image: torch.Tensor, freeze_gates: bool = False
