@@ -2,7 +2,8 @@
 run's seconds and, as ratios of naive's time, exact as planned, exact forced
 incremental and approximate; peak GPU memory naive / incremental; and max |exact -
 naive|, both at the same precision. Every time is measured with the card synchronised
-(krypton.engine.clock), after a warm-up run of each mode (cuDNN's algorithm search).
+around the call, after a warm-up run of each mode (cuDNN's algorithm search); the modes
+run in turn, three rounds (``--repeats``), and each mode's median is its time.
 
     python3 -m bench.gpu [--nets vgg16,resnet18] [--precisions fp32,bf16] [--json FILE]
 
@@ -74,7 +75,7 @@ def timed(call) -> tuple[float, object, float]:
     return time.perf_counter() - started, result, torch.cuda.max_memory_allocated() / 2**20
 
 
-def row(name: str, precision: str) -> dict | None:
+def row(name: str, precision: str, repeats: int = 3) -> dict | None:
     built = build(name)
     if built is None:
         return None
@@ -88,9 +89,22 @@ def row(name: str, precision: str) -> dict | None:
         modes["approximate"] = dict(mode="approximate", tau=0.5, r_drill_down=0.25)
     for options in modes.values():  # warm-up: cuDNN's algorithm search, first calls
         run(model, image, precision, **options)
+    # the modes in turn, ``repeats`` rounds: each mode's median time (a card's clocks and
+    # a shared host move single readings by ±10%), its result and peak of the first round
+    rounds = [
+        {
+            key: timed(lambda o=options: run(model, image, precision, **o))
+            for key, options in modes.items()
+        }
+        for _ in range(repeats)
+    ]
     results = {
-        key: timed(lambda o=options: run(model, image, precision, **o))
-        for key, options in modes.items()
+        key: (
+            float(np.median([r[key][0] for r in rounds])),
+            rounds[0][key][1],
+            rounds[0][key][2],
+        )
+        for key in modes
     }
     naive_s, naive, naive_mb = results["naive"]
     incremental_s, incremental, incremental_mb = results["incremental"]
@@ -103,6 +117,7 @@ def row(name: str, precision: str) -> dict | None:
         "naive_s": naive_s,
         "exact_x": naive_s / exact_s,
         "planned": str(exact.extra.get("plan", "")).split(":")[0],
+        "plan": str(exact.extra.get("plan", "")),  # why, and any switch while it ran
         "incremental_x": naive_s / incremental_s,
         "approximate_x": naive_s / results["approximate"][0] if "approximate" in results else None,
         "naive_mb": naive_mb,
@@ -128,6 +143,7 @@ def main() -> None:
     parser.add_argument("--nets", default=NETS)
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: make bench-gpu needs one (nothing measured)")
@@ -146,16 +162,16 @@ def main() -> None:
     started = time.perf_counter()
     for name in args.nets.split(","):
         for precision in args.precisions.split(","):
-            record = row(name, precision)
+            record = row(name, precision, args.repeats)
             torch.cuda.empty_cache()  # the last net's blocks, before the next peak
             if record is None:
                 print(f"| {name} | {precision} | (not installed here) |||||||", flush=True)
                 continue
             records.append(record)
             print(line(record), flush=True)
+            if args.json:  # as it goes: a run stopped at its time limit keeps its rows
+                args.json.write_text(json.dumps(records, indent=1))
     print(f"\n{time.perf_counter() - started:.0f} s in all")
-    if args.json:
-        args.json.write_text(json.dumps(records, indent=1))
 
 
 if __name__ == "__main__":
