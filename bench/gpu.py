@@ -151,7 +151,8 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True  # as GPU users set it; exactness holds either way
     print(
         f"{torch.cuda.get_device_name()}, PyTorch {torch.__version__}; ratios are naive's "
-        f"time over each mode's, at the same precision (fp32: TF32 off)\n"
+        f"time over each mode's (medians of {args.repeats} rounds), at the same precision "
+        f"(fp32: TF32 off)\n"
     )
     print(
         "| net | precision | positions | naive (s) | exact as planned | forced incremental "
