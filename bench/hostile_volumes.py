@@ -169,6 +169,18 @@ def _saved(dataset) -> bytes:
     return buffer.getvalue()
 
 
+def tiny_series(count: int = MAX_SLICES, side: int = 4) -> tuple[str, bytes]:
+    """A valid series at the slice limit: ``count`` slices of ``side``² voxels, zipped (the
+    load an attacker kept 32 of in flight; 24 s a read once)."""
+    pixels = np.arange(side * side, dtype=np.uint16).reshape(side, side)
+    slices = {}
+    for index in range(count):
+        dataset = _slice(index, side, side)
+        dataset.PixelData = (pixels + index).tobytes()
+        slices[f"slice{index:04d}.dcm"] = _saved(dataset)
+    return "tiny-series.zip", zipped(slices)
+
+
 def zipped(entries: dict[str, bytes]) -> bytes:
     """A zip archive (deflated) of ``entries``: name -> bytes."""
     buffer = io.BytesIO()

@@ -102,3 +102,46 @@ def test_eight_worst_uploads_from_one_client_leave_others_loading_within_5_s(ser
     assert len(answers) == 8 and all(re.search(expected, a) or busy in a for a in answers), answers
     assert any(re.search(expected, a) for a in answers), answers  # what was read, refused
     assert cost.growth_mb < RSS_LIMIT_MB
+
+
+def test_loads_kept_in_flight_by_one_address_leave_anothers_page_answered(server):
+    """One address kept 32 loads of a valid 2,048-slice series in flight: each waiting load
+    held one of waitress's 16 threads for up to 30 s, and another user's GET / took 26-29 s
+    for the whole attack. A load that cannot start now is refused at once with a message,
+    so the other address's page keeps answering while the attack goes on."""
+    filename, data = hostile_volumes.tiny_series()
+    answers: list[str] = []
+    stop = threading.Event()
+
+    def attack(index: int) -> None:
+        tab = Tab.at(server.url, "127.0.0.2")
+        while not stop.is_set():  # each answered load sent again, after a client's pause
+            answers.append(answer_text(tab.load_volume_response(data, f"{index}-{filename}")))
+            stop.wait(0.25)
+
+    user = Tab.at(server.url, "127.0.0.3")
+    attackers = [threading.Thread(target=attack, args=(i,)) for i in range(32)]
+    for thread in attackers:
+        thread.start()
+    try:
+        time.sleep(1.0)  # the attack is under way
+        slowest, pages = 0.0, 0
+        ends = time.perf_counter() + 12.0
+        while time.perf_counter() < ends:
+            started = time.perf_counter()
+            page = user.http.get(server.url + "/", timeout=60)
+            slowest = max(slowest, time.perf_counter() - started)
+            assert page.status_code == 200
+            pages += 1
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(120)
+    busy = "your other file is still being read"
+    refused = sum(busy in answer for answer in answers)
+    loaded = sum('"shape": [2048, 4, 4]' in answer for answer in answers)
+    print(f"THIRTY-TWO {len(answers)} loads answered: {loaded} read, {refused} refused at "
+          f"once; the other address's page: {pages} loads, slowest {slowest:.2f} s")  # fmt: skip
+    assert loaded >= 1 and refused >= 1  # one read at a time; the rest answered at once
+    assert slowest < LIGHT_LIMIT_S * 2, f"another address's page took {slowest:.2f} s"
