@@ -112,9 +112,10 @@ class QuietPolls(logging.Filter):
 
 def serve_production(app: Dash, host: str, port: int, settings: ServerSettings) -> None:
     """Serve ``app`` with waitress: one process (jobs, models and the queue live in it),
-    16 threads for requests that have fully arrived. In front of it, unless
-    KRYPTON_FRONT=none, Debian's nginx (webapp/front.py): it caps each address's
-    connections at accept, bounds header and body times and buffers bodies, and waitress
+    ``server_threads`` (16) threads for requests that have fully arrived. In front of it,
+    unless KRYPTON_FRONT=none, Debian's nginx (webapp/front.py): it caps each address's
+    connections at accept and its requests in flight at ``front_requests_per_address``
+    (8, at most half the threads), bounds header and body times and buffers bodies, and waitress
     listens on a unix socket only the front reaches. Waitress itself reads requests on one
     event loop (slow clients hold sockets, never threads), closes a connection idle for
     ``read_timeout_seconds`` and refuses bodies over the largest upload limit."""
@@ -122,7 +123,7 @@ def serve_production(app: Dash, host: str, port: int, settings: ServerSettings) 
 
     largest = RequestGuard(None, settings).largest_limit()
     options = dict(
-        threads=16,
+        threads=settings.server_threads,
         channel_timeout=int(settings.read_timeout_seconds),
         connection_limit=1000,
         asyncore_use_poll=True,  # select() stops at 1024 file descriptors

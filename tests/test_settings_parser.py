@@ -18,6 +18,7 @@ SERVER = (
     "KRYPTON_MAX_IMAGE_MB", "KRYPTON_MAX_REQUEST_KB", "KRYPTON_MAX_RUNNING_JOBS",
     "KRYPTON_ABANDON_SECONDS", "KRYPTON_IMAGE_STORE_COUNT", "KRYPTON_CELL_CACHE_MB",
     "KRYPTON_READ_TIMEOUT_SECONDS", "KRYPTON_FRONT_CONNECTIONS_PER_ADDRESS",
+    "KRYPTON_SERVER_THREADS", "KRYPTON_FRONT_REQUESTS_PER_ADDRESS",
 )  # fmt: skip
 
 
@@ -65,3 +66,22 @@ def test_the_cli_and_the_server_stop_with_one_line(tmp_path):
         lines = done.stderr.strip().splitlines()
         assert lines == [lines[-1]] and lines[-1].startswith("error: KRYPTON_MEMORY_BUDGET_MB")
         assert "Traceback" not in done.stderr
+
+
+def test_one_address_may_hold_at_most_half_the_server_threads(monkeypatch, tmp_path):
+    """The front let one address have 32 requests in flight while waitress answered with
+    16 threads: one address could hold every thread. The cap and the threads are now set
+    together, the cap at most half the threads, and the front is configured with both."""
+    from webapp.front import Front
+
+    settings = ServerSettings.from_environment()
+    assert settings.front_requests_per_address * 2 <= settings.server_threads
+    config = Front("127.0.0.1", 8050, settings, 2**20, tmp_path).config("")
+    assert f"limit_conn requests_per_address {settings.front_requests_per_address};" in config
+    assert f"limit_conn per_address {settings.front_connections_per_address};" in config
+    monkeypatch.setenv("KRYPTON_SERVER_THREADS", "16")
+    monkeypatch.setenv("KRYPTON_FRONT_REQUESTS_PER_ADDRESS", "9")
+    with pytest.raises(SettingsError, match="at most half the server's threads' worth"):
+        ServerSettings.from_environment()
+    monkeypatch.setenv("KRYPTON_SERVER_THREADS", "32")
+    assert ServerSettings.from_environment().front_requests_per_address == 9

@@ -94,6 +94,7 @@ class Front:
             "connections": "8192",
             "listen": f"{host}:{self.port}",
             "per_address": str(self.settings.front_connections_per_address),
+            "requests_per_address": str(self.settings.front_requests_per_address),
             "idle_timeout": "620",
             "header_timeout": f"{self.settings.header_timeout_seconds:g}",
             "body_timeout": f"{self.settings.read_timeout_seconds:g}",

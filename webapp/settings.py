@@ -45,6 +45,20 @@ def _count(name: str, default: int, minimum: int) -> int:
         raise SettingsError(str(exc)) from None
 
 
+def _threads_and_requests(cls) -> dict[str, int]:
+    """KRYPTON_SERVER_THREADS and KRYPTON_FRONT_REQUESTS_PER_ADDRESS, checked together:
+    one address may have at most half the threads' worth of requests in flight."""
+    threads = _count("KRYPTON_SERVER_THREADS", cls.server_threads, 2)
+    requests = _count("KRYPTON_FRONT_REQUESTS_PER_ADDRESS", cls.front_requests_per_address, 1)
+    if requests > threads // 2:
+        raise SettingsError(
+            f"KRYPTON_FRONT_REQUESTS_PER_ADDRESS={requests} with KRYPTON_SERVER_THREADS="
+            f"{threads}: one address may have at most half the server's threads' worth of "
+            f"requests in flight ({threads // 2}), or it could hold every thread"
+        )
+    return {"server_threads": threads, "front_requests_per_address": requests}
+
+
 def _list(name: str) -> tuple[str, ...]:
     return tuple(
         part.strip().lower() for part in os.environ.get(name, "").split(",") if part.strip()
@@ -102,6 +116,11 @@ class ServerSettings:
     # and the seconds a request's headers may take in all.
     front_connections_per_address: int = 32
     header_timeout_seconds: float = 10.0
+    # Requests one address may have in flight (the front answers 429 past it) beside the
+    # threads waitress answers them with: set together, the cap at most half the threads,
+    # so one address (a browser opens about six connections) never holds every thread.
+    server_threads: int = 16
+    front_requests_per_address: int = 8
     # Where runs compute: auto (a CUDA card when PyTorch sees one, else the CPU), cpu,
     # cuda or cuda:N (KRYPTON_DEVICE; krypton.devices decides what each means).
     device: str = "auto"
@@ -162,6 +181,7 @@ class ServerSettings:
             header_timeout_seconds=_number(
                 "KRYPTON_HEADER_TIMEOUT_SECONDS", cls.header_timeout_seconds, 1, MAX_SECONDS
             ),
+            **_threads_and_requests(cls),
             device=_device(),
             trusted_uploads=os.environ.get("KRYPTON_TRUSTED_UPLOADS", "").lower() in _TRUE,
             allowed_hosts=hosts,
