@@ -2,7 +2,8 @@
 serve``'s server (nginx front, waitress, basic auth) and ``krypton explain``: server RSS
 growth and time per upload, the CLI's peak RSS and exit code; then one client uploading the
 worst of them eight times at once while another user loads an ordinary volume and image;
-then 2,000 slow sockets from one address (127.0.0.2) while a user (127.0.0.1) asks for the
+then a valid series at the slice limit while another user asks for the page; then 2,000
+slow sockets from one address (127.0.0.2) while a user (127.0.0.1) asks for the
 page. Loopback only; bounded in time."""
 
 from __future__ import annotations
@@ -128,6 +129,40 @@ def concurrent(server: Server) -> None:
     )
 
 
+def series_at_the_limit(server: Server, loads: int = 3) -> None:
+    """A valid series at the slice limit (2,048 slices of 4×4) loaded ``loads`` times by
+    one user (127.0.0.2) while another (127.0.0.3) asks for the page every 0.1 s."""
+    filename, data = hostile_volumes.tiny_series()
+    user = Tab.at(server.url, "127.0.0.2", auth=AUTH)
+    seconds: list[float] = []
+    light: list[float] = []
+    done = threading.Event()
+
+    def other() -> None:
+        while not done.is_set():
+            started = time.perf_counter()
+            requests.get(server.url + "/", auth=AUTH, timeout=30).raise_for_status()
+            light.append(time.perf_counter() - started)
+            done.wait(0.1)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        for index in range(loads):
+            started = time.perf_counter()
+            record = user.load_volume(data, f"{index}-{filename}")
+            seconds.append(time.perf_counter() - started)
+            assert record["shape"] == [2048, 4, 4], record
+    finally:
+        done.set()
+        thread.join(30)
+    print(
+        f"a 2,048-slice series (4x4 slices, {len(data) / 2**20:.1f} MB zipped), uploaded and "
+        f"loaded {loads} times: {min(seconds):.2f}-{max(seconds):.2f} s each; another "
+        f"user's page meanwhile {len(light)} times, slowest {max(light):.2f} s"
+    )
+
+
 def slow_sockets(server: Server, count: int) -> None:
     """``count`` slow sockets from 127.0.0.2 trickling a byte a second; an authenticated
     page request from 127.0.0.1 meanwhile."""
@@ -171,6 +206,7 @@ def main() -> None:
                   f"app's process, before each file: {server.rss_mb():.0f} MB")  # fmt: skip
             uploads(server, root)
             concurrent(server)
+            series_at_the_limit(server)
             slow_sockets(server, args.sockets)
         finally:
             server.stop()
