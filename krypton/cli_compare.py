@@ -36,7 +36,8 @@ def add_compare_parser(commands) -> None:
     parser.add_argument("--stride", type=int, help="default the model's (4 image, 5 volume)")
     parser.add_argument("--mode", default="exact", choices=("exact", "approximate", "naive"))
     parser.add_argument("--label", type=int, help="class index (default: the prediction)")
-    parser.add_argument("--layer", help="Grad-CAM's layer (default: the last spatial block)")
+    parser.add_argument("--layer", help="Grad-CAM's layer (default: the deepest convolutional "
+                        "block, never a pooling layer)")  # fmt: skip
     parser.add_argument("--window", help="DICOM images: lung, mediastinum, bone, brain or "
                         "centre,width (default the file's own window)")  # fmt: skip
     parser.add_argument("--frame", type=int, help="DICOM multi-frame: which frame (default middle)")
@@ -95,6 +96,9 @@ def run_compare(args: argparse.Namespace, load) -> int:
     for method, entry in record["methods"].items():
         print(f"{TITLES[method]:<22} {entry['seconds']:7.2f}  {entry['deletion_auc']:24.3f}  "
               f"{entry['insertion_auc']:26.3f}")  # fmt: skip
+    for method, found in maps.items():
+        if method != "occlusion":  # the layer Grad-CAM read; IG's steps and completeness
+            print(f"ran        {TITLES[method]}: {found.detail}")
     for pair in record["agreement"]:
         print(f"agreement  {pair['methods'][0]} / {pair['methods'][1]}: Spearman "
               f"{pair['spearman']:+.2f}, top-5% overlap {pair['top_overlap']:.0%}")  # fmt: skip

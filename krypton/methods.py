@@ -8,8 +8,9 @@ states every method's map as **importance: evidence for the class, higher is mor
 
 * occlusion: the drop, ``prob - value`` (this engine, exact, approximate or naive);
 * Grad-CAM (Selvaraju et al., 2017; ``captum.attr.LayerGradCam``): the ReLU'd class
-  activation map of the last spatial layer (the last convolutional block; or the layer
-  the caller names), for the class's logit, interpolated to the input's size;
+  activation map of the deepest convolutional block that keeps spatial axes (never a
+  pooling layer: :func:`gradcam_layer`; or the layer the caller names), for the class's
+  logit, interpolated to the input's size;
 * Integrated Gradients (Sundararajan et al., 2017; ``captum.attr.IntegratedGradients``):
   the logit's attribution summed over channels, integrated along the straight path from
   the occlusion fill (the same "absent" value occlusion uses) to the input.
@@ -48,6 +49,7 @@ __all__ = [
     "comparison_record",
     "deletion_curve",
     "from_heatmap",
+    "gradcam_candidates",
     "gradcam_layer",
     "on_grid",
     "pairwise_agreement",
@@ -55,7 +57,12 @@ __all__ = [
 ]
 
 METHODS = ("occlusion", "gradcam", "integrated_gradients")
-IG_STEPS = 32  # Integrated Gradients' path steps (Captum's default is 50)
+# Integrated Gradients' path steps (Captum's default is 50): from IG_STEPS, doubled until
+# the attributions sum to f(input) - f(fill) within IG_GAP of it (the completeness axiom,
+# Sundararajan et al. 2017; Captum's convergence delta), at most IG_MAX_STEPS
+IG_STEPS = 32
+IG_MAX_STEPS = 128
+IG_GAP = 0.01
 SIGN_CONVENTION = (
     "evidence for the class, higher is more (occlusion: the probability's drop under the "
     "patch; Grad-CAM and Integrated Gradients: attribution)"
@@ -117,18 +124,23 @@ def _fill(model: nn.Module | LoadedModel, fill):
     return model.gray_fill() if isinstance(model, LoadedModel) else 0.0
 
 
-def gradcam_layer(
-    model: nn.Module | LoadedModel, image: torch.Tensor, layer: str | None = None
-) -> tuple[str, nn.Module]:
-    """The layer Grad-CAM reads: ``layer`` by name, or the last module (run once per
-    forward) whose output still has the input's spatial axes — the last convolutional
-    block, before global pooling."""
+_POOLING = (
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.modules.pooling._LPPoolNd,
+)
+
+
+def gradcam_candidates(model: nn.Module | LoadedModel, image: torch.Tensor) -> list[str]:
+    """Every layer Grad-CAM may read by default, in the order they finish in one forward:
+    modules that run once, whose output keeps the input's spatial axes (more than one
+    cell), that hold a convolution (themselves or inside) and are not a pooling layer —
+    the convolutional blocks. A pooling layer's map is not a block's: VGG's and AlexNet's
+    ``avgpool`` (7×7) passed the old rule, the last module with a spatial output."""
     module = _module(model)
     named = dict(module.named_modules())
-    if layer is not None:
-        if layer not in named:
-            raise ValueError(f"no layer {layer!r} in the model; its layers: {list(named)[1:8]} …")
-        return layer, named[layer]
     calls: dict[str, int] = {}
     finished: list[str] = []
 
@@ -141,19 +153,42 @@ def gradcam_layer(
 
         return hook
 
+    def convolutional(block: nn.Module) -> bool:
+        return not isinstance(block, _POOLING) and any(
+            isinstance(m, nn.modules.conv._ConvNd) for m in block.modules()
+        )
+
+    watched = {n: m for n, m in named.items() if n and convolutional(m)}
     # exclusive: the hooks are on the shared model (krypton.engine.capture_lock)
     with CAPTURE_LOCK.exclusive():
-        hooks = [m.register_forward_hook(remember(n)) for n, m in named.items() if n]
+        hooks = [m.register_forward_hook(remember(n)) for n, m in watched.items()]
         try:
             with torch.inference_mode():
                 module(image.unsqueeze(0))
         finally:
             for hook in hooks:
                 hook.remove()
-    once = [name for name in finished if calls[name] == 1]
-    if not once:
-        raise ValueError("the model has no layer with spatial output for Grad-CAM; name one")
-    return once[-1], named[once[-1]]
+    return [name for name in finished if calls[name] == 1]
+
+
+def gradcam_layer(
+    model: nn.Module | LoadedModel, image: torch.Tensor, layer: str | None = None
+) -> tuple[str, nn.Module]:
+    """The layer Grad-CAM reads: ``layer`` by name, or by the rule the docs state — the
+    last of :func:`gradcam_candidates`, the deepest convolutional block before global
+    pooling (never a pooling layer)."""
+    module = _module(model)
+    named = dict(module.named_modules())
+    if layer is not None:
+        if layer not in named:
+            raise ValueError(f"no layer {layer!r} in the model; its layers: {list(named)[1:8]} …")
+        return layer, named[layer]
+    candidates = gradcam_candidates(module, image)
+    if not candidates:
+        raise ValueError(
+            "the model has no convolutional block with spatial output for Grad-CAM; name one"
+        )
+    return candidates[-1], named[candidates[-1]]
 
 
 def on_grid(
@@ -182,22 +217,39 @@ def _gradcam(module, image, label: int, layer) -> torch.Tensor:
     return LayerAttribution.interpolate(cam, tuple(image.shape[1:]), mode)[0].sum(0).detach()
 
 
-def _integrated_gradients(module, image, label: int, fill, steps: int) -> torch.Tensor:
+def _integrated_gradients(
+    module, image, label: int, fill, steps: int | None
+) -> tuple[torch.Tensor, int, float]:
+    """(attribution summed over channels, steps used, completeness gap): the gap is
+    |Captum's convergence delta| over |f(image) - f(fill)| for the label's logit. With
+    ``steps`` None, from IG_STEPS doubled until the gap is at most IG_GAP (or
+    IG_MAX_STEPS); with a number, that many steps and their gap."""
     from captum.attr import IntegratedGradients
 
     baseline = torch.empty_like(image)
     baseline[:] = torch.as_tensor(fill, dtype=image.dtype, device=image.device).view(
         -1, *[1] * (image.dim() - 1)
     )
+    tries = [steps] if steps is not None else []
+    while steps is None and (not tries or tries[-1] * 2 <= IG_MAX_STEPS):
+        tries.append(IG_STEPS * 2 ** len(tries))
     with CAPTURE_LOCK.shared():  # forwards and input gradients only: no hooks
-        attribution = IntegratedGradients(module).attribute(
-            image.unsqueeze(0),
-            baselines=baseline.unsqueeze(0),
-            target=label,
-            n_steps=steps,
-            internal_batch_size=8,
-        )
-    return attribution[0].sum(0).detach()
+        with torch.no_grad():
+            logits = module(torch.stack([image, baseline]))[:, label]
+        change = abs(float(logits[0] - logits[1]))
+        for count in tries:
+            attribution, delta = IntegratedGradients(module).attribute(
+                image.unsqueeze(0),
+                baselines=baseline.unsqueeze(0),
+                target=label,
+                n_steps=count,
+                internal_batch_size=8,
+                return_convergence_delta=True,
+            )
+            gap = abs(float(delta.sum())) / max(change, 1e-12)
+            if gap <= IG_GAP:
+                break
+    return attribution[0].sum(0).detach(), count, gap
 
 
 GRADIENT_METHODS = ("gradcam", "integrated_gradients")
@@ -213,7 +265,7 @@ def attribution_maps(
     fill=None,
     methods: Sequence[str] = GRADIENT_METHODS,
     layer: str | None = None,
-    steps: int = IG_STEPS,
+    steps: int | None = None,
     progress: Callable[[int, int, str, int], None] | None = None,
 ) -> dict[str, tuple[np.ndarray, tuple[float, ...], str]]:
     """Grad-CAM and Integrated Gradients of ``image`` for each of ``labels``, averaged over
@@ -229,7 +281,7 @@ def attribution_maps(
     total, done = len(methods) * len(labels), 0
     maps: dict[str, tuple[np.ndarray, tuple[float, ...], str]] = {}
     for method in methods:
-        planes, seconds = [], []
+        planes, seconds, paths = [], [], []
         for label in labels:
             if progress is not None:
                 progress(done, total, method, int(label))
@@ -237,13 +289,27 @@ def attribution_maps(
             if method == "gradcam":
                 pixels = _gradcam(module, image, int(label), chosen)
             else:
-                pixels = _integrated_gradients(module, image, int(label), fill, steps)
+                pixels, used, gap = _integrated_gradients(module, image, int(label), fill, steps)
+                paths.append((used, gap))
             planes.append(on_grid(pixels, axes, patch))
             seconds.append(time.perf_counter() - started)
             done += 1
-        detail = f"layer {name}" if method == "gradcam" else f"{steps} steps from the fill"
+        detail = f"layer {name}" if method == "gradcam" else _path_detail(paths)
         maps[method] = (np.stack(planes, -1), tuple(seconds), detail)
     return maps
+
+
+def _path_detail(paths: list[tuple[int, float]]) -> str:
+    """What Integrated Gradients ran: its steps and how far the attributions' sum is from
+    f(input) - f(fill) (the completeness gap), over the labels."""
+    counts = sorted({used for used, _ in paths})
+    steps = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    gap = max(gap for _, gap in paths)
+    reached = "" if gap <= IG_GAP else f" (over the {IG_GAP:.0%} aimed at: more steps needed)"
+    return (
+        f"{steps} steps from the fill; the attributions sum to f(input) - f(fill) within "
+        f"{gap:.1%}{reached}"
+    )
 
 
 def compare(
@@ -258,12 +324,14 @@ def compare(
     mode: str = "exact",
     methods: Sequence[str] = METHODS,
     layer: str | None = None,
-    steps: int = IG_STEPS,
+    steps: int | None = None,
 ) -> dict[str, MethodMap]:
     """Each of ``methods`` on ``image`` (C, H, W) or (C, D, H, W) for ``label`` (default:
     the predicted class), as :class:`MethodMap` on occlusion's grid (``patch``, ``stride``,
     ``region`` as :func:`krypton.explain` takes them). ``fill``: the occlusion value and
-    Integrated Gradients' baseline (default: the loaded model's gray, else 0)."""
+    Integrated Gradients' baseline (default: the loaded model's gray, else 0). ``steps``:
+    Integrated Gradients' path steps (default: as many as completeness asks, see
+    IG_GAP); ``layer``: Grad-CAM's (default: :func:`gradcam_layer`'s rule)."""
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; known: {', '.join(METHODS)}")
