@@ -7,7 +7,9 @@ For each method (krypton.methods.compare, on occlusion's grid: fundus-demo patch
 stride 8; chestct-demo cube 8, stride 5, the app's defaults for it):
 
 * pointing game: the strongest cell touches a planted lesion of the explained class
-  (fundus), or its cube holds the nodule's centre (chest CT);
+  (fundus; and, labelled apart, a lesion of any kind: exudate images hold
+  microaneurysms too), or its cube holds the nodule's centre (chest CT); each share with
+  its n and a 95% Wilson interval;
 * coverage (fundus, images with 2-4 lesions): the share of lesions under the top 5% of
   cells;
 * deletion and insertion AUC (Petsiuk et al., 2018): the class's probability as the
@@ -16,7 +18,8 @@ stride 8; chestct-demo cube 8, stride 5, the app's defaults for it):
 * seconds per image or volume;
 * the randomisation test (Adebayo et al., 2018): Spearman's rank correlation of each
   method's map on the trained model with its map on the same architecture re-initialised
-  (near 0: the map depends on what the model learnt; near 1: it does not).
+  (near 0: the map depends on what the model learnt; near 1: it does not); a flat map has
+  no ranks, and is counted and reported, never dropped from the count.
 
 The held-out sets are demo.fundus.independent and demo.chestct.independent: separately
 written drawing code, seeds no training or tuning used.
@@ -32,6 +35,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from krypton.fundus import CLASSES
 from krypton.methods import METHODS, agreement, compare, deletion_curve, randomised
 from krypton.registry import load_model
 
@@ -51,7 +55,9 @@ def _measure(model, cases, stride: int, randomisation: int, hit, coverage=None):
         maps = compare(model, tensor, patch=model.patch, stride=stride, label=label)
         for method, found in maps.items():
             score = scores[method]
-            score["pointing"].append(hit(found, lesions))
+            explained, anywhere = hit(found, lesions)
+            score["pointing"].append(explained)
+            score["pointing_any"].append(anywhere)
             if coverage is not None and len(lesions) >= 2:
                 score["coverage"].append(coverage(found, lesions))
             score["deletion"].append(deletion_curve(model, tensor, found)[2])
@@ -76,9 +82,11 @@ def _fundus(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
             sample = generator.sample(label=1 + number % 2)
             yield model.preprocess(Image.fromarray(sample.image)), sample.label, sample.lesions
 
-    def hit(found, lesions) -> bool:  # the strongest cell's patch touches a lesion
-        y, x = (int(a[i]) for a, i in zip(found.axes, _strongest(found)))
-        return any(lesion.covered_by(x, y, model.patch) for lesion in lesions)
+    def hit(found, lesions) -> tuple[bool, bool]:  # the strongest cell's patch touches a
+        y, x = (int(a[i]) for a, i in zip(found.axes, _strongest(found)))  # lesion
+        touched = [lesion for lesion in lesions if lesion.covered_by(x, y, model.patch)]
+        kind = CLASSES[found.label]  # of the explained class; of any kind
+        return any(lesion.kind == kind for lesion in touched), bool(touched)
 
     return _measure(model, cases(), stride, randomisation, hit, _covered)
 
@@ -109,30 +117,51 @@ def _chest(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
             sample = generator.sample(label=1, nodules=1)
             yield to_tensor([sample.volume])[0], 1, sample.nodules
 
-    def hit(found, nodules) -> bool:  # the strongest cell's cube holds the nodule's centre
-        corner = [int(a[i]) for a, i in zip(found.axes, _strongest(found))]
+    def hit(found, nodules) -> tuple[bool, bool]:  # the strongest cell's cube holds the
+        corner = [int(a[i]) for a, i in zip(found.axes, _strongest(found))]  # nodule's centre
         centre = (nodules[0].z, nodules[0].y, nodules[0].x)
-        return all(c <= v < c + model.patch for c, v in zip(corner, centre))
+        inside = all(c <= v < c + model.patch for c, v in zip(corner, centre))
+        return inside, inside  # one nodule, of the explained class
 
     return _measure(model, cases(), stride, randomisation, hit)
+
+
+def share(hits: list[bool]) -> str:
+    """'55% (n 100, 45-65%)': a share with its n and 95% Wilson interval."""
+    from scipy.stats import binomtest
+
+    count, n = int(sum(hits)), len(hits)
+    if n == 0:
+        return "— (n 0)"
+    interval = binomtest(count, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return f"{count / n:.0%} (n {n}, {interval.low:.0%}-{interval.high:.0%})"
+
+
+def correlations(values: list[float]) -> str:
+    """The mean Spearman of the maps that have ranks, how many, and how many were flat."""
+    ranked = [v for v in values if np.isfinite(v)]
+    flat = len(values) - len(ranked)
+    mean = f"{np.mean(ranked):+.2f}" if ranked else "—"
+    return f"{mean} ({len(ranked)} maps; {flat} flat, no ranks)"
 
 
 def _table(title: str, count: int, scores: dict, similarity: dict) -> None:
     print(f"\n{title} ({count} held-out)")
     coverage = "coverage (2-4 lesions) | " if any("coverage" in s for s in scores.values()) else ""
-    print(f"| method | pointing game | {coverage}deletion AUC ↓ | insertion AUC ↑ | "
-          f"s each | randomisation: Spearman with a re-initialised model |")  # fmt: skip
-    print("|---" * (6 + bool(coverage)) + "|")
+    print(f"| method | pointing: explained class | pointing: any lesion | {coverage}deletion "
+          f"AUC ↓ | insertion AUC ↑ | s each | randomisation: Spearman with a re-initialised "
+          f"model |")  # fmt: skip
+    print("|---" * (7 + bool(coverage)) + "|")
     for method in METHODS:
         score = scores[method]
-        cells = [f"{np.mean(score['pointing']):.0%}"]
+        cells = [share(score["pointing"]), share(score["pointing_any"])]
         if coverage:
             cells.append(f"{np.mean(score['coverage']):.0%} ({len(score['coverage'])} images)")
         cells += [
             f"{np.mean(score['deletion']):.3f}",
             f"{np.mean(score['insertion']):.3f}",
             f"{statistics.median(score['seconds']):.2f}",
-            f"{np.nanmean(similarity[method]):+.2f} ({len(similarity[method])})",
+            correlations(similarity[method]),
         ]
         print(f"| {NAMES[method]} | " + " | ".join(cells) + " |", flush=True)
 

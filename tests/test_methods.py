@@ -255,3 +255,13 @@ def test_integrated_gradients_is_complete_on_the_demo_model_and_says_how_complet
     assert float(found.group(3)) <= 1.0 and "more steps needed" not in detail
     rough = compare(loaded, image, steps=2, **options)["integrated_gradients"].detail
     assert rough.startswith("2 steps from the fill") and "more steps needed" in rough
+
+
+def test_the_method_bench_counts_flat_maps_and_gives_every_share_its_n_and_interval():
+    """A flat map (a re-initialised model's, nearly uniform) has no ranks: the bench's
+    nanmean dropped it while printing the full count; and no share carried its n."""
+    from bench.methods import correlations, share
+
+    assert correlations([0.5, float("nan"), 0.1]) == "+0.30 (2 maps; 1 flat, no ranks)"
+    assert correlations([float("nan")]) == "— (0 maps; 1 flat, no ranks)"
+    assert share([True] * 55 + [False] * 45) == "55% (n 100, 45%-64%)"
