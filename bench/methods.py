@@ -19,7 +19,11 @@ stride 8; chestct-demo cube 8, stride 5, the app's defaults for it):
 * the randomisation test (Adebayo et al., 2018): Spearman's rank correlation of each
   method's map on the trained model with its map on the same architecture re-initialised
   (near 0: the map depends on what the model learnt; near 1: it does not); a flat map has
-  no ranks, and is counted and reported, never dropped from the count.
+  no ranks, and is counted and reported, never dropped from the count;
+* cascading randomisation (Adebayo et al., 2018, section 3.1) on the first ``--cascade``
+  inputs: the model's blocks re-initialised one more at a time from the output down,
+  and at each step each method's map compared with its trained-model map (Spearman of
+  the absolute maps, SSIM), flat maps counted.
 
 The held-out sets are demo.fundus.independent and demo.chestct.independent: separately
 written drawing code, seeds no training or tuning used.
@@ -36,7 +40,14 @@ import torch
 from PIL import Image
 
 from krypton.fundus import CLASSES
-from krypton.methods import METHODS, agreement, compare, deletion_curve, randomised
+from krypton.methods import (
+    METHODS,
+    agreement,
+    cascading_randomisation,
+    compare,
+    deletion_curve,
+    randomised,
+)
 from krypton.registry import load_model
 
 SEED = 77  # the held-out draws: no training, tuning or evaluation used this seed
@@ -71,13 +82,45 @@ def _measure(model, cases, stride: int, randomisation: int, hit, coverage=None):
     return scores, similarity
 
 
-def _fundus(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
+def cascade(model, cases, stride: int, count: int) -> None:
+    """The cascading-randomisation curve over the first ``count`` of ``cases``: per step,
+    each method's mean Spearman of absolute maps and SSIM with the trained model's maps,
+    over the maps that are not flat, and how many were flat."""
+    steps: dict = {}
+    for number, (tensor, label, _) in enumerate(cases):
+        if number >= count:
+            break
+        records = cascading_randomisation(
+            model, tensor, patch=model.patch, stride=stride, label=label, seed=SEED
+        )
+        for record in records:
+            step = steps.setdefault(record["randomised"][-1], defaultdict(list))
+            for method in METHODS:
+                step[method].append(record[method])
+    print(f"\n{model.name}: cascading randomisation, {count} inputs: Spearman of |map| / "
+          f"SSIM with the trained model's map, as blocks are re-initialised from the output "
+          f"down")  # fmt: skip
+    print("| re-initialised down to | " + " | ".join(NAMES[m] for m in METHODS) + " |")
+    print("|---" * (1 + len(METHODS)) + "|")
+    for block, found in steps.items():
+        cells = []
+        for method in METHODS:
+            ranked = [f for f in found[method] if not f["flat"]]
+            flat = len(found[method]) - len(ranked)
+            rho = np.mean([f["spearman_abs"] for f in ranked]) if ranked else float("nan")
+            ssim = np.nanmean([f["ssim"] for f in ranked]) if ranked else float("nan")
+            shown = f"{rho:+.2f} / {ssim:.2f}" if ranked else "—"
+            cells.append(shown + (f" ({flat} flat)" if flat else ""))
+        print(f"| {block} | " + " | ".join(cells) + " |", flush=True)
+
+
+def _fundus(count: int, stride: int, randomisation: int, cascaded: int = 0) -> tuple[dict, dict]:
     from demo.fundus.independent import IndependentFundusGenerator
 
     model = load_model("fundus-demo")
-    generator = IndependentFundusGenerator(seed=SEED)
 
     def cases():
+        generator = IndependentFundusGenerator(seed=SEED)
         for number in range(count):
             sample = generator.sample(label=1 + number % 2)
             yield model.preprocess(Image.fromarray(sample.image)), sample.label, sample.lesions
@@ -88,7 +131,10 @@ def _fundus(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
         kind = CLASSES[found.label]  # of the explained class; of any kind
         return any(lesion.kind == kind for lesion in touched), bool(touched)
 
-    return _measure(model, cases(), stride, randomisation, hit, _covered)
+    measured = _measure(model, cases(), stride, randomisation, hit, _covered)
+    if cascaded:
+        cascade(model, cases(), stride, cascaded)
+    return measured
 
 
 def _strongest(found) -> tuple[int, ...]:
@@ -105,14 +151,14 @@ def _covered(found, lesions) -> float:
     return float(np.mean(hit))
 
 
-def _chest(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
+def _chest(count: int, stride: int, randomisation: int, cascaded: int = 0) -> tuple[dict, dict]:
     from demo.chestct.independent import IndependentChestCT
     from demo.chestct.train import to_tensor
 
     model = load_model("chestct-demo")
-    generator = IndependentChestCT(seed=SEED)
 
     def cases():
+        generator = IndependentChestCT(seed=SEED)
         for _ in range(count):
             sample = generator.sample(label=1, nodules=1)
             yield to_tensor([sample.volume])[0], 1, sample.nodules
@@ -123,7 +169,10 @@ def _chest(count: int, stride: int, randomisation: int) -> tuple[dict, dict]:
         inside = all(c <= v < c + model.patch for c, v in zip(corner, centre))
         return inside, inside  # one nodule, of the explained class
 
-    return _measure(model, cases(), stride, randomisation, hit)
+    measured = _measure(model, cases(), stride, randomisation, hit)
+    if cascaded:
+        cascade(model, cases(), stride, cascaded)
+    return measured
 
 
 def share(hits: list[bool]) -> str:
@@ -171,15 +220,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=100)
     parser.add_argument("--volumes", type=int, default=50)
     parser.add_argument("--randomisation", type=int, default=20, help="per model")
+    parser.add_argument("--cascade", type=int, default=2, help="inputs per model")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f"{torch.get_num_threads()} threads")
     if args.images:
-        scores, similarity = _fundus(args.images, 8, args.randomisation)
+        scores, similarity = _fundus(args.images, 8, args.randomisation, args.cascade)
         _table("fundus-demo, demo.fundus.independent, patch 12, stride 8", args.images,
                scores, similarity)  # fmt: skip
     if args.volumes:
-        scores, similarity = _chest(args.volumes, 5, args.randomisation)
+        scores, similarity = _chest(args.volumes, 5, args.randomisation, args.cascade)
         _table("chestct-demo, demo.chestct.independent (one nodule), cube 8, stride 5",
                args.volumes, scores, similarity)  # fmt: skip
 

@@ -22,6 +22,7 @@ images (N, C, H, W models) and volumes (N, C, D, H, W) alike.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -45,6 +46,8 @@ __all__ = [
     "SIGN_CONVENTION",
     "agreement",
     "attribution_maps",
+    "cascade_blocks",
+    "cascading_randomisation",
     "compare",
     "comparison_record",
     "deletion_curve",
@@ -54,6 +57,7 @@ __all__ = [
     "on_grid",
     "pairwise_agreement",
     "randomised",
+    "similarity",
 ]
 
 METHODS = ("occlusion", "gradcam", "integrated_gradients")
@@ -438,6 +442,90 @@ def randomised(model: nn.Module | LoadedModel, seed: int = 0) -> nn.Module:
             if hasattr(layer, "reset_parameters"):
                 layer.reset_parameters()
     return clone.eval()
+
+
+def cascade_blocks(model: nn.Module | LoadedModel) -> list[str]:
+    """The blocks cascading randomisation re-initialises, from the output down: the
+    model's top-level children that hold weights, a ``Sequential`` one opened into its
+    own such children, last defined first (ResNet18: fc, layer4.1, layer4.0, ...,
+    layer1.0, bn1, conv1)."""
+
+    def weighted(module: nn.Module) -> bool:
+        return any(True for _ in module.parameters())
+
+    blocks = []
+    for name, child in _module(model).named_children():
+        if not weighted(child):
+            continue
+        if isinstance(child, nn.Sequential):
+            blocks += [f"{name}.{n}" for n, c in child.named_children() if weighted(c)]
+        else:
+            blocks.append(name)
+    return blocks[::-1]
+
+
+def similarity(original: MethodMap, other: MethodMap) -> dict:
+    """How much of ``original`` survives in ``other`` (Adebayo et al., 2018): Spearman of
+    the signed and of the absolute maps, and SSIM of the absolute maps each scaled to
+    [0, 1]. ``flat``: ``other`` has one value everywhere (no ranks, no structure): then
+    the three are NaN, and the caller counts it rather than drops it."""
+    from skimage.metrics import structural_similarity
+
+    first, second = (np.nan_to_num(m.importance, nan=0.0) for m in (original, other))
+    if np.ptp(second) == 0 or np.ptp(first) == 0:
+        return {"spearman": math.nan, "spearman_abs": math.nan, "ssim": math.nan, "flat": True}
+    signed = agreement(original, other)["spearman"]
+    absolute = agreement(
+        dataclasses.replace(original, importance=np.abs(first)),
+        dataclasses.replace(other, importance=np.abs(second)),
+    )["spearman"]
+    ssim = math.nan
+    window = min(7, *first.shape)
+    window -= 1 - window % 2  # odd
+    if window >= 3 and np.abs(first).max() > 0 and np.abs(second).max() > 0:
+        scaled = [np.abs(m) / np.abs(m).max() for m in (first, second)]
+        ssim = float(structural_similarity(*scaled, data_range=1.0, win_size=window))
+    return {"spearman": signed, "spearman_abs": absolute, "ssim": ssim, "flat": False}
+
+
+def cascading_randomisation(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    *,
+    patch: int | Sequence[int] = 16,
+    stride: int | Sequence[int] = 4,
+    label: int | None = None,
+    fill=None,
+    methods: Sequence[str] = METHODS,
+    seed: int = 0,
+) -> list[dict]:
+    """Adebayo et al.'s cascading randomisation (2018, section 3.1): the blocks of
+    :func:`cascade_blocks` re-initialised one more at a time, from the output down, each
+    method's map recomputed for the same class after every step and compared with its
+    map on the trained model (:func:`similarity`). One record per step: ``randomised``
+    (the blocks so far) and, per method, its similarity. A method whose maps stay alike
+    as the model's weights go is not explaining the model."""
+    import copy
+
+    fill = _fill(model, fill)
+    options = dict(patch=patch, stride=stride, fill=fill, methods=methods)
+    original = compare(model, image, label=label, **options)
+    label = next(iter(original.values())).label
+    clone = copy.deepcopy(_module(model)).eval()
+    named = dict(clone.named_modules())
+    records: list[dict] = []
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
+        torch.manual_seed(seed)
+        for block in cascade_blocks(clone):
+            for layer in named[block].modules():
+                if hasattr(layer, "reset_parameters"):
+                    layer.reset_parameters()
+            maps = compare(clone, image, label=label, **options)
+            done = [*records[-1]["randomised"], block] if records else [block]
+            records.append(
+                {"randomised": done, **{m: similarity(original[m], maps[m]) for m in methods}}
+            )
+    return records
 
 
 def from_heatmap(heatmap) -> MethodMap:

@@ -4,6 +4,7 @@ image and a volume."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -265,3 +266,28 @@ def test_the_method_bench_counts_flat_maps_and_gives_every_share_its_n_and_inter
     assert correlations([0.5, float("nan"), 0.1]) == "+0.30 (2 maps; 1 flat, no ranks)"
     assert correlations([float("nan")]) == "— (0 maps; 1 flat, no ranks)"
     assert share([True] * 55 + [False] * 45) == "55% (n 100, 45%-64%)"
+
+
+def test_cascading_randomisation_goes_block_by_block_from_the_output_down():
+    """Adebayo et al.'s sanity check, layer by layer rather than all at once (a fully
+    re-initialised model gives near-uniform outputs, so every map is near flat and any
+    method passes): one step per weighted block from the output down, each method's map
+    compared signed, absolute and by SSIM; a map is its own perfect match."""
+    from krypton.methods import cascade_blocks, cascading_randomisation, similarity
+
+    model = small_net(2)
+    image = torch.rand(2, 16, 16)
+    assert cascade_blocks(model) == ["5", "2.0", "0"]
+    records = cascading_randomisation(model, image, patch=4, stride=2, label=1, seed=1)
+    assert [r["randomised"] for r in records] == [["5"], ["5", "2.0"], ["5", "2.0", "0"]]
+    for record in records:
+        for method in METHODS:
+            found = record[method]
+            assert set(found) == {"spearman", "spearman_abs", "ssim", "flat"}
+            if not found["flat"]:
+                assert -1 <= found["spearman"] <= 1 and -1 <= found["ssim"] <= 1
+    own = compare(model, image, patch=4, stride=2, label=1)["occlusion"]
+    same = similarity(own, own)
+    assert same["spearman"] == pytest.approx(1) and same["ssim"] == pytest.approx(1)
+    flat = dataclasses.replace(own, importance=np.zeros_like(own.importance))
+    assert similarity(own, flat)["flat"] and np.isnan(similarity(own, flat)["spearman"])
