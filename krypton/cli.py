@@ -251,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
         "summary.csv each method's seconds and rank correlation with occlusion",
     )
     batch.add_argument(
+        "--layer",
+        help="Grad-CAM's layer with --methods gradcam (default: the deepest convolutional "
+        "block, never a pooling layer); named in STEM.methods.json",
+    )
+    batch.add_argument(
         "--broker",
         help="redis://HOST:PORT/DB: explain the images on the team's Celery workers "
         "(`make worker`) instead of in this process; the outputs are the same",
@@ -547,6 +552,8 @@ def run_batch_command(args: argparse.Namespace) -> int:
     options = explain_options(args, model)
     if gradients:  # krypton.batch.folder.explain_item sets them beside occlusion
         options["methods"] = gradients
+        if args.layer:
+            options["gradcam_layer"] = args.layer
     bar = tqdm(total=len(items), unit="image", file=sys.stderr, disable=None)
 
     def progress(done: int, total: int, name: str) -> None:

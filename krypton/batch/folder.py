@@ -288,25 +288,27 @@ def explain_item(
 GRADIENT_METHODS = {"gradcam": "gradcam", "integrated_gradients": "ig"}  # name: column
 
 
-def _split_methods(options: dict) -> tuple[dict, tuple[str, ...]]:
-    """explain()'s options, and the gradient methods to set beside occlusion
-    (``options["methods"]``: ``krypton batch --methods``)."""
+def _split_methods(options: dict) -> tuple[dict, dict]:
+    """explain()'s options, and what :func:`method_files` needs: the gradient methods to
+    set beside occlusion (``options["methods"]``: ``krypton batch --methods``) and
+    Grad-CAM's layer (``options["gradcam_layer"]``: ``--layer``; None: the default rule)."""
     methods = tuple(m for m in options.get("methods") or () if m in GRADIENT_METHODS)
-    return {k: v for k, v in options.items() if k != "methods"}, methods
+    kept = {k: v for k, v in options.items() if k not in ("methods", "gradcam_layer")}
+    return kept, {"methods": methods, "layer": options.get("gradcam_layer")} if methods else {}
 
 
-def method_files(model, tensor, heatmap, options: dict, methods, background, row) -> dict:
+def method_files(model, tensor, heatmap, options: dict, methods: dict, background, row) -> dict:
     """Grad-CAM and/or Integrated Gradients on the occlusion heatmap's own cells
     (:mod:`krypton.methods`): STEM.methods.png side by side, STEM.methods.json with every
     map, agreement and deletion/insertion areas; each method's seconds and rank
-    correlation with occlusion go into ``row``."""
+    correlation with occlusion go into ``row``. ``methods``: :func:`_split_methods`'s."""
     from ..methods import agreement, compare, comparison_record, from_heatmap
     from ..render.methods import methods_picture
 
     occlusion = from_heatmap(heatmap)
     maps = {"occlusion": occlusion, **compare(
         model, tensor, patch=heatmap.patch, stride=heatmap.stride, label=heatmap.label,
-        region=options.get("region"), fill=options.get("fill"), methods=methods,
+        region=options.get("region"), fill=options.get("fill"), **methods,
     )}  # fmt: skip
     for method, column in GRADIENT_METHODS.items():
         if method in maps:
