@@ -77,6 +77,26 @@ def test_a_run_equals_the_library_on_the_same_block_and_reports_live_pictures(
     np.testing.assert_allclose(other["values"], 1 - result["values"], atol=1e-5)
 
 
+def test_a_volume_result_whose_classes_were_dropped_says_so_on_a_class_switch(
+    services, nifti_bytes
+):
+    """relabel_volume ignored ``classes_dropped``: an exact volume run whose per-class
+    values the result store dropped (over half its byte budget) claimed it had been
+    "computed for one class only (approximate mode ...)". It now says what the image
+    panel says: why they were not kept."""
+    from webapp.helpers import ResultStore
+
+    key = stored(services, nifti_bytes)
+    result = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+    assert result["mode"] == "exact" and result["class_values"] is not None
+    store = ResultStore(max_bytes=int(np.asarray(result["class_values"]).nbytes))
+    store.put("tab-1", result)
+    kept = store.get("tab-1")
+    with pytest.raises(InputError, match="were not kept") as refused:
+        volume_runs.relabel_volume(kept, 1 - result["label"])
+    assert "approximate mode" not in str(refused.value)
+
+
 def test_an_exact_volume_run_states_its_whole_run_speed_once(services, nifti_bytes):
     """The volume panel said only the plan's per-position ratio of its first chunk (3.3x
     while the whole run was 1.8x a naive one); it now says what the image panel says."""

@@ -48,6 +48,7 @@ from .runs import (
     finished_run,
     host_load,
     plan_text,
+    relabel,
     run_cells,
     run_threads,
     speed_text,
@@ -455,25 +456,10 @@ def volume_estimate(
 
 
 def relabel_volume(result: dict, label: int) -> dict:
-    """The same volume result for another class, from every class's probabilities."""
-    if result.get("class_values") is None:
-        raise InputError(
-            "this heatmap was computed for one class only (approximate mode chooses its "
-            "positions by the class); press Run to explain the new class"
-        )
-    if not 0 <= label < len(result["classes"]):
-        raise InputError(f"class {label} does not exist")
-    provenance = result.get("provenance")
-    return dict(
-        result,
-        label=label,
-        provenance=None
-        if provenance is None
-        else Provenance.from_dict(provenance).with_label(label).as_dict(),
-        label_name=result["classes"][label],
-        prob=float(result["base_probs"][label]),
-        values=np.asarray(result["class_values"])[..., label].astype(np.float32),
-    )
+    """The same volume result for another class: the image runs' one rule
+    (:func:`webapp.runs.relabel`), so a result whose per-class probabilities the store
+    dropped says so, as an image's does."""
+    return relabel(result, label)
 
 
 def volume_heatmap(result: dict) -> krypton.Heatmap:
