@@ -97,6 +97,23 @@ def test_a_volume_result_whose_classes_were_dropped_says_so_on_a_class_switch(
     assert "approximate mode" not in str(refused.value)
 
 
+def test_a_new_stride_reuses_the_volume_cells_that_lie_on_its_grid(services, nifti_bytes):
+    """The volume cell key held the stride, so a new stride never reused a volume's
+    cells (an image's does): every position of a stride-8 run lies on the stride-4 grid
+    from the same corner, and is reused, with the values a fresh run gives."""
+    key = stored(services, nifti_bytes)
+    region = (8, 8, 8, 40, 40, 32)
+    coarse = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=region, stride=8), lambda *a: None
+    )
+    fine = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=region, stride=4), lambda *a: None
+    )
+    assert coarse["evaluated"] > 0 and fine["reused"] == coarse["values"].size
+    expected = library(services, key, region, stride=4)
+    np.testing.assert_allclose(fine["values"], expected.values, atol=1e-5)
+
+
 def test_an_exact_volume_run_states_its_whole_run_speed_once(services, nifti_bytes):
     """The volume panel said only the plan's per-position ratio of its first chunk (3.3x
     while the whole run was 1.8x a naive one); it now says what the image panel says."""
@@ -131,12 +148,13 @@ def test_a_region_after_a_whole_run_reuses_its_cells_on_the_same_grid(services, 
     assert second["evaluated"] == 0 and second["reused"] == second["values"].size
     expected = library(services, key, tuple(second["region"]), label=first["label"])
     np.testing.assert_allclose(second["values"], expected.values, atol=1e-5)
-    # a finer stride is another grid: computed afresh, and said
+    # a finer stride: the cells of the stride-8 grid that lie on it are reused (2 of 3
+    # per axis), the rest computed
     third = volume_runs.execute_volume(
         services, "tab-1", request(key, stride=4, region=(16, 16, 16, 32, 32, 32)),
         lambda *a: None,
     )  # fmt: skip
-    assert third["reused"] == 0 and third["evaluated"] == 27
+    assert third["reused"] == 8 and third["evaluated"] == 19
 
 
 def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_bytes):

@@ -353,10 +353,9 @@ def _volume_known(services, request: VolumeRequest, weights: str, loaded, region
     """The cells known for a volume run's settings (the images' cache: one bound for
     both), its region moved onto the last run's grid where snapping reuses them, and what
     the panel says about that; ``peek``: look without keeping an entry (None if none)."""
-    key = (
-        "volume", request.source_key, weights, loaded.preprocessing, request.patch,
-        request.stride, request.mode,
-    )  # fmt: skip
+    # no stride: a cell's value depends on where the cube sits, not on the grid's step,
+    # so a new stride reuses every cell of the last grid that lies on its own (as images)
+    key = ("volume", request.source_key, weights, loaded.preprocessing, request.patch, request.mode)
     known = services.cells.peek(key) if peek else services.cells.get(key)
     note = ""
     if known is not None and region is not None and request.snap and known.origin is not None:
