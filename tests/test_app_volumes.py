@@ -324,6 +324,29 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
     assert summary({"key": key}, region, settings, "tab-2")[1:] == (True,) * 4
 
 
+def test_a_volume_result_the_server_let_go_says_so(services, nifti_bytes):
+    """The volume panel showed a result the result store had dropped (its byte budget,
+    least recently used first) as a blank with no message; the image panel says why and
+    what to do. Both now say the same."""
+    from webapp.helpers import ResultStore
+    from webapp.panels.common import DROPPED_RESULT
+    from webapp.panels.volume import VolumePanel
+
+    key = stored(services, nifti_bytes)
+    result = volume_runs.execute_volume(
+        services, "tab-1", request(key, region=(16, 16, 16, 32, 32, 32)), lambda *a: None
+    )
+    services.results = ResultStore(max_sessions=1)
+    services.results.put(volume_runs.volume_session("tab-1"), result)
+    services.results.put("another tab", {"id": "x"})  # the tab's result goes
+    panel = VolumePanel(services, None)
+    settings = ([16, 16, 16, 32, 32, 32], result["patch"], result["stride"], "exact", None)
+    text, *disabled = panel.summary(
+        {"id": result["id"]}, {"key": key}, "ct-test", *settings, "tab-1"
+    )
+    assert DROPPED_RESULT in str(text) and disabled == [True] * 4
+
+
 def hostile_volumes() -> dict[str, bytes]:
     """A few hundred kilobytes each that would cost gigabytes read naively: a zipped
     'series' inflating to 300 MB, and a NIfTI header declaring 2048³ float32 voxels."""

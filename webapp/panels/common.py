@@ -65,3 +65,10 @@ def hide_at_click(
         State(upload, "filename"),
         prevent_initial_call=True,
     )
+
+
+# what the image and the volume panel say when the server let a run's result go
+DROPPED_RESULT = (
+    "This heatmap is no longer kept on the server (results are kept within "
+    "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
+)

@@ -11,14 +11,10 @@ from .. import comparison, exports, figures, helpers, ids, model_card, runs, wor
 from ..helpers import InputError
 from ..lifecycle import Provenance, result_view
 from ..services import Services
-from .common import SCREEN_INPUTS, empty_figure
+from .common import DROPPED_RESULT, SCREEN_INPUTS, empty_figure
 from .compare import image_compare_view
 
 NO_RESULT = "Press Run to compute the heatmap"
-DROPPED_RESULT = (
-    "This heatmap is no longer kept on the server (results are kept within "
-    "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
-)
 EXPORTS = {"type": ids.EXPORT, "format": ALL}
 
 

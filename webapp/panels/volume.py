@@ -22,7 +22,7 @@ from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import empty_figure, hide_at_click, origin
+from .common import DROPPED_RESULT, empty_figure, hide_at_click, origin
 from .compare import volume_compare_view
 from .run import cancelled
 
@@ -500,7 +500,10 @@ class VolumePanel:
         """(the result to show, or None; why not, in the page's words)."""
         if not handle or not record:
             return None, ""
-        result = self.services.results.get(volume_runs.volume_session(str(session or "")))
+        key = volume_runs.volume_session(str(session or ""))
+        result = self.services.results.get(key)
+        if result is None and self.services.results.dropped(key):
+            return None, DROPPED_RESULT  # as the image panel says it
         if result is None or result.get("id") != handle.get("id"):
             return None, ""
         if result.get("source_key") != record.get("key") or result.get("model") != model:
