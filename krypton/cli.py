@@ -494,8 +494,9 @@ def run_explain(args: argparse.Namespace) -> int:
 def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]:
     """What the DICOM input was shown as (window, frame), and the heatmap as a Secondary
     Capture that references it."""
-    from .io.dicom import heatmap_capture, load_dicom
+    from .io.dicom import load_dicom
     from .registry.ood import caveat
+    from .render.dicom_capture import heatmap_capture
 
     loaded = load_dicom(args.image, window=args.window, frame=args.frame)
     shown = loaded.window_text()

@@ -17,13 +17,12 @@ from krypton.io.dicom import (
     IDENTIFYING_KEYWORDS,
     WINDOW_PRESETS,
     decodable_transfer_syntaxes,
-    heatmap_capture,
     is_dicom,
     load_dicom,
     parse_window,
-    secondary_capture,
 )
 from krypton.io.images import ImageLoadError, load_image
+from krypton.render.dicom_capture import heatmap_capture, secondary_capture
 from webapp import exports
 
 CT = get_testdata_file("CT_small.dcm")

@@ -110,6 +110,16 @@ def test_the_engine_imports_nothing_from_the_app_the_registry_or_approximate_mod
             assert not [m for m in imported if m.startswith(forbidden)], module
 
 
+def test_readers_do_not_draw():
+    """krypton.io reads files; pictures and the DICOM captures drawn over them are
+    krypton.render's (krypton/io/dicom.py once imported the overlay renderer to write its
+    Secondary Capture)."""
+    graph = import_graph("krypton")
+    for module, imported in graph.items():
+        if module.startswith("krypton.io"):
+            assert not [m for m in imported if m.startswith("krypton.render")], module
+
+
 def test_no_function_over_150_lines_and_no_module_over_900():
     too_long = []
     for path in python_files(*SHIPPED):

@@ -281,7 +281,7 @@ def test_the_dicom_export_reads_its_source_header_through_the_bounded_inflater()
     """The volume DICOM export's header read called pydicom on each member, which inflated
     a deflated one whole (512 MB here) to read one tag."""
 
-    from krypton.io.dicom_series_export import first_dicom_header
+    from krypton.render.dicom_series import first_dicom_header
 
     plain = hostile_volumes._saved(hostile_volumes._slice(0, 16, 16, PixelData=bytes(512)))
     source = hostile_volumes.zipped(

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from krypton.io.dicom import heatmap_capture
 from krypton.io.images import ImageLoadError
 from krypton.registry.ood import caveat
+from krypton.render.dicom_capture import heatmap_capture
 from krypton.render.exports import all_classes_npz, heatmap_title, values_csv, values_npy
 from krypton.render.overlay import OverlayStyle, heatmap_picture
 

@@ -560,7 +560,7 @@ def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -
     Capture series (zipped) in the source's study, referencing the source series."""
     from PIL import Image
 
-    from krypton.io.dicom_series_export import (
+    from krypton.render.dicom_series import (
         capture_series,
         capture_series_zip,
         first_dicom_header,

@@ -21,7 +21,7 @@ def first_dicom_header(source: bytes):
     ValueError when there is none."""
     from pydicom.errors import InvalidDicomError
 
-    from .dicom import read_header
+    from ..io.dicom import read_header
 
     def read(data: bytes):
         return read_header(data, "the source")
@@ -58,7 +58,7 @@ def capture_series(
     from pydicom.dataset import Dataset
     from pydicom.uid import generate_uid
 
-    from .dicom import heatmap_sc_image
+    from .dicom_capture import heatmap_sc_image
 
     series = generate_uid()
     files = []
