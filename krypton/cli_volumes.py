@@ -132,7 +132,11 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict) -> int:
         return 2
     finally:
         bar.close()
-    files = volume_files(heatmap, prepared, model, args.slices)
+    from .registry.ood import caveat
+
+    files = volume_files(
+        heatmap, prepared, model, args.slices, warning=caveat(heatmap.extra.get("ood"))
+    )
     at = view_centre(heatmap, model.input_size, args.slices)
     stem = stem_of(Path(args.out))
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -120,6 +120,15 @@ def test_readers_do_not_draw():
             assert not [m for m in imported if m.startswith("krypton.render")], module
 
 
+def test_pictures_do_not_know_the_registry():
+    """krypton.render draws what it is given: a caveat, a class name, a title; it never
+    looks a model up (krypton/render/volumes.py once imported the registry's OOD check)."""
+    graph = import_graph("krypton")
+    for module, imported in graph.items():
+        if module.startswith("krypton.render"):
+            assert not [m for m in imported if m.startswith("krypton.registry")], module
+
+
 def test_no_function_over_150_lines_and_no_module_over_900():
     too_long = []
     for path in python_files(*SHIPPED):

@@ -364,7 +364,7 @@ def _explain_volume_item(
         prepared = model.prepare_volume(read_volume(source))
         tensor = prepared.tensor
         heatmap = explain(model, tensor, label=_label_index(label, model), **options)
-        files = volume_files(heatmap, prepared, model)
+        files = volume_files(heatmap, prepared, model, warning=caveat(heatmap.extra.get("ood")))
         _fill_row(row, heatmap, model, started)
         if methods:
             background = tensor[0].numpy()

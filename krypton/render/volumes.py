@@ -142,14 +142,17 @@ def view_centre(heatmap, size: tuple[int, ...], slices: str) -> tuple[int, int, 
     raise ValueError(f"slices must be 'lowest' or 'middle', got {slices!r}")
 
 
-def volume_files(heatmap, prepared, model, slices: str = "lowest") -> dict[str, bytes]:
+def volume_files(
+    heatmap, prepared, model, slices: str = "lowest", warning: str = ""
+) -> dict[str, bytes]:
     """One volume's explanation as files by suffix: ``.nii.gz`` (:func:`heatmap_nifti` in
     the source's frame), ``.axial.png``, ``.coronal.png``, ``.sagittal.png`` (the views
     through the lowest cell, or the input's middle with ``slices="middle"``) and ``.npy``.
-    ``prepared``: the :class:`~krypton.io.volumes.ModelVolume` that was explained."""
+    ``prepared``: the :class:`~krypton.io.volumes.ModelVolume` that was explained;
+    ``warning``: the caveat the result carries (krypton.registry.ood.caveat), in each
+    view's title and beside the .npy."""
     import time
 
-    from ..registry.ood import caveat
     from .exports import WARNING_SUFFIX, heatmap_title, values_npy
 
     name = model.class_name(heatmap.label)
@@ -160,7 +163,6 @@ def volume_files(heatmap, prepared, model, slices: str = "lowest") -> dict[str, 
     at = view_centre(heatmap, model.input_size, slices)
     unit = prepared.tensor[0].numpy() * model.std[0] + model.mean[0]
     files = {".nii.gz": heatmap_nifti(heatmap, prepared.affine, f"krypton {model.name} {name}")}
-    warning = caveat(heatmap.extra.get("ood"))
     pictures = view_pngs(unit, heatmap, at, title, warning)  # type: ignore[arg-type]
     files.update({f".{view}.png": data for view, data in pictures.items()})
     files[".npy"] = values_npy(heatmap.values)
