@@ -615,7 +615,7 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
 
 def run_tune(args: argparse.Namespace) -> int:
 
-    from .approximate.tune import tune_tau
+    from .tune import tune_tau
 
     model = _load(args.model, random_weights=False)
     images = _sample_images(args, model, args.count + args.held_out)

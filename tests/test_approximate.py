@@ -11,7 +11,6 @@ import torchvision
 
 import krypton
 from krypton.approximate import drilldown
-from krypton.approximate.tune import tune_tau
 from krypton.approximate.tuning import TauTuning, heatmap_ssim
 from krypton.estimator import (
     NotCalibratedError,
@@ -21,6 +20,7 @@ from krypton.estimator import (
     save_calibration,
 )
 from krypton.registry import load_model, register_model
+from krypton.tune import tune_tau
 
 
 @pytest.fixture(scope="module")

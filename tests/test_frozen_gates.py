@@ -95,7 +95,7 @@ def test_efficientnet_stays_incremental_with_frozen_gates():
 
 
 def test_tuning_scores_approximate_mode_with_its_gates_frozen(model):
-    from krypton.approximate.tune import tune_tau
+    from krypton.tune import tune_tau
 
     torch.manual_seed(4)
     images = [torch.randn(3, 32, 32) for _ in range(2)]

@@ -422,7 +422,7 @@ def test_drill_down_over_a_volume_refines_where_it_matters(small_volume_net):
 
 
 def test_tau_is_tuned_over_volumes_as_over_images(small_volume_net):
-    from krypton.approximate.tune import tune_tau
+    from krypton.tune import tune_tau
 
     torch.manual_seed(7)
     volumes = [torch.rand(1, 16, 16, 16) for _ in range(3)]

@@ -605,10 +605,10 @@ TUNE_SEED, TUNE_HELD_OUT_SEED = 30, 31
 
 
 def tune(model: torch.nn.Module, count: int = 8, held_out: int = 8, log=print) -> dict:
-    """Approximate mode's τ for this model (paper §4.3, :func:`krypton.approximate.tune`):
+    """Approximate mode's τ for this model (paper §4.3, :func:`krypton.tune`):
     SSIM(τ) fitted over whole-volume heatmaps of generated volumes (half with a nodule),
     checked on others, at the card's patch and stride."""
-    from krypton.approximate.tune import tune_tau
+    from krypton.tune import tune_tau
 
     def volumes(seed: int, number: int) -> list[torch.Tensor]:
         generator = ChestCTGenerator(seed=seed)

@@ -1,8 +1,9 @@
 """Tuning τ offline (paper §4.3): heatmaps of sample images at each sampled τ, the fitted
 SSIM(τ) curve, and the τ that keeps both SSIM and localisation.
 
-The procedure runs models, so it lives here, apart from :mod:`krypton.tuning` (the pure
-curve, metrics and policy the explainer reads): no import circle between the two.
+The procedure runs models through the explainer, so it lives here, beside it and apart
+from :mod:`krypton.approximate` (the pure curve, metrics and policy the explainer reads):
+no import loop between the explainer and the approximate package.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..explainer import OcclusionExplainer
-from .tuning import (
+from .approximate.tuning import (
     DEFAULT_TARGET_SSIM,
     DEFAULT_TAUS,
     LOCALISATION_SHARE,
@@ -24,6 +24,7 @@ from .tuning import (
     heatmap_ssim,
     localisation,
 )
+from .explainer import OcclusionExplainer
 
 __all__ = ["tune_tau"]
 
