@@ -129,6 +129,30 @@ def test_no_folder_level_loop_between_approximate_mode_and_the_explainer():
             assert "krypton.explainer" not in imported, module
 
 
+def test_the_panels_hold_no_tensor_algebra_and_no_engine_internals():
+    """The page's panels reach the library through the run package and the services:
+    webapp/panels/settings.py took the top 5 with torch.softmax and torch.topk and
+    checked grids with krypton.explainer's grid_positions itself."""
+    graph = import_graph("krypton", "webapp", "app.py")
+    files = {module_name(f): f for f in python_files("webapp")}
+    for module, imported in graph.items():
+        if module.startswith("webapp.panels"):
+            assert not [
+                m for m in imported if m.startswith(("krypton.explainer", "krypton.engine"))
+            ]
+            assert not imports_torch(files[module]), module
+
+
+def imports_torch(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
+
+
 def test_pictures_do_not_know_the_registry():
     """krypton.render draws what it is given: a caveat, a class name, a title; it never
     looks a model up (krypton/render/volumes.py once imported the registry's OOD check)."""

@@ -390,6 +390,18 @@ def _approximate(
     )
 
 
+def check_grid(size: tuple[int, int], patch: int, stride: int, region) -> None:
+    """Refuse, in the page's words, settings whose grid explain() would refuse."""
+    helpers.check_region(region, size, patch, stride)
+    grid_positions(size, patch, stride, region)
+
+
+def grid_count(size: tuple[int, int], patch: int, stride: int, region) -> int:
+    """Positions on the grid these settings make, as drawn (before any snapping)."""
+    ys, xs = grid_positions(size, patch, stride, region)
+    return len(ys) * len(xs)
+
+
 def cell_key(request: RunRequest, weights: str, preprocessing: tuple = ()) -> tuple:
     """What determines a computed cell's value, so the key of the cells a run may reuse
     (both cell caches, embedded and team mode): image, ``weights`` (the weights

@@ -207,3 +207,14 @@ class Services:
             except krypton.UnsupportedModelError as exc:
                 with CAPTURE_LOCK.shared():
                     return self.model(name).module(tensor.unsqueeze(0)), str(exc)
+
+    def top_classes(
+        self, name: str, tensor: torch.Tensor, count: int = 5
+    ) -> tuple[list[tuple[int, float]], str | None]:
+        """The model's ``count`` most probable classes for the unoccluded image as (class,
+        probability), most probable first, and :meth:`logits`'s capture error (None when
+        exact and approximate modes can run)."""
+        logits, capture_error = self.logits(name, tensor)
+        probs = torch.softmax(logits[0].float(), 0)
+        top = torch.topk(probs, min(count, probs.numel()))
+        return [(int(i), float(p)) for p, i in zip(top.values, top.indices)], capture_error

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 from dash import ClientsideFunction, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 import krypton
-from krypton.explainer import grid_positions
 
 from .. import comparison, helpers, ids, runs, wording
 from ..helpers import InputError
@@ -119,12 +117,9 @@ class SettingsPanel:
         except InputError as exc:
             return None, [], None, "", card, str(exc), no_update, no_update
         tensor = loaded.preprocess(image)
-        logits, capture_error = self.services.logits(model_name, tensor)
+        top5, capture_error = self.services.top_classes(model_name, tensor)
         ood = loaded.check_ood(tensor)
         warning = ood_text(None if ood is None else ood.as_dict())
-        probs = torch.softmax(logits[0].float(), 0)
-        top = torch.topk(probs, min(5, probs.numel()))
-        top5 = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
         options = [{"label": f"{loaded.class_name(i)} ({p:.1%})", "value": i} for i, p in top5]
         others = [
             {"label": loaded.class_name(i), "value": i}
@@ -198,8 +193,7 @@ class SettingsPanel:
     ):
         try:
             size = self.services.model(model_name).input_size
-            helpers.check_region(region, size, patch, stride)
-            grid_positions(size, patch, stride, region)  # settings explain() would refuse
+            runs.check_grid(size, patch, stride, region)
         except (InputError, ValueError) as exc:
             return html.Span(str(exc), className="warning")
         planned = self._planned(model_name, patch, stride, mode, region, image, colour, custom)
@@ -246,10 +240,9 @@ class SettingsPanel:
             )  # fmt: skip
             return runs.plan_run(self.services, request)
         except (InputError, KeyError, TypeError, ValueError):
-            ys, xs = grid_positions(
-                self.services.model(model_name).input_size, patch, stride, region
-            )
-            return runs.PlannedRun(tuple(region) if region else None, len(ys) * len(xs), 0)
+            size = self.services.model(model_name).input_size
+            count = runs.grid_count(size, patch, stride, region)
+            return runs.PlannedRun(tuple(region) if region else None, count, 0)
 
 
 def toggle_approximate(mode):
