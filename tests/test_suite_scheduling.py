@@ -21,3 +21,26 @@ def test_team_tests_join_one_xdist_group(request: pytest.FixtureRequest) -> None
         pytest.skip("no team test was collected in this run")
     strays = [nodeid for nodeid, group in groups.items() if not nodeid.endswith(f"@{group}")]
     assert not strays, f"{len(strays)} team tests outside their group, e.g. {strays[:3]}"
+
+
+def test_make_test_gpu_collects_on_a_host_without_dash_testing() -> None:
+    """`make test-gpu` runs on a card's own Python, which has no dash[testing]: pytest
+    refused this suite's conftest there ("unknown hook 'pytest_setup_options'"), so no
+    cuda-marked test could run on the card. The hook is optional now; here dash's pytest
+    plugin is turned off to stand in for its absence."""
+    import subprocess
+    import sys
+
+    files = [
+        name
+        for name in sorted(os.listdir("tests"))
+        if name.startswith("test_") and "mark.cuda" in open(os.path.join("tests", name)).read()
+    ]
+    assert files, "no cuda-marked tests found"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+         "-p", "no:dash", "-m", "cuda", "--collect-only", *(f"tests/{f}" for f in files)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "INTERNALERROR" not in done.stdout
