@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-load test-quick test-gpu lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu analyze models tune calibrate clean
+.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu analyze models tune calibrate clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,21 @@ bench-gpu:
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu --precisions fp32
 	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu --precisions bf16 \
 		--nets vgg16,resnet18
+
+# What a card's own Python 3.12 lacks for make test-gpu (the app's stack, Captum, MONAI),
+# at this venv's versions, as wheels in .whl: carry .whl to the card and install them with
+# pip --no-index --target DIR, then PYTHONPATH=DIR make test-gpu.
+GPU_WHEELS = dash diskcache flask itsdangerous blinker janus plotly pydantic pydantic_core \
+	annotated-types typing-inspection captum monai retrying nest-asyncio
+gpu-wheels: $(STAMP)
+	mkdir -p .whl
+	for name in $(GPU_WHEELS); do \
+		version=$$($(PY) -m pip show $$name | sed -n 's/^Version: //p'); \
+		$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+			--implementation cp --platform manylinux_2_28_x86_64 \
+			--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+			-d .whl "$$name==$$version" || exit 1; \
+	done
 
 # The files that hold cuda-marked tests: a card's host need not have the browser, DICOM or
 # team stacks that the other test files import.
