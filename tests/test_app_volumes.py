@@ -557,3 +557,24 @@ def test_the_panel_names_the_predicted_class_and_a_run_moves_the_views_to_its_st
     cell = np.unravel_index(int(np.argmin(values)), values.shape)  # the largest drop
     centre = [result[a][cell[n]] + result["patch"] // 2 for n, a in enumerate(("zs", "ys", "xs"))]
     assert list(moved) == centre
+
+
+def test_the_volume_run_callback_ends_its_lifecycle_as_the_image_one(monkeypatch, services):
+    """The volume panel's Run never called lifecycle.fail or cancel (the image panel's
+    does): a refused run left its lifecycle queued or running."""
+    from webapp.lifecycle import Phase, RunLifecycle
+    from webapp.panels import volume as volume_panel
+
+    made: list[RunLifecycle] = []
+
+    class Recorded(RunLifecycle):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(volume_panel, "RunLifecycle", Recorded)
+    panel = volume_panel.VolumePanel(services, None)
+    _, message = panel.run(lambda *a: None, 1, "tab-1", None, "ct-test", 8, 8, "exact", None,
+                           None, 24, 24, 24)  # fmt: skip
+    assert message == "load a volume first"
+    assert len(made) == 1 and made[0].phase is Phase.FAILED and made[0].reason == message

@@ -565,13 +565,17 @@ class VolumePanel:
                 )
             lifecycle.finish()
         except QueueFull as exc:
+            lifecycle.fail(str(exc))
             return no_update, str(exc)
         except JobCancelled:
+            lifecycle.cancel("cancelled")
             raise PreventUpdate from None
         except (InputError, ValueError) as exc:
+            lifecycle.fail(str(exc))
             return no_update, str(exc)
         except Exception as exc:  # keep serving; say what happened
             logger.exception("volume run failed")
+            lifecycle.fail(repr(exc))
             return no_update, f"The run failed unexpectedly ({type(exc).__name__}: {exc})."
         return _handle(result), ""
 
