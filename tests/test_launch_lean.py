@@ -93,3 +93,55 @@ def test_a_grid_compiles_its_indices_once_across_calls_and_parts(monkeypatch) ->
     explainer.forget_grids()
     explainer.explain(image, strategy="incremental", **options)
     assert len(compiled) == 2
+
+
+def test_two_runs_on_one_model_share_the_kept_grids_safely() -> None:
+    """Two runs on one model (two tabs) read and trim a graph's kept grids at once: a run
+    that found its grid could see another run evict it before it marked it recent
+    (KeyError). Here one run is held right after finding its grid while another keeps
+    two new ones; it must still get its geometry."""
+    import collections
+    import threading
+
+    import numpy as np
+    import torchvision
+
+    import krypton
+
+    torch.manual_seed(0)
+    explainer = krypton.OcclusionExplainer(torchvision.models.resnet18(num_classes=3).eval())
+    graph = explainer.captured_graph(torch.randn(3, 64, 64))
+    grids = [(np.array([0, 4 * k]), np.array([0, 8])) for k in (1, 2, 3)]
+    graph.geometry(grids[0], (8, 8))
+    inside, proceed = threading.Event(), threading.Event()
+
+    class Held(collections.OrderedDict):
+        armed = True
+
+        def get(self, key, default=None):
+            found = super().get(key, default)
+            if found is not None and Held.armed:
+                Held.armed = False
+                inside.set()
+                proceed.wait(5)
+            return found
+
+    graph._geometries = Held(graph._geometries)
+    results, errors = [], []
+
+    def run(*wanted) -> None:
+        try:
+            results.extend(graph.geometry(grid, (8, 8)) for grid in wanted)
+        except Exception as exc:  # the failure this test looks for
+            errors.append(exc)
+
+    first = threading.Thread(target=run, args=(grids[0],))
+    first.start()
+    assert inside.wait(5)
+    other = threading.Thread(target=run, args=(grids[1], grids[2]))
+    other.start()
+    other.join(1.0)  # without a lock it evicts the first grid now
+    proceed.set()
+    first.join(5)
+    other.join(5)
+    assert errors == [] and len(results) == 3

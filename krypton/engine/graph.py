@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -198,8 +199,10 @@ class IncrementalGraph:
             )
         self.freeze_gates = freeze_gates
         self.frozen: list[str] = []  # names of the gates kept at their unoccluded values
-        # the latest grids' geometries, with the indices their runs compiled (see geometry)
+        # the latest grids' geometries, with the indices their runs compiled (see geometry);
+        # two runs on one model (two tabs) read and trim it at once: behind its own lock
         self._geometries: collections.OrderedDict[tuple, PatchGeometry] = collections.OrderedDict()
+        self._geometries_lock = threading.Lock()
         self.last_use = self._last_uses()
         self._calls = {n: self._call_for(n) for n in self.nodes}
         self.steps: list[Step] = []
@@ -480,19 +483,23 @@ class IncrementalGraph:
             float(tau),
             tight,
         )
-        known = self._geometries.get(key)
-        if known is not None:
-            self._geometries.move_to_end(key)
-            return known
+        with self._geometries_lock:
+            known = self._geometries.get(key)
+            if known is not None:
+                self._geometries.move_to_end(key)
+                return known
         geometry = propagate(self.steps, self.shapes, starts, patch, tau, tight)
-        self._geometries[key] = geometry
-        while len(self._geometries) > GEOMETRIES_KEPT:
-            self._geometries.popitem(last=False)
+        with self._geometries_lock:  # a run beside this one may have kept the same grid
+            geometry = self._geometries.setdefault(key, geometry)
+            self._geometries.move_to_end(key)
+            while len(self._geometries) > GEOMETRIES_KEPT:
+                self._geometries.popitem(last=False)
         return geometry
 
     def forget_geometries(self) -> None:
         """Drop the kept geometries and the indices compiled for them."""
-        self._geometries.clear()
+        with self._geometries_lock:
+            self._geometries.clear()
 
     def macs_per_position(self, geometry: PatchGeometry) -> tuple[int, int]:
         """(incremental, full) conv+linear MACs for one occluded image (eqs 9-12)."""
