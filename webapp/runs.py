@@ -108,7 +108,7 @@ class Services(Protocol):  # what webapp.services.Services provides
 
     def model(self, name: str) -> krypton.LoadedModel: ...
     def explainer(self, name: str) -> krypton.OcclusionExplainer: ...
-    def logits(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, str | None]: ...
+    def probabilities(self, name: str, tensor: torch.Tensor) -> tuple[np.ndarray, str | None]: ...
     def weights_checksum(self, name: str) -> str: ...
 
 
@@ -206,13 +206,12 @@ def execute(
     fill = helpers.normalised_fill(request.fill_rgb, loaded.mean, loaded.std)
     original = services.images.get(request.image_key)
     tensor = loaded.preprocess(original)
-    logits, capture_error = services.logits(request.model, tensor)
+    base_probs, capture_error = services.probabilities(request.model, tensor)
     if capture_error and request.mode != "naive":
         raise InputError(
             f"{request.mode} mode needs a model torch.fx can capture, and this "
             f"one cannot be ({capture_error}); choose Naive"
         )
-    base_probs = torch.softmax(logits[0].float(), 0).cpu().numpy()
     label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
     if not 0 <= label < len(base_probs):
         raise InputError(f"class {label} does not exist for {request.model}")

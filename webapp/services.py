@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import krypton
@@ -214,7 +215,12 @@ class Services:
         """The model's ``count`` most probable classes for the unoccluded image as (class,
         probability), most probable first, and :meth:`logits`'s capture error (None when
         exact and approximate modes can run)."""
-        logits, capture_error = self.logits(name, tensor)
-        probs = torch.softmax(logits[0].float(), 0)
-        top = torch.topk(probs, min(count, probs.numel()))
+        probs, capture_error = self.probabilities(name, tensor)
+        top = torch.topk(torch.from_numpy(probs), min(count, probs.size))
         return [(int(i), float(p)) for p, i in zip(top.values, top.indices)], capture_error
+
+    def probabilities(self, name: str, tensor: torch.Tensor) -> tuple[np.ndarray, str | None]:
+        """The model's class probabilities for the unoccluded image, and :meth:`logits`'s
+        capture error (None when exact and approximate modes can run)."""
+        logits, capture_error = self.logits(name, tensor)
+        return torch.softmax(logits[0].float(), 0).cpu().numpy(), capture_error

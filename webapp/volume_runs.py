@@ -239,9 +239,7 @@ def execute_volume(
     region = tuple(int(v) for v in request.region) if request.region else None
     check_volume_region(region, size, request.patch, request.stride)  # type: ignore[arg-type]
     tensor = prepared.model_input.tensor
-    with torch.inference_mode(), CAPTURE_LOCK.shared():
-        logits = loaded.module(tensor.unsqueeze(0))
-    base_probs = torch.softmax(logits[0].float(), 0).cpu().numpy()
+    base_probs = volume_prediction(loaded, prepared)
     label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
     if not 0 <= label < len(base_probs):
         raise InputError(f"class {label} does not exist for {request.model}")
