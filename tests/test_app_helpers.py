@@ -2,6 +2,7 @@
 
 import html
 import io
+import os
 import threading
 import time
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from webapp import exports, figures, helpers
+from webapp import exports, figures, helpers, image_store
 from webapp.helpers import InputError
 from webapp.image_store import ImageStore
 from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
@@ -290,12 +291,35 @@ def test_one_client_cannot_evict_another_clients_stored_files(tmp_path):
     assert store.source(helpers_key(bytes([5]) * 900), "tab-b5") == bytes([5]) * 900
 
 
-def test_a_full_store_still_drops_the_least_recently_used_of_anyone(tmp_path):
+def test_a_full_store_never_evicts_a_file_another_client_may_have_on_screen(tmp_path):
+    """Five clients' 900 bytes overflow the store's 4,000: the fifth's file evicted the
+    first client's, which that user had just opened. Now the newcomer is told to try
+    again, and once the first file has not been used for ON_SCREEN_SECONDS it goes."""
     store = ImageStore(tmp_path, max_bytes=4000, max_count=100)
-    keys = [store.put_source(bytes([i]) * 900, f"t{i}", f"address:10.0.0.{i}") for i in range(5)]
+    keys = [store.put_source(bytes([i]) * 900, f"t{i}", f"address:10.0.0.{i}") for i in range(4)]
+    with pytest.raises(InputError, match="full of files other users have open"):
+        store.put_source(bytes([4]) * 900, "t4", "address:10.0.0.4")
+    for index, key in enumerate(keys):
+        assert store.source(key, f"t{index}") == bytes([index]) * 900
+    assert store.usage() == (4, 3600)  # the refused file is not kept
+    stale = time.time() - image_store.ON_SCREEN_SECONDS - 60
+    os.utime(next(tmp_path.glob(f"{keys[0]}.*")), (stale, stale))
+    key = store.put_source(bytes([4]) * 900, "t4", "address:10.0.0.4")
     with pytest.raises(InputError, match="no longer on the server"):
-        store.source(keys[0], "t0")  # five clients' 900 bytes: the store's 4,000 overflowed
-    assert store.source(keys[4], "t4") == bytes([4]) * 900
+        store.source(keys[0], "t0")  # not used for half an hour: the least recently used
+    assert store.source(key, "t4") == bytes([4]) * 900
+
+
+def test_only_a_clients_latest_files_count_as_on_screen(tmp_path):
+    """A client holding several files keeps its two latest safe, not all of them: a full
+    store still makes room from the largest holder's older files."""
+    store = ImageStore(tmp_path, max_bytes=10_000, max_count=12)  # 3 files a client
+    held = [store.put_source(bytes([i]) * 100, f"h{i}", "address:10.0.0.1") for i in range(3)]
+    for other in range(10):  # ten more clients, a file each: the store's 12 overflow
+        store.put_source(bytes([9, other]) * 50, f"o{other}", f"address:10.0.1.{other}")
+    assert store.usage()[0] == 12
+    assert not any(tmp_path.glob(f"{held[0]}.*"))  # the largest holder's oldest went
+    assert all(any(tmp_path.glob(f"{key}.*")) for key in held[1:])  # its two latest stay
 
 
 def helpers_key(data: bytes) -> str:

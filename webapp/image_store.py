@@ -12,7 +12,10 @@ most :data:`webapp.client.CLIENT_SHARE` of either; a client's new file first evi
 client's own least recently used ones. When many clients together fill the store, the
 least recently used file of the client holding the most goes, one at a time: five
 addresses with 101 small images each evicted another user's one image when the oldest of
-anyone's went first.
+anyone's went first. A file that may be on another client's screen or in its run — one
+of that client's :data:`ON_SCREEN_PER_CLIENT` most recently used, used within
+:data:`ON_SCREEN_SECONDS` — is never evicted for someone else's: when only such files
+are left, the new file is refused instead ("try again in a few minutes").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 
 from PIL import Image
@@ -27,7 +31,16 @@ from PIL import Image
 from .client import CLIENT_SHARE
 from .helpers import InputError, check_stored_key, image_key, owner_tag, reduced_for_storage
 
-__all__ = ["ImageStore"]
+__all__ = ["ImageStore", "ON_SCREEN_SECONDS", "ON_SCREEN_PER_CLIENT"]
+
+# A client's files that may be on its screen or in its run: its most recently used (a
+# picture shown, predicted, run or exported is read, which marks it used), two for two
+# tabs, and only while used this recently.
+ON_SCREEN_PER_CLIENT = 2
+ON_SCREEN_SECONDS = 30 * 60
+FULL_OF_OTHERS = (
+    "the server's image store is full of files other users have open; try again in a few minutes"
+)
 
 
 class ImageStore:
@@ -60,14 +73,18 @@ class ImageStore:
         is there already, marked recently used; counted in ``client``'s share (a content
         key two clients stored stays the first one's) and the store kept in its bounds."""
         with self._lock:
-            if path.exists():
-                os.utime(path)
-            else:
+            new = not path.exists()
+            if new:
                 temporary = path.with_suffix(".tmp")
                 write(temporary, *data)
                 os.replace(temporary, path)
+            else:
+                os.utime(path)
             self._clients.setdefault(path.name, owner_tag(client))
-            self._evict(keep=path)
+            if not self._evict(keep=path) and new:
+                path.unlink(missing_ok=True)
+                self._clients.pop(path.name, None)
+                raise InputError(FULL_OF_OTHERS)
 
     def source(self, key: str, owner: str) -> bytes:
         """The bytes :meth:`put_source` kept for ``owner`` (another tab gets none)."""
@@ -102,9 +119,10 @@ class ImageStore:
         files = self._files()
         return len(files), sum(f.stat().st_size for f in files)
 
-    def _evict(self, keep: Path) -> None:
+    def _evict(self, keep: Path) -> bool:
         """The client that stored ``keep`` back within its share (its own oldest first),
-        then the store within its bounds (anyone's oldest first); ``keep`` stays."""
+        then the store within its bounds (the largest holder's oldest first, never a file
+        another client may have on screen); ``keep`` stays. Whether the store fits."""
         files = []
         for path in self._files():
             try:
@@ -116,21 +134,40 @@ class ImageStore:
         client = self._clients.get(keep.name, "")
         mine = [f for f in files if self._clients.get(f[2].name, "") == client]
         self._drop_oldest(mine, keep, CLIENT_SHARE * self.max_bytes, CLIENT_SHARE * self.max_count)
-        self._drop_from_the_largest([f for f in files if f[2].exists()], keep)
+        files = [f for f in files if f[2].exists()]
+        on_screen = self._on_screen(files, client)
+        return self._drop_from_the_largest(files, keep, on_screen)
 
-    def _drop_from_the_largest(self, files: list, keep: Path) -> None:
+    def _on_screen(self, files: list, client: str) -> set[Path]:
+        """Other clients' files that may be on their screens or in their runs: each
+        one's ON_SCREEN_PER_CLIENT most recently used, if used within ON_SCREEN_SECONDS."""
+        now, latest = time.time(), {}  # client -> its newest files
+        for mtime, _, path in reversed(files):  # newest first
+            owner = self._clients.get(path.name, "")
+            kept = latest.setdefault(owner, [])
+            if owner != client and len(kept) < ON_SCREEN_PER_CLIENT:
+                if now - mtime <= ON_SCREEN_SECONDS:
+                    kept.append(path)
+        return {path for paths in latest.values() for path in paths}
+
+    def _drop_from_the_largest(self, files: list, keep: Path, on_screen: set[Path]) -> bool:
         """The store within its bounds: the oldest file of the client holding the most
-        bytes goes first (``keep`` stays), until the store fits."""
+        bytes goes first (``keep`` and the files ``on_screen`` stay), until the store
+        fits; whether it does."""
         total, count = sum(size for _, size, _ in files), len(files)
         held: dict[str, int] = {}
         for _, size, path in files:
-            if path != keep:
+            if path != keep and path not in on_screen:
                 owner = self._clients.get(path.name, "")
                 held[owner] = held.get(owner, 0) + size
         while (total > self.max_bytes or count > self.max_count) and held:
             largest = max(held, key=held.__getitem__)
             _, size, path = next(
-                f for f in files if f[2] != keep and self._clients.get(f[2].name, "") == largest
+                f
+                for f in files
+                if f[2] != keep
+                and f[2] not in on_screen
+                and self._clients.get(f[2].name, "") == largest
             )
             path.unlink(missing_ok=True)
             self._clients.pop(path.name, None)
@@ -139,6 +176,7 @@ class ImageStore:
             held[largest] -= size
             if held[largest] <= 0:
                 del held[largest]
+        return total <= self.max_bytes and count <= self.max_count
 
     def _drop_oldest(self, files: list, keep: Path, max_bytes: float, max_count: float) -> None:
         total, count = sum(size for _, size, _ in files), len(files)
