@@ -301,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="time an ImageNet architecture whose weights are not cached "
         "(run time does not depend on the weights)",
     )
+    calibrate.add_argument(
+        "--step-classes",
+        type=int,
+        default=STEP_CLASSES_TIMED,
+        help="classes whose Compare gradient step is timed (0: none; default %(default)s)",
+    )
 
     analyze = commands.add_parser("analyze", help="theoretical speedup (paper eqs 9-12)")
     analyze.add_argument(
@@ -654,9 +660,12 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+STEP_CLASSES_TIMED = 2  # the gradient step is timed per class; two show its spread
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from .approximate.tuning import TauTuning, choose_tau
-    from .estimator import calibrate, save_calibration
+    from .calibration import calibrate, save_calibration
     from .registry.entries import find_entry
 
     name = args.model or default_model_name()
@@ -668,8 +677,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
         model.module,
         name,
         model.input_size,
+        channels=len(model.mean),
         patches=patches,
         tau=tau,
+        gradient_labels=range(min(max(args.step_classes, 0), len(model.classes))),
+        fill=model.gray_fill(),
         log=lambda line: print(line, file=sys.stderr),
     )
     record["weights"] = "random (timing only)" if model.random_weights else "trained"

@@ -9,16 +9,13 @@ estimate needs nothing that only running would reveal).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import datetime
 import json
 import math
 import os
-import platform
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,15 +23,16 @@ import numpy as np
 import torch
 from sklearn.linear_model import LinearRegression
 
+from ._inputs import per_axis, volume_grid
 from .approximate import drilldown
 from .approximate.settings import DEFAULTS
-from .explainer import MODES, OcclusionExplainer, grid_positions
+from .explainer import grid_positions
 from .registry.models import CALIBRATION_PATCHES
 
 __all__ = [
     "NotCalibratedError",
     "planned_positions",
-    "calibrate",
+    "positions_grid",
     "estimate_seconds",
     "CALIBRATION_PATCHES",
     "Estimate",
@@ -58,11 +56,27 @@ __all__ = [
     "forward_seconds",
     "max_threads",
     "conformal_ratios",
+    "calibrated_step",
+    "fit_seconds",
 ]
 
 
 class NotCalibratedError(LookupError):
     """No cost model exists for this model, patch size and mode on this host."""
+
+
+def positions_grid(
+    input_size: Sequence[int], patch, stride, region: Sequence[int] | None
+) -> tuple[np.ndarray, ...]:
+    """The grid's first corners along each axis (array order) of a run over an input of
+    ``input_size``: (H, W) for an image, region (x0, y0, x1, y1); (D, H, W) for a volume,
+    region (z0, y0, x0, z1, y1, x1)."""
+    size = tuple(int(s) for s in input_size)
+    if len(size) == 2:
+        return tuple(np.asarray(a) for a in grid_positions(size, patch, stride, region))
+    rank = len(size)
+    patches, strides = per_axis(patch, "patch", rank), per_axis(stride, "stride", rank)
+    return volume_grid(size, patches, strides, region)  # type: ignore[arg-type]
 
 
 def planned_positions(
@@ -75,22 +89,22 @@ def planned_positions(
     target_speedup: float = DEFAULTS.target_speedup,
     s1: int | None = None,
 ) -> tuple[int, int]:
-    """(stage-one, stage-two) positions a run will evaluate; stage two is 0 except for
-    approximate mode with drill-down, where it is the expected count (eq 28's reasoning:
-    the chosen fraction of stage-one cells, each covering (S1/S2)^2 positions)."""
-    ys, xs = grid_positions(tuple(image_size), patch, stride, region)
-    total = len(ys) * len(xs)
-    if mode != "approximate" or r_drill_down >= 1.0 or (len(ys) < 2 and len(xs) < 2):
+    """(stage-one, stage-two) positions a run over an image (H, W) or a volume (D, H, W)
+    will evaluate; stage two is 0 except for approximate mode with drill-down, where it is
+    the expected count (eq 28's reasoning: the chosen fraction of stage-one cells, each
+    covering (S1/S2)^rank positions)."""
+    axes = positions_grid(image_size, patch, stride, region)
+    rank = len(axes)
+    total = int(np.prod([len(a) for a in axes]))
+    if mode != "approximate" or r_drill_down >= 1.0 or all(len(a) < 2 for a in axes):
         return total, 0
     if s1 is None:
         if region is None:
             width = min(image_size)
         else:
-            width = min(region[2] - region[0], region[3] - region[1])
-        s1 = drilldown.check_drill_down(target_speedup, r_drill_down, stride, width)
-    rows = len(drilldown.stage_one_axis(np.asarray(ys), s1))
-    cols = len(drilldown.stage_one_axis(np.asarray(xs), s1))
-    stage_one = rows * cols
+            width = min(region[rank + axis] - region[axis] for axis in range(rank))
+        s1 = drilldown.check_drill_down(target_speedup, r_drill_down, stride, width, rank)
+    stage_one = int(np.prod([len(drilldown.stage_one_axis(a, s1)) for a in axes]))
     chosen = max(1, math.ceil(r_drill_down * stage_one))
     per_block = total / stage_one
     stage_two = min(total - stage_one, round(chosen * per_block - chosen))
@@ -99,125 +113,6 @@ def planned_positions(
 
 def _features(mode: str, counts: tuple[int, int]) -> list[float]:
     return [float(counts[0]), float(counts[1])] if mode == "approximate" else [float(counts[0])]
-
-
-def _configurations(image_size: Sequence[int], patch: int) -> list[dict]:
-    """Region/stride combinations spanning small to large position counts."""
-    height, width = image_size
-    configs = []
-    for fraction in (0.25, 0.4, 0.55, 0.7, 0.85, 1.0):
-        side_h = max(patch + 1, int(height * fraction))
-        side_w = max(patch + 1, int(width * fraction))
-        y0, x0 = (height - side_h) // 2, (width - side_w) // 2
-        for stride in (4, 8):
-            configs.append({"region": (x0, y0, x0 + side_w, y0 + side_h), "stride": stride})
-    return configs
-
-
-def calibrate(
-    model,
-    name: str,
-    image_size: Sequence[int],
-    *,
-    patches: Sequence[int] = CALIBRATION_PATCHES,
-    modes: Sequence[str] = MODES,
-    tau: float = 1.0,
-    r_drill_down: float = DEFAULTS.r_drill_down,
-    target_speedup: float = DEFAULTS.target_speedup,
-    held_out_every: int = 3,
-    log: Callable[[str], None] = print,
-) -> dict:
-    """Time explain() over several configurations and fit one cost model per (patch, mode).
-
-    Every ``held_out_every``-th configuration is kept out of the fit and used to report the
-    estimator's error. Returns the record stored under "calibration" in the registry file.
-    """
-    explainer = OcclusionExplainer(model)
-    generator = torch.Generator().manual_seed(0)
-    warm_up = torch.randn(3, *image_size, generator=generator)
-    explainer.explain(warm_up, patch=patches[0], positions=[(0, 0)])  # capture + warm-up
-    record: dict = {
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
-        "image_size": list(image_size),
-        "tau": tau,
-        "r_drill_down": r_drill_down,
-        "target_speedup": target_speedup,
-        "models": {},
-    }
-    errors = []
-    for patch in patches:
-        configs = [
-            c
-            for c in _configurations(image_size, patch)
-            if c["region"][2] - c["region"][0] >= patch
-        ]
-        for mode in modes:
-            rows = []
-            for index, config in enumerate(configs):
-                kwargs = {}
-                if mode == "approximate":
-                    kwargs = {
-                        "tau": tau,
-                        "r_drill_down": r_drill_down,
-                        "target_speedup": target_speedup,
-                    }
-                    try:
-                        counts = planned_positions(
-                            image_size,
-                            patch,
-                            config["stride"],
-                            config["region"],
-                            mode,
-                            r_drill_down,
-                            target_speedup,
-                        )
-                    except ValueError:  # drill-down target infeasible on this region
-                        continue
-                else:
-                    counts = planned_positions(
-                        image_size, patch, config["stride"], config["region"], mode
-                    )
-                # Each timed run as a user's run: a new image (new views to materialise)
-                # and, in exact mode, a new incremental-vs-naive timing. Their cost is the
-                # fit's intercept, the fixed per-run term short runs are dominated by.
-                image = torch.randn(3, *image_size, generator=generator)
-                explainer.forget_plans()
-                started = explainer.clock.now()  # waits for a card's kernels
-                explainer.explain(
-                    image,
-                    patch=patch,
-                    stride=config["stride"],
-                    mode=mode,
-                    region=config["region"],
-                    **kwargs,
-                )
-                seconds = explainer.clock.now() - started
-                rows.append(
-                    (index % held_out_every == held_out_every - 1, _features(mode, counts), seconds)
-                )
-            fit_rows = [r for r in rows if not r[0]]
-            test_rows = [r for r in rows if r[0]]
-            if len(fit_rows) < 2:
-                continue
-            regression = LinearRegression().fit([r[1] for r in fit_rows], [r[2] for r in fit_rows])
-            percent = [abs(regression.predict([r[1]])[0] - r[2]) / r[2] * 100 for r in test_rows]
-            errors.extend(percent)
-            record["models"].setdefault(str(patch), {})[mode] = {
-                "coefficients": [float(c) for c in regression.coef_],
-                "intercept": float(regression.intercept_),
-                "fit_runs": len(fit_rows),
-                "held_out_runs": len(test_rows),
-                "held_out_median_abs_error_percent": float(np.median(percent)) if percent else None,
-            }
-            log(
-                f"{name} patch {patch} {mode}: {len(fit_rows)} fit runs, held-out median "
-                f"error {np.median(percent) if percent else float('nan'):.1f}%"
-            )
-    record["held_out_median_abs_error_percent"] = float(np.median(errors)) if errors else None
-    record["held_out_runs"] = len(errors)
-    record["held_out_patches"] = [int(patch) for patch in record["models"]]  # the summary's scope
-    return record
 
 
 def estimate_seconds(
@@ -266,34 +161,6 @@ def _calibrated_seconds(
     # shown for 49 naive positions that took 1.6 s
     intercept = max(float(model["intercept"]), 0.0)
     return max(intercept + float(np.dot(model["coefficients"], _features(mode, counts))), 0.0)
-
-
-def save_calibration(path: Path, record: dict, keep_other_patches: bool = False) -> None:
-    """Store a calibration record in a registry file, keeping everything else. With
-    ``keep_other_patches`` the stored fits of patch sizes this record did not measure stay
-    (each fit says the date it was measured; the record's summary error still covers only
-    its own ``held_out_patches``); otherwise the record replaces them all."""
-    from .registry.entries import update_entry
-
-    entry = json.loads(path.read_text())
-    earlier = entry.get("calibration")
-    record = copy.deepcopy(record)  # the caller's record stays as calibrate() returned it
-    for fits in record["models"].values():
-        for fit in fits.values():
-            fit.setdefault("date", record["date"])
-    if keep_other_patches and isinstance(earlier, dict):
-        kept = {
-            patch: {mode: {"date": earlier.get("date"), **fit} for mode, fit in fits.items()}
-            for patch, fits in earlier.get("models", {}).items()
-            if patch not in record["models"]
-        }
-        record = {
-            **record,
-            "models": dict(
-                sorted({**kept, **record["models"]}.items(), key=lambda item: int(item[0]))
-            ),
-        }
-    update_entry(path, calibration=record)
 
 
 # ---------------------------------------------------------------------------------------
@@ -601,12 +468,19 @@ def _ratio_range(
     return max(low - ABSOLUTE_SLACK, 0.0), high + ABSOLUTE_SLACK
 
 
-def _fit_seconds(features: np.ndarray, seconds: np.ndarray) -> LinearRegression:
+def fit_seconds(
+    features: np.ndarray, seconds: np.ndarray, relative: bool = False
+) -> LinearRegression:
     """Seconds as a linear function of position counts: coefficients and the fixed
-    per-run term never negative (a negative intercept predicted ~0 s for small runs)."""
-    regression = LinearRegression(positive=True).fit(features, seconds)
+    per-run term never negative (a negative intercept predicted ~0 s for small runs).
+    ``relative``: least squares of the errors as a share of each run's time, so one
+    slow large run does not set the fixed term for the small ones."""
+    weights = 1.0 / np.square(np.maximum(seconds, 1e-3)) if relative else None
+    regression = LinearRegression(positive=True).fit(features, seconds, sample_weight=weights)
     if regression.intercept_ < 0:
-        regression = LinearRegression(positive=True, fit_intercept=False).fit(features, seconds)
+        regression = LinearRegression(positive=True, fit_intercept=False).fit(
+            features, seconds, sample_weight=weights
+        )
     return regression
 
 
@@ -666,7 +540,7 @@ def _fit_log(
     seconds = np.maximum(seconds, 1e-3)
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
-    fit = _fit_seconds(features, seconds)
+    fit = fit_seconds(features, seconds)
     if not _per_position(fit, features):
         return None
     predicted = float(fit.predict([_features(mode, counts)])[0])
@@ -677,7 +551,7 @@ def _fit_log(
     held_out = np.empty_like(seconds)
     for index in range(len(rows)):
         others = np.arange(len(rows)) != index
-        fit = _fit_seconds(features[others], seconds[others])
+        fit = fit_seconds(features[others], seconds[others])
         held_out[index] = fit.predict(features[index : index + 1])[0]
     log_errors = np.abs(np.log(seconds / np.maximum(held_out, 1e-3)))
     factor = max(float(np.exp(np.quantile(log_errors, 0.9))), MIN_SPREAD)
@@ -762,6 +636,34 @@ def forward_seconds(model_name: str, directory: Path | None = None) -> float | N
     fits = entry.get("calibration", {}).get("models", {})
     costs = [fit["naive"]["coefficients"][0] for fit in fits.values() if "naive" in fit]
     return float(np.mean(costs)) if costs else None
+
+
+def calibrated_step(
+    model_name: str, classes: int, load: float | None = None, directory: Path | None = None
+) -> Estimate | None:
+    """Seconds of the Compare view's gradient step for ``classes`` classes before this
+    host has logged one: the calibration's per-class timings
+    (:func:`krypton.calibration.time_gradient_step`), their median at ``load``; the range
+    spans them, PROPORTIONAL_SPREAD wider either way (Integrated Gradients takes more
+    steps on some inputs). None without such a calibration."""
+    from .registry.entries import RegistryError, find_entry
+
+    try:
+        _, entry = find_entry(model_name, directory)
+    except RegistryError:
+        return None
+    step = entry.get("calibration", {}).get("gradient_step") or {}
+    timed = np.array(step.get("seconds_per_class") or [], dtype=float)
+    if not len(timed) or classes < 1:
+        return None
+    idle = timed * classes / load_factor(None, threads=step.get("threads"))
+    now = load_factor(load)
+    return Estimate(
+        float(np.median(idle)) * now,
+        max(float(idle.min()) * now / PROPORTIONAL_SPREAD - ABSOLUTE_SLACK, 0.0),
+        float(idle.max()) * now * PROPORTIONAL_SPREAD + ABSOLUTE_SLACK,
+        f"calibration ({step.get('date', 'undated')})",
+    )
 
 
 def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: float) -> Estimate:

@@ -12,13 +12,8 @@ import torchvision
 import krypton
 from krypton.approximate import drilldown
 from krypton.approximate.tuning import TauTuning, heatmap_ssim
-from krypton.estimator import (
-    NotCalibratedError,
-    calibrate,
-    estimate_seconds,
-    planned_positions,
-    save_calibration,
-)
+from krypton.calibration import calibrate, save_calibration
+from krypton.estimator import NotCalibratedError, estimate_seconds, planned_positions
 from krypton.registry import load_model, register_model
 from krypton.tune import tune_tau
 

@@ -2,8 +2,11 @@
 the estimate is scaled to the load now, and its range comes from this host's own logged
 errors (split-conformal), without a browser."""
 
+import json
+
 import numpy as np
 import pytest
+from test_volume_cli import volume_model  # noqa: F401
 
 from krypton.estimator import (
     NotCalibratedError,
@@ -123,22 +126,34 @@ def test_the_speed_line_says_less_where_this_hosts_naive_runs_say_less(krypton_h
 
 
 def test_a_calibration_with_a_negative_fixed_term_never_estimates_nothing(tmp_path):
-    """The shipped naive fit at patch 12 has a fixed term of -3.8 s: 49 naive positions
-    were estimated at 0.0 s (0.0-0.3 s) and took 1.6 s."""
+    """fundus-demo's naive fit at patch 12 had a fixed term of -3.8 s (2026-11-24): 49
+    naive positions were estimated at 0.0 s (0.0-0.3 s) and took 1.6 s."""
+    from krypton.registry.entries import find_entry
+
+    _, entry = find_entry("fundus-demo")
+    entry["calibration"]["models"]["12"]["naive"].update(
+        coefficients=[0.042779005660710925], intercept=-3.7941397372724808
+    )
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "fundus-demo.json").write_text(json.dumps(entry))
     found = estimate_for_counts(
-        "fundus-demo", "naive", 12, (49, 0), log_path=tmp_path / "none.jsonl", load=0.0
+        "fundus-demo", "naive", 12, (49, 0), registry, tmp_path / "none.jsonl", load=0.0
     )
     assert found.seconds >= 49 * 0.04 and found.high > 1.6
 
 
-def test_a_model_without_calibration_is_estimated_from_its_first_run(tmp_path):
-    """The volume model has no calibration: its runs had no estimate until three were
-    logged. One run now gives one, in proportion, with a wide range."""
+def test_a_model_without_calibration_is_estimated_from_its_first_run(
+    tmp_path,
+    volume_model,  # noqa: F811
+):
+    """A user's volume model with no calibration: its runs had no estimate until three
+    were logged. One run now gives one, in proportion, with a wide range."""
     log = tmp_path / "log.jsonl"
     with pytest.raises(NotCalibratedError):  # nothing logged, nothing calibrated
-        estimate_for_counts("chestct-demo", "exact", 8, (216, 0), log_path=log, load=0.0)
-    record_run("chestct-demo", "exact", 8, (216, 0), 4.0, log, load=0.0)
-    found = estimate_for_counts("chestct-demo", "exact", 8, (108, 0), log_path=log, load=0.0)
+        estimate_for_counts("ct-test", "exact", 8, (216, 0), log_path=log, load=0.0)
+    record_run("ct-test", "exact", 8, (216, 0), 4.0, log, load=0.0)
+    found = estimate_for_counts("ct-test", "exact", 8, (108, 0), log_path=log, load=0.0)
     assert found.seconds == pytest.approx(2.0, rel=1e-6)
     assert found.low < 2.0 < found.high and "in proportion" in found.source
 

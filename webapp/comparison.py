@@ -19,7 +19,13 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton.estimator import Estimate, format_duration, recent_estimate, record_run
+from krypton.estimator import (
+    Estimate,
+    calibrated_step,
+    format_duration,
+    recent_estimate,
+    record_run,
+)
 from krypton.methods import (
     GRADIENT_METHODS,
     SIGN_CONVENTION,
@@ -69,8 +75,7 @@ def compute_methods(
     per method its values (*grid, classes computed), the classes, seconds per class and
     what ran. Integrated Gradients' path starts from ``fill``, the run's occluder: the
     same "absent" input for both."""
-    classes = len(model.classes)
-    labels = list(range(classes)) if classes <= EVERY_CLASS_UP_TO else [int(label)]
+    labels = step_labels(model, label)
     started = time.perf_counter()
     found = attribution_maps(
         model, tensor, axes, (int(patch),) * len(axes), labels, fill=fill,
@@ -95,8 +100,19 @@ STEP_MODE = "compare"  # the gradient step's rows in the runtime log
 
 def step_estimate(model: krypton.LoadedModel, load: float | None = None) -> Estimate | None:
     """Seconds the gradient step after the occlusion should take here
-    (krypton.estimator.recent_estimate over this host's logged steps for the model)."""
-    return recent_estimate(model.name, STEP_MODE, 0, load, ("such step", "such steps"))
+    (krypton.estimator.recent_estimate over this host's logged steps for the model; before
+    the first, the model's calibration of the step for the classes it will compute)."""
+    found = recent_estimate(model.name, STEP_MODE, 0, load, ("such step", "such steps"))
+    if found is None:
+        found = calibrated_step(model.name, len(step_labels(model, 0)), load)
+    return found
+
+
+def step_labels(model: krypton.LoadedModel, label: int) -> list[int]:
+    """The classes the gradient step computes: every class of a model with few, else the
+    explained ``label``."""
+    classes = len(model.classes)
+    return list(range(classes)) if classes <= EVERY_CLASS_UP_TO else [int(label)]
 
 
 def estimate_note(model: krypton.LoadedModel, load: float | None = None) -> str:
