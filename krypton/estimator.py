@@ -755,16 +755,28 @@ def _point_estimate(
         return learned[0]  # wide, but all there is
     if fit is None and rows:
         return _proportional(rows, mode, counts, now)
-    seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
+    seconds = _calibrated_seconds(entry, model_name, mode, patch, counts) * now
     calibration = entry.get("calibration", {})
     error = ((fit or {}).get("held_out_median_abs_error_percent") or 25.0) / 100
-    # This host's recent runs against the calibration's prediction for them: their median
-    # ratio corrects the estimate (the load or the machine changed since), and the range
-    # widens to cover their spread. Then the median error, doubled. Runs of every mode
-    # count, each against its own mode's calibration: the load they met is this one's too,
-    # and a mode's first run here was otherwise estimated at the calibration's idle pace
-    # (beside a 2-core burner: 1.4 s shown, 3.5 s taken).
-    ratios = []
+    source = f"calibration ({calibration.get('date', 'undated')})"
+    pairs = _host_pairs(entry, model_name, patch, log_path)
+    if not pairs:
+        low, high = _ratio_range(seconds, max(1 + 2 * error, MIN_SPREAD))
+        return Estimate(seconds, low, high, source)
+    corrected, spread, how = _host_correction(pairs, seconds, now)
+    runs = f"{len(pairs)} recent run{'s' * (len(pairs) > 1)}"
+    low, high = _ratio_range(corrected, max(1 + 2 * error, MIN_SPREAD), spread)
+    return Estimate(corrected, low, high, f"{source}, {how} and widened by this host's {runs}")
+
+
+def _host_pairs(
+    entry: dict, model_name: str, patch: int, log_path: Path | None
+) -> list[tuple[float, float]]:
+    """(calibration's prediction, actual seconds at an idle host's pace) of this host's
+    recent runs of the model and patch, every mode each against its own calibration: the
+    load they met is this one's too, and a mode's first run here was otherwise estimated
+    at the calibration's idle pace (beside a 2-core burner: 1.4 s shown, 3.5 s taken)."""
+    pairs = []
     for row in logged_runs(model_name, None, patch, log_path)[-HOST_RUNS:]:
         try:
             predicted = _calibrated_seconds(
@@ -773,14 +785,51 @@ def _point_estimate(
         except NotCalibratedError:
             continue
         if predicted > 0:
-            ratios.append(row["seconds"] / row_load_factor(row) / predicted)
-    source = f"calibration ({calibration.get('date', 'undated')})"
-    seconds *= now
-    if ratios:
-        host = float(np.median(ratios))
-        seconds *= host
-        ratios = [r / host for r in ratios]
-        runs = f"{len(ratios)} recent run{'s' * (len(ratios) > 1)}"
-        source += f", scaled by {host:.2f} and widened by this host's {runs}"
-    low, high = _ratio_range(seconds, max(1 + 2 * error, MIN_SPREAD), ratios)
-    return Estimate(seconds, low, high, source)
+            pairs.append((predicted, row["seconds"] / row_load_factor(row)))
+    return pairs
+
+
+# The most a run's own costs beyond explain() add at an idle host's pace (the prediction,
+# the out-of-distribution check, decoding): tenths of a second to 1.5 s on 2 cores. Runs
+# further off the calibration than this by a fixed amount are a pace, not a fixed cost
+# (runs that took 44-47 s whatever their positions while a load came and went).
+FIXED_OFFSET_LIMIT = 2.0
+
+
+def _host_correction(
+    pairs: list[tuple[float, float]], seconds: float, now: float
+) -> tuple[float, list[float], str]:
+    """The calibration's ``seconds`` (at the load now, × ``now``) corrected by this
+    host's recent runs (``pairs``: predicted, actual): in proportion (the machine or its
+    pace changed since) or by a fixed amount (the page's run pays costs explain() alone
+    does not: the prediction, the out-of-distribution check), whichever leaves the
+    runs' own leave-one-out errors smaller. (corrected, the ratios of the runs' actual
+    to corrected time that widen its range, what was done)."""
+    predicted, actual = (np.array(side) for side in zip(*pairs))
+    ratios, offsets = actual / predicted, actual - predicted
+    proportional = _loo_errors(predicted, actual, lambda p, keep: p * np.median(ratios[keep]))
+    fixed = _loo_errors(predicted, actual, lambda p, keep: p + np.median(offsets[keep]))
+    offset = float(np.median(offsets))
+    if (
+        len(pairs) >= 2
+        and abs(offset) <= FIXED_OFFSET_LIMIT
+        and np.median(fixed) < np.median(proportional)
+    ):
+        corrected = max(seconds + offset * now, 1e-3)
+        spread = [a / max(p + offset, 1e-3) for p, a in pairs]
+        return corrected, spread, f"{offset:+.1f} s"
+    host = float(np.median(ratios))
+    return seconds * host, list(ratios / host), f"scaled by {host:.2f}"
+
+
+def _loo_errors(predicted: np.ndarray, actual: np.ndarray, correct) -> np.ndarray:
+    """Each run's |log(actual / corrected)|, its correction learnt from the other runs
+    (``correct(predicted, others)``); with one run, its own."""
+    errors = []
+    for index in range(len(actual)):
+        keep = np.arange(len(actual)) != index
+        if not keep.any():
+            keep = ~keep
+        guess = max(float(correct(predicted[index], keep)), 1e-3)
+        errors.append(abs(math.log(actual[index] / guess)))
+    return np.array(errors)

@@ -294,7 +294,7 @@ def test_a_modes_first_run_here_follows_the_pace_of_this_hosts_other_modes(krypt
         record_run("fundus-demo", "naive", 16, (positions, 0), seconds)
     busy = estimate("fundus-demo", patch=16, stride=8, mode="exact")
     assert "scaled by 3.00" in busy.source, busy.source
-    assert busy.seconds == pytest.approx(3 * calibrated.seconds, rel=1e-6)
+    assert busy.seconds == pytest.approx(3 * calibrated.seconds, rel=1e-5)  # logged to 0.1 ms
 
 
 def test_ranges_learned_from_a_few_noisy_runs_contain_the_next_run(tmp_path):
@@ -479,3 +479,25 @@ def test_the_naive_figure_is_scaled_as_the_estimate_beside_it(krypton_home):
     }
     ratio = calibrated["naive"].seconds / calibrated["exact"].seconds
     assert naive == pytest.approx(found.seconds * ratio)
+
+
+def test_runs_that_pay_a_fixed_cost_beyond_the_calibration_add_it_not_a_ratio(krypton_home):
+    """A fresh host's first page runs each took ~0.4-1.5 s more than the calibration's
+    explain() alone (the prediction, the out-of-distribution check): scaled as a ratio
+    (1.4x from the small runs), the naive 361 and exact 2,809 estimates overshot their
+    ranges (12.1 s shown for 8.4 s, 27.7 s for 20.9 s). A fixed amount explains such runs
+    better, and is used."""
+
+    def calibrated(mode: str, positions: int) -> float:  # the calibration alone
+        nothing_logged = krypton_home / "none.jsonl"
+        counts = (positions, 0)
+        return estimate_for_counts("fundus-demo", mode, 12, counts, None, nothing_logged, 0.0)
+
+    for mode, positions in (("exact", 49), ("naive", 49), ("exact", 361)):
+        taken = calibrated(mode, positions).seconds + 0.8
+        record_run("fundus-demo", mode, 12, (positions, 0), taken, load=0.0)
+    plain = calibrated("naive", 361)
+    found = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0)
+    assert "+0.8 s and widened by this host's 3 recent runs" in found.source, found.source
+    assert found.seconds == pytest.approx(plain.seconds + 0.8, abs=0.01)
+    assert found.low <= plain.seconds + 0.8 <= found.high
