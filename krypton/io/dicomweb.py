@@ -1,0 +1,366 @@
+"""Studies from a PACS over DICOMweb: QIDO-RS to search, WADO-RS to fetch a series,
+STOW-RS to store results, through dicomweb-client.
+
+The PACS is configured by whoever runs Krypton, never by a page or a caller's URL:
+``KRYPTON_DICOMWEB_URL`` and either ``KRYPTON_DICOMWEB_USER`` with
+``KRYPTON_DICOMWEB_PASSWORD`` or ``KRYPTON_DICOMWEB_TOKEN`` (a bearer token); each secret
+may instead be read from the file ``KRYPTON_DICOMWEB_PASSWORD_FILE`` /
+``KRYPTON_DICOMWEB_TOKEN_FILE``. An https URL is verified against the system's
+certificates. Secrets never appear in a message, a repr or a log line.
+
+A series comes in through the same limits as a series read from disk: its instances are
+listed first (QIDO, with their rows, columns, samples, bits and frames), and the listing
+is held to :data:`krypton.io.volumes.MAX_SLICES` and the decode budget before any pixel
+is fetched; each download is counted as it arrives and stopped where it passes what the
+listing declared (a PACS that lies about an instance's size, or sends instances it did
+not list, is refused by name), and a response that stalls ends at the timeout. The
+fetched files are then read by :func:`krypton.io.volumes.read_dicom_series`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from ._decoding import DECODE_BUDGET, ImageLoadError
+from .volumes import MAX_SLICES, Volume, read_dicom_series
+
+__all__ = [
+    "PacsError",
+    "PacsSettings",
+    "StudyRow",
+    "SeriesRow",
+    "connect",
+    "find_studies",
+    "find_series",
+    "fetch_series",
+    "load_series",
+    "store",
+]
+
+TIMEOUT_SECONDS = 30.0  # a PACS response that sends nothing for this long is refused
+HEADER_SLACK = 64 * 1024  # an instance's bytes beyond its pixels: its header, multipart framing
+_INSTANCE_FIELDS = ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "NumberOfFrames")
+
+
+class PacsError(ImageLoadError):
+    """The PACS could not be reached, refused a request or sent what it did not declare."""
+
+
+@dataclass(frozen=True)
+class PacsSettings:
+    """Where the PACS is and how to sign in (secrets kept out of repr)."""
+
+    url: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    timeout: float = TIMEOUT_SECONDS
+
+    @classmethod
+    def from_environment(cls, environ: dict | None = None) -> PacsSettings | None:
+        """The operator's PACS (module docstring), or None where none is configured."""
+        environ = dict(os.environ if environ is None else environ)
+        url = environ.get("KRYPTON_DICOMWEB_URL", "").strip()
+        if not url:
+            return None
+        if not url.startswith(("http://", "https://")):
+            raise PacsError("KRYPTON_DICOMWEB_URL must start with http:// or https://")
+        password = _secret(environ, "KRYPTON_DICOMWEB_PASSWORD")
+        token = _secret(environ, "KRYPTON_DICOMWEB_TOKEN")
+        user = environ.get("KRYPTON_DICOMWEB_USER") or None
+        if (user is None) != (password is None):
+            raise PacsError(
+                "set both KRYPTON_DICOMWEB_USER and KRYPTON_DICOMWEB_PASSWORD, or neither"
+            )
+        if token and user:
+            raise PacsError("set a user and password or a token for the PACS, not both")
+        return cls(url.rstrip("/"), user, password, token)
+
+
+def _secret(environ: dict, name: str) -> str | None:
+    """``name``'s value, or the first line of the file ``name``_FILE names."""
+    if environ.get(name):
+        return environ[name]
+    path = environ.get(f"{name}_FILE")
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise PacsError(f"{name}_FILE cannot be read ({exc.strerror})") from None
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    """One study as QIDO-RS lists it."""
+
+    study_uid: str
+    patient_id: str
+    patient_name: str
+    date: str
+    accession: str
+    description: str
+    modalities: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SeriesRow:
+    """One series of a study as QIDO-RS lists it."""
+
+    series_uid: str
+    modality: str
+    description: str
+    number: int | None
+    instances: int | None
+
+
+class _CountingAdapter(HTTPAdapter):
+    """Every request with the PACS's timeout, and a response's body counted as it
+    arrives: past the session's ``byte_limit`` (when set) the read stops and a
+    :class:`PacsError` names what was declared."""
+
+    def __init__(self, timeout: float):
+        super().__init__()
+        self.timeout = timeout
+        self.byte_limit: int | None = None
+        self.limit_reason = ""
+
+    def send(self, request, **kwargs):  # type: ignore[override]
+        kwargs["timeout"] = kwargs.get("timeout") or self.timeout
+        return super().send(request, **kwargs)
+
+    def build_response(self, req, resp):  # type: ignore[override]
+        response = super().build_response(req, resp)
+        if self.byte_limit is not None:
+            _count_reads(response, self.byte_limit, self.limit_reason)
+        return response
+
+
+def _count_reads(response, limit: int, reason: str) -> None:
+    """Wrap the raw reads of ``response`` (plain and chunked) so that passing ``limit``
+    bytes stops the download."""
+    raw, counted = response.raw, [0]
+
+    def counting(read):
+        def wrapped(*args, **kwargs):
+            result = read(*args, **kwargs)
+            if isinstance(result, (bytes, bytearray)):
+                counted[0] += len(result)
+                if counted[0] > limit:
+                    response.close()
+                    raise PacsError(f"the PACS sent more than {reason}")
+                return result
+            return _counted_chunks(result, counted, limit, reason, response)
+
+        return wrapped
+
+    raw.read = counting(raw.read)
+    raw.read_chunked = counting(raw.read_chunked)
+
+
+def _counted_chunks(chunks, counted: list[int], limit: int, reason: str, response):
+    for chunk in chunks:
+        counted[0] += len(chunk)
+        if counted[0] > limit:
+            response.close()
+            raise PacsError(f"the PACS sent more than {reason}")
+        yield chunk
+
+
+@dataclass
+class Pacs:
+    """A connected PACS: dicomweb-client's client over a counting session."""
+
+    settings: PacsSettings
+    client: object
+    adapter: _CountingAdapter
+
+    @contextmanager
+    def limited(self, limit: int, reason: str) -> Iterator[None]:
+        """Responses inside hold at most ``limit`` bytes (``reason``: what was declared)."""
+        self.adapter.byte_limit, self.adapter.limit_reason = limit, reason
+        try:
+            yield
+        finally:
+            self.adapter.byte_limit, self.adapter.limit_reason = None, ""
+
+
+def connect(settings: PacsSettings) -> Pacs:
+    """A client for ``settings``' PACS (nothing is sent until a search or fetch)."""
+    from dicomweb_client.api import DICOMwebClient
+
+    session = requests.Session()
+    adapter = _CountingAdapter(settings.timeout)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    if settings.user is not None:
+        session.auth = (settings.user, settings.password or "")
+    elif settings.token:
+        session.headers["Authorization"] = f"Bearer {settings.token}"
+    client = DICOMwebClient(url=settings.url, session=session, timeout=settings.timeout)
+    # no retries: dicomweb-client retries a failed request (a refused download, a stall)
+    # five times with growing waits, 30 s before the user hears of it
+    client.set_http_retry_params(retry=False)
+    return Pacs(settings, client, adapter)
+
+
+@contextmanager
+def _answers(what: str) -> Iterator[None]:
+    """requests' and dicomweb-client's failures as one line naming ``what`` failed,
+    without the URL's credentials or the response body."""
+    try:
+        yield
+    except PacsError:
+        raise
+    except requests.HTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        hint = " (check the PACS user and password or token)" if status in (401, 403) else ""
+        raise PacsError(f"the PACS refused {what}: HTTP {status}{hint}") from None
+    except requests.Timeout:
+        raise PacsError(f"the PACS did not answer {what} in time") from None
+    except requests.ConnectionError:
+        raise PacsError(f"the PACS cannot be reached for {what}") from None
+    except (requests.RequestException, ValueError, KeyError) as exc:
+        raise PacsError(
+            f"the PACS's answer to {what} cannot be read ({type(exc).__name__})"
+        ) from None
+
+
+def _value(row: dict, tag: str, default=""):
+    values = row.get(tag, {}).get("Value") or [default]
+    value = values[0]
+    if isinstance(value, dict):  # a person name
+        return value.get("Alphabetic", default)
+    return value
+
+
+def find_studies(
+    pacs: Pacs,
+    *,
+    patient_id: str | None = None,
+    patient_name: str | None = None,
+    dates: tuple[str, str] | None = None,
+    modality: str | None = None,
+    accession: str | None = None,
+    limit: int = 50,
+) -> list[StudyRow]:
+    """Studies matching the filters (``dates``: YYYYMMDD from and to; a name may hold
+    ``*`` wildcards), at most ``limit``."""
+    filters: dict[str, str] = {}
+    for keyword, value in (
+        ("PatientID", patient_id), ("PatientName", patient_name),
+        ("ModalitiesInStudy", modality), ("AccessionNumber", accession),
+    ):  # fmt: skip
+        if value:
+            filters[keyword] = value
+    if dates:
+        filters["StudyDate"] = f"{dates[0]}-{dates[1]}"
+    with _answers("the study search"):
+        rows = pacs.client.search_for_studies(  # type: ignore[attr-defined]
+            limit=limit, search_filters=filters, fields=["ModalitiesInStudy", "StudyDescription"]
+        )
+    return [
+        StudyRow(
+            _value(row, "0020000D"),
+            str(_value(row, "00100020")),
+            str(_value(row, "00100010")),
+            str(_value(row, "00080020")),
+            str(_value(row, "00080050")),
+            str(_value(row, "00081030")),
+            tuple(str(v) for v in row.get("00080061", {}).get("Value", [])),
+        )  # fmt: skip
+        for row in rows
+    ]
+
+
+def find_series(pacs: Pacs, study_uid: str) -> list[SeriesRow]:
+    """The series of one study, with their instance counts."""
+    with _answers("the series search"):
+        rows = pacs.client.search_for_series(  # type: ignore[attr-defined]
+            study_uid, fields=["NumberOfSeriesRelatedInstances", "SeriesDescription"]
+        )
+    found = []
+    for row in rows:
+        number, count = _value(row, "00200011", None), _value(row, "00201209", None)
+        found.append(
+            SeriesRow(
+                _value(row, "0020000E"),
+                str(_value(row, "00080060")),
+                str(_value(row, "0008103E")),
+                None if number is None else int(number),
+                None if count is None else int(count),
+            )  # fmt: skip
+        )
+    return found
+
+
+def _declared_bytes(row: dict, uid: str) -> int:
+    """An instance's pixel bytes as its QIDO attributes declare them."""
+    try:
+        rows, columns = int(_value(row, "00280010")), int(_value(row, "00280011"))
+        samples = int(_value(row, "00280002", 1) or 1)
+        bits = int(_value(row, "00280100", 16) or 16)
+        frames = int(_value(row, "00280008", 1) or 1)
+    except (TypeError, ValueError):
+        raise PacsError(f"the PACS lists instance {uid} without its rows and columns") from None
+    if min(rows, columns, samples, bits, frames) < 1:
+        raise PacsError(f"the PACS lists instance {uid} with an empty size")
+    return rows * columns * samples * frames * max(bits, 8) // 8
+
+
+def fetch_series(pacs: Pacs, study_uid: str, series_uid: str, folder: Path) -> list[Path]:
+    """Fetch one series' instances into ``folder``, within the limits in the module
+    docstring; the files written."""
+    with _answers("the instance listing"):
+        listing = pacs.client.search_for_instances(  # type: ignore[attr-defined]
+            study_uid, series_uid, fields=list(_INSTANCE_FIELDS), get_remaining=True
+        )
+    if not listing:
+        raise PacsError(f"the PACS lists no instances in series {series_uid}")
+    if len(listing) > MAX_SLICES:
+        raise PacsError(f"series {series_uid} has {len(listing)} instances, over {MAX_SLICES}")
+    declared = {str(_value(row, "00080018")): row for row in listing}
+    sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
+    total = sum(sizes.values())
+    DECODE_BUDGET.cost(
+        f"series {series_uid}", f"{len(sizes)} instances of {total / 2**20:,.0f} MB together",
+        (max(total, 1),), 1, 1,
+    )  # fmt: skip
+    written = []
+    for number, (uid, size) in enumerate(sizes.items()):
+        limit = size + HEADER_SLACK
+        reason = f"the {size:,} pixel bytes it declared for instance {uid}"
+        with pacs.limited(limit, reason), _answers(f"instance {uid}"):
+            dataset = pacs.client.retrieve_instance(study_uid, series_uid, uid)  # type: ignore[attr-defined]
+        if str(getattr(dataset, "SOPInstanceUID", "")) != uid:
+            raise PacsError(f"the PACS sent another instance than {uid}, which it listed")
+        path = folder / f"{number:05d}.dcm"
+        dataset.save_as(path, enforce_file_format=True)
+        written.append(path)
+    return written
+
+
+def load_series(pacs: Pacs, study_uid: str, series_uid: str) -> tuple[Volume, list]:
+    """One series as a volume (:func:`fetch_series`, then the series reader), and its
+    datasets without pixel data (what a result stored back references)."""
+    import pydicom
+
+    with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
+        files = fetch_series(pacs, study_uid, series_uid, Path(folder))
+        volume = read_dicom_series(folder)
+        headers = [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
+    return volume, headers
+
+
+def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
+    """Store ``datasets`` in the study ``study_uid`` (STOW-RS)."""
+    with _answers("storing the result"):
+        pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
