@@ -1,0 +1,96 @@
+"""A volume's heatmap as a DICOM Parametric Map (highdicom's ``ParametricMap``): float
+values a viewer overlays on the source series, placed by the source's frame of reference.
+
+Each voxel of the explained block holds the **drop in the class's probability** when the
+patch covering it is occluded (the probability without occlusion minus the heatmap's
+value at the nearest cell, :func:`krypton.render.volumes.voxel_values`; 0 beyond the
+cells' reach), stated by a real-world value mapping. The frames are the model's resampled
+voxels (its spacing and block), positioned in the patient frame from the source's
+geometry, so a viewer places them over the source image; the series description names
+the model, class, patch, stride and mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .volumes import voxel_values
+
+__all__ = ["parametric_map", "drop_values", "RAS_TO_LPS"]
+
+RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])  # NIfTI's (and Volume.affine's) frame to DICOM's
+
+
+def drop_values(heatmap, shape: tuple[int, int, int]) -> np.ndarray:
+    """The drop in the class's probability at every voxel of the model's input block."""
+    values = voxel_values(heatmap, shape)
+    return np.nan_to_num(float(heatmap.prob) - values, nan=0.0).astype(np.float32)
+
+
+def parametric_map(
+    heatmap,
+    shape: tuple[int, int, int],
+    voxel_affine: np.ndarray,
+    sources: Sequence,
+    *,
+    model_name: str,
+    class_name: str,
+    series_number: int = 9901,
+):
+    """The Parametric Map of ``heatmap`` (a volume's, over the model's input block of
+    ``shape``) whose voxels map to the patient frame by ``voxel_affine`` (RAS+, the
+    prepared volume's),
+    referencing the source series' datasets ``sources`` (headers suffice)."""
+    import highdicom as hd
+    from pydicom.sr.codedict import codes
+
+    from .. import __version__
+
+    if voxel_affine is None:
+        raise ValueError("the source gave no scanner frame: a Parametric Map cannot be placed")
+    frame = getattr(sources[0], "FrameOfReferenceUID", None)
+    if frame is None:
+        raise ValueError("the source series has no frame of reference to place a map on")
+    drops = drop_values(heatmap, shape)
+    volume = hd.Volume(drops, RAS_TO_LPS @ np.asarray(voxel_affine), "PATIENT", frame)
+    low, high = float(drops.min()), float(drops.max())
+    what = (
+        f"Krypton occlusion {heatmap.mode}, {model_name}, class {class_name}, "
+        f"patch {_side(heatmap.patch)}, stride {_side(heatmap.stride)}"
+    )
+    mapping = hd.pm.RealWorldValueMapping(
+        lut_label="DROP",
+        lut_explanation=f"drop in P({class_name}) with the patch occluding this voxel"[:64],
+        unit=codes.UCUM.NoUnits,
+        value_range=(min(low, 0.0), max(high, 1e-6)),
+        slope=1.0,
+        intercept=0.0,
+    )
+    created = hd.pm.ParametricMap(
+        source_images=list(sources),
+        pixel_array=volume,
+        series_instance_uid=hd.UID(),
+        series_number=series_number,
+        sop_instance_uid=hd.UID(),
+        instance_number=1,
+        manufacturer="Krypton",
+        manufacturer_model_name=model_name[:64],
+        software_versions=str(__version__),
+        device_serial_number="none",
+        contains_recognizable_visual_features=False,
+        real_world_value_mappings=[mapping],
+        voi_lut_transformations=[
+            hd.VOILUTTransformation(window_center=max(high, 1e-6) / 2, window_width=max(high, 1e-6))
+        ],
+        content_label="OCCLUSION",
+        content_description=what[:64],
+    )
+    created.SeriesDescription = what[:64]
+    return created
+
+
+def _side(value) -> str:
+    sides = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    return str(sides[0]) if len(set(sides)) == 1 else "x".join(map(str, sides))
