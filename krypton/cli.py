@@ -20,6 +20,7 @@ from ._environment import SettingError, check_library_settings
 from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
 from .cli_compare import add_compare_parser, parse_methods, run_compare
+from .cli_pacs import PACS_PREFIX, add_pacs_parser, run_explain_pacs, run_pacs
 from .cli_volumes import (
     default_volume_model,
     is_volume_model,
@@ -203,7 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "image",
         help="image file (PNG, JPEG, TIFF, BMP, DICOM, ...), or a volume for a volume model: "
-        "a DICOM series folder or zip, or a NIfTI file (.nii, .nii.gz)",
+        "a DICOM series folder or zip, a NIfTI file (.nii, .nii.gz), or a series of the "
+        "configured PACS as dicomweb:STUDY_UID/SERIES_UID",
+    )
+    run.add_argument(
+        "--send",
+        action="store_true",
+        help="a dicomweb: source: store the heatmap in its study as a DICOM Parametric Map",
     )
     run.add_argument(
         "--out",
@@ -307,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=STEP_CLASSES_TIMED,
         help="classes whose Compare gradient step is timed (0: none; default %(default)s)",
     )
+
+    add_pacs_parser(commands)
 
     analyze = commands.add_parser("analyze", help="theoretical speedup (paper eqs 9-12)")
     analyze.add_argument(
@@ -412,14 +421,13 @@ def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-
+    if args.image.startswith(PACS_PREFIX):
+        return run_explain_pacs(args, _explain_volume)
+    if args.send:
+        print(f"error: --send stores the result of a {PACS_PREFIX} source", file=sys.stderr)
+        return 2
     if wants_volume(args.image, args.model):
-        problem = output_problem(stem_of(Path(args.out)).with_suffix(".png"))
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
-        model = _load(args.model or default_volume_model(), args.random_weights, args.device)
-        return run_explain_volume(args, model, explain_options(args, model))
+        return _explain_volume(args)
     problem = output_problem(Path(args.out))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -748,6 +756,15 @@ def run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain_volume(args: argparse.Namespace, after=None) -> int:
+    problem = output_problem(stem_of(Path(args.out)).with_suffix(".png"))
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    model = _load(args.model or default_volume_model(), args.random_weights, args.device)
+    return run_explain_volume(args, model, explain_options(args, model), after)
+
+
 def main_entry() -> None:
     """The ``krypton`` console command."""
     raise SystemExit(main())
@@ -772,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_tune(args)
     if args.command == "calibrate":
         return run_calibrate(args)
+    if args.command == "pacs":
+        return run_pacs(args)
     if args.command == "compare":
         return run_compare(args, lambda name: _load(name, False))
     return run_analyze(args)

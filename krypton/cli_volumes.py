@@ -95,9 +95,12 @@ def _progress_bar(mode: str):
     return bar, progress
 
 
-def run_explain_volume(args: argparse.Namespace, model, options: dict) -> int:
+def run_explain_volume(args: argparse.Namespace, model, options: dict, after=None) -> int:
     """Explain the volume at ``args.image`` with the volume ``model``; ``options`` are
-    explain()'s keyword arguments from the command line."""
+    explain()'s keyword arguments from the command line. ``after(model, prepared,
+    heatmap)``, if
+    given, runs once the files are written (a PACS source stores its result); its
+    ImageLoadError is the command's error."""
     from .io.volumes import read_volume
     from .render.volumes import view_centre, volume_files
 
@@ -146,6 +149,12 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict) -> int:
         path.write_bytes(data)
         written.append(path)
     _report(model, volume, prepared, heatmap, at, args.slices, written)
+    if after is not None:
+        try:
+            after(model, prepared, heatmap)
+        except (ImageLoadError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -1,0 +1,248 @@
+"""Krypton and a PACS: Debian's Orthanc with its DICOMweb plugin, started as an operator
+starts it (a configuration file, basic authentication), on a free local port. A CT
+series is stored in it; `krypton pacs` finds it, `krypton explain dicomweb:…` explains it
+and `--send` stores the heatmap back as a DICOM Parametric Map on the source's frame."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pydicom
+import pytest
+import requests
+from test_volume_cli import volume_model, write_series  # noqa: F401
+
+from krypton.cli import main
+from krypton.io import dicomweb
+
+ORTHANC = shutil.which("Orthanc") or shutil.which("/usr/sbin/Orthanc")
+PLUGIN = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"
+USER, PASSWORD = "radiologist", "pacs-s3cret-word"
+
+pytestmark = pytest.mark.skipif(
+    ORTHANC is None, reason="Debian's orthanc and orthanc-dicomweb are not installed"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def orthanc(tmp_path_factory):
+    """Orthanc's DICOMweb root, with basic authentication, for this module's tests."""
+    folder = tmp_path_factory.mktemp("orthanc")
+    port = _free_port()
+    config = {
+        "Name": "krypton-test", "StorageDirectory": str(folder / "db"),
+        "IndexDirectory": str(folder / "db"), "HttpPort": port,
+        "DicomServerEnabled": False, "RemoteAccessAllowed": False,
+        "AuthenticationEnabled": True, "RegisteredUsers": {USER: PASSWORD},
+        "Plugins": [PLUGIN], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
+    }  # fmt: skip
+    (folder / "orthanc.json").write_text(json.dumps(config))
+    log = open(folder / "orthanc.log", "w")
+    process = subprocess.Popen([ORTHANC, str(folder / "orthanc.json")], stdout=log, stderr=log)
+    root = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:  # wait for the state: Orthanc answering, not a fixed sleep
+        try:
+            if requests.get(f"{root}/system", auth=(USER, PASSWORD), timeout=2).ok:
+                break
+        except requests.ConnectionError:
+            pass
+        assert process.poll() is None, (folder / "orthanc.log").read_text()
+        assert time.monotonic() < deadline, "Orthanc did not start"
+        time.sleep(0.2)
+    yield f"{root}/dicom-web"
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture
+def pacs_env(orthanc, monkeypatch):
+    monkeypatch.setenv("KRYPTON_DICOMWEB_URL", orthanc)
+    monkeypatch.setenv("KRYPTON_DICOMWEB_USER", USER)
+    monkeypatch.setenv("KRYPTON_DICOMWEB_PASSWORD", PASSWORD)
+    return orthanc
+
+
+@pytest.fixture(scope="module")
+def stored_series(orthanc, tmp_path_factory, hu_volume):  # noqa: F811
+    """A CT series stored in Orthanc (STOW-RS): (study, series, its files' folder)."""
+    folder = tmp_path_factory.mktemp("series") / "ct"
+    write_series(folder, hu_volume)
+    datasets = [pydicom.dcmread(path) for path in sorted(folder.iterdir())]
+    settings = dicomweb.PacsSettings(orthanc, USER, PASSWORD)
+    dicomweb.store(dicomweb.connect(settings), datasets, datasets[0].StudyInstanceUID)
+    return datasets[0].StudyInstanceUID, datasets[0].SeriesInstanceUID, folder
+
+
+@pytest.fixture(scope="module")
+def hu_volume():  # noqa: F811
+    from krypton.chestct import ChestCTGenerator
+
+    return ChestCTGenerator(seed=21).sample(label=1).volume
+
+
+def test_the_pacs_lists_its_studies_and_series(pacs_env, stored_series, capsys):
+    study, series, folder = stored_series
+    assert main(["pacs", "studies", "--modality", "CT"]) == 0
+    listed = capsys.readouterr().out
+    assert study in listed
+    assert main(["pacs", "series", study]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if series in row)
+    assert f"CT  {len(list(folder.iterdir()))} instances" in line
+
+
+def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
+    pacs_env,
+    stored_series,
+    volume_model,  # noqa: F811
+    tmp_path,
+    capsys,
+):
+    study, series, _ = stored_series
+    out = tmp_path / "pacs-heatmap"
+    code = main([
+        "explain", f"dicomweb:{study}/{series}", "--model", "ct-test", "--patch", "8",
+        "--stride", "8", "--label", "1", "--out", str(out), "--send",
+    ])  # fmt: skip
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "sent       a Parametric Map" in printed.out
+    values = np.load(out.with_suffix(".npy"))
+    client = dicomweb.connect(dicomweb.PacsSettings(pacs_env, USER, PASSWORD)).client
+    maps = [row for row in client.search_for_series(study) if row["0020000E"]["Value"][0] != series]
+    assert len(maps) == 1
+    map_uid = maps[0]["0020000E"]["Value"][0]
+    (instance,) = client.search_for_instances(study, map_uid)
+    stored = client.retrieve_instance(study, map_uid, instance["00080018"]["Value"][0])
+    assert stored.SOPClassUID == "1.2.840.10008.5.1.4.1.1.30"  # Parametric Map Storage
+    source = pydicom.dcmread(next(iter(sorted((stored_series[2]).iterdir()))))
+    assert stored.FrameOfReferenceUID == source.FrameOfReferenceUID
+    assert stored.StudyInstanceUID == study and int(stored.NumberOfFrames) == 48
+    assert "ct-test" in stored.SeriesDescription and "patch 8" in stored.SeriesDescription
+    drops = np.asarray(stored.pixel_array, dtype=np.float32)
+    heatmap_prob = float(printed.out.split("probability ")[1].split()[0])
+    # the largest drop is the class's probability less the lowest cell's
+    assert drops.max() == pytest.approx(heatmap_prob - values.min(), abs=2e-3)
+    mapping = stored.SharedFunctionalGroupsSequence[0].RealWorldValueMappingSequence[0]
+    assert mapping.LUTLabel == "DROP" and "drop in P(" in mapping.LUTExplanation
+
+
+def test_wrong_credentials_are_refused_and_never_shown(
+    pacs_env, stored_series, monkeypatch, capsys
+):
+    monkeypatch.setenv("KRYPTON_DICOMWEB_PASSWORD", "not-the-password-7x")
+    study, series, _ = stored_series
+    assert main(["pacs", "series", study]) == 2
+    printed = capsys.readouterr()
+    assert "HTTP 401" in printed.err and "check the PACS user and password" in printed.err
+    assert "not-the-password-7x" not in printed.err + printed.out
+    settings = dicomweb.PacsSettings.from_environment()
+    assert "not-the-password-7x" not in repr(settings)
+
+
+def test_no_pacs_configured_and_send_without_a_pacs_source_say_so(
+    monkeypatch, capsys, tmp_path, fundus_png
+):
+    monkeypatch.delenv("KRYPTON_DICOMWEB_URL", raising=False)
+    assert main(["pacs", "studies"]) == 2
+    assert "no PACS is configured" in capsys.readouterr().err
+    assert main(["explain", str(fundus_png), "--out", str(tmp_path / "x.png"), "--send"]) == 2
+    assert "--send stores the result of a dicomweb: source" in capsys.readouterr().err
+    monkeypatch.setenv("KRYPTON_DICOMWEB_URL", "ftp://pacs")
+    assert main(["pacs", "studies"]) == 2
+    assert "must start with http:// or https://" in capsys.readouterr().err
+
+
+def test_a_series_listed_over_the_slice_limit_is_refused_before_any_pixel(
+    pacs_env, stored_series, monkeypatch
+):
+    study, series, _ = stored_series
+    monkeypatch.setattr(dicomweb, "MAX_SLICES", 3)
+    pacs = dicomweb.connect(dicomweb.PacsSettings.from_environment())
+    fetched = []
+    monkeypatch.setattr(pacs.client, "retrieve_instance", lambda *a, **k: fetched.append(a) or None)
+    with pytest.raises(dicomweb.PacsError, match="instances, over 3"):
+        dicomweb.fetch_series(pacs, study, series, None)
+    assert not fetched
+
+
+class _LyingPacs:
+    """A hostile DICOMweb server (an attacker's, so not Orthanc): it lists one 2x2
+    instance and then sends a megabyte for it, or stalls."""
+
+    def __init__(self, stall: float = 0.0):
+        import http.server
+        import threading
+
+        stall_for = stall
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path.split("?")[0].endswith("/instances"):
+                    listing = [{
+                        "00080018": {"vr": "UI", "Value": ["1.2.3.4"]},
+                        "00280010": {"vr": "US", "Value": [2]},
+                        "00280011": {"vr": "US", "Value": [2]},
+                        "00280100": {"vr": "US", "Value": [16]},
+                    }]  # fmt: skip
+                    if "offset=" in self.path and "offset=0" not in self.path:
+                        listing = []  # the one page there is (a client asks for more)
+                    body = json.dumps(listing).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/dicom+json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                time.sleep(stall_for)
+                boundary = "lie"
+                body = (
+                    f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode()
+                    + b"\0" * 2**20 + f"\r\n--{boundary}--\r\n".encode()
+                )  # fmt: skip
+                self.send_response(200)
+                self.send_header(
+                    "Content-Type",
+                    f'multipart/related; type="application/dicom"; boundary={boundary}',
+                )
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("stall", [0.0, 3.0])
+def test_a_pacs_that_sends_more_than_it_listed_or_stalls_is_refused(tmp_path, stall):
+    lying = _LyingPacs(stall)
+    try:
+        pacs = dicomweb.connect(dicomweb.PacsSettings(lying.url, timeout=1.0))
+        expected = "did not answer" if stall else "sent more than the 8 pixel bytes it declared"
+        with pytest.raises(dicomweb.PacsError, match=expected):
+            dicomweb.fetch_series(pacs, "1.2", "1.2.3", tmp_path)
+        assert not list(tmp_path.iterdir())  # nothing kept
+    finally:
+        lying.close()
