@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu analyze models tune calibrate clean
+.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu analyze models tune calibrate clean pacs
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,9 +59,15 @@ worker: $(STAMP)
 	$(PY) -m webapp.cluster --worker $(WORKER_NAME)
 
 # The whole team deployment on this machine: redis-server, 2 workers and the app.
+PACS_PORT ?= 8042
 REDIS_PORT ?= 6390
 cluster: $(STAMP)
 	$(PY) -m webapp.cluster --host $(HOST) --port $(PORT) --redis-port $(REDIS_PORT) --workers 2
+
+# A PACS to try Krypton with (docs/usage.md, "From a PACS"): Debian's Orthanc with its
+# DICOMweb plugin on a local port, its storage in cache/pacs, the chest-CT sample stored
+pacs: $(STAMP)
+	$(PY) -m demo.pacs --folder cache/pacs --port $(PACS_PORT)
 
 bench: $(STAMP)
 	$(PY) -m bench.bench

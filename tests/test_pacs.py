@@ -6,26 +6,23 @@ and `--send` stores the heatmap back as a DICOM Parametric Map on the source's f
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
-import pydicom
 import pytest
-import requests
-from test_volume_cli import volume_model, write_series  # noqa: F401
+from test_volume_cli import SPACING, volume_model  # noqa: F401
 
+from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, start_orthanc
 from krypton.cli import main
 from krypton.io import dicomweb
 
-ORTHANC = shutil.which("Orthanc") or shutil.which("/usr/sbin/Orthanc")
-PLUGIN = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"
 USER, PASSWORD = "radiologist", "pacs-s3cret-word"
 
 pytestmark = pytest.mark.skipif(
-    ORTHANC is None, reason="Debian's orthanc and orthanc-dicomweb are not installed"
+    not (Path(ORTHANC).exists() and Path(DICOMWEB_PLUGIN).exists()),
+    reason="Debian's orthanc and orthanc-dicomweb are not installed (.ci/run installs them)",
 )
 
 
@@ -37,34 +34,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def orthanc(tmp_path_factory):
-    """Orthanc's DICOMweb root, with basic authentication, for this module's tests."""
-    folder = tmp_path_factory.mktemp("orthanc")
-    port = _free_port()
-    config = {
-        "Name": "krypton-test", "StorageDirectory": str(folder / "db"),
-        "IndexDirectory": str(folder / "db"), "HttpPort": port,
-        "DicomServerEnabled": False, "RemoteAccessAllowed": False,
-        "AuthenticationEnabled": True, "RegisteredUsers": {USER: PASSWORD},
-        "Plugins": [PLUGIN], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
-    }  # fmt: skip
-    (folder / "orthanc.json").write_text(json.dumps(config))
-    log = open(folder / "orthanc.log", "w")
-    process = subprocess.Popen([ORTHANC, str(folder / "orthanc.json")], stdout=log, stderr=log)
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:  # wait for the state: Orthanc answering, not a fixed sleep
-        try:
-            if requests.get(f"{root}/system", auth=(USER, PASSWORD), timeout=2).ok:
-                break
-        except requests.ConnectionError:
-            pass
-        assert process.poll() is None, (folder / "orthanc.log").read_text()
-        assert time.monotonic() < deadline, "Orthanc did not start"
-        time.sleep(0.2)
-    yield f"{root}/dicom-web"
+    """Orthanc's DICOMweb root, with basic authentication, as `make pacs` starts it."""
+    process, root = start_orthanc(tmp_path_factory.mktemp("orthanc"), _free_port(), USER, PASSWORD)
+    yield root
     process.terminate()
     process.wait(timeout=30)
-    log.close()
 
 
 @pytest.fixture
@@ -77,13 +51,12 @@ def pacs_env(orthanc, monkeypatch):
 
 @pytest.fixture(scope="module")
 def stored_series(orthanc, tmp_path_factory, hu_volume):  # noqa: F811
-    """A CT series stored in Orthanc (STOW-RS): (study, series, its files' folder)."""
-    folder = tmp_path_factory.mktemp("series") / "ct"
-    write_series(folder, hu_volume)
-    datasets = [pydicom.dcmread(path) for path in sorted(folder.iterdir())]
+    """A CT series stored in Orthanc (STOW-RS), as `make pacs` stores the sample:
+    (study, series, its datasets)."""
+    datasets = ct_series(hu_volume, (SPACING,) * 3, "Test^Patient")
     settings = dicomweb.PacsSettings(orthanc, USER, PASSWORD)
     dicomweb.store(dicomweb.connect(settings), datasets, datasets[0].StudyInstanceUID)
-    return datasets[0].StudyInstanceUID, datasets[0].SeriesInstanceUID, folder
+    return datasets[0].StudyInstanceUID, datasets[0].SeriesInstanceUID, datasets
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +67,13 @@ def hu_volume():  # noqa: F811
 
 
 def test_the_pacs_lists_its_studies_and_series(pacs_env, stored_series, capsys):
-    study, series, folder = stored_series
+    study, series, datasets = stored_series
     assert main(["pacs", "studies", "--modality", "CT"]) == 0
     listed = capsys.readouterr().out
     assert study in listed
     assert main(["pacs", "series", study]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if series in row)
-    assert f"CT  {len(list(folder.iterdir()))} instances" in line
+    assert f"CT  {len(datasets)} instances  chest CT sample" in line
 
 
 def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
@@ -127,7 +100,7 @@ def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
     (instance,) = client.search_for_instances(study, map_uid)
     stored = client.retrieve_instance(study, map_uid, instance["00080018"]["Value"][0])
     assert stored.SOPClassUID == "1.2.840.10008.5.1.4.1.1.30"  # Parametric Map Storage
-    source = pydicom.dcmread(next(iter(sorted((stored_series[2]).iterdir()))))
+    source = stored_series[2][0]
     assert stored.FrameOfReferenceUID == source.FrameOfReferenceUID
     assert stored.StudyInstanceUID == study and int(stored.NumberOfFrames) == 48
     assert "ct-test" in stored.SeriesDescription and "patch 8" in stored.SeriesDescription
@@ -246,3 +219,14 @@ def test_a_pacs_that_sends_more_than_it_listed_or_stalls_is_refused(tmp_path, st
         assert not list(tmp_path.iterdir())  # nothing kept
     finally:
         lying.close()
+
+
+def test_make_pacs_loads_the_chest_ct_sample_as_a_ct_series(orthanc):
+    from demo.pacs import load_demo_study
+
+    study = load_demo_study(orthanc, USER, PASSWORD)
+    pacs = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD))
+    (series,) = dicomweb.find_series(pacs, study)
+    assert series.modality == "CT" and series.instances and series.instances > 10
+    found = {row.study_uid: row for row in dicomweb.find_studies(pacs, patient_id="KRYPTON-DEMO")}
+    assert found[study].patient_name == "Demo^Chest" and found[study].modalities == ("CT",)

@@ -1,0 +1,125 @@
+"""A PACS to try Krypton with: Debian's Orthanc with its DICOMweb plugin on a local port,
+its own storage folder and a user, loaded with the chest-CT sample as a CT series.
+
+    make pacs                  (python -m demo.pacs --folder cache/pacs --port 8042)
+
+It prints the environment that points Krypton at it, then serves until Ctrl-C. The
+tests start the same Orthanc through :func:`start_orthanc` (tests/test_pacs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+ORTHANC = shutil.which("Orthanc") or "/usr/sbin/Orthanc"
+DICOMWEB_PLUGIN = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"
+DEMO_USER, DEMO_PASSWORD = "krypton", "krypton-demo"
+
+
+def start_orthanc(
+    folder: Path, port: int, user: str = DEMO_USER, password: str = DEMO_PASSWORD
+) -> tuple[subprocess.Popen, str]:
+    """Orthanc serving ``folder``'s storage on 127.0.0.1:``port`` with basic
+    authentication; (its process, its DICOMweb root) once it answers."""
+    import requests
+
+    if not Path(ORTHANC).exists() or not Path(DICOMWEB_PLUGIN).exists():
+        raise SystemExit("Orthanc is not installed: apt-get install orthanc orthanc-dicomweb")
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "Name": "krypton-demo", "StorageDirectory": str(folder / "db"),
+        "IndexDirectory": str(folder / "db"), "HttpPort": port,
+        "DicomServerEnabled": False, "RemoteAccessAllowed": False,
+        "AuthenticationEnabled": True, "RegisteredUsers": {user: password},
+        "Plugins": [DICOMWEB_PLUGIN], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
+    }  # fmt: skip
+    (folder / "orthanc.json").write_text(json.dumps(config, indent=2))
+    log = open(folder / "orthanc.log", "w")
+    process = subprocess.Popen([ORTHANC, str(folder / "orthanc.json")], stdout=log, stderr=log)
+    root = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:  # wait for the state (Orthanc answering), not for a fixed time
+        try:
+            if requests.get(f"{root}/system", auth=(user, password), timeout=2).ok:
+                return process, f"{root}/dicom-web"
+        except requests.ConnectionError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"Orthanc did not start: {(folder / 'orthanc.log').read_text()}")
+        time.sleep(0.2)
+
+
+def ct_series(hu: np.ndarray, spacing: tuple[float, float, float], patient: str) -> list:
+    """A (z, y, x) volume in Hounsfield units as a CT series (one file per axial slice,
+    identity orientation): pydicom datasets with new study, series and frame UIDs."""
+    import pydicom
+    from pydicom.data import get_testdata_file
+    from pydicom.uid import generate_uid
+
+    template = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    study, series, frame = generate_uid(), generate_uid(), generate_uid()
+    datasets = []
+    for index, plane in enumerate(hu):
+        dataset = copy.deepcopy(template)  # its file meta too: one per instance
+        dataset.StudyInstanceUID, dataset.SeriesInstanceUID = study, series
+        dataset.FrameOfReferenceUID, dataset.SOPInstanceUID = frame, generate_uid()
+        dataset.PatientName, dataset.PatientID = patient, "KRYPTON-DEMO"
+        dataset.StudyDescription = "Krypton demo: chest CT"
+        dataset.SeriesDescription, dataset.InstanceNumber = "chest CT sample", index + 1
+        dataset.Rows, dataset.Columns = plane.shape
+        dataset.ImageOrientationPatient = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+        dataset.ImagePositionPatient = [0.0, 0.0, index * spacing[0]]
+        dataset.SliceThickness = spacing[0]
+        dataset.PixelSpacing = [spacing[1], spacing[2]]
+        dataset.RescaleSlope, dataset.RescaleIntercept = 1, -1024
+        dataset.PixelData = np.round(np.clip(plane, -1024, 3071) + 1024).astype(np.int16).tobytes()
+        dataset.file_meta.MediaStorageSOPInstanceUID = dataset.SOPInstanceUID
+        datasets.append(dataset)
+    return datasets
+
+
+def load_demo_study(root: str, user: str = DEMO_USER, password: str = DEMO_PASSWORD) -> str:
+    """Store the chest-CT sample in the PACS as a CT series (STOW-RS); its study UID."""
+    from krypton.io.dicomweb import PacsSettings, connect, store
+    from krypton.io.volumes import read_volume
+    from webapp.volume_layout import volume_sample_path
+
+    volume = read_volume(volume_sample_path("chestct-nodule.nii.gz"))
+    datasets = ct_series(np.asarray(volume.voxels), tuple(volume.spacing), "Demo^Chest")
+    store(connect(PacsSettings(root, user, password)), datasets, datasets[0].StudyInstanceUID)
+    return str(datasets[0].StudyInstanceUID)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--folder", type=Path, default=Path("cache/pacs"))
+    parser.add_argument("--port", type=int, default=8042)
+    args = parser.parse_args()
+    process, root = start_orthanc(args.folder, args.port)
+    try:
+        study = load_demo_study(root)
+        print(f"Orthanc with DICOMweb at {root} (storage {args.folder}); the chest-CT sample is "
+              f"study {study}. Point Krypton at it:\n"
+              f"  export KRYPTON_DICOMWEB_URL={root} KRYPTON_DICOMWEB_USER={DEMO_USER} "
+              f"KRYPTON_DICOMWEB_PASSWORD={DEMO_PASSWORD}\n"
+              f"  .venv/bin/krypton pacs series {study}\n"
+              f"Ctrl-C stops it.", flush=True)  # fmt: skip
+        process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
