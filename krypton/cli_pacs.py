@@ -17,6 +17,7 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from .io.dicomweb import PacsError, PacsSettings, connect, fetch_series, find_series, find_studies
 
@@ -91,8 +92,6 @@ def run_explain_pacs(
     try:
         pacs = _pacs()
         with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
-            from pathlib import Path
-
             files = fetch_series(pacs, study, series, Path(folder))
             args.image = folder
             return explain_folder(args, _sender(args, pacs, study, files))

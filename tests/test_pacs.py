@@ -230,3 +230,13 @@ def test_make_pacs_loads_the_chest_ct_sample_as_a_ct_series(orthanc):
     assert series.modality == "CT" and series.instances and series.instances > 10
     found = {row.study_uid: row for row in dicomweb.find_studies(pacs, patient_id="KRYPTON-DEMO")}
     assert found[study].patient_name == "Demo^Chest" and found[study].modalities == ("CT",)
+
+
+def test_a_series_loads_as_a_volume_with_its_headers(pacs_env, stored_series):
+    study, series, datasets = stored_series
+    pacs = dicomweb.connect(dicomweb.PacsSettings.from_environment())
+    volume, headers = dicomweb.load_series(pacs, study, series)
+    assert volume.shape == (len(datasets), *datasets[0].pixel_array.shape)
+    assert volume.series_uid == series and volume.modality == "CT"
+    assert {h.SOPInstanceUID for h in headers} == {d.SOPInstanceUID for d in datasets}
+    assert "PixelData" not in headers[0]  # headers only: what a stored result references
