@@ -7,8 +7,9 @@
 
 ``explain`` of a ``dicomweb:`` source fetches the series through the intake's limits,
 explains it as a volume (the files a folder's series gives), and with ``--send`` stores
-the heatmap in the source's study as a new series: a DICOM Parametric Map on the source's
-frame of reference (:func:`krypton.render.parametric_map.parametric_map`).
+the heatmap in the source's study as two new series: a DICOM Parametric Map on the
+source's frame of reference (:func:`krypton.render.parametric_map.parametric_map`) and,
+for viewers without Parametric Maps, a Secondary Capture per axial slice of the block.
 """
 
 from __future__ import annotations
@@ -106,17 +107,36 @@ def _sender(args: argparse.Namespace, pacs, study: str, files: list) -> Callable
         return None
 
     def send(model, prepared, heatmap) -> None:
+        import io
+
         import pydicom
 
         from .io.dicomweb import store
+        from .render.dicom_series import capture_series, slice_pictures
         from .render.parametric_map import parametric_map
 
         sources = [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
+        class_name = model.class_name(heatmap.label)
         created = parametric_map(
             heatmap, tuple(model.input_size), prepared.affine, sources, model_name=model.name,
-            class_name=model.class_name(heatmap.label),
+            class_name=class_name,
         )  # fmt: skip
-        store(pacs, [created], study)
-        print(f"sent       a Parametric Map, series {created.SeriesInstanceUID}, to study {study}")
+        # and, for viewers without Parametric Maps, the heatmap over each axial slice as a
+        # Secondary Capture series; both carry the study's patient modules, as DICOM asks
+        unit = prepared.tensor[0].numpy() * model.std[0] + model.mean[0]
+        captures = capture_series(
+            sources[0], slice_pictures(unit, heatmap),
+            description=f"Krypton heatmap {class_name}",
+            comments=f"{created.SeriesDescription}. Not a diagnosis: shows where occluding "
+            f"the volume changed the model's output.",
+            include_identity=True,
+        )  # fmt: skip
+        pictures = [pydicom.dcmread(io.BytesIO(data)) for data in captures]
+        store(pacs, [created, *pictures], study)
+        print(
+            f"sent       a Parametric Map (series {created.SeriesInstanceUID}) and "
+            f"{len(pictures)} Secondary Captures (series {pictures[0].SeriesInstanceUID}) "
+            f"to study {study}"
+        )
 
     return send

@@ -91,12 +91,19 @@ def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
     ])  # fmt: skip
     printed = capsys.readouterr()
     assert code == 0, printed.err
-    assert "sent       a Parametric Map" in printed.out
+    assert "sent       a Parametric Map" in printed.out and "48 Secondary Captures" in printed.out
     values = np.load(out.with_suffix(".npy"))
     client = dicomweb.connect(dicomweb.PacsSettings(pacs_env, USER, PASSWORD)).client
-    maps = [row for row in client.search_for_series(study) if row["0020000E"]["Value"][0] != series]
-    assert len(maps) == 1
-    map_uid = maps[0]["0020000E"]["Value"][0]
+    added = {}  # SOP class -> (series, its instances)
+    for row in client.search_for_series(study):
+        uid = row["0020000E"]["Value"][0]
+        if uid != series:
+            instances = client.search_for_instances(study, uid, fields=["SOPClassUID"])
+            added[instances[0]["00080016"]["Value"][0]] = (uid, instances)
+    parametric_map, secondary_capture = "1.2.840.10008.5.1.4.1.1.30", "1.2.840.10008.5.1.4.1.1.7"
+    assert set(added) == {parametric_map, secondary_capture}
+    assert len(added[secondary_capture][1]) == 48  # one per axial slice of the block
+    map_uid = added[parametric_map][0]
     (instance,) = client.search_for_instances(study, map_uid)
     stored = client.retrieve_instance(study, map_uid, instance["00080018"]["Value"][0])
     assert stored.SOPClassUID == "1.2.840.10008.5.1.4.1.1.30"  # Parametric Map Storage

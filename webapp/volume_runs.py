@@ -556,31 +556,19 @@ def grid_heatmap(values: np.ndarray, axes, patch: int) -> krypton.Heatmap:
 def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -> bytes:
     """The heatmap over every axial slice of the model's block as a DICOM Secondary
     Capture series (zipped) in the source's study, referencing the source series."""
-    from PIL import Image
-
     from krypton.render.dicom_series import (
         capture_series,
         capture_series_zip,
         first_dicom_header,
+        slice_pictures,
     )
-    from krypton.render.overlay import overlay
-    from krypton.render.volumes import voxel_values
 
     try:
         header = first_dicom_header(source)
     except ValueError as exc:
         raise InputError(f"no DICOM export: {exc}") from None
-    heatmap = volume_heatmap(result)
     unit = prepared.unit
-    per_voxel = voxel_values(heatmap, unit.shape)  # type: ignore[arg-type]
-    depth, height, width = unit.shape
-    pictures = [
-        overlay(
-            Image.fromarray((np.clip(unit[z], 0, 1) * 255).astype(np.uint8)).convert("RGB"),
-            per_voxel[z], np.arange(width), np.arange(height), 1, heatmap.prob,
-        )
-        for z in range(depth)
-    ]  # fmt: skip
+    pictures = slice_pictures(unit, volume_heatmap(result))
 
     warning = ood_text(result.get("ood"))
     comments = (f"WARNING: {warning} " if warning else "") + (

@@ -93,6 +93,23 @@ def capture_series(
     return files
 
 
+def slice_pictures(unit: np.ndarray, heatmap) -> list[Image.Image]:
+    """The heatmap over every axial slice of the model's block: ``unit`` (D, H, W) the
+    block windowed to [0, 1], each cell's value on the voxels nearest its centre."""
+    from .overlay import overlay
+    from .volumes import voxel_values
+
+    per_voxel = voxel_values(heatmap, unit.shape)
+    depth, height, width = unit.shape
+    return [
+        overlay(
+            Image.fromarray((np.clip(unit[z], 0, 1) * 255).astype(np.uint8)).convert("RGB"),
+            per_voxel[z], np.arange(width), np.arange(height), 1, heatmap.prob,
+        )
+        for z in range(depth)
+    ]  # fmt: skip
+
+
 def capture_series_zip(files: list[bytes], folder: str = "krypton-heatmap") -> bytes:
     """The series' files in one zip (``folder``/slice_001.dcm, ...)."""
     buffer = io.BytesIO()
