@@ -485,7 +485,7 @@ def run_explain(args: argparse.Namespace) -> int:
         print(f"dicom      {dicom_line}")
     if heatmap.mode == "exact":
         print(f"plan       {heatmap.extra['plan']}")
-        print_speed(heatmap)
+        print_speed(heatmap, model.name)
     if heatmap.mode == "approximate":
         per_position = heatmap.macs_naive / max(heatmap.positions_evaluated, 1)
         fewer = heatmap.values.size * per_position / max(heatmap.macs_spent, 1)

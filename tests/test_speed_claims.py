@@ -85,3 +85,28 @@ def test_claims_under_a_cpu_burning_neighbour_match_the_same_runs_timing(tmp_pat
     assert first["speed"] != second["speed"]
     naive = run("naive", 0.5)
     assert not any(_direction(line) for line in runs.summary_lines(naive))
+
+
+def test_the_clis_speed_line_never_takes_a_slow_probe_over_the_models_own_naive_pace(
+    krypton_home,
+):
+    """Beside two burners the CLI's volume line said 11.3x where a stopwatch gave 8.4x:
+    its one naive probe caught a slow moment. The line now takes the lower of that figure
+    and a naive run as the model's calibration (or this host's naive runs) estimates it."""
+    from krypton.estimator import bounded_speed, estimate_for_counts
+
+    naive = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0).seconds
+    probed = {
+        "incremental_ms_per_position": 9.0, "naive_ms_per_position": 60.0,
+        "whole": {"seconds": 4.0, "naive_seconds": 3 * naive, "positions": 361},
+    }  # fmt: skip
+    bounded = bounded_speed(probed, "fundus-demo", 12, 0.0)
+    assert bounded["whole"]["naive_seconds"] == pytest.approx(naive)
+    assert bounded["whole"]["probed_naive_seconds"] == 3 * naive
+    assert bounded["naive_basis"].startswith("calibration (")
+    modest = dict(probed, whole=dict(probed["whole"], naive_seconds=naive / 2))
+    assert (
+        bounded_speed(modest, "fundus-demo", (12, 12), 0.0)["whole"]["naive_seconds"] == naive / 2
+    )
+    assert bounded_speed(probed, None, 12) is probed  # no model to ask: as probed
+    assert bounded_speed(probed, "no-such-model", 12)["naive_basis"] == "probed in this run"
