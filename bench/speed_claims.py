@@ -59,8 +59,7 @@ def volume_case() -> tuple[float, float, str]:
     started = time.perf_counter()
     krypton.explain(model, tensor, patch=model.patch, stride=6, mode="naive", fill=0.01)
     naive_seconds = time.perf_counter() - started
-    from krypton.cli_volumes import host_load
-    from krypton.estimator import bounded_speed
+    from krypton.estimator import bounded_speed, host_load
 
     # as the CLI prints it: the probe's naive figure bounded by the model's own pace here
     speed = bounded_speed(heatmap_speed(exact), model.name, exact.patch, host_load())

@@ -162,20 +162,11 @@ def print_speed(heatmap, model_name: str | None = None) -> None:
     """The exact run's speed line, worded as the page's (krypton.estimator.speed_claim),
     its naive figure bounded by the model's logged or calibrated naive pace at the load
     now (:func:`krypton.estimator.bounded_speed`)."""
-    from .estimator import bounded_speed, heatmap_speed, speed_claim
+    from .estimator import bounded_speed, heatmap_speed, host_load, speed_claim
 
     speed = bounded_speed(heatmap_speed(heatmap), model_name, heatmap.patch, host_load())
     if speed is not None:
         print(f"speed      {speed_claim(speed)}")
-
-
-def host_load() -> float | None:
-    """Cores other work keeps busy now (0.1 s of psutil's sample; None without psutil)."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return psutil.cpu_percent(interval=0.1) / 100 * (psutil.cpu_count() or 1)
 
 
 def print_ood(ood: dict | None) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "speed_claim",
     "heatmap_speed",
     "bounded_speed",
+    "host_load",
     "whole_run_speed",
     "format_duration",
     "SAME_SPEED",
@@ -240,29 +241,52 @@ def heatmap_speed(heatmap) -> dict | None:
 
 
 def bounded_speed(
-    speed: dict | None, model_name: str | None, patch, load: float | None = None
+    speed: dict | None,
+    model_name: str | None,
+    patch,
+    load: float | None = None,
+    calibrated: bool = True,
 ) -> dict | None:
     """``speed`` (:func:`heatmap_speed`) with its whole-run naive figure no higher than a
-    second one: a naive run of its positions as this host's logged naive runs or the
-    model's calibration estimate it at ``load`` (cores other work keeps busy). The run's
-    own figure comes from one early naive probe, which a busy neighbour can catch at a
-    slow moment: beside two burners the CLI's volume line once said 11.3x where the
-    stopwatch gave 8.4x. ``naive_basis`` says which figure stands."""
+    second one: a naive run of its positions as this host's logged naive runs (or, with
+    ``calibrated``, the model's calibration) estimate it at ``load`` (cores other work
+    keeps busy). The run's own figure comes from one early naive probe, often colder and
+    smaller than a naive run's (533 ms/position probed, 350 measured right after), which
+    a busy neighbour can also catch at a slow moment: beside two burners the CLI's
+    volume line once said 11.3x where the stopwatch gave 8.4x. The speed dict keeps the
+    probed figure and says which basis was used (``naive_basis``)."""
     if not speed or not speed.get("whole") or model_name is None:
         return speed
     whole = dict(speed["whole"])
     side = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
+    probed = dict(speed, naive_basis="probed in this run")
     try:
         other = estimate_for_counts(
             model_name, "naive", side, (int(whole["positions"]), 0), load=load
         )
     except (NotCalibratedError, ValueError):  # RegistryError is a ValueError
-        return dict(speed, naive_basis="probed in this run")
-    if other.seconds >= whole["naive_seconds"]:
-        return dict(speed, naive_basis="probed in this run")
+        return probed
+    logged = other.source.startswith("this host's")
+    if not (logged or calibrated) or other.seconds >= whole["naive_seconds"]:
+        return probed
     whole["probed_naive_seconds"] = whole["naive_seconds"]
     whole["naive_seconds"] = other.seconds
-    return dict(speed, whole=whole, naive_basis=other.source)
+    basis = "this host's naive runs at this load" if logged else other.source
+    return dict(speed, whole=whole, naive_basis=basis)
+
+
+LOAD_SAMPLE_SECONDS = 0.1
+
+
+def host_load(interval: float = LOAD_SAMPLE_SECONDS) -> float | None:
+    """Cores this host's work keeps busy now (every process, this one's other runs
+    included), sampled over ``interval`` seconds: what a run starting now competes with
+    (None without psutil). Estimates scale to it and each logged run records it."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.cpu_percent(interval=interval) / 100 * (psutil.cpu_count() or 1)
 
 
 def speed_claim(speed: dict) -> str:
@@ -834,13 +858,12 @@ def _host_correction(
     to corrected time that widen its range, what was done)."""
     predicted, actual = (np.array(side) for side in zip(*pairs))
     ratios, offsets = actual / predicted, actual - predicted
-    proportional = _loo_errors(predicted, actual, lambda p, keep: p * np.median(ratios[keep]))
-    fixed = _loo_errors(predicted, actual, lambda p, keep: p + np.median(offsets[keep]))
     offset = float(np.median(offsets))
     if (
         len(pairs) >= 2
         and abs(offset) <= FIXED_OFFSET_LIMIT
-        and np.median(fixed) < np.median(proportional)
+        and np.median(_loo_errors(predicted, actual, lambda p, keep: p + np.median(offsets[keep])))
+        < np.median(_loo_errors(predicted, actual, lambda p, keep: p * np.median(ratios[keep])))
     ):
         corrected = max(seconds + offset * now, 1e-3)
         spread = [a / max(p + offset, 1e-3) for p, a in pairs]
@@ -851,12 +874,10 @@ def _host_correction(
 
 def _loo_errors(predicted: np.ndarray, actual: np.ndarray, correct) -> np.ndarray:
     """Each run's |log(actual / corrected)|, its correction learnt from the other runs
-    (``correct(predicted, others)``); with one run, its own."""
+    (``correct(predicted, others)``; two runs at least)."""
     errors = []
     for index in range(len(actual)):
         keep = np.arange(len(actual)) != index
-        if not keep.any():
-            keep = ~keep
         guess = max(float(correct(predicted[index], keep)), 1e-3)
         errors.append(abs(math.log(actual[index] / guess)))
     return np.array(errors)

@@ -31,9 +31,10 @@ from krypton.estimator import (
     MIN_SPREAD,
     Estimate,
     NotCalibratedError,
+    bounded_speed,
     estimate,
-    estimate_for_counts,
     forward_seconds,
+    host_load,
     load_factor,
     recent_estimate,
     record_run,
@@ -596,7 +597,6 @@ def run_cells(
     return values, class_values, reused, len(todo), plan_line, speed
 
 
-LOAD_SAMPLE_SECONDS = 0.1
 CACHED_MODE = "cached"  # the runtime log's rows of runs that computed nothing
 
 
@@ -619,26 +619,10 @@ def cached_estimate(model: str, load: float | None) -> Estimate | None:
 
 def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> dict | None:
     """A run's speed against naive (krypton.estimator.whole_run_speed), saying less
-    where this host's own naive runs say less: the naive time it is compared with is the
-    lower of the naive rate this run probed (one early batch, often colder and smaller
-    than a naive run's: 533 ms/position probed, 350 measured right after) and this
-    host's logged naive runs of the model and patch at this load. The speed dict keeps
-    the probed figure and says which basis was used (``naive_basis``)."""
-    if not speed or not speed.get("whole"):
-        return speed
-    whole = dict(speed["whole"])
-    try:
-        logged = estimate_for_counts(model, "naive", patch, (int(whole["positions"]), 0),
-                                     load=load)  # fmt: skip
-    except (NotCalibratedError, ValueError, RegistryError):
-        return dict(speed, naive_basis="probed in this run")
-    if not logged.source.startswith("this host's"):
-        return dict(speed, naive_basis="probed in this run")  # no naive runs logged here
-    if logged.seconds >= whole["naive_seconds"]:
-        return dict(speed, naive_basis="probed in this run")
-    whole["probed_naive_seconds"] = whole["naive_seconds"]
-    whole["naive_seconds"] = logged.seconds
-    return dict(speed, whole=whole, naive_basis="this host's naive runs at this load")
+    where this host's own naive runs of the model and patch at this load say less
+    (krypton.estimator.bounded_speed on logged runs alone: the page's figure is never
+    bounded by a calibration from another day)."""
+    return bounded_speed(speed, model, patch, load, calibrated=False)
 
 
 def run_threads(load: float) -> int:
@@ -649,15 +633,6 @@ def run_threads(load: float) -> int:
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads
-
-
-def host_load() -> float:
-    """Cores this host's work keeps busy now (every process, this server's other runs
-    included), sampled over LOAD_SAMPLE_SECONDS: what a run starting now competes with.
-    The estimate scales to it and each logged run records it (krypton.estimator)."""
-    import psutil
-
-    return psutil.cpu_percent(interval=LOAD_SAMPLE_SECONDS) / 100 * (psutil.cpu_count() or 1)
 
 
 def find_estimate(
