@@ -123,9 +123,8 @@ def _sender(args: argparse.Namespace, pacs, study: str, files: list) -> Callable
         )  # fmt: skip
         # and, for viewers without Parametric Maps, the heatmap over each axial slice as a
         # Secondary Capture series; both carry the study's patient modules, as DICOM asks
-        unit = prepared.tensor[0].numpy() * model.std[0] + model.mean[0]
         captures = capture_series(
-            sources[0], slice_pictures(unit, heatmap),
+            sources[0], slice_pictures(model.windowed(prepared), heatmap),
             description=f"Krypton heatmap {class_name}",
             comments=f"{created.SeriesDescription}. Not a diagnosis: shows where occluding "
             f"the volume changed the model's output.",

@@ -190,8 +190,7 @@ class Services:
                     model_input = loaded.prepare_volume(source)
                 except ValueError as exc:
                     raise InputError(str(exc)) from None
-            mean, std = float(loaded.mean[0]), float(loaded.std[0])
-            unit = model_input.tensor[0].numpy() * std + mean
+            unit = loaded.windowed(model_input)
             info = volume_runs.SourceInfo.of(source)
             return volume_runs.PreparedVolume(info, model_input, unit)
 

@@ -118,6 +118,12 @@ class LoadedModel:
             self.std[0],
         )
 
+    def windowed(self, model_input) -> np.ndarray:
+        """A prepared volume (:meth:`prepare_volume`) back in its window's units, [0, 1]
+        between the window's ends (D, H, W): what the views and captures draw."""
+        tensor = model_input.tensor[0].detach().cpu().numpy()
+        return tensor * float(self.std[0]) + float(self.mean[0])
+
     def to(self, device: torch.device | str) -> LoadedModel:
         """Move the module to ``device`` (see :func:`krypton.devices.resolve_device`)."""
         self.module.to(device)
