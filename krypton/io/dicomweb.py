@@ -29,8 +29,8 @@ from pathlib import Path
 import requests
 from requests.adapters import HTTPAdapter
 
-from ._decoding import DECODE_BUDGET, ImageLoadError
-from .volumes import MAX_SLICES, Volume, read_dicom_series
+from ._decoding import ImageLoadError
+from .volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
 
 __all__ = [
     "PacsError",
@@ -149,30 +149,24 @@ def _count_reads(response, limit: int, reason: str) -> None:
     bytes stops the download."""
     raw, counted = response.raw, [0]
 
+    def count(chunk):
+        counted[0] += len(chunk)
+        if counted[0] > limit:
+            response.close()
+            raise PacsError(f"the PACS sent more than {reason}")
+        return chunk
+
     def counting(read):
         def wrapped(*args, **kwargs):
             result = read(*args, **kwargs)
             if isinstance(result, (bytes, bytearray)):
-                counted[0] += len(result)
-                if counted[0] > limit:
-                    response.close()
-                    raise PacsError(f"the PACS sent more than {reason}")
-                return result
-            return _counted_chunks(result, counted, limit, reason, response)
+                return count(result)
+            return (count(chunk) for chunk in result)  # read_chunked yields chunks
 
         return wrapped
 
     raw.read = counting(raw.read)
     raw.read_chunked = counting(raw.read_chunked)
-
-
-def _counted_chunks(chunks, counted: list[int], limit: int, reason: str, response):
-    for chunk in chunks:
-        counted[0] += len(chunk)
-        if counted[0] > limit:
-            response.close()
-            raise PacsError(f"the PACS sent more than {reason}")
-        yield chunk
 
 
 @dataclass
@@ -329,11 +323,7 @@ def fetch_series(pacs: Pacs, study_uid: str, series_uid: str, folder: Path) -> l
         raise PacsError(f"series {series_uid} has {len(listing)} instances, over {MAX_SLICES}")
     declared = {str(_value(row, "00080018")): row for row in listing}
     sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
-    total = sum(sizes.values())
-    DECODE_BUDGET.cost(
-        f"series {series_uid}", f"{len(sizes)} instances of {total / 2**20:,.0f} MB together",
-        (max(total, 1),), 1, 1,
-    )  # fmt: skip
+    check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
     written = []
     for number, (uid, size) in enumerate(sizes.items()):
         limit = size + HEADER_SLACK

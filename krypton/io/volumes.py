@@ -46,6 +46,7 @@ __all__ = [
     "prepare_for_model",
     "MAX_SLICES",
     "MAX_SPACING_MM",
+    "check_files_size",
 ]
 
 # Slices are evenly spaced when every gap is within this share of the median gap.
@@ -116,9 +117,10 @@ def checked_spacing(spacing, name: str) -> tuple[float, float, float]:
     return values  # type: ignore[return-value]
 
 
-def _check_files_size(source: Path, count: int, total: int) -> None:
-    """The files' bytes (a zip's as it declares them inflated, before inflating any) are
-    held together while the headers are read: they must fit the decode budget."""
+def check_files_size(source: str | Path, count: int, total: int) -> None:
+    """The files' bytes (a zip's as it declares them inflated, before inflating any; a
+    PACS series' as its listing declares them, before fetching any) are held together
+    while the headers are read: they must fit the decode budget."""
     DECODE_BUDGET.cost(
         str(source), f"{count} files of {total / 2**20:,.0f} MB together", (max(total, 1),), 1, 1
     )
@@ -130,7 +132,7 @@ def _members(source: Path) -> Iterator[tuple[str, bytes]]:
         files = sorted(p for p in source.rglob("*") if p.is_file())
         if len(files) > MAX_SLICES:
             raise ImageLoadError(f"{source} holds {len(files)} files, over {MAX_SLICES}")
-        _check_files_size(source, len(files), sum(p.stat().st_size for p in files))
+        check_files_size(source, len(files), sum(p.stat().st_size for p in files))
         for path in files:
             yield str(path.relative_to(source)), path.read_bytes()
         return
@@ -144,7 +146,7 @@ def _members(source: Path) -> Iterator[tuple[str, bytes]]:
             raise ImageLoadError(f"{source} holds {len(entries)} files, over {MAX_SLICES}")
         # zipfile inflates no more than an entry declares (then checks its CRC), so the
         # declared sizes bound what reading costs, even in an archive that lies
-        _check_files_size(source, len(entries), sum(e.file_size for e in entries))
+        check_files_size(source, len(entries), sum(e.file_size for e in entries))
         for entry in entries:
             try:
                 data = archive.read(entry)
@@ -431,7 +433,7 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
         size = source.stat().st_size
     except OSError as exc:
         raise ImageLoadError(f"{source} cannot be read ({exc})") from exc
-    _check_files_size(source, 1, size)  # held whole while its header is read
+    check_files_size(source, 1, size)  # held whole while its header is read
     with DECODE_BUDGET.reserve(size + inflated_limit()) as held:
         return _read_multiframe(source, held)
 
