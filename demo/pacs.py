@@ -58,9 +58,15 @@ def start_orthanc(
         time.sleep(0.2)
 
 
-def ct_series(hu: np.ndarray, spacing: tuple[float, float, float], patient: str) -> list:
+def ct_series(
+    hu: np.ndarray,
+    spacing: tuple[float, float, float],
+    patient: str,
+    origin: tuple[float, float, float] = (0.0, 0.0, 0.0),
+) -> list:
     """A (z, y, x) volume in Hounsfield units as a CT series (one file per axial slice,
-    identity orientation): pydicom datasets with new study, series and frame UIDs."""
+    identity orientation, the first slice's corner at ``origin`` in LPS mm): pydicom
+    datasets with new study, series and frame UIDs."""
     import pydicom
     from pydicom.data import get_testdata_file
     from pydicom.uid import generate_uid
@@ -77,11 +83,11 @@ def ct_series(hu: np.ndarray, spacing: tuple[float, float, float], patient: str)
         dataset.SeriesDescription, dataset.InstanceNumber = "chest CT sample", index + 1
         dataset.Rows, dataset.Columns = plane.shape
         dataset.ImageOrientationPatient = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
-        dataset.ImagePositionPatient = [0.0, 0.0, index * spacing[0]]
+        dataset.ImagePositionPatient = [origin[0], origin[1], origin[2] + index * spacing[0]]
         dataset.SliceThickness = spacing[0]
         dataset.PixelSpacing = [spacing[1], spacing[2]]
         dataset.RescaleSlope, dataset.RescaleIntercept = 1, -1024
-        dataset.PixelData = np.round(np.clip(plane, -1024, 3071) + 1024).astype(np.int16).tobytes()
+        dataset.PixelData = np.round(plane + 1024).astype(np.int16).tobytes()  # signed
         dataset.file_meta.MediaStorageSOPInstanceUID = dataset.SOPInstanceUID
         datasets.append(dataset)
     return datasets

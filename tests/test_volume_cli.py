@@ -11,10 +11,10 @@ import pydicom
 import pytest
 import torch
 from PIL import Image
-from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
 import krypton
+from demo.pacs import ct_series
 from krypton.chestct import ChestCTGenerator
 from krypton.cli import main
 from krypton.io.volumes import Volume, read_volume
@@ -71,19 +71,10 @@ def write_nifti(path, hu):
 
 
 def write_series(folder, hu):
-    """The same volume as a DICOM CT series: identity orientation, SPACING mm apart."""
-    template = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
-    uid = generate_uid()
+    """The same volume as a DICOM CT series (demo.pacs.ct_series: identity orientation,
+    SPACING mm apart from ORIGIN_LPS), its files named out of slice order."""
     folder.mkdir()
-    for k, plane in enumerate(hu):
-        dataset = template.copy()
-        dataset.SeriesInstanceUID, dataset.SOPInstanceUID = uid, generate_uid()
-        dataset.Rows, dataset.Columns = plane.shape
-        dataset.ImageOrientationPatient = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
-        dataset.ImagePositionPatient = list(ORIGIN_LPS + [0.0, 0.0, k * SPACING])
-        dataset.PixelSpacing = [SPACING, SPACING]
-        dataset.RescaleSlope, dataset.RescaleIntercept = 1, -1024
-        dataset.PixelData = np.round(plane + 1024).astype(np.int16).tobytes()
+    for k, dataset in enumerate(ct_series(hu, (SPACING,) * 3, "Test^Volume", ORIGIN_LPS)):
         dataset.save_as(folder / f"slice{(k * 7) % len(hu):03d}.dcm", enforce_file_format=True)
 
 
