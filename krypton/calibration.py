@@ -118,11 +118,12 @@ def calibrate(
                 seconds = explainer.clock.now() - started
                 held_out = index % held_out_every == held_out_every - 1
                 rows.append((held_out, _features(mode, counts), seconds))
-            fitted = _fit(rows)
-            if fitted is None:
+            found = _fit(rows)
+            if found is None:
                 continue
+            fitted, held_out_errors = found
             record["models"].setdefault(str(patch), {})[mode] = fitted
-            errors.extend(fitted.pop("_errors"))
+            errors.extend(held_out_errors)
             median = fitted["held_out_median_abs_error_percent"]
             log(
                 f"{name} patch {patch} {mode}: {fitted['fit_runs']} fit runs, held-out median "
@@ -149,9 +150,9 @@ def _fits(config: dict, patch: int, input_size: Sequence[int]) -> bool:
     return all(region[rank + axis] - region[axis] >= patch for axis in range(rank))
 
 
-def _fit(rows: list[tuple[bool, list[float], float]]) -> dict | None:
-    """One (patch, mode)'s cost model from its timed rows (held out, features, seconds),
-    with its held-out errors (percent) under "_errors"; None with under two fit rows.
+def _fit(rows: list[tuple[bool, list[float], float]]) -> tuple[dict, list[float]] | None:
+    """One (patch, mode)'s cost model from its timed rows (held out, features, seconds)
+    and its held-out errors (percent); None with under two fit rows.
     The fit weighs each run's error as a share of its time (:func:`fit_seconds`)."""
     fit_rows = [r for r in rows if not r[0]]
     test_rows = [r for r in rows if r[0]]
@@ -167,8 +168,7 @@ def _fit(rows: list[tuple[bool, list[float], float]]) -> dict | None:
         "fit_runs": len(fit_rows),
         "held_out_runs": len(test_rows),
         "held_out_median_abs_error_percent": float(np.median(percent)) if percent else None,
-        "_errors": percent,
-    }
+    }, percent
 
 
 def time_gradient_step(
