@@ -63,16 +63,18 @@ def ct_series(
     spacing: tuple[float, float, float],
     patient: str,
     origin: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    study_uid: str | None = None,
+    description: str = "chest CT sample",
 ) -> list:
     """A (z, y, x) volume in Hounsfield units as a CT series (one file per axial slice,
     identity orientation, the first slice's corner at ``origin`` in LPS mm): pydicom
-    datasets with new study, series and frame UIDs."""
+    datasets with new series and frame UIDs, in ``study_uid`` or a new study."""
     import pydicom
     from pydicom.data import get_testdata_file
     from pydicom.uid import generate_uid
 
     template = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
-    study, series, frame = generate_uid(), generate_uid(), generate_uid()
+    study, series, frame = study_uid or generate_uid(), generate_uid(), generate_uid()
     datasets = []
     for index, plane in enumerate(hu):
         dataset = copy.deepcopy(template)  # its file meta too: one per instance
@@ -80,7 +82,7 @@ def ct_series(
         dataset.FrameOfReferenceUID, dataset.SOPInstanceUID = frame, generate_uid()
         dataset.PatientName, dataset.PatientID = patient, "KRYPTON-DEMO"
         dataset.StudyDescription = "Krypton demo: chest CT"
-        dataset.SeriesDescription, dataset.InstanceNumber = "chest CT sample", index + 1
+        dataset.SeriesDescription, dataset.InstanceNumber = description, index + 1
         dataset.Rows, dataset.Columns = plane.shape
         dataset.ImageOrientationPatient = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
         dataset.ImagePositionPatient = [origin[0], origin[1], origin[2] + index * spacing[0]]
@@ -118,6 +120,7 @@ def main() -> None:
               f"  export KRYPTON_DICOMWEB_URL={root} KRYPTON_DICOMWEB_USER={DEMO_USER} "
               f"KRYPTON_DICOMWEB_PASSWORD={DEMO_PASSWORD}\n"
               f"  .venv/bin/krypton pacs series {study}\n"
+              f"  make run   (the volume panel's From the PACS searches it)\n"
               f"Ctrl-C stops it.", flush=True)  # fmt: skip
         process.wait()
     except KeyboardInterrupt:

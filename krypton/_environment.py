@@ -56,6 +56,8 @@ LIBRARY_SETTINGS: dict[str, tuple[float, float, float, bool]] = {
     "KRYPTON_DECODE_BUDGET_MB": (256.0, 1.0, MAX_MB, False),
     "KRYPTON_VISIBILITY_TIMEOUT": (20.0, 5.0, MAX_SECONDS, False),
     "KRYPTON_TORCH_THREADS": (0, 0, 4096, True),
+    # a PACS response that sends nothing for this long is refused (krypton.io.dicomweb)
+    "KRYPTON_DICOMWEB_TIMEOUT_SECONDS": (10.0, 1.0, 600.0, False),
 }
 
 

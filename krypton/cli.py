@@ -20,7 +20,14 @@ from ._environment import SettingError, check_library_settings
 from .approximate.settings import DEFAULTS
 from .approximate.tuning import DEFAULT_TARGET_SSIM
 from .cli_compare import add_compare_parser, parse_methods, run_compare
-from .cli_pacs import PACS_PREFIX, add_pacs_parser, run_explain_pacs, run_pacs
+from .cli_pacs import (
+    PACS_PREFIX,
+    add_pacs_parser,
+    add_pacs_source_options,
+    run_batch_pacs,
+    run_explain_pacs,
+    run_pacs,
+)
 from .cli_volumes import (
     default_volume_model,
     is_volume_model,
@@ -203,15 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("explain", help="occlusion heatmap of one image")
     run.add_argument(
         "image",
+        nargs="?",
         help="image file (PNG, JPEG, TIFF, BMP, DICOM, ...), or a volume for a volume model: "
         "a DICOM series folder or zip, a NIfTI file (.nii, .nii.gz), or a series of the "
-        "configured PACS as dicomweb:STUDY_UID/SERIES_UID",
+        "configured PACS as dicomweb:STUDY_UID/SERIES_UID (or --dicomweb --study ...)",
     )
-    run.add_argument(
-        "--send",
-        action="store_true",
-        help="a dicomweb: source: store the heatmap in its study as a DICOM Parametric Map",
-    )
+    add_pacs_source_options(run, batch=False)
     run.add_argument(
         "--out",
         default="heatmap.png",
@@ -246,8 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.add_argument(
         "input",
+        nargs="?",
         help="a folder, a glob pattern ('scans/*.png') or a CSV with a "
-        "'path' column and an optional 'label' column (index or class name)",
+        "'path' column and an optional 'label' column (index or class name); or, with "
+        "--dicomweb --study UID, the study's series",
     )
     batch.add_argument("--out", required=True, help="output folder")
     batch.add_argument(
@@ -268,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(`make worker`) instead of in this process; the outputs are the same",
     )
     add_explain_options(batch)
+    add_pacs_source_options(batch, batch=True)
 
     commands.add_parser("models", help="list registered models and their availability")
 
@@ -421,10 +428,17 @@ def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    if args.image.startswith(PACS_PREFIX):
-        return run_explain_pacs(args, _explain_volume)
-    if args.send:
-        print(f"error: --send stores the result of a {PACS_PREFIX} source", file=sys.stderr)
+    if args.dicomweb is not None or (args.image or "").startswith(PACS_PREFIX):
+        return run_explain_pacs(args, _explain_volume, explain_options)
+    if args.send or args.study or args.series:
+        print(
+            f"error: --send, --study and --series are for a PACS source (--dicomweb or "
+            f"{PACS_PREFIX}STUDY/SERIES)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.image:
+        print("error: name an image, a volume or a PACS series (--dicomweb)", file=sys.stderr)
         return 2
     if wants_volume(args.image, args.model):
         return _explain_volume(args)
@@ -539,6 +553,18 @@ def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]
 def run_batch_command(args: argparse.Namespace) -> int:
     from .batch.folder import collect_inputs, run_batch
     from .io.dicom import parse_window
+
+    if args.dicomweb is not None:
+        volume_model = args.model or default_volume_model()
+        return run_batch_pacs(
+            args, lambda: _load(volume_model, args.random_weights, args.device), explain_options
+        )
+    if not args.input or args.send or args.study:
+        print(
+            "error: name INPUT, or a PACS study with --dicomweb --study UID (--send needs it)",
+            file=sys.stderr,
+        )
+        return 2
 
     try:
         parse_window(args.window)

@@ -1,20 +1,25 @@
 """The PACS from the command line (:mod:`krypton.io.dicomweb`; the PACS is the one
-``KRYPTON_DICOMWEB_URL`` configures):
+``KRYPTON_DICOMWEB_URL`` configures, or ``--dicomweb URL``; the sign-in always comes from
+the environment):
 
     krypton pacs studies [--patient-id ID] [--patient-name NAME] [--dates FROM-TO] ...
     krypton pacs series STUDY_UID
-    krypton explain dicomweb:STUDY_UID/SERIES_UID --model chestct-demo --out STEM [--send]
+    krypton explain --dicomweb [URL] --study UID [--series UID] --model M --out STEM [--send]
+    krypton explain dicomweb:STUDY_UID/SERIES_UID ...           (the same, shorter)
+    krypton batch --dicomweb [URL] --study UID [--modality CT] --out DIR [--send]
 
-``explain`` of a ``dicomweb:`` source fetches the series through the intake's limits,
-explains it as a volume (the files a folder's series gives), and with ``--send`` stores
-the heatmap in the source's study as two new series: a DICOM Parametric Map on the
-source's frame of reference (:func:`krypton.render.parametric_map.parametric_map`) and,
-for viewers without Parametric Maps, a Secondary Capture per axial slice of the block.
+``explain`` of a PACS series fetches it through the intake's limits and explains it as a
+volume (the files a folder's series gives). ``--send`` stores the heatmap in the source's
+study as two new series (:func:`krypton.pacs.send_volume_result`): a DICOM Parametric Map
+on the source's frame of reference and a Secondary Capture per axial slice of the block.
+``batch`` does that for each image series of a study and skips the series whose result
+the study already holds (:func:`krypton.pacs.run_study_batch`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -22,7 +27,14 @@ from pathlib import Path
 
 from .io.dicomweb import PacsError, PacsSettings, connect, fetch_series, find_series, find_studies
 
-__all__ = ["PACS_PREFIX", "add_pacs_parser", "run_pacs", "run_explain_pacs"]
+__all__ = [
+    "PACS_PREFIX",
+    "add_pacs_parser",
+    "add_pacs_source_options",
+    "run_pacs",
+    "run_explain_pacs",
+    "run_batch_pacs",
+]
 
 PACS_PREFIX = "dicomweb:"
 
@@ -42,8 +54,36 @@ def add_pacs_parser(commands) -> None:
     series.add_argument("study")
 
 
-def _pacs():
-    settings = PacsSettings.from_environment()
+def add_pacs_source_options(parser: argparse.ArgumentParser, *, batch: bool) -> None:
+    """``--dicomweb [URL] --study UID`` (``--series UID`` for explain, ``--modality`` for
+    batch) and ``--send``."""
+    group = parser.add_argument_group("a PACS source (DICOMweb)")
+    group.add_argument(
+        "--dicomweb", nargs="?", const="", metavar="URL",
+        help="read from the PACS at URL (default: KRYPTON_DICOMWEB_URL); the sign-in comes "
+        "from KRYPTON_DICOMWEB_USER and _PASSWORD, or _TOKEN (or their _FILE forms)",
+    )  # fmt: skip
+    group.add_argument("--study", metavar="UID", help="the study's StudyInstanceUID")
+    if batch:
+        group.add_argument(
+            "--modality", help="only this modality's series (default: every image series)"
+        )
+    else:
+        group.add_argument(
+            "--series", metavar="UID", help="the series (default: the study's one image series)"
+        )
+    group.add_argument(
+        "--send", action="store_true",
+        help="store each heatmap in its study: a DICOM Parametric Map and a Secondary "
+        "Capture series" + (" (series whose result is there already are skipped)" if batch else ""),
+    )  # fmt: skip
+
+
+def _pacs(url: str | None = None):
+    environ = dict(os.environ)
+    if url:
+        environ["KRYPTON_DICOMWEB_URL"] = url
+    settings = PacsSettings.from_environment(environ)
     if settings is None:
         raise PacsError("no PACS is configured: set KRYPTON_DICOMWEB_URL (and its sign-in)")
     return connect(settings)
@@ -80,62 +120,117 @@ def run_pacs(args: argparse.Namespace) -> int:
         return 2
 
 
+def _source(args: argparse.Namespace, pacs) -> tuple[str, str]:
+    """(study, series) from ``dicomweb:STUDY/SERIES`` or ``--study``/``--series``; a study
+    with one image series needs no ``--series``."""
+    from .pacs import explainable_series
+
+    if args.image:
+        study, _, series = args.image[len(PACS_PREFIX) :].partition("/")
+        if not study or not series or "/" in series:
+            raise PacsError(f"a PACS source is {PACS_PREFIX}STUDY_UID/SERIES_UID")
+        return study, series
+    if not args.study:
+        raise PacsError("--dicomweb needs --study STUDY_UID (krypton pacs studies lists them)")
+    if args.series:
+        return args.study, args.series
+    found = explainable_series(pacs, args.study)
+    if len(found) != 1:
+        listed = "; ".join(f"{row.series_uid} ({row.modality} {row.description})" for row in found)
+        raise PacsError(
+            f"study {args.study} has {len(found)} image series: name one with --series"
+            + (f" ({listed})" if listed else "")
+        )
+    return args.study, found[0].series_uid
+
+
 def run_explain_pacs(
-    args: argparse.Namespace, explain_folder: Callable[[argparse.Namespace, Callable], int]
+    args: argparse.Namespace,
+    explain_folder: Callable[[argparse.Namespace, Callable], int],
+    options_of: Callable[[argparse.Namespace, object], dict],
 ) -> int:
-    """``krypton explain dicomweb:STUDY/SERIES``: fetch, then ``explain_folder(args,
-    after)`` on the fetched files (the volume path), and with ``--send`` store the
-    Parametric Map in the study."""
-    study, _, series = args.image[len(PACS_PREFIX) :].partition("/")
-    if not study or not series or "/" in series:
-        print(f"error: a PACS source is {PACS_PREFIX}STUDY_UID/SERIES_UID", file=sys.stderr)
-        return 2
+    """``krypton explain`` of a PACS series: fetch, then ``explain_folder(args, after)``
+    on the fetched files (the volume path), and with ``--send`` store the result in the
+    study (its key from ``options_of(args, model)``, explain()'s options)."""
     try:
-        pacs = _pacs()
+        pacs = _pacs(args.dicomweb)
+        study, series = _source(args, pacs)
         with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
             files = fetch_series(pacs, study, series, Path(folder))
             args.image = folder
-            return explain_folder(args, _sender(args, pacs, study, files))
+            sender = _sender(args, pacs, study, series, files, options_of)
+            return explain_folder(args, sender)
     except PacsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _sender(args: argparse.Namespace, pacs, study: str, files: list) -> Callable | None:
+def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list, options_of):
     """What stores the result after the run (``--send``), or None."""
     if not args.send:
         return None
 
     def send(model, prepared, heatmap) -> None:
-        import io
-
         import pydicom
 
-        from .io.dicomweb import store
-        from .render.dicom_series import capture_series, slice_pictures
-        from .render.parametric_map import parametric_map
+        from .pacs import result_key, send_volume_result
 
         sources = [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
-        class_name = model.class_name(heatmap.label)
-        created = parametric_map(
-            heatmap, tuple(model.input_size), prepared.affine, sources, model_name=model.name,
-            class_name=class_name,
-        )  # fmt: skip
-        # and, for viewers without Parametric Maps, the heatmap over each axial slice as a
-        # Secondary Capture series; both carry the study's patient modules, as DICOM asks
-        captures = capture_series(
-            sources[0], slice_pictures(model.windowed(prepared), heatmap),
-            description=f"Krypton heatmap {class_name}",
-            comments=f"{created.SeriesDescription}. Not a diagnosis: shows where occluding "
-            f"the volume changed the model's output.",
-            include_identity=True,
-        )  # fmt: skip
-        pictures = [pydicom.dcmread(io.BytesIO(data)) for data in captures]
-        store(pacs, [created, *pictures], study)
+        key = result_key(series, model, {**options_of(args, model), "label": args.label})
+        sent = send_volume_result(pacs, study, model, prepared, heatmap, sources, key)
         print(
-            f"sent       a Parametric Map (series {created.SeriesInstanceUID}) and "
-            f"{len(pictures)} Secondary Captures (series {pictures[0].SeriesInstanceUID}) "
-            f"to study {study}"
+            f"sent       a Parametric Map (series {sent.map_series}) and {sent.captures} "
+            f"Secondary Captures (series {sent.capture_series}) to study {study}"
         )
 
     return send
+
+
+def run_batch_pacs(
+    args: argparse.Namespace,
+    load: Callable[[], object],
+    options_of: Callable[[argparse.Namespace, object], dict],
+) -> int:
+    """``krypton batch --dicomweb [URL] --study UID``: every image series of the study
+    (:func:`krypton.pacs.run_study_batch`); ``load()`` gives the volume model,
+    ``options_of(args, model)`` explain()'s options."""
+    from tqdm import tqdm
+
+    from .pacs import run_study_batch
+
+    if args.input:
+        print("error: name either INPUT or --dicomweb, not both", file=sys.stderr)
+        return 2
+    if not args.study:
+        print("error: --dicomweb needs --study STUDY_UID", file=sys.stderr)
+        return 2
+    try:
+        pacs = _pacs(args.dicomweb)
+        model = load()
+        options = options_of(args, model)
+        bar = tqdm(total=0, unit="series", file=sys.stderr, disable=None)
+
+        def progress(done: int, total: int, name: str) -> None:
+            bar.total, bar.n = total, done
+            bar.set_postfix_str(name[-30:])
+
+        try:
+            outcome = run_study_batch(
+                pacs, args.study, model, Path(args.out), options, modality=args.modality,
+                send=args.send, progress=progress,
+            )  # fmt: skip
+        finally:
+            bar.close()
+    except (PacsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    failed = [row for row in outcome.rows if row.error]
+    print(f"{outcome.explained} series explained into {args.out} (summary.csv, index.html)")
+    if args.send:
+        print(
+            f"sent       {len(outcome.sent)} Parametric Maps with their Secondary Captures to "
+            f"study {args.study}; {len(outcome.already_sent)} series had theirs already"
+        )
+    for row in failed:
+        print(f"  not explained: series {row.image}: {row.error}", file=sys.stderr)
+    return 0 if not failed else 1

@@ -6,7 +6,9 @@ and `--send` stores the heatmap back as a DICOM Parametric Map on the source's f
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -117,6 +119,29 @@ def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
     assert drops.max() == pytest.approx(heatmap_prob - values.min(), abs=2e-3)
     mapping = stored.SharedFunctionalGroupsSequence[0].RealWorldValueMappingSequence[0]
     assert mapping.LUTLabel == "DROP" and "drop in P(" in mapping.LUTExplanation
+    assert stored.ContentLabel.startswith("KRYPTON_")  # the result key a batch looks for
+    # each capture names the source slice nearest its own, in the source series
+    capture_uid, captures = added[secondary_capture]
+    first = next(row for row in captures if row["00200013"]["Value"][0] == 1)
+    capture = client.retrieve_instance(study, capture_uid, first["00080018"]["Value"][0])
+    source_uids = {d.SOPInstanceUID for d in stored_series[2]}
+    assert capture.SourceImageSequence[0].ReferencedSOPInstanceUID in source_uids
+    assert capture.ReferencedSeriesSequence[0].SeriesInstanceUID == series
+    assert capture.PatientID == source.PatientID  # the study's patient module, as DICOM asks
+    assert dciodvfy_errors(stored, tmp_path) == []
+    assert dciodvfy_errors(capture, tmp_path) == []
+
+
+def dciodvfy_errors(dataset, folder: Path) -> list[str]:
+    """dicom3tools' IOD verifier's error lines for ``dataset`` (warnings pass: the
+    empty Laterality of a body part that may be paired is one)."""
+    if shutil.which("dciodvfy") is None:
+        pytest.skip("dicom3tools is not installed (.ci/run installs it)")
+    path = folder / f"{dataset.SOPInstanceUID}.dcm"
+    dataset.save_as(path, enforce_file_format=True)
+    checked = subprocess.run(["dciodvfy", str(path)], capture_output=True, text=True, timeout=60)
+    lines = (checked.stdout + checked.stderr).splitlines()
+    return [line for line in lines if line.startswith(("Error", "Abort"))]
 
 
 def test_wrong_credentials_are_refused_and_never_shown(
@@ -139,7 +164,9 @@ def test_no_pacs_configured_and_send_without_a_pacs_source_say_so(
     assert main(["pacs", "studies"]) == 2
     assert "no PACS is configured" in capsys.readouterr().err
     assert main(["explain", str(fundus_png), "--out", str(tmp_path / "x.png"), "--send"]) == 2
-    assert "--send stores the result of a dicomweb: source" in capsys.readouterr().err
+    assert "--send, --study and --series are for a PACS source" in capsys.readouterr().err
+    assert main(["batch", "--out", str(tmp_path / "b"), "--send"]) == 2
+    assert "a PACS study with --dicomweb --study UID" in capsys.readouterr().err
     monkeypatch.setenv("KRYPTON_DICOMWEB_URL", "ftp://pacs")
     assert main(["pacs", "studies"]) == 2
     assert "must start with http:// or https://" in capsys.readouterr().err
@@ -247,3 +274,82 @@ def test_a_series_loads_as_a_volume_with_its_headers(pacs_env, stored_series):
     assert volume.series_uid == series and volume.modality == "CT"
     assert {h.SOPInstanceUID for h in headers} == {d.SOPInstanceUID for d in datasets}
     assert "PixelData" not in headers[0]  # headers only: what a stored result references
+
+
+BATCH_REGION = "16,16,16,32,32,32"  # model voxels: 8 cells at patch 8, stride 8
+
+
+@pytest.fixture(scope="module")
+def five_series_study(orthanc, hu_volume):
+    """One study of five CT series (thin copies of the sample, every third slice)."""
+    from pydicom.uid import generate_uid
+
+    study = generate_uid()
+    pacs = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD))
+    for number in range(5):
+        datasets = ct_series(
+            hu_volume[number::3], (3 * SPACING, SPACING, SPACING), "Five^Series", study_uid=study,
+            description=f"series {number + 1}",
+        )  # fmt: skip
+        dicomweb.store(pacs, datasets, study)
+    return study
+
+
+def _parametric_maps(orthanc: str, study: str) -> list[str]:
+    pacs = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD))
+    return sorted(dicomweb.content_labels(pacs, study, "1.2.840.10008.5.1.4.1.1.30"))
+
+
+def test_a_study_batch_sends_one_map_per_series_and_nothing_when_run_again(
+    pacs_env,
+    five_series_study,
+    volume_model,  # noqa: F811
+    tmp_path,
+    capsys,
+):
+    study = five_series_study
+    command = [
+        "batch", "--dicomweb", "--study", study, "--model", "ct-test", "--patch", "8",
+        "--stride", "8", "--region", BATCH_REGION, "--out", str(tmp_path / "out"), "--send",
+    ]  # fmt: skip
+    assert main(command) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "5 series explained" in printed and "sent       5 Parametric Maps" in printed
+    labels = _parametric_maps(pacs_env, study)
+    assert len(labels) == 5  # one key per series: the same model and settings, five sources
+    summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
+    assert len(summary) == 6 and all(",exact," in line for line in summary[1:])
+
+    assert main(command) == 0  # again, the same settings: every result is there already
+    printed = capsys.readouterr().out
+    assert "0 series explained" in printed
+    assert "sent       0 Parametric Maps" in printed and "5 series had theirs already" in printed
+    assert _parametric_maps(pacs_env, study) == labels
+    # nothing lost locally: the summary still lists the five
+    assert len((tmp_path / "out" / "summary.csv").read_text().splitlines()) == 6
+
+    assert main([*command, "--modality", "CT", "--stride", "4"]) == 0  # other settings
+    assert "sent       5 Parametric Maps" in capsys.readouterr().out
+    assert len(_parametric_maps(pacs_env, study)) == 10
+
+
+def test_explain_names_a_pacs_study_with_flags(
+    pacs_env,
+    stored_series,
+    five_series_study,
+    volume_model,  # noqa: F811
+    tmp_path,
+    capsys,
+):
+    study, series, _ = stored_series
+    out = tmp_path / "flags"
+    command = [
+        "explain", "--dicomweb", pacs_env, "--study", study, "--model", "ct-test",
+        "--patch", "8", "--stride", "8", "--region", BATCH_REGION, "--out", str(out),
+    ]  # fmt: skip
+    assert main(command) == 0, capsys.readouterr().err  # its one image series, found
+    assert "positions  8 evaluated" in capsys.readouterr().out
+    assert out.with_suffix(".npy").exists()
+    command[4] = five_series_study
+    assert main(command) == 2
+    assert "has 5 image series: name one with --series" in capsys.readouterr().err

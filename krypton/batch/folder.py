@@ -42,10 +42,15 @@ from ..render.overlay import heatmap_picture
 __all__ = [
     "BatchItem",
     "BatchRow",
+    "batch_settings",
     "collect_inputs",
+    "done_row",
     "explain_item",
     "heatmap_files",
     "run_batch",
+    "store_outputs",
+    "write_contact_sheet",
+    "write_summary",
     "SUMMARY_FIELDS",
 ]
 
@@ -189,7 +194,7 @@ def _label_index(label: str | None, model: LoadedModel) -> int | None:
     return index
 
 
-def _done_row(out_dir: Path, item: BatchItem, settings: str) -> BatchRow | None:
+def done_row(out_dir: Path, item: BatchItem, settings: str) -> BatchRow | None:
     """The row of an image a previous run finished with the same settings (its .json
     and outputs exist); other settings mean the image is explained again."""
     record = out_dir / f"{item.name}.json"
@@ -366,6 +371,7 @@ def _explain_volume_item(
         heatmap = explain(model, tensor, label=_label_index(label, model), **options)
         files = volume_files(heatmap, prepared, model, warning=caveat(heatmap.extra.get("ood")))
         _fill_row(row, heatmap, model, started)
+        row.extra = {"heatmap": heatmap, "prepared": prepared}  # a PACS run sends them
         if methods:
             background = tensor[0].numpy()
             files.update(method_files(model, tensor, heatmap, options, methods, background, row))
@@ -382,7 +388,9 @@ def _explain_volume_item(
 Submit = Callable[[list[BatchItem]], Iterator[tuple[BatchItem, BatchRow, dict[str, bytes]]]]
 
 
-def _store(out_dir: Path, item: BatchItem, row: BatchRow, files: dict, settings: str) -> None:
+def store_outputs(
+    out_dir: Path, item: BatchItem, row: BatchRow, files: dict, settings: str
+) -> None:
     """Write an image's files, then its .json record (the image is done only then)."""
     if row.error:
         return
@@ -398,6 +406,16 @@ def _store(out_dir: Path, item: BatchItem, row: BatchRow, files: dict, settings:
     temporary = out_dir / f".{item.name}.json.tmp"
     temporary.write_text(json.dumps(record))
     temporary.replace(out_dir / f"{item.name}.json")
+
+
+def batch_settings(model: LoadedModel, options: dict, window=None, frame=None) -> str:
+    """The settings a finished image's record carries: a later run with the same ones
+    skips it (:func:`done_row`)."""
+    return json.dumps(
+        {"model": model.name, "window": window, "frame": frame, **options},
+        sort_keys=True,
+        default=str,
+    )
 
 
 def run_batch(
@@ -420,15 +438,11 @@ def run_batch(
     """
     items = list(items)
     out_dir.mkdir(parents=True, exist_ok=True)
-    settings = json.dumps(
-        {"model": model.name, "window": window, "frame": frame, **options},
-        sort_keys=True,
-        default=str,
-    )
+    settings = batch_settings(model, options, window, frame)
     rows: dict[str, BatchRow] = {}
     todo = []
     for item in items:
-        done = _done_row(out_dir, item, settings)
+        done = done_row(out_dir, item, settings)
         if done is not None:
             rows[item.name] = done
         else:
@@ -445,7 +459,7 @@ def run_batch(
     else:
         outcomes = submit(todo)
     for item, row, files in outcomes:
-        _store(out_dir, item, row, files, settings)
+        store_outputs(out_dir, item, row, files, settings)
         rows[item.name] = row
         if submit is not None and progress is not None:
             progress(len(rows), len(items), item.path.name)

@@ -6,7 +6,8 @@ The PACS is configured by whoever runs Krypton, never by a page or a caller's UR
 ``KRYPTON_DICOMWEB_PASSWORD`` or ``KRYPTON_DICOMWEB_TOKEN`` (a bearer token); each secret
 may instead be read from the file ``KRYPTON_DICOMWEB_PASSWORD_FILE`` /
 ``KRYPTON_DICOMWEB_TOKEN_FILE``. An https URL is verified against the system's
-certificates. Secrets never appear in a message, a repr or a log line.
+certificates. Secrets never appear in a message, a repr or a log line. A response that
+sends nothing for ``KRYPTON_DICOMWEB_TIMEOUT_SECONDS`` (default 10) is refused.
 
 A series comes in through the same limits as a series read from disk: its instances are
 listed first (QIDO, with their rows, columns, samples, bits and frames), and the listing
@@ -29,6 +30,7 @@ from pathlib import Path
 import requests
 from requests.adapters import HTTPAdapter
 
+from .._environment import SettingError, library_setting
 from ._decoding import ImageLoadError
 from .volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
 
@@ -41,11 +43,12 @@ __all__ = [
     "find_studies",
     "find_series",
     "fetch_series",
+    "fetch_series_zip",
     "load_series",
+    "content_labels",
     "store",
 ]
 
-TIMEOUT_SECONDS = 30.0  # a PACS response that sends nothing for this long is refused
 HEADER_SLACK = 64 * 1024  # an instance's bytes beyond its pixels: its header, multipart framing
 _INSTANCE_FIELDS = ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "NumberOfFrames")
 
@@ -62,7 +65,7 @@ class PacsSettings:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
-    timeout: float = TIMEOUT_SECONDS
+    timeout: float = 10.0  # seconds without a byte: KRYPTON_DICOMWEB_TIMEOUT_SECONDS
 
     @classmethod
     def from_environment(cls, environ: dict | None = None) -> PacsSettings | None:
@@ -82,7 +85,11 @@ class PacsSettings:
             )
         if token and user:
             raise PacsError("set a user and password or a token for the PACS, not both")
-        return cls(url.rstrip("/"), user, password, token)
+        try:
+            timeout = library_setting("KRYPTON_DICOMWEB_TIMEOUT_SECONDS")
+        except SettingError as exc:
+            raise PacsError(str(exc)) from None
+        return cls(url.rstrip("/"), user, password, token, timeout)
 
 
 def _secret(environ: dict, name: str) -> str | None:
@@ -310,9 +317,12 @@ def _declared_bytes(row: dict, uid: str) -> int:
     return rows * columns * samples * frames * max(bits, 8) // 8
 
 
-def fetch_series(pacs: Pacs, study_uid: str, series_uid: str, folder: Path) -> list[Path]:
+def fetch_series(
+    pacs: Pacs, study_uid: str, series_uid: str, folder: Path, max_bytes: int | None = None
+) -> list[Path]:
     """Fetch one series' instances into ``folder``, within the limits in the module
-    docstring; the files written."""
+    docstring and, where given, ``max_bytes`` of declared pixels (the app's volume
+    limit); the files written."""
     with _answers("the instance listing"):
         listing = pacs.client.search_for_instances(  # type: ignore[attr-defined]
             study_uid, series_uid, fields=list(_INSTANCE_FIELDS), get_remaining=True
@@ -324,6 +334,11 @@ def fetch_series(pacs: Pacs, study_uid: str, series_uid: str, folder: Path) -> l
     declared = {str(_value(row, "00080018")): row for row in listing}
     sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
     check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
+    if max_bytes is not None and sum(sizes.values()) > max_bytes:
+        raise PacsError(
+            f"series {series_uid} holds {sum(sizes.values()) / 2**20:.0f} MB of pixels, over "
+            f"the {max_bytes / 2**20:g} MB a volume may have here"
+        )
     written = []
     for number, (uid, size) in enumerate(sizes.items()):
         limit = size + HEADER_SLACK
@@ -336,6 +351,23 @@ def fetch_series(pacs: Pacs, study_uid: str, series_uid: str, folder: Path) -> l
         dataset.save_as(path, enforce_file_format=True)
         written.append(path)
     return written
+
+
+def fetch_series_zip(
+    pacs: Pacs, study_uid: str, series_uid: str, max_bytes: int | None = None
+) -> bytes:
+    """One series' instances (:func:`fetch_series`, within its limits) as the bytes of a
+    zip, as a user uploads a series: what the app keeps and reads."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
+        files = fetch_series(pacs, study_uid, series_uid, Path(folder), max_bytes)
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for path in files:
+                archive.write(path, path.name)
+    return buffer.getvalue()
 
 
 def load_series(pacs: Pacs, study_uid: str, series_uid: str) -> tuple[Volume, list]:
@@ -354,3 +386,14 @@ def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
     """Store ``datasets`` in the study ``study_uid`` (STOW-RS)."""
     with _answers("storing the result"):
         pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
+
+
+def content_labels(pacs: Pacs, study_uid: str, sop_class_uid: str) -> set[str]:
+    """The Content Labels of the study's instances of one SOP class (QIDO-RS): how a
+    stored result is recognised again."""
+    with _answers("the result search"):
+        rows = pacs.client.search_for_instances(  # type: ignore[attr-defined]
+            study_uid, search_filters={"SOPClassUID": sop_class_uid}, fields=["00700080"],
+            get_remaining=True,
+        )  # fmt: skip
+    return {str(_value(row, "00700080")) for row in rows if _value(row, "00700080")}

@@ -14,7 +14,7 @@ from PIL import Image
 from ..io.dicom import _read, load_dicom
 from .overlay import OverlayStyle, overlay, styled_heatmap
 
-__all__ = ["heatmap_capture", "heatmap_sc_image", "secondary_capture"]
+__all__ = ["heatmap_capture", "heatmap_sc_image", "reference_source", "secondary_capture"]
 
 
 _AXIS_LETTERS = (("L", "R"), ("P", "A"), ("H", "F"))  # +x, -x; +y, -y; +z, -z (LPS)
@@ -89,7 +89,33 @@ def heatmap_sc_image(
     capture.ImageComments = comments[:10240]
     capture.BurnedInAnnotation = "NO"
     capture.ImageType = ["DERIVED", "SECONDARY"]
+    # General Series' Laterality is Type 2C (paired body parts): the source's, else empty
+    capture.Laterality = header.get("Laterality") or ""
     return capture
+
+
+def reference_source(capture, source, frame: int | None = None) -> None:
+    """Name ``source`` (a dataset) as the image ``capture`` was derived from: its Source
+    Image Sequence (with the frame, for a multi-frame source) and the Common Instance
+    Reference's series and instance, which DICOM allows only beside such a reference."""
+    from pydicom.dataset import Dataset
+
+    if "SOPInstanceUID" not in source:
+        return
+    reference = Dataset()
+    reference.ReferencedSOPClassUID = source.SOPClassUID
+    reference.ReferencedSOPInstanceUID = source.SOPInstanceUID
+    if frame is not None and int(source.get("NumberOfFrames", 1) or 1) > 1:
+        reference.ReferencedFrameNumber = frame + 1
+    capture.SourceImageSequence = [reference]
+    if "SeriesInstanceUID" in source:
+        instance = Dataset()
+        instance.ReferencedSOPClassUID = source.SOPClassUID
+        instance.ReferencedSOPInstanceUID = source.SOPInstanceUID
+        series = Dataset()
+        series.SeriesInstanceUID = source.SeriesInstanceUID
+        series.ReferencedInstanceSequence = [instance]
+        capture.ReferencedSeriesSequence = [series]
 
 
 def secondary_capture(
@@ -111,7 +137,6 @@ def secondary_capture(
     patient; a PACS that files by patient ID needs ``include_identity=True``.
     """
     import pydicom
-    from pydicom.dataset import Dataset
     from pydicom.uid import generate_uid
 
     dataset, _ = _read(source)
@@ -138,21 +163,7 @@ def secondary_capture(
     capture.DerivationDescription = (
         f"Occlusion sensitivity heatmap over frame {frame} of the source image"
     )[:1024]
-    if "SOPInstanceUID" in dataset:
-        reference = Dataset()
-        reference.ReferencedSOPClassUID = dataset.SOPClassUID
-        reference.ReferencedSOPInstanceUID = dataset.SOPInstanceUID
-        if int(dataset.get("NumberOfFrames", 1) or 1) > 1:
-            reference.ReferencedFrameNumber = frame + 1
-        capture.SourceImageSequence = [reference]
-        if "SeriesInstanceUID" in dataset:
-            instance = Dataset()
-            instance.ReferencedSOPClassUID = dataset.SOPClassUID
-            instance.ReferencedSOPInstanceUID = dataset.SOPInstanceUID
-            series = Dataset()
-            series.SeriesInstanceUID = dataset.SeriesInstanceUID
-            series.ReferencedInstanceSequence = [instance]
-            capture.ReferencedSeriesSequence = [series]
+    reference_source(capture, dataset, frame)
     buffer = io.BytesIO()
     pydicom.dcmwrite(buffer, capture, enforce_file_format=True)
     return buffer.getvalue()

@@ -38,11 +38,14 @@ def parametric_map(
     model_name: str,
     class_name: str,
     series_number: int = 9901,
+    content_label: str = "OCCLUSION",
 ):
     """The Parametric Map of ``heatmap`` (a volume's, over the model's input block of
     ``shape``) whose voxels map to the patient frame by ``voxel_affine`` (RAS+, the
     prepared volume's),
-    referencing the source series' datasets ``sources`` (headers suffice)."""
+    referencing the source series' datasets ``sources`` (headers suffice).
+    ``content_label``: what a later search recognises the map by (DICOM's CS, at most 16
+    upper-case letters, digits and underscores)."""
     import highdicom as hd
     from pydicom.sr.codedict import codes
 
@@ -81,13 +84,22 @@ def parametric_map(
         device_serial_number="none",
         contains_recognizable_visual_features=False,
         real_world_value_mappings=[mapping],
+        # drops are fractions of a probability: a window under 1 wide, which DICOM allows
+        # only with the LINEAR_EXACT function (dciodvfy refuses plain LINEAR)
         voi_lut_transformations=[
-            hd.VOILUTTransformation(window_center=max(high, 1e-6) / 2, window_width=max(high, 1e-6))
+            hd.VOILUTTransformation(
+                window_center=max(high, 1e-6) / 2,
+                window_width=max(high, 1e-6),
+                window_explanation="0 to the largest drop",
+                voi_lut_function=hd.VOILUTFunctionValues.LINEAR_EXACT,
+            )
         ],
-        content_label="OCCLUSION",
+        content_label=content_label,
         content_description=what[:64],
     )
     created.SeriesDescription = what[:64]
+    # General Series' Laterality is Type 2C (paired body parts): the source's, else empty
+    created.Laterality = sources[0].get("Laterality") or ""
     return created
 
 

@@ -1,0 +1,199 @@
+"""Explanations of PACS series, sent back to their studies.
+
+A volume's result goes into the source study as two new series
+(:func:`send_volume_result`): a DICOM Parametric Map of the drop in the class's
+probability on the source's frame of reference, and a Secondary Capture per axial slice
+of the explained block, each naming the source slice nearest it, for viewers without
+Parametric Maps. Both carry the study's patient modules, as DICOM requires.
+
+Every map Krypton stores carries a result key as its Content Label: a digest of the
+source series, the model (name and weights) and the run's settings
+(:func:`result_key`). A study batch (:func:`run_study_batch`) asks the PACS which keys
+its study holds and explains only the series whose result is not there, so a run
+repeated with the same model and settings sends nothing new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .io.dicomweb import Pacs, PacsError, SeriesRow, content_labels, fetch_series, find_series
+
+__all__ = [
+    "PARAMETRIC_MAP_STORAGE",
+    "NOT_IMAGES",
+    "StudyBatch",
+    "explainable_series",
+    "result_key",
+    "run_study_batch",
+    "send_volume_result",
+]
+
+PARAMETRIC_MAP_STORAGE = "1.2.840.10008.5.1.4.1.1.30"
+KEY_PREFIX = "KRYPTON_"  # + 8 hex digits: 16 characters, DICOM's limit for a Content Label
+# series a study batch never explains: results, reports and other objects without images
+NOT_IMAGES = frozenset(
+    {"OT", "SR", "SEG", "PR", "KO", "REG", "RTSTRUCT", "RTPLAN", "RTDOSE", "RWV", "DOC"}
+)
+
+
+def result_key(series_uid: str, model, settings: dict) -> str:
+    """The Content Label of ``model``'s result for the source series ``series_uid`` under
+    ``settings`` (explain()'s options and the label asked for): the same inputs give the
+    same key, other weights or settings another."""
+    from ._fingerprint import model_fingerprint
+
+    weights = model_fingerprint(model.module)[1]
+    described = json.dumps(
+        {"series": series_uid, "model": model.name, "weights": weights, **settings},
+        sort_keys=True,
+        default=str,
+    )
+    return KEY_PREFIX + hashlib.sha256(described.encode()).hexdigest()[:8].upper()
+
+
+@dataclass(frozen=True)
+class SentResult:
+    """What one send stored: the map's series and the captures' series."""
+
+    map_series: str
+    capture_series: str
+    captures: int
+
+
+def send_volume_result(
+    pacs: Pacs, study_uid: str, model, prepared, heatmap, sources: list, key: str
+) -> SentResult:
+    """Store ``heatmap`` (a volume's, ``prepared`` the model's view of the source whose
+    headers are ``sources``) in the study: the Parametric Map labelled ``key`` and the
+    Secondary Capture series, in one STOW-RS request (the PACS takes both or says which
+    it refused)."""
+    import io
+
+    import pydicom
+
+    from .io.dicomweb import store
+    from .render.dicom_series import capture_series, nearest_sources, slice_pictures
+    from .render.parametric_map import parametric_map
+
+    class_name = model.class_name(heatmap.label)
+    created = parametric_map(
+        heatmap, tuple(model.input_size), prepared.affine, sources, model_name=model.name,
+        class_name=class_name, content_label=key,
+    )  # fmt: skip
+    pictures = slice_pictures(model.windowed(prepared), heatmap)
+    captures = capture_series(
+        sources[0], pictures, description=f"Krypton heatmap {class_name}",
+        comments=f"{created.SeriesDescription}. Not a diagnosis: shows where occluding "
+        f"the volume changed the model's output.",
+        include_identity=True,
+        sources=nearest_sources(sources, prepared.affine, len(pictures)),
+    )  # fmt: skip
+    datasets = [pydicom.dcmread(io.BytesIO(data)) for data in captures]
+    store(pacs, [created, *datasets], study_uid)
+    return SentResult(created.SeriesInstanceUID, datasets[0].SeriesInstanceUID, len(datasets))
+
+
+def explainable_series(pacs: Pacs, study_uid: str, modality: str | None = None) -> list[SeriesRow]:
+    """The study's image series a volume model can explain: ``modality``'s where given,
+    else every series but results, reports and other objects without images
+    (:data:`NOT_IMAGES`)."""
+    found = find_series(pacs, study_uid)
+    if modality:
+        return [row for row in found if row.modality.upper() == modality.upper()]
+    return [row for row in found if row.modality.upper() not in NOT_IMAGES]
+
+
+@dataclass
+class StudyBatch:
+    """A study batch's outcome: every series' row, what was sent and what was there."""
+
+    rows: list = field(default_factory=list)
+    explained: int = 0  # by this run (rows also holds earlier runs' for series skipped)
+    sent: list[SentResult] = field(default_factory=list)
+    already_sent: list[str] = field(default_factory=list)  # series whose result was there
+
+
+def run_study_batch(
+    pacs: Pacs,
+    study_uid: str,
+    model,
+    out_dir: Path,
+    options: dict,
+    *,
+    label: str | None = None,
+    modality: str | None = None,
+    send: bool = True,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> StudyBatch:
+    """Explain each series of the study (:func:`explainable_series`) with the volume
+    ``model`` into ``out_dir`` (the files ``krypton batch`` writes per volume, then
+    summary.csv and index.html) and, with ``send``, store each result in the study.
+
+    With ``send``, a series whose result (:func:`result_key`) the study already holds is
+    neither fetched nor explained again. A series that cannot be fetched or explained
+    gets a row with its error and the run goes on; a refused send ends the run (the
+    PACS's message is the error), results sent before it stay."""
+    from .batch.folder import (
+        BatchItem,
+        BatchRow,
+        batch_settings,
+        done_row,
+        explain_item,
+        store_outputs,
+        write_contact_sheet,
+        write_summary,
+    )
+
+    if not model.is_volume:
+        raise ValueError(f"{model.name} is a 2-D model; a study batch explains series as volumes")
+    series = explainable_series(pacs, study_uid, modality)
+    there = content_labels(pacs, study_uid, PARAMETRIC_MAP_STORAGE) if send else set()
+    settings = batch_settings(model, options)
+    outcome = StudyBatch()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for number, found in enumerate(series):
+        item = BatchItem(Path(found.series_uid), f"series-{found.series_uid}", label)
+        if progress is not None:
+            progress(number, len(series), found.description or found.series_uid)
+        key = result_key(found.series_uid, model, {**options, "label": label})
+        if send and key in there:
+            outcome.already_sent.append(found.series_uid)
+            kept = done_row(out_dir, item, settings)
+            if kept is not None:
+                outcome.rows.append(kept)
+            continue
+        with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
+            try:
+                files = fetch_series(pacs, study_uid, found.series_uid, Path(folder))
+            except PacsError as exc:
+                outcome.rows.append(BatchRow(image=found.series_uid, error=str(exc)))
+                continue
+            row, outputs = explain_item(Path(folder), label, model, options, image=found.series_uid)
+            sources = _headers(files)
+        store_outputs(out_dir, item, row, outputs, settings)
+        outcome.rows.append(row)
+        outcome.explained += not row.error
+        if send and not row.error:
+            extra = row.extra
+            outcome.sent.append(send_volume_result(
+                pacs, study_uid, model, extra["prepared"], extra["heatmap"], sources, key
+            ))  # fmt: skip
+    if progress is not None:
+        progress(len(series), len(series), "")
+    if outcome.rows:
+        write_summary(out_dir, outcome.rows)
+        write_contact_sheet(out_dir, outcome.rows, model)
+    return outcome
+
+
+def _headers(files: list[Path]) -> list:
+    """The fetched instances' headers (what a stored result references)."""
+    import pydicom
+
+    return [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
