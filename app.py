@@ -93,6 +93,7 @@ def create_app(
         volume_model_options(),
         default_volume_model(),
         settings.max_volume_bytes,
+        settings.pacs is not None,
     )
     register_callbacks(app, manager, services)
     app.krypton_celery = getattr(manager, "handle", None)  # what `make worker` serves

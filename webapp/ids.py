@@ -137,6 +137,19 @@ VOLUME_SAMPLE = "volume-sample"  # {"type": VOLUME_SAMPLE, "name": ...}
 VOLUME_COMPARE_SAMPLE = "volume-compare-sample"  # ... and its Compare button
 VOLUME_COMPARE_PENDING = "volume-compare-pending"  # that volume: run once it is shown
 VOLUME_COMPARE_PANEL = "volume-compare-panel"  # a row of three views per method
+# The operator's PACS (only when one is configured): search, a study's series, open one
+# (the server names it in VOLUME_TICKET, so it loads as an upload does), send a result
+PACS_PATIENT = "pacs-patient"
+PACS_DATES = "pacs-dates"
+PACS_MODALITY = "pacs-modality"
+PACS_ACCESSION = "pacs-accession"
+PACS_SEARCH = "pacs-search"
+PACS_STUDY = "pacs-study"
+PACS_SERIES = "pacs-series"
+PACS_OPEN = "pacs-open"
+PACS_MESSAGE = "pacs-message"
+PACS_SEND = "pacs-send"
+PACS_SENT = "pacs-sent"
 
 # view -> its graph and its slider
 VOLUME_GRAPHS = (

@@ -716,8 +716,10 @@ def build_layout(
     volume_models: list[dict] | None = None,
     default_volume: str | None = None,
     max_volume_bytes: int = 200 * 2**20,
+    pacs: bool = False,
 ) -> html.Div:
-    """The whole page; a function so every browser tab gets its own session id."""
+    """The whole page; a function so every browser tab gets its own session id. ``pacs``:
+    the operator configured a PACS (the volume panel searches it)."""
 
     return html.Div(
         [
@@ -755,7 +757,7 @@ def build_layout(
             ),
             # the Compare view, the page's width: three maps side by side (panels.compare)
             html.Section(id=ids.COMPARE_PANEL, className="panel compare"),
-            volume_section(volume_models or [], default_volume, max_volume_bytes),
+            volume_section(volume_models or [], default_volume, max_volume_bytes, pacs),
             html.Footer(
                 "Red cells mark where occluding the image lowers the class probability "
                 "most. Relative scale: 0.75p to min(1, 1.25p), p = unoccluded "

@@ -25,6 +25,7 @@ from .client import request_client
 from .helpers import VOLUME_MODEL_REASON, InputError
 from .image_store import ImageStore
 from .jobs import JobQueue, running_as
+from .pacs import PacsSources
 from .settings import ServerSettings
 from .uploads import UploadStore
 
@@ -65,6 +66,7 @@ class Services:
         # keyed apart by a leading "volume", in Redis in team mode)
         self.volumes = volume_runs.VolumeCache()
         self.volume_sources = volume_runs.VolumeCache(max_items=1)  # source voxels are large
+        self.pacs_sources = PacsSources()  # stored series opened from the PACS: their study
         self._intakes: dict[str, list] = {}  # client -> [its lock, requests holding or waiting]
         self._intakes_lock = threading.Lock()  # not self._lock: that one is held while loading
 

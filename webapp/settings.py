@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from krypton._environment import SettingError, check_library_settings, number_setting
+from krypton.io.dicomweb import PacsSettings
 
 __all__ = ["ServerSettings", "SettingsError", "LOCAL_HOSTS", "BROKER_ENV"]
 
@@ -77,6 +78,16 @@ def _device() -> str:
     return text
 
 
+def _pacs() -> PacsSettings | None:
+    """The operator's PACS, or None; a bad setting stops the server with its one line."""
+    from krypton.io.dicomweb import PacsError
+
+    try:
+        return PacsSettings.from_environment()
+    except PacsError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Limits and access rules of one server process."""
@@ -131,6 +142,9 @@ class ServerSettings:
     username: str | None = None
     password: str | None = None
     auth_header: str | None = None  # set by a trusted reverse proxy, e.g. X-Forwarded-User
+    # The operator's PACS (KRYPTON_DICOMWEB_URL and its sign-in, krypton.io.dicomweb): the
+    # volume panel searches and opens its series and sends results back. None: no PACS.
+    pacs: PacsSettings | None = field(default=None, repr=False)
 
     @classmethod
     def from_environment(cls, bind_host: str | None = None) -> ServerSettings:
@@ -188,6 +202,7 @@ class ServerSettings:
             username=username,
             password=password,
             auth_header=os.environ.get("KRYPTON_AUTH_HEADER") or None,
+            pacs=_pacs(),
         )
 
     @property

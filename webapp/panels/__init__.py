@@ -1,9 +1,9 @@
 """The page's callbacks, one module per panel: image (loading, DICOM window, region),
 settings (prediction, controls, estimate), run (Run/Cancel, progress, live picture),
 result (heatmap, summary, downloads), compare (three methods side by side), models
-(adding your own) and volume (a CT or MR volume in three linked views, its run and
-exports). Each panel is a class
-handed the server's Services; its callbacks are its methods (testable without a
+(adding your own), volume (a CT or MR volume in three linked views, its run and
+exports) and pacs (the volume panel's search of the operator's PACS, and Send). Each
+panel is a class handed the server's Services; its callbacks are its methods (testable without a
 browser), attached by ``register``. No tensor algebra and no run orchestration here:
 those are krypton and webapp.runs."""
 
@@ -13,6 +13,7 @@ from ..services import Services
 from .compare import ComparePanel
 from .image import ImagePanel
 from .models import ModelsPanel, model_options
+from .pacs import PacsPanel
 from .result import ResultPanel
 from .run import RUN_MESSAGE_OUTPUT, RUN_OUTPUTS, RunPanel, waiting_progress
 from .settings import SettingsPanel
@@ -39,5 +40,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         ModelsPanel(services),
         VolumePanel(services, manager),
         ComparePanel(),
+        PacsPanel(services),
     ):
         panel.register(app)

@@ -14,7 +14,7 @@ from dash.exceptions import PreventUpdate
 from krypton.registry import available_models
 from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
-from .. import comparison, ids, volume_runs, volume_views, wording
+from .. import comparison, ids, pacs, volume_runs, volume_views, wording
 from ..exports import export_stem
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError, fill_for_display, owner_tag
@@ -304,6 +304,8 @@ class VolumePanel:
         session = str(session or "")
         ticket = ticket if isinstance(ticket, dict) else {}
         name = str(ticket.get("name") or "the volume")
+        if isinstance(ticket.get("pacs"), dict):
+            return self.pacs_volume(ticket["pacs"], name, session)
         try:
             if ticket.get("error"):
                 raise InputError(str(ticket["error"]))
@@ -313,6 +315,25 @@ class VolumePanel:
         except InputError as exc:
             return no_update, no_update, str(exc), None
         return self.open_volume(data, name, session)
+
+    def pacs_volume(self, chosen: dict, name: str, session: str):
+        """A series of the operator's PACS (webapp.panels.pacs names it): fetched within
+        the volume limit by this client's one intake, then read as an upload is; the
+        server remembers its study, where Send stores the result."""
+        study, series = str(chosen.get("study", "")), str(chosen.get("series", ""))
+        try:
+            with self.services.intake():
+                data = pacs.fetch_series_bytes(
+                    self.services.settings.pacs, study, series,
+                    self.services.settings.max_volume_bytes,
+                )  # fmt: skip
+        except InputError as exc:
+            return no_update, no_update, str(exc), None
+        record, region, message, pending = self.open_volume(data, name, session)
+        if not message:
+            self.services.pacs_sources.remember(record["key"], session, study, series)
+            record["pacs"] = True
+        return record, region, message, pending
 
     def sample_volume(self, name: str, session, compare: bool = False):
         """A shipped sample, read as an upload is; with ``compare`` its record is also

@@ -1,0 +1,127 @@
+"""The app's side of the operator's PACS (:mod:`krypton.io.dicomweb`): what the page's
+search lists, the series a tab opened from it, and the result sent back.
+
+The page never names a PACS: the server's settings do (``KRYPTON_DICOMWEB_URL``), and
+the sign-in never reaches the page. A series opened from the PACS comes in through the
+volume panel's intake (one read at a time per client, the volume size limit and the
+decode budget, checked from the PACS's listing before any pixel), and is kept as an
+upload is: a zip of the series in the tab's store. Which study a stored series came from
+is remembered here, on the server, so a result is sent only into the study of a series
+this tab opened from the PACS, whatever the page says.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from krypton.io.dicomweb import (
+    PacsError,
+    PacsSettings,
+    connect,
+    fetch_series_zip,
+    find_series,
+    find_studies,
+)
+from krypton.pacs import NOT_IMAGES
+
+from .helpers import InputError, owner_tag
+
+__all__ = ["PacsSources", "study_options", "series_options", "fetch_series_bytes"]
+
+STUDIES_LISTED = 50  # a search lists at most this many studies
+
+
+class PacsSources:
+    """Stored series a tab opened from the PACS: (stored key, tab) -> (study, series),
+    the most recent ``limit``."""
+
+    def __init__(self, limit: int = 1024):
+        self._opened: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def remember(self, key: str, session: str, study: str, series: str) -> None:
+        with self._lock:
+            self._opened[(key, owner_tag(session))] = (study, series)
+            self._opened.move_to_end((key, owner_tag(session)))
+            while len(self._opened) > self._limit:
+                self._opened.popitem(last=False)
+
+    def origin(self, key: str, session: str) -> tuple[str, str] | None:
+        """(study, series) of the series this tab stored under ``key``, or None."""
+        with self._lock:
+            return self._opened.get((key, owner_tag(session)))
+
+
+def _pacs(settings: PacsSettings | None):
+    if settings is None:
+        raise InputError("no PACS is configured on this server")
+    return connect(settings)
+
+
+def study_options(
+    settings: PacsSettings | None,
+    patient: str | None,
+    dates: str | None,
+    modality: str | None,
+    accession: str | None,
+) -> list[dict]:
+    """The studies a search finds, as dropdown options (value: the study UID). The
+    patient field is tried as a patient ID, then as part of a name."""
+    low = high = None
+    if dates and dates.strip():
+        low, _, high = dates.strip().partition("-")
+        if not (low.isdigit() and high.isdigit() and len(low) == len(high) == 8):
+            raise InputError("dates are YYYYMMDD-YYYYMMDD, e.g. 20260101-20261231")
+    patient = (patient or "").strip() or None
+    filters = {
+        "dates": (low, high) if low else None,
+        "modality": (modality or "").strip().upper() or None,
+        "accession": (accession or "").strip() or None,
+        "limit": STUDIES_LISTED,
+    }
+    try:
+        pacs = _pacs(settings)
+        rows = find_studies(pacs, patient_id=patient, **filters)
+        if not rows and patient:
+            rows = find_studies(pacs, patient_name=f"*{patient}*", **filters)
+    except PacsError as exc:
+        raise InputError(str(exc)) from None
+    return [
+        {
+            "label": f"{row.date or '-'}  {row.patient_name or '-'} ({row.patient_id or '-'})  "
+            f"{'/'.join(row.modalities) or '-'}  {row.description}".strip(),
+            "value": row.study_uid,
+        }
+        for row in rows
+    ]
+
+
+def series_options(settings: PacsSettings | None, study: str) -> list[dict]:
+    """A study's series as dropdown options (value: the series UID); series without
+    images (results, reports) are listed but cannot be chosen."""
+    try:
+        rows = find_series(_pacs(settings), study)
+    except PacsError as exc:
+        raise InputError(str(exc)) from None
+    options = []
+    for row in sorted(rows, key=lambda r: (r.number is None, r.number or 0)):
+        count = "?" if row.instances is None else row.instances
+        options.append({
+            "label": f"{row.modality} {row.description or row.series_uid[-12:]} ({count} images)",
+            "value": row.series_uid,
+            "disabled": row.modality.upper() in NOT_IMAGES,
+        })  # fmt: skip
+    return options
+
+
+def fetch_series_bytes(
+    settings: PacsSettings | None, study: str, series: str, max_bytes: int
+) -> bytes:
+    """One series as a zip's bytes, within the volume limit ``max_bytes`` and the
+    intake's limits (refused by the PACS's own listing before any pixel is fetched)."""
+    try:
+        return fetch_series_zip(_pacs(settings), study, series, max_bytes=max_bytes)
+    except PacsError as exc:
+        raise InputError(str(exc)) from None
