@@ -189,7 +189,7 @@ class _LyingPacs:
     """A hostile DICOMweb server (an attacker's, so not Orthanc): it lists one 2x2
     instance and then sends a megabyte for it, or stalls."""
 
-    def __init__(self, stall: float = 0.0):
+    def __init__(self, stall: float = 0.0, html: bool = False):
         import http.server
         import threading
 
@@ -217,6 +217,14 @@ class _LyingPacs:
                     self.wfile.write(body)
                     return
                 time.sleep(stall_for)
+                if html:  # a login page or a proxy's error page where DICOM was asked for
+                    page = b"<html><body>Please sign in</body></html>"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
                 boundary = "lie"
                 body = (
                     f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode()
@@ -251,6 +259,19 @@ def test_a_pacs_that_sends_more_than_it_listed_or_stalls_is_refused(tmp_path, st
         with pytest.raises(dicomweb.PacsError, match=expected):
             dicomweb.fetch_series(pacs, "1.2", "1.2.3", tmp_path)
         assert not list(tmp_path.iterdir())  # nothing kept
+    finally:
+        lying.close()
+
+
+def test_a_pacs_that_answers_with_another_content_type_is_refused(tmp_path):
+    lying = _LyingPacs(html=True)
+    try:
+        pacs = dicomweb.connect(dicomweb.PacsSettings(lying.url, timeout=1.0))
+        started = time.monotonic()
+        with pytest.raises(dicomweb.PacsError, match="cannot be read .it sent text/html, not"):
+            dicomweb.fetch_series(pacs, "1.2", "1.2.3", tmp_path)
+        assert time.monotonic() - started < 10
+        assert not list(tmp_path.iterdir())
     finally:
         lying.close()
 

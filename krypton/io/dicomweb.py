@@ -21,6 +21,7 @@ fetched files are then read by :func:`krypton.io.volumes.read_dicom_series`.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -230,9 +231,9 @@ def _answers(what: str) -> Iterator[None]:
     except requests.ConnectionError:
         raise PacsError(f"the PACS cannot be reached for {what}") from None
     except (requests.RequestException, ValueError, KeyError) as exc:
-        raise PacsError(
-            f"the PACS's answer to {what} cannot be read ({type(exc).__name__})"
-        ) from None
+        media = re.search(r'media type: "([\w.+/-]{1,64})"', str(exc))
+        reason = f"it sent {media.group(1)}, not DICOM" if media else type(exc).__name__
+        raise PacsError(f"the PACS's answer to {what} cannot be read ({reason})") from None
 
 
 def _value(row: dict, tag: str, default=""):
@@ -336,8 +337,8 @@ def fetch_series(
     check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
     if max_bytes is not None and sum(sizes.values()) > max_bytes:
         raise PacsError(
-            f"series {series_uid} holds {sum(sizes.values()) / 2**20:.0f} MB of pixels, over "
-            f"the {max_bytes / 2**20:g} MB a volume may have here"
+            f"series {series_uid} holds {sum(sizes.values()) / 2**20:.3g} MB of pixels, over "
+            f"the {max_bytes / 2**20:.3g} MB a volume may have here"
         )
     written = []
     for number, (uid, size) in enumerate(sizes.items()):

@@ -1,0 +1,96 @@
+"""The volume panel's PACS without a browser: its callbacks against a real Orthanc. What
+the page may ask (a series over the volume limit, a Send for a volume it uploaded, a
+wrong sign-in) ends in a message, and the sign-in never reaches the page."""
+
+from dataclasses import replace
+
+import pytest
+from dash import no_update
+from test_pacs import PASSWORD, USER, hu_volume, orthanc, stored_series  # noqa: F401
+
+from krypton.io.dicomweb import PacsSettings
+from webapp import ids
+from webapp.layout import build_layout
+from webapp.panels.pacs import PacsPanel
+from webapp.panels.volume import VolumePanel
+from webapp.services import Services
+from webapp.settings import ServerSettings
+
+
+def _services(tmp_path, root: str, password: str = PASSWORD, **limits) -> Services:
+    settings = replace(ServerSettings(), pacs=PacsSettings(root, USER, password), **limits)
+    return Services(tmp_path / "cache", settings)
+
+
+def _ids(component) -> set:
+    found = set()
+    stack = [component]
+    while stack:
+        node = stack.pop()
+        if getattr(node, "id", None) is not None:
+            found.add(node.id if isinstance(node.id, str) else str(node.id))
+        children = getattr(node, "children", None)
+        stack.extend(children if isinstance(children, list) else [children] if children else [])
+    return found
+
+
+def test_the_page_shows_the_pacs_only_when_the_server_has_one():
+    without = _ids(build_layout([], None))
+    assert ids.PACS_SEARCH not in without and ids.PACS_SEND not in without
+    with_pacs = _ids(build_layout([], None, pacs=True))
+    assert {ids.PACS_SEARCH, ids.PACS_OPEN, ids.PACS_SEND} <= with_pacs
+
+
+def test_a_series_over_the_volume_limit_is_refused_from_the_listing(
+    tmp_path,
+    orthanc,  # noqa: F811
+    stored_series,  # noqa: F811
+):
+    study, series, _ = stored_series
+    services = _services(tmp_path, orthanc, max_volume_mb=0.01)
+    record, _, message, _ = VolumePanel(services, None).pacs_volume(
+        {"study": study, "series": series}, "PACS CT", "tab-1"
+    )
+    assert record is no_update
+    assert "MB of pixels, over the 0.01 MB a volume may have here" in message
+
+
+def test_search_lists_the_study_and_its_series_and_a_wrong_sign_in_is_said_plainly(
+    tmp_path,
+    orthanc,  # noqa: F811
+    stored_series,  # noqa: F811
+):
+    study, series, _ = stored_series
+    panel = PacsPanel(_services(tmp_path, orthanc))
+    options, chosen, message = panel.search(1, "KRYPTON-DEMO", "", "CT", "")
+    assert study in [option["value"] for option in options]
+    assert "found" in message
+    series_options, picked, _ = panel.list_series(study)
+    assert series in [option["value"] for option in series_options]
+    _, _, message = panel.search(1, "KRYPTON-DEMO", "2026", "", "")
+    assert "YYYYMMDD-YYYYMMDD" in message
+
+    refused = PacsPanel(_services(tmp_path, orthanc, password="wrong-s3cret-9"))
+    options, _, message = refused.search(1, "KRYPTON-DEMO", "", "", "")
+    assert options == [] and "HTTP 401" in message and "wrong-s3cret-9" not in message
+
+
+def test_send_stores_only_into_the_study_of_a_series_this_tab_opened(
+    tmp_path,
+    orthanc,  # noqa: F811
+):
+    services = _services(tmp_path, orthanc)
+    services.results.put("tab-1/volume", {"id": "r1", "source_key": "k1", "model": "m"})
+    message = PacsPanel(services).send(1, {"id": "r1", "source_key": "k1"}, "tab-1")
+    assert message == "This volume was not opened from the PACS; only those are sent back."
+    services.pacs_sources.remember("k1", "tab-2", "1.2.3", "1.2.3.4")  # another tab's
+    assert PacsPanel(services).send(1, {"id": "r1", "source_key": "k1"}, "tab-1") == message
+
+
+@pytest.mark.parametrize("url", ["ftp://pacs/dicom-web", "pacs:8042"])
+def test_a_bad_pacs_url_stops_the_server_at_start_with_one_line(monkeypatch, url):
+    from webapp.settings import SettingsError
+
+    monkeypatch.setenv("KRYPTON_DICOMWEB_URL", url)
+    with pytest.raises(SettingsError, match="must start with http:// or https://"):
+        ServerSettings.from_environment()
