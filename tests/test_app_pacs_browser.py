@@ -51,6 +51,7 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
     chest_study,
     orthanc,  # noqa: F811
     tmp_path,
+    caplog,
 ):
     study, series, datasets = chest_study
     dash_duo.start_server(pacs_app)
@@ -71,7 +72,8 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
     dash_duo.wait_for_element("#volume-run:not([disabled])", timeout=30).click()
     dash_duo.wait_for_contains_text("#volume-summary", "positions computed", timeout=180)
     dash_duo.find_element(".volume-panel button[id*='json']").click()
-    shown = json.loads(downloaded(dash_duo, ".json").read_text())
+    exported = downloaded(dash_duo, ".json").read_text()
+    shown = json.loads(exported)
 
     dash_duo.wait_for_element("#pacs-send:not([disabled])", timeout=30).click()
     dash_duo.wait_for_contains_text("#pacs-sent", "Sent to the PACS", timeout=60)
@@ -101,5 +103,7 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
     placed = parametric_map.get_volume().match_geometry(block)
     np.testing.assert_allclose(placed.array, expected, atol=1e-6)
     assert dciodvfy_errors(stored, tmp_path) == []
-    # the sign-in never reached the page
+    # the sign-in never reached the page, an export or a log line
     assert PASSWORD not in dash_duo.driver.page_source
+    assert PASSWORD not in exported and USER not in exported
+    assert PASSWORD not in caplog.text

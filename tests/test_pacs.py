@@ -189,11 +189,12 @@ class _LyingPacs:
     """A hostile DICOMweb server (an attacker's, so not Orthanc): it lists one 2x2
     instance and then sends a megabyte for it, or stalls."""
 
-    def __init__(self, stall: float = 0.0, html: bool = False):
+    def __init__(self, stall: float = 0.0, html: bool = False, side: int = 2):
         import http.server
         import threading
 
         stall_for = stall
+        fetched = self.fetched = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -203,8 +204,8 @@ class _LyingPacs:
                 if self.path.split("?")[0].endswith("/instances"):
                     listing = [{
                         "00080018": {"vr": "UI", "Value": ["1.2.3.4"]},
-                        "00280010": {"vr": "US", "Value": [2]},
-                        "00280011": {"vr": "US", "Value": [2]},
+                        "00280010": {"vr": "US", "Value": [side]},
+                        "00280011": {"vr": "US", "Value": [side]},
                         "00280100": {"vr": "US", "Value": [16]},
                     }]  # fmt: skip
                     if "offset=" in self.path and "offset=0" not in self.path:
@@ -216,6 +217,7 @@ class _LyingPacs:
                     self.end_headers()
                     self.wfile.write(body)
                     return
+                fetched.append(self.path)
                 time.sleep(stall_for)
                 if html:  # a login page or a proxy's error page where DICOM was asked for
                     page = b"<html><body>Please sign in</body></html>"
@@ -272,6 +274,17 @@ def test_a_pacs_that_answers_with_another_content_type_is_refused(tmp_path):
             dicomweb.fetch_series(pacs, "1.2", "1.2.3", tmp_path)
         assert time.monotonic() - started < 10
         assert not list(tmp_path.iterdir())
+    finally:
+        lying.close()
+
+
+def test_a_pacs_that_lists_a_gigabyte_frame_is_refused_before_any_pixel(tmp_path):
+    lying = _LyingPacs(side=32768)  # 32768² 16-bit: 2 GB declared for one instance
+    try:
+        pacs = dicomweb.connect(dicomweb.PacsSettings(lying.url, timeout=1.0))
+        with pytest.raises(dicomweb.PacsError, match="MB"):
+            dicomweb.fetch_series(pacs, "1.2", "1.2.3", tmp_path)
+        assert lying.fetched == []  # refused from the listing: not one pixel asked for
     finally:
         lying.close()
 

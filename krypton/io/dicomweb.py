@@ -334,7 +334,12 @@ def fetch_series(
         raise PacsError(f"series {series_uid} has {len(listing)} instances, over {MAX_SLICES}")
     declared = {str(_value(row, "00080018")): row for row in listing}
     sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
-    check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
+    try:  # the series reader's own budget, asked of the PACS's listing
+        check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
+    except PacsError:
+        raise
+    except ImageLoadError as exc:
+        raise PacsError(str(exc)) from None
     if max_bytes is not None and sum(sizes.values()) > max_bytes:
         raise PacsError(
             f"series {series_uid} holds {sum(sizes.values()) / 2**20:.3g} MB of pixels, over "
