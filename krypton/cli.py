@@ -429,7 +429,7 @@ def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
 
 def run_explain(args: argparse.Namespace) -> int:
     if args.dicomweb is not None or (args.image or "").startswith(PACS_PREFIX):
-        return run_explain_pacs(args, _explain_volume, explain_options)
+        return run_explain_pacs(args, _explain_volume, _explain_image, explain_options)
     if args.send or args.study or args.series:
         print(
             f"error: --send, --study and --series are for a PACS source (--dicomweb or "
@@ -442,6 +442,13 @@ def run_explain(args: argparse.Namespace) -> int:
         return 2
     if wants_volume(args.image, args.model):
         return _explain_volume(args)
+    return _explain_image(args)
+
+
+def _explain_image(args: argparse.Namespace, after=None) -> int:
+    """``krypton explain`` of an image (``args.image``, a file) with a 2-D model;
+    ``after(model, heatmap)``, if given, runs once the files are written (a PACS source
+    stores its result); its ImageLoadError or ValueError is the command's error."""
     problem = output_problem(Path(args.out))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -516,6 +523,12 @@ def run_explain(args: argparse.Namespace) -> int:
             f"time       {heatmap.seconds:.2f} s; FLOPs {heatmap.flops_ratio:.2f}x fewer than naive"
         )
     print(f"wrote      {', '.join(str(p) for p in written)}")
+    if after is not None:
+        try:
+            after(model, heatmap)
+        except (ImageLoadError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

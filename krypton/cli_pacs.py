@@ -72,6 +72,11 @@ def add_pacs_source_options(parser: argparse.ArgumentParser, *, batch: bool) -> 
         group.add_argument(
             "--series", metavar="UID", help="the series (default: the study's one image series)"
         )
+        group.add_argument(
+            "--instance", metavar="UID|NUMBER",
+            help="with a 2-D model: the series' image to explain, by UID or instance number "
+            "(default: a series' only image)",
+        )  # fmt: skip
     group.add_argument(
         "--send", action="store_true",
         help="store each heatmap in its study: a DICOM Parametric Map and a Secondary "
@@ -147,15 +152,25 @@ def _source(args: argparse.Namespace, pacs) -> tuple[str, str]:
 def run_explain_pacs(
     args: argparse.Namespace,
     explain_folder: Callable[[argparse.Namespace, Callable], int],
+    explain_image: Callable[[argparse.Namespace, Callable], int],
     options_of: Callable[[argparse.Namespace, object], dict],
 ) -> int:
-    """``krypton explain`` of a PACS series: fetch, then ``explain_folder(args, after)``
-    on the fetched files (the volume path), and with ``--send`` store the result in the
-    study (its key from ``options_of(args, model)``, explain()'s options)."""
+    """``krypton explain`` of a PACS series: fetch it, then ``explain_folder(args,
+    after)`` on the fetched files (the volume path) or, with a 2-D model,
+    ``explain_image(args, after)`` on one image of it; with ``--send`` ``after`` stores
+    the result in the study (its key from ``options_of(args, model)``)."""
+    from .cli_volumes import is_volume_model
+    from .io.dicomweb import fetch_instance
+
     try:
         pacs = _pacs(args.dicomweb)
         study, series = _source(args, pacs)
         with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
+            if args.model and not is_volume_model(args.model):
+                image = fetch_instance(pacs, study, series, args.instance, Path(folder))
+                args.image = str(image)
+                sender = _image_sender(args, pacs, study, series, options_of)
+                return explain_image(args, sender)
             files = fetch_series(pacs, study, series, Path(folder))
             args.image = folder
             sender = _sender(args, pacs, study, series, files, options_of)
@@ -163,6 +178,34 @@ def run_explain_pacs(
     except PacsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, options_of):
+    """What stores an image's result after the run (``--send``), or None."""
+    if not args.send:
+        return None
+
+    def send(model, heatmap) -> None:
+        from .io.dicom import parse_window
+        from .pacs import result_key, send_image_result
+
+        settings = {**options_of(args, model), "label": args.label, "instance": args.instance}
+        key = result_key(series, model, settings)
+        window = None if args.window is None else parse_window(args.window)
+        sent = send_image_result(
+            pacs, study, model, heatmap, Path(args.image), key, window=window, frame=args.frame
+        )
+        placed = (
+            f"a Parametric Map (series {sent.map_series}) and "
+            if sent.map_series
+            else "no Parametric Map (the image has no frame of reference to place one on), "
+        )
+        print(
+            f"sent       {placed}a Secondary Capture (series {sent.capture_series}) "
+            f"to study {study}"
+        )
+
+    return send
 
 
 def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list, options_of):

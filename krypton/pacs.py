@@ -1,5 +1,9 @@
 """Explanations of PACS series, sent back to their studies.
 
+An image's result (:func:`send_image_result`) is a Parametric Map at the source image's
+pixels where the source can place one, and the heatmap over the frame as a Secondary
+Capture.
+
 A volume's result goes into the source study as two new series
 (:func:`send_volume_result`): a DICOM Parametric Map of the drop in the class's
 probability on the source's frame of reference, and a Secondary Capture per axial slice
@@ -29,17 +33,20 @@ __all__ = [
     "NOT_IMAGES",
     "StudyBatch",
     "explainable_series",
+    "is_explainable",
     "result_key",
     "run_study_batch",
+    "send_image_result",
     "send_volume_result",
 ]
 
 PARAMETRIC_MAP_STORAGE = "1.2.840.10008.5.1.4.1.1.30"
 KEY_PREFIX = "KRYPTON_"  # + 8 hex digits: 16 characters, DICOM's limit for a Content Label
-# series a study batch never explains: results, reports and other objects without images
+# modalities of series without images to explain: reports, segmentations, states, ...
 NOT_IMAGES = frozenset(
-    {"OT", "SR", "SEG", "PR", "KO", "REG", "RTSTRUCT", "RTPLAN", "RTDOSE", "RWV", "DOC"}
+    {"SR", "SEG", "PR", "KO", "REG", "RTSTRUCT", "RTPLAN", "RTDOSE", "RWV", "DOC"}
 )
+MANUFACTURER = "Krypton"  # what Krypton's own results (maps, captures) name as their maker
 
 
 def result_key(series_uid: str, model, settings: dict) -> str:
@@ -99,14 +106,58 @@ def send_volume_result(
     return SentResult(created.SeriesInstanceUID, datasets[0].SeriesInstanceUID, len(datasets))
 
 
+def send_image_result(
+    pacs: Pacs, study_uid: str, model, heatmap, source: Path, key: str, *, window=None,
+    frame: int | None = None,
+) -> SentResult:  # fmt: skip
+    """Store an image's ``heatmap`` (explained from the DICOM file ``source``, in
+    ``window``, ``frame``) in the study: a Parametric Map at the source's pixels where the
+    source has a frame of reference to place it on (a CT or MR slice; not a photograph),
+    and always the heatmap over the frame as a Secondary Capture, in one STOW-RS request.
+    ``map_series`` is empty where no map could be placed."""
+    import io
+
+    import pydicom
+
+    from .io.dicomweb import store
+    from .registry.ood import caveat
+    from .render.dicom_capture import heatmap_capture
+    from .render.parametric_map import image_parametric_map
+
+    class_name = model.class_name(heatmap.label)
+    header = pydicom.dcmread(source, stop_before_pixels=True)
+    datasets = []
+    try:
+        datasets.append(image_parametric_map(
+            heatmap, tuple(model.input_size), header, model_name=model.name,
+            class_name=class_name, content_label=key,
+        ))  # fmt: skip
+    except ValueError:
+        pass  # no frame of reference or several frames: the capture alone
+    capture = heatmap_capture(
+        source, values=heatmap.values, xs=heatmap.xs, ys=heatmap.ys, patch=heatmap.patch,
+        stride=heatmap.stride, prob=heatmap.prob, input_size=model.input_size,
+        label_name=class_name, mode=heatmap.mode, model_name=model.name, window=window,
+        frame=frame, include_identity=True, warning=caveat(heatmap.extra.get("ood")),
+    )  # fmt: skip
+    datasets.append(pydicom.dcmread(io.BytesIO(capture)))
+    store(pacs, datasets, study_uid)
+    map_series = datasets[0].SeriesInstanceUID if len(datasets) == 2 else ""
+    return SentResult(map_series, datasets[-1].SeriesInstanceUID, 1)
+
+
 def explainable_series(pacs: Pacs, study_uid: str, modality: str | None = None) -> list[SeriesRow]:
-    """The study's image series a volume model can explain: ``modality``'s where given,
-    else every series but results, reports and other objects without images
-    (:data:`NOT_IMAGES`)."""
-    found = find_series(pacs, study_uid)
+    """The study's image series (:func:`is_explainable`): ``modality``'s where given, else
+    every one."""
+    found = [row for row in find_series(pacs, study_uid) if is_explainable(row)]
     if modality:
         return [row for row in found if row.modality.upper() == modality.upper()]
-    return [row for row in found if row.modality.upper() not in NOT_IMAGES]
+    return found
+
+
+def is_explainable(row: SeriesRow) -> bool:
+    """A series of images that is not one of Krypton's own results."""
+    return row.modality.upper() not in NOT_IMAGES and row.manufacturer != MANUFACTURER
 
 
 @dataclass

@@ -387,3 +387,70 @@ def test_explain_names_a_pacs_study_with_flags(
     command[4] = five_series_study
     assert main(command) == 2
     assert "has 5 image series: name one with --series" in capsys.readouterr().err
+
+
+def _stored_in_study(root: str, study: str, sop_class: str):
+    """The instances of one SOP class in the study, read back (WADO-RS)."""
+    client = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD)).client
+    found = client.search_for_instances(study, search_filters={"SOPClassUID": sop_class})
+    return [
+        client.retrieve_instance(study, row["0020000E"]["Value"][0], row["00080018"]["Value"][0])
+        for row in found
+    ]
+
+
+def test_a_slice_explained_by_a_2d_model_is_sent_as_a_map_over_its_own_pixels(
+    pacs_env, hu_volume, tmp_path, capsys
+):
+    datasets = ct_series(hu_volume[20:21], (SPACING,) * 3, "Slice^Patient", origin=(5, 6, 7))
+    study, source = datasets[0].StudyInstanceUID, datasets[0]
+    dicomweb.store(dicomweb.connect(dicomweb.PacsSettings.from_environment()), datasets, study)
+    out = tmp_path / "slice.png"
+    code = main([
+        "explain", "--dicomweb", "--study", study, "--model", "fundus-demo", "--patch", "32",
+        "--stride", "32", "--out", str(out), "--send",
+    ])  # fmt: skip
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "sent       a Parametric Map" in printed.out and "a Secondary Capture" in printed.out
+    (stored,) = _stored_in_study(pacs_env, study, "1.2.840.10008.5.1.4.1.1.30")
+    assert stored.FrameOfReferenceUID == source.FrameOfReferenceUID
+    assert (stored.Rows, stored.Columns) == (source.Rows, source.Columns)  # the source's pixels
+    position = stored.PerFrameFunctionalGroupsSequence[0].PlanePositionSequence[0]
+    assert [float(v) for v in position.ImagePositionPatient] == [5.0, 6.0, 7.0]  # the source's
+    drops = np.asarray(stored.pixel_array, dtype=np.float32)
+    values = np.load(out.with_suffix(".npy"))
+    prob = float(printed.out.split("probability ")[1].split()[0])
+    assert drops.max() == pytest.approx(prob - values.min(), abs=2e-3)
+    assert dciodvfy_errors(stored, tmp_path) == []
+    (capture,) = _stored_in_study(pacs_env, study, "1.2.840.10008.5.1.4.1.1.7")
+    assert capture.SourceImageSequence[0].ReferencedSOPInstanceUID == source.SOPInstanceUID
+    assert dciodvfy_errors(capture, tmp_path) == []
+
+
+def test_a_photograph_gets_a_capture_and_says_why_no_map(pacs_env, tmp_path, capsys):
+    import pydicom
+    from pydicom.data import get_testdata_file
+    from pydicom.uid import generate_uid
+
+    from krypton.fundus import FundusGenerator
+
+    # a fundus photograph as a secondary capture: no frame of reference
+    photo = pydicom.dcmread(get_testdata_file("SC_rgb_small_odd.dcm"))
+    pixels = FundusGenerator(seed=3).sample().image
+    photo.Rows, photo.Columns = pixels.shape[:2]
+    photo.PixelData = np.ascontiguousarray(pixels, dtype=np.uint8).tobytes()
+    photo.StudyInstanceUID, photo.SeriesInstanceUID = generate_uid(), generate_uid()
+    photo.SOPInstanceUID = photo.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    assert "FrameOfReferenceUID" not in photo
+    pacs = dicomweb.connect(dicomweb.PacsSettings.from_environment())
+    dicomweb.store(pacs, [photo], photo.StudyInstanceUID)
+    code = main([
+        "explain", "--dicomweb", "--study", photo.StudyInstanceUID, "--model", "fundus-demo",
+        "--patch", "32", "--stride", "32", "--out", str(tmp_path / "photo.png"), "--send",
+    ])  # fmt: skip
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "no Parametric Map (the image has no frame of reference" in printed.out
+    assert _stored_in_study(pacs_env, photo.StudyInstanceUID, "1.2.840.10008.5.1.4.1.1.30") == []
+    assert len(_stored_in_study(pacs_env, photo.StudyInstanceUID, "1.2.840.10008.5.1.4.1.1.7")) == 2

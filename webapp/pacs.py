@@ -23,7 +23,7 @@ from krypton.io.dicomweb import (
     find_series,
     find_studies,
 )
-from krypton.pacs import NOT_IMAGES
+from krypton.pacs import is_explainable
 
 from .helpers import InputError, owner_tag
 
@@ -100,7 +100,8 @@ def study_options(
 
 def series_options(settings: PacsSettings | None, study: str) -> list[dict]:
     """A study's series as dropdown options (value: the series UID); series without
-    images (results, reports) are listed but cannot be chosen."""
+    images (reports, segmentations) and Krypton's own results are listed but cannot be
+    chosen."""
     try:
         rows = find_series(_pacs(settings), study)
     except PacsError as exc:
@@ -111,7 +112,7 @@ def series_options(settings: PacsSettings | None, study: str) -> list[dict]:
         options.append({
             "label": f"{row.modality} {row.description or row.series_uid[-12:]} ({count} images)",
             "value": row.series_uid,
-            "disabled": row.modality.upper() in NOT_IMAGES,
+            "disabled": not is_explainable(row),
         })  # fmt: skip
     return options
 

@@ -43,6 +43,7 @@ __all__ = [
     "connect",
     "find_studies",
     "find_series",
+    "fetch_instance",
     "fetch_series",
     "fetch_series_zip",
     "load_series",
@@ -51,7 +52,9 @@ __all__ = [
 ]
 
 HEADER_SLACK = 64 * 1024  # an instance's bytes beyond its pixels: its header, multipart framing
-_INSTANCE_FIELDS = ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "NumberOfFrames")
+_INSTANCE_FIELDS = (
+    "Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "NumberOfFrames", "InstanceNumber"
+)  # fmt: skip
 
 
 class PacsError(ImageLoadError):
@@ -128,6 +131,7 @@ class SeriesRow:
     description: str
     number: int | None
     instances: int | None
+    manufacturer: str = ""
 
 
 class _CountingAdapter(HTTPAdapter):
@@ -287,7 +291,8 @@ def find_series(pacs: Pacs, study_uid: str) -> list[SeriesRow]:
     """The series of one study, with their instance counts."""
     with _answers("the series search"):
         rows = pacs.client.search_for_series(  # type: ignore[attr-defined]
-            study_uid, fields=["NumberOfSeriesRelatedInstances", "SeriesDescription"]
+            study_uid,
+            fields=["NumberOfSeriesRelatedInstances", "SeriesDescription", "Manufacturer"],
         )
     found = []
     for row in rows:
@@ -299,6 +304,7 @@ def find_series(pacs: Pacs, study_uid: str) -> list[SeriesRow]:
                 str(_value(row, "0008103E")),
                 None if number is None else int(number),
                 None if count is None else int(count),
+                str(_value(row, "00080070")),
             )  # fmt: skip
         )
     return found
@@ -318,12 +324,9 @@ def _declared_bytes(row: dict, uid: str) -> int:
     return rows * columns * samples * frames * max(bits, 8) // 8
 
 
-def fetch_series(
-    pacs: Pacs, study_uid: str, series_uid: str, folder: Path, max_bytes: int | None = None
-) -> list[Path]:
-    """Fetch one series' instances into ``folder``, within the limits in the module
-    docstring and, where given, ``max_bytes`` of declared pixels (the app's volume
-    limit); the files written."""
+def _listing(pacs: Pacs, study_uid: str, series_uid: str) -> dict[str, dict]:
+    """The series' instances as QIDO-RS lists them (UID -> attributes), at most
+    :data:`MAX_SLICES`."""
     with _answers("the instance listing"):
         listing = pacs.client.search_for_instances(  # type: ignore[attr-defined]
             study_uid, series_uid, fields=list(_INSTANCE_FIELDS), get_remaining=True
@@ -332,7 +335,15 @@ def fetch_series(
         raise PacsError(f"the PACS lists no instances in series {series_uid}")
     if len(listing) > MAX_SLICES:
         raise PacsError(f"series {series_uid} has {len(listing)} instances, over {MAX_SLICES}")
-    declared = {str(_value(row, "00080018")): row for row in listing}
+    return {str(_value(row, "00080018")): row for row in listing}
+
+
+def _fetch(
+    pacs: Pacs, study_uid: str, series_uid: str, declared: dict[str, dict], folder: Path,
+    max_bytes: int | None,
+) -> list[Path]:  # fmt: skip
+    """Fetch the ``declared`` instances into ``folder`` once their declared sizes pass
+    the decode budget and ``max_bytes``, each download held to its declared size."""
     sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
     try:  # the series reader's own budget, asked of the PACS's listing
         check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
@@ -357,6 +368,43 @@ def fetch_series(
         dataset.save_as(path, enforce_file_format=True)
         written.append(path)
     return written
+
+
+def fetch_series(
+    pacs: Pacs, study_uid: str, series_uid: str, folder: Path, max_bytes: int | None = None
+) -> list[Path]:
+    """Fetch one series' instances into ``folder``, within the limits in the module
+    docstring and, where given, ``max_bytes`` of declared pixels (the app's volume
+    limit); the files written."""
+    declared = _listing(pacs, study_uid, series_uid)
+    return _fetch(pacs, study_uid, series_uid, declared, folder, max_bytes)
+
+
+def fetch_instance(
+    pacs: Pacs, study_uid: str, series_uid: str, which: str | None, folder: Path
+) -> Path:
+    """Fetch one image of a series into ``folder`` (a 2-D model's input), within the
+    same limits: ``which`` is its SOP Instance UID or its instance number; None takes a
+    series' only image."""
+    declared = _listing(pacs, study_uid, series_uid)
+    if which:
+        chosen = {
+            uid: row for uid, row in declared.items()
+            if which in (uid, str(_value(row, "00200013", "")))
+        }  # fmt: skip
+        if len(chosen) != 1:
+            raise PacsError(f"series {series_uid} has no single image {which!r}")
+    elif len(declared) == 1:
+        chosen = declared
+    else:
+        numbers = sorted(int(n) for n in (_value(r, "00200013", None) for r in declared.values())
+                         if str(n or "").isdigit())  # fmt: skip
+        listed = f" (instance numbers {numbers[0]}-{numbers[-1]})" if numbers else ""
+        raise PacsError(
+            f"series {series_uid} has {len(declared)} images: name one with --instance, a "
+            f"UID or an instance number{listed}"
+        )
+    return _fetch(pacs, study_uid, series_uid, chosen, folder, None)[0]
 
 
 def fetch_series_zip(

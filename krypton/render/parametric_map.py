@@ -1,5 +1,5 @@
-"""A volume's heatmap as a DICOM Parametric Map (highdicom's ``ParametricMap``): float
-values a viewer overlays on the source series, placed by the source's frame of reference.
+"""A heatmap as a DICOM Parametric Map (highdicom's ``ParametricMap``): float values a
+viewer overlays on the source series, placed by the source's frame of reference.
 
 Each voxel of the explained block holds the **drop in the class's probability** when the
 patch covering it is occluded (the probability without occlusion minus the heatmap's
@@ -7,7 +7,8 @@ value at the nearest cell, :func:`krypton.render.volumes.voxel_values`; 0 beyond
 cells' reach), stated by a real-world value mapping. The frames are the model's resampled
 voxels (its spacing and block), positioned in the patient frame from the source's
 geometry, so a viewer places them over the source image; the series description names
-the model, class, patch, stride and mode.
+the model, class, patch, stride and mode. An image's map (:func:`image_parametric_map`)
+is one frame at the source image's own pixels, placed as the source is.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import numpy as np
 
 from .volumes import voxel_values
 
-__all__ = ["parametric_map", "drop_values", "RAS_TO_LPS"]
+__all__ = ["parametric_map", "image_parametric_map", "drop_values", "RAS_TO_LPS"]
 
 RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])  # NIfTI's (and Volume.affine's) frame to DICOM's
 
 
-def drop_values(heatmap, shape: tuple[int, int, int]) -> np.ndarray:
-    """The drop in the class's probability at every voxel of the model's input block."""
+def drop_values(heatmap, shape: tuple[int, ...]) -> np.ndarray:
+    """The drop in the class's probability at every voxel (pixel) of the model's input,
+    ``shape`` (D, H, W) or (H, W); 0 beyond the cells' reach."""
     values = voxel_values(heatmap, shape)
     return np.nan_to_num(float(heatmap.prob) - values, nan=0.0).astype(np.float32)
 
@@ -47,9 +49,6 @@ def parametric_map(
     ``content_label``: what a later search recognises the map by (DICOM's CS, at most 16
     upper-case letters, digits and underscores)."""
     import highdicom as hd
-    from pydicom.sr.codedict import codes
-
-    from .. import __version__
 
     if voxel_affine is None:
         raise ValueError("the source gave no scanner frame: a Parametric Map cannot be placed")
@@ -58,6 +57,57 @@ def parametric_map(
         raise ValueError("the source series has no frame of reference to place a map on")
     drops = drop_values(heatmap, shape)
     volume = hd.Volume(drops, RAS_TO_LPS @ np.asarray(voxel_affine), "PATIENT", frame)
+    return _map(heatmap, volume, drops, list(sources), model_name, class_name,
+                series_number, content_label)  # fmt: skip
+
+
+def image_parametric_map(
+    heatmap,
+    input_size: tuple[int, int],
+    source,
+    *,
+    model_name: str,
+    class_name: str,
+    series_number: int = 9901,
+    content_label: str = "OCCLUSION",
+):
+    """The Parametric Map of an image's ``heatmap`` over its single-frame DICOM
+    ``source`` (a header suffices): one frame at the source's own rows and columns, each
+    pixel the drop of the cell over the model-input pixel it was resized to (the model
+    sees the whole image resized to ``input_size``, (H, W)), placed as the source is. A
+    source without a frame of reference (a photograph, a secondary capture) or with
+    several frames gets none: ValueError."""
+    if getattr(source, "FrameOfReferenceUID", None) is None:
+        raise ValueError(
+            "the source image has no frame of reference (a photograph or capture): no "
+            "Parametric Map can be placed on it"
+        )
+    placed = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing")
+    if not all(source.get(keyword) for keyword in placed):
+        raise ValueError("the source image has no position, orientation or pixel spacing")
+    if int(source.get("NumberOfFrames", 1) or 1) > 1:
+        raise ValueError("the source has several frames: a Parametric Map is made of one")
+    height, width = input_size
+    drops = drop_values(heatmap, (height, width))
+    rows, columns = int(source.Rows), int(source.Columns)
+    picks = [
+        np.minimum(((np.arange(n) + 0.5) * size / n).astype(int), size - 1)
+        for n, size in ((rows, height), (columns, width))
+    ]
+    pixels = drops[np.ix_(*picks)]
+    return _map(heatmap, pixels, pixels, [source], model_name, class_name,
+                series_number, content_label)  # fmt: skip
+
+
+def _map(heatmap, pixel_array, drops: np.ndarray, sources: list, model_name: str,
+         class_name: str, series_number: int, content_label: str):  # fmt: skip
+    """highdicom's ParametricMap of ``pixel_array`` (a placed Volume, or one frame the
+    source's size) with the drop's real-world value mapping and the run in its words."""
+    import highdicom as hd
+    from pydicom.sr.codedict import codes
+
+    from .. import __version__
+
     low, high = float(drops.min()), float(drops.max())
     what = (
         f"Krypton occlusion {heatmap.mode}, {model_name}, class {class_name}, "
@@ -72,8 +122,8 @@ def parametric_map(
         intercept=0.0,
     )
     created = hd.pm.ParametricMap(
-        source_images=list(sources),
-        pixel_array=volume,
+        source_images=sources,
+        pixel_array=pixel_array,
         series_instance_uid=hd.UID(),
         series_number=series_number,
         sop_instance_uid=hd.UID(),

@@ -68,22 +68,26 @@ def heatmap_nifti(heatmap, voxel_affine: np.ndarray | None, description: str = "
     return gzip.compress(image.to_bytes(), compresslevel=6, mtime=0)
 
 
-def voxel_values(heatmap, shape: tuple[int, int, int]) -> np.ndarray:
-    """The heatmap at every voxel of the model's input (D, H, W): each voxel takes the
-    cell whose patch centre is nearest along each axis; NaN beyond the cells' reach
-    (half a stride past the outermost centres)."""
+def voxel_values(heatmap, shape: tuple[int, ...]) -> np.ndarray:
+    """The heatmap at every voxel (or, for an image's heatmap, every pixel) of the model's
+    input, ``shape`` (D, H, W) or (H, W): each takes the cell whose patch centre is
+    nearest along each axis; NaN beyond the cells' reach (half a stride past the
+    outermost centres)."""
     values = np.asarray(heatmap.values, dtype=np.float32)
-    patch = _sides(heatmap.patch)
+    axes = _axes(heatmap) if heatmap.zs is not None else (heatmap.ys, heatmap.xs)
+    patch = _sides(heatmap.patch, len(axes))
     picks, inside = [], []
-    for size, coordinates, side in zip(shape, _axes(heatmap), patch):
-        centres = coordinates + (side - 1) / 2
+    for size, coordinates, side in zip(shape, axes, patch):
+        centres = np.asarray(coordinates) + (side - 1) / 2
         step = float(np.min(np.diff(centres))) if len(centres) > 1 else float(side)
         voxel = np.arange(size)
         nearest = np.abs(voxel[:, None] - centres[None, :]).argmin(axis=1)
         picks.append(nearest)
         inside.append(np.abs(voxel - centres[nearest]) <= step / 2)
     grid = values[np.ix_(*picks)]
-    reach = inside[0][:, None, None] & inside[1][None, :, None] & inside[2][None, None, :]
+    reach = np.ones(len(inside) * (1,), dtype=bool)
+    for axis, axis_inside in enumerate(inside):  # inside along every axis, broadcast
+        reach = reach & axis_inside.reshape([-1 if a == axis else 1 for a in range(len(inside))])
     return np.where(reach, grid, np.nan).astype(np.float32)
 
 
