@@ -1,5 +1,6 @@
 """A PACS to try Krypton with: Debian's Orthanc with its DICOMweb plugin on a local port,
-its own storage folder and a user, loaded with the chest-CT sample as a CT series.
+its own storage folder and a user, loaded with the chest-CT sample as a CT series, the
+fundus samples as photographs (Secondary Captures) and pydicom's CT and MR test files.
 
     make pacs                  (python -m demo.pacs --folder cache/pacs --port 8042)
 
@@ -95,6 +96,48 @@ def ct_series(
     return datasets
 
 
+FUNDUS_SAMPLES = ("fundus-exudates.png", "fundus-microaneurysms.png", "fundus-normal-disc.png")
+PYDICOM_FILES = ("CT_small.dcm", "MR_small.dcm")  # pydicom's own test files: a CT and an MR
+
+
+def photograph(pixels: np.ndarray, patient: str, description: str) -> object:
+    """An RGB picture as a Secondary Capture of its own study (no frame of reference, as a
+    fundus camera's photograph): a pydicom dataset."""
+    import pydicom
+    from pydicom.data import get_testdata_file
+    from pydicom.uid import generate_uid
+
+    dataset = pydicom.dcmread(get_testdata_file("SC_rgb_small_odd.dcm"))  # an RGB SC template
+    dataset.Rows, dataset.Columns = pixels.shape[:2]
+    dataset.PixelData = np.ascontiguousarray(pixels, dtype=np.uint8).tobytes()
+    dataset.StudyInstanceUID, dataset.SeriesInstanceUID = generate_uid(), generate_uid()
+    dataset.SOPInstanceUID = dataset.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    dataset.PatientName, dataset.PatientID = patient, "KRYPTON-FUNDUS"
+    dataset.StudyDescription = dataset.SeriesDescription = description
+    return dataset
+
+
+def load_demo_photographs(root: str, user: str = DEMO_USER, password: str = DEMO_PASSWORD):
+    """The fundus samples as photographs and pydicom's CT and MR test files, each its own
+    study; their study UIDs."""
+    import pydicom
+    from PIL import Image
+    from pydicom.data import get_testdata_file
+
+    from krypton.io.dicomweb import PacsSettings, connect, store
+    from webapp.layout import SAMPLES_DIR
+
+    pacs = connect(PacsSettings(root, user, password))
+    datasets = [
+        photograph(np.asarray(Image.open(SAMPLES_DIR / name).convert("RGB")), "Demo^Fundus",
+                   f"Krypton demo: {name[:-4]}")
+        for name in FUNDUS_SAMPLES
+    ] + [pydicom.dcmread(get_testdata_file(name)) for name in PYDICOM_FILES]  # fmt: skip
+    for dataset in datasets:
+        store(pacs, [dataset], dataset.StudyInstanceUID)
+    return [str(dataset.StudyInstanceUID) for dataset in datasets]
+
+
 def load_demo_study(root: str, user: str = DEMO_USER, password: str = DEMO_PASSWORD) -> str:
     """Store the chest-CT sample in the PACS as a CT series (STOW-RS); its study UID."""
     from krypton.io.dicomweb import PacsSettings, connect, store
@@ -115,8 +158,10 @@ def main() -> None:
     process, root = start_orthanc(args.folder, args.port)
     try:
         study = load_demo_study(root)
+        others = load_demo_photographs(root)
         print(f"Orthanc with DICOMweb at {root} (storage {args.folder}); the chest-CT sample is "
-              f"study {study}. Point Krypton at it:\n"
+              f"study {study}, beside {len(others)} studies of one image (the fundus samples as "
+              f"photographs, pydicom's CT and MR test files). Point Krypton at it:\n"
               f"  export KRYPTON_DICOMWEB_URL={root} KRYPTON_DICOMWEB_USER={DEMO_USER} "
               f"KRYPTON_DICOMWEB_PASSWORD={DEMO_PASSWORD}\n"
               f"  .venv/bin/krypton pacs series {study}\n"

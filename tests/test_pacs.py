@@ -298,6 +298,12 @@ def test_make_pacs_loads_the_chest_ct_sample_as_a_ct_series(orthanc):
     assert series.modality == "CT" and series.instances and series.instances > 10
     found = {row.study_uid: row for row in dicomweb.find_studies(pacs, patient_id="KRYPTON-DEMO")}
     assert found[study].patient_name == "Demo^Chest" and found[study].modalities == ("CT",)
+    from demo.pacs import FUNDUS_SAMPLES, PYDICOM_FILES, load_demo_photographs
+
+    studies = load_demo_photographs(orthanc, USER, PASSWORD)
+    assert len(studies) == len(FUNDUS_SAMPLES) + len(PYDICOM_FILES)
+    photos = dicomweb.find_studies(pacs, patient_id="KRYPTON-FUNDUS")
+    assert len(photos) == len(FUNDUS_SAMPLES) and all(row.modalities == ("OT",) for row in photos)
 
 
 def test_a_series_loads_as_a_volume_with_its_headers(pacs_env, stored_series):
