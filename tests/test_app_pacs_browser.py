@@ -5,6 +5,7 @@ and highdicom reads its values back equal to the page's heatmap, on the source's
 of reference."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,6 +78,12 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
 
     dash_duo.wait_for_element("#pacs-send:not([disabled])", timeout=30).click()
     dash_duo.wait_for_contains_text("#pacs-sent", "Sent to the PACS", timeout=60)
+    # README's picture of the PACS search beside the panel (out/ is ignored by git; copy
+    # it to docs/pacs.png)
+    dash_duo.driver.execute_script(
+        "document.querySelector('.pacs-search').scrollIntoView({block: 'start'})"
+    )
+    dash_duo.driver.save_screenshot(str(Path(__file__).parents[1] / "out" / "pacs.png"))
 
     client = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD)).client
     (found,) = client.search_for_instances(study, search_filters={"SOPClassUID": PARAMETRIC_MAP})
