@@ -368,7 +368,7 @@ def test_a_study_batch_sends_one_map_per_series_and_nothing_when_run_again(
     # nothing lost locally: the summary still lists the five
     assert len((tmp_path / "out" / "summary.csv").read_text().splitlines()) == 6
 
-    assert main([*command, "--modality", "CT", "--stride", "4"]) == 0  # other settings
+    assert main([*command, "--modality", "CT", "--mode", "naive"]) == 0  # other settings
     assert "sent       5 Parametric Maps" in capsys.readouterr().out
     assert len(_parametric_maps(pacs_env, study)) == 10
 
@@ -413,8 +413,8 @@ def test_a_slice_explained_by_a_2d_model_is_sent_as_a_map_over_its_own_pixels(
     dicomweb.store(dicomweb.connect(dicomweb.PacsSettings.from_environment()), datasets, study)
     out = tmp_path / "slice.png"
     code = main([
-        "explain", "--dicomweb", "--study", study, "--model", "fundus-demo", "--patch", "32",
-        "--stride", "32", "--out", str(out), "--send",
+        "explain", "--dicomweb", "--study", study, "--model", "fundus-demo", "--patch", "56",
+        "--stride", "56", "--out", str(out), "--send",
     ])  # fmt: skip
     printed = capsys.readouterr()
     assert code == 0, printed.err
@@ -453,7 +453,7 @@ def test_a_photograph_gets_a_capture_and_says_why_no_map(pacs_env, tmp_path, cap
     dicomweb.store(pacs, [photo], photo.StudyInstanceUID)
     code = main([
         "explain", "--dicomweb", "--study", photo.StudyInstanceUID, "--model", "fundus-demo",
-        "--patch", "32", "--stride", "32", "--out", str(tmp_path / "photo.png"), "--send",
+        "--patch", "56", "--stride", "56", "--out", str(tmp_path / "photo.png"), "--send",
     ])  # fmt: skip
     printed = capsys.readouterr()
     assert code == 0, printed.err
