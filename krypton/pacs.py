@@ -1,14 +1,12 @@
 """Explanations of PACS series, sent back to their studies.
 
-An image's result (:func:`send_image_result`) is a Parametric Map at the source image's
-pixels where the source can place one, and the heatmap over the frame as a Secondary
-Capture.
-
 A volume's result goes into the source study as two new series
 (:func:`send_volume_result`): a DICOM Parametric Map of the drop in the class's
 probability on the source's frame of reference, and a Secondary Capture per axial slice
 of the explained block, each naming the source slice nearest it, for viewers without
-Parametric Maps. Both carry the study's patient modules, as DICOM requires.
+Parametric Maps. An image's result (:func:`send_image_result`) is a Parametric Map at
+the source image's pixels where the source can place one, and the heatmap over the frame
+as a Secondary Capture. All carry the study's patient modules, as DICOM requires.
 
 Every map Krypton stores carries a result key as its Content Label: a digest of the
 source series, the model (name and weights) and the run's settings
