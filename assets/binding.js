@@ -32,19 +32,28 @@
         return undefined;  // another model: the same picture, another prediction
     }
 
+    function hiding(name) {
+        const noUpdate = window.dash_clientside.no_update;
+        const count = window.dash_clientside.callback_context.outputs_list.length;
+        if (name === null) {
+            return Array(count).fill(noUpdate);
+        }
+        return [name === undefined ? noUpdate : name, ...Array(count - 2).fill(HIDDEN), true];
+    }
+
     window.dash_clientside = Object.assign({}, window.dash_clientside, {
         krypton_binding: {
             // At the click: what was wanted, then every other output hidden and Run
             // disabled (the last output), for either panel (webapp.panels.common.hide_at_click).
-            hide: function (samples, compares, contents, ticket, model, filename) {
-                const name = wanted(filename, ticket);
-                const noUpdate = window.dash_clientside.no_update;
-                const count = window.dash_clientside.callback_context.outputs_list.length;
-                if (name === null) {
-                    return Array(count).fill(noUpdate);
-                }
-                return [name === undefined ? noUpdate : name,
-                        ...Array(count - 2).fill(HIDDEN), true];
+            hide: function (samples, compares, contents, model, filename) {
+                return hiding(wanted(filename, null));
+            },
+            // The same for an upload's ticket alone (a file refused before it was sent):
+            // a rule of its own, since Dash runs a callback only once every callback
+            // feeding its inputs has answered, and the ticket comes from the upload's
+            // POST (on a busy host, seconds after the click).
+            hideForTicket: function (ticket) {
+                return hiding(wanted(null, ticket));
             },
             // The volume panel's: the description, class box, estimate and summary once the
             // volume answered is the one wanted and the description is that volume's.

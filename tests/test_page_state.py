@@ -162,9 +162,16 @@ PATTERN_TYPES = (
 )  # fmt: skip
 
 
-def test_every_id_a_callback_uses_is_on_the_page(tmp_path):
+@pytest.mark.parametrize("pacs", [False, True])
+def test_every_id_a_callback_uses_is_on_the_page(tmp_path, monkeypatch, pacs):
+    """Every id the page declares is on it and every callback's ids are there; the PACS
+    search and Send only where the server has a PACS (and then all of them)."""
     from app import create_app
 
+    if pacs:  # nothing is asked of the PACS until a search
+        monkeypatch.setenv("KRYPTON_DICOMWEB_URL", "http://127.0.0.1:9/dicom-web")
+    else:
+        monkeypatch.delenv("KRYPTON_DICOMWEB_URL", raising=False)
     app = create_app(tmp_path / "cache")
     layout = app.layout() if callable(app.layout) else app.layout
     on_page, types = set(), set()
@@ -190,8 +197,10 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path):
         if name.isupper()
         and name not in PATTERN_TYPES + ("OOD_WARNING", "REUSE_INFO")
         and isinstance(value, str)
+        and (pacs or not name.startswith("PACS_"))
     }
     assert declared <= on_page, declared - on_page
+    assert pacs or not {i for i in on_page if i.startswith("pacs-")}  # no PACS: no search
     assert {getattr(ids, name) for name in PATTERN_TYPES} <= types
     used = set()
     for key, spec in app.callback_map.items():

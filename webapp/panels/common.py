@@ -49,20 +49,33 @@ def hide_at_click(
     ``run`` and name the request now ``wanted``, in the browser at once. The rule listens
     to the user's own inputs alone, so no server callback in flight holds it back (a rule
     that also listened to the prediction waited for it: the old top 5 stayed beside a
-    new picture for 5-15 s on a busy host, with Run enabled). ``loads``: the ids of the
+    new picture for 5-15 s on a busy host, with Run enabled; one that also listened to
+    the upload's ticket waited for the upload). ``loads``: the ids of the
     sample buttons' and Compare buttons' types, the upload, its ticket and the model."""
     sample, compare_sample, upload, ticket, model = loads
-    app.clientside_callback(
-        ClientsideFunction("krypton_binding", "hide"),
-        Output(wanted, "data"),
+    outputs = [
+        Output(wanted, "data", allow_duplicate=True),
         *[Output(component, "style", allow_duplicate=True) for component in hidden],
         Output(run, "disabled", allow_duplicate=True),
+    ]
+    app.clientside_callback(
+        ClientsideFunction("krypton_binding", "hide"),
+        *outputs,
         Input({"type": sample, "name": ALL}, "n_clicks"),
         Input({"type": compare_sample, "name": ALL}, "n_clicks"),
         Input(upload, "contents"),
-        Input(ticket, "data"),
         Input(model, "value"),
         State(upload, "filename"),
+        prevent_initial_call=True,
+    )
+    # the ticket alone (a file refused in the browser sets it without contents): apart,
+    # since Dash holds a callback until every callback feeding its inputs has answered,
+    # and the ticket comes from the upload's POST; with it beside the file's contents,
+    # the rule waited for the whole upload (seconds on a busy host) with Run enabled
+    app.clientside_callback(
+        ClientsideFunction("krypton_binding", "hideForTicket"),
+        *outputs,
+        Input(ticket, "data"),
         prevent_initial_call=True,
     )
 
