@@ -214,11 +214,10 @@ def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list
         return None
 
     def send(model, prepared, heatmap) -> None:
-        import pydicom
-
+        from .io.dicomweb import fetched_headers
         from .pacs import result_key, send_volume_result
 
-        sources = [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
+        sources = fetched_headers(files)
         key = result_key(series, model, {**options_of(args, model), "label": args.label})
         sent = send_volume_result(pacs, study, model, prepared, heatmap, sources, key)
         print(

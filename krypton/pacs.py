@@ -24,7 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .io.dicomweb import Pacs, PacsError, SeriesRow, content_labels, fetch_series, find_series
+from .io.dicomweb import (
+    Pacs,
+    PacsError,
+    SeriesRow,
+    content_labels,
+    fetch_series,
+    fetched_headers,
+    find_series,
+)
 
 __all__ = [
     "PARAMETRIC_MAP_STORAGE",
@@ -224,7 +232,7 @@ def run_study_batch(
                 outcome.rows.append(BatchRow(image=found.series_uid, error=str(exc)))
                 continue
             row, outputs = explain_item(Path(folder), label, model, options, image=found.series_uid)
-            sources = _headers(files)
+            sources = fetched_headers(files)
         store_outputs(out_dir, item, row, outputs, settings)
         outcome.rows.append(row)
         outcome.explained += not row.error
@@ -239,10 +247,3 @@ def run_study_batch(
         write_summary(out_dir, outcome.rows)
         write_contact_sheet(out_dir, outcome.rows, model)
     return outcome
-
-
-def _headers(files: list[Path]) -> list:
-    """The fetched instances' headers (what a stored result references)."""
-    import pydicom
-
-    return [pydicom.dcmread(path, stop_before_pixels=True) for path in files]

@@ -47,6 +47,7 @@ __all__ = [
     "fetch_series",
     "fetch_series_zip",
     "load_series",
+    "fetched_headers",
     "content_labels",
     "store",
 ]
@@ -427,13 +428,19 @@ def fetch_series_zip(
 def load_series(pacs: Pacs, study_uid: str, series_uid: str) -> tuple[Volume, list]:
     """One series as a volume (:func:`fetch_series`, then the series reader), and its
     datasets without pixel data (what a result stored back references)."""
-    import pydicom
-
     with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
         files = fetch_series(pacs, study_uid, series_uid, Path(folder))
         volume = read_dicom_series(folder)
-        headers = [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
+        headers = fetched_headers(files)
     return volume, headers
+
+
+def fetched_headers(files: list[Path]) -> list:
+    """The fetched instances' headers without their pixels: what a result stored back
+    into the study references."""
+    import pydicom
+
+    return [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
 
 
 def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
