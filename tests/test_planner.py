@@ -224,7 +224,13 @@ def test_one_stall_in_the_first_timing_does_not_pin_naive(monkeypatch):
 
 
 def test_the_monitor_switches_only_on_repeated_or_decisive_evidence():
-    from krypton.engine.monitor import MAX_INTERVAL, MIN_INTERVAL, StrategyMonitor
+    from krypton.engine.monitor import (
+        EARLY_PROBE,
+        EARLY_PROBE_MIN_BATCHES,
+        MAX_INTERVAL,
+        MIN_INTERVAL,
+        StrategyMonitor,
+    )
 
     steady = StrategyMonitor("incremental", ratio=3.0)  # naive 3x slower when planned
     assert steady.until_probe == 60  # a 3x slower probe every 60 batches: 5% of the run
@@ -243,6 +249,9 @@ def test_the_monitor_switches_only_on_repeated_or_decisive_evidence():
     slow.probe(current_seconds=0.010, other_seconds=0.009, done=32)  # twice: switch
     assert slow.strategy == "naive" and "twice in a row" in slow.switches[0]
     assert slow.last_pair == (0.010, 0.009)  # (incremental, naive)
+    carried = StrategyMonitor("naive", batches=EARLY_PROBE_MIN_BATCHES)  # an earlier verdict
+    assert carried.until_probe == EARLY_PROBE == 2  # checked after 2 batches (8 positions)
+    assert StrategyMonitor("naive", batches=EARLY_PROBE_MIN_BATCHES - 1).until_probe == 20
     wide = StrategyMonitor("naive")
     wide.probe(current_seconds=0.040, other_seconds=0.010, done=16)  # 4x: at once
     assert wide.strategy == "incremental" and "wide margin" in wide.switches[0]
@@ -267,9 +276,14 @@ def test_a_wrong_first_choice_is_corrected_during_the_run(monkeypatch):
     # 196 positions in 49 batches: long enough to check an earlier verdict early
     heatmap = explainer.explain(image, patch=8, stride=16, batch_size=4)
     plan = heatmap.extra["plan"]
-    assert plan.startswith("incremental:") and "switched to incremental after 8 positions" in plan
+    # The first probe comes after 8 positions; one batch timed beside the other xdist
+    # worker can be noisy (CI once saw no margin there and switched after 104 positions),
+    # so which probe switches is the monitor's unit test above, not this host's pace.
+    switched = re.search(r"switched to incremental after (\d+) positions", plan)
+    assert plan.startswith("incremental:") and switched, plan
     counts = re.search(r"positions computed: (\d+) incremental, (\d+) naive", plan)
-    assert counts and int(counts[1]) > int(counts[2]), plan
+    assert counts and int(counts[2]) == int(switched[1]), plan  # naive until the switch
+    assert int(counts[1]) + int(counts[2]) == 196, plan
     assert explainer.measured_plans[key].strategy == "incremental"  # later calls start right
     assert heatmap.extra["plan_timing"]["strategy"] == "incremental"
     naive = krypton.explain(
