@@ -160,7 +160,7 @@ def run_explain_pacs(
     ``explain_image(args, after)`` on one image of it; with ``--send`` ``after`` stores
     the result in the study (its key from ``options_of(args, model)``)."""
     from .cli_volumes import is_volume_model
-    from .io.dicomweb import fetch_instance
+    from .io.dicomweb import ImageNotChosen, fetch_instance
 
     try:
         pacs = _pacs(args.dicomweb)
@@ -175,6 +175,9 @@ def run_explain_pacs(
             args.image = folder
             sender = _sender(args, pacs, study, series, files, options_of)
             return explain_folder(args, sender)
+    except ImageNotChosen as exc:
+        print(f"error: {exc}, with --instance", file=sys.stderr)
+        return 2
     except PacsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -87,6 +87,48 @@ def test_send_stores_only_into_the_study_of_a_series_this_tab_opened(
     assert PacsPanel(services).send(1, {"id": "r1", "source_key": "k1"}, "tab-1") == message
 
 
+def test_one_image_of_a_series_is_named_and_held_to_the_image_limit(
+    tmp_path,
+    orthanc,  # noqa: F811
+    stored_series,  # noqa: F811
+):
+    from webapp.panels.image import ImagePanel
+
+    study, series, datasets = stored_series
+    chosen = {"study": study, "series": series, "image": ""}
+    panel = ImagePanel(_services(tmp_path, orthanc))
+    image_data, *_, message, _, _, _, _ = panel._load_image(
+        ids.UPLOAD_TICKET, {"name": "PACS CT", "pacs": chosen}, [], [], "tab-1"
+    )
+    assert image_data is no_update
+    assert f"has {len(datasets)} images: name one by its UID or instance number" in message
+    assert "type it in Image number" in message
+    small = ImagePanel(_services(tmp_path, orthanc, max_image_mb=0.002))
+    image_data, *_, message, _, _, _, _ = small._load_image(
+        ids.UPLOAD_TICKET, {"name": "PACS CT", "pacs": {**chosen, "image": "3"}}, [], [], "t"
+    )
+    assert image_data is no_update and "over the 0.002 MB an image may have here" in message
+
+    services = _services(tmp_path, orthanc)
+    image_data, *_ = ImagePanel(services)._load_image(
+        ids.UPLOAD_TICKET, {"name": "PACS CT", "pacs": {**chosen, "image": "3"}}, [], [], "t"
+    )
+    assert image_data["pacs"] and image_data["dicom"]["info"]["modality"] == "CT"
+    assert services.pacs_sources.origin(image_data["dicom"]["source"], "t") == (study, series)
+    assert services.pacs_sources.origin(image_data["dicom"]["source"], "other-tab") is None
+
+
+def test_an_image_send_names_only_images_this_tab_opened(
+    tmp_path,
+    orthanc,  # noqa: F811
+):
+    services = _services(tmp_path, orthanc)
+    services.results.put("tab-1", {"id": "r1", "dicom": {"source": "k1"}, "model": "m"})
+    message = PacsPanel(services).send_image(1, {"id": "r1"}, "tab-1")
+    assert message == "This image was not opened from the PACS; only those are sent back."
+    assert PacsPanel(services).send_image(1, {"id": "r0"}, "tab-1").startswith("The heatmap is")
+
+
 @pytest.mark.parametrize("url", ["ftp://pacs/dicom-web", "pacs:8042"])
 def test_a_bad_pacs_url_stops_the_server_at_start_with_one_line(monkeypatch, url):
     from webapp.settings import SettingsError

@@ -1,8 +1,8 @@
 """A radiologist's path from her PACS in a real Chromium: Debian's Orthanc with its DICOMweb
-plugin holds a chest CT; the volume panel searches it, opens the series, runs exact and
-sends the result back. A QIDO search then finds the Parametric Map in the same study,
-and highdicom reads its values back equal to the page's heatmap, on the source's frame
-of reference."""
+plugin holds a chest CT; the page searches it, opens the series in the volume panel (or
+one slice in the image panel, for a 2-D model), runs exact and sends the result back.
+A QIDO search then finds the Parametric Map in the same study, and highdicom reads its
+values back equal to the page's heatmap, on the source's frame of reference."""
 
 import json
 from pathlib import Path
@@ -78,12 +78,8 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
 
     dash_duo.wait_for_element("#pacs-send:not([disabled])", timeout=30).click()
     dash_duo.wait_for_contains_text("#pacs-sent", "Sent to the PACS", timeout=60)
-    # README's picture of the PACS search beside the panel (out/ is ignored by git; copy
-    # it to docs/pacs.png)
-    dash_duo.driver.execute_script(
-        "document.querySelector('.pacs-search').scrollIntoView({block: 'start'})"
-    )
-    dash_duo.driver.save_screenshot(str(Path(__file__).parents[1] / "out" / "pacs.png"))
+    dash_duo.find_element("#pacs-send").click()  # again: the study has it, nothing is stored
+    dash_duo.wait_for_contains_text("#pacs-sent", "Already in the PACS", timeout=60)
 
     client = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD)).client
     (found,) = client.search_for_instances(study, search_filters={"SOPClassUID": PARAMETRIC_MAP})
@@ -98,9 +94,9 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
     referenced = parametric_map.ReferencedSeriesSequence[0].SeriesInstanceUID
     assert referenced == series
 
-    from webapp.volume_runs import volume_heatmap
+    from webapp.runs import result_heatmap
 
-    heatmap = volume_heatmap({**shown, "values": np.array(shown["values"], dtype=float)})
+    heatmap = result_heatmap({**shown, "values": np.array(shown["values"], dtype=float)})
     expected = drop_values(heatmap, tuple(shown["input_size"]))
     # the map's voxels, placed by its own geometry, on the page's block in the patient frame
     block = hd.Volume(
@@ -114,3 +110,78 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
     assert PASSWORD not in dash_duo.driver.page_source
     assert PASSWORD not in exported and USER not in exported
     assert PASSWORD not in caplog.text
+
+
+def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
+    dash_duo,
+    pacs_app,
+    orthanc,  # noqa: F811
+    tmp_path,
+):
+    """One slice of a CT series in the image panel (fundus-demo, a 2-D model): the map
+    stored over the source slice's own pixels holds the page's drops."""
+    from test_app_browser import choose, wait_for_result
+
+    import highdicom as hd
+
+    from krypton.render.parametric_map import drop_values
+    from webapp.runs import result_heatmap
+
+    volume = ChestCTGenerator(seed=41).sample(label=1, nodules=1).volume
+    datasets = ct_series(volume, (5.0, 5.0, 5.0), "Slice^Test", origin=(-120.0, -120.0, -60.0))
+    for dataset in datasets:
+        dataset.PatientID = "KRYPTON-SLICE"
+    study = datasets[0].StudyInstanceUID
+    client = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD))
+    dicomweb.store(client, datasets, study)
+    source = next(d for d in datasets if int(d.InstanceNumber) == 24)
+
+    dash_duo.start_server(pacs_app)
+    dash_duo.wait_for_element(".pacs-search summary", timeout=20).click()
+    dash_duo.find_element("#pacs-patient").send_keys("KRYPTON-SLICE")
+    dash_duo.find_element("#pacs-search").click()
+    dash_duo.wait_for_contains_text("#pacs-series", "CT chest CT sample (48 images)", timeout=30)
+    dash_duo.wait_for_element("#pacs-open-image:not([disabled])", timeout=30).click()
+    dash_duo.wait_for_contains_text("#message", "48 images: name one", timeout=60)
+    dash_duo.find_element("#pacs-image-number").send_keys("24")
+    dash_duo.find_element("#pacs-open-image").click()
+    dash_duo.wait_for_contains_text("#dicom-info", "48x48 px", timeout=60)
+    dash_duo.wait_for_contains_text("#top5", "%", timeout=60)
+    assert dash_duo.find_element("#pacs-image-send").get_attribute("disabled")
+
+    choose(dash_duo, "stride", "16")
+    dash_duo.wait_for_element("#run:not([disabled])", timeout=30).click()
+    wait_for_result(dash_duo)
+    dash_duo.find_element("#result-panel-body button[id*='json']").click()
+    shown = json.loads(downloaded(dash_duo, ".json").read_text())
+    dash_duo.find_element("#result-panel-body button[id*='npy']").click()
+    values = np.load(downloaded(dash_duo, ".npy"))
+
+    dash_duo.wait_for_element("#pacs-image-send:not([disabled])", timeout=30).click()
+    dash_duo.wait_for_contains_text("#pacs-image-sent", "Sent to the PACS: a Parametric", timeout=60)
+    # README's picture of the flow: the search, the slice, its heatmap and what was sent
+    # (out/ is ignored by git; copy it to docs/pacs.png)
+    dash_duo.driver.execute_script("window.scrollTo(0, 0)")
+    dash_duo.driver.save_screenshot(str(Path(__file__).parents[1] / "out" / "pacs.png"))
+    dash_duo.find_element("#pacs-image-send").click()  # again: nothing new is stored
+    dash_duo.wait_for_contains_text("#pacs-image-sent", "Already in the PACS", timeout=60)
+
+    (found,) = client.client.search_for_instances(
+        study, search_filters={"SOPClassUID": PARAMETRIC_MAP}
+    )
+    stored = client.client.retrieve_instance(
+        study, found["0020000E"]["Value"][0], found["00080018"]["Value"][0]
+    )
+    parametric_map = hd.pm.ParametricMap.from_dataset(stored)
+    assert parametric_map.FrameOfReferenceUID == source.FrameOfReferenceUID
+    referenced = parametric_map.ReferencedSeriesSequence[0].ReferencedInstanceSequence[0]
+    assert referenced.ReferencedSOPInstanceUID == source.SOPInstanceUID
+    assert (stored.Rows, stored.Columns) == (source.Rows, source.Columns)
+    heatmap = result_heatmap({**shown, "values": values, "base_probs": [shown["prob"]]})
+    drops = drop_values(heatmap, tuple(shown["input_size"]))
+    picks = [
+        np.minimum(((np.arange(n) + 0.5) * size / n).astype(int), size - 1)
+        for n, size in zip((source.Rows, source.Columns), shown["input_size"])
+    ]  # each source pixel takes the model-input pixel it was resized to
+    np.testing.assert_allclose(stored.pixel_array, drops[np.ix_(*picks)], atol=1e-6)
+    assert dciodvfy_errors(stored, tmp_path) == []

@@ -14,7 +14,7 @@ import pytest
 from test_volume_cli import hu_volume, volume_model, write_nifti, write_series  # noqa: F401
 
 import krypton
-from webapp import volume_runs, volume_views
+from webapp import runs, volume_runs, volume_views
 from webapp.helpers import InputError
 from webapp.services import Services
 
@@ -164,7 +164,7 @@ def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_byte
     result = volume_runs.execute_volume(
         services, "tab-1", request(key, region=(8, 8, 8, 40, 40, 40)), lambda *a: None
     )
-    heatmap = volume_runs.volume_heatmap(result)
+    heatmap = runs.result_heatmap(result)
     image = nibabel.Nifti1Image.from_bytes(
         __import__("gzip").decompress(heatmap_nifti(heatmap, np.asarray(result["affine"])))
     )

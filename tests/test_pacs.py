@@ -189,7 +189,7 @@ class _LyingPacs:
     """A hostile DICOMweb server (an attacker's, so not Orthanc): it lists one 2x2
     instance and then sends a megabyte for it, or stalls."""
 
-    def __init__(self, stall: float = 0.0, html: bool = False, side: int = 2):
+    def __init__(self, stall: float = 0.0, html: bool = False, side: int = 2, parts: int = 1):
         import http.server
         import threading
 
@@ -228,19 +228,22 @@ class _LyingPacs:
                     self.wfile.write(page)
                     return
                 boundary = "lie"
-                body = (
+                part = (
                     f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode()
-                    + b"\0" * 2**20 + f"\r\n--{boundary}--\r\n".encode()
+                    + b"\0" * (2**20 if parts == 1 else 200_000) + b"\r\n"
                 )  # fmt: skip
+                end = f"--{boundary}--\r\n".encode()
                 self.send_response(200)
                 self.send_header(
                     "Content-Type",
                     f'multipart/related; type="application/dicom"; boundary={boundary}',
                 )
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(part) * parts + len(end)))
                 self.end_headers()
-                try:
-                    self.wfile.write(body)
+                try:  # part after part, as a PACS streams them (parts x 200 kB: a gigabyte)
+                    for _ in range(parts):
+                        self.wfile.write(part)
+                    self.wfile.write(end)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
@@ -263,6 +266,39 @@ def test_a_pacs_that_sends_more_than_it_listed_or_stalls_is_refused(tmp_path, st
         assert not list(tmp_path.iterdir())  # nothing kept
     finally:
         lying.close()
+
+
+def test_a_pacs_that_streams_thousands_of_instances_for_one_is_cut_off_early(tmp_path):
+    """The listing declares one 2x2 instance; the answer streams 5,000 instances of 200 kB
+    (a gigabyte). The download stops past the declared bytes: in seconds, and the
+    process grows by far less than the answer (sampled while it runs)."""
+    import threading
+
+    import psutil
+
+    lying = _LyingPacs(parts=5000)
+    process = psutil.Process()
+    before, peak, running = process.memory_info().rss, [0], [True]
+
+    def sample():
+        while running[0]:
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        pacs = dicomweb.connect(dicomweb.PacsSettings(lying.url, timeout=5.0))
+        started = time.monotonic()
+        with pytest.raises(dicomweb.PacsError, match="sent more than the 8 pixel bytes"):
+            dicomweb.fetch_series(pacs, "1.2", "1.2.3", tmp_path)
+        assert time.monotonic() - started < 10
+        assert not list(tmp_path.iterdir())
+    finally:
+        running[0] = False
+        sampler.join()
+        lying.close()
+    assert peak[0] - before < 400 * 2**20, f"grew {(peak[0] - before) / 2**20:.0f} MB"
 
 
 def test_a_pacs_that_answers_with_another_content_type_is_refused(tmp_path):

@@ -15,6 +15,7 @@ from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH, DEFAULT_
 
 from . import ids
 from .glossary import term_label
+from .pacs_layout import pacs_search, pacs_send
 from .volume_layout import volume_section
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
@@ -644,8 +645,9 @@ def _settings_section(
     )
 
 
-def _result_section() -> html.Section:
-    """The heatmap panel: overlay controls, the live picture, the result and downloads."""
+def _result_section(pacs: bool = False) -> html.Section:
+    """The heatmap panel: overlay controls, the live picture, the result and downloads
+    (and Send to PACS, ``pacs``: the operator configured one)."""
     return html.Section(
         [
             html.H2("Heatmap"),
@@ -699,6 +701,7 @@ def _result_section() -> html.Section:
                         className="help",
                         style={"display": "none"},
                     ),
+                    *([pacs_send(ids.PACS_IMAGE_SEND, ids.PACS_IMAGE_SENT)] if pacs else []),
                 ],
                 id=ids.RESULT_PANEL_BODY,
             ),
@@ -719,7 +722,7 @@ def build_layout(
     pacs: bool = False,
 ) -> html.Div:
     """The whole page; a function so every browser tab gets its own session id. ``pacs``:
-    the operator configured a PACS (the volume panel searches it)."""
+    the operator configured a PACS (its search, above both panels, and Send buttons)."""
 
     return html.Div(
         [
@@ -747,11 +750,12 @@ def build_layout(
                 ]
             ),
             html.Div(id=ids.MESSAGE, className="message", role="alert"),
+            *([pacs_search()] if pacs else []),
             html.Main(
                 [
                     _image_section(max_image_bytes),
                     _settings_section(models, default_model, max_model_bytes, trusted_uploads),
-                    _result_section(),
+                    _result_section(pacs),
                 ],
                 className="grid",
             ),

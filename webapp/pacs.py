@@ -16,9 +16,11 @@ import threading
 from collections import OrderedDict
 
 from krypton.io.dicomweb import (
+    ImageNotChosen,
     PacsError,
     PacsSettings,
     connect,
+    fetch_instance,
     fetch_series_zip,
     find_series,
     find_studies,
@@ -27,17 +29,24 @@ from krypton.pacs import is_explainable
 
 from .helpers import InputError, owner_tag
 
-__all__ = ["PacsSources", "study_options", "series_options", "fetch_series_bytes"]
+__all__ = [
+    "PacsSources",
+    "study_options",
+    "series_options",
+    "fetch_series_bytes",
+    "fetch_image_bytes",
+]
 
 STUDIES_LISTED = 50  # a search lists at most this many studies
 
 
 class PacsSources:
-    """Stored series a tab opened from the PACS: (stored key, tab) -> (study, series),
-    the most recent ``limit``."""
+    """Stored series (or images) a tab opened from the PACS: (stored key, tab) ->
+    (study, series), the most recent ``limit``; and the results this server sent."""
 
     def __init__(self, limit: int = 1024):
         self._opened: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+        self._sent: OrderedDict[str, None] = OrderedDict()  # results this server stored
         self._limit = limit
         self._lock = threading.Lock()
 
@@ -47,6 +56,17 @@ class PacsSources:
             self._opened.move_to_end((key, owner_tag(session)))
             while len(self._opened) > self._limit:
                 self._opened.popitem(last=False)
+
+    def sent(self, key: str) -> None:
+        """The result ``key`` (:func:`krypton.pacs.result_key`) was stored in its study."""
+        with self._lock:
+            self._sent[key] = None
+            while len(self._sent) > self._limit:
+                self._sent.popitem(last=False)
+
+    def was_sent(self, key: str) -> bool:
+        with self._lock:
+            return key in self._sent
 
     def origin(self, key: str, session: str) -> tuple[str, str] | None:
         """(study, series) of the series this tab stored under ``key``, or None."""
@@ -124,5 +144,26 @@ def fetch_series_bytes(
     intake's limits (refused by the PACS's own listing before any pixel is fetched)."""
     try:
         return fetch_series_zip(_pacs(settings), study, series, max_bytes=max_bytes)
+    except PacsError as exc:
+        raise InputError(str(exc)) from None
+
+
+def fetch_image_bytes(
+    settings: PacsSettings | None, study: str, series: str, number: str | None, max_bytes: int
+) -> bytes:
+    """One image of a series (``number``: its instance number or UID; None for a series
+    of one image) as a DICOM file's bytes, within the image limit ``max_bytes`` and the
+    intake's limits (refused by the PACS's own listing before any pixel is fetched)."""
+    import tempfile
+    from pathlib import Path
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
+            path = fetch_instance(
+                _pacs(settings), study, series, number, Path(folder), max_bytes=max_bytes
+            )
+            return path.read_bytes()
+    except ImageNotChosen as exc:
+        raise InputError(f"{exc}: type it in Image number") from None
     except PacsError as exc:
         raise InputError(str(exc)) from None

@@ -51,6 +51,7 @@ from .lifecycle import Provenance, format_duration
 
 __all__ = [
     "RunRequest",
+    "result_heatmap",
     "PlannedRun",
     "plan_run",
     "CellCache",
@@ -725,6 +726,28 @@ def plan_text(plan: str, speed: dict | None) -> str:
     the timing of the chunk that planned it (an early, colder one), so that the summary
     states one measurement, the speed line's latest."""
     return _PLAN_TIMING.sub("", plan) if speed else plan
+
+
+def result_heatmap(result: dict) -> krypton.Heatmap:
+    """A kept result, an image's or a volume's, as the library's :class:`krypton.Heatmap`
+    (the exports and what is sent to a PACS)."""
+    return krypton.Heatmap(
+        values=np.asarray(result["values"], np.float32),
+        xs=np.asarray(result["xs"]),
+        ys=np.asarray(result["ys"]),
+        zs=np.asarray(result["zs"]) if result.get("zs") is not None else None,
+        label=int(result["label"]),
+        prob=float(result["prob"]),
+        mode=result["mode"],
+        seconds=float(result["seconds"]),
+        patch=int(result["patch"]),
+        stride=int(result["stride"]),
+        positions_evaluated=int(result["evaluated"]),
+        macs_spent=0,
+        macs_naive=0,
+        extra={"ood": result.get("ood"), "plan": result.get("plan")},
+        base_probs=np.asarray(result["base_probs"]),
+    )
 
 
 def summary_lines(result: dict) -> list[str]:

@@ -13,6 +13,7 @@ from krypton.registry.models import DEFAULT_VOLUME_STRIDE
 
 from . import ids
 from .glossary import term_label
+from .pacs_layout import pacs_send
 
 VOLUME_EXPORTS = (
     ("NIfTI", "nifti", "the heatmap's cells in the scanner's frame (.nii.gz), one value per "
@@ -62,66 +63,11 @@ def _samples() -> html.Div:
     return html.Div(items, className="row")
 
 
-def pacs_search() -> html.Details:
-    """Open a series from the operator's PACS: search studies, pick one of its series."""
-    field = {"type": "text", "debounce": True, "style": {"width": "11em"}}
-    return html.Details(
-        [
-            html.Summary("From the PACS"),
-            html.Div(
-                [
-                    dcc.Input(id=ids.PACS_PATIENT, placeholder="patient ID or name", **field),
-                    dcc.Input(id=ids.PACS_DATES, placeholder="YYYYMMDD-YYYYMMDD", **field),
-                    dcc.Input(id=ids.PACS_MODALITY, placeholder="modality (CT, MR)", **field),
-                    dcc.Input(id=ids.PACS_ACCESSION, placeholder="accession number", **field),
-                    html.Button("Search", id=ids.PACS_SEARCH, n_clicks=0),
-                ],
-                className="row",
-            ),
-            html.Div(
-                [
-                    dcc.Dropdown(
-                        id=ids.PACS_STUDY,
-                        options=[],
-                        placeholder="a study",
-                        style={"minWidth": "24em"},
-                    ),
-                    dcc.Dropdown(
-                        id=ids.PACS_SERIES,
-                        options=[],
-                        placeholder="a series",
-                        style={"minWidth": "20em"},
-                    ),
-                    html.Button("Open series", id=ids.PACS_OPEN, n_clicks=0, disabled=True),
-                ],
-                className="row",
-            ),  # fmt: skip
-            html.Div(id=ids.PACS_MESSAGE, className="message", role="status"),
-        ],
-        className="pacs-search",
-    )
-
-
-def pacs_send() -> html.Div:
-    """Send the result shown to the source's study (a series opened from the PACS)."""
-    return html.Div(
-        [
-            html.Button(
-                "Send to PACS", id=ids.PACS_SEND, n_clicks=0, disabled=True,
-                title="store the heatmap in the source's study as a DICOM Parametric Map and "
-                "a Secondary Capture series (series opened from the PACS)",
-            ),
-            html.Span(id=ids.PACS_SENT, className="help", role="status"),
-        ],
-        className="row",
-    )  # fmt: skip
-
-
 def volume_section(
     models: list[dict], default_model: str | None, max_bytes: int, pacs: bool = False
 ) -> html.Section:
     """The volume panel (see the module docstring); ``models``: the volume models' options;
-    ``pacs``: a PACS is configured (its search and the Send button)."""
+    ``pacs``: a PACS is configured (its Send button)."""
     views = [
         html.Div(
             [
@@ -172,7 +118,6 @@ def volume_section(
                 **{"data-max-bytes": str(max_bytes), "data-ticket": ids.VOLUME_TICKET},
             ),  # fmt: skip
             _samples(),
-            *([pacs_search()] if pacs else []),
             controls,
             html.Div(id=ids.VOLUME_INFO, className="help"),
             html.Div(id=ids.VOLUME_MESSAGE, className="message", role="alert"),
@@ -225,7 +170,7 @@ def volume_section(
                 ],
                 className="row exports",
             ),  # fmt: skip
-            *([pacs_send()] if pacs else []),
+            *([pacs_send(ids.PACS_SEND, ids.PACS_SENT)] if pacs else []),
         ],
         className="panel volume-panel",
     )

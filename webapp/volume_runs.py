@@ -49,6 +49,7 @@ from .runs import (
     host_load,
     plan_text,
     relabel,
+    result_heatmap,
     run_cells,
     run_threads,
     speed_text,
@@ -62,7 +63,6 @@ __all__ = [
     "read_uploaded_volume",
     "execute_volume",
     "relabel_volume",
-    "volume_heatmap",
     "volume_summary",
     "export_volume_json",
 ]
@@ -459,27 +459,6 @@ def relabel_volume(result: dict, label: int) -> dict:
     return relabel(result, label)
 
 
-def volume_heatmap(result: dict) -> krypton.Heatmap:
-    """A kept volume result as the library's :class:`krypton.Heatmap` (for the exports)."""
-    return krypton.Heatmap(
-        values=np.asarray(result["values"], np.float32),
-        xs=np.asarray(result["xs"]),
-        ys=np.asarray(result["ys"]),
-        zs=np.asarray(result["zs"]),
-        label=int(result["label"]),
-        prob=float(result["prob"]),
-        mode=result["mode"],
-        seconds=float(result["seconds"]),
-        patch=int(result["patch"]),
-        stride=int(result["stride"]),
-        positions_evaluated=int(result["evaluated"]),
-        macs_spent=0,
-        macs_naive=0,
-        extra={"ood": result.get("ood"), "plan": result.get("plan")},
-        base_probs=np.asarray(result["base_probs"]),
-    )
-
-
 def volume_summary(result: dict) -> list[str]:
     """The result as the panel states it."""
     from .lifecycle import format_duration
@@ -568,7 +547,7 @@ def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -
     except ValueError as exc:
         raise InputError(f"no DICOM export: {exc}") from None
     unit = prepared.unit
-    pictures = slice_pictures(unit, volume_heatmap(result))
+    pictures = slice_pictures(unit, result_heatmap(result))
 
     warning = ood_text(result.get("ood"))
     comments = (f"WARNING: {warning} " if warning else "") + (

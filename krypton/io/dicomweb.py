@@ -37,6 +37,7 @@ from .volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
 
 __all__ = [
     "PacsError",
+    "ImageNotChosen",
     "PacsSettings",
     "StudyRow",
     "SeriesRow",
@@ -60,6 +61,10 @@ _INSTANCE_FIELDS = (
 
 class PacsError(ImageLoadError):
     """The PACS could not be reached, refused a request or sent what it did not declare."""
+
+
+class ImageNotChosen(PacsError):
+    """A series of several images where one image was asked for without naming which."""
 
 
 @dataclass(frozen=True)
@@ -341,10 +346,11 @@ def _listing(pacs: Pacs, study_uid: str, series_uid: str) -> dict[str, dict]:
 
 def _fetch(
     pacs: Pacs, study_uid: str, series_uid: str, declared: dict[str, dict], folder: Path,
-    max_bytes: int | None,
+    max_bytes: int | None, what: str = "a volume",
 ) -> list[Path]:  # fmt: skip
     """Fetch the ``declared`` instances into ``folder`` once their declared sizes pass
-    the decode budget and ``max_bytes``, each download held to its declared size."""
+    the decode budget and ``max_bytes`` (the limit on ``what``: a volume, an image), each
+    download held to its declared size."""
     sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
     try:  # the series reader's own budget, asked of the PACS's listing
         check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
@@ -354,8 +360,9 @@ def _fetch(
         raise PacsError(str(exc)) from None
     if max_bytes is not None and sum(sizes.values()) > max_bytes:
         raise PacsError(
-            f"series {series_uid} holds {sum(sizes.values()) / 2**20:.3g} MB of pixels, over "
-            f"the {max_bytes / 2**20:.3g} MB a volume may have here"
+            f"{'series' if len(sizes) > 1 else 'the image of series'} {series_uid} holds "
+            f"{sum(sizes.values()) / 2**20:.3g} MB of pixels, over "
+            f"the {max_bytes / 2**20:.3g} MB {what} may have here"
         )
     written = []
     for number, (uid, size) in enumerate(sizes.items()):
@@ -382,10 +389,12 @@ def fetch_series(
 
 
 def fetch_instance(
-    pacs: Pacs, study_uid: str, series_uid: str, which: str | None, folder: Path
-) -> Path:
+    pacs: Pacs, study_uid: str, series_uid: str, which: str | None, folder: Path,
+    max_bytes: int | None = None,
+) -> Path:  # fmt: skip
     """Fetch one image of a series into ``folder`` (a 2-D model's input), within the
-    same limits: ``which`` is its SOP Instance UID or its instance number; None takes a
+    same limits and, where given, ``max_bytes`` of declared pixels (the app's image
+    limit): ``which`` is its SOP Instance UID or its instance number; None takes a
     series' only image."""
     declared = _listing(pacs, study_uid, series_uid)
     if which:
@@ -401,11 +410,11 @@ def fetch_instance(
         numbers = sorted(int(n) for n in (_value(r, "00200013", None) for r in declared.values())
                          if str(n or "").isdigit())  # fmt: skip
         listed = f" (instance numbers {numbers[0]}-{numbers[-1]})" if numbers else ""
-        raise PacsError(
-            f"series {series_uid} has {len(declared)} images: name one with --instance, a "
-            f"UID or an instance number{listed}"
+        raise ImageNotChosen(
+            f"series {series_uid} has {len(declared)} images: name one by its UID or "
+            f"instance number{listed}"
         )
-    return _fetch(pacs, study_uid, series_uid, chosen, folder, None)[0]
+    return _fetch(pacs, study_uid, series_uid, chosen, folder, max_bytes, "an image")[0]
 
 
 def fetch_series_zip(

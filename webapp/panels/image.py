@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import figures, helpers, ids
+from .. import figures, helpers, ids, pacs
 from ..client import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
@@ -112,6 +112,8 @@ class ImagePanel:
         ticket = ticket if isinstance(ticket, dict) else {}  # the page's, so the client's
         filename = str(ticket.get("name") or "") if trigger == ids.UPLOAD_TICKET else None
         try:
+            if trigger == ids.UPLOAD_TICKET and isinstance(ticket.get("pacs"), dict):
+                return self.pacs_image(ticket["pacs"], filename or "the image", session)
             if trigger == ids.UPLOAD_TICKET:
                 data = self.uploaded_bytes(ticket, "image", session)
                 name = filename
@@ -140,6 +142,23 @@ class ImagePanel:
             return no_update, no_update, str(exc), no_update, no_update, no_update, None
         image_data = {"key": key, "name": name, "size": list(image.size)}
         return image_data, None, "", no_update, no_update, no_update, key if compare else None
+
+    def pacs_image(self, chosen: dict, name: str, session: str) -> tuple:
+        """One image of a PACS series (webapp.panels.pacs names it): fetched within the
+        image limit by this client's one intake, then read as an uploaded DICOM file is;
+        the server remembers its study and series, where Send stores the result."""
+        study, series = str(chosen.get("study", "")), str(chosen.get("series", ""))
+        number = str(chosen.get("image") or "").strip() or None
+        with self.services.intake():
+            data = pacs.fetch_image_bytes(
+                self.services.settings.pacs, study, series, number,
+                self.services.settings.max_image_bytes,
+            )  # fmt: skip
+            image_data = self.dicom_image_data(data, name, session)
+        record = image_data["dicom"]
+        self.services.pacs_sources.remember(record["source"], session, study, series)
+        image_data["pacs"] = True
+        return image_data, None, "", "file", record["frames"], record["frame"] + 1, None
 
     def uploaded_bytes(self, ticket: dict | None, purpose: str, session: str) -> bytes:
         """The bytes of a file the page posted to the upload route (its ticket)."""

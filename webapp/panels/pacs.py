@@ -7,15 +7,22 @@ same callback, intake and page lifecycle as an uploaded series
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
 from dash import Input, Output, State, no_update
 from dash.exceptions import PreventUpdate
 
-from krypton.io.dicomweb import PacsError, connect
-from krypton.pacs import result_key, send_volume_result
+from krypton.io.dicomweb import PacsError, connect, content_labels
+from krypton.pacs import (
+    PARAMETRIC_MAP_STORAGE,
+    result_key,
+    send_image_result,
+    send_volume_result,
+)
 from krypton.render.dicom_series import dicom_headers
 
-from .. import ids, pacs, volume_runs
+from .. import ids, pacs, runs, volume_runs
 from ..helpers import InputError
 from ..services import Services
 
@@ -23,12 +30,24 @@ logger = logging.getLogger("krypton.app")
 
 __all__ = ["PacsPanel"]
 
+ALREADY_SENT = (
+    "Already in the PACS: this result ({key}) was sent to the study before; nothing new was stored."
+)
+
 
 class PacsPanel:
     """Callbacks of the PACS search and the Send button (registered only with a PACS)."""
 
     def __init__(self, services: Services):
         self.services = services
+
+    def _sent_before(self, client, study: str, key: str) -> bool:
+        """Whether the result ``key`` is in the study already: a Parametric Map labelled
+        with it there (as the study batch checks), or sent from this server (a
+        photograph's result is a Secondary Capture alone, which has no label)."""
+        if self.services.pacs_sources.was_sent(key):
+            return True
+        return key in content_labels(client, study, PARAMETRIC_MAP_STORAGE)
 
     def register(self, app) -> None:
         """Attach the callbacks to ``app`` (nothing without a configured PACS)."""
@@ -54,8 +73,9 @@ class PacsPanel:
         )(self.list_series)
         app.callback(
             Output(ids.PACS_OPEN, "disabled"),
+            Output(ids.PACS_OPEN_IMAGE, "disabled"),
             Input(ids.PACS_SERIES, "value"),
-        )(lambda series: not series)
+        )(lambda series: (not series, not series))
         app.callback(
             Output(ids.VOLUME_TICKET, "data", allow_duplicate=True),
             Input(ids.PACS_OPEN, "n_clicks"),
@@ -64,6 +84,28 @@ class PacsPanel:
             State(ids.PACS_SERIES, "options"),
             prevent_initial_call=True,
         )(self.open_series)
+        app.callback(
+            Output(ids.UPLOAD_TICKET, "data", allow_duplicate=True),
+            Input(ids.PACS_OPEN_IMAGE, "n_clicks"),
+            State(ids.PACS_STUDY, "value"),
+            State(ids.PACS_SERIES, "value"),
+            State(ids.PACS_SERIES, "options"),
+            State(ids.PACS_IMAGE_NUMBER, "value"),
+            prevent_initial_call=True,
+        )(self.open_image)
+        app.callback(
+            Output(ids.PACS_IMAGE_SEND, "disabled"),
+            Output(ids.PACS_IMAGE_SENT, "children"),
+            Input(ids.RESULT_STORE, "data"),
+            Input(ids.IMAGE_STORE, "data"),
+        )(self.image_sendable)
+        app.callback(
+            Output(ids.PACS_IMAGE_SENT, "children", allow_duplicate=True),
+            Input(ids.PACS_IMAGE_SEND, "n_clicks"),
+            State(ids.RESULT_STORE, "data"),
+            State(ids.SESSION, "data"),
+            prevent_initial_call=True,
+        )(self.send_image)
         app.callback(
             Output(ids.PACS_SEND, "disabled"),
             Output(ids.PACS_SENT, "children"),
@@ -112,6 +154,27 @@ class PacsPanel:
         return {"name": f"PACS {label}", "pacs": {"study": str(study), "series": str(series)},
                 "opened": clicks}  # fmt: skip
 
+    def open_image(self, clicks, study, series, options, number):
+        """Name one image of the chosen series in the image panel's ticket: it loads as
+        an uploaded DICOM file (:meth:`webapp.panels.image.ImagePanel.pacs_image`)."""
+        if not clicks or not study or not series:
+            raise PreventUpdate
+        label = next((o["label"] for o in options or () if o.get("value") == series), str(series))
+        number = str(number or "").strip()
+        return {
+            "name": f"PACS {label}" + (f" image {number}" if number else ""),
+            "pacs": {"study": str(study), "series": str(series), "image": number},
+            "opened": clicks,
+        }
+
+    def image_sendable(self, handle, image_data):
+        """Send is offered for a result on an image opened from the PACS."""
+        if not (isinstance(handle, dict) and isinstance(image_data, dict)):
+            return True, ""
+        made_from = handle.get("provenance") or {}
+        ready = bool(image_data.get("pacs")) and made_from.get("image") == image_data.get("key")
+        return not ready, ""
+
     def sendable(self, handle, record):
         """Send is offered for a result on a series this panel opened from the PACS."""
         shown = isinstance(handle, dict) and isinstance(record, dict)
@@ -120,7 +183,8 @@ class PacsPanel:
 
     def send(self, clicks, handle, session):
         """Store the result shown in its source's study
-        (:func:`krypton.pacs.send_volume_result`)."""
+        (:func:`krypton.pacs.send_volume_result`), unless the study holds it already
+        (its Content Label, :func:`krypton.pacs.result_key`, as the study batch checks)."""
         if not clicks or not isinstance(handle, dict):
             raise PreventUpdate
         session = str(session or "")
@@ -140,14 +204,65 @@ class PacsPanel:
                 model = self.services.volume_model(result["model"])
                 settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
                 key = result_key(series, model, {**settings, "label": result["label"]})
+                client = connect(self.services.settings.pacs)
+                if self._sent_before(client, study, key):
+                    return ALREADY_SENT.format(key=key)
                 sent = send_volume_result(
-                    connect(self.services.settings.pacs), study, model, prepared.model_input,
-                    volume_runs.volume_heatmap(result), dicom_headers(source), key,
+                    client, study, model, prepared.model_input,
+                    runs.result_heatmap(result), dicom_headers(source), key,
                 )  # fmt: skip
         except (InputError, PacsError, ValueError) as exc:
             return f"Not sent: {exc}"
+        self.services.pacs_sources.sent(key)
         logger.info("sent a parametric map to a PACS study (%d captures)", sent.captures)
         return (
             f"Sent to the PACS: a Parametric Map of {result['label_name']} (series "
             f"{sent.map_series}) and {sent.captures} Secondary Captures, in the source's study."
+        )
+
+    def send_image(self, clicks, handle, session):
+        """Store the image result shown in its source's study
+        (:func:`krypton.pacs.send_image_result`): a Parametric Map over the source image
+        where it has a frame of reference, and the Secondary Capture; unless the study
+        holds this result already."""
+        if not clicks or not isinstance(handle, dict):
+            raise PreventUpdate
+        session = str(session or "")
+        result = self.services.results.get(session)
+        if result is None or result.get("id") != handle.get("id"):
+            return "The heatmap is no longer on the server; press Run again."
+        record = result.get("dicom") or {}
+        opened = self.services.pacs_sources.origin(str(record.get("source", "")), session)
+        if opened is None:
+            return "This image was not opened from the PACS; only those are sent back."
+        study, series = opened
+        try:
+            with self.services.intake():
+                source = self.services.images.source(record["source"], session)
+                model = self.services.model(result["model"])
+                settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
+                key = result_key(series, model, {
+                    **settings, "label": result["label"], "image": record["source"],
+                    "frame": record["frame"], "window": record.get("requested"),
+                })  # fmt: skip
+                client = connect(self.services.settings.pacs)
+                if self._sent_before(client, study, key):
+                    return ALREADY_SENT.format(key=key)
+                window = record.get("requested")
+                with tempfile.TemporaryDirectory(prefix="krypton-send-") as folder:
+                    path = Path(folder) / "source.dcm"
+                    path.write_bytes(source)
+                    sent = send_image_result(
+                        client, study, model, runs.result_heatmap(result), path, key,
+                        window=tuple(window) if isinstance(window, list) else window,
+                        frame=record["frame"],
+                    )  # fmt: skip
+        except (InputError, PacsError, ValueError) as exc:
+            return f"Not sent: {exc}"
+        self.services.pacs_sources.sent(key)
+        logger.info("sent an image result to a PACS study")
+        placed = f"a Parametric Map (series {sent.map_series}) and " if sent.map_series else ""
+        return (
+            f"Sent to the PACS: {placed}a Secondary Capture of {result['label_name']}, in the "
+            "source's study."
         )

@@ -14,7 +14,7 @@ from dash.exceptions import PreventUpdate
 from krypton.registry import available_models
 from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
-from .. import comparison, ids, pacs, volume_runs, volume_views, wording
+from .. import comparison, ids, pacs, runs, volume_runs, volume_views, wording
 from ..exports import export_stem
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError, fill_for_display, owner_tag
@@ -473,7 +473,7 @@ class VolumePanel:
             handle, record, model, session, (region, patch, stride, mode, label)
         )
         if result is not None:
-            heatmap = volume_runs.volume_heatmap(result)
+            heatmap = runs.result_heatmap(result)
             per_voxel = voxel_values(heatmap, prepared.unit.shape)
             values = np.asarray(result["values"], np.float64)
             value_range = (float(np.nanmin(values)), float(np.nanmax(values)) + 1e-9)
@@ -658,7 +658,7 @@ class VolumePanel:
         stem = export_stem(result)
         try:
             if fmt == "nifti":
-                heatmap = volume_runs.volume_heatmap(result)
+                heatmap = runs.result_heatmap(result)
                 affine = None if result.get("affine") is None else np.asarray(result["affine"])
                 data = heatmap_nifti(heatmap, affine, f"krypton {result['model']} "
                                      f"{result['label_name']}")  # fmt: skip
