@@ -115,6 +115,19 @@ def krypton_home(tmp_path_factory, monkeypatch):
     return home
 
 
+@pytest.fixture
+def quick_integrated_gradients(monkeypatch):
+    """Integrated Gradients from 4 steps, at most 8 (krypton.methods: 32 doubled up to 128
+    until the completeness gap is within 1%), for tests of where the gradient maps go
+    (the app, the CLI, the exports), which compare them with the library's own maps
+    computed under the same setting. The step policy itself is tests/test_methods.py's;
+    at its defaults one compared fundus image took 60-80 s of a 2-core suite."""
+    from krypton import methods
+
+    monkeypatch.setattr(methods, "IG_STEPS", 4)
+    monkeypatch.setattr(methods, "IG_MAX_STEPS", 8)
+
+
 # -- the web app (browser tests) ---------------------------------------------------------
 
 

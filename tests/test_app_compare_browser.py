@@ -16,7 +16,7 @@ from test_app_browser import choose
 from test_app_dicom_browser import downloaded
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quick_integrated_gradients")]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -120,9 +120,8 @@ def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
 ):
     """One slice of a CT series in the image panel (fundus-demo, a 2-D model): the map
     stored over the source slice's own pixels holds the page's drops."""
-    from test_app_browser import choose, wait_for_result
-
     import highdicom as hd
+    from test_app_browser import choose, wait_for_result
 
     from krypton.render.parametric_map import drop_values
     from webapp.runs import result_heatmap
@@ -158,7 +157,8 @@ def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
     values = np.load(downloaded(dash_duo, ".npy"))
 
     dash_duo.wait_for_element("#pacs-image-send:not([disabled])", timeout=30).click()
-    dash_duo.wait_for_contains_text("#pacs-image-sent", "Sent to the PACS: a Parametric", timeout=60)
+    sent = "Sent to the PACS: a Parametric"
+    dash_duo.wait_for_contains_text("#pacs-image-sent", sent, timeout=60)
     # README's picture of the flow: the search, the slice, its heatmap and what was sent
     # (out/ is ignored by git; copy it to docs/pacs.png)
     dash_duo.driver.execute_script("window.scrollTo(0, 0)")

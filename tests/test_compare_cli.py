@@ -7,10 +7,13 @@ import json
 
 import nibabel
 import numpy as np
+import pytest
 from PIL import Image
 
 from krypton.chestct import ChestCTGenerator
 from krypton.registry import load_model
+
+pytestmark = pytest.mark.usefixtures("quick_integrated_gradients")
 
 
 def test_compare_writes_three_maps_on_one_grid_for_an_image(tmp_path, cli_here):

@@ -20,7 +20,10 @@ from webapp import comparison, runs, volume_runs
 from webapp.helpers import InputError
 from webapp.services import Services
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.usefixtures("quick_integrated_gradients"),
+]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

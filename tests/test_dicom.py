@@ -10,7 +10,6 @@ import pydicom
 import pytest
 from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut, apply_voi_lut
-from test_cli import run_cli
 
 import krypton
 from krypton.io.dicom import (
@@ -156,7 +155,7 @@ def test_windows_are_parsed_and_checked():
     assert is_dicom(CT) and not is_dicom(b"\x89PNG" + bytes(200))
 
 
-def test_load_image_and_explain_a_ct_slice_without_identifying_tags(tmp_path):
+def test_load_image_and_explain_a_ct_slice_without_identifying_tags(tmp_path, cli_here):
     dataset = pydicom.dcmread(CT)
     dataset.PatientName = "Doe^Jane"
     dataset.PatientID = "ID-12345"
@@ -169,12 +168,12 @@ def test_load_image_and_explain_a_ct_slice_without_identifying_tags(tmp_path):
     heatmap = krypton.explain(loaded, loaded.preprocess(picture), patch=16, stride=16)
     assert heatmap.values.shape == (14, 14)
     out = tmp_path / "h.png"
-    result = run_cli("explain", str(path), "--window", "lung", "--stride", "16", "--out", str(out))
+    result = cli_here("explain", str(path), "--window", "lung", "--stride", "16", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert out.exists()
     everything = result.stdout + result.stderr
     assert "Doe" not in everything and "ID-12345" not in everything
-    bad = run_cli("explain", str(path), "--window", "liver", "--out", str(out))
+    bad = cli_here("explain", str(path), "--window", "liver", "--out", str(out))
     assert bad.returncode == 2 and "window must be one of" in bad.stderr
 
 
@@ -285,15 +284,15 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
     assert json.loads(files["json"])["dicom"]["window_source"] == "preset lung"
 
 
-def test_cli_explain_writes_a_secondary_capture_without_identity(tmp_path):
+def test_cli_explain_writes_a_secondary_capture_without_identity(tmp_path, cli_here):
     source, path = identified(tmp_path)
     out = tmp_path / "h.png"
-    result = run_cli("explain", str(path), "--window", "lung", "--stride", "16", "--out", str(out))
+    result = cli_here("explain", str(path), "--window", "lung", "--stride", "16", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "C -600 / W 1500 (preset lung)" in result.stdout
     capture = pydicom.dcmread(out.with_suffix(".dcm"))
     assert capture.StudyInstanceUID == source.StudyInstanceUID and not capture.PatientID
     assert "W 1500" in capture.ImageComments
-    named = run_cli("explain", str(path), "--stride", "16", "--out", str(out), "--dicom-identity")
+    named = cli_here("explain", str(path), "--stride", "16", "--out", str(out), "--dicom-identity")
     assert named.returncode == 0, named.stderr
     assert pydicom.dcmread(out.with_suffix(".dcm")).PatientID == "ID-12345"
