@@ -271,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument(
         "--broker",
         help="redis://HOST:PORT/DB: explain the images on the team's Celery workers "
-        "(`make worker`) instead of in this process; the outputs are the same",
+        "(`make worker`) instead of in this process; the outputs are the same. With "
+        "--dicomweb each worker fetches its series from, and sends to, its own "
+        "KRYPTON_DICOMWEB_URL, which must be the batch's PACS",
     )
     add_explain_options(batch)
     add_pacs_source_options(batch, batch=True)

@@ -237,10 +237,12 @@ def run_batch_pacs(
     options_of: Callable[[argparse.Namespace, object], dict],
 ) -> int:
     """``krypton batch --dicomweb [URL] --study UID``: every image series of the study
-    (:func:`krypton.pacs.run_study_batch`); ``load()`` gives the volume model,
-    ``options_of(args, model)`` explain()'s options."""
+    (:func:`krypton.pacs.run_study_batch`), here or with ``--broker`` on the team's
+    workers; ``load()`` gives the volume model, ``options_of(args, model)`` explain()'s
+    options."""
     from tqdm import tqdm
 
+    from .batch.broker import BrokerError
     from .pacs import run_study_batch
 
     if args.input:
@@ -259,14 +261,19 @@ def run_batch_pacs(
             bar.total, bar.n = total, done
             bar.set_postfix_str(name[-30:])
 
+        submit = None
+        if args.broker:  # each series on a worker, which reads and writes its own PACS
+            from .batch.broker import broker_series
+
+            submit = broker_series(args.broker)
         try:
             outcome = run_study_batch(
                 pacs, args.study, model, Path(args.out), options, modality=args.modality,
-                send=args.send, progress=progress,
+                send=args.send, progress=progress, submit=submit,
             )  # fmt: skip
         finally:
             bar.close()
-    except (PacsError, ValueError) as exc:
+    except (PacsError, ValueError, BrokerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     failed = [row for row in outcome.rows if row.error]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,9 @@ __all__ = [
     "PARAMETRIC_MAP_STORAGE",
     "NOT_IMAGES",
     "StudyBatch",
+    "explain_series",
     "explainable_series",
+    "local_series",
     "is_explainable",
     "result_key",
     "run_study_batch",
@@ -176,6 +178,55 @@ class StudyBatch:
     already_sent: list[str] = field(default_factory=list)  # series whose result was there
 
 
+# submit(todo): for each (series row, result key) to explain, in any order, the series
+# row, its summary row (krypton.batch.folder.BatchRow), output files and what was sent
+SeriesOutcome = tuple[SeriesRow, object, dict, SentResult | None]
+SeriesSubmit = Callable[[list[tuple[SeriesRow, str]]], Iterator[SeriesOutcome]]
+
+
+def explain_series(
+    pacs: Pacs, study_uid: str, series_uid: str, model, options: dict, label: str | None,
+    key: str, send: bool,
+) -> tuple[object, dict[str, bytes], SentResult | None]:  # fmt: skip
+    """Fetch one series, explain it with the volume ``model`` (the row and files
+    ``krypton batch`` writes for a volume) and, with ``send``, store the result in the
+    study labelled ``key``. A series that cannot be fetched or explained gives a row
+    with its error; a refused send raises PacsError. The local study batch and the
+    Celery workers (:mod:`krypton.batch.broker`) both call this."""
+    from .batch.folder import BatchRow, explain_item
+
+    with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
+        try:
+            files = fetch_series(pacs, study_uid, series_uid, Path(folder))
+        except PacsError as exc:
+            return BatchRow(image=series_uid, given_label=label or "", error=str(exc)), {}, None
+        row, outputs = explain_item(Path(folder), label, model, options, image=series_uid)
+        sources = fetched_headers(files)
+    sent = None
+    if send and not row.error:
+        extra = row.extra
+        sent = send_volume_result(
+            pacs, study_uid, model, extra["prepared"], extra["heatmap"], sources, key
+        )
+    return row, outputs, sent
+
+
+def local_series(
+    pacs: Pacs, study_uid: str, model, options: dict, label: str | None, send: bool
+) -> SeriesSubmit:
+    """A ``submit`` for :func:`run_study_batch` that explains each series here, one
+    after another (:func:`explain_series`)."""
+
+    def submit(todo):
+        for found, key in todo:
+            row, outputs, sent = explain_series(
+                pacs, study_uid, found.series_uid, model, options, label, key, send
+            )
+            yield found, row, outputs, sent
+
+    return submit
+
+
 def run_study_batch(
     pacs: Pacs,
     study_uid: str,
@@ -187,6 +238,7 @@ def run_study_batch(
     modality: str | None = None,
     send: bool = True,
     progress: Callable[[int, int, str], None] | None = None,
+    submit: Callable[..., SeriesSubmit] | None = None,
 ) -> StudyBatch:
     """Explain each series of the study (:func:`explainable_series`) with the volume
     ``model`` into ``out_dir`` (the files ``krypton batch`` writes per volume, then
@@ -195,13 +247,14 @@ def run_study_batch(
     With ``send``, a series whose result (:func:`result_key`) the study already holds is
     neither fetched nor explained again. A series that cannot be fetched or explained
     gets a row with its error and the run goes on; a refused send ends the run (the
-    PACS's message is the error), results sent before it stay."""
+    PACS's message is the error), results sent before it stay. ``submit(pacs,
+    study_uid, model, options, label, send)`` makes what explains the series: here by
+    default (:func:`local_series`), or on the team's workers
+    (:func:`krypton.batch.broker.broker_series`)."""
     from .batch.folder import (
         BatchItem,
-        BatchRow,
         batch_settings,
         done_row,
-        explain_item,
         store_outputs,
         write_contact_sheet,
         write_summary,
@@ -214,35 +267,31 @@ def run_study_batch(
     settings = batch_settings(model, options)
     outcome = StudyBatch()
     out_dir.mkdir(parents=True, exist_ok=True)
-    for number, found in enumerate(series):
-        item = BatchItem(Path(found.series_uid), f"series-{found.series_uid}", label)
-        if progress is not None:
-            progress(number, len(series), found.description or found.series_uid)
+
+    def item_of(found: SeriesRow) -> BatchItem:
+        return BatchItem(Path(found.series_uid), f"series-{found.series_uid}", label)
+
+    todo = []
+    for found in series:
         key = result_key(found.series_uid, model, {**options, "label": label})
         if send and key in there:
             outcome.already_sent.append(found.series_uid)
-            kept = done_row(out_dir, item, settings)
+            kept = done_row(out_dir, item_of(found), settings)
             if kept is not None:
                 outcome.rows.append(kept)
-            continue
-        with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
-            try:
-                files = fetch_series(pacs, study_uid, found.series_uid, Path(folder))
-            except PacsError as exc:
-                outcome.rows.append(BatchRow(image=found.series_uid, error=str(exc)))
-                continue
-            row, outputs = explain_item(Path(folder), label, model, options, image=found.series_uid)
-            sources = fetched_headers(files)
-        store_outputs(out_dir, item, row, outputs, settings)
+        else:
+            todo.append((found, key))
+    if progress is not None:
+        progress(0, len(todo), todo[0][0].description or todo[0][0].series_uid if todo else "")
+    explained = (submit or local_series)(pacs, study_uid, model, options, label, send)
+    for number, (found, row, outputs, sent) in enumerate(explained(todo), start=1):
+        store_outputs(out_dir, item_of(found), row, outputs, settings)
         outcome.rows.append(row)
         outcome.explained += not row.error
-        if send and not row.error:
-            extra = row.extra
-            outcome.sent.append(send_volume_result(
-                pacs, study_uid, model, extra["prepared"], extra["heatmap"], sources, key
-            ))  # fmt: skip
-    if progress is not None:
-        progress(len(series), len(series), "")
+        if sent is not None:
+            outcome.sent.append(sent)
+        if progress is not None:
+            progress(number, len(todo), found.description or found.series_uid)
     if outcome.rows:
         write_summary(out_dir, outcome.rows)
         write_contact_sheet(out_dir, outcome.rows, model)

@@ -409,6 +409,80 @@ def test_a_study_batch_sends_one_map_per_series_and_nothing_when_run_again(
     assert len(_parametric_maps(pacs_env, study)) == 10
 
 
+@pytest.mark.team
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_a_study_batch_on_the_teams_workers_reads_and_sends_through_their_own_pacs(
+    pacs_env,
+    hu_volume,
+    volume_model,  # noqa: F811
+    tmp_path,
+    capsys,
+):
+    """`krypton batch --dicomweb --study --send --broker`: a real Celery worker (Redis,
+    `make worker`'s command) fetches each series from its own configured PACS and sends
+    the map itself; the files are those a local run writes, a re-run sends nothing, and
+    the sign-in never travels through Redis."""
+    from pydicom.uid import generate_uid
+
+    from bench.dash_client import free_port
+    from webapp.cluster import Cluster
+
+    study = generate_uid()
+    pacs = dicomweb.connect(dicomweb.PacsSettings.from_environment())
+    for number in range(2):
+        datasets = ct_series(
+            hu_volume[number::3], (3 * SPACING, SPACING, SPACING), "Team^Series",
+            study_uid=study, description=f"series {number + 1}",
+        )  # fmt: skip
+        dicomweb.store(pacs, datasets, study)
+    options = ["--model", "ct-test", "--patch", "8", "--stride", "8", "--region", BATCH_REGION]
+    assert main(["batch", "--dicomweb", "--study", study, *options,
+                 "--out", str(tmp_path / "local")]) == 0  # fmt: skip
+    capsys.readouterr()
+    cluster = Cluster(tmp_path / "cluster", free_port(), torch_threads=1)  # this environment
+    try:
+        cluster.start_redis()
+        cluster.start_worker("pacs")
+        command = [
+            "batch", "--dicomweb", "--study", study, *options, "--send",
+            "--out", str(tmp_path / "team"), "--broker", cluster.url,
+        ]  # fmt: skip
+        assert main(command) == 0, capsys.readouterr().err
+        printed = capsys.readouterr().out
+        assert "2 series explained" in printed and "sent       2 Parametric Maps" in printed
+        assert len(_parametric_maps(pacs_env, study)) == 2
+        log = cluster.log_text("worker-pacs")
+        assert log.count("krypton.pacs_series[") >= 2 and "succeeded" in log
+        assert PASSWORD not in log
+        assert not any(PASSWORD.encode() in (cluster.client().dump(key) or b"")
+                       for key in cluster.client().scan_iter())  # fmt: skip
+        for local in (tmp_path / "local").glob("*.npy"):
+            assert (tmp_path / "team" / local.name).read_bytes() == local.read_bytes()
+        assert main(command) == 0  # again: both results are there, nothing is sent
+        assert "2 series had theirs already" in capsys.readouterr().out
+        assert len(_parametric_maps(pacs_env, study)) == 2
+    finally:
+        cluster.stop()
+
+
+def test_a_worker_without_the_batchs_pacs_says_so(pacs_env, volume_model, monkeypatch):  # noqa: F811
+    from krypton.batch import broker
+    from krypton.explainer import model_fingerprint
+
+    checksum = model_fingerprint(volume_model.module)[1]
+    args = ("w1", "ct-test", checksum, pacs_env, "1.2", "1.2.3", None, {}, True, "KRYPTON_X")
+    monkeypatch.delenv("KRYPTON_DICOMWEB_URL")
+    answer = broker._pacs_series(*args)
+    assert (
+        "worker w1 has no PACS configured; give it KRYPTON_DICOMWEB_URL=" in answer["row"]["error"]
+    )
+    monkeypatch.setenv("KRYPTON_DICOMWEB_URL", "http://elsewhere:8042/dicom-web")
+    assert "has another PACS configured" in broker._pacs_series(*args)["row"]["error"]
+    assert (
+        "different weights" in broker._pacs_series(*args[:2], "0" * 64, *args[3:])["row"]["error"]
+    )
+
+
 def test_explain_names_a_pacs_study_with_flags(
     pacs_env,
     stored_series,

@@ -24,6 +24,8 @@ from .._environment import library_setting
 
 __all__ = [
     "BATCH_TASK",
+    "PACS_TASK",
+    "broker_series",
     "BrokerError",
     "KeepVisible",
     "delivery_tag",
@@ -37,6 +39,7 @@ __all__ = [
 
 PREFIX = "krypton:"  # every key Krypton keeps in Redis starts with this
 BATCH_TASK = "krypton.batch_image"
+PACS_TASK = "krypton.pacs_series"  # one series of a study batch (krypton.pacs)
 # A message invisible this long with nobody refreshing it goes back to the queue. Short,
 # so lost work restarts soon; running tasks refresh theirs every REFRESH_SECONDS.
 VISIBILITY_TIMEOUT = 20.0  # default; KRYPTON_VISIBILITY_TIMEOUT sets it (seconds, >= 5)
@@ -201,14 +204,70 @@ def register_batch_task(app: Celery) -> None:
             "worker": task.request.hostname,
         }
 
+    @app.task(name=PACS_TASK, bind=True)
+    def pacs_series(
+        task, model_name: str, checksum: str, pacs_url: str, study: str, series: str,
+        label: str | None, options: dict, send: bool, key: str,
+    ) -> dict:  # fmt: skip
+        """One series of a study batch, fetched from and sent to this worker's own PACS
+        (its KRYPTON_DICOMWEB_URL and sign-in: no credential travels in a message)."""
+        with KeepVisible(client, delivery_tag(task.request)):
+            return _pacs_series(
+                task.request.hostname, model_name, checksum, pacs_url, study, series, label,
+                options, send, key,
+            )  # fmt: skip
 
-def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_for_worker=30.0):
-    """A ``submit`` for :func:`krypton.batch.run_batch` that sends each image to the
-    Celery workers behind ``url`` and yields results as they finish."""
+
+def _pacs_series(
+    worker: str, model_name: str, checksum: str, pacs_url: str, study: str, series: str,
+    label: str | None, options: dict, send: bool, key: str,
+) -> dict:  # fmt: skip
+    """The PACS task's work (:func:`krypton.pacs.explain_series`), its answer a dict: the
+    row, the files (base64), what was sent, or ``refused``: the PACS refused the send."""
+    from ..io.dicomweb import PacsError, PacsSettings, connect
+    from ..pacs import explain_series
+
+    def failed(error: str) -> dict:
+        return {"row": {"image": series, "given_label": label or "", "error": error},
+                "files": {}, "sent": None, "worker": worker}  # fmt: skip
+
+    model, found = _worker_model(model_name)
+    if found != checksum:
+        return failed(
+            f"worker {worker} has different weights for {model_name} (checksum "
+            f"{found[:12]}, yours {checksum[:12]}); give every host the same model registry"
+        )
+    try:
+        settings = PacsSettings.from_environment()
+    except PacsError as exc:
+        return failed(f"worker {worker}: {exc}")
+    if settings is None or settings.url.rstrip("/") != pacs_url.rstrip("/"):
+        where = "no PACS" if settings is None else "another PACS"
+        return failed(
+            f"worker {worker} has {where} configured; give it KRYPTON_DICOMWEB_URL={pacs_url} "
+            "and its sign-in"
+        )
+    options = {k: tuple(v) if k in ("fill", "region") and isinstance(v, list) else v
+               for k, v in options.items()}  # fmt: skip
+    try:
+        row, files, sent = explain_series(
+            connect(settings), study, series, model, options, label, key, send
+        )
+    except PacsError as exc:
+        return {**failed(str(exc)), "refused": True}
+    record = asdict(row)
+    record.pop("extra")
+    return {
+        "row": record,
+        "files": {k: base64.b64encode(v).decode() for k, v in files.items()},
+        "sent": None if sent is None else asdict(sent),
+        "worker": worker,
+    }
+
+
+def _workers(url: str, model, wait_for_worker: float) -> Celery:
+    """The Celery app on ``url`` once a worker is there (BrokerError otherwise)."""
     import redis
-
-    from ..explainer import model_fingerprint
-    from .folder import BatchRow
 
     if model.random_weights:
         raise BrokerError("random weights differ on every worker; --broker needs trained weights")
@@ -224,7 +283,32 @@ def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_
                 f"no Krypton worker is running on {url} (start one with `make worker`)"
             )
         time.sleep(0.5)
-    app = make_celery(url)
+    return make_celery(url)
+
+
+def _as_finished(pending: dict) -> Iterator[tuple[object, object]]:
+    """(what was sent, its Celery result) for each task of ``pending`` (task id ->
+    (what, result)) as it finishes; what is still queued when the caller stops (an
+    interrupt, an error) is withdrawn."""
+    try:
+        while pending:
+            for task_id, (what, result) in list(pending.items()):
+                if result.ready():
+                    del pending[task_id]
+                    yield what, result
+            time.sleep(0.1)
+    finally:
+        for _, result in pending.values():
+            result.revoke()
+
+
+def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_for_worker=30.0):
+    """A ``submit`` for :func:`krypton.batch.run_batch` that sends each image to the
+    Celery workers behind ``url`` and yields results as they finish."""
+    from ..explainer import model_fingerprint
+    from .folder import BatchRow
+
+    app = _workers(url, model, wait_for_worker)
     checksum = model_fingerprint(model.module)[1]
 
     def submit(items) -> Iterator:
@@ -237,42 +321,63 @@ def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_
                 row.error = f"cannot read the file: {exc.strerror or exc}"
                 yield item, row, {}
                 continue
-            result = app.send_task(
-                BATCH_TASK,
-                args=(
-                    model.name,
-                    checksum,
-                    data,
-                    str(item.path),
-                    item.label,
-                    options,
-                    window,
-                    frame,
-                ),  # fmt: skip
-            )
+            result = app.send_task(BATCH_TASK, args=(
+                model.name, checksum, data, str(item.path), item.label, options, window, frame,
+            ))  # fmt: skip
             pending[result.id] = (item, result)
-        try:
-            while pending:
-                for task_id, (item, result) in list(pending.items()):
-                    if not result.ready():
-                        continue
-                    del pending[task_id]
-                    if result.successful():
-                        answer = result.get()
-                        row = BatchRow(**answer["row"])
-                        files = {k: base64.b64decode(v) for k, v in answer["files"].items()}
-                    else:
-                        row = BatchRow(image=str(item.path), given_label=item.label or "")
-                        row.error = f"the worker failed: {result.result!r}"
-                        files = {}
-                    result.forget()
-                    yield item, row, files
-                time.sleep(0.1)
-        finally:
-            for _, result in pending.values():  # interrupted: withdraw what is queued
-                result.revoke()
+        for item, result in _as_finished(pending):
+            if result.successful():
+                answer = result.get()
+                row = BatchRow(**answer["row"])
+                files = {k: base64.b64decode(v) for k, v in answer["files"].items()}
+            else:
+                row = BatchRow(image=str(item.path), given_label=item.label or "")
+                row.error = f"the worker failed: {result.result!r}"
+                files = {}
+            result.forget()
+            yield item, row, files
 
     return submit
+
+
+def broker_series(url: str, wait_for_worker: float = 30.0):
+    """A ``submit`` for :func:`krypton.pacs.run_study_batch` that sends each series to the
+    Celery workers behind ``url``. Each worker fetches the series from its own PACS,
+    which must be the one the batch names, and sends the result there itself."""
+
+    def make(pacs, study_uid: str, model, options: dict, label: str | None, send: bool):
+        from ..explainer import model_fingerprint
+        from ..io.dicomweb import PacsError
+        from ..pacs import SentResult
+        from .folder import BatchRow
+
+        app = _workers(url, model, wait_for_worker)
+        checksum = model_fingerprint(model.module)[1]
+
+        def submit(todo) -> Iterator:
+            pending = {}
+            for found, key in todo:
+                result = app.send_task(PACS_TASK, args=(
+                    model.name, checksum, pacs.settings.url, study_uid, found.series_uid,
+                    label, options, send, key,
+                ))  # fmt: skip
+                pending[result.id] = (found, result)
+            for found, result in _as_finished(pending):
+                if not result.successful():
+                    error = f"the worker failed: {result.result!r}"
+                    yield found, BatchRow(image=found.series_uid, error=error), {}, None
+                    continue
+                answer = result.get()
+                result.forget()
+                if answer.get("refused"):  # the PACS refused a send: the run ends
+                    raise PacsError(answer["row"]["error"])
+                files = {k: base64.b64decode(v) for k, v in answer["files"].items()}
+                sent = SentResult(**answer["sent"]) if answer.get("sent") else None
+                yield found, BatchRow(**answer["row"]), files, sent
+
+        return submit
+
+    return make
 
 
 def worker_threads() -> int:
