@@ -325,6 +325,21 @@ def test_a_pacs_that_lists_a_gigabyte_frame_is_refused_before_any_pixel(tmp_path
         lying.close()
 
 
+def test_a_store_the_pacs_takes_only_in_part_says_what_it_kept(orthanc, hu_volume):
+    """Orthanc answers 409 when it stores some instances of a STOW-RS request and refuses
+    others (here one of another study): the message says how many, why, and which series
+    now hold part of the result, rather than a bare "HTTP 409"."""
+    ours = ct_series(hu_volume[:2], (SPACING,) * 3, "Part^Stored")
+    stray = ct_series(hu_volume[:1], (SPACING,) * 3, "Other^Study")
+    pacs = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD))
+    with pytest.raises(dicomweb.PacsError) as refused:
+        dicomweb.store(pacs, [ours[0], stray[0]], ours[0].StudyInstanceUID)
+    message = str(refused.value)
+    assert "refused 1 of the result's 2 instances (failure reason 0x" in message
+    assert f"it stored 1 (series {ours[0].SeriesInstanceUID})" in message
+    assert "remove those there before sending again" in message
+
+
 def test_make_pacs_loads_the_chest_ct_sample_as_a_ct_series(orthanc):
     from demo.pacs import load_demo_study
 

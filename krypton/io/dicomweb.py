@@ -20,6 +20,7 @@ fetched files are then read by :func:`krypton.io.volumes.read_dicom_series`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -453,9 +454,53 @@ def fetched_headers(files: list[Path]) -> list:
 
 
 def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
-    """Store ``datasets`` in the study ``study_uid`` (STOW-RS)."""
+    """Store ``datasets`` in the study ``study_uid`` (STOW-RS). A PACS that takes some
+    and refuses others (HTTP 409, or 202 with failures) raises PacsError saying how many
+    of each, why, and which series now hold part of the result."""
     with _answers("storing the result"):
-        pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
+        try:
+            answer = pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
+        except requests.HTTPError as exc:
+            body = exc.response.text if exc.response is not None else ""
+            partly = _partly_stored(_stow_answer(body), len(datasets))
+            if partly:
+                raise PacsError(partly) from None
+            raise
+    if answer is not None and "FailedSOPSequence" in answer:
+        partly = _partly_stored(answer.to_json_dict(), len(datasets))
+        raise PacsError(partly or "the PACS refused part of the result")
+
+
+def _stow_answer(body: str) -> dict:
+    """A STOW-RS answer's DICOM JSON, or {} where it has none."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _partly_stored(answer: dict, total: int) -> str:
+    """What a STOW-RS answer says was refused and what was kept (''  if nothing was)."""
+    failed = answer.get("00081198", {}).get("Value") or []
+    if not failed:
+        return ""
+    kept = answer.get("00081199", {}).get("Value") or []
+    reasons = sorted({f"0x{int(_value(item, '00081197', 0)):04X}" for item in failed})
+    kept_series = sorted({
+        str(_value(item, "00081190")).split("/series/")[1].split("/")[0]
+        for item in kept if "/series/" in str(_value(item, "00081190"))
+    })  # fmt: skip
+    held = (
+        f"; it stored {len(kept)} (series {', '.join(kept_series)}): remove those there "
+        "before sending again"
+        if kept
+        else "; it stored none"
+    )
+    return (
+        f"the PACS refused {len(failed)} of the result's {total} instances (failure "
+        f"reason {', '.join(reasons)}){held}"
+    )
 
 
 def content_labels(pacs: Pacs, study_uid: str, sop_class_uid: str) -> set[str]:
