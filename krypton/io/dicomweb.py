@@ -466,9 +466,8 @@ def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
             if partly:
                 raise PacsError(partly) from None
             raise
-    if answer is not None and "FailedSOPSequence" in answer:
-        partly = _partly_stored(answer.to_json_dict(), len(datasets))
-        raise PacsError(partly or "the PACS refused part of the result")
+    if answer is not None and answer.get("FailedSOPSequence"):  # 202: some were refused
+        raise PacsError(_partly_stored(answer.to_json_dict(), len(datasets)))
 
 
 def _stow_answer(body: str) -> dict:
