@@ -282,7 +282,8 @@ def run_study_batch(
         else:
             todo.append((found, key))
     if progress is not None:
-        progress(0, len(todo), todo[0][0].description or todo[0][0].series_uid if todo else "")
+        first = todo[0][0] if todo else None
+        progress(0, len(todo), (first.description or first.series_uid) if first else "")
     explained = (submit or local_series)(pacs, study_uid, model, options, label, send)
     for number, (found, row, outputs, sent) in enumerate(explained(todo), start=1):
         store_outputs(out_dir, item_of(found), row, outputs, settings)

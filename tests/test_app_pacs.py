@@ -129,6 +129,20 @@ def test_an_image_send_names_only_images_this_tab_opened(
     assert PacsPanel(services).send_image(1, {"id": "r0"}, "tab-1").startswith("The heatmap is")
 
 
+def test_a_sent_result_is_remembered_for_the_tab_that_sent_it():
+    """A photograph's result is a capture alone, with no label the study could be asked
+    for: the tab that sent it is told so on a second press; another tab asks the PACS."""
+    from webapp.pacs import PacsSources
+
+    sources = PacsSources(limit=2)
+    sources.sent("KRYPTON_0000000A", "tab-1")
+    assert sources.was_sent("KRYPTON_0000000A", "tab-1")
+    assert not sources.was_sent("KRYPTON_0000000A", "tab-2")
+    sources.sent("KRYPTON_0000000B", "tab-1")
+    sources.sent("KRYPTON_0000000C", "tab-1")  # bounded: the oldest goes
+    assert not sources.was_sent("KRYPTON_0000000A", "tab-1")
+
+
 @pytest.mark.parametrize("url", ["ftp://pacs/dicom-web", "pacs:8042"])
 def test_a_bad_pacs_url_stops_the_server_at_start_with_one_line(monkeypatch, url):
     from webapp.settings import SettingsError

@@ -42,11 +42,11 @@ STUDIES_LISTED = 50  # a search lists at most this many studies
 
 class PacsSources:
     """Stored series (or images) a tab opened from the PACS: (stored key, tab) ->
-    (study, series), the most recent ``limit``; and the results this server sent."""
+    (study, series), the most recent ``limit``; and the results each tab sent."""
 
     def __init__(self, limit: int = 1024):
         self._opened: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
-        self._sent: OrderedDict[str, None] = OrderedDict()  # results this server stored
+        self._sent: OrderedDict[tuple[str, str], None] = OrderedDict()  # (result, tab) sent
         self._limit = limit
         self._lock = threading.Lock()
 
@@ -57,16 +57,18 @@ class PacsSources:
             while len(self._opened) > self._limit:
                 self._opened.popitem(last=False)
 
-    def sent(self, key: str) -> None:
-        """The result ``key`` (:func:`krypton.pacs.result_key`) was stored in its study."""
+    def sent(self, key: str, session: str) -> None:
+        """This tab stored the result ``key`` (:func:`krypton.pacs.result_key`) in its
+        study."""
         with self._lock:
-            self._sent[key] = None
+            self._sent[(key, owner_tag(session))] = None
             while len(self._sent) > self._limit:
                 self._sent.popitem(last=False)
 
-    def was_sent(self, key: str) -> bool:
+    def was_sent(self, key: str, session: str) -> bool:
+        """Whether this tab stored the result ``key`` already."""
         with self._lock:
-            return key in self._sent
+            return (key, owner_tag(session)) in self._sent
 
     def origin(self, key: str, session: str) -> tuple[str, str] | None:
         """(study, series) of the series this tab stored under ``key``, or None."""

@@ -41,11 +41,11 @@ class PacsPanel:
     def __init__(self, services: Services):
         self.services = services
 
-    def _sent_before(self, client, study: str, key: str) -> bool:
+    def _sent_before(self, client, study: str, key: str, session: str) -> bool:
         """Whether the result ``key`` is in the study already: a Parametric Map labelled
-        with it there (as the study batch checks), or sent from this server (a
-        photograph's result is a Secondary Capture alone, which has no label)."""
-        if self.services.pacs_sources.was_sent(key):
+        with it there (as the study batch checks), or sent by this tab (a photograph's
+        result is a Secondary Capture alone, which has no label)."""
+        if self.services.pacs_sources.was_sent(key, session):
             return True
         return key in content_labels(client, study, PARAMETRIC_MAP_STORAGE)
 
@@ -205,7 +205,7 @@ class PacsPanel:
                 settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
                 key = result_key(series, model, {**settings, "label": result["label"]})
                 client = connect(self.services.settings.pacs)
-                if self._sent_before(client, study, key):
+                if self._sent_before(client, study, key, session):
                     return ALREADY_SENT.format(key=key)
                 sent = send_volume_result(
                     client, study, model, prepared.model_input,
@@ -213,7 +213,7 @@ class PacsPanel:
                 )  # fmt: skip
         except (InputError, PacsError, ValueError) as exc:
             return f"Not sent: {exc}"
-        self.services.pacs_sources.sent(key)
+        self.services.pacs_sources.sent(key, session)
         logger.info("sent a parametric map to a PACS study (%d captures)", sent.captures)
         return (
             f"Sent to the PACS: a Parametric Map of {result['label_name']} (series "
@@ -246,7 +246,7 @@ class PacsPanel:
                     "frame": record["frame"], "window": record.get("requested"),
                 })  # fmt: skip
                 client = connect(self.services.settings.pacs)
-                if self._sent_before(client, study, key):
+                if self._sent_before(client, study, key, session):
                     return ALREADY_SENT.format(key=key)
                 window = record.get("requested")
                 with tempfile.TemporaryDirectory(prefix="krypton-send-") as folder:
@@ -259,7 +259,7 @@ class PacsPanel:
                     )  # fmt: skip
         except (InputError, PacsError, ValueError) as exc:
             return f"Not sent: {exc}"
-        self.services.pacs_sources.sent(key)
+        self.services.pacs_sources.sent(key, session)
         logger.info("sent an image result to a PACS study")
         placed = f"a Parametric Map (series {sent.map_series}) and " if sent.map_series else ""
         return (
