@@ -115,10 +115,11 @@ def send_volume_result(
 
 
 def send_image_result(
-    pacs: Pacs, study_uid: str, model, heatmap, source: Path, key: str, *, window=None,
-    frame: int | None = None,
+    pacs: Pacs, study_uid: str, model, heatmap, source: Path | bytes, key: str, *,
+    window=None, frame: int | None = None,
 ) -> SentResult:  # fmt: skip
-    """Store an image's ``heatmap`` (explained from the DICOM file ``source``, in
+    """Store an image's ``heatmap`` (explained from the DICOM file ``source``, a path or
+    its bytes, in
     ``window``, ``frame``) in the study: a Parametric Map at the source's pixels where the
     source has a frame of reference to place it on (a CT or MR slice; not a photograph),
     and always the heatmap over the frame as a Secondary Capture, in one STOW-RS request.
@@ -133,7 +134,8 @@ def send_image_result(
     from .render.parametric_map import image_parametric_map
 
     class_name = model.class_name(heatmap.label)
-    header = pydicom.dcmread(source, stop_before_pixels=True)
+    readable = io.BytesIO(source) if isinstance(source, bytes) else source
+    header = pydicom.dcmread(readable, stop_before_pixels=True)
     datasets = []
     try:
         datasets.append(image_parametric_map(

@@ -178,31 +178,18 @@ def register_batch_task(app: Celery) -> None:
         frame: int | None,
     ) -> dict:
         """One image of a batch: its row and output files (base64)."""
+        worker = task.request.hostname
         with KeepVisible(client, delivery_tag(task.request)):
             model, found = _worker_model(model_name)
             if found != checksum:
-                return {
-                    "row": {"image": image, "given_label": label or "", "error": (
-                        f"worker {task.request.hostname} has different weights for "
-                        f"{model_name} (checksum {found[:12]}, yours {checksum[:12]}); "
-                        f"give every host the same model registry"
-                    )},
-                    "files": {},
-                }  # fmt: skip
-            options = dict(options)
-            for key in ("fill", "region"):
-                if isinstance(options.get(key), list):
-                    options[key] = tuple(options[key])
+                return _failed(
+                    worker, image, label, _other_weights(worker, model_name, found, checksum)
+                )
             row, files = explain_item(
-                base64.b64decode(data), label, model, options, window, frame, image
-            )
-        record = asdict(row)
-        record.pop("extra")
-        return {
-            "row": record,
-            "files": {k: base64.b64encode(v).decode() for k, v in files.items()},
-            "worker": task.request.hostname,
-        }
+                base64.b64decode(data), label, model, _from_message(options), window, frame,
+                image,
+            )  # fmt: skip
+        return _answer(worker, row, files)
 
     @app.task(name=PACS_TASK, bind=True)
     def pacs_series(
@@ -228,15 +215,11 @@ def _pacs_series(
     from ..pacs import explain_series
 
     def failed(error: str) -> dict:
-        return {"row": {"image": series, "given_label": label or "", "error": error},
-                "files": {}, "sent": None, "worker": worker}  # fmt: skip
+        return _failed(worker, series, label, error, sent=None)
 
     model, found = _worker_model(model_name)
     if found != checksum:
-        return failed(
-            f"worker {worker} has different weights for {model_name} (checksum "
-            f"{found[:12]}, yours {checksum[:12]}); give every host the same model registry"
-        )
+        return failed(_other_weights(worker, model_name, found, checksum))
     try:
         settings = PacsSettings.from_environment()
     except PacsError as exc:
@@ -247,22 +230,41 @@ def _pacs_series(
             f"worker {worker} has {where} configured; give it KRYPTON_DICOMWEB_URL={pacs_url} "
             "and its sign-in"
         )
-    options = {k: tuple(v) if k in ("fill", "region") and isinstance(v, list) else v
-               for k, v in options.items()}  # fmt: skip
     try:
         row, files, sent = explain_series(
-            connect(settings), study, series, model, options, label, key, send
+            connect(settings), study, series, model, _from_message(options), label, key, send
         )
     except PacsError as exc:
         return {**failed(str(exc)), "refused": True}
+    return _answer(worker, row, files, sent=None if sent is None else asdict(sent))
+
+
+def _other_weights(worker: str, model_name: str, found: str, checksum: str) -> str:
+    """Why a worker refuses a task: its weights for the model are not the sender's."""
+    return (
+        f"worker {worker} has different weights for {model_name} (checksum {found[:12]}, "
+        f"yours {checksum[:12]}); give every host the same model registry"
+    )
+
+
+def _from_message(options: dict) -> dict:
+    """explain()'s options as a JSON message carried them (tuples arrive as lists)."""
+    return {key: tuple(value) if key in ("fill", "region") and isinstance(value, list) else value
+            for key, value in options.items()}  # fmt: skip
+
+
+def _failed(worker: str, image: str, label: str | None, error: str, **more) -> dict:
+    """A task's answer for an input it could not explain: a row with the error."""
+    row = {"image": image, "given_label": label or "", "error": error}
+    return {"row": row, "files": {}, "worker": worker, **more}
+
+
+def _answer(worker: str, row, files: dict[str, bytes], **more) -> dict:
+    """A task's answer: the summary row and the output files (base64), as JSON carries them."""
     record = asdict(row)
     record.pop("extra")
-    return {
-        "row": record,
-        "files": {k: base64.b64encode(v).decode() for k, v in files.items()},
-        "sent": None if sent is None else asdict(sent),
-        "worker": worker,
-    }
+    encoded = {k: base64.b64encode(v).decode() for k, v in files.items()}
+    return {"row": record, "files": encoded, "worker": worker, **more}
 
 
 def _workers(url: str, model, wait_for_worker: float) -> Celery:

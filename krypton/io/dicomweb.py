@@ -361,7 +361,7 @@ def _fetch(
         raise PacsError(str(exc)) from None
     if max_bytes is not None and sum(sizes.values()) > max_bytes:
         raise PacsError(
-            f"{'series' if len(sizes) > 1 else 'the image of series'} {series_uid} holds "
+            f"{'the image of ' if what == 'an image' else ''}series {series_uid} holds "
             f"{sum(sizes.values()) / 2**20:.3g} MB of pixels, over "
             f"the {max_bytes / 2**20:.3g} MB {what} may have here"
         )

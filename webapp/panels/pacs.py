@@ -7,8 +7,6 @@ same callback, intake and page lifecycle as an uploaded series
 from __future__ import annotations
 
 import logging
-import tempfile
-from pathlib import Path
 
 from dash import Input, Output, State, no_update
 from dash.exceptions import PreventUpdate
@@ -249,14 +247,11 @@ class PacsPanel:
                 if self._sent_before(client, study, key, session):
                     return ALREADY_SENT.format(key=key)
                 window = record.get("requested")
-                with tempfile.TemporaryDirectory(prefix="krypton-send-") as folder:
-                    path = Path(folder) / "source.dcm"
-                    path.write_bytes(source)
-                    sent = send_image_result(
-                        client, study, model, runs.result_heatmap(result), path, key,
-                        window=tuple(window) if isinstance(window, list) else window,
-                        frame=record["frame"],
-                    )  # fmt: skip
+                sent = send_image_result(
+                    client, study, model, runs.result_heatmap(result), source, key,
+                    window=tuple(window) if isinstance(window, list) else window,
+                    frame=record["frame"],
+                )  # fmt: skip
         except (InputError, PacsError, ValueError) as exc:
             return f"Not sent: {exc}"
         self.services.pacs_sources.sent(key, session)
