@@ -316,6 +316,58 @@ def test_one_client_cannot_take_every_run_slot(tmp_path, shipped_models):
         server.stop()
 
 
+def test_nine_addresses_with_four_runs_each_leave_a_tenth_users_run_next(tmp_path, shipped_models):
+    """Nine addresses with four runs each took every run place; a user on a tenth address
+    was told "the server is busy (2 runs, 32 waiting)". Replayed over HTTP with one running
+    place: the victim joins the full line and starts before any address's second run."""
+    server = Server(tmp_path, models_dir=shipped_models, env={"KRYPTON_MAX_RUNNING_JOBS": "1"})
+    try:
+        attacks = []  # (tab, session, handles)
+        for address in range(9):
+            tab = Tab.at(server.url, f"127.0.0.{20 + address}")
+            picture = FundusGenerator(seed=100 + address).sample(label=1, lesions=1).image
+            image = tab.upload_image(Image.fromarray(picture))
+            for index in range(4):  # four tabs of this address: one run each
+                tab.session = f"attacker-{address}-{index}"
+                handles = tab.run(
+                    image,
+                    mode="naive",
+                    patch=8 + 2 * index,
+                    stride=8,
+                    region=[0, 0, 64, 64],
+                    poll=False,
+                )
+                attacks.append((tab, tab.session, handles))
+        victim = Tab.at(server.url, "127.0.0.2")
+        mine = victim.upload_image(FUNDUS)
+        before = finished_runs(attacks)  # those done while the line was filled
+        handles = victim.run(mine, mode="naive", region=[0, 0, 48, 48], poll=False)
+        answer = victim.poll("result-store.data", handles, timeout=600)
+        status = json.dumps(answer["response"])
+        assert "server is busy" not in status and "limit per" not in status, status
+        assert (answer["response"] or {}).get("result-store"), status[:300]
+        meanwhile = finished_runs([a for a in attacks if a[1] not in before])
+        print(f"RUNS before the victim came {sorted(before)}, after {sorted(meanwhile)}")
+        # The one running when the victim came, and at most one more: the last address had
+        # room for one run (the line was full), so it ranks with the victim and came first.
+        assert len(meanwhile) <= 2, f"attackers' runs {sorted(meanwhile)} went before the victim's"
+        clients = [session.rsplit("-", 1)[0] for session in before | meanwhile]
+        assert len(clients) == len(set(clients)), f"an address ran twice first: {clients}"
+    finally:
+        server.stop()
+
+
+def finished_runs(attacks: list) -> set[str]:
+    """The sessions among ``attacks`` (tab, session, handles) whose run has finished."""
+    done = set()
+    for tab, session, handles in attacks:
+        tab.session = session
+        reply = tab.poll_once("result-store.data", handles) or {}
+        if (reply.get("response") or {}).get("result-store"):
+            done.add(session)
+    return done
+
+
 # -- 9. identity from an identity-free export ----------------------------------------------
 
 
