@@ -101,12 +101,23 @@ def test_frames_colour_and_compressed():
     "name, message",
     [
         ("rtplan.dcm", "has no pixel data"),
-        ("MR_truncated.dcm", "may be truncated or corrupt"),
+        ("MR_truncated.dcm", "is truncated: its pixel data holds"),
     ],
 )
 def test_bad_dicom_files_get_clear_messages(name, message):
     with pytest.raises(ImageLoadError, match=message):
         load_image(get_testdata_file(name))
+
+
+def test_an_image_shorter_than_its_header_declares_is_refused(tmp_path):
+    """An uncompressed image cut short read as a picture with a black band (pydicom pads
+    the missing bytes)."""
+    dataset = pydicom.dcmread(MR)
+    dataset.PixelData = dataset.PixelData[:-100]  # the header still declares 64x64x16 bits
+    path = tmp_path / "short.dcm"
+    dataset.save_as(path)
+    with pytest.raises(ImageLoadError, match="short.dcm is truncated: its pixel data holds"):
+        load_image(path)
 
 
 @pytest.mark.parametrize(

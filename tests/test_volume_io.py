@@ -91,6 +91,18 @@ def test_a_slice_whose_pixel_data_will_not_parse_is_refused_by_name(tmp_path, mo
         read_dicom_series(tmp_path / "series")
 
 
+def test_a_slice_shorter_than_its_header_declares_is_refused_by_name(tmp_path):
+    """A slice cut 100 bytes short loaded without a word: pydicom pads the missing pixel
+    bytes with zeros, so the volume had a black band where the file ended."""
+    write_series(tmp_path / "series")
+    path = tmp_path / "series" / "img002.dcm"
+    dataset = pydicom.dcmread(path)
+    dataset.PixelData = dataset.PixelData[:-100]  # the header still declares 128x128x16 bits
+    dataset.save_as(path)
+    with pytest.raises(ImageLoadError, match=r"img002\.dcm is truncated: .* of the 32,768 bytes"):
+        read_dicom_series(tmp_path / "series")
+
+
 def test_mixed_series_are_refused_naming_each(tmp_path):
     write_series(tmp_path / "mixed", uid="1.2.3.4", name="a")
     write_series(tmp_path / "mixed", count=3, uid="1.2.3.5", name="b")

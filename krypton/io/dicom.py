@@ -428,10 +428,31 @@ def _load_frame(source: str | Path | bytes, window, frame: int | None) -> DicomI
     return DicomImage(picture, applied, source_name, frame, frames, pixel_spacing, info)
 
 
+def _check_native_length(dataset, name: str, syntax) -> None:
+    """Uncompressed pixel data shorter than its header declares is refused: pydicom pads
+    the missing bytes with zeros, so a truncated slice read as a picture with a black
+    band (a series slice 100 bytes short loaded without a word)."""
+    if syntax is None or syntax.is_encapsulated or "PixelData" not in dataset:
+        return
+    from pydicom.pixels.utils import get_expected_length
+
+    try:
+        expected = get_expected_length(dataset, unit="bytes")
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return  # a header the decoder itself will refuse, with its own message
+    present = len(dataset.PixelData)
+    if present < expected:
+        raise ImageLoadError(
+            f"{name} is truncated: its pixel data holds {present:,} of the {expected:,} "
+            f"bytes its header declares"
+        )
+
+
 def _decode_frame(dataset, name: str, index: int | None) -> np.ndarray:
     """One frame's pixel array (``index`` None: the only frame); every decoder failure
     becomes a message."""
     syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
+    _check_native_length(dataset, name, syntax)
     try:
         dataset.pixel_array_options(index=index)
         return dataset.pixel_array
