@@ -128,12 +128,8 @@ def mix_pass(services: Services, label: str, seed: int) -> tuple[int, int]:
     )  # fmt: skip
     services.prepared_volume(source, "bench", "chestct-demo", "chestct-nodule.nii.gz")
     planned = volume_runs.plan_volume_run(services, volume)
-    try:
-        shown = runs.estimate_for_counts(
-            "chestct-demo", "exact", 8, (planned.to_compute, 0), load=runs.host_load()
-        )
-    except (runs.NotCalibratedError, ValueError):
-        shown = None
+    found = volume_runs.left_estimate(volume, planned.to_compute, runs.host_load())
+    shown = runs.Estimate(**found) if found else None  # as the volume panel estimates it
     began = time.perf_counter()
     volume_runs.execute_volume(services, "bench", volume, lambda *a: None)
     held, total = _tally(held, total, f"volume {planned.positions}", shown, began)

@@ -190,3 +190,20 @@ def test_a_run_with_nothing_to_compute_is_estimated_from_such_runs(tmp_path, kry
         planned.positions,
     )  # fmt: skip
     assert shown == found
+
+
+def test_a_step_logged_once_is_given_the_range_of_one_run_not_of_many(tmp_path):
+    """One logged Compare step scaled to two burners said 37-50 s and the step took 55 s
+    (the next image needed more Integrated Gradients steps): one or two logged steps give
+    the range of an estimate from one or two runs (2x either way); from
+    MIN_LOGGED_RUNS on, the logged steps' own span, ±15 %."""
+    from krypton.estimator import MIN_LOGGED_RUNS, recent_estimate
+
+    log = tmp_path / "runtime-log.jsonl"
+    record_run("m", "compare", 0, (4, 0), 10.0, log, load=0.0, threads=1)
+    once = recent_estimate("m", "compare", 0, 0.0, ("step", "steps"), log)
+    assert once is not None and once.low <= once.seconds / 1.9 and once.high >= once.seconds * 1.9
+    for _ in range(MIN_LOGGED_RUNS - 1):
+        record_run("m", "compare", 0, (4, 0), 10.0, log, load=0.0, threads=1)
+    many = recent_estimate("m", "compare", 0, 0.0, ("step", "steps"), log)
+    assert many is not None and many.low >= many.seconds / 1.5 and many.high <= many.seconds * 1.5

@@ -270,7 +270,7 @@ def execute_volume(
         had_cells = bool(known.cells)
         axes = _grid_axes(size, request.patch, request.stride, region)
         left = int(np.prod([len(a) for a in axes])) - count_known(known, axes)
-        planned = _volume_estimate(request, left, load)  # what the panel showed
+        planned = left_estimate(request, left, load)  # what the panel showed
 
         def report_cells(done: int, total: int, values: np.ndarray | None = None) -> None:
             report(done, total, values, None if values is None else axes)
@@ -413,7 +413,7 @@ def volume_session(session: str) -> str:
     return f"{session}/volume"
 
 
-def _volume_estimate(request: VolumeRequest, positions: int, load: float) -> dict | None:
+def left_estimate(request: VolumeRequest, positions: int, load: float) -> dict | None:
     """The estimate of a volume run's ``positions`` left to compute, as the panel gives
     it; None where there is none yet."""
     try:
