@@ -52,12 +52,14 @@ def test_a_samples_compare_button_runs_all_three_and_the_class_switch_and_downlo
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     choose(dash_duo, "stride", "16")  # the page's settings are the run's: a short one
+    choose(dash_duo, "compare-layer", "layer3")  # Grad-CAM's layer, not the default
     dash_duo.find_element("button[id*='compare-sample'][id*='fundus-exudates.png']").click()
     dash_duo.wait_for_contains_text("#result-summary", "positions computed", timeout=180)
     assert "EXUDATE" in dash_duo.find_element("#result-summary").text
     state = wait_for_maps(dash_duo, "Compare methods: EXUDATE")
     titles = [s["title"] for s in state]
     assert [t.split(" ·")[0] for t in titles] == ["Occlusion", "Grad-CAM", "Integrated Gradients"]
+    assert titles[1].endswith("layer layer3"), titles[1]  # the layer read, beside its map
     rows = agreement_rows(dash_duo)
     assert len(rows) == 3 and rows[0].startswith("Occlusion vs Grad-CAM")
     # README's picture of the view (out/ is ignored by git; copy it to docs/compare.png)
@@ -84,6 +86,7 @@ def test_a_samples_compare_button_runs_all_three_and_the_class_switch_and_downlo
     assert record["class"] == "MICROANEURYSM"
     assert set(record["methods"]) == {"occlusion", "gradcam", "integrated_gradients"}
     assert all(np.asarray(m["importance"]).shape == (14, 14) for m in record["methods"].values())
+    assert "layer3" in json.dumps(record["methods"]["gradcam"])
 
 
 def test_a_volume_samples_compare_button_shows_three_rows_switches_class_and_downloads(

@@ -173,3 +173,58 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
     assert "measured on the first compared run here" in ticked
     monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 1)
     assert "for the explained class" in panel.estimate(*settings, ["compare"])
+
+
+def test_the_layer_picker_lists_the_models_blocks_deepest_first_never_a_pooling_layer(services):
+    """Grad-CAM's layer was the CLI's and batch's choice only: the page offers each
+    model's convolutional blocks, the default (the deepest) first and said so."""
+    from webapp.panels.compare import layer_picker
+
+    options, value = layer_picker(services.model)("fundus-demo")
+    names = [option["value"] for option in options]
+    assert value is None and names[0] == "layer4" and "layer3" in names
+    assert options[0]["label"] == "layer4 (the default)"
+    assert not any("pool" in name for name in names) and "fc" not in names
+    volume_options, _ = layer_picker(services.volume_model)("ct-test")
+    assert volume_options and not any("pool" in o["value"] for o in volume_options)
+    assert layer_picker(services.model)("ct-test") == ([], None)  # a volume model: none
+
+
+def test_a_chosen_layer_is_the_one_grad_cam_reads_and_is_named_in_the_export(services):
+    run = request(services, compare=True, compare_layer="layer3")
+    result = runs.execute(services, "s", run, lambda *a: None)
+    assert result["methods"]["gradcam"]["detail"] == "layer layer3"
+    loaded = services.model(run.model)
+    fill = tuple((c - m) / s for c, m, s in zip(run.fill_rgb, loaded.mean, loaded.std))
+    expected = compare(
+        loaded, loaded.preprocess(IMAGE), patch=run.patch, stride=run.stride, region=run.region,
+        fill=fill, label=result["label"], mode="naive", methods=["gradcam"], layer="layer3",
+    )  # fmt: skip
+    found = comparison.method_maps(result)["gradcam"]
+    np.testing.assert_allclose(found.importance, expected["gradcam"].importance, atol=1e-6)
+    exported = json.loads(runs.export_summary(result))["comparison"]["methods"]["gradcam"]
+    assert "layer3" in json.dumps(exported)
+    default = runs.execute(services, "t", request(services, compare=True), lambda *a: None)
+    assert default["methods"]["gradcam"]["detail"] == "layer layer4"
+    assert not np.allclose(comparison.method_maps(default)["gradcam"].importance, found.importance)
+
+
+def test_a_layer_that_is_not_one_of_the_models_blocks_is_refused(services):
+    for layer in ("avgpool", "no.such.layer"):
+        with pytest.raises(InputError, match="convolutional blocks"):
+            runs.execute(
+                services, "s", request(services, compare=True, compare_layer=layer),
+                lambda *a: None,
+            )  # fmt: skip
+
+
+def test_a_compared_volume_run_reads_the_chosen_layer(services, nifti_bytes):  # noqa: F811
+    key = stored(services, nifti_bytes)
+    deepest, chosen = [
+        o["value"] for o in comparison.layer_choices(services.volume_model("ct-test"))
+    ][:2]
+    run = volume_request(key, compare=True, compare_layer=chosen)
+    result = volume_runs.execute_volume(services, "tab-1", run, lambda *a: None)
+    assert result["methods"]["gradcam"]["detail"] == f"layer {chosen}" != f"layer {deepest}"
+    exported = json.loads(volume_runs.export_volume_json(result))
+    assert chosen in json.dumps(exported["comparison"]["methods"]["gradcam"])

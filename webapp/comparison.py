@@ -11,7 +11,9 @@ more*; occlusion's is the probability's drop under the patch.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -31,6 +33,7 @@ from krypton.methods import (
     SIGN_CONVENTION,
     MethodMap,
     attribution_maps,
+    gradcam_candidates,
     pairwise_agreement,
 )
 from krypton.render.methods import TITLES, methods_picture
@@ -44,6 +47,8 @@ __all__ = [
     "available",
     "compute_methods",
     "estimate_note",
+    "layer_choices",
+    "layer_names",
     "step_estimate",
     "comparison_json",
     "comparison_png",
@@ -69,17 +74,24 @@ def compute_methods(
     label: int,
     stage: Stage | None = None,
     load: float | None = None,
+    layer: str | None = None,
 ) -> dict:
     """Grad-CAM and Integrated Gradients of ``tensor`` on the run's grid ``axes`` (cells of
     ``patch`` per axis), for every class of a model with few classes or else ``label``:
     per method its values (*grid, classes computed), the classes, seconds per class and
     what ran. Integrated Gradients' path starts from ``fill``, the run's occluder: the
-    same "absent" input for both."""
+    same "absent" input for both. Grad-CAM reads ``layer``, one of
+    :func:`layer_choices`' (None: the deepest convolutional block)."""
+    if layer is not None and layer not in layer_names(model):
+        raise InputError(
+            f"Grad-CAM cannot read {layer!r} of {model.name}: choose one of its "
+            f"convolutional blocks ({', '.join(layer_names(model))})"
+        )
     labels = step_labels(model, label)
     started = time.perf_counter()
     found = attribution_maps(
         model, tensor, axes, (int(patch),) * len(axes), labels, fill=fill,
-        progress=stage,
+        progress=stage, layer=layer,
     )  # fmt: skip
     # the step's whole time, logged as the occlusion's runs are: the next estimate says it
     record_run(model.name, STEP_MODE, 0, (len(labels), 0), time.perf_counter() - started,
@@ -96,6 +108,34 @@ def compute_methods(
 
 
 STEP_MODE = "compare"  # the gradient step's rows in the runtime log
+
+
+_layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its blocks
+_layers_lock = threading.Lock()
+
+
+def layer_names(model: krypton.LoadedModel) -> tuple[str, ...]:
+    """The convolutional blocks Grad-CAM may read in ``model``, shallowest first
+    (krypton.methods.gradcam_candidates on a blank input of the model's size; the last
+    is the default): worked out once per model, with one forward pass."""
+    with _layers_lock:
+        found = _layers.get(model.module)
+    if found is None:
+        blank = torch.zeros(len(model.mean), *model.input_size)
+        found = tuple(gradcam_candidates(model, blank))
+        with _layers_lock:
+            _layers[model.module] = found
+    return found
+
+
+def layer_choices(model: krypton.LoadedModel) -> list[dict]:
+    """The layer picker's options for ``model``: its blocks, deepest first, the default
+    (the deepest) said so."""
+    names = layer_names(model)
+    return [
+        {"label": f"{name} (the default)" if index == 0 else name, "value": name}
+        for index, name in enumerate(reversed(names))
+    ]
 
 
 def step_estimate(model: krypton.LoadedModel, load: float | None = None) -> Estimate | None:

@@ -27,6 +27,9 @@ GLOSSARY = {
     "Display window": "How scanner values map to gray on screen. It changes the picture, "
     "not what the model sees.",
     "Class": "The class whose probability the heatmap follows.",
+    "Grad-CAM layer": "Which block of the network Grad-CAM reads. Deeper blocks see "
+    "more of the image but have fewer, coarser cells; the map's title names the block "
+    "that was read.",
 }
 
 

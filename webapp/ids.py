@@ -51,6 +51,7 @@ DRILL_DOWN = "drill-down"
 TARGET_SPEEDUP = "target-speedup"
 SNAP = "snap"
 COMPARE = "compare"  # also compute Grad-CAM and Integrated Gradients
+COMPARE_LAYER = "compare-layer"  # the layer Grad-CAM reads (None: the default rule)
 ESTIMATE = "estimate"
 
 # Run panel
@@ -133,6 +134,7 @@ VOLUME_SLIDER_CORONAL = "volume-slider-coronal"
 VOLUME_SLIDER_SAGITTAL = "volume-slider-sagittal"
 VOLUME_EXPORT = "volume-export"  # a pattern-matching id's type
 VOLUME_COMPARE = "volume-compare"
+VOLUME_COMPARE_LAYER = "volume-compare-layer"
 VOLUME_SAMPLE = "volume-sample"  # {"type": VOLUME_SAMPLE, "name": ...}
 VOLUME_COMPARE_SAMPLE = "volume-compare-sample"  # ... and its Compare button
 VOLUME_COMPARE_PENDING = "volume-compare-pending"  # that volume: run once it is shown

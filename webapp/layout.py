@@ -14,6 +14,7 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH, DEFAULT_STRIDE
 
 from . import ids
+from .compare_layout import layer_picker
 from .glossary import term_label
 from .pacs_layout import pacs_search, pacs_send
 from .volume_layout import volume_section
@@ -630,6 +631,7 @@ def _settings_section(
             ),
             _tick(ids.SNAP, " snap a new region to the last grid (reuses computed cells)", True),
             _tick(ids.COMPARE, COMPARE_LABEL),
+            layer_picker(ids.COMPARE_LAYER),
             html.Div(id=ids.ESTIMATE, className="estimate"),
             html.Div(
                 [

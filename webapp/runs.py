@@ -99,6 +99,7 @@ class RunRequest:
     target_speedup: float = DEFAULTS.target_speedup
     snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
     compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
+    compare_layer: str | None = None  # Grad-CAM's layer (None: comparison.gradcam rule)
     # the page's record of a DICOM image (window, frame, spacing; no identity), or None
     dicom: dict | None = field(default=None, compare=False, hash=False)
 
@@ -293,8 +294,9 @@ def execute(
     methods = None
     if request.compare:  # after the occlusion's clock: its seconds stay its own
         methods = comparison.compute_methods(
-            loaded, tensor, (grid_ys, grid_xs), request.patch, fill, label, stage, load
-        )
+            loaded, tensor, (grid_ys, grid_xs), request.patch, fill, label, stage, load,
+            request.compare_layer,
+        )  # fmt: skip
 
     result = {
         "id": uuid.uuid4().hex,

@@ -12,6 +12,7 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import DEFAULT_VOLUME_STRIDE
 
 from . import ids
+from .compare_layout import layer_picker
 from .glossary import term_label
 from .pacs_layout import pacs_send
 
@@ -212,6 +213,7 @@ def _controls(models: list[dict], default_model: str | None) -> html.Div:
                 options=[{"label": " compare with Grad-CAM and Integrated Gradients",
                           "value": "compare"}],
             ),
+            layer_picker(ids.VOLUME_COMPARE_LAYER),
         ],
         className="row volume-controls",
     )  # fmt: skip

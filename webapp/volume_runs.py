@@ -176,6 +176,7 @@ class VolumeRequest:
     region: tuple[int, int, int, int, int, int] | None = None  # (z0, y0, x0, z1, y1, x1)
     snap: bool = True  # move a region's grid onto the last run's grid to reuse its cells
     compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
+    compare_layer: str | None = None  # Grad-CAM's layer (None: comparison.gradcam rule)
 
 
 def check_volume_region(region, size: tuple[int, int, int], patch: int, stride: int) -> None:
@@ -293,7 +294,7 @@ def execute_volume(
     methods = None
     if request.compare:  # after the occlusion's clock, as the image panel's
         methods = comparison.compute_methods(
-            loaded, tensor, axes, request.patch, fill, label, stage, load
+            loaded, tensor, axes, request.patch, fill, label, stage, load, request.compare_layer
         )
     result = {
         "id": uuid.uuid4().hex,

@@ -39,7 +39,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         ResultPanel(services),
         ModelsPanel(services),
         VolumePanel(services, manager),
-        ComparePanel(),
+        ComparePanel(services),
         PacsPanel(services),
     ):
         panel.register(app)

@@ -15,6 +15,8 @@ from krypton.render.methods import TITLES
 from krypton.render.volumes import voxel_values
 
 from .. import comparison, figures, ids, volume_runs, volume_views
+from ..helpers import InputError
+from ..runs import Services
 
 SIGN_NOTE = (
     "Each map: evidence for the class, higher is more, on its own colour scale "
@@ -131,10 +133,21 @@ class ComparePanel:
     """A sample's Compare button (an image's or a volume's): the panel loads the sample
     (its load callback takes these clicks too) and marks it pending; once the page shows
     it — the image's prediction with Run enabled, or the volume's description — Compare
-    is ticked and Run pressed, in the browser: the page's one Run, nothing beside it."""
+    is ticked and Run pressed, in the browser: the page's one Run, nothing beside it.
+    And Grad-CAM's layer picker, in each panel, lists the chosen model's blocks."""
+
+    def __init__(self, services: Services):
+        self.services = services
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
+        for model, picker, load in (
+            (ids.MODEL, ids.COMPARE_LAYER, self.services.model),
+            (ids.VOLUME_MODEL, ids.VOLUME_COMPARE_LAYER, self.services.volume_model),
+        ):
+            app.callback(Output(picker, "options"), Output(picker, "value"), Input(model, "value"))(
+                layer_picker(load)
+            )
         for shown, ticked, run, pending, store, condition in (
             ((ids.RUN, "disabled"), ids.COMPARE, ids.RUN, ids.COMPARE_PENDING,
              ids.IMAGE_STORE, IMAGE_SHOWN),
@@ -152,3 +165,17 @@ class ComparePanel:
                 State(run, "n_clicks"),
                 prevent_initial_call=True,
             )
+
+
+def layer_picker(load):
+    """The callback filling a panel's Grad-CAM layer picker from its model (``load``: the
+    services' loader for the panel's kind of model): its blocks, back to the default."""
+
+    def layers(model_name):
+        try:
+            loaded = load(model_name)
+        except InputError:
+            return [], None
+        return comparison.layer_choices(loaded), None
+
+    return layers

@@ -62,6 +62,7 @@ class RunPanel:
             State(ids.SNAP, "value"),
             State(ids.OVERLAY_STORE, "data"),
             State(ids.COMPARE, "value"),
+            State(ids.COMPARE_LAYER, "value"),
             background=True,
             manager=self.manager,
             prevent_initial_call=True,
@@ -185,6 +186,7 @@ def run_request(
     snap,
     overlay,
     compare=None,
+    layer=None,
 ) -> tuple[runs.RunRequest, dict | None]:
     """The page's controls as a run request (and the overlay settings it is drawn with)."""
     request = runs.RunRequest(
@@ -202,6 +204,7 @@ def run_request(
         target_speedup=float(speedup),
         snap=bool(snap),
         compare=bool(compare),
+        compare_layer=str(layer) if layer else None,
         dicom=image_data.get("dicom"),
     )
     return request, overlay

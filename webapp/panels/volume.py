@@ -260,6 +260,7 @@ class VolumePanel:
             State(ids.VOLUME_REGION, "data"),
             *[State(s, "value") for s in SLIDERS],
             State(ids.VOLUME_COMPARE, "value"),
+            State(ids.VOLUME_COMPARE_LAYER, "value"),
             background=True,
             manager=self.manager,
             prevent_initial_call=True,
@@ -546,7 +547,7 @@ class VolumePanel:
     # -- running ---------------------------------------------------------------------
 
     def run(self, set_progress, n_clicks, session, record, model, patch, stride, mode, label,
-            region, z, y, x, compare=None):  # fmt: skip
+            region, z, y, x, compare=None, layer=None):  # fmt: skip
         """Queue, run and keep one volume run; the page gets its handle."""
         if not n_clicks:
             raise PreventUpdate
@@ -560,6 +561,7 @@ class VolumePanel:
                 patch=_whole(patch, "cube"), stride=_whole(stride, "stride"), mode=mode,
                 label=None if label is None else int(label),
                 region=tuple(region) if region else None, compare=bool(compare),
+                compare_layer=str(layer) if layer else None,
             )  # fmt: skip
             prepared = self._prepared(record, model, session)
             cursor = tuple(int(v) for v in (z, y, x))
