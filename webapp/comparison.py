@@ -121,7 +121,8 @@ def layer_names(model: krypton.LoadedModel) -> tuple[str, ...]:
     with _layers_lock:
         found = _layers.get(model.module)
     if found is None:
-        blank = torch.zeros(len(model.mean), *model.input_size)
+        device = next(model.module.parameters(), torch.zeros(())).device
+        blank = torch.zeros(len(model.mean), *model.input_size, device=device)
         found = tuple(gradcam_candidates(model, blank))
         with _layers_lock:
             _layers[model.module] = found

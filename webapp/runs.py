@@ -99,7 +99,7 @@ class RunRequest:
     target_speedup: float = DEFAULTS.target_speedup
     snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
     compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
-    compare_layer: str | None = None  # Grad-CAM's layer (None: comparison.gradcam rule)
+    compare_layer: str | None = None  # Grad-CAM's (None: the deepest conv block)
     # the page's record of a DICOM image (window, frame, spacing; no identity), or None
     dicom: dict | None = field(default=None, compare=False, hash=False)
 

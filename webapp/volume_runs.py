@@ -176,7 +176,7 @@ class VolumeRequest:
     region: tuple[int, int, int, int, int, int] | None = None  # (z0, y0, x0, z1, y1, x1)
     snap: bool = True  # move a region's grid onto the last run's grid to reuse its cells
     compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
-    compare_layer: str | None = None  # Grad-CAM's layer (None: comparison.gradcam rule)
+    compare_layer: str | None = None  # Grad-CAM's (None: the deepest conv block)
 
 
 def check_volume_region(region, size: tuple[int, int, int], patch: int, stride: int) -> None:
