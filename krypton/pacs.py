@@ -119,10 +119,10 @@ def send_image_result(
     window=None, frame: int | None = None,
 ) -> SentResult:  # fmt: skip
     """Store an image's ``heatmap`` (explained from the DICOM file ``source``, a path or
-    its bytes, in
-    ``window``, ``frame``) in the study: a Parametric Map at the source's pixels where the
-    source has a frame of reference to place it on (a CT or MR slice; not a photograph),
-    and always the heatmap over the frame as a Secondary Capture, in one STOW-RS request.
+    its bytes, in ``window``, ``frame``) in the study: a Parametric Map at the source's
+    pixels where the source has a frame of reference to place it on (a CT or MR slice;
+    not a photograph), and always the heatmap over the frame as a Secondary Capture, in
+    one STOW-RS request.
     ``map_series`` is empty where no map could be placed."""
     import io
 
