@@ -55,6 +55,11 @@
             hideForTicket: function (ticket) {
                 return hiding(wanted(null, ticket));
             },
+            // Run off while this panel's run is under way (webapp.panels.common.off_while_running);
+            // the show rules below turn it on again.
+            offWhileRunning: function (busy) {
+                return busy ? true : window.dash_clientside.no_update;
+            },
             // The volume panel's: the description, class box, estimate and summary once the
             // volume answered is the one wanted and the description is that volume's.
             showVolume: function (info, volume, busy, want, answered, estimate, summary) {

@@ -14,29 +14,31 @@ HAS_HEATMAP = """
 const plot = document.querySelector('#live-graph .js-plotly-plot');
 const shown = document.querySelector('#live-panel');
 if (!plot || !shown || shown.style.display === 'none') return null;
-return (plot.data || []).some(trace => trace.type === 'heatmap');
+return [(plot.data || []).some(trace => trace.type === 'heatmap'),
+        document.querySelector('#run').disabled];
 """
 
 
 def sample_live_run(dash_duo, timeout=180):
     """Press Run and sample the live panel every 50 ms until the result is shown:
     (seconds to the first heatmap, [heatmap on screen?] after the first one, seconds from
-    Run to the live panel's end)."""
+    Run to the live panel's end, [Run enabled?] after the first heatmap)."""
     driver = dash_duo.driver
     press_run(dash_duo)
     pressed = time.perf_counter()
-    first, samples = None, []
+    first, samples, run_enabled = None, [], []
     deadline = pressed + timeout
     while time.perf_counter() < deadline:
         state = driver.execute_script(HAS_HEATMAP)
         if state is None and first is not None:
             break  # the live panel is hidden: the run has finished
-        if state and first is None:
+        if state is not None and state[0] and first is None:
             first = time.perf_counter() - pressed
         if first is not None and state is not None:
-            samples.append(state)
+            samples.append(state[0])
+            run_enabled.append(not state[1])
         time.sleep(0.05)
-    return first, samples, time.perf_counter() - pressed
+    return first, samples, time.perf_counter() - pressed, run_enabled
 
 
 def test_live_heatmap_stays_on_screen_in_every_mode(dash_duo, krypton_app, fundus_png):
@@ -48,12 +50,14 @@ def test_live_heatmap_stays_on_screen_in_every_mode(dash_duo, krypton_app, fundu
     for mode, stride in (("exact", "8"), ("approximate", "8"), ("naive", "16")):
         dash_duo.find_element(f"#mode input[value='{mode}']").click()
         choose(dash_duo, "stride", stride)
-        first, samples, whole = sample_live_run(dash_duo)
+        first, samples, whole, run_enabled = sample_live_run(dash_duo)
         wait_for_result(dash_duo)
         assert first is not None, f"{mode}: no live heatmap at all"
         assert len(samples) >= 5, f"{mode}: the run was too short to sample"
         shown = sum(samples) / len(samples)
         assert shown >= 0.9, f"{mode}: a heatmap in only {shown:.0%} of {len(samples)} samples"
+        # pressed again mid-run, Run queued a second run that replaced this one's summary
+        assert not any(run_enabled), f"{mode}: Run enabled in {sum(run_enabled)} samples"
         firsts[mode] = (first, whole)
         print(
             f"{mode}: first picture after {first:.2f} s, on screen in {shown:.0%} of "
@@ -89,14 +93,17 @@ def test_results_stay_truthful_across_images_modes_and_classes(dash_duo, krypton
     assert disabled.pop("DICOM")  # a PNG has no DICOM source to reference
     assert disabled.pop("Compare (PNG)")  # a run without Compare ticked has no comparison
     assert not any(disabled.values())
-    # naive after exact computes its own positions and does not compare with itself
+    # naive after exact computes its own positions and does not compare with itself; the
+    # page says the exact heatmap is hidden before the user presses Run for naive
     dash_duo.find_element("#mode input[value='naive']").click()
+    dash_duo.wait_for_contains_text("#result-summary", "the mode changed", timeout=30)
     press_run(dash_duo)
-    deadline = time.time() + 120
+    deadline = time.time() + 240
     while time.time() < deadline and "naive ·" not in dash_duo.find_element("#result-summary").text:
         time.sleep(0.3)
     naive = dash_duo.find_element("#result-summary").text
-    assert "naive · 196 positions computed" in naive
+    said = dash_duo.find_element("#message").text
+    assert "naive · 196 positions computed" in naive, (naive, said)
     assert "faster" not in naive and "slower" not in naive and "Reused" not in naive
     # another class re-colours the same run at once
     before = dash_duo.find_element("#heatmap-graph .gtitle").text

@@ -135,6 +135,8 @@ def test_volume_views_region_exact_run_class_switch_and_nifti(dash_duo, krypton_
     dash_duo.find_element("#volume-stride").send_keys("2")
     dash_duo.find_element("#volume-run").click()
     dash_duo.wait_for_contains_text("#volume-live-status", "positions", timeout=60)
+    # Run is off while the run is under way (it stayed enabled: pressed, it queued another)
+    assert dash_duo.find_element("#volume-run").get_attribute("disabled")
     other = tmp_path / "other.nii.gz"
     write_chest(other, seed=43)
     upload(dash_duo, "#volume-upload", other)

@@ -80,6 +80,20 @@ def hide_at_click(
     )
 
 
+def off_while_running(app, busy: str, run: str) -> None:
+    """``run`` goes off as soon as the panel's ``busy`` flag (its Run callback's running
+    output) is set, by a rule of its own: the panel's show rule also listens to the
+    estimate, which the run's result feeds, so Dash holds that rule until the run ends,
+    and with busy alone there Run stayed enabled through every run (pressed, it queued a
+    second run that replaced the first's summary). The show rule turns Run on again."""
+    app.clientside_callback(
+        ClientsideFunction("krypton_binding", "offWhileRunning"),
+        Output(run, "disabled", allow_duplicate=True),
+        Input(busy, "data"),
+        prevent_initial_call=True,
+    )
+
+
 # what the image and the volume panel say when the server let a run's result go
 DROPPED_RESULT = (
     "This heatmap is no longer kept on the server (results are kept within "

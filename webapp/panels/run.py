@@ -17,7 +17,7 @@ from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..layout import placeholder_figure
 from ..lifecycle import RunLifecycle
 from ..services import Services
-from .common import empty_figure
+from .common import empty_figure, off_while_running
 
 LIVE_UPDATE_SECONDS = 0.3
 # The Run callback's outputs: the result's handle and the message (team mode's manager
@@ -90,6 +90,7 @@ class RunPanel:
             ],
             progress_default=["0", "1", empty_figure("Starting…"), ""],
         )(self.run)
+        off_while_running(app, ids.RUN_BUSY, ids.RUN)
         # A new image or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server.
         # The Compare view of the old image goes with it.

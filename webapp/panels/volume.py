@@ -22,7 +22,7 @@ from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import DROPPED_RESULT, empty_figure, hide_at_click, origin
+from .common import DROPPED_RESULT, empty_figure, hide_at_click, off_while_running, origin
 from .compare import volume_compare_view
 from .run import cancelled
 
@@ -229,6 +229,7 @@ class VolumePanel:
             (ids.VOLUME_SAMPLE, ids.VOLUME_COMPARE_SAMPLE, ids.VOLUME_UPLOAD, ids.VOLUME_TICKET,
              ids.VOLUME_MODEL),
         )  # fmt: skip
+        off_while_running(app, ids.VOLUME_BUSY, ids.VOLUME_RUN)
         app.clientside_callback(
             ClientsideFunction("krypton_binding", "showVolume"),
             Output(ids.VOLUME_INFO, "style"),
