@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu analyze models tune calibrate clean pacs
+.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,7 +84,16 @@ bench: $(STAMP)
 	$(PY) -m bench.estimates
 	$(PY) -m bench.speed_claims
 	$(PY) -m bench.speed_claims --burners 2
-	$(PY) -W ignore -m bench.methods
+	$(MAKE) bench-methods
+
+# The method comparison's no-fill controls (demo/controls.py; out/controls/, kept once
+# trained), then the comparison on the shipped models and the controls, with the model's
+# fill and the input's mean; the tables go into docs/models.md and README.md.
+controls: $(STAMP)
+	$(PY) -m demo.controls
+
+bench-methods: controls
+	$(PY) -W ignore -m bench.methods --controls out/controls --doc docs/models.md --readme README.md
 
 # On a CUDA host: the GPU matrix (fp32 and bf16; bench/gpu.py, under 6 minutes on one
 # H100/H200) and the cuda-marked tests. They use the host's own Python and PyTorch

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ __all__ = [
     "gradcam_layer",
     "on_grid",
     "pairwise_agreement",
+    "path_gap",
     "randomised",
     "similarity",
 ]
@@ -314,6 +316,20 @@ def _path_detail(paths: list[tuple[int, float]]) -> str:
         f"{steps} steps from the fill; the attributions sum to f(input) - f(fill) within "
         f"{gap:.1%}{reached}"
     )
+
+
+_PATH_DETAIL = re.compile(r"^(\d+)(?:-(\d+))? steps from the fill; .* within ([0-9.]+)%")
+
+
+def path_gap(detail: str) -> tuple[int, float, bool] | None:
+    """(the most steps, the completeness gap as a fraction as shown, whether it is within
+    IG_GAP) from an Integrated Gradients map's ``detail`` as :func:`_path_detail` writes
+    it; None for another method's."""
+    matched = _PATH_DETAIL.match(detail)
+    if matched is None:
+        return None
+    steps, gap = int(matched.group(2) or matched.group(1)), float(matched.group(3)) / 100
+    return steps, gap, "more steps needed" not in detail
 
 
 def compare(

@@ -5,7 +5,6 @@ image and a volume."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from krypton.methods import METHODS, agreement, compare, gradcam_layer
+from krypton.methods import METHODS, agreement, compare, gradcam_layer, path_gap
 
 
 def small_net(rank: int) -> nn.Module:
@@ -251,11 +250,13 @@ def test_integrated_gradients_is_complete_on_the_demo_model_and_says_how_complet
     image = loaded.preprocess(Image.fromarray(FundusGenerator(seed=5).sample(label=2).image))
     options = dict(patch=32, stride=32, methods=("integrated_gradients",))
     detail = compare(loaded, image, **options)["integrated_gradients"].detail
-    found = re.search(r"(\d+)(?:-(\d+))? steps from the fill; .* within ([\d.]+)%", detail)
-    assert found, detail
-    assert float(found.group(3)) <= 1.0 and "more steps needed" not in detail
+    found = path_gap(detail)  # what bench.methods reads back
+    assert found is not None, detail
+    assert found[1] <= 0.01 and found[2] and "more steps needed" not in detail
+    assert path_gap("layer layer4") is None
     rough = compare(loaded, image, steps=2, **options)["integrated_gradients"].detail
     assert rough.startswith("2 steps from the fill") and "more steps needed" in rough
+    assert path_gap(rough)[0] == 2 and not path_gap(rough)[2]
 
 
 def test_the_method_bench_counts_flat_maps_and_gives_every_share_its_n_and_interval():

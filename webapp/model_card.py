@@ -59,9 +59,13 @@ def model_card_lines(loaded) -> list[str]:
         )
     training = entry.get("training") or {}
     if not held_out and "held_out_accuracy" in training:
+        pointing = training.get("pointing_game")  # a comparison's control has none
         lines.append(
-            f"Held-out accuracy {training['held_out_accuracy']:.1%}, pointing game "
-            f"{training['pointing_game']:.0%} (this project's generator, single-lesion images)"
+            f"Held-out accuracy {training['held_out_accuracy']:.1%}"
+            + ("" if pointing is None else f", pointing game {pointing:.0%}")
+            + " (this project's generator"
+            + ("" if pointing is None else ", single-lesion images")
+            + ")"
         )
     if loaded.ood is not None:
         rates = evaluation.get("ood")

@@ -1,0 +1,123 @@
+"""The method comparison's controls: each demo architecture trained without occluded inputs.
+
+    python -m demo.controls [--only fundus|chestct] [--dir out/controls]   (make controls)
+
+Both demo models saw occlusion's own fill while they learnt (gray boxes over fundus
+images, parenchyma cubes in chest-CT crops), and that fill is also Integrated Gradients'
+baseline and the deletion curves' fill, so a comparison on them favours occlusion and IG
+by construction. A control is the same architecture trained from scratch on the same
+generator with the same targets and optimiser but no occluder in any training input, on a
+shorter schedule (minutes on 2 cores, not the hours the shipped models took). Its entry
+(``fundus-control``, ``chestct-control``) sits in ``--dir``, outside the shipped models,
+with its training record and its accuracy on the held-out sets the shipped cards use.
+``bench.methods --controls DIR`` runs the whole comparison on it beside the shipped model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from krypton.registry.entries import write_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTROL_DIR = ROOT / "out" / "controls"
+SHIPPED_DIR = ROOT / "krypton" / "shipped_models"
+# shipped model: its control
+CONTROLS = {"fundus-demo": "fundus-control", "chestct-demo": "chestct-control"}
+# The controls' schedules, one stage each: the fundus trainer's own defaults (450 steps
+# of 32 images), and the chest trainer's two-stage shape at a third of its first stage.
+FUNDUS_SCHEDULE = {"epochs": 6, "images_per_epoch": 2400}
+CHEST_SCHEDULE = (
+    {"crop": 32, "steps": 600, "batch": 32},
+    {"crop": 48, "steps": 60, "batch": 16},
+)
+
+
+def train_fundus_control(log=print, **schedule: int) -> tuple[torch.nn.Module, dict]:
+    """ResNet18 from scratch on FundusGenerator(seed=1), class targets with label
+    smoothing, no gray box in any image (``schedule``: train's epochs and
+    images_per_epoch, default :data:`FUNDUS_SCHEDULE`); its held-out accuracy (seed 3,
+    600 images)."""
+    from demo.fundus import train as fundus
+
+    model, record = fundus.train(**{**FUNDUS_SCHEDULE, **schedule}, log=log, occluded=False)
+    with torch.inference_mode():
+        record["held_out_accuracy"] = fundus.accuracy(model)
+    return model, record
+
+
+def train_chest_control(log=print, **_: int) -> tuple[torch.nn.Module, dict]:
+    """ct3d-small from scratch on a ChestCTGenerator(seed=1) pool, the first stage's
+    targets, no parenchyma cube in any crop; its held-out accuracy (seed 3, 600 volumes)."""
+    from demo.chestct import train as chest
+
+    model, record = chest.train(pool_size=1500, stages=CHEST_SCHEDULE, log=log, occluded=False)
+    with torch.inference_mode():
+        record["held_out_accuracy"] = chest.accuracy(model, chest.held_out())
+    return model, record
+
+
+def write_control(
+    shipped: str, module: torch.nn.Module, record: dict, directory: Path = CONTROL_DIR
+) -> Path:
+    """The control's float16 weights and registry entry in ``directory``: the shipped
+    entry's preprocessing, classes and patch, with its own name, weights and training
+    record (no evaluation, out-of-distribution check or tuning: it is not for use)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = CONTROLS[shipped]
+    entry = json.loads((SHIPPED_DIR / f"{shipped}.json").read_text())
+    for kept_apart in ("evaluation", "ood", "tuning", "calibration", "default"):
+        entry.pop(kept_apart, None)
+    state = {k: v.half() if v.is_floating_point() else v for k, v in module.state_dict().items()}
+    torch.save(state, directory / f"{name}.pt")
+    entry.update(
+        {
+            "name": name,
+            "description": f"Control for {shipped}: the same architecture trained without "
+            "occluded inputs, for the method comparison only.",
+            "weights": {"source": "file", "path": f"{name}.pt", "format": "state_dict"},
+            "training": record,
+        }
+    )
+    path = directory / f"{name}.json"
+    write_entry(path, entry)
+    return path
+
+
+TRAINERS = {"fundus-demo": train_fundus_control, "chestct-demo": train_chest_control}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["fundus", "chestct"], help="one control only")
+    parser.add_argument("--dir", type=Path, default=CONTROL_DIR)
+    parser.add_argument("--force", action="store_true", help="retrain a control already there")
+    parser.add_argument(
+        "--fundus-epochs",
+        type=int,
+        default=FUNDUS_SCHEDULE["epochs"],
+        help="a longer fundus control (6 epochs of 2,400 images: 68.7%% held out)",
+    )
+    args = parser.parse_args(argv)
+    for shipped, trainer in TRAINERS.items():
+        if args.only and not shipped.startswith(args.only):
+            continue
+        if (args.dir / f"{CONTROLS[shipped]}.json").exists() and not args.force:
+            print(f"{CONTROLS[shipped]}: already in {args.dir} (--force retrains it)")
+            continue
+        started = time.perf_counter()
+        module, record = trainer(epochs=args.fundus_epochs)
+        path = write_control(shipped, module, record, args.dir)
+        print(
+            f"wrote {path}: held-out accuracy {record['held_out_accuracy']:.3f}, "
+            f"{time.perf_counter() - started:.0f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()

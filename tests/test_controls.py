@@ -1,0 +1,97 @@
+"""The method comparison's controls (demo.controls) and the bench's tables (bench.methods):
+both demo models learnt on occlusion's own fill, so a comparison on them alone favours
+occlusion and Integrated Gradients by construction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from krypton.registry import load_model
+
+
+def test_a_fundus_control_never_sees_a_gray_box_while_it_learns(monkeypatch):
+    from demo.fundus import train as fundus
+    from krypton.fundus import FundusGenerator
+
+    boxes = []
+    real = FundusGenerator.gray_box
+    monkeypatch.setattr(
+        FundusGenerator, "gray_box", lambda self, sample: boxes.append(1) or real(self, sample)
+    )
+    options = dict(epochs=1, images_per_epoch=16, batch_size=16, log=lambda *_: None)
+    _, record = fundus.train(**options, occluded=False)
+    assert not boxes and record["gray_boxes"] is False
+    fundus.train(**options)  # the shipped recipe: half the images carry one
+    assert boxes
+
+
+def test_a_chest_control_never_sees_a_parenchyma_cube_while_it_learns():
+    from demo.chestct.train import _batch
+    from krypton.chestct import VolumeSample
+
+    pool = [VolumeSample(np.zeros((48, 48, 48), np.float32), (), 0) for _ in range(4)]
+
+    def cubed(occluded: bool) -> int:  # crops that are not one value all through
+        volumes, _ = _batch(pool, 40, 32, np.random.default_rng(3), occluded=occluded)
+        return sum(int(v.max() > v.min()) for v in volumes)
+
+    assert cubed(False) == 0
+    assert cubed(True) > 0  # the shipped recipe: 30% of crops carry one
+
+
+def test_a_control_loads_under_its_own_name_with_the_shipped_preprocessing(tmp_path):
+    from demo.controls import write_control
+    from demo.fundus.train import build_model
+
+    module = build_model().eval()
+    write_control("fundus-demo", module, {"held_out_accuracy": 0.5}, tmp_path)
+    control, shipped = load_model("fundus-control", tmp_path), load_model("fundus-demo")
+    assert control.name == "fundus-control" and control.classes == shipped.classes
+    assert control.input_size == shipped.input_size and control.patch == shipped.patch
+    assert control.gray_fill() == shipped.gray_fill()
+    assert control.ood is None  # not for use: no out-of-distribution check
+    from webapp.model_card import model_card_lines  # opened in the app, its card says so
+
+    lines = model_card_lines(control)
+    assert lines[0].startswith("Control for fundus-demo")
+    assert "Held-out accuracy 50.0% (this project's generator)" in lines
+    first = next(iter(module.state_dict()))
+    stored = control.module.state_dict()[first]
+    torch.testing.assert_close(stored, module.state_dict()[first].half().float())
+
+
+def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_path):
+    from bench.methods import FILLS, HEADER, compact_rows, ig_paths, table_rows, write_tables
+
+    assert ig_paths([(32, 0.004, True), (64, 0.01, True), (128, 0.014, False)]) == (
+        "32-128 steps; within 1% on 2 of 3 (worst 1.4%)"
+    )
+    score = {
+        "pointing": [True, False], "pointing_any": [True, True], "coverage": [],
+        "deletion": [0.2], "insertion": [0.7], "seconds": [1.0], "ig_path": [(32, 0.005, True)],
+    }  # fmt: skip
+    scores = dict.fromkeys(("occlusion", "gradcam", "integrated_gradients"), score)
+    rows = table_rows("fundus-control", "mean", scores, {m: [0.1] for m in scores})
+    assert len(rows) == 3 and all(r.count("|") == HEADER.count("|") for r in rows)
+    assert rows[0].startswith("| fundus-control | mean | occlusion (exact) | 50% (n 2,")
+    assert "within 1% on 1 of 1" in rows[2] and "within" not in rows[0]
+    assert compact_rows("fundus-control", "mean", scores) == (
+        "| fundus-control | mean | 2 | 50% / 50% / 50% | 0.200 / 0.200 / 0.200 |"
+    )
+
+    image = torch.stack([torch.full((4, 4), v) for v in (0.0, 1.0, 2.0)])
+    assert FILLS["mean"](None, image) == pytest.approx([0.0, 1.0, 2.0])
+    document = tmp_path / "models.md"
+    document.write_text(
+        "before\n<!-- bench.methods: begin -->\nold\n<!-- bench.methods: end -->\nafter\n"
+    )
+    write_tables(document, "new table")
+    assert document.read_text() == (
+        "before\n<!-- bench.methods: begin -->\nnew table\n<!-- bench.methods: end -->\nafter\n"
+    )
+    plain = tmp_path / "plain.md"
+    plain.write_text("nothing to replace\n")
+    with pytest.raises(SystemExit, match="no <!-- bench.methods: begin -->"):
+        write_tables(plain, "x")
