@@ -51,7 +51,7 @@ def train_fundus_control(log=print, **schedule: int) -> tuple[torch.nn.Module, d
     return model, record
 
 
-def train_chest_control(log=print, **_: int) -> tuple[torch.nn.Module, dict]:
+def train_chest_control(log=print) -> tuple[torch.nn.Module, dict]:
     """ct3d-small from scratch on a ChestCTGenerator(seed=1) pool, the first stage's
     targets, no parenchyma cube in any crop; its held-out accuracy (seed 3, 600 volumes)."""
     from demo.chestct import train as chest
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{CONTROLS[shipped]}: already in {args.dir} (--force retrains it)")
             continue
         started = time.perf_counter()
-        module, record = trainer(epochs=args.fundus_epochs)
+        schedule = {"epochs": args.fundus_epochs} if shipped == "fundus-demo" else {}
+        module, record = trainer(**schedule)
         path = write_control(shipped, module, record, args.dir)
         print(
             f"wrote {path}: held-out accuracy {record['held_out_accuracy']:.3f}, "
