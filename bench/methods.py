@@ -31,7 +31,13 @@ grid: fundus patch 12, stride 8; chest CT cube 8, stride 5, the app's defaults f
 * cascading randomisation (Adebayo et al., 2018, section 3.1) on the first ``--cascade``
   inputs: the model's blocks re-initialised one more at a time from the output down,
   and at each step each method's map compared with its trained-model map (Spearman of
-  the absolute maps, SSIM), flat maps counted.
+  the absolute maps, SSIM), flat maps counted;
+* Grad-CAM block by block: its pointing with each convolutional block it may read
+  (krypton.methods.gradcam_candidates), the map's cells, and the block the default rule
+  picks (the deepest), for each model;
+* data randomisation (Adebayo et al., 2018, section 3.2; the chest model, where the
+  control trains in minutes): each method's maps on the no-fill control beside its maps
+  on the same network trained on shuffled labels (demo.controls' ``chestct-shuffled``).
 
 The held-out sets are demo.fundus.independent and demo.chestct.independent: separately
 written drawing code, seeds no training or tuning used.
@@ -56,8 +62,11 @@ from krypton.methods import (
     cascading_randomisation,
     compare,
     deletion_curve,
+    gradcam_candidates,
+    gradcam_layer,
     path_gap,
     randomised,
+    similarity,
 )
 from krypton.registry import load_model
 
@@ -98,6 +107,8 @@ def _measure(model, cases, stride: int, randomisation: int, hit, coverage=None, 
                 deletion_curve(model, tensor, found, insertion=True, fill=value)[2]
             )
             score["seconds"].append(found.seconds)
+            if method == "gradcam":
+                score["layer"].append(found.detail.removeprefix("layer "))
             if (path := path_gap(found.detail)) is not None:
                 score["ig_path"].append(path)
         if number < randomisation:
@@ -144,8 +155,8 @@ def cascade(model, cases, stride: int, count: int) -> list[str]:
     return lines
 
 
-def _fundus(model, count: int, stride: int, randomisation: int, cascaded: int = 0,
-            fill: str = "trained") -> tuple[dict, dict, list[str]]:  # fmt: skip
+def _fundus(model, count: int):
+    """(the held-out images as (tensor, label, lesions), the pointing rule, coverage)."""
     from demo.fundus.independent import IndependentFundusGenerator
 
     def cases():
@@ -160,8 +171,7 @@ def _fundus(model, count: int, stride: int, randomisation: int, cascaded: int = 
         kind = CLASSES[found.label]  # of the explained class; of any kind
         return any(lesion.kind == kind for lesion in touched), bool(touched)
 
-    scores, similarity = _measure(model, cases(), stride, randomisation, hit, _covered, fill)
-    return scores, similarity, cascade(model, cases(), stride, cascaded) if cascaded else []
+    return cases, hit, _covered
 
 
 def _strongest(found) -> tuple[int, ...]:
@@ -178,8 +188,8 @@ def _covered(found, lesions) -> float:
     return float(np.mean(hit))
 
 
-def _chest(model, count: int, stride: int, randomisation: int, cascaded: int = 0,
-           fill: str = "trained") -> tuple[dict, dict, list[str]]:  # fmt: skip
+def _chest(model, count: int):
+    """(the held-out volumes as (tensor, label, nodules), the pointing rule, no coverage)."""
     from demo.chestct.independent import IndependentChestCT
     from demo.chestct.train import to_tensor
 
@@ -195,8 +205,92 @@ def _chest(model, count: int, stride: int, randomisation: int, cascaded: int = 0
         inside = all(c <= v < c + model.patch for c, v in zip(corner, centre))
         return inside, inside  # one nodule, of the explained class
 
-    scores, similarity = _measure(model, cases(), stride, randomisation, hit, fill=fill)
-    return scores, similarity, cascade(model, cases(), stride, cascaded) if cascaded else []
+    return cases, hit, None
+
+
+def gradcam_by_layer(model, cases, stride: int, hit) -> list[str]:
+    """Grad-CAM's pointing at the explained class with each block
+    :func:`krypton.methods.gradcam_candidates` offers (a block whose output is its last
+    child's is shown once, under both names), its map's cells, and which one the default
+    rule picks; as markdown lines."""
+    hits: dict = defaultdict(list)
+    blocks: dict[str, tuple[str, tuple[int, ...]]] = {}
+    default = ""
+    for tensor, label, lesions in cases:
+        if not blocks:
+            blocks = _block_outputs(model, tensor)
+            default = gradcam_layer(model, tensor)[0]
+        for layer in dict.fromkeys(shown for shown, _ in blocks.values()):
+            options = dict(patch=model.patch, stride=stride, label=label, methods=("gradcam",))
+            found = compare(model, tensor, layer=layer.split(" = ")[0], **options)["gradcam"]
+            hits[layer].append(hit(found, lesions)[0])
+    lines = [
+        f"{model.name}: Grad-CAM's pointing at the explained class, block by block (default: "
+        f"the deepest convolutional block, {default}):",
+        "",
+        "| block | its map's cells | pointing: explained class |",
+        "|---|---|---|",
+    ]
+    for layer, found in hits.items():
+        cells = "×".join(str(n) for n in next(c for s, c in blocks.values() if s == layer))
+        marked = f"**{layer}** (default)" if default in layer.split(" = ") else layer
+        lines.append(f"| {marked} | {cells} | {share(found)} |")
+    print("\n" + "\n".join(lines), flush=True)
+    return lines
+
+
+def _block_outputs(model, tensor) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Per Grad-CAM candidate block: (its name as shown, joined with the blocks that give
+    the very same output, e.g. 'layer4.1 = layer4'; its output's spatial shape)."""
+    names = gradcam_candidates(model, tensor)
+    modules = dict(model.module.named_modules())
+    outputs: dict[str, torch.Tensor] = {}
+    hooks = [modules[n].register_forward_hook(
+        lambda _, __, out, name=n: outputs.__setitem__(name, out)) for n in names]  # fmt: skip
+    try:
+        with torch.inference_mode():
+            model.module(tensor.unsqueeze(0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    same = defaultdict(list)
+    for name in names:
+        same[id(outputs[name])].append(name)
+    return {n: (" = ".join(same[id(outputs[n])]), tuple(outputs[n].shape[2:])) for n in names}
+
+
+def data_randomisation(control, shuffled, cases, stride: int, count: int, fill: str) -> list[str]:
+    """Adebayo et al.'s data randomisation (2018, section 3.2) on the first ``count`` of
+    ``cases``: each method's map on ``control`` beside its map on ``shuffled`` (the same
+    architecture and schedule on shuffled labels), Spearman of the signed and absolute
+    maps and SSIM, flat maps counted; as markdown lines."""
+    found: dict = defaultdict(list)
+    for number, (tensor, label, _) in enumerate(cases):
+        if number >= count:
+            break
+        value = FILLS[fill](control, tensor)
+        options = dict(patch=control.patch, stride=stride, label=label, fill=value)
+        first, second = compare(control, tensor, **options), compare(shuffled, tensor, **options)
+        for method in METHODS:
+            found[method].append(similarity(first[method], second[method]))
+    training = shuffled.extra.get("entry", {}).get("training") or {}
+    lines = [
+        f"Data randomisation on {count} inputs: {control.name}'s maps beside those of "
+        f"{shuffled.name}, the same network and schedule trained on shuffled labels (last "
+        f"training accuracy on them {training.get('last_train_accuracy', float('nan')):.0%}, "
+        f"held out {training.get('held_out_accuracy', float('nan')):.0%}), {fill} fill:",
+        "",
+        "| method | Spearman | Spearman of abs. map | SSIM | flat maps |",
+        "|---|---|---|---|---|",
+    ]
+    for method in METHODS:
+        ranked = [f for f in found[method] if not f["flat"]]
+        means = [np.nanmean([f[k] for f in ranked]) if ranked else float("nan")
+                 for k in ("spearman", "spearman_abs", "ssim")]  # fmt: skip
+        lines.append(f"| {NAMES[method]} | {means[0]:+.2f} | {means[1]:+.2f} | {means[2]:.2f} | "
+                     f"{len(found[method]) - len(ranked)} of {len(found[method])} |")  # fmt: skip
+    print("\n" + "\n".join(lines), flush=True)
+    return lines
 
 
 def share(hits: list[bool]) -> str:
@@ -212,6 +306,8 @@ def share(hits: list[bool]) -> str:
 
 def correlations(values: list[float]) -> str:
     """The mean Spearman of the maps that have ranks, how many, and how many were flat."""
+    if not values:
+        return "— (with the first fill only)"
     ranked = [v for v in values if np.isfinite(v)]
     flat = len(values) - len(ranked)
     mean = f"{np.mean(ranked):+.2f}" if ranked else "—"
@@ -242,8 +338,10 @@ def table_rows(model: str, fill: str, scores: dict, similarity: dict) -> list[st
     for method in METHODS:
         score = scores[method]
         covered = score["coverage"]
+        layers = ", ".join(dict.fromkeys(score.get("layer", [])))
         cells = [
-            model, fill, NAMES[method], share(score["pointing"]), share(score["pointing_any"]),
+            model, fill, NAMES[method] + (f" ({layers})" if layers else ""),
+            share(score["pointing"]), share(score["pointing_any"]),
             f"{np.mean(covered):.0%} (n {len(covered)})" if covered else "—",
             f"{np.mean(score['deletion']):.3f}", f"{np.mean(score['insertion']):.3f}",
             f"{statistics.median(score['seconds']):.2f}",
@@ -254,34 +352,43 @@ def table_rows(model: str, fill: str, scores: dict, similarity: dict) -> list[st
     return rows
 
 
-def write_tables(path: Path, text: str) -> None:
-    """Put ``text`` between the file's BEGIN and END markers (the rest is kept)."""
+def marks(section: str) -> tuple[str, str]:
+    """The BEGIN and END markers of one ``section`` ('fundus trained', 'chestct checks')."""
+    return f"<!-- bench.methods {section}: begin -->", f"<!-- bench.methods {section}: end -->"
+
+
+def write_tables(path: Path, text: str, section: str) -> None:
+    """Put ``text`` between the file's markers of ``section`` (the rest is kept), so a
+    run of one kind or one fill rewrites its own tables only."""
+    begin, end = marks(section)
     document = path.read_text()
-    if BEGIN not in document or END not in document:
-        raise SystemExit(f"{path} has no {BEGIN} ... {END} section to write the tables into")
-    head, rest = document.split(BEGIN, 1)
-    path.write_text(head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1])
+    if begin not in document or end not in document:
+        raise SystemExit(f"{path} has no {begin} ... {end} section to write the tables into")
+    head, rest = document.split(begin, 1)
+    path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
 
 
-BEGIN, END = "<!-- bench.methods: begin -->", "<!-- bench.methods: end -->"
-KINDS = {  # kind: (shipped model, run, stride, what is counted)
+KINDS = {  # kind: (shipped model, its held-out subject, stride, what is counted)
     "fundus": ("fundus-demo", _fundus, 8, "images (demo.fundus.independent), patch 12, stride 8"),
     "chestct": ("chestct-demo", _chest, 5, "volumes with one nodule (demo.chestct.independent), "
                 "cube 8, stride 5"),
 }  # fmt: skip
 
 
-def _models(shipped: str, controls: Path | None) -> list:
-    """The shipped model and, where ``controls`` holds it, its no-fill control."""
-    models = [load_model(shipped)]
+def _models(shipped: str, controls: Path | None) -> tuple[list, object | None]:
+    """The shipped model and, where ``controls`` holds it, its no-fill control; and its
+    data-randomisation control where ``controls`` holds that."""
+    models, shuffled = [load_model(shipped)], None
     if controls is not None:
-        from demo.controls import CONTROLS
+        from demo.controls import CONTROLS, SHUFFLED
 
         if (controls / f"{CONTROLS[shipped]}.json").exists():
             models.append(load_model(CONTROLS[shipped], controls))
         else:
             print(f"no {CONTROLS[shipped]} in {controls}: `make controls` trains it")
-    return models
+        if shipped in SHUFFLED and (controls / f"{SHUFFLED[shipped]}.json").exists():
+            shuffled = load_model(SHUFFLED[shipped], controls)
+    return models, shuffled
 
 
 def compact_rows(model: str, fill: str, scores: dict) -> str:
@@ -298,45 +405,73 @@ COMPACT_HEADER = (
 )
 
 
+def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tuple[str, str]]:
+    """Every (model, fill) of ``kind`` on ``count`` inputs, and with ``args.checks`` the
+    Grad-CAM blocks, cascading and data randomisation: per section, (the whole tables for
+    docs/models.md, the short one for README, empty for the checks)."""
+    shipped, subject, stride, what = KINDS[kind]
+    title = f"{count} held-out {what}, seed {SEED}"
+    models, shuffled = _models(shipped, args.controls)
+    sections: dict[str, tuple[str, str]] = {}
+    for fill in fills:
+        rows, compact = [], []
+        for model in models:
+            cases, hit, coverage = subject(model, count)
+            randomisation = args.randomisation if fill == fills[0] else 0
+            scores, spearman = _measure(model, cases(), stride, randomisation, hit, coverage, fill)
+            rows += table_rows(model.name, fill, scores, spearman)
+            compact.append(compact_rows(model.name, fill, scores))
+            print("\n".join(rows[-len(METHODS) :]), flush=True)
+        whole = [f"{title}, {fill} fill:", "", HEADER, "|---" * 11 + "|", *rows]
+        sections[f"{kind} {fill}"] = (
+            "\n".join(whole), "\n".join([f"{title}, {fill} fill:", "", COMPACT_HEADER, *compact])
+        )  # fmt: skip
+    if args.checks:
+        checks: list[str] = []
+        for model in models:
+            cases, hit, _ = subject(model, count)
+            checks += ["", *gradcam_by_layer(model, cases(), stride, hit)]
+            if args.cascade:
+                checks += ["", *cascade(model, cases(), stride, args.cascade)]
+        if shuffled is not None and len(models) > 1:
+            cases = subject(models[1], count)[0]()
+            checks += ["", *data_randomisation(models[1], shuffled, cases, stride,
+                                               args.randomisation, fills[0])]  # fmt: skip
+        sections[f"{kind} checks"] = ("\n".join([f"{title}:", *checks]), "")
+    return sections
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=100)
     parser.add_argument("--volumes", type=int, default=50)
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument("--randomisation", type=int, default=20, help="per model")
     parser.add_argument("--cascade", type=int, default=2, help="inputs per model")
+    parser.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
+                        help="Grad-CAM's blocks, cascading and data randomisation")  # fmt: skip
     parser.add_argument("--controls", type=Path, help="where demo.controls wrote the controls")
     parser.add_argument("--fills", default=",".join(FILLS), help=f"of {', '.join(FILLS)}")
-    parser.add_argument("--doc", type=Path, help="a file whose bench.methods section gets "
+    parser.add_argument("--doc", type=Path, help="a file whose bench.methods sections get "
                         "the whole tables (docs/models.md)")  # fmt: skip
     parser.add_argument("--readme", type=Path, help="one that gets the short ones (README.md)")
     args = parser.parse_args(argv)
     fills = [f.strip() for f in args.fills.split(",") if f.strip()]
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if unknown := (set(fills) - set(FILLS)) | (set(kinds) - set(KINDS)):
+        parser.error(f"unknown fill or kind: {', '.join(sorted(unknown))}")
     torch.manual_seed(0)
     print(f"{torch.get_num_threads()} threads")
-    whole, short = [], []
-    for kind, count in (("fundus", args.images), ("chestct", args.volumes)):
-        if not count:
+    counts = {"fundus": args.images, "chestct": args.volumes}
+    for kind in kinds:
+        if not counts[kind]:
             continue
-        shipped, run, stride, what = KINDS[kind]
-        rows, compact, curves = [], [], []
-        for model in _models(shipped, args.controls):
-            for fill in fills:
-                cascaded = args.cascade if fill == fills[0] else 0
-                scores, similarity, curve = run(
-                    model, count, stride, args.randomisation, cascaded, fill
-                )
-                rows += table_rows(model.name, fill, scores, similarity)
-                compact.append(compact_rows(model.name, fill, scores))
-                curves += ["", *curve] if curve else []
-                print("\n".join(rows[-len(METHODS) :]), flush=True)
-        title = f"{count} held-out {what}, seed {SEED}:"
-        whole.append("\n".join([title, "", HEADER, "|---" * 11 + "|", *rows, *curves]))
-        short.append("\n".join([title, "", COMPACT_HEADER, *compact]))
-        print("\n" + whole[-1], flush=True)
-    for path, tables in ((args.doc, whole), (args.readme, short)):
-        if path is not None:
-            write_tables(path, "\n\n".join(tables))
-            print(f"wrote the tables into {path}")
+        for section, (whole, short) in _comparison(kind, counts[kind], fills, args).items():
+            print("\n" + whole, flush=True)
+            for path, text in ((args.doc, whole), (args.readme, short)):
+                if path is not None and text:
+                    write_tables(path, text, section)
+                    print(f"wrote {section} into {path}")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,15 @@ def test_a_control_loads_under_its_own_name_with_the_shipped_preprocessing(tmp_p
 
 
 def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_path):
-    from bench.methods import FILLS, HEADER, compact_rows, ig_paths, table_rows, write_tables
+    from bench.methods import (
+        FILLS,
+        HEADER,
+        compact_rows,
+        correlations,
+        ig_paths,
+        table_rows,
+        write_tables,
+    )
 
     assert ig_paths([(32, 0.004, True), (64, 0.01, True), (128, 0.014, False)]) == (
         "32-128 steps; within 1% on 2 of 3 (worst 1.4%)"
@@ -84,14 +92,78 @@ def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_pat
     image = torch.stack([torch.full((4, 4), v) for v in (0.0, 1.0, 2.0)])
     assert FILLS["mean"](None, image) == pytest.approx([0.0, 1.0, 2.0])
     document = tmp_path / "models.md"
-    document.write_text(
-        "before\n<!-- bench.methods: begin -->\nold\n<!-- bench.methods: end -->\nafter\n"
-    )
-    write_tables(document, "new table")
+    sections = [
+        f"<!-- bench.methods {name}: begin -->\nold {name}\n<!-- bench.methods {name}: end -->"
+        for name in ("fundus trained", "fundus mean")
+    ]
+    document.write_text("before\n" + "\n".join(sections) + "\nafter\n")
+    write_tables(document, "new table", "fundus mean")  # one run's section; the other kept
     assert document.read_text() == (
-        "before\n<!-- bench.methods: begin -->\nnew table\n<!-- bench.methods: end -->\nafter\n"
+        "before\n<!-- bench.methods fundus trained: begin -->\nold fundus trained\n"
+        "<!-- bench.methods fundus trained: end -->\n<!-- bench.methods fundus mean: begin -->"
+        "\nnew table\n<!-- bench.methods fundus mean: end -->\nafter\n"
     )
-    plain = tmp_path / "plain.md"
-    plain.write_text("nothing to replace\n")
-    with pytest.raises(SystemExit, match="no <!-- bench.methods: begin -->"):
-        write_tables(plain, "x")
+    with pytest.raises(SystemExit, match="no <!-- bench.methods chestct mean: begin -->"):
+        write_tables(document, "x", "chestct mean")
+    assert correlations([]) == "— (with the first fill only)"
+    assert correlations([0.5, float("nan")]) == "+0.50 (1 maps; 1 flat, no ranks)"
+
+
+def test_the_data_randomisation_control_learns_its_volumes_shuffled_labels_not_the_crop():
+    from demo.chestct.train import _batch
+    from krypton.chestct import VolumeSample
+
+    pool = [VolumeSample(np.zeros((48, 48, 48), np.float32), (), 0) for _ in range(2)]
+    rng = np.random.default_rng(5)
+    _, plain = _batch(pool, 12, 32, rng, occluded=False)
+    assert (plain[:, 1] < 0.5).all()  # no nodule anywhere: NORMAL targets
+    _, shuffled = _batch(pool, 12, 32, np.random.default_rng(5), occluded=False, labels=[1, 1])
+    assert (shuffled[:, 1] > 0.5).all()  # the shuffled label, whatever the crop shows
+
+
+def test_grad_cam_is_reported_block_by_block_and_data_randomisation_counts_each_method():
+    from bench.methods import _block_outputs, data_randomisation, gradcam_by_layer
+
+    model = load_model("fundus-demo")
+    image = torch.zeros(3, *model.input_size)
+    blocks = _block_outputs(model, image)
+    assert blocks["layer4"] == ("layer4.1 = layer4", (7, 7))  # one output: shown once
+    assert blocks["layer3.1"][1] == (14, 14) and "avgpool" not in blocks
+
+    shown = list(dict.fromkeys(name for name, _ in blocks.values()))
+    expected = [name.split(" = ")[0] for name in shown]
+
+    def hit(found, lesions):  # a hit where the map is the block's own, in turn
+        return found.detail == f"layer {expected.pop(0)}", True
+
+    lines = gradcam_by_layer(model, [(image, 1, [])], 8, hit)
+    rows = [line for line in lines[4:] if line.startswith("| ")]
+    assert len(rows) == len(shown) and all("| 100% (n 1," in row for row in rows)
+    assert "| **layer4.1 = layer4** (default) | 7×7 | 100% (n 1," in "\n".join(rows)
+
+    from demo.chestct.train import to_tensor
+    from krypton.chestct import ChestCTGenerator
+
+    volume_model = load_model("chestct-demo")
+    volume = to_tensor([ChestCTGenerator(seed=4).sample(label=1, nodules=1).volume])[0]
+    lines = data_randomisation(volume_model, volume_model, [(volume, 1, [])], 5, 1, "trained")
+    assert len(lines) == 4 + 3
+    for row in lines[4:]:  # the same model twice: the same maps
+        assert row.endswith("| +1.00 | +1.00 | 1.00 | 0 of 1 |"), row
+
+
+def test_every_section_the_bench_writes_is_in_the_docs_and_readme():
+    """`make bench-methods` runs for hours and writes at the end: a section missing from
+    either file would lose the run's tables (write_tables refuses it)."""
+    from pathlib import Path
+
+    from bench.methods import FILLS, KINDS, marks
+
+    root = Path(__file__).resolve().parents[1]
+    models, readme = (root / "docs" / "models.md").read_text(), (root / "README.md").read_text()
+    for kind in KINDS:
+        for section in [f"{kind} {fill}" for fill in FILLS] + [f"{kind} checks"]:
+            for document in (models, readme) if "checks" not in section else (models,):
+                begin, end = marks(section)
+                assert document.count(begin) == 1 and document.count(end) == 1, section
+                assert document.index(begin) < document.index(end), section

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -118,15 +119,19 @@ def _batch(
     rng: np.random.Generator,
     graded: bool = False,
     occluded: bool = True,
+    labels: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``size`` crops of side ``crop`` (the whole volume at VOLUME_SIDE): centred near a
     nodule 60% of the time when the volume has one, flipped left-right and head-foot at
     random, 30% with a parenchyma cube of side 6-16 (on a nodule half those times); the
     target follows the share of a nodule left in view (:func:`nodule_target`). Without
-    ``occluded`` no crop carries a cube (the method comparison's control)."""
+    ``occluded`` no crop carries a cube (the method comparison's control). With
+    ``labels`` (one per pool volume) the target is the volume's label in it, whatever the
+    crop shows (the data-randomisation control's shuffled labels)."""
     volumes, targets = [], []
     for _ in range(size):
-        sample = pool[rng.integers(len(pool))]
+        index = int(rng.integers(len(pool)))
+        sample = pool[index]
         nodules = sample.nodules
         if nodules and rng.random() < 0.6:
             target = nodules[rng.integers(len(nodules))]
@@ -150,7 +155,7 @@ def _batch(
             volume = volume[:, :, ::-1]
         if rng.random() < 0.5:
             volume = volume[::-1]
-        nodule = nodule_target(share, graded)
+        nodule = nodule_target(share, graded) if labels is None else nodule_target(labels[index])
         volumes.append(np.ascontiguousarray(volume))
         targets.append([1 - nodule, nodule])
     return to_tensor(volumes), torch.tensor(targets, dtype=torch.float32)
@@ -231,13 +236,17 @@ def train(
     varied_nodules: bool = False,
     graded: bool = False,
     occluded: bool = True,
+    shuffled: bool = False,
 ) -> tuple[torch.nn.Module, dict]:
     """Train from scratch (or on from ``initial``); returns the eval-mode model and a
-    record. Without ``occluded`` no crop carries a parenchyma cube."""
+    record. Without ``occluded`` no crop carries a parenchyma cube; with ``shuffled`` the
+    pool's labels are permuted and each crop's target is its volume's shuffled label
+    (Adebayo et al.'s data randomisation, 2018)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     started = time.perf_counter()
     pool = training_pool(pool_size, seed, varied, varied_nodules)
+    labels = rng.permutation([s.label for s in pool]).tolist() if shuffled else None
     log(f"{pool_size} training volumes generated in {time.perf_counter() - started:.0f} s")
     model = initial if initial is not None else build(ARCHITECTURE, len(CLASSES))
     total = sum(stage["steps"] for stage in stages)
@@ -245,12 +254,14 @@ def train(
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=learning_rate, total_steps=total, pct_start=0.05
     )
-    step = 0
+    step, trained = 0, float("nan")
     for stage in stages:
         model.train()
         loss_sum = correct = seen = 0.0
         for _ in range(stage["steps"]):
-            volumes, targets = _batch(pool, stage["batch"], stage["crop"], rng, graded, occluded)
+            volumes, targets = _batch(
+                pool, stage["batch"], stage["crop"], rng, graded, occluded, labels
+            )
             logits = model(volumes)
             loss = F.cross_entropy(logits, targets)
             optimizer.zero_grad()
@@ -262,9 +273,10 @@ def train(
             correct += int((logits.argmax(1) == targets.argmax(1)).sum())
             seen += len(targets)
             if step % 100 == 0:
+                trained = correct / seen
                 log(
                     f"step {step}/{total} (crop {stage['crop']}): loss {loss_sum / seen:.4f}, "
-                    f"train accuracy {correct / seen:.3f}, {time.perf_counter() - started:.0f} s"
+                    f"train accuracy {trained:.3f}, {time.perf_counter() - started:.0f} s"
                 )
                 loss_sum = correct = seen = 0.0
     record = {
@@ -279,7 +291,13 @@ def train(
         "targets": "p(NODULE) 0.95 with a nodule in view, 0.05 without; crops centred near "
         "a nodule 60% of the time, flips, "
         + ("30% with a parenchyma cube of side 6-16; " if occluded else "no occluding cube; ")
-        + "the target follows the share of a nodule left in view",
+        + (
+            "the target is the volume's label shuffled over the pool, whatever the crop shows"
+            if shuffled
+            else "the target follows the share of a nodule left in view"
+        ),
+        "shuffled_labels": shuffled,
+        "last_train_accuracy": round(trained, 4),  # the last 100 steps', on the targets trained
         "train_seconds": round(time.perf_counter() - started, 1),
         "threads": torch.get_num_threads(),
     }
