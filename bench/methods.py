@@ -406,14 +406,15 @@ COMPACT_HEADER = (
 
 
 def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tuple[str, str]]:
-    """Every (model, fill) of ``kind`` on ``count`` inputs, and with ``args.checks`` the
-    Grad-CAM blocks, cascading and data randomisation: per section, (the whole tables for
-    docs/models.md, the short one for README, empty for the checks)."""
+    """Every (model, fill) of ``kind`` on ``count`` inputs (with ``args.tables``), and
+    with ``args.checks`` the Grad-CAM blocks, cascading and data randomisation: per
+    section, (the whole tables for docs/models.md, the short one for README, empty for
+    the checks)."""
     shipped, subject, stride, what = KINDS[kind]
     title = f"{count} held-out {what}, seed {SEED}"
     models, shuffled = _models(shipped, args.controls)
     sections: dict[str, tuple[str, str]] = {}
-    for fill in fills:
+    for fill in fills if args.tables else []:
         rows, compact = [], []
         for model in models:
             cases, hit, coverage = subject(model, count)
@@ -450,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cascade", type=int, default=2, help="inputs per model")
     parser.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                         help="Grad-CAM's blocks, cascading and data randomisation")  # fmt: skip
+    parser.add_argument("--tables", action=argparse.BooleanOptionalAction, default=True,
+                        help="the main table per fill (--no-tables: the checks only)")  # fmt: skip
     parser.add_argument("--controls", type=Path, help="where demo.controls wrote the controls")
     parser.add_argument("--fills", default=",".join(FILLS), help=f"of {', '.join(FILLS)}")
     parser.add_argument("--doc", type=Path, help="a file whose bench.methods sections get "
