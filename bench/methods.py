@@ -37,7 +37,7 @@ grid: fundus patch 12, stride 8; chest CT cube 8, stride 5, the app's defaults f
   picks (the deepest), for each model;
 * data randomisation (Adebayo et al., 2018, section 3.2; the chest model, where the
   control trains in minutes): each method's maps on the no-fill control beside its maps
-  on the same network trained on shuffled labels (demo.controls' ``chestct-shuffled``).
+  on the same network trained to fit shuffled labels (demo.controls' ``chestct-shuffled``).
 
 The held-out sets are demo.fundus.independent and demo.chestct.independent: separately
 written drawing code, seeds no training or tuning used.
@@ -262,7 +262,7 @@ def _block_outputs(model, tensor) -> dict[str, tuple[str, tuple[int, ...]]]:
 def data_randomisation(control, shuffled, cases, stride: int, count: int, fill: str) -> list[str]:
     """Adebayo et al.'s data randomisation (2018, section 3.2) on the first ``count`` of
     ``cases``: each method's map on ``control`` beside its map on ``shuffled`` (the same
-    architecture and schedule on shuffled labels), Spearman of the signed and absolute
+    architecture trained to fit shuffled labels), Spearman of the signed and absolute
     maps and SSIM, flat maps counted; as markdown lines."""
     found: dict = defaultdict(list)
     for number, (tensor, label, _) in enumerate(cases):
@@ -276,9 +276,10 @@ def data_randomisation(control, shuffled, cases, stride: int, count: int, fill: 
     training = shuffled.extra.get("entry", {}).get("training") or {}
     lines = [
         f"Data randomisation on {count} inputs: {control.name}'s maps beside those of "
-        f"{shuffled.name}, the same network and schedule trained on shuffled labels (last "
-        f"training accuracy on them {training.get('last_train_accuracy', float('nan')):.0%}, "
-        f"held out {training.get('held_out_accuracy', float('nan')):.0%}), {fill} fill:",
+        f"{shuffled.name}, the same network trained to fit shuffled labels (accuracy on "
+        f"them over its last 100 training steps "
+        f"{training.get('last_train_accuracy', float('nan')):.0%}, held out "
+        f"{training.get('held_out_accuracy', float('nan')):.0%}), {fill} fill:",
         "",
         "| method | Spearman | Spearman of abs. map | SSIM | flat maps |",
         "|---|---|---|---|---|",
@@ -307,7 +308,7 @@ def share(hits: list[bool]) -> str:
 def correlations(values: list[float]) -> str:
     """The mean Spearman of the maps that have ranks, how many, and how many were flat."""
     if not values:
-        return "— (with the first fill only)"
+        return "— (not run with this fill)"
     ranked = [v for v in values if np.isfinite(v)]
     flat = len(values) - len(ranked)
     mean = f"{np.mean(ranked):+.2f}" if ranked else "—"

@@ -7,13 +7,15 @@ images, parenchyma cubes in chest-CT crops), and that fill is also Integrated Gr
 baseline and the deletion curves' fill, so a comparison on them favours occlusion and IG
 by construction. A control is the same architecture trained from scratch on the same
 generator with the same targets and optimiser but no occluder in any training input, on a
-shorter schedule (minutes on 2 cores, not the hours the shipped models took). Its entry
+shorter schedule than the shipped models' (the fundus model's first stage: about 35 min
+on 2 idle cores, 95.2% held out against the shipped 98.2%; the chest model in 5 min,
+96.3% against 98.0%). Its entry
 (``fundus-control``, ``chestct-control``) sits in ``--dir``, outside the shipped models,
 with its training record and its accuracy on the held-out sets the shipped cards use.
 ``bench.methods --controls DIR`` runs the whole comparison on it beside the shipped model.
 
 The data-randomisation control (``chestct-shuffled``; Adebayo et al., 2018, section 3.2)
-is the chest control trained on its pool's labels shuffled: a method whose maps on it
+is the chest control's network trained to fit shuffled labels: a method whose maps on it
 look like its maps on the chest control is not reading what the model learnt from the
 labels. It is trained for the chest model only, where it takes minutes.
 """
@@ -38,8 +40,8 @@ CONTROLS = {"fundus-demo": "fundus-control", "chestct-demo": "chestct-control"}
 # on shuffled labels); the chest model only, where it takes minutes
 SHUFFLED = {"chestct-demo": "chestct-shuffled"}
 # The controls' schedules: the shipped fundus model's first stage (10 epochs of 3,200
-# images, 1,000 steps of 32; about 21 min on 2 cores), and the chest trainer's two-stage
-# shape at a third of its first stage.
+# images, 1,000 steps of 32; about 200 s an epoch on 2 idle cores), and the chest
+# trainer's two-stage shape at a third of its first stage.
 FUNDUS_SCHEDULE = {"epochs": 10, "images_per_epoch": 3200}
 CHEST_SCHEDULE = (
     {"crop": 32, "steps": 600, "batch": 32},
@@ -71,15 +73,25 @@ def train_chest_control(log=print) -> tuple[torch.nn.Module, dict]:
     return model, record
 
 
+# The data-randomisation control's schedule: Adebayo et al. train on the permuted labels
+# until the network fits them (over 95% of the training set). On the chest control's
+# own schedule (1,500 volumes, 32-voxel crops) it fitted nothing (51% on its shuffled
+# labels: an untrained network, not a control), so it sees a small pool whole, often.
+SHUFFLED_POOL = 96
+SHUFFLED_SCHEDULE = ({"crop": 48, "steps": 600, "batch": 16},)
+
+
 def train_chest_shuffled(log=print) -> tuple[torch.nn.Module, dict]:
     """The data-randomisation control (Adebayo et al., 2018, section 3.2): the chest
-    control's architecture and schedule on the same pool with its labels shuffled, each
-    crop's target its volume's shuffled label; its held-out accuracy (near chance)."""
+    control's architecture, no occluder, trained to fit a small pool's shuffled labels
+    (each volume whole, its target its shuffled label); the record says how well it
+    fitted them (``last_train_accuracy``) and its held-out accuracy (near chance)."""
     from demo.chestct import train as chest
 
     model, record = chest.train(
-        pool_size=1500, stages=CHEST_SCHEDULE, log=log, occluded=False, shuffled=True
-    )
+        pool_size=SHUFFLED_POOL, stages=SHUFFLED_SCHEDULE, log=log, occluded=False,
+        shuffled=True,
+    )  # fmt: skip
     with torch.inference_mode():
         record["held_out_accuracy"] = chest.accuracy(model, chest.held_out())
     return model, record

@@ -105,7 +105,7 @@ def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_pat
     )
     with pytest.raises(SystemExit, match="no <!-- bench.methods chestct mean: begin -->"):
         write_tables(document, "x", "chestct mean")
-    assert correlations([]) == "— (with the first fill only)"
+    assert correlations([]) == "— (not run with this fill)"
     assert correlations([0.5, float("nan")]) == "+0.50 (1 maps; 1 flat, no ranks)"
 
 
