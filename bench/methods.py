@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.fundus import CLASSES
 from krypton.methods import (
     IG_GAP,
@@ -245,14 +246,16 @@ def _block_outputs(model, tensor) -> dict[str, tuple[str, tuple[int, ...]]]:
     names = gradcam_candidates(model, tensor)
     modules = dict(model.module.named_modules())
     outputs: dict[str, torch.Tensor] = {}
-    hooks = [modules[n].register_forward_hook(
-        lambda _, __, out, name=n: outputs.__setitem__(name, out)) for n in names]  # fmt: skip
-    try:
-        with torch.inference_mode():
-            model.module(tensor.unsqueeze(0))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    # exclusive, as gradcam_candidates' own hooks: no other forward of the shared model
+    with CAPTURE_LOCK.exclusive():
+        hooks = [modules[n].register_forward_hook(
+            lambda _, __, out, name=n: outputs.__setitem__(name, out)) for n in names]  # fmt: skip
+        try:
+            with torch.inference_mode():
+                model.module(tensor.unsqueeze(0))
+        finally:
+            for hook in hooks:
+                hook.remove()
     same = defaultdict(list)
     for name in names:
         same[id(outputs[name])].append(name)
@@ -274,12 +277,12 @@ def data_randomisation(control, shuffled, cases, stride: int, count: int, fill: 
         for method in METHODS:
             found[method].append(similarity(first[method], second[method]))
     training = shuffled.extra.get("entry", {}).get("training") or {}
+    fitted, held_out = (training.get(k) for k in ("last_train_accuracy", "held_out_accuracy"))
     lines = [
         f"Data randomisation on {count} inputs: {control.name}'s maps beside those of "
         f"{shuffled.name}, the same network trained to fit shuffled labels (accuracy on "
-        f"them over its last 100 training steps "
-        f"{training.get('last_train_accuracy', float('nan')):.0%}, held out "
-        f"{training.get('held_out_accuracy', float('nan')):.0%}), {fill} fill:",
+        f"them over its last 100 training steps {'—' if fitted is None else f'{fitted:.0%}'}, "
+        f"held out {'—' if held_out is None else f'{held_out:.0%}'}), {fill} fill:",
         "",
         "| method | Spearman | Spearman of abs. map | SSIM | flat maps |",
         "|---|---|---|---|---|",

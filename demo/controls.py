@@ -36,8 +36,8 @@ CONTROL_DIR = ROOT / "out" / "controls"
 SHIPPED_DIR = ROOT / "krypton" / "shipped_models"
 # shipped model: its control
 CONTROLS = {"fundus-demo": "fundus-control", "chestct-demo": "chestct-control"}
-# shipped model: its data-randomisation control (its control's architecture and schedule
-# on shuffled labels); the chest model only, where it takes minutes
+# shipped model: its data-randomisation control (its control's architecture fitted to
+# shuffled labels, SHUFFLED_SCHEDULE); the chest model only, where it takes minutes
 SHUFFLED = {"chestct-demo": "chestct-shuffled"}
 # The controls' schedules: the shipped fundus model's first stage (10 epochs of 3,200
 # images, 1,000 steps of 32; about 200 s an epoch on 2 idle cores), and the chest
@@ -120,8 +120,8 @@ def write_control(
         {
             "name": name,
             "description": (
-                f"Data-randomisation control for {shipped}: its no-fill control trained on "
-                "shuffled labels, for the method comparison only."
+                f"Data-randomisation control for {shipped}: its no-fill control's "
+                "architecture fitted to shuffled labels, for the method comparison only."
                 if shuffled
                 else f"Control for {shipped}: the same architecture trained without "
                 "occluded inputs, for the method comparison only."

@@ -148,6 +148,7 @@ def test_grad_cam_is_reported_block_by_block_and_data_randomisation_counts_each_
     volume = to_tensor([ChestCTGenerator(seed=4).sample(label=1, nodules=1).volume])[0]
     lines = data_randomisation(volume_model, volume_model, [(volume, 1, [])], 5, 1, "trained")
     assert len(lines) == 4 + 3
+    assert "last 100 training steps —," in lines[0]  # the shipped record has no such count
     for row in lines[4:]:  # the same model twice: the same maps
         assert row.endswith("| +1.00 | +1.00 | 1.00 | 0 of 1 |"), row
 

@@ -254,7 +254,7 @@ def train(
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=learning_rate, total_steps=total, pct_start=0.05
     )
-    step, trained = 0, float("nan")
+    step, trained = 0, None  # the accuracy of the last 100 steps logged
     for stage in stages:
         model.train()
         loss_sum = correct = seen = 0.0
@@ -297,7 +297,8 @@ def train(
             else "the target follows the share of a nodule left in view"
         ),
         "shuffled_labels": shuffled,
-        "last_train_accuracy": round(trained, 4),  # the last 100 steps', on the targets trained
+        # the last 100 steps', on the targets trained; None under 100 steps (JSON has no NaN)
+        "last_train_accuracy": None if trained is None else round(trained, 4),
         "train_seconds": round(time.perf_counter() - started, 1),
         "threads": torch.get_num_threads(),
     }
