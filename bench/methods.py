@@ -16,11 +16,14 @@ grid: fundus patch 12, stride 8; chest CT cube 8, stride 5, the app's defaults f
   (fundus; and, labelled apart, a lesion of any kind: exudate images hold
   microaneurysms too), or its cube holds the nodule's centre (chest CT); each share with
   its n and a 95% Wilson interval;
-* coverage (fundus, images with 2-4 lesions): the share of lesions under the top 5% of
-  cells;
+* coverage (fundus, images with 2-4 lesions): the share of those images' lesions whose
+  centre lies under the top 5% of cells, counted over the lesions, with their n, the
+  images' count and a 95% Wilson interval (lesions of one image are not independent, so
+  the interval is the narrowest honest one, not a per-image one);
 * deletion and insertion AUC (Petsiuk et al., 2018): the class's probability as the
   top-ranked cells are hidden under the fill (low is good) or revealed on an image all
-  fill (high is good), 10 steps;
+  fill (high is good), 10 steps, cells of equal importance in a seeded random order
+  (krypton.methods.MethodMap.ranked_cells); each mean with a 95% t interval;
 * seconds per image or volume;
 * IG's path: its steps and on how many inputs its attributions sum to f(input) -
   f(fill) within 1% (Captum's convergence delta), and the worst gap;
@@ -102,7 +105,8 @@ def _measure(model, cases, stride: int, randomisation: int, hit, coverage=None, 
             score["pointing"].append(explained)
             score["pointing_any"].append(anywhere)
             if coverage is not None and len(lesions) >= 2:
-                score["coverage"].append(coverage(found, lesions))
+                score["coverage"].extend(coverage(found, lesions))
+                score["coverage_images"].append(number)
             score["deletion"].append(deletion_curve(model, tensor, found, fill=value)[2])
             score["insertion"].append(
                 deletion_curve(model, tensor, found, insertion=True, fill=value)[2]
@@ -179,14 +183,14 @@ def _strongest(found) -> tuple[int, ...]:
     return np.unravel_index(int(found.top_cells(0.0)[0]), found.importance.shape)
 
 
-def _covered(found, lesions) -> float:
-    """The share of lesions whose centre lies under one of the top 5% of cells."""
+def _covered(found, lesions) -> list[bool]:
+    """Per lesion, whether its centre lies under one of the top 5% of cells."""
     top = [np.unravel_index(int(f), found.importance.shape) for f in found.top_cells(0.05)]
     boxes = [[(int(a[i]), int(a[i]) + p) for a, i, p in zip(found.axes, c, found.patch)]
              for c in top]  # fmt: skip
     hit = [any(y0 <= k.y < y1 and x0 <= k.x < x1 for (y0, y1), (x0, x1) in boxes)
            for k in lesions]  # fmt: skip
-    return float(np.mean(hit))
+    return hit
 
 
 def _chest(model, count: int):
@@ -308,6 +312,24 @@ def share(hits: list[bool]) -> str:
     return f"{count / n:.0%} (n {n}, {interval.low:.0%}-{interval.high:.0%})"
 
 
+def mean_interval(values: list[float]) -> str:
+    """'0.333 (0.301-0.365)': a mean with its 95% t interval (the mean alone for one value)."""
+    from scipy.stats import t
+
+    if not values:
+        return "—"
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return f"{mean:.3f}"
+    half = t.ppf(0.975, len(values) - 1) * float(np.std(values, ddof=1)) / np.sqrt(len(values))
+    return f"{mean:.3f} ({mean - half:.3f}-{mean + half:.3f})"
+
+
+def covered_share(lesions: list[bool], images: list[int]) -> str:
+    """Coverage over the lesions: '62% (n 230, 56-68%) on 98 images'."""
+    return f"{share(lesions)} on {len(images)} images" if lesions else "—"
+
+
 def correlations(values: list[float]) -> str:
     """The mean Spearman of the maps that have ranks, how many, and how many were flat."""
     if not values:
@@ -331,13 +353,14 @@ def ig_paths(paths: list[tuple[int, float, bool]]) -> str:
 
 HEADER = (
     "| model | fill | method | pointing: explained class | pointing: any lesion | coverage "
-    "(2-4 lesions) | deletion AUC ↓ | insertion AUC ↑ | s each | IG path | randomisation: "
+    "of lesions (images with 2-4) | deletion AUC ↓ | insertion AUC ↑ | s each | IG path | randomisation: "
     "Spearman with a re-initialised model |"
 )
 
 
 def table_rows(model: str, fill: str, scores: dict, similarity: dict) -> list[str]:
-    """One markdown row per method: every share with its n and Wilson interval."""
+    """One markdown row per method: every share with its n and Wilson interval, every
+    mean area with its t interval."""
     rows = []
     for method in METHODS:
         score = scores[method]
@@ -346,8 +369,8 @@ def table_rows(model: str, fill: str, scores: dict, similarity: dict) -> list[st
         cells = [
             model, fill, NAMES[method] + (f" ({layers})" if layers else ""),
             share(score["pointing"]), share(score["pointing_any"]),
-            f"{np.mean(covered):.0%} (n {len(covered)})" if covered else "—",
-            f"{np.mean(score['deletion']):.3f}", f"{np.mean(score['insertion']):.3f}",
+            covered_share(covered, score.get("coverage_images", [])),
+            mean_interval(score["deletion"]), mean_interval(score["insertion"]),
             f"{statistics.median(score['seconds']):.2f}",
             ig_paths(score["ig_path"]) if method == "integrated_gradients" else "—",
             correlations(similarity[method]),

@@ -96,6 +96,15 @@ class MethodMap:
         count = max(1, int(round(share * flat.size)))
         return np.argsort(-flat, kind="stable")[:count]
 
+    def ranked_cells(self, seed: int = 0) -> np.ndarray:
+        """Flat indices of every cell, most important first; cells of equal importance
+        in a random order drawn from ``seed`` (a map that ties many cells, such as
+        occlusion's zero drops where the model is sure, is not credited or blamed for
+        the grid's reading order). Cells not computed (NaN) come last."""
+        flat = np.nan_to_num(self.importance.ravel(), nan=-np.inf)
+        shuffled = np.random.default_rng(seed).permutation(flat.size)
+        return shuffled[np.argsort(-flat[shuffled], kind="stable")]
+
     def value_range(self) -> tuple[float, float]:
         """(lowest, highest) importance over the cells computed; (0, 1) when none is."""
         finite = self.importance[np.isfinite(self.importance)]
@@ -419,14 +428,17 @@ def deletion_curve(
     fill=None,
     steps: int = 10,
     insertion: bool = False,
+    seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """The class's probability as the map's cells are hidden under the fill, most
     important first (deletion: a map that finds the evidence drops it fast, low area), or
     revealed on an image all fill (``insertion``: high area is good) — Petsiuk et al.,
     2018, on occlusion's cells. Returns (share of cells, probabilities, area under the
-    curve by the trapezoid rule); one batch of ``steps + 1`` forwards."""
+    curve by the trapezoid rule); one batch of ``steps + 1`` forwards. Cells of equal
+    importance go in a random order drawn from ``seed`` (:meth:`MethodMap.ranked_cells`;
+    the same order for deletion and insertion)."""
     module, fill = _module(model), _fill(model, fill)
-    order = method_map.top_cells(1.0)
+    order = method_map.ranked_cells(seed)
     shares = np.linspace(0.0, 1.0, steps + 1)
     blank = torch.empty_like(image)
     blank[:] = torch.as_tensor(fill, dtype=image.dtype).view(-1, *[1] * (image.dim() - 1))

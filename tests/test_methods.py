@@ -143,7 +143,7 @@ def test_deletion_and_insertion_curves_run_from_the_image_to_the_fill_and_back()
     assert area == pytest.approx(np.trapezoid(curve, shares))
     # the first quarter hidden is the four most important cells, as occlusion ranked them
     hidden = image.clone()
-    for flat in occlusion.top_cells(1.0)[:4]:
+    for flat in occlusion.ranked_cells()[:4]:
         i, j = np.unravel_index(int(flat), (4, 4))
         hidden[:, 4 * i : 4 * i + 4, 4 * j : 4 * j + 4] = 0.5
     with torch.no_grad():
@@ -156,6 +156,39 @@ def test_deletion_and_insertion_curves_run_from_the_image_to_the_fill_and_back()
     other = randomised(model, seed=1)
     assert [type(m) for m in other.modules()] == [type(m) for m in model.modules()]
     assert not torch.equal(other[0].weight, model[0].weight) and not other.training
+
+
+def test_deletion_breaks_ties_between_equal_cells_at_random_not_in_reading_order():
+    """A map that ties cells (occlusion's zero drops where the model is sure; a flat
+    map) was hidden in the grid's reading order, top-left first, so its deletion area
+    depended on where the evidence lay, not on the map. Ties now go in a seeded random
+    order: the ranked cells keep the map's order between values, the tied ones are
+    shuffled, and the curve hides them in that order."""
+    from krypton.methods import MethodMap, deletion_curve
+
+    importance = np.zeros((4, 4))
+    importance[3, 3], importance[0, 1] = 2.0, 1.0  # two ranked cells, fourteen tied at 0
+    found = MethodMap("occlusion", importance, (np.arange(4) * 4, np.arange(4) * 4), (4, 4),
+                      0, 1.0, 0.0, "")  # fmt: skip
+    orders = [found.ranked_cells(seed).tolist() for seed in range(8)]
+    for order in orders:
+        assert order[:2] == [15, 1] and sorted(order) == list(range(16))
+    tied = {tuple(order[2:]) for order in orders}
+    assert len(tied) > 1  # the seed decides the ties
+    assert all(list(order) != sorted(order) for order in tied)  # never the reading order
+    assert found.ranked_cells(3).tolist() == orders[3]  # one seed, one order
+
+    model = small_net(2)
+    image = torch.rand(2, 16, 16)
+    flat = MethodMap("occlusion", np.zeros((4, 4)), found.axes, (4, 4), 0, 1.0, 0.0, "")
+    _, curve, _ = deletion_curve(model, image, flat, fill=0.5, steps=16, seed=5)
+    hidden = image.clone()
+    for step, cell in enumerate(flat.ranked_cells(5)[:3], start=1):
+        i, j = np.unravel_index(int(cell), (4, 4))
+        hidden[:, 4 * i : 4 * i + 4, 4 * j : 4 * j + 4] = 0.5
+        with torch.no_grad():
+            expected = torch.softmax(model(hidden[None]), 1)[0, 0]
+        assert curve[step] == pytest.approx(float(expected), abs=1e-6)
 
 
 def test_gradient_maps_beside_a_run_on_the_same_model_are_the_maps_computed_alone():
@@ -267,6 +300,19 @@ def test_the_method_bench_counts_flat_maps_and_gives_every_share_its_n_and_inter
     assert correlations([0.5, float("nan"), 0.1]) == "+0.30 (2 maps; 1 flat, no ranks)"
     assert correlations([float("nan")]) == "— (0 maps; 1 flat, no ranks)"
     assert share([True] * 55 + [False] * 45) == "55% (n 100, 45%-64%)"
+
+
+def test_the_method_bench_gives_coverage_an_interval_over_the_lesions_and_areas_theirs():
+    """Coverage was a mean of per-image shares with an n and no interval, and the
+    deletion and insertion areas bare means: every figure now carries its interval."""
+    from bench.methods import covered_share, mean_interval
+
+    lesions = [True, False, True, True, True, False, True, True]  # 8 lesions on 3 images
+    assert covered_share(lesions, [0, 4, 9]) == "75% (n 8, 41%-93%) on 3 images"
+    assert covered_share([], []) == "—"
+    # a mean with Student's t interval: 0.3 +- t(0.975, 3) * sd / 2
+    assert mean_interval([0.1, 0.2, 0.4, 0.5]) == "0.300 (0.009-0.591)"
+    assert mean_interval([0.25]) == "0.250" and mean_interval([]) == "—"
 
 
 def test_cascading_randomisation_goes_block_by_block_from_the_output_down():
