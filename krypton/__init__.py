@@ -12,7 +12,8 @@ The engine has no UI dependencies; the Dash app lives in ``app.py``.
 from .approximate import ApproximateSettings
 from .engine import UnsupportedModelError
 from .engine.analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
-from .explainer import MODES, Heatmap, OcclusionExplainer, explain
+from .explain_settings import ExplainSettings
+from .explainer import MODES, Heatmap, OcclusionExplainer, explain, grid
 from .registry import (
     CheckpointError,
     ModelInfo,
@@ -26,6 +27,7 @@ from .registry.models import LoadedModel, WeightsUnavailableError
 __all__ = [
     "ApproximateSettings",
     "CheckpointError",
+    "ExplainSettings",
     "LoadedModel",
     "ModelInfo",
     "RegistryError",
@@ -41,6 +43,7 @@ __all__ = [
     "UnsupportedModelError",
     "analyze",
     "explain",
+    "grid",
     "theoretical_speedup",
 ]
 

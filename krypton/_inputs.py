@@ -67,28 +67,81 @@ def _positive_int(value, name: str) -> int:
     return int(value)
 
 
+Region = Sequence[int] | tuple[Sequence[int], Sequence[int]]
+
+
+def _noun(rank: int) -> tuple[str, str]:
+    """What an input of ``rank`` is called, and its cells."""
+    return ("image", "pixels") if rank == 2 else ("volume", "voxels")
+
+
+def region_bounds(region: Region | None, sizes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """A region as (low, high) per axis in tensor order, checked inside ``sizes``.
+
+    ``region`` is (low, high) with one first and one past-the-end cell per spatial axis
+    in tensor order ((y0, x0), (y1, x1) for an image; (z0, y0, x0), (z1, y1, x1) for a
+    volume), or the flat forms the public API has always taken: (x0, y0, x1, y1) for an
+    image, (z0, y0, x0, z1, y1, x1) for a volume. None is the whole input."""
+    rank = len(sizes)
+    if region is None:
+        return (0,) * rank, tuple(int(s) for s in sizes)
+    noun, _ = _noun(rank)
+    flat = "(x0, y0, x1, y1)" if rank == 2 else "(z0, y0, x0, z1, y1, x1)"
+    try:
+        if len(region) == 2 and all(isinstance(r, (tuple, list, np.ndarray)) for r in region):
+            low, high = (tuple(int(v) for v in r) for r in region)  # type: ignore[union-attr]
+        elif len(region) == 2 * rank:
+            values = tuple(int(v) for v in region)  # type: ignore[arg-type]
+            low, high = values[:rank], values[rank:]
+            if rank == 2:  # the image's public order is (x, y)
+                low, high = low[::-1], high[::-1]
+        else:
+            raise TypeError
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"a{'n' if noun == 'image' else ''} {noun}'s region must be {flat} or (low, high) "
+            f"per axis, got {region!r}"
+        ) from exc
+    if len(low) != rank or len(high) != rank:
+        raise ValueError(f"a {rank}-D region needs {rank} values per end, got {region!r}")
+    if not all(0 <= a < b <= size for a, b, size in zip(low, high, sizes)):
+        shown = "x".join(map(str, sizes[::-1] if rank == 2 else sizes))
+        order = "W x H" if rank == 2 else "D x H x W"
+        raise ValueError(
+            f"region {tuple(region)} is outside the {shown} {noun} or empty ({order}; need "
+            f"0 <= first < end <= size on every axis)"
+        )
+    return low, high
+
+
+def grid(
+    sizes: Sequence[int], patch, stride, region: Region | None = None
+) -> tuple[np.ndarray, ...]:
+    """The grid of patch positions over an input of spatial ``sizes`` (any rank), in
+    tensor order: per axis, the first cells c = c0, c0 + stride, ... while
+    c + patch <= c1 inside ``region`` (:func:`region_bounds`; the whole input by
+    default). ``patch`` and ``stride``: one int for every axis, or one per axis."""
+    rank = len(sizes)
+    extent, steps = per_axis(patch, "patch", rank), per_axis(stride, "stride", rank)
+    low, high = region_bounds(region, sizes)
+    if any(p > b - a for p, a, b in zip(extent, low, high)):
+        noun, cells = _noun(rank)
+        where = noun if region is None else "region"
+        spans = [b - a for a, b in zip(low, high)]
+        shown = "x".join(map(str, spans[::-1] if rank == 2 else spans))
+        size = _compact(extent)
+        raise ValueError(f"patch {size} is larger than the {where} ({shown} {cells})")
+    return tuple(
+        np.arange(a, b - p + 1, s, dtype=np.int64) for a, b, p, s in zip(low, high, extent, steps)
+    )
+
+
 def grid_positions(
     image_hw: tuple[int, int], patch: int, stride: int, region: Sequence[int] | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-left corners x = x0, x0+stride, ... while x + patch <= x1 (same for y)."""
-    height, width = image_hw
-    if region is None:
-        x0, y0, x1, y1 = 0, 0, width, height
-    else:
-        if len(region) != 4:
-            raise ValueError(f"region must be (x0, y0, x1, y1), got {region!r}")
-        x0, y0, x1, y1 = (int(v) for v in region)
-        if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
-            raise ValueError(
-                f"region {tuple(region)} is outside the {width}x{height} image "
-                f"or empty (need 0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= "
-                f"{height})"
-            )
-    if patch > x1 - x0 or patch > y1 - y0:
-        where = "image" if region is None else "region"
-        raise ValueError(f"patch {patch} is larger than the {where} ({x1 - x0}x{y1 - y0} pixels)")
-    xs = np.arange(x0, x1 - patch + 1, stride, dtype=np.int64)
-    ys = np.arange(y0, y1 - patch + 1, stride, dtype=np.int64)
+    """An image's grid (ys, xs), region (x0, y0, x1, y1): :func:`grid` at rank 2, kept
+    for the callers that have always read it."""
+    ys, xs = grid(image_hw, patch, stride, region)
     return ys, xs
 
 
@@ -116,38 +169,24 @@ def _position_array(positions: Iterable, axes: str) -> np.ndarray:
     return array
 
 
-def _listed_positions(
-    positions: Iterable, image_hw: tuple[int, int], patch: int
-) -> tuple[np.ndarray, np.ndarray]:
-    array = _position_array(positions, "xy")
-    height, width = image_hw
-    bad = (
-        (array[:, 0] < 0)
-        | (array[:, 1] < 0)
-        | (array[:, 0] + patch > width)
-        | (array[:, 1] + patch > height)
-    )
-    if bad.any():
-        x, y = array[np.argmax(bad)]
-        raise ValueError(
-            f"position (x={x}, y={y}) puts the {patch}-pixel patch outside the "
-            f"{width}x{height} image"
-        )
-    array = np.unique(array, axis=0)  # duplicates cost time and change nothing
-    return array[:, 1], array[:, 0]
-
-
 def _listed_corners(positions: Iterable, size: tuple[int, ...], extent: tuple[int, ...]):
-    """A volume's listed positions: (z, y, x) first voxels of the cube, as its region is
-    (z0, y0, x0, ...); (N, 3) unique corners, every cube inside the volume."""
-    array = _position_array(positions, "zyx")
+    """Listed positions as (N, rank) unique first cells in tensor order, every patch
+    inside the input. An image's are given as (x, y), as its public API always took
+    them; a volume's as (z, y, x), as its region."""
+    rank = len(size)
+    axes = "xy" if rank == 2 else "zyx"
+    array = _position_array(positions, axes)
+    if rank == 2:
+        array = array[:, ::-1]  # (x, y) -> tensor order (y, x)
     bad = ((array < 0) | (array + np.asarray(extent) > np.asarray(size))).any(axis=1)
     if bad.any():
-        z, y, x = array[np.argmax(bad)]
-        raise ValueError(
-            f"position (z={z}, y={y}, x={x}) puts the {'x'.join(map(str, extent))} cube "
-            f"outside the {'x'.join(map(str, size))} volume"
-        )
+        given = array[np.argmax(bad)][::-1] if rank == 2 else array[np.argmax(bad)]
+        named = ", ".join(f"{a}={v}" for a, v in zip(axes, given))
+        noun, _ = _noun(rank)
+        shape = "x".join(map(str, size[::-1] if rank == 2 else size))
+        what = f"{extent[0]}-pixel patch" if rank == 2 and len(set(extent)) == 1 else (
+            f"{'x'.join(map(str, extent))} {'patch' if rank == 2 else 'cube'}")  # fmt: skip
+        raise ValueError(f"position ({named}) puts the {what} outside the {shape} {noun}")
     return np.unique(array, axis=0)  # duplicates cost time and change nothing
 
 
@@ -158,36 +197,6 @@ def per_axis(value, name: str, rank: int) -> tuple[int, ...]:
             raise ValueError(f"{name} must be one integer or {rank}, got {value!r}")
         return tuple(_positive_int(v, name) for v in value)
     return (_positive_int(value, name),) * rank
-
-
-def volume_grid(
-    sizes: tuple[int, int, int],
-    patch: tuple[int, int, int],
-    stride: tuple[int, int, int],
-    region: Sequence[int] | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """First corners z, y, x of every patch inside ``region`` (z0, y0, x0, z1, y1, x1),
-    the whole volume by default: c = c0, c0 + stride, ... while c + patch <= c1."""
-    if region is None:
-        low, high = (0, 0, 0), tuple(sizes)
-    else:
-        if len(region) != 6:
-            raise ValueError(f"a volume's region must be (z0, y0, x0, z1, y1, x1), got {region!r}")
-        bounds = tuple(int(v) for v in region)
-        low, high = bounds[:3], bounds[3:]
-        if not all(0 <= a < b <= size for a, b, size in zip(low, high, sizes)):
-            raise ValueError(
-                f"region {tuple(region)} is outside the {'x'.join(map(str, sizes))} volume "
-                f"(D x H x W) or empty: need 0 <= c0 < c1 <= size on every axis"
-            )
-    if any(p > b - a for p, a, b in zip(patch, low, high)):
-        where = "volume" if region is None else "region"
-        extent = "x".join(str(b - a) for a, b in zip(low, high))
-        raise ValueError(f"patch {patch} is larger than the {where} ({extent} voxels)")
-    zs, ys, xs = (
-        np.arange(a, b - p + 1, s, dtype=np.int64) for a, b, p, s in zip(low, high, patch, stride)
-    )
-    return zs, ys, xs
 
 
 def _occluder(fill, channels: int, patch: int | tuple[int, ...], dtype, device) -> torch.Tensor:
@@ -257,30 +266,22 @@ class Where:
 
 
 def _where(image: torch.Tensor, patch, stride, region, positions, mode: str) -> Where:
-    """Validate where the patch goes: a grid over the image (or a region of it), or a
-    list of (x, y) positions; for a volume (C, D, H, W), a grid over it or over a region
-    (z0, y0, x0, z1, y1, x1) with a cube or per-axis patch and stride."""
+    """Validate where the patch goes: a grid over the input (or a region of it,
+    :func:`region_bounds`), or a list of positions (an image's as (x, y), a volume's as
+    (z, y, x)); one path for any rank, the patch and stride one int or one per axis."""
     if positions is not None and region is not None:
         raise ValueError("give either region or positions, not both")
-    if image.dim() == 4:
-        extent = per_axis(patch, "patch", 3)
-        if positions is not None:
-            corners = _listed_corners(positions, tuple(image.shape[1:]), extent)
-            return Where(corners, extent, None, _compact(extent), None)
-        strides = per_axis(stride, "stride", 3)
-        grid = volume_grid(tuple(image.shape[1:]), extent, strides, region)
-        mesh = np.meshgrid(*grid, indexing="ij")
-        corners = np.stack([axis.ravel() for axis in mesh], axis=1)
-        return Where(corners, extent, grid, _compact(extent), _compact(strides))
-    patch = _positive_int(patch, "patch")
-    size = (int(image.shape[1]), int(image.shape[2]))
+    sizes = tuple(int(s) for s in image.shape[1:])
+    rank = len(sizes)
+    extent = per_axis(patch, "patch", rank)
     if positions is not None:
-        ys, xs = _listed_positions(positions, size, patch)
-        return Where(np.stack([ys, xs], axis=1), (patch, patch), None, patch, None)
-    stride = _positive_int(stride, "stride")
-    ys, xs = grid_positions(size, patch, stride, region)
-    corners = np.stack([np.repeat(ys, len(xs)), np.tile(xs, len(ys))], axis=1)
-    return Where(corners, (patch, patch), (ys, xs), patch, stride)
+        corners = _listed_corners(positions, sizes, extent)
+        return Where(corners, extent, None, _compact(extent), None)
+    strides = per_axis(stride, "stride", rank)
+    axes = grid(sizes, extent, strides, region)
+    mesh = np.meshgrid(*axes, indexing="ij")
+    corners = np.stack([axis.ravel() for axis in mesh], axis=1)
+    return Where(corners, extent, axes, _compact(extent), _compact(strides))
 
 
 def _compact(values: tuple[int, ...]) -> int | tuple[int, ...]:

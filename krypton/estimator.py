@@ -23,10 +23,9 @@ import numpy as np
 import torch
 from sklearn.linear_model import LinearRegression
 
-from ._inputs import per_axis, volume_grid
 from .approximate import drilldown
 from .approximate.settings import DEFAULTS
-from .explainer import grid_positions
+from .explainer import grid
 from .registry.models import CALIBRATION_PATCHES
 
 __all__ = [
@@ -70,15 +69,10 @@ class NotCalibratedError(LookupError):
 def positions_grid(
     input_size: Sequence[int], patch, stride, region: Sequence[int] | None
 ) -> tuple[np.ndarray, ...]:
-    """The grid's first corners along each axis (array order) of a run over an input of
-    ``input_size``: (H, W) for an image, region (x0, y0, x1, y1); (D, H, W) for a volume,
-    region (z0, y0, x0, z1, y1, x1)."""
-    size = tuple(int(s) for s in input_size)
-    if len(size) == 2:
-        return tuple(np.asarray(a) for a in grid_positions(size, patch, stride, region))
-    rank = len(size)
-    patches, strides = per_axis(patch, "patch", rank), per_axis(stride, "stride", rank)
-    return volume_grid(size, patches, strides, region)  # type: ignore[arg-type]
+    """The grid's first corners along each axis (tensor order) of a run over an input of
+    ``input_size`` (:func:`krypton.explainer.grid`: any rank, the region in any form it
+    takes)."""
+    return grid(tuple(int(s) for s in input_size), patch, stride, region)
 
 
 def planned_positions(

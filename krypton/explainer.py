@@ -9,11 +9,12 @@ other positions on the same image skips capture and materialisation.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import inspect
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from ._fingerprint import (
     capped_batch_size,
     model_fingerprint,
 )
+from ._inputs import Region as Region  # a region: the flat public forms or (low, high) per axis
 from ._inputs import (
     _check_image,
     _check_label_type,
@@ -37,11 +39,11 @@ from ._inputs import (
     _positive_int,
     _where,
 )
-from ._inputs import grid_positions as grid_positions  # where the app and benches read it
+from ._inputs import grid as grid  # one grid for any rank: the app, the estimator, the methods
+from ._inputs import grid_positions as grid_positions  # an image's (ys, xs), as benches read it
 from ._inputs import snap_start as snap_start  # one snapping rule for the app's images and volumes
 from .approximate import drilldown
 from .approximate._plan import _approximate_plan, _ApproximatePlan
-from .approximate.settings import DEFAULTS, ApproximateSettings
 from .approximate.tuning import TauTuning
 from .devices import check_precision, describe, run_precision
 from .engine import (
@@ -56,6 +58,8 @@ from .engine.capture_lock import CAPTURE_LOCK
 from .engine.clock import DeviceClock
 from .engine.monitor import StrategyMonitor
 from .engine.plan import static_plan
+from .explain_settings import ExplainSettings as ExplainSettings
+from .explain_settings import PartialCallback, ProgressCallback, settings_signature
 from .registry.models import LoadedModel
 
 __all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
@@ -64,8 +68,6 @@ MODES = ("naive", "exact", "approximate")
 STRATEGIES = ("auto", "incremental", "naive")  # how exact mode runs: planned, or forced
 DEFAULT_BATCH = {"cpu": 16, "cuda": 128}
 
-ProgressCallback = Callable[[int, int], None]
-PartialCallback = Callable[[np.ndarray], None]
 # Every class's probability is kept while positions x classes stays below this (float16
 # beyond a million values): 100 MB at most.
 ALL_CLASSES_LIMIT = 50_000_000
@@ -152,6 +154,12 @@ class Heatmap:
         """Whether this is a volume's heatmap (values (nz, ny, nx))."""
         return self.zs is not None
 
+    @property
+    def axes(self) -> tuple[np.ndarray, ...]:
+        """The cells' first pixels per axis in tensor order, one array per axis of
+        ``values``: (ys, xs) for an image, (zs, ys, xs) for a volume."""
+        return (self.ys, self.xs) if self.zs is None else (self.zs, self.ys, self.xs)
+
     def position_values(self) -> list[tuple[int, int, float]]:
         """(x, y, probability) for every evaluated position of an image's heatmap."""
         if self.is_volume:
@@ -160,19 +168,6 @@ class Heatmap:
         return [
             (int(self.xs[c]), int(self.ys[r]), float(self.values[r, c])) for r, c in zip(rows, cols)
         ]
-
-
-def _in_run_precision(method: Callable[..., Heatmap]) -> Callable[..., Heatmap]:
-    """Run ``method`` (``explain``) inside its ``precision`` argument's numerics (fp32 by
-    default: TF32 off; see :mod:`krypton.devices`), the caller's flags restored after."""
-
-    @functools.wraps(method)
-    def at_precision(self: OcclusionExplainer, *args, **kwargs) -> Heatmap:
-        precision = check_precision(kwargs.get("precision", "fp32"))
-        with run_precision(self.device, precision):
-            return method(self, *args, **kwargs)
-
-    return at_precision
 
 
 class OcclusionExplainer:
@@ -312,37 +307,34 @@ class OcclusionExplainer:
         return image.detach().to(self.device, self.dtype, copy=True)
 
     # -- the one method -------------------------------------------------------------------
-    @torch.inference_mode()
-    @_in_run_precision
     def explain(
         self,
         image: torch.Tensor,
+        settings: ExplainSettings | None = None,
         *,
-        patch: int = 16,
-        stride: int = 4,
-        mode: str = "exact",
-        fill=0.0,
-        label: int | None = None,
-        region: Sequence[int] | None = None,
-        positions: Iterable | None = None,
-        batch_size: int | None = None,
-        progress: ProgressCallback | None = None,
-        tau: float | None = DEFAULTS.tau,
-        target_ssim: float | None = DEFAULTS.target_ssim,
-        r_drill_down: float = DEFAULTS.r_drill_down,
-        target_speedup: float = DEFAULTS.target_speedup,
-        s1: int | None = DEFAULTS.s1,
         tuning: TauTuning | None = None,
-        partial: PartialCallback | None = None,
-        strategy: str = "auto",
-        freeze_gates: bool | None = DEFAULTS.freeze_gates,
-        refine_by: str = DEFAULTS.refine_by,
-        approximate: ApproximateSettings | None = None,
-        precision: str = "fp32",
+        **options: Any,
     ) -> Heatmap:
-        """Occlusion heatmap of ``image``; see :func:`krypton.explain` for the arguments.
+        """Occlusion heatmap of ``image`` with ``settings`` (an :class:`ExplainSettings`;
+        default its defaults), any of its fields given as keywords changing them.
         ``tuning`` defaults to the registry model's tuned τ curve when the explainer was
         built from a :class:`LoadedModel`."""
+        chosen = ExplainSettings.of(settings, options)
+        precision = check_precision(chosen.precision)
+        with torch.inference_mode(), run_precision(self.device, precision):
+            return self._explain(image, chosen, tuning)
+
+    def _explain(
+        self, image: torch.Tensor, chosen: ExplainSettings, tuning: TauTuning | None
+    ) -> Heatmap:
+        """:meth:`explain` inside its precision's numerics, under inference mode."""
+        patch, stride, mode, fill, label = (
+            chosen.patch, chosen.stride, chosen.mode, chosen.fill, chosen.label
+        )  # fmt: skip
+        region, positions, batch_size, progress = (
+            chosen.region, chosen.positions, chosen.batch_size, chosen.progress
+        )  # fmt: skip
+        strategy, partial, precision = chosen.strategy, chosen.partial, chosen.precision
         started = self.clock.now()
         if tuning is None and self.loaded is not None:
             tuning = self.loaded.tuning
@@ -361,16 +353,7 @@ class OcclusionExplainer:
             raise TypeError("progress must be callable as progress(done, total)")
         occluder = _occluder(fill, image.shape[0], where.extent, image.dtype, image.device)
         _check_label_type(label)
-        settings = ApproximateSettings.resolve(
-            approximate,
-            tau=tau,
-            target_ssim=target_ssim,
-            r_drill_down=r_drill_down,
-            target_speedup=target_speedup,
-            s1=s1,
-            refine_by=refine_by,
-            freeze_gates=freeze_gates,
-        )
+        settings = chosen.approximate_settings()
         plan = _approximate_plan(
             mode, settings, tuning, grid, patch, stride_used, region, tuple(image.shape[1:])
         )
@@ -704,28 +687,10 @@ _explainers: weakref.WeakKeyDictionary[nn.Module, OcclusionExplainer] = weakref.
 def explain(
     model: nn.Module | LoadedModel,
     image: torch.Tensor,
+    settings: ExplainSettings | None = None,
     *,
-    patch: int = 16,
-    stride: int = 4,
-    mode: str = "exact",
-    fill=0.0,
-    label: int | None = None,
-    region: Sequence[int] | None = None,
-    positions: Iterable | None = None,
-    batch_size: int | None = None,
     device: torch.device | str | None = None,
-    progress: ProgressCallback | None = None,
-    tau: float | None = DEFAULTS.tau,
-    target_ssim: float | None = DEFAULTS.target_ssim,
-    r_drill_down: float = DEFAULTS.r_drill_down,
-    target_speedup: float = DEFAULTS.target_speedup,
-    s1: int | None = DEFAULTS.s1,
-    partial: PartialCallback | None = None,
-    strategy: str = "auto",
-    freeze_gates: bool | None = DEFAULTS.freeze_gates,
-    refine_by: str = DEFAULTS.refine_by,
-    approximate: ApproximateSettings | None = None,
-    precision: str = "fp32",
+    **options: Any,
 ) -> Heatmap:
     """Occlusion-based explanation of ``model``'s prediction on ``image``.
 
@@ -735,54 +700,14 @@ def explain(
             registry (its tuned τ curve is then used).
         image: (C, H, W) tensor already in the model's input space (normalised), or a
             volume (C, D, H, W) (naive and exact modes).
-        patch: side of the square occluding patch, in pixels; for a volume, the side of
-            a cube or (depth, height, width) in voxels.
-        stride: step between patch positions on the grid (S2 in approximate mode); for a
-            volume, one step or (depth, height, width).
-        mode: "naive" (batched full re-inference), "exact" (incremental, same numbers) or
-            "approximate" (incremental with projective-field thresholding and adaptive
-            drill-down).
-        fill: occluding value in the input space, a float or one per channel (0.0 is mean
-            gray under the usual mean/std normalisation).
-        label: class to explain; default the class predicted on the unoccluded image.
-        region: (x0, y0, x1, y1) to restrict the grid to; default the whole image. For a
-            volume (z0, y0, x0, z1, y1, x1).
-        positions: explicit list of (x, y) top-left corners (for a volume (z, y, x) first
-            voxels, as its region) instead of a grid (approximate
-            mode then applies thresholding only: drill-down needs a grid).
-        batch_size: occluded images per batch; default 16 on CPU, 128 on CUDA.
+        settings: an :class:`~krypton.explain_settings.ExplainSettings`; default its
+            defaults.
         device: where to run; default the model's device (the model is not moved).
-        progress: called as progress(done, total) after each batch; raising stops the run.
-            In drill-down the total is an estimate until stage one has finished.
-        tau: projective-field threshold in (0, 1] (eqs 21-27); 1 changes nothing.
-        target_ssim: pick τ from the model's tuned SSIM(τ) curve instead. With neither, τ
-            is the tuned value for SSIM 0.9, else 1.0 with a warning.
-        r_drill_down: fraction of the stage-one heatmap refined at full resolution; 1
-            skips drill-down.
-        target_speedup: drill-down speedup that sets the stage-one stride S1 (eq 29);
-            infeasible targets (eq 30) raise an error stating the largest achievable one.
-        s1: stage-one stride, overriding target_speedup.
-        partial: approximate mode with drill-down calls ``partial(values)`` after each
-            stage-one batch but the last (each grid cell shows its stage-one block's
-            value; NaN where none is computed yet) and once stage one has run, with the
-            stage-one heatmap interpolated to the whole grid.
-        strategy: how exact mode computes its (identical) numbers: "auto" (default) runs
-            incremental inference where it is faster on this host and naive inference
-            where it is not (``heatmap.extra["plan"]`` says which and why); "incremental"
-            or "naive" forces one.
-        freeze_gates: approximate mode keeps global-context gates (squeeze-excitation,
-            ECA) at their values on the unoccluded image, so computation stays
-            incremental past them; default on where the model has gates, False turns it
-            off. ``heatmap.extra["frozen_gates"]`` lists the gates kept.
-        refine_by: which stage-one cells drill-down refines: "drop+variation" (default)
-            half by the largest drops, half by the largest disagreement with neighbours;
-            "drop" the paper's largest drops only. Both refine the same number of cells.
-        approximate: all of approximate mode's settings as one
-            :class:`krypton.approximate.ApproximateSettings` (instead of tau, target_ssim,
-            r_drill_down, target_speedup, s1, freeze_gates and refine_by; not with them).
-        precision: "fp32" (default: TF32 off, so exact equals naive to ~1e-6 on a card
-            as on the CPU), or "tf32", "bf16", "fp16" for speed; naive runs at the same
-            precision. ``heatmap.extra`` says the device and precision that ran.
+        options: any field of :class:`~krypton.explain_settings.ExplainSettings` (patch,
+            stride, mode, fill, label, region, positions, batch_size, progress, tau,
+            target_ssim, r_drill_down, target_speedup, s1, partial, strategy,
+            freeze_gates, refine_by, approximate, precision), changing ``settings``;
+            its docstring says what each does.
 
     Returns:
         A :class:`Heatmap` of probabilities of ``label`` with the patch at each position;
@@ -790,6 +715,7 @@ def explain(
         registry model with a reference set, ``heatmap.extra["ood"]`` says whether the
         image looks like its training images (score, threshold, flagged, warning).
     """
+    chosen = ExplainSettings.of(settings, options)
     tuning = None
     loaded = model if isinstance(model, LoadedModel) else None
     if loaded is not None:
@@ -803,33 +729,26 @@ def explain(
     if explainer is None or (wanted is not None and explainer.device != wanted):
         explainer = OcclusionExplainer(model, device=device)
         _explainers[model] = explainer
-    heatmap = explainer.explain(
-        image,
-        patch=patch,
-        stride=stride,
-        mode=mode,
-        fill=fill,
-        label=label,
-        region=region,
-        positions=positions,
-        batch_size=batch_size,
-        progress=progress,
-        tau=tau,
-        target_ssim=target_ssim,
-        r_drill_down=r_drill_down,
-        target_speedup=target_speedup,
-        s1=s1,
-        tuning=tuning,
-        partial=partial,
-        strategy=strategy,
-        freeze_gates=freeze_gates,
-        refine_by=refine_by,
-        approximate=approximate,
-        precision=precision,
-    )
+    heatmap = explainer.explain(image, chosen, tuning=tuning)
     if loaded is not None and loaded.ood is not None:
         heatmap.extra["ood"] = _ood_report(loaded, image)
     return heatmap
+
+
+_SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_IMAGE = inspect.Parameter("image", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_MODEL = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_SETTINGS = inspect.Parameter("settings", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
+explain.__signature__ = settings_signature(  # type: ignore[attr-defined]
+    explain,
+    [_MODEL, _IMAGE, _SETTINGS,
+     inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=None)],
+)  # fmt: skip
+OcclusionExplainer.explain.__signature__ = settings_signature(  # type: ignore[attr-defined]
+    OcclusionExplainer.explain,
+    [_SELF, _IMAGE, _SETTINGS,
+     inspect.Parameter("tuning", inspect.Parameter.KEYWORD_ONLY, default=None)],
+)  # fmt: skip
 
 
 def _autocast_state(device: torch.device) -> str:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._inputs import grid_positions, per_axis, volume_grid
+from ._inputs import grid, per_axis
 from .engine.capture_lock import CAPTURE_LOCK
 from .explainer import explain
 from .registry.models import LoadedModel
@@ -368,11 +368,7 @@ def compare(
     rank = image.dim() - 1
     extent = per_axis(patch, "patch", rank)
     strides = per_axis(stride, "stride", rank)
-    if rank == 2:
-        size = (int(image.shape[1]), int(image.shape[2]))
-        axes = grid_positions(size, extent[0], strides[0], region)
-    else:
-        axes = volume_grid(tuple(image.shape[1:]), extent, strides, region)
+    axes = grid(tuple(image.shape[1:]), extent, strides, region)
     with torch.inference_mode(), CAPTURE_LOCK.shared():
         probs = torch.softmax(module(image.unsqueeze(0)).float(), 1)[0]
     label = int(probs.argmax()) if label is None else int(label)
@@ -559,7 +555,7 @@ def cascading_randomisation(
 def from_heatmap(heatmap) -> MethodMap:
     """An occlusion :class:`~krypton.Heatmap` as a :class:`MethodMap` (its drop), to set
     beside the gradient methods on its own cells without computing it again."""
-    axes = (heatmap.ys, heatmap.xs) if heatmap.zs is None else (heatmap.zs, heatmap.ys, heatmap.xs)
+    axes = heatmap.axes
     rank = len(axes)
     patch = per_axis(heatmap.patch, "patch", rank)
     importance = heatmap.prob - np.asarray(heatmap.values, np.float64)

@@ -577,11 +577,8 @@ def run_cells(
                 )
         elif speed is None:
             plan_line = plan or plan_line
-        heatmap_axes = (heatmap.ys, heatmap.xs) if len(axes) == 2 else (
-            heatmap.zs, heatmap.ys, heatmap.xs
-        )  # fmt: skip
         found = tuple(
-            np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap_axes)
+            np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap.axes)
         )
         cells = tuple(index[part].T)
         values[cells] = heatmap.values[found]

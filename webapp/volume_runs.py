@@ -202,9 +202,9 @@ def snap_volume_region(region, origin, stride: int, patch: int) -> tuple[int, ..
 
 
 def _grid_axes(size, patch: int, stride: int, region) -> tuple[np.ndarray, ...]:
-    from krypton._inputs import volume_grid
+    from krypton.explainer import grid
 
-    return volume_grid(size, (patch,) * 3, (stride,) * 3, region)
+    return grid(size, patch, stride, region)
 
 
 def volume_provenance(
@@ -260,7 +260,7 @@ def execute_volume(
             progress=lambda done, total: report(done, total, None, None),
             partial=lambda values: report(0, 0, np.asarray(values, np.float32), grid),
         )  # fmt: skip
-        axes = (heatmap.zs, heatmap.ys, heatmap.xs)
+        axes = heatmap.axes
         values, class_values = heatmap.values, None
         evaluated, reused = heatmap.positions_evaluated, 0
         extra = heatmap.extra

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._inputs import _positive_int
+from .._inputs import _positive_int, region_bounds
 from . import drilldown
 from .settings import ApproximateSettings
 from .tuning import choose_tau
@@ -35,8 +35,8 @@ def _approximate_plan(
     sizes,
 ) -> _ApproximatePlan | None:
     """Validate the approximate-mode settings before any work; None for other modes.
-    ``sizes``: the image's (H, W) or the volume's (D, H, W); ``region`` in the matching
-    form ((x0, y0, x1, y1) or (z0, y0, x0, z1, y1, x1))."""
+    ``sizes``: the image's (H, W) or the volume's (D, H, W); ``region`` in any form
+    :func:`krypton._inputs.region_bounds` takes."""
     if mode != "approximate":
         return None
     tau, target_ssim, s1 = settings.tau, settings.target_ssim, settings.s1
@@ -88,10 +88,8 @@ def _approximate_plan(
         if s1 <= stride:
             raise ValueError(f"s1 ({s1}) must be larger than the stride ({stride})")
     else:
-        if region is None:
-            width = min(sizes)
-        else:
-            width = min(region[rank + axis] - region[axis] for axis in range(rank))
+        low, high = region_bounds(region, sizes)
+        width = min(b - a for a, b in zip(low, high))
         s1 = drilldown.check_drill_down(
             float(target_speedup), float(r_drill_down), stride, int(width), rank
         )

@@ -143,6 +143,24 @@ class LoadedModel:
         with CAPTURE_LOCK.exclusive():
             return check(self.ood, self.module, image.to(device), self.name)
 
+    def prepare(self, source) -> torch.Tensor:
+        """This model's input from a picture or a volume, whichever its rank takes: a
+        PIL image for an image model (:meth:`preprocess`: (3, H, W)), a
+        :class:`~krypton.io.volumes.Volume` for a volume model (:meth:`prepare_volume`'s
+        tensor, (1, D, H, W); that method also says where the block sits in the volume).
+        The other kind is refused with what this model takes."""
+        from ..io.volumes import Volume
+
+        if isinstance(source, Image.Image):
+            if self.is_volume:
+                raise ValueError(f"{self.name} is a 3-D model; it explains volumes, not images")
+            return self.preprocess(source)
+        if isinstance(source, Volume):
+            return self.prepare_volume(source).tensor
+        raise TypeError(
+            f"prepare takes a PIL image or a krypton.io.volumes.Volume, got {type(source).__name__}"
+        )
+
     def preprocess(self, image: Image.Image) -> torch.Tensor:
         """Resize to the input size and normalise: (3, H, W) float tensor."""
         height, width = self.input_size

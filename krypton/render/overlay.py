@@ -108,13 +108,14 @@ def heatmap_rgba(
     return (rgba * 255).round().astype(np.uint8)
 
 
-def _cell_extent(xs, ys, patch: int) -> tuple[float, float, float, float]:
+def _cell_extent(xs, ys, patch: int | tuple[int, int]) -> tuple[float, float, float, float]:
     """(left, top, width, height) in input pixels of the area the cells tile: each cell
-    stands for the patch centred on its position."""
-    step_x = int(np.min(np.diff(xs))) if len(xs) > 1 else patch
-    step_y = int(np.min(np.diff(ys))) if len(ys) > 1 else patch
-    left = float(xs[0]) + patch / 2 - step_x / 2
-    top = float(ys[0]) + patch / 2 - step_y / 2
+    stands for the patch (a square, or (height, width)) centred on its position."""
+    patch_y, patch_x = (patch, patch) if isinstance(patch, int) else patch
+    step_x = int(np.min(np.diff(xs))) if len(xs) > 1 else patch_x
+    step_y = int(np.min(np.diff(ys))) if len(ys) > 1 else patch_y
+    left = float(xs[0]) + patch_x / 2 - step_x / 2
+    top = float(ys[0]) + patch_y / 2 - step_y / 2
     return left, top, step_x * len(xs), step_y * len(ys)
 
 
@@ -123,7 +124,7 @@ def overlay(
     values: np.ndarray,
     xs: np.ndarray,
     ys: np.ndarray,
-    patch: int,
+    patch: int | tuple[int, int],
     prob: float,
     alpha: float | None = None,
     input_size: tuple[int, int] | None = None,
@@ -156,7 +157,7 @@ def heatmap_picture(
     values: np.ndarray,
     xs: np.ndarray,
     ys: np.ndarray,
-    patch: int,
+    patch: int | tuple[int, int],
     prob: float,
     input_size: tuple[int, int],
     title: str,

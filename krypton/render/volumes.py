@@ -74,7 +74,7 @@ def voxel_values(heatmap, shape: tuple[int, ...]) -> np.ndarray:
     nearest along each axis; NaN beyond the cells' reach (half a stride past the
     outermost centres)."""
     values = np.asarray(heatmap.values, dtype=np.float32)
-    axes = _axes(heatmap) if heatmap.zs is not None else (heatmap.ys, heatmap.xs)
+    axes = tuple(np.asarray(a) for a in heatmap.axes)
     patch = _sides(heatmap.patch, len(axes))
     picks, inside = [], []
     for size, coordinates, side in zip(shape, axes, patch):
