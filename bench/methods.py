@@ -353,8 +353,8 @@ def ig_paths(paths: list[tuple[int, float, bool]]) -> str:
 
 HEADER = (
     "| model | fill | method | pointing: explained class | pointing: any lesion | coverage "
-    "of lesions (images with 2-4) | deletion AUC ↓ | insertion AUC ↑ | s each | IG path | randomisation: "
-    "Spearman with a re-initialised model |"
+    "of lesions (images with 2-4) | deletion AUC ↓ | insertion AUC ↑ | s each | IG path | "
+    "randomisation: Spearman with a re-initialised model |"
 )
 
 
