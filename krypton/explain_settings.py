@@ -128,16 +128,8 @@ class ExplainSettings:
 
     def approximate_settings(self) -> ApproximateSettings:
         """Approximate mode's settings: ``approximate``, or the individual fields."""
-        return ApproximateSettings.resolve(
-            self.approximate,
-            tau=self.tau,
-            target_ssim=self.target_ssim,
-            r_drill_down=self.r_drill_down,
-            target_speedup=self.target_speedup,
-            s1=self.s1,
-            refine_by=self.refine_by,
-            freeze_gates=self.freeze_gates,
-        )
+        individual = {f.name: getattr(self, f.name) for f in dataclasses.fields(DEFAULTS)}
+        return ApproximateSettings.resolve(self.approximate, **individual)
 
 
 def settings_signature(function: Callable, leading: list[inspect.Parameter]) -> inspect.Signature:
