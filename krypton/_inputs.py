@@ -75,6 +75,11 @@ def _noun(rank: int) -> tuple[str, str]:
     return ("image", "pixels") if rank == 2 else ("volume", "voxels")
 
 
+def _shown(sizes: Sequence[int]) -> str:
+    """Sizes as the messages write them: an image's W x H ('32x24'), else in tensor order."""
+    return "x".join(map(str, sizes[::-1] if len(sizes) == 2 else sizes))
+
+
 def region_bounds(region: Region | None, sizes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     """A region as (low, high) per axis in tensor order, checked inside ``sizes``.
 
@@ -105,7 +110,7 @@ def region_bounds(region: Region | None, sizes: Sequence[int]) -> tuple[tuple[in
     if len(low) != rank or len(high) != rank:
         raise ValueError(f"a {rank}-D region needs {rank} values per end, got {region!r}")
     if not all(0 <= a < b <= size for a, b, size in zip(low, high, sizes)):
-        shown = "x".join(map(str, sizes[::-1] if rank == 2 else sizes))
+        shown = _shown(sizes)
         order = "W x H" if rank == 2 else "D x H x W"
         raise ValueError(
             f"region {tuple(region)} is outside the {shown} {noun} or empty ({order}; need "
@@ -127,8 +132,7 @@ def grid(
     if any(p > b - a for p, a, b in zip(extent, low, high)):
         noun, cells = _noun(rank)
         where = noun if region is None else "region"
-        spans = [b - a for a, b in zip(low, high)]
-        shown = "x".join(map(str, spans[::-1] if rank == 2 else spans))
+        shown = _shown([b - a for a, b in zip(low, high)])
         size = _compact(extent)
         raise ValueError(f"patch {size} is larger than the {where} ({shown} {cells})")
     return tuple(
@@ -183,7 +187,7 @@ def _listed_corners(positions: Iterable, size: tuple[int, ...], extent: tuple[in
         given = array[np.argmax(bad)][::-1] if rank == 2 else array[np.argmax(bad)]
         named = ", ".join(f"{a}={v}" for a, v in zip(axes, given))
         noun, _ = _noun(rank)
-        shape = "x".join(map(str, size[::-1] if rank == 2 else size))
+        shape = _shown(size)
         what = f"{extent[0]}-pixel patch" if rank == 2 and len(set(extent)) == 1 else (
             f"{'x'.join(map(str, extent))} {'patch' if rank == 2 else 'cube'}")  # fmt: skip
         raise ValueError(f"position ({named}) puts the {what} outside the {shape} {noun}")
