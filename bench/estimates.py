@@ -61,7 +61,7 @@ def one_pass(count: int, label: str) -> float:
             image = Image.fromarray(generator.sample(label=1, lesions=2).image)
             key = services.images.put(image)
             request = runs.RunRequest(
-                image_key=key, image_name="bench.png", model="fundus-demo", patch=16,
+                key=key, name="bench.png", model="fundus-demo", patch=16,
                 stride=chosen["stride"], mode=chosen["mode"], fill_rgb=(0.5, 0.5, 0.5),
                 region=chosen["region"],
             )  # fmt: skip
@@ -100,7 +100,6 @@ MIX = (
 def mix_pass(services: Services, label: str, seed: int) -> tuple[int, int]:
     """The page's mix once, each estimated as the page estimates it (the grid the run
     will use, cells known, the load now) and then run: (ranges that held, runs)."""
-    from webapp import volume_runs
     from webapp.volume_layout import volume_sample_path
 
     image = Image.fromarray(FundusGenerator(seed=seed).sample(label=1, lesions=2).image)
@@ -109,7 +108,7 @@ def mix_pass(services: Services, label: str, seed: int) -> tuple[int, int]:
     held = total = 0
     for mode, region in MIX:
         request = runs.RunRequest(
-            image_key=key, image_name="bench.png", model="fundus-demo", patch=12, stride=4,
+            key=key, name="bench.png", model="fundus-demo", patch=12, stride=4,
             mode="exact" if mode == "cached" else mode, fill_rgb=(0.5, 0.5, 0.5), region=region,
         )  # fmt: skip
         planned = runs.plan_run(services, request)
@@ -122,19 +121,20 @@ def mix_pass(services: Services, label: str, seed: int) -> tuple[int, int]:
         held, total = _tally(held, total, f"{mode} {planned.positions}", shown, began)
     data = volume_sample_path("chestct-nodule.nii.gz").read_bytes()
     source = services.images.put_source(data, "bench", "bench")
-    volume = volume_runs.VolumeRequest(
-        source_key=source, name="chestct-nodule.nii.gz", model="chestct-demo", patch=8,
-        stride=8, mode="exact",
+    volume = runs.RunRequest(
+        key=source, name="chestct-nodule.nii.gz", model="chestct-demo", patch=8, stride=8,
+        mode="exact", rank=3,
     )  # fmt: skip
     services.prepared_volume(source, "bench", "chestct-demo", "chestct-nodule.nii.gz")
-    planned = volume_runs.plan_volume_run(services, volume)
-    found = volume_runs.left_estimate(volume, planned.to_compute, runs.host_load())
-    shown = runs.Estimate(**found) if found else None  # as the volume panel estimates it
+    planned = runs.plan_run(services, volume, "bench")
+    shown = runs.timing.counts_estimate(  # as the volume panel estimates it
+        "chestct-demo", "exact", 8, planned.positions, planned.known, runs.host_load()
+    )
     began = time.perf_counter()
-    volume_runs.execute_volume(services, "bench", volume, lambda *a: None)
+    runs.execute(services, "bench", volume, lambda *a: None)
     held, total = _tally(held, total, f"volume {planned.positions}", shown, began)
     began = time.perf_counter()  # the same volume again: every cell known
-    volume_runs.execute_volume(services, "bench", volume, lambda *a: None)
+    runs.execute(services, "bench", volume, lambda *a: None)
     print(f"  cached volume re-run: {time.perf_counter() - began:.2f} s")
     return held + _compare_run(services, key), total + 1
 
@@ -145,7 +145,7 @@ def _compare_run(services: Services, key: str) -> int:
     from webapp import comparison
 
     request = runs.RunRequest(
-        image_key=key, image_name="bench.png", model="fundus-demo", patch=12, stride=4,
+        key=key, name="bench.png", model="fundus-demo", patch=12, stride=4,
         mode="exact", fill_rgb=(0.45, 0.45, 0.45), region=(94, 94, 130, 130), compare=True,
     )  # fmt: skip
     load = runs.host_load()

@@ -30,7 +30,7 @@ def page_case(services, key: str, stride: int, region, grey: float) -> tuple[flo
 
     def run(mode: str, colour: float) -> dict:  # a colour each: no cells to reuse
         request = runs.RunRequest(
-            image_key=key, image_name="fundus.png", model="fundus-demo", patch=16,
+            key=key, name="fundus.png", model="fundus-demo", patch=16,
             stride=stride, mode=mode, fill_rgb=(colour,) * 3, region=region,
         )  # fmt: skip
         return runs.execute(services, "bench", request, lambda *a: None)
@@ -75,13 +75,13 @@ def volume_case() -> tuple[float, float, str]:
 
 def volume_panel_case(services, stride: int) -> tuple[float, float, str]:
     """The same for a generated chest-CT volume on the volume panel's run path
-    (webapp.volume_runs.execute_volume: a NIfTI upload, one call per slice of positions)."""
+    (webapp.runs.execute at rank 3: a NIfTI upload)."""
     import gzip
 
     import nibabel
     import numpy as np
 
-    from webapp import volume_runs
+    from webapp import runs
 
     sample = ChestCTGenerator(seed=4).sample(label=1)
     affine = np.diag([5.0, 5.0, 5.0, 1.0])
@@ -90,17 +90,17 @@ def volume_panel_case(services, stride: int) -> tuple[float, float, str]:
     key = services.images.put_source(data, "bench")
 
     def run(mode: str) -> dict:
-        request = volume_runs.VolumeRequest(
-            source_key=key, name="chest.nii.gz", model="chestct-demo", patch=8,
-            stride=stride, mode=mode,
+        request = runs.RunRequest(
+            key=key, name="chest.nii.gz", model="chestct-demo", patch=8, stride=stride,
+            mode=mode, rank=3,
         )  # fmt: skip
-        return volume_runs.execute_volume(services, "bench", request, lambda *a: None)
+        return runs.execute(services, "bench", request, lambda *a: None)
 
     exact = run("exact")
     naive = run("naive")
     whole = (exact.get("speed") or {}).get("whole")
     claimed = whole["naive_seconds"] / whole["seconds"] if whole else float("nan")
-    return claimed, naive["seconds"] / exact["seconds"], volume_runs.volume_summary(exact)[-1]
+    return claimed, naive["seconds"] / exact["seconds"], runs.summary_lines(exact)[-1]
 
 
 def main() -> None:

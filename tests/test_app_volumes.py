@@ -1,4 +1,4 @@
-"""The volume panel without a browser (webapp.volume_runs, webapp.volume_views): an
+"""The volume panel without a browser (webapp.runs at rank 3, webapp.volume_views): an
 uploaded volume is explained exactly as the library explains the same prepared input,
 a region reuses the cells of the last run, another class comes from the kept
 probabilities, the exports read back (NIfTI with nibabel, the DICOM series with pydicom),
@@ -14,8 +14,9 @@ import pytest
 from test_volume_cli import hu_volume, volume_model, write_nifti, write_series  # noqa: F401
 
 import krypton
-from webapp import runs, volume_runs, volume_views
+from webapp import runs, volume_views
 from webapp.helpers import InputError
+from webapp.runs import volumes
 from webapp.services import Services
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -39,15 +40,15 @@ def stored(services, data, session="tab-1"):
 
 def request(key, **changes):
     settings = dict(
-        source_key=key, name="chest.nii.gz", model="ct-test", patch=8, stride=8, mode="exact"
+        key=key, name="chest.nii.gz", model="ct-test", patch=8, stride=8, mode="exact", rank=3
     )
     settings.update(changes)
-    return volume_runs.VolumeRequest(**settings)
+    return runs.RunRequest(**settings)
 
 
 def library(services, key, region, label=None, stride=8):
     prepared = services.prepared_volume(key, "tab-1", "ct-test")
-    model = services.volume_model("ct-test")
+    model = services.model("ct-test", rank=3)
     return krypton.explain(
         model, prepared.model_input.tensor, patch=8, stride=stride, mode="naive",
         fill=model.gray_fill(), region=region, label=label,
@@ -60,7 +61,7 @@ def test_a_run_equals_the_library_on_the_same_block_and_reports_live_pictures(
     key = stored(services, nifti_bytes)
     reports = []
     region = (8, 8, 8, 40, 40, 32)
-    result = volume_runs.execute_volume(
+    result = runs.execute(
         services, "tab-1", request(key, region=region), lambda *a: reports.append(a)
     )
     expected = library(services, key, region)
@@ -68,12 +69,12 @@ def test_a_run_equals_the_library_on_the_same_block_and_reports_live_pictures(
     assert result["reused"] == 0 and result["reuse_note"] == ""  # nothing was known: no note
     np.testing.assert_allclose(result["values"], expected.values, atol=1e-5)
     assert result["zs"] == expected.zs.tolist() and result["xs"] == expected.xs.tolist()
-    pictures = [r for r in reports if r[2] is not None]
+    pictures = [r[2].values for r in reports if r[2] is not None]
     # the image panel's loop: chunks of 16 positions, doubling, coarse first (48: 16 + 32)
     assert expected.values.size == 48 and len(pictures) == 2
-    assert np.isnan(pictures[0][2]).any() and not np.isnan(pictures[-1][2]).any()
+    assert np.isnan(pictures[0]).any() and not np.isnan(pictures[-1]).any()
     assert reports[-1][0] == reports[-1][1] == expected.values.size
-    other = volume_runs.relabel_volume(result, 1 - result["label"])
+    other = runs.relabel(result, 1 - result["label"])
     np.testing.assert_allclose(other["values"], 1 - result["values"], atol=1e-5)
 
 
@@ -87,13 +88,13 @@ def test_a_volume_result_whose_classes_were_dropped_says_so_on_a_class_switch(
     from webapp.helpers import ResultStore
 
     key = stored(services, nifti_bytes)
-    result = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+    result = runs.execute(services, "tab-1", request(key), lambda *a: None)
     assert result["mode"] == "exact" and result["class_values"] is not None
     store = ResultStore(max_bytes=int(np.asarray(result["class_values"]).nbytes))
     store.put("tab-1", result)
     kept = store.get("tab-1")
     with pytest.raises(InputError, match="were not kept") as refused:
-        volume_runs.relabel_volume(kept, 1 - result["label"])
+        runs.relabel(kept, 1 - result["label"])
     assert "approximate mode" not in str(refused.value)
 
 
@@ -103,12 +104,8 @@ def test_a_new_stride_reuses_the_volume_cells_that_lie_on_its_grid(services, nif
     from the same corner, and is reused, with the values a fresh run gives."""
     key = stored(services, nifti_bytes)
     region = (8, 8, 8, 40, 40, 32)
-    coarse = volume_runs.execute_volume(
-        services, "tab-1", request(key, region=region, stride=8), lambda *a: None
-    )
-    fine = volume_runs.execute_volume(
-        services, "tab-1", request(key, region=region, stride=4), lambda *a: None
-    )
+    coarse = runs.execute(services, "tab-1", request(key, region=region, stride=8), lambda *a: None)
+    fine = runs.execute(services, "tab-1", request(key, region=region, stride=4), lambda *a: None)
     assert coarse["evaluated"] > 0 and fine["reused"] == coarse["values"].size
     expected = library(services, key, region, stride=4)
     np.testing.assert_allclose(fine["values"], expected.values, atol=1e-5)
@@ -118,8 +115,8 @@ def test_an_exact_volume_run_states_its_whole_run_speed_once(services, nifti_byt
     """The volume panel said only the plan's per-position ratio of its first chunk (3.3x
     while the whole run was 1.8x a naive one); it now says what the image panel says."""
     key = stored(services, nifti_bytes)
-    result = volume_runs.execute_volume(services, "tab-1", request(key, stride=6), lambda *a: None)
-    lines = volume_runs.volume_summary(result)
+    result = runs.execute(services, "tab-1", request(key, stride=6), lambda *a: None)
+    lines = runs.summary_lines(result)
     whole = result["speed"]["whole"]
     assert whole["positions"] == result["evaluated"] == 7**3
     assert whole["seconds"] == pytest.approx(result["seconds"])
@@ -131,13 +128,13 @@ def test_an_exact_volume_run_states_its_whole_run_speed_once(services, nifti_byt
 
 def test_a_region_after_a_whole_run_reuses_its_cells_on_the_same_grid(services, nifti_bytes):
     key = stored(services, nifti_bytes)
-    first = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+    first = runs.execute(services, "tab-1", request(key), lambda *a: None)
     assert first["reused"] == 0 and first["evaluated"] == 6**3
     # a region not on the grid: moved forward onto it (inside the region), every cell known
     pictures = []
-    second = volume_runs.execute_volume(
+    second = runs.execute(
         services, "tab-1", request(key, region=(10, 3, 17, 40, 30, 48)),
-        lambda done, total, values, axes: pictures.append(axes) if values is not None else None,
+        lambda done, total, partial=None: pictures.append(partial.axes) if partial else None,
     )  # fmt: skip
     assert second["region"][:3] == [16, 8, 24] and "moved onto" in second["reuse_note"]
     # the live picture is drawn on the grid the run computed, not the region as drawn
@@ -150,7 +147,7 @@ def test_a_region_after_a_whole_run_reuses_its_cells_on_the_same_grid(services, 
     np.testing.assert_allclose(second["values"], expected.values, atol=1e-5)
     # a finer stride: the cells of the stride-8 grid that lie on it are reused (2 of 3
     # per axis), the rest computed
-    third = volume_runs.execute_volume(
+    third = runs.execute(
         services, "tab-1", request(key, stride=4, region=(16, 16, 16, 32, 32, 32)),
         lambda *a: None,
     )  # fmt: skip
@@ -161,7 +158,7 @@ def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_byte
     from krypton.render.volumes import cell_affine, heatmap_nifti
 
     key = stored(services, nifti_bytes)
-    result = volume_runs.execute_volume(
+    result = runs.execute(
         services, "tab-1", request(key, region=(8, 8, 8, 40, 40, 40)), lambda *a: None
     )
     heatmap = runs.result_heatmap(result)
@@ -174,7 +171,7 @@ def test_the_nifti_and_json_exports_read_back_as_the_result(services, nifti_byte
     np.testing.assert_allclose(
         image.affine[:, [2, 1, 0, 3]], cell_affine(heatmap, np.asarray(result["affine"]))
     )
-    text = volume_runs.export_volume_json(result)
+    text = runs.export_json(result)
     assert '"kind": "volume"' in text and '"class_values"' not in text
     # the server's stored-file key never leaves it (the image export strips its own)
     assert key not in text and '"source_key"' not in text and '"warnings"' in text
@@ -193,13 +190,13 @@ def test_a_dicom_series_exports_a_capture_series_in_its_study(tmp_path, services
             archive.write(path, path.name)
     data = buffer.getvalue()
     key = stored(services, data)
-    result = volume_runs.execute_volume(
+    result = runs.execute(
         services, "tab-1", request(key, name="series.zip", region=(16, 16, 16, 32, 32, 32)),
         lambda *a: None,
     )  # fmt: skip
     assert result["dicom_source"]
     prepared = services.prepared_volume(key, "tab-1", "ct-test")
-    exported = volume_runs.export_dicom_series(result, data, prepared)
+    exported = volumes.export_dicom_series(result, data, prepared)
     source = pydicom.dcmread(next(folder.iterdir()), stop_before_pixels=True)
     with zipfile.ZipFile(io.BytesIO(exported)) as archive:
         names = sorted(archive.namelist())
@@ -220,7 +217,7 @@ def test_a_dicom_series_exports_a_capture_series_in_its_study(tmp_path, services
     assert coloured.sum() >= 14 * 14
     assert np.all(outside[..., 0] == outside[..., 1]) and np.all(outside[..., 1] == outside[..., 2])
     with pytest.raises(InputError, match="no DICOM export"):
-        volume_runs.export_dicom_series(result, b"not dicom at all" * 20, prepared)
+        volumes.export_dicom_series(result, b"not dicom at all" * 20, prepared)
 
 
 @pytest.mark.parametrize(
@@ -233,7 +230,7 @@ def test_a_dicom_series_exports_a_capture_series_in_its_study(tmp_path, services
 )
 def test_bad_volume_files_are_refused_by_name(data, name, message):
     with pytest.raises(InputError, match=message):
-        volume_runs.read_uploaded_volume(data, name)
+        volumes.read_uploaded_volume(data, name)
 
 
 def test_a_2d_model_is_refused_for_a_volume_and_a_volume_model_for_an_image(services):
@@ -282,7 +279,7 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
     from webapp.panels.volume import VolumePanel
 
     key = stored(services, nifti_bytes)
-    result = volume_runs.execute_volume(
+    result = runs.execute(
         services, "tab-1", request(key, region=(16, 16, 16, 32, 32, 32)), lambda *a: None
     )
     panel = VolumePanel(services, None)
@@ -333,11 +330,11 @@ def test_a_volume_result_the_server_let_go_says_so(services, nifti_bytes):
     from webapp.panels.volume import VolumePanel
 
     key = stored(services, nifti_bytes)
-    result = volume_runs.execute_volume(
+    result = runs.execute(
         services, "tab-1", request(key, region=(16, 16, 16, 32, 32, 32)), lambda *a: None
     )
     services.results = ResultStore(max_sessions=1)
-    services.results.put(volume_runs.volume_session("tab-1"), result)
+    services.results.put(runs.results_key("tab-1", 3), result)
     services.results.put("another tab", {"id": "x"})  # the tab's result goes
     panel = VolumePanel(services, None)
     settings = ([16, 16, 16, 32, 32, 32], result["patch"], result["stride"], "exact", None)
@@ -379,15 +376,15 @@ def test_approximate_runs_show_their_stage_one_picture_and_refuse_another_class(
 ):
     key = stored(services, nifti_bytes)
     pictures = []
-    result = volume_runs.execute_volume(
+    result = runs.execute(
         services, "tab-1", request(key, mode="approximate", stride=4),
-        lambda done, total, values, axes: pictures.append(values) if values is not None else None,
+        lambda done, total, partial=None: pictures.append(partial.values) if partial else None,
     )  # fmt: skip
     assert result["mode"] == "approximate" and result["class_values"] is None
     assert result["values"].shape == tuple(len(result[a]) for a in ("zs", "ys", "xs"))
     assert pictures and all(p.shape == result["values"].shape for p in pictures)
     with pytest.raises(InputError, match="press Run"):
-        volume_runs.relabel_volume(result, 0)
+        runs.relabel(result, 0)
 
 
 def test_a_cancelled_run_keeps_the_cells_it_computed_for_the_next(services, nifti_bytes):
@@ -396,16 +393,16 @@ def test_a_cancelled_run_keeps_the_cells_it_computed_for_the_next(services, nift
     key = stored(services, nifti_bytes)
     seen = []
 
-    def cancel_after_two_pictures(done, total, values, axes):
-        if values is not None:
+    def cancel_after_two_pictures(done, total, partial=None):
+        if partial is not None:
             seen.append(done)
             if len(seen) == 2:
                 raise JobCancelled("cancelled")
 
     with pytest.raises(JobCancelled):
-        volume_runs.execute_volume(services, "tab-1", request(key), cancel_after_two_pictures)
-    assert services.results.get(volume_runs.volume_session("tab-1")) is None  # no result
-    again = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+        runs.execute(services, "tab-1", request(key), cancel_after_two_pictures)
+    assert services.results.get(runs.results_key("tab-1", 3)) is None  # no result
+    again = runs.execute(services, "tab-1", request(key), lambda *a: None)
     assert again["reused"] == seen[-1] == 16 + 32  # the first two chunks
     assert again["evaluated"] == 6**3 - again["reused"]
 
@@ -416,8 +413,8 @@ def test_a_loaded_volume_is_read_once_and_its_source_voxels_are_not_kept_per_mod
     from webapp.panels.volume import VolumePanel
 
     reads = []
-    real = volume_runs.read_uploaded_volume
-    monkeypatch.setattr(volume_runs, "read_uploaded_volume", lambda *a: reads.append(a) or real(*a))
+    real = volumes.read_uploaded_volume
+    monkeypatch.setattr(volumes, "read_uploaded_volume", lambda *a: reads.append(a) or real(*a))
     token = services.uploads.save(
         io.BytesIO(nifti_bytes), len(nifti_bytes), "volume", "tab-1", "chest.nii.gz", 1 << 30
     )
@@ -428,7 +425,7 @@ def test_a_loaded_volume_is_read_once_and_its_source_voxels_are_not_kept_per_mod
     assert shown[:6] == (47, 47, 47, 24, 24, 24) and "48x48x48 voxels" in shown[6]
     assert len(reads) == 1  # the upload's read served the preparation too
     prepared = services.prepared_volume(record["key"], "tab-1", "ct-test")
-    assert isinstance(prepared.source, volume_runs.SourceInfo)  # no second copy of voxels
+    assert isinstance(prepared.source, volumes.SourceInfo)  # no second copy of voxels
 
 
 def test_kept_volume_cells_are_bounded_by_bytes():
@@ -451,8 +448,8 @@ def test_a_run_served_from_known_cells_still_carries_the_ood_verdict(tmp_path, n
     services = Services(tmp_path / "cache")
     key = stored(services, nifti_bytes)
     settings = dict(model="chestct-demo", stride=16)
-    first = volume_runs.execute_volume(services, "tab-1", request(key, **settings), lambda *a: None)
-    second = volume_runs.execute_volume(
+    first = runs.execute(services, "tab-1", request(key, **settings), lambda *a: None)
+    second = runs.execute(
         services, "tab-1", request(key, region=(0, 0, 0, 24, 24, 24), **settings),
         lambda *a: None,
     )  # fmt: skip
@@ -462,19 +459,19 @@ def test_a_run_served_from_known_cells_still_carries_the_ood_verdict(tmp_path, n
 
 def test_the_panel_estimates_a_run_from_this_hosts_volume_runs(services, nifti_bytes):
     size = (48, 48, 48)
-    before = volume_runs.volume_estimate("ct-test", size, 8, 8, "exact", None)
+    before = volumes.volume_estimate("ct-test", size, 8, 8, "exact", None)
     assert before.startswith("216 positions on a 6x6x6 grid; no time estimate yet")
     key = stored(services, nifti_bytes)
     for region in ((0, 0, 0, 16, 16, 48), (0, 0, 0, 24, 24, 48), (0, 0, 0, 32, 48, 48)):
-        volume_runs.execute_volume(services, "tab-1", request(key, region=region), lambda *a: None)
-    after = volume_runs.volume_estimate("ct-test", size, 8, 8, "exact", None)
+        runs.execute(services, "tab-1", request(key, region=region), lambda *a: None)
+    after = volumes.volume_estimate("ct-test", size, 8, 8, "exact", None)
     assert after.startswith("216 positions on a 6x6x6 grid; estimated ")
     # fitted to the three runs, or (where they do not fit a line) at their own pace, "in
     # proportion": which depends on how long each took here, so either may be said
     assert "from this host's last 3 runs" in after, after
-    small = volume_runs.volume_estimate("ct-test", size, 8, 8, "exact", (0, 0, 0, 8, 8, 8))
+    small = volumes.volume_estimate("ct-test", size, 8, 8, "exact", (0, 0, 0, 8, 8, 8))
     assert small.startswith("1 position on a 1x1x1 grid; estimated ")
-    assert "smaller than the 8-voxel cube" in volume_runs.volume_estimate(
+    assert "smaller than the 8-voxel cube" in volumes.volume_estimate(
         "ct-test", size, 8, 8, "exact", (0, 0, 0, 4, 48, 48)
     )
 
@@ -489,7 +486,7 @@ def test_a_run_in_many_calls_checks_out_of_distribution_once(tmp_path, nifti_byt
     monkeypatch.setattr(krypton.explainer, "_ood_report", lambda *a: checks.append(1) or real(*a))
     services = Services(tmp_path / "cache")
     key = stored(services, nifti_bytes)
-    result = volume_runs.execute_volume(
+    result = runs.execute(
         services, "tab-1", request(key, model="chestct-demo", stride=16), lambda *a: None
     )
     assert result["evaluated"] == 27 and result["ood"] is not None  # two calls, one check
@@ -547,13 +544,13 @@ def test_the_panel_names_the_predicted_class_and_a_run_moves_the_views_to_its_st
     record = {"key": key, "name": "chest.nii.gz", "frame": True}
     shown = panel.show_volume(record, "ct-test", "tab-1")
     options, placeholder = shown[-4], shown[-3]
-    loaded = services.volume_model("ct-test")
-    probs = volume_runs.volume_prediction(loaded, panel._prepared(record, "ct-test", "tab-1"))
+    loaded = services.model("ct-test", rank=3)
+    probs = volumes.volume_prediction(loaded, panel._prepared(record, "ct-test", "tab-1"))
     top = int(np.argmax(probs))
     assert placeholder.startswith(f"{loaded.classes[top]} ({probs[top]:.1%}")
     assert [o["label"] for o in options][top].startswith(f"{top}: {loaded.classes[top]} (")
 
-    result = volume_runs.execute_volume(services, "tab-1", request(key), lambda *a: None)
+    result = runs.execute(services, "tab-1", request(key), lambda *a: None)
     moved = panel.focus_strongest({"id": result["id"]}, record, "ct-test", "tab-1")
     values = np.asarray(result["values"])
     cell = np.unravel_index(int(np.argmin(values)), values.shape)  # the largest drop

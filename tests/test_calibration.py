@@ -102,15 +102,15 @@ def test_the_gradient_step_is_timed_per_class_and_estimated_before_any_is_logged
 def test_krypton_calibrate_takes_a_volume_model(cli_here, volume_model, monkeypatch):  # noqa: F811
     """`krypton calibrate --model` of a volume model fits its patch and stores it where
     the panel's estimate reads it: a fresh host's first volume run is estimated."""
-    from webapp import volume_runs
+    from webapp.runs import volumes
 
     monkeypatch.setattr(calibration, "FRACTIONS", (0.5, 0.75, 1.0))  # three small grids
     monkeypatch.setattr(calibration, "STRIDES", (16,))
-    before = volume_runs.volume_estimate("ct-test", (48, 48, 48), 8, 8, "exact", None)
+    before = volumes.volume_estimate("ct-test", (48, 48, 48), 8, 8, "exact", None)
     assert "no time estimate yet" in before
     done = cli_here("calibrate", "--model", "ct-test", "--patches", "8", "--step-classes", "0")
     assert done.returncode == 0, done.stderr
-    after = volume_runs.volume_estimate("ct-test", (48, 48, 48), 8, 8, "exact", None)
+    after = volumes.volume_estimate("ct-test", (48, 48, 48), 8, 8, "exact", None)
     assert "estimated" in after and "calibration (" in after
     found = estimate_for_counts("ct-test", "naive", 8, (27, 0), load=0.0)
     assert found.seconds > 0

@@ -1,5 +1,5 @@
 """Compare in the app without a browser (webapp.comparison through webapp.runs and
-webapp.volume_runs): a run with Compare ticked carries Grad-CAM and Integrated Gradients
+webapp.runs at rank 3): a run with Compare ticked carries Grad-CAM and Integrated Gradients
 on its own grid, equal to krypton.methods.compare on the same input, for every class of a
 small model (the class switch shows all three at once) or for the run's class only past
 EVERY_CLASS_UP_TO; its steps are reported and can stop it; the exports carry all three."""
@@ -16,7 +16,7 @@ from test_runs import IMAGE, request
 from test_volume_cli import hu_volume, volume_model  # noqa: F401
 
 from krypton.methods import compare
-from webapp import comparison, runs, volume_runs
+from webapp import comparison, runs
 from webapp.helpers import InputError
 from webapp.services import Services
 
@@ -73,7 +73,7 @@ def test_a_compared_run_carries_the_gradient_maps_of_every_class_on_its_grid(ser
 def test_a_run_without_compare_has_no_maps_and_no_compare_export(services):
     result = runs.execute(services, "s", request(services), lambda *a: None)
     assert result["methods"] is None and comparison.method_maps(result) == {}
-    assert "comparison" not in json.loads(runs.export_summary(result))
+    assert "comparison" not in json.loads(runs.export_json(result))
     with pytest.raises(InputError, match="tick Compare"):
         comparison.comparison_png(result, np.zeros((224, 224, 3)))
 
@@ -85,7 +85,7 @@ def test_past_few_classes_only_the_runs_class_and_another_asks_for_a_run(service
     other = runs.relabel(result, (result["label"] + 1) % 3)
     reason = comparison.method_maps(other)
     assert isinstance(reason, str) and "press Run" in reason
-    assert "comparison" not in json.loads(runs.export_summary(other))
+    assert "comparison" not in json.loads(runs.export_json(other))
 
 
 def test_a_stage_that_raises_stops_the_run(services):
@@ -103,7 +103,7 @@ def test_a_stage_that_raises_stops_the_run(services):
 
 def test_the_exports_carry_all_three_maps_and_their_agreement(services):
     result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
-    record = json.loads(runs.export_summary(result))["comparison"]
+    record = json.loads(runs.export_json(result))["comparison"]
     assert set(record["methods"]) == {"occlusion", "gradcam", "integrated_gradients"}
     assert np.asarray(record["methods"]["gradcam"]["importance"]).shape == (5, 5)
     assert len(record["agreement"]) == 3 and "evidence for the class" in record["importance"]
@@ -117,10 +117,10 @@ def test_a_compared_volume_run_has_three_maps_per_class_on_its_grid(
 ):
     key = stored(services, nifti_bytes)
     run = volume_request(key, compare=True)
-    result = volume_runs.execute_volume(services, "tab-1", run, lambda *a: None)
+    result = runs.execute(services, "tab-1", run, lambda *a: None)
     maps = comparison.method_maps(result)
     assert list(maps) == ["occlusion", "gradcam", "integrated_gradients"]
-    loaded = services.volume_model("ct-test")
+    loaded = services.model("ct-test", rank=3)
     tensor = services.prepared_volume(key, "tab-1", "ct-test").model_input.tensor
     expected = compare(loaded, tensor, patch=8, stride=8, label=result["label"], mode="naive")
     for method, found in maps.items():
@@ -128,9 +128,9 @@ def test_a_compared_volume_run_has_three_maps_per_class_on_its_grid(
         np.testing.assert_allclose(
             found.importance, expected[method].importance, atol=1e-5, rtol=1e-4
         )
-    other = volume_runs.relabel_volume(result, 1 - result["label"])
+    other = runs.relabel(result, 1 - result["label"])
     assert comparison.method_maps(other)["gradcam"].label == 1 - result["label"]
-    exported = json.loads(volume_runs.export_volume_json(result))
+    exported = json.loads(runs.export_json(result))
     assert set(exported["comparison"]["methods"]) == set(maps) and "methods" not in exported
     prepared = services.prepared_volume(key, "tab-1", "ct-test")
     assert comparison.comparison_png(result, prepared.unit).startswith(PNG)
@@ -142,12 +142,11 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
     """The estimate covers the occlusion positions; with Compare ticked it says the
     gradient step follows and is not in it (the page did not say, and the run took ~5 s
     more than the line beside Run), for both panels."""
-    from webapp import runs, volume_runs
+    from webapp import runs
     from webapp.panels.settings import SettingsPanel
     from webapp.panels.volume import VolumePanel
 
-    for module in (runs, volume_runs):  # one load for both texts: they are compared
-        monkeypatch.setattr(module, "host_load", lambda: 0.0)
+    monkeypatch.setattr(runs, "host_load", lambda: 0.0)  # one load for both texts
     image = {"key": services.images.put(IMAGE)}
     settings = ("fundus-demo", 16, 8, "exact", None, 0.25, 3.0, None, image, "gray", None)
     panel = SettingsPanel(services)
@@ -185,7 +184,7 @@ def test_the_layer_picker_lists_the_models_blocks_deepest_first_never_a_pooling_
     assert value is None and names[0] == "layer4" and "layer3" in names
     assert options[0]["label"] == "layer4 (the default)"
     assert not any("pool" in name for name in names) and "fc" not in names
-    volume_options, _ = layer_picker(services.volume_model)("ct-test")
+    volume_options, _ = layer_picker(lambda name: services.model(name, rank=3))("ct-test")
     assert volume_options and not any("pool" in o["value"] for o in volume_options)
     assert layer_picker(services.model)("ct-test") == ([], None)  # a volume model: none
 
@@ -202,7 +201,7 @@ def test_a_chosen_layer_is_the_one_grad_cam_reads_and_is_named_in_the_export(ser
     )  # fmt: skip
     found = comparison.method_maps(result)["gradcam"]
     np.testing.assert_allclose(found.importance, expected["gradcam"].importance, atol=1e-6)
-    exported = json.loads(runs.export_summary(result))["comparison"]["methods"]["gradcam"]
+    exported = json.loads(runs.export_json(result))["comparison"]["methods"]["gradcam"]
     assert "layer3" in json.dumps(exported)
     default = runs.execute(services, "t", request(services, compare=True), lambda *a: None)
     assert default["methods"]["gradcam"]["detail"] == "layer layer4"
@@ -221,10 +220,10 @@ def test_a_layer_that_is_not_one_of_the_models_blocks_is_refused(services):
 def test_a_compared_volume_run_reads_the_chosen_layer(services, nifti_bytes):  # noqa: F811
     key = stored(services, nifti_bytes)
     deepest, chosen = [
-        o["value"] for o in comparison.layer_choices(services.volume_model("ct-test"))
+        o["value"] for o in comparison.layer_choices(services.model("ct-test", rank=3))
     ][:2]
     run = volume_request(key, compare=True, compare_layer=chosen)
-    result = volume_runs.execute_volume(services, "tab-1", run, lambda *a: None)
+    result = runs.execute(services, "tab-1", run, lambda *a: None)
     assert result["methods"]["gradcam"]["detail"] == f"layer {chosen}" != f"layer {deepest}"
-    exported = json.loads(volume_runs.export_volume_json(result))
+    exported = json.loads(runs.export_json(result))
     assert chosen in json.dumps(exported["comparison"]["methods"]["gradcam"])

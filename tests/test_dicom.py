@@ -267,8 +267,8 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
     loaded, record = helpers.dicom_view(data, source, "lung", None, path.name)
     key = services.images.put(loaded.picture)
     request = runs.RunRequest(
-        image_key=key,
-        image_name=helpers.dicom_name(record),
+        key=key,
+        name=helpers.dicom_name(record),
         model="fundus-demo",
         patch=16,
         stride=16,
@@ -282,7 +282,7 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
         "npy": exports.export_npy(result),
         "npz": exports.export_all_classes(result),
         "csv": exports.export_csv(result).encode(),
-        "json": runs.export_summary(result).encode(),
+        "json": runs.export_json(result).encode(),
         "dcm": exports.export_dicom(services.images.source(source, "s"), result),
     }
     names = [exports.export_stem(result)] + [p.name for p in (tmp_path / "cache").rglob("*")]

@@ -90,7 +90,7 @@ def test_a_run_records_its_estimate_and_the_load_it_met(tmp_path, krypton_home):
     services = Services(tmp_path / "cache")
     image = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=1).image)
     request = runs.RunRequest(
-        image_key=services.images.put(image), image_name="f.png", model="fundus-demo",
+        key=services.images.put(image), name="f.png", model="fundus-demo",
         patch=16, stride=16, mode="exact", fill_rgb=(0.5, 0.5, 0.5), region=(0, 0, 64, 64),
     )  # fmt: skip
     result = runs.execute(services, "s", request, lambda *a: None)
@@ -171,7 +171,7 @@ def test_a_run_with_nothing_to_compute_is_estimated_from_such_runs(tmp_path, kry
     services = Services(tmp_path / "cache")
     image = Image.fromarray(FundusGenerator(seed=4).sample(label=1, lesions=1).image)
     request = runs.RunRequest(
-        image_key=services.images.put(image), image_name="f.png", model="fundus-demo",
+        key=services.images.put(image), name="f.png", model="fundus-demo",
         patch=16, stride=16, mode="exact", fill_rgb=(0.5, 0.5, 0.5), region=(0, 0, 64, 64),
     )  # fmt: skip
     runs.execute(services, "s", request, lambda *a: None)

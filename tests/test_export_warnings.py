@@ -47,7 +47,7 @@ def dicom_result(tmp_path_factory):
     loaded, record = helpers.dicom_view(data, source, None, None, "ct.dcm")
     key = services.images.put(loaded.picture)
     request = runs.RunRequest(
-        image_key=key, image_name="CT", model="fundus-demo", patch=32, stride=32,
+        key=key, name="CT", model="fundus-demo", patch=32, stride=32,
         mode="exact", fill_rgb=(0.5, 0.5, 0.5), region=(0, 0, 64, 64), dicom=record,
     )  # fmt: skip
     result = runs.execute(services, "s", request, lambda *a: None)
@@ -61,7 +61,7 @@ def test_app_exports_of_a_flagged_image_carry_the_warning(dicom_result):
     services, result, data = dicom_result
     png = exports.export_png(services.images.get(result["image_key"]), result)
     assert "not meaningful" in Image.open(io.BytesIO(png)).info["Warning"]
-    summary = json.loads(runs.export_summary(result))
+    summary = json.loads(runs.export_json(result))
     assert summary["warnings"] and "not meaningful" in summary["warnings"][0]
     capture = pydicom.dcmread(io.BytesIO(exports.export_dicom(data, result)))
     assert capture.ImageComments.startswith("WARNING: this image does not look like")
@@ -74,7 +74,7 @@ def test_app_exports_of_an_unflagged_image_say_nothing_extra(dicom_result):
     clean = dict(result, ood=dict(FLAGGED, flagged=False))
     png = exports.export_png(services.images.get(clean["image_key"]), clean)
     assert "Warning" not in Image.open(io.BytesIO(png)).info
-    assert json.loads(runs.export_summary(clean))["warnings"] == []
+    assert json.loads(runs.export_json(clean))["warnings"] == []
     capture = pydicom.dcmread(io.BytesIO(exports.export_dicom(data, clean)))
     assert not capture.ImageComments.startswith("WARNING")
 

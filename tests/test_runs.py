@@ -33,8 +33,8 @@ def services(tmp_path):
 def request(services, **changes) -> runs.RunRequest:
     key = services.images.put(IMAGE)
     settings = dict(
-        image_key=key,
-        image_name="fundus.png",
+        key=key,
+        name="fundus.png",
         model="fundus-demo",
         patch=16,
         stride=8,

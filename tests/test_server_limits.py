@@ -123,7 +123,7 @@ def test_cells_are_kept_within_a_byte_budget():
     cache = CellCache(max_keys=100, max_bytes=2 * 2**20)
     for index in range(4):
         request = RunRequest(
-            image_key=f"{index:024x}", image_name="x", model="m", patch=4, stride=4,
+            key=f"{index:024x}", name="x", model="m", patch=4, stride=4,
             mode="exact", fill_rgb=(0.5, 0.5, 0.5),
         )  # fmt: skip
         known = cache.get(cell_key(request, "w"))

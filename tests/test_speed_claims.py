@@ -50,7 +50,7 @@ def test_claims_under_a_cpu_burning_neighbour_match_the_same_runs_timing(tmp_pat
 
     def run(mode: str, grey: float) -> dict:  # a colour each: no cells to reuse
         request = runs.RunRequest(
-            image_key=key, image_name="fundus.png", model="fundus-demo", patch=16,
+            key=key, name="fundus.png", model="fundus-demo", patch=16,
             stride=8, mode=mode, fill_rgb=(grey, grey, grey), region=REGION,
         )  # fmt: skip
         return runs.execute(services, "tab", request, lambda *a: None)

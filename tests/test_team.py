@@ -193,7 +193,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     key = services.images.put(RedisImageStore(team.redis, team.cluster.url).get(image["key"]))
     assert key == image["key"]
     request = runs.RunRequest(
-        image_key=key, image_name="kill.png", model="fundus-demo", patch=16, stride=4,
+        key=key, name="kill.png", model="fundus-demo", patch=16, stride=4,
         mode="exact", fill_rgb=helpers.parse_colour("gray", "#808080"), region=tuple(region),
     )  # fmt: skip
     reference = runs.execute(services, "reference", request, lambda *a: None)
@@ -274,7 +274,7 @@ def _chest_nifti() -> tuple[bytes, object]:
     import nibabel
 
     from krypton.chestct import ChestCTGenerator
-    from webapp.volume_runs import read_uploaded_volume
+    from webapp.runs.volumes import read_uploaded_volume
 
     volume = ChestCTGenerator(seed=41).sample(label=1, nodules=1).volume
     affine = np.diag([-5.0, -5.0, 5.0, 1.0])

@@ -20,12 +20,13 @@ from krypton.explainer import model_fingerprint
 from krypton.io.volumes import Volume
 from krypton.registry import CheckpointError, RegistryError, load_model
 
-from . import helpers, runs, volume_runs
+from . import helpers
 from .client import request_client
 from .helpers import VOLUME_MODEL_REASON, InputError
 from .image_store import ImageStore
 from .jobs import JobQueue, running_as
 from .pacs import PacsSources
+from .runs import CellCache, volumes
 from .settings import ServerSettings
 from .uploads import UploadStore
 
@@ -48,7 +49,7 @@ class Services:
             self.results = helpers.ResultStore(
                 self.settings.results_kept, self.settings.mb(self.settings.result_store_mb)
             )
-            self.cells = runs.CellCache(max_bytes=self.settings.mb(self.settings.cell_cache_mb))
+            self.cells = CellCache(max_bytes=self.settings.mb(self.settings.cell_cache_mb))
         self.uploads = UploadStore(
             Path(cache_dir) / "uploads", self.settings.mb(self.settings.upload_store_mb)
         )
@@ -64,8 +65,8 @@ class Services:
         self._lock = threading.Lock()
         # volumes: the prepared blocks the three views draw (their cells share self.cells,
         # keyed apart by a leading "volume", in Redis in team mode)
-        self.volumes = volume_runs.VolumeCache()
-        self.volume_sources = volume_runs.VolumeCache(max_items=1)  # source voxels are large
+        self.volumes = volumes.VolumeCache()
+        self.volume_sources = volumes.VolumeCache(max_items=1)  # source voxels are large
         self.pacs_sources = PacsSources()  # stored series opened from the PACS: their study
         self._intakes: dict[str, list] = {}  # client -> [its lock, requests holding or waiting]
         self._intakes_lock = threading.Lock()  # not self._lock: that one is held while loading
@@ -132,19 +133,15 @@ class Services:
             self._explainers.pop(name, None)
             self._checksums.pop(name, None)
 
-    def model(self, name: str) -> krypton.LoadedModel:
-        """The 2-D model ``name`` (a volume model is refused: the volume panel's)."""
+    def model(self, name: str, rank: int | None = 2) -> krypton.LoadedModel:
+        """The model ``name``, refused in the page's words where its rank is not ``rank``
+        (2: an image model, 3: a volume model; None: either)."""
         loaded = self._load(name)
-        if loaded.is_volume:  # a request naming one, though the list disables it
+        if rank is None or len(loaded.input_size) == rank:
+            return loaded
+        if loaded.is_volume:  # a request naming one, though the image list disables it
             raise InputError(f"{name} is a volume model: {VOLUME_MODEL_REASON}")
-        return loaded
-
-    def volume_model(self, name: str) -> krypton.LoadedModel:
-        """The volume model ``name`` (a 2-D model is refused)."""
-        loaded = self._load(name)
-        if not loaded.is_volume:
-            raise InputError(f"{name} is a 2-D model; choose a volume model for a volume")
-        return loaded
+        raise InputError(f"{name} is a 2-D model; choose a volume model for a volume")
 
     def _load(self, name: str) -> krypton.LoadedModel:
         if not name:
@@ -167,25 +164,23 @@ class Services:
                 self._checksums[name] = model_fingerprint(module)[1]
             return self._checksums[name]
 
-    def explainer(self, name: str) -> krypton.OcclusionExplainer:
-        self.model(name)
-        return self._explainers[name]
-
-    def volume_explainer(self, name: str) -> krypton.OcclusionExplainer:
-        self.volume_model(name)
+    def explainer(self, name: str, rank: int | None = 2) -> krypton.OcclusionExplainer:
+        """The explainer of the model ``name`` (its captured graph and views), refused as
+        :meth:`model` refuses."""
+        self.model(name, rank)
         return self._explainers[name]
 
     def prepared_volume(
         self, key: str, session: str, model: str, name: str | None = None
-    ) -> volume_runs.PreparedVolume:
+    ) -> volumes.PreparedVolume:
         """The volume this tab stored under ``key`` (a file called ``name``) as ``model``
         takes it: from memory when recently used, else read again from the stored file."""
-        loaded = self.volume_model(model)
+        loaded = self.model(model, rank=3)
 
         def read() -> Volume:
-            return volume_runs.read_uploaded_volume(self.images.source(key, session), name)
+            return volumes.read_uploaded_volume(self.images.source(key, session), name)
 
-        def build() -> volume_runs.PreparedVolume:
+        def build() -> volumes.PreparedVolume:
             with self.intake():
                 source = self.volume_sources.get((key, helpers.owner_tag(session)), read)
                 try:
@@ -193,8 +188,8 @@ class Services:
                 except ValueError as exc:
                     raise InputError(str(exc)) from None
             unit = loaded.windowed(model_input)
-            info = volume_runs.SourceInfo.of(source)
-            return volume_runs.PreparedVolume(info, model_input, unit)
+            info = volumes.SourceInfo.of(source)
+            return volumes.PreparedVolume(info, model_input, unit)
 
         return self.volumes.get((key, helpers.owner_tag(session), model), build)
 

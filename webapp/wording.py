@@ -1,7 +1,7 @@
 """The page's words for a result: what a radiologist or an instructor reads, with the
 detector's and the planner's terms behind "details".
 
-The library's lines (webapp.runs.summary_lines, volume_runs.volume_summary) stay whole in
+The library's lines (webapp.runs.summary_lines, for images and volumes) stay whole in
 the exports and the CLI; the page shows each in two parts, :func:`plain_and_detail`."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from PIL import Image
 from krypton.render.methods import TITLES
 from krypton.render.volumes import voxel_values
 
-from .. import comparison, figures, ids, volume_runs, volume_views
+from .. import comparison, figures, ids, runs, volume_views
 from ..helpers import InputError
 from ..runs import Services
 
@@ -97,7 +97,7 @@ def volume_compare_view(result: dict, unit: np.ndarray, cursor) -> list:
     rows = []
     for method, found in maps.items():
         # painted as the panel's own views paint a heatmap (nearest cell per voxel)
-        grid = volume_runs.grid_heatmap(found.importance, found.axes, found.patch[0])
+        grid = runs.grid_heatmap(found.importance, found.axes, found.patch[0])
         per_voxel = voxel_values(grid, unit.shape)
         low, high = found.value_range()
         title = f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
@@ -141,12 +141,10 @@ class ComparePanel:
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
-        for model, picker, load in (
-            (ids.MODEL, ids.COMPARE_LAYER, self.services.model),
-            (ids.VOLUME_MODEL, ids.VOLUME_COMPARE_LAYER, self.services.volume_model),
-        ):
+        for model, picker, rank in ((ids.MODEL, ids.COMPARE_LAYER, 2),
+                                    (ids.VOLUME_MODEL, ids.VOLUME_COMPARE_LAYER, 3)):  # fmt: skip
             app.callback(Output(picker, "options"), Output(picker, "value"), Input(model, "value"))(
-                layer_picker(load)
+                layer_picker(lambda name, rank=rank: self.services.model(name, rank))
             )
         for shown, ticked, run, pending, store, condition in (
             ((ids.RUN, "disabled"), ids.COMPARE, ids.RUN, ids.COMPARE_PENDING,

@@ -20,7 +20,7 @@ from krypton.pacs import (
 )
 from krypton.render.dicom_series import dicom_headers
 
-from .. import ids, pacs, runs, volume_runs
+from .. import ids, pacs, runs
 from ..helpers import InputError
 from ..services import Services
 
@@ -186,7 +186,7 @@ class PacsPanel:
         if not clicks or not isinstance(handle, dict):
             raise PreventUpdate
         session = str(session or "")
-        result = self.services.results.get(volume_runs.volume_session(session))
+        result = self.services.results.get(runs.results_key(session, 3))
         if result is None or result.get("id") != handle.get("id"):
             return "The heatmap is no longer on the server; press Run again."
         opened = self.services.pacs_sources.origin(str(result["source_key"]), session)
@@ -199,7 +199,7 @@ class PacsPanel:
                 prepared = self.services.prepared_volume(
                     result["source_key"], session, result["model"], result["image"]
                 )
-                model = self.services.volume_model(result["model"])
+                model = self.services.model(result["model"], rank=3)
                 settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
                 key = result_key(series, model, {**settings, "label": result["label"]})
                 client = connect(self.services.settings.pacs)

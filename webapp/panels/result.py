@@ -208,7 +208,7 @@ class ResultPanel:
         if fmt == "compare":  # the three methods side by side
             data = comparison.comparison_png(result, self.model_picture(result))
             return dcc.send_bytes(data, f"{stem}-compare.png"), ""
-        return dcc.send_string(runs.export_summary(result), f"{stem}.json"), ""
+        return dcc.send_string(runs.export_json(result), f"{stem}.json"), ""
 
 
 def summary(result: dict) -> html.Div:

@@ -134,9 +134,7 @@ class RunPanel:
             loaded = self.services.model(model_name)
             request, overlay = run_request(image_data, model_name, *settings)
             style = figures.overlay_style(overlay)
-            shown = helpers.model_view(
-                self.services.images.get(request.image_key), loaded.input_size
-            )
+            shown = helpers.model_view(self.services.images.get(request.key), loaded.input_size)
             client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
             lifecycle.queue()
             # a run whose every cell is known computes nothing: it does not queue (a Compare
@@ -191,8 +189,8 @@ def run_request(
 ) -> tuple[runs.RunRequest, dict | None]:
     """The page's controls as a run request (and the overlay settings it is drawn with)."""
     request = runs.RunRequest(
-        image_key=image_data["key"],
-        image_name=str(image_data.get("name")),
+        key=image_data["key"],
+        name=str(image_data.get("name")),
         model=model_name,
         patch=int(patch),
         stride=int(stride),

@@ -233,7 +233,7 @@ class SettingsPanel:
         snap it, and the positions known already (none where the image is unknown)."""
         try:
             request = runs.RunRequest(
-                image_key=image["key"] if image else "", image_name="", model=model_name,
+                key=image["key"] if image else "", name="", model=model_name,
                 patch=int(patch), stride=int(stride), mode=mode,
                 fill_rgb=helpers.parse_colour(colour, custom),
                 region=tuple(region) if region else None,

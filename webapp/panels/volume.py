@@ -1,6 +1,7 @@
 """The volume panel: a CT or MR volume in three linked views, a 3-D region, its run (a
 background job with progress, live picture and cancel), another class, the exports. The
-run and everything it decides is webapp.volume_runs; the figures webapp.volume_views."""
+run and everything it decides is webapp.runs, as an image's; the figures
+webapp.volume_views."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from dash.exceptions import PreventUpdate
 from krypton.registry import available_models
 from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
-from .. import comparison, ids, pacs, runs, volume_runs, volume_views, wording
+from .. import comparison, ids, pacs, runs, volume_views, wording
 from ..exports import export_stem
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError, fill_for_display, owner_tag
 from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import Provenance, RunLifecycle, result_view
+from ..runs import volumes
 from ..services import Services
 from ..volume_layout import volume_sample_path
 from .common import DROPPED_RESULT, empty_figure, hide_at_click, off_while_running, origin
@@ -354,7 +356,7 @@ class VolumePanel:
         nothing pending)."""
         try:
             with self.services.intake() as client:
-                volume = volume_runs.read_uploaded_volume(data, name)
+                volume = volumes.read_uploaded_volume(data, name)
                 key = self.services.images.put_source(data, session, client)
             owner = (key, owner_tag(session))
             self.services.volume_sources.get(owner, lambda: volume)  # read once, not twice
@@ -382,7 +384,7 @@ class VolumePanel:
             raise PreventUpdate
         unchanged = [no_update] * (2 * len(SLIDERS) + 4)
         try:
-            loaded = self.services.volume_model(model)
+            loaded = self.services.model(model, rank=3)
             prepared = self._prepared(record, model, session)
         except InputError as exc:
             return (*unchanged, str(exc))
@@ -400,7 +402,7 @@ class VolumePanel:
             + ("" if record.get("frame") else " The file gave no scanner frame: the NIfTI "
                "export is in model voxels.")
         )  # fmt: skip
-        probs = volume_runs.volume_prediction(loaded, prepared)
+        probs = volumes.volume_prediction(loaded, prepared)
         classes = [
             {"label": f"{i}: {n} ({p:.1%})", "value": i}
             for i, (n, p) in enumerate(zip(loaded.classes, probs))
@@ -423,7 +425,7 @@ class VolumePanel:
         result = self._result_for(handle, record, model, session)
         if result is None:
             raise PreventUpdate
-        cursor = volume_runs.strongest_voxel(result)
+        cursor = volumes.strongest_voxel(result)
         if cursor is None:
             raise PreventUpdate
         return tuple(cursor[VIEWS[v]] for v in VIEWS)
@@ -448,7 +450,7 @@ class VolumePanel:
         if view is None or not model:
             raise PreventUpdate
         try:
-            size = self.services.volume_model(model).input_size
+            size = self.services.model(model, rank=3).input_size
         except InputError:
             raise PreventUpdate from None
         picked = volume_views.region_from_view(
@@ -503,14 +505,12 @@ class VolumePanel:
         if not model:
             return ""
         try:
-            loaded = self.services.volume_model(model)
+            loaded = self.services.model(model, rank=3)
             patch, stride = _whole(patch, "cube"), _whole(stride, "stride")
         except InputError as exc:
             return str(exc)
-        load = volume_runs.host_load()  # sampled once for the line
-        text = volume_runs.volume_estimate(
-            model, loaded.input_size, patch, stride, mode, region, load
-        )
+        load = runs.host_load()  # sampled once for the line
+        text = volumes.volume_estimate(model, loaded.input_size, patch, stride, mode, region, load)
         return f"{text}. {comparison.estimate_note(loaded, load)}" if compare else text
 
     def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
@@ -523,7 +523,7 @@ class VolumePanel:
         """(the result to show, or None; why not, in the page's words)."""
         if not handle or not record:
             return None, ""
-        key = volume_runs.volume_session(str(session or ""))
+        key = runs.results_key(str(session or ""), 3)
         result = self.services.results.get(key)
         if result is None and self.services.results.dropped(key):
             return None, DROPPED_RESULT  # as the image panel says it
@@ -536,11 +536,9 @@ class VolumePanel:
         region, patch, stride, mode, label = screen
         kept = Provenance.from_dict(result["provenance"])
         try:
-            now = volume_runs.volume_provenance(
-                record.get("key"), model, kept.weights, region, patch, stride, mode,
-                kept.label if label is None else label,
-            )  # fmt: skip
-        except (TypeError, ValueError):
+            asked = _request(record, model, patch, stride, mode, None, region)
+            now = runs.provenance(asked, kept.weights, kept.label if label is None else label)
+        except (TypeError, ValueError):  # InputError included: a blank cube or stride
             return None, "The last heatmap is hidden: the settings are incomplete."
         view = result_view(kept, now)
         return (result, "") if view.show else (None, view.reason)
@@ -557,13 +555,7 @@ class VolumePanel:
         try:
             if not record:
                 raise InputError("load a volume first")
-            request = volume_runs.VolumeRequest(
-                source_key=str(record["key"]), name=str(record.get("name")), model=model,
-                patch=_whole(patch, "cube"), stride=_whole(stride, "stride"), mode=mode,
-                label=None if label is None else int(label),
-                region=tuple(region) if region else None, compare=bool(compare),
-                compare_layer=str(layer) if layer else None,
-            )  # fmt: skip
+            request = _request(record, model, patch, stride, mode, label, region, compare, layer)
             prepared = self._prepared(record, model, session)
             cursor = tuple(int(v) for v in (z, y, x))
             client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
@@ -576,17 +568,15 @@ class VolumePanel:
             lifecycle.queue()
             # a run whose every cell is known computes nothing: it does not queue (a Compare
             # run still computes its gradient maps, so it does)
-            planned = volume_runs.plan_volume_run(self.services, request)
+            planned = runs.plan_run(self.services, request, session)
             light = planned.positions > 0 and not planned.to_compute and not request.compare
             with self.services.job(), self.services.jobs.slot(session, waiting, client, light):
                 lifecycle.start()
                 reporter, stage = _live_reporter(
-                    set_progress, prepared, cursor, request.patch, lifecycle,
-                    list(self.services.volume_model(model).classes),
+                    set_progress, prepared, cursor, lifecycle,
+                    list(self.services.model(model, rank=3).classes),
                 )  # fmt: skip
-                result = volume_runs.execute_volume(
-                    self.services, session, request, reporter, stage
-                )
+                result = runs.execute(self.services, session, request, reporter, stage)
             lifecycle.finish()
         except QueueFull as exc:
             lifecycle.fail(str(exc))
@@ -607,14 +597,14 @@ class VolumePanel:
         """Another class: the kept result re-coloured from every class's probabilities."""
         if label is None or not handle:
             raise PreventUpdate
-        key = volume_runs.volume_session(str(session or ""))
+        key = runs.results_key(str(session or ""), 3)
         result = self.services.results.get(key)
         if result is None or result.get("id") != handle.get("id"):
             raise PreventUpdate
         if int(label) == result["label"]:
             raise PreventUpdate
         try:
-            relabelled = volume_runs.relabel_volume(result, int(label))
+            relabelled = runs.relabel(result, int(label))
         except InputError as exc:
             return no_update, str(exc)
         relabelled["id"] = f"{result['id'].split(':')[0]}:{int(label)}"
@@ -628,7 +618,7 @@ class VolumePanel:
         )
         if result is None:
             return (html.P(why, className="warning") if why else ""), True, True, True, True
-        lines = volume_runs.volume_summary(result)
+        lines = runs.summary_lines(result)
         dicom = bool(result.get("dicom_source"))
         children = wording.summary_children(lines, strong_first=False)
         return children, False, False, not dicom, not comparison.available(result)
@@ -655,7 +645,7 @@ class VolumePanel:
             raise PreventUpdate
         fmt = ctx.triggered_id["format"]
         session = str(session or "")
-        result = self.services.results.get(volume_runs.volume_session(session))
+        result = self.services.results.get(runs.results_key(session, 3))
         if result is None or not handle or result.get("id") != handle.get("id"):
             return no_update, "The heatmap is no longer on the server; press Run again."
         stem = export_stem(result)
@@ -667,7 +657,7 @@ class VolumePanel:
                                      f"{result['label_name']}")  # fmt: skip
                 return {"content": _b64(data), "filename": f"{stem}.nii.gz", "base64": True}, ""
             if fmt == "json":
-                text = volume_runs.export_volume_json(result)
+                text = runs.export_json(result)
                 return {"content": text, "filename": f"{stem}.json"}, ""
             if fmt == "compare":  # each method in the three views through its strongest cell
                 prepared = self.services.prepared_volume(
@@ -681,11 +671,22 @@ class VolumePanel:
                 prepared = self.services.prepared_volume(
                     result["source_key"], session, result["model"], result["image"]
                 )
-                data = volume_runs.export_dicom_series(result, source, prepared)
+                data = volumes.export_dicom_series(result, source, prepared)
                 return {"content": _b64(data), "filename": f"{stem}.dcm.zip", "base64": True}, ""
         except InputError as exc:
             return no_update, str(exc)
         raise PreventUpdate
+
+
+def _request(record, model, patch, stride, mode, label, region, compare=None, layer=None):
+    """The panel's controls as a run request (rank 3)."""
+    return runs.RunRequest(
+        key=str(record["key"]), name=str(record.get("name")), model=model,
+        patch=_whole(patch, "cube"), stride=_whole(stride, "stride"), mode=mode,
+        label=None if label is None else int(label),
+        region=tuple(int(v) for v in region) if region else None, compare=bool(compare),
+        compare_layer=str(layer) if layer else None, rank=3,
+    )  # fmt: skip
 
 
 def _handle(result: dict) -> dict:
@@ -715,9 +716,7 @@ def _view_of(trigger) -> str | None:
     return None
 
 
-def _live_reporter(
-    set_progress, prepared, cursor, patch: int, lifecycle: RunLifecycle, classes: list[str]
-):
+def _live_reporter(set_progress, prepared, cursor, lifecycle: RunLifecycle, classes: list[str]):
     """Progress to the page: the bar, the count and the three views with the picture so
     far (unknown cells take their nearest known one) on the grid the run computes, at
     most every LIVE_UPDATE_SECONDS; and, second, the Compare steps after the occlusion
@@ -725,17 +724,17 @@ def _live_reporter(
     size = prepared.unit.shape
     state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
 
-    def report(done: int, total: int, values: np.ndarray | None, axes) -> None:
+    def report(done: int, total: int, partial: runs.Partial | None = None) -> None:
         check_cancelled()
         if total:
             lifecycle.progress(done, total)
         now = time.perf_counter()
-        if values is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
+        if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
             return
-        if values is not None and axes is not None:
-            filled = fill_for_display(values)
+        if partial is not None:
+            filled = fill_for_display(partial.values)
             if not np.isnan(filled).all():
-                heatmap = volume_runs.grid_heatmap(filled, axes, patch)
+                heatmap = runs.grid_heatmap(filled, partial.axes, partial.patch)
                 per_voxel = voxel_values(heatmap, size)
                 low, high = float(np.nanmin(filled)), float(np.nanmax(filled)) + 1e-9
                 state["figure"] = volume_views.views_live_figure(

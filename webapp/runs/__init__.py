@@ -1,0 +1,84 @@
+"""One heatmap run of the app, for an image or a volume, orchestrated without a browser.
+
+Both panels' Run callbacks call :func:`execute` with a :class:`RunRequest`; everything a
+run decides happens here and is tested without Chromium:
+
+- ``request``: what the user asked for (rank 2: an image, 3: a volume) and the picture
+  so far;
+- ``subjects``: the only things an image and a volume do differently (their model,
+  tensor, fill, region form and words, cell key, own result fields);
+- ``execute``: the one body — region snapped onto the last grid, known cells reused,
+  coarse-to-fine chunks, the live picture, the runtime log, the result kept;
+- ``cells``: the cell cache and the one reuse loop over a grid of any rank;
+- ``timing``: estimates, the speed line, the runtime log;
+- ``records``: the result record, its summary, another class, the JSON export;
+- ``volumes``: reading a volume upload and what only the volume panel shows.
+
+Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
+"""
+
+from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
+from .execute import PlannedRun, execute, plan_run
+from .records import (
+    export_json,
+    grid_heatmap,
+    provenance,
+    relabel,
+    result_heatmap,
+    summary_lines,
+)
+from .regions import check_grid, grid_count
+from .request import FIRST_CHUNK, LARGEST_CHUNK, Partial, Reporter, RunRequest
+from .subjects import Services, cell_key, results_key, subject_for
+from .timing import (
+    CACHED_MODE,
+    cached_estimate,
+    estimate_text,
+    find_estimate,
+    finished_run,
+    format_seconds,
+    host_load,
+    measured_speed,
+    plan_text,
+    run_threads,
+    speed_text,
+)
+
+__all__ = [
+    "RunRequest",
+    "Partial",
+    "Reporter",
+    "FIRST_CHUNK",
+    "LARGEST_CHUNK",
+    "Services",
+    "execute",
+    "plan_run",
+    "PlannedRun",
+    "CellCache",
+    "KnownCells",
+    "cell_key",
+    "count_known",
+    "grid_cells",
+    "run_cells",
+    "results_key",
+    "subject_for",
+    "provenance",
+    "result_heatmap",
+    "grid_heatmap",
+    "summary_lines",
+    "relabel",
+    "export_json",
+    "check_grid",
+    "grid_count",
+    "CACHED_MODE",
+    "cached_estimate",
+    "estimate_text",
+    "find_estimate",
+    "finished_run",
+    "format_seconds",
+    "host_load",
+    "measured_speed",
+    "plan_text",
+    "run_threads",
+    "speed_text",
+]

@@ -1,0 +1,207 @@
+"""Every position a run computed, kept per setting so that a later run on any grid, region
+or class reuses it; and the one loop that runs exact and naive over a grid of any rank:
+known cells first, the rest in coarse-to-fine chunks."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from krypton.explainer import snap_start
+
+from .. import helpers
+from .regions import Bounds
+from .request import FIRST_CHUNK, LARGEST_CHUNK
+
+__all__ = ["KnownCells", "CellCache", "grid_cells", "count_known", "run_cells", "snap_bounds"]
+
+
+@dataclass
+class KnownCells:
+    """The cells known for one setting: position -> every class's probability, a
+    position being a cell's first pixel or voxel per axis in tensor order ((y, x) or
+    (z, y, x)); ``origin`` a position of the last grid (where a new region snaps to)."""
+
+    cells: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
+    origin: tuple[int, ...] | None = None
+    max_bytes: int | None = None  # a setting's cells stop growing past this
+
+    def add(self, new: dict[tuple[int, ...], np.ndarray]) -> None:
+        """Cells one batch computed (team mode's store writes them through); past the
+        byte limit the rest are not kept (they are computed again if needed)."""
+        if self.max_bytes is not None and self.nbytes > self.max_bytes:
+            return
+        self.cells.update(new)
+
+    def set_origin(self, origin: tuple[int, ...]) -> None:
+        self.origin = origin
+
+    @property
+    def nbytes(self) -> int:
+        first = next(iter(self.cells.values()), None)
+        return 0 if first is None else len(self.cells) * int(np.asarray(first).nbytes)
+
+
+class CellCache:
+    """Every position computed, per setting (:func:`webapp.runs.subjects.cell_key`: the
+    input, the model's weights and preprocessing, patch, fill and mode): the
+    probabilities of every class, so any later grid, region or class can reuse them.
+    Keyed by what determines a cell's value, not by tab (as team mode's RedisCellCache):
+    a reloaded page or a second tab on the same input reuses them. Bounded: the most
+    recent ``max_keys`` settings, and ``max_bytes`` of cells together (least recently
+    used settings go first)."""
+
+    def __init__(self, max_keys: int = 64, max_bytes: int = 512 * 2**20):
+        self.max_keys, self.max_bytes = max_keys, max_bytes
+        self._known: OrderedDict[tuple, KnownCells] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> KnownCells:
+        with self._lock:
+            known = self._known.get(key)
+            if known is None:
+                known = self._known[key] = KnownCells(max_bytes=self.max_bytes)
+            self._known.move_to_end(key)
+            while len(self._known) > 1 and (
+                len(self._known) > self.max_keys
+                or sum(k.nbytes for k in self._known.values()) > self.max_bytes
+            ):
+                self._known.popitem(last=False)
+            return known
+
+    def peek(self, key: tuple) -> KnownCells | None:
+        """The cells kept for ``key``, or None; unlike :meth:`get`, adds nothing and moves
+        nothing (the page's estimate asks often)."""
+        with self._lock:
+            return self._known.get(key)
+
+    def usage(self) -> tuple[int, int]:
+        """(settings, bytes) kept."""
+        with self._lock:
+            return len(self._known), sum(k.nbytes for k in self._known.values())
+
+
+def snap_bounds(bounds: Bounds, origin: tuple[int, ...], stride: int, patch: int) -> Bounds:
+    """A region's (low, high) corners, tensor order, with its first position moved forward
+    onto the grid through ``origin`` on every axis (:func:`krypton.explainer.snap_start`:
+    never outside the region)."""
+    low, high = bounds
+    moved = tuple(snap_start(a, b, o, stride, patch) for a, b, o in zip(low, high, origin))
+    return moved, tuple(high)
+
+
+def grid_cells(axes: tuple) -> tuple[np.ndarray, np.ndarray, list[tuple[int, ...]]]:
+    """The cells of the grid ``axes`` (first pixels or voxels per axis, tensor order):
+    (grid index (N, rank), first pixel or voxel (N, rank), key). A cell's key is its
+    first pixel or voxel, tensor order, for either rank."""
+    shape = tuple(len(axis) for axis in axes)
+    index = np.stack([grid.ravel() for grid in np.indices(shape)], axis=1)  # (N, rank)
+    corners = np.stack([np.asarray(axis)[index[:, k]] for k, axis in enumerate(axes)], axis=1)
+    return index, corners, [tuple(c) for c in corners.tolist()]
+
+
+def count_known(known: KnownCells | None, axes: tuple) -> int:
+    """Positions of the grid ``axes`` whose cells ``known`` holds."""
+    if known is None or not known.cells:
+        return 0
+    return sum(key in known.cells for key in grid_cells(axes)[2])
+
+
+def _library_position(key: tuple[int, ...]) -> tuple[int, ...]:
+    # explain()'s listed positions are public in the panels' own order: an image's (x, y),
+    # a volume's (z, y, x) — as their regions
+    return key[::-1] if len(key) == 2 else key
+
+
+def run_cells(
+    explainer,
+    tensor,
+    axes: tuple,
+    patch: int,
+    mode: str,
+    fill,
+    label: int,
+    known: KnownCells,
+    report: Callable[..., None],
+):
+    """Exact or naive over the grid ``axes`` (tensor order, any rank): known cells first,
+    then the unknown ones in coarse-to-fine chunks (16 positions, doubling to 256), each
+    one call of the explainer with its positions, so the picture covers the region from
+    the first chunk and sharpens. Every cell computed is kept in ``known``. ``report(done,
+    total, values so far or None)``. Returns (values, class_values, reused, evaluated,
+    plan line, speed)."""
+    shape = tuple(len(axis) for axis in axes)
+    index, corners, keys = grid_cells(axes)
+    values = np.full(shape, np.nan, dtype=np.float32)
+    class_values = None
+    todo = []
+    for n, key in enumerate(keys):
+        cell = known.cells.get(key)
+        if cell is None:
+            todo.append(n)
+            continue
+        if class_values is None:
+            class_values = np.full(shape + (len(cell),), np.nan, dtype=np.float32)
+        class_values[tuple(index[n])] = cell
+        values[tuple(index[n])] = cell[label]
+    reused = len(keys) - len(todo)
+    todo_cells = np.array(todo, dtype=int)
+    if len(todo_cells):
+        todo_cells = todo_cells[helpers.order_coarse_to_fine(index[todo_cells])]
+    total = len(keys)
+    done = reused
+    if reused:
+        report(done, total, values.copy())
+    chunk, begin = FIRST_CHUNK, 0
+    plan_line = speed = None
+    incremental_only = 0.0  # seconds a naive run would not have spent (views, probes)
+    while begin < len(todo_cells):
+        part = todo_cells[begin : begin + chunk]
+        offset = done
+        heatmap = explainer.explain(
+            tensor,
+            patch=patch,
+            mode=mode,
+            fill=fill,
+            label=label,
+            positions=[_library_position(keys[n]) for n in part],
+            progress=lambda d, t, offset=offset: report(offset + d, total),
+        )
+        plan_line, speed = _chunk_plan(heatmap.extra, plan_line, speed)
+        incremental_only += heatmap.extra.get("incremental_only_seconds", 0.0)
+        found = tuple(
+            np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap.axes)
+        )
+        cells = tuple(index[part].T)
+        values[cells] = heatmap.values[found]
+        if heatmap.class_values is not None:
+            every = heatmap.class_values[found].astype(np.float32)
+            if class_values is None:
+                class_values = np.full(shape + (every.shape[1],), np.nan, dtype=np.float32)
+            class_values[cells] = every
+            known.add(dict(zip((keys[n] for n in part), every)))
+        done += len(part)
+        begin += len(part)
+        chunk = min(chunk * 2, LARGEST_CHUNK)
+        report(done, total, values.copy())
+    if speed is not None:
+        speed = dict(speed, incremental_only_seconds=incremental_only)
+    return values, class_values, reused, len(todo_cells), plan_line, speed
+
+
+def _chunk_plan(extra: dict, plan_line: str | None, speed: dict | None):
+    """The run's plan line and latest side-by-side timing after one more chunk."""
+    plan = extra.get("plan", "")
+    if "plan_timing" in extra:  # this chunk timed both strategies side by side
+        speed = extra["plan_timing"]  # the run's latest timing
+        if "measured in this call" in plan:  # the chunk that planned the run
+            plan_line = plan.replace("in this call", "in this run", 1)
+        elif "switched to" in plan:  # a later chunk changed strategy
+            plan_line = f"{plan_line or plan.split(';')[0]}; {plan[plan.index('switched to') :]}"
+    elif speed is None:
+        plan_line = plan or plan_line
+    return plan_line, speed

@@ -1,0 +1,242 @@
+"""One heatmap run of an image or a volume, from the request to the kept result record:
+the one body both panels' Run buttons call (:func:`execute`), and the plan of it the
+page shows before Run (:func:`plan_run`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import krypton
+from krypton.explainer import grid
+
+from .. import comparison
+from ..helpers import InputError
+from . import records, timing
+from .cells import KnownCells, count_known, run_cells, snap_bounds
+from .regions import Bounds, whole
+from .request import Partial, Reporter, RunRequest
+from .subjects import Services, Subject, cell_key, results_key, subject_for
+
+__all__ = ["PlannedRun", "plan_run", "execute"]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A run as it will happen, before it starts: the region on the grid it will use, in
+    the panel's flat form (snapped onto the last run's grid where that reuses cells;
+    None: the whole input), the grid's positions and how many of them are known already
+    (exact and naive runs reuse them)."""
+
+    region: tuple[int, ...] | None
+    positions: int
+    known: int
+
+    @property
+    def to_compute(self) -> int:
+        return self.positions - self.known
+
+
+@dataclass
+class _Grid:
+    """Where a run computes: its bounds (snapped), the grid's axes (tensor order), the
+    known cells (None for approximate runs) and what the page says of the snapping."""
+
+    bounds: Bounds
+    axes: tuple[np.ndarray, ...]
+    known: KnownCells | None
+    note: str
+
+    def region(self, subject: Subject) -> tuple[int, ...] | None:
+        """The bounds in the panel's flat form, None for the whole input."""
+        return None if self.bounds == whole(subject.size) else subject.flat(self.bounds)
+
+
+def _grid(services: Services, subject: Subject, peek: bool = False) -> _Grid:
+    """The run's grid: exact and naive runs look up the cells known for these settings
+    and, where snapping reuses them, move the region's grid onto the last run's.
+    ``peek``: look without keeping an entry (None where there is none)."""
+    request = subject.request
+    bounds = subject.bounds()
+    subject.check(bounds)
+    known, note = None, ""
+    if request.mode in ("exact", "naive"):
+        weights = services.weights_checksum(request.model)
+        key = cell_key(request, weights, subject.loaded.preprocessing)
+        known = services.cells.peek(key) if peek else services.cells.get(key)  # type: ignore[attr-defined]
+    if known is not None and known.origin is not None and known.cells:
+        offset = tuple((a - o) % request.stride for a, o in zip(bounds[0], known.origin))
+        if any(offset) and request.snap:
+            snapped = snap_bounds(bounds, known.origin, request.stride, request.patch)
+            if snapped != bounds:
+                note = subject.snapped_note(bounds, snapped)
+                bounds = snapped
+                subject.check(bounds)
+        elif any(offset):
+            note = subject.offset_note(offset)
+    axes = grid(subject.size, request.patch, request.stride, bounds)
+    return _Grid(bounds, tuple(np.asarray(a) for a in axes), known, note)
+
+
+def plan_run(services: Services, request: RunRequest, session: str = "") -> PlannedRun:
+    """:class:`PlannedRun` of ``request``, as :func:`execute` will run it (the page's
+    estimate counts these positions, and a run with nothing to compute skips the
+    queue)."""
+    subject = subject_for(services, session, request)
+    found = _grid(services, subject, peek=True)
+    positions = int(np.prod([len(a) for a in found.axes]))
+    return PlannedRun(found.region(subject), positions, count_known(found.known, found.axes))
+
+
+def _estimate(subject: Subject, found: _Grid, load: float) -> dict | None:
+    """The estimate of this run at ``load`` (what the page showed for these settings),
+    kept with the result and in the runtime log."""
+    request = subject.request
+    positions = int(np.prod([len(a) for a in found.axes]))
+    if request.mode in ("exact", "naive"):
+        cached = count_known(found.known, found.axes)
+        return timing.as_record(
+            timing.counts_estimate(
+                request.model, request.mode, request.patch, positions, cached, load
+            )  # fmt: skip
+        )
+    if request.rank != 2:  # approximate stages are planned on an image's grid only
+        return None
+    return timing.as_record(
+        timing.find_estimate(
+            request.model,
+            request.patch,
+            request.stride,
+            request.mode,
+            found.region(subject),
+            request.r_drill_down,
+            request.target_speedup,
+            0,
+            load,
+            positions,
+        )  # fmt: skip
+    )
+
+
+def execute(
+    services: Services,
+    session: str,
+    request: RunRequest,
+    report: Reporter,
+    stage: comparison.Stage | None = None,
+) -> dict:
+    """Run one heatmap of an image or a volume and return its result record (also kept
+    for the session); with ``request.compare``, the gradient methods on its grid after
+    it (``stage`` hears of each step; webapp.comparison)."""
+    if request.mode not in krypton.MODES:
+        raise InputError(f"unknown mode {request.mode!r}")
+    # timed whole, as the user waits (loading, preprocessing, the OOD check included)
+    started = time.perf_counter()
+    subject = subject_for(services, session, request)
+    found = _grid(services, subject)
+    tensor = subject.tensor()
+    base_probs = subject.probabilities(tensor)
+    label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
+    if not 0 <= label < len(base_probs):
+        raise InputError(f"class {label} does not exist for {request.model}")
+    load = timing.host_load()  # before this run computes: what it competes with
+    timing.run_threads(load)
+    planned = _estimate(subject, found, load)
+
+    def live(done: int, total: int, values: np.ndarray | None = None) -> None:
+        partial = None
+        if values is not None:
+            name, prob = subject.loaded.class_name(label), float(base_probs[label])
+            partial = Partial(values, found.axes, request.patch, name, prob)
+        report(done, total, partial)
+
+    explainer = services.explainer(request.model, rank=request.rank)
+    if request.mode == "exact":
+        # This run times incremental against naive itself (on its second batch of
+        # positions): its speed claim and its plan rest on this run's load, not a past one.
+        explainer.forget_plans()
+    fill = subject.fill()
+    if found.known is not None:
+        had_cells = bool(found.known.cells)
+        values, class_values, reused, evaluated, plan, speed = run_cells(
+            explainer, tensor, found.axes, request.patch, request.mode, fill, label,
+            found.known, live,
+        )  # fmt: skip
+        if not reused and not found.note and had_cells:
+            found.note = "no cells reused: none of the earlier positions lies on this grid"
+        found.known.set_origin(tuple(int(a[0]) for a in found.axes))
+        extra: dict = {}
+        counts = (evaluated, 0)
+    else:
+        heatmap = _approximate(explainer, tensor, subject, fill, label, found, live)
+        values, class_values, reused = heatmap.values, None, 0
+        evaluated, extra, speed = heatmap.positions_evaluated, dict(heatmap.extra), None
+        plan = extra.get("plan")
+        counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
+    # for every run, whatever was computed: a run served from known cells warns as well
+    # (the explainer checks an input once, however many calls ask)
+    ood = explainer.ood_report(tensor)
+    seconds = time.perf_counter() - started
+    speed = timing.finished_run(request.model, request.mode, request.patch, (speed, seconds),
+                                (evaluated, counts), planned, load)  # fmt: skip
+    methods = None
+    if request.compare:  # after the occlusion's clock: its seconds stay its own
+        methods = comparison.compute_methods(
+            subject.loaded, tensor, found.axes, request.patch, fill, label, stage, load,
+            request.compare_layer,
+        )  # fmt: skip
+    result = records.result_record(
+        request, subject.loaded, services.weights_checksum(request.model), label, base_probs,
+        found.region(subject), found.axes,
+    )  # fmt: skip
+    result.update(subject.record())
+    result.update(
+        values=np.asarray(values, np.float32),
+        class_values=class_values,
+        seconds=seconds,
+        evaluated=evaluated,
+        reused=reused,
+        reuse_note=found.note,
+        approximate=extra,
+        plan=plan,
+        estimate=planned,  # what the page estimated for the positions left
+        speed=speed,  # incremental vs naive, timed side by side in this run, or None
+        ood=ood,
+        methods=methods,  # Grad-CAM and Integrated Gradients (webapp.comparison), or None
+    )
+    services.results.put(results_key(session, request.rank), result)
+    return result
+
+
+def _approximate(
+    explainer: krypton.OcclusionExplainer,
+    tensor: torch.Tensor,
+    subject: Subject,
+    fill,
+    label: int,
+    found: _Grid,
+    live: Callable,
+) -> krypton.Heatmap:
+    """An approximate run in one call, with its stage-one picture and its progress."""
+    request = subject.request
+    return explainer.explain(
+        tensor,
+        patch=request.patch,
+        stride=request.stride,
+        mode="approximate",
+        fill=fill,
+        label=label,
+        region=found.region(subject),
+        progress=lambda done, total: live(done, total),
+        partial=lambda values: live(0, 0, np.asarray(values, np.float32)),
+        # The slider's quality target where the model has a tuned SSIM(τ) curve; else
+        # the τ policy (krypton.approximate.tuning.choose_tau) decides, in the explainer
+        # built from the LoadedModel.
+        target_ssim=request.target_ssim if subject.loaded.tuning else None,
+        r_drill_down=request.r_drill_down,
+        target_speedup=request.target_speedup,
+    )

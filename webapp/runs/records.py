@@ -1,0 +1,219 @@
+"""A run's result record, image or volume, and everything said of it: the summary lines,
+another class from the kept probabilities, the JSON export (one privacy rule), and the
+record as the library's :class:`krypton.Heatmap`."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import numpy as np
+
+import krypton
+
+from .. import comparison, model_card
+from ..helpers import InputError
+from ..lifecycle import Provenance, format_duration
+from .request import RunRequest
+from .timing import estimate_text, plan_text, speed_text
+
+__all__ = [
+    "AXIS_FIELDS",
+    "provenance",
+    "result_record",
+    "result_heatmap",
+    "grid_heatmap",
+    "summary_lines",
+    "relabel",
+    "export_json",
+]
+
+AXIS_FIELDS = ("zs", "ys", "xs")  # a record's grid, tensor order: the last ``rank`` of these
+# the fields that name the server's stored files: a file that leaves the server names none
+PRIVATE_FIELDS = ("image_key", "source_key")
+
+
+def provenance(request: RunRequest, weights: str, label: int | None) -> Provenance:
+    """What a run explains (webapp.lifecycle: the page shows a result only beside the
+    settings it was computed for): the stored input's key, the model and its weights, the
+    region as asked, patch, stride, mode, fill colour (none for a volume: its model's own
+    gray), class and the approximate settings."""
+    return Provenance.make(
+        image=request.key, model=request.model, weights=weights, region=request.region,
+        patch=request.patch, stride=request.stride, mode=request.mode,
+        colour=request.fill_rgb or (), label=label,
+        approximate=(request.target_ssim, request.r_drill_down, request.target_speedup),
+    )  # fmt: skip
+
+
+def result_record(
+    request: RunRequest,
+    loaded: krypton.LoadedModel,
+    weights: str,
+    label: int,
+    base_probs: np.ndarray,
+    region: tuple[int, ...] | None,
+    axes: tuple[np.ndarray, ...],
+) -> dict:
+    """The fields of a result record that the run's settings and prediction decide (the
+    run adds what it computed); an image's and a volume's alike (the subject adds its
+    own)."""
+    record = {
+        "id": uuid.uuid4().hex,
+        "provenance": provenance(request, weights, label).as_dict(),
+        "mode": request.mode,
+        "model": request.model,
+        "weights_checksum": weights,
+        "image": request.name,
+        "label": label,
+        "label_name": loaded.class_name(label),
+        "classes": list(loaded.classes),
+        "prob": float(base_probs[label]),
+        "base_probs": base_probs.tolist(),
+        "patch": request.patch,
+        "stride": request.stride,
+        "input_size": list(loaded.input_size),
+        "region": None if region is None else list(region),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    for name, axis in zip(AXIS_FIELDS[-len(axes) :], axes):
+        record[name] = np.asarray(axis).tolist()
+    return record
+
+
+def _axes(result: dict) -> tuple[np.ndarray, ...]:
+    return tuple(np.asarray(result[n]) for n in AXIS_FIELDS if result.get(n) is not None)
+
+
+def result_heatmap(result: dict) -> krypton.Heatmap:
+    """A kept result, an image's or a volume's, as the library's :class:`krypton.Heatmap`
+    (the exports and what is sent to a PACS)."""
+    return krypton.Heatmap(
+        values=np.asarray(result["values"], np.float32),
+        xs=np.asarray(result["xs"]),
+        ys=np.asarray(result["ys"]),
+        zs=np.asarray(result["zs"]) if result.get("zs") is not None else None,
+        label=int(result["label"]),
+        prob=float(result["prob"]),
+        mode=result["mode"],
+        seconds=float(result["seconds"]),
+        patch=int(result["patch"]),
+        stride=int(result["stride"]),
+        positions_evaluated=int(result["evaluated"]),
+        macs_spent=0,
+        macs_naive=0,
+        extra={"ood": result.get("ood"), "plan": result.get("plan")},
+        base_probs=np.asarray(result["base_probs"]),
+    )
+
+
+def grid_heatmap(values: np.ndarray, axes, patch: int) -> krypton.Heatmap:
+    """Values on the grid ``axes`` (tensor order, either rank) as a Heatmap, for drawing
+    a live picture."""
+    *zs, ys, xs = (np.asarray(a) for a in axes)
+    return krypton.Heatmap(
+        values=values, xs=xs, ys=ys, zs=zs[0] if zs else None, label=0, prob=float("nan"),
+        mode="", seconds=0.0, patch=patch, stride=None, positions_evaluated=0, macs_spent=0,
+        macs_naive=0,
+    )  # fmt: skip
+
+
+def _grid_words(result: dict) -> tuple[str, str]:
+    """(before, after) the run line: a volume's line names the file and its grid (the
+    volume panel has no picture of the whole grid beside it); an image's adds nothing."""
+    if result.get("kind") != "volume":
+        return "", ""
+    grid = "x".join(str(len(a)) for a in _axes(result))
+    where = "the whole block" if not result.get("region") else f"region {result['region']}"
+    named = f"{result['image']} · " if result.get("image") else ""
+    return named, f" ({grid} grid over {where}, cube {result['patch']}, stride {result['stride']})"
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The result as the page states it: label, what ran and how long, against what."""
+    lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
+    warning = model_card.ood_text(result.get("ood"))
+    if warning:
+        lines.append(warning)
+    before, after = _grid_words(result)
+    if result["evaluated"]:
+        line = (
+            f"{before}{result['mode']} · {result['evaluated']} positions computed in "
+            f"{format_duration(result['seconds'])}"
+        )
+        if result.get("estimate"):
+            line += f" (estimated {estimate_text(result['estimate'])})"
+        lines.append(line + after)
+        speed = speed_text(result.get("speed"), result["mode"])
+        if speed:
+            lines.append(speed)
+    else:
+        lines.append(
+            f"{before}{result['mode']} · nothing computed: every cell was known from earlier runs"
+        )
+    if result.get("plan") and result["mode"] == "exact":
+        lines.append(f"Plan: {plan_text(result['plan'], result.get('speed'))}")
+    if result.get("reused"):
+        lines.append(f"Reused {result['reused']} cells from earlier runs")
+    if result.get("reuse_note"):
+        lines.append(result["reuse_note"][0].upper() + result["reuse_note"][1:])
+    return lines
+
+
+def relabel(result: dict, label: int) -> dict:
+    """The same result for another class, from the probabilities kept for every class."""
+    if result.get("class_values") is None and result.get("classes_dropped"):
+        raise InputError(result["classes_dropped"] + "; press Run to explain the new class")
+    if result.get("class_values") is None:
+        raise InputError(
+            "this heatmap was computed for one class only (approximate "
+            "mode chooses its positions by the class); press Run to explain "
+            "the new class"
+        )
+    if not 0 <= label < len(result["classes"]):
+        raise InputError(f"class {label} does not exist")
+    kept = result.get("provenance")
+    if kept is not None:  # the same run, now explaining this class
+        kept = Provenance.from_dict(kept).with_label(label).as_dict()
+    return dict(
+        result,
+        provenance=kept,
+        label=label,
+        label_name=result["classes"][label],
+        prob=float(result["base_probs"][label]),
+        values=np.asarray(result["class_values"])[..., label].astype(np.float32),
+    )
+
+
+def _plain(value):
+    """A record's value as JSON holds it: arrays as nested lists, NaN and infinity as null."""
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def export_json(result: dict) -> str:
+    """The JSON export of an image's or a volume's run: settings, the class's values on
+    the grid (NaN as null) and its warnings, with the Compare maps for the class shown.
+    Nothing that names the server's stored files leaves with it: no stored-file key, no
+    provenance image key, no DICOM source path."""
+    skipped = ("class_values", "methods", *PRIVATE_FIELDS)
+    summary = {k: v for k, v in result.items() if k not in skipped}
+    summary["warnings"] = [text for text in (model_card.ood_text(result.get("ood")),) if text]
+    compared = comparison.comparison_json(result)
+    if compared is not None:  # the three maps for the class shown, and their agreement
+        summary["comparison"] = compared
+    if summary.get("provenance"):  # its image is the stored input's key
+        summary["provenance"] = {k: v for k, v in summary["provenance"].items() if k != "image"}
+    if summary.get("dicom"):
+        summary["dicom"] = {k: v for k, v in summary["dicom"].items() if k != "source"}
+    return json.dumps(_plain(summary), indent=1)

@@ -1,0 +1,71 @@
+"""What the user asked for, and what a run tells the page while it computes: one request
+for an image and a volume alike (rank is a number), and the picture so far."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from krypton.approximate.settings import DEFAULTS
+from krypton.approximate.tuning import DEFAULT_TARGET_SSIM
+
+__all__ = ["RunRequest", "Partial", "Reporter", "FIRST_CHUNK", "LARGEST_CHUNK"]
+
+FIRST_CHUNK = 16  # positions in the first batch: the first picture comes within a second
+LARGEST_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asked for in the image or the volume panel.
+
+    ``key`` names the stored image or volume, ``name`` its file; ``region`` is in the
+    panel's own flat form — (x0, y0, x1, y1) for an image, (z0, y0, x0, z1, y1, x1) for a
+    volume — or None for the whole input; ``rank`` says which (2 or 3). ``fill_rgb`` is an
+    image's occluder colour; a volume is occluded with its model's own gray (None)."""
+
+    key: str
+    name: str
+    model: str
+    patch: int
+    stride: int
+    mode: str
+    fill_rgb: tuple[float, float, float] | None = None
+    label: int | None = None
+    region: tuple[int, ...] | None = None
+    target_ssim: float | None = DEFAULT_TARGET_SSIM
+    r_drill_down: float = DEFAULTS.r_drill_down
+    target_speedup: float = DEFAULTS.target_speedup
+    snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
+    compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
+    compare_layer: str | None = None  # Grad-CAM's (None: the deepest conv block)
+    rank: int = 2  # 2: an image, 3: a volume
+    # the page's record of a DICOM image (window, frame, spacing; no identity), or None
+    dicom: dict | None = field(default=None, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The picture so far: the label's values on the run's grid (NaN where unknown).
+    ``axes`` are the grid's first pixels or voxels per axis in tensor order ((ys, xs) or
+    (zs, ys, xs)): the grid the run computes, a snapped region's included."""
+
+    values: np.ndarray
+    axes: tuple[np.ndarray, ...]
+    patch: int
+    label_name: str
+    prob: float
+
+    @property
+    def xs(self) -> np.ndarray:
+        return self.axes[-1]
+
+    @property
+    def ys(self) -> np.ndarray:
+        return self.axes[-2]
+
+
+# report(done, total, picture so far or None): called after every batch; raising stops
+Reporter = Callable[[int, int, "Partial | None"], None]

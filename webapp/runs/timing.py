@@ -1,0 +1,202 @@
+"""How long a run should take, how fast it was, and what the page says of both: the
+estimate shown before Run (and kept with the run), the runtime log a finished run adds
+to, and the speed line (only what the run timed side by side)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+
+from krypton.estimator import (
+    ABSOLUTE_SLACK,
+    MIN_SPREAD,
+    Estimate,
+    NotCalibratedError,
+    bounded_speed,
+    estimate,
+    estimate_for_counts,
+    forward_seconds,
+    host_load,
+    load_factor,
+    recent_estimate,
+    record_run,
+    speed_claim,
+    threads_for_load,
+    whole_run_speed,
+)
+from krypton.registry import RegistryError
+
+from ..lifecycle import format_duration
+
+__all__ = [
+    "CACHED_MODE",
+    "host_load",
+    "cached_estimate",
+    "find_estimate",
+    "counts_estimate",
+    "estimate_text",
+    "format_seconds",
+    "speed_text",
+    "plan_text",
+    "finished_run",
+    "measured_speed",
+    "run_threads",
+]
+
+CACHED_MODE = "cached"  # the runtime log's rows of runs that computed nothing
+
+
+def cached_estimate(model: str, load: float | None) -> Estimate | None:
+    """How long a run with every cell known takes here: prediction, the OOD verdict and
+    the picture, from this host's last such runs of the model (none before the first)."""
+    found = recent_estimate(
+        model, CACHED_MODE, 0, load, ("run with every cell known", "runs with every cell known")
+    )
+    forward = forward_seconds(model)
+    if found is not None or forward is None:
+        return found
+    # none logged yet: its two forward passes (the prediction and the OOD check) at the
+    # calibration's naive pace, at this load
+    seconds = 2 * forward * load_factor(load)
+    return Estimate(
+        seconds, 0.0, seconds * MIN_SPREAD + ABSOLUTE_SLACK, "two forward passes (calibration)"
+    )
+
+
+def counts_estimate(
+    model: str, mode: str, patch: int, positions: int, cached: int, load: float
+) -> Estimate | None:
+    """The estimate of an exact or naive run of ``positions``, ``cached`` of them known:
+    the rest at this host's pace for the model, mode and patch, or, where none is left,
+    a run that computes nothing (:func:`cached_estimate`); None where there is none yet."""
+    if cached >= positions:
+        return cached_estimate(model, load)
+    try:
+        return estimate_for_counts(model, mode, patch, (positions - cached, 0), load=load)
+    except (NotCalibratedError, ValueError, RegistryError):
+        return None
+
+
+def find_estimate(
+    model: str,
+    patch: int,
+    stride: int,
+    mode: str,
+    region,
+    r_drill_down: float,
+    target_speedup: float,
+    cached: int = 0,
+    load: float | None = None,
+    positions: int | None = None,
+) -> Estimate | None:
+    """The run-time estimate the image panel shows, or None where there is none (not
+    calibrated, settings explain() would refuse, an unknown model). ``cached``: positions
+    of the grid already computed (exact and naive reuse them): the estimate is for the
+    rest, so a run with every cell cached is estimated at its fixed cost. ``positions``:
+    the grid's (where all are ``cached``, the estimate is of a run that computes nothing:
+    :func:`cached_estimate`)."""
+    if positions is not None and cached >= positions and mode in ("exact", "naive"):
+        return cached_estimate(model, host_load() if load is None else load)  # nothing to do
+    try:
+        return estimate(
+            model,
+            patch=patch,
+            stride=stride,
+            mode=mode,
+            region=region,
+            r_drill_down=r_drill_down,
+            target_speedup=target_speedup,
+            cached=cached,
+            load=host_load() if load is None else load,
+        )
+    except (NotCalibratedError, ValueError, RegistryError):
+        return None
+
+
+def as_record(found: Estimate | None) -> dict | None:
+    """An estimate as a result record keeps it (and the page's store carries it)."""
+    return None if found is None else dataclasses.asdict(found)
+
+
+def estimate_text(found: dict | None) -> str:
+    """'4.0 s (3.1–5.6 s)': the estimate and its range, in one unit (the range's)."""
+    if not found:
+        return "unknown"
+    low, seconds, high = (max(0.0, float(found[k])) for k in ("low", "seconds", "high"))
+    if high < 90:
+        return f"{seconds:.1f} s ({low:.1f}–{high:.1f} s)"
+    if high < 5400:
+        return f"{seconds / 60:.1f} min ({low / 60:.1f}–{high / 60:.1f} min)"
+    return f"{seconds / 3600:.1f} h ({low / 3600:.1f}–{high / 3600:.1f} h)"
+
+
+def format_seconds(seconds: float | None) -> str:
+    return "unknown" if seconds is None else format_duration(seconds)
+
+
+def speed_text(speed: dict | None, mode: str) -> str:
+    """The speed claim of an exact run: only what this run timed side by side."""
+    if mode != "exact":
+        return ""
+    if not speed:
+        return (
+            "No speed comparison: this run did not time naive inference beside it "
+            "(too few positions to compute, or the plan ruled incremental out)."
+        )
+    return speed_claim(speed)
+
+
+_PLAN_TIMING = re.compile(r"; measured (?:in this (?:run|call)|at [\d:]+) [^;]*?per position\)")
+
+
+def plan_text(plan: str, speed: dict | None) -> str:
+    """A run's plan line: its strategy and why; where the run has a speed line, without
+    the timing of the chunk that planned it (an early, colder one), so that the summary
+    states one measurement, the speed line's latest."""
+    return _PLAN_TIMING.sub("", plan) if speed else plan
+
+
+def finished_run(
+    model: str,
+    mode: str,
+    patch: int,
+    timed: tuple[dict | None, float],
+    work: tuple[int, tuple[int, int]],
+    planned: dict | None,
+    load: float,
+) -> dict | None:
+    """A finished run's speed line and its row in the runtime log. ``timed``: (the run's
+    side-by-side timing, its whole seconds); ``work``: (positions computed, planned stage
+    counts). The speed is the whole run against a naive one
+    (krypton.estimator.whole_run_speed), never above what this host's naive runs at this
+    load say (:func:`measured_speed`); the log row keeps the estimate shown and the load
+    met, which the next estimates learn from."""
+    timing, seconds = timed
+    evaluated, counts = work
+    speed = measured_speed(whole_run_speed(timing, seconds, evaluated), model, patch, load)
+    estimated = (planned or {}).get("seconds")
+    if evaluated:
+        record_run(model, mode, patch, counts, seconds, estimated=estimated, load=load)
+    else:  # every cell was known: a run of its own kind (cached_estimate)
+        record_run(model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
+    return speed
+
+
+def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> dict | None:
+    """A run's speed against naive (krypton.estimator.whole_run_speed), saying less
+    where this host's own naive runs of the model and patch at this load say less
+    (krypton.estimator.bounded_speed on logged runs alone: the page's figure is never
+    bounded by a calibration from another day)."""
+    return bounded_speed(speed, model, patch, load, calibrated=False)
+
+
+def run_threads(load: float) -> int:
+    """Set this process's torch threads for a run starting beside ``load`` busy cores
+    (krypton.estimator.threads_for_load: the cores left, at least one) and return them:
+    beside two burners on two cores a second thread made exact runs 1.9x slower."""
+    threads = threads_for_load(load)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
