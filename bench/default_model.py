@@ -82,7 +82,7 @@ def app_defaults(loaded, image_picture) -> None:
     key = services.images.put(image_picture)
     services.explainer(loaded.name)  # the page captures the model before Run is pressed
     request = runs.RunRequest(
-        image_key=key, image_name="fundus.png", model=loaded.name, patch=loaded.patch,
+        key=key, name="fundus.png", model=loaded.name, patch=loaded.patch,
         stride=DEFAULT_STRIDE, mode="exact", fill_rgb=(0.5, 0.5, 0.5),
     )  # fmt: skip
     first: list[float] = []
