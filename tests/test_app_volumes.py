@@ -16,6 +16,7 @@ from test_volume_cli import hu_volume, volume_model, write_nifti, write_series  
 import krypton
 from webapp import runs, volume_views
 from webapp.helpers import InputError
+from webapp.run_strip import VOLUME_STRIP
 from webapp.runs import volumes
 from webapp.services import Services
 
@@ -496,16 +497,15 @@ def test_a_run_in_many_calls_checks_out_of_distribution_once(tmp_path, nifti_byt
 def test_cancel_in_the_volume_panel_says_what_it_did(tmp_path):
     """Cancel in the volume panel said nothing (the image panel's said what it did)."""
     from app import create_app
-    from webapp import ids
-    from webapp.panels.run import cancelled
+    from webapp.panels.run_strip import cancelled
 
     app = create_app(tmp_path / "cache")
     wired = [
         callback
         for callback in app.callback_map.values()
-        if any(i["id"] == ids.VOLUME_CANCEL and i["property"] == "n_clicks"
+        if any(i["id"] == VOLUME_STRIP.cancel and i["property"] == "n_clicks"
                for i in callback["inputs"])
-        and ids.VOLUME_MESSAGE in str(callback["output"])
+        and VOLUME_STRIP.message in str(callback["output"])
     ]  # fmt: skip
     assert len(wired) == 1
     assert cancelled(1, None) == "Run cancelled."
@@ -562,6 +562,7 @@ def test_the_volume_run_callback_ends_its_lifecycle_as_the_image_one(monkeypatch
     """The volume panel's Run never called lifecycle.fail or cancel (the image panel's
     does): a refused run left its lifecycle queued or running."""
     from webapp.lifecycle import Phase, RunLifecycle
+    from webapp.panels import run_strip
     from webapp.panels import volume as volume_panel
 
     made: list[RunLifecycle] = []
@@ -571,9 +572,56 @@ def test_the_volume_run_callback_ends_its_lifecycle_as_the_image_one(monkeypatch
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(volume_panel, "RunLifecycle", Recorded)
+    monkeypatch.setattr(run_strip, "RunLifecycle", Recorded)  # both panels' run strip
     panel = volume_panel.VolumePanel(services, None)
     _, message = panel.run(lambda *a: None, 1, "tab-1", None, "ct-test", 8, 8, "exact", None,
                            None, 24, 24, 24)  # fmt: skip
     assert message == "load a volume first"
     assert len(made) == 1 and made[0].phase is Phase.FAILED and made[0].reason == message
+
+
+def test_a_volume_region_off_the_last_grid_says_why_its_cells_are_not_reused(services, nifti_bytes):
+    """With snapping off, an image's region off the last grid said why nothing was
+    reused and a volume's said nothing: one rule for both now (webapp.runs.execute)."""
+    key = stored(services, nifti_bytes)
+    runs.execute(services, "tab-1", request(key), lambda *a: None)
+    kept = runs.execute(
+        services, "tab-1", request(key, region=(3, 8, 8, 40, 40, 40), snap=False), lambda *a: None
+    )
+    assert kept["reused"] == 0 and kept["region"][:3] == [3, 8, 8]
+    assert kept["reuse_note"].startswith("no cells reused: the new region's grid is offset by")
+    assert (
+        "[3, 0, 0] voxels" in kept["reuse_note"] and "snap to the last grid" in kept["reuse_note"]
+    )
+
+
+def test_a_volume_run_with_every_cell_known_keeps_the_estimate_of_a_run_that_computes_nothing(
+    services, nifti_bytes
+):
+    """A volume run estimated its known cells as if it had to compute them (the image
+    panel estimated such a run at its fixed cost, from this host's runs that computed
+    nothing): one estimate for both now, kept with the run."""
+    key = stored(services, nifti_bytes)
+    runs.execute(services, "tab-1", request(key), lambda *a: None)
+    again = runs.execute(services, "tab-1", request(key), lambda *a: None)  # logs a cached run
+    third = runs.execute(services, "tab-1", request(key), lambda *a: None)
+    assert again["evaluated"] == third["evaluated"] == 0
+    assert third["estimate"] is not None and "every cell known" in third["estimate"]["source"]
+
+
+def test_the_volume_panels_estimate_counts_the_cells_a_run_will_reuse(services, nifti_bytes):
+    """The volume panel estimated every position of the grid, known or not, while its
+    run computed only the unknown ones (and recorded another estimate than the page
+    showed); the image panel counted them. The panel now plans as the run does."""
+    from webapp.panels.volume import VolumePanel
+
+    key = stored(services, nifti_bytes)
+    record = {"key": key, "name": "chest.nii.gz"}
+    panel = VolumePanel(services, None)
+    before = panel.estimate("ct-test", 8, 8, "exact", None, None, None, record, "tab-1")
+    assert before.startswith("216 positions on a 6x6x6 grid; no time estimate yet"), before
+    runs.execute(services, "tab-1", request(key), lambda *a: None)
+    runs.execute(services, "tab-1", request(key), lambda *a: None)  # logs a run of none
+    after = panel.estimate("ct-test", 8, 8, "exact", None, None, None, record, "tab-1")
+    assert "216 of them known from an earlier run" in after, after
+    assert "every cell known" in after, after  # estimated as a run that computes nothing

@@ -227,3 +227,20 @@ def test_a_compared_volume_run_reads_the_chosen_layer(services, nifti_bytes):  #
     assert result["methods"]["gradcam"]["detail"] == f"layer {chosen}" != f"layer {deepest}"
     exported = json.loads(runs.export_json(result))
     assert chosen in json.dumps(exported["comparison"]["methods"]["gradcam"])
+
+
+def test_one_redraw_of_the_image_panel_builds_the_comparison_once(services, monkeypatch):
+    """A redraw of the result panel drew the Compare view (the three maps) and then asked
+    whether the Compare download is available, which built the three maps again; it now
+    reads that from what the run kept."""
+    from webapp.panels.compare import image_compare_view
+
+    result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
+    built = []
+    real = comparison.method_maps
+    monkeypatch.setattr(comparison, "method_maps", lambda r: built.append(1) or real(r))
+    view = image_compare_view(result, IMAGE.resize((224, 224)))  # what one redraw calls
+    assert view and comparison.available(result) and len(built) == 1
+    other = runs.relabel(result, (result["label"] + 1) % 3)
+    assert comparison.available(other) == isinstance(real(other), dict)
+    assert not comparison.available(dict(result, methods=None))

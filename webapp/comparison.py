@@ -229,9 +229,13 @@ def method_maps(result: dict) -> dict[str, MethodMap] | str:
 
 def available(result: dict) -> bool:
     """Whether the result has the three maps for its class on screen (the Compare view
-    and its download)."""
-    maps = method_maps(result)
-    return isinstance(maps, dict) and bool(maps)
+    and its download), read from what the run kept: the maps themselves are built once
+    per redraw, by the view that draws them (:func:`method_maps`)."""
+    kept = result.get("methods")
+    if not kept:
+        return False
+    label = int(result["label"])
+    return all(label in kept[method]["labels"] for method in GRADIENT_METHODS)
 
 
 def agreement_rows(maps: dict[str, MethodMap]) -> list[dict]:

@@ -4,12 +4,14 @@ error when the module loads instead of a callback that never fires."""
 
 from __future__ import annotations
 
+# The run strips' ids (Run, Cancel, progress, live picture, busy flag, message) are their
+# component's, one per panel: webapp.run_strip.IMAGE_STRIP and VOLUME_STRIP.
+
 # Stores: what the page keeps between callbacks
 SESSION = "session"
 IMAGE_STORE = "image-store"
 REGION_STORE = "region-store"
 PREDICTION_STORE = "prediction-store"
-RUN_BUSY = "run-busy"  # true while a run of this tab is queued or running
 IMAGE_SHOWN = "image-shown"  # the image and model the picture on the page shows
 # the image the user asked for last (set in the browser at the click) and the request the
 # server answered last: while they differ, nothing beside the picture is shown
@@ -55,13 +57,6 @@ COMPARE_LAYER = "compare-layer"  # the layer Grad-CAM reads (None: the default r
 ESTIMATE = "estimate"
 
 # Run panel
-RUN = "run"
-CANCEL = "cancel"
-MESSAGE = "message"
-PROGRESS = "progress"
-LIVE_PANEL = "live-panel"
-LIVE_GRAPH = "live-graph"
-LIVE_STATUS = "live-status"
 
 # Result panel
 RESULT_PANEL_BODY = "result-panel-body"
@@ -103,7 +98,6 @@ VOLUME_TICKET = "volume-ticket"
 VOLUME_STORE = "volume-store"
 VOLUME_WANTED = "volume-wanted"  # as IMAGE_WANTED and IMAGE_ANSWERED, for the volume panel
 VOLUME_ANSWERED = "volume-answered"
-VOLUME_BUSY = "volume-busy"  # true while a volume run of this tab is queued or running
 VOLUME_REGION = "volume-region"
 VOLUME_RESULT = "volume-result"
 VOLUME_DOWNLOAD = "volume-download"
@@ -117,14 +111,7 @@ VOLUME_INFO = "volume-info"
 VOLUME_ESTIMATE = "volume-estimate"
 VOLUME_REGION_TEXT = "volume-region-text"
 VOLUME_RESET_REGION = "volume-reset-region"
-VOLUME_RUN = "volume-run"
-VOLUME_CANCEL = "volume-cancel"
-VOLUME_PROGRESS = "volume-progress"
-VOLUME_LIVE_PANEL = "volume-live-panel"
-VOLUME_LIVE_GRAPH = "volume-live-graph"
-VOLUME_LIVE_STATUS = "volume-live-status"
 VOLUME_SUMMARY = "volume-summary"
-VOLUME_MESSAGE = "volume-message"
 # one graph and one slider per view
 VOLUME_GRAPH_AXIAL = "volume-graph-axial"
 VOLUME_GRAPH_CORONAL = "volume-graph-coronal"

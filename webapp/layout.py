@@ -17,6 +17,7 @@ from . import ids
 from .compare_layout import layer_picker
 from .glossary import term_label
 from .pacs_layout import pacs_search, pacs_send
+from .run_strip import IMAGE_STRIP
 from .volume_layout import volume_section
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
@@ -633,14 +634,8 @@ def _settings_section(
             _tick(ids.COMPARE, COMPARE_LABEL),
             layer_picker(ids.COMPARE_LAYER),
             html.Div(id=ids.ESTIMATE, className="estimate"),
-            html.Div(
-                [
-                    html.Button("Run", id=ids.RUN, n_clicks=0, className="primary"),
-                    html.Button("Cancel", id=ids.CANCEL, n_clicks=0, disabled=True),
-                ],
-                className="row",
-            ),
-            html.Progress(id=ids.PROGRESS, value="0", max="1"),
+            html.Div(IMAGE_STRIP.buttons(), className="row"),
+            IMAGE_STRIP.progress_bar(),
             _model_upload(max_model_bytes, trusted_uploads),
         ],
         className="panel settings-panel",
@@ -654,18 +649,7 @@ def _result_section(pacs: bool = False) -> html.Section:
         [
             html.H2("Heatmap"),
             _overlay_controls(),
-            html.Div(
-                [
-                    dcc.Graph(
-                        id=ids.LIVE_GRAPH,
-                        config={"displaylogo": False},
-                        figure=placeholder_figure("Starting…"),
-                    ),
-                    html.Div(id=ids.LIVE_STATUS, className="status"),
-                ],
-                id=ids.LIVE_PANEL,
-                style={"display": "none"},
-            ),
+            IMAGE_STRIP.live(),
             html.Div(
                 [
                     dcc.Graph(
@@ -732,7 +716,7 @@ def build_layout(
             dcc.Store(id=ids.IMAGE_STORE),
             dcc.Store(id=ids.REGION_STORE),
             dcc.Store(id=ids.PREDICTION_STORE),
-            dcc.Store(id=ids.RUN_BUSY, data=False),
+            IMAGE_STRIP.busy_store(),
             dcc.Store(id=ids.IMAGE_SHOWN),
             dcc.Store(id=ids.IMAGE_WANTED),
             dcc.Store(id=ids.IMAGE_ANSWERED),
@@ -751,7 +735,7 @@ def build_layout(
                     ),
                 ]
             ),
-            html.Div(id=ids.MESSAGE, className="message", role="alert"),
+            IMAGE_STRIP.message_box(),
             *([pacs_search()] if pacs else []),
             html.Main(
                 [

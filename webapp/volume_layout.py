@@ -15,6 +15,7 @@ from . import ids
 from .compare_layout import layer_picker
 from .glossary import term_label
 from .pacs_layout import pacs_send
+from .run_strip import VOLUME_STRIP
 
 VOLUME_EXPORTS = (
     ("NIfTI", "nifti", "the heatmap's cells in the scanner's frame (.nii.gz), one value per "
@@ -95,7 +96,7 @@ def volume_section(
             dcc.Store(id=ids.VOLUME_STORE),
             dcc.Store(id=ids.VOLUME_WANTED),
             dcc.Store(id=ids.VOLUME_ANSWERED),
-            dcc.Store(id=ids.VOLUME_BUSY, data=False),
+            VOLUME_STRIP.busy_store(),
             dcc.Store(id=ids.VOLUME_REGION),
             dcc.Store(id=ids.VOLUME_RESULT),
             dcc.Store(id=ids.VOLUME_COMPARE_PENDING),
@@ -121,7 +122,7 @@ def volume_section(
             _samples(),
             controls,
             html.Div(id=ids.VOLUME_INFO, className="help"),
-            html.Div(id=ids.VOLUME_MESSAGE, className="message", role="alert"),
+            VOLUME_STRIP.message_box(),
             html.Div(views, className="volume-views"),
             html.Div(
                 [
@@ -138,22 +139,8 @@ def volume_section(
                 className="help",
             ),
             html.Div(id=ids.VOLUME_ESTIMATE, className="help"),
-            html.Div(
-                [
-                    html.Button("Run", id=ids.VOLUME_RUN, n_clicks=0, className="primary"),
-                    html.Button("Cancel", id=ids.VOLUME_CANCEL, n_clicks=0, disabled=True),
-                    html.Progress(id=ids.VOLUME_PROGRESS, value="0", max="1"),
-                ],
-                className="row",
-            ),
-            html.Div(
-                [
-                    dcc.Graph(id=ids.VOLUME_LIVE_GRAPH, config={"displaylogo": False}),
-                    html.Div(id=ids.VOLUME_LIVE_STATUS, className="status"),
-                ],
-                id=ids.VOLUME_LIVE_PANEL,
-                style={"display": "none"},
-            ),  # fmt: skip
+            html.Div([*VOLUME_STRIP.buttons(), VOLUME_STRIP.progress_bar()], className="row"),
+            VOLUME_STRIP.live(),
             html.Div(id=ids.VOLUME_SUMMARY, className="summary"),
             html.Div(id=ids.VOLUME_COMPARE_PANEL, className="compare"),
             html.Div(

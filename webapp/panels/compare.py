@@ -16,6 +16,7 @@ from krypton.render.volumes import voxel_values
 
 from .. import comparison, figures, ids, runs, volume_views
 from ..helpers import InputError
+from ..run_strip import IMAGE_STRIP, VOLUME_STRIP
 from ..runs import Services
 
 SIGN_NOTE = (
@@ -147,9 +148,9 @@ class ComparePanel:
                 layer_picker(lambda name, rank=rank: self.services.model(name, rank))
             )
         for shown, ticked, run, pending, store, condition in (
-            ((ids.RUN, "disabled"), ids.COMPARE, ids.RUN, ids.COMPARE_PENDING,
+            ((IMAGE_STRIP.run, "disabled"), ids.COMPARE, IMAGE_STRIP.run, ids.COMPARE_PENDING,
              ids.IMAGE_STORE, IMAGE_SHOWN),
-            ((ids.VOLUME_INFO, "children"), ids.VOLUME_COMPARE, ids.VOLUME_RUN,
+            ((ids.VOLUME_INFO, "children"), ids.VOLUME_COMPARE, VOLUME_STRIP.run,
              ids.VOLUME_COMPARE_PENDING, ids.VOLUME_STORE, VOLUME_SHOWN),
         ):  # fmt: skip
             app.clientside_callback(

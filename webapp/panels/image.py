@@ -10,6 +10,7 @@ from .. import figures, helpers, ids, pacs
 from ..client import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
+from ..run_strip import IMAGE_STRIP
 from ..services import Services
 from .common import empty_figure, hide_at_click, origin
 
@@ -33,7 +34,7 @@ class ImagePanel:
         app.callback(
             Output(ids.IMAGE_STORE, "data"),
             Output(ids.REGION_STORE, "data"),
-            Output(ids.MESSAGE, "children"),
+            Output(IMAGE_STRIP.message, "children"),
             Output(ids.WINDOW_PRESET, "value"),
             Output(ids.DICOM_FRAME, "max"),
             Output(ids.DICOM_FRAME, "value"),
@@ -48,12 +49,12 @@ class ImagePanel:
         # a click hides the prediction, class list and estimate and disables Run; the
         # settings panel's rule shows them again once what arrived is for the picture
         hide_at_click(
-            app, ids.IMAGE_WANTED, [ids.TOP5, ids.LABEL, ids.ESTIMATE], ids.RUN,
+            app, ids.IMAGE_WANTED, [ids.TOP5, ids.LABEL, ids.ESTIMATE], IMAGE_STRIP.run,
             (ids.SAMPLE, ids.COMPARE_SAMPLE, ids.UPLOAD, ids.UPLOAD_TICKET, ids.MODEL),
         )  # fmt: skip
         app.callback(
             Output(ids.IMAGE_STORE, "data", allow_duplicate=True),
-            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
             Input(ids.WINDOW_PRESET, "value"),
             Input(ids.WINDOW_CENTRE, "value"),
             Input(ids.WINDOW_WIDTH, "value"),

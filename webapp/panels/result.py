@@ -10,6 +10,7 @@ from dash.exceptions import PreventUpdate
 from .. import comparison, exports, figures, helpers, ids, model_card, runs, wording
 from ..helpers import InputError
 from ..lifecycle import Provenance, result_view
+from ..run_strip import IMAGE_STRIP
 from ..services import Services
 from .common import DROPPED_RESULT, SCREEN_INPUTS, empty_figure
 from .compare import image_compare_view
@@ -28,7 +29,7 @@ class ResultPanel:
         """Attach the panel's callbacks to ``app``."""
         app.callback(
             Output(ids.RESULT_STORE, "data", allow_duplicate=True),
-            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
             Input(ids.LABEL, "value"),
             State(ids.SESSION, "data"),
             State(ids.RESULT_STORE, "data"),
@@ -49,7 +50,7 @@ class ResultPanel:
         )(self.show_result)
         app.callback(
             Output(ids.DOWNLOAD, "data"),
-            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
             Input(EXPORTS, "n_clicks"),
             State(ids.SESSION, "data"),
             State(ids.RESULT_STORE, "data"),

@@ -14,6 +14,7 @@ from .. import comparison, helpers, ids, runs, wording
 from ..helpers import InputError
 from ..layout import mode_options, patch_options
 from ..model_card import model_card_lines, ood_text
+from ..run_strip import IMAGE_STRIP
 from ..services import Services
 
 
@@ -31,13 +32,13 @@ class SettingsPanel:
             Output(ids.LABEL, "value"),
             Output(ids.TOP5, "children"),
             Output(ids.MODEL_CARD, "children"),
-            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
             Output(ids.MODE, "options"),
             Output(ids.MODE, "value"),
             Input(ids.IMAGE_STORE, "data"),
             Input(ids.MODEL, "value"),
             State(ids.MODE, "value"),
-            State(ids.RUN_BUSY, "data"),
+            State(IMAGE_STRIP.busy, "data"),
             prevent_initial_call="initial_duplicate",
         )(self.predict)
         # The prediction, the class list and Run belong to one image and model: shown (and
@@ -51,11 +52,11 @@ class SettingsPanel:
             Output(ids.TOP5, "style"),
             Output(ids.LABEL, "style"),
             Output(ids.ESTIMATE, "style"),
-            Output(ids.RUN, "disabled"),
+            Output(IMAGE_STRIP.run, "disabled"),
             Input(ids.PREDICTION_STORE, "data"),
             Input(ids.IMAGE_STORE, "data"),
             Input(ids.MODEL, "value"),
-            Input(ids.RUN_BUSY, "data"),
+            Input(IMAGE_STRIP.busy, "data"),
             Input(ids.IMAGE_SHOWN, "data"),
             Input(ids.IMAGE_WANTED, "data"),
             Input(ids.IMAGE_ANSWERED, "data"),
@@ -94,7 +95,7 @@ class SettingsPanel:
             Input(ids.COMPARE, "value"),
         )(self.estimate)
         app.callback(
-            Output(ids.MESSAGE, "children", allow_duplicate=True),
+            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
             Input(ids.REGION_STORE, "data"),
             Input(ids.PATCH, "value"),
             Input(ids.STRIDE, "value"),

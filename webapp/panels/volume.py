@@ -6,7 +6,6 @@ webapp.volume_views."""
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 from dash import ALL, ClientsideFunction, Input, Output, State, ctx, html, no_update
@@ -17,19 +16,17 @@ from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
 from .. import comparison, ids, pacs, runs, volume_views, wording
 from ..exports import export_stem
-from ..guard import CLIENT_HEADER
 from ..helpers import InputError, fill_for_display, owner_tag
-from ..jobs import JobCancelled, QueueFull, check_cancelled
-from ..lifecycle import Provenance, RunLifecycle, result_view
+from ..lifecycle import Provenance, result_view
+from ..run_strip import VOLUME_STRIP
 from ..runs import volumes
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import DROPPED_RESULT, empty_figure, hide_at_click, off_while_running, origin
+from .common import DROPPED_RESULT, empty_figure, hide_at_click, origin
 from .compare import volume_compare_view
-from .run import cancelled
+from .run_strip import Prepared, register_strip, run_job
 
 logger = logging.getLogger("krypton.app")
-LIVE_UPDATE_SECONDS = 0.3
 GRAPHS = [graph for _, graph, _ in ids.VOLUME_GRAPHS]  # in VIEWS' order
 SLIDERS = [slider for _, _, slider in ids.VOLUME_GRAPHS]
 
@@ -82,7 +79,7 @@ class VolumePanel:
         app.callback(
             Output(ids.VOLUME_STORE, "data"),
             Output(ids.VOLUME_REGION, "data"),
-            Output(ids.VOLUME_MESSAGE, "children"),
+            Output(VOLUME_STRIP.message, "children"),
             Output(ids.VOLUME_COMPARE_PENDING, "data"),
             Output(ids.VOLUME_ANSWERED, "data"),
             Input(ids.VOLUME_TICKET, "data"),
@@ -98,7 +95,7 @@ class VolumePanel:
             Output(ids.VOLUME_LABEL, "options"),
             Output(ids.VOLUME_LABEL, "placeholder"),
             Output(ids.VOLUME_PATCH, "value"),
-            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Output(VOLUME_STRIP.message, "children", allow_duplicate=True),
             Input(ids.VOLUME_STORE, "data"),
             Input(ids.VOLUME_MODEL, "value"),
             State(ids.SESSION, "data"),
@@ -148,6 +145,8 @@ class VolumePanel:
             Input(ids.VOLUME_REGION, "data"),
             Input(ids.VOLUME_RESULT, "data"),  # a finished run is one more to learn from
             Input(ids.VOLUME_COMPARE, "value"),
+            State(ids.VOLUME_STORE, "data"),
+            State(ids.SESSION, "data"),
         )(self.estimate)
         self._register_run(app)
         self._register_binding(app)
@@ -165,7 +164,7 @@ class VolumePanel:
                 const off = dash_clientside.callback_context.outputs_list[5].map(() => true);
                 return [{"display": "none"}, blank, blank, blank, "", off, []];
             }""",
-            Output(ids.VOLUME_LIVE_PANEL, "style", allow_duplicate=True),
+            Output(VOLUME_STRIP.live_panel, "style", allow_duplicate=True),
             *[Output(g, "figure", allow_duplicate=True) for g in GRAPHS],
             Output(ids.VOLUME_SUMMARY, "children", allow_duplicate=True),
             Output({"type": ids.VOLUME_EXPORT, "format": ALL}, "disabled", allow_duplicate=True),
@@ -176,7 +175,7 @@ class VolumePanel:
         )
         app.callback(
             Output(ids.VOLUME_RESULT, "data", allow_duplicate=True),
-            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Output(VOLUME_STRIP.message, "children", allow_duplicate=True),
             Input(ids.VOLUME_LABEL, "value"),
             State(ids.VOLUME_RESULT, "data"),
             State(ids.SESSION, "data"),
@@ -204,15 +203,9 @@ class VolumePanel:
             *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
         )(self.compare_rows)
-        app.callback(  # Cancel says what it did, as the image panel's does
-            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
-            Input(ids.VOLUME_CANCEL, "n_clicks"),
-            State(ids.VOLUME_RESULT, "data"),
-            prevent_initial_call=True,
-        )(cancelled)
         app.callback(
             Output(ids.VOLUME_DOWNLOAD, "data"),
-            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
+            Output(VOLUME_STRIP.message, "children", allow_duplicate=True),
             Input({"type": ids.VOLUME_EXPORT, "format": ALL}, "n_clicks"),
             State(ids.VOLUME_RESULT, "data"),
             State(ids.SESSION, "data"),
@@ -227,21 +220,20 @@ class VolumePanel:
         hide_at_click(
             app, ids.VOLUME_WANTED,
             [ids.VOLUME_INFO, ids.VOLUME_LABEL, ids.VOLUME_ESTIMATE, ids.VOLUME_SUMMARY],
-            ids.VOLUME_RUN,
+            VOLUME_STRIP.run,
             (ids.VOLUME_SAMPLE, ids.VOLUME_COMPARE_SAMPLE, ids.VOLUME_UPLOAD, ids.VOLUME_TICKET,
              ids.VOLUME_MODEL),
         )  # fmt: skip
-        off_while_running(app, ids.VOLUME_BUSY, ids.VOLUME_RUN)
         app.clientside_callback(
             ClientsideFunction("krypton_binding", "showVolume"),
             Output(ids.VOLUME_INFO, "style"),
             Output(ids.VOLUME_LABEL, "style"),
             Output(ids.VOLUME_ESTIMATE, "style"),
             Output(ids.VOLUME_SUMMARY, "style"),
-            Output(ids.VOLUME_RUN, "disabled"),
+            Output(VOLUME_STRIP.run, "disabled"),
             Input(ids.VOLUME_INFO, "children"),
             Input(ids.VOLUME_STORE, "data"),
-            Input(ids.VOLUME_BUSY, "data"),
+            Input(VOLUME_STRIP.busy, "data"),
             Input(ids.VOLUME_WANTED, "data"),
             Input(ids.VOLUME_ANSWERED, "data"),
             Input(ids.VOLUME_ESTIMATE, "children"),
@@ -249,44 +241,28 @@ class VolumePanel:
         )
 
     def _register_run(self, app) -> None:
-        app.callback(
-            Output(ids.VOLUME_RESULT, "data"),
-            Output(ids.VOLUME_MESSAGE, "children", allow_duplicate=True),
-            Input(ids.VOLUME_RUN, "n_clicks"),
-            State(ids.SESSION, "data"),
-            State(ids.VOLUME_STORE, "data"),
-            State(ids.VOLUME_MODEL, "value"),
-            State(ids.VOLUME_PATCH, "value"),
-            State(ids.VOLUME_STRIDE, "value"),
-            State(ids.VOLUME_MODE, "value"),
-            State(ids.VOLUME_LABEL, "value"),
-            State(ids.VOLUME_REGION, "data"),
-            *[State(s, "value") for s in SLIDERS],
-            State(ids.VOLUME_COMPARE, "value"),
-            State(ids.VOLUME_COMPARE_LAYER, "value"),
-            background=True,
+        register_strip(
+            VOLUME_STRIP,
+            app,
+            self.run,
             manager=self.manager,
-            prevent_initial_call=True,
-            interval=LIVE_UPDATE_SECONDS * 1000,
-            running=[
-                (Output(ids.VOLUME_BUSY, "data"), True, False),  # Run follows it (binding)
-                (Output(ids.VOLUME_CANCEL, "disabled"), False, True),
-                (Output(ids.VOLUME_LIVE_PANEL, "style"), {"display": "block"}, {"display": "none"}),
+            result=ids.VOLUME_RESULT,
+            states=[
+                State(ids.SESSION, "data"),
+                State(ids.VOLUME_STORE, "data"),
+                State(ids.VOLUME_MODEL, "value"),
+                State(ids.VOLUME_PATCH, "value"),
+                State(ids.VOLUME_STRIDE, "value"),
+                State(ids.VOLUME_MODE, "value"),
+                State(ids.VOLUME_LABEL, "value"),
+                State(ids.VOLUME_REGION, "data"),
+                *[State(s, "value") for s in SLIDERS],
+                State(ids.VOLUME_COMPARE, "value"),
+                State(ids.VOLUME_COMPARE_LAYER, "value"),
             ],
             # a new volume or model stops the run that explains the old one
-            cancel=[
-                Input(ids.VOLUME_CANCEL, "n_clicks"),
-                Input(ids.VOLUME_STORE, "data"),
-                Input(ids.VOLUME_MODEL, "value"),
-            ],
-            progress=[
-                Output(ids.VOLUME_PROGRESS, "value"),
-                Output(ids.VOLUME_PROGRESS, "max"),
-                Output(ids.VOLUME_LIVE_GRAPH, "figure"),
-                Output(ids.VOLUME_LIVE_STATUS, "children"),
-            ],
-            progress_default=["0", "1", empty_figure("Starting…"), ""],
-        )(self.run)
+            stops=[Input(ids.VOLUME_STORE, "data"), Input(ids.VOLUME_MODEL, "value")],
+        )
 
     # -- loading and viewing -----------------------------------------------------------
 
@@ -499,9 +475,12 @@ class VolumePanel:
         )
         return (*figures, text)
 
-    def estimate(self, model, patch, stride, mode, region, _handle, compare=None):
-        """The positions the settings make, and how long they should take here (with
-        Compare ticked, that its gradient step comes on top)."""
+    def estimate(self, model, patch, stride, mode, region, _handle, compare=None,
+                 record=None, session=None):  # fmt: skip
+        """The positions the settings make, how many of them are known already (the run
+        reuses them: webapp.runs.plan_run, as the run plans itself), and how long the
+        rest should take here (with Compare ticked, that its gradient step comes on
+        top)."""
         if not model:
             return ""
         try:
@@ -509,8 +488,18 @@ class VolumePanel:
             patch, stride = _whole(patch, "cube"), _whole(stride, "stride")
         except InputError as exc:
             return str(exc)
+        known = 0
+        if record and mode in ("exact", "naive"):
+            try:
+                asked = _request(record, model, patch, stride, mode, None, region)
+                planned = runs.plan_run(self.services, asked, str(session or ""))
+                region, known = planned.region, planned.known  # on the grid the run uses
+            except (InputError, ValueError, KeyError):
+                known = 0  # the line below says what is wrong with the settings
         load = runs.host_load()  # sampled once for the line
-        text = volumes.volume_estimate(model, loaded.input_size, patch, stride, mode, region, load)
+        text = volumes.volume_estimate(
+            model, loaded.input_size, patch, stride, mode, region, load, known
+        )
         return f"{text}. {comparison.estimate_note(loaded, load)}" if compare else text
 
     def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
@@ -551,47 +540,17 @@ class VolumePanel:
         if not n_clicks:
             raise PreventUpdate
         session = str(session or "")
-        lifecycle = RunLifecycle()
-        try:
+
+        def prepare() -> Prepared:
             if not record:
                 raise InputError("load a volume first")
             request = _request(record, model, patch, stride, mode, label, region, compare, layer)
             prepared = self._prepared(record, model, session)
             cursor = tuple(int(v) for v in (z, y, x))
-            client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
+            classes = list(self.services.model(model, rank=3).classes)
+            return Prepared(request, live_views(prepared, cursor), classes)
 
-            def waiting(ahead: int) -> None:
-                check_cancelled()
-                text = f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours"
-                set_progress(("0", "1", empty_figure(text), text))
-
-            lifecycle.queue()
-            # a run whose every cell is known computes nothing: it does not queue (a Compare
-            # run still computes its gradient maps, so it does)
-            planned = runs.plan_run(self.services, request, session)
-            light = planned.positions > 0 and not planned.to_compute and not request.compare
-            with self.services.job(), self.services.jobs.slot(session, waiting, client, light):
-                lifecycle.start()
-                reporter, stage = _live_reporter(
-                    set_progress, prepared, cursor, lifecycle,
-                    list(self.services.model(model, rank=3).classes),
-                )  # fmt: skip
-                result = runs.execute(self.services, session, request, reporter, stage)
-            lifecycle.finish()
-        except QueueFull as exc:
-            lifecycle.fail(str(exc))
-            return no_update, str(exc)
-        except JobCancelled:
-            lifecycle.cancel("cancelled")
-            raise PreventUpdate from None
-        except (InputError, ValueError) as exc:
-            lifecycle.fail(str(exc))
-            return no_update, str(exc)
-        except Exception as exc:  # keep serving; say what happened
-            logger.exception("volume run failed")
-            lifecycle.fail(repr(exc))
-            return no_update, f"The run failed unexpectedly ({type(exc).__name__}: {exc})."
-        return _handle(result), ""
+        return run_job(self.services, set_progress, session, prepare, _handle)
 
     def switch_class(self, label, handle, session):
         """Another class: the kept result re-coloured from every class's probabilities."""
@@ -716,41 +675,23 @@ def _view_of(trigger) -> str | None:
     return None
 
 
-def _live_reporter(set_progress, prepared, cursor, lifecycle: RunLifecycle, classes: list[str]):
-    """Progress to the page: the bar, the count and the three views with the picture so
-    far (unknown cells take their nearest known one) on the grid the run computes, at
-    most every LIVE_UPDATE_SECONDS; and, second, the Compare steps after the occlusion
-    (webapp.comparison), over its finished picture."""
+def live_views(prepared, cursor):
+    """How the volume panel draws the picture so far: the three views through the
+    crosshair with each voxel's nearest computed cell (unknown cells take their nearest
+    known one) on the grid the run computes; nothing until a cell is known."""
     size = prepared.unit.shape
-    state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
 
-    def report(done: int, total: int, partial: runs.Partial | None = None) -> None:
-        check_cancelled()
-        if total:
-            lifecycle.progress(done, total)
-        now = time.perf_counter()
-        if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
-            return
-        if partial is not None:
-            filled = fill_for_display(partial.values)
-            if not np.isnan(filled).all():
-                heatmap = runs.grid_heatmap(filled, partial.axes, partial.patch)
-                per_voxel = voxel_values(heatmap, size)
-                low, high = float(np.nanmin(filled)), float(np.nanmax(filled)) + 1e-9
-                state["figure"] = volume_views.views_live_figure(
-                    prepared.unit, cursor, per_voxel, (low, high), "computing…"
-                )
-        state["sent"] = now
-        status = lifecycle.status() if lifecycle.total else "coarse picture ready"
-        bar = (str(lifecycle.done), str(max(lifecycle.total, 1)))
-        set_progress((*bar, state["figure"], status))
+    def draw(partial: runs.Partial):
+        filled = fill_for_display(partial.values)
+        if np.isnan(filled).all():
+            return None
+        heatmap = runs.grid_heatmap(filled, partial.axes, partial.patch)
+        low, high = float(np.nanmin(filled)), float(np.nanmax(filled)) + 1e-9
+        return volume_views.views_live_figure(
+            prepared.unit, cursor, voxel_values(heatmap, size), (low, high), "computing…"
+        )
 
-    def stage(done: int, total: int, method: str, label: int) -> None:
-        check_cancelled()
-        text = comparison.stage_text(done, total, method, label, classes)
-        set_progress((str(done), str(total), state["figure"], text))
-
-    return report, stage
+    return draw
 
 
 __all__ = ["VolumePanel", "volume_model_options", "default_volume_model"]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from krypton.engine.capture_lock import CAPTURE_LOCK
-from krypton.estimator import MIN_LOGGED_RUNS, NotCalibratedError, estimate_for_counts
+from krypton.estimator import MIN_LOGGED_RUNS
 from krypton.explainer import grid
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
@@ -29,7 +29,7 @@ from ..helpers import InputError
 from ..model_card import ood_text
 from .records import result_heatmap
 from .regions import check_volume_bounds, whole
-from .timing import estimate_text, host_load
+from .timing import counts_estimate, estimate_text, host_load
 
 __all__ = [
     "volume_suffix",
@@ -158,11 +158,20 @@ def strongest_voxel(result: dict) -> tuple[int, int, int] | None:
 
 
 def volume_estimate(
-    model: str, size, patch: int, stride: int, mode: str, region, load: float | None = None
+    model: str,
+    size,
+    patch: int,
+    stride: int,
+    mode: str,
+    region,
+    load: float | None = None,
+    known: int = 0,
 ) -> str:
     """What the volume panel says before Run: the positions, and the time this host's
     last runs of the model, mode and cube predict at ``load`` (sampled now where None;
-    none before the first run here, for a model without a calibration)."""
+    none before the first run here, for a model without a calibration) for the positions
+    not ``known`` yet (exact and naive runs reuse them: the run's own estimate,
+    :func:`webapp.runs.timing.counts_estimate`)."""
     size = tuple(int(s) for s in size)
     bounds = (tuple(region[:3]), tuple(region[3:])) if region else whole(size)
     try:
@@ -175,10 +184,11 @@ def volume_estimate(
     positions = f"{count} position{'' if count == 1 else 's'} on a {shape} grid"
     if mode == "approximate":
         return f"{positions}; drill-down evaluates a share of them"
-    try:
-        load = host_load() if load is None else load
-        found = estimate_for_counts(model, mode, patch, (count, 0), load=load)
-    except (NotCalibratedError, ValueError):
+    if known:
+        positions += f", {min(known, count)} of them known from an earlier run"
+    load = host_load() if load is None else load
+    found = counts_estimate(model, mode, patch, count, min(known, count), load)
+    if found is None:
         return (
             f"{positions}; no time estimate yet (it is learnt from "
             f"this host's runs of {model} in {mode} mode at this cube: {MIN_LOGGED_RUNS} needed)"

@@ -1,0 +1,206 @@
+"""The run strip's callbacks (its parts: webapp.run_strip), built once for the image and
+the volume panel: the background Run callback, the live reporter, Run off while busy,
+what Cancel did, and what a run's end says to the page. A panel supplies only its
+request, how it draws the picture so far, and the handle it keeps."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dash import Input, Output, State, ctx, no_update
+from dash.exceptions import PreventUpdate
+
+from .. import comparison, runs
+from ..guard import CLIENT_HEADER
+from ..helpers import InputError
+from ..jobs import JobCancelled, QueueFull, check_cancelled
+from ..lifecycle import RunLifecycle
+from ..run_strip import RunStrip
+from .common import empty_figure, off_while_running
+
+__all__ = [
+    "Prepared",
+    "register_strip",
+    "run_job",
+    "live_reporter",
+    "cancelled",
+    "LIVE_UPDATE_SECONDS",
+]
+
+logger = logging.getLogger("krypton.app")
+LIVE_UPDATE_SECONDS = 0.3
+
+# the picture so far as the panel draws it (None: keep the last one)
+Draw = Callable[["runs.Partial"], object]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A panel's run, ready to queue: its request, how the panel draws the picture so
+    far, and the model's class names (the Compare steps name them)."""
+
+    request: runs.RunRequest
+    draw: Draw
+    classes: list[str]
+
+
+def register_strip(
+    strip: RunStrip,
+    app,
+    job: Callable,
+    *,
+    manager,
+    result: str,
+    states: list[State],
+    stops: list[Input],
+    hidden_while_running: tuple[str, ...] = (),
+) -> None:
+    """The background Run callback: ``job(set_progress, n_clicks, *states)`` keeps
+    the run's handle in ``result`` and says why not in the message; the ``stops``
+    (a new input or model) cancel it, as Cancel does; ``hidden_while_running`` go
+    while it runs. Also: Run off while busy, and what Cancel did, in words."""
+    app.callback(
+        Output(result, "data"),
+        Output(strip.message, "children", allow_duplicate=True),
+        Input(strip.run, "n_clicks"),
+        *states,
+        background=True,
+        manager=manager,
+        prevent_initial_call=True,
+        interval=LIVE_UPDATE_SECONDS * 1000,
+        running=[
+            # Run's own state follows this and the panel's show rule (binding.js)
+            (Output(strip.busy, "data"), True, False),
+            (Output(strip.cancel, "disabled"), False, True),
+            (Output(strip.live_panel, "style"), {"display": "block"}, {"display": "none"}),
+            *[
+                (Output(part, "style"), {"display": "none"}, {"display": "block"})
+                for part in hidden_while_running
+            ],
+        ],
+        cancel=[Input(strip.cancel, "n_clicks"), *stops],
+        progress=[
+            Output(strip.progress, "value"),
+            Output(strip.progress, "max"),
+            Output(strip.live_graph, "figure"),
+            Output(strip.live_status, "children"),
+        ],
+        progress_default=["0", "1", empty_figure("Starting…"), ""],
+    )(job)
+    off_while_running(app, strip.busy, strip.run)
+    app.callback(
+        Output(strip.message, "children", allow_duplicate=True),
+        Input(strip.cancel, "n_clicks"),
+        State(result, "data"),
+        prevent_initial_call=True,
+    )(cancelled)
+
+
+def run_job(
+    services,
+    set_progress,
+    session: str,
+    prepare: Callable[[], Prepared],
+    handle: Callable[[dict], dict],
+) -> tuple:
+    """One run of either panel, queued, computed and kept: (the page's handle of the
+    result, or no_update; the message). A run whose every cell is known computes
+    nothing and does not queue (a Compare run still computes its gradient maps, so it
+    does). The lifecycle says queued, running, done, failed or cancelled."""
+    lifecycle = RunLifecycle()
+
+    def waiting(ahead: int) -> None:
+        check_cancelled()
+        text = f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours"
+        set_progress(("0", "1", empty_figure(text), text))
+
+    try:
+        prepared = prepare()
+        request = prepared.request
+        client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
+        lifecycle.queue()
+        planned = runs.plan_run(services, request, session)
+        light = planned.positions > 0 and not planned.to_compute and not request.compare
+        with services.job(), services.jobs.slot(session, waiting, client, light):
+            lifecycle.start()
+            reporter, stage = live_reporter(
+                set_progress, prepared.draw, lifecycle, prepared.classes
+            )
+            result = runs.execute(services, session, request, reporter, stage)
+        lifecycle.finish()
+    except QueueFull as exc:
+        lifecycle.fail(str(exc))
+        return no_update, str(exc)
+    except JobCancelled:
+        lifecycle.cancel("cancelled")
+        raise PreventUpdate from None
+    except (InputError, ValueError) as exc:
+        lifecycle.fail(str(exc))
+        return no_update, str(exc)
+    except Exception as exc:  # keep serving; say what happened instead of hanging
+        logger.exception("run failed")
+        lifecycle.fail(repr(exc))
+        return (
+            no_update,
+            f"The run failed unexpectedly ({type(exc).__name__}: {exc}); see the server log.",
+        )
+    # The browser holds only a handle; the picture, exports and refinement read the
+    # server's copy, and the panel shows it only beside what it explains.
+    return handle(result), ""
+
+
+def live_reporter(
+    set_progress, draw: Draw, lifecycle: RunLifecycle, classes: list[str]
+) -> tuple[runs.Reporter, comparison.Stage]:
+    """Progress to the page: the bar, the count, the time left and the live picture.
+    Every update carries the latest picture (a progress output cannot be left unchanged:
+    Dash would blank it), redrawn by ``draw`` when new values arrive, at most every
+    LIVE_UPDATE_SECONDS. A picture without a count (approximate mode's coarse picture)
+    keeps the last count, so the bar never jumps back. The second callable reports the
+    Compare steps after the occlusion (webapp.comparison), over the finished picture."""
+    state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
+    planned: dict[str, int] = {}
+
+    def report(done: int, total: int, partial: runs.Partial | None = None) -> None:
+        check_cancelled()
+        if total:
+            planned.setdefault("total", total)
+            lifecycle.progress(done, total)
+        now = time.perf_counter()
+        if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
+            return
+        if partial is not None:
+            figure = draw(partial)
+            if figure is not None:
+                state["figure"] = figure
+        state["sent"] = now
+        status = lifecycle.status() if lifecycle.total else "coarse picture ready"
+        if lifecycle.total and lifecycle.total != planned.get("total"):
+            status += (
+                f" (planned {planned['total']}; stage one chose which blocks to refine, "
+                f"so the count was revised)"
+            )
+        bar = (str(lifecycle.done), str(max(lifecycle.total, 1)))
+        set_progress((*bar, state["figure"], status))
+
+    def stage(done: int, total: int, method: str, label: int) -> None:
+        check_cancelled()
+        text = comparison.stage_text(done, total, method, label, classes)
+        set_progress((str(done), str(total), state["figure"], text))
+
+    return report, stage
+
+
+def cancelled(n_clicks, handle):
+    """What Cancel did, in words (the image and the volume panels alike)."""
+    if not n_clicks:
+        return no_update
+    if not handle:
+        return "Run cancelled."
+    return (
+        "Run cancelled; the heatmap below, if any, is the previous run's (shown only while "
+        "it matches these settings)."
+    )

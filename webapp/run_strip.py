@@ -1,0 +1,88 @@
+"""The run strip's parts — Run, Cancel, the progress bar, the live picture, the busy flag
+and the panel's message — one component for the image and the volume panel (Dash's
+All-in-One pattern: a widget used twice is one class with a scope). Its callbacks are
+webapp.panels.run_strip's, registered once per strip."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dash import dcc, html
+
+__all__ = ["RunStrip", "IMAGE_STRIP", "VOLUME_STRIP"]
+
+
+@dataclass(frozen=True)
+class RunStrip:
+    """One panel's run strip; ``scope`` prefixes its ids ("" for the image panel:
+    "run", "cancel", ...; "volume" for the volume panel: "volume-run", ...)."""
+
+    scope: str
+
+    def id(self, part: str) -> str:
+        """The id of the strip's ``part`` in this scope."""
+        return f"{self.scope}-{part}" if self.scope else part
+
+    @property
+    def run(self) -> str:
+        return self.id("run")
+
+    @property
+    def cancel(self) -> str:
+        return self.id("cancel")
+
+    @property
+    def progress(self) -> str:
+        return self.id("progress")
+
+    @property
+    def live_panel(self) -> str:
+        return self.id("live-panel")
+
+    @property
+    def live_graph(self) -> str:
+        return self.id("live-graph")
+
+    @property
+    def live_status(self) -> str:
+        return self.id("live-status")
+
+    @property
+    def message(self) -> str:
+        return self.id("message")
+
+    @property
+    def busy(self) -> str:
+        """True while a run of this tab is queued or running (Run follows it)."""
+        return self.id("run-busy")
+
+    def buttons(self) -> list:
+        """Run and Cancel."""
+        return [
+            html.Button("Run", id=self.run, n_clicks=0, className="primary"),
+            html.Button("Cancel", id=self.cancel, n_clicks=0, disabled=True),
+        ]
+
+    def progress_bar(self) -> html.Progress:
+        return html.Progress(id=self.progress, value="0", max="1")
+
+    def live(self) -> html.Div:
+        """The picture so far and its status line, shown while a run computes."""
+        return html.Div(
+            [
+                dcc.Graph(id=self.live_graph, config={"displaylogo": False}),
+                html.Div(id=self.live_status, className="status"),
+            ],
+            id=self.live_panel,
+            style={"display": "none"},
+        )
+
+    def message_box(self) -> html.Div:
+        return html.Div(id=self.message, className="message", role="alert")
+
+    def busy_store(self) -> dcc.Store:
+        return dcc.Store(id=self.busy, data=False)
+
+
+IMAGE_STRIP = RunStrip("")
+VOLUME_STRIP = RunStrip("volume")
