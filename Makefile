@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin
 	$(PY) -m bench.estimates
+	$(PY) -m bench.run_path
 	$(PY) -m bench.speed_claims
 	$(PY) -m bench.speed_claims --burners 2
 	$(MAKE) bench-methods

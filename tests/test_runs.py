@@ -1,6 +1,7 @@
 """The app's run orchestration without a browser (webapp/runs.py): truthful result lines,
 reuse on any grid, live pictures in every mode, every class kept, an estimator that learns."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -501,3 +502,33 @@ def test_runs_that_pay_a_fixed_cost_beyond_the_calibration_add_it_not_a_ratio(kr
     assert "+0.8 s and widened by this host's 3 recent runs" in found.source, found.source
     assert found.seconds == pytest.approx(plain.seconds + 0.8, abs=0.01)
     assert found.low <= plain.seconds + 0.8 <= found.high
+
+
+def test_a_run_keeps_the_estimate_the_page_showed_and_does_not_estimate_again(
+    services, monkeypatch
+):
+    """The run estimated itself again after the page had (7 of the 44 module entries of
+    an image run), at another moment's load, so the summary's "(estimated …)" and the
+    runtime log could differ from what the user saw. It keeps the page's estimate where
+    its plan is the same, and estimates itself only where it is not (settings changed
+    since, or a caller that showed none)."""
+    from webapp.panels.settings import SettingsPanel
+
+    run = request(services, region=(16, 16, 80, 80))
+    image = {"key": run.key}
+    settings = ("fundus-demo", 16, 8, "exact", [16, 16, 80, 80], 0.25, 3.0, None, image,
+                "gray", None)  # fmt: skip
+    text, shown = SettingsPanel(services).estimate_shown(*settings)
+    assert shown["for"][-2:] == [49, 0] and "for 49 positions" in text
+
+    def estimated_again(*args, **kwargs):
+        raise AssertionError("the run estimated itself again")
+
+    monkeypatch.setattr(runs.timing, "counts_estimate", estimated_again)
+    monkeypatch.setattr(runs.timing, "find_estimate", estimated_again)
+    kept = runs.execute(services, "s", dataclasses.replace(run, estimate=shown), lambda *a: None)
+    assert kept["estimate"] == shown["estimate"]
+    # the same estimate for another plan (the 49 cells are known now): estimated anew
+    monkeypatch.undo()
+    again = runs.execute(services, "s", dataclasses.replace(run, estimate=shown), lambda *a: None)
+    assert again["evaluated"] == 0 and again["estimate"] != shown["estimate"]

@@ -716,7 +716,7 @@ def build_layout(
             dcc.Store(id=ids.IMAGE_STORE),
             dcc.Store(id=ids.REGION_STORE),
             dcc.Store(id=ids.PREDICTION_STORE),
-            IMAGE_STRIP.busy_store(),
+            *IMAGE_STRIP.stores(),
             dcc.Store(id=ids.IMAGE_SHOWN),
             dcc.Store(id=ids.IMAGE_WANTED),
             dcc.Store(id=ids.IMAGE_ANSWERED),

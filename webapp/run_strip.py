@@ -52,6 +52,11 @@ class RunStrip:
         return self.id("message")
 
     @property
+    def estimate(self) -> str:
+        """The estimate the panel shows for its settings, for Run to keep."""
+        return self.id("estimate-store")
+
+    @property
     def busy(self) -> str:
         """True while a run of this tab is queued or running (Run follows it)."""
         return self.id("run-busy")
@@ -80,8 +85,9 @@ class RunStrip:
     def message_box(self) -> html.Div:
         return html.Div(id=self.message, className="message", role="alert")
 
-    def busy_store(self) -> dcc.Store:
-        return dcc.Store(id=self.busy, data=False)
+    def stores(self) -> list[dcc.Store]:
+        """The busy flag and the estimate shown."""
+        return [dcc.Store(id=self.busy, data=False), dcc.Store(id=self.estimate)]
 
 
 IMAGE_STRIP = RunStrip("")

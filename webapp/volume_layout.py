@@ -96,7 +96,7 @@ def volume_section(
             dcc.Store(id=ids.VOLUME_STORE),
             dcc.Store(id=ids.VOLUME_WANTED),
             dcc.Store(id=ids.VOLUME_ANSWERED),
-            VOLUME_STRIP.busy_store(),
+            *VOLUME_STRIP.stores(),
             dcc.Store(id=ids.VOLUME_REGION),
             dcc.Store(id=ids.VOLUME_RESULT),
             dcc.Store(id=ids.VOLUME_COMPARE_PENDING),

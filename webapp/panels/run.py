@@ -84,6 +84,8 @@ class RunPanel:
 
     def run(self, set_progress, n_clicks, session, image_data, model_name, *settings):
         """Queue, run and keep one run; the page gets its handle {id, provenance}.
+        ``settings``: the page's controls (:func:`run_request`), then the estimate the
+        page showed for them (the run keeps it where its plan is the same).
 
         ``session`` keys this tab's queue place and its results on the server; as a
         callback argument it is also part of the background job's cache key, so two tabs
@@ -130,8 +132,10 @@ def run_request(
     overlay,
     compare=None,
     layer=None,
+    shown=None,
 ) -> tuple[runs.RunRequest, dict | None]:
-    """The page's controls as a run request (and the overlay settings it is drawn with)."""
+    """The page's controls as a run request (and the overlay settings it is drawn with);
+    ``shown``: the estimate the page showed for them (webapp.runs.shown_estimate)."""
     request = runs.RunRequest(
         key=image_data["key"],
         name=str(image_data.get("name")),
@@ -149,5 +153,6 @@ def run_request(
         compare=bool(compare),
         compare_layer=str(layer) if layer else None,
         dicom=image_data.get("dicom"),
+        estimate=shown,
     )
     return request, overlay

@@ -58,7 +58,8 @@ def register_strip(
     stops: list[Input],
     hidden_while_running: tuple[str, ...] = (),
 ) -> None:
-    """The background Run callback: ``job(set_progress, n_clicks, *states)`` keeps
+    """The background Run callback: ``job(set_progress, n_clicks, *states, shown)``
+    (``shown``: the estimate the panel showed, :func:`webapp.runs.shown_estimate`) keeps
     the run's handle in ``result`` and says why not in the message; the ``stops``
     (a new input or model) cancel it, as Cancel does; ``hidden_while_running`` go
     while it runs. Also: Run off while busy, and what Cancel did, in words."""
@@ -67,6 +68,7 @@ def register_strip(
         Output(strip.message, "children", allow_duplicate=True),
         Input(strip.run, "n_clicks"),
         *states,
+        State(strip.estimate, "data"),
         background=True,
         manager=manager,
         prevent_initial_call=True,

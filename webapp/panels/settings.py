@@ -81,6 +81,7 @@ class SettingsPanel:
         )(overlay_settings)
         app.callback(
             Output(ids.ESTIMATE, "children"),
+            Output(IMAGE_STRIP.estimate, "data"),
             Input(ids.MODEL, "value"),
             Input(ids.PATCH, "value"),
             Input(ids.STRIDE, "value"),
@@ -93,7 +94,7 @@ class SettingsPanel:
             Input(ids.COLOUR, "value"),
             Input(ids.CUSTOM_COLOUR, "value"),
             Input(ids.COMPARE, "value"),
-        )(self.estimate)
+        )(self.estimate_shown)
         app.callback(
             Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
             Input(ids.REGION_STORE, "data"),
@@ -180,14 +181,25 @@ class SettingsPanel:
         fixed cost + the positions not computed yet x their cost, and what naive would
         take for the same positions, scaled alike; with Compare ticked, that its
         gradient step comes on top. The host's load is sampled once for all of it."""
+        return self.estimate_shown(
+            model_name, patch, stride, mode, region, drill, speedup, _result, image, colour,
+            custom, compare,
+        )[0]  # fmt: skip
+
+    def estimate_shown(
+        self, model_name, patch, stride, mode, region, drill, speedup, _result, image, colour,
+        custom, compare=None,
+    ):  # fmt: skip
+        """(:meth:`estimate`'s line, the estimate as the run strip keeps it for Run:
+        webapp.runs.shown_estimate, or None)."""
         load = runs.host_load()
-        text = self._estimate(
+        text, shown = self._estimate(
             model_name, patch, stride, mode, region, drill, speedup, image, colour, custom, load
         )
         if not compare or not isinstance(text, str):
-            return text
+            return text, shown
         loaded = self.services.model(model_name)
-        return f"{text} {comparison.estimate_note(loaded, load)}"
+        return f"{text} {comparison.estimate_note(loaded, load)}", shown
 
     def _estimate(
         self, model_name, patch, stride, mode, region, drill, speedup, image, colour, custom, load
@@ -196,15 +208,17 @@ class SettingsPanel:
             size = self.services.model(model_name).input_size
             runs.check_grid(size, patch, stride, region)
         except (InputError, ValueError) as exc:
-            return html.Span(str(exc), className="warning")
-        planned = self._planned(model_name, patch, stride, mode, region, image, colour, custom)
+            return html.Span(str(exc), className="warning"), None
+        request, planned = self._planned(
+            model_name, patch, stride, mode, region, image, colour, custom, drill, speedup
+        )
         if planned.positions and not planned.to_compute:
             found = runs.cached_estimate(model_name, load) if mode in ("exact", "naive") else None
             return (
                 f"Nothing to compute: all {planned.positions} positions are known from an "
                 f"earlier run, so Run shows them at once"
                 + (f" (about {runs.estimate_text(dataclasses.asdict(found))})." if found else ".")
-            )
+            ), runs.shown_estimate(request, planned, found)
         left = (
             f"{planned.to_compute} of {planned.positions}"
             if planned.known
@@ -213,37 +227,45 @@ class SettingsPanel:
         found = runs.find_estimate(
             model_name, patch, stride, mode, planned.region, drill, speedup, planned.known, load
         )
+        shown = runs.shown_estimate(request, planned, found)
         if found is None:
             return (
                 f"{left} positions; no time estimate for this model and patch size yet "
                 f"(it learns from your first runs)"
-            )
+            ), shown
         text = f"About {runs.estimate_text(dataclasses.asdict(found))} for {left} positions"
         if mode != "naive":
-            naive = self._planned(model_name, patch, stride, "naive", region, image, colour, custom)
+            _, naive = self._planned(
+                model_name, patch, stride, "naive", region, image, colour, custom, drill, speedup
+            )
             found_naive = runs.find_estimate(
                 model_name, patch, stride, "naive", naive.region, drill, speedup, naive.known,
                 load,
             )  # fmt: skip
             if found_naive is not None and naive.to_compute:
                 text += f" (naive: about {runs.format_seconds(found_naive.seconds)})"
-        return text + "."
+        return text + ".", shown
 
-    def _planned(self, model_name, patch, stride, mode, region, image, colour, custom):
-        """The run these settings make (webapp.runs.plan_run): its grid as the run will
-        snap it, and the positions known already (none where the image is unknown)."""
+    def _planned(
+        self, model_name, patch, stride, mode, region, image, colour, custom, drill, speedup
+    ):
+        """(the request these settings make, the run it plans: webapp.runs.plan_run,
+        its grid as the run will snap it and the positions known already; none where the
+        image is unknown)."""
+        request = runs.RunRequest(
+            key=image["key"] if image else "", name="", model=model_name, patch=int(patch),
+            stride=int(stride), mode=mode, region=tuple(region) if region else None,
+        )  # fmt: skip
         try:
-            request = runs.RunRequest(
-                key=image["key"] if image else "", name="", model=model_name,
-                patch=int(patch), stride=int(stride), mode=mode,
-                fill_rgb=helpers.parse_colour(colour, custom),
-                region=tuple(region) if region else None,
-            )  # fmt: skip
-            return runs.plan_run(self.services, request)
+            request = dataclasses.replace(
+                request, r_drill_down=float(drill), target_speedup=float(speedup)
+            )
+            request = dataclasses.replace(request, fill_rgb=helpers.parse_colour(colour, custom))
+            return request, runs.plan_run(self.services, request)
         except (InputError, KeyError, TypeError, ValueError):
             size = self.services.model(model_name).input_size
             count = runs.grid_count(size, patch, stride, region)
-            return runs.PlannedRun(tuple(region) if region else None, count, 0)
+            return request, runs.PlannedRun(tuple(region) if region else None, count, 0)
 
 
 def toggle_approximate(mode):

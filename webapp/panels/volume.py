@@ -5,6 +5,7 @@ webapp.volume_views."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -138,6 +139,7 @@ class VolumePanel:
         )(self.draw_views)
         app.callback(
             Output(ids.VOLUME_ESTIMATE, "children"),
+            Output(VOLUME_STRIP.estimate, "data"),
             Input(ids.VOLUME_MODEL, "value"),
             Input(ids.VOLUME_PATCH, "value"),
             Input(ids.VOLUME_STRIDE, "value"),
@@ -147,7 +149,7 @@ class VolumePanel:
             Input(ids.VOLUME_COMPARE, "value"),
             State(ids.VOLUME_STORE, "data"),
             State(ids.SESSION, "data"),
-        )(self.estimate)
+        )(self.estimate_shown)
         self._register_run(app)
         self._register_binding(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
@@ -481,26 +483,42 @@ class VolumePanel:
         reuses them: webapp.runs.plan_run, as the run plans itself), and how long the
         rest should take here (with Compare ticked, that its gradient step comes on
         top)."""
+        return self.estimate_shown(
+            model, patch, stride, mode, region, _handle, compare, record, session
+        )[0]
+
+    def estimate_shown(self, model, patch, stride, mode, region, _handle, compare=None,
+                       record=None, session=None):  # fmt: skip
+        """(:meth:`estimate`'s line, the estimate as the run strip keeps it for Run:
+        webapp.runs.shown_estimate, or None)."""
         if not model:
-            return ""
+            return "", None
         try:
             loaded = self.services.model(model, rank=3)
             patch, stride = _whole(patch, "cube"), _whole(stride, "stride")
         except InputError as exc:
-            return str(exc)
-        known = 0
-        if record and mode in ("exact", "naive"):
+            return str(exc), None
+        asked, known = None, 0
+        if record:
             try:
                 asked = _request(record, model, patch, stride, mode, None, region)
-                planned = runs.plan_run(self.services, asked, str(session or ""))
-                region, known = planned.region, planned.known  # on the grid the run uses
+                if mode in ("exact", "naive"):
+                    planned = runs.plan_run(self.services, asked, str(session or ""))
+                    region, known = planned.region, planned.known  # the run's own grid
             except (InputError, ValueError, KeyError):
-                known = 0  # the line below says what is wrong with the settings
+                asked, known = None, 0  # the line below says what is wrong
         load = runs.host_load()  # sampled once for the line
-        text = volumes.volume_estimate(
+        text, found, positions = volumes.volume_estimate_found(
             model, loaded.input_size, patch, stride, mode, region, load, known
         )
-        return f"{text}. {comparison.estimate_note(loaded, load)}" if compare else text
+        shown = None
+        if asked is not None and positions:
+            region = tuple(region) if region else None
+            planned = runs.PlannedRun(region, positions, min(known, positions))
+            shown = runs.shown_estimate(asked, planned, found)
+        if compare:
+            text = f"{text}. {comparison.estimate_note(loaded, load)}"
+        return text, shown
 
     def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
         """The kept volume result the handle names, when it explains what the panel shows:
@@ -535,8 +553,9 @@ class VolumePanel:
     # -- running ---------------------------------------------------------------------
 
     def run(self, set_progress, n_clicks, session, record, model, patch, stride, mode, label,
-            region, z, y, x, compare=None, layer=None):  # fmt: skip
-        """Queue, run and keep one volume run; the page gets its handle."""
+            region, z, y, x, compare=None, layer=None, shown=None):  # fmt: skip
+        """Queue, run and keep one volume run; the page gets its handle. ``shown``: the
+        estimate the panel showed (the run keeps it where its plan is the same)."""
         if not n_clicks:
             raise PreventUpdate
         session = str(session or "")
@@ -545,6 +564,7 @@ class VolumePanel:
             if not record:
                 raise InputError("load a volume first")
             request = _request(record, model, patch, stride, mode, label, region, compare, layer)
+            request = dataclasses.replace(request, estimate=shown)
             prepared = self._prepared(record, model, session)
             cursor = tuple(int(v) for v in (z, y, x))
             classes = list(self.services.model(model, rank=3).classes)

@@ -18,7 +18,7 @@ Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 """
 
 from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
-from .execute import PlannedRun, execute, plan_run
+from .execute import PlannedRun, execute, plan_run, shown_estimate
 from .records import (
     export_json,
     grid_heatmap,
@@ -33,6 +33,7 @@ from .subjects import Services, cell_key, results_key, subject_for
 from .timing import (
     CACHED_MODE,
     cached_estimate,
+    counts_estimate,
     estimate_text,
     find_estimate,
     finished_run,
@@ -54,6 +55,7 @@ __all__ = [
     "execute",
     "plan_run",
     "PlannedRun",
+    "shown_estimate",
     "CellCache",
     "KnownCells",
     "cell_key",
@@ -72,6 +74,7 @@ __all__ = [
     "grid_count",
     "CACHED_MODE",
     "cached_estimate",
+    "counts_estimate",
     "estimate_text",
     "find_estimate",
     "finished_run",

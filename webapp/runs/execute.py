@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import krypton
+from krypton.estimator import Estimate
 from krypton.explainer import grid
 
 from .. import comparison
@@ -22,7 +23,7 @@ from .regions import Bounds, whole
 from .request import Partial, Reporter, RunRequest
 from .subjects import Services, Subject, cell_key, results_key, subject_for
 
-__all__ = ["PlannedRun", "plan_run", "execute"]
+__all__ = ["PlannedRun", "plan_run", "shown_estimate", "execute"]
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,38 @@ def plan_run(services: Services, request: RunRequest, session: str = "") -> Plan
     return PlannedRun(found.region(subject), positions, count_known(found.known, found.axes))
 
 
+def _estimate_key(request: RunRequest, planned: PlannedRun) -> list:
+    """What an estimate was made for: the model, mode, patch, stride, the approximate
+    settings (in approximate mode) and the plan."""
+    region = None if planned.region is None else [int(v) for v in planned.region]
+    approximate = (
+        [float(request.r_drill_down), float(request.target_speedup)]
+        if request.mode == "approximate"
+        else None
+    )
+    return [request.model, request.mode, int(request.patch), int(request.stride), approximate,
+            region, int(planned.positions), int(planned.known)]  # fmt: skip
+
+
+def shown_estimate(request: RunRequest, planned: PlannedRun, found: Estimate | None) -> dict:
+    """The estimate a panel shows for ``request`` as the run strip keeps it for Run (a
+    JSON record): the run keeps it, and the runtime log learns from it, where the run
+    has the same plan; else the run estimates itself (:func:`execute`)."""
+    return {"for": _estimate_key(request, planned), "estimate": timing.as_record(found)}
+
+
 def _estimate(subject: Subject, found: _Grid, load: float) -> dict | None:
-    """The estimate of this run at ``load`` (what the page showed for these settings),
-    kept with the result and in the runtime log."""
+    """The estimate of this run: the one the page showed for it (``request.estimate``,
+    made for the same plan), else its own at ``load``; kept with the result and in the
+    runtime log."""
     request = subject.request
     positions = int(np.prod([len(a) for a in found.axes]))
+    cached = count_known(found.known, found.axes)
+    shown = request.estimate or {}
+    planned = PlannedRun(found.region(subject), positions, cached)
+    if shown.get("for") == _estimate_key(request, planned):
+        return shown.get("estimate")  # what the page showed: not estimated again
     if request.mode in ("exact", "naive"):
-        cached = count_known(found.known, found.axes)
         return timing.as_record(
             timing.counts_estimate(
                 request.model, request.mode, request.patch, positions, cached, load

@@ -44,6 +44,8 @@ class RunRequest:
     rank: int = 2  # 2: an image, 3: a volume
     # the page's record of a DICOM image (window, frame, spacing; no identity), or None
     dicom: dict | None = field(default=None, compare=False, hash=False)
+    # the estimate the page showed for these settings (webapp.runs.shown_estimate), or None
+    estimate: dict | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)

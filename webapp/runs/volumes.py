@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from krypton.engine.capture_lock import CAPTURE_LOCK
-from krypton.estimator import MIN_LOGGED_RUNS
+from krypton.estimator import MIN_LOGGED_RUNS, Estimate
 from krypton.explainer import grid
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
@@ -39,6 +39,7 @@ __all__ = [
     "VolumeCache",
     "volume_prediction",
     "volume_estimate",
+    "volume_estimate_found",
     "strongest_voxel",
     "export_dicom_series",
 ]
@@ -172,28 +173,47 @@ def volume_estimate(
     none before the first run here, for a model without a calibration) for the positions
     not ``known`` yet (exact and naive runs reuse them: the run's own estimate,
     :func:`webapp.runs.timing.counts_estimate`)."""
+    return volume_estimate_found(model, size, patch, stride, mode, region, load, known)[0]
+
+
+def volume_estimate_found(
+    model: str,
+    size,
+    patch: int,
+    stride: int,
+    mode: str,
+    region,
+    load: float | None = None,
+    known: int = 0,
+) -> tuple[str, Estimate | None, int]:
+    """(:func:`volume_estimate`'s line, the estimate or None, the grid's positions)."""
     size = tuple(int(s) for s in size)
     bounds = (tuple(region[:3]), tuple(region[3:])) if region else whole(size)
     try:
         check_volume_bounds(bounds, size, patch, stride)
         axes = grid(size, patch, stride, bounds)
     except (InputError, ValueError) as exc:
-        return str(exc)
+        return str(exc), None, 0
     shape = "x".join(str(len(a)) for a in axes)
     count = int(np.prod([len(a) for a in axes]))
     positions = f"{count} position{'' if count == 1 else 's'} on a {shape} grid"
     if mode == "approximate":
-        return f"{positions}; drill-down evaluates a share of them"
+        return f"{positions}; drill-down evaluates a share of them", None, count
     if known:
         positions += f", {min(known, count)} of them known from an earlier run"
     load = host_load() if load is None else load
     found = counts_estimate(model, mode, patch, count, min(known, count), load)
     if found is None:
         return (
-            f"{positions}; no time estimate yet (it is learnt from "
-            f"this host's runs of {model} in {mode} mode at this cube: {MIN_LOGGED_RUNS} needed)"
+            (
+                f"{positions}; no time estimate yet (it is learnt from this host's runs of "
+                f"{model} in {mode} mode at this cube: {MIN_LOGGED_RUNS} needed)"
+            ),
+            None,
+            count,
         )
-    return f"{positions}; estimated {estimate_text(dataclasses.asdict(found))}, from {found.source}"
+    text = f"{positions}; estimated {estimate_text(dataclasses.asdict(found))}, from {found.source}"
+    return text, found, count
 
 
 def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -> bytes:
