@@ -4,7 +4,8 @@ error when the module loads instead of a callback that never fires."""
 
 from __future__ import annotations
 
-# The run strips' ids (Run, Cancel, progress, live picture, busy flag, message) are their
+# The run strips' ids (Run, Cancel, progress, live picture, busy flag, downloads, message)
+# are their
 # component's, one per panel: webapp.run_strip.IMAGE_STRIP and VOLUME_STRIP.
 
 # Stores: what the page keeps between callbacks
@@ -21,7 +22,6 @@ RESULT_STORE = "result-store"
 OVERLAY_STORE = "overlay-store"
 UPLOAD_TICKET = "upload-ticket"
 MODEL_UPLOAD_TICKET = "model-upload-ticket"
-DOWNLOAD = "download"
 
 # Image panel
 UPLOAD = "upload"
@@ -82,11 +82,10 @@ MODEL_REGISTER = "model-register"
 MODEL_REGISTER_MESSAGE = "model-register-message"
 MODEL_REMOVE = "model-remove"
 
-# Pattern-matching ids: {"type": SAMPLE, "name": ...}, {"type": EXPORT, "format": ...} and
-# {"type": VOLUME_EXPORT, "format": ...} (VOLUME_EXPORT is with the volume panel's ids)
+# Pattern-matching ids: {"type": SAMPLE, "name": ...}; the downloads' are the run strips'
+# ({"type": IMAGE_STRIP.export, "format": ...})
 SAMPLE = "sample"
 COMPARE_SAMPLE = "compare-sample"  # {"type": COMPARE_SAMPLE, "name": ...}
-EXPORT = "export"
 
 # Inside callback answers (the settings and result panels build these)
 OOD_WARNING = "ood-warning"
@@ -100,7 +99,6 @@ VOLUME_WANTED = "volume-wanted"  # as IMAGE_WANTED and IMAGE_ANSWERED, for the v
 VOLUME_ANSWERED = "volume-answered"
 VOLUME_REGION = "volume-region"
 VOLUME_RESULT = "volume-result"
-VOLUME_DOWNLOAD = "volume-download"
 VOLUME_MODEL = "volume-model"
 VOLUME_MODE = "volume-mode"
 VOLUME_PATCH = "volume-patch"
@@ -119,7 +117,6 @@ VOLUME_GRAPH_SAGITTAL = "volume-graph-sagittal"
 VOLUME_SLIDER_AXIAL = "volume-slider-axial"
 VOLUME_SLIDER_CORONAL = "volume-slider-coronal"
 VOLUME_SLIDER_SAGITTAL = "volume-slider-sagittal"
-VOLUME_EXPORT = "volume-export"  # a pattern-matching id's type
 VOLUME_COMPARE = "volume-compare"
 VOLUME_COMPARE_LAYER = "volume-compare-layer"
 VOLUME_SAMPLE = "volume-sample"  # {"type": VOLUME_SAMPLE, "name": ...}

@@ -658,21 +658,7 @@ def _result_section(pacs: bool = False) -> html.Section:
                         figure=placeholder_figure("Press Run to compute the heatmap"),
                     ),
                     html.Div(id=ids.RESULT_SUMMARY, className="summary"),
-                    html.Div(
-                        [
-                            html.Span("Download: "),
-                            *[
-                                html.Button(
-                                    text,
-                                    id={"type": ids.EXPORT, "format": fmt},
-                                    disabled=True,
-                                    title=title,
-                                )
-                                for text, fmt, title in EXPORTS
-                            ],
-                        ],
-                        className="row exports",
-                    ),
+                    *IMAGE_STRIP.downloads(EXPORTS),
                     dcc.Checklist(
                         id=ids.DICOM_IDENTITY,
                         options=[
@@ -725,7 +711,6 @@ def build_layout(
             dcc.Store(id=ids.OVERLAY_STORE),
             dcc.Store(id=ids.UPLOAD_TICKET),  # the server's token for an uploaded image
             dcc.Store(id=ids.MODEL_UPLOAD_TICKET),  # ... and for a weights file
-            dcc.Download(id=ids.DOWNLOAD),
             html.Header(
                 [
                     html.H1("Krypton"),

@@ -1,5 +1,5 @@
-"""The run strip's parts — Run, Cancel, the progress bar, the live picture, the busy flag
-and the panel's message — one component for the image and the volume panel (Dash's
+"""The run strip's parts — Run, Cancel, the progress bar, the live picture, the busy flag,
+the downloads and the panel's message — one component for the image and the volume panel (Dash's
 All-in-One pattern: a widget used twice is one class with a scope). Its callbacks are
 webapp.panels.run_strip's, registered once per strip."""
 
@@ -52,6 +52,15 @@ class RunStrip:
         return self.id("message")
 
     @property
+    def export(self) -> str:
+        """The type of the download buttons' pattern-matching ids ({"type", "format"})."""
+        return self.id("export")
+
+    @property
+    def download(self) -> str:
+        return self.id("download")
+
+    @property
     def estimate(self) -> str:
         """The estimate the panel shows for its settings, for Run to keep."""
         return self.id("estimate-store")
@@ -81,6 +90,16 @@ class RunStrip:
             id=self.live_panel,
             style={"display": "none"},
         )
+
+    def downloads(self, exports) -> list:
+        """The download buttons, one per (text, format, title) of ``exports``, off until a
+        result is shown, and the download they fill."""
+        buttons = [
+            html.Button(text, id={"type": self.export, "format": fmt}, disabled=True, title=title)
+            for text, fmt, title in exports
+        ]
+        return [html.Div([html.Span("Download: "), *buttons], className="row exports"),
+                dcc.Download(id=self.download)]  # fmt: skip
 
     def message_box(self) -> html.Div:
         return html.Div(id=self.message, className="message", role="alert")

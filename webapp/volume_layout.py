@@ -100,7 +100,6 @@ def volume_section(
             dcc.Store(id=ids.VOLUME_REGION),
             dcc.Store(id=ids.VOLUME_RESULT),
             dcc.Store(id=ids.VOLUME_COMPARE_PENDING),
-            dcc.Download(id=ids.VOLUME_DOWNLOAD),
             html.Div(
                 dcc.Upload(
                     html.Div(
@@ -143,21 +142,7 @@ def volume_section(
             VOLUME_STRIP.live(),
             html.Div(id=ids.VOLUME_SUMMARY, className="summary"),
             html.Div(id=ids.VOLUME_COMPARE_PANEL, className="compare"),
-            html.Div(
-                [
-                    html.Span("Download: "),
-                    *[
-                        html.Button(
-                            text,
-                            id={"type": ids.VOLUME_EXPORT, "format": fmt},
-                            disabled=True,
-                            title=title,
-                        )
-                        for text, fmt, title in VOLUME_EXPORTS
-                    ],
-                ],
-                className="row exports",
-            ),  # fmt: skip
+            *VOLUME_STRIP.downloads(VOLUME_EXPORTS),
             *([pacs_send(ids.PACS_SEND, ids.PACS_SENT)] if pacs else []),
         ],
         className="panel volume-panel",

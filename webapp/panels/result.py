@@ -16,7 +16,7 @@ from .common import DROPPED_RESULT, SCREEN_INPUTS, empty_figure
 from .compare import image_compare_view
 
 NO_RESULT = "Press Run to compute the heatmap"
-EXPORTS = {"type": ids.EXPORT, "format": ALL}
+EXPORTS = {"type": IMAGE_STRIP.export, "format": ALL}
 
 
 class ResultPanel:
@@ -49,7 +49,7 @@ class ResultPanel:
             State(EXPORTS, "id"),
         )(self.show_result)
         app.callback(
-            Output(ids.DOWNLOAD, "data"),
+            Output(IMAGE_STRIP.download, "data"),
             Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
             Input(EXPORTS, "n_clicks"),
             State(ids.SESSION, "data"),

@@ -169,7 +169,7 @@ class VolumePanel:
             Output(VOLUME_STRIP.live_panel, "style", allow_duplicate=True),
             *[Output(g, "figure", allow_duplicate=True) for g in GRAPHS],
             Output(ids.VOLUME_SUMMARY, "children", allow_duplicate=True),
-            Output({"type": ids.VOLUME_EXPORT, "format": ALL}, "disabled", allow_duplicate=True),
+            Output({"type": VOLUME_STRIP.export, "format": ALL}, "disabled", allow_duplicate=True),
             Output(ids.VOLUME_COMPARE_PANEL, "children", allow_duplicate=True),
             Input(ids.VOLUME_STORE, "data"),
             Input(ids.VOLUME_MODEL, "value"),
@@ -185,7 +185,7 @@ class VolumePanel:
         )(self.switch_class)
         app.callback(
             Output(ids.VOLUME_SUMMARY, "children"),
-            *[Output({"type": ids.VOLUME_EXPORT, "format": f}, "disabled")
+            *[Output({"type": VOLUME_STRIP.export, "format": f}, "disabled")
               for f in ("nifti", "json", "dicom", "compare")],
             Input(ids.VOLUME_RESULT, "data"),
             Input(ids.VOLUME_STORE, "data"),
@@ -206,9 +206,9 @@ class VolumePanel:
             State(ids.SESSION, "data"),
         )(self.compare_rows)
         app.callback(
-            Output(ids.VOLUME_DOWNLOAD, "data"),
+            Output(VOLUME_STRIP.download, "data"),
             Output(VOLUME_STRIP.message, "children", allow_duplicate=True),
-            Input({"type": ids.VOLUME_EXPORT, "format": ALL}, "n_clicks"),
+            Input({"type": VOLUME_STRIP.export, "format": ALL}, "n_clicks"),
             State(ids.VOLUME_RESULT, "data"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,

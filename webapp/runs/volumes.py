@@ -158,22 +158,9 @@ def strongest_voxel(result: dict) -> tuple[int, int, int] | None:
     return tuple(centre)  # type: ignore[return-value]
 
 
-def volume_estimate(
-    model: str,
-    size,
-    patch: int,
-    stride: int,
-    mode: str,
-    region,
-    load: float | None = None,
-    known: int = 0,
-) -> str:
-    """What the volume panel says before Run: the positions, and the time this host's
-    last runs of the model, mode and cube predict at ``load`` (sampled now where None;
-    none before the first run here, for a model without a calibration) for the positions
-    not ``known`` yet (exact and naive runs reuse them: the run's own estimate,
-    :func:`webapp.runs.timing.counts_estimate`)."""
-    return volume_estimate_found(model, size, patch, stride, mode, region, load, known)[0]
+def volume_estimate(*settings, **named) -> str:
+    """What the volume panel says before Run (:func:`volume_estimate_found`'s line)."""
+    return volume_estimate_found(*settings, **named)[0]
 
 
 def volume_estimate_found(
@@ -186,7 +173,12 @@ def volume_estimate_found(
     load: float | None = None,
     known: int = 0,
 ) -> tuple[str, Estimate | None, int]:
-    """(:func:`volume_estimate`'s line, the estimate or None, the grid's positions)."""
+    """What the volume panel says before Run: the positions, and the time this host's
+    last runs of the model, mode and cube predict at ``load`` (sampled now where None;
+    none before the first run here, for a model without a calibration) for the positions
+    not ``known`` yet (exact and naive runs reuse them: the run's own estimate,
+    :func:`webapp.runs.timing.counts_estimate`). Returns (the line, the estimate or None,
+    the grid's positions)."""
     size = tuple(int(s) for s in size)
     bounds = (tuple(region[:3]), tuple(region[3:])) if region else whole(size)
     try:
