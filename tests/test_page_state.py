@@ -23,6 +23,7 @@ from webapp.lifecycle import (
     result_view,
 )
 from webapp.panels.models import ModelsPanel, users_words
+from webapp.run_strip import IMAGE_STRIP, VOLUME_STRIP
 from webapp.services import Services
 
 STEPS = {
@@ -156,10 +157,11 @@ def test_a_result_is_shown_only_beside_what_it_explains():
     assert result_view(relabelled, provenance(label=0)).show
 
 
+STRIPS = (IMAGE_STRIP, VOLUME_STRIP)
 # the types of pattern-matching ids ({"type": ..., "name"/"format": ...})
-PATTERN_TYPES = (
-    "SAMPLE", "COMPARE_SAMPLE", "EXPORT", "VOLUME_EXPORT", "VOLUME_SAMPLE", "VOLUME_COMPARE_SAMPLE",
-)  # fmt: skip
+PATTERN_TYPES = ("SAMPLE", "COMPARE_SAMPLE", "VOLUME_SAMPLE", "VOLUME_COMPARE_SAMPLE")
+STRIP_PARTS = ("run", "cancel", "progress", "live_panel", "live_graph", "live_status",
+               "message", "busy", "download", "estimate", "estimate_store")  # fmt: skip
 
 
 @pytest.mark.parametrize("pacs", [False, True])
@@ -199,9 +201,12 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path, monkeypatch, pacs):
         and isinstance(value, str)
         and (pacs or not name.startswith("PACS_"))
     }
+    # the run strips' ids are their component's (webapp.run_strip), one set per panel
+    declared |= {getattr(strip, part) for strip in STRIPS for part in STRIP_PARTS}
     assert declared <= on_page, declared - on_page
     assert pacs or not {i for i in on_page if i.startswith("pacs-")}  # no PACS: no search
     assert {getattr(ids, name) for name in PATTERN_TYPES} <= types
+    assert {strip.export for strip in STRIPS} <= types
     used = set()
     for key, spec in app.callback_map.items():
         for dependency in spec["inputs"] + spec.get("state", []):

@@ -54,7 +54,6 @@ TARGET_SPEEDUP = "target-speedup"
 SNAP = "snap"
 COMPARE = "compare"  # also compute Grad-CAM and Integrated Gradients
 COMPARE_LAYER = "compare-layer"  # the layer Grad-CAM reads (None: the default rule)
-ESTIMATE = "estimate"
 
 # Run panel
 
@@ -106,7 +105,6 @@ VOLUME_STRIDE = "volume-stride"
 VOLUME_LABEL = "volume-label"
 VOLUME_WINDOW = "volume-window"
 VOLUME_INFO = "volume-info"
-VOLUME_ESTIMATE = "volume-estimate"
 VOLUME_REGION_TEXT = "volume-region-text"
 VOLUME_RESET_REGION = "volume-reset-region"
 VOLUME_SUMMARY = "volume-summary"

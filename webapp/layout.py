@@ -633,7 +633,7 @@ def _settings_section(
             _tick(ids.SNAP, " snap a new region to the last grid (reuses computed cells)", True),
             _tick(ids.COMPARE, COMPARE_LABEL),
             layer_picker(ids.COMPARE_LAYER),
-            html.Div(id=ids.ESTIMATE, className="estimate"),
+            IMAGE_STRIP.estimate_line(),
             html.Div(IMAGE_STRIP.buttons(), className="row"),
             IMAGE_STRIP.progress_bar(),
             _model_upload(max_model_bytes, trusted_uploads),

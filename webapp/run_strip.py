@@ -62,7 +62,12 @@ class RunStrip:
 
     @property
     def estimate(self) -> str:
-        """The estimate the panel shows for its settings, for Run to keep."""
+        """The line beside Run: how long a run of these settings should take."""
+        return self.id("estimate")
+
+    @property
+    def estimate_store(self) -> str:
+        """The estimate that line shows, as Run keeps it (webapp.runs.shown_estimate)."""
         return self.id("estimate-store")
 
     @property
@@ -76,6 +81,9 @@ class RunStrip:
             html.Button("Run", id=self.run, n_clicks=0, className="primary"),
             html.Button("Cancel", id=self.cancel, n_clicks=0, disabled=True),
         ]
+
+    def estimate_line(self) -> html.Div:
+        return html.Div(id=self.estimate, className="estimate")
 
     def progress_bar(self) -> html.Progress:
         return html.Progress(id=self.progress, value="0", max="1")
@@ -106,7 +114,7 @@ class RunStrip:
 
     def stores(self) -> list[dcc.Store]:
         """The busy flag and the estimate shown."""
-        return [dcc.Store(id=self.busy, data=False), dcc.Store(id=self.estimate)]
+        return [dcc.Store(id=self.busy, data=False), dcc.Store(id=self.estimate_store)]
 
 
 IMAGE_STRIP = RunStrip("")

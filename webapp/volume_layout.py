@@ -137,7 +137,7 @@ def volume_section(
                 "sets the two axes its view shows).",
                 className="help",
             ),
-            html.Div(id=ids.VOLUME_ESTIMATE, className="help"),
+            VOLUME_STRIP.estimate_line(),
             html.Div([*VOLUME_STRIP.buttons(), VOLUME_STRIP.progress_bar()], className="row"),
             VOLUME_STRIP.live(),
             html.Div(id=ids.VOLUME_SUMMARY, className="summary"),

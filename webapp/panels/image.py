@@ -49,7 +49,7 @@ class ImagePanel:
         # a click hides the prediction, class list and estimate and disables Run; the
         # settings panel's rule shows them again once what arrived is for the picture
         hide_at_click(
-            app, ids.IMAGE_WANTED, [ids.TOP5, ids.LABEL, ids.ESTIMATE], IMAGE_STRIP.run,
+            app, ids.IMAGE_WANTED, [ids.TOP5, ids.LABEL, IMAGE_STRIP.estimate], IMAGE_STRIP.run,
             (ids.SAMPLE, ids.COMPARE_SAMPLE, ids.UPLOAD, ids.UPLOAD_TICKET, ids.MODEL),
         )  # fmt: skip
         app.callback(

@@ -68,7 +68,7 @@ def register_strip(
         Output(strip.message, "children", allow_duplicate=True),
         Input(strip.run, "n_clicks"),
         *states,
-        State(strip.estimate, "data"),
+        State(strip.estimate_store, "data"),
         background=True,
         manager=manager,
         prevent_initial_call=True,

@@ -51,7 +51,7 @@ class SettingsPanel:
             ClientsideFunction("krypton_binding", "showImage"),
             Output(ids.TOP5, "style"),
             Output(ids.LABEL, "style"),
-            Output(ids.ESTIMATE, "style"),
+            Output(IMAGE_STRIP.estimate, "style"),
             Output(IMAGE_STRIP.run, "disabled"),
             Input(ids.PREDICTION_STORE, "data"),
             Input(ids.IMAGE_STORE, "data"),
@@ -60,7 +60,7 @@ class SettingsPanel:
             Input(ids.IMAGE_SHOWN, "data"),
             Input(ids.IMAGE_WANTED, "data"),
             Input(ids.IMAGE_ANSWERED, "data"),
-            Input(ids.ESTIMATE, "children"),
+            Input(IMAGE_STRIP.estimate, "children"),
         )
         app.callback(
             Output(ids.PATCH, "options"), Output(ids.PATCH, "value"), Input(ids.MODEL, "value")
@@ -80,8 +80,8 @@ class SettingsPanel:
             Input(ids.OVERLAY_THRESHOLD, "value"),
         )(overlay_settings)
         app.callback(
-            Output(ids.ESTIMATE, "children"),
-            Output(IMAGE_STRIP.estimate, "data"),
+            Output(IMAGE_STRIP.estimate, "children"),
+            Output(IMAGE_STRIP.estimate_store, "data"),
             Input(ids.MODEL, "value"),
             Input(ids.PATCH, "value"),
             Input(ids.STRIDE, "value"),

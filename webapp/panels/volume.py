@@ -138,8 +138,8 @@ class VolumePanel:
             prevent_initial_call=True,
         )(self.draw_views)
         app.callback(
-            Output(ids.VOLUME_ESTIMATE, "children"),
-            Output(VOLUME_STRIP.estimate, "data"),
+            Output(VOLUME_STRIP.estimate, "children"),
+            Output(VOLUME_STRIP.estimate_store, "data"),
             Input(ids.VOLUME_MODEL, "value"),
             Input(ids.VOLUME_PATCH, "value"),
             Input(ids.VOLUME_STRIDE, "value"),
@@ -221,7 +221,7 @@ class VolumePanel:
         the one wanted and the panel has described it."""
         hide_at_click(
             app, ids.VOLUME_WANTED,
-            [ids.VOLUME_INFO, ids.VOLUME_LABEL, ids.VOLUME_ESTIMATE, ids.VOLUME_SUMMARY],
+            [ids.VOLUME_INFO, ids.VOLUME_LABEL, VOLUME_STRIP.estimate, ids.VOLUME_SUMMARY],
             VOLUME_STRIP.run,
             (ids.VOLUME_SAMPLE, ids.VOLUME_COMPARE_SAMPLE, ids.VOLUME_UPLOAD, ids.VOLUME_TICKET,
              ids.VOLUME_MODEL),
@@ -230,7 +230,7 @@ class VolumePanel:
             ClientsideFunction("krypton_binding", "showVolume"),
             Output(ids.VOLUME_INFO, "style"),
             Output(ids.VOLUME_LABEL, "style"),
-            Output(ids.VOLUME_ESTIMATE, "style"),
+            Output(VOLUME_STRIP.estimate, "style"),
             Output(ids.VOLUME_SUMMARY, "style"),
             Output(VOLUME_STRIP.run, "disabled"),
             Input(ids.VOLUME_INFO, "children"),
@@ -238,7 +238,7 @@ class VolumePanel:
             Input(VOLUME_STRIP.busy, "data"),
             Input(ids.VOLUME_WANTED, "data"),
             Input(ids.VOLUME_ANSWERED, "data"),
-            Input(ids.VOLUME_ESTIMATE, "children"),
+            Input(VOLUME_STRIP.estimate, "children"),
             Input(ids.VOLUME_SUMMARY, "children"),
         )
 
