@@ -13,7 +13,7 @@ from .. import figures, helpers, ids, runs
 from ..layout import placeholder_figure
 from ..run_strip import IMAGE_STRIP
 from ..services import Services
-from .run_strip import Prepared, register_strip, run_job
+from .run_strip import Prepared, register_strip, run_job, values
 
 # The Run callback's outputs: the result's handle and the message (team mode's manager
 # answers with a message alone when the queue or the workers are gone). The result panel
@@ -43,28 +43,16 @@ class RunPanel:
             self.run,
             manager=self.manager,
             result=ids.RESULT_STORE,
-            states=[
-                State(ids.SESSION, "data"),
-                State(ids.IMAGE_STORE, "data"),
-                State(ids.MODEL, "value"),
-                State(ids.PATCH, "value"),
-                State(ids.STRIDE, "value"),
-                State(ids.MODE, "value"),
-                State(ids.COLOUR, "value"),
-                State(ids.CUSTOM_COLOUR, "value"),
+            source=ids.IMAGE_STORE,
+            model=ids.MODEL,
+            settings=[
+                *values(ids.PATCH, ids.STRIDE, ids.MODE, ids.COLOUR, ids.CUSTOM_COLOUR),
                 State(ids.LABEL, "value"),
                 State(ids.REGION_STORE, "data"),
-                State(ids.TARGET_SSIM, "value"),
-                State(ids.DRILL_DOWN, "value"),
-                State(ids.TARGET_SPEEDUP, "value"),
-                State(ids.SNAP, "value"),
+                *values(ids.TARGET_SSIM, ids.DRILL_DOWN, ids.TARGET_SPEEDUP, ids.SNAP),
                 State(ids.OVERLAY_STORE, "data"),
-                State(ids.COMPARE, "value"),
-                State(ids.COMPARE_LAYER, "value"),
+                *values(ids.COMPARE, ids.COMPARE_LAYER),
             ],
-            # A new image or model stops the run that explains the old one (Dash cancels
-            # a background job when any of these inputs changes).
-            stops=[Input(ids.IMAGE_STORE, "data"), Input(ids.MODEL, "value")],
             hidden_while_running=(ids.RESULT_PANEL_BODY, ids.COMPARE_PANEL),
         )
         # A new image or model: the live picture of the run it stops goes at once, in the

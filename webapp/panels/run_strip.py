@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import comparison, runs
+from .. import comparison, ids, runs
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError
 from ..jobs import JobCancelled, QueueFull, check_cancelled
@@ -47,6 +47,11 @@ class Prepared:
     classes: list[str]
 
 
+def values(*components: str) -> list[State]:
+    """The ``value`` of each of ``components``, as a callback's states."""
+    return [State(component, "value") for component in components]
+
+
 def register_strip(
     strip: RunStrip,
     app,
@@ -54,20 +59,26 @@ def register_strip(
     *,
     manager,
     result: str,
-    states: list[State],
-    stops: list[Input],
+    source: str,
+    model: str,
+    settings: list[State],
     hidden_while_running: tuple[str, ...] = (),
 ) -> None:
-    """The background Run callback: ``job(set_progress, n_clicks, *states, shown)``
-    (``shown``: the estimate the panel showed, :func:`webapp.runs.shown_estimate`) keeps
-    the run's handle in ``result`` and says why not in the message; the ``stops``
-    (a new input or model) cancel it, as Cancel does; ``hidden_while_running`` go
-    while it runs. Also: Run off while busy, and what Cancel did, in words."""
+    """The background Run callback: ``job(set_progress, n_clicks, session, the panel's
+    input (``source``'s data), the model, *settings, shown)`` (``shown``: the estimate the
+    panel showed, :func:`webapp.runs.shown_estimate`) keeps the run's handle in
+    ``result`` and says why not in the message. A new input or model stops it, as Cancel
+    does (Dash cancels a background job when one of those inputs changes);
+    ``hidden_while_running`` go while it runs. Also: Run off while busy, and what Cancel
+    did, in words."""
     app.callback(
         Output(result, "data"),
         Output(strip.message, "children", allow_duplicate=True),
         Input(strip.run, "n_clicks"),
-        *states,
+        State(ids.SESSION, "data"),
+        State(source, "data"),
+        State(model, "value"),
+        *settings,
         State(strip.estimate_store, "data"),
         background=True,
         manager=manager,
@@ -83,7 +94,7 @@ def register_strip(
                 for part in hidden_while_running
             ],
         ],
-        cancel=[Input(strip.cancel, "n_clicks"), *stops],
+        cancel=[Input(strip.cancel, "n_clicks"), Input(source, "data"), Input(model, "value")],
         progress=[
             Output(strip.progress, "value"),
             Output(strip.progress, "max"),

@@ -25,7 +25,7 @@ from ..services import Services
 from ..volume_layout import volume_sample_path
 from .common import DROPPED_RESULT, empty_figure, hide_at_click, origin
 from .compare import volume_compare_view
-from .run_strip import Prepared, register_strip, run_job
+from .run_strip import Prepared, register_strip, run_job, values
 
 logger = logging.getLogger("krypton.app")
 GRAPHS = [graph for _, graph, _ in ids.VOLUME_GRAPHS]  # in VIEWS' order
@@ -249,21 +249,13 @@ class VolumePanel:
             self.run,
             manager=self.manager,
             result=ids.VOLUME_RESULT,
-            states=[
-                State(ids.SESSION, "data"),
-                State(ids.VOLUME_STORE, "data"),
-                State(ids.VOLUME_MODEL, "value"),
-                State(ids.VOLUME_PATCH, "value"),
-                State(ids.VOLUME_STRIDE, "value"),
-                State(ids.VOLUME_MODE, "value"),
-                State(ids.VOLUME_LABEL, "value"),
+            source=ids.VOLUME_STORE,
+            model=ids.VOLUME_MODEL,
+            settings=[
+                *values(ids.VOLUME_PATCH, ids.VOLUME_STRIDE, ids.VOLUME_MODE, ids.VOLUME_LABEL),
                 State(ids.VOLUME_REGION, "data"),
-                *[State(s, "value") for s in SLIDERS],
-                State(ids.VOLUME_COMPARE, "value"),
-                State(ids.VOLUME_COMPARE_LAYER, "value"),
+                *values(*SLIDERS, ids.VOLUME_COMPARE, ids.VOLUME_COMPARE_LAYER),
             ],
-            # a new volume or model stops the run that explains the old one
-            stops=[Input(ids.VOLUME_STORE, "data"), Input(ids.VOLUME_MODEL, "value")],
         )
 
     # -- loading and viewing -----------------------------------------------------------

@@ -68,7 +68,7 @@ def _grid(services: Services, subject: Subject, peek: bool = False) -> _Grid:
     if request.mode in ("exact", "naive"):
         weights = services.weights_checksum(request.model)
         key = cell_key(request, weights, subject.loaded.preprocessing)
-        known = services.cells.peek(key) if peek else services.cells.get(key)  # type: ignore[attr-defined]
+        known = services.cells.peek(key) if peek else services.cells.get(key)
     if known is not None and known.origin is not None and known.cells:
         offset = tuple((a - o) % request.stride for a, o in zip(bounds[0], known.origin))
         if any(offset) and request.snap:

@@ -14,6 +14,8 @@ import krypton
 
 from .. import helpers
 from ..helpers import InputError
+from ..image_store import ImageStore
+from .cells import CellCache
 from .regions import Bounds, check_volume_bounds, whole
 from .request import RunRequest
 from .volumes import volume_prediction
@@ -22,9 +24,9 @@ __all__ = ["Services", "Subject", "ImageSubject", "VolumeSubject", "subject_for"
 
 
 class Services(Protocol):  # what webapp.services.Services provides
-    images: helpers.ImageStore
+    images: ImageStore
     results: helpers.ResultStore
-    cells: object
+    cells: CellCache  # or team mode's RedisCellCache, which has its interface
 
     def model(self, name: str, rank: int | None = 2) -> krypton.LoadedModel: ...
     def explainer(self, name: str, rank: int | None = 2) -> krypton.OcclusionExplainer: ...
@@ -96,7 +98,8 @@ class ImageSubject:
         return (y0, x0), (y1, x1)
 
     def check(self, bounds: Bounds) -> None:
-        helpers.check_region(list(self.flat(bounds)), self.size, self.request.patch,
+        height, width = self.size
+        helpers.check_region(list(self.flat(bounds)), (height, width), self.request.patch,
                              self.request.stride)  # fmt: skip
 
     def flat(self, bounds: Bounds) -> tuple[int, ...]:
