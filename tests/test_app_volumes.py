@@ -625,3 +625,25 @@ def test_the_volume_panels_estimate_counts_the_cells_a_run_will_reuse(services, 
     after = panel.estimate("ct-test", 8, 8, "exact", None, None, None, record, "tab-1")
     assert "216 of them known from an earlier run" in after, after
     assert "every cell known" in after, after  # estimated as a run that computes nothing
+
+
+def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
+    services, nifti_bytes
+):
+    """Team mode with Redis gone: the image panel said so; the volume panel's summary,
+    class switch and downloads raised inside their callbacks (one reader of the kept
+    result for every panel now: webapp.runs.kept_result)."""
+    from webapp.panels.volume import VolumePanel
+    from webapp.team import RedisResultStore, redis_client
+
+    key = stored(services, nifti_bytes)
+    result = runs.execute(services, "tab-1", request(key), lambda *a: None)
+    handle = {"id": result["id"], "source_key": key, "model": "ct-test"}
+    away = "redis://127.0.0.1:9/0"  # nothing listens there: the real client, refused
+    services.results = RedisResultStore(redis_client(away), away)
+    panel = VolumePanel(services, None)
+    record = {"key": key, "name": "chest.nii.gz"}
+    summary = panel.summary(handle, record, "ct-test", None, 8, 8, "exact", None, "tab-1")
+    assert "Redis" in str(summary[0]) and summary[1:] == (True, True, True, True)
+    _, said = panel.switch_class(1 - result["label"], handle, "tab-1")
+    assert "Redis" in said

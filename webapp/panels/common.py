@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from dash import ALL, ClientsideFunction, Input, Output, State
 
-from .. import ids
+from .. import ids, runs
 from ..layout import placeholder_figure
 
 # What a result's provenance is compared with: the page's image, model and settings.
@@ -94,8 +94,4 @@ def off_while_running(app, busy: str, run: str) -> None:
     )
 
 
-# what the image and the volume panel say when the server let a run's result go
-DROPPED_RESULT = (
-    "This heatmap is no longer kept on the server (results are kept within "
-    "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
-)
+DROPPED_RESULT = runs.DROPPED_RESULT  # what either panel says when a result was let go

@@ -186,9 +186,9 @@ class PacsPanel:
         if not clicks or not isinstance(handle, dict):
             raise PreventUpdate
         session = str(session or "")
-        result = self.services.results.get(runs.results_key(session, 3))
-        if result is None or result.get("id") != handle.get("id"):
-            return "The heatmap is no longer on the server; press Run again."
+        result, why = runs.kept_result(self.services.results, runs.results_key(session, 3), handle)
+        if result is None:
+            return why or "The heatmap is no longer on the server; press Run again."
         opened = self.services.pacs_sources.origin(str(result["source_key"]), session)
         if opened is None:
             return "This volume was not opened from the PACS; only those are sent back."

@@ -12,7 +12,7 @@ from ..helpers import InputError
 from ..lifecycle import Provenance, result_view
 from ..run_strip import IMAGE_STRIP
 from ..services import Services
-from .common import DROPPED_RESULT, SCREEN_INPUTS, empty_figure
+from .common import SCREEN_INPUTS, empty_figure
 from .compare import image_compare_view
 
 NO_RESULT = "Press Run to compute the heatmap"
@@ -64,24 +64,14 @@ class ResultPanel:
     def recolour(self, label, session, handle):
         """Another class of the same run: re-coloured at once, nothing recomputed (the
         result panel redraws from the new handle)."""
-        results = self.services.results
-        try:
-            result = results.get(session)
-        except InputError as exc:  # team mode: Redis is away
-            return no_update, str(exc)
-        if label is not None and handle and result is None and results.dropped(session):
-            return no_update, DROPPED_RESULT
-        if (
-            label is None
-            or not handle
-            or result is None
-            or result["id"] != handle.get("id")
-            or int(label) == result["label"]
-        ):
+        result, why = runs.kept_result(self.services.results, session, handle)
+        if label is not None and why:
+            return no_update, why  # the store is away, or the result was let go
+        if label is None or result is None or int(label) == result["label"]:
             raise PreventUpdate
         try:
             result = runs.relabel(result, int(label))
-            results.put(session, result)
+            self.services.results.put(session, result)
         except InputError as exc:
             # the panel hides the heatmap: the class on screen is not the one it explains
             return dict(handle, refused=int(label)), str(exc)
@@ -92,14 +82,9 @@ class ResultPanel:
         what it explains; otherwise why not."""
         *screen, label, session, buttons = screen_and_states
         none = [True] * len(buttons), {"display": "none"}, []
-        try:
-            result = self.services.results.get(session) if handle else None
-        except InputError as exc:  # team mode: Redis is away
-            return empty_figure(str(exc)), "", *none
-        if result is None or result["id"] != handle.get("id"):
-            if handle and self.services.results.dropped(session):
-                return empty_figure(DROPPED_RESULT), "", *none
-            return empty_figure(NO_RESULT), "", *none
+        result, why = runs.kept_result(self.services.results, session, handle)
+        if result is None:  # why: the store is away, or the result was let go
+            return empty_figure(why or NO_RESULT), "", *none
         view = result_view(
             Provenance.from_dict(result["provenance"]), self.screen_provenance(*screen, label)
         )
@@ -171,10 +156,10 @@ class ResultPanel:
         """A download of the result on screen, in the format of the button pressed."""
         if not any(clicks or []) or not isinstance(handle, dict):
             raise PreventUpdate
-        result = self.services.results.get(session)
-        if result is None and self.services.results.dropped(session):
-            return no_update, DROPPED_RESULT
-        if result is None or result["id"] != handle.get("id"):
+        result, why = runs.kept_result(self.services.results, session, handle)
+        if result is None and why:
+            return no_update, why
+        if result is None:
             raise PreventUpdate  # not this tab's current result
         view = result_view(
             Provenance.from_dict(result["provenance"]), self.screen_provenance(*screen)

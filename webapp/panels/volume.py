@@ -23,7 +23,7 @@ from ..run_strip import VOLUME_STRIP
 from ..runs import volumes
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import DROPPED_RESULT, empty_figure, hide_at_click, origin
+from .common import empty_figure, hide_at_click, origin
 from .compare import volume_compare_view
 from .run_strip import Prepared, register_strip, run_job, values
 
@@ -520,14 +520,12 @@ class VolumePanel:
 
     def _shown(self, handle, record, model, session, screen=()) -> tuple[dict | None, str]:
         """(the result to show, or None; why not, in the page's words)."""
-        if not handle or not record:
+        if not record:
             return None, ""
         key = runs.results_key(str(session or ""), 3)
-        result = self.services.results.get(key)
-        if result is None and self.services.results.dropped(key):
-            return None, DROPPED_RESULT  # as the image panel says it
-        if result is None or result.get("id") != handle.get("id"):
-            return None, ""
+        result, why = runs.kept_result(self.services.results, key, handle)
+        if result is None:
+            return None, why
         if result.get("source_key") != record.get("key") or result.get("model") != model:
             return None, "The last heatmap explains another volume or model."
         if not screen or result.get("provenance") is None:
@@ -569,9 +567,11 @@ class VolumePanel:
         if label is None or not handle:
             raise PreventUpdate
         key = runs.results_key(str(session or ""), 3)
-        result = self.services.results.get(key)
-        if result is None or result.get("id") != handle.get("id"):
-            raise PreventUpdate
+        result, why = runs.kept_result(self.services.results, key, handle)
+        if result is None and not why:
+            raise PreventUpdate  # another run's
+        if result is None:
+            return no_update, why
         if int(label) == result["label"]:
             raise PreventUpdate
         try:
@@ -616,9 +616,9 @@ class VolumePanel:
             raise PreventUpdate
         fmt = ctx.triggered_id["format"]
         session = str(session or "")
-        result = self.services.results.get(runs.results_key(session, 3))
-        if result is None or not handle or result.get("id") != handle.get("id"):
-            return no_update, "The heatmap is no longer on the server; press Run again."
+        result, why = runs.kept_result(self.services.results, runs.results_key(session, 3), handle)
+        if result is None:
+            return no_update, why or "The heatmap is no longer on the server; press Run again."
         stem = export_stem(result)
         try:
             if fmt == "nifti":

@@ -20,8 +20,10 @@ Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
 from .execute import PlannedRun, execute, plan_run, shown_estimate
 from .records import (
+    DROPPED_RESULT,
     export_json,
     grid_heatmap,
+    kept_result,
     provenance,
     relabel,
     result_heatmap,
@@ -65,6 +67,8 @@ __all__ = [
     "results_key",
     "subject_for",
     "provenance",
+    "DROPPED_RESULT",
+    "kept_result",
     "result_heatmap",
     "grid_heatmap",
     "summary_lines",

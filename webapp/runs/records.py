@@ -20,6 +20,8 @@ from .timing import estimate_text, plan_text, speed_text
 
 __all__ = [
     "AXIS_FIELDS",
+    "DROPPED_RESULT",
+    "kept_result",
     "provenance",
     "result_record",
     "result_heatmap",
@@ -80,6 +82,32 @@ def result_record(
     for name, axis in zip(AXIS_FIELDS[-len(axes) :], axes):
         record[name] = np.asarray(axis).tolist()
     return record
+
+
+# what either panel says when the server let a run's result go
+DROPPED_RESULT = (
+    "This heatmap is no longer kept on the server (results are kept within "
+    "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
+)
+
+
+def kept_result(results, key: str, handle: dict | None) -> tuple[dict | None, str]:
+    """The result kept under ``key`` (:func:`webapp.runs.results_key`) that the page's
+    ``handle`` names, or None and why not in the page's words: the store is away (team
+    mode's Redis), the result was let go (:data:`DROPPED_RESULT`), or "" where the handle
+    names none or another run's. One rule for every reader: the panels' redraws, class
+    switches, downloads and the PACS send."""
+    if not handle:
+        return None, ""
+    try:
+        result = results.get(key)
+    except InputError as exc:  # team mode: Redis is away
+        return None, str(exc)
+    if result is not None and result.get("id") == handle.get("id"):
+        return result, ""
+    if result is None and results.dropped(key):
+        return None, DROPPED_RESULT
+    return None, ""
 
 
 def _axes(result: dict) -> tuple[np.ndarray, ...]:
