@@ -532,3 +532,26 @@ def test_a_run_keeps_the_estimate_the_page_showed_and_does_not_estimate_again(
     monkeypatch.undo()
     again = runs.execute(services, "s", dataclasses.replace(run, estimate=shown), lambda *a: None)
     assert again["evaluated"] == 0 and again["estimate"] != shown["estimate"]
+
+
+def test_both_panels_switch_class_by_one_rule(services):
+    """The image panel's class switch kept the result's id, the volume panel's gave it
+    one of its own, each with its own reads of the store; one rule now
+    (webapp.runs.switch_class): the kept result the handle names, re-coloured, kept in
+    its place under an id of its own; nothing for another run's result or the class
+    shown; the page's words where the store cannot give it."""
+    from webapp.team import RedisResultStore, redis_client
+
+    result = runs.execute(services, "s", request(services), lambda *a: None)
+    handle = {"id": result["id"]}
+    other = (result["label"] + 1) % len(result["classes"])
+    assert runs.switch_class(services.results, "s", handle, result["label"]) is None
+    assert runs.switch_class(services.results, "s", {"id": "another"}, other) is None
+    switched = runs.switch_class(services.results, "s", handle, other)
+    assert switched["label"] == other and switched["id"] == f"{result['id']}:{other}"
+    assert services.results.get("s")["id"] == switched["id"]
+    back = runs.switch_class(services.results, "s", {"id": switched["id"]}, result["label"])
+    assert back["id"] == f"{result['id']}:{result['label']}"
+    away = "redis://127.0.0.1:9/0"  # nothing listens there
+    with pytest.raises(runs.ResultUnavailable, match="Redis"):
+        runs.switch_class(RedisResultStore(redis_client(away), away), "s", handle, other)

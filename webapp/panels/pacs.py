@@ -226,9 +226,9 @@ class PacsPanel:
         if not clicks or not isinstance(handle, dict):
             raise PreventUpdate
         session = str(session or "")
-        result = self.services.results.get(session)
-        if result is None or result.get("id") != handle.get("id"):
-            return "The heatmap is no longer on the server; press Run again."
+        result, why = runs.kept_result(self.services.results, session, handle)
+        if result is None:
+            return why or "The heatmap is no longer on the server; press Run again."
         record = result.get("dicom") or {}
         opened = self.services.pacs_sources.origin(str(record.get("source", "")), session)
         if opened is None:

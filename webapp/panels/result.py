@@ -64,17 +64,15 @@ class ResultPanel:
     def recolour(self, label, session, handle):
         """Another class of the same run: re-coloured at once, nothing recomputed (the
         result panel redraws from the new handle)."""
-        result, why = runs.kept_result(self.services.results, session, handle)
-        if label is not None and why:
-            return no_update, why  # the store is away, or the result was let go
-        if label is None or result is None or int(label) == result["label"]:
-            raise PreventUpdate
         try:
-            result = runs.relabel(result, int(label))
-            self.services.results.put(session, result)
+            result = runs.switch_class(self.services.results, session, handle, label)
+        except runs.ResultUnavailable as exc:  # the store is away, or it let the result go
+            return no_update, str(exc)
         except InputError as exc:
             # the panel hides the heatmap: the class on screen is not the one it explains
             return dict(handle, refused=int(label)), str(exc)
+        if result is None:
+            raise PreventUpdate
         return {"id": result["id"], "provenance": result["provenance"]}, ""
 
     def show_result(self, handle, overlay, *screen_and_states):

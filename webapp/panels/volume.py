@@ -564,22 +564,13 @@ class VolumePanel:
 
     def switch_class(self, label, handle, session):
         """Another class: the kept result re-coloured from every class's probabilities."""
-        if label is None or not handle:
-            raise PreventUpdate
         key = runs.results_key(str(session or ""), 3)
-        result, why = runs.kept_result(self.services.results, key, handle)
-        if result is None and not why:
-            raise PreventUpdate  # another run's
-        if result is None:
-            return no_update, why
-        if int(label) == result["label"]:
-            raise PreventUpdate
         try:
-            relabelled = runs.relabel(result, int(label))
+            relabelled = runs.switch_class(self.services.results, key, handle, label)
         except InputError as exc:
             return no_update, str(exc)
-        relabelled["id"] = f"{result['id'].split(':')[0]}:{int(label)}"
-        self.services.results.put(key, relabelled)
+        if relabelled is None:
+            raise PreventUpdate
         return _handle(relabelled), ""
 
     def summary(self, handle, record, model, region, patch, stride, mode, label, session):

@@ -21,6 +21,7 @@ from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
 from .execute import PlannedRun, execute, plan_run, shown_estimate
 from .records import (
     DROPPED_RESULT,
+    ResultUnavailable,
     export_json,
     grid_heatmap,
     kept_result,
@@ -28,6 +29,7 @@ from .records import (
     relabel,
     result_heatmap,
     summary_lines,
+    switch_class,
 )
 from .regions import check_grid, grid_count
 from .request import FIRST_CHUNK, LARGEST_CHUNK, Partial, Reporter, RunRequest
@@ -69,6 +71,8 @@ __all__ = [
     "provenance",
     "DROPPED_RESULT",
     "kept_result",
+    "switch_class",
+    "ResultUnavailable",
     "result_heatmap",
     "grid_heatmap",
     "summary_lines",

@@ -22,6 +22,8 @@ __all__ = [
     "AXIS_FIELDS",
     "DROPPED_RESULT",
     "kept_result",
+    "switch_class",
+    "ResultUnavailable",
     "provenance",
     "result_record",
     "result_heatmap",
@@ -108,6 +110,31 @@ def kept_result(results, key: str, handle: dict | None) -> tuple[dict | None, st
     if result is None and results.dropped(key):
         return None, DROPPED_RESULT
     return None, ""
+
+
+class ResultUnavailable(InputError):
+    """The kept result cannot be read: the store is away, or it let the result go."""
+
+
+def switch_class(results, key: str, handle: dict | None, label: int | None) -> dict | None:
+    """The kept result ``handle`` names, re-coloured for ``label`` from every class's
+    probabilities and kept under ``key`` in its place with an id of its own (the page's
+    handle changes, so the panel redraws); None where there is nothing to do (no class,
+    another run's result, the class already shown). Raises InputError with the page's
+    words where it cannot be done: :class:`ResultUnavailable` where the result cannot be
+    read (the store is away, or it let the result go), else :func:`relabel`'s (this run
+    kept one class only, the class does not exist)."""
+    if label is None:
+        return None
+    result, why = kept_result(results, key, handle)
+    if why:
+        raise ResultUnavailable(why)
+    if result is None or int(label) == int(result["label"]):
+        return None
+    relabelled = relabel(result, int(label))
+    relabelled["id"] = f"{str(result['id']).split(':')[0]}:{int(label)}"
+    results.put(key, relabelled)
+    return relabelled
 
 
 def _axes(result: dict) -> tuple[np.ndarray, ...]:
