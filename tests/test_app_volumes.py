@@ -327,8 +327,8 @@ def test_a_volume_result_the_server_let_go_says_so(services, nifti_bytes):
     least recently used first) as a blank with no message; the image panel says why and
     what to do. Both now say the same."""
     from webapp.helpers import ResultStore
-    from webapp.panels.common import DROPPED_RESULT
     from webapp.panels.volume import VolumePanel
+    from webapp.runs import DROPPED_RESULT
 
     key = stored(services, nifti_bytes)
     result = runs.execute(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from dash import ALL, ClientsideFunction, Input, Output, State
 
-from .. import ids, runs
+from .. import ids
 from ..layout import placeholder_figure
 
 # What a result's provenance is compared with: the page's image, model and settings.
@@ -92,6 +92,3 @@ def off_while_running(app, busy: str, run: str) -> None:
         Input(busy, "data"),
         prevent_initial_call=True,
     )
-
-
-DROPPED_RESULT = runs.DROPPED_RESULT  # what either panel says when a result was let go

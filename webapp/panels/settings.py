@@ -258,9 +258,9 @@ class SettingsPanel:
         )  # fmt: skip
         try:
             request = dataclasses.replace(
-                request, r_drill_down=float(drill), target_speedup=float(speedup)
-            )
-            request = dataclasses.replace(request, fill_rgb=helpers.parse_colour(colour, custom))
+                request, r_drill_down=float(drill), target_speedup=float(speedup),
+                fill_rgb=helpers.parse_colour(colour, custom),
+            )  # fmt: skip
             return request, runs.plan_run(self.services, request)
         except (InputError, KeyError, TypeError, ValueError):
             size = self.services.model(model_name).input_size
