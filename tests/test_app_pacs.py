@@ -11,6 +11,7 @@ from test_pacs import PASSWORD, USER, hu_volume, orthanc, stored_series  # noqa:
 from krypton.io.dicomweb import PacsSettings
 from webapp import ids
 from webapp.layout import build_layout
+from webapp.panel_scope import IMAGE_PANEL
 from webapp.panels.pacs import PacsPanel
 from webapp.panels.volume import VolumePanel
 from webapp.services import Services
@@ -98,20 +99,20 @@ def test_one_image_of_a_series_is_named_and_held_to_the_image_limit(
     chosen = {"study": study, "series": series, "image": ""}
     panel = ImagePanel(_services(tmp_path, orthanc))
     image_data, *_, message, _, _, _, _ = panel._load_image(
-        ids.UPLOAD_TICKET, {"name": "PACS CT", "pacs": chosen}, [], [], "tab-1"
+        IMAGE_PANEL.ticket, {"name": "PACS CT", "pacs": chosen}, [], [], "tab-1"
     )
     assert image_data is no_update
     assert f"has {len(datasets)} images: name one by its UID or instance number" in message
     assert "type it in Image number" in message
     small = ImagePanel(_services(tmp_path, orthanc, max_image_mb=0.002))
     image_data, *_, message, _, _, _, _ = small._load_image(
-        ids.UPLOAD_TICKET, {"name": "PACS CT", "pacs": {**chosen, "image": "3"}}, [], [], "t"
+        IMAGE_PANEL.ticket, {"name": "PACS CT", "pacs": {**chosen, "image": "3"}}, [], [], "t"
     )
     assert image_data is no_update and "over the 0.002 MB an image may have here" in message
 
     services = _services(tmp_path, orthanc)
     image_data, *_ = ImagePanel(services)._load_image(
-        ids.UPLOAD_TICKET, {"name": "PACS CT", "pacs": {**chosen, "image": "3"}}, [], [], "t"
+        IMAGE_PANEL.ticket, {"name": "PACS CT", "pacs": {**chosen, "image": "3"}}, [], [], "t"
     )
     assert image_data["pacs"] and image_data["dicom"]["info"]["modality"] == "CT"
     assert services.pacs_sources.origin(image_data["dicom"]["source"], "t") == (study, series)

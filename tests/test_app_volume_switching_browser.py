@@ -16,7 +16,7 @@ from test_app_volume_browser import write_chest
 
 pytestmark = [pytest.mark.browser, pytest.mark.underload]
 
-# The page's own record of what the user asked for last (webapp.ids.VOLUME_WANTED, set by
+# The page's own record of what the user asked for last (VOLUME_PANEL.wanted, set by
 # the browser-side rule in the same step that hides the old volume's description and
 # disables Run), read from Dash's store in the same script as the page, before it: the
 # moment the page has seen the new file. On a starved host the browser takes its time to

@@ -16,7 +16,7 @@ from test_volume_cli import hu_volume, volume_model, write_nifti, write_series  
 import krypton
 from webapp import runs, volume_views
 from webapp.helpers import InputError
-from webapp.run_strip import VOLUME_STRIP
+from webapp.panel_scope import VOLUME_PANEL
 from webapp.runs import volumes
 from webapp.services import Services
 
@@ -503,9 +503,9 @@ def test_cancel_in_the_volume_panel_says_what_it_did(tmp_path):
     wired = [
         callback
         for callback in app.callback_map.values()
-        if any(i["id"] == VOLUME_STRIP.cancel and i["property"] == "n_clicks"
+        if any(i["id"] == VOLUME_PANEL.strip.cancel and i["property"] == "n_clicks"
                for i in callback["inputs"])
-        and VOLUME_STRIP.message in str(callback["output"])
+        and VOLUME_PANEL.strip.message in str(callback["output"])
     ]  # fmt: skip
     assert len(wired) == 1
     assert cancelled(1, None) == "Run cancelled."

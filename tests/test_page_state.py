@@ -22,8 +22,8 @@ from webapp.lifecycle import (
     format_duration,
     result_view,
 )
+from webapp.panel_scope import IMAGE_PANEL, VOLUME_PANEL
 from webapp.panels.models import ModelsPanel, users_words
-from webapp.run_strip import IMAGE_STRIP, VOLUME_STRIP
 from webapp.services import Services
 
 STEPS = {
@@ -157,9 +157,14 @@ def test_a_result_is_shown_only_beside_what_it_explains():
     assert result_view(relabelled, provenance(label=0)).show
 
 
-STRIPS = (IMAGE_STRIP, VOLUME_STRIP)
-# the types of pattern-matching ids ({"type": ..., "name"/"format": ...})
-PATTERN_TYPES = ("SAMPLE", "COMPARE_SAMPLE", "VOLUME_SAMPLE", "VOLUME_COMPARE_SAMPLE")
+PANELS = (IMAGE_PANEL, VOLUME_PANEL)
+STRIPS = tuple(panel.strip for panel in PANELS)
+# the panels' parts (webapp.panel_scope), and the types of their pattern-matching ids
+# ({"type": ..., "name": ...})
+PANEL_PARTS = ("upload", "ticket", "store", "wanted", "answered", "region", "region_text",
+               "reset_region", "compare_pending", "model", "mode", "patch", "stride", "label",
+               "compare", "compare_layer", "result", "summary", "compare_panel")  # fmt: skip
+PATTERN_TYPES = ("sample", "compare_sample")
 STRIP_PARTS = ("run", "cancel", "progress", "live_panel", "live_graph", "live_status",
                "message", "busy", "download", "estimate", "estimate_store")  # fmt: skip
 
@@ -197,15 +202,16 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path, monkeypatch, pacs):
         value
         for name, value in vars(ids).items()
         if name.isupper()
-        and name not in PATTERN_TYPES + ("OOD_WARNING", "REUSE_INFO")
+        and name not in ("OOD_WARNING", "REUSE_INFO")
         and isinstance(value, str)
         and (pacs or not name.startswith("PACS_"))
     }
-    # the run strips' ids are their component's (webapp.run_strip), one set per panel
+    # the panels' and their run strips' ids are their component's, one set per panel
+    declared |= {getattr(panel, part) for panel in PANELS for part in PANEL_PARTS}
     declared |= {getattr(strip, part) for strip in STRIPS for part in STRIP_PARTS}
     assert declared <= on_page, declared - on_page
     assert pacs or not {i for i in on_page if i.startswith("pacs-")}  # no PACS: no search
-    assert {getattr(ids, name) for name in PATTERN_TYPES} <= types
+    assert {getattr(panel, part) for panel in PANELS for part in PATTERN_TYPES} <= types
     assert {strip.export for strip in STRIPS} <= types
     used = set()
     for key, spec in app.callback_map.items():

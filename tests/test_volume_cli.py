@@ -21,6 +21,7 @@ from krypton.io.volumes import Volume, read_volume
 from krypton.registry import load_model
 from krypton.registry.architectures import build
 from krypton.registry.entries import RegistryError, validate_entry
+from webapp.panel_scope import IMAGE_PANEL, VOLUME_PANEL
 
 SPACING = 4.0  # mm: the model's 5 mm makes 48 voxels 38 (padded back to 48)
 ORIGIN_LPS = np.array([-90.0, -110.0, 40.0])
@@ -279,7 +280,6 @@ def test_the_cli_and_the_app_share_their_default_strides(volume_model):
 
     from bench.dash_client import find
     from krypton.cli import build_parser, explain_options
-    from webapp import ids
     from webapp.layout import build_layout
 
     args = build_parser().parse_args(["explain", "chest.nii.gz", "--model", "ct-test"])
@@ -287,5 +287,5 @@ def test_the_cli_and_the_app_share_their_default_strides(volume_model):
     assert explain_options(args, volume_model)["stride"] == volume_model.default_stride == 5
     assert explain_options(args, image_model)["stride"] == image_model.default_stride == 4
     page = json.loads(json.dumps(build_layout([], None), cls=plotly.utils.PlotlyJSONEncoder))
-    assert find(page, ids.VOLUME_STRIDE)["props"]["value"] == 5
-    assert find(page, ids.STRIDE)["props"]["value"] == 4
+    assert find(page, VOLUME_PANEL.stride)["props"]["value"] == 5
+    assert find(page, IMAGE_PANEL.stride)["props"]["value"] == 4

@@ -14,10 +14,9 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH, DEFAULT_STRIDE
 
 from . import ids
-from .compare_layout import layer_picker
 from .glossary import term_label
 from .pacs_layout import pacs_search, pacs_send
-from .run_strip import IMAGE_STRIP
+from .panel_scope import IMAGE_PANEL, size_checked, tick
 from .volume_layout import volume_section
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
@@ -135,36 +134,11 @@ def patch_options(model_patch: int = DEFAULT_PATCH) -> list[dict]:
     return [{"label": f"{p}x{p}", "value": p} for p in sorted({*PATCH_SIZES, model_patch})]
 
 
-def mode_options(traceable: bool = True) -> list[dict]:
-    """Naive always; Exact and Approximate only for models torch.fx can capture."""
-    why = "" if traceable else " (needs a model torch.fx can capture)"
-    return [
-        {"label": "Naive", "value": "naive"},
-        {"label": "Exact" + why, "value": "exact", "disabled": not traceable},
-        {"label": "Approximate" + why, "value": "approximate", "disabled": not traceable},
-    ]
-
-
 def _labelled(label: str, control, help_text: str | None = None) -> html.Div:
     children = [term_label(label), control]
     if help_text:
         children.append(html.Small(help_text, className="help"))
     return html.Div(children, className="control")
-
-
-COMPARE_LABEL = (
-    " compare with Grad-CAM and Integrated Gradients (computed after the occlusion, on its grid)"
-)
-
-
-def _tick(component_id: str, label: str, on: bool = False) -> dcc.Checklist:
-    """A one-option checklist (its value: [component_id] when ticked, else [])."""
-    return dcc.Checklist(
-        id=component_id,
-        value=[component_id] if on else [],
-        className="help",
-        options=[{"label": label, "value": component_id}],
-    )
 
 
 def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.Div:
@@ -178,19 +152,12 @@ def _sample_button(name: str, title: str, thumbnail: str, caption: str) -> html.
                     html.Span(title, className="sample-title"),
                     html.Span(caption, className="sample-caption"),
                 ],
-                id={"type": ids.SAMPLE, "name": name},
+                id={"type": IMAGE_PANEL.sample, "name": name},
                 className="sample",
                 title=caption,
                 n_clicks=0,
             ),
-            html.Button(
-                "Compare methods",
-                id={"type": ids.COMPARE_SAMPLE, "name": name},
-                className="compare-sample",
-                title="load this sample and run occlusion, Grad-CAM and Integrated Gradients "
-                "on it at once, with the settings on the page",
-                n_clicks=0,
-            ),
+            IMAGE_PANEL.compare_sample_button(name, "on the page"),
         ],
         className="sample-item",
     )
@@ -359,7 +326,7 @@ def _model_upload(max_model_bytes: int, trusted_uploads: bool) -> html.Details:
                 f"shipped ones cannot.",
                 className="help",
             ),
-            _size_checked(
+            size_checked(
                 dcc.Upload(
                     html.Div(["Weights file (.pt / .pth): drop or ", html.A("choose")]),
                     id=ids.MODEL_UPLOAD,
@@ -457,37 +424,12 @@ def placeholder_figure(text: str) -> dict:
     }
 
 
-def _size_checked(upload: dcc.Upload, max_bytes: int, ticket: str) -> html.Div:
-    """An upload whose oversized files the page names with the limit (assets/uploads.js:
-    dcc.Upload's max_size alone drops them without a word)."""
-    return html.Div(upload, **{"data-max-bytes": str(max_bytes), "data-ticket": ticket})
-
-
 def _image_section(max_image_bytes: int) -> html.Section:
     """The image panel: upload, samples, DICOM controls, the picture and its region."""
     return html.Section(
         [
             html.H2("Image"),
-            _size_checked(
-                dcc.Upload(
-                    html.Div(
-                        [
-                            "Drop an image here or ",
-                            html.A("choose a file"),
-                            html.Small(
-                                f" (PNG, JPEG, TIFF, BMP, DICOM; up to "
-                                f"{max_image_bytes / 2**20:g} MB)"
-                            ),
-                        ]
-                    ),
-                    id=ids.UPLOAD,
-                    className="upload",
-                    max_size=max_image_bytes,
-                    # no accept filter: DICOM files often have no extension
-                ),
-                max_image_bytes,
-                ids.UPLOAD_TICKET,
-            ),
+            IMAGE_PANEL.upload_zone("an image", "PNG, JPEG, TIFF, BMP, DICOM", max_image_bytes),
             _gallery(),
             _dicom_panel(),
             dcc.Graph(
@@ -497,13 +439,7 @@ def _image_section(max_image_bytes: int) -> html.Section:
                     "modeBarButtonsToRemove": ["lasso2d"],
                 },
             ),
-            html.Div(
-                [
-                    html.Span(id=ids.REGION_TEXT, className="region-text"),
-                    html.Button("Whole image", id=ids.RESET_REGION, n_clicks=0),
-                ],
-                className="row",
-            ),
+            IMAGE_PANEL.region_line("Whole image"),
             html.Small(
                 "Drag a rectangle on the image to explain only that region.",
                 className="help",
@@ -523,7 +459,7 @@ def _settings_section(
             _labelled(
                 "Model",
                 dcc.Dropdown(
-                    id=ids.MODEL,
+                    id=IMAGE_PANEL.model,
                     options=models,
                     value=default_model,
                     clearable=False,
@@ -537,7 +473,7 @@ def _settings_section(
                     _labelled(
                         "Patch size",
                         dcc.Dropdown(
-                            id=ids.PATCH,
+                            id=IMAGE_PANEL.patch,
                             options=patch_options(),
                             value=DEFAULT_PATCH,  # then the model's own
                             clearable=False,
@@ -546,7 +482,7 @@ def _settings_section(
                     _labelled(
                         "Stride",
                         dcc.Dropdown(
-                            id=ids.STRIDE,
+                            id=IMAGE_PANEL.stride,
                             options=[{"label": str(s), "value": s} for s in STRIDES],
                             value=DEFAULT_STRIDE,
                             clearable=False,
@@ -557,7 +493,7 @@ def _settings_section(
             ),
             _labelled(
                 "Mode",
-                dcc.RadioItems(id=ids.MODE, value="exact", inline=True, options=mode_options()),
+                IMAGE_PANEL.mode_radio(),
             ),
             html.Div(
                 [
@@ -627,15 +563,14 @@ def _settings_section(
             ),
             _labelled(
                 "Class to explain",
-                dcc.Dropdown(id=ids.LABEL, clearable=False),
+                dcc.Dropdown(id=IMAGE_PANEL.label, clearable=False),
                 "switching class re-colours an exact or naive heatmap at once",
             ),
-            _tick(ids.SNAP, " snap a new region to the last grid (reuses computed cells)", True),
-            _tick(ids.COMPARE, COMPARE_LABEL),
-            layer_picker(ids.COMPARE_LAYER),
-            IMAGE_STRIP.estimate_line(),
-            html.Div(IMAGE_STRIP.buttons(), className="row"),
-            IMAGE_STRIP.progress_bar(),
+            tick(ids.SNAP, " snap a new region to the last grid (reuses computed cells)", True),
+            *IMAGE_PANEL.compare_controls(),
+            IMAGE_PANEL.strip.estimate_line(),
+            html.Div(IMAGE_PANEL.strip.buttons(), className="row"),
+            IMAGE_PANEL.strip.progress_bar(),
             _model_upload(max_model_bytes, trusted_uploads),
         ],
         className="panel settings-panel",
@@ -649,7 +584,7 @@ def _result_section(pacs: bool = False) -> html.Section:
         [
             html.H2("Heatmap"),
             _overlay_controls(),
-            IMAGE_STRIP.live(),
+            IMAGE_PANEL.strip.live(),
             html.Div(
                 [
                     dcc.Graph(
@@ -657,8 +592,8 @@ def _result_section(pacs: bool = False) -> html.Section:
                         config={"displaylogo": False},
                         figure=placeholder_figure("Press Run to compute the heatmap"),
                     ),
-                    html.Div(id=ids.RESULT_SUMMARY, className="summary"),
-                    *IMAGE_STRIP.downloads(EXPORTS),
+                    IMAGE_PANEL.summary_box(),
+                    *IMAGE_PANEL.strip.downloads(EXPORTS),
                     dcc.Checklist(
                         id=ids.DICOM_IDENTITY,
                         options=[
@@ -699,18 +634,11 @@ def build_layout(
     return html.Div(
         [
             dcc.Store(id=ids.SESSION, data=str(uuid.uuid4())),
-            dcc.Store(id=ids.IMAGE_STORE),
-            dcc.Store(id=ids.REGION_STORE),
+            *IMAGE_PANEL.stores(),  # the image's, its result's and its run strip's
             dcc.Store(id=ids.PREDICTION_STORE),
-            *IMAGE_STRIP.stores(),
             dcc.Store(id=ids.IMAGE_SHOWN),
-            dcc.Store(id=ids.IMAGE_WANTED),
-            dcc.Store(id=ids.IMAGE_ANSWERED),
-            dcc.Store(id=ids.RESULT_STORE),
-            dcc.Store(id=ids.COMPARE_PENDING),  # a sample's Compare: its image's key
             dcc.Store(id=ids.OVERLAY_STORE),
-            dcc.Store(id=ids.UPLOAD_TICKET),  # the server's token for an uploaded image
-            dcc.Store(id=ids.MODEL_UPLOAD_TICKET),  # ... and for a weights file
+            dcc.Store(id=ids.MODEL_UPLOAD_TICKET),  # the server's token for a weights file
             html.Header(
                 [
                     html.H1("Krypton"),
@@ -720,7 +648,7 @@ def build_layout(
                     ),
                 ]
             ),
-            IMAGE_STRIP.message_box(),
+            IMAGE_PANEL.strip.message_box(),
             *([pacs_search()] if pacs else []),
             html.Main(
                 [
@@ -731,7 +659,7 @@ def build_layout(
                 className="grid",
             ),
             # the Compare view, the page's width: three maps side by side (panels.compare)
-            html.Section(id=ids.COMPARE_PANEL, className="panel compare"),
+            html.Section(id=IMAGE_PANEL.compare_panel, className="panel compare"),
             volume_section(volume_models or [], default_volume, max_volume_bytes, pacs),
             html.Footer(
                 "Red cells mark where occluding the image lowers the class probability "

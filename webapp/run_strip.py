@@ -1,7 +1,8 @@
 """The run strip's parts — Run, Cancel, the progress bar, the live picture, the busy flag,
 the downloads and the panel's message — one component for the image and the volume panel (Dash's
 All-in-One pattern: a widget used twice is one class with a scope). Its callbacks are
-webapp.panels.run_strip's, registered once per strip."""
+webapp.panels.run_strip's, registered once per strip; each panel's is its
+webapp.panel_scope.PanelScope's ``strip``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from dash import dcc, html
 
-__all__ = ["RunStrip", "IMAGE_STRIP", "VOLUME_STRIP"]
+__all__ = ["RunStrip"]
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,3 @@ class RunStrip:
     def stores(self) -> list[dcc.Store]:
         """The busy flag and the estimate shown."""
         return [dcc.Store(id=self.busy, data=False), dcc.Store(id=self.estimate_store)]
-
-
-IMAGE_STRIP = RunStrip("")
-VOLUME_STRIP = RunStrip("volume")

@@ -12,10 +12,9 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import DEFAULT_VOLUME_STRIDE
 
 from . import ids
-from .compare_layout import layer_picker
 from .glossary import term_label
 from .pacs_layout import pacs_send
-from .run_strip import VOLUME_STRIP
+from .panel_scope import VOLUME_PANEL
 
 VOLUME_EXPORTS = (
     ("NIfTI", "nifti", "the heatmap's cells in the scanner's frame (.nii.gz), one value per "
@@ -54,14 +53,9 @@ def _samples() -> html.Div:
     for name, (title, caption) in VOLUME_SAMPLES.items():
         if not (VOLUME_SAMPLES_DIR / name).exists():
             continue
-        items.append(html.Button(title, id={"type": ids.VOLUME_SAMPLE, "name": name},
+        items.append(html.Button(title, id={"type": VOLUME_PANEL.sample, "name": name},
                                  title=caption, n_clicks=0))  # fmt: skip
-        items.append(
-            html.Button("Compare methods", id={"type": ids.VOLUME_COMPARE_SAMPLE, "name": name},
-                        className="compare-sample", n_clicks=0,
-                        title="load this sample and run occlusion, Grad-CAM and Integrated "
-                        "Gradients on it at once, with the panel's settings")
-        )  # fmt: skip
+        items.append(VOLUME_PANEL.compare_sample_button(name, "of the panel"))
     return html.Div(items, className="row")
 
 
@@ -92,44 +86,18 @@ def volume_section(
     return html.Section(
         [
             html.H2("Volume (CT, MR)"),
-            dcc.Store(id=ids.VOLUME_TICKET),
-            dcc.Store(id=ids.VOLUME_STORE),
-            dcc.Store(id=ids.VOLUME_WANTED),
-            dcc.Store(id=ids.VOLUME_ANSWERED),
-            *VOLUME_STRIP.stores(),
-            dcc.Store(id=ids.VOLUME_REGION),
-            dcc.Store(id=ids.VOLUME_RESULT),
-            dcc.Store(id=ids.VOLUME_COMPARE_PENDING),
-            html.Div(
-                dcc.Upload(
-                    html.Div(
-                        [
-                            "Drop a volume here or ",
-                            html.A("choose a file"),
-                            html.Small(
-                                f" (NIfTI .nii/.nii.gz, a zip of one DICOM series, or "
-                                f"multi-frame DICOM; up to {max_bytes / 2**20:g} MB)"
-                            ),
-                        ]
-                    ),
-                    id=ids.VOLUME_UPLOAD,
-                    className="upload",
-                    max_size=max_bytes,
-                ),
-                **{"data-max-bytes": str(max_bytes), "data-ticket": ids.VOLUME_TICKET},
-            ),  # fmt: skip
+            *VOLUME_PANEL.stores(),
+            VOLUME_PANEL.upload_zone(
+                "a volume",
+                "NIfTI .nii/.nii.gz, a zip of one DICOM series, or multi-frame DICOM",
+                max_bytes,
+            ),
             _samples(),
             controls,
             html.Div(id=ids.VOLUME_INFO, className="help"),
-            VOLUME_STRIP.message_box(),
+            VOLUME_PANEL.strip.message_box(),
             html.Div(views, className="volume-views"),
-            html.Div(
-                [
-                    html.Span(id=ids.VOLUME_REGION_TEXT, className="region-text"),
-                    html.Button("Whole block", id=ids.VOLUME_RESET_REGION, n_clicks=0),
-                ],
-                className="row",
-            ),
+            VOLUME_PANEL.region_line("Whole block"),
             html.Small(
                 "The display window changes the views only; the model always sees its own "
                 "window. Move the sliders, or click a view to move the crosshair there. Drag a box "
@@ -137,12 +105,14 @@ def volume_section(
                 "sets the two axes its view shows).",
                 className="help",
             ),
-            VOLUME_STRIP.estimate_line(),
-            html.Div([*VOLUME_STRIP.buttons(), VOLUME_STRIP.progress_bar()], className="row"),
-            VOLUME_STRIP.live(),
-            html.Div(id=ids.VOLUME_SUMMARY, className="summary"),
-            html.Div(id=ids.VOLUME_COMPARE_PANEL, className="compare"),
-            *VOLUME_STRIP.downloads(VOLUME_EXPORTS),
+            VOLUME_PANEL.strip.estimate_line(),
+            html.Div(
+                [*VOLUME_PANEL.strip.buttons(), VOLUME_PANEL.strip.progress_bar()], className="row"
+            ),
+            VOLUME_PANEL.strip.live(),
+            VOLUME_PANEL.summary_box(),
+            html.Div(id=VOLUME_PANEL.compare_panel, className="compare"),
+            *VOLUME_PANEL.strip.downloads(VOLUME_EXPORTS),
             *([pacs_send(ids.PACS_SEND, ids.PACS_SENT)] if pacs else []),
         ],
         className="panel volume-panel",
@@ -154,19 +124,15 @@ def _controls(models: list[dict], default_model: str | None) -> html.Div:
     return html.Div(
         [
             term_label("Volume model"),
-            dcc.Dropdown(id=ids.VOLUME_MODEL, options=models, value=default_model,
+            dcc.Dropdown(id=VOLUME_PANEL.model, options=models, value=default_model,
                          clearable=False, style={"minWidth": "14em"}),
             term_label("Mode"),
-            dcc.RadioItems(
-                id=ids.VOLUME_MODE, value="exact", inline=True,
-                options=[{"label": f" {m.capitalize()} ", "value": m}
-                         for m in ("naive", "exact", "approximate")],
-            ),
+            VOLUME_PANEL.mode_radio(),
             term_label("Cube (voxels)"),
-            dcc.Input(id=ids.VOLUME_PATCH, type="number", min=1, step=1, value=8,
+            dcc.Input(id=VOLUME_PANEL.patch, type="number", min=1, step=1, value=8,
                       style={"width": "5em"}),
             term_label("Stride"),
-            dcc.Input(id=ids.VOLUME_STRIDE, type="number", min=1, step=1,
+            dcc.Input(id=VOLUME_PANEL.stride, type="number", min=1, step=1,
                       value=DEFAULT_VOLUME_STRIDE, style={"width": "5em"}),
             term_label("Display window"),
             dcc.Dropdown(
@@ -178,14 +144,9 @@ def _controls(models: list[dict], default_model: str | None) -> html.Div:
                 style={"minWidth": "13em"},
             ),
             term_label("Class"),
-            dcc.Dropdown(id=ids.VOLUME_LABEL, options=[], value=None,
+            dcc.Dropdown(id=VOLUME_PANEL.label, options=[], value=None,
                          placeholder="the prediction", style={"minWidth": "12em"}),
-            dcc.Checklist(
-                id=ids.VOLUME_COMPARE, value=[], className="help",
-                options=[{"label": " compare with Grad-CAM and Integrated Gradients",
-                          "value": "compare"}],
-            ),
-            layer_picker(ids.VOLUME_COMPARE_LAYER),
+            *VOLUME_PANEL.compare_controls(),
         ],
         className="row volume-controls",
     )  # fmt: skip

@@ -8,15 +8,16 @@ from dash import ALL, ClientsideFunction, Input, Output, State
 
 from .. import ids
 from ..layout import placeholder_figure
+from ..panel_scope import IMAGE_PANEL, PanelScope
 
 # What a result's provenance is compared with: the page's image, model and settings.
 SCREEN_INPUTS = [
-    Input(ids.IMAGE_STORE, "data"),
-    Input(ids.MODEL, "value"),
-    Input(ids.REGION_STORE, "data"),
-    Input(ids.PATCH, "value"),
-    Input(ids.STRIDE, "value"),
-    Input(ids.MODE, "value"),
+    Input(IMAGE_PANEL.store, "data"),
+    Input(IMAGE_PANEL.model, "value"),
+    Input(IMAGE_PANEL.region, "data"),
+    Input(IMAGE_PANEL.patch, "value"),
+    Input(IMAGE_PANEL.stride, "value"),
+    Input(IMAGE_PANEL.mode, "value"),
     Input(ids.COLOUR, "value"),
     Input(ids.CUSTOM_COLOUR, "value"),
     Input(ids.TARGET_SSIM, "value"),
@@ -41,18 +42,18 @@ def origin(trigger, ticket) -> str | None:
     return None
 
 
-def hide_at_click(
-    app, wanted: str, hidden: list[str], run: str, loads: tuple[str, str, str, str, str]
-) -> None:
+def hide_at_click(app, panel: PanelScope, hidden: list[str]) -> None:
     """The click decides what may sit beside a panel's picture (assets/binding.js): a
-    sample's buttons, a file or another model hide the ``hidden`` components, disable
-    ``run`` and name the request now ``wanted``, in the browser at once. The rule listens
+    sample's buttons, a file or another model hide ``panel``'s ``hidden`` components,
+    disable its Run and name the request now wanted, in the browser at once. The rule listens
     to the user's own inputs alone, so no server callback in flight holds it back (a rule
     that also listened to the prediction waited for it: the old top 5 stayed beside a
     new picture for 5-15 s on a busy host, with Run enabled; one that also listened to
-    the upload's ticket waited for the upload). ``loads``: the ids of the
-    sample buttons' and Compare buttons' types, the upload, its ticket and the model."""
-    sample, compare_sample, upload, ticket, model = loads
+    the upload's ticket waited for the upload)."""
+    sample, compare_sample, upload, ticket, model = (
+        panel.sample, panel.compare_sample, panel.upload, panel.ticket, panel.model
+    )  # fmt: skip
+    wanted, run = panel.wanted, panel.strip.run
     outputs = [
         Output(wanted, "data", allow_duplicate=True),
         *[Output(component, "style", allow_duplicate=True) for component in hidden],

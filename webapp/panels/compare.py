@@ -16,7 +16,7 @@ from krypton.render.volumes import voxel_values
 
 from .. import comparison, figures, ids, runs, volume_views
 from ..helpers import InputError
-from ..run_strip import IMAGE_STRIP, VOLUME_STRIP
+from ..panel_scope import IMAGE_PANEL, VOLUME_PANEL
 from ..runs import Services
 
 SIGN_NOTE = (
@@ -40,7 +40,7 @@ def agreement_table(maps) -> html.Table:
                 ]
             )
         )
-    return html.Table(rows, id=ids.COMPARE_PANEL + "-agreement")
+    return html.Table(rows, id=IMAGE_PANEL.compare_panel + "-agreement")
 
 
 def _heading(result: dict, maps) -> list:
@@ -142,25 +142,24 @@ class ComparePanel:
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
-        for model, picker, rank in ((ids.MODEL, ids.COMPARE_LAYER, 2),
-                                    (ids.VOLUME_MODEL, ids.VOLUME_COMPARE_LAYER, 3)):  # fmt: skip
-            app.callback(Output(picker, "options"), Output(picker, "value"), Input(model, "value"))(
-                layer_picker(lambda name, rank=rank: self.services.model(name, rank))
-            )
-        for shown, ticked, run, pending, store, condition in (
-            ((IMAGE_STRIP.run, "disabled"), ids.COMPARE, IMAGE_STRIP.run, ids.COMPARE_PENDING,
-             ids.IMAGE_STORE, IMAGE_SHOWN),
-            ((ids.VOLUME_INFO, "children"), ids.VOLUME_COMPARE, VOLUME_STRIP.run,
-             ids.VOLUME_COMPARE_PENDING, ids.VOLUME_STORE, VOLUME_SHOWN),
-        ):  # fmt: skip
+        for panel, rank in ((IMAGE_PANEL, 2), (VOLUME_PANEL, 3)):
+            picker = panel.compare_layer
+            app.callback(
+                Output(picker, "options"), Output(picker, "value"), Input(panel.model, "value")
+            )(layer_picker(lambda name, rank=rank: self.services.model(name, rank)))
+        for panel, shown, condition in (
+            (IMAGE_PANEL, (IMAGE_PANEL.strip.run, "disabled"), IMAGE_SHOWN),
+            (VOLUME_PANEL, (ids.VOLUME_INFO, "children"), VOLUME_SHOWN),
+        ):
+            run, pending = panel.strip.run, panel.compare_pending
             app.clientside_callback(
                 PRESS_RUN % condition,
-                Output(ticked, "value"),
+                Output(panel.compare, "value"),
                 Output(run, "n_clicks"),
                 Output(pending, "data", allow_duplicate=True),
                 Input(*shown),
                 Input(pending, "data"),
-                State(store, "data"),
+                State(panel.store, "data"),
                 State(run, "n_clicks"),
                 prevent_initial_call=True,
             )

@@ -10,7 +10,7 @@ from .. import figures, helpers, ids, pacs
 from ..client import request_client
 from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
-from ..run_strip import IMAGE_STRIP
+from ..panel_scope import IMAGE_PANEL
 from ..services import Services
 from .common import empty_figure, hide_at_click, origin
 
@@ -25,41 +25,38 @@ class ImagePanel:
         """Attach the panel's callbacks to ``app``."""
         app.clientside_callback(
             ClientsideFunction("krypton_upload", "image"),
-            Output(ids.UPLOAD_TICKET, "data"),
-            Input(ids.UPLOAD, "contents"),
-            State(ids.UPLOAD, "filename"),
+            Output(IMAGE_PANEL.ticket, "data"),
+            Input(IMAGE_PANEL.upload, "contents"),
+            State(IMAGE_PANEL.upload, "filename"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )
         app.callback(
-            Output(ids.IMAGE_STORE, "data"),
-            Output(ids.REGION_STORE, "data"),
-            Output(IMAGE_STRIP.message, "children"),
+            Output(IMAGE_PANEL.store, "data"),
+            Output(IMAGE_PANEL.region, "data"),
+            Output(IMAGE_PANEL.strip.message, "children"),
             Output(ids.WINDOW_PRESET, "value"),
             Output(ids.DICOM_FRAME, "max"),
             Output(ids.DICOM_FRAME, "value"),
-            Output(ids.COMPARE_PENDING, "data"),
-            Output(ids.IMAGE_ANSWERED, "data"),
-            Input(ids.UPLOAD_TICKET, "data"),
-            Input({"type": ids.SAMPLE, "name": ALL}, "n_clicks"),
-            Input({"type": ids.COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
+            Output(IMAGE_PANEL.compare_pending, "data"),
+            Output(IMAGE_PANEL.answered, "data"),
+            Input(IMAGE_PANEL.ticket, "data"),
+            Input({"type": IMAGE_PANEL.sample, "name": ALL}, "n_clicks"),
+            Input({"type": IMAGE_PANEL.compare_sample, "name": ALL}, "n_clicks"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.load_image)
         # a click hides the prediction, class list and estimate and disables Run; the
         # settings panel's rule shows them again once what arrived is for the picture
-        hide_at_click(
-            app, ids.IMAGE_WANTED, [ids.TOP5, ids.LABEL, IMAGE_STRIP.estimate], IMAGE_STRIP.run,
-            (ids.SAMPLE, ids.COMPARE_SAMPLE, ids.UPLOAD, ids.UPLOAD_TICKET, ids.MODEL),
-        )  # fmt: skip
+        hide_at_click(app, IMAGE_PANEL, [ids.TOP5, IMAGE_PANEL.label, IMAGE_PANEL.strip.estimate])
         app.callback(
-            Output(ids.IMAGE_STORE, "data", allow_duplicate=True),
-            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
+            Output(IMAGE_PANEL.store, "data", allow_duplicate=True),
+            Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
             Input(ids.WINDOW_PRESET, "value"),
             Input(ids.WINDOW_CENTRE, "value"),
             Input(ids.WINDOW_WIDTH, "value"),
             Input(ids.DICOM_FRAME, "value"),
-            State(ids.IMAGE_STORE, "data"),
+            State(IMAGE_PANEL.store, "data"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.rewindow)
@@ -69,27 +66,27 @@ class ImagePanel:
             Output(ids.FRAME_PICKER, "style"),
             Output(ids.WINDOW_CENTRE, "value"),
             Output(ids.WINDOW_WIDTH, "value"),
-            Input(ids.IMAGE_STORE, "data"),
-            Input(ids.MODEL, "value"),
-            Input(ids.PATCH, "value"),
+            Input(IMAGE_PANEL.store, "data"),
+            Input(IMAGE_PANEL.model, "value"),
+            Input(IMAGE_PANEL.patch, "value"),
         )(self.show_dicom)
         app.callback(Output(ids.MANUAL_WINDOW, "style"), Input(ids.WINDOW_PRESET, "value"))(
             toggle_manual_window
         )
         app.callback(
-            Output(ids.REGION_STORE, "data", allow_duplicate=True),
+            Output(IMAGE_PANEL.region, "data", allow_duplicate=True),
             Input(ids.IMAGE_GRAPH, "selectedData"),
-            Input(ids.RESET_REGION, "n_clicks"),
-            State(ids.MODEL, "value"),
+            Input(IMAGE_PANEL.reset_region, "n_clicks"),
+            State(IMAGE_PANEL.model, "value"),
             prevent_initial_call=True,
         )(self.select_region)
         app.callback(
             Output(ids.IMAGE_GRAPH, "figure"),
-            Output(ids.REGION_TEXT, "children"),
+            Output(IMAGE_PANEL.region_text, "children"),
             Output(ids.IMAGE_SHOWN, "data"),
-            Input(ids.IMAGE_STORE, "data"),
-            Input(ids.REGION_STORE, "data"),
-            Input(ids.MODEL, "value"),
+            Input(IMAGE_PANEL.store, "data"),
+            Input(IMAGE_PANEL.region, "data"),
+            Input(IMAGE_PANEL.model, "value"),
         )(self.draw_image)
 
     def load_image(self, ticket, sample_clicks, compare_clicks, session):
@@ -108,14 +105,14 @@ class ImagePanel:
         )
 
     def _load_image(self, trigger, ticket, sample_clicks, compare_clicks, session):
-        compare = isinstance(trigger, dict) and trigger.get("type") == ids.COMPARE_SAMPLE
+        compare = isinstance(trigger, dict) and trigger.get("type") == IMAGE_PANEL.compare_sample
         session = str(session or "")
         ticket = ticket if isinstance(ticket, dict) else {}  # the page's, so the client's
-        filename = str(ticket.get("name") or "") if trigger == ids.UPLOAD_TICKET else None
+        filename = str(ticket.get("name") or "") if trigger == IMAGE_PANEL.ticket else None
         try:
-            if trigger == ids.UPLOAD_TICKET and isinstance(ticket.get("pacs"), dict):
+            if trigger == IMAGE_PANEL.ticket and isinstance(ticket.get("pacs"), dict):
                 return self.pacs_image(ticket["pacs"], filename or "the image", session)
-            if trigger == ids.UPLOAD_TICKET:
+            if trigger == IMAGE_PANEL.ticket:
                 data = self.uploaded_bytes(ticket, "image", session)
                 name = filename
             elif isinstance(trigger, dict) and any(sample_clicks + compare_clicks):
@@ -130,7 +127,7 @@ class ImagePanel:
                 raise PreventUpdate
             with self.services.intake() as client:
                 if helpers.upload_is_dicom(
-                    data, filename if trigger == ids.UPLOAD_TICKET else name
+                    data, filename if trigger == IMAGE_PANEL.ticket else name
                 ):
                     image_data = self.dicom_image_data(data, str(name or "the file"), session)
                     record = image_data["dicom"]
@@ -226,7 +223,7 @@ class ImagePanel:
 
     def select_region(self, selected, reset, model_name):
         """The box drawn on the picture (in the model's input pixels), or none on Reset."""
-        if ctx.triggered_id == ids.RESET_REGION:
+        if ctx.triggered_id == IMAGE_PANEL.reset_region:
             return None
         try:
             size = self.services.model(model_name).input_size

@@ -20,6 +20,7 @@ from krypton.registry import (
 
 from .. import ids
 from ..helpers import VOLUME_MODEL_REASON, InputError
+from ..panel_scope import IMAGE_PANEL
 from ..services import Services
 
 __all__ = ["ModelsPanel", "model_options"]
@@ -69,8 +70,8 @@ class ModelsPanel:
             Input(ids.MODEL_UPLOAD_TICKET, "data"),
         )(show_model_file)
         app.callback(
-            Output(ids.MODEL, "options"),
-            Output(ids.MODEL, "value"),
+            Output(IMAGE_PANEL.model, "options"),
+            Output(IMAGE_PANEL.model, "value"),
             Output(ids.MODEL_REGISTER_MESSAGE, "children"),
             Input(ids.MODEL_REGISTER, "n_clicks"),
             State(ids.MODEL_UPLOAD_TICKET, "data"),
@@ -83,11 +84,11 @@ class ModelsPanel:
             prevent_initial_call=True,
         )(self.register_model)
         app.callback(
-            Output(ids.MODEL, "options", allow_duplicate=True),
-            Output(ids.MODEL, "value", allow_duplicate=True),
+            Output(IMAGE_PANEL.model, "options", allow_duplicate=True),
+            Output(IMAGE_PANEL.model, "value", allow_duplicate=True),
             Output(ids.MODEL_REGISTER_MESSAGE, "children", allow_duplicate=True),
             Input(ids.MODEL_REMOVE, "n_clicks"),
-            State(ids.MODEL, "value"),
+            State(IMAGE_PANEL.model, "value"),
             prevent_initial_call=True,
         )(self.remove_model)
 

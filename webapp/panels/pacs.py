@@ -22,6 +22,7 @@ from krypton.render.dicom_series import dicom_headers
 
 from .. import ids, pacs, runs
 from ..helpers import InputError
+from ..panel_scope import IMAGE_PANEL, VOLUME_PANEL
 from ..services import Services
 
 logger = logging.getLogger("krypton.app")
@@ -75,7 +76,7 @@ class PacsPanel:
             Input(ids.PACS_SERIES, "value"),
         )(lambda series: (not series, not series))
         app.callback(
-            Output(ids.VOLUME_TICKET, "data", allow_duplicate=True),
+            Output(VOLUME_PANEL.ticket, "data", allow_duplicate=True),
             Input(ids.PACS_OPEN, "n_clicks"),
             State(ids.PACS_STUDY, "value"),
             State(ids.PACS_SERIES, "value"),
@@ -83,7 +84,7 @@ class PacsPanel:
             prevent_initial_call=True,
         )(self.open_series)
         app.callback(
-            Output(ids.UPLOAD_TICKET, "data", allow_duplicate=True),
+            Output(IMAGE_PANEL.ticket, "data", allow_duplicate=True),
             Input(ids.PACS_OPEN_IMAGE, "n_clicks"),
             State(ids.PACS_STUDY, "value"),
             State(ids.PACS_SERIES, "value"),
@@ -94,26 +95,26 @@ class PacsPanel:
         app.callback(
             Output(ids.PACS_IMAGE_SEND, "disabled"),
             Output(ids.PACS_IMAGE_SENT, "children"),
-            Input(ids.RESULT_STORE, "data"),
-            Input(ids.IMAGE_STORE, "data"),
+            Input(IMAGE_PANEL.result, "data"),
+            Input(IMAGE_PANEL.store, "data"),
         )(self.image_sendable)
         app.callback(
             Output(ids.PACS_IMAGE_SENT, "children", allow_duplicate=True),
             Input(ids.PACS_IMAGE_SEND, "n_clicks"),
-            State(ids.RESULT_STORE, "data"),
+            State(IMAGE_PANEL.result, "data"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.send_image)
         app.callback(
             Output(ids.PACS_SEND, "disabled"),
             Output(ids.PACS_SENT, "children"),
-            Input(ids.VOLUME_RESULT, "data"),
-            Input(ids.VOLUME_STORE, "data"),
+            Input(VOLUME_PANEL.result, "data"),
+            Input(VOLUME_PANEL.store, "data"),
         )(self.sendable)
         app.callback(
             Output(ids.PACS_SENT, "children", allow_duplicate=True),
             Input(ids.PACS_SEND, "n_clicks"),
-            State(ids.VOLUME_RESULT, "data"),
+            State(VOLUME_PANEL.result, "data"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.send)

@@ -10,13 +10,13 @@ from dash.exceptions import PreventUpdate
 from .. import comparison, exports, figures, helpers, ids, model_card, runs, wording
 from ..helpers import InputError
 from ..lifecycle import Provenance, result_view
-from ..run_strip import IMAGE_STRIP
+from ..panel_scope import IMAGE_PANEL
 from ..services import Services
 from .common import SCREEN_INPUTS, empty_figure
 from .compare import image_compare_view
 
 NO_RESULT = "Press Run to compute the heatmap"
-EXPORTS = {"type": IMAGE_STRIP.export, "format": ALL}
+EXPORTS = {"type": IMAGE_PANEL.strip.export, "format": ALL}
 
 
 class ResultPanel:
@@ -28,36 +28,36 @@ class ResultPanel:
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
         app.callback(
-            Output(ids.RESULT_STORE, "data", allow_duplicate=True),
-            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
-            Input(ids.LABEL, "value"),
+            Output(IMAGE_PANEL.result, "data", allow_duplicate=True),
+            Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
+            Input(IMAGE_PANEL.label, "value"),
             State(ids.SESSION, "data"),
-            State(ids.RESULT_STORE, "data"),
+            State(IMAGE_PANEL.result, "data"),
             prevent_initial_call=True,
         )(self.recolour)
         app.callback(
             Output(ids.HEATMAP_GRAPH, "figure"),
-            Output(ids.RESULT_SUMMARY, "children"),
+            Output(IMAGE_PANEL.summary, "children"),
             Output(EXPORTS, "disabled"),
             Output(ids.DICOM_IDENTITY, "style"),
-            Output(ids.COMPARE_PANEL, "children"),
-            Input(ids.RESULT_STORE, "data"),
+            Output(IMAGE_PANEL.compare_panel, "children"),
+            Input(IMAGE_PANEL.result, "data"),
             Input(ids.OVERLAY_STORE, "data"),
             *SCREEN_INPUTS,
-            State(ids.LABEL, "value"),
+            State(IMAGE_PANEL.label, "value"),
             State(ids.SESSION, "data"),
             State(EXPORTS, "id"),
         )(self.show_result)
         app.callback(
-            Output(IMAGE_STRIP.download, "data"),
-            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
+            Output(IMAGE_PANEL.strip.download, "data"),
+            Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
             Input(EXPORTS, "n_clicks"),
             State(ids.SESSION, "data"),
-            State(ids.RESULT_STORE, "data"),
+            State(IMAGE_PANEL.result, "data"),
             State(ids.OVERLAY_STORE, "data"),
             State(ids.DICOM_IDENTITY, "value"),
             *[State(i.component_id, i.component_property) for i in SCREEN_INPUTS],
-            State(ids.LABEL, "value"),
+            State(IMAGE_PANEL.label, "value"),
             prevent_initial_call=True,
         )(self.export)
 

@@ -11,7 +11,7 @@ from dash.exceptions import PreventUpdate
 
 from .. import figures, helpers, ids, runs
 from ..layout import placeholder_figure
-from ..run_strip import IMAGE_STRIP
+from ..panel_scope import IMAGE_PANEL
 from ..services import Services
 from .run_strip import Prepared, register_strip, run_job, values
 
@@ -38,22 +38,25 @@ class RunPanel:
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
         register_strip(
-            IMAGE_STRIP,
+            IMAGE_PANEL,
             app,
             self.run,
             manager=self.manager,
-            result=ids.RESULT_STORE,
-            source=ids.IMAGE_STORE,
-            model=ids.MODEL,
             settings=[
-                *values(ids.PATCH, ids.STRIDE, ids.MODE, ids.COLOUR, ids.CUSTOM_COLOUR),
-                State(ids.LABEL, "value"),
-                State(ids.REGION_STORE, "data"),
+                *values(
+                    IMAGE_PANEL.patch,
+                    IMAGE_PANEL.stride,
+                    IMAGE_PANEL.mode,
+                    ids.COLOUR,
+                    ids.CUSTOM_COLOUR,
+                ),
+                State(IMAGE_PANEL.label, "value"),
+                State(IMAGE_PANEL.region, "data"),
                 *values(ids.TARGET_SSIM, ids.DRILL_DOWN, ids.TARGET_SPEEDUP, ids.SNAP),
                 State(ids.OVERLAY_STORE, "data"),
-                *values(ids.COMPARE, ids.COMPARE_LAYER),
+                *values(IMAGE_PANEL.compare, IMAGE_PANEL.compare_layer),
             ],
-            hidden_while_running=(ids.RESULT_PANEL_BODY, ids.COMPARE_PANEL),
+            hidden_while_running=(ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel),
         )
         # A new image or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server.
@@ -62,11 +65,11 @@ class RunPanel:
             """function(image, model) {
                 return [{"display": "none"}, {"display": "block"}, []];
             }""",
-            Output(IMAGE_STRIP.live_panel, "style", allow_duplicate=True),
+            Output(IMAGE_PANEL.strip.live_panel, "style", allow_duplicate=True),
             Output(ids.RESULT_PANEL_BODY, "style", allow_duplicate=True),
-            Output(ids.COMPARE_PANEL, "children", allow_duplicate=True),
-            Input(ids.IMAGE_STORE, "data"),
-            Input(ids.MODEL, "value"),
+            Output(IMAGE_PANEL.compare_panel, "children", allow_duplicate=True),
+            Input(IMAGE_PANEL.store, "data"),
+            Input(IMAGE_PANEL.model, "value"),
             prevent_initial_call=True,
         )
 

@@ -18,7 +18,7 @@ from ..guard import CLIENT_HEADER
 from ..helpers import InputError
 from ..jobs import JobCancelled, QueueFull, check_cancelled
 from ..lifecycle import RunLifecycle
-from ..run_strip import RunStrip
+from ..panel_scope import PanelScope
 from .common import empty_figure, off_while_running
 
 __all__ = [
@@ -53,24 +53,22 @@ def values(*components: str) -> list[State]:
 
 
 def register_strip(
-    strip: RunStrip,
+    panel: PanelScope,
     app,
     job: Callable,
     *,
     manager,
-    result: str,
-    source: str,
-    model: str,
     settings: list[State],
     hidden_while_running: tuple[str, ...] = (),
 ) -> None:
-    """The background Run callback: ``job(set_progress, n_clicks, session, the panel's
-    input (``source``'s data), the model, *settings, shown)`` (``shown``: the estimate the
-    panel showed, :func:`webapp.runs.shown_estimate`) keeps the run's handle in
-    ``result`` and says why not in the message. A new input or model stops it, as Cancel
-    does (Dash cancels a background job when one of those inputs changes);
-    ``hidden_while_running`` go while it runs. Also: Run off while busy, and what Cancel
-    did, in words."""
+    """The background Run callback of ``panel``'s strip: ``job(set_progress, n_clicks,
+    session, the panel's subject (its store's data), the model, *settings, shown)``
+    (``shown``: the estimate the panel showed, :func:`webapp.runs.shown_estimate`) keeps
+    the run's handle in the panel's result and says why not in the message. A new subject
+    or model stops it, as Cancel does (Dash cancels a background job when one of those
+    inputs changes); ``hidden_while_running`` go while it runs. Also: Run off while busy,
+    and what Cancel did, in words."""
+    strip, result, source, model = panel.strip, panel.result, panel.store, panel.model
     app.callback(
         Output(result, "data"),
         Output(strip.message, "children", allow_duplicate=True),

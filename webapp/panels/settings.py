@@ -12,9 +12,9 @@ import krypton
 
 from .. import comparison, helpers, ids, runs, wording
 from ..helpers import InputError
-from ..layout import mode_options, patch_options
+from ..layout import patch_options
 from ..model_card import model_card_lines, ood_text
-from ..run_strip import IMAGE_STRIP
+from ..panel_scope import IMAGE_PANEL, mode_options
 from ..services import Services
 
 
@@ -28,17 +28,17 @@ class SettingsPanel:
         """Attach the panel's callbacks to ``app``."""
         app.callback(
             Output(ids.PREDICTION_STORE, "data"),
-            Output(ids.LABEL, "options"),
-            Output(ids.LABEL, "value"),
+            Output(IMAGE_PANEL.label, "options"),
+            Output(IMAGE_PANEL.label, "value"),
             Output(ids.TOP5, "children"),
             Output(ids.MODEL_CARD, "children"),
-            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
-            Output(ids.MODE, "options"),
-            Output(ids.MODE, "value"),
-            Input(ids.IMAGE_STORE, "data"),
-            Input(ids.MODEL, "value"),
-            State(ids.MODE, "value"),
-            State(IMAGE_STRIP.busy, "data"),
+            Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
+            Output(IMAGE_PANEL.mode, "options"),
+            Output(IMAGE_PANEL.mode, "value"),
+            Input(IMAGE_PANEL.store, "data"),
+            Input(IMAGE_PANEL.model, "value"),
+            State(IMAGE_PANEL.mode, "value"),
+            State(IMAGE_PANEL.strip.busy, "data"),
             prevent_initial_call="initial_duplicate",
         )(self.predict)
         # The prediction, the class list and Run belong to one image and model: shown (and
@@ -50,22 +50,24 @@ class SettingsPanel:
         app.clientside_callback(
             ClientsideFunction("krypton_binding", "showImage"),
             Output(ids.TOP5, "style"),
-            Output(ids.LABEL, "style"),
-            Output(IMAGE_STRIP.estimate, "style"),
-            Output(IMAGE_STRIP.run, "disabled"),
+            Output(IMAGE_PANEL.label, "style"),
+            Output(IMAGE_PANEL.strip.estimate, "style"),
+            Output(IMAGE_PANEL.strip.run, "disabled"),
             Input(ids.PREDICTION_STORE, "data"),
-            Input(ids.IMAGE_STORE, "data"),
-            Input(ids.MODEL, "value"),
-            Input(IMAGE_STRIP.busy, "data"),
+            Input(IMAGE_PANEL.store, "data"),
+            Input(IMAGE_PANEL.model, "value"),
+            Input(IMAGE_PANEL.strip.busy, "data"),
             Input(ids.IMAGE_SHOWN, "data"),
-            Input(ids.IMAGE_WANTED, "data"),
-            Input(ids.IMAGE_ANSWERED, "data"),
-            Input(IMAGE_STRIP.estimate, "children"),
+            Input(IMAGE_PANEL.wanted, "data"),
+            Input(IMAGE_PANEL.answered, "data"),
+            Input(IMAGE_PANEL.strip.estimate, "children"),
         )
         app.callback(
-            Output(ids.PATCH, "options"), Output(ids.PATCH, "value"), Input(ids.MODEL, "value")
+            Output(IMAGE_PANEL.patch, "options"),
+            Output(IMAGE_PANEL.patch, "value"),
+            Input(IMAGE_PANEL.model, "value"),
         )(self.model_patch)
-        app.callback(Output(ids.APPROXIMATE_SETTINGS, "style"), Input(ids.MODE, "value"))(
+        app.callback(Output(ids.APPROXIMATE_SETTINGS, "style"), Input(IMAGE_PANEL.mode, "value"))(
             toggle_approximate
         )
         app.callback(Output(ids.CUSTOM_COLOUR, "style"), Input(ids.COLOUR, "value"))(
@@ -80,26 +82,26 @@ class SettingsPanel:
             Input(ids.OVERLAY_THRESHOLD, "value"),
         )(overlay_settings)
         app.callback(
-            Output(IMAGE_STRIP.estimate, "children"),
-            Output(IMAGE_STRIP.estimate_store, "data"),
-            Input(ids.MODEL, "value"),
-            Input(ids.PATCH, "value"),
-            Input(ids.STRIDE, "value"),
-            Input(ids.MODE, "value"),
-            Input(ids.REGION_STORE, "data"),
+            Output(IMAGE_PANEL.strip.estimate, "children"),
+            Output(IMAGE_PANEL.strip.estimate_store, "data"),
+            Input(IMAGE_PANEL.model, "value"),
+            Input(IMAGE_PANEL.patch, "value"),
+            Input(IMAGE_PANEL.stride, "value"),
+            Input(IMAGE_PANEL.mode, "value"),
+            Input(IMAGE_PANEL.region, "data"),
             Input(ids.DRILL_DOWN, "value"),
             Input(ids.TARGET_SPEEDUP, "value"),
-            Input(ids.RESULT_STORE, "data"),  # refreshed after each run: it learns
-            Input(ids.IMAGE_STORE, "data"),  # its cells computed already cost nothing
+            Input(IMAGE_PANEL.result, "data"),  # refreshed after each run: it learns
+            Input(IMAGE_PANEL.store, "data"),  # its cells computed already cost nothing
             Input(ids.COLOUR, "value"),
             Input(ids.CUSTOM_COLOUR, "value"),
-            Input(ids.COMPARE, "value"),
+            Input(IMAGE_PANEL.compare, "value"),
         )(self.estimate_shown)
         app.callback(
-            Output(IMAGE_STRIP.message, "children", allow_duplicate=True),
-            Input(ids.REGION_STORE, "data"),
-            Input(ids.PATCH, "value"),
-            Input(ids.STRIDE, "value"),
+            Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
+            Input(IMAGE_PANEL.region, "data"),
+            Input(IMAGE_PANEL.patch, "value"),
+            Input(IMAGE_PANEL.stride, "value"),
             prevent_initial_call=True,
         )(clear_stale_message)
 
@@ -148,7 +150,7 @@ class SettingsPanel:
         )
         stopped = (
             "The run in progress explained the previous image or model, so it was stopped."
-            if running and ctx.triggered_id in (ids.IMAGE_STORE, ids.MODEL)
+            if running and ctx.triggered_id in (IMAGE_PANEL.store, IMAGE_PANEL.model)
             else ""
         )
         plain = wording.plain_and_detail(warning)[0] if warning else ""

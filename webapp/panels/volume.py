@@ -19,7 +19,7 @@ from .. import comparison, ids, pacs, runs, volume_views, wording
 from ..exports import export_stem
 from ..helpers import InputError, fill_for_display, owner_tag
 from ..lifecycle import Provenance, result_view
-from ..run_strip import VOLUME_STRIP
+from ..panel_scope import VOLUME_PANEL
 from ..runs import volumes
 from ..services import Services
 from ..volume_layout import volume_sample_path
@@ -53,10 +53,10 @@ def default_volume_model() -> str | None:
 
 # The panel's run settings a shown result must match (with the volume, model and region).
 VOLUME_SETTINGS = [
-    Input(ids.VOLUME_PATCH, "value"),
-    Input(ids.VOLUME_STRIDE, "value"),
-    Input(ids.VOLUME_MODE, "value"),
-    Input(ids.VOLUME_LABEL, "value"),
+    Input(VOLUME_PANEL.patch, "value"),
+    Input(VOLUME_PANEL.stride, "value"),
+    Input(VOLUME_PANEL.mode, "value"),
+    Input(VOLUME_PANEL.label, "value"),
 ]
 
 
@@ -71,21 +71,21 @@ class VolumePanel:
         """Attach the panel's callbacks to ``app``."""
         app.clientside_callback(
             ClientsideFunction("krypton_upload", "volume"),
-            Output(ids.VOLUME_TICKET, "data"),
-            Input(ids.VOLUME_UPLOAD, "contents"),
-            State(ids.VOLUME_UPLOAD, "filename"),
+            Output(VOLUME_PANEL.ticket, "data"),
+            Input(VOLUME_PANEL.upload, "contents"),
+            State(VOLUME_PANEL.upload, "filename"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )
         app.callback(
-            Output(ids.VOLUME_STORE, "data"),
-            Output(ids.VOLUME_REGION, "data"),
-            Output(VOLUME_STRIP.message, "children"),
-            Output(ids.VOLUME_COMPARE_PENDING, "data"),
-            Output(ids.VOLUME_ANSWERED, "data"),
-            Input(ids.VOLUME_TICKET, "data"),
-            Input({"type": ids.VOLUME_SAMPLE, "name": ALL}, "n_clicks"),
-            Input({"type": ids.VOLUME_COMPARE_SAMPLE, "name": ALL}, "n_clicks"),
+            Output(VOLUME_PANEL.store, "data"),
+            Output(VOLUME_PANEL.region, "data"),
+            Output(VOLUME_PANEL.strip.message, "children"),
+            Output(VOLUME_PANEL.compare_pending, "data"),
+            Output(VOLUME_PANEL.answered, "data"),
+            Input(VOLUME_PANEL.ticket, "data"),
+            Input({"type": VOLUME_PANEL.sample, "name": ALL}, "n_clicks"),
+            Input({"type": VOLUME_PANEL.compare_sample, "name": ALL}, "n_clicks"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.load_volume)
@@ -93,20 +93,20 @@ class VolumePanel:
             *[Output(s, "max") for s in SLIDERS],
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
             Output(ids.VOLUME_INFO, "children"),
-            Output(ids.VOLUME_LABEL, "options"),
-            Output(ids.VOLUME_LABEL, "placeholder"),
-            Output(ids.VOLUME_PATCH, "value"),
-            Output(VOLUME_STRIP.message, "children", allow_duplicate=True),
-            Input(ids.VOLUME_STORE, "data"),
-            Input(ids.VOLUME_MODEL, "value"),
+            Output(VOLUME_PANEL.label, "options"),
+            Output(VOLUME_PANEL.label, "placeholder"),
+            Output(VOLUME_PANEL.patch, "value"),
+            Output(VOLUME_PANEL.strip.message, "children", allow_duplicate=True),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.model, "value"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.show_volume)
         app.callback(  # after a run, the views go through its strongest cell
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
-            Input(ids.VOLUME_RESULT, "data"),
-            State(ids.VOLUME_STORE, "data"),
-            State(ids.VOLUME_MODEL, "value"),
+            Input(VOLUME_PANEL.result, "data"),
+            State(VOLUME_PANEL.store, "data"),
+            State(VOLUME_PANEL.model, "value"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.focus_strongest)
@@ -117,37 +117,37 @@ class VolumePanel:
             prevent_initial_call=True,
         )(self.move_cursor)
         app.callback(
-            Output(ids.VOLUME_REGION, "data", allow_duplicate=True),
+            Output(VOLUME_PANEL.region, "data", allow_duplicate=True),
             *[Input(g, "selectedData") for g in GRAPHS],
-            Input(ids.VOLUME_RESET_REGION, "n_clicks"),
-            State(ids.VOLUME_REGION, "data"),
-            State(ids.VOLUME_MODEL, "value"),
+            Input(VOLUME_PANEL.reset_region, "n_clicks"),
+            State(VOLUME_PANEL.region, "data"),
+            State(VOLUME_PANEL.model, "value"),
             prevent_initial_call=True,
         )(self.select_region)
         app.callback(
             *[Output(g, "figure") for g in GRAPHS],
-            Output(ids.VOLUME_REGION_TEXT, "children"),
-            Input(ids.VOLUME_STORE, "data"),
-            Input(ids.VOLUME_MODEL, "value"),
+            Output(VOLUME_PANEL.region_text, "children"),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.model, "value"),
             *[Input(s, "value") for s in SLIDERS],
-            Input(ids.VOLUME_REGION, "data"),
-            Input(ids.VOLUME_RESULT, "data"),
+            Input(VOLUME_PANEL.region, "data"),
+            Input(VOLUME_PANEL.result, "data"),
             Input(ids.VOLUME_WINDOW, "value"),
             *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.draw_views)
         app.callback(
-            Output(VOLUME_STRIP.estimate, "children"),
-            Output(VOLUME_STRIP.estimate_store, "data"),
-            Input(ids.VOLUME_MODEL, "value"),
-            Input(ids.VOLUME_PATCH, "value"),
-            Input(ids.VOLUME_STRIDE, "value"),
-            Input(ids.VOLUME_MODE, "value"),
-            Input(ids.VOLUME_REGION, "data"),
-            Input(ids.VOLUME_RESULT, "data"),  # a finished run is one more to learn from
-            Input(ids.VOLUME_COMPARE, "value"),
-            State(ids.VOLUME_STORE, "data"),
+            Output(VOLUME_PANEL.strip.estimate, "children"),
+            Output(VOLUME_PANEL.strip.estimate_store, "data"),
+            Input(VOLUME_PANEL.model, "value"),
+            Input(VOLUME_PANEL.patch, "value"),
+            Input(VOLUME_PANEL.stride, "value"),
+            Input(VOLUME_PANEL.mode, "value"),
+            Input(VOLUME_PANEL.region, "data"),
+            Input(VOLUME_PANEL.result, "data"),  # a finished run is one more to learn from
+            Input(VOLUME_PANEL.compare, "value"),
+            State(VOLUME_PANEL.store, "data"),
             State(ids.SESSION, "data"),
         )(self.estimate_shown)
         self._register_run(app)
@@ -166,50 +166,52 @@ class VolumePanel:
                 const off = dash_clientside.callback_context.outputs_list[5].map(() => true);
                 return [{"display": "none"}, blank, blank, blank, "", off, []];
             }""",
-            Output(VOLUME_STRIP.live_panel, "style", allow_duplicate=True),
+            Output(VOLUME_PANEL.strip.live_panel, "style", allow_duplicate=True),
             *[Output(g, "figure", allow_duplicate=True) for g in GRAPHS],
-            Output(ids.VOLUME_SUMMARY, "children", allow_duplicate=True),
-            Output({"type": VOLUME_STRIP.export, "format": ALL}, "disabled", allow_duplicate=True),
-            Output(ids.VOLUME_COMPARE_PANEL, "children", allow_duplicate=True),
-            Input(ids.VOLUME_STORE, "data"),
-            Input(ids.VOLUME_MODEL, "value"),
+            Output(VOLUME_PANEL.summary, "children", allow_duplicate=True),
+            Output(
+                {"type": VOLUME_PANEL.strip.export, "format": ALL}, "disabled", allow_duplicate=True
+            ),
+            Output(VOLUME_PANEL.compare_panel, "children", allow_duplicate=True),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.model, "value"),
             prevent_initial_call=True,
         )
         app.callback(
-            Output(ids.VOLUME_RESULT, "data", allow_duplicate=True),
-            Output(VOLUME_STRIP.message, "children", allow_duplicate=True),
-            Input(ids.VOLUME_LABEL, "value"),
-            State(ids.VOLUME_RESULT, "data"),
+            Output(VOLUME_PANEL.result, "data", allow_duplicate=True),
+            Output(VOLUME_PANEL.strip.message, "children", allow_duplicate=True),
+            Input(VOLUME_PANEL.label, "value"),
+            State(VOLUME_PANEL.result, "data"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.switch_class)
         app.callback(
-            Output(ids.VOLUME_SUMMARY, "children"),
-            *[Output({"type": VOLUME_STRIP.export, "format": f}, "disabled")
+            Output(VOLUME_PANEL.summary, "children"),
+            *[Output({"type": VOLUME_PANEL.strip.export, "format": f}, "disabled")
               for f in ("nifti", "json", "dicom", "compare")],
-            Input(ids.VOLUME_RESULT, "data"),
-            Input(ids.VOLUME_STORE, "data"),
-            Input(ids.VOLUME_MODEL, "value"),
-            Input(ids.VOLUME_REGION, "data"),
+            Input(VOLUME_PANEL.result, "data"),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.model, "value"),
+            Input(VOLUME_PANEL.region, "data"),
             *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
         )(self.summary)  # fmt: skip
         app.callback(
-            Output(ids.VOLUME_COMPARE_PANEL, "children"),
-            Input(ids.VOLUME_RESULT, "data"),
-            Input(ids.VOLUME_STORE, "data"),
-            Input(ids.VOLUME_MODEL, "value"),
-            Input(ids.VOLUME_REGION, "data"),
+            Output(VOLUME_PANEL.compare_panel, "children"),
+            Input(VOLUME_PANEL.result, "data"),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.model, "value"),
+            Input(VOLUME_PANEL.region, "data"),
             *[Input(s, "value") for s in SLIDERS],
             Input(ids.VOLUME_WINDOW, "value"),
             *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
         )(self.compare_rows)
         app.callback(
-            Output(VOLUME_STRIP.download, "data"),
-            Output(VOLUME_STRIP.message, "children", allow_duplicate=True),
-            Input({"type": VOLUME_STRIP.export, "format": ALL}, "n_clicks"),
-            State(ids.VOLUME_RESULT, "data"),
+            Output(VOLUME_PANEL.strip.download, "data"),
+            Output(VOLUME_PANEL.strip.message, "children", allow_duplicate=True),
+            Input({"type": VOLUME_PANEL.strip.export, "format": ALL}, "n_clicks"),
+            State(VOLUME_PANEL.result, "data"),
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.download)
@@ -219,42 +221,37 @@ class VolumePanel:
         file or another model hides the description, the class box, the estimate and the
         summary and disables Run at the click; they come back once the volume answered is
         the one wanted and the panel has described it."""
-        hide_at_click(
-            app, ids.VOLUME_WANTED,
-            [ids.VOLUME_INFO, ids.VOLUME_LABEL, VOLUME_STRIP.estimate, ids.VOLUME_SUMMARY],
-            VOLUME_STRIP.run,
-            (ids.VOLUME_SAMPLE, ids.VOLUME_COMPARE_SAMPLE, ids.VOLUME_UPLOAD, ids.VOLUME_TICKET,
-             ids.VOLUME_MODEL),
-        )  # fmt: skip
+        hidden = [ids.VOLUME_INFO, VOLUME_PANEL.label, VOLUME_PANEL.strip.estimate,
+                  VOLUME_PANEL.summary]  # fmt: skip
+        hide_at_click(app, VOLUME_PANEL, hidden)
         app.clientside_callback(
             ClientsideFunction("krypton_binding", "showVolume"),
             Output(ids.VOLUME_INFO, "style"),
-            Output(ids.VOLUME_LABEL, "style"),
-            Output(VOLUME_STRIP.estimate, "style"),
-            Output(ids.VOLUME_SUMMARY, "style"),
-            Output(VOLUME_STRIP.run, "disabled"),
+            Output(VOLUME_PANEL.label, "style"),
+            Output(VOLUME_PANEL.strip.estimate, "style"),
+            Output(VOLUME_PANEL.summary, "style"),
+            Output(VOLUME_PANEL.strip.run, "disabled"),
             Input(ids.VOLUME_INFO, "children"),
-            Input(ids.VOLUME_STORE, "data"),
-            Input(VOLUME_STRIP.busy, "data"),
-            Input(ids.VOLUME_WANTED, "data"),
-            Input(ids.VOLUME_ANSWERED, "data"),
-            Input(VOLUME_STRIP.estimate, "children"),
-            Input(ids.VOLUME_SUMMARY, "children"),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.strip.busy, "data"),
+            Input(VOLUME_PANEL.wanted, "data"),
+            Input(VOLUME_PANEL.answered, "data"),
+            Input(VOLUME_PANEL.strip.estimate, "children"),
+            Input(VOLUME_PANEL.summary, "children"),
         )
 
     def _register_run(self, app) -> None:
         register_strip(
-            VOLUME_STRIP,
+            VOLUME_PANEL,
             app,
             self.run,
             manager=self.manager,
-            result=ids.VOLUME_RESULT,
-            source=ids.VOLUME_STORE,
-            model=ids.VOLUME_MODEL,
             settings=[
-                *values(ids.VOLUME_PATCH, ids.VOLUME_STRIDE, ids.VOLUME_MODE, ids.VOLUME_LABEL),
-                State(ids.VOLUME_REGION, "data"),
-                *values(*SLIDERS, ids.VOLUME_COMPARE, ids.VOLUME_COMPARE_LAYER),
+                *values(
+                    VOLUME_PANEL.patch, VOLUME_PANEL.stride, VOLUME_PANEL.mode, VOLUME_PANEL.label
+                ),
+                State(VOLUME_PANEL.region, "data"),
+                *values(*SLIDERS, VOLUME_PANEL.compare, VOLUME_PANEL.compare_layer),
             ],
         )
 
@@ -270,7 +267,7 @@ class VolumePanel:
             return (*self.upload_volume(ticket, session), answered)
         if not any(sample_clicks + compare_clicks):
             raise PreventUpdate
-        compare = trigger.get("type") == ids.VOLUME_COMPARE_SAMPLE
+        compare = trigger.get("type") == VOLUME_PANEL.compare_sample
         return (*self.sample_volume(str(trigger["name"]), session, compare), answered)
 
     def upload_volume(self, ticket, session):
@@ -414,7 +411,7 @@ class VolumePanel:
     def select_region(self, *args):
         """A box on a view sets the region's two axes the view shows; Whole block clears."""
         selections, (_, region, model) = args[: len(GRAPHS)], args[len(GRAPHS) :]
-        if ctx.triggered_id == ids.VOLUME_RESET_REGION:
+        if ctx.triggered_id == VOLUME_PANEL.reset_region:
             return None
         view = _view_of(ctx.triggered_id)
         if view is None or not model:
