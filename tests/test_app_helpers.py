@@ -14,6 +14,10 @@ from webapp import exports, figures, helpers, image_store
 from webapp.helpers import InputError
 from webapp.image_store import ImageStore
 from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
+from webapp.runs.cells import order_coarse_to_fine
+from webapp.runs.regions import check_region
+from webapp.runs.request import fill_for_display
+from webapp.runs.subjects import normalised_fill
 
 
 def png_bytes(image: Image.Image) -> bytes:
@@ -56,33 +60,33 @@ def test_region_from_selection_clamps_and_rounds():
 
 
 def test_check_region_and_colours():
-    helpers.check_region([0, 0, 16, 16], (128, 128), 16, 4)
+    check_region([0, 0, 16, 16], (128, 128), 16, 4)
     with pytest.raises(InputError, match="smaller than the 16-pixel patch"):
-        helpers.check_region([0, 0, 15, 40], (128, 128), 16, 4)
+        check_region([0, 0, 15, 40], (128, 128), 16, 4)
     assert helpers.parse_colour("gray", None) == (0.5, 0.5, 0.5)
     assert helpers.parse_colour("custom", "#ff0080") == (1.0, 0.0, 128 / 255)
     with pytest.raises(InputError, match="#808080"):
         helpers.parse_colour("custom", "red")
-    fill = helpers.normalised_fill((0.5, 0.5, 0.5), (0.5, 0.25, 0.0), (0.5, 0.25, 1.0))
+    fill = normalised_fill((0.5, 0.5, 0.5), (0.5, 0.25, 0.0), (0.5, 0.25, 1.0))
     assert fill == (0.0, 1.0, 0.5)
 
 
 def test_coarse_to_fine_order_covers_region_first():
     ys, xs = np.meshgrid(np.arange(0, 64, 4), np.arange(0, 64, 4), indexing="ij")
     cells = np.stack([ys.ravel() // 4, xs.ravel() // 4], axis=1)  # grid rows and columns
-    order = helpers.order_coarse_to_fine(cells)
+    order = order_coarse_to_fine(cells)
     assert sorted(order.tolist()) == list(range(256))
     first = order[:4]
     assert set(zip(ys.ravel()[first], xs.ravel()[first])) == {(0, 0), (0, 32), (32, 0), (32, 32)}
     # a volume's grid the same way: the coarse corners of the block first
     block = np.stack([g.ravel() for g in np.indices((9, 9, 9))], axis=1)
-    first = block[helpers.order_coarse_to_fine(block)[:8]]
+    first = block[order_coarse_to_fine(block)[:8]]
     assert {tuple(c) for c in first} == {(z, y, x) for z in (0, 8) for y in (0, 8) for x in (0, 8)}
 
 
 def test_fill_for_display_uses_nearest_known():
     values = np.array([[0.1, np.nan, np.nan], [np.nan, np.nan, 0.9]], dtype=np.float32)
-    filled = helpers.fill_for_display(values)
+    filled = fill_for_display(values)
     assert not np.isnan(filled).any()
     assert filled[0, 1] == pytest.approx(0.1) and filled[1, 1] == pytest.approx(0.9)
 

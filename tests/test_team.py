@@ -25,6 +25,7 @@ from krypton.cli import build_parser, explain_options
 from krypton.fundus import FundusGenerator
 from webapp import helpers, runs
 from webapp.cluster import Cluster
+from webapp.runs.subjects import normalised_fill
 from webapp.services import Services
 from webapp.team import PREFIX, RedisImageStore, RedisResultStore
 
@@ -479,7 +480,7 @@ def test_a_compare_run_on_a_worker_keeps_the_gradient_maps_the_app_reads(team):
     assert result["methods"]["gradcam"]["labels"] == [0, 1, 2]
     loaded = krypton.load_model("fundus-demo")
     tensor = loaded.preprocess(helpers.decode_upload(png_bytes(picture), "compare.png"))
-    fill = helpers.normalised_fill((0.5, 0.5, 0.5), loaded.mean, loaded.std)
+    fill = normalised_fill((0.5, 0.5, 0.5), loaded.mean, loaded.std)
     axes = (np.asarray(result["ys"]), np.asarray(result["xs"]))
     here = attribution_maps(loaded, tensor, axes, (16, 16), [result["label"]], fill=fill)
     for method, (values, _, _) in here.items():

@@ -268,19 +268,6 @@ def region_from_selection(selected: dict | None, size: tuple[int, int]) -> list[
     return [x0, y0, x1, y1]
 
 
-def check_region(region: list[int] | None, size: tuple[int, int], patch: int, stride: int) -> None:
-    """Refuse a region the occluding patch cannot be placed in, with a clear message."""
-    height, width = size
-    x0, y0, x1, y1 = region or (0, 0, width, height)
-    if x1 - x0 < patch or y1 - y0 < patch:
-        raise InputError(
-            f"the region is {x1 - x0}x{y1 - y0} pixels, smaller than the "
-            f"{patch}-pixel patch; draw a larger region or pick a smaller patch"
-        )
-    if stride < 1:
-        raise InputError("the stride must be at least 1")
-
-
 def parse_colour(choice: str, custom: str | None) -> tuple[float, float, float]:
     """Occlusion colour as RGB in [0, 1]: gray, black or a custom #rrggbb."""
     if choice == "gray":
@@ -292,37 +279,3 @@ def parse_colour(choice: str, custom: str | None) -> tuple[float, float, float]:
         raise InputError(f"custom colour must look like #808080, got {custom!r}")
     value = match.group(1)
     return tuple(int(value[i : i + 2], 16) / 255 for i in (0, 2, 4))
-
-
-def normalised_fill(rgb: tuple[float, float, float], mean, std) -> tuple[float, ...]:
-    """An RGB colour in [0, 1] expressed in the model's normalised input space."""
-    return tuple((c - m) / s for c, m, s in zip(rgb, mean, std))
-
-
-# -- refinement ----------------------------------------------------------------------------
-
-
-def order_coarse_to_fine(cells: np.ndarray) -> np.ndarray:
-    """Order grid cells (``cells``: (N, rank) indices on the grid, rows and columns, or
-    slices, rows and columns) so a coarse sub-grid comes first: the first batches already
-    cover the whole region and later ones sharpen it."""
-    cells = np.asarray(cells)
-    level = np.zeros(len(cells), dtype=int)
-    # down to one cell at the coarsest level: on a 224-px image at stride 4 (53 x 53
-    # cells) the first 16 positions are then the 16-cell grid spread over the image
-    for step in (64, 32, 16, 8, 4, 2, 1):
-        on_grid = (cells % step == 0).all(axis=1) & (level == 0)
-        level[on_grid] = step
-    return np.argsort(-level, kind="stable")
-
-
-def fill_for_display(values: np.ndarray) -> np.ndarray:
-    """Unknown (NaN) cells take the nearest known value, for the live partial picture (an
-    image's grid or a volume's)."""
-    known = ~np.isnan(values)
-    if known.all() or not known.any():
-        return values
-    from scipy.ndimage import distance_transform_edt
-
-    _, nearest = distance_transform_edt(~known, return_indices=True)
-    return values[tuple(nearest)]

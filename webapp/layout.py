@@ -16,7 +16,7 @@ from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH, DEFAULT_
 from . import ids
 from .glossary import term_label
 from .pacs_layout import pacs_search, pacs_send
-from .panel_scope import IMAGE_PANEL, size_checked, tick
+from .panel_scope import IMAGE_PANEL, SAMPLES_DIR, size_checked, tick
 from .volume_layout import volume_section
 
 PATCH_SIZES = CALIBRATION_PATCHES  # the sizes the runtime estimator is calibrated for
@@ -40,7 +40,6 @@ EXPORTS = (
     ),
 )
 STRIDES = (2, 4, 8, 16)
-SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "samples"
 # title, caption (what the sample is: the page shows it on hover)
 SAMPLE_NAMES = {
     "fundus-microaneurysms.png": (

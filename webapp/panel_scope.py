@@ -7,13 +7,19 @@ panel is one instance: :data:`IMAGE_PANEL` and :data:`VOLUME_PANEL`; its run str
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from dash import dcc, html
 
 from .compare_layout import layer_picker
 from .run_strip import RunStrip
 
-__all__ = ["PanelScope", "IMAGE_PANEL", "VOLUME_PANEL", "mode_options", "size_checked", "tick"]
+__all__ = ["PanelScope", "IMAGE_PANEL", "VOLUME_PANEL", "SAMPLES_DIR", "mode_options",
+           "size_checked", "tick"]  # fmt: skip
+
+
+# where both panels' shipped samples are (written by the demos' `gallery` commands)
+SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "samples"
 
 
 def mode_options(traceable: bool = True) -> list[dict]:

@@ -14,7 +14,7 @@ from krypton.registry.models import DEFAULT_VOLUME_STRIDE
 from . import ids
 from .glossary import term_label
 from .pacs_layout import pacs_send
-from .panel_scope import VOLUME_PANEL
+from .panel_scope import SAMPLES_DIR, VOLUME_PANEL
 
 VOLUME_EXPORTS = (
     ("NIfTI", "nifti", "the heatmap's cells in the scanner's frame (.nii.gz), one value per "
@@ -29,7 +29,6 @@ VOLUME_EXPORTS = (
 )  # fmt: skip
 
 
-VOLUME_SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "samples"
 # file -> (title, caption); written by `python -m demo.chestct.train gallery`
 VOLUME_SAMPLES = {
     "chestct-nodule.nii.gz": (
@@ -44,14 +43,14 @@ def volume_sample_path(name: str) -> Path:
     """Where a volume sample's file is; KeyError for a name that is not one."""
     if name not in VOLUME_SAMPLES:
         raise KeyError(name)
-    return VOLUME_SAMPLES_DIR / name
+    return SAMPLES_DIR / name
 
 
 def _samples() -> html.Div:
     """The volume samples: load one, or load it and compare the three methods at once."""
     items: list = [html.Span("Or a sample: ", className="help")]
     for name, (title, caption) in VOLUME_SAMPLES.items():
-        if not (VOLUME_SAMPLES_DIR / name).exists():
+        if not (SAMPLES_DIR / name).exists():
             continue
         items.append(html.Button(title, id={"type": VOLUME_PANEL.sample, "name": name},
                                  title=caption, n_clicks=0))  # fmt: skip

@@ -42,6 +42,35 @@ def origin(trigger, ticket) -> str | None:
     return None
 
 
+def register_intake(app, panel: PanelScope, kind: str, load, extra: tuple = ()) -> None:
+    """A panel's subject arrives: the upload posts its bytes in the browser
+    (assets/uploads.js, ``kind``: "image" or "volume") and names them in the panel's
+    ticket; ``load(ticket, sample clicks, Compare clicks, session)`` answers the ticket or
+    a sample's button with the panel's store, region and message, the ``extra`` outputs,
+    the Compare mark and the request answered (:func:`origin`)."""
+    app.clientside_callback(
+        ClientsideFunction("krypton_upload", kind),
+        Output(panel.ticket, "data"),
+        Input(panel.upload, "contents"),
+        State(panel.upload, "filename"),
+        State(ids.SESSION, "data"),
+        prevent_initial_call=True,
+    )
+    app.callback(
+        Output(panel.store, "data"),
+        Output(panel.region, "data"),
+        Output(panel.strip.message, "children"),
+        *extra,
+        Output(panel.compare_pending, "data"),
+        Output(panel.answered, "data"),
+        Input(panel.ticket, "data"),
+        Input({"type": panel.sample, "name": ALL}, "n_clicks"),
+        Input({"type": panel.compare_sample, "name": ALL}, "n_clicks"),
+        State(ids.SESSION, "data"),
+        prevent_initial_call=True,
+    )(load)
+
+
 def hide_at_click(app, panel: PanelScope, hidden: list[str]) -> None:
     """The click decides what may sit beside a panel's picture (assets/binding.js): a
     sample's buttons, a file or another model hide ``panel``'s ``hidden`` components,

@@ -3,7 +3,7 @@ the picture the model sees and the region the user selects on it."""
 
 from __future__ import annotations
 
-from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
+from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
 from .. import figures, helpers, ids, pacs
@@ -12,7 +12,7 @@ from ..helpers import InputError
 from ..layout import DICOM_SAMPLES, sample_path
 from ..panel_scope import IMAGE_PANEL
 from ..services import Services
-from .common import empty_figure, hide_at_click, origin
+from .common import empty_figure, hide_at_click, origin, register_intake
 
 
 class ImagePanel:
@@ -23,29 +23,9 @@ class ImagePanel:
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
-        app.clientside_callback(
-            ClientsideFunction("krypton_upload", "image"),
-            Output(IMAGE_PANEL.ticket, "data"),
-            Input(IMAGE_PANEL.upload, "contents"),
-            State(IMAGE_PANEL.upload, "filename"),
-            State(ids.SESSION, "data"),
-            prevent_initial_call=True,
-        )
-        app.callback(
-            Output(IMAGE_PANEL.store, "data"),
-            Output(IMAGE_PANEL.region, "data"),
-            Output(IMAGE_PANEL.strip.message, "children"),
-            Output(ids.WINDOW_PRESET, "value"),
-            Output(ids.DICOM_FRAME, "max"),
-            Output(ids.DICOM_FRAME, "value"),
-            Output(IMAGE_PANEL.compare_pending, "data"),
-            Output(IMAGE_PANEL.answered, "data"),
-            Input(IMAGE_PANEL.ticket, "data"),
-            Input({"type": IMAGE_PANEL.sample, "name": ALL}, "n_clicks"),
-            Input({"type": IMAGE_PANEL.compare_sample, "name": ALL}, "n_clicks"),
-            State(ids.SESSION, "data"),
-            prevent_initial_call=True,
-        )(self.load_image)
+        dicom = (Output(ids.WINDOW_PRESET, "value"), Output(ids.DICOM_FRAME, "max"),
+                 Output(ids.DICOM_FRAME, "value"))  # fmt: skip
+        register_intake(app, IMAGE_PANEL, "image", self.load_image, dicom)
         # a click hides the prediction, class list and estimate and disables Run; the
         # settings panel's rule shows them again once what arrived is for the picture
         hide_at_click(app, IMAGE_PANEL, [ids.TOP5, IMAGE_PANEL.label, IMAGE_PANEL.strip.estimate])

@@ -93,9 +93,10 @@ class RunPanel:
             shown = helpers.model_view(self.services.images.get(request.key), loaded.input_size)
 
             def draw(partial: runs.Partial):
+                ys, xs = partial.axes
                 return figures.heatmap_figure(
-                    shown, helpers.fill_for_display(partial.values), partial.xs, partial.ys,
-                    partial.patch, partial.prob, f"{partial.label_name} (computing)", style,
+                    shown, partial.filled(), xs, ys, partial.patch, partial.prob,
+                    f"{partial.label_name} (computing)", style,
                 )  # fmt: skip
 
             return Prepared(request, draw, list(loaded.classes))

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 
 import numpy as np
-from dash import ALL, ClientsideFunction, Input, Output, State, ctx, html, no_update
+from dash import ALL, ClientsideFunction, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from krypton.registry import available_models
@@ -17,13 +17,13 @@ from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 
 from .. import comparison, ids, pacs, runs, volume_views, wording
 from ..exports import export_stem
-from ..helpers import InputError, fill_for_display, owner_tag
+from ..helpers import InputError, owner_tag
 from ..lifecycle import Provenance, result_view
 from ..panel_scope import VOLUME_PANEL
 from ..runs import volumes
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import empty_figure, hide_at_click, origin
+from .common import empty_figure, hide_at_click, origin, register_intake
 from .compare import volume_compare_view
 from .run_strip import Prepared, register_strip, run_job, values
 
@@ -69,26 +69,7 @@ class VolumePanel:
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
-        app.clientside_callback(
-            ClientsideFunction("krypton_upload", "volume"),
-            Output(VOLUME_PANEL.ticket, "data"),
-            Input(VOLUME_PANEL.upload, "contents"),
-            State(VOLUME_PANEL.upload, "filename"),
-            State(ids.SESSION, "data"),
-            prevent_initial_call=True,
-        )
-        app.callback(
-            Output(VOLUME_PANEL.store, "data"),
-            Output(VOLUME_PANEL.region, "data"),
-            Output(VOLUME_PANEL.strip.message, "children"),
-            Output(VOLUME_PANEL.compare_pending, "data"),
-            Output(VOLUME_PANEL.answered, "data"),
-            Input(VOLUME_PANEL.ticket, "data"),
-            Input({"type": VOLUME_PANEL.sample, "name": ALL}, "n_clicks"),
-            Input({"type": VOLUME_PANEL.compare_sample, "name": ALL}, "n_clicks"),
-            State(ids.SESSION, "data"),
-            prevent_initial_call=True,
-        )(self.load_volume)
+        register_intake(app, VOLUME_PANEL, "volume", self.load_volume)
         app.callback(
             *[Output(s, "max") for s in SLIDERS],
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
@@ -614,24 +595,22 @@ class VolumePanel:
                 affine = None if result.get("affine") is None else np.asarray(result["affine"])
                 data = heatmap_nifti(heatmap, affine, f"krypton {result['model']} "
                                      f"{result['label_name']}")  # fmt: skip
-                return {"content": _b64(data), "filename": f"{stem}.nii.gz", "base64": True}, ""
+                return dcc.send_bytes(data, f"{stem}.nii.gz"), ""
             if fmt == "json":
-                text = runs.export_json(result)
-                return {"content": text, "filename": f"{stem}.json"}, ""
+                return dcc.send_string(runs.export_json(result), f"{stem}.json"), ""
             if fmt == "compare":  # each method in the three views through its strongest cell
                 prepared = self.services.prepared_volume(
                     result["source_key"], session, result["model"], result["image"]
                 )
                 data = comparison.comparison_png(result, prepared.unit)
-                return {"content": _b64(data), "filename": f"{stem}-compare.png",
-                        "base64": True}, ""  # fmt: skip
+                return dcc.send_bytes(data, f"{stem}-compare.png"), ""
             if fmt == "dicom":
                 source = self.services.images.source(result["source_key"], session)
                 prepared = self.services.prepared_volume(
                     result["source_key"], session, result["model"], result["image"]
                 )
                 data = volumes.export_dicom_series(result, source, prepared)
-                return {"content": _b64(data), "filename": f"{stem}.dcm.zip", "base64": True}, ""
+                return dcc.send_bytes(data, f"{stem}.dcm.zip"), ""
         except InputError as exc:
             return no_update, str(exc)
         raise PreventUpdate
@@ -650,12 +629,6 @@ def _request(record, model, patch, stride, mode, label, region, compare=None, la
 
 def _handle(result: dict) -> dict:
     return {"id": result["id"], "source_key": result["source_key"], "model": result["model"]}
-
-
-def _b64(data: bytes) -> str:
-    import base64
-
-    return base64.b64encode(data).decode("ascii")
 
 
 def _whole(value, what: str) -> int:
@@ -682,7 +655,7 @@ def live_views(prepared, cursor):
     size = prepared.unit.shape
 
     def draw(partial: runs.Partial):
-        filled = fill_for_display(partial.values)
+        filled = partial.filled()
         if np.isnan(filled).all():
             return None
         heatmap = runs.grid_heatmap(filled, partial.axes, partial.patch)

@@ -13,7 +13,6 @@ import numpy as np
 
 from krypton.explainer import snap_start
 
-from .. import helpers
 from .regions import Bounds
 from .request import FIRST_CHUNK, LARGEST_CHUNK
 
@@ -111,6 +110,20 @@ def count_known(known: KnownCells | None, axes: tuple) -> int:
     return sum(key in known.cells for key in grid_cells(axes)[2])
 
 
+def order_coarse_to_fine(cells: np.ndarray) -> np.ndarray:
+    """Order grid cells (``cells``: (N, rank) indices on the grid, rows and columns, or
+    slices, rows and columns) so a coarse sub-grid comes first: the first batches already
+    cover the whole region and later ones sharpen it."""
+    cells = np.asarray(cells)
+    level = np.zeros(len(cells), dtype=int)
+    # down to one cell at the coarsest level: on a 224-px image at stride 4 (53 x 53
+    # cells) the first 16 positions are then the 16-cell grid spread over the image
+    for step in (64, 32, 16, 8, 4, 2, 1):
+        on_grid = (cells % step == 0).all(axis=1) & (level == 0)
+        level[on_grid] = step
+    return np.argsort(-level, kind="stable")
+
+
 def _library_position(key: tuple[int, ...]) -> tuple[int, ...]:
     # explain()'s listed positions are public in the panels' own order: an image's (x, y),
     # a volume's (z, y, x) — as their regions
@@ -151,7 +164,7 @@ def run_cells(
     reused = len(keys) - len(todo)
     todo_cells = np.array(todo, dtype=int)
     if len(todo_cells):
-        todo_cells = todo_cells[helpers.order_coarse_to_fine(index[todo_cells])]
+        todo_cells = todo_cells[order_coarse_to_fine(index[todo_cells])]
     total = len(keys)
     done = reused
     if reused:

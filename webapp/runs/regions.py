@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from krypton.explainer import grid_positions
 
-from ..helpers import InputError, check_region
+from ..helpers import InputError
 
 __all__ = ["Bounds", "whole", "check_volume_bounds", "check_grid", "grid_count"]
 
@@ -30,6 +30,19 @@ def check_volume_bounds(bounds: Bounds, size: tuple[int, ...], patch: int, strid
             f"the region is {'x'.join(map(str, extent))} voxels (z x y x x), smaller than "
             f"the {patch}-voxel cube on some axis; draw a larger region or pick a smaller patch"
         )
+
+
+def check_region(region: list[int] | None, size: tuple[int, int], patch: int, stride: int) -> None:
+    """Refuse a region the occluding patch cannot be placed in, with a clear message."""
+    height, width = size
+    x0, y0, x1, y1 = region or (0, 0, width, height)
+    if x1 - x0 < patch or y1 - y0 < patch:
+        raise InputError(
+            f"the region is {x1 - x0}x{y1 - y0} pixels, smaller than the "
+            f"{patch}-pixel patch; draw a larger region or pick a smaller patch"
+        )
+    if stride < 1:
+        raise InputError("the stride must be at least 1")
 
 
 def check_grid(size: tuple[int, int], patch: int, stride: int, region) -> None:

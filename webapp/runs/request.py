@@ -48,6 +48,18 @@ class RunRequest:
     estimate: dict | None = field(default=None, compare=False, hash=False)
 
 
+def fill_for_display(values: np.ndarray) -> np.ndarray:
+    """Unknown (NaN) cells take the nearest known value, for the live partial picture (an
+    image's grid or a volume's)."""
+    known = ~np.isnan(values)
+    if known.all() or not known.any():
+        return values
+    from scipy.ndimage import distance_transform_edt
+
+    _, nearest = distance_transform_edt(~known, return_indices=True)
+    return values[tuple(nearest)]
+
+
 @dataclass(frozen=True)
 class Partial:
     """The picture so far: the label's values on the run's grid (NaN where unknown).
@@ -60,13 +72,10 @@ class Partial:
     label_name: str
     prob: float
 
-    @property
-    def xs(self) -> np.ndarray:
-        return self.axes[-1]
-
-    @property
-    def ys(self) -> np.ndarray:
-        return self.axes[-2]
+    def filled(self) -> np.ndarray:
+        """The values to draw: unknown cells take their nearest known one
+        (:func:`fill_for_display`)."""
+        return fill_for_display(self.values)
 
 
 # report(done, total, picture so far or None): called after every batch; raising stops

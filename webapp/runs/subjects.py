@@ -16,11 +16,16 @@ from .. import helpers
 from ..helpers import InputError
 from ..image_store import ImageStore
 from .cells import CellCache
-from .regions import Bounds, check_volume_bounds, whole
+from .regions import Bounds, check_region, check_volume_bounds, whole
 from .request import RunRequest
 from .volumes import volume_prediction
 
 __all__ = ["Services", "Subject", "ImageSubject", "VolumeSubject", "subject_for", "results_key"]
+
+
+def normalised_fill(rgb: tuple[float, float, float], mean, std) -> tuple[float, ...]:
+    """An RGB colour in [0, 1] expressed in the model's normalised input space."""
+    return tuple((c - m) / s for c, m, s in zip(rgb, mean, std))
 
 
 class Services(Protocol):  # what webapp.services.Services provides
@@ -99,7 +104,7 @@ class ImageSubject:
 
     def check(self, bounds: Bounds) -> None:
         height, width = self.size
-        helpers.check_region(list(self.flat(bounds)), (height, width), self.request.patch,
+        check_region(list(self.flat(bounds)), (height, width), self.request.patch,
                              self.request.stride)  # fmt: skip
 
     def flat(self, bounds: Bounds) -> tuple[int, ...]:
@@ -119,7 +124,7 @@ class ImageSubject:
         return probs
 
     def fill(self):
-        return helpers.normalised_fill(self.request.fill_rgb, self.loaded.mean, self.loaded.std)
+        return normalised_fill(self.request.fill_rgb, self.loaded.mean, self.loaded.std)
 
     def snapped_note(self, before: Bounds, after: Bounds) -> str:
         down, right = (int(a) - int(b) for a, b in zip(after[0], before[0]))
