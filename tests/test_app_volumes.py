@@ -322,6 +322,31 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
     assert summary({"key": key}, region, settings, "tab-2")[1:] == (True,) * 4
 
 
+def test_a_volume_heatmap_of_weights_no_longer_loaded_is_hidden_as_an_images_is(
+    services, nifti_bytes, monkeypatch
+):
+    """The volume panel once checked a kept result against the weights it recorded, not
+    the weights the server has now: after the model's file was replaced (the demo
+    retrained, a model re-registered) the old heatmap stayed up as this model's. The
+    image panel's rule compares the weights now; both panels share it."""
+    from webapp.panels.volume import VolumePanel
+
+    key = stored(services, nifti_bytes)
+    result = runs.execute(services, "tab-1", request(key), lambda *a: None)
+    panel = VolumePanel(services, None)
+    record, handle = {"key": key, "name": "chest.nii.gz"}, {"id": result["id"]}
+    settings = (None, 8, 8, "exact", None)  # region, patch, stride, mode, class
+    assert panel.summary(handle, record, "ct-test", *settings, "tab-1")[1:] == (
+        False, False, True, True
+    )  # fmt: skip
+    monkeypatch.setattr(services, "weights_checksum", lambda name: "other weights")
+    text, *disabled = panel.summary(handle, record, "ct-test", *settings, "tab-1")
+    assert disabled == [True] * 4 and "the model's weights" in str(text), text
+    drawn = panel.draw_views(record, "ct-test", 24, 24, 24, None, handle, "model",
+                             *settings[1:], "tab-1")  # fmt: skip
+    assert [len(f.data) for f in drawn[:3]] == [1, 1, 1]  # the block, no heatmap
+
+
 def test_a_volume_result_the_server_let_go_says_so(services, nifti_bytes):
     """The volume panel showed a result the result store had dropped (its byte budget,
     least recently used first) as a blank with no message; the image panel says why and

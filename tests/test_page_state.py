@@ -223,6 +223,26 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path, monkeypatch, pacs):
     assert used <= on_page, used - on_page
 
 
+def test_what_both_panels_have_is_one_component_and_ids_holds_one_panels_own():
+    """A widget both panels have is the panel component's (webapp.panel_scope), one
+    instance per panel: webapp.ids keeps no twin pair (once 37 VOLUME_* ids, 27 of them
+    twins of image ids: "model" and "volume-model", ...), and the two instances' ids
+    never meet."""
+    constants = {name: value for name, value in vars(ids).items()
+                 if name.isupper() and isinstance(value, str)}  # fmt: skip
+    image_ids = {v for n, v in constants.items() if not n.startswith("VOLUME_")}
+    volume_ids = {v for n, v in constants.items() if n.startswith("VOLUME_")}
+    twins = {v for v in volume_ids if v.removeprefix("volume-") in image_ids}
+    assert not twins, twins
+    parts = (*PANEL_PARTS, *PATTERN_TYPES, "compare_pending")
+    image = {getattr(IMAGE_PANEL, part) for part in parts}
+    volume = {getattr(VOLUME_PANEL, part) for part in parts}
+    assert len(image) == len(volume) == len(set(parts)) and not image & volume
+    assert not (image | volume) & set(constants.values())
+    strip_ids = {getattr(strip, part) for strip in STRIPS for part in STRIP_PARTS}
+    assert not strip_ids & (image | volume | set(constants.values()))
+
+
 @pytest.fixture
 def models_panel(tmp_path) -> tuple[ModelsPanel, Services]:
     services = Services(tmp_path / "cache")

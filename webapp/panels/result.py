@@ -9,11 +9,12 @@ from dash.exceptions import PreventUpdate
 
 from .. import comparison, exports, figures, helpers, ids, model_card, runs, wording
 from ..helpers import InputError
-from ..lifecycle import Provenance, result_view
+from ..lifecycle import ResultView
 from ..panel_scope import IMAGE_PANEL
 from ..services import Services
 from .common import SCREEN_INPUTS, empty_figure
 from .compare import image_compare_view
+from .run import run_request
 
 NO_RESULT = "Press Run to compute the heatmap"
 EXPORTS = {"type": IMAGE_PANEL.strip.export, "format": ALL}
@@ -83,9 +84,7 @@ class ResultPanel:
         result, why = runs.kept_result(self.services.results, session, handle)
         if result is None:  # why: the store is away, or the result was let go
             return empty_figure(why or NO_RESULT), "", *none
-        view = result_view(
-            Provenance.from_dict(result["provenance"]), self.screen_provenance(*screen, label)
-        )
+        view = self.shown_view(result, *screen, label)
         if not view.show:
             return empty_figure(view.reason), html.P(view.reason, className="warning"), *none
         try:
@@ -99,37 +98,22 @@ class ResultPanel:
         dicom_style = {"display": "block" if is_dicom else "none"}
         return figure, summary(result), disabled, dicom_style, compared
 
-    def screen_provenance(
-        self,
-        image_data,
-        model_name,
-        region,
-        patch,
-        stride,
-        mode,
-        colour,
-        custom,
-        target_ssim,
-        drill_down,
-        speedup,
-        label,
-    ) -> Provenance | None:
-        """What the page shows now, as a run's provenance (None: nothing runnable)."""
+    def shown_view(self, result: dict, *screen) -> ResultView:
+        """Whether ``result`` may be shown beside what the page shows now (``screen``:
+        the image, model, region, patch, stride, mode, colour, custom colour, quality
+        target, drill-down, speed-up and class): webapp.runs.shown_view, the volume
+        panel's rule too."""
+        image_data, model_name, region, patch, stride, mode, colour, custom, *rest = screen
+        target_ssim, drill_down, speedup, label = rest
         try:
-            return Provenance.make(
-                image=(image_data or {})["key"],
-                model=model_name,
-                weights=self.services.weights_checksum(model_name),
-                region=region,
-                patch=patch,
-                stride=stride,
-                mode=mode,
-                colour=helpers.parse_colour(colour, custom),
-                label=label,
-                approximate=(target_ssim, drill_down, speedup),
-            )
+            asked, _ = run_request(
+                image_data, model_name, patch, stride, mode, colour, custom, label, region,
+                target_ssim, drill_down, speedup, snap=True, overlay=None,
+            )  # fmt: skip
+            weights = self.services.weights_checksum(model_name)
         except (InputError, KeyError, TypeError, ValueError):
-            return None
+            asked, weights = None, None  # nothing runnable on screen
+        return runs.shown_view(result, asked, weights)
 
     def model_picture(self, result: dict):
         """The picture the model saw for ``result`` (its input size)."""
@@ -159,9 +143,7 @@ class ResultPanel:
             return no_update, why
         if result is None:
             raise PreventUpdate  # not this tab's current result
-        view = result_view(
-            Provenance.from_dict(result["provenance"]), self.screen_provenance(*screen)
-        )
+        view = self.shown_view(result, *screen)
         if not view.show:
             return no_update, view.reason
         try:

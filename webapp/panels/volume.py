@@ -18,7 +18,6 @@ from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 from .. import comparison, ids, pacs, runs, volume_views, wording
 from ..exports import export_stem
 from ..helpers import InputError, owner_tag
-from ..lifecycle import Provenance, result_view
 from ..panel_scope import VOLUME_PANEL
 from ..runs import volumes
 from ..services import Services
@@ -509,13 +508,12 @@ class VolumePanel:
         if not screen or result.get("provenance") is None:
             return result, ""
         region, patch, stride, mode, label = screen
-        kept = Provenance.from_dict(result["provenance"])
         try:
-            asked = _request(record, model, patch, stride, mode, None, region)
-            now = runs.provenance(asked, kept.weights, kept.label if label is None else label)
+            asked = _request(record, model, patch, stride, mode, label, region)
+            weights = self.services.weights_checksum(model)
         except (TypeError, ValueError):  # InputError included: a blank cube or stride
             return None, "The last heatmap is hidden: the settings are incomplete."
-        view = result_view(kept, now)
+        view = runs.shown_view(result, asked, weights)
         return (result, "") if view.show else (None, view.reason)
 
     # -- running ---------------------------------------------------------------------

@@ -28,6 +28,7 @@ from .records import (
     provenance,
     relabel,
     result_heatmap,
+    shown_view,
     summary_lines,
     switch_class,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "switch_class",
     "ResultUnavailable",
     "result_heatmap",
+    "shown_view",
     "grid_heatmap",
     "summary_lines",
     "relabel",

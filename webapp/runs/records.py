@@ -14,7 +14,7 @@ import krypton
 
 from .. import comparison, model_card
 from ..helpers import InputError
-from ..lifecycle import Provenance, format_duration
+from ..lifecycle import Provenance, ResultView, format_duration, result_view
 from .request import RunRequest
 from .timing import estimate_text, plan_text, speed_text
 
@@ -25,6 +25,7 @@ __all__ = [
     "switch_class",
     "ResultUnavailable",
     "provenance",
+    "shown_view",
     "result_record",
     "result_heatmap",
     "grid_heatmap",
@@ -49,6 +50,19 @@ def provenance(request: RunRequest, weights: str, label: int | None) -> Provenan
         colour=request.fill_rgb or (), label=label,
         approximate=(request.target_ssim, request.r_drill_down, request.target_speedup),
     )  # fmt: skip
+
+
+def shown_view(result: dict, asked: RunRequest | None, weights: str | None) -> ResultView:
+    """Whether the kept ``result`` may be shown beside what the panel shows now: ``asked``,
+    the panel's settings as a request (None: they make none), with the model's weights
+    as the server has them now (``weights``). An empty class box stands for the class
+    the run explained (the volume panel's "the prediction"). One rule for both panels'
+    pictures, summaries and downloads (webapp.lifecycle.result_view)."""
+    kept = Provenance.from_dict(result["provenance"])
+    if asked is None or weights is None:
+        return result_view(kept, None)
+    label = kept.label if asked.label is None else asked.label
+    return result_view(kept, provenance(asked, weights, label))
 
 
 def result_record(
