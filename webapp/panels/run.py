@@ -127,7 +127,14 @@ def run_request(
     shown=None,
 ) -> tuple[runs.RunRequest, dict | None]:
     """The page's controls as a run request (and the overlay settings it is drawn with);
-    ``shown``: the estimate the page showed for them (webapp.runs.shown_estimate)."""
+    ``shown``: the estimate the page showed for them (webapp.runs.shown_estimate). The
+    quality target, drill-down and speed-up are read in approximate mode only: the other
+    modes do not use them, and a blank one there refuses nothing."""
+    approximate = (
+        dict(target_ssim=target_ssim, r_drill_down=float(drill), target_speedup=float(speedup))
+        if mode == "approximate"
+        else {}
+    )
     request = runs.RunRequest(
         key=image_data["key"],
         name=str(image_data.get("name")),
@@ -138,9 +145,7 @@ def run_request(
         fill_rgb=helpers.parse_colour(colour, custom),
         label=None if label is None else int(label),
         region=tuple(region) if region else None,
-        target_ssim=target_ssim,
-        r_drill_down=float(drill),
-        target_speedup=float(speedup),
+        **approximate,
         snap=bool(snap),
         compare=bool(compare),
         compare_layer=str(layer) if layer else None,
