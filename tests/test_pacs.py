@@ -36,8 +36,17 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def orthanc(tmp_path_factory):
-    """Orthanc's DICOMweb root, with basic authentication, as `make pacs` starts it."""
-    process, root = start_orthanc(tmp_path_factory.mktemp("orthanc"), _free_port(), USER, PASSWORD)
+    """Orthanc's DICOMweb root, with basic authentication, as `make pacs` starts it. A
+    free port can be taken by another test's server before Orthanc binds it (seen
+    beside the team suite): then Orthanc says so and another port is tried."""
+    for attempt in range(3):
+        folder = tmp_path_factory.mktemp("orthanc")
+        try:
+            process, root = start_orthanc(folder, _free_port(), USER, PASSWORD)
+            break
+        except RuntimeError as exc:
+            if "already in use" not in str(exc) or attempt == 2:
+                raise
     yield root
     process.terminate()
     process.wait(timeout=30)
