@@ -24,6 +24,7 @@ from .common import empty_figure, off_while_running
 __all__ = [
     "Prepared",
     "register_strip",
+    "register_estimate",
     "run_job",
     "live_reporter",
     "cancelled",
@@ -108,6 +109,23 @@ def register_strip(
         State(result, "data"),
         prevent_initial_call=True,
     )(cancelled)
+
+
+def register_estimate(app, panel: PanelScope, estimate_shown: Callable, *more) -> None:
+    """The line beside ``panel``'s Run and the estimate the strip keeps for it:
+    ``estimate_shown(model, patch, stride, mode, region, *more)`` returns both (the line,
+    webapp.runs.shown_estimate's record or None); ``more``: the panel's own inputs and
+    states after the five both panels have."""
+    app.callback(
+        Output(panel.strip.estimate, "children"),
+        Output(panel.strip.estimate_store, "data"),
+        Input(panel.model, "value"),
+        Input(panel.patch, "value"),
+        Input(panel.stride, "value"),
+        Input(panel.mode, "value"),
+        Input(panel.region, "data"),
+        *more,
+    )(estimate_shown)
 
 
 def run_job(

@@ -16,6 +16,7 @@ from ..layout import patch_options
 from ..model_card import model_card_lines, ood_text
 from ..panel_scope import IMAGE_PANEL, mode_options
 from ..services import Services
+from .run_strip import register_estimate
 
 
 class SettingsPanel:
@@ -81,14 +82,8 @@ class SettingsPanel:
             Input(ids.OVERLAY_OPACITY, "value"),
             Input(ids.OVERLAY_THRESHOLD, "value"),
         )(overlay_settings)
-        app.callback(
-            Output(IMAGE_PANEL.strip.estimate, "children"),
-            Output(IMAGE_PANEL.strip.estimate_store, "data"),
-            Input(IMAGE_PANEL.model, "value"),
-            Input(IMAGE_PANEL.patch, "value"),
-            Input(IMAGE_PANEL.stride, "value"),
-            Input(IMAGE_PANEL.mode, "value"),
-            Input(IMAGE_PANEL.region, "data"),
+        register_estimate(
+            app, IMAGE_PANEL, self.estimate_shown,
             Input(ids.DRILL_DOWN, "value"),
             Input(ids.TARGET_SPEEDUP, "value"),
             Input(IMAGE_PANEL.result, "data"),  # refreshed after each run: it learns
@@ -96,7 +91,7 @@ class SettingsPanel:
             Input(ids.COLOUR, "value"),
             Input(ids.CUSTOM_COLOUR, "value"),
             Input(IMAGE_PANEL.compare, "value"),
-        )(self.estimate_shown)
+        )  # fmt: skip
         app.callback(
             Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
             Input(IMAGE_PANEL.region, "data"),

@@ -24,7 +24,7 @@ from ..services import Services
 from ..volume_layout import volume_sample_path
 from .common import empty_figure, hide_at_click, origin, register_intake
 from .compare import volume_compare_view
-from .run_strip import Prepared, register_strip, run_job, values
+from .run_strip import Prepared, register_estimate, register_strip, run_job, values
 
 logger = logging.getLogger("krypton.app")
 GRAPHS = [graph for _, graph, _ in ids.VOLUME_GRAPHS]  # in VIEWS' order
@@ -117,19 +117,13 @@ class VolumePanel:
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.draw_views)
-        app.callback(
-            Output(VOLUME_PANEL.strip.estimate, "children"),
-            Output(VOLUME_PANEL.strip.estimate_store, "data"),
-            Input(VOLUME_PANEL.model, "value"),
-            Input(VOLUME_PANEL.patch, "value"),
-            Input(VOLUME_PANEL.stride, "value"),
-            Input(VOLUME_PANEL.mode, "value"),
-            Input(VOLUME_PANEL.region, "data"),
+        register_estimate(
+            app, VOLUME_PANEL, self.estimate_shown,
             Input(VOLUME_PANEL.result, "data"),  # a finished run is one more to learn from
             Input(VOLUME_PANEL.compare, "value"),
             State(VOLUME_PANEL.store, "data"),
             State(ids.SESSION, "data"),
-        )(self.estimate_shown)
+        )  # fmt: skip
         self._register_run(app)
         self._register_binding(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
