@@ -42,20 +42,27 @@ def origin(trigger, ticket) -> str | None:
     return None
 
 
+def upload_ticket(app, kind: str, upload: str, ticket: str) -> None:
+    """``upload``'s file is posted from the browser (assets/uploads.js, ``kind``: "image",
+    "volume" or "model": which intake budget takes it) and named in ``ticket``: the
+    server's token, or why it was refused."""
+    app.clientside_callback(
+        ClientsideFunction("krypton_upload", kind),
+        Output(ticket, "data"),
+        Input(upload, "contents"),
+        State(upload, "filename"),
+        State(ids.SESSION, "data"),
+        prevent_initial_call=True,
+    )
+
+
 def register_intake(app, panel: PanelScope, kind: str, load, extra: tuple = ()) -> None:
     """A panel's subject arrives: the upload posts its bytes in the browser
     (assets/uploads.js, ``kind``: "image" or "volume") and names them in the panel's
     ticket; ``load(ticket, sample clicks, Compare clicks, session)`` answers the ticket or
     a sample's button with the panel's store, region and message, the ``extra`` outputs,
     the Compare mark and the request answered (:func:`origin`)."""
-    app.clientside_callback(
-        ClientsideFunction("krypton_upload", kind),
-        Output(panel.ticket, "data"),
-        Input(panel.upload, "contents"),
-        State(panel.upload, "filename"),
-        State(ids.SESSION, "data"),
-        prevent_initial_call=True,
-    )
+    upload_ticket(app, kind, panel.upload, panel.ticket)
     app.callback(
         Output(panel.store, "data"),
         Output(panel.region, "data"),
@@ -79,23 +86,19 @@ def hide_at_click(app, panel: PanelScope, hidden: list[str]) -> None:
     that also listened to the prediction waited for it: the old top 5 stayed beside a
     new picture for 5-15 s on a busy host, with Run enabled; one that also listened to
     the upload's ticket waited for the upload)."""
-    sample, compare_sample, upload, ticket, model = (
-        panel.sample, panel.compare_sample, panel.upload, panel.ticket, panel.model
-    )  # fmt: skip
-    wanted, run = panel.wanted, panel.strip.run
     outputs = [
-        Output(wanted, "data", allow_duplicate=True),
+        Output(panel.wanted, "data", allow_duplicate=True),
         *[Output(component, "style", allow_duplicate=True) for component in hidden],
-        Output(run, "disabled", allow_duplicate=True),
+        Output(panel.strip.run, "disabled", allow_duplicate=True),
     ]
     app.clientside_callback(
         ClientsideFunction("krypton_binding", "hide"),
         *outputs,
-        Input({"type": sample, "name": ALL}, "n_clicks"),
-        Input({"type": compare_sample, "name": ALL}, "n_clicks"),
-        Input(upload, "contents"),
-        Input(model, "value"),
-        State(upload, "filename"),
+        Input({"type": panel.sample, "name": ALL}, "n_clicks"),
+        Input({"type": panel.compare_sample, "name": ALL}, "n_clicks"),
+        Input(panel.upload, "contents"),
+        Input(panel.model, "value"),
+        State(panel.upload, "filename"),
         prevent_initial_call=True,
     )
     # the ticket alone (a file refused in the browser sets it without contents): apart,
@@ -105,7 +108,7 @@ def hide_at_click(app, panel: PanelScope, hidden: list[str]) -> None:
     app.clientside_callback(
         ClientsideFunction("krypton_binding", "hideForTicket"),
         *outputs,
-        Input(ticket, "data"),
+        Input(panel.ticket, "data"),
         prevent_initial_call=True,
     )
 

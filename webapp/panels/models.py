@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dash import ClientsideFunction, Input, Output, State, ctx, html, no_update
+from dash import Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 from krypton.registry import (
@@ -22,6 +22,7 @@ from .. import ids
 from ..helpers import VOLUME_MODEL_REASON, InputError
 from ..panel_scope import IMAGE_PANEL
 from ..services import Services
+from .common import upload_ticket
 
 __all__ = ["ModelsPanel", "model_options"]
 
@@ -56,14 +57,7 @@ class ModelsPanel:
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
-        app.clientside_callback(
-            ClientsideFunction("krypton_upload", "model"),
-            Output(ids.MODEL_UPLOAD_TICKET, "data"),
-            Input(ids.MODEL_UPLOAD, "contents"),
-            State(ids.MODEL_UPLOAD, "filename"),
-            State(ids.SESSION, "data"),
-            prevent_initial_call=True,
-        )
+        upload_ticket(app, "model", ids.MODEL_UPLOAD, ids.MODEL_UPLOAD_TICKET)
         app.callback(
             Output(ids.MODEL_UPLOAD_NAME, "children"),
             Input(ids.MODEL_UPLOAD, "filename"),

@@ -189,7 +189,7 @@ class PacsPanel:
         session = str(session or "")
         result, why = runs.kept_result(self.services.results, runs.results_key(session, 3), handle)
         if result is None:
-            return why or "The heatmap is no longer on the server; press Run again."
+            return why or runs.NOT_KEPT
         opened = self.services.pacs_sources.origin(str(result["source_key"]), session)
         if opened is None:
             return "This volume was not opened from the PACS; only those are sent back."
@@ -229,7 +229,7 @@ class PacsPanel:
         session = str(session or "")
         result, why = runs.kept_result(self.services.results, session, handle)
         if result is None:
-            return why or "The heatmap is no longer on the server; press Run again."
+            return why or runs.NOT_KEPT
         record = result.get("dicom") or {}
         opened = self.services.pacs_sources.origin(str(record.get("source", "")), session)
         if opened is None:

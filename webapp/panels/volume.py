@@ -579,7 +579,7 @@ class VolumePanel:
         session = str(session or "")
         result, why = runs.kept_result(self.services.results, runs.results_key(session, 3), handle)
         if result is None:
-            return no_update, why or "The heatmap is no longer on the server; press Run again."
+            return no_update, why or runs.NOT_KEPT
         stem = export_stem(result)
         try:
             if fmt == "nifti":

@@ -21,6 +21,7 @@ from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
 from .execute import PlannedRun, execute, plan_run, shown_estimate
 from .records import (
     DROPPED_RESULT,
+    NOT_KEPT,
     ResultUnavailable,
     export_json,
     grid_heatmap,
@@ -71,6 +72,7 @@ __all__ = [
     "subject_for",
     "provenance",
     "DROPPED_RESULT",
+    "NOT_KEPT",
     "kept_result",
     "switch_class",
     "ResultUnavailable",

@@ -21,6 +21,7 @@ from .timing import estimate_text, plan_text, speed_text
 __all__ = [
     "AXIS_FIELDS",
     "DROPPED_RESULT",
+    "NOT_KEPT",
     "kept_result",
     "switch_class",
     "ResultUnavailable",
@@ -105,6 +106,8 @@ DROPPED_RESULT = (
     "This heatmap is no longer kept on the server (results are kept within "
     "KRYPTON_RESULT_STORE_MB, least recently used first); press Run to compute it again."
 )
+# what a download or a Send says where the page's handle names no result kept for it
+NOT_KEPT = "The heatmap is no longer on the server; press Run again."
 
 
 def kept_result(results, key: str, handle: dict | None) -> tuple[dict | None, str]:

@@ -7,7 +7,7 @@ from krypton.explainer import grid_positions
 
 from ..helpers import InputError
 
-__all__ = ["Bounds", "whole", "check_volume_bounds", "check_grid", "grid_count"]
+__all__ = ["Bounds", "whole", "check_region", "check_volume_bounds", "check_grid", "grid_count"]
 
 Bounds = tuple[tuple[int, ...], tuple[int, ...]]  # a region's (low, high) corners, tensor order
 
