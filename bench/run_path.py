@@ -34,9 +34,11 @@ def _module(filename: str, units: tuple[str, ...] = ()) -> str | None:
     return next((unit for unit in units if name.startswith(unit)), name)
 
 
-def module_entries(call: Callable[[], object], units: tuple[str, ...] = ()) -> Counter[str]:
+def entered_functions(
+    call: Callable[[], object], units: tuple[str, ...] = ()
+) -> set[tuple[str, str]]:
     """Entries (functions of a project module called from webapp/ code of another
-    module) made while ``call`` runs, per module entered; each function counted once.
+    module) made while ``call`` runs, as (module, function); each function once.
     ``units``: folders counted as one module each (a package read as one body).
     Only the calling thread is followed (a run's job runs in it when its callback is
     called directly)."""
@@ -59,7 +61,12 @@ def module_entries(call: Callable[[], object], units: tuple[str, ...] = ()) -> C
         call()
     finally:
         sys.setprofile(previous)
-    return Counter(callee for callee, _ in entered)
+    return entered
+
+
+def module_entries(functions: set[tuple[str, str]]) -> Counter[str]:
+    """Entries per module entered."""
+    return Counter(module for module, _ in functions)
 
 
 @contextmanager
@@ -76,12 +83,12 @@ def callback_context() -> Iterator[None]:
         context_value.reset(token)
 
 
-def image_run_entries(
+def image_run_functions(
     services, session: str = "bench", units: tuple[str, ...] = ()
-) -> Counter[str]:
-    """The entries of one exact image run of the default model's sample, through the
-    image panel's Run callback (its first run: no cells known; warmed once before, so the
-    model's loading is not on the road)."""
+) -> set[tuple[str, str]]:
+    """The entries (:func:`entered_functions`) of one exact image run of the default
+    model's sample, through the image panel's Run callback (its first run: no cells
+    known; warmed once before, so the model's loading is not on the road)."""
     from PIL import Image
 
     from krypton.fundus import FundusGenerator
@@ -116,16 +123,16 @@ def image_run_entries(
     click((0, 0, 96, 96), None)  # warm: the model loaded, its views materialised
     region = (64, 64, 160, 160)
     estimate = shown(region)
-    return module_entries(lambda: click(region, estimate), units)
+    return entered_functions(lambda: click(region, estimate), units)
 
 
 def main() -> None:
     from webapp.services import Services
 
     services = Services(Path(tempfile.mkdtemp()) / "cache")
-    entries = image_run_entries(services)
+    entries = module_entries(image_run_functions(services))
     fresh = Services(Path(tempfile.mkdtemp()) / "cache")  # no cells known: the same run
-    whole = image_run_entries(fresh, units=("webapp/runs/",))
+    whole = module_entries(image_run_functions(fresh, units=("webapp/runs/",)))
     print("| module entered | entries | the run package as one body |\n|---|---|---|")
     for module, count in entries.most_common():
         print(f"| {module} | {count} | {whole.get(module, '')} |")

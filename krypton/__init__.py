@@ -13,7 +13,7 @@ from .approximate import ApproximateSettings
 from .engine import UnsupportedModelError
 from .engine.analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
 from .explain_settings import ExplainSettings
-from .explainer import MODES, Heatmap, OcclusionExplainer, explain, grid
+from .explainer import MODES, Heatmap, OcclusionExplainer, Prediction, explain, grid
 from .registry import (
     CheckpointError,
     ModelInfo,
@@ -39,6 +39,7 @@ __all__ = [
     "Heatmap",
     "LayerCost",
     "OcclusionExplainer",
+    "Prediction",
     "SpeedupReport",
     "UnsupportedModelError",
     "analyze",

@@ -65,8 +65,10 @@ class ExplainSettings:
             stage-one heatmap interpolated to the whole grid.
         strategy: how exact mode computes its (identical) numbers: "auto" (default) runs
             incremental inference where it is faster on this host and naive inference
-            where it is not (``heatmap.extra["plan"]`` says which and why); "incremental"
-            or "naive" forces one.
+            where it is not (``heatmap.extra["plan"]`` says which and why); "measure"
+            does so after timing both again in this call instead of following a plan
+            this explainer measured before (a caller that states a speed from its own
+            run, under the host's load now); "incremental" or "naive" forces one.
         freeze_gates: approximate mode keeps global-context gates (squeeze-excitation,
             ECA) at their values on the unoccluded image, so computation stays
             incremental past them; default on where the model has gates, False turns it

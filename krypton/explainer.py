@@ -62,10 +62,11 @@ from .explain_settings import ExplainSettings as ExplainSettings
 from .explain_settings import PartialCallback, ProgressCallback, settings_signature
 from .registry.models import LoadedModel
 
-__all__ = ["Heatmap", "OcclusionExplainer", "explain", "MODES"]
+__all__ = ["Heatmap", "Prediction", "OcclusionExplainer", "explain", "MODES"]
 
 MODES = ("naive", "exact", "approximate")
-STRATEGIES = ("auto", "incremental", "naive")  # how exact mode runs: planned, or forced
+# how exact mode runs: planned (a plan measured before, or timed again), or forced
+STRATEGIES = ("auto", "incremental", "naive", "measure")
 DEFAULT_BATCH = {"cpu": 16, "cuda": 128}
 
 # Every class's probability is kept while positions x classes stays below this (float16
@@ -170,6 +171,18 @@ class Heatmap:
         ]
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """The model's answer for an unoccluded input (:meth:`OcclusionExplainer.predict`):
+    every class's softmax probability, the out-of-distribution report (None without a
+    reference set, or where not asked) and why exact and approximate modes cannot run
+    (None where they can)."""
+
+    probabilities: np.ndarray
+    ood: dict | None = None
+    capture_error: str | None = None
+
+
 class OcclusionExplainer:
     """Occlusion explanations for one model, keeping its graph and the last image's views.
 
@@ -244,6 +257,27 @@ class OcclusionExplainer:
             if cached is None or cached[0] != key:
                 self._views[graph.freeze_gates] = cached = (key, graph.materialize(image))
             return graph, cached[1]
+
+    def predict(self, image: torch.Tensor, views: bool = True, ood: bool = True) -> Prediction:
+        """The model's answer for the unoccluded ``image`` (C, H, W) or volume (C, D, H, W).
+        ``views``: through the captured graph, materialising the views a later exact or
+        approximate call reuses; a model torch.fx cannot capture is run plainly and
+        ``capture_error`` says why (any other error propagates). ``views=False``: one
+        plain forward pass. ``ood``: with the out-of-distribution check
+        (:meth:`ood_report`)."""
+        with torch.inference_mode():
+            prepared = self._prepare(image)
+            logits, capture_error = None, None
+            if views:
+                try:
+                    logits = self.views_for(prepared)[1].logits
+                except UnsupportedModelError as exc:
+                    capture_error = str(exc)
+            if logits is None:
+                with CAPTURE_LOCK.shared():
+                    logits = self.model(prepared.unsqueeze(0))
+            probabilities = torch.softmax(logits[0].float(), 0).cpu().numpy()
+        return Prediction(probabilities, self.ood_report(image) if ood else None, capture_error)
 
     def ood_report(self, image: torch.Tensor) -> dict | None:
         """Whether ``image`` (C, H, W) or a volume (C, D, H, W) looks like the registry
@@ -342,6 +376,9 @@ class OcclusionExplainer:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+        if strategy == "measure":  # "auto" on a plan timed in this call
+            self.forget_plans()
+            strategy = "auto"
         _check_model(self.model)  # a submodule may have been put in training mode since
         image = self._prepare(image)
         where = _where(image, patch, stride, region, positions, mode)

@@ -85,6 +85,22 @@ def test_long_runs_time_both_plans_once_and_reuse_the_verdict():
     assert naive.extra["plan"].startswith("naive: requested")
 
 
+def test_measure_times_both_again_in_this_call_instead_of_following_an_earlier_plan():
+    """The app's exact runs state a speed timed in their own run, under the load now: a
+    plan measured by an earlier call (another load) is not followed with strategy "measure"."""
+    model = vgg()
+    image = torch.randn(3, 96, 96)
+    explainer = krypton.OcclusionExplainer(model)
+    explainer.explain(image, patch=16, stride=16, batch_size=4)
+    key = next(iter(explainer.measured_plans))
+    carried = explainer.explain(image, patch=16, stride=16, batch_size=4)
+    assert "measured in this call" not in carried.extra["plan"], carried.extra["plan"]
+    again = explainer.explain(image, patch=16, stride=16, batch_size=4, strategy="measure")
+    assert "measured in this call" in again.extra["plan"], again.extra["plan"]
+    assert "plan_timing" in again.extra and key in explainer.measured_plans
+    np.testing.assert_allclose(again.values, carried.values, atol=1e-5)  # numbers unchanged
+
+
 def test_measured_plan_prefers_naive_when_incremental_is_not_faster():
     static = ExecutionPlan(
         "incremental", "the first global op is x, 50% of the FLOPs before it;", 1.6, "x", 0.5

@@ -161,3 +161,54 @@ def test_the_settings_are_one_record_held_once():
         krypton.explain(model, image, stirde=4)
     with pytest.raises(TypeError, match="must be an ExplainSettings, got 8"):
         krypton.explain(model, image, 8)
+
+
+def test_one_prediction_of_an_image_or_a_volume_gives_the_probabilities_and_the_ood_verdict():
+    """The app asked the explainer three times for what one prediction is (views, the
+    OOD check, and for a volume a forward pass of its own); ``predict`` is that one
+    call, for either rank, and its views serve the run that follows."""
+    image_model = krypton.load_model("fundus-demo")
+    explainer = krypton.OcclusionExplainer(image_model)
+    picture = image_model.prepare(Image.new("RGB", (300, 200), (120, 60, 30)))
+    found = explainer.predict(picture)
+    with torch.inference_mode():
+        logits = image_model.module(picture.unsqueeze(0))
+    np.testing.assert_allclose(found.probabilities, torch.softmax(logits[0], 0).numpy(), atol=1e-5)
+    assert found.capture_error is None and found.ood == explainer.ood_report(picture)
+    assert explainer.predict(picture, ood=False).ood is None
+    graph, views = explainer.views_for(picture)
+    heatmap = explainer.explain(picture, patch=64, stride=64, mode="exact")
+    assert explainer.views_for(picture)[1] is views  # the prediction's views, reused
+    np.testing.assert_allclose(heatmap.base_probs, found.probabilities, atol=1e-6)
+
+    volume_model = krypton.load_model("chestct-demo")
+    from krypton.io.volumes import Volume
+
+    rng = np.random.default_rng(0)
+    volume = Volume(rng.normal(-700, 50, (40, 64, 64)).astype(np.float32), (5.0, 5.0, 5.0), "made")
+    tensor = volume_model.prepare(volume)
+    plain = krypton.OcclusionExplainer(volume_model)
+    seen = plain.predict(tensor, views=False)
+    assert not plain._views  # one plain forward pass: nothing materialised
+    with torch.inference_mode():
+        logits = volume_model.module(tensor.unsqueeze(0))
+    np.testing.assert_allclose(seen.probabilities, torch.softmax(logits[0], 0).numpy(), atol=1e-5)
+
+
+def test_a_model_torch_fx_cannot_capture_is_predicted_plainly_and_says_why():
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 2, 3)
+
+        def forward(self, x):
+            y = self.conv(x).mean((2, 3))
+            if y.sum() > 1e9:  # data-dependent control flow: fx cannot trace it
+                return -y
+            return y
+
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    found = krypton.OcclusionExplainer(model).predict(torch.randn(3, 8, 8))
+    assert found.capture_error and found.probabilities.shape == (2,)
+    assert found.ood is None  # no reference set: nothing to say

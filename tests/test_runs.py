@@ -555,3 +555,19 @@ def test_both_panels_switch_class_by_one_rule(services):
     away = "redis://127.0.0.1:9/0"  # nothing listens there
     with pytest.raises(runs.ResultUnavailable, match="Redis"):
         runs.switch_class(RedisResultStore(redis_client(away), away), "s", handle, other)
+
+
+def test_an_image_run_from_the_click_enters_the_explainer_three_times(services):
+    """Followed from the Run click (bench.run_path), an image run entered the explainer
+    five times: views for the prediction, the OOD check and forgetting the plans, beside
+    the run's calls and its heatmap's axes. One prediction (probabilities and OOD
+    verdict) and a strategy that times both again leave the explainer's three: the
+    prediction, the run and the heatmap it gives. The estimate is the page's."""
+    from bench.run_path import image_run_functions, module_entries
+
+    functions = image_run_functions(services)
+    entries = module_entries(functions)
+    assert entries["krypton/explainer.py"] <= 3, sorted(functions)
+    assert ("krypton/explainer.py", "OcclusionExplainer.explain") in functions  # followed
+    estimating = {("webapp/runs/timing.py", name) for name in ("counts_estimate", "find_estimate")}
+    assert not estimating & functions, sorted(functions)

@@ -10,12 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import krypton
 from krypton.devices import resolve_device
-from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.explainer import model_fingerprint
 from krypton.io.volumes import Volume
 from krypton.registry import CheckpointError, RegistryError, load_model
@@ -193,30 +191,14 @@ class Services:
 
         return self.volumes.get((key, helpers.owner_tag(session), model), build)
 
-    def logits(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, str | None]:
-        """Logits of the unoccluded image, and why exact/approximate modes cannot run
-        (None when they can). For traceable models this also materialises the views a Run
-        will reuse; a model that cannot be captured runs plainly, and the capture error is
-        returned for the page to show — any other error propagates."""
-        with torch.inference_mode():
-            try:
-                return self.explainer(name).views_for(tensor)[1].logits, None
-            except krypton.UnsupportedModelError as exc:
-                with CAPTURE_LOCK.shared():
-                    return self.model(name).module(tensor.unsqueeze(0)), str(exc)
-
     def top_classes(
         self, name: str, tensor: torch.Tensor, count: int = 5
     ) -> tuple[list[tuple[int, float]], str | None]:
         """The model's ``count`` most probable classes for the unoccluded image as (class,
-        probability), most probable first, and :meth:`logits`'s capture error (None when
-        exact and approximate modes can run)."""
-        probs, capture_error = self.probabilities(name, tensor)
-        top = torch.topk(torch.from_numpy(probs), min(count, probs.size))
-        return [(int(i), float(p)) for p, i in zip(top.values, top.indices)], capture_error
-
-    def probabilities(self, name: str, tensor: torch.Tensor) -> tuple[np.ndarray, str | None]:
-        """The model's class probabilities for the unoccluded image, and :meth:`logits`'s
-        capture error (None when exact and approximate modes can run)."""
-        logits, capture_error = self.logits(name, tensor)
-        return torch.softmax(logits[0].float(), 0).cpu().numpy(), capture_error
+        probability), most probable first, and why exact and approximate modes cannot
+        run (None when they can). This also materialises the views a Run will reuse
+        (krypton.OcclusionExplainer.predict)."""
+        found = self.explainer(name).predict(tensor, ood=False)
+        probabilities = found.probabilities
+        top = torch.topk(torch.from_numpy(probabilities), min(count, probabilities.size))
+        return [(int(i), float(p)) for p, i in zip(top.values, top.indices)], found.capture_error

@@ -182,6 +182,9 @@ def run_cells(
             fill=fill,
             label=label,
             positions=[_library_position(keys[n]) for n in part],
+            # an exact run times incremental against naive itself (from its first chunk
+            # on): its speed claim and its plan rest on this run's load, not a past one
+            strategy="measure" if mode == "exact" and begin == 0 else "auto",
             progress=lambda d, t, offset=offset: report(offset + d, total),
         )
         plan_line, speed = _chunk_plan(heatmap.extra, plan_line, speed)

@@ -165,7 +165,11 @@ def execute(
     subject = subject_for(services, session, request)
     found = _grid(services, subject)
     tensor = subject.tensor()
-    base_probs = subject.probabilities(tensor)
+    # the one unoccluded prediction, with its out-of-distribution verdict: a run served
+    # from known cells warns as well (the explainer checks an input once, however many
+    # calls ask)
+    prediction = subject.predict(tensor)
+    base_probs = prediction.probabilities
     label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
     if not 0 <= label < len(base_probs):
         raise InputError(f"class {label} does not exist for {request.model}")
@@ -181,10 +185,6 @@ def execute(
         report(done, total, partial)
 
     explainer = services.explainer(request.model, rank=request.rank)
-    if request.mode == "exact":
-        # This run times incremental against naive itself (on its second batch of
-        # positions): its speed claim and its plan rest on this run's load, not a past one.
-        explainer.forget_plans()
     fill = subject.fill()
     if found.known is not None:
         had_cells = bool(found.known.cells)
@@ -203,9 +203,6 @@ def execute(
         evaluated, extra, speed = heatmap.positions_evaluated, dict(heatmap.extra), None
         plan = extra.get("plan")
         counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
-    # for every run, whatever was computed: a run served from known cells warns as well
-    # (the explainer checks an input once, however many calls ask)
-    ood = explainer.ood_report(tensor)
     seconds = time.perf_counter() - started
     speed = timing.finished_run(request.model, request.mode, request.patch, (speed, seconds),
                                 (evaluated, counts), planned, load)  # fmt: skip
@@ -231,7 +228,7 @@ def execute(
         plan=plan,
         estimate=planned,  # what the page estimated for the positions left
         speed=speed,  # incremental vs naive, timed side by side in this run, or None
-        ood=ood,
+        ood=prediction.ood,
         methods=methods,  # Grad-CAM and Integrated Gradients (webapp.comparison), or None
     )
     services.results.put(results_key(session, request.rank), result)

@@ -18,7 +18,6 @@ from ..image_store import ImageStore
 from .cells import CellCache
 from .regions import Bounds, check_region, check_volume_bounds, whole
 from .request import RunRequest
-from .volumes import volume_prediction
 
 __all__ = ["Services", "Subject", "ImageSubject", "VolumeSubject", "subject_for", "results_key"]
 
@@ -35,7 +34,6 @@ class Services(Protocol):  # what webapp.services.Services provides
 
     def model(self, name: str, rank: int | None = 2) -> krypton.LoadedModel: ...
     def explainer(self, name: str, rank: int | None = 2) -> krypton.OcclusionExplainer: ...
-    def probabilities(self, name: str, tensor: torch.Tensor) -> tuple[np.ndarray, str | None]: ...
     def weights_checksum(self, name: str) -> str: ...
     def prepared_volume(self, key: str, session: str, model: str, name: str | None = None): ...
 
@@ -56,7 +54,7 @@ class Subject(Protocol):
     def check(self, bounds: Bounds) -> None: ...
     def flat(self, bounds: Bounds) -> tuple[int, ...]: ...
     def tensor(self) -> torch.Tensor: ...
-    def probabilities(self, tensor: torch.Tensor) -> np.ndarray: ...
+    def predict(self, tensor: torch.Tensor) -> krypton.Prediction: ...
     def fill(self): ...
     def snapped_note(self, before: Bounds, after: Bounds) -> str: ...
     def offset_note(self, offset: tuple[int, ...]) -> str: ...
@@ -114,14 +112,16 @@ class ImageSubject:
     def tensor(self) -> torch.Tensor:
         return self.loaded.prepare(self.services.images.get(self.request.key))
 
-    def probabilities(self, tensor: torch.Tensor) -> np.ndarray:
-        probs, capture_error = self.services.probabilities(self.request.model, tensor)
-        if capture_error and self.request.mode != "naive":
+    def predict(self, tensor: torch.Tensor) -> krypton.Prediction:
+        # through the captured graph: its views serve the run (a model that cannot be
+        # captured runs naive only)
+        found = self.services.explainer(self.request.model).predict(tensor)
+        if found.capture_error and self.request.mode != "naive":
             raise InputError(
                 f"{self.request.mode} mode needs a model torch.fx can capture, and this "
-                f"one cannot be ({capture_error}); choose Naive"
+                f"one cannot be ({found.capture_error}); choose Naive"
             )
-        return probs
+        return found
 
     def fill(self):
         return normalised_fill(self.request.fill_rgb, self.loaded.mean, self.loaded.std)
@@ -173,8 +173,10 @@ class VolumeSubject:
     def tensor(self) -> torch.Tensor:
         return self.prepared.model_input.tensor
 
-    def probabilities(self, tensor: torch.Tensor) -> np.ndarray:
-        return volume_prediction(self.loaded, self.prepared)
+    def predict(self, tensor: torch.Tensor) -> krypton.Prediction:
+        # one plain forward pass, as the panel's class box has it before any run
+        explainer = self.services.explainer(self.request.model, rank=3)
+        return explainer.predict(tensor, views=False)
 
     def fill(self):
         return self.loaded.gray_fill()
