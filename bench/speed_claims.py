@@ -19,7 +19,6 @@ from PIL import Image
 
 import krypton
 from krypton.chestct import ChestCTGenerator
-from krypton.estimator import heatmap_speed
 from krypton.fundus import FundusGenerator
 from krypton.registry import load_model
 
@@ -45,7 +44,7 @@ def page_case(services, key: str, stride: int, region, grey: float) -> tuple[flo
 
 def volume_case() -> tuple[float, float, str]:
     """The same for a generated chest-CT volume through krypton.explain and the speed line
-    the CLI prints (krypton.cli_volumes.print_speed: bounded_speed at the load now)."""
+    the CLI prints (krypton.cli_volumes.print_speed: stated_speed at the load now)."""
     from krypton.estimator import speed_claim
     from krypton.io.volumes import Volume
 
@@ -59,10 +58,10 @@ def volume_case() -> tuple[float, float, str]:
     started = time.perf_counter()
     krypton.explain(model, tensor, patch=model.patch, stride=6, mode="naive", fill=0.01)
     naive_seconds = time.perf_counter() - started
-    from krypton.estimator import bounded_speed, host_load
+    from krypton.estimator import host_load, stated_speed
 
     # as the CLI prints it: the probe's naive figure bounded by the model's own pace here
-    speed = bounded_speed(heatmap_speed(exact), model.name, exact.patch, host_load())
+    speed = stated_speed(exact, model.name, host_load())
     if not speed or "whole" not in speed:
         return float("nan"), naive_seconds / exact_seconds, "no timing"
     whole = speed["whole"]

@@ -161,10 +161,10 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict, after=Non
 def print_speed(heatmap, model_name: str | None = None) -> None:
     """The exact run's speed line, worded as the page's (krypton.estimator.speed_claim),
     its naive figure bounded by the model's logged or calibrated naive pace at the load
-    now (:func:`krypton.estimator.bounded_speed`)."""
-    from .estimator import bounded_speed, heatmap_speed, host_load, speed_claim
+    now (:func:`krypton.estimator.stated_speed`)."""
+    from .estimator import host_load, speed_claim, stated_speed
 
-    speed = bounded_speed(heatmap_speed(heatmap), model_name, heatmap.patch, host_load())
+    speed = stated_speed(heatmap, model_name, host_load())
     if speed is not None:
         print(f"speed      {speed_claim(speed)}")
 

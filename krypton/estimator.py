@@ -43,6 +43,7 @@ __all__ = [
     "speed_claim",
     "heatmap_speed",
     "bounded_speed",
+    "stated_speed",
     "host_load",
     "whole_run_speed",
     "format_duration",
@@ -270,6 +271,16 @@ def bounded_speed(
 
 
 LOAD_SAMPLE_SECONDS = 0.1
+
+
+def stated_speed(
+    heatmap, model_name: str | None, load: float | None = None, calibrated: bool = True
+) -> dict | None:
+    """The speed a run states (the page, the CLI and the benches alike): its whole run
+    against a naive one (:func:`heatmap_speed`: ``heatmap.seconds`` is what the user
+    waited), no higher than a naive run as this host's logged runs (with
+    ``calibrated``, or the calibration) say at ``load`` (:func:`bounded_speed`)."""
+    return bounded_speed(heatmap_speed(heatmap), model_name, heatmap.patch, load, calibrated)
 
 
 def host_load(interval: float = LOAD_SAMPLE_SECONDS) -> float | None:

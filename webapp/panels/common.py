@@ -3,11 +3,9 @@ say what is on screen (a result's provenance is compared with them)."""
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
 from dash import ALL, ClientsideFunction, Input, Output, State
 
 from .. import ids
-from ..layout import placeholder_figure
 from ..panel_scope import IMAGE_PANEL, PanelScope
 
 # What a result's provenance is compared with: the page's image, model and settings.
@@ -24,11 +22,6 @@ SCREEN_INPUTS = [
     Input(ids.DRILL_DOWN, "value"),
     Input(ids.TARGET_SPEEDUP, "value"),
 ]
-
-
-def empty_figure(text: str = "") -> go.Figure:
-    """A figure with only ``text`` in it."""
-    return go.Figure(placeholder_figure(text))
 
 
 def origin(trigger, ticket) -> str | None:

@@ -9,10 +9,10 @@ from dash.exceptions import PreventUpdate
 from .. import figures, helpers, ids, pacs
 from ..client import request_client
 from ..helpers import InputError
-from ..layout import DICOM_SAMPLES, sample_path
+from ..layout import DICOM_SAMPLES, placeholder_figure, sample_path
 from ..panel_scope import IMAGE_PANEL
 from ..services import Services
-from .common import empty_figure, hide_at_click, origin, register_intake
+from .common import hide_at_click, origin, register_intake
 
 
 class ImagePanel:
@@ -218,14 +218,14 @@ class ImagePanel:
         """The picture at the model's input size, with the selected region, and which
         image and model the page now shows (the prediction beside it must be theirs)."""
         if not image_data:
-            return empty_figure("Load an image: upload one or pick a sample"), "", None
+            return placeholder_figure("Load an image: upload one or pick a sample"), "", None
         try:
             loaded = self.services.model(model_name)
             image = helpers.model_view(
                 self.services.images.get(image_data["key"]), loaded.input_size
             )
         except InputError as exc:
-            return empty_figure(str(exc)), "", None
+            return placeholder_figure(str(exc)), "", None
         height, width = loaded.input_size
         if region:
             x0, y0, x1, y1 = region

@@ -9,10 +9,11 @@ from dash.exceptions import PreventUpdate
 
 from .. import comparison, exports, figures, helpers, ids, model_card, runs, wording
 from ..helpers import InputError
+from ..layout import placeholder_figure
 from ..lifecycle import ResultView
 from ..panel_scope import IMAGE_PANEL
 from ..services import Services
-from .common import SCREEN_INPUTS, empty_figure
+from .common import SCREEN_INPUTS
 from .compare import image_compare_view
 from .run import run_request
 
@@ -83,15 +84,15 @@ class ResultPanel:
         none = [True] * len(buttons), {"display": "none"}, []
         result, why = runs.kept_result(self.services.results, session, handle)
         if result is None:  # why: the store is away, or the result was let go
-            return empty_figure(why or NO_RESULT), "", *none
+            return placeholder_figure(why or NO_RESULT), "", *none
         view = self.shown_view(result, *screen, label)
         if not view.show:
-            return empty_figure(view.reason), html.P(view.reason, className="warning"), *none
+            return placeholder_figure(view.reason), html.P(view.reason, className="warning"), *none
         try:
             figure = self.result_figure(result, overlay)
             compared = image_compare_view(result, self.model_picture(result))
         except InputError as exc:
-            return empty_figure(str(exc)), "", *none
+            return placeholder_figure(str(exc)), "", *none
         is_dicom = bool(result.get("dicom"))
         unavailable = {"dcm": not is_dicom, "compare": not comparison.available(result)}
         disabled = [unavailable.get(button["format"], False) for button in buttons]

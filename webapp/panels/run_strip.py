@@ -17,9 +17,10 @@ from .. import comparison, ids, runs
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError
 from ..jobs import JobCancelled, QueueFull, check_cancelled
+from ..layout import placeholder_figure
 from ..lifecycle import RunLifecycle
 from ..panel_scope import PanelScope
-from .common import empty_figure, off_while_running
+from .common import off_while_running
 
 __all__ = [
     "Prepared",
@@ -100,7 +101,7 @@ def register_strip(
             Output(strip.live_graph, "figure"),
             Output(strip.live_status, "children"),
         ],
-        progress_default=["0", "1", empty_figure("Starting…"), ""],
+        progress_default=["0", "1", placeholder_figure("Starting…"), ""],
     )(job)
     off_while_running(app, strip.busy, strip.run)
     app.callback(
@@ -144,7 +145,7 @@ def run_job(
     def waiting(ahead: int) -> None:
         check_cancelled()
         text = f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours"
-        set_progress(("0", "1", empty_figure(text), text))
+        set_progress(("0", "1", placeholder_figure(text), text))
 
     try:
         prepared = prepare()
@@ -190,7 +191,8 @@ def live_reporter(
     LIVE_UPDATE_SECONDS. A picture without a count (approximate mode's coarse picture)
     keeps the last count, so the bar never jumps back. The second callable reports the
     Compare steps after the occlusion (webapp.comparison), over the finished picture."""
-    state = {"figure": empty_figure("Computing the first positions…"), "sent": 0.0}
+    state: dict[str, object] = {"figure": placeholder_figure("Computing the first positions…")}
+    sent = {"at": 0.0}
     planned: dict[str, int] = {}
 
     def report(done: int, total: int, partial: runs.Partial | None = None) -> None:
@@ -199,13 +201,13 @@ def live_reporter(
             planned.setdefault("total", total)
             lifecycle.progress(done, total)
         now = time.perf_counter()
-        if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
+        if partial is None and now - sent["at"] < LIVE_UPDATE_SECONDS:
             return
         if partial is not None:
             figure = draw(partial)
             if figure is not None:
                 state["figure"] = figure
-        state["sent"] = now
+        sent["at"] = now
         status = lifecycle.status() if lifecycle.total else "coarse picture ready"
         if lifecycle.total and lifecycle.total != planned.get("total"):
             status += (

@@ -18,11 +18,12 @@ from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
 from .. import comparison, ids, pacs, runs, volume_views, wording
 from ..exports import export_stem
 from ..helpers import InputError, owner_tag
+from ..layout import placeholder_figure
 from ..panel_scope import VOLUME_PANEL
 from ..runs import volumes
 from ..services import Services
 from ..volume_layout import volume_sample_path
-from .common import empty_figure, hide_at_click, origin, register_intake
+from .common import hide_at_click, origin, register_intake
 from .compare import volume_compare_view
 from .run_strip import Prepared, register_estimate, register_strip, run_job, values
 
@@ -412,7 +413,7 @@ class VolumePanel:
         try:
             prepared = self._prepared(record, model, session)
         except InputError as exc:
-            return (*[empty_figure(str(exc))] * len(GRAPHS), "")
+            return (*[placeholder_figure(str(exc))] * len(GRAPHS), "")
         per_voxel, value_range, title = None, (0.0, 1.0), ""
         result = self._result_for(
             handle, record, model, session, (region, patch, stride, mode, label)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import krypton
 from krypton.explainer import snap_start
 
 from .regions import Bounds
@@ -145,8 +146,9 @@ def run_cells(
     then the unknown ones in coarse-to-fine chunks (16 positions, doubling to 256), each
     one call of the explainer with its positions, so the picture covers the region from
     the first chunk and sharpens. Every cell computed is kept in ``known``. ``report(done,
-    total, values so far or None)``. Returns (values, class_values, reused, evaluated,
-    plan line, speed)."""
+    total, values so far or None)``. Returns the grid's heatmap (its positions computed
+    in this run; ``extra``: the run's plan line and its latest side-by-side timing; the
+    caller states its probability and seconds) and how many cells were known."""
     shape = tuple(len(axis) for axis in axes)
     index, corners, keys = grid_cells(axes)
     values = np.full(shape, np.nan, dtype=np.float32)
@@ -204,9 +206,16 @@ def run_cells(
         begin += len(part)
         chunk = min(chunk * 2, LARGEST_CHUNK)
         report(done, total, values.copy())
+    extra: dict = {"plan": plan_line, "incremental_only_seconds": incremental_only}
     if speed is not None:
-        speed = dict(speed, incremental_only_seconds=incremental_only)
-    return values, class_values, reused, len(todo_cells), plan_line, speed
+        extra["plan_timing"] = dict(speed, incremental_only_seconds=incremental_only)
+    *zs, ys, xs = (np.asarray(axis) for axis in axes)
+    heatmap = krypton.Heatmap(
+        values=values, xs=xs, ys=ys, zs=zs[0] if zs else None, label=label, prob=float("nan"),
+        mode=mode, seconds=0.0, patch=patch, stride=None, positions_evaluated=len(todo_cells),
+        macs_spent=0, macs_naive=0, extra=extra, class_values=class_values,
+    )  # fmt: skip
+    return heatmap, reused
 
 
 def _chunk_plan(extra: dict, plan_line: str | None, speed: dict | None):

@@ -4,6 +4,7 @@ page shows before Run (:func:`plan_run`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,46 +187,42 @@ def execute(
 
     explainer = services.explainer(request.model, rank=request.rank)
     fill = subject.fill()
+    reused = 0
     if found.known is not None:
         had_cells = bool(found.known.cells)
-        values, class_values, reused, evaluated, plan, speed = run_cells(
+        heatmap, reused = run_cells(
             explainer, tensor, found.axes, request.patch, request.mode, fill, label,
             found.known, live,
         )  # fmt: skip
         if not reused and not found.note and had_cells:
             found.note = "no cells reused: none of the earlier positions lies on this grid"
         found.known.set_origin(tuple(int(a[0]) for a in found.axes))
-        extra: dict = {}
-        counts = (evaluated, 0)
+        counts = (heatmap.positions_evaluated, 0)
     else:
         heatmap = _approximate(explainer, tensor, subject, fill, label, found, live)
-        values, class_values, reused = heatmap.values, None, 0
-        evaluated, extra, speed = heatmap.positions_evaluated, dict(heatmap.extra), None
-        plan = extra.get("plan")
-        counts = (extra.get("stage_one_positions", evaluated), extra.get("stage_two_positions", 0))
-    seconds = time.perf_counter() - started
-    speed = timing.finished_run(request.model, request.mode, request.patch, (speed, seconds),
-                                (evaluated, counts), planned, load)  # fmt: skip
+        counts = (
+            heatmap.extra.get("stage_one_positions", heatmap.positions_evaluated),
+            heatmap.extra.get("stage_two_positions", 0),
+        )
+    # the run as the library's heatmap: its seconds are the whole run's, as the user
+    # waited; its probabilities the run's one prediction
+    heatmap = dataclasses.replace(
+        heatmap, seconds=time.perf_counter() - started, prob=float(base_probs[label]),
+        base_probs=base_probs, stride=request.stride,
+    )  # fmt: skip
+    speed = timing.finished_run(request, heatmap, counts, planned, load)
     methods = None
     if request.compare:  # after the occlusion's clock: its seconds stay its own
         methods = comparison.compute_methods(
             subject.loaded, tensor, found.axes, request.patch, fill, label, stage, load,
             request.compare_layer,
         )  # fmt: skip
-    result = records.result_record(
-        request, subject.loaded, services.weights_checksum(request.model), label, base_probs,
-        found.region(subject), found.axes,
-    )  # fmt: skip
+    weights = services.weights_checksum(request.model)
+    result = records.result_record(request, subject.loaded, weights, heatmap, found.region(subject))
     result.update(subject.record())
     result.update(
-        values=np.asarray(values, np.float32),
-        class_values=class_values,
-        seconds=seconds,
-        evaluated=evaluated,
         reused=reused,
         reuse_note=found.note,
-        approximate=extra,
-        plan=plan,
         estimate=planned,  # what the page estimated for the positions left
         speed=speed,  # incremental vs naive, timed side by side in this run, or None
         ood=prediction.ood,

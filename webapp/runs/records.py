@@ -70,14 +70,15 @@ def result_record(
     request: RunRequest,
     loaded: krypton.LoadedModel,
     weights: str,
-    label: int,
-    base_probs: np.ndarray,
+    heatmap: krypton.Heatmap,
     region: tuple[int, ...] | None,
-    axes: tuple[np.ndarray, ...],
 ) -> dict:
-    """The fields of a result record that the run's settings and prediction decide (the
-    run adds what it computed); an image's and a volume's alike (the subject adds its
-    own)."""
+    """The result record of the run ``heatmap`` (the library's, its seconds the whole
+    run's) of ``request``, an image's and a volume's alike: the settings, the prediction,
+    the grid and its values, the plan; the run adds how it reused cells and what it
+    claims, the subject its own fields. :func:`result_heatmap` reads it back."""
+    label = int(heatmap.label)
+    base_probs = np.asarray(heatmap.base_probs)
     record = {
         "id": uuid.uuid4().hex,
         "provenance": provenance(request, weights, label).as_dict(),
@@ -96,8 +97,17 @@ def result_record(
         "region": None if region is None else list(region),
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
-    for name, axis in zip(AXIS_FIELDS[-len(axes) :], axes):
+    for name, axis in zip(AXIS_FIELDS[-len(heatmap.axes) :], heatmap.axes):
         record[name] = np.asarray(axis).tolist()
+    approximate = request.mode == "approximate"
+    record.update(
+        values=np.asarray(heatmap.values, np.float32),
+        class_values=None if approximate else heatmap.class_values,
+        seconds=heatmap.seconds,
+        evaluated=heatmap.positions_evaluated,
+        approximate=dict(heatmap.extra) if approximate else {},
+        plan=heatmap.extra.get("plan"),
+    )
     return record
 
 

@@ -18,13 +18,13 @@ from krypton.estimator import (
     estimate,
     estimate_for_counts,
     forward_seconds,
+    heatmap_speed,
     host_load,
     load_factor,
     recent_estimate,
     record_run,
     speed_claim,
     threads_for_load,
-    whole_run_speed,
 )
 from krypton.registry import RegistryError
 
@@ -159,33 +159,27 @@ def plan_text(plan: str, speed: dict | None) -> str:
 
 
 def finished_run(
-    model: str,
-    mode: str,
-    patch: int,
-    timed: tuple[dict | None, float],
-    work: tuple[int, tuple[int, int]],
-    planned: dict | None,
-    load: float,
+    request, heatmap, counts: tuple[int, int], planned: dict | None, load: float
 ) -> dict | None:
-    """A finished run's speed line and its row in the runtime log. ``timed``: (the run's
-    side-by-side timing, its whole seconds); ``work``: (positions computed, planned stage
-    counts). The speed is the whole run against a naive one
-    (krypton.estimator.whole_run_speed), never above what this host's naive runs at this
-    load say (:func:`measured_speed`); the log row keeps the estimate shown and the load
-    met, which the next estimates learn from."""
-    timing, seconds = timed
-    evaluated, counts = work
-    speed = measured_speed(whole_run_speed(timing, seconds, evaluated), model, patch, load)
+    """A finished run's speed line and its row in the runtime log. ``heatmap``: the run
+    as the library's (its seconds the whole run's, as the user waited); ``counts``: its
+    positions as planned (stage one, stage two). The speed is the whole run against a
+    naive one (krypton.estimator.heatmap_speed), never above what this host's naive runs
+    at this load say (:func:`measured_speed`); the log row keeps the estimate shown and
+    the load met, which the next estimates learn from."""
+    speed = measured_speed(heatmap_speed(heatmap), request.model, request.patch, load)
     estimated = (planned or {}).get("seconds")
-    if evaluated:
-        record_run(model, mode, patch, counts, seconds, estimated=estimated, load=load)
+    seconds = heatmap.seconds
+    if heatmap.positions_evaluated:
+        record_run(request.model, request.mode, request.patch, counts, seconds,
+                   estimated=estimated, load=load)  # fmt: skip
     else:  # every cell was known: a run of its own kind (cached_estimate)
-        record_run(model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
+        record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
     return speed
 
 
 def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> dict | None:
-    """A run's speed against naive (krypton.estimator.whole_run_speed), saying less
+    """A run's speed against naive (krypton.estimator.heatmap_speed), saying less
     where this host's own naive runs of the model and patch at this load say less
     (krypton.estimator.bounded_speed on logged runs alone: the page's figure is never
     bounded by a calibration from another day)."""
