@@ -672,3 +672,33 @@ def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
     assert "Redis" in str(summary[0]) and summary[1:] == (True, True, True, True)
     _, said = panel.switch_class(1 - result["label"], handle, "tab-1")
     assert "Redis" in said
+
+
+def test_an_image_and_a_volume_record_have_one_schema(services, nifti_bytes):
+    """The image and the volume records were two dict literals with two schemas, and
+    each drift between them was a bug a panel showed. One schema now
+    (webapp.result_schema.ResultRecord, type-checked against every reader in make lint):
+    both runs write its required fields, nothing outside it, and only their subject's
+    own fields beyond the common ones."""
+    from PIL import Image
+
+    from webapp.result_schema import ImageFields, ResultRecord, VolumeFields
+
+    required, optional = ResultRecord.__required_keys__, ResultRecord.__optional_keys__
+    key = stored(services, nifti_bytes)
+    volume = runs.execute(services, "tab-1", request(key), lambda *a: None)
+    picture = services.images.put(Image.new("RGB", (64, 64), (90, 40, 20)))
+    image = runs.execute(
+        services, "tab-1",
+        runs.RunRequest(key=picture, name="p.png", model="fundus-demo", patch=32, stride=32,
+                        mode="exact", fill_rgb=(0.5, 0.5, 0.5)),
+        lambda *a: None,
+    )  # fmt: skip
+    for record, own, other in (
+        (image, ImageFields, VolumeFields),
+        (volume, VolumeFields, ImageFields),
+    ):
+        assert required <= set(record) <= required | optional, set(record) ^ required
+        assert set(own.__annotations__) <= set(record)
+        assert not set(other.__annotations__) & set(record)
+    assert "zs" in volume and "zs" not in image

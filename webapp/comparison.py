@@ -39,6 +39,7 @@ from krypton.methods import (
 from krypton.render.methods import TITLES, methods_picture
 
 from .helpers import InputError
+from .result_schema import ResultRecord
 
 __all__ = [
     "EVERY_CLASS_UP_TO",
@@ -182,12 +183,12 @@ def stage_text(done: int, total: int, method: str, label: int, classes: Sequence
     )
 
 
-def _axes(result: dict) -> tuple[np.ndarray, ...]:
-    names = ("zs", "ys", "xs") if result.get("zs") is not None else ("ys", "xs")
-    return tuple(np.asarray(result[n]) for n in names)
+def _axes(result: ResultRecord) -> tuple[np.ndarray, ...]:
+    axes = (result.get("zs"), result["ys"], result["xs"])
+    return tuple(np.asarray(axis) for axis in axes if axis is not None)
 
 
-def method_maps(result: dict) -> dict[str, MethodMap] | str:
+def method_maps(result: ResultRecord) -> dict[str, MethodMap] | str:
     """The three maps for the result's class on screen (occlusion first), or, where the
     run computed the gradient methods for other classes only, why not in the page's
     words. ``{}`` for a run without Compare."""
@@ -227,7 +228,7 @@ def method_maps(result: dict) -> dict[str, MethodMap] | str:
     return maps
 
 
-def available(result: dict) -> bool:
+def available(result: ResultRecord) -> bool:
     """Whether the result has the three maps for its class on screen (the Compare view
     and its download), read from what the run kept: the maps themselves are built once
     per redraw, by the view that draws them (:func:`method_maps`)."""
@@ -246,7 +247,7 @@ def agreement_rows(maps: dict[str, MethodMap]) -> list[dict]:
     ]
 
 
-def comparison_json(result: dict) -> dict | None:
+def comparison_json(result: ResultRecord) -> dict | None:
     """The comparison as the exports carry it: each map for the class on screen
     (MethodMap.record: nested lists on the grid, NaN as null, its seconds and what ran),
     every pair's agreement and the sign convention; None for a run without Compare (or
@@ -263,7 +264,7 @@ def comparison_json(result: dict) -> dict | None:
     }
 
 
-def comparison_png(result: dict, background: np.ndarray | Image.Image) -> bytes:
+def comparison_png(result: ResultRecord, background: np.ndarray | Image.Image) -> bytes:
     """The three maps side by side, each over ``background`` (the picture the model saw,
     or the volume's block: three views through each map's strongest cell) with its own
     colour scale."""

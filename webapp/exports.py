@@ -18,11 +18,12 @@ from krypton.render.exports import all_classes_npz, heatmap_title, values_csv, v
 from krypton.render.overlay import OverlayStyle, heatmap_picture
 
 from .helpers import InputError
+from .result_schema import ResultRecord
 
 EXPORT_MIN_SIDE = 512  # pixels: exports are drawn at least this large
 
 
-def export_stem(result: dict) -> str:
+def export_stem(result: ResultRecord) -> str:
     """A file name that says what the export is: model, image (or volume), mode, region,
     class."""
     region = result.get("region")
@@ -48,7 +49,9 @@ def export_stem(result: dict) -> str:
     ]
 
 
-def export_png(original: Image.Image, result: dict, style: OverlayStyle | None = None) -> bytes:
+def export_png(
+    original: Image.Image, result: ResultRecord, style: OverlayStyle | None = None
+) -> bytes:
     """The heatmap over the image at the uploaded resolution (at least 512 px), drawn as
     the page shows it (``style``), with a colour bar naming its scale and a title: model,
     class, probability, mode, patch/stride, date."""
@@ -63,6 +66,7 @@ def export_png(original: Image.Image, result: dict, style: OverlayStyle | None =
         result.get("date", ""),
     )
     warning = caveat(result.get("ood"))
+    height, width = result["input_size"]
     return heatmap_picture(
         original,
         values,
@@ -70,7 +74,7 @@ def export_png(original: Image.Image, result: dict, style: OverlayStyle | None =
         np.asarray(result["ys"]),
         result["patch"],
         result["prob"],
-        result["input_size"],
+        (height, width),
         title,
         EXPORT_MIN_SIDE,
         style,
@@ -79,7 +83,7 @@ def export_png(original: Image.Image, result: dict, style: OverlayStyle | None =
 
 
 def export_dicom(
-    source: bytes, result: dict, style: OverlayStyle | None = None, include_identity=False
+    source: bytes, result: ResultRecord, style: OverlayStyle | None = None, include_identity=False
 ) -> bytes:
     """The overlay as a DICOM Secondary Capture in the source's study, referencing the
     source image: the same frame, in the same window, at the file's own resolution."""
@@ -87,6 +91,7 @@ def export_dicom(
     if not record:
         raise InputError("the DICOM export needs a DICOM image; this one was not")
     window = record.get("requested")
+    height, width = result["input_size"]
     try:
         return heatmap_capture(
             source,
@@ -96,7 +101,7 @@ def export_dicom(
             patch=result["patch"],
             stride=result["stride"],
             prob=result["prob"],
-            input_size=tuple(result["input_size"]),
+            input_size=(height, width),
             label_name=result["label_name"],
             mode=result["mode"],
             model_name=result["model"],
@@ -111,12 +116,12 @@ def export_dicom(
         raise InputError(f"the DICOM export failed: {exc}") from exc
 
 
-def export_npy(result: dict) -> bytes:
+def export_npy(result: ResultRecord) -> bytes:
     """The explained class's values (krypton.render.exports: the CLI's and batch's schema)."""
     return values_npy(result["values"])
 
 
-def export_all_classes(result: dict) -> bytes:
+def export_all_classes(result: ResultRecord) -> bytes:
     """Every class's probabilities (rows x cols x classes) with positions and names."""
     if result.get("class_values") is None:
         raise InputError("this run kept only the explained class (approximate mode)")
@@ -130,7 +135,7 @@ def export_all_classes(result: dict) -> bytes:
     )
 
 
-def export_csv(result: dict) -> str:
+def export_csv(result: ResultRecord) -> str:
     """One row per evaluated position (krypton.render.exports), after the
     out-of-distribution warning's comment line when the image was flagged."""
     return values_csv(result["values"], result["xs"], result["ys"], caveat(result.get("ood")))

@@ -13,6 +13,8 @@ import io
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -188,7 +190,7 @@ class ResultStore:
         self._dropped: OrderedDict[str, None] = OrderedDict()  # sessions that lost theirs
         self._lock = threading.Lock()
 
-    def put(self, session: str, result: dict) -> None:
+    def put(self, session: str, result: Mapping[str, Any]) -> None:
         per_class = result.get("class_values")
         if per_class is not None and np.asarray(per_class).nbytes > self.max_bytes // 2:
             size = np.asarray(per_class).nbytes / 2**20

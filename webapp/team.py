@@ -35,8 +35,9 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import redis
@@ -391,7 +392,7 @@ class RedisResultStore:
         self.client, self.url, self.ttl = client, url, ttl
 
     @redis_errors_as_input_errors
-    def put(self, session: str, result: dict) -> None:
+    def put(self, session: str, result: Mapping[str, Any]) -> None:
         self.client.set(PREFIX + "result:" + session, _encode_result(result), ex=self.ttl)
 
     @redis_errors_as_input_errors

@@ -134,7 +134,7 @@ def run_job(
     set_progress,
     session: str,
     prepare: Callable[[], Prepared],
-    handle: Callable[[dict], dict],
+    handle: Callable[[runs.ResultRecord], dict],
 ) -> tuple:
     """One run of either panel, queued, computed and kept: (the page's handle of the
     result, or no_update; the message). A run whose every cell is known computes

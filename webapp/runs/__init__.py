@@ -11,12 +11,14 @@ run decides happens here and is tested without Chromium:
   coarse-to-fine chunks, the live picture, the runtime log, the result kept;
 - ``cells``: the cell cache and the one reuse loop over a grid of any rank;
 - ``timing``: estimates, the speed line, the runtime log;
-- ``records``: the result record, its summary, another class, the JSON export;
+- ``records``: the result record (its schema: webapp.result_schema), its summary,
+  another class, the JSON export;
 - ``volumes``: reading a volume upload and what only the volume panel shows.
 
 Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 """
 
+from ..result_schema import ResultRecord
 from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
 from .execute import PlannedRun, execute, plan_run, shown_estimate
 from .records import (
@@ -71,6 +73,7 @@ __all__ = [
     "results_key",
     "subject_for",
     "provenance",
+    "ResultRecord",
     "DROPPED_RESULT",
     "NOT_KEPT",
     "kept_result",

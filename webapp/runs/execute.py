@@ -18,6 +18,7 @@ from krypton.explainer import grid
 
 from .. import comparison
 from ..helpers import InputError
+from ..result_schema import ResultRecord
 from . import records, timing
 from .cells import KnownCells, count_known, run_cells, snap_bounds
 from .regions import Bounds, whole
@@ -155,7 +156,7 @@ def execute(
     request: RunRequest,
     report: Reporter,
     stage: comparison.Stage | None = None,
-) -> dict:
+) -> ResultRecord:
     """Run one heatmap of an image or a volume and return its result record (also kept
     for the session); with ``request.compare``, the gradient methods on its grid after
     it (``stage`` hears of each step; webapp.comparison)."""
@@ -221,12 +222,14 @@ def execute(
     result = records.result_record(request, subject.loaded, weights, heatmap, found.region(subject))
     result.update(subject.record())
     result.update(
-        reused=reused,
-        reuse_note=found.note,
-        estimate=planned,  # what the page estimated for the positions left
-        speed=speed,  # incremental vs naive, timed side by side in this run, or None
-        ood=prediction.ood,
-        methods=methods,  # Grad-CAM and Integrated Gradients (webapp.comparison), or None
+        {
+            "reused": reused,
+            "reuse_note": found.note,
+            "estimate": planned,  # what the page estimated for the positions left
+            "speed": speed,  # incremental vs naive, timed side by side in this run, or None
+            "ood": prediction.ood,
+            "methods": methods,  # Grad-CAM and Integrated Gradients (webapp.comparison)
+        }
     )
     services.results.put(results_key(session, request.rank), result)
     return result

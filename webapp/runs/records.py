@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
 import numpy as np
 
@@ -15,11 +16,11 @@ import krypton
 from .. import comparison, model_card
 from ..helpers import InputError
 from ..lifecycle import Provenance, ResultView, format_duration, result_view
+from ..result_schema import ResultRecord
 from .request import RunRequest
 from .timing import estimate_text, plan_text, speed_text
 
 __all__ = [
-    "AXIS_FIELDS",
     "DROPPED_RESULT",
     "NOT_KEPT",
     "kept_result",
@@ -35,7 +36,6 @@ __all__ = [
     "export_json",
 ]
 
-AXIS_FIELDS = ("zs", "ys", "xs")  # a record's grid, tensor order: the last ``rank`` of these
 # the fields that name the server's stored files: a file that leaves the server names none
 PRIVATE_FIELDS = ("image_key", "source_key")
 
@@ -53,7 +53,7 @@ def provenance(request: RunRequest, weights: str, label: int | None) -> Provenan
     )  # fmt: skip
 
 
-def shown_view(result: dict, asked: RunRequest | None, weights: str | None) -> ResultView:
+def shown_view(result: ResultRecord, asked: RunRequest | None, weights: str | None) -> ResultView:
     """Whether the kept ``result`` may be shown beside what the panel shows now: ``asked``,
     the panel's settings as a request (None: they make none), with the model's weights
     as the server has them now (``weights``). An empty class box stands for the class
@@ -72,14 +72,15 @@ def result_record(
     weights: str,
     heatmap: krypton.Heatmap,
     region: tuple[int, ...] | None,
-) -> dict:
+) -> ResultRecord:
     """The result record of the run ``heatmap`` (the library's, its seconds the whole
     run's) of ``request``, an image's and a volume's alike: the settings, the prediction,
     the grid and its values, the plan; the run adds how it reused cells and what it
     claims, the subject its own fields. :func:`result_heatmap` reads it back."""
     label = int(heatmap.label)
     base_probs = np.asarray(heatmap.base_probs)
-    record = {
+    approximate = request.mode == "approximate"
+    record: ResultRecord = {
         "id": uuid.uuid4().hex,
         "provenance": provenance(request, weights, label).as_dict(),
         "mode": request.mode,
@@ -96,18 +97,17 @@ def result_record(
         "input_size": list(loaded.input_size),
         "region": None if region is None else list(region),
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "ys": np.asarray(heatmap.ys).tolist(),
+        "xs": np.asarray(heatmap.xs).tolist(),
+        "values": np.asarray(heatmap.values, np.float32),
+        "class_values": None if approximate else heatmap.class_values,
+        "seconds": heatmap.seconds,
+        "evaluated": heatmap.positions_evaluated,
+        "approximate": dict(heatmap.extra) if approximate else {},
+        "plan": heatmap.extra.get("plan"),
     }
-    for name, axis in zip(AXIS_FIELDS[-len(heatmap.axes) :], heatmap.axes):
-        record[name] = np.asarray(axis).tolist()
-    approximate = request.mode == "approximate"
-    record.update(
-        values=np.asarray(heatmap.values, np.float32),
-        class_values=None if approximate else heatmap.class_values,
-        seconds=heatmap.seconds,
-        evaluated=heatmap.positions_evaluated,
-        approximate=dict(heatmap.extra) if approximate else {},
-        plan=heatmap.extra.get("plan"),
-    )
+    if heatmap.zs is not None:  # a volume's slices
+        record["zs"] = np.asarray(heatmap.zs).tolist()
     return record
 
 
@@ -120,7 +120,7 @@ DROPPED_RESULT = (
 NOT_KEPT = "The heatmap is no longer on the server; press Run again."
 
 
-def kept_result(results, key: str, handle: dict | None) -> tuple[dict | None, str]:
+def kept_result(results, key: str, handle: dict | None) -> tuple[ResultRecord | None, str]:
     """The result kept under ``key`` (:func:`webapp.runs.results_key`) that the page's
     ``handle`` names, or None and why not in the page's words: the store is away (team
     mode's Redis), the result was let go (:data:`DROPPED_RESULT`), or "" where the handle
@@ -143,7 +143,7 @@ class ResultUnavailable(InputError):
     """The kept result cannot be read: the store is away, or it let the result go."""
 
 
-def switch_class(results, key: str, handle: dict | None, label: int | None) -> dict | None:
+def switch_class(results, key: str, handle: dict | None, label: int | None) -> ResultRecord | None:
     """The kept result ``handle`` names, re-coloured for ``label`` from every class's
     probabilities and kept under ``key`` in its place with an id of its own (the page's
     handle changes, so the panel redraws); None where there is nothing to do (no class,
@@ -164,11 +164,13 @@ def switch_class(results, key: str, handle: dict | None, label: int | None) -> d
     return relabelled
 
 
-def _axes(result: dict) -> tuple[np.ndarray, ...]:
-    return tuple(np.asarray(result[n]) for n in AXIS_FIELDS if result.get(n) is not None)
+def _axes(result: ResultRecord) -> tuple[np.ndarray, ...]:
+    """The record's grid, tensor order."""
+    axes = (result.get("zs"), result["ys"], result["xs"])
+    return tuple(np.asarray(axis) for axis in axes if axis is not None)
 
 
-def result_heatmap(result: dict) -> krypton.Heatmap:
+def result_heatmap(result: ResultRecord) -> krypton.Heatmap:
     """A kept result, an image's or a volume's, as the library's :class:`krypton.Heatmap`
     (the exports and what is sent to a PACS)."""
     return krypton.Heatmap(
@@ -201,7 +203,7 @@ def grid_heatmap(values: np.ndarray, axes, patch: int) -> krypton.Heatmap:
     )  # fmt: skip
 
 
-def _grid_words(result: dict) -> tuple[str, str]:
+def _grid_words(result: ResultRecord) -> tuple[str, str]:
     """(before, after) the run line: a volume's line names the file and its grid (the
     volume panel has no picture of the whole grid beside it); an image's adds nothing."""
     if result.get("kind") != "volume":
@@ -212,7 +214,7 @@ def _grid_words(result: dict) -> tuple[str, str]:
     return named, f" ({grid} grid over {where}, cube {result['patch']}, stride {result['stride']})"
 
 
-def summary_lines(result: dict) -> list[str]:
+def summary_lines(result: ResultRecord) -> list[str]:
     """The result as the page states it: label, what ran and how long, against what."""
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
     warning = model_card.ood_text(result.get("ood"))
@@ -243,7 +245,7 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
-def relabel(result: dict, label: int) -> dict:
+def relabel(result: ResultRecord, label: int) -> ResultRecord:
     """The same result for another class, from the probabilities kept for every class."""
     if result.get("class_values") is None and result.get("classes_dropped"):
         raise InputError(result["classes_dropped"] + "; press Run to explain the new class")
@@ -258,14 +260,17 @@ def relabel(result: dict, label: int) -> dict:
     kept = result.get("provenance")
     if kept is not None:  # the same run, now explaining this class
         kept = Provenance.from_dict(kept).with_label(label).as_dict()
-    return dict(
-        result,
-        provenance=kept,
-        label=label,
-        label_name=result["classes"][label],
-        prob=float(result["base_probs"][label]),
-        values=np.asarray(result["class_values"])[..., label].astype(np.float32),
+    relabelled = result.copy()
+    relabelled.update(
+        {
+            "provenance": kept,
+            "label": label,
+            "label_name": result["classes"][label],
+            "prob": float(result["base_probs"][label]),
+            "values": np.asarray(result["class_values"])[..., label].astype(np.float32),
+        }
     )
+    return relabelled
 
 
 def _plain(value):
@@ -283,13 +288,13 @@ def _plain(value):
     return value
 
 
-def export_json(result: dict) -> str:
+def export_json(result: ResultRecord) -> str:
     """The JSON export of an image's or a volume's run: settings, the class's values on
     the grid (NaN as null) and its warnings, with the Compare maps for the class shown.
     Nothing that names the server's stored files leaves with it: no stored-file key, no
     provenance image key, no DICOM source path."""
     skipped = ("class_values", "methods", *PRIVATE_FIELDS)
-    summary = {k: v for k, v in result.items() if k not in skipped}
+    summary: dict[str, Any] = {k: v for k, v in result.items() if k not in skipped}
     summary["warnings"] = [text for text in (model_card.ood_text(result.get("ood")),) if text]
     compared = comparison.comparison_json(result)
     if compared is not None:  # the three maps for the class shown, and their agreement

@@ -15,6 +15,7 @@ import krypton
 from .. import helpers
 from ..helpers import InputError
 from ..image_store import ImageStore
+from ..result_schema import ImageFields, VolumeFields
 from .cells import CellCache
 from .regions import Bounds, check_region, check_volume_bounds, whole
 from .request import RunRequest
@@ -58,7 +59,7 @@ class Subject(Protocol):
     def fill(self): ...
     def snapped_note(self, before: Bounds, after: Bounds) -> str: ...
     def offset_note(self, offset: tuple[int, ...]) -> str: ...
-    def record(self) -> dict: ...
+    def record(self) -> ImageFields | VolumeFields: ...
 
 
 def subject_for(services: Services, session: str, request: RunRequest) -> Subject:
@@ -140,7 +141,7 @@ class ImageSubject:
             f"{down} px down from the last run's; turn on 'snap to the last grid' to reuse them"
         )
 
-    def record(self) -> dict:
+    def record(self) -> ImageFields:
         return {
             "image_key": self.request.key,
             "fill_rgb": list(self.request.fill_rgb or ()),
@@ -193,7 +194,7 @@ class VolumeSubject:
             f"(z, y, x) from the last run's; turn on 'snap to the last grid' to reuse them"
         )
 
-    def record(self) -> dict:
+    def record(self) -> VolumeFields:
         affine = self.prepared.model_input.affine
         return {
             "kind": "volume",

@@ -27,6 +27,7 @@ from krypton.io.volumes import ModelVolume, Volume, read_volume
 
 from ..helpers import InputError
 from ..model_card import ood_text
+from ..result_schema import ResultRecord
 from .records import result_heatmap
 from .regions import check_volume_bounds, whole
 from .timing import counts_estimate, estimate_text, host_load
@@ -142,7 +143,7 @@ def volume_prediction(loaded, prepared: PreparedVolume) -> np.ndarray:
     return torch.softmax(logits[0].float(), 0).cpu().numpy()
 
 
-def strongest_voxel(result: dict) -> tuple[int, int, int] | None:
+def strongest_voxel(result: ResultRecord) -> tuple[int, int, int] | None:
     """(z, y, x) of the centre of the result's strongest cell (the class's lowest
     probability under the cube: its largest drop), in model voxels, within the block;
     None where no cell has a value."""
@@ -152,8 +153,8 @@ def strongest_voxel(result: dict) -> tuple[int, int, int] | None:
     cell = np.unravel_index(int(np.nanargmin(values)), values.shape)
     size = result.get("input_size") or [None] * 3
     centre = []
-    for axis, name in enumerate(("zs", "ys", "xs")):
-        voxel = int(result[name][cell[axis]]) + int(result["patch"]) // 2
+    for axis, cells in enumerate((result["zs"], result["ys"], result["xs"])):
+        voxel = int(cells[cell[axis]]) + int(result["patch"]) // 2
         centre.append(voxel if size[axis] is None else min(voxel, int(size[axis]) - 1))
     return tuple(centre)  # type: ignore[return-value]
 
@@ -208,7 +209,7 @@ def volume_estimate_found(
     return text, found, count
 
 
-def export_dicom_series(result: dict, source: bytes, prepared: PreparedVolume) -> bytes:
+def export_dicom_series(result: ResultRecord, source: bytes, prepared: PreparedVolume) -> bytes:
     """The heatmap over every axial slice of the model's block as a DICOM Secondary
     Capture series (zipped) in the source's study, referencing the source series."""
     from krypton.render.dicom_series import (
