@@ -13,7 +13,7 @@ import io
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -236,7 +236,7 @@ class ResultStore:
             return len(self._results), sum(self._bytes.values())
 
 
-def model_view(image: Image.Image, input_size: tuple[int, int]) -> Image.Image:
+def model_view(image: Image.Image, input_size: Sequence[int]) -> Image.Image:
     """The image as the model sees it (resized to its input size)."""
     height, width = input_size
     return image.convert("RGB").resize((width, height), Image.BILINEAR)

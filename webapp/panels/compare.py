@@ -43,7 +43,7 @@ def agreement_table(maps) -> html.Table:
     return html.Table(rows, id=IMAGE_PANEL.compare_panel + "-agreement")
 
 
-def _heading(result: dict, maps) -> list:
+def _heading(result: runs.ResultRecord, maps) -> list:
     """The class, the time each map took, and the whole gradient step's time."""
     times = " · ".join(f"{TITLES[m]} {found.seconds:.2f} s" for m, found in maps.items())
     kept = result["methods"]
@@ -60,7 +60,7 @@ def _heading(result: dict, maps) -> list:
     ]
 
 
-def image_compare_view(result: dict, shown: Image.Image) -> list:
+def image_compare_view(result: runs.ResultRecord, shown: Image.Image) -> list:
     """The image panel's Compare view for a kept result (empty without Compare)."""
     maps = comparison.method_maps(result)
     if isinstance(maps, str):
@@ -87,7 +87,7 @@ def image_compare_view(result: dict, shown: Image.Image) -> list:
     ]
 
 
-def volume_compare_view(result: dict, unit: np.ndarray, cursor) -> list:
+def volume_compare_view(result: runs.ResultRecord, unit: np.ndarray, cursor) -> list:
     """The volume panel's Compare view: per method a row of the three views through the
     panel's crosshair ``cursor`` (z, y, x), its map on its own colour scale."""
     maps = comparison.method_maps(result)

@@ -99,7 +99,7 @@ class ResultPanel:
         dicom_style = {"display": "block" if is_dicom else "none"}
         return figure, summary(result), disabled, dicom_style, compared
 
-    def shown_view(self, result: dict, *screen) -> ResultView:
+    def shown_view(self, result: runs.ResultRecord, *screen) -> ResultView:
         """Whether ``result`` may be shown beside what the page shows now (``screen``:
         the image, model, region, patch, stride, mode, colour, custom colour, quality
         target, drill-down, speed-up and class): webapp.runs.shown_view, the volume
@@ -116,12 +116,12 @@ class ResultPanel:
             asked, weights = None, None  # nothing runnable on screen
         return runs.shown_view(result, asked, weights)
 
-    def model_picture(self, result: dict):
+    def model_picture(self, result: runs.ResultRecord):
         """The picture the model saw for ``result`` (its input size)."""
         loaded = self.services.model(result["model"])
         return helpers.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
 
-    def result_figure(self, result: dict, overlay: dict | None):
+    def result_figure(self, result: runs.ResultRecord, overlay: dict | None):
         """The heatmap over the picture the model saw, drawn with the overlay settings."""
         return figures.heatmap_figure(
             self.model_picture(result),
@@ -152,7 +152,9 @@ class ResultPanel:
         except InputError as exc:
             return no_update, str(exc)
 
-    def download(self, result: dict, fmt: str, session, overlay, identity) -> tuple[dict, str]:
+    def download(
+        self, result: runs.ResultRecord, fmt: str, session, overlay, identity
+    ) -> tuple[dict, str]:
         """The file for one export button (helpers' writers) and an empty message."""
         stem = exports.export_stem(result)
         style = figures.overlay_style(overlay)
@@ -178,7 +180,7 @@ class ResultPanel:
         return dcc.send_string(runs.export_json(result), f"{stem}.json"), ""
 
 
-def summary(result: dict) -> html.Div:
+def summary(result: runs.ResultRecord) -> html.Div:
     """The result line (wording decided by runs.summary_lines, in the page's plain words
     with the planner's and the detector's terms behind "details": webapp.wording)."""
     children = wording.summary_children(runs.summary_lines(result), ids={"Reused": ids.REUSE_INFO})

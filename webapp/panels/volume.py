@@ -484,13 +484,15 @@ class VolumePanel:
             text = f"{text}. {comparison.estimate_note(loaded, load)}"
         return text, shown
 
-    def _result_for(self, handle, record, model, session, screen=()) -> dict | None:
+    def _result_for(self, handle, record, model, session, screen=()) -> runs.ResultRecord | None:
         """The kept volume result the handle names, when it explains what the panel shows:
         this volume and model and, given ``screen`` (region, patch, stride, mode, class),
         these settings — the image panel's provenance rule (webapp.lifecycle)."""
         return self._shown(handle, record, model, session, screen)[0]
 
-    def _shown(self, handle, record, model, session, screen=()) -> tuple[dict | None, str]:
+    def _shown(
+        self, handle, record, model, session, screen=()
+    ) -> tuple[runs.ResultRecord | None, str]:
         """(the result to show, or None; why not, in the page's words)."""
         if not record:
             return None, ""
@@ -620,7 +622,7 @@ def _request(record, model, patch, stride, mode, label, region, compare=None, la
     )  # fmt: skip
 
 
-def _handle(result: dict) -> dict:
+def _handle(result: runs.ResultRecord) -> dict:
     return {"id": result["id"], "source_key": result["source_key"], "model": result["model"]}
 
 
