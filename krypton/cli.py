@@ -172,7 +172,8 @@ def add_explain_options(parser: argparse.ArgumentParser) -> None:
         "--strategy",
         default="auto",
         choices=explain_module.STRATEGIES,
-        help="exact mode: run the faster of incremental and naive (auto) or force one",
+        help="exact mode: run the faster of incremental and naive (auto; measure: timed "
+        "again in each call, not carried from an earlier one) or force one",
     )
 
 
