@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
@@ -191,8 +192,8 @@ def live_reporter(
     LIVE_UPDATE_SECONDS. A picture without a count (approximate mode's coarse picture)
     keeps the last count, so the bar never jumps back. The second callable reports the
     Compare steps after the occlusion (webapp.comparison), over the finished picture."""
-    state: dict[str, object] = {"figure": placeholder_figure("Computing the first positions…")}
-    sent = {"at": 0.0}
+    state: dict[str, Any] = {"figure": placeholder_figure("Computing the first positions…"),
+                             "sent": 0.0}  # fmt: skip
     planned: dict[str, int] = {}
 
     def report(done: int, total: int, partial: runs.Partial | None = None) -> None:
@@ -201,13 +202,13 @@ def live_reporter(
             planned.setdefault("total", total)
             lifecycle.progress(done, total)
         now = time.perf_counter()
-        if partial is None and now - sent["at"] < LIVE_UPDATE_SECONDS:
+        if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
             return
         if partial is not None:
             figure = draw(partial)
             if figure is not None:
                 state["figure"] = figure
-        sent["at"] = now
+        state["sent"] = now
         status = lifecycle.status() if lifecycle.total else "coarse picture ready"
         if lifecycle.total and lifecycle.total != planned.get("total"):
             status += (

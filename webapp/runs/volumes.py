@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from krypton.engine.capture_lock import CAPTURE_LOCK
+import krypton
 from krypton.estimator import MIN_LOGGED_RUNS, Estimate
 from krypton.explainer import grid
 from krypton.io.images import ImageLoadError
@@ -138,9 +137,9 @@ class VolumeCache:
 def volume_prediction(loaded, prepared: PreparedVolume) -> np.ndarray:
     """The model's class probabilities for the block it sees of a prepared volume (the
     panel's class box names the prediction before any run)."""
-    with torch.inference_mode(), CAPTURE_LOCK.shared():
-        logits = loaded.module(prepared.model_input.tensor.unsqueeze(0))
-    return torch.softmax(logits[0].float(), 0).cpu().numpy()
+    # one plain forward pass, as the run's own prediction (VolumeSubject.predict)
+    explainer = krypton.OcclusionExplainer(loaded)
+    return explainer.predict(prepared.model_input.tensor, views=False, ood=False).probabilities
 
 
 def strongest_voxel(result: ResultRecord) -> tuple[int, int, int] | None:
