@@ -44,7 +44,7 @@ def test_image_store_round_trip_and_bad_keys(tmp_path):
     store = ImageStore(tmp_path)
     image = Image.new("RGB", (10, 6), (1, 2, 3))
     key = store.put(image)
-    assert key == helpers.image_key(image) and store.put(image) == key
+    assert key == image_store.image_key(image) and store.put(image) == key
     assert store.get(key).tobytes() == image.tobytes()
     with pytest.raises(InputError, match="unknown image"):
         store.get("../../etc/passwd")

@@ -702,3 +702,28 @@ def test_an_image_and_a_volume_record_have_one_schema(services, nifti_bytes):
         assert set(own.__annotations__) <= set(record)
         assert not set(other.__annotations__) & set(record)
     assert "zs" in volume and "zs" not in image
+
+
+def test_a_volume_run_hands_the_page_the_image_panels_handle_and_send_reads_it(
+    services, nifti_bytes
+):
+    """The volume panel's handle named its source and model, the image panel's its
+    provenance, and the PACS Send had a rule for each. Both panels' Run callbacks hand
+    the page one handle now (webapp.panels.run_strip.result_handle), and one Send rule
+    reads it: offered for the series the result explains, not for another."""
+    from bench.run_path import callback_context
+    from webapp.panels.pacs import PacsPanel
+    from webapp.panels.volume import VolumePanel
+
+    key = stored(services, nifti_bytes)
+    with callback_context():
+        handle, message = VolumePanel(services, None).run(
+            lambda *a: None, 1, "tab-1", {"key": key, "name": "chest.nii.gz"}, "ct-test",
+            8, 8, "exact", None, None, 24, 24, 24,
+        )  # fmt: skip
+    assert message == ""
+    kept = services.results.get(runs.results_key("tab-1", 3))
+    assert handle == {"id": kept["id"], "provenance": kept["provenance"]}
+    opened = {"key": key, "name": "PACS chest", "pacs": {"study": "1.2", "series": "1.3"}}
+    assert PacsPanel(services).sendable(handle, opened) == (False, "")
+    assert PacsPanel(services).sendable(handle, dict(opened, key="another"))[0] is True

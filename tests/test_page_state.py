@@ -17,13 +17,12 @@ from webapp.lifecycle import (
     TRANSITIONS,
     IllegalTransition,
     Phase,
-    Provenance,
     RunLifecycle,
     format_duration,
-    result_view,
 )
 from webapp.panel_scope import IMAGE_PANEL, VOLUME_PANEL
 from webapp.panels.models import ModelsPanel, users_words
+from webapp.runs.provenance import Provenance, result_view
 from webapp.services import Services
 
 STEPS = {

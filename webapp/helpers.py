@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from krypton.io.dicom import WINDOW_PRESETS, DicomImage, is_dicom, load_dicom
-from krypton.io.images import MAX_SIDE, ImageLoadError, load_image
+from krypton.io.images import ImageLoadError, load_image
 
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 
@@ -139,27 +139,6 @@ def dicom_description(record: dict, model_size: tuple[int, int], patch: int | No
     elif patch:
         parts.append("no pixel spacing in the file (sizes in pixels only)")
     return " · ".join(parts)
-
-
-def image_key(image: Image.Image) -> str:
-    """Content hash of an image (same pixels, same key)."""
-    digest = hashlib.blake2b(image.tobytes(), digest_size=12)
-    digest.update(repr(image.size).encode())
-    return digest.hexdigest()
-
-
-def reduced_for_storage(image: Image.Image) -> Image.Image:
-    """The image as the stores keep it: at most :data:`krypton.io.images.MAX_SIDE` a side."""
-    if max(image.size) > MAX_SIDE:
-        image = image.copy()
-        image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
-    return image
-
-
-def check_stored_key(key: str, what: str) -> None:
-    """A stored file's key is a content hash; anything else the page sent is refused."""
-    if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
-        raise InputError(f"unknown {what}; load it again")
 
 
 def owner_tag(session: str) -> str:

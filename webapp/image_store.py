@@ -22,22 +22,55 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import time
 from pathlib import Path
 
 from PIL import Image
 
-from .client import CLIENT_SHARE
-from .helpers import InputError, check_stored_key, image_key, owner_tag, reduced_for_storage
+from krypton.io.images import MAX_SIDE
 
-__all__ = ["ImageStore", "ON_SCREEN_SECONDS", "ON_SCREEN_PER_CLIENT"]
+from .client import CLIENT_SHARE
+from .helpers import InputError, owner_tag
+
+__all__ = [
+    "ImageStore",
+    "ON_SCREEN_SECONDS",
+    "ON_SCREEN_PER_CLIENT",
+    "image_key",
+    "reduced_for_storage",
+    "check_stored_key",
+]
 
 # A client's files that may be on its screen or in its run: its most recently used (a
 # picture shown, predicted, run or exported is read, which marks it used), two for two
 # tabs, and only while used this recently.
 ON_SCREEN_PER_CLIENT = 2
 ON_SCREEN_SECONDS = 30 * 60
+
+
+def image_key(image: Image.Image) -> str:
+    """Content hash of an image (same pixels, same key)."""
+    digest = hashlib.blake2b(image.tobytes(), digest_size=12)
+    digest.update(repr(image.size).encode())
+    return digest.hexdigest()
+
+
+def reduced_for_storage(image: Image.Image) -> Image.Image:
+    """The image as the stores keep it: at most :data:`krypton.io.images.MAX_SIDE` a side."""
+    if max(image.size) > MAX_SIDE:
+        image = image.copy()
+        image.thumbnail((MAX_SIDE, MAX_SIDE), Image.LANCZOS)
+    return image
+
+
+def check_stored_key(key: str, what: str) -> None:
+    """A stored file's key is a content hash; anything else the page sent is refused."""
+    if not re.fullmatch(r"[0-9a-f]{24}", key or ""):
+        raise InputError(f"unknown {what}; load it again")
+
+
 FULL_OF_OTHERS = (
     "the server's image store is full of files other users have open; try again in a few minutes"
 )

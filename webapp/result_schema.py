@@ -37,7 +37,7 @@ class ResultRecord(ImageFields, VolumeFields):
     (NaN where none was computed)."""
 
     id: str  # changes when the class shown changes (the page's handle follows it)
-    provenance: dict | None  # what it explains (webapp.lifecycle.Provenance.as_dict)
+    provenance: dict | None  # what it explains (webapp.runs.provenance.Provenance.as_dict)
     mode: str
     model: str
     weights_checksum: str

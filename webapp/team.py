@@ -53,7 +53,8 @@ from krypton.batch.broker import (
     visibility_timeout,
 )
 
-from .helpers import InputError, check_stored_key, image_key, owner_tag, reduced_for_storage
+from .helpers import InputError, owner_tag
+from .image_store import check_stored_key, image_key, reduced_for_storage
 from .settings import BROKER_ENV
 
 __all__ = [

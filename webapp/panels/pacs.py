@@ -97,7 +97,7 @@ class PacsPanel:
             Output(ids.PACS_IMAGE_SENT, "children"),
             Input(IMAGE_PANEL.result, "data"),
             Input(IMAGE_PANEL.store, "data"),
-        )(self.image_sendable)
+        )(self.sendable)
         app.callback(
             Output(ids.PACS_IMAGE_SENT, "children", allow_duplicate=True),
             Input(ids.PACS_IMAGE_SEND, "n_clicks"),
@@ -166,18 +166,14 @@ class PacsPanel:
             "opened": clicks,
         }
 
-    def image_sendable(self, handle, image_data):
-        """Send is offered for a result on an image opened from the PACS."""
-        if not (isinstance(handle, dict) and isinstance(image_data, dict)):
+    def sendable(self, handle, record):
+        """Send is offered for a result on what a panel opened from the PACS (an image or
+        a series): the result's provenance names the input the panel holds (either
+        panel's handle: webapp.panels.run_strip.result_handle). (disabled, message)."""
+        if not (isinstance(handle, dict) and isinstance(record, dict)):
             return True, ""
         made_from = handle.get("provenance") or {}
-        ready = bool(image_data.get("pacs")) and made_from.get("image") == image_data.get("key")
-        return not ready, ""
-
-    def sendable(self, handle, record):
-        """Send is offered for a result on a series this panel opened from the PACS."""
-        shown = isinstance(handle, dict) and isinstance(record, dict)
-        ready = shown and bool(record.get("pacs")) and handle.get("source_key") == record.get("key")
+        ready = bool(record.get("pacs")) and made_from.get("image") == record.get("key")
         return not ready, ""
 
     def send(self, clicks, handle, session):

@@ -1,5 +1,5 @@
 """The result panel: the kept heatmap, its summary line and its downloads, shown only while
-what is on screen is what the result explains (webapp.lifecycle.result_view); another
+what is on screen is what the result explains (webapp.runs.shown_view); another
 class re-colours the same run."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dash.exceptions import PreventUpdate
 from .. import comparison, exports, figures, helpers, ids, model_card, runs, wording
 from ..helpers import InputError
 from ..layout import placeholder_figure
-from ..lifecycle import ResultView
 from ..panel_scope import IMAGE_PANEL
 from ..services import Services
 from .common import SCREEN_INPUTS
 from .compare import image_compare_view
 from .run import run_request
+from .run_strip import result_handle
 
 NO_RESULT = "Press Run to compute the heatmap"
 EXPORTS = {"type": IMAGE_PANEL.strip.export, "format": ALL}
@@ -75,7 +75,7 @@ class ResultPanel:
             return dict(handle, refused=int(label)), str(exc)
         if result is None:
             raise PreventUpdate
-        return {"id": result["id"], "provenance": result["provenance"]}, ""
+        return result_handle(result), ""
 
     def show_result(self, handle, overlay, *screen_and_states):
         """The kept result, its line and its downloads, only while what is on screen is
@@ -99,7 +99,7 @@ class ResultPanel:
         dicom_style = {"display": "block" if is_dicom else "none"}
         return figure, summary(result), disabled, dicom_style, compared
 
-    def shown_view(self, result: runs.ResultRecord, *screen) -> ResultView:
+    def shown_view(self, result: runs.ResultRecord, *screen) -> runs.ResultView:
         """Whether ``result`` may be shown beside what the page shows now (``screen``:
         the image, model, region, patch, stride, mode, colour, custom colour, quality
         target, drill-down, speed-up and class): webapp.runs.shown_view, the volume

@@ -101,10 +101,7 @@ class RunPanel:
 
             return Prepared(request, draw, list(loaded.classes))
 
-        def handle(result: runs.ResultRecord) -> dict:
-            return {"id": result["id"], "provenance": result["provenance"]}
-
-        return run_job(self.services, set_progress, str(session or ""), prepare, handle)
+        return run_job(self.services, set_progress, str(session or ""), prepare)
 
 
 def run_request(

@@ -28,6 +28,7 @@ __all__ = [
     "register_strip",
     "register_estimate",
     "run_job",
+    "result_handle",
     "live_reporter",
     "cancelled",
     "LIVE_UPDATE_SECONDS",
@@ -130,13 +131,14 @@ def register_estimate(app, panel: PanelScope, estimate_shown: Callable, *more) -
     )(estimate_shown)
 
 
-def run_job(
-    services,
-    set_progress,
-    session: str,
-    prepare: Callable[[], Prepared],
-    handle: Callable[[runs.ResultRecord], dict],
-) -> tuple:
+def result_handle(result: runs.ResultRecord) -> dict:
+    """What the page holds of a kept result, for either panel: its id (the server's
+    readers check it: webapp.runs.kept_result) and its provenance (the PACS Send reads
+    which input it explains); never its values."""
+    return {"id": result["id"], "provenance": result["provenance"]}
+
+
+def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared]) -> tuple:
     """One run of either panel, queued, computed and kept: (the page's handle of the
     result, or no_update; the message). A run whose every cell is known computes
     nothing and does not queue (a Compare run still computes its gradient maps, so it
@@ -180,7 +182,7 @@ def run_job(
         )
     # The browser holds only a handle; the picture, exports and refinement read the
     # server's copy, and the panel shows it only beside what it explains.
-    return handle(result), ""
+    return result_handle(result), ""
 
 
 def live_reporter(

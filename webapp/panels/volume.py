@@ -25,7 +25,7 @@ from ..services import Services
 from ..volume_layout import volume_sample_path
 from .common import hide_at_click, origin, register_intake
 from .compare import volume_compare_view
-from .run_strip import Prepared, register_estimate, register_strip, run_job, values
+from .run_strip import Prepared, register_estimate, register_strip, result_handle, run_job, values
 
 logger = logging.getLogger("krypton.app")
 GRAPHS = [graph for _, graph, _ in ids.VOLUME_GRAPHS]  # in VIEWS' order
@@ -487,7 +487,7 @@ class VolumePanel:
     def _result_for(self, handle, record, model, session, screen=()) -> runs.ResultRecord | None:
         """The kept volume result the handle names, when it explains what the panel shows:
         this volume and model and, given ``screen`` (region, patch, stride, mode, class),
-        these settings — the image panel's provenance rule (webapp.lifecycle)."""
+        these settings — the image panel's provenance rule (webapp.runs.provenance)."""
         return self._shown(handle, record, model, session, screen)[0]
 
     def _shown(
@@ -533,7 +533,7 @@ class VolumePanel:
             classes = list(self.services.model(model, rank=3).classes)
             return Prepared(request, live_views(prepared, cursor), classes)
 
-        return run_job(self.services, set_progress, session, prepare, _handle)
+        return run_job(self.services, set_progress, session, prepare)
 
     def switch_class(self, label, handle, session):
         """Another class: the kept result re-coloured from every class's probabilities."""
@@ -544,7 +544,7 @@ class VolumePanel:
             return no_update, str(exc)
         if relabelled is None:
             raise PreventUpdate
-        return _handle(relabelled), ""
+        return result_handle(relabelled), ""
 
     def summary(self, handle, record, model, region, patch, stride, mode, label, session):
         """What the shown result is, and its downloads, only beside what it explains."""
@@ -620,10 +620,6 @@ def _request(record, model, patch, stride, mode, label, region, compare=None, la
         region=tuple(int(v) for v in region) if region else None, compare=bool(compare),
         compare_layer=str(layer) if layer else None, rank=3,
     )  # fmt: skip
-
-
-def _handle(result: runs.ResultRecord) -> dict:
-    return {"id": result["id"], "source_key": result["source_key"], "model": result["model"]}
 
 
 def _whole(value, what: str) -> int:

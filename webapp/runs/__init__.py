@@ -11,6 +11,8 @@ run decides happens here and is tested without Chromium:
   coarse-to-fine chunks, the live picture, the runtime log, the result kept;
 - ``cells``: the cell cache and the one reuse loop over a grid of any rank;
 - ``timing``: estimates, the speed line, the runtime log;
+- ``provenance``: what a run explains, and whether a kept result may be shown beside
+  what the page shows now;
 - ``records``: the result record (its schema: webapp.result_schema), its summary,
   another class, the JSON export;
 - ``volumes``: reading a volume upload and what only the volume panel shows.
@@ -21,6 +23,7 @@ Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 from ..result_schema import ResultRecord
 from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
 from .execute import PlannedRun, execute, plan_run, shown_estimate
+from .provenance import Provenance, ResultView, result_view
 from .records import (
     DROPPED_RESULT,
     NOT_KEPT,
@@ -73,6 +76,9 @@ __all__ = [
     "results_key",
     "subject_for",
     "provenance",
+    "Provenance",
+    "ResultView",
+    "result_view",
     "ResultRecord",
     "DROPPED_RESULT",
     "NOT_KEPT",

@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 
 import krypton
+from krypton.estimator import format_duration
 
 from .. import comparison, model_card
 from ..helpers import InputError
-from ..lifecycle import Provenance, ResultView, format_duration, result_view
 from ..result_schema import ResultRecord
+from .provenance import Provenance, ResultView, result_view
 from .request import RunRequest
 from .timing import estimate_text, plan_text, speed_text
 
@@ -41,7 +42,7 @@ PRIVATE_FIELDS = ("image_key", "source_key")
 
 
 def provenance(request: RunRequest, weights: str, label: int | None) -> Provenance:
-    """What a run explains (webapp.lifecycle: the page shows a result only beside the
+    """What a run explains (webapp.runs.provenance: the page shows a result only beside the
     settings it was computed for): the stored input's key, the model and its weights, the
     region as asked, patch, stride, mode, fill colour (none for a volume: its model's own
     gray), class and the approximate settings."""
@@ -58,7 +59,7 @@ def shown_view(result: ResultRecord, asked: RunRequest | None, weights: str | No
     the panel's settings as a request (None: they make none), with the model's weights
     as the server has them now (``weights``). An empty class box stands for the class
     the run explained (the volume panel's "the prediction"). One rule for both panels'
-    pictures, summaries and downloads (webapp.lifecycle.result_view)."""
+    pictures, summaries and downloads (webapp.runs.provenance.result_view)."""
     kept = Provenance.from_dict(result["provenance"])
     if asked is None or weights is None:
         return result_view(kept, None)

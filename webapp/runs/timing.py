@@ -17,18 +17,17 @@ from krypton.estimator import (
     bounded_speed,
     estimate,
     estimate_for_counts,
+    format_duration,
     forward_seconds,
-    heatmap_speed,
     host_load,
     load_factor,
     recent_estimate,
     record_run,
     speed_claim,
+    stated_speed,
     threads_for_load,
 )
 from krypton.registry import RegistryError
-
-from ..lifecycle import format_duration
 
 __all__ = [
     "CACHED_MODE",
@@ -163,11 +162,12 @@ def finished_run(
 ) -> dict | None:
     """A finished run's speed line and its row in the runtime log. ``heatmap``: the run
     as the library's (its seconds the whole run's, as the user waited); ``counts``: its
-    positions as planned (stage one, stage two). The speed is the whole run against a
-    naive one (krypton.estimator.heatmap_speed), never above what this host's naive runs
-    at this load say (:func:`measured_speed`); the log row keeps the estimate shown and
+    positions as planned (stage one, stage two). The speed is the one the CLI and the
+    benches state (krypton.estimator.stated_speed: the whole run against a naive one),
+    bounded by this host's logged naive runs at this load alone (:func:`measured_speed`:
+    never by a calibration from another day); the log row keeps the estimate shown and
     the load met, which the next estimates learn from."""
-    speed = measured_speed(heatmap_speed(heatmap), request.model, request.patch, load)
+    speed = stated_speed(heatmap, request.model, load, calibrated=False)
     estimated = (planned or {}).get("seconds")
     seconds = heatmap.seconds
     if heatmap.positions_evaluated:
