@@ -39,6 +39,27 @@ def test_a_run_beside_busy_cores_takes_the_cores_left():
     assert threads_for_load(float("nan"), cores=2) == min(2, max_threads())
 
 
+def test_a_run_shares_the_host_by_setting_torch_threads_to_the_cores_left():
+    """krypton.host.share_host, as the app's and the workers' runs call it: the load it
+    is given (or samples) comes back for the estimate and the log, and torch's threads
+    are the cores that load leaves."""
+    import os
+
+    import torch
+
+    from krypton.host import share_host, threads_for_load
+
+    before = torch.get_num_threads()
+    try:
+        busy = float(os.cpu_count() or 1)  # every core busy: one thread left
+        assert share_host(busy) == busy and torch.get_num_threads() == 1
+        assert share_host(0.0) == 0.0 and torch.get_num_threads() == threads_for_load(0.0)
+        sampled = share_host()
+        assert torch.get_num_threads() == threads_for_load(sampled)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_runs_logged_while_busy_do_not_keep_the_estimate_high_once_idle(tmp_path):
     """Fitted while the host was busy, the estimate stayed 4-6x too high once the load
     fell (169 positions: 1.0 min estimated, 13.1 s taken)."""

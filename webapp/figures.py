@@ -3,7 +3,9 @@ it with a colour bar that names its scale."""
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 
 import numpy as np
 import plotly.graph_objects as go
@@ -11,7 +13,14 @@ from PIL import Image
 
 from krypton.render.overlay import OverlayStyle, styled_heatmap
 
-from .helpers import InputError, data_url
+from .helpers import InputError
+
+
+def data_url(image: Image.Image) -> str:
+    """A picture as a PNG data URL, the source of a figure's image trace."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def plotly_text(text: str) -> str:

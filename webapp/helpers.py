@@ -7,9 +7,7 @@ No Dash callbacks and no tensor algebra here; everything is testable on its own.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import io
 import re
 import threading
 from collections import OrderedDict
@@ -219,12 +217,6 @@ def model_view(image: Image.Image, input_size: Sequence[int]) -> Image.Image:
     """The image as the model sees it (resized to its input size)."""
     height, width = input_size
     return image.convert("RGB").resize((width, height), Image.BILINEAR)
-
-
-def data_url(image: Image.Image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 # -- regions and settings ------------------------------------------------------------------

@@ -117,7 +117,7 @@ def _dicom_thumbnail(name: str) -> str | None:
     """A small PNG data URL of a DICOM sample in its own window (None if unreadable)."""
     from krypton.io.dicom import load_dicom
 
-    from .helpers import data_url
+    from .figures import data_url
 
     try:
         picture = load_dicom(sample_path(name)).picture

@@ -155,8 +155,7 @@ def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared
         request = prepared.request
         client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
         lifecycle.queue()
-        planned = runs.plan_run(services, request, session)
-        light = planned.positions > 0 and not planned.to_compute and not request.compare
+        light = runs.is_light(services, request, session)
         with services.job(), services.jobs.slot(session, waiting, client, light):
             lifecycle.start()
             reporter, stage = live_reporter(

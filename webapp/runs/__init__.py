@@ -22,7 +22,7 @@ Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 
 from ..result_schema import ResultRecord
 from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
-from .execute import PlannedRun, execute, plan_run, shown_estimate
+from .execute import PlannedRun, execute, is_light, plan_run, shown_estimate
 from .provenance import Provenance, ResultView, result_view
 from .records import (
     DROPPED_RESULT,
@@ -52,7 +52,7 @@ from .timing import (
     host_load,
     measured_speed,
     plan_text,
-    run_threads,
+    share_host,
     speed_text,
 )
 
@@ -65,6 +65,7 @@ __all__ = [
     "Services",
     "execute",
     "plan_run",
+    "is_light",
     "PlannedRun",
     "shown_estimate",
     "CellCache",
@@ -103,6 +104,6 @@ __all__ = [
     "host_load",
     "measured_speed",
     "plan_text",
-    "run_threads",
+    "share_host",
     "speed_text",
 ]

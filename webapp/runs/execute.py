@@ -25,7 +25,7 @@ from .regions import Bounds, whole
 from .request import Partial, Reporter, RunRequest
 from .subjects import Services, Subject, cell_key, results_key, subject_for
 
-__all__ = ["PlannedRun", "plan_run", "shown_estimate", "execute"]
+__all__ = ["PlannedRun", "plan_run", "is_light", "shown_estimate", "execute"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,15 @@ def plan_run(services: Services, request: RunRequest, session: str = "") -> Plan
     found = _grid(services, subject, peek=True)
     positions = int(np.prod([len(a) for a in found.axes]))
     return PlannedRun(found.region(subject), positions, count_known(found.known, found.axes))
+
+
+def is_light(services: Services, request: RunRequest, session: str = "") -> bool:
+    """Whether ``request`` computes nothing: every position of its grid is known (a
+    Compare run still computes its gradient maps, so it is not). Such a run does not
+    wait in the queue (webapp.jobs: a light job). Planned as :func:`execute` will run
+    it, so a region the run would refuse is refused here, before any queueing."""
+    planned = plan_run(services, request, session)
+    return planned.positions > 0 and not planned.to_compute and not request.compare
 
 
 def _estimate_key(request: RunRequest, planned: PlannedRun) -> list:
@@ -175,8 +184,9 @@ def execute(
     label = int(np.argmax(base_probs)) if request.label is None else int(request.label)
     if not 0 <= label < len(base_probs):
         raise InputError(f"class {label} does not exist for {request.model}")
-    load = timing.host_load()  # before this run computes: what it competes with
-    timing.run_threads(load)
+    # before this run computes: what it competes with, and the torch threads it leaves
+    # (beside two burners on two cores a second thread made exact runs 1.9x slower)
+    load = timing.share_host()
     planned = _estimate(subject, found, load)
 
     def live(done: int, total: int, values: np.ndarray | None = None) -> None:

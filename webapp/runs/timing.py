@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import torch
-
 from krypton.estimator import (
     ABSOLUTE_SLACK,
     MIN_SPREAD,
@@ -25,13 +23,14 @@ from krypton.estimator import (
     record_run,
     speed_claim,
     stated_speed,
-    threads_for_load,
 )
+from krypton.host import share_host
 from krypton.registry import RegistryError
 
 __all__ = [
     "CACHED_MODE",
     "host_load",
+    "share_host",
     "cached_estimate",
     "find_estimate",
     "counts_estimate",
@@ -41,7 +40,6 @@ __all__ = [
     "plan_text",
     "finished_run",
     "measured_speed",
-    "run_threads",
 ]
 
 CACHED_MODE = "cached"  # the runtime log's rows of runs that computed nothing
@@ -184,13 +182,3 @@ def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> d
     (krypton.estimator.bounded_speed on logged runs alone: the page's figure is never
     bounded by a calibration from another day)."""
     return bounded_speed(speed, model, patch, load, calibrated=False)
-
-
-def run_threads(load: float) -> int:
-    """Set this process's torch threads for a run starting beside ``load`` busy cores
-    (krypton.estimator.threads_for_load: the cores left, at least one) and return them:
-    beside two burners on two cores a second thread made exact runs 1.9x slower."""
-    threads = threads_for_load(load)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    return threads
