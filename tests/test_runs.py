@@ -585,3 +585,20 @@ def test_an_image_run_from_the_click_enters_the_explainer_three_times(services):
     assert ("krypton/explainer.py", "OcclusionExplainer.explain") in functions  # followed
     estimating = {("webapp/runs/timing.py", name) for name in ("counts_estimate", "find_estimate")}
     assert not estimating & functions, sorted(functions)
+
+
+def test_the_road_from_the_click_to_the_kept_result_stays_at_35_functions(services):
+    """Counted with the run package read as one body (bench.run_path), an image run
+    entered 43 functions of other modules: provenance lived with the phase machine, the
+    app sampled the load and set torch's threads in two calls, the run strip read the
+    plan's fields to decide the queue, and each panel built its own handle. 35 now, each
+    one step (docs/architecture.md lists them); the queue rule, the host share and the
+    handle are one call each."""
+    from bench.run_path import image_run_functions
+
+    functions = image_run_functions(services, units=("webapp/runs/",))
+    assert len(functions) <= 35, sorted(functions)
+    assert ("krypton/host.py", "share_host") in functions  # followed
+    assert ("webapp/runs/", "is_light") in functions
+    gone = {("webapp/lifecycle.py", "Provenance.make"), ("webapp/helpers.py", "check_stored_key")}
+    assert not gone & functions, sorted(functions)
