@@ -2,8 +2,9 @@
 the kept result: the length of the road a newcomer follows through the code.
 
 An *entry* is a function of a project module (webapp/ or krypton/) that the app's code
-(webapp/) calls from another module, counted once however often and from wherever it is
-called (a chunk loop enters the explainer once, not once per chunk): the functions a
+(webapp/) calls from another module, directly or through a library's frames (a
+context manager's generator entered by ``with``), counted once however often and from
+wherever it is called (a chunk loop enters the explainer once, not once per chunk): the functions a
 reader opens to follow the run. What the library then calls within itself is the
 library's own road and is not counted. Measured with ``sys.setprofile`` around the
 panel's Run callback, called as Dash calls it, after the page has shown its estimate.
@@ -45,11 +46,16 @@ def entered_functions(
     entered: set[tuple[str, str]] = set()
 
     def profile(frame, event, _arg):
-        if event != "call" or frame.f_back is None:
+        if event != "call":
             return
         callee = _module(frame.f_code.co_filename, units)
-        caller = _module(frame.f_back.f_code.co_filename, units)
-        if callee is None or caller is None or callee == caller:
+        if callee is None:
+            return
+        caller, back = None, frame.f_back
+        while back is not None and caller is None:  # past a library's frames (contextlib
+            caller = _module(back.f_code.co_filename, units)  # entering a `with` block's
+            back = back.f_back  # generator, functools' cached properties): who called it
+        if caller is None or callee == caller:
             return
         if not caller.startswith("webapp"):
             return

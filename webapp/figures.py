@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -14,6 +16,15 @@ from PIL import Image
 from krypton.render.overlay import OverlayStyle, styled_heatmap
 
 from .helpers import InputError
+
+if TYPE_CHECKING:
+    from .runs import Partial
+
+
+def model_view(image: Image.Image, input_size: Sequence[int]) -> Image.Image:
+    """The image as the model sees it (resized to its input size)."""
+    height, width = input_size
+    return image.convert("RGB").resize((width, height), Image.BILINEAR)
 
 
 def data_url(image: Image.Image) -> str:
@@ -175,3 +186,23 @@ def importance_figure(image: Image.Image, found, title: str) -> go.Figure:
         height=300,
     )
     return figure
+
+
+def live_heatmap(
+    image: Image.Image, input_size: Sequence[int], overlay: dict | None
+) -> Callable[[Partial], go.Figure]:
+    """How the image panel draws a run's picture so far (a :class:`webapp.runs.Partial`):
+    its values over the image as the model sees it, styled by the overlay settings,
+    titled with the class and "(computing)". The settings are read now, so a bad one
+    refuses the run before it queues."""
+    style = overlay_style(overlay)
+    shown = model_view(image, input_size)
+
+    def draw(partial: Partial) -> go.Figure:
+        ys, xs = partial.axes
+        return heatmap_figure(
+            shown, partial.filled, xs, ys, partial.patch, partial.prob,
+            f"{partial.label_name} (computing)", style,
+        )  # fmt: skip
+
+    return draw

@@ -11,7 +11,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -211,12 +211,6 @@ class ResultStore:
         """(results, bytes) kept."""
         with self._lock:
             return len(self._results), sum(self._bytes.values())
-
-
-def model_view(image: Image.Image, input_size: Sequence[int]) -> Image.Image:
-    """The image as the model sees it (resized to its input size)."""
-    height, width = input_size
-    return image.convert("RGB").resize((width, height), Image.BILINEAR)
 
 
 # -- regions and settings ------------------------------------------------------------------

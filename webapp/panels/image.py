@@ -221,7 +221,7 @@ class ImagePanel:
             return placeholder_figure("Load an image: upload one or pick a sample"), "", None
         try:
             loaded = self.services.model(model_name)
-            image = helpers.model_view(
+            image = figures.model_view(
                 self.services.images.get(image_data["key"]), loaded.input_size
             )
         except InputError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import comparison, exports, figures, helpers, ids, model_card, runs, wording
+from .. import comparison, exports, figures, ids, model_card, runs, wording
 from ..helpers import InputError
 from ..layout import placeholder_figure
 from ..panel_scope import IMAGE_PANEL
@@ -119,7 +119,7 @@ class ResultPanel:
     def model_picture(self, result: runs.ResultRecord):
         """The picture the model saw for ``result`` (its input size)."""
         loaded = self.services.model(result["model"])
-        return helpers.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
+        return figures.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
 
     def result_figure(self, result: runs.ResultRecord, overlay: dict | None):
         """The heatmap over the picture the model saw, drawn with the overlay settings."""

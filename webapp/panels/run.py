@@ -89,16 +89,8 @@ class RunPanel:
                 raise helpers.InputError("load an image first")
             loaded = self.services.model(model_name)
             request, overlay = run_request(image_data, model_name, *settings)
-            style = figures.overlay_style(overlay)
-            shown = helpers.model_view(self.services.images.get(request.key), loaded.input_size)
-
-            def draw(partial: runs.Partial):
-                ys, xs = partial.axes
-                return figures.heatmap_figure(
-                    shown, partial.filled(), xs, ys, partial.patch, partial.prob,
-                    f"{partial.label_name} (computing)", style,
-                )  # fmt: skip
-
+            picture = self.services.images.get(request.key)
+            draw = figures.live_heatmap(picture, loaded.input_size, overlay)
             return Prepared(request, draw, list(loaded.classes))
 
         return run_job(self.services, set_progress, str(session or ""), prepare)

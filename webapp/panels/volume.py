@@ -646,7 +646,7 @@ def live_views(prepared, cursor):
     size = prepared.unit.shape
 
     def draw(partial: runs.Partial):
-        filled = partial.filled()
+        filled = partial.filled
         if np.isnan(filled).all():
             return None
         heatmap = runs.grid_heatmap(filled, partial.axes, partial.patch)

@@ -193,7 +193,7 @@ def execute(
         partial = None
         if values is not None:
             name, prob = subject.loaded.class_name(label), float(base_probs[label])
-            partial = Partial(values, found.axes, request.patch, name, prob)
+            partial = Partial.of(values, found.axes, request.patch, name, prob)
         report(done, total, partial)
 
     explainer = services.explainer(request.model, rank=request.rank)

@@ -62,20 +62,23 @@ def fill_for_display(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Partial:
-    """The picture so far: the label's values on the run's grid (NaN where unknown).
-    ``axes`` are the grid's first pixels or voxels per axis in tensor order ((ys, xs) or
-    (zs, ys, xs)): the grid the run computes, a snapped region's included."""
+    """The picture so far: the label's values on the run's grid (NaN where unknown)
+    and, ready to draw, ``filled``: each unknown cell taking its nearest known one
+    (:func:`fill_for_display`; NaN everywhere until one is known). ``axes`` are the
+    grid's first pixels or voxels per axis in tensor order ((ys, xs) or (zs, ys, xs)):
+    the grid the run computes, a snapped region's included. Made with :meth:`of`."""
 
     values: np.ndarray
+    filled: np.ndarray
     axes: tuple[np.ndarray, ...]
     patch: int
     label_name: str
     prob: float
 
-    def filled(self) -> np.ndarray:
-        """The values to draw: unknown cells take their nearest known one
-        (:func:`fill_for_display`)."""
-        return fill_for_display(self.values)
+    @classmethod
+    def of(cls, values: np.ndarray, axes, patch: int, label_name: str, prob: float) -> Partial:
+        """The picture of ``values`` (NaN where unknown), filled to draw."""
+        return cls(values, fill_for_display(values), axes, patch, label_name, prob)
 
 
 # report(done, total, picture so far or None): called after every batch; raising stops
