@@ -162,7 +162,7 @@ def loopback(index: int, block: int = 1) -> str:
     return f"127.0.{block}.{index % 250 + 1}"
 
 
-# The page's controls a result's provenance is compared with (webapp/lifecycle.py).
+# The page's controls a result's provenance is compared with (webapp/runs/provenance.py).
 SCREEN = (
     "image-store.data",
     "model.value",

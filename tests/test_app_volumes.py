@@ -586,7 +586,7 @@ def test_the_panel_names_the_predicted_class_and_a_run_moves_the_views_to_its_st
 def test_the_volume_run_callback_ends_its_lifecycle_as_the_image_one(monkeypatch, services):
     """The volume panel's Run never called lifecycle.fail or cancel (the image panel's
     does): a refused run left its lifecycle queued or running."""
-    from webapp.lifecycle import Phase, RunLifecycle
+    from webapp.jobs import Phase, RunLifecycle
     from webapp.panels import run_strip
     from webapp.panels import volume as volume_panel
 

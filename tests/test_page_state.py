@@ -13,7 +13,7 @@ import torch
 from dash import html
 
 from webapp import ids
-from webapp.lifecycle import (
+from webapp.jobs import (
     TRANSITIONS,
     IllegalTransition,
     Phase,
@@ -104,6 +104,34 @@ def test_time_left_counts_only_positions_the_run_computed_itself():
     run.progress(92, 100)  # two positions computed in 0.2 s: 0.8 s for the last eight
     left = run.seconds_left()
     assert left is not None and left >= 0.75, left
+
+
+def test_the_queue_moves_a_run_through_queued_running_and_done():
+    """The run strip told a run's lifecycle "queued" before the queue had admitted it and
+    "running" beside the queue's own step; the queue moves it now
+    (webapp.jobs.JobQueue.slot). Queued once admitted, running with its place (a light
+    run at once), done when the block ends normally; a failure inside stays running
+    for the caller to end with its reason, and a refused run was never queued."""
+    from webapp.jobs import JobQueue, QueueFull
+
+    queue = JobQueue(running=1, waiting=0, per_session=1, per_client=1)
+    for light in (False, True):
+        run = RunLifecycle()
+        with queue.slot("tab", lambda ahead: None, "a", light, lifecycle=run):
+            assert run.phase is Phase.RUNNING
+        assert [phase for phase, _ in run.history] == [Phase.QUEUED, Phase.RUNNING, Phase.DONE]
+    broken = RunLifecycle()
+    with pytest.raises(ValueError):
+        with queue.slot("tab", lambda ahead: None, "a", lifecycle=broken):
+            raise ValueError("the run's own error")
+    assert broken.phase is Phase.RUNNING
+    broken.fail("the run's own error")
+    refused = RunLifecycle()
+    with queue.slot("tab", lambda ahead: None, "a"):  # this client's one place
+        with pytest.raises(QueueFull):
+            with queue.slot("tab 2", lambda ahead: None, "a", lifecycle=refused):
+                pass
+    assert refused.phase is Phase.IDLE and refused.history == []
 
 
 def test_durations_are_written_in_one_unit():

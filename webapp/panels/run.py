@@ -2,7 +2,7 @@
 the image; the strip around it (Run, Cancel, the queue place, the progress bar with the
 time left) is the run strip's (webapp.panels.run_strip), shared with the volume panel.
 The run itself is webapp.runs.execute (no browser needed); its states are
-webapp.lifecycle.RunLifecycle."""
+webapp.jobs.RunLifecycle."""
 
 from __future__ import annotations
 

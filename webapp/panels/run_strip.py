@@ -17,9 +17,8 @@ from dash.exceptions import PreventUpdate
 from .. import comparison, ids, runs
 from ..guard import CLIENT_HEADER
 from ..helpers import InputError
-from ..jobs import JobCancelled, QueueFull, check_cancelled
+from ..jobs import JobCancelled, QueueFull, RunLifecycle, check_cancelled
 from ..layout import placeholder_figure
-from ..lifecycle import RunLifecycle
 from ..panel_scope import PanelScope
 from .common import off_while_running
 
@@ -142,7 +141,8 @@ def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared
     """One run of either panel, queued, computed and kept: (the page's handle of the
     result, or no_update; the message). A run whose every cell is known computes
     nothing and does not queue (a Compare run still computes its gradient maps, so it
-    does). The lifecycle says queued, running, done, failed or cancelled."""
+    does). The lifecycle says queued, running, done (as the queue moves it), failed or
+    cancelled."""
     lifecycle = RunLifecycle()
 
     def waiting(ahead: int) -> None:
@@ -154,15 +154,13 @@ def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared
         prepared = prepare()
         request = prepared.request
         client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
-        lifecycle.queue()
         light = runs.is_light(services, request, session)
-        with services.job(), services.jobs.slot(session, waiting, client, light):
-            lifecycle.start()
+        # the queue moves the lifecycle: queued, running, done (webapp.jobs.JobQueue.slot)
+        with services.job(), services.jobs.slot(session, waiting, client, light, lifecycle):
             reporter, stage = live_reporter(
                 set_progress, prepared.draw, lifecycle, prepared.classes
             )
             result = runs.execute(services, session, request, reporter, stage)
-        lifecycle.finish()
     except QueueFull as exc:
         lifecycle.fail(str(exc))
         return no_update, str(exc)
