@@ -14,6 +14,7 @@ from webapp import exports, figures, helpers, image_store
 from webapp.helpers import InputError
 from webapp.image_store import ImageStore
 from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
+from webapp.panels.run import parse_colour
 from webapp.runs.cells import order_coarse_to_fine
 from webapp.runs.regions import check_region
 from webapp.runs.request import fill_for_display
@@ -63,10 +64,10 @@ def test_check_region_and_colours():
     check_region([0, 0, 16, 16], (128, 128), 16, 4)
     with pytest.raises(InputError, match="smaller than the 16-pixel patch"):
         check_region([0, 0, 15, 40], (128, 128), 16, 4)
-    assert helpers.parse_colour("gray", None) == (0.5, 0.5, 0.5)
-    assert helpers.parse_colour("custom", "#ff0080") == (1.0, 0.0, 128 / 255)
+    assert parse_colour("gray", None) == (0.5, 0.5, 0.5)
+    assert parse_colour("custom", "#ff0080") == (1.0, 0.0, 128 / 255)
     with pytest.raises(InputError, match="#808080"):
-        helpers.parse_colour("custom", "red")
+        parse_colour("custom", "red")
     fill = normalised_fill((0.5, 0.5, 0.5), (0.5, 0.25, 0.0), (0.5, 0.25, 1.0))
     assert fill == (0.0, 1.0, 0.5)
 

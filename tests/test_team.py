@@ -25,6 +25,7 @@ from krypton.cli import build_parser, explain_options
 from krypton.fundus import FundusGenerator
 from webapp import helpers, runs
 from webapp.cluster import Cluster
+from webapp.panels.run import parse_colour
 from webapp.runs.subjects import normalised_fill
 from webapp.services import Services
 from webapp.team import PREFIX, RedisImageStore, RedisResultStore
@@ -195,7 +196,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     assert key == image["key"]
     request = runs.RunRequest(
         key=key, name="kill.png", model="fundus-demo", patch=16, stride=4,
-        mode="exact", fill_rgb=helpers.parse_colour("gray", "#808080"), region=tuple(region),
+        mode="exact", fill_rgb=parse_colour("gray", "#808080"), region=tuple(region),
     )  # fmt: skip
     reference = runs.execute(services, "reference", request, lambda *a: None)
     np.testing.assert_allclose(result["values"], reference["values"], rtol=0, atol=1e-6)

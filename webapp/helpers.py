@@ -20,8 +20,6 @@ from PIL import Image
 from krypton.io.dicom import WINDOW_PRESETS, DicomImage, is_dicom, load_dicom
 from krypton.io.images import ImageLoadError, load_image
 
-HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
-
 
 class InputError(ValueError):
     """Something the user gave that the app cannot use; shown in the page."""
@@ -233,16 +231,3 @@ def region_from_selection(selected: dict | None, size: tuple[int, int]) -> list[
     if x1 <= x0 or y1 <= y0:
         return None
     return [x0, y0, x1, y1]
-
-
-def parse_colour(choice: str, custom: str | None) -> tuple[float, float, float]:
-    """Occlusion colour as RGB in [0, 1]: gray, black or a custom #rrggbb."""
-    if choice == "gray":
-        return (0.5, 0.5, 0.5)
-    if choice == "black":
-        return (0.0, 0.0, 0.0)
-    match = HEX_COLOUR.match((custom or "").strip())
-    if not match:
-        raise InputError(f"custom colour must look like #808080, got {custom!r}")
-    value = match.group(1)
-    return tuple(int(value[i : i + 2], 16) / 255 for i in (0, 2, 4))

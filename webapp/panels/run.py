@@ -6,6 +6,8 @@ webapp.jobs.RunLifecycle."""
 
 from __future__ import annotations
 
+import re
+
 from dash import Input, Output, State
 from dash.exceptions import PreventUpdate
 
@@ -19,6 +21,7 @@ from .run_strip import Prepared, register_strip, run_job, values
 # answers with a message alone when the queue or the workers are gone). The result panel
 # draws a handle only beside what it explains (panels.result).
 RUN_OUTPUTS, RUN_MESSAGE_OUTPUT = 2, 1
+HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 
 
 def waiting_progress(text: str) -> list:
@@ -131,7 +134,7 @@ def run_request(
         patch=int(patch),
         stride=int(stride),
         mode=mode,
-        fill_rgb=helpers.parse_colour(colour, custom),
+        fill_rgb=parse_colour(colour, custom),
         label=None if label is None else int(label),
         region=tuple(region) if region else None,
         **approximate,
@@ -142,3 +145,16 @@ def run_request(
         estimate=shown,
     )
     return request, overlay
+
+
+def parse_colour(choice: str, custom: str | None) -> tuple[float, float, float]:
+    """Occlusion colour as RGB in [0, 1]: gray, black or a custom #rrggbb."""
+    if choice == "gray":
+        return (0.5, 0.5, 0.5)
+    if choice == "black":
+        return (0.0, 0.0, 0.0)
+    match = HEX_COLOUR.match((custom or "").strip())
+    if not match:
+        raise helpers.InputError(f"custom colour must look like #808080, got {custom!r}")
+    red, green, blue = (int(match.group(1)[i : i + 2], 16) / 255 for i in (0, 2, 4))
+    return (red, green, blue)

@@ -35,6 +35,9 @@ __all__ = [
 
 logger = logging.getLogger("krypton.app")
 LIVE_UPDATE_SECONDS = 0.3
+# The live picture before the first positions come in: one figure, built once (it is
+# only ever serialised, never changed)
+FIRST_PICTURE = placeholder_figure("Computing the first positions…")
 
 # the picture so far as the panel draws it (None: keep the last one)
 Draw = Callable[["runs.Partial"], object]
@@ -191,8 +194,7 @@ def live_reporter(
     LIVE_UPDATE_SECONDS. A picture without a count (approximate mode's coarse picture)
     keeps the last count, so the bar never jumps back. The second callable reports the
     Compare steps after the occlusion (webapp.comparison), over the finished picture."""
-    state: dict[str, Any] = {"figure": placeholder_figure("Computing the first positions…"),
-                             "sent": 0.0}  # fmt: skip
+    state: dict[str, Any] = {"figure": FIRST_PICTURE, "sent": 0.0}
     planned: dict[str, int] = {}
 
     def report(done: int, total: int, partial: runs.Partial | None = None) -> None:

@@ -10,12 +10,13 @@ from dash.exceptions import PreventUpdate
 
 import krypton
 
-from .. import comparison, helpers, ids, runs, wording
+from .. import comparison, ids, runs, wording
 from ..helpers import InputError
 from ..layout import patch_options
 from ..model_card import model_card_lines, ood_text
 from ..panel_scope import IMAGE_PANEL, mode_options
 from ..services import Services
+from .run import parse_colour
 from .run_strip import register_estimate
 
 
@@ -256,7 +257,7 @@ class SettingsPanel:
         try:
             request = dataclasses.replace(
                 request, r_drill_down=float(drill), target_speedup=float(speedup),
-                fill_rgb=helpers.parse_colour(colour, custom),
+                fill_rgb=parse_colour(colour, custom),
             )  # fmt: skip
             return request, runs.plan_run(self.services, request)
         except (InputError, KeyError, TypeError, ValueError):
