@@ -270,6 +270,29 @@ class JobQueue:
         the slot: queued once admitted, running once it has its place, done when the
         block ends normally (a refusal or an exception leaves it for the caller to end
         as failed or cancelled, with its reason)."""
+        run = lifecycle or RunLifecycle()
+        ticket = self._admit(session, client, light)
+        run.queue()
+        if not light:
+            self._wait_for_place(ticket, session, client, on_wait)
+        try:
+            run.start()
+            yield
+        finally:
+            with self._condition:
+                if light:
+                    self._light -= 1
+                else:
+                    self._active -= 1
+                    self._running_by[client] -= 1
+                self._sessions[session] -= 1
+                self._clients[client] -= 1
+                self._condition.notify_all()
+        run.finish()  # the block ended normally
+
+    def _admit(self, session: str, client: str, light: bool) -> object:
+        """Count a new run against its session's and client's limits and, unless it is
+        light, put it in line; its ticket. Refused with QueueFull, in the page's words."""
         ticket = object()
         with self._condition:
             # A cancelled run stops at its next batch: give it that long to leave.
@@ -299,22 +322,14 @@ class JobQueue:
             else:
                 self._line.append(ticket)
                 self._owners[ticket] = client
-        if lifecycle is not None:
-            lifecycle.queue()
-        if light:
-            try:
-                if lifecycle is not None:
-                    lifecycle.start()
-                yield
-            finally:
-                with self._condition:
-                    self._light -= 1
-                    self._sessions[session] -= 1
-                    self._clients[client] -= 1
-                    self._condition.notify_all()
-            if lifecycle is not None:  # the block ended normally
-                lifecycle.finish()
-            return
+        return ticket
+
+    def _wait_for_place(
+        self, ticket: object, session: str, client: str, on_wait: Callable[[int], None]
+    ) -> None:
+        """Wait in line until ``ticket`` is first and a running place is free, telling
+        ``on_wait`` how many runs are ahead; a job that gives up (``on_wait`` raising)
+        leaves the line and its counts."""
         try:
             while True:
                 with self._condition:
@@ -325,7 +340,7 @@ class JobQueue:
                         self._active += 1
                         self._running_by[client] += 1
                         self._condition.notify_all()
-                        break
+                        return
                     ahead += self._active - self.running + 1
                 on_wait(max(1, ahead))
                 with self._condition:
@@ -338,19 +353,6 @@ class JobQueue:
                 self._clients[client] -= 1
                 self._condition.notify_all()
             raise
-        try:
-            if lifecycle is not None:
-                lifecycle.start()
-            yield
-        finally:
-            with self._condition:
-                self._active -= 1
-                self._running_by[client] -= 1
-                self._sessions[session] -= 1
-                self._clients[client] -= 1
-                self._condition.notify_all()
-        if lifecycle is not None:  # the block ended normally
-            lifecycle.finish()
 
 
 class ThreadedDiskcacheManager(DiskcacheManager):
