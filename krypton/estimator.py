@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ from .host import (
     threads_for_load,
 )
 from .registry.models import CALIBRATION_PATCHES
+
+if TYPE_CHECKING:
+    from .registry.entries import RegistryEntry
 
 __all__ = [
     "NotCalibratedError",
@@ -145,13 +149,13 @@ def estimate_seconds(
     return _calibrated_seconds(entry, model_name, mode, patch, counts)
 
 
-def _calibration_fit(entry: dict, patch: int, mode: str) -> dict | None:
+def _calibration_fit(entry: RegistryEntry, patch: int, mode: str) -> dict | None:
     """The registry entry's calibrated cost model for (patch, mode), or None."""
     return entry.get("calibration", {}).get("models", {}).get(str(patch), {}).get(mode)
 
 
 def _calibrated_seconds(
-    entry: dict, model_name: str, mode: str, patch: int, counts: tuple[int, int]
+    entry: RegistryEntry, model_name: str, mode: str, patch: int, counts: tuple[int, int]
 ) -> float:
     model = _calibration_fit(entry, patch, mode)
     if model is None:
@@ -777,7 +781,7 @@ def _point_estimate(
 
 
 def _host_pairs(
-    entry: dict, model_name: str, patch: int, log_path: Path | None
+    entry: RegistryEntry, model_name: str, patch: int, log_path: Path | None
 ) -> list[tuple[float, float]]:
     """(calibration's prediction, actual seconds at an idle host's pace) of this host's
     recent runs of the model and patch, every mode each against its own calibration: the

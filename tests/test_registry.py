@@ -37,6 +37,30 @@ def test_repository_registry_parses():
     assert len(names["vgg16"].classes) == 1000
 
 
+def test_every_registry_entry_is_read_as_one_typed_schema(tmp_path):
+    """Registry entries were dict[str, Any] in every reader. One schema now
+    (krypton.registry.entries.RegistryEntry, type-checked against the registry's readers
+    and writers in make lint): each shipped entry holds only fields it names, and a
+    minimal file is read with every field it requires, its defaults filled."""
+    from typing import get_type_hints
+
+    from krypton.registry.entries import RegistryEntry, VolumeSettings, models_dir, read_entry
+
+    named = set(get_type_hints(RegistryEntry))
+    for path in sorted(models_dir().glob("*.json")):
+        entry = read_entry(path)
+        assert set(entry) <= named, (path.name, set(entry) - named)
+        assert RegistryEntry.__required_keys__ <= set(entry), path.name
+        if "volume" in entry:
+            assert set(entry["volume"]) == VolumeSettings.__required_keys__, path.name
+    minimal = tmp_path / "mine.json"
+    minimal.write_text(json.dumps({"weights": {"source": "torchvision"},
+                                   "architecture": "resnet18", "classes": ["a", "b"]}))  # fmt: skip
+    entry = read_entry(minimal)
+    assert set(entry) >= RegistryEntry.__required_keys__
+    assert (entry["name"], entry["input_size"], entry["patch"]) == ("mine", [224, 224], 16)
+
+
 def test_a_model_carries_its_default_patch(tmp_path):
     """A registry entry may name the patch its heatmaps default to (fundus-demo: 12, for
     lesions mostly under 8 px across); without one it is the paper's 16."""

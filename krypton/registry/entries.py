@@ -28,11 +28,12 @@ import unicodedata
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torchvision
 
 from .architectures import ARCHITECTURES
+from .entry_schema import RegistryEntry, VolumeSettings, WeightsSource
 from .models import (
     DEFAULT_PATCH,
     IMAGENET_MEAN,
@@ -41,6 +42,9 @@ from .models import (
 )
 
 __all__ = [
+    "RegistryEntry",
+    "WeightsSource",
+    "VolumeSettings",
     "ModelInfo",
     "CheckpointError",
     "RegistryError",
@@ -127,7 +131,7 @@ def _imagenet_classes() -> list[str]:
     return list(torchvision.models.ResNet18_Weights.DEFAULT.meta["categories"])
 
 
-def read_entry(path: Path) -> dict[str, Any]:
+def read_entry(path: Path) -> RegistryEntry:
     """Parse and validate one registry file."""
     try:
         entry = json.loads(Path(path).read_text())
@@ -141,8 +145,10 @@ def read_entry(path: Path) -> dict[str, Any]:
     return validate_entry(entry, str(path))
 
 
-def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
-    """Check a registry entry's fields (``path`` names it in messages); fills defaults."""
+def validate_entry(entry: dict[str, Any], path: str) -> RegistryEntry:
+    """Check a registry entry's fields (``path`` names it in messages) and fill its
+    defaults: what it returns is a :class:`RegistryEntry` (records the schema does not
+    name, such as a writer's own, are kept as they are)."""
     weights = entry.get("weights")
     if not isinstance(weights, dict) or weights.get("source") not in ("torchvision", "file"):
         raise RegistryError(
@@ -210,7 +216,7 @@ def validate_entry(entry: dict[str, Any], path: str) -> dict[str, Any]:
             f"from 1 to {min(size)}"
         )
     entry["patch"] = patch
-    return entry
+    return cast(RegistryEntry, entry)  # every field the schema requires, checked above
 
 
 def _validate_volume(entry: dict[str, Any], path: str) -> None:
@@ -239,12 +245,12 @@ def _validate_volume(entry: dict[str, Any], path: str) -> None:
         )
 
 
-def _weights_file(entry: dict, directory: Path) -> Path:
+def _weights_file(entry: RegistryEntry, directory: Path) -> Path:
     path = Path(entry["weights"]["path"])
     return path if path.is_absolute() else directory / path
 
 
-def _availability(entry: dict, directory: Path) -> tuple[bool, str | None, str | None]:
+def _availability(entry: RegistryEntry, directory: Path) -> tuple[bool, str | None, str | None]:
     weights = entry["weights"]
     if weights["source"] == "torchvision":
         cached = torchvision_weights_path(entry["architecture"])
@@ -261,10 +267,10 @@ def _availability(entry: dict, directory: Path) -> tuple[bool, str | None, str |
     return True, None, None
 
 
-def _entries(directory: Path | None = None) -> list[tuple[Path, dict, bool]]:
+def _entries(directory: Path | None = None) -> list[tuple[Path, RegistryEntry, bool]]:
     """(file, entry, is a user model) for every readable registry file; a name found in
     an earlier folder hides the same name (any case) in a later one."""
-    entries: list[tuple[Path, dict, bool]] = []
+    entries: list[tuple[Path, RegistryEntry, bool]] = []
     seen: set[str] = set()
     for folder, user in _search_dirs(directory):
         if not folder.is_dir():
@@ -315,7 +321,7 @@ def default_model_name(directory: Path | None = None) -> str | None:
     return infos[0].name if infos else None
 
 
-def find_entry(name: str, directory: Path | None = None) -> tuple[Path, dict]:
+def find_entry(name: str, directory: Path | None = None) -> tuple[Path, RegistryEntry]:
     """The registry file and entry of ``name`` (in ``directory``, or shipped then user
     models)."""
     for path, entry, _ in _entries(directory):

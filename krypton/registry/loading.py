@@ -17,7 +17,7 @@ from torch import nn
 
 from ..approximate.tuning import TauTuning
 from .architectures import ARCHITECTURES
-from .entries import CheckpointError, _availability, _weights_file, find_entry
+from .entries import CheckpointError, RegistryEntry, _availability, _weights_file, find_entry
 from .models import (
     LoadedModel,
     WeightsUnavailableError,
@@ -71,7 +71,8 @@ def _parameters_on_meta() -> Iterator[None]:
     global _meta_patch_users
     with _meta_patch_lock:
         _meta_patch_users += 1
-        nn.Module.register_parameter = _register_parameter_maybe_on_meta
+        # a patch of torch's own method while this thread builds (restored below)
+        nn.Module.register_parameter = _register_parameter_maybe_on_meta  # type: ignore[method-assign, assignment]
     _meta_build.active = True
     try:
         yield
@@ -80,7 +81,7 @@ def _parameters_on_meta() -> Iterator[None]:
         with _meta_patch_lock:
             _meta_patch_users -= 1
             if not _meta_patch_users:
-                nn.Module.register_parameter = _register_parameter
+                nn.Module.register_parameter = _register_parameter  # type: ignore[method-assign]
 
 
 def _maker(architecture: str) -> str:
@@ -159,7 +160,7 @@ def _load_state_dict_model(architecture: str, path: Path, classes: int) -> nn.Mo
     model = build()  # now for real: it fits
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     if architecture == "inception_v3" and model.aux_logits:
-        model.aux_logits = False
+        model.aux_logits = False  # type: ignore[assignment]  # Inception3's flag, a bool
         model.AuxLogits = None
     return model
 
@@ -210,7 +211,7 @@ def load_model(name: str, directory: Path | None = None) -> LoadedModel:
     )
 
 
-def _load_density(entry: dict, directory: Path):
+def _load_density(entry: RegistryEntry, directory: Path):
     """The model's out-of-distribution reference (krypton.registry.ood), if its entry names one
     inside its folder; a missing or unreadable file means no check, said in the card."""
     from .ood import FeatureDensity

@@ -21,6 +21,7 @@ from torch import nn
 from ..approximate.tuning import TauTuning
 
 if TYPE_CHECKING:
+    from .entry_schema import VolumeSettings
     from .ood import FeatureDensity, OodResult
 
 __all__ = [
@@ -81,7 +82,7 @@ class LoadedModel:
     ood: FeatureDensity | None = None  # in-distribution features (registry models only)
     patch: int = DEFAULT_PATCH  # the patch side its heatmaps are made with by default
     # a volume model's registry "volume": spacing_mm, window_hu, fill_hu (None for 2-D)
-    volume: dict | None = None
+    volume: VolumeSettings | None = None
 
     @property
     def is_volume(self) -> bool:
@@ -93,7 +94,8 @@ class LoadedModel:
         """What turns a file into this model's input: its size and normalisation and, for
         a volume model, its spacing, window and fill. Two registry entries sharing one
         checkpoint but not this see different inputs (their cells differ)."""
-        volume = tuple(sorted((key, repr(value)) for key, value in (self.volume or {}).items()))
+        settings = self.volume.items() if self.volume else ()
+        volume = tuple(sorted((key, repr(value)) for key, value in settings))
         return (tuple(self.input_size), tuple(self.mean), tuple(self.std), volume)
 
     @property
@@ -164,7 +166,7 @@ class LoadedModel:
     def preprocess(self, image: Image.Image) -> torch.Tensor:
         """Resize to the input size and normalise: (3, H, W) float tensor."""
         height, width = self.input_size
-        resized = image.convert("RGB").resize((width, height), Image.BILINEAR)
+        resized = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
         array = np.asarray(resized, dtype=np.float32) / 255.0
         tensor = torch.from_numpy(array).permute(2, 0, 1)
         mean = torch.tensor(self.mean).view(-1, 1, 1)

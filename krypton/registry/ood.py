@@ -37,7 +37,7 @@ is what the app, the CLI and ``Heatmap.extra`` report.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -469,7 +469,7 @@ def _fit_boundary(
 
 def outlier_features(
     module: nn.Module,
-    input_size: tuple[int, int],
+    input_size: Sequence[int],  # (height, width)
     preprocess: Callable[[np.ndarray], torch.Tensor],
     count: int = OUTLIER_IMAGES,
     batch_size: int = 32,

@@ -20,6 +20,7 @@ from .entries import (
     MAX_CLASS_NAME,
     MAX_CLASSES,
     CheckpointError,
+    RegistryEntry,
     RegistryError,
     _refuse_taken_name,
     _write_atomically,
@@ -138,7 +139,7 @@ def register_model(
 REFERENCE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".dcm")
 
 
-def _reference_density(module: nn.Module, entry: dict, folder: Path):
+def _reference_density(module: nn.Module, entry: RegistryEntry, folder: Path):
     """Fit the out-of-distribution check on a folder of the user's in-distribution
     images: a seeded 80/20 split into reference and held-out images."""
     from PIL import Image
@@ -193,7 +194,7 @@ def _reference_density(module: nn.Module, entry: dict, folder: Path):
         raise RegistryError(f"reference images: {exc}") from exc
 
 
-def _check_output(module: nn.Module, input_size: tuple[int, int], classes: int) -> None:
+def _check_output(module: nn.Module, input_size: Sequence[int], classes: int) -> None:
     """One blank image through the model: the output must be (1, number of classes)."""
     height, width = input_size
     with torch.inference_mode(), CAPTURE_LOCK.shared():
