@@ -97,7 +97,7 @@ def busy_host() -> int:
 @pytest.fixture(autouse=True)
 def torch_threads_kept():
     """Each test ends with the torch threads it began with: an app run beside busy cores
-    takes the cores left (webapp.runs.run_threads, process-wide by design), which must
+    takes the cores left (krypton.host.share_host, process-wide by design), which must
     not carry into the next test's timings or logged runs."""
     import torch
 
