@@ -58,6 +58,13 @@ LIBRARY_SETTINGS: dict[str, tuple[float, float, float, bool]] = {
     "KRYPTON_TORCH_THREADS": (0, 0, 4096, True),
     # a PACS response that sends nothing for this long is refused (krypton.io.dicomweb)
     "KRYPTON_DICOMWEB_TIMEOUT_SECONDS": (10.0, 1.0, 600.0, False),
+    # every PACS request ends within this many seconds, whatever the PACS sends (a store
+    # gets a second more per 10 MB it sends): krypton.io.dicomweb_transport
+    "KRYPTON_DICOMWEB_DEADLINE_SECONDS": (20.0, 1.0, 3600.0, False),
+    # the bytes of one search's, listing page's or store's answer from the PACS
+    "KRYPTON_DICOMWEB_ANSWER_MB": (4.0, 0.01, 1024.0, False),
+    # the pages one listing may take (each at most 500 rows; a series at most 2,048)
+    "KRYPTON_DICOMWEB_PAGES": (20, 1, 10_000, True),
 }
 
 

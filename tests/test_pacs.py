@@ -188,8 +188,8 @@ def test_a_series_listed_over_the_slice_limit_is_refused_before_any_pixel(
     monkeypatch.setattr(dicomweb, "MAX_SLICES", 3)
     pacs = dicomweb.connect(dicomweb.PacsSettings.from_environment())
     fetched = []
-    monkeypatch.setattr(pacs.client, "retrieve_instance", lambda *a, **k: fetched.append(a) or None)
-    with pytest.raises(dicomweb.PacsError, match="instances, over 3"):
+    monkeypatch.setattr(dicomweb, "_retrieve", lambda *a, **k: fetched.append(a) or None)
+    with pytest.raises(dicomweb.PacsError, match="lists more than 3 instances, over the slice"):
         dicomweb.fetch_series(pacs, study, series, None)
     assert not fetched
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from krypton.io.dicomweb import (
     ImageNotChosen,
@@ -38,6 +40,12 @@ __all__ = [
 ]
 
 STUDIES_LISTED = 50  # a search lists at most this many studies
+# what a client is told when it asks the PACS while its previous PACS request is running
+PACS_BUSY = "your other PACS request is still running; try again when it has answered"
+SENDING = (
+    "This result is being sent to the PACS right now (from this or another page); "
+    "press Send again in a moment to see it there."
+)
 
 
 class PacsSources:
@@ -47,8 +55,25 @@ class PacsSources:
     def __init__(self, limit: int = 1024):
         self._opened: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
         self._sent: OrderedDict[tuple[str, str], None] = OrderedDict()  # (result, tab) sent
+        self._sending: set[str] = set()  # result keys whose Send is in flight
         self._limit = limit
         self._lock = threading.Lock()
+
+    @contextmanager
+    def sending(self, key: str) -> Iterator[None]:
+        """Around one Send of the result ``key`` (its check of the study and its store):
+        a second Send of the same result, from any tab or address, is refused at once
+        while the first runs (InputError), so concurrent first presses store one map and
+        no server thread waits for another's PACS."""
+        with self._lock:
+            if key in self._sending:
+                raise InputError(SENDING)
+            self._sending.add(key)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._sending.discard(key)
 
     def remember(self, key: str, session: str, study: str, series: str) -> None:
         with self._lock:

@@ -70,7 +70,7 @@ class Services:
         self._intakes_lock = threading.Lock()  # not self._lock: that one is held while loading
 
     @contextmanager
-    def intake(self) -> Iterator[str]:
+    def intake(self, busy: str = "") -> Iterator[str]:
         """Around reading a file a request sent (an image, a DICOM frame, a volume): one
         read at a time per client (:func:`webapp.client.request_client`), so one client's
         uploads leave the decode budget to others. A read that cannot start now is refused
@@ -88,7 +88,8 @@ class Services:
         try:
             if not entry[0].acquire(blocking=False):
                 raise InputError(
-                    "your other file is still being read; try this one again when it has loaded"
+                    busy
+                    or "your other file is still being read; try this one again when it has loaded"
                 )
             try:
                 yield client

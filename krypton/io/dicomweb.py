@@ -6,8 +6,16 @@ The PACS is configured by whoever runs Krypton, never by a page or a caller's UR
 ``KRYPTON_DICOMWEB_PASSWORD`` or ``KRYPTON_DICOMWEB_TOKEN`` (a bearer token); each secret
 may instead be read from the file ``KRYPTON_DICOMWEB_PASSWORD_FILE`` /
 ``KRYPTON_DICOMWEB_TOKEN_FILE``. An https URL is verified against the system's
-certificates. Secrets never appear in a message, a repr or a log line. A response that
-sends nothing for ``KRYPTON_DICOMWEB_TIMEOUT_SECONDS`` (default 10) is refused.
+certificates. Secrets never appear in a message, a repr or a log line, and a URL that
+holds them (``https://user:password@…``) is refused: they would travel wherever the URL
+does (a worker's task, a batch's summary).
+
+Every request is bounded (:mod:`krypton.io.dicomweb_transport`): a total deadline, its
+answer's bytes counted as they arrive, no redirects, nothing outside the configured
+root. Every UID from a caller or from the PACS's own answers is checked
+(:func:`check_uid`: digits and dots, at most 64) before a URL is built from it. A listing
+is read a page at a time, at most :data:`LISTING_PAGE` rows a page and
+``KRYPTON_DICOMWEB_PAGES`` pages, and stops one row past its cap.
 
 A series comes in through the same limits as a series read from disk: its instances are
 listed first (QIDO, with their rows, columns, samples, bits and frames), and the listing
@@ -20,24 +28,37 @@ fetched files are then read by :func:`krypton.io.volumes.read_dicom_series`.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
-from requests.adapters import HTTPAdapter
 
-from .._environment import SettingError, library_setting
 from ._decoding import ImageLoadError
+from .dicomweb_transport import (
+    STORE_BYTES_PER_SECOND,
+    BoundedAdapter,
+    PacsBudgets,
+    PacsError,
+    RequestBudget,
+    bounded,
+)
 from .volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
+
+logger = logging.getLogger("krypton.pacs")
 
 __all__ = [
     "PacsError",
+    "PacsBudgets",
+    "check_uid",
     "ImageNotChosen",
     "PacsSettings",
     "StudyRow",
@@ -55,13 +76,14 @@ __all__ = [
 ]
 
 HEADER_SLACK = 64 * 1024  # an instance's bytes beyond its pixels: its header, multipart framing
+LISTING_PAGE = 500  # rows asked of the PACS per listing page
+MAX_SERIES = 1000  # a study's series listed at most (more: refused, naming the cap)
+MAX_STUDIES = 1000  # a study search's limit at most
+MAX_RESULTS = 5000  # Krypton's results in one study, listed to recognise one sent before
+_UID = re.compile(r"[0-9]+(\.[0-9]+)*")
 _INSTANCE_FIELDS = (
     "Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "NumberOfFrames", "InstanceNumber"
 )  # fmt: skip
-
-
-class PacsError(ImageLoadError):
-    """The PACS could not be reached, refused a request or sent what it did not declare."""
 
 
 class ImageNotChosen(PacsError):
@@ -70,13 +92,15 @@ class ImageNotChosen(PacsError):
 
 @dataclass(frozen=True)
 class PacsSettings:
-    """Where the PACS is and how to sign in (secrets kept out of repr)."""
+    """Where the PACS is, how to sign in (secrets kept out of repr) and what each request
+    may cost."""
 
     url: str
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
     timeout: float = 10.0  # seconds without a byte: KRYPTON_DICOMWEB_TIMEOUT_SECONDS
+    budgets: PacsBudgets | None = None  # None: the environment's (PacsBudgets.from_environment)
 
     @classmethod
     def from_environment(cls, environ: dict | None = None) -> PacsSettings | None:
@@ -85,8 +109,7 @@ class PacsSettings:
         url = environ.get("KRYPTON_DICOMWEB_URL", "").strip()
         if not url:
             return None
-        if not url.startswith(("http://", "https://")):
-            raise PacsError("KRYPTON_DICOMWEB_URL must start with http:// or https://")
+        check_root(url)
         password = _secret(environ, "KRYPTON_DICOMWEB_PASSWORD")
         token = _secret(environ, "KRYPTON_DICOMWEB_TOKEN")
         user = environ.get("KRYPTON_DICOMWEB_USER") or None
@@ -96,11 +119,40 @@ class PacsSettings:
             )
         if token and user:
             raise PacsError("set a user and password or a token for the PACS, not both")
-        try:
-            timeout = library_setting("KRYPTON_DICOMWEB_TIMEOUT_SECONDS")
-        except SettingError as exc:
-            raise PacsError(str(exc)) from None
-        return cls(url.rstrip("/"), user, password, token, timeout)
+        budgets = PacsBudgets.from_environment()
+        return cls(url.rstrip("/"), user, password, token, budgets.read_timeout, budgets)
+
+
+def check_root(url: str) -> None:
+    """Refuse a DICOMweb root that is not a plain http(s) address: one holding a user or
+    password (it would travel wherever the URL goes: a worker's task message, a batch's
+    summary, an error), a query or a fragment."""
+    if not url.startswith(("http://", "https://")):
+        raise PacsError("KRYPTON_DICOMWEB_URL must start with http:// or https://")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        raise PacsError("KRYPTON_DICOMWEB_URL is not a valid address") from None
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise PacsError(
+            "KRYPTON_DICOMWEB_URL must not hold a user or password: set "
+            "KRYPTON_DICOMWEB_USER and KRYPTON_DICOMWEB_PASSWORD (or _PASSWORD_FILE) instead"
+        )
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise PacsError("KRYPTON_DICOMWEB_URL is the DICOMweb root: no ? or # in it")
+    if not parts.hostname:
+        raise PacsError("KRYPTON_DICOMWEB_URL names no host")
+
+
+def check_uid(value: object, what: str) -> str:
+    """``value`` as a DICOM UID (digits and dots, at most 64 characters), or PacsError
+    naming ``what`` (a study, a series, an instance): checked before any URL holds it."""
+    text = str(value or "").strip()
+    if len(text) > 64 or not _UID.fullmatch(text):
+        shown = text[:40] + ("…" if len(text) > 40 else "")
+        raise PacsError(f"{what} UID {shown!r} is not a DICOM UID (digits and dots, at most 64)")
+    return text
 
 
 def _secret(environ: dict, name: str) -> str | None:
@@ -141,77 +193,25 @@ class SeriesRow:
     manufacturer: str = ""
 
 
-class _CountingAdapter(HTTPAdapter):
-    """Every request with the PACS's timeout, and a response's body counted as it
-    arrives: past the session's ``byte_limit`` (when set) the read stops and a
-    :class:`PacsError` names what was declared."""
-
-    def __init__(self, timeout: float):
-        super().__init__()
-        self.timeout = timeout
-        self.byte_limit: int | None = None
-        self.limit_reason = ""
-
-    def send(self, request, **kwargs):  # type: ignore[override]
-        kwargs["timeout"] = kwargs.get("timeout") or self.timeout
-        return super().send(request, **kwargs)
-
-    def build_response(self, req, resp):  # type: ignore[override]
-        response = super().build_response(req, resp)
-        if self.byte_limit is not None:
-            _count_reads(response, self.byte_limit, self.limit_reason)
-        return response
-
-
-def _count_reads(response, limit: int, reason: str) -> None:
-    """Wrap the raw reads of ``response`` (plain and chunked) so that passing ``limit``
-    bytes stops the download."""
-    raw, counted = response.raw, [0]
-
-    def count(chunk):
-        counted[0] += len(chunk)
-        if counted[0] > limit:
-            response.close()
-            raise PacsError(f"the PACS sent more than {reason}")
-        return chunk
-
-    def counting(read):
-        def wrapped(*args, **kwargs):
-            result = read(*args, **kwargs)
-            if isinstance(result, (bytes, bytearray)):
-                return count(result)
-            return (count(chunk) for chunk in result)  # read_chunked yields chunks
-
-        return wrapped
-
-    raw.read = counting(raw.read)
-    raw.read_chunked = counting(raw.read_chunked)
-
-
 @dataclass
 class Pacs:
-    """A connected PACS: dicomweb-client's client over a counting session."""
+    """A connected PACS: dicomweb-client's client over a bounded session."""
 
     settings: PacsSettings
     client: object
-    adapter: _CountingAdapter
-
-    @contextmanager
-    def limited(self, limit: int, reason: str) -> Iterator[None]:
-        """Responses inside hold at most ``limit`` bytes (``reason``: what was declared)."""
-        self.adapter.byte_limit, self.adapter.limit_reason = limit, reason
-        try:
-            yield
-        finally:
-            self.adapter.byte_limit, self.adapter.limit_reason = None, ""
+    budgets: PacsBudgets
+    session: requests.Session
 
 
 def connect(settings: PacsSettings) -> Pacs:
     """A client for ``settings``' PACS (nothing is sent until a search or fetch)."""
     from dicomweb_client.api import DICOMwebClient
 
+    check_root(settings.url)
+    budgets = settings.budgets or PacsBudgets.from_environment()
     session = requests.Session()
-    adapter = _CountingAdapter(settings.timeout)
+    session.max_redirects = 0  # the adapter refuses a 3xx answer before requests sees it
+    adapter = BoundedAdapter(settings.url, settings.timeout)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     if settings.user is not None:
@@ -222,15 +222,17 @@ def connect(settings: PacsSettings) -> Pacs:
     # no retries: dicomweb-client retries a failed request (a refused download, a stall)
     # five times with growing waits, 30 s before the user hears of it
     client.set_http_retry_params(retry=False)
-    return Pacs(settings, client, adapter)
+    return Pacs(settings, client, budgets, session)
 
 
 @contextmanager
-def _answers(what: str) -> Iterator[None]:
-    """requests' and dicomweb-client's failures as one line naming ``what`` failed,
-    without the URL's credentials or the response body."""
+def _answers(pacs: Pacs, what: str, **limits) -> Iterator[RequestBudget]:
+    """One PACS request, bounded (:func:`krypton.io.dicomweb_transport.bounded` with
+    ``limits``), its failures as one line naming ``what`` failed, without the URL's
+    credentials, the response body or a Python class name."""
     try:
-        yield
+        with bounded(pacs.budgets, what, **limits) as budget:
+            yield budget
     except PacsError:
         raise
     except requests.HTTPError as exc:
@@ -238,21 +240,80 @@ def _answers(what: str) -> Iterator[None]:
         hint = " (check the PACS user and password or token)" if status in (401, 403) else ""
         raise PacsError(f"the PACS refused {what}: HTTP {status}{hint}") from None
     except requests.Timeout:
-        raise PacsError(f"the PACS did not answer {what} in time") from None
+        raise PacsError(
+            f"the PACS did not answer {what} in time (nothing for {pacs.settings.timeout:g} s, "
+            "KRYPTON_DICOMWEB_TIMEOUT_SECONDS)"
+        ) from None
     except requests.ConnectionError:
         raise PacsError(f"the PACS cannot be reached for {what}") from None
-    except (requests.RequestException, ValueError, KeyError) as exc:
+    except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
         media = re.search(r'media type: "([\w.+/-]{1,64})"', str(exc))
-        reason = f"it sent {media.group(1)}, not DICOM" if media else type(exc).__name__
+        reason = f"it sent {media.group(1)}, not DICOM" if media else "it is not a DICOMweb answer"
         raise PacsError(f"the PACS's answer to {what} cannot be read ({reason})") from None
 
 
+def _rows(answer: object, what: str) -> list[dict]:
+    """A QIDO answer as its rows: a list of DICOM JSON objects, or PacsError."""
+    if answer is None:
+        return []
+    if not isinstance(answer, list) or not all(isinstance(row, dict) for row in answer):
+        raise PacsError(f"the PACS's answer to {what} is not a list of DICOM JSON objects")
+    return answer
+
+
+def _pages(
+    pacs: Pacs, what: str, search: Callable[[int, int], object], cap: int, over: str
+) -> list[dict]:
+    """A QIDO listing read a page at a time (``search(offset, limit)``): at most
+    :data:`LISTING_PAGE` rows a page and the budget's pages; a page shorter than asked
+    ends it unless the PACS warns that it cut it; past ``cap`` rows PacsError(``over``)."""
+    rows: list[dict] = []
+    previous: list[dict] | None = None
+    for _page in range(pacs.budgets.pages):
+        asked = min(LISTING_PAGE, cap + 1 - len(rows))
+        with _answers(pacs, what) as request:
+            found = _rows(search(len(rows), asked), what)[:asked]  # held to the limit asked
+        if found and found == previous:
+            raise PacsError(f"the PACS sent the same page of {what} twice (it ignores offset)")
+        rows.extend(found)
+        if len(rows) > cap:
+            raise PacsError(over)
+        if not found or (len(found) < asked and not request.warning):  # the end: not cut
+            return rows
+        previous = found
+    raise PacsError(
+        f"the PACS's answer to {what} did not end within {pacs.budgets.pages} pages "
+        "(KRYPTON_DICOMWEB_PAGES)"
+    )
+
+
 def _value(row: dict, tag: str, default=""):
-    values = row.get(tag, {}).get("Value") or [default]
+    """The first value of ``tag`` in a DICOM JSON row (a person name's alphabetic form),
+    or ``default`` where the row holds none or holds it malformed."""
+    element = row.get(tag)
+    values = element.get("Value") if isinstance(element, dict) else None
+    if not isinstance(values, list) or not values:
+        return default
     value = values[0]
     if isinstance(value, dict):  # a person name
-        return value.get("Alphabetic", default)
+        value = value.get("Alphabetic", default)
+    if value is None or isinstance(value, (dict, list)):
+        return default
     return value
+
+
+def _integer(row: dict, tag: str) -> int | None:
+    """``tag``'s value as a whole number, or None where it is missing or not one (a PACS
+    that lists a series number as "abc")."""
+    value = _value(row, tag, None)
+    try:
+        return int(str(value).strip()) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _text(row: dict, tag: str) -> str:
+    return str(_value(row, tag))[:256]
 
 
 def find_studies(
@@ -266,7 +327,10 @@ def find_studies(
     limit: int = 50,
 ) -> list[StudyRow]:
     """Studies matching the filters (``dates``: YYYYMMDD from and to; a name may hold
-    ``*`` wildcards), at most ``limit``."""
+    ``*`` wildcards), at most ``limit`` (1 to :data:`MAX_STUDIES`) whatever the PACS
+    sends; rows without a valid study UID are left out (they cannot be opened)."""
+    if not 1 <= int(limit) <= MAX_STUDIES:
+        raise PacsError(f"a study search lists 1 to {MAX_STUDIES} studies, not {limit}")
     filters: dict[str, str] = {}
     for keyword, value in (
         ("PatientID", patient_id), ("PatientName", patient_name),
@@ -276,42 +340,64 @@ def find_studies(
             filters[keyword] = value
     if dates:
         filters["StudyDate"] = f"{dates[0]}-{dates[1]}"
-    with _answers("the study search"):
-        rows = pacs.client.search_for_studies(  # type: ignore[attr-defined]
+    with _answers(pacs, "the study search"):
+        answer = pacs.client.search_for_studies(  # type: ignore[attr-defined]
             limit=limit, search_filters=filters, fields=["ModalitiesInStudy", "StudyDescription"]
         )
-    return [
-        StudyRow(
-            _value(row, "0020000D"),
-            str(_value(row, "00100020")),
-            str(_value(row, "00100010")),
-            str(_value(row, "00080020")),
-            str(_value(row, "00080050")),
-            str(_value(row, "00081030")),
-            tuple(str(v) for v in row.get("00080061", {}).get("Value", [])),
-        )  # fmt: skip
-        for row in rows
-    ]
+    studies = []
+    for row in _rows(answer, "the study search")[:limit]:
+        uid = str(_value(row, "0020000D"))
+        if not _UID.fullmatch(uid) or len(uid) > 64:
+            logger.warning("the PACS listed a study without a valid study UID; left out")
+            continue
+        element = row.get("00080061")
+        modalities = element.get("Value") if isinstance(element, dict) else None
+        studies.append(
+            StudyRow(
+                uid,
+                _text(row, "00100020"),
+                _text(row, "00100010"),
+                _text(row, "00080020"),
+                _text(row, "00080050"),
+                _text(row, "00081030"),
+                tuple(
+                    str(v)[:16]
+                    for v in (modalities if isinstance(modalities, list) else [])
+                    if isinstance(v, str)
+                ),
+            )  # fmt: skip
+        )
+    return studies
 
 
 def find_series(pacs: Pacs, study_uid: str) -> list[SeriesRow]:
-    """The series of one study, with their instance counts."""
-    with _answers("the series search"):
-        rows = pacs.client.search_for_series(  # type: ignore[attr-defined]
-            study_uid,
+    """The series of one study, with their instance counts (at most
+    :data:`MAX_SERIES`); rows without a valid series UID are left out."""
+    study_uid = check_uid(study_uid, "the study")
+    what = f"the series listing of study {study_uid}"
+
+    def search(offset: int, limit: int) -> object:
+        return pacs.client.search_for_series(  # type: ignore[attr-defined]
+            study_uid, offset=offset, limit=limit,
             fields=["NumberOfSeriesRelatedInstances", "SeriesDescription", "Manufacturer"],
-        )
+        )  # fmt: skip
+
+    over = f"study {study_uid} lists more than {MAX_SERIES} series"
+    rows = _pages(pacs, what, search, MAX_SERIES, over)
     found = []
     for row in rows:
-        number, count = _value(row, "00200011", None), _value(row, "00201209", None)
+        uid = str(_value(row, "0020000E"))
+        if not _UID.fullmatch(uid) or len(uid) > 64:
+            logger.warning("the PACS listed a series without a valid series UID; left out")
+            continue
         found.append(
             SeriesRow(
-                _value(row, "0020000E"),
-                str(_value(row, "00080060")),
-                str(_value(row, "0008103E")),
-                None if number is None else int(number),
-                None if count is None else int(count),
-                str(_value(row, "00080070")),
+                uid,
+                _text(row, "00080060"),
+                _text(row, "0008103E"),
+                _integer(row, "00200011"),
+                _integer(row, "00201209"),
+                _text(row, "00080070"),
             )  # fmt: skip
         )
     return found
@@ -333,16 +419,73 @@ def _declared_bytes(row: dict, uid: str) -> int:
 
 def _listing(pacs: Pacs, study_uid: str, series_uid: str) -> dict[str, dict]:
     """The series' instances as QIDO-RS lists them (UID -> attributes), at most
-    :data:`MAX_SLICES`."""
-    with _answers("the instance listing"):
-        listing = pacs.client.search_for_instances(  # type: ignore[attr-defined]
-            study_uid, series_uid, fields=list(_INSTANCE_FIELDS), get_remaining=True
+    :data:`MAX_SLICES`, each UID checked before it is ever asked for."""
+    study_uid, series_uid = check_uid(study_uid, "the study"), check_uid(series_uid, "the series")
+
+    def search(offset: int, limit: int) -> object:
+        return pacs.client.search_for_instances(  # type: ignore[attr-defined]
+            study_uid, series_uid, fields=list(_INSTANCE_FIELDS), offset=offset, limit=limit
         )
+
+    over = f"series {series_uid} lists more than {MAX_SLICES} instances, over the slice limit"
+    listing = _pages(pacs, f"the instance listing of series {series_uid}", search, MAX_SLICES, over)
     if not listing:
         raise PacsError(f"the PACS lists no instances in series {series_uid}")
-    if len(listing) > MAX_SLICES:
-        raise PacsError(f"series {series_uid} has {len(listing)} instances, over {MAX_SLICES}")
-    return {str(_value(row, "00080018")): row for row in listing}
+    declared: dict[str, dict] = {}
+    for row in listing:
+        uid = check_uid(_value(row, "00080018"), "the PACS lists an instance whose")
+        if uid in declared:
+            raise PacsError(f"the PACS lists instance {uid} of series {series_uid} twice")
+        declared[uid] = row
+    return declared
+
+
+def _retrieve(pacs: Pacs, study_uid: str, series_uid: str, uid: str, size: int):
+    """One instance (WADO-RS), its answer held to ``size`` pixel bytes and a header, read
+    whether or not the PACS sends it with the Part-10 preamble (what a dataset stored
+    from memory becomes, and what several archives serve)."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    client = pacs.client
+    reason = f"the {size:,} pixel bytes it declared for instance {uid}"
+    what = f"instance {uid}"
+    url = f"{pacs.settings.url}/studies/{study_uid}/series/{series_uid}/instances/{uid}"
+    with _answers(pacs, what, max_bytes=size + HEADER_SLACK, bytes_reason=reason):
+        response = pacs.session.get(
+            url, headers={"Accept": 'multipart/related; type="application/dicom"'}
+        )
+        response.raise_for_status()
+        media = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if media == "application/dicom":  # one part sent bare, as some servers do
+            parts = [response.content]
+        else:  # dicomweb-client's multipart decoder (it refuses another media type)
+            parts = list(client._decode_multipart_message(response, stream=False))  # type: ignore[attr-defined]
+    if len(parts) != 1:
+        raise PacsError(f"the PACS sent {len(parts)} objects for {what}, which it listed as one")
+    try:
+        dataset = pydicom.dcmread(io.BytesIO(parts[0]), force=True)
+    except (InvalidDicomError, ValueError, EOFError, KeyError, TypeError, OverflowError):
+        raise PacsError(f"the PACS sent {what} as something that is not DICOM") from None
+    if "PixelData" not in dataset and "FloatPixelData" not in dataset:
+        raise PacsError(f"the PACS sent {what} without pixels (it may not be DICOM)")
+    if not hasattr(dataset, "file_meta") or "TransferSyntaxUID" not in dataset.file_meta:
+        _add_file_meta(dataset)
+    return dataset
+
+
+def _add_file_meta(dataset) -> None:  # type: ignore[no-untyped-def]
+    """The Part-10 header a dataset sent without one needs to be saved as a file: its
+    encoding as pydicom read it (force reads an implicit little-endian stream)."""
+    from pydicom.dataset import FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
+    meta = FileMetaDataset()
+    implicit = getattr(dataset, "is_implicit_VR", True) is not False
+    meta.TransferSyntaxUID = ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian
+    meta.MediaStorageSOPClassUID = dataset.get("SOPClassUID", "1.2.840.10008.5.1.4.1.1.7")
+    meta.MediaStorageSOPInstanceUID = dataset.get("SOPInstanceUID", "")
+    dataset.file_meta = meta
 
 
 def _fetch(
@@ -367,14 +510,14 @@ def _fetch(
         )
     written = []
     for number, (uid, size) in enumerate(sizes.items()):
-        limit = size + HEADER_SLACK
-        reason = f"the {size:,} pixel bytes it declared for instance {uid}"
-        with pacs.limited(limit, reason), _answers(f"instance {uid}"):
-            dataset = pacs.client.retrieve_instance(study_uid, series_uid, uid)  # type: ignore[attr-defined]
+        dataset = _retrieve(pacs, study_uid, series_uid, uid, size)
         if str(getattr(dataset, "SOPInstanceUID", "")) != uid:
             raise PacsError(f"the PACS sent another instance than {uid}, which it listed")
         path = folder / f"{number:05d}.dcm"
-        dataset.save_as(path, enforce_file_format=True)
+        try:
+            dataset.save_as(path, enforce_file_format=True)
+        except (ValueError, TypeError, AttributeError, KeyError):
+            raise PacsError(f"the PACS sent instance {uid} in a form that cannot be kept") from None
         written.append(path)
     return written
 
@@ -404,7 +547,7 @@ def fetch_instance(
             if which in (uid, str(_value(row, "00200013", "")))
         }  # fmt: skip
         if len(chosen) != 1:
-            raise PacsError(f"series {series_uid} has no single image {which!r}")
+            raise PacsError(f"series {series_uid} has no single image {str(which)[:64]!r}")
     elif len(declared) == 1:
         chosen = declared
     else:
@@ -456,16 +599,27 @@ def fetched_headers(files: list[Path]) -> list:
 def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
     """Store ``datasets`` in the study ``study_uid`` (STOW-RS). A PACS that takes some
     and refuses others (HTTP 409, or 202 with failures) raises PacsError saying how many
-    of each, why, and which series now hold part of the result."""
-    with _answers("storing the result"):
-        try:
-            answer = pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
-        except requests.HTTPError as exc:
-            body = exc.response.text if exc.response is not None else ""
-            partly = _partly_stored(_stow_answer(body), len(datasets))
-            if partly:
-                raise PacsError(partly) from None
-            raise
+    of each, why, and which series now hold part of the result. The request's deadline
+    grows by a second per 10 MB sent; its answer is held to the answer budget."""
+    study_uid = check_uid(study_uid, "the study")
+    sent = sum(len(getattr(dataset, "PixelData", b"") or b"") for dataset in datasets)
+    what = f"storing the result in study {study_uid}"
+    try:
+        with _answers(pacs, what, extra_seconds=sent / STORE_BYTES_PER_SECOND):
+            try:
+                answer = pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
+            except requests.HTTPError as exc:
+                body = exc.response.text if exc.response is not None else ""
+                partly = _partly_stored(_stow_answer(body), len(datasets))
+                if partly:
+                    raise PacsError(partly) from None
+                raise
+    except PacsError as exc:
+        if "sent more than" in str(exc) or "did not finish" in str(exc):
+            raise PacsError(
+                f"{exc}; it may have stored the result: look in the study before sending again"
+            ) from None
+        raise
     if answer is not None and answer.get("FailedSOPSequence"):  # 202: some were refused
         raise PacsError(_partly_stored(answer.to_json_dict(), len(datasets)))
 
@@ -481,15 +635,14 @@ def _stow_answer(body: str) -> dict:
 
 def _partly_stored(answer: dict, total: int) -> str:
     """What a STOW-RS answer says was refused and what was kept (''  if nothing was)."""
-    failed = answer.get("00081198", {}).get("Value") or []
+    failed, kept = _sequence(answer, "00081198"), _sequence(answer, "00081199")
     if not failed:
         return ""
-    kept = answer.get("00081199", {}).get("Value") or []
-    reasons = sorted({f"0x{int(_value(item, '00081197', 0)):04X}" for item in failed})
-    kept_series = sorted({
-        str(_value(item, "00081190")).split("/series/")[1].split("/")[0]
-        for item in kept if "/series/" in str(_value(item, "00081190"))
-    })  # fmt: skip
+    reasons = sorted({f"0x{(_integer(item, '00081197') or 0):04X}" for item in failed})
+    addresses = (str(_value(item, "00081190")) for item in kept)
+    named = (address.split("/series/")[1].split("/")[0] for address in addresses
+             if "/series/" in address)  # fmt: skip
+    kept_series = sorted({uid for uid in named if _UID.fullmatch(uid) and len(uid) <= 64})
     held = (
         f"; it stored {len(kept)} (series {', '.join(kept_series)}): remove those there "
         "before sending again"
@@ -502,12 +655,25 @@ def _partly_stored(answer: dict, total: int) -> str:
     )
 
 
+def _sequence(answer: dict, tag: str) -> list[dict]:
+    """The items of a sequence in a DICOM JSON answer (malformed: none)."""
+    element = answer.get(tag)
+    items = element.get("Value") if isinstance(element, dict) else None
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
 def content_labels(pacs: Pacs, study_uid: str, sop_class_uid: str) -> set[str]:
     """The Content Labels of the study's instances of one SOP class (QIDO-RS): how a
     stored result is recognised again."""
-    with _answers("the result search"):
-        rows = pacs.client.search_for_instances(  # type: ignore[attr-defined]
+    study_uid = check_uid(study_uid, "the study")
+    sop_class_uid = check_uid(sop_class_uid, "the SOP class")
+
+    def search(offset: int, limit: int) -> object:
+        return pacs.client.search_for_instances(  # type: ignore[attr-defined]
             study_uid, search_filters={"SOPClassUID": sop_class_uid}, fields=["00700080"],
-            get_remaining=True,
+            offset=offset, limit=limit,
         )  # fmt: skip
+
+    over = f"study {study_uid} holds more than {MAX_RESULTS} results"
+    rows = _pages(pacs, f"the result search of study {study_uid}", search, MAX_RESULTS, over)
     return {str(_value(row, "00700080")) for row in rows if _value(row, "00700080")}

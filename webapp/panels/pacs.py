@@ -124,9 +124,10 @@ class PacsPanel:
         if not clicks:
             raise PreventUpdate
         try:
-            options = pacs.study_options(
-                self.services.settings.pacs, patient, dates, modality, accession
-            )
+            with self.services.intake(pacs.PACS_BUSY):
+                options = pacs.study_options(
+                    self.services.settings.pacs, patient, dates, modality, accession
+                )
         except InputError as exc:
             return [], None, str(exc)
         found = f"{len(options)} stud{'y' if len(options) == 1 else 'ies'} found"
@@ -139,7 +140,8 @@ class PacsPanel:
         if not study:
             return [], None, no_update
         try:
-            options = pacs.series_options(self.services.settings.pacs, str(study))
+            with self.services.intake(pacs.PACS_BUSY):
+                options = pacs.series_options(self.services.settings.pacs, str(study))
         except InputError as exc:
             return [], None, str(exc)
         images = [option for option in options if not option["disabled"]]
@@ -199,13 +201,14 @@ class PacsPanel:
                 model = self.services.model(result["model"], rank=3)
                 settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
                 key = result_key(series, model, {**settings, "label": result["label"]})
-                client = connect(self.services.settings.pacs)
-                if self._sent_before(client, study, key, session):
-                    return ALREADY_SENT.format(key=key)
-                sent = send_volume_result(
-                    client, study, model, prepared.model_input,
-                    runs.result_heatmap(result), dicom_headers(source), key,
-                )  # fmt: skip
+                with self.services.pacs_sources.sending(key):
+                    client = connect(self.services.settings.pacs)
+                    if self._sent_before(client, study, key, session):
+                        return ALREADY_SENT.format(key=key)
+                    sent = send_volume_result(
+                        client, study, model, prepared.model_input,
+                        runs.result_heatmap(result), dicom_headers(source), key,
+                    )  # fmt: skip
         except (InputError, PacsError, ValueError) as exc:
             return f"Not sent: {exc}"
         self.services.pacs_sources.sent(key, session)
@@ -240,15 +243,16 @@ class PacsPanel:
                     **settings, "label": result["label"], "image": record["source"],
                     "frame": record["frame"], "window": record.get("requested"),
                 })  # fmt: skip
-                client = connect(self.services.settings.pacs)
-                if self._sent_before(client, study, key, session):
-                    return ALREADY_SENT.format(key=key)
-                window = record.get("requested")
-                sent = send_image_result(
-                    client, study, model, runs.result_heatmap(result), source, key,
-                    window=tuple(window) if isinstance(window, list) else window,
-                    frame=record["frame"],
-                )  # fmt: skip
+                with self.services.pacs_sources.sending(key):
+                    client = connect(self.services.settings.pacs)
+                    if self._sent_before(client, study, key, session):
+                        return ALREADY_SENT.format(key=key)
+                    window = record.get("requested")
+                    sent = send_image_result(
+                        client, study, model, runs.result_heatmap(result), source, key,
+                        window=tuple(window) if isinstance(window, list) else window,
+                        frame=record["frame"],
+                    )  # fmt: skip
         except (InputError, PacsError, ValueError) as exc:
             return f"Not sent: {exc}"
         self.services.pacs_sources.sent(key, session)
