@@ -151,3 +151,56 @@ def test_a_bad_pacs_url_stops_the_server_at_start_with_one_line(monkeypatch, url
     monkeypatch.setenv("KRYPTON_DICOMWEB_URL", url)
     with pytest.raises(SettingsError, match="must start with http:// or https://"):
         ServerSettings.from_environment()
+
+
+@pytest.mark.parametrize(
+    "value", ["../../../../instances?", "../../../system", "1.2.3/../../patients", "1.2.3?expand"]
+)
+def test_a_typed_value_that_is_no_uid_never_reaches_orthanc(
+    tmp_path,
+    orthanc,  # noqa: F811
+    stored_series,  # noqa: F811
+    value,
+):
+    """Before: a series value of '../../../../instances?' reached Orthanc's own REST list
+    of every instance (which ignores offset): the listing looped for ever, holding the
+    tab's intake and growing the server by 900 MB in 5 minutes."""
+    study, series, _ = stored_series
+    services = _services(tmp_path, orthanc)
+    record, _, message, _ = VolumePanel(services, None).pacs_volume(
+        {"study": study, "series": value}, "PACS CT", "tab-1"
+    )
+    assert record is no_update and "is not a DICOM UID" in message
+    record, _, message, _ = VolumePanel(services, None).pacs_volume(
+        {"study": value, "series": series}, "PACS CT", "tab-1"
+    )
+    assert record is no_update and "is not a DICOM UID" in message
+    options, _, message = PacsPanel(services).list_series(value)
+    assert options == [] and "is not a DICOM UID" in message
+
+
+def test_a_pacs_url_with_a_password_stops_the_server_at_start(monkeypatch):
+    from webapp.settings import ServerSettings, SettingsError
+
+    monkeypatch.setenv(
+        "KRYPTON_DICOMWEB_URL", "https://radiologist:pw-in-url@pacs.example/dicom-web"
+    )
+    with pytest.raises(SettingsError, match="must not hold a user or password") as refused:
+        ServerSettings.from_environment()
+    assert "pw-in-url" not in str(refused.value)
+
+
+def test_one_send_of_a_result_at_a_time_whoever_presses_it():
+    from webapp.helpers import InputError
+    from webapp.pacs import SENDING, PacsSources
+
+    sources = PacsSources()
+    with sources.sending("KRYPTON_abc"):
+        with pytest.raises(InputError, match="being sent to the PACS right now"):
+            with sources.sending("KRYPTON_abc"):
+                pass
+        with sources.sending("KRYPTON_other"):  # another result is not held up
+            pass
+    with sources.sending("KRYPTON_abc"):  # released when the first ended
+        pass
+    assert "press Send again" in SENDING

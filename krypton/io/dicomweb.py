@@ -316,6 +316,22 @@ def _text(row: dict, tag: str) -> str:
     return str(_value(row, tag))[:256]
 
 
+def _valid(rows: list[dict], tag: str, what: str) -> list[dict]:
+    """The rows whose ``tag`` is a valid UID (the others cannot be opened: left out, and
+    the log says how many)."""
+    kept = [row for row in rows if _is_uid(_value(row, tag))]
+    if len(kept) < len(rows):
+        logger.warning(
+            "the PACS listed %d %s rows without a valid UID; left out", len(rows) - len(kept), what
+        )
+    return kept
+
+
+def _is_uid(value: object) -> bool:
+    text = str(value)
+    return len(text) <= 64 and _UID.fullmatch(text) is not None
+
+
 def find_studies(
     pacs: Pacs,
     *,
@@ -345,16 +361,13 @@ def find_studies(
             limit=limit, search_filters=filters, fields=["ModalitiesInStudy", "StudyDescription"]
         )
     studies = []
-    for row in _rows(answer, "the study search")[:limit]:
-        uid = str(_value(row, "0020000D"))
-        if not _UID.fullmatch(uid) or len(uid) > 64:
-            logger.warning("the PACS listed a study without a valid study UID; left out")
-            continue
+    rows = _rows(answer, "the study search")[:limit]
+    for row in _valid(rows, "0020000D", "study"):
         element = row.get("00080061")
         modalities = element.get("Value") if isinstance(element, dict) else None
         studies.append(
             StudyRow(
-                uid,
+                str(_value(row, "0020000D")),
                 _text(row, "00100020"),
                 _text(row, "00100010"),
                 _text(row, "00080020"),
@@ -385,11 +398,8 @@ def find_series(pacs: Pacs, study_uid: str) -> list[SeriesRow]:
     over = f"study {study_uid} lists more than {MAX_SERIES} series"
     rows = _pages(pacs, what, search, MAX_SERIES, over)
     found = []
-    for row in rows:
+    for row in _valid(rows, "0020000E", "series"):
         uid = str(_value(row, "0020000E"))
-        if not _UID.fullmatch(uid) or len(uid) > 64:
-            logger.warning("the PACS listed a series without a valid series UID; left out")
-            continue
         found.append(
             SeriesRow(
                 uid,

@@ -1,0 +1,463 @@
+"""The PACS as an attacker (or a broken archive) would serve it, replayed against
+Krypton's own entry points: the command line (``python -m krypton``, a process of its
+own) and the app as ``make serve`` runs it (nginx in front of waitress), with a hostile
+DICOMweb server on loopback (tests/security/hostile_pacs.py) and, for the values a page
+or a command line may type, Debian's Orthanc.
+
+Each case must end within 30 s with one line that speaks of the PACS (no traceback, no
+Python class), cost the process under 400 MB, send no request outside the configured
+DICOMweb root, and, in the app, leave another address's page answering within a second
+throughout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from bench.dash_client import ROOT, Server, Tab, loopback
+
+from .costs import needs_nginx
+from .hostile_pacs import HostilePacs
+
+pytestmark = pytest.mark.security
+
+ENDS_WITHIN_S = 30.0
+GROWTH_LIMIT_MB = 400.0
+PAGE_LIMIT_S = 1.0
+STUDY, SERIES = "1.2.826.0.1.3680043.10.7.900", "1.2.826.0.1.3680043.10.7.901"
+INJECTED = ("../../../../instances?", "../../../system", "1.2.3/../../patients", "1.2.3?expand")
+
+
+@dataclass
+class Ran:
+    code: int | None
+    out: str
+    err: str
+    seconds: float
+    peak_mb: float
+
+
+def run_cli(args: list[str], url: str, timeout: float = 60.0, **env: str) -> Ran:
+    """``python -m krypton ARGS`` against the PACS at ``url``: its exit code, output,
+    time and peak RSS (sampled every 20 ms); killed at ``timeout`` (then code is None)."""
+    environment = dict(os.environ, KRYPTON_DICOMWEB_URL=url, **env)
+    environment.pop("KRYPTON_DICOMWEB_USER", None)
+    environment.pop("KRYPTON_DICOMWEB_PASSWORD", None)
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "krypton", *args], cwd=ROOT, env=environment,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    watched, peak = psutil.Process(process.pid), 0.0
+    while process.poll() is None and time.monotonic() - started < timeout:
+        try:
+            peak = max(peak, watched.memory_info().rss / 2**20)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.02)
+    if process.poll() is None:
+        process.kill()
+    out, err = process.communicate(timeout=30)
+    return Ran(process.returncode if process.returncode is not None else None,
+               out, err, time.monotonic() - started, peak)  # fmt: skip
+
+
+def assert_one_line(ran: Ran, expected: str) -> None:
+    """Ended in time with exit 1 or 2 and one ``error:`` line naming ``expected``."""
+    assert ran.seconds < ENDS_WITHIN_S, f"ran {ran.seconds:.1f} s: {ran.err[-300:]}"
+    assert ran.code in (1, 2), (ran.code, ran.err[-500:])
+    lines = [line for line in ran.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), ran.err[-800:]
+    assert "Traceback" not in ran.err and "Error(" not in ran.err
+    assert expected in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    pacs = HostilePacs("redirect")
+    yield pacs
+    pacs.close()
+
+
+@pytest.fixture(scope="module")
+def refused_at_once(hostile) -> dict[str, float]:
+    """The peak RSS of each kind of command refused at once (a redirect): the process's
+    own size, which a hostile answer may not grow by 400 MB."""
+    hostile.mode = "redirect"
+    return {
+        "pacs": run_cli(["pacs", "series", STUDY], hostile.url).peak_mb,
+        "explain": run_cli(
+            ["explain", f"dicomweb:{STUDY}/{SERIES}", "--model", "chestct-demo", "--out", "/x"],
+            hostile.url,
+        ).peak_mb,
+    }
+
+
+CLI_CASES = [
+    # mode, command kind, arguments, what the line says
+    ("endless", "explain", None, "lists more than 2048 instances, over the slice limit"),
+    ("endless", "pacs", ["pacs", "series", STUDY], "lists more than 1000 series"),
+    ("same-page", "explain", None, "sent the same page of the instance listing"),
+    ("stall", "pacs", ["pacs", "series", STUDY], "did not answer the series listing"),
+    ("rows", "pacs", ["pacs", "studies"], "sent more than 4 MB (KRYPTON_DICOMWEB_ANSWER_MB)"),
+    ("strings", "pacs", ["pacs", "series", STUDY], "is not a list of DICOM JSON objects"),
+    ("bad-numbers", "explain", None, "without its rows and columns"),
+    ("redirect", "pacs", ["pacs", "studies"], "with a redirect (HTTP 302); Krypton follows none"),
+]
+
+
+@pytest.mark.parametrize(
+    "mode, kind, args, expected", CLI_CASES, ids=[c[0] + "-" + c[1] for c in CLI_CASES]
+)
+def test_the_command_line_ends_each_hostile_answer_with_one_line(
+    hostile, refused_at_once, tmp_path, mode, kind, args, expected
+):
+    """Before: endless pages grew the CLI to 3,001 MB in 47.5 s; a stalled or string
+    listing and bad numbers ended in tracebacks; a redirect was followed."""
+    hostile.mode, hostile.requests[:] = mode, []
+    args = args or [
+        "explain", f"dicomweb:{STUDY}/{SERIES}", "--model", "chestct-demo", "--out",
+        str(tmp_path / "heatmap"),
+    ]  # fmt: skip
+    ran = run_cli(args, hostile.url)
+    assert_one_line(ran, expected)
+    assert ran.peak_mb - refused_at_once[kind] < GROWTH_LIMIT_MB, ran.peak_mb
+    assert all(path.startswith("/dicom-web/") for path in hostile.requests), hostile.requests
+
+
+def test_a_pacs_that_drips_ends_at_the_deadline_not_never(hostile):
+    """One byte a second never trips a 10 s per-read timeout; the request's deadline
+    (20 s by default, KRYPTON_DICOMWEB_DEADLINE_SECONDS) ends it."""
+    hostile.mode, hostile.drip = "drip", 1.0
+    ran = run_cli(["pacs", "studies"], hostile.url)
+    assert_one_line(ran, "did not finish the study search within 20 s")
+    assert ran.seconds > 19  # the deadline, not the per-read timeout, ended it
+
+
+def test_a_search_answered_with_more_rows_than_asked_lists_the_limit(hostile):
+    hostile.mode = "rows-over"  # 1,000 rows for a search that asked for 50
+    ran = run_cli(["pacs", "studies", "--limit", "50"], hostile.url)
+    assert ran.code == 0, ran.err
+    assert len(ran.out.splitlines()) == 50 and "50 studies" in ran.err
+
+
+def test_malformed_numbers_in_a_series_listing_are_read_as_unknown(hostile):
+    """Before: SeriesNumber "abc" was an HTTP 500 and a traceback."""
+    hostile.mode = "bad-numbers"
+    ran = run_cli(["pacs", "series", STUDY], hostile.url)
+    assert ran.code == 0, ran.err
+    assert "1.2.826.0.1.3680043.10.7.2  CT  ? instances" in ran.out
+
+
+def test_a_series_served_without_the_part_10_preamble_is_explained(hostile, tmp_path):
+    """Before: pydicom's InvalidDicomError ended the CLI in a traceback."""
+    hostile.mode = "no-preamble"
+    first = hostile.datasets[0]
+    source = f"dicomweb:{first.StudyInstanceUID}/{first.SeriesInstanceUID}"
+    ran = run_cli(
+        ["explain", source, "--model", "chestct-demo", "--patch", "16", "--stride", "16",
+         "--out", str(tmp_path / "heatmap")], hostile.url, timeout=180,
+    )  # fmt: skip
+    assert ran.code == 0, ran.err[-800:]
+    assert "DICOM series (48 slices)" in ran.out and (tmp_path / "heatmap.npy").exists()
+
+
+def test_a_store_answered_with_300_mb_is_cut_off(hostile, refused_at_once, tmp_path):
+    """Before: a 300 MB answer to STOW cost the server +901 MB."""
+    hostile.mode, hostile.stow_mb = "big-stow", 300
+    first = hostile.datasets[0]
+    source = f"dicomweb:{first.StudyInstanceUID}/{first.SeriesInstanceUID}"
+    ran = run_cli(
+        ["explain", source, "--model", "chestct-demo", "--patch", "16", "--stride", "16",
+         "--out", str(tmp_path / "heatmap"), "--send"], hostile.url, timeout=180,
+    )  # fmt: skip
+    assert ran.code == 2, ran.err[-800:]
+    line = ran.err.strip().splitlines()[-1]
+    assert "sent more than 4 MB (KRYPTON_DICOMWEB_ANSWER_MB) for storing the result" in line
+    assert "look in the study before sending again" in line
+    assert ran.peak_mb - refused_at_once["explain"] < GROWTH_LIMIT_MB + 100  # + the run itself
+
+
+@pytest.mark.parametrize("value", INJECTED)
+def test_a_typed_series_value_never_reaches_the_pacs(hostile, value, tmp_path):
+    """Before: '../../../../instances?' reached Orthanc's own REST list (which ignores
+    offset), and the listing looped for ever; any path on the PACS host could be asked."""
+    hostile.mode, hostile.requests[:] = "endless", []
+    ran = run_cli(
+        ["explain", "--dicomweb", "--study", STUDY, "--series", value, "--model",
+         "chestct-demo", "--out", str(tmp_path / "x")], hostile.url,
+    )  # fmt: skip
+    assert_one_line(ran, "is not a DICOM UID")
+    assert hostile.requests == []
+
+
+def test_a_password_in_the_pacs_url_is_refused_and_never_shown(hostile):
+    url = hostile.url.replace("http://", "http://radiologist:s3cret-in-url@")
+    ran = run_cli(["pacs", "studies"], url)
+    assert_one_line(ran, "must not hold a user or password: set KRYPTON_DICOMWEB_USER")
+    assert "s3cret-in-url" not in ran.err + ran.out
+
+
+def test_each_pacs_budget_is_a_checked_setting(hostile):
+    for name, value in (
+        ("KRYPTON_DICOMWEB_DEADLINE_SECONDS", "0"),
+        ("KRYPTON_DICOMWEB_ANSWER_MB", "nan"),
+        ("KRYPTON_DICOMWEB_PAGES", "2.5"),
+    ):
+        ran = run_cli(["pacs", "studies"], hostile.url, **{name: value})
+        assert_one_line(ran, name)
+
+
+# -- the app, as make serve runs it --------------------------------------------------------
+
+
+@dataclass
+class PageWatch:
+    """Another address's GET / every 0.2 s while a block runs, and the server's RSS."""
+
+    slowest: float = 0.0
+    failures: list = field(default_factory=list)
+    peak_mb: float = 0.0
+    baseline_mb: float = 0.0
+
+
+@contextmanager
+def watched(server: Server, address: str) -> Iterator[PageWatch]:
+    watch, stop = PageWatch(), threading.Event()
+    process = psutil.Process(server.process.pid)
+    watch.baseline_mb = watch.peak_mb = process.memory_info().rss / 2**20
+    http = Tab.at(server.url, address).http
+
+    def page() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                http.get(server.url + "/", timeout=10).raise_for_status()
+            except requests.RequestException as exc:
+                watch.failures.append(str(exc))
+            watch.slowest = max(watch.slowest, time.monotonic() - started)
+            stop.wait(0.2)
+
+    def memory() -> None:
+        while not stop.is_set():
+            watch.peak_mb = max(watch.peak_mb, process.memory_info().rss / 2**20)
+            stop.wait(0.05)
+
+    threads = [threading.Thread(target=page), threading.Thread(target=memory)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield watch
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+
+
+def assert_page_held(watch: PageWatch, what: str) -> None:
+    growth = watch.peak_mb - watch.baseline_mb
+    print(f"PACS {what}: +{growth:.0f} MB, another page's slowest GET / {watch.slowest:.2f} s")
+    assert not watch.failures, watch.failures[:3]
+    assert watch.slowest < PAGE_LIMIT_S, (
+        f"{what}: another address's page took {watch.slowest:.2f} s"
+    )
+    assert growth < GROWTH_LIMIT_MB, f"{what}: +{growth:.0f} MB"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """make serve's app (nginx front, waitress) whose PACS is the hostile server."""
+    pacs = HostilePacs("redirect")
+    server = Server(
+        tmp_path_factory.mktemp("hostile-pacs-app"), env={"KRYPTON_DICOMWEB_URL": pacs.url},
+        production=True,
+    )  # fmt: skip
+    yield server, pacs
+    server.stop()
+    pacs.close()
+
+
+def _message(response: requests.Response) -> str:
+    assert response.status_code == 200, (response.status_code, response.text[:300])
+    return response.text
+
+
+def _search(tab: Tab) -> requests.Response:
+    return tab.call("pacs-message.children", {
+        "pacs-search.n_clicks": 1, "pacs-patient.value": "X", "pacs-dates.value": "",
+        "pacs-modality.value": "", "pacs-accession.value": "",
+    }, timeout=60)  # fmt: skip
+
+
+def _series(tab: Tab, study: str = STUDY) -> requests.Response:
+    return tab.call("pacs-series.options", {"pacs-study.value": study}, timeout=60)
+
+
+def _open(tab: Tab, series: str = SERIES) -> requests.Response:
+    ticket = {"name": "PACS", "pacs": {"study": STUDY, "series": series}, "opened": 1}
+    return tab.call(
+        "volume-store.data", {"volume-ticket.data": ticket, "session.data": tab.session},
+        timeout=60,
+    )  # fmt: skip
+
+
+APP_CASES = [
+    ("endless", _series, "lists more than 1000 series"),
+    ("endless", _open, "lists more than 2048 instances, over the slice limit"),
+    ("same-page", _open, "sent the same page of the instance listing"),
+    ("rows", _search, "sent more than 4 MB (KRYPTON_DICOMWEB_ANSWER_MB)"),
+    ("strings", _series, "is not a list of DICOM JSON objects"),
+    ("bad-numbers", _open, "without its rows and columns"),
+    ("redirect", _search, "Krypton follows none"),
+    ("stall", _series, "did not answer the series listing"),
+]
+
+
+@needs_nginx
+@pytest.mark.parametrize(
+    "mode, ask, expected", APP_CASES, ids=[f"{c[0]}-{c[1].__name__[1:]}" for c in APP_CASES]
+)
+def test_the_app_answers_each_hostile_pacs_with_a_message(served, mode, ask, expected):
+    server, pacs = served
+    pacs.mode, pacs.requests[:] = mode, []
+    attacker = Tab.at(server.url, loopback(1, 41))
+    with watched(server, loopback(2, 41)) as watch:
+        started = time.monotonic()
+        message = _message(ask(attacker))
+        took = time.monotonic() - started
+    assert expected in message, message[:500]
+    assert "Error" not in message and "Traceback" not in message
+    assert took < ENDS_WITHIN_S
+    assert all(path.startswith("/dicom-web/") for path in pacs.requests), pacs.requests
+    assert_page_held(watch, f"{mode} {ask.__name__}")
+
+
+@needs_nginx
+def test_searches_against_a_dripping_pacs_never_hold_another_users_page(served):
+    """Before: 2 addresses x 10 Search clicks against a PACS sending a byte every 5 s held
+    all 16 server threads; another user's GET / timed out at 30 s and did not recover.
+    Now each address has one PACS call at a time (the rest are refused at once) and each
+    call ends at the deadline."""
+    server, pacs = served
+    pacs.mode, pacs.drip = "drip", 5.0
+    attackers = [Tab.at(server.url, loopback(index, 42)) for index in (1, 2)]
+    answers: list[str] = []
+
+    def click(tab: Tab) -> None:
+        answers.append(_message(_search(tab)))
+
+    with watched(server, loopback(3, 42)) as watch:
+        started = time.monotonic()
+        clicks = [threading.Thread(target=click, args=(tab,)) for tab in attackers * 10]
+        for thread in clicks:
+            thread.start()
+        for thread in clicks:
+            thread.join(60)
+        took = time.monotonic() - started
+    busy = "your other PACS request is still running"
+    assert len(answers) == 20 and all(busy in a or "did not finish" in a for a in answers)
+    assert sum("did not finish the study search within 20 s" in a for a in answers) >= 2
+    assert took < ENDS_WITHIN_S
+    assert_page_held(watch, "20 searches of a dripping PACS")
+
+
+@needs_nginx
+@pytest.mark.parametrize("value", INJECTED)
+def test_a_series_value_from_the_page_never_reaches_the_pacs(served, value):
+    server, pacs = served
+    pacs.mode, pacs.requests[:] = "endless", []
+    tab = Tab.at(server.url, loopback(1, 43))
+    assert "is not a DICOM UID" in _message(_open(tab, value))
+    assert "is not a DICOM UID" in _message(_series(tab, value))
+    assert pacs.requests == []
+
+
+# -- Send, from many addresses at once, into a real Orthanc --------------------------------
+
+
+@pytest.fixture(scope="module")
+def orthanc_app(tmp_path_factory):
+    """make serve's app beside Debian's Orthanc with basic authentication, a chest CT at
+    chestct-demo's 5 mm stored in it: (server, Orthanc's root, study, series)."""
+    from test_pacs import PASSWORD, USER, _free_port
+
+    from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, start_orthanc
+    from krypton.chestct import ChestCTGenerator
+    from krypton.io import dicomweb
+
+    if not (Path(ORTHANC).exists() and Path(DICOMWEB_PLUGIN).exists()):
+        pytest.skip("Debian's orthanc and orthanc-dicomweb are not installed")
+    process, root = start_orthanc(tmp_path_factory.mktemp("orthanc"), _free_port(), USER, PASSWORD)
+    volume = ChestCTGenerator(seed=44).sample(label=1, nodules=1).volume
+    datasets = ct_series(volume, (5.0, 5.0, 5.0), "Send^Race", origin=(-120.0, -120.0, -60.0))
+    dicomweb.store(dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD)), datasets,
+                   datasets[0].StudyInstanceUID)  # fmt: skip
+    env = {"KRYPTON_DICOMWEB_URL": root, "KRYPTON_DICOMWEB_USER": USER,
+           "KRYPTON_DICOMWEB_PASSWORD": PASSWORD}  # fmt: skip
+    server = Server(tmp_path_factory.mktemp("send-race"), env=env, production=True)
+    yield server, root, datasets[0].StudyInstanceUID, datasets[0].SeriesInstanceUID
+    server.stop()
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@needs_nginx
+def test_first_sends_from_five_addresses_at_once_store_one_map(orthanc_app):
+    """Before: the first Send of one result, pressed from 5 addresses at once, stored 5
+    copies. Now one Send of a result runs at a time; the others are told it is being
+    sent, and a Send after it says the study has it."""
+    from test_pacs import PASSWORD, USER
+
+    from krypton.io import dicomweb
+
+    server, root, study, series = orthanc_app
+    tabs = [Tab.at(server.url, loopback(index, 44)) for index in range(5)]
+    handles = []
+    for tab in tabs:  # each opens the series and runs the same settings: one result key
+        ticket = {"name": "PACS CT", "pacs": {"study": study, "series": series}, "opened": 1}
+        opened = tab.call(
+            "volume-store.data", {"volume-ticket.data": ticket, "session.data": tab.session},
+            timeout=120,
+        ).json()["response"]  # fmt: skip
+        record = opened["volume-store"]["data"]
+        assert record and record.get("pacs"), opened
+        answer = tab.run_volume(record, patch=16, stride=16)
+        handles.append(answer["response"]["volume-result"]["data"])
+    answers: list[str] = []
+    barrier = threading.Barrier(len(tabs))
+
+    def send(tab: Tab, handle: dict) -> None:
+        barrier.wait()
+        response = tab.call("pacs-sent.children@", {  # the Send, not the offer
+            "pacs-send.n_clicks": 1, "volume-result.data": handle, "session.data": tab.session,
+        }, timeout=120)  # fmt: skip
+        answers.append(_message(response))
+
+    sends = [threading.Thread(target=send, args=pair) for pair in zip(tabs, handles, strict=True)]
+    for thread in sends:
+        thread.start()
+    for thread in sends:
+        thread.join(180)
+    assert len(answers) == 5
+    assert sum("Sent to the PACS: a Parametric Map" in a for a in answers) == 1, answers
+    client = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD))
+    maps = dicomweb.content_labels(client, study, "1.2.840.10008.5.1.4.1.1.30")
+    stored = client.client.search_for_instances(  # type: ignore[attr-defined]
+        study, search_filters={"SOPClassUID": "1.2.840.10008.5.1.4.1.1.30"}
+    )
+    assert len(maps) == 1 and len(stored) == 1, (maps, len(stored))
+    again = tabs[3].call("pacs-sent.children@", {
+        "pacs-send.n_clicks": 2, "volume-result.data": handles[3], "session.data": tabs[3].session,
+    }, timeout=120)  # fmt: skip
+    assert "Already in the PACS" in _message(again)
