@@ -93,19 +93,21 @@ def send_volume_result(
     import pydicom
 
     from .io.dicomweb import store
+    from .registry.ood import caveat
     from .render.dicom_series import capture_series, nearest_sources, slice_pictures
     from .render.parametric_map import parametric_map
 
     class_name = model.class_name(heatmap.label)
+    warning = caveat(heatmap.extra.get("ood"))
     created = parametric_map(
         heatmap, tuple(model.input_size), prepared.affine, sources, model_name=model.name,
-        class_name=class_name, content_label=key,
+        class_name=class_name, content_label=key, comments=warning,
     )  # fmt: skip
     pictures = slice_pictures(model.windowed(prepared), heatmap)
     captures = capture_series(
         sources[0], pictures, description=f"Krypton heatmap {class_name}",
-        comments=f"{created.SeriesDescription}. Not a diagnosis: shows where occluding "
-        f"the volume changed the model's output.",
+        comments=(f"{warning} " if warning else "") + f"{created.SeriesDescription}. Not a "
+        "diagnosis: shows where occluding the volume changed the model's output.",
         include_identity=True,
         sources=nearest_sources(sources, prepared.affine, len(pictures)),
     )  # fmt: skip
@@ -140,7 +142,7 @@ def send_image_result(
     try:
         datasets.append(image_parametric_map(
             heatmap, tuple(model.input_size), header, model_name=model.name,
-            class_name=class_name, content_label=key,
+            class_name=class_name, content_label=key, comments=caveat(heatmap.extra.get("ood")),
         ))  # fmt: skip
     except ValueError:
         pass  # no frame of reference or several frames: the capture alone

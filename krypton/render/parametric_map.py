@@ -4,11 +4,22 @@ viewer overlays on the source series, placed by the source's frame of reference.
 Each voxel of the explained block holds the **drop in the class's probability** when the
 patch covering it is occluded (the probability without occlusion minus the heatmap's
 value at the nearest cell, :func:`krypton.render.volumes.voxel_values`; 0 beyond the
-cells' reach), stated by a real-world value mapping. The frames are the model's resampled
-voxels (its spacing and block), positioned in the patient frame from the source's
-geometry, so a viewer places them over the source image; the series description names
-the model, class, patch, stride and mode. An image's map (:func:`image_parametric_map`)
-is one frame at the source image's own pixels, placed as the source is.
+cells' reach), stated by a real-world value mapping.
+
+The map lies on the **source's own grid** where the source is a stack of single-frame
+slices (every CT and MR series): one frame per source slice, with its rows, columns and
+pixel spacing and a per-frame derivation reference to that slice, each pixel the drop of
+the model voxel (so of the cell) it falls in, nearest, never interpolated, 0 where the
+explained block does not reach. Viewers overlay a map only on that grid (OHIF matches
+each frame to a source slice). A source of another form (one multi-frame object) keeps
+the model's resampled grid, placed by the same frame of reference. Either way the frames
+are stored in ascending order along the slice normal, the order OHIF fills a volume in
+(highdicom writes them in the opposite order, which OHIF drew mirrored head to foot).
+
+The series description names the mode, model, class, patch and stride within DICOM's 64
+characters; an out-of-distribution verdict goes into the map's Image Comments. An
+image's map (:func:`image_parametric_map`) is one frame at the source image's own
+pixels, placed as the source is.
 """
 
 from __future__ import annotations
@@ -19,7 +30,16 @@ import numpy as np
 
 from .volumes import voxel_values
 
-__all__ = ["parametric_map", "image_parametric_map", "drop_values", "RAS_TO_LPS"]
+__all__ = [
+    "parametric_map",
+    "image_parametric_map",
+    "drop_values",
+    "drops_on_slices",
+    "frames_ascending",
+    "series_description",
+    "source_slices",
+    "RAS_TO_LPS",
+]
 
 RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])  # NIfTI's (and Volume.affine's) frame to DICOM's
 
@@ -41,13 +61,15 @@ def parametric_map(
     class_name: str,
     series_number: int = 9901,
     content_label: str = "OCCLUSION",
+    comments: str = "",
 ):
     """The Parametric Map of ``heatmap`` (a volume's, over the model's input block of
     ``shape``) whose voxels map to the patient frame by ``voxel_affine`` (RAS+, the
-    prepared volume's),
-    referencing the source series' datasets ``sources`` (headers suffice).
-    ``content_label``: what a later search recognises the map by (DICOM's CS, at most 16
-    upper-case letters, digits and underscores)."""
+    prepared volume's), referencing the source series' datasets ``sources`` (headers
+    suffice): on the sources' grid where they are slices (module docstring), else on the
+    model's. ``content_label``: what a later search recognises the map by (DICOM's CS,
+    at most 16 upper-case letters, digits and underscores); ``comments``: the run's
+    caveats (an out-of-distribution verdict)."""
     import highdicom as hd
 
     if voxel_affine is None:
@@ -56,9 +78,103 @@ def parametric_map(
     if frame is None:
         raise ValueError("the source series has no frame of reference to place a map on")
     drops = drop_values(heatmap, shape)
-    volume = hd.Volume(drops, RAS_TO_LPS @ np.asarray(voxel_affine), "PATIENT", frame)
-    return _map(heatmap, volume, drops, list(sources), model_name, class_name,
-                series_number, content_label)  # fmt: skip
+    slices = source_slices(sources)
+    if slices is not None:
+        pixels = drops_on_slices(drops, np.asarray(voxel_affine), slices)
+        created = _map(heatmap, pixels, drops, slices, model_name, class_name,
+                       series_number, content_label)  # fmt: skip
+    else:
+        volume = hd.Volume(drops, RAS_TO_LPS @ np.asarray(voxel_affine), "PATIENT", frame)
+        created = _map(heatmap, volume, drops, list(sources), model_name, class_name,
+                       series_number, content_label)  # fmt: skip
+    frames_ascending(created)
+    if comments:
+        created.ImageComments = comments[:10240]
+    return created
+
+
+def _normal(orientation) -> np.ndarray:
+    """The slice normal (row direction x column direction) of an Image Orientation."""
+    cosines = np.asarray(orientation, dtype=np.float64)
+    return np.cross(cosines[:3], cosines[3:])
+
+
+def source_slices(sources: Sequence) -> list | None:
+    """``sources`` as slices a map can be laid on, in ascending order along the slice
+    normal: single-frame, each placed (position, orientation, pixel spacing), all with
+    one orientation, one size and one spacing, no two at one position. None where they
+    are not (a multi-frame object, a scout among the slices)."""
+    placed = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing")
+    if not sources or not all(all(source.get(k) for k in placed) for source in sources):
+        return None
+    if any(int(source.get("NumberOfFrames", 1) or 1) > 1 for source in sources):
+        return None
+    first = sources[0]
+    same = all(
+        np.allclose(source.ImageOrientationPatient, first.ImageOrientationPatient, atol=1e-4)
+        and np.allclose(source.PixelSpacing, first.PixelSpacing, rtol=1e-4)
+        and (source.Rows, source.Columns) == (first.Rows, first.Columns)
+        for source in sources
+    )
+    if not same:
+        return None
+    normal = _normal(first.ImageOrientationPatient)
+    distance = [float(normal @ np.asarray(s.ImagePositionPatient, float)) for s in sources]
+    order = np.argsort(distance, kind="stable")
+    if len(set(np.round(distance, 4))) != len(sources):
+        return None
+    return [sources[i] for i in order]
+
+
+def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence) -> np.ndarray:
+    """``drops`` (the model's block, (D, H, W), placed by ``voxel_affine``, RAS+) on each
+    of ``slices``' pixels: (slices, rows, columns), each pixel the value of the model
+    voxel its centre falls in (nearest), 0 outside the block. A slice at a time, so a
+    512 x 512 series costs one slice's indices at once."""
+    to_voxel = np.linalg.inv(voxel_affine) @ RAS_TO_LPS  # LPS mm -> model voxel index
+    linear, offset = to_voxel[:3, :3], to_voxel[:3, 3]
+    rows, columns = int(slices[0].Rows), int(slices[0].Columns)
+    row_spacing, column_spacing = (float(v) for v in slices[0].PixelSpacing)
+    cosines = np.asarray(slices[0].ImageOrientationPatient, dtype=np.float64)
+    along_column = linear @ (cosines[:3] * column_spacing)  # one column to the right
+    along_row = linear @ (cosines[3:] * row_spacing)  # one row down
+    shape = np.asarray(drops.shape)
+    out = np.zeros((len(slices), rows, columns), dtype=np.float32)
+    j, k = np.arange(rows)[:, None, None], np.arange(columns)[None, :, None]
+    for number, source in enumerate(slices):
+        base = linear @ np.asarray(source.ImagePositionPatient, dtype=np.float64) + offset
+        index = np.rint(base + j * along_row + k * along_column).astype(np.int64)
+        inside = np.all((index >= 0) & (index < shape), axis=-1)
+        clipped = np.clip(index, 0, shape - 1)
+        picked = drops[clipped[..., 0], clipped[..., 1], clipped[..., 2]]
+        out[number] = np.where(inside, picked, 0.0)
+    return out
+
+
+def frames_ascending(created) -> None:
+    """Reorder a placed map's frames (their pixels and per-frame groups together) into
+    ascending order along the slice normal; each frame keeps its own position and
+    source reference."""
+    groups = created.PerFrameFunctionalGroupsSequence
+    shared = created.SharedFunctionalGroupsSequence[0]
+    if "PlaneOrientationSequence" in shared:
+        orientation = shared.PlaneOrientationSequence[0].ImageOrientationPatient
+    else:
+        orientation = groups[0].PlaneOrientationSequence[0].ImageOrientationPatient
+    normal = _normal(orientation)
+    distance = [
+        float(normal @ np.asarray(g.PlanePositionSequence[0].ImagePositionPatient, float))
+        for g in groups
+    ]
+    order = np.argsort(distance, kind="stable")
+    if np.array_equal(order, np.arange(len(order))):
+        return
+    frames = np.asarray(created.pixel_array)
+    frames = frames.reshape(len(groups), *frames.shape[-2:])[order]
+    created.PerFrameFunctionalGroupsSequence = [groups[i] for i in order]
+    element = "FloatPixelData" if "FloatPixelData" in created else "DoubleFloatPixelData"
+    dtype = np.float32 if element == "FloatPixelData" else np.float64
+    setattr(created, element, np.ascontiguousarray(frames, dtype=dtype).tobytes())
 
 
 def image_parametric_map(
@@ -70,6 +186,7 @@ def image_parametric_map(
     class_name: str,
     series_number: int = 9901,
     content_label: str = "OCCLUSION",
+    comments: str = "",
 ):
     """The Parametric Map of an image's ``heatmap`` over its single-frame DICOM
     ``source`` (a header suffices): one frame at the source's own rows and columns, each
@@ -95,8 +212,11 @@ def image_parametric_map(
         for n, size in ((rows, height), (columns, width))
     ]
     pixels = drops[np.ix_(*picks)]
-    return _map(heatmap, pixels, pixels, [source], model_name, class_name,
-                series_number, content_label)  # fmt: skip
+    created = _map(heatmap, pixels, pixels, [source], model_name, class_name,
+                   series_number, content_label)  # fmt: skip
+    if comments:
+        created.ImageComments = comments[:10240]
+    return created
 
 
 def _map(heatmap, pixel_array, drops: np.ndarray, sources: list, model_name: str,
@@ -109,10 +229,7 @@ def _map(heatmap, pixel_array, drops: np.ndarray, sources: list, model_name: str
     from .. import __version__
 
     low, high = float(drops.min()), float(drops.max())
-    what = (
-        f"Krypton occlusion {heatmap.mode}, {model_name}, class {class_name}, "
-        f"patch {_side(heatmap.patch)}, stride {_side(heatmap.stride)}"
-    )
+    what = series_description(heatmap.mode, model_name, class_name, heatmap.patch, heatmap.stride)
     mapping = hd.pm.RealWorldValueMapping(
         lut_label="DROP",
         lut_explanation=f"drop in P({class_name}) with the patch occluding this voxel"[:64],
@@ -138,9 +255,11 @@ def _map(heatmap, pixel_array, drops: np.ndarray, sources: list, model_name: str
         # only with the LINEAR_EXACT function (dciodvfy refuses plain LINEAR)
         voi_lut_transformations=[
             hd.VOILUTTransformation(
-                window_center=max(high, 1e-6) / 2,
-                window_width=max(high, 1e-6),
-                window_explanation="0 to the largest drop",
+                window_center=[max(high, 1e-6) / 2],
+                window_width=[max(high, 1e-6)],
+                # one window, one explanation: highdicom splits a plain string into
+                # one value per character
+                window_explanation=["0 to the largest drop"],
                 voi_lut_function=hd.VOILUTFunctionValues.LINEAR_EXACT,
             )
         ],
@@ -151,6 +270,25 @@ def _map(heatmap, pixel_array, drops: np.ndarray, sources: list, model_name: str
     # General Series' Laterality is Type 2C (paired body parts): the source's, else empty
     created.Laterality = sources[0].get("Laterality") or ""
     return created
+
+
+def series_description(mode: str, model_name: str, class_name: str, patch, stride) -> str:
+    """The map's (and captures') series description: mode, model, class, patch and
+    stride within DICOM's 64 characters; long model and class names are shortened, the
+    numbers never."""
+    tail = f", patch {_side(patch)}, stride {_side(stride)}"
+    head, joint = f"Krypton {mode}, ", ", class "
+    room = 64 - len(head) - len(joint) - len(tail)
+    if room < 20:  # long modes and anisotropic patches: the words give way, never the numbers
+        head, joint = f"{mode}, ", ", "
+        room = 64 - len(head) - len(joint) - len(tail)
+    class_room = min(len(class_name), max(room // 2, room - len(model_name)))
+    model_room = room - class_room
+    return f"{head}{_cut(model_name, model_room)}{joint}{_cut(class_name, class_room)}{tail}"
+
+
+def _cut(name: str, room: int) -> str:
+    return name if len(name) <= room else name[: max(room - 1, 0)] + "~"
 
 
 def _side(value) -> str:
