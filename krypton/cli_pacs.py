@@ -183,18 +183,33 @@ def run_explain_pacs(
         return 2
 
 
+ALREADY = "already    study {study} holds this result ({key}): nothing new was stored"
+
+
 def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, options_of):
-    """What stores an image's result after the run (``--send``), or None."""
+    """What stores an image's result after the run (``--send``), or None: unless the
+    study holds it already (its key, :func:`krypton.pacs.result_key`, as the app's)."""
     if not args.send:
         return None
 
     def send(model, heatmap) -> None:
-        from .io.dicom import parse_window
-        from .pacs import result_key, send_image_result
+        import pydicom
 
-        settings = {**options_of(args, model), "label": args.label, "instance": args.instance}
-        key = result_key(series, model, settings)
+        from .io.dicom import parse_window
+        from .pacs import in_study, result_key, send_image_result
+
         window = None if args.window is None else parse_window(args.window)
+        header = pydicom.dcmread(args.image, stop_before_pixels=True)
+        frames = int(header.get("NumberOfFrames", 1) or 1)  # the frame read: the middle one
+        frame = frames // 2 if args.frame is None else int(args.frame)  # unless one is named
+        settings = {
+            **options_of(args, model), "label": heatmap.label,
+            "instance": str(header.SOPInstanceUID), "frame": frame, "window": window,
+        }  # fmt: skip
+        key = result_key(series, model, settings)
+        if in_study(pacs, study, key):
+            print(ALREADY.format(study=study, key=key))
+            return
         sent = send_image_result(
             pacs, study, model, heatmap, Path(args.image), key, window=window, frame=args.frame
         )
@@ -212,16 +227,21 @@ def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, optio
 
 
 def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list, options_of):
-    """What stores the result after the run (``--send``), or None."""
+    """What stores the result after the run (``--send``), or None: unless the study
+    holds it already (its key, :func:`krypton.pacs.result_key`, as the app's and
+    batch's)."""
     if not args.send:
         return None
 
     def send(model, prepared, heatmap) -> None:
         from .io.dicomweb import fetched_headers
-        from .pacs import result_key, send_volume_result
+        from .pacs import in_study, result_key, send_volume_result
 
+        key = result_key(series, model, {**options_of(args, model), "label": heatmap.label})
+        if in_study(pacs, study, key):
+            print(ALREADY.format(study=study, key=key))
+            return
         sources = fetched_headers(files)
-        key = result_key(series, model, {**options_of(args, model), "label": args.label})
         sent = send_volume_result(pacs, study, model, prepared, heatmap, sources, key)
         print(
             f"sent       a Parametric Map (series {sent.map_series}) and {sent.captures} "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,9 @@ __all__ = [
     "StudyBatch",
     "explain_series",
     "explainable_series",
+    "in_study",
+    "source_instance",
+    "value_settings",
     "local_series",
     "is_explainable",
     "result_key",
@@ -57,28 +60,111 @@ NOT_IMAGES = frozenset(
 MANUFACTURER = "Krypton"  # what Krypton's own results (maps, captures) name as their maker
 
 
-def result_key(series_uid: str, model, settings: dict) -> str:
-    """The Content Label of ``model``'s result for the source series ``series_uid`` under
-    ``settings`` (explain()'s options and the label asked for): the same inputs give the
-    same key, other weights or settings another."""
+# the settings that decide a result's values beside mode, patch, stride, class, region
+# and fill: an approximate run's quality settings, the arithmetic's precision
+_APPROXIMATE = ("tau", "target_ssim", "r_drill_down", "target_speedup", "s1", "refine_by")
+_SOURCE = ("instance", "frame", "window")  # which image of a series, and how it was read
+
+
+def value_settings(model, settings: Mapping) -> dict:
+    """The settings that decide a result's values, in one form whoever ran it (the app,
+    the CLI, batch, a worker): mode; patch and stride as one side per axis; the class as
+    its index (a name or a number given as text is resolved; None is refused: the caller
+    passes the class the run explained); the region as integers or None; the fill as
+    "gray" where it is the model's gray; the precision where not fp32; an approximate
+    run's settings that were set; and, for one image of a series, its instance, frame
+    and window. Anything else (batch size, strategy, device) changes speed only."""
+    rank = 3 if getattr(model, "is_volume", False) else 2
+    mode = str(settings.get("mode") or "exact")
+    decided: dict = {
+        "mode": mode,
+        "patch": _sides(settings.get("patch", model.patch), rank),
+        "stride": _sides(settings.get("stride", model.default_stride), rank),
+        "label": _class_index(model, settings.get("label")),
+        "region": None if not settings.get("region") else [int(v) for v in settings["region"]],
+        "fill": _fill(model, settings.get("fill")),
+    }
+    if settings.get("precision") not in (None, "fp32"):
+        decided["precision"] = str(settings["precision"])
+    if mode == "approximate":
+        decided.update({k: settings[k] for k in _APPROXIMATE if settings.get(k) is not None})
+    for name in _SOURCE:
+        value = settings.get(name)
+        if value not in (None, ""):
+            decided[name] = [float(v) for v in value] if isinstance(value, (list, tuple)) else value
+    return decided
+
+
+def _sides(value, rank: int) -> list[int]:
+    sides = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)] * rank
+    return sides * rank if len(sides) == 1 else sides
+
+
+def _class_index(model, label) -> int:
+    if label is None or label == "":
+        raise ValueError("a result key names the class the run explained, not None")
+    if isinstance(label, str) and not label.strip().lstrip("-").isdigit():
+        names = [name.lower() for name in model.classes]
+        if label.strip().lower() not in names:
+            raise ValueError(f"{model.name} has no class {label!r}")
+        return names.index(label.strip().lower())
+    return int(label)
+
+
+def _fill(model, fill) -> object:
+    if fill is None or fill == "gray":
+        return "gray"
+    values = [round(float(v), 6) for v in (fill if isinstance(fill, (list, tuple)) else [fill])]
+    gray = [round(float(v), 6) for v in model.gray_fill()]
+    return "gray" if values == gray or values == gray[:1] * len(values) else values
+
+
+def result_key(series_uid: str, model, settings: Mapping) -> str:
+    """The Content Label of ``model``'s result for the source series ``series_uid``: a
+    digest of the series, the model's name and weights, and :func:`value_settings` of
+    ``settings``. The same result from the app, the CLI, batch or a worker gets the same
+    key; other weights or settings another."""
     from ._fingerprint import model_fingerprint
 
     weights = model_fingerprint(model.module)[1]
     described = json.dumps(
-        {"series": series_uid, "model": model.name, "weights": weights, **settings},
+        {"series": series_uid, "model": model.name, "weights": weights,
+         **value_settings(model, settings)},
         sort_keys=True,
         default=str,
-    )
+    )  # fmt: skip
     return KEY_PREFIX + hashlib.sha256(described.encode()).hexdigest()[:8].upper()
+
+
+def source_instance(source: Path | bytes) -> str:
+    """The SOP Instance UID of a DICOM file (a path or its bytes): which image of a
+    series an image's result explains, in its key."""
+    import io
+
+    import pydicom
+
+    readable = io.BytesIO(source) if isinstance(source, bytes) else source
+    return str(pydicom.dcmread(readable, stop_before_pixels=True).SOPInstanceUID)
+
+
+def in_study(pacs: Pacs, study_uid: str, key: str) -> bool:
+    """Whether the study holds the result ``key`` already: a Parametric Map labelled
+    with it (what every entry point asks before it stores)."""
+    return key in content_labels(pacs, study_uid, PARAMETRIC_MAP_STORAGE)
 
 
 @dataclass(frozen=True)
 class SentResult:
-    """What one send stored: the map's series and the captures' series."""
+    """What one send stored: the map's series and the captures' series; ``already``: the
+    study held the result, and nothing was stored."""
 
     map_series: str
     capture_series: str
     captures: int
+    already: bool = False
+
+
+ALREADY_THERE = SentResult("", "", 0, already=True)
 
 
 def send_volume_result(
@@ -190,13 +276,15 @@ SeriesSubmit = Callable[[list[tuple[SeriesRow, str]]], Iterator[SeriesOutcome]]
 
 def explain_series(
     pacs: Pacs, study_uid: str, series_uid: str, model, options: dict, label: str | None,
-    key: str, send: bool,
+    key: str | None, send: bool,
 ) -> tuple[object, dict[str, bytes], SentResult | None]:  # fmt: skip
     """Fetch one series, explain it with the volume ``model`` (the row and files
     ``krypton batch`` writes for a volume) and, with ``send``, store the result in the
-    study labelled ``key``. A series that cannot be fetched or explained gives a row
-    with its error; a refused send raises PacsError. The local study batch and the
-    Celery workers (:mod:`krypton.batch.broker`) both call this."""
+    study labelled ``key`` unless the study holds it already (:data:`ALREADY_THERE`).
+    ``key`` None: the run's own (:func:`result_key` with the class it explained, for a
+    batch whose class is the predicted one). A series that cannot be fetched or
+    explained gives a row with its error; a refused send raises PacsError. The local
+    study batch and the Celery workers (:mod:`krypton.batch.broker`) both call this."""
     from .batch.folder import BatchRow, explain_item
 
     with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
@@ -209,9 +297,11 @@ def explain_series(
     sent = None
     if send and not row.error:
         extra = row.extra
-        sent = send_volume_result(
-            pacs, study_uid, model, extra["prepared"], extra["heatmap"], sources, key
-        )
+        heatmap = extra["heatmap"]
+        key = key or result_key(series_uid, model, {**options, "label": heatmap.label})
+        if in_study(pacs, study_uid, key):
+            return row, outputs, ALREADY_THERE
+        sent = send_volume_result(pacs, study_uid, model, extra["prepared"], heatmap, sources, key)
     return row, outputs, sent
 
 
@@ -249,7 +339,9 @@ def run_study_batch(
     summary.csv and index.html) and, with ``send``, store each result in the study.
 
     With ``send``, a series whose result (:func:`result_key`) the study already holds is
-    neither fetched nor explained again. A series that cannot be fetched or explained
+    neither fetched nor explained again where ``label`` names the class; for the
+    predicted class the key is known after the run, so the series is explained and
+    nothing is sent (counted as already there). A series that cannot be fetched or explained
     gets a row with its error and the run goes on; a refused send ends the run (the
     PACS's message is the error), results sent before it stay. ``submit(pacs,
     study_uid, model, options, label, send)`` makes what explains the series: here by
@@ -277,7 +369,12 @@ def run_study_batch(
 
     todo = []
     for found in series:
-        key = result_key(found.series_uid, model, {**options, "label": label})
+        # a class named ahead gives the key ahead; the predicted class's key is the run's
+        key = (
+            None
+            if label is None
+            else result_key(found.series_uid, model, {**options, "label": label})
+        )
         if send and key in there:
             outcome.already_sent.append(found.series_uid)
             kept = done_row(out_dir, item_of(found), settings)
@@ -293,7 +390,9 @@ def run_study_batch(
         store_outputs(out_dir, item_of(found), row, outputs, settings)
         outcome.rows.append(row)
         outcome.explained += not row.error
-        if sent is not None:
+        if sent is not None and sent.already:
+            outcome.already_sent.append(found.series_uid)
+        elif sent is not None:
             outcome.sent.append(sent)
         if progress is not None:
             progress(number, len(todo), found.description or found.series_uid)

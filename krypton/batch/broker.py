@@ -194,7 +194,7 @@ def register_batch_task(app: Celery) -> None:
     @app.task(name=PACS_TASK, bind=True)
     def pacs_series(
         task, model_name: str, checksum: str, pacs_url: str, study: str, series: str,
-        label: str | None, options: dict, send: bool, key: str,
+        label: str | None, options: dict, send: bool, key: str | None,
     ) -> dict:  # fmt: skip
         """One series of a study batch, fetched from and sent to this worker's own PACS
         (its KRYPTON_DICOMWEB_URL and sign-in: no credential travels in a message)."""
@@ -207,7 +207,7 @@ def register_batch_task(app: Celery) -> None:
 
 def _pacs_series(
     worker: str, model_name: str, checksum: str, pacs_url: str, study: str, series: str,
-    label: str | None, options: dict, send: bool, key: str,
+    label: str | None, options: dict, send: bool, key: str | None,
 ) -> dict:  # fmt: skip
     """The PACS task's work (:func:`krypton.pacs.explain_series`), its answer a dict: the
     row, the files (base64), what was sent, or ``refused``: the PACS refused the send."""

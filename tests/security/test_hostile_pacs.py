@@ -461,3 +461,59 @@ def test_first_sends_from_five_addresses_at_once_store_one_map(orthanc_app):
         "pacs-send.n_clicks": 2, "volume-result.data": handles[3], "session.data": tabs[3].session,
     }, timeout=120)  # fmt: skip
     assert "Already in the PACS" in _message(again)
+
+
+@needs_nginx
+def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_path):
+    """Before: `krypton explain --send` run twice stored the result twice (the CLI never
+    asked the study), and the app's key (the class index) and the CLI's (label None)
+    differed, so the same result sent from both was stored twice."""
+    from test_pacs import PASSWORD, USER
+
+    from krypton.io import dicomweb
+
+    server, root, study, series = orthanc_app
+    env = {"KRYPTON_DICOMWEB_USER": USER, "KRYPTON_DICOMWEB_PASSWORD": PASSWORD}
+    explain = ["explain", f"dicomweb:{study}/{series}", "--model", "chestct-demo", "--patch",
+               "16", "--stride", "8", "--out", str(tmp_path / "cli"), "--send"]  # fmt: skip
+    first = _run_signed_in(explain, root, env)
+    assert first.code == 0 and "sent       a Parametric Map" in first.out, first.err[-500:]
+    again = _run_signed_in(explain, root, env)
+    assert again.code == 0 and "holds this result" in again.out, again.out[-500:]
+
+    tab = Tab.at(server.url, loopback(1, 45))
+    ticket = {"name": "PACS CT", "pacs": {"study": study, "series": series}, "opened": 1}
+    record = tab.call(
+        "volume-store.data", {"volume-ticket.data": ticket, "session.data": tab.session},
+        timeout=120,
+    ).json()["response"]["volume-store"]["data"]  # fmt: skip
+    handle = tab.run_volume(record, patch=16, stride=8)["response"]["volume-result"]["data"]
+    sent = tab.call("pacs-sent.children@", {
+        "pacs-send.n_clicks": 1, "volume-result.data": handle, "session.data": tab.session,
+    }, timeout=120)  # fmt: skip
+    assert "Already in the PACS" in _message(sent)
+
+    batch = _run_signed_in(
+        ["batch", "--dicomweb", "--study", study, "--model", "chestct-demo", "--patch", "16",
+         "--stride", "8", "--out", str(tmp_path / "batch"), "--send"], root, env,
+    )  # fmt: skip
+    assert batch.code == 0 and "1 series had theirs already" in batch.out, batch.out[-500:]
+    client = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD))
+    rows = client.client.search_for_instances(  # type: ignore[attr-defined]
+        study, search_filters={"SOPClassUID": "1.2.840.10008.5.1.4.1.1.30"},
+        fields=["00700080", "0008103E"],
+    )  # fmt: skip
+    strides = [r for r in rows if "stride 8" in str(r.get("0008103E", {}).get("Value", [""])[0])]
+    assert len(strides) == 1, [r.get("0008103E") for r in rows]
+
+
+def _run_signed_in(args: list[str], root: str, env: dict) -> Ran:
+    """run_cli with the PACS's sign-in (run_cli drops it for the hostile server)."""
+    environment = {**env}
+    started = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, "-m", "krypton", *args], cwd=ROOT, capture_output=True, text=True,
+        env=dict(os.environ, KRYPTON_DICOMWEB_URL=root, **environment), timeout=300,
+    )  # fmt: skip
+    return Ran(process.returncode, process.stdout, process.stderr,
+               time.monotonic() - started, 0.0)  # fmt: skip

@@ -11,12 +11,13 @@ import logging
 from dash import Input, Output, State, no_update
 from dash.exceptions import PreventUpdate
 
-from krypton.io.dicomweb import PacsError, connect, content_labels
+from krypton.io.dicomweb import PacsError, connect
 from krypton.pacs import (
-    PARAMETRIC_MAP_STORAGE,
+    in_study,
     result_key,
     send_image_result,
     send_volume_result,
+    source_instance,
 )
 from krypton.render.dicom_series import dicom_headers
 
@@ -46,7 +47,7 @@ class PacsPanel:
         result is a Secondary Capture alone, which has no label)."""
         if self.services.pacs_sources.was_sent(key, session):
             return True
-        return key in content_labels(client, study, PARAMETRIC_MAP_STORAGE)
+        return in_study(client, study, key)
 
     def register(self, app) -> None:
         """Attach the callbacks to ``app`` (nothing without a configured PACS)."""
@@ -240,7 +241,7 @@ class PacsPanel:
                 model = self.services.model(result["model"])
                 settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
                 key = result_key(series, model, {
-                    **settings, "label": result["label"], "image": record["source"],
+                    **settings, "label": result["label"], "instance": source_instance(source),
                     "frame": record["frame"], "window": record.get("requested"),
                 })  # fmt: skip
                 with self.services.pacs_sources.sending(key):
