@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs
+.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs viewer ohif
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,17 @@ cluster: $(STAMP)
 # DICOMweb plugin on a local port, its storage in cache/pacs, the chest-CT sample stored
 pacs: $(STAMP)
 	$(PY) -m demo.pacs --folder cache/pacs --port $(PACS_PORT)
+
+# The viewer sites put beside Orthanc: OHIF v3 (npm @ohif/app's prebuilt dist/, fetched
+# once into cache/ohif by `make ohif`) served by Debian's nginx on one origin with the
+# PACS of `make pacs`, whose sign-in nginx adds (demo/viewer.py). Open the printed address,
+# then a study, and double-click Krypton's PMAP series to overlay it.
+VIEWER_PORT ?= 8043
+viewer: ohif
+	$(PY) -m demo.viewer --port $(VIEWER_PORT) --pacs http://$(HOST):$(PACS_PORT)/dicom-web
+
+ohif: $(STAMP)
+	$(PY) -c "from demo.viewer import fetch_ohif; print(fetch_ohif())"
 
 bench: $(STAMP)
 	$(PY) -m bench.bench

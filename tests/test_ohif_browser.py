@@ -1,0 +1,222 @@
+"""Krypton's map where a radiologist reads it: OHIF v3 (npm @ohif/app's prebuilt viewer,
+with its Parametric Map extension) served by Debian's nginx beside Debian's Orthanc, in
+a real Chromium with software WebGL. A CT is stored in Orthanc, explained and sent back
+as Krypton's Send stores it; OHIF opens the study, the map is double-clicked (OHIF fuses
+it over the CT), and the fused volume is read back from OHIF's own page objects
+(``window.cornerstone``'s cache): the slices that hold the map's maximum must be those of
+Krypton's strongest cell.
+
+Before, OHIF drew the map mirrored head to foot (frames stored from high z to low z,
+which OHIF fills in file order), and on a CT at another geometry than the model's it
+could not overlay the map at all (48 frames of 48 x 48 at 5 mm matched no slice)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+from scipy.ndimage import zoom
+from test_pacs import PASSWORD, USER, _free_port, orthanc  # noqa: F401
+
+import krypton
+from demo.pacs import ct_series
+from demo.viewer import fetch_ohif, start_viewer
+from krypton.chestct import ChestCTGenerator
+from krypton.io import dicomweb
+from krypton.pacs import result_key, send_volume_result
+from krypton.render.parametric_map import (
+    RAS_TO_LPS,
+    drop_values,
+    drops_on_slices,
+    source_slices,
+)
+from krypton.render.volumes import lowest_voxel
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed"),
+]
+MAP_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def viewer(orthanc, tmp_path_factory):  # noqa: F811
+    """OHIF on one origin with Orthanc (nginx proxies /dicom-web/ with the sign-in)."""
+    folder = tmp_path_factory.mktemp("viewer")
+    process, url = start_viewer(fetch_ohif(), folder, _free_port(), orthanc, USER, PASSWORD)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
+                     "--ignore-gpu-blocklist", "--window-size=1400,1000"):  # fmt: skip
+        options.add_argument(argument)
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    driver = webdriver.Chrome(
+        service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"),
+        options=options,
+    )
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return krypton.registry.load_model("chestct-demo")
+
+
+def _ct(shape: tuple[int, int, int], spacing: tuple[float, float, float]) -> np.ndarray:
+    """The nodule sample (48³ at 5 mm) on another grid over the same body, centred, air
+    where the new grid is larger."""
+    sample = ChestCTGenerator(seed=40).sample(label=1, nodules=1).volume
+    moved = zoom(sample, [48 * 5.0 / s / 48 for s in spacing], order=1)
+    hu = np.full(shape, -1000.0, dtype=np.float32)
+    source, target = [], []
+    for have, want in zip(moved.shape, shape, strict=True):
+        start = abs(have - want) // 2
+        if have >= want:
+            source.append(slice(start, start + want))
+            target.append(slice(0, want))
+        else:
+            source.append(slice(0, have))
+            target.append(slice(start, start + have))
+    hu[tuple(target)] = moved[tuple(source)]
+    return hu
+
+
+def _sent(orthanc_root: str, model, hu: np.ndarray, spacing) -> tuple[str, float, list[float]]:
+    """Store ``hu`` as a CT series, explain it as a PACS series is explained and send the
+    result as Send does: (the study, the z of Krypton's strongest cell's centre, the z of
+    the source slices its drop covers)."""
+    from krypton.io.volumes import read_dicom_series
+
+    datasets = ct_series(hu, spacing, "Ohif^Test", origin=(-120.0, -120.0, -60.0))
+    study, series = str(datasets[0].StudyInstanceUID), str(datasets[0].SeriesInstanceUID)
+    pacs = dicomweb.connect(dicomweb.PacsSettings(orthanc_root, USER, PASSWORD))
+    dicomweb.store(pacs, datasets, study)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        files = dicomweb.fetch_series(pacs, study, series, Path(folder))
+        volume = read_dicom_series(folder)
+        headers = dicomweb.fetched_headers(files)
+    prepared = model.prepare_volume(volume)
+    heatmap = krypton.explain(
+        model, prepared.tensor, patch=16, stride=8, mode="exact", fill=model.gray_fill()
+    )
+    settings = {"mode": "exact", "patch": 16, "stride": 8, "label": heatmap.label}
+    send_volume_result(pacs, study, model, prepared, heatmap, headers,
+                       result_key(series, model, settings))  # fmt: skip
+    centre = np.array([*lowest_voxel(heatmap), 1.0])
+    centre_z = float((RAS_TO_LPS @ prepared.affine @ centre)[2])
+    slices = source_slices(headers)
+    drops = drops_on_slices(drop_values(heatmap, tuple(model.input_size)), prepared.affine, slices)
+    holding = [float(header.ImagePositionPatient[2]) for header, frame in zip(slices, drops)
+               if frame.max() >= drops.max() - 1e-6]  # fmt: skip
+    return study, centre_z, holding
+
+
+READ_VOLUMES = """
+const out = [];
+for (const v of window.cornerstone.cache.getVolumes()) {
+  let data = null;
+  try { data = v.voxelManager.getCompleteScalarDataArray(); } catch (e) { data = null; }
+  if (!data) continue;
+  const [nx, ny, nz] = v.dimensions, plane = nx * ny;
+  let max = -Infinity;
+  for (let i = 0; i < data.length; i++) if (data[i] > max) max = data[i];
+  const slices = [];
+  for (let k = 0; k < nz; k++) {
+    let top = -Infinity;
+    for (let i = k * plane; i < (k + 1) * plane; i++) if (data[i] > top) top = data[i];
+    if (top >= max - 1e-6 * Math.abs(max)) slices.push(k);
+  }
+  out.push({id: v.volumeId, dimensions: v.dimensions, spacing: v.spacing, origin: v.origin,
+            direction: Array.from(v.direction), max, slices});
+}
+return JSON.stringify(out);
+"""
+
+
+def _fused_map(browser, viewer_url: str, study: str) -> dict:  # noqa: F811
+    """Open ``study`` in OHIF, double-click its map, and OHIF's volume of it once
+    loaded: dimensions, spacing, origin, direction and the slices holding its maximum."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{viewer_url}/viewer?StudyInstanceUIDs={study}")
+    deadline = time.monotonic() + MAP_TIMEOUT_S
+
+    def entry():
+        return browser.execute_script(
+            "return Array.from(document.querySelectorAll("
+            "'[data-cy=\"study-browser-thumbnail-no-image\"]'))"
+            ".find(e => e.textContent.includes('PMAP')) || null"
+        )
+
+    shown = "return (window.cornerstone?.getEnabledElements?.() || []).length"
+    while not (entry() and browser.execute_script(shown)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert entry() is not None, "OHIF lists no PMAP entry for the study"
+    for skip in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Skip all']"):
+        skip.click()  # the first-visit tour covers the page
+    for _attempt in range(5):  # the study browser re-renders as the series load
+        try:
+            ActionChains(browser).double_click(entry()).perform()
+            break
+        except StaleElementReferenceException:
+            time.sleep(0.5)
+    while time.monotonic() < deadline:
+        volumes = json.loads(browser.execute_script(READ_VOLUMES))
+        maps = [v for v in volumes if v["id"].startswith("pmap")]
+        if maps and maps[0]["max"] > 0:
+            return maps[0]
+        time.sleep(1.0)
+    errors = [e["message"][:300] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    raise AssertionError(f"OHIF fused no map in {MAP_TIMEOUT_S} s: {errors[-5:]}")
+
+
+GEOMETRIES = {
+    "48x48x48-5mm": ((48, 48, 48), (5.0, 5.0, 5.0)),  # the model's own grid, as the sample
+    "40x128x128-3mm": ((40, 128, 128), (3.0, 3.0, 3.0)),
+    "48x512x512-0.7mm": ((48, 512, 512), (5.0, 0.7, 0.7)),  # a clinical CT's rows
+}
+
+
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_ohif_draws_the_map_on_the_slices_of_kryptons_strongest_cell(
+    browser,
+    viewer,
+    orthanc,  # noqa: F811
+    model,
+    geometry,
+):
+    shape, spacing = GEOMETRIES[geometry]
+    study, centre_z, holding = _sent(orthanc, model, _ct(shape, spacing), spacing)
+    fused = _fused_map(browser, viewer, study)
+    assert fused["dimensions"] == [shape[2], shape[1], shape[0]]  # x, y, z: the CT's grid
+    assert fused["spacing"] == pytest.approx([spacing[2], spacing[1], spacing[0]])
+    assert fused["direction"][8] == pytest.approx(1.0)  # slice index grows with z
+    slices_z = [fused["origin"][2] + k * spacing[0] for k in fused["slices"]]
+    print(f"OHIF {geometry}: the map's maximum on z {min(slices_z):.1f}-{max(slices_z):.1f} mm;"
+          f" Krypton's strongest cell centred at z {centre_z:.1f} mm, its drop on "
+          f"{min(holding):.1f}-{max(holding):.1f} mm")  # fmt: skip
+    # the slices OHIF shows the largest drop on are those Krypton's cell covers (one
+    # slice's slack at each end), and they hold the cell's centre
+    assert abs(min(slices_z) - min(holding)) <= spacing[0] + 1e-6
+    assert abs(max(slices_z) - max(holding)) <= spacing[0] + 1e-6
+    assert min(slices_z) - spacing[0] <= centre_z <= max(slices_z) + spacing[0]
