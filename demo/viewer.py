@@ -116,7 +116,9 @@ def fetch_ohif(cache: Path = OHIF_CACHE, version: str = OHIF_VERSION) -> Path:
             cwd=folder, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         if packed.returncode != 0:
-            raise SystemExit(f"npm could not fetch {OHIF_PACKAGE}@{version}: {packed.stderr[-500:]}")
+            raise SystemExit(
+                f"npm could not fetch {OHIF_PACKAGE}@{version}: {packed.stderr[-500:]}"
+            )
         tarball = Path(folder) / packed.stdout.strip().splitlines()[-1]
         unpacked = Path(folder) / "unpacked"
         with tarfile.open(tarball) as archive:

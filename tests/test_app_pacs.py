@@ -11,7 +11,7 @@ from test_pacs import PASSWORD, USER, hu_volume, orthanc, stored_series  # noqa:
 from krypton.io.dicomweb import PacsSettings
 from webapp import ids
 from webapp.layout import build_layout
-from webapp.panel_scope import IMAGE_PANEL
+from webapp.panel_scope import IMAGE_PANEL, VOLUME_PANEL
 from webapp.panels.pacs import PacsPanel
 from webapp.panels.volume import VolumePanel
 from webapp.services import Services
@@ -37,9 +37,10 @@ def _ids(component) -> set:
 
 def test_the_page_shows_the_pacs_only_when_the_server_has_one():
     without = _ids(build_layout([], None))
-    assert ids.PACS_SEARCH not in without and ids.PACS_SEND not in without
+    assert ids.PACS_SEARCH not in without and IMAGE_PANEL.pacs_send not in without
     with_pacs = _ids(build_layout([], None, pacs=True))
-    assert {ids.PACS_SEARCH, ids.PACS_OPEN, ids.PACS_SEND} <= with_pacs
+    assert {ids.PACS_SEARCH, ids.PACS_OPEN, IMAGE_PANEL.pacs_send} <= with_pacs
+    assert VOLUME_PANEL.pacs_send in with_pacs  # one Send per panel, one component
 
 
 def test_a_series_over_the_volume_limit_is_refused_from_the_listing(
@@ -82,10 +83,10 @@ def test_send_stores_only_into_the_study_of_a_series_this_tab_opened(
 ):
     services = _services(tmp_path, orthanc)
     services.results.put("tab-1/volume", {"id": "r1", "source_key": "k1", "model": "m"})
-    message = PacsPanel(services).send(1, {"id": "r1", "source_key": "k1"}, "tab-1")
+    message = PacsPanel(services).send(3, 1, {"id": "r1", "source_key": "k1"}, "tab-1")
     assert message == "This volume was not opened from the PACS; only those are sent back."
     services.pacs_sources.remember("k1", "tab-2", "1.2.3", "1.2.3.4")  # another tab's
-    assert PacsPanel(services).send(1, {"id": "r1", "source_key": "k1"}, "tab-1") == message
+    assert PacsPanel(services).send(3, 1, {"id": "r1", "source_key": "k1"}, "tab-1") == message
 
 
 def test_one_image_of_a_series_is_named_and_held_to_the_image_limit(
@@ -125,9 +126,9 @@ def test_an_image_send_names_only_images_this_tab_opened(
 ):
     services = _services(tmp_path, orthanc)
     services.results.put("tab-1", {"id": "r1", "dicom": {"source": "k1"}, "model": "m"})
-    message = PacsPanel(services).send_image(1, {"id": "r1"}, "tab-1")
+    message = PacsPanel(services).send(2, 1, {"id": "r1"}, "tab-1")
     assert message == "This image was not opened from the PACS; only those are sent back."
-    assert PacsPanel(services).send_image(1, {"id": "r0"}, "tab-1").startswith("The heatmap is")
+    assert PacsPanel(services).send(2, 1, {"id": "r0"}, "tab-1").startswith("The heatmap is")
 
 
 def test_a_sent_result_is_remembered_for_the_tab_that_sent_it():

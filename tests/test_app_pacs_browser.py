@@ -65,7 +65,7 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
     dash_duo.wait_for_element("#pacs-open:not([disabled])", timeout=30).click()
     dash_duo.wait_for_contains_text("#volume-info", "48x48x48 voxels at 5x5x5 mm", timeout=60)
     assert dash_duo.find_element("#volume-info").text.startswith("PACS CT chest CT sample")
-    assert dash_duo.find_element("#pacs-send").get_attribute("disabled")  # nothing to send
+    assert dash_duo.find_element("#volume-pacs-send").get_attribute("disabled")  # nothing to send
 
     dash_duo.find_element("#volume-stride").clear()
     dash_duo.find_element("#volume-stride").send_keys("8")
@@ -76,10 +76,10 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
     exported = downloaded(dash_duo, ".json").read_text()
     shown = json.loads(exported)
 
-    dash_duo.wait_for_element("#pacs-send:not([disabled])", timeout=30).click()
-    dash_duo.wait_for_contains_text("#pacs-sent", "Sent to the PACS", timeout=60)
-    dash_duo.find_element("#pacs-send").click()  # again: the study has it, nothing is stored
-    dash_duo.wait_for_contains_text("#pacs-sent", "Already in the PACS", timeout=60)
+    dash_duo.wait_for_element("#volume-pacs-send:not([disabled])", timeout=30).click()
+    dash_duo.wait_for_contains_text("#volume-pacs-sent", "Sent to the PACS", timeout=60)
+    dash_duo.find_element("#volume-pacs-send").click()  # again: the study has it, nothing is stored
+    dash_duo.wait_for_contains_text("#volume-pacs-sent", "Already in the PACS", timeout=60)
 
     client = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD)).client
     (found,) = client.search_for_instances(study, search_filters={"SOPClassUID": PARAMETRIC_MAP})
@@ -146,7 +146,7 @@ def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
     dash_duo.find_element("#pacs-open-image").click()
     dash_duo.wait_for_contains_text("#dicom-info", "48x48 px", timeout=60)
     dash_duo.wait_for_contains_text("#top5", "%", timeout=60)
-    assert dash_duo.find_element("#pacs-image-send").get_attribute("disabled")
+    assert dash_duo.find_element("#pacs-send").get_attribute("disabled")
 
     choose(dash_duo, "stride", "16")
     dash_duo.wait_for_element("#run:not([disabled])", timeout=30).click()
@@ -156,15 +156,15 @@ def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
     dash_duo.find_element("#result-panel-body button[id*='npy']").click()
     values = np.load(downloaded(dash_duo, ".npy"))
 
-    dash_duo.wait_for_element("#pacs-image-send:not([disabled])", timeout=30).click()
+    dash_duo.wait_for_element("#pacs-send:not([disabled])", timeout=30).click()
     sent = "Sent to the PACS: a Parametric"
-    dash_duo.wait_for_contains_text("#pacs-image-sent", sent, timeout=60)
+    dash_duo.wait_for_contains_text("#pacs-sent", sent, timeout=60)
     # README's picture of the flow: the search, the slice, its heatmap and what was sent
     # (out/ is ignored by git; copy it to docs/pacs.png)
     dash_duo.driver.execute_script("window.scrollTo(0, 0)")
     dash_duo.driver.save_screenshot(str(Path(__file__).parents[1] / "out" / "pacs.png"))
-    dash_duo.find_element("#pacs-image-send").click()  # again: nothing new is stored
-    dash_duo.wait_for_contains_text("#pacs-image-sent", "Already in the PACS", timeout=60)
+    dash_duo.find_element("#pacs-send").click()  # again: nothing new is stored
+    dash_duo.wait_for_contains_text("#pacs-sent", "Already in the PACS", timeout=60)
 
     (found,) = client.client.search_for_instances(
         study, search_filters={"SOPClassUID": PARAMETRIC_MAP}

@@ -86,10 +86,6 @@ PACS_OPEN = "pacs-open"
 PACS_IMAGE_NUMBER = "pacs-image-number"
 PACS_OPEN_IMAGE = "pacs-open-image"
 PACS_MESSAGE = "pacs-message"
-PACS_SEND = "pacs-send"
-PACS_SENT = "pacs-sent"
-PACS_IMAGE_SEND = "pacs-image-send"
-PACS_IMAGE_SENT = "pacs-image-sent"
 
 # view -> its graph and its slider
 VOLUME_GRAPHS = (

@@ -607,7 +607,7 @@ def _result_section(pacs: bool = False) -> html.Section:
                         className="help",
                         style={"display": "none"},
                     ),
-                    *([pacs_send(ids.PACS_IMAGE_SEND, ids.PACS_IMAGE_SENT)] if pacs else []),
+                    *([pacs_send(IMAGE_PANEL)] if pacs else []),
                 ],
                 id=ids.RESULT_PANEL_BODY,
             ),

@@ -76,9 +76,10 @@ def pacs_search() -> html.Section:
     )
 
 
-def pacs_send(button: str, sent: str) -> html.Div:
+def pacs_send(scope) -> html.Div:
     """Send the result shown to the source's study (a series or image opened from the
-    PACS): the button ``button`` and its message ``sent``, one pair per panel."""
+    PACS): one button and its message, in the panel of ``scope`` (a PanelScope)."""
+    button, sent = scope.pacs_send, scope.pacs_sent
     return html.Div(
         [
             html.Button(

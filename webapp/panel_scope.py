@@ -129,6 +129,15 @@ class PanelScope:
         """A sample loaded by its Compare button: Run is pressed once it is shown."""
         return self.id("compare-pending")
 
+    # Send to PACS (only with a configured PACS)
+    @property
+    def pacs_send(self) -> str:
+        return self.id("pacs-send")
+
+    @property
+    def pacs_sent(self) -> str:
+        return self.id("pacs-sent")
+
     # The run's settings
     @property
     def model(self) -> str:

@@ -112,7 +112,7 @@ def volume_section(
             VOLUME_PANEL.summary_box(),
             html.Div(id=VOLUME_PANEL.compare_panel, className="compare"),
             *VOLUME_PANEL.strip.downloads(VOLUME_EXPORTS),
-            *([pacs_send(ids.PACS_SEND, ids.PACS_SENT)] if pacs else []),
+            *([pacs_send(VOLUME_PANEL)] if pacs else []),
         ],
         className="panel volume-panel",
     )

@@ -439,8 +439,9 @@ def test_first_sends_from_five_addresses_at_once_store_one_map(orthanc_app):
 
     def send(tab: Tab, handle: dict) -> None:
         barrier.wait()
-        response = tab.call("pacs-sent.children@", {  # the Send, not the offer
-            "pacs-send.n_clicks": 1, "volume-result.data": handle, "session.data": tab.session,
+        response = tab.call("volume-pacs-sent.children@", {  # the Send, not the offer
+            "volume-pacs-send.n_clicks": 1, "volume-result.data": handle,
+            "session.data": tab.session,
         }, timeout=120)  # fmt: skip
         answers.append(_message(response))
 
@@ -457,8 +458,9 @@ def test_first_sends_from_five_addresses_at_once_store_one_map(orthanc_app):
         study, search_filters={"SOPClassUID": "1.2.840.10008.5.1.4.1.1.30"}
     )
     assert len(maps) == 1 and len(stored) == 1, (maps, len(stored))
-    again = tabs[3].call("pacs-sent.children@", {
-        "pacs-send.n_clicks": 2, "volume-result.data": handles[3], "session.data": tabs[3].session,
+    again = tabs[3].call("volume-pacs-sent.children@", {
+        "volume-pacs-send.n_clicks": 2, "volume-result.data": handles[3],
+        "session.data": tabs[3].session,
     }, timeout=120)  # fmt: skip
     assert "Already in the PACS" in _message(again)
 
@@ -488,8 +490,8 @@ def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_p
         timeout=120,
     ).json()["response"]["volume-store"]["data"]  # fmt: skip
     handle = tab.run_volume(record, patch=16, stride=8)["response"]["volume-result"]["data"]
-    sent = tab.call("pacs-sent.children@", {
-        "pacs-send.n_clicks": 1, "volume-result.data": handle, "session.data": tab.session,
+    sent = tab.call("volume-pacs-sent.children@", {
+        "volume-pacs-send.n_clicks": 1, "volume-result.data": handle, "session.data": tab.session,
     }, timeout=120)  # fmt: skip
     assert "Already in the PACS" in _message(sent)
 

@@ -15,7 +15,8 @@ run decides happens here and is tested without Chromium:
   what the page shows now;
 - ``records``: the result record (its schema: webapp.result_schema), its summary,
   another class, the JSON export;
-- ``volumes``: reading a volume upload and what only the volume panel shows.
+- ``volumes``: reading a volume upload and what only the volume panel shows;
+- ``pacs_send``: one Send to the PACS for both subjects.
 
 Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 """
@@ -23,6 +24,7 @@ Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 from ..result_schema import ResultRecord
 from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
 from .execute import PlannedRun, execute, is_light, plan_run, shown_estimate
+from .pacs_send import ALREADY_SENT, send_result
 from .provenance import Provenance, ResultView, result_view
 from .records import (
     DROPPED_RESULT,
@@ -57,6 +59,8 @@ from .timing import (
 )
 
 __all__ = [
+    "ALREADY_SENT",
+    "send_result",
     "RunRequest",
     "Partial",
     "Reporter",
