@@ -62,6 +62,7 @@ from .dropin import (
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.kernels import window_index
 from .explainer import DEFAULT_BATCH
+from .host import host_share
 
 __all__ = ["Occlusion"]
 
@@ -151,9 +152,15 @@ class Occlusion(CaptumOcclusion):
         session = _Session(real, additional_forward_args, perturbations_per_eval)
         module = real if isinstance(real, nn.Module) else None
         self._local.session = session
-        try:
-            with evaluated(module) if session.may_evaluate(module) else nullcontext():  # type: ignore[arg-type]
+        try:  # the host's share as krypton.explain takes it (the caller's threads win)
+            with (
+                host_share() as share,
+                (
+                    evaluated(module) if session.may_evaluate(module) else nullcontext()  # type: ignore[arg-type]
+                ),
+            ):
                 result = CaptumOcclusion.attribute.__wrapped__(self, inputs, **arguments)  # type: ignore[attr-defined]
+            self._local.host = share.as_dict()
         finally:
             self._local.session = None
         self._local.engine = "captum" if session.strategy == "captum" else "krypton"

@@ -31,6 +31,7 @@ from .cli_pacs import (
 from .cli_volumes import (
     default_volume_model,
     is_volume_model,
+    print_host,
     print_ood,
     print_speed,
     run_explain_volume,
@@ -505,6 +506,7 @@ def _explain_image(args: argparse.Namespace, after=None) -> int:
         f"stride {heatmap.stride}), mode {heatmap.mode}"
     )
     print_ood(heatmap.extra.get("ood"))
+    print_host(heatmap.extra.get("host"))
     if dicom_line:
         print(f"dicom      {dicom_line}")
     if heatmap.mode == "exact":

@@ -28,6 +28,7 @@ __all__ = [
     "stem_of",
     "run_explain_volume",
     "print_ood",
+    "print_host",
 ]
 
 VOLUME_SUFFIXES = (".nii", ".nii.gz", ".zip")
@@ -169,6 +170,14 @@ def print_speed(heatmap, model_name: str | None = None) -> None:
         print(f"speed      {speed_claim(speed)}")
 
 
+def print_host(share: dict | None) -> None:
+    """The threads line: how many torch threads the run took, and why."""
+    from .host import describe_share
+
+    if share:
+        print(f"threads    {describe_share(share)}")
+
+
 def print_ood(ood: dict | None) -> None:
     """The out-of-distribution line (and, when flagged, the warning, also on stderr)."""
     if ood is None:
@@ -201,6 +210,7 @@ def _report(model, volume, prepared, heatmap, at, slices: str, written: list[Pat
         f"{heatmap.patch}, stride {heatmap.stride}), mode {heatmap.mode}"
     )
     print_ood(heatmap.extra.get("ood"))
+    print_host(heatmap.extra.get("host"))
     if heatmap.mode == "exact":
         print(f"plan       {heatmap.extra['plan']}")
         print_speed(heatmap, model.name)

@@ -82,6 +82,11 @@ class ExplainSettings:
         precision: "fp32" (default: TF32 off, so exact equals naive to ~1e-6 on a card
             as on the CPU), or "tf32", "bf16", "fp16" for speed; naive runs at the same
             precision. ``heatmap.extra`` says the device and precision that ran.
+        threads: torch's threads for this run (restored after it). None (default): the
+            caller's own setting where it made one (``OMP_NUM_THREADS``,
+            ``KRYPTON_TORCH_THREADS``, ``torch.set_num_threads``), else the cores this
+            host's other work leaves free (:func:`krypton.host.host_share`).
+            ``heatmap.extra["host"]`` says what was chosen, by whom, beside what load.
     """
 
     patch: int | tuple[int, ...] = 16
@@ -104,6 +109,7 @@ class ExplainSettings:
     refine_by: str = DEFAULTS.refine_by
     approximate: ApproximateSettings | None = None
     precision: str = "fp32"
+    threads: int | None = None
 
     @classmethod
     def of(cls, settings: ExplainSettings | None, options: dict[str, Any]) -> ExplainSettings:

@@ -60,6 +60,7 @@ from .engine.monitor import StrategyMonitor
 from .engine.plan import static_plan
 from .explain_settings import ExplainSettings as ExplainSettings
 from .explain_settings import PartialCallback, ProgressCallback, settings_signature
+from .host import host_share
 from .registry.models import LoadedModel
 
 __all__ = ["Heatmap", "Prediction", "OcclusionExplainer", "explain", "MODES"]
@@ -355,8 +356,11 @@ class OcclusionExplainer:
         built from a :class:`LoadedModel`."""
         chosen = ExplainSettings.of(settings, options)
         precision = check_precision(chosen.precision)
-        with torch.inference_mode(), run_precision(self.device, precision):
-            return self._explain(image, chosen, tuning)
+        with host_share(chosen.threads) as share:  # the caller's threads, else the load's
+            with torch.inference_mode(), run_precision(self.device, precision):
+                heatmap = self._explain(image, chosen, tuning)
+        heatmap.extra["host"] = share.as_dict()
+        return heatmap
 
     def _explain(
         self, image: torch.Tensor, chosen: ExplainSettings, tuning: TauTuning | None

@@ -2,12 +2,17 @@
 (:func:`host_load`), the torch threads a run starting beside that work gets
 (:func:`threads_for_load`, set by :func:`share_host`) and how much longer the run takes
 there than on an idle host (:func:`load_factor`). The estimator scales its estimates by
-these; the app's and workers' runs share the host through :func:`share_host`."""
+these. Every run of the engine takes its share through :func:`host_share` (the caller's own
+thread setting wins and is restored); the app's runs also through :func:`share_host`."""
 
 from __future__ import annotations
 
 import math
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +23,9 @@ __all__ = [
     "threads_for_load",
     "load_factor",
     "share_host",
+    "HostShare",
+    "host_share",
+    "describe_share",
 ]
 
 LOAD_SAMPLE_SECONDS = 0.1
@@ -35,6 +43,9 @@ def host_load(interval: float = LOAD_SAMPLE_SECONDS) -> float | None:
 
 
 _MAX_THREADS: list[int] = []  # the process's torch threads when first asked
+# torch's own default for this process, read when Krypton is imported: a count other than
+# this one at a run's start was set by the caller (torch.set_num_threads), and is kept
+_TORCH_DEFAULT = torch.get_num_threads()
 
 
 def max_threads() -> int:
@@ -89,3 +100,83 @@ def share_host(load: float | None = None) -> float | None:
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return load
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """What one run took of the host: its torch ``threads``, who decided (``by``: the
+    caller's ``threads=`` argument, ``OMP_NUM_THREADS``, ``KRYPTON_TORCH_THREADS``,
+    ``torch.set_num_threads``, or the host's ``load``) and the load sampled (None where
+    the caller decided: nothing was sampled)."""
+
+    threads: int
+    by: str
+    load: float | None
+
+    def as_dict(self) -> dict:
+        return {"threads": self.threads, "by": self.by, "load": self.load}
+
+
+def describe_share(share: dict | None) -> str:
+    """One line for a run's ``heatmap.extra["host"]``: its threads and why."""
+    if not share:
+        return ""
+    threads = f"{share['threads']} torch thread{'s' if share['threads'] != 1 else ''}"
+    if share.get("by") == "load":
+        load = share.get("load")
+        beside = "" if load is None else f" beside a load of {load:.1f}"
+        return f"{threads}: the cores left of {os.cpu_count()}{beside}"
+    return f"{threads}: as the caller set ({share.get('by')})"
+
+
+_LAST_LOAD: list[tuple[float, float | None]] = []  # (when, load): reused for 2 s
+
+
+def _recent_load() -> float | None:
+    """The host's load, sampled at most every 2 s (a drop-in called in a loop does not
+    pay 0.1 s a call for it)."""
+    now = time.monotonic()
+    if _LAST_LOAD and now - _LAST_LOAD[0][0] < 2.0:
+        return _LAST_LOAD[0][1]
+    load = host_load()
+    _LAST_LOAD[:] = [(now, load)]
+    return load
+
+
+def _callers_threads(threads: int | None) -> tuple[int, str] | None:
+    """The thread count the caller chose, and how; None where it chose none."""
+    if threads is not None:
+        if int(threads) < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        return int(threads), "threads="
+    for name in ("KRYPTON_TORCH_THREADS", "OMP_NUM_THREADS"):
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return torch.get_num_threads(), name
+    if torch.get_num_threads() != _TORCH_DEFAULT:
+        return torch.get_num_threads(), "torch.set_num_threads"
+    return None
+
+
+@contextmanager
+def host_share(threads: int | None = None) -> Iterator[HostShare]:
+    """Around one run: torch's threads are the caller's choice where it made one (a
+    ``threads`` argument, ``KRYPTON_TORCH_THREADS``, ``OMP_NUM_THREADS``, or a count set
+    with ``torch.set_num_threads``), else the cores this host's other work leaves free
+    (:func:`threads_for_load`). Beside two busy cores on two, exact mode with two threads
+    took 62.1 s where one took 17.3 s (each small op waits at a barrier for a thread the
+    scheduler put aside). The count the caller had is restored when the run ends."""
+    before = torch.get_num_threads()
+    chosen = _callers_threads(threads)
+    if chosen is not None:
+        share = HostShare(chosen[0], chosen[1], None)
+    else:
+        load = _recent_load()
+        share = HostShare(threads_for_load(load), "load", load)
+    if share.threads != before:
+        torch.set_num_threads(share.threads)
+    try:
+        yield share
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

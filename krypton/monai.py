@@ -35,6 +35,7 @@ from .dropin import explainer_for, warn_once, windows_per_forward
 from .engine import UnsupportedModelError
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.kernels import window_index
+from .host import host_share
 
 __all__ = ["OcclusionSensitivity"]
 
@@ -96,6 +97,7 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
             activate=activate,
         )
         self.last_engine: str | None = None  # "krypton" or "monai": what ran last
+        self.last_host: dict | None = None  # the engine's threads and why (krypton.host)
         self._warned: set[str] = set()
 
     def __call__(
@@ -104,8 +106,10 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
         """(occlusion map, most probable class), exactly as MONAI returns them."""
         reason = self._why_not_incremental(x, kwargs)
         if reason is None:
-            try:
-                result = self._incremental(x, b_box)
+            try:  # the host's share as krypton.explain takes it (the caller's threads win)
+                with host_share() as share:
+                    result = self._incremental(x, b_box)
+                self.last_host = share.as_dict()
             except UnsupportedModelError as exc:
                 reason = f"the model cannot be captured as a graph ({exc})"
             else:

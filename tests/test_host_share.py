@@ -1,0 +1,124 @@
+"""The engine takes its share of a busy host for every caller — the library, the CLI, the
+drop-ins, batch — not only the app: torch's threads are the caller's where the caller set
+them (kept, and restored after the run), else the cores the host's other work leaves
+free; the choice and its load are in the run's record. Beside a running test suite
+(load ~19 on 2 cores) ResNet18's exact run took 62.1 s with torch's default 2 threads and
+17.3 s with one, slower than naive at the default."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import krypton
+from krypton import host
+
+
+@pytest.fixture
+def model():
+    return krypton.registry.load_model("fundus-demo")
+
+
+@pytest.fixture
+def image(model):
+    return torch.zeros(3, *model.input_size)
+
+
+@pytest.fixture
+def untouched(monkeypatch):
+    """A caller who set no threads: torch at its default, no thread variables."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("KRYPTON_TORCH_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(host, "_TORCH_DEFAULT", 2)
+    monkeypatch.setattr(host, "_MAX_THREADS", [2])
+    monkeypatch.setattr(host, "_LAST_LOAD", [])
+    monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _threads_during(model, image, **options) -> tuple[krypton.Heatmap, set[int]]:
+    seen: set[int] = set()
+    heatmap = krypton.explain(
+        model, image, patch=56, stride=56,
+        progress=lambda done, total: seen.add(torch.get_num_threads()), **options,
+    )  # fmt: skip
+    return heatmap, seen
+
+
+def test_a_busy_host_gets_one_thread_and_the_callers_count_comes_back(
+    model, image, untouched, monkeypatch
+):
+    monkeypatch.setattr(host, "host_load", lambda interval=0.1: 2.0)  # two burners
+    heatmap, seen = _threads_during(model, image)
+    assert seen == {1}
+    assert heatmap.extra["host"] == {"threads": 1, "by": "load", "load": 2.0}
+    assert torch.get_num_threads() == 2  # restored
+
+
+def test_an_idle_host_keeps_every_core(model, image, untouched, monkeypatch):
+    monkeypatch.setattr(host, "host_load", lambda interval=0.1: 0.1)
+    heatmap, seen = _threads_during(model, image)
+    assert seen == {2} and heatmap.extra["host"]["by"] == "load"
+
+
+def test_a_callers_own_thread_count_is_kept(model, image, untouched, monkeypatch):
+    monkeypatch.setattr(host, "host_load", lambda interval=0.1: 2.0)
+    torch.set_num_threads(1)  # the caller's choice, however busy the host is
+    heatmap, seen = _threads_during(model, image)
+    assert seen == {1}
+    assert heatmap.extra["host"] == {"threads": 1, "by": "torch.set_num_threads", "load": None}
+    torch.set_num_threads(2)
+    heatmap, seen = _threads_during(model, image, threads=2)  # an argument wins
+    assert seen == {2} and heatmap.extra["host"]["by"] == "threads="
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("name", ["KRYPTON_TORCH_THREADS", "OMP_NUM_THREADS"])
+def test_a_thread_variable_is_the_callers_choice(model, image, untouched, monkeypatch, name):
+    monkeypatch.setattr(host, "host_load", lambda interval=0.1: 2.0)
+    monkeypatch.setenv(name, "2")
+    heatmap, seen = _threads_during(model, image)
+    assert seen == {2} and heatmap.extra["host"]["by"] == name
+
+
+def test_a_bad_thread_count_is_refused(model, image):
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        krypton.explain(model, image, patch=56, stride=56, threads=0)
+
+
+def test_the_cli_says_how_many_threads_it_took(fundus_png, tmp_path, capsys):
+    from krypton.cli import main
+
+    assert main(["explain", str(fundus_png), "--out", str(tmp_path / "h.png"), "--stride", "56",
+                 "--patch", "56"]) == 0  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("threads "))
+    assert "torch thread" in line and ("caller set (OMP_NUM_THREADS)" in line or "load" in line)
+
+
+def test_the_drop_ins_take_the_same_share(untouched, monkeypatch):
+    """Captum's and MONAI's occlusion through Krypton's drop-ins run the engine beside a
+    busy host with the threads it leaves, and give the caller's count back."""
+    import torchvision
+
+    from krypton.captum import Occlusion
+    from krypton.monai import OcclusionSensitivity
+
+    monkeypatch.setattr(host, "host_load", lambda interval=0.1: 2.0)
+    net = torchvision.models.resnet18(num_classes=3).eval()
+    image = torch.rand(1, 3, 64, 64)
+    seen: set[int] = set()
+    hook = net.layer1.register_forward_hook(lambda *a: seen.add(torch.get_num_threads()))
+    occlusion = Occlusion(net)
+    occlusion.attribute(image, sliding_window_shapes=(3, 16, 16), strides=(3, 16, 16), target=0)
+    assert seen == {1} and torch.get_num_threads() == 2
+    assert occlusion._local.host == {"threads": 1, "by": "load", "load": 2.0}
+    seen.clear()
+    sensitivity = OcclusionSensitivity(net, mask_size=16, overlap=0.0)
+    sensitivity(image)
+    hook.remove()
+    assert sensitivity.last_engine == "krypton" and seen == {1}
+    assert sensitivity.last_host == {"threads": 1, "by": "load", "load": 2.0}
+    assert torch.get_num_threads() == 2
