@@ -190,6 +190,33 @@ def _fused_map(browser, viewer_url: str, study: str) -> dict:  # noqa: F811
     raise AssertionError(f"OHIF fused no map in {MAP_TIMEOUT_S} s: {errors[-5:]}")
 
 
+COLOURED_PIXELS = """
+const canvas = document.querySelector('canvas.cornerstone-canvas');
+const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+let coloured = 0;
+for (let i = 0; i < data.length; i += 4) {
+  const r = data[i], g = data[i + 1], b = data[i + 2];
+  if (Math.max(Math.abs(r - g), Math.abs(g - b), Math.abs(r - b)) > 40) coloured++;
+}
+return coloured;
+"""
+
+
+def _coloured_on(browser, fused: dict, k: int) -> int:
+    """The viewport's coloured pixels (the CT is gray: colour is the overlay) with the
+    view on slice ``k`` of the fused map."""
+    nx, ny, _ = fused["dimensions"]
+    sx, sy, sz = fused["spacing"]
+    ox, oy, oz = fused["origin"]
+    browser.execute_script(
+        "const vp = window.cornerstone.getEnabledElements()[0].viewport;"
+        "vp.jumpToWorld(arguments[0]); vp.render();",
+        [ox + nx * sx / 2, oy + ny * sy / 2, oz + k * sz],
+    )
+    time.sleep(2.0)  # a frame rendered in software
+    return int(browser.execute_script(COLOURED_PIXELS))
+
+
 GEOMETRIES = {
     "48x48x48-5mm": ((48, 48, 48), (5.0, 5.0, 5.0)),  # the model's own grid, as the sample
     "40x128x128-3mm": ((40, 128, 128), (3.0, 3.0, 3.0)),
@@ -220,3 +247,72 @@ def test_ohif_draws_the_map_on_the_slices_of_kryptons_strongest_cell(
     assert abs(min(slices_z) - min(holding)) <= spacing[0] + 1e-6
     assert abs(max(slices_z) - max(holding)) <= spacing[0] + 1e-6
     assert min(slices_z) - spacing[0] <= centre_z <= max(slices_z) + spacing[0]
+    middle = fused["slices"][len(fused["slices"]) // 2]
+    assert _coloured_on(browser, fused, middle) > 1000  # and it is drawn there
+
+
+def _one_frame_maps(orthanc_root: str, tmp_path, monkeypatch, capsys) -> tuple[str, str, float]:
+    """One CT slice in two studies: in the first, Krypton's image map of it (the CLI's
+    Send, fundus-demo: the 2-D model the page offers for a slice); in the second, a
+    one-frame Parametric Map built as highdicom's own documentation builds one (a 0.9
+    square). (Krypton's study, the control's study, Krypton's largest drop.)"""
+    import highdicom as hd
+    from pydicom.sr.codedict import codes
+
+    from krypton.cli import main
+
+    slice_ = ChestCTGenerator(seed=21).sample(label=1).volume[20:21]
+    ours, control = (ct_series(slice_, (5.0,) * 3, name, origin=(5, 6, 7))
+                     for name in ("Slice^Krypton", "Slice^Control"))  # fmt: skip
+    pacs = dicomweb.connect(dicomweb.PacsSettings(orthanc_root, USER, PASSWORD))
+    for datasets in (ours, control):
+        dicomweb.store(pacs, datasets, datasets[0].StudyInstanceUID)
+    monkeypatch.setenv("KRYPTON_DICOMWEB_URL", orthanc_root)
+    monkeypatch.setenv("KRYPTON_DICOMWEB_USER", USER)
+    monkeypatch.setenv("KRYPTON_DICOMWEB_PASSWORD", PASSWORD)
+    out = tmp_path / "slice.png"
+    assert main(["explain", "--dicomweb", "--study", str(ours[0].StudyInstanceUID), "--model",
+                 "fundus-demo", "--patch", "56", "--stride", "28", "--out", str(out),
+                 "--send"]) == 0  # fmt: skip
+    values = np.load(out.with_suffix(".npy"))
+    prob = float(capsys.readouterr().out.split("probability ")[1].split()[0])
+    source = control[0]
+    square = np.zeros((1, source.Rows, source.Columns), np.float32)
+    square[0, 10:30, 10:30] = 0.9
+    mapping = hd.pm.RealWorldValueMapping(
+        lut_label="CONTROL", lut_explanation="a 0.9 square", unit=codes.UCUM.NoUnits,
+        value_range=(0.0, 1.0), slope=1.0, intercept=0.0,
+    )  # fmt: skip
+    made = hd.pm.ParametricMap(
+        source_images=[source], pixel_array=square, series_instance_uid=hd.UID(),
+        series_number=9902, sop_instance_uid=hd.UID(), instance_number=1,
+        manufacturer="control", manufacturer_model_name="control", software_versions="1",
+        device_serial_number="1", contains_recognizable_visual_features=False,
+        real_world_value_mappings=[mapping],
+        voi_lut_transformations=[hd.VOILUTTransformation(window_center=0.5, window_width=1.0)],
+    )  # fmt: skip
+    dicomweb.store(pacs, [made], str(source.StudyInstanceUID))
+    return str(ours[0].StudyInstanceUID), str(source.StudyInstanceUID), prob - float(values.min())
+
+
+def test_ohif_loads_a_one_frame_map_but_draws_no_overlay_krypton_s_or_highdicom_s(
+    browser,
+    viewer,
+    orthanc,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    """What OHIF 3.13 does with an image's map (one frame over a CT slice), recorded: it
+    loads the values intact (OHIF shows them x 100) and draws nothing, and the same for a
+    one-frame map made as highdicom documents it, so the cause is OHIF's, not the map's
+    (docs/usage.md says to use the Secondary Capture there). If a later OHIF draws them,
+    this test fails and the docs change."""
+    ours, control, largest = _one_frame_maps(orthanc, tmp_path, monkeypatch, capsys)
+    fused = _fused_map(browser, viewer, ours)
+    assert fused["dimensions"][2] == 1
+    assert fused["max"] == pytest.approx(100 * largest, abs=0.2)  # the values arrive
+    assert _coloured_on(browser, fused, 0) == 0  # and none is drawn
+    fused = _fused_map(browser, viewer, control)
+    assert fused["max"] == pytest.approx(90.0, abs=0.01)
+    assert _coloured_on(browser, fused, 0) == 0
