@@ -30,7 +30,6 @@ def start_orthanc(
 ) -> tuple[subprocess.Popen, str]:
     """Orthanc serving ``folder``'s storage on 127.0.0.1:``port`` with basic
     authentication; (its process, its DICOMweb root) once it answers."""
-    import requests
 
     if not Path(ORTHANC).exists() or not Path(DICOMWEB_PLUGIN).exists():
         raise SystemExit("Orthanc is not installed: apt-get install orthanc orthanc-dicomweb")
@@ -46,16 +45,28 @@ def start_orthanc(
     log = open(folder / "orthanc.log", "w")
     process = subprocess.Popen([ORTHANC, str(folder / "orthanc.json")], stdout=log, stderr=log)
     root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:  # wait for the state (Orthanc answering), not for a fixed time
+    wait_answering(process, f"{root}/system", 60, "Orthanc", folder / "orthanc.log",
+                   auth=(user, password))  # fmt: skip
+    return process, f"{root}/dicom-web"
+
+
+def wait_answering(
+    process: subprocess.Popen, url: str, seconds: float, what: str, log: Path, **get
+) -> None:
+    """Wait for the state (``url`` answering), not for a fixed time: RuntimeError with
+    ``log``'s text where ``process`` exits or ``seconds`` pass first (it is killed)."""
+    import requests
+
+    deadline = time.monotonic() + seconds
+    while True:
         try:
-            if requests.get(f"{root}/system", auth=(user, password), timeout=2).ok:
-                return process, f"{root}/dicom-web"
+            if requests.get(url, timeout=2, **get).ok:
+                return
         except requests.ConnectionError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise RuntimeError(f"Orthanc did not start: {(folder / 'orthanc.log').read_text()}")
+            raise RuntimeError(f"{what} did not start: {log.read_text()}")
         time.sleep(0.2)
 
 

@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 OHIF_PACKAGE = "@ohif/app"
@@ -136,8 +135,7 @@ def start_viewer(
     """nginx serving OHIF's ``dist`` on ``host:port`` with ``pacs_root`` (Orthanc's
     DICOMweb root) proxied at ``/dicom-web/`` under its sign-in: (the process, the
     viewer's address) once it answers."""
-    import requests
-
+    from demo.pacs import wait_answering
     from webapp.front import find_nginx
 
     nginx, _ = find_nginx()
@@ -157,17 +155,8 @@ def start_viewer(
         [nginx, "-p", str(folder), "-c", str(folder / "nginx.conf")], stdout=log, stderr=log
     )
     url = f"http://{host}:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if requests.get(url + "/app-config.js", timeout=2).ok:
-                return process, url
-        except requests.ConnectionError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"nginx did not start: {(folder / 'error.log').read_text()}")
-        time.sleep(0.2)
+    wait_answering(process, url + "/app-config.js", 30, "nginx", folder / "error.log")
+    return process, url
 
 
 def main() -> None:

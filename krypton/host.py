@@ -43,6 +43,7 @@ def host_load(interval: float = LOAD_SAMPLE_SECONDS) -> float | None:
 
 
 _MAX_THREADS: list[int] = []  # the process's torch threads when first asked
+_LAST_LOAD: list[tuple[float, float | None]] = []  # (when, load): reused for 2 s
 # torch's own default for this process, read when Krypton is imported: a count other than
 # this one at a run's start was set by the caller (torch.set_num_threads), and is kept
 _TORCH_DEFAULT = torch.get_num_threads()
@@ -95,7 +96,9 @@ def share_host(load: float | None = None) -> float | None:
     keeps busy (:func:`host_load`, unless ``load`` is given) and set this process's torch
     threads to the cores left (:func:`threads_for_load`). Returns the load, which the
     run's estimate scales to and its log row records."""
-    load = host_load() if load is None else load
+    if load is None:
+        load = host_load()
+        _LAST_LOAD[:] = [(time.monotonic(), load)]  # the engine's host_share reuses it
     threads = threads_for_load(load)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
@@ -127,9 +130,6 @@ def describe_share(share: dict | None) -> str:
         beside = "" if load is None else f" beside a load of {load:.1f}"
         return f"{threads}: the cores left of {os.cpu_count()}{beside}"
     return f"{threads}: as the caller set ({share.get('by')})"
-
-
-_LAST_LOAD: list[tuple[float, float | None]] = []  # (when, load): reused for 2 s
 
 
 def _recent_load() -> float | None:

@@ -149,7 +149,7 @@ def check_uid(value: object, what: str) -> str:
     """``value`` as a DICOM UID (digits and dots, at most 64 characters), or PacsError
     naming ``what`` (a study, a series, an instance): checked before any URL holds it."""
     text = str(value or "").strip()
-    if len(text) > 64 or not _UID.fullmatch(text):
+    if not _is_uid(text):
         shown = text[:40] + ("…" if len(text) > 40 else "")
         raise PacsError(f"{what} UID {shown!r} is not a DICOM UID (digits and dots, at most 64)")
     return text
@@ -652,7 +652,7 @@ def _partly_stored(answer: dict, total: int) -> str:
     addresses = (str(_value(item, "00081190")) for item in kept)
     named = (address.split("/series/")[1].split("/")[0] for address in addresses
              if "/series/" in address)  # fmt: skip
-    kept_series = sorted({uid for uid in named if _UID.fullmatch(uid) and len(uid) <= 64})
+    kept_series = sorted({uid for uid in named if _is_uid(uid)})
     held = (
         f"; it stored {len(kept)} (series {', '.join(kept_series)}): remove those there "
         "before sending again"

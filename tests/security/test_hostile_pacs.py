@@ -50,10 +50,12 @@ class Ran:
 
 def run_cli(args: list[str], url: str, timeout: float = 60.0, **env: str) -> Ran:
     """``python -m krypton ARGS`` against the PACS at ``url``: its exit code, output,
-    time and peak RSS (sampled every 20 ms); killed at ``timeout`` (then code is None)."""
-    environment = dict(os.environ, KRYPTON_DICOMWEB_URL=url, **env)
+    time and peak RSS (sampled every 20 ms); killed at ``timeout`` (then code is None).
+    ``env`` is added to the environment; the PACS's sign-in comes only from it."""
+    environment = dict(os.environ, KRYPTON_DICOMWEB_URL=url)
     environment.pop("KRYPTON_DICOMWEB_USER", None)
     environment.pop("KRYPTON_DICOMWEB_PASSWORD", None)
+    environment.update(env)
     started = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "krypton", *args], cwd=ROOT, env=environment,
@@ -478,9 +480,9 @@ def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_p
     env = {"KRYPTON_DICOMWEB_USER": USER, "KRYPTON_DICOMWEB_PASSWORD": PASSWORD}
     explain = ["explain", f"dicomweb:{study}/{series}", "--model", "chestct-demo", "--patch",
                "16", "--stride", "8", "--out", str(tmp_path / "cli"), "--send"]  # fmt: skip
-    first = _run_signed_in(explain, root, env)
+    first = run_cli(explain, root, 300, **env)
     assert first.code == 0 and "sent       a Parametric Map" in first.out, first.err[-500:]
-    again = _run_signed_in(explain, root, env)
+    again = run_cli(explain, root, 300, **env)
     assert again.code == 0 and "holds this result" in again.out, again.out[-500:]
 
     tab = Tab.at(server.url, loopback(1, 45))
@@ -495,9 +497,9 @@ def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_p
     }, timeout=120)  # fmt: skip
     assert "Already in the PACS" in _message(sent)
 
-    batch = _run_signed_in(
+    batch = run_cli(
         ["batch", "--dicomweb", "--study", study, "--model", "chestct-demo", "--patch", "16",
-         "--stride", "8", "--out", str(tmp_path / "batch"), "--send"], root, env,
+         "--stride", "8", "--out", str(tmp_path / "batch"), "--send"], root, 300, **env,
     )  # fmt: skip
     assert batch.code == 0 and "1 series had theirs already" in batch.out, batch.out[-500:]
     client = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD))
@@ -507,15 +509,3 @@ def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_p
     )  # fmt: skip
     strides = [r for r in rows if "stride 8" in str(r.get("0008103E", {}).get("Value", [""])[0])]
     assert len(strides) == 1, [r.get("0008103E") for r in rows]
-
-
-def _run_signed_in(args: list[str], root: str, env: dict) -> Ran:
-    """run_cli with the PACS's sign-in (run_cli drops it for the hostile server)."""
-    environment = {**env}
-    started = time.monotonic()
-    process = subprocess.run(
-        [sys.executable, "-m", "krypton", *args], cwd=ROOT, capture_output=True, text=True,
-        env=dict(os.environ, KRYPTON_DICOMWEB_URL=root, **environment), timeout=300,
-    )  # fmt: skip
-    return Ran(process.returncode, process.stdout, process.stderr,
-               time.monotonic() - started, 0.0)  # fmt: skip

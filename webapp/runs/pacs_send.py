@@ -56,11 +56,7 @@ def send_result(services, rank: int, handle, session: str) -> str:
     study, series = opened
     try:
         with services.intake():
-            model = (
-                services.model(result["model"], rank=3)
-                if rank == 3
-                else services.model(result["model"])
-            )
+            model = services.model(result["model"], rank=rank)
             subject = (_volume_send if rank == 3 else _image_send)(services, result, session, model)
             settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
             key = result_key(series, model, {**settings, "label": result["label"],
