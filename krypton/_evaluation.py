@@ -17,6 +17,7 @@ from .engine import ExecutionPlan
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.monitor import StrategyMonitor
 from .engine.plan import PatchGeometry, measured_plan, naive_probe_size, reused_plan
+from .schedule import Schedules
 
 
 class Explaining(Protocol):
@@ -26,6 +27,7 @@ class Explaining(Protocol):
     model: nn.Module
     measured_plans: dict
     monitors: dict
+    schedules: Schedules
 
     def _occluded_batch(
         self, image: torch.Tensor, occluder: torch.Tensor, corners: np.ndarray
@@ -245,7 +247,7 @@ class _Run:
         if clock.cold(("naive", tuple(self.image.shape), len(corners))):
             self._naive_logits(corners)
         began = clock.now()
-        logits = self._naive_logits(corners)
+        logits = self._logits(corners, slice(0, len(corners)), None, naive=True)
         return (clock.now() - began) / len(corners), logits
 
     def evaluate(
@@ -374,10 +376,28 @@ class _Run:
 
     def _logits(self, corners: np.ndarray, placed: slice, geometry, naive: bool) -> torch.Tensor:
         """Logits of one batch of positions (``corners``; ``placed`` in ``geometry``), by
-        naive or incremental inference."""
+        naive or incremental inference, on the schedule the explainer's timings of this
+        kind of batch choose (:mod:`krypton.schedule`)."""
+        key = ("naive" if naive else "incremental", tuple(self.image.shape), self.batch_size)
+        device = self.image.device
         if naive:
-            return self._naive_logits(corners)
-        return self.graph.run_batch(self.views, geometry, placed, self.occluder)
+
+            def compute(piece: slice) -> torch.Tensor:
+                return self._naive_logits(
+                    corners[piece.start - placed.start : piece.stop - placed.start]
+                )
+
+            return self.explainer.schedules.run(key, device, placed, self.batch_size, compute)
+
+        def incremental(piece: slice) -> torch.Tensor:
+            return self.graph.run_batch(self.views, geometry, piece, self.occluder)
+
+        def prepare(piece: slice) -> None:
+            self.graph.prepare_batch(self.views, geometry, piece, device)
+
+        return self.explainer.schedules.run(
+            key, device, placed, self.batch_size, incremental, prepare
+        )
 
 
 @dataclass

@@ -62,6 +62,7 @@ from .explain_settings import ExplainSettings as ExplainSettings
 from .explain_settings import PartialCallback, ProgressCallback, settings_signature
 from .host import host_share
 from .registry.models import LoadedModel
+from .schedule import Schedules
 
 __all__ = ["Heatmap", "Prediction", "OcclusionExplainer", "explain", "MODES"]
 
@@ -222,6 +223,7 @@ class OcclusionExplainer:
         self.measured_plans: dict[tuple, ExecutionPlan] = {}
         self._position_plans: dict[tuple, ExecutionPlan] = {}  # position_plan's, per graph
         self.monitors: dict[tuple, StrategyMonitor] = {}  # carried from call to call
+        self.schedules = Schedules()  # how each kind of batch uses the host's threads
         self._ood: tuple[tuple, dict] | None = None  # the last image's check (its key, report)
 
     def forget_plans(self) -> None:
@@ -230,6 +232,7 @@ class OcclusionExplainer:
         with self._lock:
             self.measured_plans.clear()
             self.monitors.clear()
+            self.schedules.clear()
 
     def forget_grids(self) -> None:
         """Drop the kept grids' geometries and compiled indices (memory; or to measure a
@@ -311,6 +314,7 @@ class OcclusionExplainer:
             self.measured_plans.clear()
             self._position_plans.clear()
             self.monitors.clear()
+            self.schedules.clear()
             self._views = {}
             self._fingerprint = fingerprint
         shape = tuple(image.shape)
@@ -620,14 +624,27 @@ class OcclusionExplainer:
             batch_size, largest, reserved, strict=image.dim() == 4, device=self.device
         )
         outputs = []
+        key = (mode, "own patches", tuple(image.shape), batch_size)
+
+        def naive(piece: slice) -> torch.Tensor:
+            occluded = self._occluded_batch(image, patches[piece], corners[piece])
+            with CAPTURE_LOCK.shared():
+                return self.model(occluded)
+
+        def incremental(piece: slice) -> torch.Tensor:
+            return graph.run_batch(views, geometry, piece, patches[piece])
+
+        def prepare(piece: slice) -> None:
+            graph.prepare_batch(views, geometry, piece, self.device)
+
         for begin in range(0, count, batch_size):
             batch = slice(begin, min(begin + batch_size, count))
             if mode == "naive":
-                occluded = self._occluded_batch(image, patches[batch], corners[batch])
-                with CAPTURE_LOCK.shared():
-                    outputs.append(self.model(occluded))
+                outputs.append(self.schedules.run(key, self.device, batch, batch_size, naive))
             else:
-                outputs.append(graph.run_batch(views, geometry, batch, patches[batch]))
+                outputs.append(
+                    self.schedules.run(key, self.device, batch, batch_size, incremental, prepare)
+                )
             if progress is not None:
                 progress(batch.stop, count)
         if not outputs:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +27,7 @@ __all__ = [
     "share_host",
     "HostShare",
     "host_share",
+    "current_share",
     "describe_share",
 ]
 
@@ -109,27 +112,61 @@ def share_host(load: float | None = None) -> float | None:
 class HostShare:
     """What one run took of the host: its torch ``threads``, who decided (``by``: the
     caller's ``threads=`` argument, ``OMP_NUM_THREADS``, ``KRYPTON_TORCH_THREADS``,
-    ``torch.set_num_threads``, or the host's ``load``) and the load sampled (None where
-    the caller decided: nothing was sampled)."""
+    ``torch.set_num_threads``, or the host's ``load``), the load sampled (None where
+    the caller decided: nothing was sampled) and ``budget``: the threads the run may keep
+    busy at once in any schedule (:mod:`krypton.schedule`): the caller's count, or this
+    process's cores where the load decided (beside six burners on two cores, two
+    single-threaded workers took 5.8 s where one thread took 9.3 s)."""
 
     threads: int
     by: str
     load: float | None
+    budget: int = 1
+    # positions the run computed per schedule (krypton.schedule counts them as they run)
+    schedules: Counter = field(default_factory=Counter, compare=False)
 
     def as_dict(self) -> dict:
-        return {"threads": self.threads, "by": self.by, "load": self.load}
+        return {
+            "threads": self.threads,
+            "by": self.by,
+            "load": self.load,
+            "budget": self.budget,
+            "schedules": dict(self.schedules),
+        }
+
+
+# the share of the run this thread is in (host_share sets it): what its batches schedule on
+_CURRENT: ContextVar[HostShare | None] = ContextVar("krypton_host_share", default=None)
+
+
+def current_share() -> HostShare:
+    """The share of the run this thread is in, or torch's threads as they are outside one
+    (a caller of the engine's internals that did not go through :func:`host_share`)."""
+    share = _CURRENT.get()
+    if share is None:
+        threads = torch.get_num_threads()
+        return HostShare(threads, "torch.set_num_threads", None, threads)
+    return share
 
 
 def describe_share(share: dict | None) -> str:
-    """One line for a run's ``heatmap.extra["host"]``: its threads and why."""
+    """One line for a run's ``heatmap.extra["host"]``: its threads, why, and the
+    schedules its positions ran on (:mod:`krypton.schedule`)."""
     if not share:
         return ""
     threads = f"{share['threads']} torch thread{'s' if share['threads'] != 1 else ''}"
     if share.get("by") == "load":
         load = share.get("load")
         beside = "" if load is None else f" beside a load of {load:.1f}"
-        return f"{threads}: the cores left of {os.cpu_count()}{beside}"
-    return f"{threads}: as the caller set ({share.get('by')})"
+        line = f"{threads}: the cores left of {os.cpu_count()}{beside}"
+    else:
+        line = f"{threads}: as the caller set ({share.get('by')})"
+    ran = share.get("schedules") or {}
+    if len(ran) > 1 or any(not name.startswith(("one thread", "intra-op")) for name in ran):
+        total = sum(ran.values())
+        parts = [f"{name} {count} of {total}" for name, count in ran.items()]
+        line += "; positions on " + ", ".join(parts)
+    return line
 
 
 def _recent_load() -> float | None:
@@ -169,14 +206,16 @@ def host_share(threads: int | None = None) -> Iterator[HostShare]:
     before = torch.get_num_threads()
     chosen = _callers_threads(threads)
     if chosen is not None:
-        share = HostShare(chosen[0], chosen[1], None)
+        share = HostShare(chosen[0], chosen[1], None, chosen[0])
     else:
         load = _recent_load()
-        share = HostShare(threads_for_load(load), "load", load)
+        share = HostShare(threads_for_load(load), "load", load, max(1, max_threads()))
     if share.threads != before:
         torch.set_num_threads(share.threads)
+    token = _CURRENT.set(share)
     try:
         yield share
     finally:
+        _CURRENT.reset(token)
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)

@@ -39,6 +39,11 @@ def untouched(monkeypatch):
     torch.set_num_threads(before)
 
 
+def _decision(record: dict) -> dict:
+    """The threads of a run's host record, who chose them and the load they were chosen at."""
+    return {key: record[key] for key in ("threads", "by", "load")}
+
+
 def _threads_during(model, image, **options) -> tuple[krypton.Heatmap, set[int]]:
     seen: set[int] = set()
     heatmap = krypton.explain(
@@ -54,7 +59,8 @@ def test_a_busy_host_gets_one_thread_and_the_callers_count_comes_back(
     monkeypatch.setattr(host, "host_load", lambda interval=0.1: 2.0)  # two burners
     heatmap, seen = _threads_during(model, image)
     assert seen == {1}
-    assert heatmap.extra["host"] == {"threads": 1, "by": "load", "load": 2.0}
+    assert _decision(heatmap.extra["host"]) == {"threads": 1, "by": "load", "load": 2.0}
+    assert heatmap.extra["host"]["budget"] == 2  # the shards' workers may use both
     assert torch.get_num_threads() == 2  # restored
 
 
@@ -69,7 +75,10 @@ def test_a_callers_own_thread_count_is_kept(model, image, untouched, monkeypatch
     torch.set_num_threads(1)  # the caller's choice, however busy the host is
     heatmap, seen = _threads_during(model, image)
     assert seen == {1}
-    assert heatmap.extra["host"] == {"threads": 1, "by": "torch.set_num_threads", "load": None}
+    assert _decision(heatmap.extra["host"]) == {
+        "threads": 1, "by": "torch.set_num_threads", "load": None
+    }  # fmt: skip
+    assert heatmap.extra["host"]["schedules"] == {"one thread": 16}  # nothing more
     torch.set_num_threads(2)
     heatmap, seen = _threads_during(model, image, threads=2)  # an argument wins
     assert seen == {2} and heatmap.extra["host"]["by"] == "threads="
@@ -114,11 +123,11 @@ def test_the_drop_ins_take_the_same_share(untouched, monkeypatch):
     occlusion = Occlusion(net)
     occlusion.attribute(image, sliding_window_shapes=(3, 16, 16), strides=(3, 16, 16), target=0)
     assert seen == {1} and torch.get_num_threads() == 2
-    assert occlusion._local.host == {"threads": 1, "by": "load", "load": 2.0}
+    assert _decision(occlusion._local.host) == {"threads": 1, "by": "load", "load": 2.0}
     seen.clear()
     sensitivity = OcclusionSensitivity(net, mask_size=16, overlap=0.0)
     sensitivity(image)
     hook.remove()
     assert sensitivity.last_engine == "krypton" and seen == {1}
-    assert sensitivity.last_host == {"threads": 1, "by": "load", "load": 2.0}
+    assert _decision(sensitivity.last_host) == {"threads": 1, "by": "load", "load": 2.0}
     assert torch.get_num_threads() == 2

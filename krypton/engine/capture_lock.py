@@ -55,6 +55,18 @@ class CaptureLock:
                     self._condition.notify_all()
 
     @contextmanager
+    def lent(self) -> Iterator[None]:
+        """Held by a worker thread computing part of a batch for a thread that holds the
+        shared lock and waits for it: counts as that hold (no capture can start until the
+        lender releases it), so a waiting capture cannot block the worker."""
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+
+    @contextmanager
     def exclusive(self) -> Iterator[None]:
         """Held while a graph is captured: no other capture and no forward pass runs."""
         me = threading.get_ident()

@@ -27,7 +27,7 @@ from .classify import PATCHED_KINDS, Classifier, NodeKind, Step, first_input, fl
 from .clock import DeviceClock
 from .geometry import padding_needed
 from .plan import ExecutionPlan, PatchGeometry, propagate, static_plan
-from .run import run_batch, view_pad_value
+from .run import batch_index, run_batch, view_pad_value
 from .views import MaterializedViews, build_views
 
 __all__ = ["IncrementalGraph", "UnsupportedModelError"]
@@ -525,6 +525,13 @@ class IncrementalGraph:
     def plan(self, geometry: PatchGeometry) -> ExecutionPlan:
         """Static plan for these positions: incremental, or naive when it cannot gain."""
         return static_plan(self, geometry)
+
+    def prepare_batch(
+        self, views: MaterializedViews, geometry: PatchGeometry, batch: slice, device
+    ) -> None:
+        """Compile the indices of positions ``batch`` now, in this thread (a batch cut
+        into shards for worker threads: they then only read them)."""
+        batch_index(self, views, geometry, batch, device)
 
     def run_batch(
         self,

@@ -76,22 +76,24 @@ def batch_index(
     graph: Program, views: MaterializedViews, geometry: PatchGeometry, batch: slice, device
 ) -> BatchIndex:
     """The compiled indices of positions ``batch`` (:mod:`.indices`): compiled on the
-    first batch of a run for it and every later batch of its length, then looked up."""
+    first batch of a run for it and every later batch of its length, then looked up. A
+    run whose batches are cut into shards (:mod:`krypton.schedule`) keeps both layouts,
+    each compiled once."""
     start, stop, _ = batch.indices(geometry.positions)
-    compiled = geometry.compiled.setdefault(str(device), {})
-    known = compiled.get(start)
-    if known is None or known.count != stop - start:
-        compiled.update(
-            compile_batches(
-                graph,
-                geometry,
-                lambda node, pad: views.spatial(node, pad)[1],
-                slice(start, stop),
-                torch.device(device),
-            )
-        )
-        known = compiled[start]
-    return known
+    layouts = geometry.compiled.setdefault(str(device), {})  # batch length -> first -> index
+    for layout in list(layouts.values()):
+        known = layout.get(start)
+        if known is not None and known.count == stop - start:
+            return known
+    fresh = compile_batches(
+        graph,
+        geometry,
+        lambda node, pad: views.spatial(node, pad)[1],
+        slice(start, stop),
+        torch.device(device),
+    )
+    layouts.setdefault(stop - start, {}).update(fresh)
+    return fresh[start]
 
 
 def run_batch(
