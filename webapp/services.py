@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -27,6 +28,26 @@ from .pacs import PacsSources
 from .runs import CellCache, volumes
 from .settings import ServerSettings
 from .uploads import UploadStore
+
+
+class OnceJob(Protocol):
+    """A run's job as its run sees it: what an earlier delivery of it computed, and a
+    place to record what this one computed (:class:`webapp.team.JobLease` in team mode)."""
+
+    def outcome(self) -> list | None: ...
+
+    def keep(self, outcome: list) -> None: ...
+
+
+class LocalJob:
+    """A run in this process (embedded mode): delivered once by construction."""
+
+    def outcome(self) -> list | None:
+        """Nothing computed before: a thread job is never delivered twice."""
+        return None
+
+    def keep(self, outcome: list) -> None:
+        """Nothing to record."""
 
 
 class Services:
@@ -102,17 +123,19 @@ class Services:
                     self._intakes.pop(client, None)
 
     @contextmanager
-    def job(self) -> Iterator[None]:
-        """Around a run: nothing in embedded mode (the thread manager tracks the job); in
-        team mode, inside a Celery worker, the job's lease (cancel, abandoned page, and
-        the broker message kept from redelivery while this worker is alive)."""
+    def job(self) -> Iterator[OnceJob]:
+        """Around a run: in embedded mode a :class:`LocalJob` (the thread manager tracks
+        the job); in team mode, inside a Celery worker, the job's lease (cancel, abandoned
+        page, the broker message kept from redelivery while this worker is alive, and the
+        outcome of a run already computed for this job: a redelivery answers it again
+        instead of computing twice)."""
         request = None
         if self.team is not None:
             from celery import current_task
 
             request = getattr(current_task, "request", None)
         if request is None or not getattr(request, "id", None):
-            yield
+            yield LocalJob()
             return
         from krypton.batch.broker import delivery_tag
 
@@ -123,7 +146,7 @@ class Services:
         )
         lease.wait_for_other_holder()
         with lease, running_as(lease):
-            yield
+            yield lease
 
     def forget(self, name: str) -> None:
         """Drop a removed model from memory."""

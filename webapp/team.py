@@ -157,8 +157,31 @@ class JobLease:
                 said = True
             time.sleep(1.0)
 
+    def outcome(self) -> list | None:
+        """What this job's run gave when a worker finished it before (a redelivered
+        message whose first worker finished but could not acknowledge in time), else
+        None: the run is computed once, and a delivery after it answers the same."""
+        try:
+            data = self.client.get(PREFIX + "done:" + self.job)
+        except redis.RedisError:
+            return None
+        return None if data is None else json.loads(data)
+
+    def keep(self, outcome: list) -> None:
+        """Record that this worker computed the job's run, and what it gave the page (a
+        JSON list), for any later delivery of the same message; the worker's log says
+        ``computed run <job>`` once per computation."""
+        logger.info("computed run %s on %s", self.job, self.worker)
+        try:
+            self.client.set(PREFIX + "done:" + self.job, json.dumps(outcome), ex=STATE_TTL)
+        except redis.RedisError:
+            pass  # the page's result is in the backend anyway; only a redelivery recomputes
+
     def _hold(self, pipe) -> None:
-        pipe.set(PREFIX + "lease:" + self.job, self.worker, ex=int(visibility_timeout()))
+        # three visibility timeouts: a worker the load starved of a refresh or two (its
+        # message already delivered again) still holds the run, so the second delivery
+        # waits for it instead of computing beside it; a dead worker's lease is gone soon
+        pipe.set(PREFIX + "lease:" + self.job, self.worker, ex=int(3 * visibility_timeout()))
 
     def __enter__(self) -> JobLease:
         self._keeper = KeepVisible(self.client, self.delivery_tag, also=self._hold).__enter__()

@@ -1,0 +1,181 @@
+"""Exact mode against the best naive run, alone and beside CPU burners, as a user calls
+the library (no thread setting: the engine takes its share of the host and picks the
+schedule, krypton.schedule), side by side in one process.
+
+    python -m bench.busy_host [--burners 0 2 6] [--rounds 1] [--cases resnet18 vgg16 ...]
+
+For each load and case: exact (``krypton.OcclusionExplainer(model).explain`` on a fresh
+image each call, the graph captured once before), and the best naive: Krypton's naive
+mode and plain batched torch (16 occluded images a batch under ``inference_mode``), each
+at one and at two torch threads, the fastest of the four. The ratio is the best naive's
+seconds over exact's. The drop-in rows time Captum's ``Occlusion`` and MONAI's
+``OcclusionSensitivity`` against Krypton's drop-ins (bench.dropin), at the libraries'
+defaults and at a large batch. Burners are ``python -c 'while True: pass'`` processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torchvision
+
+import krypton
+from bench.dropin import captum_row, monai_row
+
+# name -> (model builder, input shape, explain settings)
+CASES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] = {
+    "resnet18": (
+        lambda: torchvision.models.resnet18(num_classes=10),
+        (3, 224, 224),
+        dict(patch=16, stride=4, region=(80, 80, 144, 144)),  # 169 positions
+    ),
+    "vgg16": (
+        lambda: torchvision.models.vgg16(num_classes=10),
+        (3, 224, 224),
+        dict(patch=16, stride=8, region=(88, 88, 136, 136)),  # 25 positions
+    ),
+    "inception3": (
+        lambda: torchvision.models.inception_v3(
+            num_classes=10, aux_logits=False, init_weights=False
+        ),
+        (3, 299, 299),
+        dict(patch=16, stride=8, region=(118, 118, 182, 182)),  # 49 positions
+    ),
+    "r3d_18": (
+        lambda: torchvision.models.video.r3d_18(num_classes=10),
+        (3, 8, 56, 56),
+        dict(patch=(4, 16, 16), stride=(4, 8, 8)),  # 72 positions
+    ),
+}
+
+
+def _plain_torch(model: torch.nn.Module, image: torch.Tensor, corners: np.ndarray, patch) -> float:
+    """Seconds of plain batched torch over the positions: 16 occluded copies a batch."""
+    extent = tuple(patch) if isinstance(patch, tuple) else (patch,) * (image.dim() - 1)
+    began = time.perf_counter()
+    with torch.inference_mode():
+        for first in range(0, len(corners), 16):
+            batch = image.unsqueeze(0).repeat(
+                len(corners[first : first + 16]), 1, 1, 1, *([1] * (image.dim() - 3))
+            )
+            for row, corner in enumerate(corners[first : first + 16]):
+                window = tuple(slice(int(c), int(c) + e) for c, e in zip(corner, extent))
+                batch[(row, slice(None), *window)] = 0.5
+            model(batch)
+    return time.perf_counter() - began
+
+
+def _corners(heatmap: krypton.Heatmap) -> np.ndarray:
+    """Each position's first cell per axis, from a heatmap's axes."""
+    axes = [heatmap.zs] if heatmap.zs is not None else []
+    axes += [heatmap.ys, heatmap.xs]
+    grids = np.meshgrid(*axes, indexing="ij")
+    return np.stack([g.ravel() for g in grids], axis=1)
+
+
+def model_row(name: str, rounds: int) -> dict:
+    """Exact as the library runs it against the best of four naive runs, alternated."""
+    build, shape, settings = CASES[name]
+    torch.manual_seed(0)
+    model = build().eval()
+    explainer = krypton.OcclusionExplainer(model)
+    explainer.explain(torch.rand(shape), **settings)  # the capture, once, as a user's first call
+    exact, naive = [], {}
+    difference = 0.0
+    for _ in range(rounds):
+        image = torch.rand(shape)
+        began = time.perf_counter()
+        heatmap = explainer.explain(image, **settings)
+        exact.append(time.perf_counter() - began)
+        schedules = heatmap.extra["host"]["schedules"]
+        corners = _corners(heatmap)
+        for threads in (1, 2):
+            began = time.perf_counter()
+            reference = explainer.explain(image, mode="naive", threads=threads, **settings)
+            naive.setdefault(f"krypton naive, {threads} thread(s)", []).append(
+                time.perf_counter() - began
+            )
+            difference = max(
+                difference, float(np.nanmax(np.abs(reference.values - heatmap.values)))
+            )
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                seconds = _plain_torch(model, image, corners, settings["patch"])
+            finally:
+                torch.set_num_threads(before)
+            naive.setdefault(f"plain torch, {threads} thread(s)", []).append(seconds)
+    best_name, best = min(((k, min(v)) for k, v in naive.items()), key=lambda item: item[1])
+    return {
+        "case": f"{name} {'x'.join(map(str, shape[1:]))}, {len(corners)} positions",
+        "exact": min(exact),
+        "naive": best,
+        "naive_by": best_name,
+        "ratio": best / min(exact),
+        "schedules": schedules,
+        "diff": difference,
+    }
+
+
+def dropin_rows() -> list[dict]:
+    """The drop-ins against their libraries at the defaults and at a large batch."""
+    small = torchvision.models.resnet18(weights=None, num_classes=3).eval()
+    return [
+        captum_row("resnet18", 112, 8, 1),
+        captum_row("resnet18", 112, 8, 64),
+        monai_row("MONAI, ResNet18 2-D 64², defaults", small, torch.randn(1, 3, 64, 64), {}),
+        monai_row(
+            "MONAI, ResNet18 2-D 64², n_batch=128",
+            small,
+            torch.randn(1, 3, 64, 64),
+            {"n_batch": 128},
+        ),  # fmt: skip
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--burners", type=int, nargs="+", default=[0, 2, 6])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--no-dropins", action="store_true")
+    args = parser.parse_args()
+    for count in args.burners:
+        burners = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
+        ]
+        try:
+            time.sleep(0.5)
+            print(f"\n## beside {count} CPU burners" if count else "\n## alone", flush=True)
+            print(f"{'case':<44} {'exact s':>8} {'naive s':>8} {'ratio':>6}  best naive; schedules")
+            for name in args.cases:
+                row = model_row(name, args.rounds)
+                print(
+                    f"{row['case']:<44} {row['exact']:8.2f} {row['naive']:8.2f} "
+                    f"{row['ratio']:5.2f}x  {row['naive_by']}; {row['schedules']} "
+                    f"(max diff {row['diff']:.1e})",
+                    flush=True,
+                )
+            if not args.no_dropins:
+                for row in dropin_rows():
+                    ratio = row["library"] / row["krypton"]
+                    print(
+                        f"{row['case'][:44]:<44} {row['krypton']:8.2f} {row['library']:8.2f} "
+                        f"{ratio:5.2f}x  the library itself; {row['engine']} "
+                        f"(max diff {row['diff']:.1e})",
+                        flush=True,
+                    )
+        finally:
+            for burner in burners:
+                burner.kill()
+                burner.wait()
+
+
+if __name__ == "__main__":
+    main()
