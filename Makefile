@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-load test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs viewer ohif
+.PHONY: setup test test-load test-busy test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs viewer ohif
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: $(STAMP)
 # They assert what is visible, never how fast this host is. .ci/run calls it after make test.
 test-load: $(STAMP)
 	KRYPTON_TEST_BURNERS=2 $(PY) -m pytest -q -m underload --durations=5
+
+# make test's whole suite beside BURNERS CPU burners (default 4: load ~6 on 2 cores),
+# ROUNDS times (default 1); each round's status, minutes and load average are printed.
+test-busy: $(STAMP)
+	$(PY) -m bench.beside --burners $(or $(BURNERS),4) --rounds $(or $(ROUNDS),1) -- \
+		$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # The quick loop: everything but the browser, security and team suites (real servers).
 test-quick: $(STAMP)
@@ -96,6 +102,7 @@ bench: $(STAMP)
 	$(PY) -m bench.run_path
 	$(PY) -m bench.speed_claims
 	$(PY) -m bench.speed_claims --burners 2
+	$(PY) -W ignore -m bench.busy_host
 	$(MAKE) bench-methods
 
 # The method comparison's no-fill controls (demo/controls.py; out/controls/, kept once

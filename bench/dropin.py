@@ -55,7 +55,7 @@ def paired(library_call, krypton_call, repeats: int = 2) -> tuple[float, float, 
     return min(library_times), min(krypton_times), library_result, krypton_result
 
 
-def captum_row(name: str, side: int, stride: int, per_eval: int) -> dict:
+def captum_row(name: str, side: int, stride: int, per_eval: int, repeats: int = 2) -> dict:
     """Captum's Occlusion and the drop-in on one ``side``-squared image: window
     (3, 16, 16), stride (3, S, S), ``perturbations_per_eval`` as given (Captum's default
     is 1), a fresh instance per call."""
@@ -80,7 +80,7 @@ def captum_row(name: str, side: int, stride: int, per_eval: int) -> dict:
         return result
 
     captum_seconds, krypton_seconds, expected, got = paired(
-        lambda: CaptumOcclusion(model).attribute(image, **arguments), ours
+        lambda: CaptumOcclusion(model).attribute(image, **arguments), ours, repeats
     )
     return {
         "case": f"Captum, {name} {side}², stride {stride}, perturbations_per_eval={per_eval}",
@@ -91,7 +91,7 @@ def captum_row(name: str, side: int, stride: int, per_eval: int) -> dict:
     }
 
 
-def monai_row(case: str, model, x, settings: dict, box=None) -> dict:
+def monai_row(case: str, model, x, settings: dict, box=None, repeats: int = 2) -> dict:
     """MONAI's OcclusionSensitivity and the drop-in, a fresh instance per call."""
     from monai.visualize import OcclusionSensitivity as MonaiOcclusionSensitivity
 
@@ -110,6 +110,7 @@ def monai_row(case: str, model, x, settings: dict, box=None) -> dict:
         monai_seconds, krypton_seconds, expected, got = paired(
             lambda: MonaiOcclusionSensitivity(model, verbose=False, **settings)(x, b_box=box)[0],
             ours,
+            repeats,
         )
     return {
         "case": case,

@@ -34,10 +34,11 @@ __all__ = [
 LOAD_SAMPLE_SECONDS = 0.1
 
 
-def host_load(interval: float = LOAD_SAMPLE_SECONDS) -> float | None:
+def host_load(interval: float | None = LOAD_SAMPLE_SECONDS) -> float | None:
     """Cores this host's work keeps busy now (every process, this one's other runs
-    included), sampled over ``interval`` seconds: what a run starting now competes with
-    (None without psutil). Estimates scale to it and each logged run records it."""
+    included), sampled over ``interval`` seconds (None: since psutil's previous sample,
+    without waiting): what a run starting now competes with (None without psutil).
+    Estimates scale to it and each logged run records it."""
     try:
         import psutil
     except ImportError:
@@ -170,12 +171,17 @@ def describe_share(share: dict | None) -> str:
 
 
 def _recent_load() -> float | None:
-    """The host's load, sampled at most every 2 s (a drop-in called in a loop does not
-    pay 0.1 s a call for it)."""
+    """The host's load: the last sample if under 2 s old; else, if the last is under a
+    minute old, the cores busy since it (psutil's counters, no wait); else a fresh 0.1 s
+    sample. A drop-in called in a loop pays nothing for it: a 0.1 s sample per call made
+    MONAI's ResNet18 64² call 0.24 s against MONAI's own 0.18 s."""
     now = time.monotonic()
     if _LAST_LOAD and now - _LAST_LOAD[0][0] < 2.0:
         return _LAST_LOAD[0][1]
-    load = host_load()
+    if _LAST_LOAD and now - _LAST_LOAD[0][0] < 60.0:
+        load = host_load(interval=None)
+    else:
+        load = host_load()
     _LAST_LOAD[:] = [(now, load)]
     return load
 

@@ -52,6 +52,9 @@ INTRA, INTER = "intra-op", "inter-position"
 # (one thread ran 2x slower than two idle: tried as often, it cost 5% of a run)
 EXPLORE_EVERY = 6
 CLOSE = 1.25
+# another schedule replaces the expected fastest (the first option) only when it is at
+# least this much faster: r3d_18's five batches flipped to the slower one on noise
+LEAD_MARGIN = 0.9
 SLOW_EVERY = 4
 
 
@@ -71,21 +74,20 @@ class Schedule:
 
 def schedule_options(share: HostShare, batch_size: int, device: torch.device) -> list[Schedule]:
     """The schedules a run may choose from, the one expected fastest first: on a CPU,
-    intra-op on the share's threads, inter-position on its whole budget (where the
-    batch splits evenly into that many shards: each shard's indices are compiled once
-    per run) and one thread; on a card, intra-op alone."""
+    intra-op on the share's threads (one thread beside a busy host) and inter-position
+    on its whole budget (where the batch splits evenly into that many shards: each
+    shard's indices are compiled once per run); on a card, intra-op alone. One thread
+    on an idle host is not offered: it ran 1.8x slower than either there."""
     intra = Schedule(INTRA, share.threads)
     if device.type != "cpu":
         return [intra]
-    options = [intra]
     workers = share.budget
-    if workers >= 2 and batch_size >= workers and batch_size % workers == 0:
-        inter = Schedule(INTER, workers)
-        # a share below its budget means the host is busy: there the workers usually win
-        options.insert(0 if share.threads < workers else 1, inter)
-    if share.threads > 1:
-        options.append(Schedule(INTRA, 1))
-    return options
+    if workers < 2 or batch_size < workers or batch_size % workers:
+        return [intra]
+    inter = Schedule(INTER, workers)
+    # a share below its budget means the host is busy: there the workers usually win
+    # (and intra-op is then one thread); on an idle host intra-op on every core leads
+    return [inter, intra] if share.threads < workers else [intra, inter]
 
 
 @dataclass
@@ -109,6 +111,8 @@ class ScheduleChooser:
             if untimed:
                 return untimed[0]
             fastest = min(options, key=lambda option: self.pace[option])
+            if self.pace[fastest] > LEAD_MARGIN * self.pace[options[0]]:
+                fastest = options[0]  # the expected fastest keeps a near tie (noise)
             if self.batches % EXPLORE_EVERY:
                 return fastest
             others = [
@@ -188,12 +192,13 @@ def run_scheduled(
     (compiling its indices: the workers only read them). The run's host share counts the
     positions per schedule."""
     count = batch.stop - batch.start
-    current_share().schedules[str(schedule)] += count
     length = max(1, batch_size // schedule.threads)
-    if schedule.kind == INTRA or count <= length:
-        threads = schedule.threads if schedule.kind == INTRA else 1
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
+    if schedule.kind == INTER and count <= length:  # one shard: one thread
+        schedule = Schedule(INTRA, 1)
+    current_share().schedules[str(schedule)] += count
+    if schedule.kind == INTRA:
+        if torch.get_num_threads() != schedule.threads:
+            torch.set_num_threads(schedule.threads)
         return compute(batch)
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
@@ -243,7 +248,13 @@ class Schedules:
             return run_scheduled(options[0], batch, batch_size, compute, prepare)
         chooser = self.chooser(key)
         schedule = chooser.pick(options)
+        if prepare is not None:  # compiling indices is not the schedule's pace
+            length = max(1, batch_size // schedule.threads) if schedule.kind == INTER else 0
+            for piece in shards(batch.start, batch.stop, length) if length else [batch]:
+                prepare(piece)
         began = time.perf_counter()
         values = run_scheduled(schedule, batch, batch_size, compute, prepare)
-        chooser.ran(schedule, batch.stop - batch.start, time.perf_counter() - began)
+        count = batch.stop - batch.start
+        if schedule.kind == INTRA or count > batch_size // schedule.threads:
+            chooser.ran(schedule, count, time.perf_counter() - began)  # else it ran as one
         return values

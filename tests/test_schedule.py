@@ -27,7 +27,7 @@ WORKERS = Schedule(INTER, 2)
 def test_the_options_follow_the_share_and_the_batch():
     cpu = torch.device("cpu")
     idle = HostShare(2, "load", 0.0, 2)
-    assert schedule_options(idle, 16, cpu) == [TWO, WORKERS, ONE]
+    assert schedule_options(idle, 16, cpu) == [TWO, WORKERS]  # one thread: 1.8x slower
     busy = HostShare(1, "load", 2.0, 2)
     assert schedule_options(busy, 16, cpu) == [WORKERS, ONE]  # the workers first
     assert schedule_options(busy, 15, cpu) == [ONE]  # shards must divide the batch
@@ -85,7 +85,10 @@ def test_every_schedule_gives_naives_values(only, rank):
         explainer.forget_plans()
         heatmap = explainer.explain(image, mode="exact", strategy="incremental", **settings)
         assert np.nanmax(np.abs(heatmap.values - naive)) <= 1e-5, chosen
-        assert heatmap.extra["host"]["schedules"] == {str(chosen): heatmap.positions_evaluated}
+        ran = heatmap.extra["host"]["schedules"]
+        assert sum(ran.values()) == heatmap.positions_evaluated
+        assert set(ran) <= {str(chosen), "one thread"}  # a last batch of one shard: one thread
+        assert ran[str(chosen)] >= heatmap.positions_evaluated - 4
         if rank == 2:  # the drop-ins' path: each position's own pixels
             ys, xs, patches = [0, 4, 8, 2], [8, 4, 0, 6], torch.rand(4, 1, 4, 4)
             own = explainer.occluded_outputs(image, ys, xs, patches, batch_size=2)
