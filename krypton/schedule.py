@@ -40,6 +40,7 @@ __all__ = [
     "Schedule",
     "schedule_options",
     "ScheduleChooser",
+    "shard_length",
     "shards",
     "run_scheduled",
     "Schedules",
@@ -145,6 +146,16 @@ class ScheduleChooser:
             return {str(option): round(pace * 1e3, 3) for option, pace in self.pace.items()}
 
 
+def shard_length(threads: int, count: int, batch_size: int, aligned: bool) -> int:
+    """Positions per shard of a ``count``-position batch over ``threads`` workers: with
+    compiled indices (``aligned``) every batch's shards line up with the run's layout
+    (``batch_size`` / threads, so a short last batch may have fewer shards); else the
+    batch split evenly (MONAI's 81 positions in a 128 batch: 41 and 40, not 64 and 17)."""
+    if aligned:
+        return max(1, batch_size // threads)
+    return max(1, -(-count // threads))
+
+
 def shards(start: int, stop: int, length: int) -> list[slice]:
     """Positions ``start:stop`` cut into shards of ``length`` (the last may be shorter)."""
     return [slice(first, min(first + length, stop)) for first in range(start, stop, length)]
@@ -186,13 +197,13 @@ def run_scheduled(
     prepare: Callable[[slice], None] | None = None,
 ) -> torch.Tensor:
     """``compute(positions)`` for the positions of ``batch`` on ``schedule``: intra-op
-    in this thread on its threads, or inter-position as shards of ``batch_size`` over
-    the workers (the first shard in this thread, the others on the pool's workers),
+    in this thread on its threads, or inter-position as shards (:func:`shard_length`)
+    over the workers (the first shard in this thread, the others on the pool's workers),
     concatenated in order. ``prepare(shard)`` runs for every shard in this thread first
     (compiling its indices: the workers only read them). The run's host share counts the
     positions per schedule."""
     count = batch.stop - batch.start
-    length = max(1, batch_size // schedule.threads)
+    length = shard_length(schedule.threads, count, batch_size, prepare is not None)
     if schedule.kind == INTER and count <= length:  # one shard: one thread
         schedule = Schedule(INTRA, 1)
     current_share().schedules[str(schedule)] += count
@@ -248,13 +259,14 @@ class Schedules:
             return run_scheduled(options[0], batch, batch_size, compute, prepare)
         chooser = self.chooser(key)
         schedule = chooser.pick(options)
+        count = batch.stop - batch.start
+        length = shard_length(schedule.threads, count, batch_size, prepare is not None)
         if prepare is not None:  # compiling indices is not the schedule's pace
-            length = max(1, batch_size // schedule.threads) if schedule.kind == INTER else 0
-            for piece in shards(batch.start, batch.stop, length) if length else [batch]:
+            inter = schedule.kind == INTER
+            for piece in shards(batch.start, batch.stop, length) if inter else [batch]:
                 prepare(piece)
         began = time.perf_counter()
         values = run_scheduled(schedule, batch, batch_size, compute, prepare)
-        count = batch.stop - batch.start
-        if schedule.kind == INTRA or count > batch_size // schedule.threads:
+        if schedule.kind == INTRA or count > length:
             chooser.ran(schedule, count, time.perf_counter() - began)  # else it ran as one
         return values

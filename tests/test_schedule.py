@@ -147,3 +147,13 @@ def test_shards_run_while_a_capture_waits():
     runner.join(10)
     assert done and done[0][:, 0].tolist() == [0.0] * 4 + [4.0] * 4
     assert captured.wait(5)  # and the capture ran after
+
+
+def test_shards_line_up_with_compiled_batches_or_split_evenly():
+    """Incremental shards keep the run's layout (their indices are compiled once); a
+    naive batch is split evenly: MONAI's 81 positions in a batch of 128 went as 64 and
+    17, one worker waiting for the other, and ran 0.64x MONAI's own speed."""
+    assert schedule.shard_length(2, 81, 128, aligned=False) == 41
+    assert schedule.shard_length(2, 81, 128, aligned=True) == 64
+    assert schedule.shard_length(2, 5, 16, aligned=True) == 8  # a short last batch: one shard
+    assert schedule.shards(0, 81, 41) == [slice(0, 41), slice(41, 81)]

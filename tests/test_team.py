@@ -195,7 +195,12 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     assert result["reused"] >= 240, "the redelivered job did not resume from the cell cache"
     log = team.cluster.log_text(f"worker-{survivor}")
     assert "succeeded" in log
-    assert team.deliveries(handles["job"]) == 2, "delivered to the victim, then once more"
+    # delivered to the victim, then at least once more (beside four burners the survivor,
+    # starved of a refresh, was sent it a third time); computed to the end once, by it
+    assert team.deliveries(handles["job"]) >= 2, "delivered to the victim, then once more"
+    assert team.computed(handles["job"]) == {name: int(name == survivor) for name in team.names}, (
+        "the run was computed to its end more than once"
+    )
 
     # the same run, uninterrupted, in this process (embedded mode)
     services = Services(tmp_path / "embedded")

@@ -61,6 +61,7 @@ class ResultRecord(ImageFields, VolumeFields):
     evaluated: int  # positions computed by this run
     approximate: dict  # approximate mode's heatmap.extra (empty otherwise)
     plan: str | None  # the plan line: strategy and why
+    host: NotRequired[dict | None]  # the run's threads, who chose them, its schedules
     reused: NotRequired[int]  # cells known from earlier runs
     reuse_note: NotRequired[str]
     estimate: NotRequired[dict | None]  # what the page estimated (krypton.estimator.Estimate)

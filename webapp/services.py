@@ -39,17 +39,6 @@ class OnceJob(Protocol):
     def keep(self, outcome: list) -> None: ...
 
 
-class LocalJob:
-    """A run in this process (embedded mode): delivered once by construction."""
-
-    def outcome(self) -> list | None:
-        """Nothing computed before: a thread job is never delivered twice."""
-        return None
-
-    def keep(self, outcome: list) -> None:
-        """Nothing to record."""
-
-
 class Services:
     """Loaded models, their explainers (graphs and views), stored images, the sessions'
     last results and the job queue, per server."""
@@ -123,19 +112,19 @@ class Services:
                     self._intakes.pop(client, None)
 
     @contextmanager
-    def job(self) -> Iterator[OnceJob]:
-        """Around a run: in embedded mode a :class:`LocalJob` (the thread manager tracks
-        the job); in team mode, inside a Celery worker, the job's lease (cancel, abandoned
-        page, the broker message kept from redelivery while this worker is alive, and the
-        outcome of a run already computed for this job: a redelivery answers it again
-        instead of computing twice)."""
+    def job(self) -> Iterator[OnceJob | None]:
+        """Around a run: None in embedded mode (the thread manager tracks the job, which
+        is never delivered twice); in team mode, inside a Celery worker, the job's lease
+        (cancel, abandoned page, the broker message kept from redelivery while this
+        worker is alive, and the outcome of a run already computed for this job: a
+        redelivery answers it again instead of computing twice)."""
         request = None
         if self.team is not None:
             from celery import current_task
 
             request = getattr(current_task, "request", None)
         if request is None or not getattr(request, "id", None):
-            yield LocalJob()
+            yield None
             return
         from krypton.batch.broker import delivery_tag
 

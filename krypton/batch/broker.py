@@ -308,7 +308,7 @@ def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_
     """A ``submit`` for :func:`krypton.batch.run_batch` that sends each image to the
     Celery workers behind ``url`` and yields results as they finish."""
     from ..explainer import model_fingerprint
-    from .folder import BatchRow
+    from .folder import BatchRow, batch_row
 
     app = _workers(url, model, wait_for_worker)
     checksum = model_fingerprint(model.module)[1]
@@ -330,7 +330,7 @@ def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_
         for item, result in _as_finished(pending):
             if result.successful():
                 answer = result.get()
-                row = BatchRow(**answer["row"])
+                row = batch_row(answer["row"])
                 files = {k: base64.b64decode(v) for k, v in answer["files"].items()}
             else:
                 row = BatchRow(image=str(item.path), given_label=item.label or "")
@@ -351,7 +351,7 @@ def broker_series(url: str, wait_for_worker: float = 30.0):
         from ..explainer import model_fingerprint
         from ..io.dicomweb import PacsError
         from ..pacs import SentResult
-        from .folder import BatchRow
+        from .folder import BatchRow, batch_row
 
         app = _workers(url, model, wait_for_worker)
         checksum = model_fingerprint(model.module)[1]
@@ -375,7 +375,7 @@ def broker_series(url: str, wait_for_worker: float = 30.0):
                     raise PacsError(answer["row"]["error"])
                 files = {k: base64.b64decode(v) for k, v in answer["files"].items()}
                 sent = SentResult(**answer["sent"]) if answer.get("sent") else None
-                yield found, BatchRow(**answer["row"]), files, sent
+                yield found, batch_row(answer["row"]), files, sent
 
         return submit
 

@@ -19,6 +19,7 @@ the CLI calls :func:`run_batch`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import glob
 import html
 import json
@@ -33,6 +34,7 @@ import numpy as np
 from PIL import Image
 
 from ..explainer import explain
+from ..host import describe_share
 from ..io.images import ImageLoadError, load_image
 from ..registry.models import LoadedModel
 from ..registry.ood import caveat
@@ -103,6 +105,7 @@ class BatchRow:
     lowest_at_z: int | str = ""  # volumes only
     mode: str = ""
     plan: str = ""
+    threads: str = ""  # the run's torch threads, who chose them, its schedules
     seconds: float | str = ""
     ood_score: float | str = ""  # models with an out-of-distribution reference only
     ood_flagged: bool | str = ""  # score above the model's threshold: not meaningful
@@ -114,6 +117,13 @@ class BatchRow:
     ig_seconds: float | str = ""
     ig_spearman: float | str = ""
     extra: dict = field(default_factory=dict, repr=False)
+
+
+def batch_row(fields: dict) -> BatchRow:
+    """A row sent as a dict (by a worker, which may run another version): the fields this
+    version knows; a column it does not know is left out rather than failing the image."""
+    known = {f.name for f in dataclasses.fields(BatchRow)}
+    return BatchRow(**{name: value for name, value in fields.items() if name in known})
 
 
 def _output_name(relative: str) -> str:
@@ -341,6 +351,7 @@ def _fill_row(row: BatchRow, heatmap, model: LoadedModel, started: float) -> Non
         row.lowest_at_z = int(heatmap.zs[lowest[0]])
     row.mode = heatmap.mode
     row.plan = heatmap.extra.get("plan", "")
+    row.threads = describe_share(heatmap.extra.get("host"))
     row.seconds = round(time.perf_counter() - started, 3)
     ood = heatmap.extra.get("ood")
     if ood is not None:

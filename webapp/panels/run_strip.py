@@ -160,15 +160,16 @@ def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared
         light = runs.is_light(services, request, session)
         # the queue moves the lifecycle: queued, running, done (webapp.jobs.JobQueue.slot)
         with services.job() as once:
-            earlier = once.outcome()  # a team job delivered again after it was computed
-            if earlier is not None:
+            earlier = None if once is None else once.outcome()  # a team job sent again
+            if earlier is not None:  # after it was computed: its outcome, not a new run
                 return earlier[0], earlier[1]
             with services.jobs.slot(session, waiting, client, light, lifecycle):
                 reporter, stage = live_reporter(
                     set_progress, prepared.draw, lifecycle, prepared.classes
                 )
                 result = runs.execute(services, session, request, reporter, stage)
-            once.keep([result_handle(result), ""])
+            if once is not None:
+                once.keep([result_handle(result), ""])
     except QueueFull as exc:
         lifecycle.fail(str(exc))
         return no_update, str(exc)

@@ -106,6 +106,7 @@ def result_record(
         "evaluated": heatmap.positions_evaluated,
         "approximate": dict(heatmap.extra) if approximate else {},
         "plan": heatmap.extra.get("plan"),
+        "host": heatmap.extra.get("host"),  # threads, who chose them, the schedules run
     }
     if heatmap.zs is not None:  # a volume's slices
         record["zs"] = np.asarray(heatmap.zs).tolist()
