@@ -57,6 +57,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+from krypton.baselines import (
+    RANDOMISATION_THRESHOLD,
+    model_free_maps,
+    passes_randomisation,
+    randomisation_verdict,
+)
 from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.fundus import CLASSES
 from krypton.methods import (
@@ -129,12 +135,22 @@ def cascade(model, cases, stride: int, count: int) -> list[str]:
     each method's mean Spearman of absolute maps and SSIM with the trained model's maps,
     over the maps that are not flat, and how many were flat; as markdown lines."""
     steps: dict = {}
+    edges_passed = edges_checked = 0  # the model-free row that must fail
     for number, (tensor, label, _) in enumerate(cases):
         if number >= count:
             break
         records = cascading_randomisation(
             model, tensor, patch=model.patch, stride=stride, label=label, seed=SEED
         )
+        grid = dict(patch=model.patch, stride=stride, label=label, methods=("occlusion",))
+        trained = compare(model, tensor, **grid)["occlusion"]
+        reinitialised = compare(randomised(model, seed=SEED), tensor, **grid)["occlusion"]
+        verdict = randomisation_verdict(
+            model_free_maps(tensor, trained)["edges"],
+            model_free_maps(tensor, reinitialised)["edges"],
+        )
+        edges_passed += verdict["passed"]
+        edges_checked += 1
         for record in records:
             step = steps.setdefault(record["randomised"][-1], defaultdict(list))
             for method in METHODS:
@@ -156,6 +172,20 @@ def cascade(model, cases, stride: int, count: int) -> list[str]:
             shown = f"{rho:+.2f} / {ssim:.2f}" if ranked else "—"
             cells.append(shown + (f" ({flat} flat)" if flat else ""))
         lines.append(f"| {block} | " + " | ".join(cells) + " |")
+    if steps:  # the verdict at full re-initialisation, and the model-free row that must fail
+        last = list(steps.values())[-1]
+        verdicts = [
+            f"{NAMES[m]} {sum(passes_randomisation(f) for f in last[m])} of {len(last[m])}"
+            for m in METHODS
+        ]
+        lines += [
+            "",
+            f"Passes at full re-initialisation (|Spearman of |map|| < "
+            f"{RANDOMISATION_THRESHOLD}; a map gone flat passes, an undefined one fails): "
+            + ", ".join(verdicts)
+            + f"; Sobel edges (model-free: the row that must fail) {edges_passed} of "
+            f"{edges_checked}.",
+        ]
     print("\n" + "\n".join(lines), flush=True)
     return lines
 
