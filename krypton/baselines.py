@@ -12,6 +12,7 @@ must fail (:func:`randomisation_verdict`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -113,8 +114,6 @@ def randomisation_verdict(
 
 def _absolute(method_map: MethodMap) -> MethodMap:
     """The same map with its importance's magnitude."""
-    import dataclasses
-
     return dataclasses.replace(method_map, importance=np.abs(method_map.importance))
 
 

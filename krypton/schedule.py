@@ -53,10 +53,10 @@ INTRA, INTER = "intra-op", "inter-position"
 # (one thread ran 2x slower than two idle: tried as often, it cost 5% of a run)
 EXPLORE_EVERY = 6
 CLOSE = 1.25
+SLOW_EVERY = 4
 # another schedule replaces the expected fastest (the first option) only when it is at
 # least this much faster: r3d_18's five batches flipped to the slower one on noise
 LEAD_MARGIN = 0.9
-SLOW_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -139,11 +139,6 @@ class ScheduleChooser:
             before = self.pace.get(schedule)
             self.pace[schedule] = pace if before is None else (before + pace) / 2
             self.last_run[schedule] = self.batches
-
-    def paces_ms(self) -> dict[str, float]:
-        """Milliseconds per position of each schedule timed, for a run's record."""
-        with self.lock:
-            return {str(option): round(pace * 1e3, 3) for option, pace in self.pace.items()}
 
 
 def shard_length(threads: int, count: int, batch_size: int, aligned: bool) -> int:
