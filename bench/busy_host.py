@@ -9,24 +9,31 @@ image each call, the graph captured once before), and the best naive: Krypton's 
 mode and plain batched torch (16 occluded images a batch under ``inference_mode``), each
 at one and at two torch threads, the fastest of the four, timed on the first 32 positions
 and scaled to all of them (a naive position costs the same anywhere). The ratio is the best naive's
-seconds over exact's. The drop-in rows time Captum's ``Occlusion`` and MONAI's
+seconds over exact's. ``intra s`` is exact held to the intra-op schedule (as before the
+engine could split a batch across threads, alternated with the chosen run) and ``gain``
+its seconds over the chosen schedule's: what the inter-position schedule adds where it
+runs (1.00x where only intra-op ran). The drop-in rows time Captum's ``Occlusion`` and MONAI's
 ``OcclusionSensitivity`` against Krypton's drop-ins (bench.dropin), at the libraries'
-defaults and at a large batch. Burners are ``python -c 'while True: pass'`` processes.
+defaults and at a large batch, and the CLI row ``krypton explain`` on the fundus sample
+at its defaults, exact against ``--mode naive`` (each its own process).
+Burners are ``python -c 'while True: pass'`` processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 import torchvision
 
 import krypton
+import krypton.schedule
 from bench.dropin import captum_row, monai_row
 
 # naive runs are timed on this many of a case's positions (two batches) and scaled: a
@@ -92,6 +99,22 @@ def _values_at(heatmap: krypton.Heatmap, corners: np.ndarray) -> np.ndarray:
     return heatmap.values[cells]
 
 
+@contextlib.contextmanager
+def intra_op_only() -> Iterator[None]:
+    """Runs inside offer the intra-op schedule alone (what the engine did before it could
+    split a batch across threads): the yardstick for what inter-position adds."""
+    offered = krypton.schedule.schedule_options
+
+    def intra(*args, **kwargs) -> list[krypton.schedule.Schedule]:
+        return [s for s in offered(*args, **kwargs) if s.kind == krypton.schedule.INTRA]
+
+    krypton.schedule.schedule_options = intra
+    try:
+        yield
+    finally:
+        krypton.schedule.schedule_options = offered
+
+
 def model_row(name: str, rounds: int) -> dict:
     """Exact as the library runs it against the best of four naive runs, alternated."""
     build, shape, settings = CASES[name]
@@ -99,10 +122,16 @@ def model_row(name: str, rounds: int) -> dict:
     model = build().eval()
     explainer = krypton.OcclusionExplainer(model)
     explainer.explain(torch.rand(shape), **settings)  # the capture, once, as a user's first call
-    exact, naive = [], {}
+    exact, intra, naive = [], [], {}
     difference = 0.0
+    with intra_op_only():  # its pace is learnt on a first call, as the chosen one's was
+        explainer.explain(torch.rand(shape), **settings)
     for _ in range(rounds):
         image = torch.rand(shape)
+        with intra_op_only():
+            began = time.perf_counter()
+            explainer.explain(image, **settings)
+            intra.append(time.perf_counter() - began)
         began = time.perf_counter()
         heatmap = explainer.explain(image, **settings)
         exact.append(time.perf_counter() - began)
@@ -138,9 +167,39 @@ def model_row(name: str, rounds: int) -> dict:
         "naive": best,
         "naive_by": best_name,
         "ratio": best / min(exact),
+        "intra": min(intra),
         "schedules": schedules,
         "diff": difference,
     }
+
+
+SAMPLE_IMAGE = "assets/samples/fundus-exudates.png"
+
+
+def _cli_seconds(mode: str, out: str) -> float:
+    """The run's seconds as `krypton explain` prints them (its ``time`` line: the run,
+    not the interpreter's start or the model's load), in a process of its own."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "krypton", "explain", SAMPLE_IMAGE, "--mode", mode, "--out", out],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    line = next(line for line in printed.splitlines() if line.startswith("time "))
+    return float(line.split()[1])
+
+
+def cli_row(repeats: int) -> dict:
+    """The CLI on the fundus sample at its defaults, exact against naive, alternated,
+    each the best of ``repeats`` processes."""
+    import tempfile
+
+    seconds: dict[str, list[float]] = {"exact": [], "naive": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(repeats):
+            for mode in seconds:
+                seconds[mode].append(_cli_seconds(mode, f"{folder}/{mode}.png"))
+    return {"case": "krypton explain, fundus sample", **{k: min(v) for k, v in seconds.items()}}
 
 
 def dropin_rows() -> list[dict]:
@@ -173,15 +232,25 @@ def main() -> None:
         try:
             time.sleep(0.5)
             print(f"\n## beside {count} CPU burners" if count else "\n## alone", flush=True)
-            print(f"{'case':<44} {'exact s':>8} {'naive s':>8} {'ratio':>6}  best naive; schedules")
+            print(
+                f"{'case':<44} {'exact s':>8} {'naive s':>8} {'ratio':>6} {'intra s':>8} "
+                f"{'gain':>6}  best naive; schedules"
+            )
             for name in args.cases:
                 row = model_row(name, args.rounds)
+                gain = row["intra"] / row["exact"]
                 print(
                     f"{row['case']:<44} {row['exact']:8.2f} {row['naive']:8.2f} "
-                    f"{row['ratio']:5.2f}x  {row['naive_by']}; {row['schedules']} "
-                    f"(max diff {row['diff']:.1e})",
+                    f"{row['ratio']:5.2f}x {row['intra']:8.2f} {gain:5.2f}x  "
+                    f"{row['naive_by']}; {row['schedules']} (max diff {row['diff']:.1e})",
                     flush=True,
                 )
+            cli = cli_row(2)
+            print(
+                f"{cli['case']:<44} {cli['exact']:8.2f} {cli['naive']:8.2f} "
+                f"{cli['naive'] / cli['exact']:5.2f}x  its own naive run (the CLI's time line)",
+                flush=True,
+            )
             if not args.no_dropins:
                 for row in dropin_rows():
                     ratio = row["library"] / row["krypton"]
