@@ -29,7 +29,8 @@ WEIGHTS = Path(f"out/fundus-gated-mobilenet_v3_small-{IMAGE_SIZE}px.pt")
 
 
 def trained(epochs: int) -> torch.nn.Module:
-    from demo.fundus.train import accuracy, build_model, recalibrate_batch_norm, train
+    from demo.fundus.evaluate import accuracy
+    from demo.fundus.train import build_model, recalibrate_batch_norm, train
 
     model = build_model("mobilenet_v3_small")
     if WEIGHTS.exists():
@@ -52,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import krypton
-    from demo.fundus.train import to_tensor
+    from demo.fundus.data import to_tensor
     from krypton.fundus import FundusGenerator
 
     model = trained(args.epochs)

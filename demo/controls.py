@@ -55,10 +55,11 @@ def train_fundus_control(log=print, **schedule: int) -> tuple[torch.nn.Module, d
     images_per_epoch, default :data:`FUNDUS_SCHEDULE`); its held-out accuracy (seed 3,
     600 images)."""
     from demo.fundus import train as fundus
+    from demo.fundus.evaluate import accuracy
 
     model, record = fundus.train(**{**FUNDUS_SCHEDULE, **schedule}, log=log, occluded=False)
     with torch.inference_mode():
-        record["held_out_accuracy"] = fundus.accuracy(model)
+        record["held_out_accuracy"] = accuracy(model)
     return model, record
 
 

@@ -101,7 +101,7 @@ def test_lowest_region_is_the_centre_of_tied_minima():
     tie, the lowest region's centre is the middle of the four."""
     from types import SimpleNamespace
 
-    from demo.fundus.train import lowest_points
+    from demo.fundus.evaluate import lowest_points
 
     values = np.full((5, 5), 0.9, dtype=np.float32)
     values[1:3, 2:4] = 0.05  # tied
@@ -171,7 +171,7 @@ def test_a_partly_hidden_lesion_keeps_the_visible_share_it_reports():
     assert min(shares) < 0.3 and max(shares) > 0.7  # from mostly hidden to mostly seen
     # the target mixes: one microaneurysm half seen is half MICROANEURYSM (0.70), half
     # NORMAL (0.05 left to it); a batch holds such mixtures and only probabilities
-    from demo.fundus.train import _batch, partly_hidden_target
+    from demo.fundus.data import _batch, partly_hidden_target
 
     dot, fleck = Lesion("MICROANEURYSM", 50, 50, 3), Lesion("EXUDATE", 90, 90, 2)
     np.testing.assert_allclose(partly_hidden_target([dot], 0, 0.5), [0.525, 0.375, 0.1])
@@ -204,7 +204,8 @@ def _local_pointing_hits(model, patch: int, images: int = 30) -> int:
     first ``images`` pointing images the lowest of the cells (stride 4) whose centres lie
     within 16 px of the lesion lies within 8 px of its centre."""
     import krypton
-    from demo.fundus.train import _gray_fill, lowest_points, pointing_set, to_tensor
+    from demo.fundus.data import to_tensor
+    from demo.fundus.evaluate import _gray_fill, lowest_points, pointing_set
 
     half = (patch - 1) / 2
     hits = 0

@@ -325,7 +325,7 @@ def test_the_default_model_flags_the_natural_photographs_and_not_fundus_images()
     photograph is flagged), while fresh generated fundus images (a seed none of the
     check's sets used) stay at most 2% flagged and the real Retina and Microaneurysms
     samples are not flagged; typeset text pages are flagged."""
-    from demo.fundus.train import (
+    from demo.fundus.evaluate import (
         TOMOGRAPHY_OUTLIERS,
         _generated_features,
         _picture_tensor,
@@ -360,7 +360,7 @@ def test_the_default_model_flags_ct_and_mr_slices_nobody_tuned_it_on():
     never saw: the app's three CT and MR samples, and at least 20 held-out slices from
     pydicom's and nibabel's test data, all flagged in the same breath as genuine fundus
     images stay under 2% (the test above)."""
-    from demo.fundus.train import _picture_tensor
+    from demo.fundus.evaluate import _picture_tensor
     from demo.tomography import APP_SAMPLES, real_slices
 
     loaded = load_model("fundus-demo")

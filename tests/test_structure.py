@@ -163,8 +163,10 @@ def test_pictures_do_not_know_the_registry():
 
 
 def test_no_function_over_150_lines_and_no_module_over_900():
+    """In the shipped code and in what makes its models and numbers (demo/, bench/):
+    demo/fundus/train.py had grown to 979 lines while the check looked away."""
     too_long = []
-    for path in python_files(*SHIPPED):
+    for path in python_files(*SHIPPED, "demo", "bench"):
         source = path.read_text()
         if source.count("\n") > MAX_MODULE_LINES:
             too_long.append(f"{path.relative_to(ROOT)}: {source.count(chr(10))} lines")
