@@ -224,6 +224,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--no-dropins", action="store_true")
+    parser.add_argument("--no-cli", action="store_true")
     args = parser.parse_args()
     for count in args.burners:
         burners = [
@@ -245,12 +246,14 @@ def main() -> None:
                     f"{row['naive_by']}; {row['schedules']} (max diff {row['diff']:.1e})",
                     flush=True,
                 )
-            cli = cli_row(2)
-            print(
-                f"{cli['case']:<44} {cli['exact']:8.2f} {cli['naive']:8.2f} "
-                f"{cli['naive'] / cli['exact']:5.2f}x  its own naive run (the CLI's time line)",
-                flush=True,
-            )
+            if not args.no_cli:
+                cli = cli_row(2)
+                print(
+                    f"{cli['case']:<44} {cli['exact']:8.2f} {cli['naive']:8.2f} "
+                    f"{cli['naive'] / cli['exact']:5.2f}x  its own naive run (the CLI's time "
+                    "line)",
+                    flush=True,
+                )
             if not args.no_dropins:
                 for row in dropin_rows():
                     ratio = row["library"] / row["krypton"]

@@ -23,21 +23,32 @@ grid: fundus patch 12, stride 8; chest CT cube 8, stride 5, the app's defaults f
 * deletion and insertion AUC (Petsiuk et al., 2018): the class's probability as the
   top-ranked cells are hidden under the fill (low is good) or revealed on an image all
   fill (high is good), 10 steps, cells of equal importance in a seeded random order
-  (krypton.methods.MethodMap.ranked_cells); each mean with a 95% t interval;
+  (krypton.methods.MethodMap.ranked_cells); each mean with a 95% t interval; and the same
+  with neither occlusion's fill nor its grid (krypton.methods.blur_deletion_curve: blocks
+  1.5x the patch, hidden by a Gaussian blur of the input), so occlusion is not scored by
+  its own yardstick;
 * seconds per image or volume;
 * IG's path: its steps and on how many inputs its attributions sum to f(input) -
   f(fill) within 1% (Captum's convergence delta), and the worst gap;
-* the randomisation test (Adebayo et al., 2018): Spearman's rank correlation of each
-  method's map on the trained model with its map on the same architecture re-initialised
-  (near 0: the map depends on what the model learnt; near 1: it does not); a flat map has
-  no ranks, and is counted and reported, never dropped from the count;
+* the randomisation check (Adebayo et al., 2018; krypton.baselines.randomisation_verdict):
+  a map passes when the |Spearman| of its absolute map on the trained model and on the
+  same architecture re-initialised is below 0.5; a map that goes flat passes, an
+  undefined one fails; passes counted per method;
+* the model-free rows (krypton.baselines.model_free_maps), scored like the methods: a
+  uniform random map, whose pointing is given as its exact chance (per input, the share
+  of cells that would be a hit, averaged), a centre prior, Sobel edges and local contrast
+  (they read the picture only, so they must fail the randomisation check);
+* paired tests (krypton.paired) between every two rows on the same inputs: McNemar's
+  exact test on pointing with Holm's correction over the table, and the paired
+  differences of the areas with 95% bootstrap intervals;
 * cascading randomisation (Adebayo et al., 2018, section 3.1) on the first ``--cascade``
   inputs: the model's blocks re-initialised one more at a time from the output down,
   and at each step each method's map compared with its trained-model map (Spearman of
   the absolute maps, SSIM), flat maps counted;
 * Grad-CAM block by block: its pointing with each convolutional block it may read
   (krypton.methods.gradcam_candidates), the map's cells, and the block the default rule
-  picks (the deepest), for each model;
+  picks (the last module on the last convolution's grid), for each model, and the best
+  block against the default with McNemar's p, Bonferroni-corrected for the blocks tried;
 * data randomisation (Adebayo et al., 2018, section 3.2; the chest model, where the
   control trains in minutes): each method's maps on the no-fill control beside its maps
   on the same network trained to fit shuffled labels (demo.controls' ``chestct-shuffled``).
@@ -49,7 +60,6 @@ written drawing code, seeds no training or tuning used.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,6 +67,17 @@ import numpy as np
 import torch
 from PIL import Image
 
+from bench.methods_tables import (
+    COMPACT_HEADER,
+    HEADER,
+    NAMES,
+    ROWS,
+    compact_rows,
+    paired_rows,
+    share,
+    table_rows,
+    write_tables,
+)
 from krypton.baselines import (
     RANDOMISATION_THRESHOLD,
     model_free_maps,
@@ -66,9 +87,8 @@ from krypton.baselines import (
 from krypton.engine.capture_lock import CAPTURE_LOCK
 from krypton.fundus import CLASSES
 from krypton.methods import (
-    IG_GAP,
     METHODS,
-    agreement,
+    blur_deletion_curve,
     cascading_randomisation,
     compare,
     deletion_curve,
@@ -78,10 +98,10 @@ from krypton.methods import (
     randomised,
     similarity,
 )
+from krypton.paired import mcnemar
 from krypton.registry import load_model
 
 SEED = 77  # the held-out draws: no training, tuning or evaluation used this seed
-NAMES = {"occlusion": "occlusion (exact)", "gradcam": "Grad-CAM", "integrated_gradients": "IG"}
 
 
 # The fills each comparison runs with: occlusion's value, IG's baseline and the deletion
@@ -94,40 +114,55 @@ FILLS = {
 
 
 def _measure(model, cases, stride: int, randomisation: int, hit, coverage=None, fill="trained"):
-    """Each method on each (input, label, lesions) of ``cases`` with the ``fill`` rule
-    (:data:`FILLS`): ``hit(map, lesions)`` for the pointing game, ``coverage(map,
-    lesions)`` on inputs with 2 or more, the deletion and insertion areas, the seconds and
-    IG's steps and completeness gap; and on the first ``randomisation`` inputs, each map's
-    rank correlation with its map on the re-initialised model."""
+    """Each method and each model-free map (krypton.baselines) on each (input, label,
+    lesions) of ``cases`` with the ``fill`` rule (:data:`FILLS`): ``hit(map, lesions)``
+    for the pointing game (for the random map also its exact chance), ``coverage(map,
+    lesions)`` on inputs with 2 or more, the deletion and insertion areas with the fill on
+    the map's cells and with a blur on another grid, the seconds and IG's steps and
+    completeness gap; and on the first ``randomisation`` inputs, each map's randomisation
+    verdict against its map on the re-initialised model."""
     scores: dict = defaultdict(lambda: defaultdict(list))
-    similarity: dict = defaultdict(list)
+    verdicts: dict = defaultdict(list)
     shuffled = randomised(model, seed=SEED)
     for number, (tensor, label, lesions) in enumerate(cases):
         value = FILLS[fill](model, tensor)
         maps = compare(model, tensor, patch=model.patch, stride=stride, label=label, fill=value)
-        for method, found in maps.items():
-            score = scores[method]
-            explained, anywhere = hit(found, lesions)
-            score["pointing"].append(explained)
-            score["pointing_any"].append(anywhere)
-            if coverage is not None and len(lesions) >= 2:
-                score["coverage"].extend(coverage(found, lesions))
-                score["coverage_images"].append(number)
-            score["deletion"].append(deletion_curve(model, tensor, found, fill=value)[2])
-            score["insertion"].append(
-                deletion_curve(model, tensor, found, insertion=True, fill=value)[2]
-            )
-            score["seconds"].append(found.seconds)
-            if method == "gradcam":
-                score["layer"].append(found.detail.removeprefix("layer "))
-            if (path := path_gap(found.detail)) is not None:
-                score["ig_path"].append(path)
+        free = model_free_maps(tensor, maps["occlusion"], seed=SEED + number)
+        for method, found in {**maps, **free}.items():
+            _score(scores[method], model, tensor, found, lesions, hit, coverage, value, number)
         if number < randomisation:
             other = compare(shuffled, tensor, patch=model.patch, stride=stride, label=label,
                             fill=value)  # fmt: skip
-            for method in METHODS:
-                similarity[method].append(agreement(maps[method], other[method])["spearman"])
-    return scores, similarity
+            # the model-free maps read the picture only: on the re-initialised model's
+            # grid they come out the same, and must fail
+            again = model_free_maps(tensor, other["occlusion"], seed=SEED + number)
+            for method, found in {**maps, **free}.items():
+                verdicts[method].append(randomisation_verdict(found, {**other, **again}[method]))
+    return scores, verdicts
+
+
+def _score(score, model, tensor, found, lesions, hit, coverage, fill, number: int) -> None:
+    """One map's scores on one input, appended to ``score``."""
+    explained, anywhere = hit(found, lesions)
+    score["pointing"].append(explained)
+    score["pointing_any"].append(anywhere)
+    if found.method == "random":  # a uniform map's strongest cell is any cell alike
+        cells = [hit(found, lesions, cell) for cell in np.ndindex(*found.importance.shape)
+                 if np.isfinite(found.importance[cell])]  # fmt: skip
+        score["pointing_chance"].append(float(np.mean([e for e, _ in cells])))
+        score["pointing_any_chance"].append(float(np.mean([a for _, a in cells])))
+    if coverage is not None and len(lesions) >= 2:
+        score["coverage"].extend(coverage(found, lesions))
+        score["coverage_images"].append(number)
+    score["deletion"].append(deletion_curve(model, tensor, found, fill=fill)[2])
+    score["insertion"].append(deletion_curve(model, tensor, found, insertion=True, fill=fill)[2])
+    score["blur_deletion"].append(blur_deletion_curve(model, tensor, found)[2])
+    score["blur_insertion"].append(blur_deletion_curve(model, tensor, found, insertion=True)[2])
+    score["seconds"].append(found.seconds)
+    if found.method == "gradcam":
+        score["layer"].append(found.detail.removeprefix("layer "))
+    if (path := path_gap(found.detail)) is not None:
+        score["ig_path"].append(path)
 
 
 def cascade(model, cases, stride: int, count: int) -> list[str]:
@@ -200,8 +235,9 @@ def _fundus(model, count: int):
             sample = generator.sample(label=1 + number % 2)
             yield model.preprocess(Image.fromarray(sample.image)), sample.label, sample.lesions
 
-    def hit(found, lesions) -> tuple[bool, bool]:  # the strongest cell's patch touches a
-        y, x = (int(a[i]) for a, i in zip(found.axes, _strongest(found)))  # lesion
+    def hit(found, lesions, cell=None) -> tuple[bool, bool]:  # the strongest cell's (or
+        cell = _strongest(found) if cell is None else cell  # ``cell``'s) patch touches a
+        y, x = (int(a[i]) for a, i in zip(found.axes, cell))  # lesion
         touched = [lesion for lesion in lesions if lesion.covered_by(x, y, model.patch)]
         kind = CLASSES[found.label]  # of the explained class; of any kind
         return any(lesion.kind == kind for lesion in touched), bool(touched)
@@ -234,8 +270,9 @@ def _chest(model, count: int):
             sample = generator.sample(label=1, nodules=1)
             yield to_tensor([sample.volume])[0], 1, sample.nodules
 
-    def hit(found, nodules) -> tuple[bool, bool]:  # the strongest cell's cube holds the
-        corner = [int(a[i]) for a, i in zip(found.axes, _strongest(found))]  # nodule's centre
+    def hit(found, nodules, cell=None) -> tuple[bool, bool]:  # the strongest cell's (or
+        cell = _strongest(found) if cell is None else cell  # ``cell``'s) cube holds the
+        corner = [int(a[i]) for a, i in zip(found.axes, cell)]  # nodule's centre
         centre = (nodules[0].z, nodules[0].y, nodules[0].x)
         inside = all(c <= v < c + model.patch for c, v in zip(corner, centre))
         return inside, inside  # one nodule, of the explained class
@@ -261,7 +298,7 @@ def gradcam_by_layer(model, cases, stride: int, hit) -> list[str]:
             hits[layer].append(hit(found, lesions)[0])
     lines = [
         f"{model.name}: Grad-CAM's pointing at the explained class, block by block (default: "
-        f"the deepest convolutional block, {default}):",
+        f"the last module on the last convolution's grid, {default}):",
         "",
         "| block | its map's cells | pointing: explained class |",
         "|---|---|---|",
@@ -270,8 +307,28 @@ def gradcam_by_layer(model, cases, stride: int, hit) -> list[str]:
         cells = "×".join(str(n) for n in next(c for s, c in blocks.values() if s == layer))
         marked = f"**{layer}** (default)" if default in layer.split(" = ") else layer
         lines.append(f"| {marked} | {cells} | {share(found)} |")
+    lines += ["", _best_against_default(hits, default)]
     print("\n" + "\n".join(lines), flush=True)
     return lines
+
+
+def _best_against_default(hits: dict[str, list[bool]], default: str) -> str:
+    """The best block's pointing against the default's on the same inputs: McNemar's
+    exact p, and that p times the blocks tried (Bonferroni: the best of many is picked
+    after the fact, so its lead must clear every comparison that could have been made)."""
+    shown = next((name for name in hits if default in name.split(" = ")), None)
+    best = max(hits, key=lambda name: np.mean(hits[name]))
+    if shown is None or best == shown:
+        return f"The default block points best of the {len(hits)} tried."
+    test = mcnemar(hits[best], hits[shown])
+    corrected = min(1.0, test["p"] * len(hits))
+    return (
+        f"The best block, {best} ({np.mean(hits[best]):.0%}), against the default "
+        f"({np.mean(hits[shown]):.0%}) on the same {test['n']} inputs: {test['only_first']} "
+        f"hit only with the best, {test['only_second']} only with the default, McNemar p = "
+        f"{test['p']:.3g}, {corrected:.3g} after a Bonferroni correction for picking the best "
+        f"of {len(hits)} blocks."
+    )
 
 
 def _block_outputs(model, tensor) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -331,100 +388,6 @@ def data_randomisation(control, shuffled, cases, stride: int, count: int, fill: 
     return lines
 
 
-def share(hits: list[bool]) -> str:
-    """'55% (n 100, 45-65%)': a share with its n and 95% Wilson interval."""
-    from scipy.stats import binomtest
-
-    count, n = int(sum(hits)), len(hits)
-    if n == 0:
-        return "— (n 0)"
-    interval = binomtest(count, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return f"{count / n:.0%} (n {n}, {interval.low:.0%}-{interval.high:.0%})"
-
-
-def mean_interval(values: list[float]) -> str:
-    """'0.333 (0.301-0.365)': a mean with its 95% t interval (the mean alone for one value)."""
-    from scipy.stats import t
-
-    if not values:
-        return "—"
-    mean = float(np.mean(values))
-    if len(values) < 2:
-        return f"{mean:.3f}"
-    half = t.ppf(0.975, len(values) - 1) * float(np.std(values, ddof=1)) / np.sqrt(len(values))
-    return f"{mean:.3f} ({mean - half:.3f}-{mean + half:.3f})"
-
-
-def covered_share(lesions: list[bool], images: list[int]) -> str:
-    """Coverage over the lesions: '62% (n 230, 56-68%) on 98 images'."""
-    return f"{share(lesions)} on {len(images)} images" if lesions else "—"
-
-
-def correlations(values: list[float]) -> str:
-    """The mean Spearman of the maps that have ranks, how many, and how many were flat."""
-    if not values:
-        return "— (not run with this fill)"
-    ranked = [v for v in values if np.isfinite(v)]
-    flat = len(values) - len(ranked)
-    mean = f"{np.mean(ranked):+.2f}" if ranked else "—"
-    return f"{mean} ({len(ranked)} maps; {flat} flat, no ranks)"
-
-
-def ig_paths(paths: list[tuple[int, float, bool]]) -> str:
-    """IG's steps and completeness: '32-64 steps; within 1% on 98 of 100 (worst 1.4%)'."""
-    if not paths:
-        return "—"
-    steps = sorted({used for used, _, _ in paths})
-    counted = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
-    within = sum(reached for _, _, reached in paths)
-    worst = max(gap for _, gap, _ in paths)
-    return f"{counted} steps; within {IG_GAP:.0%} on {within} of {len(paths)} (worst {worst:.1%})"
-
-
-HEADER = (
-    "| model | fill | method | pointing: explained class | pointing: any lesion | coverage "
-    "of lesions (images with 2-4) | deletion AUC ↓ | insertion AUC ↑ | s each | IG path | "
-    "randomisation: Spearman with a re-initialised model |"
-)
-
-
-def table_rows(model: str, fill: str, scores: dict, similarity: dict) -> list[str]:
-    """One markdown row per method: every share with its n and Wilson interval, every
-    mean area with its t interval."""
-    rows = []
-    for method in METHODS:
-        score = scores[method]
-        covered = score["coverage"]
-        layers = ", ".join(dict.fromkeys(score.get("layer", [])))
-        cells = [
-            model, fill, NAMES[method] + (f" ({layers})" if layers else ""),
-            share(score["pointing"]), share(score["pointing_any"]),
-            covered_share(covered, score.get("coverage_images", [])),
-            mean_interval(score["deletion"]), mean_interval(score["insertion"]),
-            f"{statistics.median(score['seconds']):.2f}",
-            ig_paths(score["ig_path"]) if method == "integrated_gradients" else "—",
-            correlations(similarity[method]),
-        ]  # fmt: skip
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
-
-
-def marks(section: str) -> tuple[str, str]:
-    """The BEGIN and END markers of one ``section`` ('fundus trained', 'chestct checks')."""
-    return f"<!-- bench.methods {section}: begin -->", f"<!-- bench.methods {section}: end -->"
-
-
-def write_tables(path: Path, text: str, section: str) -> None:
-    """Put ``text`` between the file's markers of ``section`` (the rest is kept), so a
-    run of one kind or one fill rewrites its own tables only."""
-    begin, end = marks(section)
-    document = path.read_text()
-    if begin not in document or end not in document:
-        raise SystemExit(f"{path} has no {begin} ... {end} section to write the tables into")
-    head, rest = document.split(begin, 1)
-    path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
-
-
 KINDS = {  # kind: (shipped model, its held-out subject, stride, what is counted)
     "fundus": ("fundus-demo", _fundus, 8, "images (demo.fundus.independent), patch 12, stride 8"),
     "chestct": ("chestct-demo", _chest, 5, "volumes with one nodule (demo.chestct.independent), "
@@ -448,20 +411,6 @@ def _models(shipped: str, controls: Path | None) -> tuple[list, object | None]:
     return models, shuffled
 
 
-def compact_rows(model: str, fill: str, scores: dict) -> str:
-    """README's row: pointing at the explained class and deletion AUC, per method."""
-    pointing = " / ".join(f"{np.mean(scores[m]['pointing']):.0%}" for m in METHODS)
-    deletion = " / ".join(f"{np.mean(scores[m]['deletion']):.3f}" for m in METHODS)
-    n = len(scores[METHODS[0]]["pointing"])
-    return f"| {model} | {fill} | {n} | {pointing} | {deletion} |"
-
-
-COMPACT_HEADER = (
-    "| model | fill | n | pointing: occlusion / Grad-CAM / IG | deletion AUC ↓: occlusion / "
-    "Grad-CAM / IG |\n|---|---|---|---|---|"
-)
-
-
 def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tuple[str, str]]:
     """Every (model, fill) of ``kind`` on ``count`` inputs (with ``args.tables``), and
     with ``args.checks`` the Grad-CAM blocks, cascading and data randomisation: per
@@ -472,15 +421,17 @@ def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tupl
     models, shuffled = _models(shipped, args.controls)
     sections: dict[str, tuple[str, str]] = {}
     for fill in fills if args.tables else []:
-        rows, compact = [], []
+        rows, compact, paired = [], [], []
         for model in models:
             cases, hit, coverage = subject(model, count)
             randomisation = args.randomisation if fill == fills[0] else 0
-            scores, spearman = _measure(model, cases(), stride, randomisation, hit, coverage, fill)
-            rows += table_rows(model.name, fill, scores, spearman)
+            scores, verdicts = _measure(model, cases(), stride, randomisation, hit, coverage, fill)
+            rows += table_rows(model.name, fill, scores, verdicts)
+            paired += ["", *paired_rows(model.name, fill, scores)]
             compact.append(compact_rows(model.name, fill, scores))
-            print("\n".join(rows[-len(METHODS) :]), flush=True)
-        whole = [f"{title}, {fill} fill:", "", HEADER, "|---" * 11 + "|", *rows]
+            print("\n".join(rows[-len(ROWS) :] + paired), flush=True)
+        whole = [f"{title}, {fill} fill:", "", HEADER, "|---" * HEADER.count(" |") + "|", *rows,
+                 *paired]  # fmt: skip
         sections[f"{kind} {fill}"] = (
             "\n".join(whole), "\n".join([f"{title}, {fill} fill:", "", COMPACT_HEADER, *compact])
         )  # fmt: skip
@@ -505,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--volumes", type=int, default=50)
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument("--randomisation", type=int, default=20, help="per model")
-    parser.add_argument("--cascade", type=int, default=2, help="inputs per model")
+    parser.add_argument("--cascade", type=int, default=20, help="inputs per model")
     parser.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                         help="Grad-CAM's blocks, cascading and data randomisation")  # fmt: skip
     parser.add_argument("--tables", action=argparse.BooleanOptionalAction, default=True,

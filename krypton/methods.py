@@ -8,8 +8,9 @@ states every method's map as **importance: evidence for the class, higher is mor
 
 * occlusion: the drop, ``prob - value`` (this engine, exact, approximate or naive);
 * Grad-CAM (Selvaraju et al., 2017; ``captum.attr.LayerGradCam``): the ReLU'd class
-  activation map of the deepest convolutional block that keeps spatial axes (never a
-  pooling layer: :func:`gradcam_layer`; or the layer the caller names), for the class's
+  activation map read on the last convolution's grid (its block's output, or its
+  activation where the block ends in pooling, never after a pooling layer:
+  :func:`gradcam_layer`; or the layer the caller names), for the class's
   logit, interpolated to the input's size;
 * Integrated Gradients (Sundararajan et al., 2017; ``captum.attr.IntegratedGradients``):
   the logit's attribution summed over channels, integrated along the straight path from
@@ -47,6 +48,7 @@ __all__ = [
     "SIGN_CONVENTION",
     "agreement",
     "attribution_maps",
+    "blur_deletion_curve",
     "cascade_blocks",
     "cascading_randomisation",
     "compare",
@@ -151,12 +153,16 @@ _POOLING = (
 def gradcam_candidates(model: nn.Module | LoadedModel, image: torch.Tensor) -> list[str]:
     """Every layer Grad-CAM may read by default, in the order they finish in one forward:
     modules that run once, whose output keeps the input's spatial axes (more than one
-    cell), that hold a convolution (themselves or inside) and are not a pooling layer —
-    the convolutional blocks. A pooling layer's map is not a block's: VGG's and AlexNet's
-    ``avgpool`` (7×7) passed the old rule, the last module with a spatial output."""
+    cell) and that are not a pooling layer — the convolutional blocks, and after the last
+    convolution the last module that keeps its output's grid (the block around it, or its
+    activation where the block goes on to pool). A module read after that grid was pooled
+    is not one: VGG's and AlexNet's ``features`` end in a max pool (VGG16 at 224²: 7×7
+    where the last convolution gives 14×14), so there the default is the last
+    convolution's activation (``features.29``), as Selvaraju et al. read ``relu5_3``."""
     module = _module(model)
     named = dict(module.named_modules())
     calls: dict[str, int] = {}
+    grids: dict[str, tuple[int, ...]] = {}
     finished: list[str] = []
 
     def remember(name):
@@ -164,16 +170,15 @@ def gradcam_candidates(model: nn.Module | LoadedModel, image: torch.Tensor) -> l
             calls[name] = calls.get(name, 0) + 1
             spatial = isinstance(out, torch.Tensor) and out.dim() == image.dim() + 1
             if spatial and math.prod(out.shape[2:]) > 1:  # a global pool's 1x1 is not
+                grids[name] = tuple(out.shape[2:])
                 finished.append(name)
 
         return hook
 
     def convolutional(block: nn.Module) -> bool:
-        return not isinstance(block, _POOLING) and any(
-            isinstance(m, nn.modules.conv._ConvNd) for m in block.modules()
-        )
+        return any(isinstance(m, nn.modules.conv._ConvNd) for m in block.modules())
 
-    watched = {n: m for n, m in named.items() if n and convolutional(m)}
+    watched = {n: m for n, m in named.items() if n and not isinstance(m, _POOLING)}
     # exclusive: the hooks are on the shared model (krypton.engine.capture_lock)
     with CAPTURE_LOCK.exclusive():
         hooks = [m.register_forward_hook(remember(n)) for n, m in watched.items()]
@@ -183,15 +188,26 @@ def gradcam_candidates(model: nn.Module | LoadedModel, image: torch.Tensor) -> l
         finally:
             for hook in hooks:
                 hook.remove()
-    return [name for name in finished if calls[name] == 1]
+    once = [name for name in finished if calls[name] == 1]
+    convolutions = [n for n in once if isinstance(named[n], nn.modules.conv._ConvNd)]
+    if not convolutions:
+        return [n for n in once if convolutional(named[n])]
+    last = once.index(convolutions[-1])
+    before = [n for n in once[: last + 1] if convolutional(named[n])]
+    kept = [n for n in once[last + 1 :] if grids[n] == grids[convolutions[-1]]]
+    after = [n for n in kept if convolutional(named[n])]  # the blocks around it
+    if kept and kept[-1] not in after:  # the block ends in pooling: its activation
+        after.append(kept[-1])
+    return before + after
 
 
 def gradcam_layer(
     model: nn.Module | LoadedModel, image: torch.Tensor, layer: str | None = None
 ) -> tuple[str, nn.Module]:
     """The layer Grad-CAM reads: ``layer`` by name, or by the rule the docs state — the
-    last of :func:`gradcam_candidates`, the deepest convolutional block before global
-    pooling (never a pooling layer)."""
+    last of :func:`gradcam_candidates`: the last module that keeps the last
+    convolution's grid (its block, or its activation where the block ends in pooling;
+    never a pooling layer)."""
     module = _module(model)
     named = dict(module.named_modules())
     if layer is not None:
@@ -433,22 +449,82 @@ def deletion_curve(
     curve by the trapezoid rule); one batch of ``steps + 1`` forwards. Cells of equal
     importance go in a random order drawn from ``seed`` (:meth:`MethodMap.ranked_cells`;
     the same order for deletion and insertion)."""
-    module, fill = _module(model), _fill(model, fill)
-    order = method_map.ranked_cells(seed)
-    shares = np.linspace(0.0, 1.0, steps + 1)
+    fill = _fill(model, fill)
+    windows = [
+        tuple(slice(int(a[i]), int(a[i]) + p) for a, i, p in zip(method_map.axes, index,
+                                                                  method_map.patch))
+        for index in (np.unravel_index(int(flat), method_map.importance.shape)
+                      for flat in method_map.ranked_cells(seed))
+    ]  # fmt: skip
     blank = torch.empty_like(image)
     blank[:] = torch.as_tensor(fill, dtype=image.dtype).view(-1, *[1] * (image.dim() - 1))
+    return _probability_curve(model, image, blank, windows, method_map.label, steps, insertion)
+
+
+def blur_deletion_curve(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    method_map: MethodMap,
+    block: int | None = None,
+    steps: int = 10,
+    insertion: bool = False,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Deletion (or ``insertion``) that shares neither occlusion's fill nor its grid: the
+    map is spread to pixels (each the mean of the cells over it), the input is cut into
+    blocks of ``block`` pixels a side (default 1.5× the map's patch: another grid), the
+    blocks are ranked by their mean importance, and a block is hidden by the input blurred
+    (Gaussian, sigma half a block) rather than by a fill that occlusion or IG used.
+    Returns what :func:`deletion_curve` returns."""
+    from scipy import ndimage
+
+    spatial = tuple(image.shape[1:])
+    side = block or max(2, int(round(1.5 * max(method_map.patch))))
+    total, count = np.zeros(spatial), np.zeros(spatial)
+    for index in np.ndindex(*method_map.importance.shape):
+        value = method_map.importance[index]
+        if np.isfinite(value):
+            box = tuple(slice(int(a[i]), int(a[i]) + p)
+                        for a, i, p in zip(method_map.axes, index, method_map.patch))  # fmt: skip
+            total[box] += value
+            count[box] += 1
+    pixels = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    starts = list(itertools.product(*(range(0, n, side) for n in spatial)))
+    means = []
+    for start in starts:
+        covered = pixels[tuple(slice(b, b + side) for b in start)]
+        means.append(np.nanmean(covered) if np.isfinite(covered).any() else -np.inf)
+    shuffled = np.random.default_rng(seed).permutation(len(starts))
+    order = shuffled[np.argsort(-np.asarray(means)[shuffled], kind="stable")]
+    windows = [tuple(slice(b, b + side) for b in starts[i]) for i in order]
+    sigma = (0,) + (side / 2,) * len(spatial)
+    blurred = torch.from_numpy(ndimage.gaussian_filter(image.double().cpu().numpy(), sigma))
+    blurred = blurred.to(image.dtype)
+    return _probability_curve(model, image, blurred, windows, method_map.label, steps, insertion)
+
+
+def _probability_curve(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    hidden: torch.Tensor,
+    windows: list[tuple[slice, ...]],
+    label: int,
+    steps: int,
+    insertion: bool,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The class's probability as the first share of ``windows`` (ranked) show ``hidden``
+    instead of the input (or, for ``insertion``, the input on ``hidden``), at ``steps + 1``
+    shares from 0 to 1, in one batch; and the curve's area (trapezoid rule)."""
+    shares = np.linspace(0.0, 1.0, steps + 1)
     batch = []
     for share in shares:
         mask = torch.zeros(image.shape[1:], dtype=torch.bool)
-        for flat in order[: int(round(share * len(order)))]:
-            index = np.unravel_index(int(flat), method_map.importance.shape)
-            mask[tuple(slice(int(a[i]), int(a[i]) + p) for a, i, p in
-                       zip(method_map.axes, index, method_map.patch))] = True  # fmt: skip
-        chosen = torch.where(mask, image, blank) if insertion else torch.where(mask, blank, image)
+        for window in windows[: int(round(share * len(windows)))]:
+            mask[window] = True
+        chosen = torch.where(mask, image, hidden) if insertion else torch.where(mask, hidden, image)
         batch.append(chosen)
     with torch.inference_mode(), CAPTURE_LOCK.shared():
-        probs = torch.softmax(module(torch.stack(batch)).float(), 1)[:, method_map.label]
+        probs = torch.softmax(_module(model)(torch.stack(batch)).float(), 1)[:, label]
     curve = probs.cpu().numpy().astype(np.float64)
     area = float(np.sum((curve[1:] + curve[:-1]) / 2 * np.diff(shares)))
     return shares, curve, area

@@ -63,14 +63,14 @@ def test_a_control_loads_under_its_own_name_with_the_shipped_preprocessing(tmp_p
 
 
 def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_path):
-    from bench.methods import (
-        FILLS,
+    from bench.methods import FILLS, write_tables
+    from bench.methods_tables import (
         HEADER,
         compact_rows,
-        correlations,
         ig_paths,
+        paired_rows,
+        randomisation_cell,
         table_rows,
-        write_tables,
     )
 
     assert ig_paths([(32, 0.004, True), (64, 0.01, True), (128, 0.014, False)]) == (
@@ -78,15 +78,29 @@ def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_pat
     )
     score = {
         "pointing": [True, False], "pointing_any": [True, True], "coverage": [],
-        "deletion": [0.2], "insertion": [0.7], "seconds": [1.0], "ig_path": [(32, 0.005, True)],
+        "deletion": [0.2, 0.3], "insertion": [0.7, 0.6], "blur_deletion": [0.4, 0.5],
+        "blur_insertion": [0.5, 0.5], "seconds": [1.0, 1.0], "ig_path": [(32, 0.005, True)],
     }  # fmt: skip
-    scores = dict.fromkeys(("occlusion", "gradcam", "integrated_gradients"), score)
-    rows = table_rows("fundus-control", "mean", scores, {m: [0.1] for m in scores})
-    assert len(rows) == 3 and all(r.count("|") == HEADER.count("|") for r in rows)
+    methods = ("occlusion", "gradcam", "integrated_gradients", "contrast")
+    scores = dict.fromkeys(methods, score)
+    scores["random"] = {**score, "pointing_chance": [0.02, 0.04],
+                        "pointing_any_chance": [0.1, 0.1]}  # fmt: skip
+    verdict = {"passed": True, "spearman_abs": 0.1, "why": "|Spearman| 0.10 below 0.5"}
+    rows = table_rows("fundus-control", "mean", scores, {m: [verdict] for m in scores})
+    assert len(rows) == 5 and all(r.count("|") == HEADER.count("|") for r in rows)
     assert rows[0].startswith("| fundus-control | mean | occlusion (exact) | 50% (n 2,")
     assert "within 1% on 1 of 1" in rows[2] and "within" not in rows[0]
+    assert "| chance (uniform random map) | 3.0% (exact chance, n 2) |" in rows[3]
+    assert rows[4].startswith("| fundus-control | mean | local contrast (model-free) |")
     assert compact_rows("fundus-control", "mean", scores) == (
-        "| fundus-control | mean | 2 | 50% / 50% / 50% | 0.200 / 0.200 / 0.200 |"
+        "| fundus-control | mean | 2 | 50% / 50% / 50% / 50% / 3.0% | "
+        "0.250 / 0.250 / 0.250 / 0.250 |"
+    )
+    paired = paired_rows("fundus-control", "mean", scores)
+    assert len(paired) == 3 + 6  # four rows without chance: six pairs
+    assert (
+        "| occlusion (exact) vs Grad-CAM | 50% / 50% (0 / 0) | 1.000 (1.000) | +0.000 |"
+        in (paired[3])
     )
 
     image = torch.stack([torch.full((4, 4), v) for v in (0.0, 1.0, 2.0)])
@@ -105,8 +119,13 @@ def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_pat
     )
     with pytest.raises(SystemExit, match="no <!-- bench.methods chestct mean: begin -->"):
         write_tables(document, "x", "chestct mean")
-    assert correlations([]) == "— (not run with this fill)"
-    assert correlations([0.5, float("nan")]) == "+0.50 (1 maps; 1 flat, no ranks)"
+    assert randomisation_cell([]) == "— (not run with this fill)"
+    flat = {"passed": True, "spearman_abs": float("nan"), "why": "the map went flat"}
+    undefined = {"passed": False, "spearman_abs": float("nan"), "why": "the map is undefined"}
+    high = {"passed": False, "spearman_abs": -0.9, "why": "|Spearman| 0.90 at or above 0.5"}
+    assert randomisation_cell([verdict, flat, undefined, high]) == (
+        "passes 2 of 4 (mean abs. ρ 0.50; 1 flat; 1 undefined)"
+    )
 
 
 def test_the_data_randomisation_control_learns_its_volumes_shuffled_labels_not_the_crop():
@@ -158,7 +177,8 @@ def test_every_section_the_bench_writes_is_in_the_docs_and_readme():
     either file would lose the run's tables (write_tables refuses it)."""
     from pathlib import Path
 
-    from bench.methods import FILLS, KINDS, marks
+    from bench.methods import FILLS, KINDS
+    from bench.methods_tables import marks
 
     root = Path(__file__).resolve().parents[1]
     models, readme = (root / "docs" / "models.md").read_text(), (root / "README.md").read_text()

@@ -239,8 +239,8 @@ def test_gradient_maps_beside_a_run_on_the_same_model_are_the_maps_computed_alon
 @pytest.mark.parametrize(
     "name, expected",
     [
-        ("vgg11", "features"),
-        ("alexnet", "features"),
+        ("vgg11", "features.19"),  # the last convolution's ReLU: `features` ends in a max pool
+        ("alexnet", "features.11"),
         ("resnet18", "layer4"),
         ("densenet121", "features"),
         ("r3d_18", "layer4"),
@@ -269,6 +269,32 @@ def test_gradcam_reads_the_last_convolutional_block_never_a_pooling_layer(name, 
     assert not any(isinstance(dict(model.named_modules())[c], pools) for c in candidates)
 
 
+def test_gradcam_on_vgg_reads_the_last_convolutions_grid_not_the_pooled_one():
+    """VGG's default block ``features`` ends in its last max pool, so Grad-CAM was read
+    after pooling: VGG11 at 64² gave a 2×2 map where its last convolution gives 4×4
+    (VGG16 at 224²: 7×7 for 14×14). The paper reads the last convolutional layer."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.vgg11(weights=None, num_classes=3).eval()
+    image = torch.rand(3, 64, 64)
+    name, layer = gradcam_layer(model, image)
+    grids = {}
+    hooks = [
+        module.register_forward_hook(lambda m, _, out, key=key: grids.__setitem__(key, out.shape))
+        for key, module in (("chosen", layer), ("last conv", model.features[18]))
+    ]
+    with torch.no_grad():
+        model(image.unsqueeze(0))
+    for hook in hooks:
+        hook.remove()
+    assert grids["chosen"][2:] == grids["last conv"][2:] == (4, 4)
+    maps = compare(model, image, patch=8, stride=8, label=1, methods=("gradcam",))
+    assert maps["gradcam"].detail == f"layer {name}"
+    expected = cell_means(reference_gradcam(model, image, 1, layer), maps["gradcam"].axes, 8)
+    np.testing.assert_allclose(maps["gradcam"].importance, expected, atol=1e-5)
+
+
 def test_integrated_gradients_is_complete_on_the_demo_model_and_says_how_complete():
     """At 32 steps the attributions missed f(x) - f(baseline) by 7.8% on the fundus
     model, and nothing asked Captum for the gap or showed it: the steps now double until
@@ -295,17 +321,23 @@ def test_integrated_gradients_is_complete_on_the_demo_model_and_says_how_complet
 def test_the_method_bench_counts_flat_maps_and_gives_every_share_its_n_and_interval():
     """A flat map (a re-initialised model's, nearly uniform) has no ranks: the bench's
     nanmean dropped it while printing the full count; and no share carried its n."""
-    from bench.methods import correlations, share
+    from bench.methods_tables import randomisation_cell, share
 
-    assert correlations([0.5, float("nan"), 0.1]) == "+0.30 (2 maps; 1 flat, no ranks)"
-    assert correlations([float("nan")]) == "— (0 maps; 1 flat, no ranks)"
+    def ranked(rho: float) -> dict:
+        return {"passed": abs(rho) < 0.5, "spearman_abs": rho, "why": f"|Spearman| {rho}"}
+
+    flat = {"passed": True, "spearman_abs": float("nan"), "why": "the map went flat"}
+    assert randomisation_cell([ranked(0.5), flat, ranked(0.1)]) == (
+        "passes 2 of 3 (mean abs. ρ 0.30; 1 flat)"
+    )
+    assert randomisation_cell([flat]) == "passes 1 of 1 (no ranks; 1 flat)"
     assert share([True] * 55 + [False] * 45) == "55% (n 100, 45%-64%)"
 
 
 def test_the_method_bench_gives_coverage_an_interval_over_the_lesions_and_areas_theirs():
     """Coverage was a mean of per-image shares with an n and no interval, and the
     deletion and insertion areas bare means: every figure now carries its interval."""
-    from bench.methods import covered_share, mean_interval
+    from bench.methods_tables import covered_share, mean_interval
 
     lesions = [True, False, True, True, True, False, True, True]  # 8 lesions on 3 images
     assert covered_share(lesions, [0, 4, 9]) == "75% (n 8, 41%-93%) on 3 images"
