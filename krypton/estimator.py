@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ __all__ = [
     "host_load",
     "whole_run_speed",
     "format_duration",
+    "plain_basis",
     "SAME_SPEED",
     "logged_runs",
     "runtime_log_path",
@@ -339,6 +341,22 @@ def format_duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def plain_basis(source: str) -> str:
+    """What an estimate rests on, in words a user reads (its ``source`` keeps the
+    estimator's factors for the logs and the details): 'from this machine's last 6 runs',
+    'from the model's calibration, adjusted to this machine's 4 recent runs'."""
+    runs = re.search(r"this host's last (\d+) ([^;,]+)", source)
+    recent = re.search(r"this host's (\d+) recent runs?", source)
+    if source.startswith("calibration"):
+        if recent:
+            return (f"from the model's calibration, adjusted to this machine's "
+                    f"{recent.group(1)} recent run{'s' * (recent.group(1) != '1')}")  # fmt: skip
+        return "from the model's calibration (first runs on this machine)"
+    if runs:  # what was logged: 'runs', 'run with every cell known', 'gradient steps'
+        return f"from this machine's last {runs.group(1)} {runs.group(2).strip()}"
+    return "from this machine's earlier runs"
 
 
 @dataclass(frozen=True)

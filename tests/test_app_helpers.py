@@ -166,7 +166,8 @@ def test_overlay_styles_colour_what_they_say():
     values = np.array([[0.2, 0.5], [0.79, 0.8]])
     relative = styled_heatmap(values, 0.8, OverlayStyle())
     assert (relative.low, relative.high) == (0.6000000000000001, 1.0)
-    assert relative.colormap == "jet_r" and "relative scale 0.75p" in relative.label
+    assert relative.colormap == "jet_r"
+    assert "75% to 125% of the prediction's 0.800" in relative.label
     np.testing.assert_array_equal(relative.values, values)
     absolute = styled_heatmap(values, 0.8, OverlayStyle(scale="absolute", threshold=0.05))
     assert (absolute.low, absolute.high, absolute.colormap) == (0.0, 1.0, "jet")

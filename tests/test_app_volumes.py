@@ -494,7 +494,7 @@ def test_the_panel_estimates_a_run_from_this_hosts_volume_runs(services, nifti_b
     assert after.startswith("216 positions on a 6x6x6 grid; estimated ")
     # fitted to the three runs, or (where they do not fit a line) at their own pace, "in
     # proportion": which depends on how long each took here, so either may be said
-    assert "from this host's last 3 runs" in after, after
+    assert "from this machine's last 3 runs" in after, after
     small = volumes.volume_estimate("ct-test", size, 8, 8, "exact", (0, 0, 0, 8, 8, 8))
     assert small.startswith("1 position on a 1x1x1 grid; estimated ")
     assert "smaller than the 8-voxel cube" in volumes.volume_estimate(

@@ -163,7 +163,7 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
         gray, 0, load=0.0,
     )  # fmt: skip
     assert "more (" in panel.estimate(*settings, ["compare"])
-    assert "this host's last 1 such step)" in panel.estimate(*settings, ["compare"])
+    assert "this machine's last 1 such step)" in panel.estimate(*settings, ["compare"])
     volume = VolumePanel(services, None)
     plain = volume.estimate("ct-test", 8, 8, "exact", None, None)
     ticked = volume.estimate("ct-test", 8, 8, "exact", None, None, ["compare"])

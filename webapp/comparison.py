@@ -25,6 +25,7 @@ from krypton.estimator import (
     Estimate,
     calibrated_step,
     format_duration,
+    plain_basis,
     recent_estimate,
     record_run,
 )
@@ -171,7 +172,7 @@ def estimate_note(model: krypton.LoadedModel, load: float | None = None) -> str:
     return (
         f"Then Grad-CAM and Integrated Gradients for {which}: about "
         f"{format_duration(found.seconds)} more ({format_duration(found.low)}–"
-        f"{format_duration(found.high)}; {found.source})."
+        f"{format_duration(found.high)}; {plain_basis(found.source)})."
     )
 
 

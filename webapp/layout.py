@@ -74,17 +74,17 @@ DICOM_SAMPLES = {
     "CT_small.dcm": (
         "CT chest (DICOM)",
         "CT slice, signed 16-bit, 128×128, from NEMA's public WG04 sample set (CT1_UNC, "
-        "downsized), as pydicom ships it",
+        "downsized), from a DICOM reader's public test files",
     ),
     "MR_small.dcm": (
         "MR (DICOM)",
-        "MR slice, 64×64, from NEMA's public WG04 sample set (MR1_UNC, downsized), as "
-        "pydicom ships it",
+        "MR slice, 64×64, from NEMA's public WG04 sample set (MR1_UNC, downsized), from a "
+        "DICOM reader's public test files",
     ),
     "examples_overlay.dcm": (
         "MR abdomen (DICOM)",
         "MR abdomen slice, 484×300, GDCM's MR-SIEMENS-DICOM-WithOverlays (BSD licence), "
-        "cropped, as pydicom ships it",
+        "cropped, from a DICOM reader's public test files",
     ),
 }
 WINDOW_LABELS = {
@@ -264,7 +264,7 @@ def _overlay_controls() -> html.Div:
                     dcc.RadioItems(
                         id=ids.OVERLAY_SCALE,
                         options=[
-                            {"label": "Relative scale (paper)", "value": "relative"},
+                            {"label": "Relative to the prediction", "value": "relative"},
                             {"label": "Absolute drop", "value": "absolute"},
                         ],
                         value="relative",
@@ -662,9 +662,9 @@ def build_layout(
             volume_section(volume_models or [], default_volume, max_volume_bytes, pacs),
             html.Footer(
                 "Red cells mark where occluding the image lowers the class probability "
-                "most. Relative scale: 0.75p to min(1, 1.25p), p = unoccluded "
-                "probability (as in the Krypton paper); absolute scale: the probability "
-                "drop from 0 to 1. The colour bar always names the scale shown."
+                "most. Relative to the prediction: from 75% to 125% of the probability "
+                "without the patch (at most 1); absolute drop: how much the probability "
+                "falls, from 0 to 1. The colour bar always names the scale shown."
             ),
         ],
         className="page",

@@ -112,8 +112,8 @@ def model_card_lines(loaded) -> list[str]:
                 text += (
                     f"; real CT and MR: {sum(samples.values())} of the {len(samples)} CT and "
                     f"MR samples here flagged, {scans['held_out_flagged']:.0%} of "
-                    f"{scans['held_out_slices']} held-out slices (pydicom's and nibabel's "
-                    f"test data)"
+                    f"{scans['held_out_slices']} held-out slices (public test scans, "
+                    f"never used to fit the check)"
                 )
         lines.append(text + ".")
     else:

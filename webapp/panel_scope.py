@@ -24,7 +24,7 @@ SAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "samples"
 
 def mode_options(traceable: bool = True) -> list[dict]:
     """Naive always; Exact and Approximate only for models torch.fx can capture."""
-    why = "" if traceable else " (needs a model torch.fx can capture)"
+    why = "" if traceable else " (needs a model Krypton can trace layer by layer)"
     return [
         {"label": "Naive", "value": "naive"},
         {"label": "Exact" + why, "value": "exact", "disabled": not traceable},

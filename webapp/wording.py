@@ -28,7 +28,7 @@ def plain_and_detail(line: str) -> tuple[str | None, str | None]:
     found = _OOD.match(line)
     if found:
         return (
-            f"{found.group(1)}. The heatmap may not mean much for this image.",
+            f"{found.group(1)}.",  # it says what it means once: not meaningful
             f"Out-of-distribution check: {found.group(2)}.",
         )
     found = _SPEED.match(line)

@@ -13,6 +13,7 @@ decodes, so two large files at once wait for each other instead of adding up.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ __all__ = [
     "MIN_SIDE",
     "reduced_to_max_side",
     "megabytes",
+    "plain_reason",
 ]
 
 DECODE_BUDGET_ENV = "KRYPTON_DECODE_BUDGET_MB"
@@ -59,6 +61,34 @@ WAIT_SECONDS = 30.0
 
 class ImageLoadError(ValueError):
     """The file is not an image we can read (or not within the limits)."""
+
+
+# a sentence of advice meant for a programmer ("Use force=True to force reading.")
+_ADVICE = re.compile(
+    r"[^.;]*(?:\b\w+=(?:True|False|None|'[^']*'|\"[^\"]*\")|pip install)[^.;]*[.;]?\s*"
+)
+_CLASS_NAME = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Warning)\b:?\s*")
+_LIBRARY_NAMES = (
+    (re.compile(r"\b(?:as )?a torch\.fx graph\b"), "layer by layer"),
+    (re.compile(r"\btorch\.fx\b"), "the tracer"),
+    (re.compile(r"\bpydicom\b"), "the DICOM reader"),
+    (re.compile(r"\bnibabel\b"), "the NIfTI reader"),
+    (re.compile(r"\b(?:Pillow|PIL)\b"), "the image reader"),
+)
+
+
+def plain_reason(exc: BaseException | str, limit: int = 200) -> str:
+    """An error's message in words a user reads: no Python class name, no advice meant
+    for a programmer (pydicom's "Use force=True to force reading."), no library's name;
+    at most ``limit`` characters. A corrupt .dcm's message had carried all three."""
+    text = _ADVICE.sub("", str(exc))
+    text = _CLASS_NAME.sub("", text)
+    for name, words in _LIBRARY_NAMES:
+        text = name.sub(words, text)
+    text = " ".join(text.split()).strip(" ;,")
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text or "its contents are malformed"
 
 
 def megabytes(count: float) -> str:

@@ -21,6 +21,7 @@ from ._decoding import (
     DECODE_BUDGET_ENV,
     DICOM_DECODE_FACTOR,
     ImageLoadError,
+    plain_reason,
     reduced_to_max_side,
 )
 
@@ -167,7 +168,7 @@ def _read(source: str | Path | bytes):
     except FileNotFoundError as exc:
         raise ImageLoadError(f"no such file: {source}") from exc
     except OSError as exc:
-        raise ImageLoadError(f"{name} could not be read ({exc})") from exc
+        raise ImageLoadError(f"{name} could not be read ({plain_reason(exc)})") from exc
     data = _inflated(data, name)
     try:
         return pydicom.dcmread(io.BytesIO(data)), name
@@ -176,7 +177,7 @@ def _read(source: str | Path | bytes):
 
 
 def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return plain_reason(exc)
 
 
 def read_header(data: bytes, name: str):
@@ -236,7 +237,7 @@ def _inflated(data: bytes, name: str, limit: int | None = None) -> bytes:
                 break  # the stream ended before its end marker
             plain += chunk
     except zlib.error as exc:
-        raise ImageLoadError(f"{name}: its deflated data is corrupt ({exc})") from exc
+        raise ImageLoadError(f"{name}: its deflated data is corrupt ({plain_reason(exc)})") from exc
     if len(plain) - start > limit:
         raise ImageLoadError(
             f"{name} is deflated and inflates to more than {limit / 2**20:.0f} MB, over what "
@@ -459,7 +460,7 @@ def _decode_frame(dataset, name: str, index: int | None) -> np.ndarray:
     except (NotImplementedError, RuntimeError, ValueError) as exc:
         if syntax is None or not syntax.is_compressed:
             raise ImageLoadError(
-                f"{name} could not be decoded ({exc}); it may be truncated or corrupt"
+                f"{name} could not be decoded ({plain_reason(exc)}); it may be truncated or corrupt"
             ) from exc
         from pydicom.pixels import get_decoder
 
@@ -474,8 +475,8 @@ def _decode_frame(dataset, name: str, index: int | None) -> np.ndarray:
         described = f"{syntax.name} ({syntax})"
         raise ImageLoadError(
             f"{name} is compressed as {described}, which this installation cannot decode "
-            f"({exc}). Krypton reads: {', '.join(decodable_transfer_syntaxes())}; export "
-            f"the image in one of these (or install a pydicom decoder plug-in for it)"
+            f"({plain_reason(exc)}). Krypton reads: {', '.join(decodable_transfer_syntaxes())}; "
+            f"export the image in one of these"
         ) from exc
     except Exception as exc:  # EOFError, OSError, KeyError, struct errors from decoders
         raise ImageLoadError(

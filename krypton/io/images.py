@@ -18,6 +18,7 @@ from ._decoding import (
     MIN_SIDE,
     PILLOW_DECODE_FACTOR,
     ImageLoadError,
+    plain_reason,
     reduced_to_max_side,
 )
 from .dicom import is_dicom, load_dicom
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_SIDE",
     "MIN_SIDE",
     "load_image",
+    "plain_reason",
     "to_rgb",
 ]
 
@@ -66,11 +68,11 @@ def load_image(
         raise ImageLoadError(f"no such file: {name}") from exc
     except UnidentifiedImageError as exc:
         raise ImageLoadError(
-            f"{name} is not an image file Pillow can read (PNG, JPEG, TIFF, BMP, ...)"
+            f"{name} is not an image file Krypton can read (PNG, JPEG, TIFF, BMP, ...)"
         ) from exc
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageLoadError(
-            f"{name} could not be decoded ({exc}); it may be truncated or corrupt"
+            f"{name} could not be decoded ({plain_reason(exc)}); it may be truncated or corrupt"
         ) from exc
 
 

@@ -32,7 +32,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._decoding import DECODE_BUDGET, DICOM_DECODE_FACTOR, ImageLoadError, megabytes
+from ._decoding import (
+    DECODE_BUDGET,
+    DICOM_DECODE_FACTOR,
+    ImageLoadError,
+    megabytes,
+    plain_reason,
+)
 
 __all__ = [
     "Volume",
@@ -151,7 +157,9 @@ def _members(source: Path) -> Iterator[tuple[str, bytes]]:
             try:
                 data = archive.read(entry)
             except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
-                raise ImageLoadError(f"{source}: {entry.filename} is damaged ({exc})") from exc
+                raise ImageLoadError(
+                    f"{source}: {entry.filename} is damaged ({plain_reason(exc)})"
+                ) from exc
             yield entry.filename, data
 
 
@@ -185,8 +193,7 @@ def _headers(source: Path) -> list[tuple[str, object, int]]:
             except (InvalidDicomError, EOFError, OSError, ValueError, TypeError):
                 continue
             raise ImageLoadError(
-                f"{name}: its pixel data cannot be read ({type(exc).__name__}: "
-                f"{str(exc)[:200]}); it may be truncated"
+                f"{name}: its pixel data cannot be read ({plain_reason(exc)}); it may be truncated"
             ) from None
         found.append((name, dataset, len(data)))
     if not found:
@@ -354,7 +361,9 @@ def read_nifti(source: str | Path) -> Volume:
         dtype, offset = np.dtype(proxy.dtype), int(proxy.offset)
         zooms = _stored_zooms(image)
     except Exception as exc:  # nibabel raises many kinds on a damaged file
-        raise ImageLoadError(f"{source} is not a NIfTI file nibabel can read ({exc})") from exc
+        raise ImageLoadError(
+            f"{source} is not a NIfTI file Krypton can read ({plain_reason(exc)})"
+        ) from exc
     shape = tuple(int(s) for s in image.shape)
     if len(shape) == 4 and shape[3] == 1:
         shape = shape[:3]
@@ -374,7 +383,7 @@ def read_nifti(source: str | Path) -> Volume:
             data = np.asarray(image.dataobj, dtype=np.float32).reshape(shape)
         except Exception as exc:  # a truncated or corrupt stream: EOFError, zlib, OSError
             raise ImageLoadError(
-                f"{source}: its voxels cannot be read ({type(exc).__name__}: {exc}); the file "
+                f"{source}: its voxels cannot be read ({plain_reason(exc)}); the file "
                 f"may be truncated"
             ) from exc
         # (x, y, z) -> (z, y, x): slices first, as a DICOM series and the engine hold them
@@ -432,7 +441,7 @@ def read_multiframe_dicom(source: str | Path) -> Volume:
     try:
         size = source.stat().st_size
     except OSError as exc:
-        raise ImageLoadError(f"{source} cannot be read ({exc})") from exc
+        raise ImageLoadError(f"{source} cannot be read ({plain_reason(exc)})") from exc
     check_files_size(source, 1, size)  # held whole while its header is read
     with DECODE_BUDGET.reserve(size + inflated_limit()) as held:
         return _read_multiframe(source, held)
@@ -449,7 +458,9 @@ def _read_multiframe(source: Path, held) -> Volume:
     try:
         header = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
     except Exception as exc:  # pydicom raises many kinds on a damaged file
-        raise ImageLoadError(f"{source} is not a DICOM file pydicom can read ({exc})") from exc
+        raise ImageLoadError(
+            f"{source} is not a DICOM file Krypton can read ({plain_reason(exc)})"
+        ) from exc
     frames = int(getattr(header, "NumberOfFrames", 1) or 1)
     if frames < 2:
         raise ImageLoadError(
@@ -478,7 +489,7 @@ def _read_multiframe(source: Path, held) -> Volume:
         assembled = image.get_volume(dtype=np.float32)
     except (RuntimeError, ValueError, AttributeError, KeyError, TypeError) as exc:
         raise ImageLoadError(
-            f"{source}: its frames do not form one evenly spaced volume ({exc})"
+            f"{source}: its frames do not form one evenly spaced volume ({plain_reason(exc)})"
         ) from exc
     voxels, lps = np.asarray(assembled.array, dtype=np.float32), np.asarray(assembled.affine)
     if voxels.ndim != 3:
@@ -516,7 +527,7 @@ def read_volume(source: str | Path) -> Volume:
         raise
     except Exception as exc:  # a reader library's own error on a malformed file
         raise ImageLoadError(
-            f"{path.name} could not be read as a volume ({type(exc).__name__}: {str(exc)[:200]})"
+            f"{path.name} could not be read as a volume ({plain_reason(exc)})"
         ) from exc
 
 

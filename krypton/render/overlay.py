@@ -73,7 +73,10 @@ def styled_heatmap(values: np.ndarray, prob: float, style: OverlayStyle) -> Styl
     if style.scale == "relative":
         low, high = heatmap_limits(prob)
         shown, colormap = values.copy(), "jet_r"
-        label = f"probability with the patch, relative scale 0.75p–min(1, 1.25p), p = {prob:.3f}"
+        label = (
+            f"probability with the patch, relative scale: 75% to 125% of the prediction's "
+            f"{prob:.3f} (at most 1)"
+        )
     else:
         low, high = 0.0, 1.0
         shown, colormap = drop.copy(), "jet"

@@ -9,6 +9,7 @@ from dash import ClientsideFunction, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 import krypton
+from krypton.io.images import plain_reason
 
 from .. import comparison, ids, runs, wording
 from ..helpers import InputError
@@ -142,7 +143,7 @@ class SettingsPanel:
         message = (
             ""
             if capture_error is None
-            else f"Only naive mode works for this model: {capture_error}"
+            else f"Only naive mode works for this model: {plain_reason(capture_error)}"
         )
         stopped = (
             "The run in progress explained the previous image or model, so it was stopped."
@@ -300,11 +301,13 @@ def model_card(loaded: krypton.LoadedModel) -> html.Div:
     description, *rest = model_card_lines(loaded)
     check = next((line for line in rest if line.startswith("Out-of-distribution check")), "")
     short = [f"{loaded.name} · {rest[0]}" if rest else loaded.name]
+    device = "A demonstration model, not a medical device."
     if "not a medical device" in description:
-        short.append("A demonstration model, not a medical device.")
+        short.append(device)
+        description = description.replace(device, "").strip()  # said above, once
     if check:
         short.append(check.split(" (")[0] + ".")
-    more = [description] + rest[1:]
+    more = [line for line in [description] + rest[1:] if line]
     return html.Div(
         [html.P(short[0])]
         + [html.P(line, className="help") for line in short[1:]]

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 import krypton
+from krypton.io.images import plain_reason
 
 from .. import helpers
 from ..helpers import InputError
@@ -119,8 +120,10 @@ class ImageSubject:
         found = self.services.explainer(self.request.model).predict(tensor)
         if found.capture_error and self.request.mode != "naive":
             raise InputError(
-                f"{self.request.mode} mode needs a model torch.fx can capture, and this "
-                f"one cannot be ({found.capture_error}); choose Naive"
+                f"{self.request.mode.capitalize()} mode needs a model Krypton can trace "
+                f"layer by layer, and this one cannot be ({plain_reason(found.capture_error)}); "
+                f"choose "
+                f"Naive"
             )
         return found
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import krypton
-from krypton.estimator import MIN_LOGGED_RUNS, Estimate
+from krypton.estimator import MIN_LOGGED_RUNS, Estimate, plain_basis
 from krypton.explainer import grid
 from krypton.io.images import ImageLoadError
 from krypton.io.volumes import ModelVolume, Volume, read_volume
@@ -204,7 +204,8 @@ def volume_estimate_found(
             None,
             count,
         )
-    text = f"{positions}; estimated {estimate_text(dataclasses.asdict(found))}, from {found.source}"
+    said = estimate_text(dataclasses.asdict(found))
+    text = f"{positions}; estimated {said}, {plain_basis(found.source)}"
     return text, found, count
 
 
