@@ -48,4 +48,4 @@ __all__ = [
     "theoretical_speedup",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
