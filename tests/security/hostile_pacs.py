@@ -85,6 +85,10 @@ class HostilePacs:
     ):
         self.mode, self.drip, self.stow_mb, self.redirect_to = mode, drip, stow_mb, redirect_to
         self.requests: list[str] = []
+        # seconds from each request's arrival to the end of its answer (the client hung
+        # up or the answer was sent): what the client's own deadline cut, measured here,
+        # not the client process's start-up
+        self.answer_seconds: list[float] = []
         self._datasets: list = []
         self._stop = threading.Event()
         owner = self
@@ -132,10 +136,13 @@ class HostilePacs:
     # -- answers -------------------------------------------------------------------------
 
     def answer(self, handler) -> None:  # type: ignore[no-untyped-def]
+        started = time.monotonic()
         try:
             getattr(self, "_" + self.mode.replace("-", "_"))(handler)
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass
+        finally:
+            self.answer_seconds.append(time.monotonic() - started)
 
     @staticmethod
     def _send(handler, status: int, body: bytes, content_type: str, **headers) -> None:  # type: ignore[no-untyped-def]

@@ -75,9 +75,11 @@ def run_cli(args: list[str], url: str, timeout: float = 60.0, **env: str) -> Ran
                out, err, time.monotonic() - started, peak)  # fmt: skip
 
 
-def assert_one_line(ran: Ran, expected: str) -> None:
-    """Ended in time with exit 1 or 2 and one ``error:`` line naming ``expected``."""
-    assert ran.seconds < ENDS_WITHIN_S, f"ran {ran.seconds:.1f} s: {ran.err[-300:]}"
+def assert_one_line(ran: Ran, expected: str, within: float | None = ENDS_WITHIN_S) -> None:
+    """Ended in time (``within`` seconds of the process's start, where given) with exit 1
+    or 2 and one ``error:`` line naming ``expected``."""
+    if within is not None:
+        assert ran.seconds < within, f"ran {ran.seconds:.1f} s: {ran.err[-300:]}"
     assert ran.code in (1, 2), (ran.code, ran.err[-500:])
     lines = [line for line in ran.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), ran.err[-800:]
@@ -142,9 +144,13 @@ def test_a_pacs_that_drips_ends_at_the_deadline_not_never(hostile):
     """One byte a second never trips a 10 s per-read timeout; the request's deadline
     (20 s by default, KRYPTON_DICOMWEB_DEADLINE_SECONDS) ends it."""
     hostile.mode, hostile.drip = "drip", 1.0
+    hostile.answer_seconds.clear()  # the module's server: earlier tests' answers
     ran = run_cli(["pacs", "studies"], hostile.url)
-    assert_one_line(ran, "did not finish the study search within 20 s")
-    assert ran.seconds > 19  # the deadline, not the per-read timeout, ended it
+    # timed at the PACS, from the request's arrival: the process's own start-up beside
+    # four CPU burners took 16 s more (36 s in all), which is the host's pace, not the bound
+    assert_one_line(ran, "did not finish the study search within 20 s", within=None)
+    assert len(hostile.answer_seconds) == 1, hostile.answer_seconds
+    assert 19 < hostile.answer_seconds[0] < 25  # the deadline, not the per-read timeout
 
 
 def test_a_search_answered_with_more_rows_than_asked_lists_the_limit(hostile):
@@ -267,12 +273,21 @@ def watched(server: Server, address: str) -> Iterator[PageWatch]:
             thread.join(30)
 
 
+def page_limit() -> float:
+    """PAGE_LIMIT_S on an idle host, scaled by how many times over its cores the host is
+    loaded now: beside four CPU burners on two cores a page parsing nothing took 1.07 s
+    while a hostile listing was read, which is the host's pace. A server thread held by
+    the PACS shows as a failure (a 10 s timeout) at any load."""
+    return PAGE_LIMIT_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def assert_page_held(watch: PageWatch, what: str) -> None:
     growth = watch.peak_mb - watch.baseline_mb
     print(f"PACS {what}: +{growth:.0f} MB, another page's slowest GET / {watch.slowest:.2f} s")
     assert not watch.failures, watch.failures[:3]
-    assert watch.slowest < PAGE_LIMIT_S, (
-        f"{what}: another address's page took {watch.slowest:.2f} s"
+    limit = page_limit()
+    assert watch.slowest < limit, (
+        f"{what}: another address's page took {watch.slowest:.2f} s (limit {limit:.2f} s)"
     )
     assert growth < GROWTH_LIMIT_MB, f"{what}: +{growth:.0f} MB"
 
