@@ -123,6 +123,22 @@ class MethodMap:
             "patch": list(self.patch),
         }
 
+    def cell_window(self, index: tuple[int, ...]) -> tuple[slice, ...]:
+        """The input pixels of the cell at ``index`` (the patch at its position)."""
+        corners = zip(self.axes, index, self.patch)
+        return tuple(slice(int(a[i]), int(a[i]) + p) for a, i, p in corners)
+
+    def per_pixel(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The map painted back at input resolution ``shape``: each pixel the mean of the
+        cells over it (NaN where none is, or where a cell over it is NaN)."""
+        total, count = np.zeros(shape), np.zeros(shape)
+        for index in np.ndindex(*self.importance.shape):
+            box = self.cell_window(index)
+            total[box] += self.importance[index]
+            count[box] += 1
+        with np.errstate(invalid="ignore"):
+            return total / count
+
     def strongest_cell_centre(self) -> tuple[float, ...]:
         """The centre of the most important cell, in input pixels (y, x) or (z, y, x)."""
         index = np.unravel_index(int(self.top_cells(0.0)[0]), self.importance.shape)
@@ -450,12 +466,11 @@ def deletion_curve(
     importance go in a random order drawn from ``seed`` (:meth:`MethodMap.ranked_cells`;
     the same order for deletion and insertion)."""
     fill = _fill(model, fill)
+    shape = method_map.importance.shape
     windows = [
-        tuple(slice(int(a[i]), int(a[i]) + p) for a, i, p in zip(method_map.axes, index,
-                                                                  method_map.patch))
-        for index in (np.unravel_index(int(flat), method_map.importance.shape)
-                      for flat in method_map.ranked_cells(seed))
-    ]  # fmt: skip
+        method_map.cell_window(np.unravel_index(int(flat), shape))
+        for flat in method_map.ranked_cells(seed)
+    ]
     blank = torch.empty_like(image)
     blank[:] = torch.as_tensor(fill, dtype=image.dtype).view(-1, *[1] * (image.dim() - 1))
     return _probability_curve(model, image, blank, windows, method_map.label, steps, insertion)
@@ -480,15 +495,7 @@ def blur_deletion_curve(
 
     spatial = tuple(image.shape[1:])
     side = block or max(2, int(round(1.5 * max(method_map.patch))))
-    total, count = np.zeros(spatial), np.zeros(spatial)
-    for index in np.ndindex(*method_map.importance.shape):
-        value = method_map.importance[index]
-        if np.isfinite(value):
-            box = tuple(slice(int(a[i]), int(a[i]) + p)
-                        for a, i, p in zip(method_map.axes, index, method_map.patch))  # fmt: skip
-            total[box] += value
-            count[box] += 1
-    pixels = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    pixels = method_map.per_pixel(spatial)
     starts = list(itertools.product(*(range(0, n, side) for n in spatial)))
     means = []
     for start in starts:

@@ -32,7 +32,7 @@ def methods_picture(maps: dict[str, MethodMap], background: np.ndarray) -> bytes
     columns = 3 if volume else len(maps)
     figure, grid = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.3 * rows), squeeze=False)
     for number, (method, found) in enumerate(maps.items()):
-        full = per_pixel(found, background.shape)
+        full = found.per_pixel(background.shape)
         if volume:
             centre = [int(round(c)) for c in found.strongest_cell_centre()]
             planes = [(background[centre[0]], full[centre[0]], "axial"),
@@ -53,17 +53,3 @@ def methods_picture(maps: dict[str, MethodMap], background: np.ndarray) -> bytes
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
     return buffer.getvalue()
-
-
-def per_pixel(found: MethodMap, shape: tuple[int, ...]) -> np.ndarray:
-    """The map painted back at input resolution: each pixel the mean of the cells over it
-    (NaN where none is)."""
-    total, count = np.zeros(shape), np.zeros(shape)
-    for index in np.ndindex(*found.importance.shape):
-        box = tuple(
-            slice(int(a[i]), int(a[i]) + p) for a, i, p in zip(found.axes, index, found.patch)
-        )
-        total[box] += found.importance[index]
-        count[box] += 1
-    with np.errstate(invalid="ignore"):
-        return total / count
