@@ -173,11 +173,7 @@ def _read(source: str | Path | bytes):
     try:
         return pydicom.dcmread(io.BytesIO(data)), name
     except Exception as exc:  # pydicom raises many kinds on malformed files
-        raise ImageLoadError(f"{name} is not a readable DICOM file ({_reason(exc)})") from exc
-
-
-def _reason(exc: BaseException) -> str:
-    return plain_reason(exc)
+        raise ImageLoadError(f"{name} is not a readable DICOM file ({plain_reason(exc)})") from exc
 
 
 def read_header(data: bytes, name: str):
@@ -191,7 +187,7 @@ def read_header(data: bytes, name: str):
     try:
         return pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
     except Exception as exc:  # pydicom raises many kinds on malformed files
-        raise ImageLoadError(f"{name} is not a readable DICOM file ({_reason(exc)})") from exc
+        raise ImageLoadError(f"{name} is not a readable DICOM file ({plain_reason(exc)})") from exc
 
 
 def inflated_limit() -> int:
@@ -335,7 +331,7 @@ def check_codestreams(dataset, name: str, frames: tuple[int, ...] | None = None)
     except ImageLoadError:
         raise
     except Exception as exc:
-        raise ImageLoadError(f"{name}: its frames cannot be found ({_reason(exc)})") from exc
+        raise ImageLoadError(f"{name}: its frames cannot be found ({plain_reason(exc)})") from exc
 
 
 def _codestream_shape(coded: bytes):
@@ -375,7 +371,7 @@ def load_dicom(
     except ImageLoadError:
         raise
     except Exception as exc:  # a malformed header pydicom reads lazily, a decoder's error
-        raise ImageLoadError(f"{name} is not a readable DICOM image ({_reason(exc)})") from exc
+        raise ImageLoadError(f"{name} is not a readable DICOM image ({plain_reason(exc)})") from exc
 
 
 def _load_frame(source: str | Path | bytes, window, frame: int | None) -> DicomImage:
@@ -408,7 +404,7 @@ def _load_frame(source: str | Path | bytes, window, frame: int | None) -> DicomI
             raise
         except Exception as exc:  # a LUT or window the file declares wrongly
             raise ImageLoadError(
-                f"{name}: its pixel values cannot be shown ({_reason(exc)})"
+                f"{name}: its pixel values cannot be shown ({plain_reason(exc)})"
             ) from exc
         del pixels
         picture = Image.fromarray(shown, "RGB" if shown.ndim == 3 else "L")
@@ -470,7 +466,7 @@ def _decode_frame(dataset, name: str, index: int | None) -> np.ndarray:
             available = False
         if available:
             raise ImageLoadError(
-                f"{name} could not be decoded ({_reason(exc)}); it may be truncated or corrupt"
+                f"{name} could not be decoded ({plain_reason(exc)}); it may be truncated or corrupt"
             ) from exc
         described = f"{syntax.name} ({syntax})"
         raise ImageLoadError(
@@ -480,7 +476,7 @@ def _decode_frame(dataset, name: str, index: int | None) -> np.ndarray:
         ) from exc
     except Exception as exc:  # EOFError, OSError, KeyError, struct errors from decoders
         raise ImageLoadError(
-            f"{name} could not be decoded ({_reason(exc)}); it may be truncated or corrupt"
+            f"{name} could not be decoded ({plain_reason(exc)}); it may be truncated or corrupt"
         ) from exc
 
 
