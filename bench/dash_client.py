@@ -381,10 +381,10 @@ class Tab:
             "compare.value": ["compare"] if compare else [],
         }
         self.screen = {k: values[k] for k in SCREEN}  # what the page shows while it runs
-        answer = self.call("result-store.data", values, timeout=timeout, poll=poll, background=True)
-        if poll and (answer.get("response") or {}).get("result-store"):
+        answer = self.call("run-outcome.data", values, timeout=timeout, poll=poll, background=True)
+        if poll and (answer.get("response") or {}).get("run-outcome"):
             # the page's class list then names the class the run explained
-            handle = answer["response"]["result-store"]["data"]
+            handle = answer["response"]["run-outcome"]["data"]
             self.screen["label.value"] = handle["provenance"]["label"]
         return answer
 
@@ -427,11 +427,20 @@ class Tab:
             "volume-region.data": region,
             **{f"volume-slider-{view}.value": 24 for view in ("axial", "coronal", "sagittal")},
         }
-        return self.call("volume-result.data", values, timeout=timeout, poll=poll, background=True)
+        return self.call(
+            "volume-run-outcome.data", values, timeout=timeout, poll=poll, background=True
+        )
 
     def show(self, handle: dict | None) -> dict:
         """The result panel's answer for ``handle`` beside what this tab shows."""
-        values = dict(self.screen, **{"result-store.data": handle, "session.data": self.session})
+        values = dict(
+            self.screen,
+            **{
+                "result-store.data": handle,
+                "result-shown.data": handle,
+                "session.data": self.session,
+            },
+        )  # the panel draws what it shows: the result's handle, copied in the browser
         response = self.call("result-summary.children", values)
         assert response.status_code == 200, response.text[:300]
         return response.json()["response"]

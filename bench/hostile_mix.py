@@ -80,7 +80,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         tab = Tab.at(url, "127.0.3.5")
         data = tab.upload_image(image)
         done = tab.run(data, "many", patch=2, stride=2, timeout=600)
-        return "result kept" if "result-store" in (done["response"] or {}) else "no result"
+        return "result kept" if "run-outcome" in (done["response"] or {}) else "no result"
 
     def idle_sockets():
         for _ in range(64):
@@ -106,7 +106,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
             tab.session = f"made-up-{index}"
             handles.append(tab.run(data, mode="naive", patch=4, stride=2, poll=False))
         time.sleep(3)
-        said = [json.dumps(tab.poll_once("result-store.data", h) or {}) for h in handles]
+        said = [json.dumps(tab.poll_once("run-outcome.data", h) or {}) for h in handles]
         return f"{sum('limit per user' in s for s in said)} of 34 refused"
 
     def foreign_key():
@@ -117,7 +117,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         owner, other = Tab.at(url, "127.0.3.9"), Tab.at(url, "127.0.3.10")
         data = owner.load_file(buffer.getvalue(), "x.dcm").json()["response"]["image-store"]
         done = other.run(data["data"], patch=32, stride=32, region=[0, 0, 64, 64])
-        answer = other.export("dcm", done["response"]["result-store"]["data"], identity=True)
+        answer = other.export("dcm", done["response"]["run-outcome"]["data"], identity=True)
         return "refused" if "another tab" in answer.text else "IDENTITY LEAKED"
 
     def look_alike():
@@ -130,7 +130,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         tab = Tab.at(url, "127.0.3.12")
         data = tab.upload_image(image)
         done = tab.run(data, "dollars", patch=32, stride=32, region=[0, 0, 64, 64])
-        exported = tab.export("png", done["response"]["result-store"]["data"])
+        exported = tab.export("png", done["response"]["run-outcome"]["data"])
         return f"PNG export HTTP {exported.status_code}"
 
     def malformed():
@@ -161,7 +161,7 @@ def _normal_session(url: str, index: int, image: Image.Image, timeout: float) ->
     tab.predict(data)
     done = tab.run(data, mode="exact", region=[32, 32, 96, 96], stride=8, timeout=timeout)
     response = done["response"] or {}
-    return {"done": "result-store" in response, "seconds": time.perf_counter() - began}
+    return {"done": "run-outcome" in response, "seconds": time.perf_counter() - began}
 
 
 def run_mix(folder: Path, image: Image.Image, sessions: int = 8, timeout: float = 600) -> None:

@@ -80,7 +80,7 @@ def report(server: Server, image: Image.Image, args) -> None:
         answer = None
         while time.time() < deadline:
             polled = time.perf_counter()
-            answer = tab.poll_once("result-store.data", handles)
+            answer = tab.poll_once("run-outcome.data", handles)
             light.append(time.perf_counter() - polled)
             if answer is None or "response" in answer:
                 break
@@ -88,7 +88,7 @@ def report(server: Server, image: Image.Image, args) -> None:
             if status.startswith("Queued:"):
                 queue_positions.add(int(status.split()[1]))
             time.sleep(0.5)
-        done = answer is not None and "result-store" in (answer.get("response") or {})
+        done = answer is not None and "run-outcome" in (answer.get("response") or {})
         message = ((answer or {}).get("response") or {}).get("message", {}).get("children")
         results[index] = {
             "seconds": time.perf_counter() - began,

@@ -45,6 +45,7 @@ __all__ = [
     "GRADIENT_METHODS",
     "METHODS",
     "MethodMap",
+    "PixelAttribution",
     "SIGN_CONVENTION",
     "agreement",
     "attribution_maps",
@@ -59,7 +60,9 @@ __all__ = [
     "gradcam_layer",
     "on_grid",
     "pairwise_agreement",
+    "path_detail",
     "path_gap",
+    "pixel_attribution",
     "randomised",
     "similarity",
 ]
@@ -71,6 +74,7 @@ METHODS = ("occlusion", "gradcam", "integrated_gradients")
 IG_STEPS = 32
 IG_MAX_STEPS = 128
 IG_GAP = 0.01
+FLAT_TOLERANCE = 1e-6  # MethodMap.flat: a spread this small (relative) is rounding
 SIGN_CONVENTION = (
     "evidence for the class, higher is more (occlusion: the probability's drop under the "
     "patch; Grad-CAM and Integrated Gradients: attribution)"
@@ -111,6 +115,15 @@ class MethodMap:
         """(lowest, highest) importance over the cells computed; (0, 1) when none is."""
         finite = self.importance[np.isfinite(self.importance)]
         return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+
+    def flat(self, tolerance: float = FLAT_TOLERANCE) -> bool:
+        """Whether the map says nothing: its computed cells all (nearly) equal — their
+        spread within ``tolerance`` of the largest magnitude (at least 1), float32's
+        rounding rather than evidence (a Grad-CAM map whose ReLU leaves ~1e-9 for a
+        class the layer has no positive evidence of). Cells cannot be ranked on it."""
+        low, high = self.value_range()
+        scale = max(1.0, abs(low), abs(high))
+        return high - low <= tolerance * scale
 
     def record(self) -> dict:
         """The map as JSON: its seconds, what ran, the importance as nested lists on the
@@ -302,6 +315,59 @@ def _integrated_gradients(
 GRADIENT_METHODS = ("gradcam", "integrated_gradients")
 
 
+@dataclass(frozen=True)
+class PixelAttribution:
+    """One gradient method's attribution of one class, per pixel or voxel (summed over
+    channels, the input's spatial shape): ``values``, the seconds it took and what ran
+    (``layer`` for Grad-CAM; ``steps`` and the completeness ``gap`` for Integrated
+    Gradients). Any grid's cells are averaged from it (:func:`on_grid`), so one kept
+    attribution serves every region, stride and patch."""
+
+    method: str
+    label: int
+    values: np.ndarray
+    seconds: float
+    layer: str | None = None
+    steps: int | None = None
+    gap: float | None = None
+
+    @property
+    def detail(self) -> str:
+        """What ran, in the words of the method's map (``layer …`` or the path's steps)."""
+        if self.method == "gradcam":
+            return f"layer {self.layer}"
+        return path_detail([(int(self.steps or 0), float(self.gap or 0.0))])
+
+
+def pixel_attribution(
+    model: nn.Module | LoadedModel,
+    image: torch.Tensor,
+    method: str,
+    label: int,
+    *,
+    fill=None,
+    layer: str | None = None,
+    steps: int | None = None,
+) -> PixelAttribution:
+    """``method``'s attribution of ``label`` on ``image`` (C, H, W) or (C, D, H, W), per
+    pixel or voxel. ``fill``: Integrated Gradients' baseline (default: the loaded model's
+    gray, else 0); ``layer``: Grad-CAM's (default: :func:`gradcam_layer`'s rule);
+    ``steps``: Integrated Gradients' (default: as many as completeness asks, IG_GAP)."""
+    if method not in GRADIENT_METHODS:
+        raise ValueError(f"not a gradient method: {method!r}")
+    module, fill = _module(model), _fill(model, fill)
+    started = time.perf_counter()
+    name, used, gap = None, None, None
+    if method == "gradcam":
+        name, chosen = gradcam_layer(module, image, layer)
+        pixels = _gradcam(module, image, int(label), chosen)
+    else:
+        pixels, used, gap = _integrated_gradients(module, image, int(label), fill, steps)
+    values = pixels.detach().float().cpu().numpy()
+    seconds = time.perf_counter() - started
+    return PixelAttribution(method, int(label), values, seconds, name, used, gap)
+
+
 def attribution_maps(
     model: nn.Module | LoadedModel,
     image: torch.Tensor,
@@ -322,31 +388,31 @@ def attribution_maps(
     unknown = set(methods) - set(GRADIENT_METHODS)
     if unknown:
         raise ValueError(f"not a gradient method: {sorted(unknown)}")
-    module, fill = _module(model), _fill(model, fill)
-    if "gradcam" in methods:
-        name, chosen = gradcam_layer(module, image, layer)
+    module = _module(model)
+    if "gradcam" in methods:  # the default layer found once, by one forward
+        layer, _ = gradcam_layer(module, image, layer)
     total, done = len(methods) * len(labels), 0
     maps: dict[str, tuple[np.ndarray, tuple[float, ...], str]] = {}
     for method in methods:
-        planes, seconds, paths = [], [], []
+        planes, seconds = [], []
+        paths: list[tuple[int, float]] = []
         for label in labels:
             if progress is not None:
                 progress(done, total, method, int(label))
-            started = time.perf_counter()
-            if method == "gradcam":
-                pixels = _gradcam(module, image, int(label), chosen)
-            else:
-                pixels, used, gap = _integrated_gradients(module, image, int(label), fill, steps)
-                paths.append((used, gap))
-            planes.append(on_grid(pixels, axes, patch))
-            seconds.append(time.perf_counter() - started)
+            found = pixel_attribution(
+                model, image, method, int(label), fill=fill, layer=layer, steps=steps
+            )
+            if found.steps is not None and found.gap is not None:
+                paths.append((found.steps, found.gap))
+            planes.append(on_grid(torch.from_numpy(found.values), axes, patch))
+            seconds.append(found.seconds)
             done += 1
-        detail = f"layer {name}" if method == "gradcam" else _path_detail(paths)
+        detail = f"layer {layer}" if method == "gradcam" else path_detail(paths)
         maps[method] = (np.stack(planes, -1), tuple(seconds), detail)
     return maps
 
 
-def _path_detail(paths: list[tuple[int, float]]) -> str:
+def path_detail(paths: list[tuple[int, float]]) -> str:
     """What Integrated Gradients ran: its steps and how far the attributions' sum is from
     f(input) - f(fill) (the completeness gap), over the labels."""
     counts = sorted({used for used, _ in paths})
@@ -364,7 +430,7 @@ _PATH_DETAIL = re.compile(r"^(\d+)(?:-(\d+))? steps from the fill; .* within ([0
 
 def path_gap(detail: str) -> tuple[int, float, bool] | None:
     """(the most steps, the completeness gap as a fraction as shown, whether it is within
-    IG_GAP) from an Integrated Gradients map's ``detail`` as :func:`_path_detail` writes
+    IG_GAP) from an Integrated Gradients map's ``detail`` as :func:`path_detail` writes
     it; None for another method's."""
     matched = _PATH_DETAIL.match(detail)
     if matched is None:
@@ -430,13 +496,16 @@ def compare(
 
 
 def agreement(first: MethodMap, second: MethodMap, share: float = 0.05) -> dict:
-    """How alike two maps rank the cells: Spearman's rank correlation over all cells, and
-    the overlap of their most important ``share`` of cells (intersection over the count)."""
+    """How alike two maps rank the cells: Spearman's rank correlation over all cells (NaN
+    where either map is :meth:`MethodMap.flat`), and the overlap of their most important
+    ``share`` of cells (intersection over the count)."""
     from scipy.stats import spearmanr
 
     a, b = first.importance.ravel(), second.importance.ravel()
     kept = np.isfinite(a) & np.isfinite(b)
-    rho = float(spearmanr(a[kept], b[kept]).statistic) if kept.sum() > 2 else float("nan")
+    rankable = kept.sum() > 2 and not (first.flat() or second.flat())
+    # a flat map has no ranking: NaN (and no scipy ConstantInputWarning), said so by callers
+    rho = float(spearmanr(a[kept], b[kept]).statistic) if rankable else float("nan")
     top_a, top_b = set(first.top_cells(share).tolist()), set(second.top_cells(share).tolist())
     return {"spearman": rho, "top_overlap": len(top_a & top_b) / max(len(top_a), 1)}
 

@@ -46,12 +46,15 @@ def test_a_compared_run_carries_the_gradient_maps_of_every_class_on_its_grid(ser
     run = request(services, compare=True, fill_rgb=(0.0, 0.0, 0.0))  # black: IG's baseline too
     result = runs.execute(services, "s", run, lambda *a: None, lambda *a: steps.append(a))
     assert result["methods"]["gradcam"]["labels"] == [0, 1, 2]  # fundus-demo: 3 classes
-    assert steps == [  # 2 methods x 3 classes
+    explained = result["label"]
+    first = [explained] + [c for c in range(3) if c != explained]
+    assert steps == [  # 2 methods x 3 classes, the explained class's two maps first
         (i, 6, method, label)
         for i, (method, label) in enumerate(
-            (m, c) for m in ("gradcam", "integrated_gradients") for c in range(3)
+            (m, c) for c in first for m in ("gradcam", "integrated_gradients")
         )
     ]
+    assert result.get("methods_pending") is None
     for label in (result["label"], (result["label"] + 1) % 3):
         shown = runs.relabel(result, label) if label != result["label"] else result
         maps = comparison.method_maps(shown)
@@ -88,7 +91,32 @@ def test_past_few_classes_only_the_runs_class_and_another_asks_for_a_run(service
     assert "comparison" not in json.loads(runs.export_json(other))
 
 
-def test_a_stage_that_raises_stops_the_run(services):
+def test_the_heatmap_is_kept_and_shown_before_the_gradient_maps_each_joining_as_done(
+    services,
+):
+    shown = []
+    run = request(services, compare=True)
+    result = runs.execute(services, "s", run, lambda *a: None, None, shown.append)
+    first = shown[0]
+    assert first["methods"] == {} and len(first["methods_pending"]["steps"]) == 6
+    assert np.array_equal(first["values"], result["values"])  # the heatmap, before any map
+    assert services.results.get("s")["id"] == first["id"]  # kept for the page's handle
+    assert isinstance(comparison.method_maps(first), dict)
+    assert list(comparison.method_maps(first)) == ["occlusion"]
+    assert "Computing Grad-CAM and Integrated Gradients for" in comparison.pending_note(first)
+    done = [sum(len(e["labels"]) for e in r["methods"].values()) for r in shown]
+    assert done == [0, 1, 2, 3, 4, 5]  # each map joins as it is done
+    second = shown[2]  # the explained class's both maps, before the other classes'
+    assert list(comparison.method_maps(second)) == [
+        "occlusion", "gradcam", "integrated_gradients"
+    ]  # fmt: skip
+    assert "switch class" in comparison.pending_note(second)
+    assert comparison.pending_note(result) == "" and comparison.available(result)
+
+
+def test_a_stopped_compare_run_keeps_its_heatmap_and_maps_done_and_a_rerun_finishes_them(
+    services, monkeypatch
+):
     class Stop(Exception):
         pass
 
@@ -96,9 +124,49 @@ def test_a_stage_that_raises_stops_the_run(services):
         if done == 2:
             raise Stop
 
+    run = request(services, compare=True)
     with pytest.raises(Stop):
-        runs.execute(services, "s", request(services, compare=True), lambda *a: None, stage)
-    assert services.results.get("s") is None  # nothing kept half done
+        runs.execute(services, "s", run, lambda *a: None, stage)
+    kept = services.results.get("s")  # the heatmap and the explained class's two maps
+    assert kept is not None and kept["methods_pending"]["stopped"]
+    assert len(kept["methods_pending"]["steps"]) == 4
+    assert list(comparison.method_maps(kept)) == ["occlusion", "gradcam", "integrated_gradients"]
+    assert "stopped before the other classes' 4 maps" in comparison.pending_note(kept)
+    other = runs.relabel(kept, (kept["label"] + 1) % 3)
+    assert "stopped before Grad-CAM and Integrated Gradients" in comparison.pending_note(other)
+    computed = []
+    real = comparison.pixel_attribution
+    monkeypatch.setattr(
+        comparison, "pixel_attribution", lambda *a, **k: computed.append(a[2:4]) or real(*a, **k)
+    )
+    again = runs.execute(services, "s", run, lambda *a: None)  # Run again: the rest only
+    assert len(computed) == 4 and (kept["label"] not in {label for _, label in computed})
+    assert again.get("methods_pending") is None
+    computed.clear()
+    once_more = runs.execute(services, "s", run, lambda *a: None)  # everything known
+    assert computed == []
+    for method in ("gradcam", "integrated_gradients"):
+        np.testing.assert_array_equal(
+            once_more["methods"][method]["values"], again["methods"][method]["values"]
+        )
+
+
+def test_a_class_switched_while_maps_come_stays_switched(services):
+    session, explained = "s", []
+
+    def switch(record):  # the user picks another class once the first map is shown
+        if sum(len(e["labels"]) for e in record["methods"].values()) == 1:
+            explained.append(record["label"])
+            handle = {"id": record["id"]}
+            runs.switch_class(services.results, session, handle, (record["label"] + 1) % 3)
+
+    result = runs.execute(
+        services, session, request(services, compare=True), lambda *a: None, None, switch
+    )
+    kept = services.results.get(session)
+    assert kept["label"] == (explained[0] + 1) % 3  # not switched back by the later maps
+    assert kept["id"] == result["id"] == f"{str(kept['id']).split(':')[0]}:{kept['label']}"
+    assert kept.get("methods_pending") is None and comparison.available(kept)
 
 
 def test_the_exports_carry_all_three_maps_and_their_agreement(services):
@@ -151,7 +219,8 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
     settings = ("fundus-demo", 16, 8, "exact", None, 0.25, 3.0, None, image, "gray", None)
     panel = SettingsPanel(services)
     plain, ticked = panel.estimate(*settings), panel.estimate(*settings, ["compare"])
-    note = "Then Grad-CAM and Integrated Gradients for all 3 classes"
+    note = "Grad-CAM and Integrated Gradients for all 3 classes follow"
+    assert "The heatmap shows when it is done" in ticked and "6 gradient maps" in ticked
     assert note not in plain and ticked.startswith(plain) and note in ticked
     # before any step is logged here: the shipped calibration's timing of the step
     assert "more (" in ticked and "calibration (" in ticked
@@ -163,7 +232,13 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
         gray, 0, load=0.0,
     )  # fmt: skip
     assert "more (" in panel.estimate(*settings, ["compare"])
-    assert "this machine's last 1 such step)" in panel.estimate(*settings, ["compare"])
+    assert "this machine's last 3 gradient maps)" in panel.estimate(*settings, ["compare"])
+    # once a Compare run of this image kept its maps, a re-run computes none of them
+    run = runs.RunRequest(key=image["key"], name="", model="fundus-demo", patch=16, stride=8,
+                          mode="exact", fill_rgb=(0.5, 0.5, 0.5), compare=True)  # fmt: skip
+    runs.execute(services, "s", run, lambda *a: None)
+    known = panel.estimate(*settings, ["compare"])
+    assert "known from an earlier run: shown with the heatmap" in known and "more (" not in known
     volume = VolumePanel(services, None)
     plain = volume.estimate("ct-test", 8, 8, "exact", None, None)
     ticked = volume.estimate("ct-test", 8, 8, "exact", None, None, ["compare"])
@@ -244,3 +319,34 @@ def test_one_redraw_of_the_image_panel_builds_the_comparison_once(services, monk
     other = runs.relabel(result, (result["label"] + 1) % 3)
     assert comparison.available(other) == isinstance(real(other), dict)
     assert not comparison.available(dict(result, methods=None))
+
+
+def test_a_flat_map_says_so_instead_of_a_colour_scale_to_a_billionth(services):
+    """A near-zero Grad-CAM map for another class was drawn on a scale "0 … 1n" without a
+    word (and scipy warned of a constant input): it now says it finds no evidence, has no
+    colour scale and no rank correlation."""
+    import warnings
+
+    from webapp.figures import importance_figure
+    from webapp.panels.compare import image_compare_view
+
+    result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
+    kept = result["methods"]["gradcam"]
+    flat = dict(kept, values=np.full_like(kept["values"], 1e-9))
+    flat["values"][0, 0, :] = 2e-9  # rounding, not evidence
+    shown = dict(result, methods=dict(result["methods"], gradcam=flat))
+    maps = comparison.method_maps(shown)
+    assert maps["gradcam"].flat() and not maps["occlusion"].flat()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ConstantInputWarning
+        rows = comparison.agreement_rows(maps)
+    assert [np.isnan(r["spearman"]) for r in rows] == [True, False, True]
+    notes = comparison.flat_notes(maps, result["label_name"])
+    assert notes == [
+        f"Grad-CAM finds no evidence for {result['label_name']}: its map is the same in every "
+        "cell (2e-09), so it has no colour scale and no rank correlation with the others."
+    ]
+    figure = importance_figure(IMAGE.resize((224, 224)), maps["gradcam"], "Grad-CAM")
+    assert figure.data[1].showscale is False and figure.data[1].zmax - figure.data[1].zmin == 1
+    text = str(image_compare_view(shown, IMAGE.resize((224, 224))))
+    assert "finds no evidence" in text and "— (a flat map)" in text

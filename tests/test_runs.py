@@ -466,16 +466,20 @@ def test_a_run_with_nothing_to_compute_does_not_wait_for_a_running_place(service
         worker.join()
 
 
+@pytest.mark.usefixtures("quick_integrated_gradients")
 def test_a_run_is_light_only_where_every_cell_is_known_and_it_compares_nothing(services):
     """What the run strip asks before queueing (webapp.runs.is_light, one rule beside
     the run's plan): a first run computes, the same run again computes nothing, the same
-    with Compare still computes its gradient maps, and a region the run would refuse is
-    refused before any queueing."""
+    with Compare still computes its gradient maps (once: then they are kept), and a
+    region the run would refuse is refused before any queueing."""
     first = request(services)
     assert not runs.is_light(services, first, "tab")
     runs.execute(services, "tab", first, lambda *a: None)
     assert runs.is_light(services, first, "tab")
-    assert not runs.is_light(services, dataclasses.replace(first, compare=True), "tab")
+    compared = dataclasses.replace(first, compare=True)
+    assert not runs.is_light(services, compared, "tab")
+    runs.execute(services, "tab", compared, lambda *a: None)  # its gradient maps kept
+    assert runs.is_light(services, compared, "tab")  # a re-run computes nothing at all
     with pytest.raises(InputError):
         runs.is_light(services, dataclasses.replace(first, region=(16, 16, 20, 20)), "tab")
 

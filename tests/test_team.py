@@ -152,7 +152,7 @@ def test_two_sessions_run_concurrently_on_different_workers(team):
             seen_together = set(holders.values())
         for i, (tab, handle) in enumerate(zip(tabs, handles)):
             if finished[i] is None:
-                data = tab.poll_once("result-store.data", handle)
+                data = tab.poll_once("run-outcome.data", handle)
                 if data is not None and "response" in data:
                     finished[i] = data["response"]
         time.sleep(0.2)
@@ -161,7 +161,7 @@ def test_two_sessions_run_concurrently_on_different_workers(team):
     for tab, image, response in zip(tabs, images, finished):
         result = team.result(tab.session)
         assert result["image_key"] == image["key"]
-        assert response["result-store"]["data"]["id"] == result["id"]
+        assert response["run-outcome"]["data"]["id"] == result["id"]
         assert result["evaluated"] == 19 * 19
 
 
@@ -176,7 +176,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     deadline = time.time() + 120
     progress_seen = []
     while victim is None and time.time() < deadline:
-        data = tab.poll_once("result-store.data", handles)
+        data = tab.poll_once("run-outcome.data", handles)
         if data and "progress" in data:
             progress_seen.append(data["progress"]["live-status.children"])
         holders = _lease_holders(team)
@@ -189,7 +189,7 @@ def test_killed_worker_job_completes_on_the_other_with_the_same_heatmap(team, tm
     assert victim is not None, f"the run did not start: {progress_seen[-3:]}"
     team.cluster.kill_worker(victim)
     survivor = next(iter(team.cluster.workers))
-    response = tab.poll("result-store.data", handles, timeout=600)["response"]
+    response = tab.poll("run-outcome.data", handles, timeout=600)["response"]
     assert response is not None and response["message"]["children"] == ""
     result = team.result(tab.session)
     assert result["reused"] >= 240, "the redelivered job did not resume from the cell cache"
@@ -250,7 +250,7 @@ def test_a_run_longer_than_the_visibility_timeout_is_delivered_once(team):
     started, first, samples, response = time.time(), None, [], None
     deadline = started + 3600.0
     while response is None and time.time() < deadline:
-        data = tab.poll_once("result-store.data", handles) or {}
+        data = tab.poll_once("run-outcome.data", handles) or {}
         progress = data.get("progress") or {}
         if first is None and _has_picture(progress):
             first = time.time() - started
@@ -282,7 +282,7 @@ def test_a_worker_paused_past_the_visibility_timeout_computes_its_run_once(team)
     handles = tab.run(image, stride=2, region=[0, 0, 96, 96], poll=False)  # 1,681 positions
     holder, deadline = None, time.time() + 300
     while holder is None and time.time() < deadline:
-        tab.poll_once("result-store.data", handles)
+        tab.poll_once("run-outcome.data", handles)
         holder = team.worker_of(handles["job"])
         time.sleep(0.3)
     assert holder is not None, "the run did not start"
@@ -293,7 +293,7 @@ def test_a_worker_paused_past_the_visibility_timeout_computes_its_run_once(team)
         time.sleep(VISIBILITY_SECONDS + 3)  # redelivered meanwhile; the lease still holds
     finally:
         process.send_signal(signal.SIGCONT)
-    response = tab.poll("result-store.data", handles, timeout=900)["response"]
+    response = tab.poll("run-outcome.data", handles, timeout=900)["response"]
     assert response is not None and response["message"]["children"] == ""
     later = time.time() + 3 * VISIBILITY_SECONDS + 30  # a second delivery ends after it
     while team.answered(handles["job"]) < team.deliveries(handles["job"]) < 3:
@@ -312,7 +312,7 @@ def test_refinement_on_another_worker_reuses_cells(team):
     tab = Tab(team.url)
     image = tab.upload_image(_image(24), "refine.png")
     first = tab.run(image, stride=8, region=[0, 0, 96, 96], poll=False)
-    assert tab.poll("result-store.data", first)["response"]["message"]["children"] == ""
+    assert tab.poll("run-outcome.data", first)["response"]["message"]["children"] == ""
     assert team.result(tab.session)["evaluated"] == 11 * 11
     # each run is computed once, by one worker: counted by its run key, not by how many
     # tasks a worker's log says succeeded (a redelivery that answers the run's earlier
@@ -325,7 +325,7 @@ def test_refinement_on_another_worker_reuses_cells(team):
     process.wait(timeout=30)
     other = next(iter(team.cluster.workers))
     second = tab.run(image, stride=8, region=[0, 0, 160, 160], poll=False)
-    assert tab.poll("result-store.data", second)["response"]["message"]["children"] == ""
+    assert tab.poll("run-outcome.data", second)["response"]["message"]["children"] == ""
     result = team.result(tab.session)
     assert result["reused"] == 11 * 11 and result["evaluated"] == 19 * 19 - 11 * 11
     assert team.computed(second["job"]) == {name: int(name == other) for name in team.names}
@@ -360,9 +360,9 @@ def test_a_volume_run_goes_through_a_worker_and_its_cells_serve_any_worker(team)
     record = tab.load_volume(data, "chest.nii.gz")
     assert record["shape"] == [48, 48, 48]
     handles = tab.run_volume(record, stride=8, poll=False)
-    first = tab.poll("volume-result.data", handles)
+    first = tab.poll("volume-run-outcome.data", handles)
     assert first["response"]["volume-message"]["children"] == ""
-    handle = first["response"]["volume-result"]["data"]
+    handle = first["response"]["volume-run-outcome"]["data"]
     result = team.result(tab.session + "/volume")
     assert result["id"] == handle["id"] and result["evaluated"] == 6**3
     model = krypton.registry.load_model("chestct-demo")
@@ -388,13 +388,13 @@ def test_cancel_stops_a_running_job(team):
     handles = tab.run(image, stride=2, poll=False)  # long: 10,609 positions
     deadline = time.time() + 120
     while not _lease_holders(team) and time.time() < deadline:
-        tab.poll_once("result-store.data", handles)
+        tab.poll_once("run-outcome.data", handles)
         time.sleep(0.3)
     assert _lease_holders(team)
     # the page's Cancel: the renderer names the job to terminate on its next request
     tab.http.post(
         f"{tab.url}/_dash-update-component",
-        json=tab.payload(tab.spec("result-store.data", background=True), {}),
+        json=tab.payload(tab.spec("run-outcome.data", background=True), {}),
         params={
             "endId": tab.end_id,
             "cacheKey": handles["cacheKey"],
@@ -535,7 +535,7 @@ def test_a_compare_run_on_a_worker_keeps_the_gradient_maps_the_app_reads(team):
     picture = _image(27)
     image = tab.upload_image(picture, "compare.png")
     answer = tab.run(image, stride=16, region=[0, 0, 96, 96], compare=True)
-    assert answer["response"]["result-store"]["data"]["id"]
+    assert answer["response"]["run-outcome"]["data"]["id"]
     result = team.result(tab.session)
     maps = comparison.method_maps(result)
     assert list(maps) == ["occlusion", "gradcam", "integrated_gradients"]

@@ -12,8 +12,8 @@ more*; occlusion's is the probability's drop under the patch.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 import krypton
+from krypton import methods as krypton_methods
 from krypton.estimator import (
     Estimate,
     calibrated_step,
@@ -33,9 +34,12 @@ from krypton.methods import (
     GRADIENT_METHODS,
     SIGN_CONVENTION,
     MethodMap,
-    attribution_maps,
+    PixelAttribution,
     gradcam_candidates,
+    on_grid,
     pairwise_agreement,
+    path_detail,
+    pixel_attribution,
 )
 from krypton.render.methods import TITLES, methods_picture
 
@@ -47,14 +51,21 @@ __all__ = [
     "TOP_SHARE",
     "agreement_rows",
     "available",
+    "flat_notes",
+    "compare_steps",
     "compute_methods",
+    "KeptAttributions",
     "estimate_note",
     "layer_choices",
     "layer_names",
     "step_estimate",
     "comparison_json",
     "comparison_png",
+    "maps_left",
     "method_maps",
+    "pending_note",
+    "pending_record",
+    "steps_left",
     "stage_text",
 ]
 
@@ -65,6 +76,8 @@ EVERY_CLASS_UP_TO = 4
 TOP_SHARE = 0.05  # the top-k overlap's k: the most important 5% of cells
 # stage(done, total, method, class) before each step; raising stops the run
 Stage = Callable[[int, int, str, int], None]
+# shown(the maps so far as the record keeps them, the (method, class) steps left)
+Shown = Callable[[dict, list[tuple[str, int]]], None]
 
 
 def compute_methods(
@@ -77,36 +90,139 @@ def compute_methods(
     stage: Stage | None = None,
     load: float | None = None,
     layer: str | None = None,
+    *,
+    source: tuple = (),
+    shown: Shown | None = None,
+    kept: KeptAttributions | None = None,
 ) -> dict:
     """Grad-CAM and Integrated Gradients of ``tensor`` on the run's grid ``axes`` (cells of
     ``patch`` per axis), for every class of a model with few classes or else ``label``:
-    per method its values (*grid, classes computed), the classes, seconds per class and
-    what ran. Integrated Gradients' path starts from ``fill``, the run's occluder: the
-    same "absent" input for both. Grad-CAM reads ``layer``, one of
-    :func:`layer_choices`' (None: the deepest convolutional block)."""
-    if layer is not None and layer not in layer_names(model):
+    the record :func:`methods_record` makes. The explained class comes first, both
+    methods, then the others; ``shown(record so far, steps left)`` hears of each map as it
+    is done, so the page can show it before the rest. Integrated Gradients' path starts
+    from ``fill``, the run's occluder: the same "absent" input for both. Grad-CAM reads
+    ``layer``, one of :func:`layer_choices`' (None: the deepest convolutional block).
+    ``source`` names the input and model (the cells' key, webapp.runs.cell_key): maps
+    ``kept`` for it (the services' :class:`KeptAttributions`) are not computed again."""
+    chosen = chosen_layer(model, layer)
+    order = compare_steps(model, label)
+    found: dict[tuple[str, int], PixelAttribution] = {}
+    for done, (method, step_label) in enumerate(order):
+        if stage is not None:
+            stage(done, len(order), method, step_label)
+        key = attribution_key(source, method, step_label, chosen, fill)
+        attribution = kept.get(key) if kept is not None and source else None
+        if attribution is None:
+            attribution = pixel_attribution(
+                model, tensor, method, step_label, fill=fill, layer=chosen
+            )
+            if kept is not None:
+                kept.put(key, attribution)
+            # each map's time, logged as the occlusion's runs are: the next estimate says it
+            record_run(model.name, f"{STEP_MODE}-{method}", 0, (1, 0), attribution.seconds,
+                       load=load)  # fmt: skip
+        found[(method, step_label)] = attribution
+        if shown is not None and done + 1 < len(order):
+            shown(methods_record(found, axes, patch), order[done + 1 :])
+    return methods_record(found, axes, patch)
+
+
+def compare_steps(model: krypton.LoadedModel, label: int) -> list[tuple[str, int]]:
+    """The gradient maps a Compare run computes, in order: both methods for the explained
+    ``label`` first, then for the model's other classes where it has few
+    (:func:`step_labels`)."""
+    labels = step_labels(model, label)
+    ordered = [int(label)] + [other for other in labels if other != int(label)]
+    return [(method, each) for each in ordered for method in GRADIENT_METHODS]
+
+
+def methods_record(
+    found: dict[tuple[str, int], PixelAttribution], axes: Sequence[np.ndarray], patch: int
+) -> dict:
+    """The result record's maps: per method with any class done, its values on the grid
+    (*grid, classes, ascending), the classes, seconds and what ran per class, and what
+    ran over them all (``detail``)."""
+    extent = (int(patch),) * len(axes)
+    record = {}
+    for method in GRADIENT_METHODS:
+        done = sorted(label for kind, label in found if kind == method)
+        if not done:
+            continue
+        kept = [found[(method, label)] for label in done]
+        planes = [on_grid(torch.from_numpy(k.values), axes, extent) for k in kept]
+        if method == "gradcam":
+            detail = kept[0].detail
+        else:
+            detail = path_detail([(int(k.steps or 0), float(k.gap or 0.0)) for k in kept])
+        record[method] = {
+            "values": np.stack(planes, -1).astype(np.float32),
+            "labels": done,
+            "seconds": [float(k.seconds) for k in kept],
+            "detail": detail,
+            "details": [k.detail for k in kept],
+        }
+    return record
+
+
+class KeptAttributions:
+    """Gradient maps per pixel or voxel, kept per input, model, method, class and setting
+    (:func:`attribution_key`) so that a re-run of the same input, on any grid, computes
+    none again; bounded by bytes (least recently used first out). In team mode each
+    worker keeps its own."""
+
+    def __init__(self, max_bytes: int = 256 * 2**20):
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[tuple, PixelAttribution] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> PixelAttribution | None:
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+            return found
+
+    def put(self, key: tuple, attribution: PixelAttribution) -> None:
+        if not key[0]:  # no source: nothing names the input, so nothing can find it again
+            return
+        with self._lock:
+            self._kept[key] = attribution
+            self._kept.move_to_end(key)
+            while len(self._kept) > 1 and self.nbytes > self.max_bytes:
+                self._kept.popitem(last=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(k.values.nbytes) for k in self._kept.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+def attribution_key(source: tuple, method: str, label: int, layer: str, fill) -> tuple:
+    """What determines a kept gradient map: the input and model (``source``), the method
+    and class, Grad-CAM's layer, Integrated Gradients' baseline (``fill``) and its
+    path policy (krypton.methods.IG_STEPS, IG_MAX_STEPS, IG_GAP)."""
+    if method == "gradcam":
+        return (source, method, int(label), layer)
+    baseline = tuple(np.round(np.asarray(fill, np.float64).ravel(), 6).tolist())
+    policy = (krypton_methods.IG_STEPS, krypton_methods.IG_MAX_STEPS, krypton_methods.IG_GAP)
+    return (source, method, int(label), baseline, policy)
+
+
+def chosen_layer(model: krypton.LoadedModel, layer: str | None) -> str:
+    """Grad-CAM's layer for a run: ``layer`` if it is one of the model's blocks (else the
+    page's refusal), None for the deepest."""
+    names = layer_names(model)
+    if layer is None:
+        return names[-1]
+    if layer not in names:
         raise InputError(
             f"Grad-CAM cannot read {layer!r} of {model.name}: choose one of its "
-            f"convolutional blocks ({', '.join(layer_names(model))})"
+            f"convolutional blocks ({', '.join(names)})"
         )
-    labels = step_labels(model, label)
-    started = time.perf_counter()
-    found = attribution_maps(
-        model, tensor, axes, (int(patch),) * len(axes), labels, fill=fill,
-        progress=stage, layer=layer,
-    )  # fmt: skip
-    # the step's whole time, logged as the occlusion's runs are: the next estimate says it
-    record_run(model.name, STEP_MODE, 0, (len(labels), 0), time.perf_counter() - started,
-               load=load)  # fmt: skip
-    return {
-        method: {
-            "values": np.asarray(values, np.float32),
-            "labels": labels,
-            "seconds": [float(s) for s in seconds],
-            "detail": detail,
-        }
-        for method, (values, seconds, detail) in found.items()
-    }
+    return layer
 
 
 STEP_MODE = "compare"  # the gradient step's rows in the runtime log
@@ -141,14 +257,35 @@ def layer_choices(model: krypton.LoadedModel) -> list[dict]:
     ]
 
 
-def step_estimate(model: krypton.LoadedModel, load: float | None = None) -> Estimate | None:
-    """Seconds the gradient step after the occlusion should take here
-    (krypton.estimator.recent_estimate over this host's logged steps for the model; before
-    the first, the model's calibration of the step for the classes it will compute)."""
-    found = recent_estimate(model.name, STEP_MODE, 0, load, ("such step", "such steps"))
-    if found is None:
-        found = calibrated_step(model.name, len(step_labels(model, 0)), load)
-    return found
+def step_estimate(
+    model: krypton.LoadedModel,
+    load: float | None = None,
+    steps: Sequence[tuple[str, int]] | None = None,
+) -> Estimate | None:
+    """Seconds the gradient maps ``steps`` ((method, class) pairs; default: every map a
+    Compare run of ``model`` computes, :func:`compare_steps`) should take here: per
+    method, krypton.estimator.recent_estimate over this host's logged maps of it, times
+    how many of it are left; before each method has been logged, the model's calibration
+    of the step for those classes. None without either."""
+    steps = compare_steps(model, 0) if steps is None else list(steps)
+    if not steps:
+        return Estimate(0.0, 0.0, 0.0, "nothing left")
+    parts = []
+    for method in GRADIENT_METHODS:
+        count = sum(1 for kind, _ in steps if kind == method)
+        if not count:
+            continue
+        found = recent_estimate(
+            model.name, f"{STEP_MODE}-{method}", 0, load, ("gradient map", "gradient maps")
+        )
+        if found is None:  # not logged yet: the calibration of the classes left
+            return calibrated_step(model.name, len({label for _, label in steps}), load)
+        parts.append((count, found))
+    seconds = sum(count * found.seconds for count, found in parts)
+    low = sum(count * found.low for count, found in parts)
+    high = sum(count * found.high for count, found in parts)
+    # the slowest method's basis (Integrated Gradients' where it is left)
+    return Estimate(seconds, low, high, parts[-1][1].source)
 
 
 def step_labels(model: krypton.LoadedModel, label: int) -> list[int]:
@@ -158,20 +295,55 @@ def step_labels(model: krypton.LoadedModel, label: int) -> list[int]:
     return list(range(classes)) if classes <= EVERY_CLASS_UP_TO else [int(label)]
 
 
-def estimate_note(model: krypton.LoadedModel, load: float | None = None) -> str:
-    """What the estimate line adds while Compare is ticked: the gradient step that runs
-    after the occlusion, and how long it should take here (:func:`step_estimate`)."""
+def maps_left(
+    model: krypton.LoadedModel,
+    kept: KeptAttributions,
+    source: tuple,
+    fill,
+    label: int,
+    layer: str | None = None,
+) -> list[tuple[str, int]]:
+    """The maps a Compare run of the input ``source`` names would compute (those not
+    ``kept`` from an earlier run), in their order (:func:`compare_steps`)."""
+    chosen = chosen_layer(model, layer)
+    return [
+        (method, label)
+        for method, label in compare_steps(model, label)
+        if kept.get(attribution_key(source, method, label, chosen, fill)) is None
+    ]
+
+
+def estimate_note(
+    model: krypton.LoadedModel,
+    load: float | None = None,
+    left: Sequence[tuple[str, int]] | None = None,
+) -> str:
+    """What the estimate line adds while Compare is ticked: the gradient maps that follow
+    the heatmap, and how long the ones ``left`` to compute (default: all,
+    :func:`maps_left`) should take here (:func:`step_estimate`)."""
     classes = len(model.classes)
     which = f"all {classes} classes" if classes <= EVERY_CLASS_UP_TO else "the explained class"
-    found = step_estimate(model, load)
-    if found is None:
+    if left is not None and not left:
         return (
-            f"Then Grad-CAM and Integrated Gradients for {which}: their time is measured "
-            f"on the first compared run here."
+            f"Grad-CAM and Integrated Gradients for {which} are known from an earlier run: "
+            f"shown with the heatmap."
         )
+    steps = compare_steps(model, 0) if left is None else list(left)
+    found = step_estimate(model, load, steps)
+    maps = f"{len(steps)} gradient map{'s' * (len(steps) != 1)}"
+    known = (
+        ""
+        if left is None or len(steps) == len(compare_steps(model, 0))
+        else (" (the rest are known from an earlier run)")
+    )
+    head = (
+        f"The heatmap shows when it is done; Grad-CAM and Integrated Gradients for {which} "
+        f"follow, the explained class first: {maps}{known}"
+    )
+    if found is None:
+        return f"{head}, their time measured on the first compared run here."
     return (
-        f"Then Grad-CAM and Integrated Gradients for {which}: about "
-        f"{format_duration(found.seconds)} more ({format_duration(found.low)}–"
+        f"{head}, about {format_duration(found.seconds)} more ({format_duration(found.low)}–"
         f"{format_duration(found.high)}; {plain_basis(found.source)})."
     )
 
@@ -193,8 +365,9 @@ def method_maps(result: ResultRecord) -> dict[str, MethodMap] | str:
     """The three maps for the result's class on screen (occlusion first), or, where the
     run computed the gradient methods for other classes only, why not in the page's
     words. ``{}`` for a run without Compare."""
-    kept = result.get("methods")
-    if not kept:
+    kept = result.get("methods") or {}
+    left = steps_left(result)
+    if not kept and not left:
         return {}
     axes = _axes(result)
     patch = (int(result["patch"]),) * len(axes)
@@ -213,20 +386,69 @@ def method_maps(result: ResultRecord) -> dict[str, MethodMap] | str:
         )  # fmt: skip
     }
     for method in GRADIENT_METHODS:
-        found = kept[method]
-        if label not in found["labels"]:
+        found = kept.get(method)
+        if found is None or label not in found["labels"]:
+            if (method, label) in left:  # still to come, or stopped before it (the note)
+                continue
+            computed = sorted({c for entry in kept.values() for c in entry["labels"]})
+            names = ", ".join(result["classes"][c] for c in computed) or "no class"
             return (
-                f"Grad-CAM and Integrated Gradients were computed for "
-                f"{result['classes'][found['labels'][0]]} only; press Run to compare "
-                f"for {result['label_name']}"
+                f"Grad-CAM and Integrated Gradients were computed for {names} only; "
+                f"press Run to compare for {result['label_name']}"
             )
         index = found["labels"].index(label)
         values = np.asarray(found["values"], np.float64)[..., index]
+        detail = (found.get("details") or [found["detail"]] * len(found["labels"]))[index]
         maps[method] = MethodMap(
-            method, values, axes, patch, label, prob, float(found["seconds"][index]),
-            found["detail"],
-        )  # fmt: skip
+            method, values, axes, patch, label, prob, float(found["seconds"][index]), detail
+        )
     return maps
+
+
+def steps_left(result: ResultRecord) -> set[tuple[str, int]]:
+    """The (method, class) maps a Compare run has not computed yet: still to come, or
+    stopped before (:func:`pending_record`)."""
+    pending = result.get("methods_pending") or {}
+    return {(str(method), int(label)) for method, label in pending.get("steps", [])}
+
+
+def pending_record(
+    steps: Sequence[tuple[str, int]], estimate: Estimate | None, stopped: bool = False
+) -> dict | None:
+    """What the result record says of the maps a Compare run has not computed: which
+    (``steps``), whether the run stopped before them (``stopped``: cancelled or failed)
+    and the seconds they should take here (``estimate``); None once there are none."""
+    if not steps:
+        return None
+    seconds = None if estimate is None else float(estimate.seconds)
+    return {"steps": [[str(m), int(c)] for m, c in steps], "stopped": bool(stopped),
+            "seconds_left": seconds}  # fmt: skip
+
+
+def pending_note(result: ResultRecord) -> str:
+    """The Compare view's line about the maps not there yet, in the page's words ("" when
+    every map is done): which are being computed and about how long is left, or that the
+    run was cancelled before them."""
+    pending = result.get("methods_pending") or {}
+    steps = [(str(m), int(c)) for m, c in pending.get("steps", [])]
+    if not steps:
+        return ""
+    label, name = int(result["label"]), result["label_name"]
+    here = " and ".join(TITLES[m] for m, c in steps if c == label)
+    done = sum(len(entry["labels"]) for entry in (result.get("methods") or {}).values())
+    if pending.get("stopped"):
+        what = f"{here} for {name}" if here else f"the other classes' {len(steps)} maps"
+        return (
+            f"The run was stopped before {what}: press Run to compute "
+            f"{'them' if len(steps) > 1 else 'it'} (the maps shown are kept, not computed "
+            f"again)."
+        )
+    left = pending.get("seconds_left")
+    when = "" if left is None else f"; about {format_duration(left)} left"
+    progress = f"{done} of {done + len(steps)} maps done{when}"
+    if here:
+        return f"Computing {here} for {name} ({progress})."
+    return f"Computing the other classes' maps ({progress}); switch class to see them."
 
 
 def available(result: ResultRecord) -> bool:
@@ -237,7 +459,19 @@ def available(result: ResultRecord) -> bool:
     if not kept:
         return False
     label = int(result["label"])
-    return all(label in kept[method]["labels"] for method in GRADIENT_METHODS)
+    return all(label in kept.get(method, {}).get("labels", ()) for method in GRADIENT_METHODS)
+
+
+def flat_notes(maps: dict[str, MethodMap], class_name: str) -> list[str]:
+    """A line for each map that says nothing (krypton.methods.MethodMap.flat): the same
+    value in every cell, drawn in one colour without a scale and ranked against none."""
+    return [
+        f"{TITLES[method]} finds no evidence for {class_name}: its map is the same in every "
+        f"cell ({found.value_range()[1]:.2g}), so it has no colour scale and no rank "
+        f"correlation with the others."
+        for method, found in maps.items()
+        if found.flat()
+    ]
 
 
 def agreement_rows(maps: dict[str, MethodMap]) -> list[dict]:
@@ -256,13 +490,17 @@ def comparison_json(result: ResultRecord) -> dict | None:
     maps = method_maps(result)
     if not isinstance(maps, dict) or not maps:
         return None
-    return {
+    record = {
         "class": result["label_name"],
         "importance": SIGN_CONVENTION,
         "top_share": TOP_SHARE,
         "methods": {method: found.record() for method, found in maps.items()},
         "agreement": pairwise_agreement(maps, TOP_SHARE),
     }
+    missing = [method for method in GRADIENT_METHODS if method not in maps]
+    if missing:  # a run stopped (or still going) before them
+        record["not_computed"] = missing
+    return record
 
 
 def comparison_png(result: ResultRecord, background: np.ndarray | Image.Image) -> bytes:

@@ -163,6 +163,7 @@ def importance_figure(image: Image.Image, found, title: str) -> go.Figure:
     values = np.asarray(found.importance, np.float64)
     ys, xs = (np.asarray(a) for a in found.axes)
     low, high = found.value_range()
+    flat = found.flat()  # no colour scale from 0 to 1e-9: one colour, and the title says so
     figure = go.Figure(go.Image(source=data_url(image), hoverinfo="skip"))
     figure.add_trace(
         go.Heatmap(
@@ -170,9 +171,10 @@ def importance_figure(image: Image.Image, found, title: str) -> go.Figure:
             x=xs + (found.patch[1] - 1) / 2,
             y=ys + (found.patch[0] - 1) / 2,
             zmin=low,
-            zmax=high if high > low else low + 1e-9,
+            zmax=low + 1.0 if flat else high,
             colorscale="Jet",
-            opacity=0.55,
+            opacity=0.2 if flat else 0.55,
+            showscale=not flat,
             hoverongaps=False,
             hovertemplate="cell at (%{x:.0f}, %{y:.0f}): %{z:.4g}<extra></extra>",
             colorbar={"title": {"text": _wrapped("evidence for the class", 12)}, "thickness": 10},

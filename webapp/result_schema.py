@@ -68,4 +68,5 @@ class ResultRecord(ImageFields, VolumeFields):
     speed: NotRequired[dict | None]  # what the run timed side by side, or None
     ood: NotRequired[dict | None]  # the out-of-distribution report
     methods: NotRequired[dict[str, Any] | None]  # Compare's maps (webapp.comparison)
+    methods_pending: NotRequired[dict[str, Any] | None]  # the maps still to come
     classes_dropped: NotRequired[str]  # why class_values were let go (the store's budget)

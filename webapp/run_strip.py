@@ -72,6 +72,12 @@ class RunStrip:
         return self.id("estimate-store")
 
     @property
+    def outcome(self) -> str:
+        """Where the run's job answers its result's handle, copied into the panel's result
+        store in the browser (webapp.panels.run_strip.register_strip)."""
+        return self.id("run-outcome")
+
+    @property
     def busy(self) -> str:
         """True while a run of this tab is queued or running (Run follows it)."""
         return self.id("run-busy")
@@ -114,5 +120,6 @@ class RunStrip:
         return html.Div(id=self.message, className="message", role="alert")
 
     def stores(self) -> list[dcc.Store]:
-        """The busy flag and the estimate shown."""
-        return [dcc.Store(id=self.busy, data=False), dcc.Store(id=self.estimate_store)]
+        """The busy flag, the estimate shown and the run's outcome."""
+        return [dcc.Store(id=self.busy, data=False), dcc.Store(id=self.estimate_store),
+                dcc.Store(id=self.outcome)]  # fmt: skip

@@ -21,6 +21,7 @@ from krypton.registry import CheckpointError, RegistryError, load_model
 
 from . import helpers
 from .client import request_client
+from .comparison import KeptAttributions
 from .helpers import VOLUME_MODEL_REASON, InputError
 from .image_store import ImageStore
 from .jobs import JobQueue, running_as
@@ -58,6 +59,8 @@ class Services:
                 self.settings.results_kept, self.settings.mb(self.settings.result_store_mb)
             )
             self.cells = CellCache(max_bytes=self.settings.mb(self.settings.cell_cache_mb))
+        # Compare's gradient maps per pixel (each process its own, team mode's workers too)
+        self.gradients = KeptAttributions(self.settings.mb(self.settings.gradient_cache_mb))
         self.uploads = UploadStore(
             Path(cache_dir) / "uploads", self.settings.mb(self.settings.upload_store_mb)
         )

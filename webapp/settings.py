@@ -117,6 +117,7 @@ class ServerSettings:
     results_kept: int = 256  # sessions whose last result is kept for export/refinement
     result_store_mb: float = 512.0  # their arrays together (least recently used go first)
     cell_cache_mb: float = 512.0  # every computed cell kept for reuse, all sessions
+    gradient_cache_mb: float = 256.0  # Compare's gradient maps per pixel, kept for re-runs
     upload_store_mb: float = 1024.0  # uploads on disk not yet taken by the page (15 min)
     # A client's file reads (images, volumes) run one at a time; another is refused at once
     # (webapp.services.Services.intake): no request waits inside a server thread.
@@ -185,6 +186,7 @@ class ServerSettings:
             max_jobs_per_client=_count("KRYPTON_MAX_JOBS_PER_CLIENT", cls.max_jobs_per_client, 1),
             result_store_mb=_number("KRYPTON_RESULT_STORE_MB", cls.result_store_mb, 1),
             cell_cache_mb=_number("KRYPTON_CELL_CACHE_MB", cls.cell_cache_mb, 1),
+            gradient_cache_mb=_number("KRYPTON_GRADIENT_CACHE_MB", cls.gradient_cache_mb, 1),
             upload_store_mb=_number("KRYPTON_UPLOAD_STORE_MB", cls.upload_store_mb, 1),
             read_timeout_seconds=_number(
                 "KRYPTON_READ_TIMEOUT_SECONDS", cls.read_timeout_seconds, 1, MAX_SECONDS

@@ -123,7 +123,7 @@ def test_user_text_is_escaped_in_plotly_titles(server, tmp_path):
     image = tab.upload_image(FUNDUS)
     tab.predict(image, "xss")
     result = tab.run(image, "xss", patch=32, stride=32, region=[0, 0, 32, 32])
-    shown = tab.show(result["response"]["result-store"]["data"])
+    shown = tab.show(result["response"]["run-outcome"]["data"])
     title = shown["heatmap-graph"]["figure"]["layout"]["title"]["text"]
     assert "<" not in title and "&lt;a href=" in title
 
@@ -186,7 +186,7 @@ def test_export_and_refinement_never_trust_client_arrays(server):
     assert export(tab, "png", forged) == 204  # nothing to export: this tab has no result
     assert server.rss_mb() - rss < 100
     done = tab.run(image, region=[0, 0, 48, 48])
-    handle = done["response"]["result-store"]["data"]
+    handle = done["response"]["run-outcome"]["data"]
     # the browser holds a handle and what the result explains, not the arrays
     assert set(handle) == {"id", "provenance"}
     assert "values" not in json.dumps(handle) and "xs" not in handle["provenance"]
@@ -246,7 +246,7 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
         # host the next request could arrive before the job had taken its place)
         deadline = time.time() + 120
         while time.time() < deadline:
-            progress = (first.poll_once("result-store.data", handles) or {}).get("progress")
+            progress = (first.poll_once("run-outcome.data", handles) or {}).get("progress")
             if "positions" in str((progress or {}).get("live-status.children", "")):
                 break
             time.sleep(0.3)
@@ -255,7 +255,7 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
 
         def page_polls():
             while watching.is_set():
-                first.poll_once("result-store.data", handles)
+                first.poll_once("run-outcome.data", handles)
                 time.sleep(0.5)
 
         poller = threading.Thread(target=page_polls)
@@ -267,7 +267,7 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
             # another tab waits in line and sees its place
             queued_handles = second.run(image, mode="exact", region=[0, 0, 32, 32], poll=False)
             time.sleep(2.5)
-            status = second.poll_once("result-store.data", queued_handles)
+            status = second.poll_once("run-outcome.data", queued_handles)
             assert status["progress"]["live-status.children"].startswith("Queued: 1 run ahead"), (
                 status
             )
@@ -275,8 +275,8 @@ def test_job_limits_queue_and_abandoned_jobs(tmp_path, registry):
             watching.clear()  # the first page goes away
             poller.join()
         stopped = time.time()
-        queued = second.poll("result-store.data", queued_handles, timeout=60)
-        assert "result-store" in queued["response"]
+        queued = second.poll("run-outcome.data", queued_handles, timeout=60)
+        assert "run-outcome" in queued["response"]
         assert time.time() - stopped < 20  # abandoned 3 s after its last poll
         busy = server.cpu_seconds()
         time.sleep(3)
@@ -338,9 +338,9 @@ def test_a_run_is_unharmed_by_another_tab_capturing_a_model(server, registry, tm
     handles = runner.run(image, mode="naive", stride=8, region=[0, 0, 128, 128], poll=False)
     for index in range(3):  # first loads (captures) while the naive run is going
         loader.predict(image, f"other{index}")
-    result = runner.poll("result-store.data", handles, timeout=180)
+    result = runner.poll("run-outcome.data", handles, timeout=180)
     summary = json.dumps(result["response"])
-    assert "failed" not in summary and "result-store" in result["response"]
+    assert "failed" not in summary and "run-outcome" in result["response"]
 
 
 def test_host_check_and_basic_authentication(tmp_path, registry):

@@ -90,7 +90,7 @@ def test_a_client_cannot_pose_as_another_address_through_the_front(tmp_path, shi
             time.sleep(0.05)
         time.sleep(2.0)
         refused = sum(
-            "limit per user is 4" in json.dumps(attacker.poll_once("result-store.data", h) or {})
+            "limit per user is 4" in json.dumps(attacker.poll_once("run-outcome.data", h) or {})
             for h in answers
         )
         assert refused == 8

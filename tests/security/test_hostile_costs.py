@@ -218,8 +218,8 @@ def test_kept_results_and_cells_are_bounded_by_bytes(tmp_path, shipped_models):
             for index, (tab, image) in enumerate(zip(tabs, images)):
                 stride = 1 if index == 4 else 2
                 done = tab.run(image, "many", mode="exact", patch=2, stride=stride, timeout=300)
-                assert "result-store" in done["response"], done["response"]
-                handles.append(done["response"]["result-store"]["data"])
+                assert "run-outcome" in done["response"], done["response"]
+                handles.append(done["response"]["run-outcome"]["data"])
         assert cost.growth_mb < RSS_LIMIT_MB, f"+{cost.growth_mb:.0f} MB"
         # the first tab's result went to keep the others: its page says so
         answer = tabs[0].export("npy", handles[0])
@@ -303,14 +303,14 @@ def test_one_client_cannot_take_every_run_slot(tmp_path, shipped_models):
         assert_cheap(cost, "34 made-up sessions")
         refused = 0
         for handles in answers:
-            status = attacker.poll_once("result-store.data", handles) or {}
+            status = attacker.poll_once("run-outcome.data", handles) or {}
             refused += "limit per user is 4" in json.dumps(status)
         assert refused == 30
         other = Tab.at(server.url, "127.0.0.2")  # another client: another address
         mine = other.upload_image(FUNDUS)
         handles = other.run(mine, mode="exact", region=[0, 0, 32, 32], poll=False)
         time.sleep(2.0)
-        status = json.dumps(other.poll_once("result-store.data", handles) or {})
+        status = json.dumps(other.poll_once("run-outcome.data", handles) or {})
         assert "server is busy" not in status and "limit per user" not in status, status
     finally:
         server.stop()
@@ -342,10 +342,10 @@ def test_nine_addresses_with_four_runs_each_leave_a_tenth_users_run_next(tmp_pat
         mine = victim.upload_image(FUNDUS)
         before = finished_runs(attacks)  # those done while the line was filled
         handles = victim.run(mine, mode="naive", region=[0, 0, 48, 48], poll=False)
-        answer = victim.poll("result-store.data", handles, timeout=600)
+        answer = victim.poll("run-outcome.data", handles, timeout=600)
         status = json.dumps(answer["response"])
         assert "server is busy" not in status and "limit per" not in status, status
-        assert (answer["response"] or {}).get("result-store"), status[:300]
+        assert (answer["response"] or {}).get("run-outcome"), status[:300]
         meanwhile = finished_runs([a for a in attacks if a[1] not in before])
         print(f"RUNS before the victim came {sorted(before)}, after {sorted(meanwhile)}")
         # The one running when the victim came, and at most one more: the last address had
@@ -362,8 +362,8 @@ def finished_runs(attacks: list) -> set[str]:
     done = set()
     for tab, session, handles in attacks:
         tab.session = session
-        reply = tab.poll_once("result-store.data", handles) or {}
-        if (reply.get("response") or {}).get("result-store"):
+        reply = tab.poll_once("run-outcome.data", handles) or {}
+        if (reply.get("response") or {}).get("run-outcome"):
             done.add(session)
     return done
 
@@ -383,13 +383,13 @@ def test_another_tab_cannot_export_identity_from_shared_keys(server, tmp_path):
     image = answer["image-store"]["data"]
     owner.predict(image)
     done = owner.run(image, patch=32, stride=32, region=[0, 0, 64, 64])
-    handle = done["response"]["result-store"]["data"]
+    handle = done["response"]["run-outcome"]["data"]
     exported = owner.export("json", handle).json()["response"]["download"]["data"]["content"]
     assert image["key"] not in exported and image["dicom"]["source"] not in exported
     # even given the keys, another tab cannot reach the stored DICOM file
     other.predict(image)
     done = other.run(image, patch=32, stride=32, region=[0, 0, 64, 64])
-    other_handle = done["response"]["result-store"]["data"]
+    other_handle = done["response"]["run-outcome"]["data"]
     mine = owner.export("dcm", handle, identity=True).json()["response"]["download"]["data"]
     copied = pydicom.dcmread(io.BytesIO(base64.b64decode(mine["content"])))
     assert str(copied.PatientName) == "Doe^Jane"  # the uploading tab may copy identity
@@ -449,7 +449,7 @@ def test_dollar_signs_in_class_names_export_as_text(server, tmp_path):
     image = tab.upload_image(FUNDUS)
     tab.predict(image, "dollars")
     done = tab.run(image, "dollars", patch=32, stride=32, region=[0, 0, 64, 64])
-    handle = done["response"]["result-store"]["data"]
+    handle = done["response"]["run-outcome"]["data"]
     with measured(server, Tab(server.url)) as cost:
         answer = tab.export("png", handle)
     assert answer.status_code == 200

@@ -450,7 +450,7 @@ def test_first_sends_from_five_addresses_at_once_store_one_map(orthanc_app):
         record = opened["volume-store"]["data"]
         assert record and record.get("pacs"), opened
         answer = tab.run_volume(record, patch=16, stride=16)
-        handles.append(answer["response"]["volume-result"]["data"])
+        handles.append(answer["response"]["volume-run-outcome"]["data"])
     answers: list[str] = []
     barrier = threading.Barrier(len(tabs))
 
@@ -506,7 +506,7 @@ def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_p
         "volume-store.data", {"volume-ticket.data": ticket, "session.data": tab.session},
         timeout=120,
     ).json()["response"]["volume-store"]["data"]  # fmt: skip
-    handle = tab.run_volume(record, patch=16, stride=8)["response"]["volume-result"]["data"]
+    handle = tab.run_volume(record, patch=16, stride=8)["response"]["volume-run-outcome"]["data"]
     sent = tab.call("volume-pacs-sent.children@", {
         "volume-pacs-send.n_clicks": 1, "volume-result.data": handle, "session.data": tab.session,
     }, timeout=120)  # fmt: skip

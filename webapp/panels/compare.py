@@ -35,7 +35,9 @@ def agreement_table(maps) -> html.Table:
             html.Tr(
                 [
                     html.Td(" vs ".join(row["titles"])),
-                    html.Td(f"{row['spearman']:+.2f}"),
+                    html.Td(
+                        "— (a flat map)" if np.isnan(row["spearman"]) else f"{row['spearman']:+.2f}"
+                    ),
                     html.Td(f"{row['top_overlap']:.0%}"),
                 ]
             )
@@ -44,19 +46,33 @@ def agreement_table(maps) -> html.Table:
 
 
 def _heading(result: runs.ResultRecord, maps) -> list:
-    """The class, the time each map took, and the whole gradient step's time."""
+    """The class, the time each map took, the gradient maps' time so far, and what is
+    still to come (webapp.comparison.pending_note)."""
     times = " · ".join(f"{TITLES[m]} {found.seconds:.2f} s" for m, found in maps.items())
-    kept = result["methods"]
-    classes = len(next(iter(kept.values()))["labels"])
+    kept = result.get("methods") or {}
+    classes = len({c for entry in kept.values() for c in entry["labels"]})
     step = sum(sum(found["seconds"]) for found in kept.values())
-    for_what = f"all {classes} classes" if classes > 1 else "this class"
+    pending = comparison.pending_note(result)
+    if pending:
+        done = f"Gradient maps so far: {step:.2f} s."
+    else:
+        for_what = f"all {classes} classes" if classes > 1 else "this class"
+        done = f"Both gradient methods for {for_what}, after the occlusion: {step:.2f} s."
     return [
         html.H3(f"Compare methods: {result['label_name']}"),
         html.Div(
-            f"Time for this class: {times} (occlusion: the whole run). Both gradient "
-            f"methods for {for_what}, after the occlusion: {step:.2f} s.",
+            f"Time for this class: {times} (occlusion: the whole run). {done}",
             className="help",
         ),
+        *([html.P(pending, className="status compare-pending")] if pending else []),
+    ]
+
+
+def _flat(result: runs.ResultRecord, maps) -> list:
+    """A warning line for each map that says nothing (webapp.comparison.flat_notes)."""
+    return [
+        html.P(note, className="warning")
+        for note in comparison.flat_notes(maps, result["label_name"])
     ]
 
 
@@ -81,6 +97,7 @@ def image_compare_view(result: runs.ResultRecord, shown: Image.Image) -> list:
     ]
     return [
         *_heading(result, maps),
+        *_flat(result, maps),
         html.Div(graphs, className="compare-maps"),
         agreement_table(maps),
         html.Small(SIGN_NOTE, className="help"),
@@ -101,15 +118,17 @@ def volume_compare_view(result: runs.ResultRecord, unit: np.ndarray, cursor) -> 
         grid = runs.grid_heatmap(found.importance, found.axes, found.patch[0])
         per_voxel = voxel_values(grid, unit.shape)
         low, high = found.value_range()
+        high = low + 1.0 if found.flat() else high + 1e-9  # a flat map: one colour, said so
         title = f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
         figure = volume_views.views_live_figure(
-            unit, cursor, per_voxel, (low, high + 1e-9), title, importance=True
+            unit, cursor, per_voxel, (low, high), title, importance=True
         )
         rows.append(
             dcc.Graph(figure=figure, config={"displaylogo": False}, className="compare-map")
         )
     return [
         *_heading(result, maps),
+        *_flat(result, maps),
         *rows,
         agreement_table(maps),
         html.Small(SIGN_NOTE, className="help"),
@@ -147,6 +166,16 @@ class ComparePanel:
             app.callback(
                 Output(picker, "options"), Output(picker, "value"), Input(panel.model, "value")
             )(layer_picker(lambda name, rank=rank: self.services.model(name, rank)))
+        for panel in (IMAGE_PANEL, VOLUME_PANEL):
+            # another image or volume starts unticked: Compare costs minutes on a laptop
+            # and was asked for the last input, not this one (a sample's Compare button
+            # ticks it again once its input shows)
+            app.clientside_callback(
+                "function(data) { return []; }",
+                Output(panel.compare, "value", allow_duplicate=True),
+                Input(panel.store, "data"),
+                prevent_initial_call=True,
+            )
         for panel, shown, condition in (
             (IMAGE_PANEL, (IMAGE_PANEL.strip.run, "disabled"), IMAGE_SHOWN),
             (VOLUME_PANEL, (ids.VOLUME_INFO, "children"), VOLUME_SHOWN),

@@ -37,6 +37,7 @@ class RunPanel:
     def __init__(self, services: Services, manager):
         self.services = services
         self.manager = manager
+        self.result = IMAGE_PANEL.result  # the store a Compare run's early handles go to
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
@@ -96,7 +97,7 @@ class RunPanel:
             draw = figures.live_heatmap(picture, loaded.input_size, overlay)
             return Prepared(request, draw, list(loaded.classes))
 
-        return run_job(self.services, set_progress, str(session or ""), prepare)
+        return run_job(self.services, set_progress, str(session or ""), prepare, self.result)
 
 
 def run_request(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dash import Input, Output, State, ctx, no_update
+from dash import Input, Output, State, ctx, no_update, set_props
 from dash.exceptions import PreventUpdate
 
 from .. import comparison, ids, runs
@@ -75,8 +75,12 @@ def register_strip(
     inputs changes); ``hidden_while_running`` go while it runs. Also: Run off while busy,
     and what Cancel did, in words."""
     strip, result, source, model = panel.strip, panel.result, panel.store, panel.model
+    # The job answers into the strip's outcome, copied into the panel's result in the
+    # browser: the result store is then no output of a job in flight, so a Compare run's
+    # early handles, set into it while the job goes on (:func:`run_job`), reach the
+    # panel's readers at once (Dash holds a callback whose input a job in flight writes).
     app.callback(
-        Output(result, "data"),
+        Output(strip.outcome, "data"),
         Output(strip.message, "children", allow_duplicate=True),
         Input(strip.run, "n_clicks"),
         State(ids.SESSION, "data"),
@@ -108,6 +112,29 @@ def register_strip(
         progress_default=["0", "1", placeholder_figure("Starting…"), ""],
     )(job)
     off_while_running(app, strip.busy, strip.run)
+    app.clientside_callback(
+        "function(handle) { return handle || window.dash_clientside.no_update; }",
+        Output(result, "data", allow_duplicate=True),
+        Input(strip.outcome, "data"),
+        prevent_initial_call=True,
+    )
+    # A Compare run's heatmap is shown while its gradient maps are still coming: a handle
+    # that arrives while the run is busy puts the result back in view and the live
+    # picture away (the progress bar goes on with the maps).
+    app.clientside_callback(
+        """function(handle, busy) {
+            const none = window.dash_clientside.no_update;
+            const shown = busy && handle && handle.maps_left !== undefined;
+            const parts = dash_clientside.callback_context.outputs_list.length - 1;
+            return shown ? [{"display": "none"}, ...Array(parts).fill({"display": "block"})]
+                         : Array(parts + 1).fill(none);
+        }""",
+        Output(strip.live_panel, "style", allow_duplicate=True),
+        *[Output(part, "style", allow_duplicate=True) for part in hidden_while_running],
+        Input(result, "data"),
+        State(strip.busy, "data"),
+        prevent_initial_call=True,
+    )
     app.callback(
         Output(strip.message, "children", allow_duplicate=True),
         Input(strip.cancel, "n_clicks"),
@@ -140,12 +167,16 @@ def result_handle(result: runs.ResultRecord) -> dict:
     return {"id": result["id"], "provenance": result["provenance"]}
 
 
-def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared]) -> tuple:
+def run_job(
+    services, set_progress, session: str, prepare: Callable[[], Prepared], result_store: str
+) -> tuple:
     """One run of either panel, queued, computed and kept: (the page's handle of the
     result, or no_update; the message). A run whose every cell is known computes
     nothing and does not queue (a Compare run still computes its gradient maps, so it
     does). The lifecycle says queued, running, done (as the queue moves it), failed or
-    cancelled."""
+    cancelled. A Compare run's handle reaches the panel's ``result_store`` before the
+    job ends: once its heatmap is done, and again as each gradient map joins it
+    (:func:`early_handle`)."""
     lifecycle = RunLifecycle()
 
     def waiting(ahead: int) -> None:
@@ -167,7 +198,10 @@ def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared
                 reporter, stage = live_reporter(
                     set_progress, prepared.draw, lifecycle, prepared.classes
                 )
-                result = runs.execute(services, session, request, reporter, stage)
+                result = runs.execute(
+                    services, session, request, reporter, stage,
+                    lambda found: set_props(result_store, {"data": early_handle(found)}),
+                )  # fmt: skip
             if once is not None:
                 once.keep([result_handle(result), ""])
     except QueueFull as exc:
@@ -189,6 +223,16 @@ def run_job(services, set_progress, session: str, prepare: Callable[[], Prepared
     # The browser holds only a handle; the picture, exports and refinement read the
     # server's copy, and the panel shows it only beside what it explains.
     return result_handle(result), ""
+
+
+def early_handle(result: runs.ResultRecord) -> dict:
+    """The handle a Compare run sends the page before its job ends (its heatmap done, its
+    gradient maps coming): :func:`result_handle`, how many maps are still to come and
+    whether it is the run's first (its heatmap alone)."""
+    pending = result.get("methods_pending") or {}
+    left = len(pending.get("steps", []))
+    first = not any(entry.get("labels") for entry in (result.get("methods") or {}).values())
+    return {**result_handle(result), "maps_left": left, "first": first}
 
 
 def live_reporter(
@@ -239,6 +283,11 @@ def cancelled(n_clicks, handle):
         return no_update
     if not handle:
         return "Run cancelled."
+    if handle.get("maps_left"):  # cancelled while its gradient maps were coming
+        return (
+            "Run cancelled after its heatmap: Compare keeps the maps done before the "
+            "cancel; press Run for the rest (nothing done is computed again)."
+        )
     return (
         "Run cancelled; the heatmap below, if any, is the previous run's (shown only while "
         "it matches these settings)."

@@ -198,7 +198,11 @@ class SettingsPanel:
         if not compare or not isinstance(text, str):
             return text, shown
         loaded = self.services.model(model_name)
-        return f"{text} {comparison.estimate_note(loaded, load)}", shown
+        request, _ = self._planned(
+            model_name, patch, stride, mode, region, image, colour, custom, drill, speedup
+        )
+        left = runs.compare_left(self.services, request) if image else None
+        return f"{text} {comparison.estimate_note(loaded, load, left)}", shown
 
     def _estimate(
         self, model_name, patch, stride, mode, region, drill, speedup, image, colour, custom, load

@@ -66,6 +66,7 @@ class VolumePanel:
     def __init__(self, services: Services, manager):
         self.services = services
         self.manager = manager
+        self.result = VOLUME_PANEL.result  # the store a Compare run's early handles go to
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
@@ -363,7 +364,11 @@ class VolumePanel:
 
     def focus_strongest(self, handle, record, model, session):
         """The crosshair at the centre of the kept result's strongest cell (its largest
-        drop in probability), so the views show what mattered most, not the centre."""
+        drop in probability), so the views show what mattered most, not the centre: once
+        per run (a Compare run's later early handles, each map that joins, leave the
+        crosshair where the user put it)."""
+        if isinstance(handle, dict) and handle.get("maps_left") and not handle.get("first"):
+            raise PreventUpdate
         result = self._result_for(handle, record, model, session)
         if result is None:
             raise PreventUpdate
@@ -481,7 +486,9 @@ class VolumePanel:
             planned = runs.PlannedRun(region, positions, min(known, positions))
             shown = runs.shown_estimate(asked, planned, found)
         if compare:
-            text = f"{text}. {comparison.estimate_note(loaded, load)}"
+            session = str(session or "")
+            left = None if asked is None else runs.compare_left(self.services, asked, session)
+            text = f"{text}. {comparison.estimate_note(loaded, load, left)}"
         return text, shown
 
     def _result_for(self, handle, record, model, session, screen=()) -> runs.ResultRecord | None:
@@ -533,7 +540,7 @@ class VolumePanel:
             classes = list(self.services.model(model, rank=3).classes)
             return Prepared(request, live_views(prepared, cursor), classes)
 
-        return run_job(self.services, set_progress, session, prepare)
+        return run_job(self.services, set_progress, session, prepare, self.result)
 
     def switch_class(self, label, handle, session):
         """Another class: the kept result re-coloured from every class's probabilities."""
@@ -565,7 +572,8 @@ class VolumePanel:
         result, _ = self._shown(
             handle, record, model, session, (region, patch, stride, mode, label)
         )
-        if result is None or not result.get("methods") or None in (z, y, x):
+        compared = result is not None and (result.get("methods") or result.get("methods_pending"))
+        if not compared or None in (z, y, x):
             return []
         try:
             prepared = self._prepared(record, model, session)

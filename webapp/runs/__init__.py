@@ -23,7 +23,7 @@ Tensor algebra stays in the engine (krypton); the page stays in webapp/panels/.
 
 from ..result_schema import ResultRecord
 from .cells import CellCache, KnownCells, count_known, grid_cells, run_cells
-from .execute import PlannedRun, execute, is_light, plan_run, shown_estimate
+from .execute import PlannedRun, compare_left, execute, is_light, plan_run, shown_estimate
 from .pacs_send import ALREADY_SENT, send_result
 from .provenance import Provenance, ResultView, result_view
 from .records import (
@@ -68,6 +68,7 @@ __all__ = [
     "LARGEST_CHUNK",
     "Services",
     "execute",
+    "compare_left",
     "plan_run",
     "is_light",
     "PlannedRun",

@@ -25,7 +25,7 @@ from .regions import Bounds, whole
 from .request import Partial, Reporter, RunRequest
 from .subjects import Services, Subject, cell_key, results_key, subject_for
 
-__all__ = ["PlannedRun", "plan_run", "is_light", "shown_estimate", "execute"]
+__all__ = ["PlannedRun", "plan_run", "is_light", "shown_estimate", "execute", "compare_left"]
 
 
 @dataclass(frozen=True)
@@ -96,12 +96,35 @@ def plan_run(services: Services, request: RunRequest, session: str = "") -> Plan
 
 
 def is_light(services: Services, request: RunRequest, session: str = "") -> bool:
-    """Whether ``request`` computes nothing: every position of its grid is known (a
-    Compare run still computes its gradient maps, so it is not). Such a run does not
+    """Whether ``request`` computes nothing: every position of its grid is known and, for
+    a Compare run, every gradient map (:func:`compare_left`). Such a run does not
     wait in the queue (webapp.jobs: a light job). Planned as :func:`execute` will run
     it, so a region the run would refuse is refused here, before any queueing."""
     planned = plan_run(services, request, session)
-    return planned.positions > 0 and not planned.to_compute and not request.compare
+    if planned.positions == 0 or planned.to_compute:
+        return False
+    return not request.compare or compare_left(services, request, session) == []
+
+
+def compare_left(
+    services: Services, request: RunRequest, session: str = ""
+) -> list[tuple[str, int]] | None:
+    """The gradient maps a Compare run of ``request`` would compute, those known from an
+    earlier run left out (webapp.comparison.maps_left); None where that cannot be told
+    (the input or model cannot be read: the page says so elsewhere)."""
+    try:
+        subject = subject_for(services, session, request)
+        weights = services.weights_checksum(request.model)
+        label = request.label
+        if label is None and len(subject.loaded.classes) > comparison.EVERY_CLASS_UP_TO:
+            label = int(np.argmax(subject.predict(subject.tensor()).probabilities))
+        source = cell_key(request, weights, subject.loaded.preprocessing)[:4]
+        return comparison.maps_left(
+            subject.loaded, services.gradients, source, subject.fill(), label or 0,
+            request.compare_layer,
+        )  # fmt: skip
+    except (InputError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _estimate_key(request: RunRequest, planned: PlannedRun) -> list:
@@ -165,10 +188,13 @@ def execute(
     request: RunRequest,
     report: Reporter,
     stage: comparison.Stage | None = None,
+    shown: Callable[[ResultRecord], None] | None = None,
 ) -> ResultRecord:
     """Run one heatmap of an image or a volume and return its result record (also kept
     for the session); with ``request.compare``, the gradient methods on its grid after
-    it (``stage`` hears of each step; webapp.comparison)."""
+    it (``stage`` hears of each step; webapp.comparison): the heatmap is kept and
+    ``shown`` the record as soon as it is done, and again as each gradient map joins
+    it."""
     if request.mode not in krypton.MODES:
         raise InputError(f"unknown mode {request.mode!r}")
     # timed whole, as the user waits (loading, preprocessing, the OOD check included)
@@ -222,12 +248,6 @@ def execute(
         base_probs=base_probs, stride=request.stride,
     )  # fmt: skip
     speed = timing.finished_run(request, heatmap, counts, planned, load)
-    methods = None
-    if request.compare:  # after the occlusion's clock: its seconds stay its own
-        methods = comparison.compute_methods(
-            subject.loaded, tensor, found.axes, request.patch, fill, label, stage, load,
-            request.compare_layer,
-        )  # fmt: skip
     weights = services.weights_checksum(request.model)
     result = records.result_record(request, subject.loaded, weights, heatmap, found.region(subject))
     result.update(subject.record())
@@ -238,11 +258,69 @@ def execute(
             "estimate": planned,  # what the page estimated for the positions left
             "speed": speed,  # incremental vs naive, timed side by side in this run, or None
             "ood": prediction.ood,
-            "methods": methods,  # Grad-CAM and Integrated Gradients (webapp.comparison)
+            "methods": None,  # Grad-CAM and Integrated Gradients (webapp.comparison)
         }
     )
-    services.results.put(results_key(session, request.rank), result)
-    return result
+    key = results_key(session, request.rank)
+    if not request.compare:
+        services.results.put(key, result)
+        return result
+    # The heatmap is kept and shown now; the gradient maps join it one by one after
+    # the occlusion's clock (its seconds stay its own), the explained class first.
+    source = cell_key(request, weights, subject.loaded.preprocessing)[:4]
+    stream = _Stream(services.results, key, result, subject.loaded, load, shown)
+
+    def compute(keep: comparison.Shown) -> dict:
+        return comparison.compute_methods(
+            subject.loaded, tensor, found.axes, request.patch, fill, label, stage, load,
+            request.compare_layer, source=source, shown=keep, kept=services.gradients,
+        )  # fmt: skip
+
+    return stream.run(comparison.compare_steps(subject.loaded, label), compute)
+
+
+@dataclass
+class _Stream:
+    """A Compare run's record as its gradient maps come: kept with the maps pending and
+    shown (``shown``, the page's early handle) at once, then again with each map done. A
+    run stopped between maps keeps the maps done, the rest marked as stopped. The kept
+    record is updated in place (webapp.runs.records.update_kept: a class switched
+    meanwhile stays switched)."""
+
+    results: object
+    key: str
+    result: ResultRecord
+    model: krypton.LoadedModel
+    load: float
+    shown: Callable[[ResultRecord], None] | None
+
+    def keep(
+        self, methods: dict, left: list, stopped: bool = False, first: bool = False
+    ) -> ResultRecord:
+        found = comparison.step_estimate(self.model, self.load, left) if left else None
+        fields = {"methods": methods,
+                  "methods_pending": comparison.pending_record(left, found, stopped)}  # fmt: skip
+        self.result.update(fields)  # type: ignore[typeddict-item]
+        return records.update_kept(self.results, self.key, self.result, fields, first)
+
+    def run(self, steps: list, compute: Callable[[comparison.Shown], dict]) -> ResultRecord:
+        """Keep and show the record, then ``compute`` its maps, each kept and shown."""
+        current = self.keep({}, steps, first=True)
+        if self.shown is not None:
+            self.shown(current)
+
+        def one_more(so_far: dict, left: list) -> None:
+            current = self.keep(so_far, left)
+            if self.shown is not None:
+                self.shown(current)
+
+        try:
+            methods = compute(one_more)
+        except BaseException:
+            pending = self.result["methods_pending"] or {}
+            self.keep(self.result["methods"] or {}, pending.get("steps", []), stopped=True)
+            raise
+        return self.keep(methods, [])
 
 
 def _approximate(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,6 +30,7 @@ __all__ = [
     "provenance",
     "shown_view",
     "result_record",
+    "update_kept",
     "result_heatmap",
     "grid_heatmap",
     "summary_lines",
@@ -139,6 +140,26 @@ def kept_result(results, key: str, handle: dict | None) -> tuple[ResultRecord | 
     if result is None and results.dropped(key):
         return None, DROPPED_RESULT
     return None, ""
+
+
+def update_kept(
+    results, key: str, result: ResultRecord, fields: dict, first: bool = False
+) -> ResultRecord:
+    """``fields`` of the run ``result`` changed (a Compare run's maps as they come), in
+    the record kept under ``key`` and returned: the run's record as kept, with a class
+    the user switched to meanwhile (:func:`switch_class`) still switched. ``first``: the
+    run's first keep, in place of the tab's last result. Once another run's result is
+    kept there (a newer run), nothing is written: ``result`` is no longer the tab's."""
+    run = str(result["id"]).split(":")[0]
+    stored = None if first else results.get(key)
+    if stored is not None and str(stored.get("id", "")).split(":")[0] == run:
+        updated = cast(ResultRecord, {**stored, **fields})
+    elif first or stored is None:
+        updated = cast(ResultRecord, {**result, **fields})
+    else:
+        return cast(ResultRecord, {**result, **fields})
+    results.put(key, updated)
+    return updated
 
 
 class ResultUnavailable(InputError):
@@ -295,7 +316,7 @@ def export_json(result: ResultRecord) -> str:
     the grid (NaN as null) and its warnings, with the Compare maps for the class shown.
     Nothing that names the server's stored files leaves with it: no stored-file key, no
     provenance image key, no DICOM source path."""
-    skipped = ("class_values", "methods", *PRIVATE_FIELDS)
+    skipped = ("class_values", "methods", "methods_pending", *PRIVATE_FIELDS)
     summary: dict[str, Any] = {k: v for k, v in result.items() if k not in skipped}
     summary["warnings"] = [text for text in (model_card.ood_text(result.get("ood")),) if text]
     compared = comparison.comparison_json(result)

@@ -14,6 +14,7 @@ import krypton
 from krypton.io.images import plain_reason
 
 from .. import helpers
+from ..comparison import KeptAttributions
 from ..helpers import InputError
 from ..image_store import ImageStore
 from ..result_schema import ImageFields, VolumeFields
@@ -33,6 +34,7 @@ class Services(Protocol):  # what webapp.services.Services provides
     images: ImageStore
     results: helpers.ResultStore
     cells: CellCache  # or team mode's RedisCellCache, which has its interface
+    gradients: KeptAttributions  # Compare's gradient maps, per process
 
     def model(self, name: str, rank: int | None = 2) -> krypton.LoadedModel: ...
     def explainer(self, name: str, rank: int | None = 2) -> krypton.OcclusionExplainer: ...
