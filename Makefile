@@ -98,6 +98,7 @@ bench: $(STAMP)
 	$(PY) -m bench.approximate
 	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin
+	$(PY) -W ignore -m bench.integrated_gradients
 	$(PY) -m bench.estimates
 	$(PY) -m bench.run_path
 	$(PY) -m bench.speed_claims
@@ -149,6 +150,7 @@ test-gpu:
 # Captum's Occlusion and MONAI's OcclusionSensitivity against Krypton's drop-ins.
 bench-dropin: $(STAMP)
 	$(PY) -W ignore -m bench.dropin
+	$(PY) -W ignore -m bench.integrated_gradients
 
 # Team mode with 1 and 2 workers: positions/s for 1, 4, 16 sessions, light-request
 # latency under load, batch throughput (local only, bounded).

@@ -5,6 +5,7 @@ image and a volume."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -370,3 +371,29 @@ def test_cascading_randomisation_goes_block_by_block_from_the_output_down():
     assert same["spearman"] == pytest.approx(1) and same["ssim"] == pytest.approx(1)
     flat = dataclasses.replace(own, importance=np.zeros_like(own.importance))
     assert similarity(own, flat)["flat"] and np.isnan(similarity(own, flat)["spearman"])
+
+
+def test_integrated_gradients_halves_the_path_where_it_bends_and_stays_complete():
+    """The doubling rule (32, 64, 128 steps of one Gauss-Legendre rule, 224 gradient
+    evaluations) missed completeness by 17.5% at 32 steps on the microaneurysm sample's
+    EXUDATE logit, whose change from the fill is 0.018, and by 16.7% after all 224 on the
+    normal sample. The path is now cut into segments and the one with the largest error
+    halved: within 1% here in at most 64 evaluations, the attributions summing to the
+    logit's change."""
+    from PIL import Image
+
+    import krypton
+    from krypton.methods import _integrated_gradients
+
+    loaded = krypton.registry.load_model("fundus-demo")
+    root = Path(__file__).resolve().parents[1]
+    sample = Image.open(root / "assets" / "samples" / "fundus-microaneurysms.png").convert("RGB")
+    image, fill = loaded.preprocess(sample), loaded.gray_fill()
+    attribution, used, gap = _integrated_gradients(loaded.module, image, 2, fill, None)
+    assert gap <= 0.01 and used <= 64, (gap, used)
+    baseline = torch.empty_like(image)
+    baseline[:] = torch.as_tensor(fill, dtype=image.dtype).view(-1, 1, 1)
+    with torch.no_grad():
+        logits = loaded.module(torch.stack([image, baseline]))[:, 2]
+    change = float(logits[0] - logits[1])
+    assert abs(float(attribution.sum()) - change) <= 0.01 * abs(change) + 1e-6

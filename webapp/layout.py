@@ -467,6 +467,11 @@ def _settings_section(
             html.Div(id=ids.MODEL_CARD, className="model-card"),
             # the prediction high, beside the picture: on a 768-pixel screen both show
             html.Div(id=ids.TOP5, className="top5"),
+            # Run, its estimate and the progress next: above the fold on a 1366x768
+            # laptop (at the column's foot Run sat at y 814-843)
+            IMAGE_PANEL.strip.estimate_line(),
+            html.Div(IMAGE_PANEL.strip.buttons(), className="row"),
+            IMAGE_PANEL.strip.progress_bar(),
             html.Div(
                 [
                     _labelled(
@@ -567,9 +572,6 @@ def _settings_section(
             ),
             tick(ids.SNAP, " snap a new region to the last grid (reuses computed cells)", True),
             *IMAGE_PANEL.compare_controls(),
-            IMAGE_PANEL.strip.estimate_line(),
-            html.Div(IMAGE_PANEL.strip.buttons(), className="row"),
-            IMAGE_PANEL.strip.progress_bar(),
             _model_upload(max_model_bytes, trusted_uploads),
         ],
         className="panel settings-panel",
@@ -586,12 +588,14 @@ def _result_section(pacs: bool = False) -> html.Section:
             IMAGE_PANEL.strip.live(),
             html.Div(
                 [
+                    # the summary's first lines above the picture: on a 1366x768 laptop
+                    # they show without scrolling
+                    IMAGE_PANEL.summary_box(),
                     dcc.Graph(
                         id=ids.HEATMAP_GRAPH,
                         config={"displaylogo": False},
                         figure=placeholder_figure("Press Run to compute the heatmap"),
                     ),
-                    IMAGE_PANEL.summary_box(),
                     *IMAGE_PANEL.strip.downloads(EXPORTS),
                     dcc.Checklist(
                         id=ids.DICOM_IDENTITY,
