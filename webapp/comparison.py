@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -21,7 +20,6 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton import methods as krypton_methods
 from krypton.estimator import (
     Estimate,
     calibrated_step,
@@ -43,6 +41,7 @@ from krypton.methods import (
 )
 from krypton.render.methods import TITLES, methods_picture
 
+from .gradient_store import KeptAttributions, attribution_key
 from .helpers import InputError
 from .result_schema import ResultRecord
 
@@ -54,7 +53,6 @@ __all__ = [
     "flat_notes",
     "compare_steps",
     "compute_methods",
-    "KeptAttributions",
     "estimate_note",
     "layer_choices",
     "layer_names",
@@ -162,53 +160,6 @@ def methods_record(
             "details": [k.detail for k in kept],
         }
     return record
-
-
-class KeptAttributions:
-    """Gradient maps per pixel or voxel, kept per input, model, method, class and setting
-    (:func:`attribution_key`) so that a re-run of the same input, on any grid, computes
-    none again; bounded by bytes (least recently used first out). In team mode each
-    worker keeps its own."""
-
-    def __init__(self, max_bytes: int = 256 * 2**20):
-        self.max_bytes = max_bytes
-        self._kept: OrderedDict[tuple, PixelAttribution] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple) -> PixelAttribution | None:
-        with self._lock:
-            found = self._kept.get(key)
-            if found is not None:
-                self._kept.move_to_end(key)
-            return found
-
-    def put(self, key: tuple, attribution: PixelAttribution) -> None:
-        if not key[0]:  # no source: nothing names the input, so nothing can find it again
-            return
-        with self._lock:
-            self._kept[key] = attribution
-            self._kept.move_to_end(key)
-            while len(self._kept) > 1 and self.nbytes > self.max_bytes:
-                self._kept.popitem(last=False)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(k.values.nbytes) for k in self._kept.values())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-
-
-def attribution_key(source: tuple, method: str, label: int, layer: str, fill) -> tuple:
-    """What determines a kept gradient map: the input and model (``source``), the method
-    and class, Grad-CAM's layer, Integrated Gradients' baseline (``fill``) and its
-    path policy (krypton.methods.IG_STEPS, IG_MAX_STEPS, IG_GAP)."""
-    if method == "gradcam":
-        return (source, method, int(label), layer)
-    baseline = tuple(np.round(np.asarray(fill, np.float64).ravel(), 6).tolist())
-    policy = (krypton_methods.IG_STEPS, krypton_methods.IG_MAX_STEPS, krypton_methods.IG_GAP)
-    return (source, method, int(label), baseline, policy)
 
 
 def chosen_layer(model: krypton.LoadedModel, layer: str | None) -> str:

@@ -21,7 +21,7 @@ from krypton.registry import CheckpointError, RegistryError, load_model
 
 from . import helpers
 from .client import request_client
-from .comparison import KeptAttributions
+from .gradient_store import KeptAttributions
 from .helpers import VOLUME_MODEL_REASON, InputError
 from .image_store import ImageStore
 from .jobs import JobQueue, running_as

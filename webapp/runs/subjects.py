@@ -14,7 +14,7 @@ import krypton
 from krypton.io.images import plain_reason
 
 from .. import helpers
-from ..comparison import KeptAttributions
+from ..gradient_store import KeptAttributions
 from ..helpers import InputError
 from ..image_store import ImageStore
 from ..result_schema import ImageFields, VolumeFields
