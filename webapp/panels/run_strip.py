@@ -172,8 +172,8 @@ def run_job(
 ) -> tuple:
     """One run of either panel, queued, computed and kept: (the page's handle of the
     result, or no_update; the message). A run whose every cell is known computes
-    nothing and does not queue (a Compare run still computes its gradient maps, so it
-    does). The lifecycle says queued, running, done (as the queue moves it), failed or
+    nothing and does not queue (a Compare run only once every gradient map is kept too).
+    The lifecycle says queued, running, done (as the queue moves it), failed or
     cancelled. A Compare run's handle reaches the panel's ``result_store`` before the
     job ends: once its heatmap is done, and again as each gradient map joins it
     (:func:`early_handle`)."""
