@@ -198,10 +198,14 @@ class SettingsPanel:
         if not compare or not isinstance(text, str):
             return text, shown
         loaded = self.services.model(model_name)
-        request, _ = self._planned(
-            model_name, patch, stride, mode, region, image, colour, custom, drill, speedup
-        )
-        left = runs.compare_left(self.services, request) if image else None
+        left = None
+        if image:  # the run's request again, without planning it a second time
+            try:
+                request = _base_request(model_name, patch, stride, mode, region, image)
+                request = _with_settings(request, colour, custom, drill, speedup)
+                left = runs.compare_left(self.services, request)
+            except (InputError, TypeError, ValueError):
+                left = None  # the line above says what is wrong
         return f"{text} {comparison.estimate_note(loaded, load, left)}", shown
 
     def _estimate(
@@ -255,20 +259,30 @@ class SettingsPanel:
         """(the request these settings make, the run it plans: webapp.runs.plan_run,
         its grid as the run will snap it and the positions known already; none where the
         image is unknown)."""
-        request = runs.RunRequest(
-            key=image["key"] if image else "", name="", model=model_name, patch=int(patch),
-            stride=int(stride), mode=mode, region=tuple(region) if region else None,
-        )  # fmt: skip
+        request = _base_request(model_name, patch, stride, mode, region, image)
         try:
-            request = dataclasses.replace(
-                request, r_drill_down=float(drill), target_speedup=float(speedup),
-                fill_rgb=parse_colour(colour, custom),
-            )  # fmt: skip
+            request = _with_settings(request, colour, custom, drill, speedup)
             return request, runs.plan_run(self.services, request)
         except (InputError, KeyError, TypeError, ValueError):
             size = self.services.model(model_name).input_size
             count = runs.grid_count(size, patch, stride, region)
             return request, runs.PlannedRun(tuple(region) if region else None, count, 0)
+
+
+def _base_request(model_name, patch, stride, mode, region, image) -> runs.RunRequest:
+    """The request the estimate line plans for these settings, before its colour."""
+    return runs.RunRequest(
+        key=image["key"] if image else "", name="", model=model_name, patch=int(patch),
+        stride=int(stride), mode=mode, region=tuple(region) if region else None,
+    )  # fmt: skip
+
+
+def _with_settings(request: runs.RunRequest, colour, custom, drill, speedup) -> runs.RunRequest:
+    """``request`` with the occluder's colour and the approximate settings of the page."""
+    return dataclasses.replace(
+        request, r_drill_down=float(drill), target_speedup=float(speedup),
+        fill_rgb=parse_colour(colour, custom),
+    )  # fmt: skip
 
 
 def toggle_approximate(mode):
