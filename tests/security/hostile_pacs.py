@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import select
+import socket
 import threading
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -183,10 +185,29 @@ class HostilePacs:
         _, limit = self._paging(handler.path)
         self._json(handler, [_instance_row(_uid(i), i) for i in range(limit)])
 
+    def answered(self, count: int, timeout: float = 15.0) -> list[float]:
+        """``answer_seconds`` once ``count`` answers have ended (the server's thread records
+        an answer after the client's hang-up, which can land after the client's exit)."""
+        deadline = time.monotonic() + timeout
+        while len(self.answer_seconds) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(self.answer_seconds)
+
+    def _hung_up(self, handler, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+        """Wait ``seconds`` (or until the server stops); True when the client hung up."""
+        ends = time.monotonic() + seconds
+        while (left := ends - time.monotonic()) > 0:
+            if self._stop.is_set():
+                return True
+            readable, _, _ = select.select([handler.connection], [], [], min(left, 0.1))
+            if readable and not handler.connection.recv(1, socket.MSG_PEEK):
+                return True
+        return self._stop.is_set()
+
     def _drip(self, handler) -> None:  # type: ignore[no-untyped-def]
         head = b"HTTP/1.1 200 OK\r\nContent-Type: application/dicom+json\r\nX-Pad: " + b"a" * 4096
         for byte in head:
-            if self._stop.wait(self.drip):
+            if self._hung_up(handler, self.drip):
                 return
             handler.wfile.write(bytes([byte]))
             handler.wfile.flush()
