@@ -6,6 +6,7 @@ the screenshot the README shows into out/screenshot.png (ignored by git; copy it
 docs/screenshot.png to update README's picture).
 """
 
+import re
 import time
 from pathlib import Path
 
@@ -192,26 +193,51 @@ def save_page_screenshot(driver, path: Path) -> None:
     driver.save_screenshot(str(path))
 
 
-def test_cancel_stops_the_run(dash_duo, krypton_app, fundus_png):
+def test_cancel_stops_the_run_and_keeps_its_cells_as_a_partial_heatmap(
+    dash_duo, krypton_app, fundus_png
+):
+    """Before: a Cancel threw the positions computed away (476 of 2,809 in one run) and
+    left the previous run's heatmap or none."""
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     upload(dash_duo, "#upload", fundus_png)
     dash_duo.wait_for_contains_text("#top5", "EXUDATE", timeout=60)
     choose(dash_duo, "stride", "2")
     choose(dash_duo, "patch", "4x4")
-    dash_duo.find_element("input[value=naive]").click()  # 3,969 full inferences: long
+    dash_duo.find_element("input[value=naive]").click()  # 12,321 full inferences: long
     dash_duo.find_element("#run").click()
-    dash_duo.wait_for_contains_text("#live-status", " of ", timeout=60)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the first chunk (16 positions) is in
+        done = re.match(r"([\d,]+) of", dash_duo.find_element("#live-status").text)
+        if done and int(done.group(1).replace(",", "")) >= 16:
+            break
+        time.sleep(0.1)
     dash_duo.find_element("#cancel").click()
     dash_duo.wait_for_contains_text("#message", "Run cancelled", timeout=20)
     # The run stops after the batch in flight: 16 full inferences, which took over 2 s
     # while the other test worker ran 3-D models (a fixed 2 s wait failed once in 505).
+    dash_duo.wait_for_contains_text("#message", "Partial heatmap", timeout=40)
+    dash_duo.wait_for_contains_text("#result-summary", "Partial heatmap", timeout=20)
+    summary = dash_duo.find_element("#result-summary").text
+    found = re.search(r"cancelled with ([\d,]+) of ([\d,]+) positions", summary)
+    assert found, summary
+    known, total = (int(part.replace(",", "")) for part in found.groups())
+    assert 16 <= known < total and "Press Run to compute only the rest" in summary
+    title = dash_duo.find_element("#heatmap-graph .gtitle").text
+    assert "partial: run cancelled" in title, title
     deadline = time.monotonic() + 30
     while not dash_duo.find_element("#run").is_enabled() and time.monotonic() < deadline:
         time.sleep(0.25)
     assert dash_duo.find_element("#run").is_enabled()
     time.sleep(2)  # and nothing arrives after the cancel
-    assert "positions computed" not in dash_duo.find_element("#result-summary").text
+    assert dash_duo.find_element("#result-summary").text == summary
+    # Run again: it starts from the cells the cancelled run kept
+    dash_duo.find_element("#run").click()
+    dash_duo.wait_for_contains_text("#live-status", f" of {total} positions", timeout=60)
+    first = re.match(r"([\d,]+) of", dash_duo.find_element("#live-status").text)
+    assert first and int(first.group(1).replace(",", "")) >= known
+    dash_duo.find_element("#cancel").click()
+    dash_duo.wait_for_contains_text("#message", "Run cancelled", timeout=20)
 
 
 def test_refinement_reuses_cells(dash_duo, krypton_app, fundus_png):

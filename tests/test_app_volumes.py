@@ -79,6 +79,32 @@ def test_a_run_equals_the_library_on_the_same_block_and_reports_live_pictures(
     np.testing.assert_allclose(other["values"], 1 - result["values"], atol=1e-5)
 
 
+def test_a_cancelled_volume_run_keeps_its_cells_as_a_partial_heatmap(services, nifti_bytes):
+    """The image panel's rule for the volume panel: a Cancel keeps the cells computed."""
+    from webapp.jobs import JobCancelled
+
+    key = stored(services, nifti_bytes)
+    region = (8, 8, 8, 40, 40, 32)
+
+    def cancel_after_the_first_chunk(done, total, partial=None):
+        if partial is not None:
+            raise JobCancelled("cancelled")
+
+    with pytest.raises(JobCancelled):
+        runs.execute(services, "tab-1", request(key, region=region), cancel_after_the_first_chunk)
+    kept = services.results.get(runs.results_key("tab-1", 3))
+    assert kept["partial"]["known"] == 16 and kept["partial"]["positions"] == 48
+    assert kept["kind"] == "volume" and np.isnan(np.asarray(kept["values"])).sum() == 32
+    assert runs.summary_lines(kept)[1].startswith("Partial heatmap")
+    expected = library(services, key, region)
+    finite = np.isfinite(np.asarray(kept["values"]))
+    np.testing.assert_allclose(
+        np.asarray(kept["values"])[finite], expected.values[finite], atol=1e-5
+    )
+    whole = runs.execute(services, "tab-1", request(key, region=region), lambda *a: None)
+    assert whole["reused"] == 16 and whole["evaluated"] == 32 and not whole.get("partial")
+
+
 def test_a_volume_result_whose_classes_were_dropped_says_so_on_a_class_switch(
     services, nifti_bytes
 ):
@@ -427,7 +453,8 @@ def test_a_cancelled_run_keeps_the_cells_it_computed_for_the_next(services, nift
 
     with pytest.raises(JobCancelled):
         runs.execute(services, "tab-1", request(key), cancel_after_two_pictures)
-    assert services.results.get(runs.results_key("tab-1", 3)) is None  # no result
+    # kept as a partial heatmap, not as a result
+    assert services.results.get(runs.results_key("tab-1", 3))["partial"]["known"] == 16 + 32
     again = runs.execute(services, "tab-1", request(key), lambda *a: None)
     assert again["reused"] == seen[-1] == 16 + 32  # the first two chunks
     assert again["evaluated"] == 6**3 - again["reused"]
@@ -533,8 +560,8 @@ def test_cancel_in_the_volume_panel_says_what_it_did(tmp_path):
         and VOLUME_PANEL.strip.message in str(callback["output"])
     ]  # fmt: skip
     assert len(wired) == 1
-    assert cancelled(1, None) == "Run cancelled."
-    assert "previous run's" in cancelled(1, {"id": "x"})
+    assert cancelled(1, None)[0] == "Run cancelled."
+    assert "previous run's" in cancelled(1, {"id": "x"})[0]
 
 
 def test_a_volume_sample_is_read_as_an_upload_and_its_compare_button_marks_it_pending(

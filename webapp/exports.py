@@ -23,9 +23,15 @@ from .result_schema import ResultRecord
 EXPORT_MIN_SIDE = 512  # pixels: exports are drawn at least this large
 
 
+def picture_title(result: ResultRecord) -> str:
+    """The class a kept result's picture names (the page's and the PNG download's),
+    marked where the heatmap is partial (a cancelled run's)."""
+    return result["label_name"] + (" (partial: run cancelled)" if result.get("partial") else "")
+
+
 def export_stem(result: ResultRecord) -> str:
     """A file name that says what the export is: model, image (or volume), mode, region,
-    class."""
+    class, and "partial" for a cancelled run's heatmap."""
     region = result.get("region")
     if not region:
         where = "whole"
@@ -43,6 +49,7 @@ def export_stem(result: ResultRecord) -> str:
         f"p{result['patch']}s{result['stride']}",
         where,
         result["label_name"],
+        *(["partial"] if result.get("partial") else []),  # a cancelled run's cells so far
     ]
     return "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", str(p)).strip("_.-") or "x" for p in parts)[
         :180
@@ -58,7 +65,7 @@ def export_png(
     values = np.asarray(result["values"], dtype=np.float32)
     title = heatmap_title(
         result["model"],
-        result["label_name"],
+        picture_title(result),
         result["prob"],
         result["mode"],
         result["patch"],

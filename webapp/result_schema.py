@@ -70,3 +70,5 @@ class ResultRecord(ImageFields, VolumeFields):
     methods: NotRequired[dict[str, Any] | None]  # Compare's maps (webapp.comparison)
     methods_pending: NotRequired[dict[str, Any] | None]  # the maps still to come
     classes_dropped: NotRequired[str]  # why class_values were let go (the store's budget)
+    # a cancelled run's cells so far (webapp.runs.records.partial_fields): NaN elsewhere
+    partial: NotRequired[dict[str, Any] | None]

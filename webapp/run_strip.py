@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 from dash import dcc, html
 
-__all__ = ["RunStrip"]
+__all__ = ["RunStrip", "AFTER_CANCEL_POLL_MS"]
+
+# how often the page asks for a cancelled run's partial heatmap (it comes once the run
+# reaches its next batch)
+AFTER_CANCEL_POLL_MS = 500
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,16 @@ class RunStrip:
         return self.id("run-outcome")
 
     @property
+    def after_cancel(self) -> str:
+        """The poll after a Cancel, for the cancelled run's partial heatmap."""
+        return self.id("after-cancel")
+
+    @property
+    def cancelled_at(self) -> str:
+        """When the server heard this tab's last Cancel (its clock, seconds)."""
+        return self.id("cancelled-at")
+
+    @property
     def busy(self) -> str:
         """True while a run of this tab is queued or running (Run follows it)."""
         return self.id("run-busy")
@@ -119,7 +133,10 @@ class RunStrip:
     def message_box(self) -> html.Div:
         return html.Div(id=self.message, className="message", role="alert")
 
-    def stores(self) -> list[dcc.Store]:
-        """The busy flag, the estimate shown and the run's outcome."""
+    def stores(self) -> list:
+        """The busy flag, the estimate shown, the run's outcome and the poll after a
+        Cancel (off until one)."""
         return [dcc.Store(id=self.busy, data=False), dcc.Store(id=self.estimate_store),
-                dcc.Store(id=self.outcome)]  # fmt: skip
+                dcc.Store(id=self.outcome), dcc.Store(id=self.cancelled_at),
+                dcc.Interval(id=self.after_cancel, interval=AFTER_CANCEL_POLL_MS,
+                             disabled=True)]  # fmt: skip

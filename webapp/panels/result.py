@@ -130,7 +130,7 @@ class ResultPanel:
             result["ys"],
             result["patch"],
             result["prob"],
-            result["label_name"],
+            runs.picture_title(result),
             figures.overlay_style(overlay),
             (overlay or {}).get("view") == "side",
         )
@@ -162,6 +162,7 @@ class ResultPanel:
             original = self.services.images.get(result["image_key"])
             return dcc.send_bytes(exports.export_png(original, result, style), f"{stem}.png"), ""
         if fmt == "dcm":
+            runs.refuse_partial(result, "a DICOM file")
             source = self.services.images.source(
                 (result.get("dicom") or {}).get("source", ""), str(session or "")
             )

@@ -46,6 +46,8 @@ class RunPanel:
             app,
             self.run,
             manager=self.manager,
+            services=self.services,
+            rank=2,
             settings=[
                 *values(
                     IMAGE_PANEL.patch,

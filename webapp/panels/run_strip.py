@@ -20,6 +20,7 @@ from ..helpers import InputError
 from ..jobs import JobCancelled, QueueFull, RunLifecycle, check_cancelled
 from ..layout import placeholder_figure
 from ..panel_scope import PanelScope
+from ..run_strip import AFTER_CANCEL_POLL_MS
 from .common import off_while_running
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "result_handle",
     "live_reporter",
     "cancelled",
+    "partial_after_cancel",
     "LIVE_UPDATE_SECONDS",
 ]
 
@@ -65,6 +67,8 @@ def register_strip(
     *,
     manager,
     settings: list[State],
+    services,
+    rank: int,
     hidden_while_running: tuple[str, ...] = (),
 ) -> None:
     """The background Run callback of ``panel``'s strip: ``job(set_progress, n_clicks,
@@ -73,7 +77,8 @@ def register_strip(
     the run's handle in the panel's result and says why not in the message. A new subject
     or model stops it, as Cancel does (Dash cancels a background job when one of those
     inputs changes); ``hidden_while_running`` go while it runs. Also: Run off while busy,
-    and what Cancel did, in words."""
+    what Cancel did, in words, and the cancelled run's partial heatmap (``services``'
+    results of ``rank``: :func:`partial_after_cancel`)."""
     strip, result, source, model = panel.strip, panel.result, panel.store, panel.model
     # The job answers into the strip's outcome, copied into the panel's result in the
     # browser: the result store is then no output of a job in flight, so a Compare run's
@@ -137,10 +142,22 @@ def register_strip(
     )
     app.callback(
         Output(strip.message, "children", allow_duplicate=True),
+        Output(strip.cancelled_at, "data"),
+        Output(strip.after_cancel, "disabled"),
+        Output(strip.after_cancel, "n_intervals"),
         Input(strip.cancel, "n_clicks"),
         State(result, "data"),
         prevent_initial_call=True,
     )(cancelled)
+    app.callback(
+        Output(result, "data", allow_duplicate=True),
+        Output(strip.message, "children", allow_duplicate=True),
+        Output(strip.after_cancel, "disabled", allow_duplicate=True),
+        Input(strip.after_cancel, "n_intervals"),
+        State(ids.SESSION, "data"),
+        State(strip.cancelled_at, "data"),
+        prevent_initial_call=True,
+    )(partial_after_cancel(services, rank))
 
 
 def register_estimate(app, panel: PanelScope, estimate_shown: Callable, *more) -> None:
@@ -278,17 +295,53 @@ def live_reporter(
 
 
 def cancelled(n_clicks, handle):
-    """What Cancel did, in words (the image and the volume panels alike)."""
+    """What Cancel did, in words (the image and the volume panels alike), when the
+    server heard it, and the poll for the run's partial heatmap started."""
     if not n_clicks:
-        return no_update
+        return no_update, no_update, no_update, no_update
+    poll = (time.time(), False, 0)
     if not handle:
-        return "Run cancelled."
+        return "Run cancelled.", *poll
     if handle.get("maps_left"):  # cancelled while its gradient maps were coming
         return (
             "Run cancelled after its heatmap: Compare keeps the maps done before the "
-            "cancel; press Run for the rest (nothing done is computed again)."
+            "cancel; press Run for the rest (nothing done is computed again).",
+            *poll,
         )
     return (
         "Run cancelled; the heatmap below, if any, is the previous run's (shown only while "
-        "it matches these settings)."
+        "it matches these settings).",
+        *poll,
     )
+
+
+# how long the page asks for a cancelled run's partial heatmap: the run stops at its next
+# batch, which on a busy host can take a while
+AFTER_CANCEL_SECONDS = 30.0
+# team mode's workers stamp the partial with their own clock
+CLOCK_SLACK_SECONDS = 2.0
+
+
+def partial_after_cancel(services, rank: int) -> Callable:
+    """The callback that polls, after a Cancel, for the cancelled run's partial heatmap:
+    a run stopped by Cancel keeps the cells it computed (webapp.runs.execute), stamped
+    when it stopped; once one stopped after the click is kept, the panel's result is it
+    and the message says it is partial. The poll ends then, or after
+    AFTER_CANCEL_SECONDS (a run cancelled before its first batch keeps nothing). Each
+    poll reads the store once and never waits in a server thread."""
+
+    def poll(n_intervals, session, cancelled_at):
+        if not cancelled_at:
+            return no_update, no_update, True
+        key = runs.results_key(str(session or ""), rank)
+        try:
+            kept = services.results.get(key)
+        except InputError:  # team mode: Redis is away (the panel says so on its own)
+            kept = None
+        stopped = ((kept or {}).get("partial") or {}).get("stopped_at", 0.0)
+        if kept is not None and stopped >= float(cancelled_at) - CLOCK_SLACK_SECONDS:
+            return result_handle(kept), runs.partial_text(kept), True
+        polled = (n_intervals or 0) * AFTER_CANCEL_POLL_MS / 1000
+        return no_update, no_update, polled >= AFTER_CANCEL_SECONDS
+
+    return poll

@@ -222,6 +222,8 @@ class VolumePanel:
             app,
             self.run,
             manager=self.manager,
+            services=self.services,
+            rank=3,
             settings=[
                 *values(
                     VOLUME_PANEL.patch, VOLUME_PANEL.stride, VOLUME_PANEL.mode, VOLUME_PANEL.label
@@ -428,7 +430,7 @@ class VolumePanel:
             per_voxel = voxel_values(heatmap, prepared.unit.shape)
             values = np.asarray(result["values"], np.float64)
             value_range = (float(np.nanmin(values)), float(np.nanmax(values)) + 1e-9)
-            title = f" · {result['label_name']} ({result['mode']})"
+            title = f" · {runs.picture_title(result)} ({result['mode']})"
         cursor = (int(z), int(y), int(x))
         shown = volume_views.displayed(prepared.unit, prepared.model_input.values, window)
         figures = [
@@ -608,6 +610,7 @@ class VolumePanel:
                 data = comparison.comparison_png(result, prepared.unit)
                 return dcc.send_bytes(data, f"{stem}-compare.png"), ""
             if fmt == "dicom":
+                runs.refuse_partial(result, "a DICOM file")
                 source = self.services.images.source(result["source_key"], session)
                 prepared = self.services.prepared_volume(
                     result["source_key"], session, result["model"], result["image"]

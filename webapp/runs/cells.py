@@ -141,6 +141,7 @@ def run_cells(
     label: int,
     known: KnownCells,
     report: Callable[..., None],
+    stopped: Callable[[krypton.Heatmap, int, BaseException], None] | None = None,
 ):
     """Exact or naive over the grid ``axes`` (tensor order, any rank): known cells first,
     then the unknown ones in coarse-to-fine chunks (16 positions, doubling to 256), each
@@ -148,7 +149,10 @@ def run_cells(
     the first chunk and sharpens. Every cell computed is kept in ``known``. ``report(done,
     total, values so far or None)``. Returns the grid's heatmap (its positions computed
     in this run; ``extra``: the run's plan line and its latest side-by-side timing; the
-    caller states its probability and seconds) and how many cells were known."""
+    caller states its probability and seconds) and how many cells were known. A run
+    stopped by an exception (a Cancel, raised by ``report``) hands ``stopped`` the grid as
+    far as it got (cells not computed are NaN), the cells known and the exception, which
+    then goes on."""
     shape = tuple(len(axis) for axis in axes)
     index, corners, keys = grid_cells(axes)
     values = np.full(shape, np.nan, dtype=np.float32)
@@ -174,48 +178,71 @@ def run_cells(
     chunk, begin = FIRST_CHUNK, 0
     plan_line = speed = None
     incremental_only = 0.0  # seconds a naive run would not have spent (views, probes)
-    while begin < len(todo_cells):
-        part = todo_cells[begin : begin + chunk]
-        offset = done
-        heatmap = explainer.explain(
-            tensor,
-            patch=patch,
-            mode=mode,
-            fill=fill,
-            label=label,
-            positions=[_library_position(keys[n]) for n in part],
-            # an exact run times incremental against naive itself (from its first chunk
-            # on): its speed claim and its plan rest on this run's load, not a past one
-            strategy="measure" if mode == "exact" and begin == 0 else "auto",
-            progress=lambda d, t, offset=offset: report(offset + d, total),
-        )
-        plan_line, speed = _chunk_plan(heatmap.extra, plan_line, speed)
-        incremental_only += heatmap.extra.get("incremental_only_seconds", 0.0)
-        found = tuple(
-            np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap.axes)
-        )
-        cells = tuple(index[part].T)
-        values[cells] = heatmap.values[found]
-        if heatmap.class_values is not None:
-            every = heatmap.class_values[found].astype(np.float32)
-            if class_values is None:
-                class_values = np.full(shape + (every.shape[1],), np.nan, dtype=np.float32)
-            class_values[cells] = every
-            known.add(dict(zip((keys[n] for n in part), every)))
-        done += len(part)
-        begin += len(part)
-        chunk = min(chunk * 2, LARGEST_CHUNK)
-        report(done, total, values.copy())
+
+    def heatmap_so_far(extra: dict) -> krypton.Heatmap:
+        return _grid_heatmap(values, class_values, axes, label, mode, patch, begin, extra)
+
+    try:
+        while begin < len(todo_cells):
+            part = todo_cells[begin : begin + chunk]
+            offset = done
+            heatmap = explainer.explain(
+                tensor,
+                patch=patch,
+                mode=mode,
+                fill=fill,
+                label=label,
+                positions=[_library_position(keys[n]) for n in part],
+                # an exact run times incremental against naive itself (from its first chunk
+                # on): its speed claim and its plan rest on this run's load, not a past one
+                strategy="measure" if mode == "exact" and begin == 0 else "auto",
+                progress=lambda d, t, offset=offset: report(offset + d, total),
+            )
+            plan_line, speed = _chunk_plan(heatmap.extra, plan_line, speed)
+            incremental_only += heatmap.extra.get("incremental_only_seconds", 0.0)
+            found = tuple(
+                np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap.axes)
+            )
+            cells = tuple(index[part].T)
+            values[cells] = heatmap.values[found]
+            if heatmap.class_values is not None:
+                every = heatmap.class_values[found].astype(np.float32)
+                if class_values is None:
+                    class_values = np.full(shape + (every.shape[1],), np.nan, dtype=np.float32)
+                class_values[cells] = every
+                known.add(dict(zip((keys[n] for n in part), every)))
+            done += len(part)
+            begin += len(part)
+            chunk = min(chunk * 2, LARGEST_CHUNK)
+            report(done, total, values.copy())
+    except BaseException as exc:
+        if stopped is not None:
+            stopped(heatmap_so_far({"plan": plan_line}), reused, exc)
+        raise
     extra: dict = {"plan": plan_line, "incremental_only_seconds": incremental_only}
     if speed is not None:
         extra["plan_timing"] = dict(speed, incremental_only_seconds=incremental_only)
+    return heatmap_so_far(extra), reused
+
+
+def _grid_heatmap(
+    values: np.ndarray,
+    class_values: np.ndarray | None,
+    axes: tuple,
+    label: int,
+    mode: str,
+    patch: int,
+    computed: int,
+    extra: dict,
+) -> krypton.Heatmap:
+    """The grid's values as the library's heatmap (``computed``: its positions computed in
+    this run; the caller states its probability, seconds and stride)."""
     *zs, ys, xs = (np.asarray(axis) for axis in axes)
-    heatmap = krypton.Heatmap(
+    return krypton.Heatmap(
         values=values, xs=xs, ys=ys, zs=zs[0] if zs else None, label=label, prob=float("nan"),
-        mode=mode, seconds=0.0, patch=patch, stride=None, positions_evaluated=len(todo_cells),
+        mode=mode, seconds=0.0, patch=patch, stride=None, positions_evaluated=computed,
         macs_spent=0, macs_naive=0, extra=extra, class_values=class_values,
     )  # fmt: skip
-    return heatmap, reused
 
 
 def _chunk_plan(extra: dict, plan_line: str | None, speed: dict | None):

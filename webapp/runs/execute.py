@@ -18,6 +18,7 @@ from krypton.explainer import grid
 
 from .. import comparison
 from ..helpers import InputError
+from ..jobs import JobCancelled
 from ..result_schema import ResultRecord
 from . import records, timing
 from .cells import KnownCells, count_known, run_cells, snap_bounds
@@ -215,6 +216,14 @@ def execute(
     load = timing.share_host()
     planned = _estimate(subject, found, load)
 
+    def as_run(heatmap: krypton.Heatmap) -> krypton.Heatmap:
+        # the run as the library's heatmap: its seconds are the whole run's, as the user
+        # waited; its probabilities the run's one prediction
+        return dataclasses.replace(
+            heatmap, seconds=time.perf_counter() - started, prob=float(base_probs[label]),
+            base_probs=base_probs, stride=request.stride,
+        )  # fmt: skip
+
     def live(done: int, total: int, values: np.ndarray | None = None) -> None:
         partial = None
         if values is not None:
@@ -225,11 +234,22 @@ def execute(
     explainer = services.explainer(request.model, rank=request.rank)
     fill = subject.fill()
     reused = 0
+    key = results_key(session, request.rank)
     if found.known is not None:
         had_cells = bool(found.known.cells)
+
+        def stopped(so_far: krypton.Heatmap, reused: int, why: BaseException) -> None:
+            # a cancelled run's cells so far, kept for the page's Cancel to show
+            # (webapp.panels.run_strip.partial_after_cancel)
+            known = int(np.isfinite(so_far.values).sum())
+            if isinstance(why, JobCancelled) and known:
+                kept = _record(services, subject, found, as_run(so_far), prediction, reused)
+                kept["partial"] = records.partial_fields(known, so_far.values.size)
+                services.results.put(key, kept)
+
         heatmap, reused = run_cells(
             explainer, tensor, found.axes, request.patch, request.mode, fill, label,
-            found.known, live,
+            found.known, live, stopped,
         )  # fmt: skip
         if not reused and not found.note and had_cells:
             found.note = "no cells reused: none of the earlier positions lies on this grid"
@@ -241,27 +261,10 @@ def execute(
             heatmap.extra.get("stage_one_positions", heatmap.positions_evaluated),
             heatmap.extra.get("stage_two_positions", 0),
         )
-    # the run as the library's heatmap: its seconds are the whole run's, as the user
-    # waited; its probabilities the run's one prediction
-    heatmap = dataclasses.replace(
-        heatmap, seconds=time.perf_counter() - started, prob=float(base_probs[label]),
-        base_probs=base_probs, stride=request.stride,
-    )  # fmt: skip
+    heatmap = as_run(heatmap)
     speed = timing.finished_run(request, heatmap, counts, planned, load)
     weights = services.weights_checksum(request.model)
-    result = records.result_record(request, subject.loaded, weights, heatmap, found.region(subject))
-    result.update(subject.record())
-    result.update(
-        {
-            "reused": reused,
-            "reuse_note": found.note,
-            "estimate": planned,  # what the page estimated for the positions left
-            "speed": speed,  # incremental vs naive, timed side by side in this run, or None
-            "ood": prediction.ood,
-            "methods": None,  # Grad-CAM and Integrated Gradients (webapp.comparison)
-        }
-    )
-    key = results_key(session, request.rank)
+    result = _record(services, subject, found, heatmap, prediction, reused, planned, speed)
     if not request.compare:
         services.results.put(key, result)
         return result
@@ -277,6 +280,36 @@ def execute(
         )  # fmt: skip
 
     return stream.run(comparison.compare_steps(subject.loaded, label), compute)
+
+
+def _record(
+    services: Services,
+    subject: Subject,
+    found: _Grid,
+    heatmap: krypton.Heatmap,
+    prediction: krypton.Prediction,
+    reused: int,
+    planned: dict | None = None,
+    speed: dict | None = None,
+) -> ResultRecord:
+    """The result record of a run's ``heatmap`` (:func:`webapp.runs.records.result_record`)
+    with the subject's fields, how the run reused cells, what the page estimated
+    (``planned``), the speed timed side by side in the run and the OOD verdict."""
+    request = subject.request
+    weights = services.weights_checksum(request.model)
+    result = records.result_record(request, subject.loaded, weights, heatmap, found.region(subject))
+    result.update(subject.record())
+    result.update(
+        {
+            "reused": reused,
+            "reuse_note": found.note,
+            "estimate": planned,  # what the page estimated for the positions left
+            "speed": speed,  # incremental vs naive, timed side by side in this run, or None
+            "ood": prediction.ood,
+            "methods": None,  # Grad-CAM and Integrated Gradients (webapp.comparison)
+        }
+    )
+    return result
 
 
 @dataclass

@@ -20,7 +20,7 @@ from krypton.pacs import source_instance as pacs_source_instance
 from krypton.render.dicom_series import dicom_headers
 
 from ..helpers import InputError
-from .records import NOT_KEPT, kept_result, result_heatmap
+from .records import NOT_KEPT, kept_result, refuse_partial, result_heatmap
 from .subjects import results_key
 
 __all__ = ["ALREADY_SENT", "send_result"]
@@ -55,6 +55,7 @@ def send_result(services, rank: int, handle, session: str) -> str:
         return NOT_FROM_PACS.format(what="volume" if rank == 3 else "image")
     study, series = opened
     try:
+        refuse_partial(result, "the PACS")
         with services.intake():
             model = services.model(result["model"], rank=rank)
             subject = (_volume_send if rank == 3 else _image_send)(services, result, session, model)

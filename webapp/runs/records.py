@@ -15,6 +15,7 @@ import krypton
 from krypton.estimator import format_duration
 
 from .. import comparison, model_card
+from ..exports import picture_title
 from ..helpers import InputError
 from ..result_schema import ResultRecord
 from .provenance import Provenance, ResultView, result_view
@@ -36,6 +37,10 @@ __all__ = [
     "summary_lines",
     "relabel",
     "export_json",
+    "partial_fields",
+    "partial_text",
+    "picture_title",
+    "refuse_partial",
 ]
 
 # the fields that name the server's stored files: a file that leaves the server names none
@@ -237,9 +242,41 @@ def _grid_words(result: ResultRecord) -> tuple[str, str]:
     return named, f" ({grid} grid over {where}, cube {result['patch']}, stride {result['stride']})"
 
 
+def partial_fields(known: int, positions: int) -> dict:
+    """What a cancelled run's record says of itself: the grid's cells known when it
+    stopped, of how many, and when it stopped (the page's Cancel waits for a record
+    stopped after its click: webapp.panels.run_strip)."""
+    return {"known": int(known), "positions": int(positions), "stopped_at": time.time()}
+
+
+def partial_text(result: ResultRecord) -> str:
+    """The sentence a partial heatmap (a cancelled run's) is shown with; "" for a whole
+    one."""
+    partial = result.get("partial")
+    if not partial:
+        return ""
+    return (
+        f"Partial heatmap: the run was cancelled with {partial['known']:,} of "
+        f"{partial['positions']:,} positions known; the blank cells were not computed. "
+        f"Press Run to compute only the rest."
+    )
+
+
+def refuse_partial(result: ResultRecord, what: str) -> None:
+    """Raise InputError where ``result`` is a cancelled run's partial heatmap: ``what``
+    (a DICOM file, a PACS study) would carry blank cells as if they were measured."""
+    if result.get("partial"):
+        raise InputError(
+            f"This heatmap is partial (the run was cancelled): it is not written to {what}. "
+            f"Press Run to complete it first."
+        )
+
+
 def summary_lines(result: ResultRecord) -> list[str]:
     """The result as the page states it: label, what ran and how long, against what."""
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
+    if result.get("partial"):
+        lines.append(partial_text(result))
     warning = model_card.ood_text(result.get("ood"))
     if warning:
         lines.append(warning)
@@ -249,7 +286,7 @@ def summary_lines(result: ResultRecord) -> list[str]:
             f"{before}{result['mode']} · {result['evaluated']} positions computed in "
             f"{format_duration(result['seconds'])}"
         )
-        if result.get("estimate"):
+        if result.get("estimate") and not result.get("partial"):
             line += f" (estimated {estimate_text(result['estimate'])})"
         lines.append(line + after)
         speed = speed_text(result.get("speed"), result["mode"])
