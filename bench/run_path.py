@@ -114,13 +114,13 @@ def image_run_functions(
 
     def click(region, estimate) -> object:
         # the page's controls: patch, stride, mode, colour, custom colour, class, region,
-        # quality target, drill-down, speed-up, snap, overlay, Compare, its layer; and the
-        # estimate the page showed for them
+        # quality target, drill-down, speed-up, snap, overlay, Compare, its layer and
+        # steps; and the estimate the page showed for them
         values = list(settings)
         values[7] = region
         with callback_context():
             handle, message = panel.run(
-                lambda *a: None, 1, session, record, *values, None, None, estimate
+                lambda *a: None, 1, session, record, *values, None, None, None, estimate
             )
         if message:
             raise RuntimeError(message)

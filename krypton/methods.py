@@ -75,6 +75,8 @@ METHODS = ("occlusion", "gradcam", "integrated_gradients")
 IG_STEPS = 8
 IG_MAX_STEPS = 256
 IG_GAP = 0.01
+# the budgets a user may give a path that did not reach IG_GAP within IG_MAX_STEPS
+IG_STEP_CHOICES = (IG_MAX_STEPS, 4 * IG_MAX_STEPS, 16 * IG_MAX_STEPS)
 FLAT_TOLERANCE = 1e-6  # MethodMap.flat: a spread this small (relative) is rounding
 SIGN_CONVENTION = (
     "evidence for the class, higher is more (occlusion: the probability's drop under the "
@@ -279,7 +281,7 @@ def _gradcam(module, image, label: int, layer) -> torch.Tensor:
 
 
 def _integrated_gradients(
-    module, image, label: int, fill, steps: int | None
+    module, image, label: int, fill, steps: int | None, budget: int | None = None
 ) -> tuple[torch.Tensor, int, float]:
     """(attribution summed over channels, gradient evaluations used, completeness gap):
     the gap is |sum of attributions - (f(image) - f(fill))| over |f(image) - f(fill)|
@@ -287,7 +289,8 @@ def _integrated_gradients(
     Gauss-Legendre rule of that many nodes over the whole path. With ``steps`` None,
     adaptive: the path is cut in two segments of IG_STEPS nodes each, and the segment
     whose own completeness error is largest is halved (both halves integrated again)
-    until the gap is at most IG_GAP or IG_MAX_STEPS evaluations are spent. The segments'
+    until the gap is at most IG_GAP or ``budget`` evaluations (IG_MAX_STEPS by default)
+    are spent. The segments'
     errors add up to the whole path's (each segment's attributions sum to the logit's
     change over it, up to its error), so halving where the error is puts the nodes
     where the integrand bends (a ReLU network's kinks): on the fundus model's normal
@@ -300,6 +303,7 @@ def _integrated_gradients(
         -1, *[1] * (image.dim() - 1)
     )
     integrator = IntegratedGradients(module)
+    budget = int(budget or IG_MAX_STEPS)
 
     def segment(start: float, end: float, nodes: int) -> tuple[torch.Tensor, float]:
         """Attributions of the path from ``start`` to ``end`` (fractions of the way from
@@ -326,7 +330,7 @@ def _integrated_gradients(
         used = 2 * IG_STEPS
         while True:
             gap = abs(sum(delta for _, delta in segments.values())) / change
-            if gap <= IG_GAP or used + 2 * IG_STEPS > IG_MAX_STEPS:
+            if gap <= IG_GAP or used + 2 * IG_STEPS > budget:
                 break
             start, end = max(segments, key=lambda key: abs(segments[key][1]))
             middle = (start + end) / 2
@@ -356,6 +360,13 @@ class PixelAttribution:
     layer: str | None = None
     steps: int | None = None
     gap: float | None = None
+    budget: int | None = None  # the most gradient evaluations the path was allowed
+
+    @property
+    def converged(self) -> bool:
+        """Whether the map is as good as a larger budget would make it: Grad-CAM's always,
+        Integrated Gradients' once its completeness gap is within IG_GAP."""
+        return self.method != "integrated_gradients" or float(self.gap or 0.0) <= IG_GAP
 
     @property
     def detail(self) -> str:
@@ -374,24 +385,29 @@ def pixel_attribution(
     fill=None,
     layer: str | None = None,
     steps: int | None = None,
+    max_steps: int | None = None,
 ) -> PixelAttribution:
     """``method``'s attribution of ``label`` on ``image`` (C, H, W) or (C, D, H, W), per
     pixel or voxel. ``fill``: Integrated Gradients' baseline (default: the loaded model's
     gray, else 0); ``layer``: Grad-CAM's (default: :func:`gradcam_layer`'s rule);
-    ``steps``: Integrated Gradients' (default: as many as completeness asks, IG_GAP)."""
+    ``steps``: Integrated Gradients' (default: as many as completeness asks, IG_GAP, up
+    to ``max_steps`` gradient evaluations, IG_MAX_STEPS by default)."""
     if method not in GRADIENT_METHODS:
         raise ValueError(f"not a gradient method: {method!r}")
     module, fill = _module(model), _fill(model, fill)
     started = time.perf_counter()
-    name, used, gap = None, None, None
+    name, used, gap, budget = None, None, None, None
     if method == "gradcam":
         name, chosen = gradcam_layer(module, image, layer)
         pixels = _gradcam(module, image, int(label), chosen)
     else:
-        pixels, used, gap = _integrated_gradients(module, image, int(label), fill, steps)
+        budget = int(steps) if steps is not None else int(max_steps or IG_MAX_STEPS)
+        if steps is None and budget < 2 * IG_STEPS:  # the first two segments
+            raise ValueError(f"Integrated Gradients' path needs at least {2 * IG_STEPS} steps")
+        pixels, used, gap = _integrated_gradients(module, image, int(label), fill, steps, budget)
     values = pixels.detach().float().cpu().numpy()
     seconds = time.perf_counter() - started
-    return PixelAttribution(method, int(label), values, seconds, name, used, gap)
+    return PixelAttribution(method, int(label), values, seconds, name, used, gap, budget)
 
 
 def attribution_maps(

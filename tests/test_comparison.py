@@ -6,6 +6,7 @@ EVERY_CLASS_UP_TO; its steps are reported and can stop it; the exports carry all
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -350,3 +351,52 @@ def test_a_flat_map_says_so_instead_of_a_colour_scale_to_a_billionth(services):
     assert figure.data[1].showscale is False and figure.data[1].zmax - figure.data[1].zmin == 1
     text = str(image_compare_view(shown, IMAGE.resize((224, 224))))
     assert "finds no evidence" in text and "— (a flat map)" in text
+
+
+def test_a_path_short_of_completeness_says_by_how_much_and_more_steps_compute_only_it(
+    services, monkeypatch
+):
+    """Before: "within 16.7% (over the 1% aimed at: more steps needed)" and no control
+    offered more steps. The view now says how far and what the next budget costs at the
+    map's own pace; a run with that budget computes only the paths that stopped short."""
+    from krypton import methods
+    from webapp.path_budget import budget_options, chosen_budget, more_steps_note
+
+    run = request(services, compare=True)  # quick_integrated_gradients: 8 evaluations
+    result = runs.execute(services, "s", run, lambda *a: None)
+    paths = result["methods"]["integrated_gradients"]["paths"]
+    labels = result["methods"]["integrated_gradients"]["labels"]
+    assert [budget for *_, budget in paths] == [8, 8, 8]
+    short = [label for label, (_, gap, _) in zip(labels, paths) if gap > methods.IG_GAP]
+    reached = [label for label in labels if label not in short]
+    assert short, paths  # 8 evaluations leave at least one class short of 1%
+    shown = result if result["label"] == short[0] else runs.relabel(result, short[0])
+    note = more_steps_note(shown)
+    gap = paths[labels.index(short[0])][1]
+    assert f"stopped {gap:.1%} from completeness" in note and "after 8 gradient" in note
+    assert 'choose 256 under "Integrated Gradients steps"' in note and "per class" in note
+    for label in reached:  # a class whose path reached 1% says nothing more
+        other = result if result["label"] == label else runs.relabel(result, label)
+        assert more_steps_note(other) == ""
+    # the page offers the library's budgets; anything else is refused
+    assert [o["value"] for o in budget_options()] == list(methods.IG_STEP_CHOICES)
+    assert chosen_budget(None) is None and chosen_budget(1024) == 1024
+    with pytest.raises(ValueError, match="one of"):
+        chosen_budget("999")
+    # more steps: only the paths that stopped short are computed again
+    more = dataclasses.replace(run, compare_steps=32)
+    assert runs.compare_left(services, more) == [("integrated_gradients", c) for c in short]
+    computed = []
+    real = comparison.pixel_attribution
+    monkeypatch.setattr(
+        comparison, "pixel_attribution", lambda *a, **k: computed.append(a[2:4]) or real(*a, **k)
+    )
+    again = runs.execute(services, "s", more, lambda *a: None)
+    assert sorted(computed) == sorted(("integrated_gradients", c) for c in short)
+    kept_paths = again["methods"]["integrated_gradients"]["paths"]
+    for label, (used, new_gap, budget) in zip(labels, kept_paths):
+        if label in short:
+            assert budget == 32 and used > 8 and new_gap < paths[labels.index(label)][1]
+        else:
+            assert budget == 8  # reached 1% at 8: kept, not computed again
+    assert runs.compare_left(services, more) == []

@@ -397,3 +397,26 @@ def test_integrated_gradients_halves_the_path_where_it_bends_and_stays_complete(
         logits = loaded.module(torch.stack([image, baseline]))[:, 2]
     change = float(logits[0] - logits[1])
     assert abs(float(attribution.sum()) - change) <= 0.01 * abs(change) + 1e-6
+
+
+def test_a_larger_budget_takes_a_path_that_stopped_short_to_completeness():
+    """Where the path stops short of 1% the user may give it more evaluations (the
+    Compare view's "Integrated Gradients steps"): the budget is what ran, and a map that
+    reached completeness says so."""
+    from PIL import Image
+
+    import krypton
+    from krypton.methods import IG_GAP, pixel_attribution
+
+    loaded = krypton.registry.load_model("fundus-demo")
+    root = Path(__file__).resolve().parents[1]
+    sample = Image.open(root / "assets" / "samples" / "fundus-microaneurysms.png").convert("RGB")
+    image = loaded.preprocess(sample)
+    short = pixel_attribution(loaded, image, "integrated_gradients", 2, max_steps=16)
+    assert short.budget == 16 and short.steps == 16
+    assert short.gap > IG_GAP and not short.converged  # 17.5% at 32 steps of one rule
+    enough = pixel_attribution(loaded, image, "integrated_gradients", 2, max_steps=64)
+    assert enough.budget == 64 and enough.steps <= 64 and enough.converged
+    assert pixel_attribution(loaded, image, "gradcam", 2).converged  # nothing to add
+    with pytest.raises(ValueError, match="at least 16 steps"):
+        pixel_attribution(loaded, image, "integrated_gradients", 2, max_steps=8)

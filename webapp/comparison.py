@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 import krypton
+from krypton import methods as krypton_methods
 from krypton.estimator import (
     Estimate,
     calibrated_step,
@@ -92,6 +93,7 @@ def compute_methods(
     source: tuple = (),
     shown: Shown | None = None,
     kept: KeptAttributions | None = None,
+    budget: int | None = None,
 ) -> dict:
     """Grad-CAM and Integrated Gradients of ``tensor`` on the run's grid ``axes`` (cells of
     ``patch`` per axis), for every class of a model with few classes or else ``label``:
@@ -101,18 +103,21 @@ def compute_methods(
     from ``fill``, the run's occluder: the same "absent" input for both. Grad-CAM reads
     ``layer``, one of :func:`layer_choices`' (None: the deepest convolutional block).
     ``source`` names the input and model (the cells' key, webapp.runs.cell_key): maps
-    ``kept`` for it (the services' :class:`KeptAttributions`) are not computed again."""
+    ``kept`` for it (the services' :class:`KeptAttributions`) are not computed again.
+    ``budget``: Integrated Gradients' most gradient evaluations per map (None: the
+    library's default, krypton.methods.IG_MAX_STEPS)."""
     chosen = chosen_layer(model, layer)
+    budget = int(budget or krypton_methods.IG_MAX_STEPS)
     order = compare_steps(model, label)
     found: dict[tuple[str, int], PixelAttribution] = {}
     for done, (method, step_label) in enumerate(order):
         if stage is not None:
             stage(done, len(order), method, step_label)
         key = attribution_key(source, method, step_label, chosen, fill)
-        attribution = kept.get(key) if kept is not None and source else None
+        attribution = kept.get(key, budget) if kept is not None and source else None
         if attribution is None:
             attribution = pixel_attribution(
-                model, tensor, method, step_label, fill=fill, layer=chosen
+                model, tensor, method, step_label, fill=fill, layer=chosen, max_steps=budget
             )
             if kept is not None:
                 kept.put(key, attribution)
@@ -159,6 +164,10 @@ def methods_record(
             "detail": detail,
             "details": [k.detail for k in kept],
         }
+        if method == "integrated_gradients":  # each path's evaluations, gap and budget
+            record[method]["paths"] = [
+                [int(k.steps or 0), float(k.gap or 0.0), int(k.budget or 0)] for k in kept
+            ]
     return record
 
 
@@ -212,12 +221,15 @@ def step_estimate(
     model: krypton.LoadedModel,
     load: float | None = None,
     steps: Sequence[tuple[str, int]] | None = None,
+    budget: int | None = None,
 ) -> Estimate | None:
     """Seconds the gradient maps ``steps`` ((method, class) pairs; default: every map a
     Compare run of ``model`` computes, :func:`compare_steps`) should take here: per
     method, krypton.estimator.recent_estimate over this host's logged maps of it, times
     how many of it are left; before each method has been logged, the model's calibration
-    of the step for those classes. None without either."""
+    of the step for those classes. None without either. An Integrated Gradients
+    ``budget`` above the default scales its maps by as much (a path left to compute at a
+    larger budget is one that spent the default one)."""
     steps = compare_steps(model, 0) if steps is None else list(steps)
     if not steps:
         return Estimate(0.0, 0.0, 0.0, "nothing left")
@@ -231,7 +243,9 @@ def step_estimate(
         )
         if found is None:  # not logged yet: the calibration of the classes left
             return calibrated_step(model.name, len({label for _, label in steps}), load)
-        parts.append((count, found))
+        default = krypton_methods.IG_MAX_STEPS
+        larger = method == "integrated_gradients" and budget and budget > default
+        parts.append((count * (budget / default if budget and larger else 1.0), found))
     seconds = sum(count * found.seconds for count, found in parts)
     low = sum(count * found.low for count, found in parts)
     high = sum(count * found.high for count, found in parts)
@@ -253,14 +267,17 @@ def maps_left(
     fill,
     label: int,
     layer: str | None = None,
+    budget: int | None = None,
 ) -> list[tuple[str, int]]:
     """The maps a Compare run of the input ``source`` names would compute (those not
-    ``kept`` from an earlier run), in their order (:func:`compare_steps`)."""
+    ``kept`` from an earlier run, Integrated Gradients' at ``budget``), in their order
+    (:func:`compare_steps`)."""
     chosen = chosen_layer(model, layer)
+    budget = int(budget or krypton_methods.IG_MAX_STEPS)
     return [
         (method, label)
         for method, label in compare_steps(model, label)
-        if kept.get(attribution_key(source, method, label, chosen, fill)) is None
+        if kept.get(attribution_key(source, method, label, chosen, fill), budget) is None
     ]
 
 
@@ -268,6 +285,7 @@ def estimate_note(
     model: krypton.LoadedModel,
     load: float | None = None,
     left: Sequence[tuple[str, int]] | None = None,
+    budget: int | None = None,
 ) -> str:
     """What the estimate line adds while Compare is ticked: the gradient maps that follow
     the heatmap, and how long the ones ``left`` to compute (default: all,
@@ -280,7 +298,7 @@ def estimate_note(
             f"shown with the heatmap."
         )
     steps = compare_steps(model, 0) if left is None else list(left)
-    found = step_estimate(model, load, steps)
+    found = step_estimate(model, load, steps, budget)
     maps = f"{len(steps)} gradient map{'s' * (len(steps) != 1)}"
     known = (
         ""

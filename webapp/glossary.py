@@ -30,6 +30,10 @@ GLOSSARY = {
     "Grad-CAM layer": "Which block of the network Grad-CAM reads. Deeper blocks see "
     "more of the image but have fewer, coarser cells; the map's title names the block "
     "that was read.",
+    "Integrated Gradients steps": "The most gradient evaluations Integrated Gradients may "
+    "spend per class. It stops sooner once its attributions add up (within 1%) to the "
+    "change in the model's output; where they do not, the Compare view says by how much "
+    "and what more steps would take.",
 }
 
 

@@ -26,11 +26,18 @@ class KeptAttributions:
         self._kept: OrderedDict[tuple, PixelAttribution] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple) -> PixelAttribution | None:
+    def get(self, key: tuple, budget: int | None = None) -> PixelAttribution | None:
+        """The map kept under ``key``; for Integrated Gradients allowed ``budget``
+        gradient evaluations, only one as good as that budget makes it: one that reached
+        completeness, or one run with at least that budget (a path stopped short at 256
+        is computed again when 1,024 are allowed)."""
         with self._lock:
             found = self._kept.get(key)
-            if found is not None:
-                self._kept.move_to_end(key)
+            if found is None:
+                return None
+            if budget is not None and not found.converged and (found.budget or 0) < budget:
+                return None
+            self._kept.move_to_end(key)
             return found
 
     def put(self, key: tuple, attribution: PixelAttribution) -> None:
@@ -54,9 +61,10 @@ class KeptAttributions:
 def attribution_key(source: tuple, method: str, label: int, layer: str, fill) -> tuple:
     """What determines a kept gradient map: the input and model (``source``), the method
     and class, Grad-CAM's layer, Integrated Gradients' baseline (``fill``) and its
-    path policy (krypton.methods.IG_STEPS, IG_MAX_STEPS, IG_GAP)."""
+    path policy (krypton.methods.IG_STEPS, IG_GAP). Its budget of gradient evaluations
+    is not in the key: :meth:`KeptAttributions.get` asks for it."""
     if method == "gradcam":
         return (source, method, int(label), layer)
     baseline = tuple(np.round(np.asarray(fill, np.float64).ravel(), 6).tolist())
-    policy = (krypton_methods.IG_STEPS, krypton_methods.IG_MAX_STEPS, krypton_methods.IG_GAP)
+    policy = (krypton_methods.IG_STEPS, krypton_methods.IG_GAP)
     return (source, method, int(label), baseline, policy)

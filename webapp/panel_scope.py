@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dash import dcc, html
 
-from .compare_layout import layer_picker
+from .compare_layout import layer_picker, steps_picker
 from .run_strip import RunStrip
 
 __all__ = ["PanelScope", "IMAGE_PANEL", "VOLUME_PANEL", "SAMPLES_DIR", "mode_options",
@@ -170,6 +170,11 @@ class PanelScope:
         """The layer Grad-CAM reads (None: the default rule)."""
         return self.id("compare-layer")
 
+    @property
+    def compare_steps(self) -> str:
+        """Integrated Gradients' most gradient evaluations per map (webapp.path_budget)."""
+        return self.id("compare-steps")
+
     # The result
     @property
     def result(self) -> str:
@@ -212,11 +217,12 @@ class PanelScope:
         return dcc.RadioItems(id=self.mode, value="exact", inline=True, options=mode_options())
 
     def compare_controls(self) -> list:
-        """The Compare tick (ticked: ["compare"], in both panels; panels.compare ticks it)
-        and Grad-CAM's layer."""
+        """The Compare tick (ticked: ["compare"], in both panels; panels.compare ticks it),
+        Grad-CAM's layer and Integrated Gradients' steps."""
         return [
             tick(self.compare, COMPARE_WORDS, value="compare"),
             layer_picker(self.compare_layer),
+            steps_picker(self.compare_steps),
         ]
 
     def compare_sample_button(self, name: str, settings: str) -> html.Button:

@@ -17,6 +17,7 @@ from krypton.render.volumes import voxel_values
 from .. import comparison, figures, ids, runs, volume_views
 from ..helpers import InputError
 from ..panel_scope import IMAGE_PANEL, VOLUME_PANEL
+from ..path_budget import more_steps_note
 from ..runs import Services
 
 SIGN_NOTE = (
@@ -53,6 +54,7 @@ def _heading(result: runs.ResultRecord, maps) -> list:
     classes = len({c for entry in kept.values() for c in entry["labels"]})
     step = sum(sum(found["seconds"]) for found in kept.values())
     pending = comparison.pending_note(result)
+    short = more_steps_note(result)
     if pending:
         done = f"Gradient maps so far: {step:.2f} s."
     else:
@@ -65,6 +67,7 @@ def _heading(result: runs.ResultRecord, maps) -> list:
             className="help",
         ),
         *([html.P(pending, className="status compare-pending")] if pending else []),
+        *([html.P(short, className="warning compare-more-steps")] if short else []),
     ]
 
 

@@ -14,6 +14,7 @@ from dash.exceptions import PreventUpdate
 from .. import figures, helpers, ids, runs
 from ..layout import placeholder_figure
 from ..panel_scope import IMAGE_PANEL
+from ..path_budget import chosen_budget
 from ..services import Services
 from .run_strip import Prepared, register_strip, run_job, values
 
@@ -60,7 +61,7 @@ class RunPanel:
                 State(IMAGE_PANEL.region, "data"),
                 *values(ids.TARGET_SSIM, ids.DRILL_DOWN, ids.TARGET_SPEEDUP, ids.SNAP),
                 State(ids.OVERLAY_STORE, "data"),
-                *values(IMAGE_PANEL.compare, IMAGE_PANEL.compare_layer),
+                *values(IMAGE_PANEL.compare, IMAGE_PANEL.compare_layer, IMAGE_PANEL.compare_steps),
             ],
             hidden_while_running=(ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel),
         )
@@ -119,6 +120,7 @@ def run_request(
     overlay,
     compare=None,
     layer=None,
+    steps=None,
     shown=None,
 ) -> tuple[runs.RunRequest, dict | None]:
     """The page's controls as a run request (and the overlay settings it is drawn with);
@@ -144,6 +146,7 @@ def run_request(
         snap=bool(snap),
         compare=bool(compare),
         compare_layer=str(layer) if layer else None,
+        compare_steps=chosen_budget(steps) if compare else None,  # read only by Compare
         dicom=image_data.get("dicom"),
         estimate=shown,
     )

@@ -16,6 +16,7 @@ from ..helpers import InputError
 from ..layout import patch_options
 from ..model_card import model_card_lines, ood_text
 from ..panel_scope import IMAGE_PANEL, mode_options
+from ..path_budget import chosen_budget
 from ..services import Services
 from .run import parse_colour
 from .run_strip import register_estimate
@@ -93,6 +94,7 @@ class SettingsPanel:
             Input(ids.COLOUR, "value"),
             Input(ids.CUSTOM_COLOUR, "value"),
             Input(IMAGE_PANEL.compare, "value"),
+            Input(IMAGE_PANEL.compare_steps, "value"),
         )  # fmt: skip
         app.callback(
             Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
@@ -174,7 +176,7 @@ class SettingsPanel:
 
     def estimate(
         self, model_name, patch, stride, mode, region, drill, speedup, _result, image, colour,
-        custom, compare=None,
+        custom, compare=None, steps=None,
     ):  # fmt: skip
         """How long a Run with these settings should take, and where that comes from:
         fixed cost + the positions not computed yet x their cost, and what naive would
@@ -182,12 +184,12 @@ class SettingsPanel:
         gradient step comes on top. The host's load is sampled once for all of it."""
         return self.estimate_shown(
             model_name, patch, stride, mode, region, drill, speedup, _result, image, colour,
-            custom, compare,
+            custom, compare, steps,
         )[0]  # fmt: skip
 
     def estimate_shown(
         self, model_name, patch, stride, mode, region, drill, speedup, _result, image, colour,
-        custom, compare=None,
+        custom, compare=None, steps=None,
     ):  # fmt: skip
         """(:meth:`estimate`'s line, the estimate as the run strip keeps it for Run:
         webapp.runs.shown_estimate, or None)."""
@@ -198,15 +200,17 @@ class SettingsPanel:
         if not compare or not isinstance(text, str):
             return text, shown
         loaded = self.services.model(model_name)
-        left = None
+        left, request = None, None
         if image:  # the run's request again, without planning it a second time
             try:
                 request = _base_request(model_name, patch, stride, mode, region, image)
                 request = _with_settings(request, colour, custom, drill, speedup)
+                request = dataclasses.replace(request, compare_steps=chosen_budget(steps))
                 left = runs.compare_left(self.services, request)
             except (InputError, TypeError, ValueError):
-                left = None  # the line above says what is wrong
-        return f"{text} {comparison.estimate_note(loaded, load, left)}", shown
+                left, request = None, None  # the line above says what is wrong
+        budget = request.compare_steps if request is not None else None
+        return f"{text} {comparison.estimate_note(loaded, load, left, budget)}", shown
 
     def _estimate(
         self, model_name, patch, stride, mode, region, drill, speedup, image, colour, custom, load

@@ -20,6 +20,7 @@ from ..exports import export_stem
 from ..helpers import InputError, owner_tag
 from ..layout import placeholder_figure
 from ..panel_scope import VOLUME_PANEL
+from ..path_budget import chosen_budget
 from ..runs import volumes
 from ..services import Services
 from ..volume_layout import volume_sample_path
@@ -125,6 +126,7 @@ class VolumePanel:
             Input(VOLUME_PANEL.compare, "value"),
             State(VOLUME_PANEL.store, "data"),
             State(ids.SESSION, "data"),
+            Input(VOLUME_PANEL.compare_steps, "value"),
         )  # fmt: skip
         self._register_run(app)
         self._register_binding(app)
@@ -229,7 +231,12 @@ class VolumePanel:
                     VOLUME_PANEL.patch, VOLUME_PANEL.stride, VOLUME_PANEL.mode, VOLUME_PANEL.label
                 ),
                 State(VOLUME_PANEL.region, "data"),
-                *values(*SLIDERS, VOLUME_PANEL.compare, VOLUME_PANEL.compare_layer),
+                *values(
+                    *SLIDERS,
+                    VOLUME_PANEL.compare,
+                    VOLUME_PANEL.compare_layer,
+                    VOLUME_PANEL.compare_steps,
+                ),
             ],
         )
 
@@ -449,17 +456,17 @@ class VolumePanel:
         return (*figures, text)
 
     def estimate(self, model, patch, stride, mode, region, _handle, compare=None,
-                 record=None, session=None):  # fmt: skip
+                 record=None, session=None, steps=None):  # fmt: skip
         """The positions the settings make, how many of them are known already (the run
         reuses them: webapp.runs.plan_run, as the run plans itself), and how long the
         rest should take here (with Compare ticked, that its gradient step comes on
         top)."""
         return self.estimate_shown(
-            model, patch, stride, mode, region, _handle, compare, record, session
+            model, patch, stride, mode, region, _handle, compare, record, session, steps
         )[0]
 
     def estimate_shown(self, model, patch, stride, mode, region, _handle, compare=None,
-                       record=None, session=None):  # fmt: skip
+                       record=None, session=None, steps=None):  # fmt: skip
         """(:meth:`estimate`'s line, the estimate as the run strip keeps it for Run:
         webapp.runs.shown_estimate, or None)."""
         if not model:
@@ -489,8 +496,11 @@ class VolumePanel:
             shown = runs.shown_estimate(asked, planned, found)
         if compare:
             session = str(session or "")
+            if asked is not None:
+                asked = dataclasses.replace(asked, compare_steps=chosen_budget(steps))
             left = None if asked is None else runs.compare_left(self.services, asked, session)
-            text = f"{text}. {comparison.estimate_note(loaded, load, left)}"
+            budget = None if asked is None else asked.compare_steps
+            text = f"{text}. {comparison.estimate_note(loaded, load, left, budget)}"
         return text, shown
 
     def _result_for(self, handle, record, model, session, screen=()) -> runs.ResultRecord | None:
@@ -525,7 +535,7 @@ class VolumePanel:
     # -- running ---------------------------------------------------------------------
 
     def run(self, set_progress, n_clicks, session, record, model, patch, stride, mode, label,
-            region, z, y, x, compare=None, layer=None, shown=None):  # fmt: skip
+            region, z, y, x, compare=None, layer=None, steps=None, shown=None):  # fmt: skip
         """Queue, run and keep one volume run; the page gets its handle. ``shown``: the
         estimate the panel showed (the run keeps it where its plan is the same)."""
         if not n_clicks:
@@ -536,7 +546,9 @@ class VolumePanel:
             if not record:
                 raise InputError("load a volume first")
             request = _request(record, model, patch, stride, mode, label, region, compare, layer)
-            request = dataclasses.replace(request, estimate=shown)
+            request = dataclasses.replace(
+                request, estimate=shown, compare_steps=chosen_budget(steps)
+            )
             prepared = self._prepared(record, model, session)
             cursor = tuple(int(v) for v in (z, y, x))
             classes = list(self.services.model(model, rank=3).classes)

@@ -122,7 +122,7 @@ def compare_left(
         source = cell_key(request, weights, subject.loaded.preprocessing)[:4]
         return comparison.maps_left(
             subject.loaded, services.gradients, source, subject.fill(), label or 0,
-            request.compare_layer,
+            request.compare_layer, request.compare_steps,
         )  # fmt: skip
     except (InputError, KeyError, TypeError, ValueError):
         return None
@@ -277,6 +277,7 @@ def execute(
         return comparison.compute_methods(
             subject.loaded, tensor, found.axes, request.patch, fill, label, stage, load,
             request.compare_layer, source=source, shown=keep, kept=services.gradients,
+            budget=request.compare_steps,
         )  # fmt: skip
 
     return stream.run(comparison.compare_steps(subject.loaded, label), compute)

@@ -41,6 +41,8 @@ class RunRequest:
     snap: bool = True  # move a new region's grid onto the last run's grid to reuse it
     compare: bool = False  # also Grad-CAM and Integrated Gradients on the run's grid
     compare_layer: str | None = None  # Grad-CAM's (None: the deepest conv block)
+    # Integrated Gradients' most gradient evaluations per map (None: the library's default)
+    compare_steps: int | None = None
     rank: int = 2  # 2: an image, 3: a volume
     # the page's record of a DICOM image (window, frame, spacing; no identity), or None
     dicom: dict | None = field(default=None, compare=False, hash=False)
