@@ -100,6 +100,8 @@ bench: $(STAMP)
 	$(PY) -W ignore -m bench.dropin
 	$(PY) -W ignore -m bench.integrated_gradients
 	$(PY) -m bench.estimates
+	$(PY) -m bench.time_left --burners 0
+	$(PY) -m bench.time_left --burners 2
 	$(PY) -m bench.run_path
 	$(PY) -m bench.speed_claims
 	$(PY) -m bench.speed_claims --burners 2

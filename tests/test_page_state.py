@@ -106,6 +106,28 @@ def test_time_left_counts_only_positions_the_run_computed_itself():
     assert left is not None and left >= 0.75, left
 
 
+def test_a_chunked_runs_time_left_starts_after_its_first_chunk_at_its_pace_from_there():
+    """Exact's first chunk warms the model and times naive inference beside it: a pace
+    taken from it gave a first time-left 1.6-1.8x the time the run still took in 7 of 10
+    runs on an idle host (bench.time_left). Replayed with the run's own times."""
+    run = reach(Phase.QUEUED)
+    run.chunked = True
+    run.start()
+    run.progress(0, 116, now=0.0)
+    run.progress(8, 116, now=4.0)  # the first chunk: 0.5 s a position (probes, naive)
+    assert run.seconds_left() is None  # no figure from the first chunk's pace
+    run.progress(16, 116, picture=True, now=8.0)  # its picture: the first chunk is done
+    assert run.seconds_left() is None
+    run.progress(66, 116, now=13.0)  # 50 positions in 5 s: 0.1 s each from here
+    assert run.seconds_left() == pytest.approx(5.0)  # the first chunk's pace said 25 s
+    # an approximate run reports no chunk pictures with its counts: its pace as before
+    plain = reach(Phase.QUEUED)
+    plain.start()
+    plain.progress(0, 116, now=0.0)
+    plain.progress(16, 116, now=8.0)
+    assert plain.seconds_left() == pytest.approx(50.0)
+
+
 def test_the_queue_moves_a_run_through_queued_running_and_done():
     """The run strip told a run's lifecycle "queued" before the queue had admitted it and
     "running" beside the queue's own step; the queue moves it now

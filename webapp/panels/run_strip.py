@@ -204,6 +204,7 @@ def run_job(
     try:
         prepared = prepare()
         request = prepared.request
+        lifecycle.chunked = request.mode in ("exact", "naive")  # webapp.runs.run_cells
         client = (ctx.headers or {}).get(CLIENT_HEADER) or "unknown"
         light = runs.is_light(services, request, session)
         # the queue moves the lifecycle: queued, running, done (webapp.jobs.JobQueue.slot)
@@ -268,7 +269,7 @@ def live_reporter(
         check_cancelled()
         if total:
             planned.setdefault("total", total)
-            lifecycle.progress(done, total)
+            lifecycle.progress(done, total, picture=partial is not None)
         now = time.perf_counter()
         if partial is None and now - state["sent"] < LIVE_UPDATE_SECONDS:
             return
