@@ -126,7 +126,9 @@ def _image(seed: int) -> Image.Image:
 def _lease_holders(team: TeamCluster) -> dict[str, str]:
     holders = {}
     for key in team.redis.scan_iter(PREFIX + "lease:*"):
-        holders[key.decode()] = team.redis.get(key).decode()
+        holder = team.redis.get(key)  # a lease released between the scan and the read:
+        if holder is not None:  # no longer held (the run ended meanwhile)
+            holders[key.decode()] = holder.decode()
     return holders
 
 
