@@ -203,6 +203,19 @@ def test_a_compared_volume_run_has_three_maps_per_class_on_its_grid(
     assert set(exported["comparison"]["methods"]) == set(maps) and "methods" not in exported
     prepared = services.prepared_volume(key, "tab-1", "ct-test")
     assert comparison.comparison_png(result, prepared.unit).startswith(PNG)
+    # both panels' Compare views can be on the page: their agreement tables' ids differ
+    # (before: both were "compare-panel-agreement")
+    from webapp.panels.compare import image_compare_view, volume_compare_view
+
+    image_result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
+    ids = [
+        [part.id for part in view if getattr(part, "id", None)]
+        for view in (
+            image_compare_view(image_result, IMAGE.resize((224, 224))),
+            volume_compare_view(result, prepared.unit, (8, 8, 8)),
+        )
+    ]
+    assert ids[0] and ids[1] and not set(ids[0]) & set(ids[1]), ids
 
 
 def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticked(

@@ -16,7 +16,7 @@ from krypton.render.volumes import voxel_values
 
 from .. import comparison, figures, ids, runs, volume_views
 from ..helpers import InputError
-from ..panel_scope import IMAGE_PANEL, VOLUME_PANEL
+from ..panel_scope import IMAGE_PANEL, VOLUME_PANEL, PanelScope
 from ..path_budget import more_steps_note
 from ..runs import Services
 
@@ -28,8 +28,9 @@ SIGN_NOTE = (
 )
 
 
-def agreement_table(maps) -> html.Table:
-    """Every pair's rank correlation and top-5% overlap, one row each."""
+def agreement_table(maps, panel: PanelScope) -> html.Table:
+    """Every pair's rank correlation and top-5% overlap, one row each, in ``panel``'s
+    Compare view (its id is the panel's: both panels' views can be on the page)."""
     rows = [html.Tr([html.Th("Methods"), html.Th("Rank correlation"), html.Th("Top 5% overlap")])]
     for row in comparison.agreement_rows(maps):
         rows.append(
@@ -43,7 +44,7 @@ def agreement_table(maps) -> html.Table:
                 ]
             )
         )
-    return html.Table(rows, id=IMAGE_PANEL.compare_panel + "-agreement")
+    return html.Table(rows, id=panel.compare_panel + "-agreement")
 
 
 def _heading(result: runs.ResultRecord, maps) -> list:
@@ -102,7 +103,7 @@ def image_compare_view(result: runs.ResultRecord, shown: Image.Image) -> list:
         *_heading(result, maps),
         *_flat(result, maps),
         html.Div(graphs, className="compare-maps"),
-        agreement_table(maps),
+        agreement_table(maps, IMAGE_PANEL),
         html.Small(SIGN_NOTE, className="help"),
     ]
 
@@ -133,7 +134,7 @@ def volume_compare_view(result: runs.ResultRecord, unit: np.ndarray, cursor) -> 
         *_heading(result, maps),
         *_flat(result, maps),
         *rows,
-        agreement_table(maps),
+        agreement_table(maps, VOLUME_PANEL),
         html.Small(SIGN_NOTE, className="help"),
     ]
 
