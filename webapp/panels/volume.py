@@ -1,7 +1,8 @@
 """The volume panel: a CT or MR volume in three linked views, a 3-D region, its run (a
-background job with progress, live picture and cancel), another class, the exports. The
-run and everything it decides is webapp.runs, as an image's; the figures
-webapp.volume_views."""
+background job with progress, live picture and cancel), its estimate. How a volume is
+read is webapp.panels.volume_intake's; the kept result (another class, the summary,
+Compare, the exports) webapp.panels.volume_result's. The run and everything it decides
+is webapp.runs, as an image's; the figures webapp.volume_views."""
 
 from __future__ import annotations
 
@@ -9,24 +10,23 @@ import dataclasses
 import logging
 
 import numpy as np
-from dash import ALL, ClientsideFunction, Input, Output, State, ctx, dcc, html, no_update
+from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
 from krypton.registry import available_models
-from krypton.render.volumes import VIEWS, heatmap_nifti, voxel_values
+from krypton.render.volumes import VIEWS, voxel_values
 
-from .. import comparison, ids, pacs, runs, volume_views, wording
-from ..exports import export_stem
-from ..helpers import InputError, owner_tag
+from .. import comparison, ids, runs, volume_views
+from ..helpers import InputError
 from ..layout import placeholder_figure
 from ..panel_scope import VOLUME_PANEL
 from ..path_budget import chosen_budget
 from ..runs import volumes
 from ..services import Services
-from ..volume_layout import volume_sample_path
-from .common import hide_at_click, origin, register_intake
-from .compare import volume_compare_view
-from .run_strip import Prepared, register_estimate, register_strip, result_handle, run_job, values
+from .common import hide_at_click, register_intake
+from .run_strip import Prepared, register_estimate, register_strip, run_job, values
+from .volume_intake import VolumeIntake
+from .volume_result import VolumeResult, volume_request, whole_voxels
 
 logger = logging.getLogger("krypton.app")
 GRAPHS = [graph for _, graph, _ in ids.VOLUME_GRAPHS]  # in VIEWS' order
@@ -61,7 +61,7 @@ VOLUME_SETTINGS = [
 ]
 
 
-class VolumePanel:
+class VolumePanel(VolumeIntake, VolumeResult):
     """Callbacks of the volume panel; runs are background jobs on ``manager``."""
 
     def __init__(self, services: Services, manager):
@@ -240,94 +240,7 @@ class VolumePanel:
             ],
         )
 
-    # -- loading and viewing -----------------------------------------------------------
-
-    def load_volume(self, ticket, sample_clicks, compare_clicks, session):
-        """An uploaded volume or a sample (:meth:`upload_volume`, :meth:`sample_volume`)."""
-        trigger = ctx.triggered_id
-        answered = origin(trigger, ticket)
-        if answered is None:
-            raise PreventUpdate
-        if not isinstance(trigger, dict):
-            return (*self.upload_volume(ticket, session), answered)
-        if not any(sample_clicks + compare_clicks):
-            raise PreventUpdate
-        compare = trigger.get("type") == VOLUME_PANEL.compare_sample
-        return (*self.sample_volume(str(trigger["name"]), session, compare), answered)
-
-    def upload_volume(self, ticket, session):
-        """An uploaded volume, read as :meth:`open_volume` reads every volume."""
-        session = str(session or "")
-        ticket = ticket if isinstance(ticket, dict) else {}
-        name = str(ticket.get("name") or "the volume")
-        if isinstance(ticket.get("pacs"), dict):
-            return self.pacs_volume(ticket["pacs"], name, session)
-        try:
-            if ticket.get("error"):
-                raise InputError(str(ticket["error"]))
-            token = str(ticket.get("token", ""))
-            with self.services.uploads.take(token, "volume", session) as (path, _):
-                data = path.read_bytes()
-        except InputError as exc:
-            return no_update, no_update, str(exc), None
-        return self.open_volume(data, name, session)
-
-    def pacs_volume(self, chosen: dict, name: str, session: str):
-        """A series of the operator's PACS (webapp.panels.pacs names it): fetched within
-        the volume limit by this client's one intake, then read as an upload is; the
-        server remembers its study, where Send stores the result."""
-        study, series = str(chosen.get("study", "")), str(chosen.get("series", ""))
-        try:
-            with self.services.intake():
-                data = pacs.fetch_series_bytes(
-                    self.services.settings.pacs, study, series,
-                    self.services.settings.max_volume_bytes,
-                )  # fmt: skip
-        except InputError as exc:
-            return no_update, no_update, str(exc), None
-        record, region, message, pending = self.open_volume(data, name, session)
-        if not message:
-            self.services.pacs_sources.remember(record["key"], session, study, series)
-            record["pacs"] = True
-        return record, region, message, pending
-
-    def sample_volume(self, name: str, session, compare: bool = False):
-        """A shipped sample, read as an upload is; with ``compare`` its record is also
-        pending, so the page presses Run with Compare once the panel shows it."""
-        try:
-            data = volume_sample_path(name).read_bytes()
-        except (KeyError, OSError):
-            return no_update, no_update, f"the sample {name!r} is not available", None
-        record, region, message, _ = self.open_volume(data, name, str(session or ""))
-        pending = {"key": record["key"], "name": name} if compare and not message else None
-        return record, region, message, pending
-
-    def open_volume(self, data: bytes, name: str, session: str):
-        """Read a volume's bytes once (a bad file is refused here, by name, within the
-        decode budget), keep them for this tab: (the page's record, no region, message,
-        nothing pending)."""
-        try:
-            with self.services.intake() as client:
-                volume = volumes.read_uploaded_volume(data, name)
-                key = self.services.images.put_source(data, session, client)
-            owner = (key, owner_tag(session))
-            self.services.volume_sources.get(owner, lambda: volume)  # read once, not twice
-        except InputError as exc:
-            return no_update, no_update, str(exc), None
-        record = {
-            "key": key,
-            "name": name,
-            "shape": list(volume.shape),
-            "spacing": list(volume.spacing),
-            "modality": volume.modality,
-            "frame": volume.affine is not None,
-        }
-        return record, None, "", None
-
-    def _prepared(self, record: dict, model: str, session: str):
-        return self.services.prepared_volume(
-            str(record["key"]), str(session or ""), model, str(record.get("name"))
-        )
+    # -- viewing ---------------------------------------------------------------------------
 
     def show_volume(self, record, model, session):
         """A new volume or model: the sliders' range and the crosshair at the centre, what
@@ -473,13 +386,13 @@ class VolumePanel:
             return "", None
         try:
             loaded = self.services.model(model, rank=3)
-            patch, stride = _whole(patch, "cube"), _whole(stride, "stride")
+            patch, stride = whole_voxels(patch, "cube"), whole_voxels(stride, "stride")
         except InputError as exc:
             return str(exc), None
         asked, known = None, 0
         if record:
             try:
-                asked = _request(record, model, patch, stride, mode, None, region)
+                asked = volume_request(record, model, patch, stride, mode, None, region)
                 if mode in ("exact", "naive"):
                     planned = runs.plan_run(self.services, asked, str(session or ""))
                     region, known = planned.region, planned.known  # the run's own grid
@@ -503,35 +416,6 @@ class VolumePanel:
             text = f"{text}. {comparison.estimate_note(loaded, load, left, budget)}"
         return text, shown
 
-    def _result_for(self, handle, record, model, session, screen=()) -> runs.ResultRecord | None:
-        """The kept volume result the handle names, when it explains what the panel shows:
-        this volume and model and, given ``screen`` (region, patch, stride, mode, class),
-        these settings — the image panel's provenance rule (webapp.runs.provenance)."""
-        return self._shown(handle, record, model, session, screen)[0]
-
-    def _shown(
-        self, handle, record, model, session, screen=()
-    ) -> tuple[runs.ResultRecord | None, str]:
-        """(the result to show, or None; why not, in the page's words)."""
-        if not record:
-            return None, ""
-        key = runs.results_key(str(session or ""), 3)
-        result, why = runs.kept_result(self.services.results, key, handle)
-        if result is None:
-            return None, why
-        if result.get("source_key") != record.get("key") or result.get("model") != model:
-            return None, "The last heatmap explains another volume or model."
-        if not screen or result.get("provenance") is None:
-            return result, ""
-        region, patch, stride, mode, label = screen
-        try:
-            asked = _request(record, model, patch, stride, mode, label, region)
-            weights = self.services.weights_checksum(model)
-        except (TypeError, ValueError):  # InputError included: a blank cube or stride
-            return None, "The last heatmap is hidden: the settings are incomplete."
-        view = runs.shown_view(result, asked, weights)
-        return (result, "") if view.show else (None, view.reason)
-
     # -- running ---------------------------------------------------------------------
 
     def run(self, set_progress, n_clicks, session, record, model, patch, stride, mode, label,
@@ -545,7 +429,9 @@ class VolumePanel:
         def prepare() -> Prepared:
             if not record:
                 raise InputError("load a volume first")
-            request = _request(record, model, patch, stride, mode, label, region, compare, layer)
+            request = volume_request(
+                record, model, patch, stride, mode, label, region, compare, layer
+            )
             request = dataclasses.replace(
                 request, estimate=shown, compare_steps=chosen_budget(steps)
             )
@@ -555,104 +441,6 @@ class VolumePanel:
             return Prepared(request, live_views(prepared, cursor), classes)
 
         return run_job(self.services, set_progress, session, prepare, self.result)
-
-    def switch_class(self, label, handle, session):
-        """Another class: the kept result re-coloured from every class's probabilities."""
-        key = runs.results_key(str(session or ""), 3)
-        try:
-            relabelled = runs.switch_class(self.services.results, key, handle, label)
-        except InputError as exc:
-            return no_update, str(exc)
-        if relabelled is None:
-            raise PreventUpdate
-        return result_handle(relabelled), ""
-
-    def summary(self, handle, record, model, region, patch, stride, mode, label, session):
-        """What the shown result is, and its downloads, only beside what it explains."""
-        result, why = self._shown(
-            handle, record, model, session, (region, patch, stride, mode, label)
-        )
-        if result is None:
-            return (html.P(why, className="warning") if why else ""), True, True, True, True
-        lines = runs.summary_lines(result)
-        dicom = bool(result.get("dicom_source"))
-        children = wording.summary_children(lines, strong_first=False)
-        return children, False, False, not dicom, not comparison.available(result)
-
-    def compare_rows(self, handle, record, model, region, z, y, x, window, patch, stride,
-                     mode, label, session):  # fmt: skip
-        """The Compare view: a row of the three views per method through the crosshair,
-        only beside what the kept result explains (as the summary)."""
-        result, _ = self._shown(
-            handle, record, model, session, (region, patch, stride, mode, label)
-        )
-        compared = result is not None and (result.get("methods") or result.get("methods_pending"))
-        if not compared or None in (z, y, x):
-            return []
-        try:
-            prepared = self._prepared(record, model, session)
-            shown = volume_views.displayed(prepared.unit, prepared.model_input.values, window)
-        except (InputError, ValueError) as exc:
-            return [html.P(str(exc), className="warning")]
-        return volume_compare_view(result, shown, (int(z), int(y), int(x)))
-
-    def download(self, clicks, handle, session):
-        """One export of the kept result."""
-        if not any(clicks) or not isinstance(ctx.triggered_id, dict):
-            raise PreventUpdate
-        fmt = ctx.triggered_id["format"]
-        session = str(session or "")
-        result, why = runs.kept_result(self.services.results, runs.results_key(session, 3), handle)
-        if result is None:
-            return no_update, why or runs.NOT_KEPT
-        stem = export_stem(result)
-        try:
-            if fmt == "nifti":
-                heatmap = runs.result_heatmap(result)
-                affine = None if result.get("affine") is None else np.asarray(result["affine"])
-                data = heatmap_nifti(heatmap, affine, f"krypton {result['model']} "
-                                     f"{result['label_name']}")  # fmt: skip
-                return dcc.send_bytes(data, f"{stem}.nii.gz"), ""
-            if fmt == "json":
-                return dcc.send_string(runs.export_json(result), f"{stem}.json"), ""
-            if fmt == "compare":  # each method in the three views through its strongest cell
-                prepared = self.services.prepared_volume(
-                    result["source_key"], session, result["model"], result["image"]
-                )
-                data = comparison.comparison_png(result, prepared.unit)
-                return dcc.send_bytes(data, f"{stem}-compare.png"), ""
-            if fmt == "dicom":
-                runs.refuse_partial(result, "a DICOM file")
-                source = self.services.images.source(result["source_key"], session)
-                prepared = self.services.prepared_volume(
-                    result["source_key"], session, result["model"], result["image"]
-                )
-                data = volumes.export_dicom_series(result, source, prepared)
-                return dcc.send_bytes(data, f"{stem}.dcm.zip"), ""
-        except InputError as exc:
-            return no_update, str(exc)
-        raise PreventUpdate
-
-
-def _request(record, model, patch, stride, mode, label, region, compare=None, layer=None):
-    """The panel's controls as a run request (rank 3)."""
-    return runs.RunRequest(
-        key=str(record["key"]), name=str(record.get("name")), model=model,
-        patch=_whole(patch, "cube"), stride=_whole(stride, "stride"), mode=mode,
-        label=None if label is None else int(label),
-        region=tuple(int(v) for v in region) if region else None, compare=bool(compare),
-        compare_layer=str(layer) if layer else None, rank=3,
-    )  # fmt: skip
-
-
-def _whole(value, what: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"the {what} must be a whole number of voxels") from None
-    if number < 1:
-        raise InputError(f"the {what} must be at least 1 voxel")
-    return number
 
 
 def _view_of(trigger) -> str | None:

@@ -1,0 +1,107 @@
+"""How a volume reaches the volume panel: an upload, a shipped sample (a sample's Compare
+button marks it pending) or a series of the operator's PACS, each read once within this
+client's intake (webapp.services.Services.intake) and kept for the tab."""
+
+from __future__ import annotations
+
+from dash import ctx, no_update
+from dash.exceptions import PreventUpdate
+
+from .. import pacs
+from ..helpers import InputError, owner_tag
+from ..panel_scope import VOLUME_PANEL
+from ..runs import volumes
+from ..services import Services
+from ..volume_layout import volume_sample_path
+from .common import origin
+
+__all__ = ["VolumeIntake"]
+
+
+class VolumeIntake:
+    """The volume panel's reading of a volume (webapp.panels.volume.VolumePanel is one):
+    each returns (the page's record, no region, a message, what is pending)."""
+
+    services: Services
+
+    def load_volume(self, ticket, sample_clicks, compare_clicks, session):
+        """An uploaded volume or a sample (:meth:`upload_volume`, :meth:`sample_volume`)."""
+        trigger = ctx.triggered_id
+        answered = origin(trigger, ticket)
+        if answered is None:
+            raise PreventUpdate
+        if not isinstance(trigger, dict):
+            return (*self.upload_volume(ticket, session), answered)
+        if not any(sample_clicks + compare_clicks):
+            raise PreventUpdate
+        compare = trigger.get("type") == VOLUME_PANEL.compare_sample
+        return (*self.sample_volume(str(trigger["name"]), session, compare), answered)
+
+    def upload_volume(self, ticket, session):
+        """An uploaded volume, read as :meth:`open_volume` reads every volume."""
+        session = str(session or "")
+        ticket = ticket if isinstance(ticket, dict) else {}
+        name = str(ticket.get("name") or "the volume")
+        if isinstance(ticket.get("pacs"), dict):
+            return self.pacs_volume(ticket["pacs"], name, session)
+        try:
+            if ticket.get("error"):
+                raise InputError(str(ticket["error"]))
+            token = str(ticket.get("token", ""))
+            with self.services.uploads.take(token, "volume", session) as (path, _):
+                data = path.read_bytes()
+        except InputError as exc:
+            return no_update, no_update, str(exc), None
+        return self.open_volume(data, name, session)
+
+    def pacs_volume(self, chosen: dict, name: str, session: str):
+        """A series of the operator's PACS (webapp.panels.pacs names it): fetched within
+        the volume limit by this client's one intake, then read as an upload is; the
+        server remembers its study, where Send stores the result."""
+        study, series = str(chosen.get("study", "")), str(chosen.get("series", ""))
+        try:
+            with self.services.intake():
+                data = pacs.fetch_series_bytes(
+                    self.services.settings.pacs, study, series,
+                    self.services.settings.max_volume_bytes,
+                )  # fmt: skip
+        except InputError as exc:
+            return no_update, no_update, str(exc), None
+        record, region, message, pending = self.open_volume(data, name, session)
+        if not message:
+            self.services.pacs_sources.remember(record["key"], session, study, series)
+            record["pacs"] = True
+        return record, region, message, pending
+
+    def sample_volume(self, name: str, session, compare: bool = False):
+        """A shipped sample, read as an upload is; with ``compare`` its record is also
+        pending, so the page presses Run with Compare once the panel shows it."""
+        try:
+            data = volume_sample_path(name).read_bytes()
+        except (KeyError, OSError):
+            return no_update, no_update, f"the sample {name!r} is not available", None
+        record, region, message, _ = self.open_volume(data, name, str(session or ""))
+        pending = {"key": record["key"], "name": name} if compare and not message else None
+        return record, region, message, pending
+
+    def open_volume(self, data: bytes, name: str, session: str):
+        """Read a volume's bytes once (a bad file is refused here, by name, within the
+        decode budget), keep them for this tab: (the page's record, no region, message,
+        nothing pending)."""
+        try:
+            with self.services.intake() as client:
+                volume = volumes.read_uploaded_volume(data, name)
+                key = self.services.images.put_source(data, session, client)
+            owner = (key, owner_tag(session))
+            self.services.volume_sources.get(owner, lambda: volume)  # read once, not twice
+        except InputError as exc:
+            return no_update, no_update, str(exc), None
+        record = {
+            "key": key,
+            "name": name,
+            "shape": list(volume.shape),
+            "spacing": list(volume.spacing),
+            "modality": volume.modality,
+            "frame": volume.affine is not None,
+        }
+        return record, None, "", None

@@ -1,0 +1,159 @@
+"""The volume panel's kept result: which one the panel shows (only beside what it
+explains: webapp.runs.provenance), another class, its summary, its Compare rows and its
+downloads; and the panel's controls as a run request."""
+
+from __future__ import annotations
+
+import numpy as np
+from dash import ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
+
+from krypton.render.volumes import heatmap_nifti
+
+from .. import comparison, runs, volume_views, wording
+from ..exports import export_stem
+from ..helpers import InputError
+from ..runs import volumes
+from ..services import Services
+from .compare import volume_compare_view
+from .run_strip import result_handle
+
+__all__ = ["VolumeResult", "volume_request", "whole_voxels"]
+
+
+class VolumeResult:
+    """The volume panel's result callbacks (webapp.panels.volume.VolumePanel is one)."""
+
+    services: Services
+
+    def _prepared(self, record: dict, model: str, session: str):
+        return self.services.prepared_volume(
+            str(record["key"]), str(session or ""), model, str(record.get("name"))
+        )
+
+    def _result_for(self, handle, record, model, session, screen=()) -> runs.ResultRecord | None:
+        """The kept volume result the handle names, when it explains what the panel shows:
+        this volume and model and, given ``screen`` (region, patch, stride, mode, class),
+        these settings — the image panel's provenance rule (webapp.runs.provenance)."""
+        return self._shown(handle, record, model, session, screen)[0]
+
+    def _shown(
+        self, handle, record, model, session, screen=()
+    ) -> tuple[runs.ResultRecord | None, str]:
+        """(the result to show, or None; why not, in the page's words)."""
+        if not record:
+            return None, ""
+        key = runs.results_key(str(session or ""), 3)
+        result, why = runs.kept_result(self.services.results, key, handle)
+        if result is None:
+            return None, why
+        if result.get("source_key") != record.get("key") or result.get("model") != model:
+            return None, "The last heatmap explains another volume or model."
+        if not screen or result.get("provenance") is None:
+            return result, ""
+        region, patch, stride, mode, label = screen
+        try:
+            asked = volume_request(record, model, patch, stride, mode, label, region)
+            weights = self.services.weights_checksum(model)
+        except (TypeError, ValueError):  # InputError included: a blank cube or stride
+            return None, "The last heatmap is hidden: the settings are incomplete."
+        view = runs.shown_view(result, asked, weights)
+        return (result, "") if view.show else (None, view.reason)
+
+    def switch_class(self, label, handle, session):
+        """Another class: the kept result re-coloured from every class's probabilities."""
+        key = runs.results_key(str(session or ""), 3)
+        try:
+            relabelled = runs.switch_class(self.services.results, key, handle, label)
+        except InputError as exc:
+            return no_update, str(exc)
+        if relabelled is None:
+            raise PreventUpdate
+        return result_handle(relabelled), ""
+
+    def summary(self, handle, record, model, region, patch, stride, mode, label, session):
+        """What the shown result is, and its downloads, only beside what it explains."""
+        result, why = self._shown(
+            handle, record, model, session, (region, patch, stride, mode, label)
+        )
+        if result is None:
+            return (html.P(why, className="warning") if why else ""), True, True, True, True
+        lines = runs.summary_lines(result)
+        dicom = bool(result.get("dicom_source"))
+        children = wording.summary_children(lines, strong_first=False)
+        return children, False, False, not dicom, not comparison.available(result)
+
+    def compare_rows(self, handle, record, model, region, z, y, x, window, patch, stride,
+                     mode, label, session):  # fmt: skip
+        """The Compare view: a row of the three views per method through the crosshair,
+        only beside what the kept result explains (as the summary)."""
+        result, _ = self._shown(
+            handle, record, model, session, (region, patch, stride, mode, label)
+        )
+        compared = result is not None and (result.get("methods") or result.get("methods_pending"))
+        if not compared or None in (z, y, x):
+            return []
+        try:
+            prepared = self._prepared(record, model, session)
+            shown = volume_views.displayed(prepared.unit, prepared.model_input.values, window)
+        except (InputError, ValueError) as exc:
+            return [html.P(str(exc), className="warning")]
+        return volume_compare_view(result, shown, (int(z), int(y), int(x)))
+
+    def download(self, clicks, handle, session):
+        """One export of the kept result."""
+        if not any(clicks) or not isinstance(ctx.triggered_id, dict):
+            raise PreventUpdate
+        fmt = ctx.triggered_id["format"]
+        session = str(session or "")
+        result, why = runs.kept_result(self.services.results, runs.results_key(session, 3), handle)
+        if result is None:
+            return no_update, why or runs.NOT_KEPT
+        stem = export_stem(result)
+        try:
+            if fmt == "nifti":
+                heatmap = runs.result_heatmap(result)
+                affine = None if result.get("affine") is None else np.asarray(result["affine"])
+                data = heatmap_nifti(heatmap, affine, f"krypton {result['model']} "
+                                     f"{result['label_name']}")  # fmt: skip
+                return dcc.send_bytes(data, f"{stem}.nii.gz"), ""
+            if fmt == "json":
+                return dcc.send_string(runs.export_json(result), f"{stem}.json"), ""
+            if fmt == "compare":  # each method in the three views through its strongest cell
+                prepared = self.services.prepared_volume(
+                    result["source_key"], session, result["model"], result["image"]
+                )
+                data = comparison.comparison_png(result, prepared.unit)
+                return dcc.send_bytes(data, f"{stem}-compare.png"), ""
+            if fmt == "dicom":
+                runs.refuse_partial(result, "a DICOM file")
+                source = self.services.images.source(result["source_key"], session)
+                prepared = self.services.prepared_volume(
+                    result["source_key"], session, result["model"], result["image"]
+                )
+                data = volumes.export_dicom_series(result, source, prepared)
+                return dcc.send_bytes(data, f"{stem}.dcm.zip"), ""
+        except InputError as exc:
+            return no_update, str(exc)
+        raise PreventUpdate
+
+
+def volume_request(record, model, patch, stride, mode, label, region, compare=None, layer=None):
+    """The panel's controls as a run request (rank 3)."""
+    return runs.RunRequest(
+        key=str(record["key"]), name=str(record.get("name")), model=model,
+        patch=whole_voxels(patch, "cube"), stride=whole_voxels(stride, "stride"), mode=mode,
+        label=None if label is None else int(label),
+        region=tuple(int(v) for v in region) if region else None, compare=bool(compare),
+        compare_layer=str(layer) if layer else None, rank=3,
+    )  # fmt: skip
+
+
+def whole_voxels(value, what: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"the {what} must be a whole number of voxels") from None
+    if number < 1:
+        raise InputError(f"the {what} must be at least 1 voxel")
+    return number
