@@ -150,6 +150,8 @@ def volume_request(record, model, patch, stride, mode, label, region, compare=No
 
 
 def whole_voxels(value, what: str) -> int:
+    """A cube or stride from the page as a whole number of voxels, at least 1; refused in
+    the page's words (InputError) otherwise."""
     try:
         number = int(value)
     except (TypeError, ValueError):
