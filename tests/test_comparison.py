@@ -394,8 +394,9 @@ def test_a_path_short_of_completeness_says_by_how_much_and_more_steps_compute_on
     # the page offers the library's budgets; anything else is refused
     assert [o["value"] for o in budget_options()] == list(methods.IG_STEP_CHOICES)
     assert chosen_budget(None) is None and chosen_budget(1024) == 1024
-    with pytest.raises(ValueError, match="one of"):
-        chosen_budget("999")
+    for refused in ("999", "many", [256]):  # what the page does not offer, in its words
+        with pytest.raises(ValueError, match="steps are one of 256, 1024, 4096"):
+            chosen_budget(refused)
     # more steps: only the paths that stopped short are computed again
     more = dataclasses.replace(run, compare_steps=32)
     assert runs.compare_left(services, more) == [("integrated_gradients", c) for c in short]

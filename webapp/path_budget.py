@@ -26,12 +26,16 @@ def chosen_budget(value) -> int | None:
     """The page's choice as a budget: one of IG_STEP_CHOICES, or None (the library's
     default) for none or the default. A value the page does not offer is refused
     (ValueError)."""
-    if value in (None, "") or int(value) == IG_MAX_STEPS:
+    if value in (None, ""):
         return None
-    budget = int(value)
+    offered = f"Integrated Gradients' steps are one of {', '.join(map(str, IG_STEP_CHOICES))}"
+    try:
+        budget = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(offered) from None
     if budget not in IG_STEP_CHOICES:
-        raise ValueError(f"Integrated Gradients' steps are one of {list(IG_STEP_CHOICES)}")
-    return budget
+        raise ValueError(offered)
+    return None if budget == IG_MAX_STEPS else budget
 
 
 def more_steps_note(result: ResultRecord) -> str:
