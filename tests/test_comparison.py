@@ -219,7 +219,9 @@ def test_a_compared_volume_run_has_three_maps_per_class_on_its_grid(
 
 
 def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticked(
-    services, monkeypatch
+    services,
+    monkeypatch,
+    nifti_bytes,  # noqa: F811
 ):
     """The estimate covers the occlusion positions; with Compare ticked it says the
     gradient step follows and is not in it (the page did not say, and the run took ~5 s
@@ -259,6 +261,14 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
     assert ticked.startswith(plain) and "for all 2 classes" in ticked
     # a model with neither a logged step nor a calibrated one says when it will know
     assert "measured on the first compared run here" in ticked
+    # steps the page does not offer leave the line standing in both panels (the volume
+    # panel's estimate raised ValueError from the callback)
+    record = {"key": stored(services, nifti_bytes), "name": "chest.nii.gz"}
+    odd = volume.estimate(
+        "ct-test", 8, 8, "exact", None, None, ["compare"], record, "tab-1", "999"
+    )
+    assert odd.startswith(plain.split(".")[0]) and "for all 2 classes" in odd
+    assert "for all 3 classes" in panel.estimate(*settings, ["compare"], "999")
     monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 1)
     assert "for the explained class" in panel.estimate(*settings, ["compare"])
 

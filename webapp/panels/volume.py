@@ -409,8 +409,11 @@ class VolumePanel(VolumeIntake, VolumeResult):
             shown = runs.shown_estimate(asked, planned, found)
         if compare:
             session = str(session or "")
-            if asked is not None:
-                asked = dataclasses.replace(asked, compare_steps=chosen_budget(steps))
+            try:  # the image panel's rule (webapp.panels.settings): a value not offered
+                if asked is not None:  # leaves the maps left untold, the line standing
+                    asked = dataclasses.replace(asked, compare_steps=chosen_budget(steps))
+            except ValueError:
+                asked = None
             left = None if asked is None else runs.compare_left(self.services, asked, session)
             budget = None if asked is None else asked.compare_steps
             text = f"{text}. {comparison.estimate_note(loaded, load, left, budget)}"
