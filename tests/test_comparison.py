@@ -264,9 +264,7 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
     # steps the page does not offer leave the line standing in both panels (the volume
     # panel's estimate raised ValueError from the callback)
     record = {"key": stored(services, nifti_bytes), "name": "chest.nii.gz"}
-    odd = volume.estimate(
-        "ct-test", 8, 8, "exact", None, None, ["compare"], record, "tab-1", "999"
-    )
+    odd = volume.estimate("ct-test", 8, 8, "exact", None, None, ["compare"], record, "tab-1", "999")
     assert odd.startswith(plain.split(".")[0]) and "for all 2 classes" in odd
     assert "for all 3 classes" in panel.estimate(*settings, ["compare"], "999")
     monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 1)
