@@ -49,7 +49,7 @@ def quality(count: int, patch: int | None = None) -> None:
     from PIL import Image
 
     import krypton
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     loaded = krypton.load_model("fundus-demo")
     generator = FundusGenerator(seed=7, size=loaded.input_size[0])

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     from PIL import Image
 
     import krypton
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     loaded = krypton.load_model("fundus-demo")
     sample = FundusGenerator(seed=31).sample(kinds=["EXUDATE"], rendering="colour")

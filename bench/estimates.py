@@ -26,7 +26,7 @@ from pathlib import Path
 from PIL import Image
 
 from krypton.estimator import Estimate
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
 from webapp.services import Services
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from bench.approximate import PATCH, STRIDE, add_scores
-from krypton.fundus import IMAGE_SIZE
+from krypton.synthetic.fundus import IMAGE_SIZE
 
 WEIGHTS = Path(f"out/fundus-gated-mobilenet_v3_small-{IMAGE_SIZE}px.pt")
 
@@ -54,7 +54,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import krypton
     from demo.fundus.data import to_tensor
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     model = trained(args.epochs)
     explainer = krypton.OcclusionExplainer(model)

@@ -23,7 +23,7 @@ def ordinary_volume() -> bytes:
     """A 48³ chest CT at 5 mm as a .nii.gz, as a user would load."""
     import nibabel
 
-    from krypton.chestct import ChestCTGenerator
+    from krypton.synthetic.chestct import ChestCTGenerator
 
     hu = ChestCTGenerator(seed=5).sample(label=0).volume.astype(np.int16)
     image = nibabel.Nifti1Image(np.transpose(hu, (2, 1, 0)), np.diag([5.0, 5.0, 5.0, 1.0]))

@@ -99,7 +99,7 @@ def concurrent(server: Server) -> None:
     from PIL import Image
 
     from bench.dash_client import png_bytes
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     name = "deflated multi-frame 1 GB"
     filename, data = hostile_volumes.HOSTILE_VOLUMES[name]()

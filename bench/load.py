@@ -32,7 +32,7 @@ from pathlib import Path
 from PIL import Image
 
 from bench.dash_client import Server, Tab, loopback
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 from webapp.settings import ServerSettings
 
 

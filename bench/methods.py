@@ -85,7 +85,6 @@ from krypton.baselines import (
     randomisation_verdict,
 )
 from krypton.engine.capture_lock import CAPTURE_LOCK
-from krypton.fundus import CLASSES
 from krypton.methods import (
     METHODS,
     blur_deletion_curve,
@@ -100,6 +99,7 @@ from krypton.methods import (
 )
 from krypton.paired import mcnemar
 from krypton.registry import load_model
+from krypton.synthetic.fundus import CLASSES
 
 SEED = 77  # the held-out draws: no training, tuning or evaluation used this seed
 

@@ -97,7 +97,7 @@ def image_run_functions(
     known; warmed once before, so the model's loading is not on the road)."""
     from PIL import Image
 
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
     from webapp.panels.run import RunPanel
     from webapp.panels.settings import SettingsPanel
 

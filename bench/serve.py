@@ -28,7 +28,7 @@ from pathlib import Path
 from PIL import Image
 
 from bench.dash_client import Server, Tab, free_port, loopback
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 from webapp.cluster import Cluster
 
 REGION, STRIDE = [0, 0, 96, 96], 8

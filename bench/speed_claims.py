@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 
 import krypton
-from krypton.chestct import ChestCTGenerator
-from krypton.fundus import FundusGenerator
 from krypton.registry import load_model
+from krypton.synthetic.chestct import ChestCTGenerator
+from krypton.synthetic.fundus import FundusGenerator
 
 
 def page_case(services, key: str, stride: int, region, grey: float) -> tuple[float, float, str]:
@@ -44,7 +44,7 @@ def page_case(services, key: str, stride: int, region, grey: float) -> tuple[flo
 
 def volume_case() -> tuple[float, float, str]:
     """The same for a generated chest-CT volume through krypton.explain and the speed line
-    the CLI prints (krypton.cli_volumes.print_speed: stated_speed at the load now)."""
+    the CLI prints (krypton.cli.volumes.print_speed: stated_speed at the load now)."""
     from krypton.estimator import speed_claim
     from krypton.io.volumes import Volume
 

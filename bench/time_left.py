@@ -26,7 +26,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
 from webapp.jobs import RunLifecycle
 from webapp.panels.run_strip import LIVE_UPDATE_SECONDS

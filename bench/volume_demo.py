@@ -3,7 +3,7 @@ approximate, side by side, and whether approximate mode keeps the nodule's evide
 
     python -m bench.volume_demo [--volumes 100] [--timed 4] [--compare 30] [--json FILE]
 
-Held-out volumes with one nodule each (krypton.chestct, seed 40: never trained or tuned
+Held-out volumes with one nodule each (krypton.synthetic.chestct, seed 40: never trained or tuned
 on). Timing: on the first ``--timed`` volumes the three modes run in turn on the same
 volume (the order rotating), each over the whole 48^3 volume at the model's patch 8 and
 stride 5 (729 positions); the ratios are of summed times. Quality, on every volume: the
@@ -26,8 +26,8 @@ import numpy as np
 
 import krypton
 from krypton.approximate.tuning import localisation
-from krypton.chestct import ChestCTGenerator
 from krypton.registry import load_model
+from krypton.synthetic.chestct import ChestCTGenerator
 
 SEED, NAME, STRIDE = 40, "chestct-demo", 5
 TARGET_SPEEDUP, TARGET_KEPT = 10.0, 0.95

@@ -135,7 +135,7 @@ def load_demo_photographs(root: str, user: str = DEMO_USER, password: str = DEMO
     from PIL import Image
     from pydicom.data import get_testdata_file
 
-    from krypton.io.dicomweb import PacsSettings, connect, store
+    from krypton.pacs.dicomweb import PacsSettings, connect, store
     from webapp.layout import SAMPLES_DIR
 
     pacs = connect(PacsSettings(root, user, password))
@@ -151,8 +151,8 @@ def load_demo_photographs(root: str, user: str = DEMO_USER, password: str = DEMO
 
 def load_demo_study(root: str, user: str = DEMO_USER, password: str = DEMO_PASSWORD) -> str:
     """Store the chest-CT sample in the PACS as a CT series (STOW-RS); its study UID."""
-    from krypton.io.dicomweb import PacsSettings, connect, store
     from krypton.io.volumes import read_volume
+    from krypton.pacs.dicomweb import PacsSettings, connect, store
     from webapp.volume_layout import volume_sample_path
 
     volume = read_volume(volume_sample_path("chestct-nodule.nii.gz"))

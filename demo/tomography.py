@@ -53,7 +53,7 @@ def _mr_like(rng: np.random.Generator, volume: np.ndarray) -> np.ndarray:
 def _drawn_volume(rng: np.random.Generator, side: int) -> np.ndarray:
     from scipy.ndimage import gaussian_filter
 
-    from krypton.chestct import ChestCTGenerator
+    from krypton.synthetic.chestct import ChestCTGenerator
 
     from .chestct.train import abdomen_phantom, head_phantom
 

@@ -9,6 +9,7 @@ what the patch changes is recomputed — the same heatmap, several times sooner.
 The engine has no UI dependencies; the Dash app lives in ``app.py``.
 """
 
+from ._version import __version__
 from .approximate import ApproximateSettings
 from .engine import UnsupportedModelError
 from .engine.analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
@@ -25,6 +26,7 @@ from .registry import (
 from .registry.models import LoadedModel, WeightsUnavailableError
 
 __all__ = [
+    "__version__",
     "ApproximateSettings",
     "CheckpointError",
     "ExplainSettings",
@@ -47,5 +49,3 @@ __all__ = [
     "grid",
     "theoretical_speedup",
 ]
-
-__version__ = "0.2.0"

@@ -56,10 +56,10 @@ LIBRARY_SETTINGS: dict[str, tuple[float, float, float, bool]] = {
     "KRYPTON_DECODE_BUDGET_MB": (256.0, 1.0, MAX_MB, False),
     "KRYPTON_VISIBILITY_TIMEOUT": (20.0, 5.0, MAX_SECONDS, False),
     "KRYPTON_TORCH_THREADS": (0, 0, 4096, True),
-    # a PACS response that sends nothing for this long is refused (krypton.io.dicomweb)
+    # a PACS response that sends nothing for this long is refused (krypton.pacs.dicomweb)
     "KRYPTON_DICOMWEB_TIMEOUT_SECONDS": (10.0, 1.0, 600.0, False),
     # every PACS request ends within this many seconds, whatever the PACS sends (a store
-    # gets a second more per 10 MB it sends): krypton.io.dicomweb_transport
+    # gets a second more per 10 MB it sends): krypton.pacs.transport
     "KRYPTON_DICOMWEB_DEADLINE_SECONDS": (20.0, 1.0, 3600.0, False),
     # the bytes of one search's, listing page's or store's answer from the PACS
     "KRYPTON_DICOMWEB_ANSWER_MB": (4.0, 0.01, 1024.0, False),

@@ -132,7 +132,7 @@ def quick_integrated_gradients(monkeypatch):
 
 
 def _fundus_sample():
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     return FundusGenerator(seed=11).sample(label=2, lesions=1)  # one planted exudate
 

@@ -28,7 +28,7 @@ SAMPLE = FUNDUS_SAMPLE  # one planted exudate (the fundus_png fixture, conftest.
 def gallery_sample(name="fundus-exudates.png"):
     """A generated gallery sample, regenerated with its lesions' positions."""
     from demo.fundus.train import GALLERY
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     seed, plant = GALLERY[name]
     return FundusGenerator(seed=seed).sample(rendering="colour", **plant)

@@ -8,7 +8,7 @@ import pytest
 from dash import no_update
 from test_pacs import PASSWORD, USER, hu_volume, orthanc, stored_series  # noqa: F401
 
-from krypton.io.dicomweb import PacsSettings
+from krypton.pacs.dicomweb import PacsSettings
 from webapp import ids
 from webapp.layout import build_layout
 from webapp.panel_scope import IMAGE_PANEL, VOLUME_PANEL

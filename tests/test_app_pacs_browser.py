@@ -13,9 +13,9 @@ from test_app_dicom_browser import downloaded
 from test_pacs import PASSWORD, USER, dciodvfy_errors, orthanc  # noqa: F401
 
 from demo.pacs import ct_series
-from krypton.chestct import ChestCTGenerator
-from krypton.io import dicomweb
+from krypton.pacs import dicomweb
 from krypton.render.parametric_map import RAS_TO_LPS, drop_values
+from krypton.synthetic.chestct import ChestCTGenerator
 
 pytestmark = pytest.mark.browser
 PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"

@@ -17,10 +17,10 @@ from test_app_browser import _settled_rect, choose, drag_region, upload
 from test_app_dicom_browser import downloaded, press
 
 import krypton
-from krypton.chestct import ChestCTGenerator
 from krypton.io.volumes import read_volume
 from krypton.registry import load_model
 from krypton.render.volumes import cell_affine
+from krypton.synthetic.chestct import ChestCTGenerator
 
 pytestmark = pytest.mark.browser
 SPACING = 5.0  # mm, chestct-demo's own: the block the views show is the volume itself

@@ -16,8 +16,8 @@ from torch import nn
 
 import krypton
 from krypton.engine import IncrementalGraph, NodeKind
-from krypton.fundus import FundusGenerator, Lesion
 from krypton.registry import load_model
+from krypton.synthetic.fundus import FundusGenerator, Lesion
 
 
 class PositiveStack(nn.Module):

@@ -20,7 +20,7 @@ from torch import nn
 import krypton.captum as krypton_captum
 import krypton.engine.graph
 from krypton.captum import Occlusion
-from krypton.dropin import ENGINE_BATCH, explainer_for
+from krypton.dropins.shared import ENGINE_BATCH, explainer_for
 
 torch.manual_seed(0)
 

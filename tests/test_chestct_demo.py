@@ -12,10 +12,10 @@ from scipy import ndimage
 
 from demo.chestct.independent import IndependentChestCT
 from demo.chestct.train import head_phantom, nodule_target
-from krypton.chestct import NODULE_RADIUS, PARENCHYMA_HU, ChestCTGenerator, label_for
 from krypton.cli import main
 from krypton.registry import available_models
 from krypton.registry.models import DEFAULT_VOLUME_STRIDE
+from krypton.synthetic.chestct import NODULE_RADIUS, PARENCHYMA_HU, ChestCTGenerator, label_for
 
 VARIED = pytest.param(partial(ChestCTGenerator, varied=True), id="ChestCTGenerator-varied")
 VARIED_NODULES = pytest.param(

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from krypton.chestct import ChestCTGenerator
 from krypton.registry import load_model
+from krypton.synthetic.chestct import ChestCTGenerator
 
 pytestmark = pytest.mark.usefixtures("quick_integrated_gradients")
 

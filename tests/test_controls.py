@@ -13,7 +13,7 @@ from krypton.registry import load_model
 
 def test_a_fundus_control_never_sees_a_gray_box_while_it_learns(monkeypatch):
     from demo.fundus import train as fundus
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     boxes = []
     real = FundusGenerator.gray_box
@@ -29,7 +29,7 @@ def test_a_fundus_control_never_sees_a_gray_box_while_it_learns(monkeypatch):
 
 def test_a_chest_control_never_sees_a_parenchyma_cube_while_it_learns():
     from demo.chestct.train import _batch
-    from krypton.chestct import VolumeSample
+    from krypton.synthetic.chestct import VolumeSample
 
     pool = [VolumeSample(np.zeros((48, 48, 48), np.float32), (), 0) for _ in range(4)]
 
@@ -130,7 +130,7 @@ def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_pat
 
 def test_the_data_randomisation_control_learns_its_volumes_shuffled_labels_not_the_crop():
     from demo.chestct.train import _batch
-    from krypton.chestct import VolumeSample
+    from krypton.synthetic.chestct import VolumeSample
 
     pool = [VolumeSample(np.zeros((48, 48, 48), np.float32), (), 0) for _ in range(2)]
     rng = np.random.default_rng(5)
@@ -161,7 +161,7 @@ def test_grad_cam_is_reported_block_by_block_and_data_randomisation_counts_each_
     assert "| **layer4.1 = layer4** (default) | 7×7 | 100% (n 1," in "\n".join(rows)
 
     from demo.chestct.train import to_tensor
-    from krypton.chestct import ChestCTGenerator
+    from krypton.synthetic.chestct import ChestCTGenerator
 
     volume_model = load_model("chestct-demo")
     volume = to_tensor([ChestCTGenerator(seed=4).sample(label=1, nodules=1).volume])[0]

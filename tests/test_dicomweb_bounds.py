@@ -1,4 +1,4 @@
-"""The PACS client's bounds in the library (krypton.io.dicomweb and its transport), fast
+"""The PACS client's bounds in the library (krypton.pacs.dicomweb and its transport), fast
 and in-process, against the hostile DICOMweb server of tests/security: UIDs checked
 before a URL, the root and the sign-in settings checked, a deadline that a drip in the
 headers cannot outlive, answers held to their budget and listings to their caps."""
@@ -10,8 +10,8 @@ import time
 import pytest
 from security.hostile_pacs import HostilePacs
 
-from krypton.io import dicomweb
-from krypton.io.dicomweb_transport import PacsBudgets
+from krypton.pacs import dicomweb
+from krypton.pacs.transport import PacsBudgets
 
 SHORT = PacsBudgets(read_timeout=2.0, deadline=3.0, answer_bytes=2**20, pages=20)
 

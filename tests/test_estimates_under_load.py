@@ -105,7 +105,7 @@ def test_a_run_records_its_estimate_and_the_load_it_met(tmp_path, krypton_home):
     from PIL import Image
 
     from krypton.estimator import logged_runs, runtime_log_path
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
     from webapp import runs
     from webapp.services import Services
 
@@ -186,7 +186,7 @@ def test_a_run_with_nothing_to_compute_is_estimated_from_such_runs(tmp_path, kry
     the next one."""
     from PIL import Image
 
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
     from webapp import runs
     from webapp.services import Services
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from demo.fundus.independent import IndependentFundusGenerator
-from krypton.fundus import (
+from krypton.synthetic.fundus import (
     CLASSES,
     EXUDATE_RADIUS,
     MICROANEURYSM_RADIUS,

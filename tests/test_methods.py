@@ -203,8 +203,8 @@ def test_gradient_maps_beside_a_run_on_the_same_model_are_the_maps_computed_alon
     from PIL import Image
 
     import krypton
-    from krypton.fundus import FundusGenerator
     from krypton.methods import attribution_maps
+    from krypton.synthetic.fundus import FundusGenerator
 
     model = krypton.load_model("fundus-demo")
     image, other = (
@@ -302,7 +302,7 @@ def test_integrated_gradients_is_complete_on_the_demo_model_and_says_how_complet
     the gap is within 1%, and what ran says the steps and the gap; where a caller's steps
     leave it wider, the detail says so."""
     import krypton
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     loaded = krypton.registry.load_model("fundus-demo")
     from PIL import Image

@@ -24,9 +24,8 @@ from test_pacs import PASSWORD, USER, _free_port, orthanc  # noqa: F401
 import krypton
 from demo.pacs import ct_series
 from demo.viewer import fetch_ohif, start_viewer
-from krypton.chestct import ChestCTGenerator
-from krypton.io import dicomweb
-from krypton.pacs import result_key, send_volume_result
+from krypton.pacs import dicomweb
+from krypton.pacs.results import result_key, send_volume_result
 from krypton.render.parametric_map import (
     RAS_TO_LPS,
     drop_values,
@@ -34,6 +33,7 @@ from krypton.render.parametric_map import (
     source_slices,
 )
 from krypton.render.volumes import lowest_voxel
+from krypton.synthetic.chestct import ChestCTGenerator
 
 pytestmark = [
     pytest.mark.browser,

@@ -11,7 +11,6 @@ import torchvision
 from PIL import Image
 
 import krypton
-from krypton.fundus import FundusGenerator
 from krypton.registry import RegistryError, load_model, register_model
 from krypton.registry.ood import (
     OUTLIER_IMAGES,
@@ -20,6 +19,7 @@ from krypton.registry.ood import (
     fit_density,
     penultimate_features,
 )
+from krypton.synthetic.fundus import FundusGenerator
 
 
 def test_threshold_is_the_held_out_percentile_and_far_points_are_flagged():

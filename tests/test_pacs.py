@@ -18,7 +18,7 @@ from test_volume_cli import SPACING, volume_model  # noqa: F401
 
 from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, start_orthanc
 from krypton.cli import main
-from krypton.io import dicomweb
+from krypton.pacs import dicomweb
 
 USER, PASSWORD = "radiologist", "pacs-s3cret-word"
 
@@ -72,7 +72,7 @@ def stored_series(orthanc, tmp_path_factory, hu_volume):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def hu_volume():  # noqa: F811
-    from krypton.chestct import ChestCTGenerator
+    from krypton.synthetic.chestct import ChestCTGenerator
 
     return ChestCTGenerator(seed=21).sample(label=1).volume
 
@@ -576,7 +576,7 @@ def test_a_photograph_gets_a_capture_and_says_why_no_map(pacs_env, tmp_path, cap
     from pydicom.data import get_testdata_file
     from pydicom.uid import generate_uid
 
-    from krypton.fundus import FundusGenerator
+    from krypton.synthetic.fundus import FundusGenerator
 
     # a fundus photograph as a secondary capture: no frame of reference
     photo = pydicom.dcmread(get_testdata_file("SC_rgb_small_odd.dcm"))

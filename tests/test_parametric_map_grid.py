@@ -16,10 +16,10 @@ from test_pacs import dciodvfy_errors
 
 import krypton
 from demo.pacs import ct_series
-from krypton.chestct import ChestCTGenerator
 from krypton.io.volumes import Volume, _series_affine
 from krypton.render.parametric_map import RAS_TO_LPS, drop_values, parametric_map
 from krypton.render.volumes import lowest_voxel
+from krypton.synthetic.chestct import ChestCTGenerator
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from krypton.estimator import (
     naive_equivalent,
     record_run,
 )
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
 from webapp.helpers import InputError
 from webapp.services import Services

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from krypton.estimator import SAME_SPEED, record_run
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
 from webapp.services import Services
 

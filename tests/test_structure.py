@@ -6,6 +6,7 @@ app, the registry or the tuning files."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +95,52 @@ def test_there_are_no_import_circles():
 def test_the_circle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def room_graph(top: str) -> dict[str, set[str]]:
+    """``top``'s rooms — each subpackage and each top-level module, the package's own
+    ``__init__`` one more — with an edge where a module of one imports one of another."""
+
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    rooms: dict[str, set[str]] = {}
+    for module, imported in import_graph(top).items():
+        rooms.setdefault(room(module), set()).update(
+            room(m) for m in imported if room(m) != room(module)
+        )
+    return rooms
+
+
+def test_no_import_goes_back_up_a_floor():
+    """Rooms stack on floors (each room above every room it imports): an import from a
+    lower room to a higher one is a loop between rooms, though no module-level circle.
+    There were two in krypton/: krypton/approximate/tuning.py imported the overlay
+    renderer (so the registry depended on drawing, and the renderer on the top-level
+    package for its version), and krypton/pacs.py and krypton/batch/broker.py imported
+    each other's folder."""
+    for top in ("krypton", "webapp"):
+        assert cycles(room_graph(top)) == [], top
+
+
+def test_the_floor_check_finds_an_import_back_up(tmp_path, monkeypatch):
+    package = tmp_path / "house"
+    (package / "low").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "low" / "__init__.py").write_text("")
+    (package / "low" / "part.py").write_text("from ..high import thing\n")
+    (package / "high.py").write_text("from .low.part import other\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert cycles(room_graph("house")) == [["house.high", "house.low"]]
+
+
+def test_computation_never_imports_drawing():
+    """Pictures (krypton.render) are drawn by the parts that write them out — the
+    command, batch runs and what is sent to the PACS — never by what computes."""
+    writers = ("krypton.render", "krypton.cli", "krypton.batch", "krypton.pacs")
+    for module, imported in import_graph("krypton").items():
+        if not module.startswith(writers):
+            assert not [m for m in imported if m.startswith("krypton.render")], module
 
 
 def test_the_engine_imports_nothing_from_the_app_the_registry_or_approximate_mode():

@@ -23,7 +23,7 @@ from bench.dash_client import Tab, free_port, png_bytes
 from krypton.batch.broker import broker_submit
 from krypton.batch.folder import collect_inputs, run_batch
 from krypton.cli import build_parser, explain_options
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 from webapp import helpers, runs
 from webapp.cluster import Cluster
 from webapp.panels.run import parse_colour
@@ -341,7 +341,7 @@ def _chest_nifti() -> tuple[bytes, object]:
 
     import nibabel
 
-    from krypton.chestct import ChestCTGenerator
+    from krypton.synthetic.chestct import ChestCTGenerator
     from webapp.runs.volumes import read_uploaded_volume
 
     volume = ChestCTGenerator(seed=41).sample(label=1, nodules=1).volume

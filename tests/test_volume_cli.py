@@ -15,12 +15,12 @@ from pydicom.uid import generate_uid
 
 import krypton
 from demo.pacs import ct_series
-from krypton.chestct import ChestCTGenerator
 from krypton.cli import main
 from krypton.io.volumes import Volume, read_volume
 from krypton.registry import load_model
 from krypton.registry.architectures import build
 from krypton.registry.entries import RegistryError, validate_entry
+from krypton.synthetic.chestct import ChestCTGenerator
 from webapp.panel_scope import IMAGE_PANEL, VOLUME_PANEL
 
 SPACING = 4.0  # mm: the model's 5 mm makes 48 voxels 38 (padded back to 48)

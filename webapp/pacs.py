@@ -1,4 +1,4 @@
-"""The app's side of the operator's PACS (:mod:`krypton.io.dicomweb`): what the page's
+"""The app's side of the operator's PACS (:mod:`krypton.pacs.dicomweb`): what the page's
 search lists, the series a tab opened from it, and the result sent back.
 
 The page never names a PACS: the server's settings do (``KRYPTON_DICOMWEB_URL``), and
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from krypton.io.dicomweb import (
+from krypton.pacs.dicomweb import (
     ImageNotChosen,
     PacsError,
     PacsSettings,
@@ -27,7 +27,7 @@ from krypton.io.dicomweb import (
     find_series,
     find_studies,
 )
-from krypton.pacs import is_explainable
+from krypton.pacs.results import is_explainable
 
 from .helpers import InputError, owner_tag
 
@@ -83,7 +83,7 @@ class PacsSources:
                 self._opened.popitem(last=False)
 
     def sent(self, key: str, session: str) -> None:
-        """This tab stored the result ``key`` (:func:`krypton.pacs.result_key`) in its
+        """This tab stored the result ``key`` (:func:`krypton.pacs.results.result_key`) in its
         study."""
         with self._lock:
             self._sent[(key, owner_tag(session))] = None

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from krypton._environment import SettingError, check_library_settings, number_setting
-from krypton.io.dicomweb import PacsSettings
+from krypton.pacs.dicomweb import PacsSettings
 
 __all__ = ["ServerSettings", "SettingsError", "LOCAL_HOSTS", "BROKER_ENV"]
 
@@ -80,7 +80,7 @@ def _device() -> str:
 
 def _pacs() -> PacsSettings | None:
     """The operator's PACS, or None; a bad setting stops the server with its one line."""
-    from krypton.io.dicomweb import PacsError
+    from krypton.pacs.dicomweb import PacsError
 
     try:
         return PacsSettings.from_environment()
@@ -143,7 +143,7 @@ class ServerSettings:
     username: str | None = None
     password: str | None = None
     auth_header: str | None = None  # set by a trusted reverse proxy, e.g. X-Forwarded-User
-    # The operator's PACS (KRYPTON_DICOMWEB_URL and its sign-in, krypton.io.dicomweb): the
+    # The operator's PACS (KRYPTON_DICOMWEB_URL and its sign-in, krypton.pacs.dicomweb): the
     # volume panel searches and opens its series and sends results back. None: no PACS.
     pacs: PacsSettings | None = field(default=None, repr=False)
 

@@ -1,4 +1,4 @@
-"""A second chest-CT-like volume generator, written apart from krypton.chestct to the same
+"""A second chest-CT-like volume generator, written apart from krypton.synthetic.chestct to the same
 spec, for evaluating the demo model on volumes its training code never drew.
 
 Same spec (48^3 HU volumes; air, body with a fat layer, spine, two lungs with branching
@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from krypton.chestct import VOLUME_SIDE, Nodule, VolumeSample
+from krypton.synthetic.chestct import VOLUME_SIDE, Nodule, VolumeSample
 
 __all__ = ["IndependentChestCT"]
 
 
 class IndependentChestCT:
-    """Seeded volumes with :meth:`sample` like :class:`krypton.chestct.ChestCTGenerator`."""
+    """Seeded volumes with :meth:`sample` like
+    :class:`krypton.synthetic.chestct.ChestCTGenerator`."""
 
     def __init__(self, seed: int = 0, side: int = VOLUME_SIDE) -> None:
         self.rng = np.random.default_rng(seed + 10_000)

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from krypton.chestct import (
+from krypton.registry.architectures import build
+from krypton.synthetic.chestct import (
     CLASSES,
     HU_WINDOW,
     PARENCHYMA_HU,
@@ -45,7 +46,6 @@ from krypton.chestct import (
     VolumeSample,
     to_unit,
 )
-from krypton.registry.architectures import build
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK_DIR = ROOT / "out" / "chestct"
@@ -53,7 +53,7 @@ MODEL_DIR = ROOT / "krypton" / "shipped_models"
 NAME = "chestct-demo"
 ARCHITECTURE = "ct3d-small"
 TRAIN_SEED, TEST_SEED, POINTING_SEED = 1, 3, 4
-MEAN, STD = 0.4, 0.35  # on the [0, 1] window (krypton.chestct.to_unit)
+MEAN, STD = 0.4, 0.35  # on the [0, 1] window (krypton.synthetic.chestct.to_unit)
 # The patch and stride the card's heatmaps are made with: nodules are 5-9 voxels across.
 HEATMAP_PATCH, HEATMAP_STRIDE = 8, 5
 OCCLUDER_SIDES = (6, 16)  # cube sides drawn during training
@@ -66,7 +66,8 @@ def to_tensor(volumes: list[np.ndarray]) -> torch.Tensor:
 
 
 def fill_value() -> float:
-    """The occluder (lung parenchyma, :data:`krypton.chestct.PARENCHYMA_HU`) in input space."""
+    """The occluder (lung parenchyma, :data:`krypton.synthetic.chestct.PARENCHYMA_HU`) in
+    input space."""
     low, high = HU_WINDOW
     return ((PARENCHYMA_HU - low) / (high - low) - MEAN) / STD
 
@@ -172,7 +173,7 @@ STAGES = (
 
 # The second stage: the independent generator showed the first model calling NORMAL
 # volumes NODULE where its anatomy was drawn differently (squarish vertebrae, bumpy lungs,
-# wandering vessels: 65% accuracy on it). krypton.chestct then learnt to draw those
+# wandering vessels: 65% accuracy on it). krypton.synthetic.chestct then learnt to draw those
 # variations too, and the model went on from its weights on a fresh pool (seed 2).
 SECOND_STAGES = (
     {"crop": 32, "steps": 600, "batch": 32},
@@ -182,7 +183,7 @@ SECOND_SEED = 2
 
 # The third to fifth stages: the independent generator still read 74.5%, its NORMAL
 # volumes taken for NODULE where its vessels wander and thin along their length and its
-# lungs end inside the slab. krypton.chestct's varied draw (ChestCTGenerator(varied=True))
+# lungs end inside the slab. krypton.synthetic.chestct's varied draw (ChestCTGenerator(varied=True))
 # learnt that anatomy, and the model went on from the second stage's weights, a stage at
 # a time, each on a fresh pool in which seven volumes in ten are varied (the rest keep the
 # plain draw it already knows). Whether to add a stage was read on independent volumes
@@ -402,12 +403,12 @@ def evaluate(model: torch.nn.Module, pointing: int = 100, log=print) -> dict:
 
     accuracy_sets = (  # (card key, log name, the 600 volumes, what they are)
         ("held_out", "held out", held_out,
-         f"krypton.chestct (seed {TEST_SEED}), 50/50 classes, 1-3 nodules"),
+         f"krypton.synthetic.chestct (seed {TEST_SEED}), 50/50 classes, 1-3 nodules"),
         ("held_out_varied", "held out, varied draw", lambda: drawn(varied=True),
-         f"krypton.chestct's varied draw (seed {TEST_SEED}), 50/50 classes"),
+         f"krypton.synthetic.chestct's varied draw (seed {TEST_SEED}), 50/50 classes"),
         ("held_out_varied_nodules", "held out, varied nodules",
          lambda: drawn(varied=True, varied_nodules=True),
-         f"krypton.chestct's varied draw with varied nodules (seed {TEST_SEED})"),
+         f"krypton.synthetic.chestct's varied draw with varied nodules (seed {TEST_SEED})"),
         ("independent", "independent", independent_set,
          "demo.chestct.independent: separately written drawing code, same spec"),
     )  # fmt: skip
@@ -458,8 +459,8 @@ def ood_reference(count: int = 600) -> str:
     """What the OOD check's reference volumes are, for the check and the registry entry."""
     nodules = ", nodules varied" if TRAINED_NODULES else ""
     return (
-        f"{count} generated chest-CT-like volumes (krypton.chestct, seed {REFERENCE_SEED}, "
-        f"{round(10 * TRAINED_VARIED)} in 10 from the varied draw{nodules})"
+        f"{count} generated chest-CT-like volumes (krypton.synthetic.chestct, "
+        f"seed {REFERENCE_SEED}, {round(10 * TRAINED_VARIED)} in 10 from the varied draw{nodules})"
     )
 
 
@@ -580,7 +581,7 @@ def load_trained(path: Path = WORK_DIR / "weights.pt") -> torch.nn.Module:
 
 DESCRIPTION = (
     "A small 3-D CNN (ct3d-small) trained by this project on 48^3 synthetic chest-CT-like "
-    "volumes at a nominal 5 mm (krypton.chestct): body, spine, two lungs with branching "
+    "volumes at a nominal 5 mm (krypton.synthetic.chestct): body, spine, two lungs with branching "
     "vessels, and solid or ground-glass nodules of 5-9 voxels across, free, touching a "
     "vessel or touching the pleura; vessel bifurcations are the hard negatives. "
     "It learnt with nodules hidden under parenchyma-filled cubes, the fill its heatmaps use "

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import torchvision
 
-from krypton.fundus import CLASSES, FundusGenerator, label_for
 from krypton.registry.models import IMAGENET_MEAN, IMAGENET_STD
+from krypton.synthetic.fundus import CLASSES, FundusGenerator, label_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "krypton" / "shipped_models"
@@ -55,7 +55,7 @@ EVIDENCE_TARGET = {0: 0.9, 1: 0.7, 2: 0.82, 3: 0.89, 4: 0.935}
 
 def evidence_target(lesions: list) -> np.ndarray:
     """Soft training target for an image with these visible lesions: the class from
-    :data:`~krypton.fundus.LABEL_RULE`, its probability from :data:`EVIDENCE_TARGET`, the
+    :data:`~krypton.synthetic.fundus.LABEL_RULE`, its probability from :data:`EVIDENCE_TARGET`, the
     rest shared by the other classes."""
     label = label_for(lesions)
     deciding = sum(lesion.kind == CLASSES[label] for lesion in lesions)

@@ -28,8 +28,8 @@ from demo.fundus.data import (
     _batch,
     to_tensor,
 )  # fmt: skip
-from krypton.fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample
 from krypton.registry.models import IMAGENET_MEAN, IMAGENET_STD
+from krypton.synthetic.fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample
 
 # The two microaneurysms visible in scikit-image's Microaneurysms sample, (x, y) in its
 # 102 x 102 pixels: read off the picture, and the two strongest dark blobs a

@@ -1,4 +1,4 @@
-"""A second fundus-lesion generator, written separately from :mod:`krypton.fundus` to
+"""A second fundus-lesion generator, written separately from :mod:`krypton.synthetic.fundus` to
 check that the demo model learned the task and not the first generator's quirks.
 
 Same spec (dark-red round soft-edged microaneurysms of radius 1.2-6 px and bright
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from krypton.fundus import CLASSES, Lesion, Sample
+from krypton.synthetic.fundus import CLASSES, Lesion, Sample
 
 __all__ = ["IndependentFundusGenerator"]
 
@@ -22,7 +22,7 @@ SUPERSAMPLE = 4
 
 
 class IndependentFundusGenerator:
-    """Seeded; ``sample()`` returns the same :class:`krypton.fundus.Sample` records."""
+    """Seeded; ``sample()`` returns the same :class:`krypton.synthetic.fundus.Sample` records."""
 
     def __init__(self, seed: int = 0, size: int = 224):
         from skimage import data

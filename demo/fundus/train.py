@@ -44,9 +44,9 @@ from demo.fundus.evaluate import (
     fit_ood,
     merge_evaluation,
 )  # fmt: skip
-from krypton.fundus import CLASSES, IMAGE_SIZE, FundusGenerator
 from krypton.registry.entries import write_entry
 from krypton.registry.models import IMAGENET_MEAN, IMAGENET_STD
+from krypton.synthetic.fundus import CLASSES, IMAGE_SIZE, FundusGenerator
 
 
 def train(

@@ -23,8 +23,6 @@ from typing import cast
 import numpy as np
 from skimage.metrics import structural_similarity
 
-from ..render.overlay import heatmap_limits
-
 __all__ = [
     "DEFAULT_TARGET_SSIM",
     "DEFAULT_TAUS",
@@ -180,6 +178,12 @@ def localisation(exact: np.ndarray, approximate: np.ndarray) -> Localisation:
     share = max(1, int(np.ceil(0.05 * cells)))
     overlap = len(set(_lowest(exact, share).tolist()) & set(_lowest(approximate, share).tolist()))
     return Localisation(minimum_kept, overlap / share)
+
+
+def heatmap_limits(prob: float) -> tuple[float, float]:
+    """Colour limits of the paper's heatmaps, 0.75p .. min(1, 1.25p) (§5): the range
+    quality is measured in here and the range the heatmaps are drawn in."""
+    return 0.75 * prob, min(1.0, 1.25 * prob)
 
 
 def heatmap_ssim(exact: np.ndarray, approximate: np.ndarray, prob: float) -> float:

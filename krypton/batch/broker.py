@@ -39,7 +39,7 @@ __all__ = [
 
 PREFIX = "krypton:"  # every key Krypton keeps in Redis starts with this
 BATCH_TASK = "krypton.batch_image"
-PACS_TASK = "krypton.pacs_series"  # one series of a study batch (krypton.pacs)
+PACS_TASK = "krypton.pacs_series"  # one series of a study batch (krypton.pacs.results)
 # A message invisible this long with nobody refreshing it goes back to the queue. Short,
 # so lost work restarts soon; running tasks refresh theirs every REFRESH_SECONDS.
 VISIBILITY_TIMEOUT = 20.0  # default; KRYPTON_VISIBILITY_TIMEOUT sets it (seconds, >= 5)
@@ -209,10 +209,10 @@ def _pacs_series(
     worker: str, model_name: str, checksum: str, pacs_url: str, study: str, series: str,
     label: str | None, options: dict, send: bool, key: str | None,
 ) -> dict:  # fmt: skip
-    """The PACS task's work (:func:`krypton.pacs.explain_series`), its answer a dict: the
+    """The PACS task's work (:func:`krypton.batch.study.explain_series`), its answer a dict: the
     row, the files (base64), what was sent, or ``refused``: the PACS refused the send."""
-    from ..io.dicomweb import PacsError, PacsSettings, connect
-    from ..pacs import explain_series
+    from ..pacs.dicomweb import PacsError, PacsSettings, connect
+    from .study import explain_series
 
     def failed(error: str) -> dict:
         return _failed(worker, series, label, error, sent=None)
@@ -343,14 +343,14 @@ def broker_submit(url: str, model, options: dict, window=None, frame=None, wait_
 
 
 def broker_series(url: str, wait_for_worker: float = 30.0):
-    """A ``submit`` for :func:`krypton.pacs.run_study_batch` that sends each series to the
+    """A ``submit`` for :func:`krypton.batch.study.run_study_batch` that sends each series to the
     Celery workers behind ``url``. Each worker fetches the series from its own PACS,
     which must be the one the batch names, and sends the result there itself."""
 
     def make(pacs, study_uid: str, model, options: dict, label: str | None, send: bool):
         from ..explainer import model_fingerprint
-        from ..io.dicomweb import PacsError
-        from ..pacs import SentResult
+        from ..pacs.dicomweb import PacsError
+        from ..pacs.results import SentResult
         from .folder import BatchRow, batch_row
 
         app = _workers(url, model, wait_for_worker)

@@ -1,4 +1,4 @@
-"""Heatmap pictures out: the paper's colour limits, the page's overlay styles, an RGBA
+"""Heatmap pictures out: drawn on the paper's colour limits, the page's overlay styles, an RGBA
 overlay at the image's own resolution and the PNG for the record (numpy, Pillow and
 matplotlib's colormaps). Reads no files: krypton.io.images and krypton.io.dicom read them."""
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from ..approximate.tuning import heatmap_limits  # the scale quality is measured on
+
 __all__ = [
     "heatmap_limits",
     "HEATMAP_SCALES",
@@ -20,11 +22,6 @@ __all__ = [
     "overlay",
     "heatmap_picture",
 ]
-
-
-def heatmap_limits(prob: float) -> tuple[float, float]:
-    """Colour limits of the paper's heatmaps: 0.75p .. min(1, 1.25p) (§5)."""
-    return 0.75 * prob, min(1.0, 1.25 * prob)
 
 
 HEATMAP_SCALES = ("relative", "absolute")

@@ -226,7 +226,7 @@ def _map(heatmap, pixel_array, drops: np.ndarray, sources: list, model_name: str
     import highdicom as hd
     from pydicom.sr.codedict import codes
 
-    from .. import __version__
+    from .._version import __version__
 
     low, high = float(drops.min()), float(drops.max())
     what = series_description(heatmap.mode, model_name, class_name, heatmap.patch, heatmap.stride)

@@ -55,7 +55,7 @@ def ct_datasets(slices: int = 48, side: int = 48) -> list:
     """A small CT series (the project's own writer, demo.pacs.ct_series) the ``no-preamble``
     and ``big-stow`` modes serve."""
     from demo.pacs import ct_series
-    from krypton.chestct import ChestCTGenerator
+    from krypton.synthetic.chestct import ChestCTGenerator
 
     volume = ChestCTGenerator(seed=5).sample(label=1).volume[:slices, :side, :side]
     return ct_series(np.ascontiguousarray(volume), (5.0, 5.0, 5.0), "Hostile^Pacs")

@@ -17,8 +17,8 @@ import torchvision
 from PIL import Image
 
 from bench.dash_client import ROOT, Server, Tab, find
-from krypton.fundus import FundusGenerator
 from krypton.registry import register_model
+from krypton.synthetic.fundus import FundusGenerator
 
 pytestmark = pytest.mark.security
 

@@ -24,8 +24,8 @@ from PIL import Image
 from bench import hostile
 from bench.costs import trickle
 from bench.dash_client import ROOT, Server, Tab, find
-from krypton.fundus import FundusGenerator
 from krypton.registry import register_model
+from krypton.synthetic.fundus import FundusGenerator
 
 from .costs import light_callback, measured, needs_nginx
 

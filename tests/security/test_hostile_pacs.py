@@ -411,8 +411,8 @@ def orthanc_app(tmp_path_factory):
     from test_pacs import PASSWORD, USER, _free_port
 
     from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, start_orthanc
-    from krypton.chestct import ChestCTGenerator
-    from krypton.io import dicomweb
+    from krypton.pacs import dicomweb
+    from krypton.synthetic.chestct import ChestCTGenerator
 
     if not (Path(ORTHANC).exists() and Path(DICOMWEB_PLUGIN).exists()):
         pytest.skip("Debian's orthanc and orthanc-dicomweb are not installed")
@@ -437,7 +437,7 @@ def test_first_sends_from_five_addresses_at_once_store_one_map(orthanc_app):
     sent, and a Send after it says the study has it."""
     from test_pacs import PASSWORD, USER
 
-    from krypton.io import dicomweb
+    from krypton.pacs import dicomweb
 
     server, root, study, series = orthanc_app
     tabs = [Tab.at(server.url, loopback(index, 44)) for index in range(5)]
@@ -490,7 +490,7 @@ def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_p
     differed, so the same result sent from both was stored twice."""
     from test_pacs import PASSWORD, USER
 
-    from krypton.io import dicomweb
+    from krypton.pacs import dicomweb
 
     server, root, study, series = orthanc_app
     env = {"KRYPTON_DICOMWEB_USER": USER, "KRYPTON_DICOMWEB_PASSWORD": PASSWORD}

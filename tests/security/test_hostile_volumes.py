@@ -16,7 +16,7 @@ import pytest
 
 from bench import hostile_volumes
 from bench.dash_client import ROOT, Server, Tab, png_bytes
-from krypton.fundus import FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 
 from .costs import measured
 

@@ -1,5 +1,5 @@
 """One Send for both subjects: the result a panel shows, stored in the study of the input
-it was opened from (krypton.pacs), once per result key whoever presses it.
+it was opened from (krypton.pacs.results), once per result key whoever presses it.
 
 The only things an image and a volume do differently are what they hand the library:
 :func:`_volume_send` (the prepared block, the series' headers) and :func:`_image_send`
@@ -14,9 +14,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from krypton.io.dicomweb import PacsError, connect
-from krypton.pacs import SentResult, in_study, result_key, send_image_result, send_volume_result
-from krypton.pacs import source_instance as pacs_source_instance
+from krypton.pacs.dicomweb import PacsError, connect
+from krypton.pacs.results import (
+    SentResult,
+    in_study,
+    result_key,
+    send_image_result,
+    send_volume_result,
+)
+from krypton.pacs.results import source_instance as pacs_source_instance
 from krypton.render.dicom_series import dicom_headers
 
 from ..helpers import InputError

@@ -10,43 +10,35 @@ as a Secondary Capture. All carry the study's patient modules, as DICOM requires
 
 Every map Krypton stores carries a result key as its Content Label: a digest of the
 source series, the model (name and weights) and the run's settings
-(:func:`result_key`). A study batch (:func:`run_study_batch`) asks the PACS which keys
-its study holds and explains only the series whose result is not there, so a run
-repeated with the same model and settings sends nothing new.
+(:func:`result_key`). A study batch (:func:`krypton.batch.study.run_study_batch`) asks
+the PACS which keys its study holds and explains only the series whose result is not
+there, so a run repeated with the same model and settings sends nothing new.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from .io.dicomweb import (
+from .dicomweb import (
     Pacs,
-    PacsError,
     SeriesRow,
     content_labels,
-    fetch_series,
-    fetched_headers,
     find_series,
 )
 
 __all__ = [
     "PARAMETRIC_MAP_STORAGE",
     "NOT_IMAGES",
-    "StudyBatch",
-    "explain_series",
     "explainable_series",
     "in_study",
     "source_instance",
     "value_settings",
-    "local_series",
     "is_explainable",
     "result_key",
-    "run_study_batch",
     "send_image_result",
     "send_volume_result",
 ]
@@ -124,7 +116,7 @@ def result_key(series_uid: str, model, settings: Mapping) -> str:
     digest of the series, the model's name and weights, and :func:`value_settings` of
     ``settings``. The same result from the app, the CLI, batch or a worker gets the same
     key; other weights or settings another."""
-    from ._fingerprint import model_fingerprint
+    from .._fingerprint import model_fingerprint
 
     weights = model_fingerprint(model.module)[1]
     described = json.dumps(
@@ -178,10 +170,10 @@ def send_volume_result(
 
     import pydicom
 
-    from .io.dicomweb import store
-    from .registry.ood import caveat
-    from .render.dicom_series import capture_series, nearest_sources, slice_pictures
-    from .render.parametric_map import parametric_map
+    from ..registry.ood import caveat
+    from ..render.dicom_series import capture_series, nearest_sources, slice_pictures
+    from ..render.parametric_map import parametric_map
+    from .dicomweb import store
 
     class_name = model.class_name(heatmap.label)
     warning = caveat(heatmap.extra.get("ood"))
@@ -216,10 +208,10 @@ def send_image_result(
 
     import pydicom
 
-    from .io.dicomweb import store
-    from .registry.ood import caveat
-    from .render.dicom_capture import heatmap_capture
-    from .render.parametric_map import image_parametric_map
+    from ..registry.ood import caveat
+    from ..render.dicom_capture import heatmap_capture
+    from ..render.parametric_map import image_parametric_map
+    from .dicomweb import store
 
     class_name = model.class_name(heatmap.label)
     readable = io.BytesIO(source) if isinstance(source, bytes) else source
@@ -256,147 +248,3 @@ def explainable_series(pacs: Pacs, study_uid: str, modality: str | None = None) 
 def is_explainable(row: SeriesRow) -> bool:
     """A series of images that is not one of Krypton's own results."""
     return row.modality.upper() not in NOT_IMAGES and row.manufacturer != MANUFACTURER
-
-
-@dataclass
-class StudyBatch:
-    """A study batch's outcome: every series' row, what was sent and what was there."""
-
-    rows: list = field(default_factory=list)
-    explained: int = 0  # by this run (rows also holds earlier runs' for series skipped)
-    sent: list[SentResult] = field(default_factory=list)
-    already_sent: list[str] = field(default_factory=list)  # series whose result was there
-
-
-# submit(todo): for each (series row, result key) to explain, in any order, the series
-# row, its summary row (krypton.batch.folder.BatchRow), output files and what was sent
-SeriesOutcome = tuple[SeriesRow, object, dict, SentResult | None]
-SeriesSubmit = Callable[[list[tuple[SeriesRow, str]]], Iterator[SeriesOutcome]]
-
-
-def explain_series(
-    pacs: Pacs, study_uid: str, series_uid: str, model, options: dict, label: str | None,
-    key: str | None, send: bool,
-) -> tuple[object, dict[str, bytes], SentResult | None]:  # fmt: skip
-    """Fetch one series, explain it with the volume ``model`` (the row and files
-    ``krypton batch`` writes for a volume) and, with ``send``, store the result in the
-    study labelled ``key`` unless the study holds it already (:data:`ALREADY_THERE`).
-    ``key`` None: the run's own (:func:`result_key` with the class it explained, for a
-    batch whose class is the predicted one). A series that cannot be fetched or
-    explained gives a row with its error; a refused send raises PacsError. The local
-    study batch and the Celery workers (:mod:`krypton.batch.broker`) both call this."""
-    from .batch.folder import BatchRow, explain_item
-
-    with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
-        try:
-            files = fetch_series(pacs, study_uid, series_uid, Path(folder))
-        except PacsError as exc:
-            return BatchRow(image=series_uid, given_label=label or "", error=str(exc)), {}, None
-        row, outputs = explain_item(Path(folder), label, model, options, image=series_uid)
-        sources = fetched_headers(files)
-    sent = None
-    if send and not row.error:
-        extra = row.extra
-        heatmap = extra["heatmap"]
-        key = key or result_key(series_uid, model, {**options, "label": heatmap.label})
-        if in_study(pacs, study_uid, key):
-            return row, outputs, ALREADY_THERE
-        sent = send_volume_result(pacs, study_uid, model, extra["prepared"], heatmap, sources, key)
-    return row, outputs, sent
-
-
-def local_series(
-    pacs: Pacs, study_uid: str, model, options: dict, label: str | None, send: bool
-) -> SeriesSubmit:
-    """A ``submit`` for :func:`run_study_batch` that explains each series here, one
-    after another (:func:`explain_series`)."""
-
-    def submit(todo):
-        for found, key in todo:
-            row, outputs, sent = explain_series(
-                pacs, study_uid, found.series_uid, model, options, label, key, send
-            )
-            yield found, row, outputs, sent
-
-    return submit
-
-
-def run_study_batch(
-    pacs: Pacs,
-    study_uid: str,
-    model,
-    out_dir: Path,
-    options: dict,
-    *,
-    label: str | None = None,
-    modality: str | None = None,
-    send: bool = True,
-    progress: Callable[[int, int, str], None] | None = None,
-    submit: Callable[..., SeriesSubmit] | None = None,
-) -> StudyBatch:
-    """Explain each series of the study (:func:`explainable_series`) with the volume
-    ``model`` into ``out_dir`` (the files ``krypton batch`` writes per volume, then
-    summary.csv and index.html) and, with ``send``, store each result in the study.
-
-    With ``send``, a series whose result (:func:`result_key`) the study already holds is
-    neither fetched nor explained again where ``label`` names the class; for the
-    predicted class the key is known after the run, so the series is explained and
-    nothing is sent (counted as already there). A series that cannot be fetched or explained
-    gets a row with its error and the run goes on; a refused send ends the run (the
-    PACS's message is the error), results sent before it stay. ``submit(pacs,
-    study_uid, model, options, label, send)`` makes what explains the series: here by
-    default (:func:`local_series`), or on the team's workers
-    (:func:`krypton.batch.broker.broker_series`)."""
-    from .batch.folder import (
-        BatchItem,
-        batch_settings,
-        done_row,
-        store_outputs,
-        write_contact_sheet,
-        write_summary,
-    )
-
-    if not model.is_volume:
-        raise ValueError(f"{model.name} is a 2-D model; a study batch explains series as volumes")
-    series = explainable_series(pacs, study_uid, modality)
-    there = content_labels(pacs, study_uid, PARAMETRIC_MAP_STORAGE) if send else set()
-    settings = batch_settings(model, options)
-    outcome = StudyBatch()
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def item_of(found: SeriesRow) -> BatchItem:
-        return BatchItem(Path(found.series_uid), f"series-{found.series_uid}", label)
-
-    todo = []
-    for found in series:
-        # a class named ahead gives the key ahead; the predicted class's key is the run's
-        key = (
-            None
-            if label is None
-            else result_key(found.series_uid, model, {**options, "label": label})
-        )
-        if send and key in there:
-            outcome.already_sent.append(found.series_uid)
-            kept = done_row(out_dir, item_of(found), settings)
-            if kept is not None:
-                outcome.rows.append(kept)
-        else:
-            todo.append((found, key))
-    if progress is not None:
-        first = todo[0][0] if todo else None
-        progress(0, len(todo), (first.description or first.series_uid) if first else "")
-    explained = (submit or local_series)(pacs, study_uid, model, options, label, send)
-    for number, (found, row, outputs, sent) in enumerate(explained(todo), start=1):
-        store_outputs(out_dir, item_of(found), row, outputs, settings)
-        outcome.rows.append(row)
-        outcome.explained += not row.error
-        if sent is not None and sent.already:
-            outcome.already_sent.append(found.series_uid)
-        elif sent is not None:
-            outcome.sent.append(sent)
-        if progress is not None:
-            progress(number, len(todo), found.description or found.series_uid)
-    if outcome.rows:
-        write_summary(out_dir, outcome.rows)
-        write_contact_sheet(out_dir, outcome.rows, model)
-    return outcome

@@ -15,12 +15,30 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import explainer as explain_module
-from ._environment import SettingError, check_library_settings
-from .approximate.settings import DEFAULTS
-from .approximate.tuning import DEFAULT_TARGET_SSIM
-from .cli_compare import add_compare_parser, parse_methods, run_compare
-from .cli_pacs import (
+from .. import explainer as explain_module
+from .._environment import SettingError, check_library_settings
+from ..approximate.settings import DEFAULTS
+from ..approximate.tuning import DEFAULT_TARGET_SSIM
+from ..devices import PRECISIONS, resolve_device
+from ..engine import analysis
+from ..io.dicom import is_dicom, parse_window
+from ..io.images import ImageLoadError, load_image
+from ..registry import (
+    RegistryError,
+    available_models,
+    default_model_name,
+    load_model,
+    remove_model,
+)
+from ..registry.entries import update_entry
+from ..registry.models import (
+    CALIBRATION_PATCHES,
+    TORCHVISION_MODELS,
+    WeightsUnavailableError,
+    load_torchvision_model,
+)
+from .compare import add_compare_parser, parse_methods, run_compare
+from .pacs import (
     PACS_PREFIX,
     add_pacs_parser,
     add_pacs_source_options,
@@ -28,7 +46,7 @@ from .cli_pacs import (
     run_explain_pacs,
     run_pacs,
 )
-from .cli_volumes import (
+from .volumes import (
     default_volume_model,
     is_volume_model,
     print_host,
@@ -37,24 +55,6 @@ from .cli_volumes import (
     run_explain_volume,
     stem_of,
     wants_volume,
-)
-from .devices import PRECISIONS, resolve_device
-from .engine import analysis
-from .io.dicom import is_dicom, parse_window
-from .io.images import ImageLoadError, load_image
-from .registry import (
-    RegistryError,
-    available_models,
-    default_model_name,
-    load_model,
-    remove_model,
-)
-from .registry.entries import update_entry
-from .registry.models import (
-    CALIBRATION_PATCHES,
-    TORCHVISION_MODELS,
-    WeightsUnavailableError,
-    load_torchvision_model,
 )
 
 
@@ -420,7 +420,7 @@ def write_heatmap_files(out: Path, picture, heatmap, model) -> list[Path]:
     """The overlay PNG at ``out``, the explained class's values next to it as .npy and,
     where kept, every class's as .npz (:func:`krypton.batch.heatmap_files`); returns the
     paths written."""
-    from .batch.folder import heatmap_files
+    from ..batch.folder import heatmap_files
 
     out.parent.mkdir(parents=True, exist_ok=True)
     written = []
@@ -540,9 +540,9 @@ def _explain_image(args: argparse.Namespace, after=None) -> int:
 def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]:
     """What the DICOM input was shown as (window, frame), and the heatmap as a Secondary
     Capture that references it."""
-    from .io.dicom import load_dicom
-    from .registry.ood import caveat
-    from .render.dicom_capture import heatmap_capture
+    from ..io.dicom import load_dicom
+    from ..registry.ood import caveat
+    from ..render.dicom_capture import heatmap_capture
 
     loaded = load_dicom(args.image, window=args.window, frame=args.frame)
     shown = loaded.window_text()
@@ -569,8 +569,8 @@ def _dicom_export(args: argparse.Namespace, heatmap, model) -> tuple[str, bytes]
 
 
 def run_batch_command(args: argparse.Namespace) -> int:
-    from .batch.folder import collect_inputs, run_batch
-    from .io.dicom import parse_window
+    from ..batch.folder import collect_inputs, run_batch
+    from ..io.dicom import parse_window
 
     if args.dicomweb is not None:
         volume_model = args.model or default_volume_model()
@@ -621,7 +621,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
     submit = None
     if args.broker:
-        from .batch.broker import BrokerError, broker_submit
+        from ..batch.broker import BrokerError, broker_submit
 
         try:
             submit = broker_submit(args.broker, model, options, args.window, args.frame)
@@ -657,7 +657,7 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
     if model.name == "fundus-demo":
         from PIL import Image
 
-        from .fundus import FundusGenerator
+        from ..synthetic.fundus import FundusGenerator
 
         generator = FundusGenerator(seed=5)
         return [
@@ -673,7 +673,7 @@ def _sample_images(args: argparse.Namespace, model, total: int) -> list:
 
 def run_tune(args: argparse.Namespace) -> int:
 
-    from .tune import tune_tau
+    from ..tune import tune_tau
 
     model = _load(args.model, random_weights=False)
     images = _sample_images(args, model, args.count + args.held_out)
@@ -716,9 +716,9 @@ STEP_CLASSES_TIMED = 2  # the gradient step is timed per class; two show its spr
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from .approximate.tuning import TauTuning, choose_tau
-    from .calibration import calibrate, save_calibration
-    from .registry.entries import find_entry
+    from ..approximate.tuning import TauTuning, choose_tau
+    from ..calibration import calibrate, save_calibration
+    from ..registry.entries import find_entry
 
     name = args.model or default_model_name()
     path, entry = find_entry(name)
@@ -768,7 +768,7 @@ def _timm_model(architecture: str):
     """A timm architecture with random weights, at its default input size."""
     import timm
 
-    from .registry.models import LoadedModel
+    from ..registry.models import LoadedModel
 
     try:
         module = timm.create_model(architecture, pretrained=False)

@@ -31,7 +31,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .._environment import SettingError, library_setting
-from ._decoding import ImageLoadError
+from ..io._decoding import ImageLoadError
 
 __all__ = ["PacsError", "PacsBudgets", "RequestBudget", "BoundedAdapter", "bounded"]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import explainer as explain_module
-from .io.dicom import is_dicom
-from .io.images import ImageLoadError
-from .render.volumes import VIEWS
+from .. import explainer as explain_module
+from ..io.dicom import is_dicom
+from ..io.images import ImageLoadError
+from ..render.volumes import VIEWS
 
 __all__ = [
     "default_volume_model",
@@ -42,7 +42,7 @@ def is_volume_source(source: str | Path) -> bool:
 
 def is_volume_model(name: str | None) -> bool:
     """Whether the registered model ``name`` is a volume model."""
-    from .registry import available_models
+    from ..registry import available_models
 
     return any(info.name == name and info.is_volume for info in available_models())
 
@@ -57,7 +57,7 @@ def wants_volume(source: str | Path, model: str | None) -> bool:
 def default_volume_model() -> str | None:
     """The first available volume model (the shipped chestct-demo unless a user's comes
     first), or None."""
-    from .registry import available_models
+    from ..registry import available_models
 
     for info in available_models():
         if info.available and info.is_volume:
@@ -102,8 +102,8 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict, after=Non
     heatmap)``, if
     given, runs once the files are written (a PACS source stores its result); its
     ImageLoadError is the command's error."""
-    from .io.volumes import read_volume
-    from .render.volumes import view_centre, volume_files
+    from ..io.volumes import read_volume
+    from ..render.volumes import view_centre, volume_files
 
     if not model.is_volume:
         print(
@@ -136,7 +136,7 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict, after=Non
         return 2
     finally:
         bar.close()
-    from .registry.ood import caveat
+    from ..registry.ood import caveat
 
     files = volume_files(
         heatmap, prepared, model, args.slices, warning=caveat(heatmap.extra.get("ood"))
@@ -163,7 +163,7 @@ def print_speed(heatmap, model_name: str | None = None) -> None:
     """The exact run's speed line, worded as the page's (krypton.estimator.speed_claim),
     its naive figure bounded by the model's logged or calibrated naive pace at the load
     now (:func:`krypton.estimator.stated_speed`)."""
-    from .estimator import host_load, speed_claim, stated_speed
+    from ..estimator import host_load, speed_claim, stated_speed
 
     speed = stated_speed(heatmap, model_name, host_load())
     if speed is not None:
@@ -172,7 +172,7 @@ def print_speed(heatmap, model_name: str | None = None) -> None:
 
 def print_host(share: dict | None) -> None:
     """The threads line: how many torch threads the run took, and why."""
-    from .host import describe_share
+    from ..host import describe_share
 
     if share:
         print(f"threads    {describe_share(share)}")

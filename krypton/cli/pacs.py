@@ -1,4 +1,4 @@
-"""The PACS from the command line (:mod:`krypton.io.dicomweb`; the PACS is the one
+"""The PACS from the command line (:mod:`krypton.pacs.dicomweb`; the PACS is the one
 ``KRYPTON_DICOMWEB_URL`` configures, or ``--dicomweb URL``; the sign-in always comes from
 the environment):
 
@@ -10,10 +10,10 @@ the environment):
 
 ``explain`` of a PACS series fetches it through the intake's limits and explains it as a
 volume (the files a folder's series gives). ``--send`` stores the heatmap in the source's
-study as two new series (:func:`krypton.pacs.send_volume_result`): a DICOM Parametric Map
+study as two new series (:func:`krypton.pacs.results.send_volume_result`): a DICOM Parametric Map
 on the source's frame of reference and a Secondary Capture per axial slice of the block.
 ``batch`` does that for each image series of a study and skips the series whose result
-the study already holds (:func:`krypton.pacs.run_study_batch`).
+the study already holds (:func:`krypton.batch.study.run_study_batch`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .io.dicomweb import PacsError, PacsSettings, connect, fetch_series, find_series, find_studies
+from ..pacs.dicomweb import (
+    PacsError,
+    PacsSettings,
+    connect,
+    fetch_series,
+    find_series,
+    find_studies,
+)
 
 __all__ = [
     "PACS_PREFIX",
@@ -128,7 +135,7 @@ def run_pacs(args: argparse.Namespace) -> int:
 def _source(args: argparse.Namespace, pacs) -> tuple[str, str]:
     """(study, series) from ``dicomweb:STUDY/SERIES`` or ``--study``/``--series``; a study
     with one image series needs no ``--series``."""
-    from .pacs import explainable_series
+    from ..pacs.results import explainable_series
 
     if args.image:
         study, _, series = args.image[len(PACS_PREFIX) :].partition("/")
@@ -159,8 +166,8 @@ def run_explain_pacs(
     after)`` on the fetched files (the volume path) or, with a 2-D model,
     ``explain_image(args, after)`` on one image of it; with ``--send`` ``after`` stores
     the result in the study (its key from ``options_of(args, model)``)."""
-    from .cli_volumes import is_volume_model
-    from .io.dicomweb import ImageNotChosen, fetch_instance
+    from ..pacs.dicomweb import ImageNotChosen, fetch_instance
+    from .volumes import is_volume_model
 
     try:
         pacs = _pacs(args.dicomweb)
@@ -188,15 +195,15 @@ ALREADY = "already    study {study} holds this result ({key}): nothing new was s
 
 def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, options_of):
     """What stores an image's result after the run (``--send``), or None: unless the
-    study holds it already (its key, :func:`krypton.pacs.result_key`, as the app's)."""
+    study holds it already (its key, :func:`krypton.pacs.results.result_key`, as the app's)."""
     if not args.send:
         return None
 
     def send(model, heatmap) -> None:
         import pydicom
 
-        from .io.dicom import parse_window
-        from .pacs import in_study, result_key, send_image_result
+        from ..io.dicom import parse_window
+        from ..pacs.results import in_study, result_key, send_image_result
 
         window = None if args.window is None else parse_window(args.window)
         header = pydicom.dcmread(args.image, stop_before_pixels=True)
@@ -228,14 +235,14 @@ def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, optio
 
 def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list, options_of):
     """What stores the result after the run (``--send``), or None: unless the study
-    holds it already (its key, :func:`krypton.pacs.result_key`, as the app's and
+    holds it already (its key, :func:`krypton.pacs.results.result_key`, as the app's and
     batch's)."""
     if not args.send:
         return None
 
     def send(model, prepared, heatmap) -> None:
-        from .io.dicomweb import fetched_headers
-        from .pacs import in_study, result_key, send_volume_result
+        from ..pacs.dicomweb import fetched_headers
+        from ..pacs.results import in_study, result_key, send_volume_result
 
         key = result_key(series, model, {**options_of(args, model), "label": heatmap.label})
         if in_study(pacs, study, key):
@@ -257,13 +264,13 @@ def run_batch_pacs(
     options_of: Callable[[argparse.Namespace, object], dict],
 ) -> int:
     """``krypton batch --dicomweb [URL] --study UID``: every image series of the study
-    (:func:`krypton.pacs.run_study_batch`), here or with ``--broker`` on the team's
+    (:func:`krypton.batch.study.run_study_batch`), here or with ``--broker`` on the team's
     workers; ``load()`` gives the volume model, ``options_of(args, model)`` explain()'s
     options."""
     from tqdm import tqdm
 
-    from .batch.broker import BrokerError
-    from .pacs import run_study_batch
+    from ..batch.broker import BrokerError
+    from ..batch.study import run_study_batch
 
     if args.input:
         print("error: name either INPUT or --dicomweb, not both", file=sys.stderr)
@@ -283,7 +290,7 @@ def run_batch_pacs(
 
         submit = None
         if args.broker:  # each series on a worker, which reads and writes its own PACS
-            from .batch.broker import broker_series
+            from ..batch.broker import broker_series
 
             submit = broker_series(args.broker)
         try:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .io.images import ImageLoadError, load_image
-from .methods import METHODS, compare, comparison_record
-from .render.methods import TITLES, methods_picture
+from ..io.images import ImageLoadError, load_image
+from ..methods import METHODS, compare, comparison_record
+from ..render.methods import TITLES, methods_picture
 
 SHORT_NAMES = {"occlusion": "occlusion", "gradcam": "gradcam", "ig": "integrated_gradients"}
 
@@ -56,7 +56,7 @@ def parse_methods(text: str) -> list[str]:
 def run_compare(args: argparse.Namespace, load) -> int:
     """Run the chosen methods and write OUT.png and OUT.json; ``load`` is the CLI's model
     loader."""
-    from .cli_volumes import default_volume_model, wants_volume
+    from .volumes import default_volume_model, wants_volume
 
     try:
         methods = parse_methods(args.methods)
@@ -65,7 +65,7 @@ def run_compare(args: argparse.Namespace, load) -> int:
         return 2
     try:
         if wants_volume(args.image, args.model):
-            from .io.volumes import read_volume
+            from ..io.volumes import read_volume
 
             model = load(args.model or default_volume_model())
             prepared = model.prepare_volume(read_volume(args.image))

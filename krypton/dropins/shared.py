@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from ._inputs import _model_device
-from .explainer import OcclusionExplainer
+from .._inputs import _model_device
+from ..explainer import OcclusionExplainer
 
 __all__ = ["ENGINE_BATCH", "explainer_for", "evaluated", "mode_dependent_modules", "warn_once"]
 

@@ -10,7 +10,7 @@ certificates. Secrets never appear in a message, a repr or a log line, and a URL
 holds them (``https://user:password@…``) is refused: they would travel wherever the URL
 does (a worker's task, a batch's summary).
 
-Every request is bounded (:mod:`krypton.io.dicomweb_transport`): a total deadline, its
+Every request is bounded (:mod:`krypton.pacs.transport`): a total deadline, its
 answer's bytes counted as they arrive, no redirects, nothing outside the configured
 root. Every UID from a caller or from the PACS's own answers is checked
 (:func:`check_uid`: digits and dots, at most 64) before a URL is built from it. A listing
@@ -42,8 +42,9 @@ from urllib.parse import urlsplit
 
 import requests
 
-from ._decoding import ImageLoadError
-from .dicomweb_transport import (
+from ..io._decoding import ImageLoadError
+from ..io.volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
+from .transport import (
     STORE_BYTES_PER_SECOND,
     BoundedAdapter,
     PacsBudgets,
@@ -51,9 +52,8 @@ from .dicomweb_transport import (
     RequestBudget,
     bounded,
 )
-from .volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
 
-logger = logging.getLogger("krypton.pacs")
+logger = logging.getLogger("krypton.pacs.results")
 
 __all__ = [
     "PacsError",
@@ -227,7 +227,7 @@ def connect(settings: PacsSettings) -> Pacs:
 
 @contextmanager
 def _answers(pacs: Pacs, what: str, **limits) -> Iterator[RequestBudget]:
-    """One PACS request, bounded (:func:`krypton.io.dicomweb_transport.bounded` with
+    """One PACS request, bounded (:func:`krypton.pacs.transport.bounded` with
     ``limits``), its failures as one line naming ``what`` failed, without the URL's
     credentials, the response body or a Python class name."""
     try:
