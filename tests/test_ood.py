@@ -374,7 +374,7 @@ def test_the_default_model_flags_ct_and_mr_slices_nobody_tuned_it_on():
     assert len(missed) <= 0.05 * len(held_out), missed
     # the page's path: the sample as the gallery loads it, checked by the model
     from krypton.io.images import load_image
-    from webapp.layout import sample_path
+    from webapp.samples import sample_path
 
     ct = loaded.check_ood(loaded.preprocess(load_image(sample_path("CT_small.dcm"))))
     assert ct.flagged and "does not look like fundus-demo's training images" in ct.warning

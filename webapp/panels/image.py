@@ -9,8 +9,9 @@ from dash.exceptions import PreventUpdate
 from .. import figures, helpers, ids, pacs
 from ..client import request_client
 from ..helpers import InputError
-from ..layout import DICOM_SAMPLES, placeholder_figure, sample_path
+from ..layout import placeholder_figure
 from ..panel_scope import IMAGE_PANEL
+from ..samples import DICOM_SAMPLES, sample_path
 from ..services import Services
 from .common import hide_at_click, origin, register_intake
 
