@@ -25,35 +25,30 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = (ROOT / "webapp", ROOT / "krypton")
 
 
-def _module(filename: str, units: tuple[str, ...] = ()) -> str | None:
-    """The project module a code file is, as a path from the repository, or None; a
-    file under one of the folders ``units`` counts as that folder (one body)."""
+def _module(filename: str) -> str | None:
+    """The project module a code file is, as a path from the repository, or None."""
     path = Path(filename)
     if not any(path.is_relative_to(folder) for folder in PROJECT):
         return None
-    name = str(path.relative_to(ROOT))
-    return next((unit for unit in units if name.startswith(unit)), name)
+    return str(path.relative_to(ROOT))
 
 
-def entered_functions(
-    call: Callable[[], object], units: tuple[str, ...] = ()
-) -> set[tuple[str, str]]:
+def entered_functions(call: Callable[[], object]) -> set[tuple[str, str]]:
     """Entries (functions of a project module called from webapp/ code of another
-    module) made while ``call`` runs, as (module, function); each function once.
-    ``units``: folders counted as one module each (a package read as one body).
-    Only the calling thread is followed (a run's job runs in it when its callback is
-    called directly)."""
+    module) made while ``call`` runs, as (module, function); each function once, every
+    module apart (a package's modules are as many modules). Only the calling thread is
+    followed (a run's job runs in it when its callback is called directly)."""
     entered: set[tuple[str, str]] = set()
 
     def profile(frame, event, _arg):
         if event != "call":
             return
-        callee = _module(frame.f_code.co_filename, units)
+        callee = _module(frame.f_code.co_filename)
         if callee is None:
             return
         caller, back = None, frame.f_back
         while back is not None and caller is None:  # past a library's frames (contextlib
-            caller = _module(back.f_code.co_filename, units)  # entering a `with` block's
+            caller = _module(back.f_code.co_filename)  # entering a `with` block's
             back = back.f_back  # generator, functools' cached properties): who called it
         if caller is None or callee == caller:
             return
@@ -89,9 +84,7 @@ def callback_context() -> Iterator[None]:
         context_value.reset(token)
 
 
-def image_run_functions(
-    services, session: str = "bench", units: tuple[str, ...] = ()
-) -> set[tuple[str, str]]:
+def image_run_functions(services, session: str = "bench") -> set[tuple[str, str]]:
     """The entries (:func:`entered_functions`) of one exact image run of the default
     model's sample, through the image panel's Run callback (its first run: no cells
     known; warmed once before, so the model's loading is not on the road)."""
@@ -129,24 +122,19 @@ def image_run_functions(
     click((0, 0, 96, 96), None)  # warm: the model loaded, its views materialised
     region = (64, 64, 160, 160)
     estimate = shown(region)
-    return entered_functions(lambda: click(region, estimate), units)
+    return entered_functions(lambda: click(region, estimate))
 
 
 def main() -> None:
     from webapp.services import Services
 
     services = Services(Path(tempfile.mkdtemp()) / "cache")
-    entries = module_entries(image_run_functions(services))
-    fresh = Services(Path(tempfile.mkdtemp()) / "cache")  # no cells known: the same run
-    whole = module_entries(image_run_functions(fresh, units=("webapp/runs/",)))
-    print("| module entered | entries | the run package as one body |\n|---|---|---|")
+    functions = image_run_functions(services)
+    entries = module_entries(functions)
+    print("| module entered | entries |\n|---|---|")
     for module, count in entries.most_common():
-        print(f"| {module} | {count} | {whole.get(module, '')} |")
-    print(f"| webapp/runs/ (one body) | | {whole.get('webapp/runs/', 0)} |")
-    print(
-        f"\none image run enters {sum(entries.values())} functions of {len(entries)} files; "
-        f"{sum(whole.values())} of {len(whole)} with the run package read as one body"
-    )
+        print(f"| {module} | {count} |")
+    print(f"\none image run enters {len(functions)} functions of {len(entries)} modules")
 
 
 if __name__ == "__main__":

@@ -592,23 +592,22 @@ def test_an_image_run_from_the_click_enters_the_explainer_three_times(services):
     assert not estimating & functions, sorted(functions)
 
 
-def test_the_road_from_the_click_to_the_kept_result_is_at_most_30_functions(services):
-    """Counted with the run package read as one body (bench.run_path, following calls
-    through a library's frames), an image run entered 46 functions of other modules:
-    provenance lived with the phase machine, the run strip moved the lifecycle beside
-    the queue that already knew each step, the app sampled the load and set torch's
-    threads in two calls, the run strip read the plan's fields to decide the queue, each
-    panel built its own handle and filled its own picture, the colour was parsed in the
-    helpers and the first live picture built anew for each run. 30 now, each one step
-    (docs/architecture.md lists them)."""
+def test_the_road_from_the_click_to_the_kept_result_is_at_most_51_functions(services):
+    """Counted with every module apart (bench.run_path, following calls through a
+    library's frames), an image run entered 53 functions of 21 modules, then 52: the
+    guard had read the run package's ten modules as one body (30), which hid the steps
+    between them. The run body no longer marks where the next region snaps: the reuse
+    loop that owns the cells does (51). Before the run package: provenance lived with the phase
+    machine, the app set torch's threads in two calls, each panel built its own handle
+    and the first live picture was built anew for each run."""
     from bench.run_path import image_run_functions
 
-    functions = image_run_functions(services, units=("webapp/runs/",))
-    assert len(functions) <= 30, sorted(functions)
+    functions = image_run_functions(services)
+    assert len(functions) <= 51, sorted(functions)
     assert ("krypton/host.py", "share_host") in functions  # followed
-    assert ("webapp/runs/", "is_light") in functions
+    assert ("webapp/runs/execute.py", "is_light") in functions
     gone = {  # each within its own module now, so no entry of the road
-        ("webapp/runs/", "Provenance.make"),  # provenance is the run package's
+        ("webapp/runs/cells.py", "KnownCells.set_origin"),  # the reuse loop's own
         ("webapp/jobs.py", "RunLifecycle.queue"),  # the queue moves the lifecycle
         ("webapp/jobs.py", "RunLifecycle.start"),
         ("webapp/image_store.py", "check_stored_key"),  # the image store's own

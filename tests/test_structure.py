@@ -231,8 +231,7 @@ def test_no_module_of_the_page_over_500_lines():
     lines (the gallery and the model upload inside the page builder) and team.py to 517
     (the run queue and the Redis stores in one)."""
     long = {
-        str(path.relative_to(ROOT)): path.read_text().count("\n")
-        for path in python_files("webapp")
+        str(path.relative_to(ROOT)): path.read_text().count("\n") for path in python_files("webapp")
     }
     assert {path: lines for path, lines in long.items() if lines > 500} == {}
 

@@ -152,7 +152,8 @@ def run_cells(
     caller states its probability and seconds) and how many cells were known. A run
     stopped by an exception (a Cancel, raised by ``report``) hands ``stopped`` the grid as
     far as it got (cells not computed are NaN), the cells known and the exception, which
-    then goes on."""
+    then goes on. A run that ends keeps its grid's first position as ``known``'s origin.
+    """
     shape = tuple(len(axis) for axis in axes)
     index, corners, keys = grid_cells(axes)
     values = np.full(shape, np.nan, dtype=np.float32)
@@ -219,6 +220,7 @@ def run_cells(
         if stopped is not None:
             stopped(heatmap_so_far({"plan": plan_line}), reused, exc)
         raise
+    known.set_origin(tuple(int(axis[0]) for axis in axes))  # where a next region snaps to
     extra: dict = {"plan": plan_line, "incremental_only_seconds": incremental_only}
     if speed is not None:
         extra["plan_timing"] = dict(speed, incremental_only_seconds=incremental_only)

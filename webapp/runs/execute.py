@@ -253,7 +253,6 @@ def execute(
         )  # fmt: skip
         if not reused and not found.note and had_cells:
             found.note = "no cells reused: none of the earlier positions lies on this grid"
-        found.known.set_origin(tuple(int(a[0]) for a in found.axes))
         counts = (heatmap.positions_evaluated, 0)
     else:
         heatmap = _approximate(explainer, tensor, subject, fill, label, found, live)
