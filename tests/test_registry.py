@@ -253,7 +253,13 @@ def test_registry_files_have_one_writer_that_never_shows_half_a_file(tmp_path):
 
     def update(key, rounds=30):
         for index in range(rounds):
-            update_entry(path, **{key: {"round": index}})
+            # each a record of its kind (the writer checks them), the round in its numbers
+            record = (
+                {"coefficients": [0.0, 0.0, float(index)]}
+                if key == "tuning"
+                else {"models": {}, "round": index}
+            )
+            update_entry(path, **{key: record})
 
     reader = threading.Thread(target=read_while_written)
     writers = [threading.Thread(target=update, args=(key,)) for key in ("tuning", "calibration")]
@@ -266,9 +272,43 @@ def test_registry_files_have_one_writer_that_never_shows_half_a_file(tmp_path):
     reader.join()
     assert broken == []
     written = json.loads(path.read_text())
-    assert written["tuning"] == {"round": 29} and written["calibration"] == {"round": 29}
+    assert written["tuning"] == {"coefficients": [0.0, 0.0, 29.0]}
+    assert written["calibration"] == {"models": {}, "round": 29}
     assert written["notes"] == entry["notes"] and "mean" not in written  # no defaults added
     assert read_entry(path)["classes"] == ["a", "b"]
     with pytest.raises(RegistryError):
         update_entry(path, classes=[])  # validated before anything is written
     assert json.loads(path.read_text())["classes"] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "record, refused",
+    [
+        ({"tuning": {"round": 3}}, "the 'tuning' record lacks coefficients"),
+        ({"tuning": {"coefficients": [1.0, 2.0]}}, "three numbers"),
+        ({"ood": {"path": "m.ood.npz"}}, "the 'ood' record lacks threshold"),
+        ({"ood": {"path": 3, "threshold": 1.0}}, "a file name 'path'"),
+        ({"calibration": {"date": "2026-11-29"}}, "the 'calibration' record lacks models"),
+        ({"calibration": []}, "'calibration' must be an object"),
+    ],
+)
+def test_the_writer_refuses_a_record_its_readers_cannot_read(tmp_path, record, refused):
+    """A tuning record without its coefficients was written, and then every load of the
+    model ended in a KeyError (TauTuning.from_record); the writer checks each record
+    against its type (krypton.registry.entry_schema.RECORDS) before writing."""
+    import json
+
+    from krypton.registry.entries import update_entry
+
+    path = tmp_path / "mine.json"
+    entry = {
+        "name": "mine",
+        "architecture": "resnet18",
+        "weights": {"source": "file", "path": "mine.pt", "format": "state_dict"},
+        "input_size": [64, 64],
+        "classes": ["a", "b"],
+    }
+    path.write_text(json.dumps(entry))
+    with pytest.raises(RegistryError, match=refused):
+        update_entry(path, **record)
+    assert json.loads(path.read_text()) == entry  # nothing written

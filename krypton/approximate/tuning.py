@@ -17,8 +17,9 @@ This module is pure (numpy, scikit-image): it imports nothing that runs a model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from skimage.metrics import structural_similarity
@@ -75,7 +76,7 @@ class TauTuning:
         return chosen
 
     @classmethod
-    def from_record(cls, record: dict | None) -> TauTuning | None:
+    def from_record(cls, record: Mapping[str, Any] | None) -> TauTuning | None:
         """From a registry entry's "tuning" record (what tune_tau wrote), if any."""
         if not record:
             return None

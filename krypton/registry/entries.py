@@ -33,7 +33,7 @@ from typing import Any, cast
 import torchvision
 
 from .architectures import ARCHITECTURES
-from .entry_schema import RegistryEntry, VolumeSettings, WeightsSource
+from .entry_schema import RECORDS, RegistryEntry, VolumeSettings, WeightsSource
 from .models import (
     DEFAULT_PATCH,
     IMAGENET_MEAN,
@@ -216,7 +216,41 @@ def validate_entry(entry: dict[str, Any], path: str) -> RegistryEntry:
             f"from 1 to {min(size)}"
         )
     entry["patch"] = patch
+    _validate_records(entry, path)
     return cast(RegistryEntry, entry)  # every field the schema requires, checked above
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _validate_records(entry: dict[str, Any], path: str) -> None:
+    """The records written after registration (:data:`RECORDS`) are objects with the
+    fields their readers need: a tuning record without its three coefficients, or an
+    out-of-distribution record without its file and threshold, had been written and
+    then broke every load of the model."""
+    for name, kind in RECORDS.items():
+        if name not in entry:
+            continue
+        record = entry[name]
+        if not isinstance(record, dict):
+            raise RegistryError(f"{path}: '{name}' must be an object")
+        missing = sorted(set(kind.__required_keys__) - set(record))  # type: ignore[attr-defined]
+        if missing:
+            raise RegistryError(f"{path}: the '{name}' record lacks {', '.join(missing)}")
+    tuning = entry.get("tuning")
+    if tuning is not None and not (
+        isinstance(tuning["coefficients"], list)
+        and len(tuning["coefficients"]) == 3
+        and all(_number(c) for c in tuning["coefficients"])
+    ):
+        raise RegistryError(f"{path}: tuning 'coefficients' must be three numbers (a, b, c)")
+    ood = entry.get("ood")
+    if ood is not None and not (isinstance(ood["path"], str) and _number(ood["threshold"])):
+        raise RegistryError(f"{path}: 'ood' needs a file name 'path' and a number 'threshold'")
+    calibration = entry.get("calibration")
+    if calibration is not None and not isinstance(calibration["models"], dict):
+        raise RegistryError(f"{path}: calibration 'models' must be an object")
 
 
 def _validate_volume(entry: dict[str, Any], path: str) -> None:
@@ -373,12 +407,14 @@ def _refuse_taken_name(name: str, directory: Path | None) -> None:
 _entry_writes = threading.Lock()
 
 
-def write_entry(path: Path, entry: dict[str, Any]) -> None:
-    """The one writer of registry files: ``entry`` is validated (a copy: defaults are not
-    written back), then written to a temporary file beside ``path`` and moved over it,
-    so a reader sees the old file or the new one, never half of one."""
+def write_entry(path: Path, entry: RegistryEntry) -> None:
+    """The one writer of registry files: ``entry`` (a :class:`RegistryEntry`, its
+    records typed; defaults it may leave out are filled on reading) is validated, records
+    included (a copy: defaults are not written back), then written to a temporary file
+    beside ``path`` and moved over it, so a reader sees the old file or the new one,
+    never half of one."""
     path = Path(path)
-    validate_entry(copy.deepcopy(entry), str(path))
+    validate_entry(cast(dict[str, Any], copy.deepcopy(entry)), str(path))
     data = (json.dumps(entry, indent=2) + "\n").encode()
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -389,16 +425,18 @@ def write_entry(path: Path, entry: dict[str, Any]) -> None:
 
 
 def update_entry(path: Path, **records: Any) -> dict[str, Any]:
-    """Set top-level records of the registry file at ``path`` (``tuning=``,
-    ``calibration=``), keeping everything else; writers in this process take turns.
-    Returns the entry as written."""
+    """Set top-level records of the registry file at ``path`` (``tuning=`` a
+    :class:`~krypton.registry.entry_schema.TuningRecord`, ``calibration=`` a
+    :class:`~krypton.registry.entry_schema.CalibrationRecord`), keeping everything else;
+    writers in this process take turns. Each is checked as :func:`write_entry` checks
+    it. Returns the entry as written."""
     with _entry_writes:
         try:
             entry = json.loads(Path(path).read_text())
         except (FileNotFoundError, json.JSONDecodeError) as exc:
             raise RegistryError(f"cannot update {path}: {exc}") from exc
         entry.update(records)
-        write_entry(path, entry)
+        write_entry(path, cast(RegistryEntry, entry))  # checked there before it is written
         return entry
 
 
