@@ -224,6 +224,16 @@ def test_bad_checkpoints_have_clear_messages(tmp_path):
     assert not registry.exists() or not list(registry.glob("*.json"))  # nothing written
 
 
+# a user's state_dict model, as its registry file holds it before any record is added
+MINE = {
+    "name": "mine",
+    "architecture": "resnet18",
+    "weights": {"source": "file", "path": "mine.pt", "format": "state_dict"},
+    "input_size": [64, 64],
+    "classes": ["a", "b"],
+}
+
+
 def test_registry_files_have_one_writer_that_never_shows_half_a_file(tmp_path):
     """Tuning, calibration and the demo's training each wrote the JSON with write_text
     (truncate, then write): a reader in between saw an empty or half file."""
@@ -233,14 +243,7 @@ def test_registry_files_have_one_writer_that_never_shows_half_a_file(tmp_path):
     from krypton.registry.entries import read_entry, update_entry, write_entry
 
     path = tmp_path / "mine.json"
-    entry = {
-        "name": "mine",
-        "architecture": "resnet18",
-        "weights": {"source": "file", "path": "mine.pt", "format": "state_dict"},
-        "input_size": [64, 64],
-        "classes": ["a", "b"],
-        "notes": "x" * 200_000,  # a large file takes a while to write
-    }
+    entry = {**MINE, "notes": "x" * 200_000}  # a large file takes a while to write
     write_entry(path, entry)
     broken, stop = [], threading.Event()
 
@@ -301,13 +304,7 @@ def test_the_writer_refuses_a_record_its_readers_cannot_read(tmp_path, record, r
     from krypton.registry.entries import update_entry
 
     path = tmp_path / "mine.json"
-    entry = {
-        "name": "mine",
-        "architecture": "resnet18",
-        "weights": {"source": "file", "path": "mine.pt", "format": "state_dict"},
-        "input_size": [64, 64],
-        "classes": ["a", "b"],
-    }
+    entry = dict(MINE)
     path.write_text(json.dumps(entry))
     with pytest.raises(RegistryError, match=refused):
         update_entry(path, **record)
