@@ -685,6 +685,7 @@ def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
     """Team mode with Redis gone: the image panel said so; the volume panel's summary,
     class switch and downloads raised inside their callbacks (one reader of the kept
     result for every panel now: webapp.runs.kept_result)."""
+    from webapp.panels.kept_result import KeptResultPanel
     from webapp.panels.volume import VolumePanel
     from webapp.team import RedisResultStore, redis_client
 
@@ -697,7 +698,7 @@ def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
     record = {"key": key, "name": "chest.nii.gz"}
     summary = panel.summary(handle, record, "ct-test", None, 8, 8, "exact", None, "tab-1")
     assert "Redis" in str(summary[0]) and summary[1:] == (True, True, True, True)
-    _, said = panel.switch_class(1 - result["label"], handle, "tab-1")
+    _, said = KeptResultPanel(services).switch_class(3, 1 - result["label"], handle, "tab-1")
     assert "Redis" in said
 
 
@@ -754,3 +755,26 @@ def test_a_volume_run_hands_the_page_the_image_panels_handle_and_send_reads_it(
     opened = {"key": key, "name": "PACS chest", "pacs": {"study": "1.2", "series": "1.3"}}
     assert PacsPanel(services).sendable(handle, opened) == (False, "")
     assert PacsPanel(services).sendable(handle, dict(opened, key="another"))[0] is True
+
+
+def test_both_panels_refuse_a_class_their_run_did_not_keep_the_same_way(services, nifti_bytes):
+    """The class switch was two callbacks: the image panel handed back its handle marked
+    refused, so its heatmap hid; the volume panel only said why, and left the handle as
+    it was. One switch for both scopes now (webapp.panels.kept_result): both mark it."""
+    from PIL import Image
+
+    from webapp.panels.kept_result import KeptResultPanel
+
+    picture = services.images.put(Image.new("RGB", (64, 64), (90, 40, 20)))
+    image = runs.RunRequest(key=picture, name="p.png", model="fundus-demo", patch=32,
+                            stride=32, mode="approximate", fill_rgb=(0.5, 0.5, 0.5))  # fmt: skip
+    volume = request(stored(services, nifti_bytes), mode="approximate")
+    switch = KeptResultPanel(services).switch_class
+    for rank, asked in ((2, image), (3, volume)):
+        result = runs.execute(services, "tab-1", asked, lambda *a: None)
+        assert result["class_values"] is None  # approximate mode keeps its own class only
+        handle = {"id": result["id"], "provenance": result["provenance"]}
+        other = 1 - result["label"]
+        marked, said = switch(rank, other, handle, "tab-1")
+        assert marked == dict(handle, refused=other), rank
+        assert "one class only" in said

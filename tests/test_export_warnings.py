@@ -59,7 +59,7 @@ def test_app_exports_of_a_flagged_image_carry_the_warning(dicom_result):
     from webapp import runs
 
     services, result, data = dicom_result
-    png = exports.export_png(services.images.get(result["image_key"]), result)
+    png = exports.export_png(services.images.get(result["source_key"]), result)
     assert "not meaningful" in Image.open(io.BytesIO(png)).info["Warning"]
     summary = json.loads(runs.export_json(result))
     assert summary["warnings"] and "not meaningful" in summary["warnings"][0]
@@ -72,7 +72,7 @@ def test_app_exports_of_an_unflagged_image_say_nothing_extra(dicom_result):
 
     services, result, data = dicom_result
     clean = dict(result, ood=dict(FLAGGED, flagged=False))
-    png = exports.export_png(services.images.get(clean["image_key"]), clean)
+    png = exports.export_png(services.images.get(clean["source_key"]), clean)
     assert "Warning" not in Image.open(io.BytesIO(png)).info
     assert json.loads(runs.export_json(clean))["warnings"] == []
     capture = pydicom.dcmread(io.BytesIO(exports.export_dicom(data, clean)))

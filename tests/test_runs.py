@@ -387,7 +387,7 @@ def test_a_run_with_every_cell_cached_is_estimated_at_its_fixed_cost(services, k
     )
     assert cached.seconds == pytest.approx(fixed) and cached.seconds < everything.seconds
     panel = SettingsPanel(services)
-    image = {"key": first["image_key"]}
+    image = {"key": first["source_key"]}
     text = panel.estimate(
         "fundus-demo", 16, 8, "exact", [16, 16, 64, 64], 0.25, 3.0, None, image, "gray", None
     )
@@ -404,7 +404,7 @@ def test_the_estimate_counts_the_grid_the_run_will_snap_to(services, krypton_hom
     from webapp.panels.settings import SettingsPanel
 
     first = runs.execute(services, "s", request(services), lambda *a: None)
-    image = {"key": first["image_key"]}
+    image = {"key": first["source_key"]}
     moved = request(services, region=(19, 21, 83, 85))  # 3 px and 5 px off the grid
     planned = runs.plan_run(services, moved)
     text = SettingsPanel(services).estimate(
@@ -426,7 +426,7 @@ def test_the_naive_figure_is_naives_own_estimate_of_its_own_positions(services, 
     for positions, seconds in ((25, 5.0), (49, 9.0), (100, 18.0)):
         record_run("fundus-demo", "naive", 16, (positions, 0), seconds)
     panel = SettingsPanel(services)
-    image = {"key": first["image_key"]}
+    image = {"key": first["source_key"]}
     text = panel.estimate(
         "fundus-demo", 16, 8, "exact", [0, 0, 64, 64], 0.25, 3.0, None, image, "gray", None
     )
@@ -682,3 +682,21 @@ def test_a_run_stopped_by_an_error_or_before_its_first_chunk_keeps_no_partial(se
     with pytest.raises(JobCancelled):
         runs.execute(services, "tab", run, cancel_at_once)
     assert services.results.get(runs.results_key("tab", 2))["id"] == before["id"]
+
+
+def test_one_region_check_refuses_for_either_rank_in_its_panels_words(services):
+    """The region was checked twice, once per panel (check_region and
+    check_volume_bounds), and the image's check did not look past the image's edge: a
+    region drawn for a larger model reached the library and failed there in its terms.
+    One check now, any rank, in the panel's words."""
+    from webapp.runs.regions import check_bounds
+
+    with pytest.raises(InputError, match="outside the 224x224 input"):
+        runs.execute(services, "s", request(services, region=(192, 192, 288, 288)), lambda *a: 0)
+    with pytest.raises(InputError, match=r"the region is 48x8 pixels, smaller than the 16-pixel"):
+        check_bounds(((0, 0), (8, 48)), (224, 224), 16, 8)
+    with pytest.raises(InputError, match=r"4x8x8 voxels \(z x y x x\), smaller than the 8-voxel"):
+        check_bounds(((0, 0, 0), (4, 8, 8)), (32, 32, 32), 8, 8)
+    with pytest.raises(InputError, match="at least 1 voxel"):
+        check_bounds(((0, 0, 0), (8, 8, 8)), (32, 32, 32), 8, 0)
+    check_bounds(((0, 0), (16, 16)), (224, 224), 16, 8)  # a region the patch fits

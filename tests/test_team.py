@@ -162,7 +162,7 @@ def test_two_sessions_run_concurrently_on_different_workers(team):
     assert len(seen_together) == 2, "the two runs never ran at the same time on two workers"
     for tab, image, response in zip(tabs, images, finished):
         result = team.result(tab.session)
-        assert result["image_key"] == image["key"]
+        assert result["source_key"] == image["key"]
         assert response["run-outcome"]["data"]["id"] == result["id"]
         assert result["evaluated"] == 19 * 19
 

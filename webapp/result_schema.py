@@ -17,7 +17,6 @@ __all__ = ["ImageFields", "VolumeFields", "ResultRecord"]
 class ImageFields(TypedDict, total=False):
     """What only an image's record holds (a volume's has none of it)."""
 
-    image_key: str  # the stored picture (never leaves the server)
     fill_rgb: list[float]  # the occluder's colour in [0, 1]
     dicom: dict | None  # the DICOM capture's headers, for a DICOM image
 
@@ -26,7 +25,6 @@ class VolumeFields(TypedDict, total=False):
     """What only a volume's record holds (an image's has none of it)."""
 
     kind: str  # "volume"
-    source_key: str  # the stored file or series (never leaves the server)
     dicom_source: bool  # whether it came from a DICOM series
     affine: list | None  # voxel to world, where the file had one
 
@@ -37,6 +35,9 @@ class ResultRecord(ImageFields, VolumeFields):
     (NaN where none was computed)."""
 
     id: str  # changes when the class shown changes (the page's handle follows it)
+    # the stored input, an image's picture or a volume's file or series (never leaves
+    # the server): the key the panel's store holds for what it shows
+    source_key: str
     provenance: dict | None  # what it explains (webapp.runs.provenance.Provenance.as_dict)
     mode: str
     model: str

@@ -180,7 +180,7 @@ def test_export_and_refinement_never_trust_client_arrays(server):
         "values": [[0.5, 0.5], [0.5, 0.5]],
         "prob": 0.9,
         "model": "fundus-demo",
-        "image_key": image["key"],
+        "source_key": image["key"],
         "image": "a.png",
     }
     assert export(tab, "png", forged) == 204  # nothing to export: this tab has no result

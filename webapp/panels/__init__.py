@@ -1,17 +1,18 @@
 """The page's callbacks, one module per panel: image (loading, DICOM window, region),
 settings (prediction, controls, estimate), run (Run/Cancel, progress, live picture),
-result (heatmap, summary, downloads), compare (three methods side by side), models
-(adding your own), volume (a CT or MR volume in three linked views, its run and
-exports) and pacs (the volume panel's search of the operator's PACS, and Send). Each
-panel is a class handed the server's Services; its callbacks are its methods (testable without a
-browser), attached by ``register``. No tensor algebra and no run orchestration here:
-those are krypton and webapp.runs."""
+result (heatmap, summary, downloads), kept_result (another class, once for both
+panels), compare (three methods side by side), models (adding your own), volume (a CT
+or MR volume in three linked views, its run and exports) and pacs (the PACS search,
+and Send for both panels). Each panel is a class handed the server's Services; its
+callbacks are its methods (testable without a browser), attached by ``register``. No
+tensor algebra and no run orchestration here: those are krypton and webapp.runs."""
 
 from __future__ import annotations
 
 from ..services import Services
 from .compare import ComparePanel
 from .image import ImagePanel
+from .kept_result import KeptResultPanel
 from .models import ModelsPanel, model_options
 from .pacs import PacsPanel
 from .result import ResultPanel
@@ -37,6 +38,7 @@ def register_callbacks(app, manager, services: Services) -> None:
         SettingsPanel(services),
         RunPanel(services, manager),
         ResultPanel(services),
+        KeptResultPanel(services),
         ModelsPanel(services),
         VolumePanel(services, manager),
         ComparePanel(services),

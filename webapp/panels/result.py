@@ -1,6 +1,6 @@
 """The result panel: the kept heatmap, its summary line and its downloads, shown only while
-what is on screen is what the result explains (webapp.runs.shown_view); another
-class re-colours the same run."""
+what is on screen is what the result explains (webapp.runs.shown_view). Another class
+is both panels' one switch (webapp.panels.kept_result)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from ..services import Services
 from .common import SCREEN_INPUTS
 from .compare import image_compare_view
 from .run import run_request
-from .run_strip import result_handle
 
 NO_RESULT = "Press Run to compute the heatmap"
 EXPORTS = {"type": IMAGE_PANEL.strip.export, "format": ALL}
@@ -29,14 +28,6 @@ class ResultPanel:
 
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
-        app.callback(
-            Output(IMAGE_PANEL.result, "data", allow_duplicate=True),
-            Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),
-            Input(IMAGE_PANEL.label, "value"),
-            State(ids.SESSION, "data"),
-            State(IMAGE_PANEL.result, "data"),
-            prevent_initial_call=True,
-        )(self.recolour)
         app.callback(
             Output(ids.HEATMAP_GRAPH, "figure"),
             Output(IMAGE_PANEL.summary, "children"),
@@ -62,20 +53,6 @@ class ResultPanel:
             State(IMAGE_PANEL.label, "value"),
             prevent_initial_call=True,
         )(self.export)
-
-    def recolour(self, label, session, handle):
-        """Another class of the same run: re-coloured at once, nothing recomputed (the
-        result panel redraws from the new handle)."""
-        try:
-            result = runs.switch_class(self.services.results, session, handle, label)
-        except runs.ResultUnavailable as exc:  # the store is away, or it let the result go
-            return no_update, str(exc)
-        except InputError as exc:
-            # the panel hides the heatmap: the class on screen is not the one it explains
-            return dict(handle, refused=int(label)), str(exc)
-        if result is None:
-            raise PreventUpdate
-        return result_handle(result), ""
 
     def show_result(self, handle, overlay, *screen_and_states):
         """The kept result, its line and its downloads, only while what is on screen is
@@ -119,7 +96,7 @@ class ResultPanel:
     def model_picture(self, result: runs.ResultRecord):
         """The picture the model saw for ``result`` (its input size)."""
         loaded = self.services.model(result["model"])
-        return figures.model_view(self.services.images.get(result["image_key"]), loaded.input_size)
+        return figures.model_view(self.services.images.get(result["source_key"]), loaded.input_size)
 
     def result_figure(self, result: runs.ResultRecord, overlay: dict | None):
         """The heatmap over the picture the model saw, drawn with the overlay settings."""
@@ -159,7 +136,7 @@ class ResultPanel:
         stem = exports.export_stem(result)
         style = figures.overlay_style(overlay)
         if fmt == "png":
-            original = self.services.images.get(result["image_key"])
+            original = self.services.images.get(result["source_key"])
             return dcc.send_bytes(exports.export_png(original, result, style), f"{stem}.png"), ""
         if fmt == "dcm":
             runs.refuse_partial(result, "a DICOM file")

@@ -156,14 +156,6 @@ class VolumePanel(VolumeIntake, VolumeResult):
             prevent_initial_call=True,
         )
         app.callback(
-            Output(VOLUME_PANEL.result, "data", allow_duplicate=True),
-            Output(VOLUME_PANEL.strip.message, "children", allow_duplicate=True),
-            Input(VOLUME_PANEL.label, "value"),
-            State(VOLUME_PANEL.result, "data"),
-            State(ids.SESSION, "data"),
-            prevent_initial_call=True,
-        )(self.switch_class)
-        app.callback(
             Output(VOLUME_PANEL.summary, "children"),
             *[Output({"type": VOLUME_PANEL.strip.export, "format": f}, "disabled")
               for f in ("nifti", "json", "dicom", "compare")],
@@ -291,6 +283,8 @@ class VolumePanel(VolumeIntake, VolumeResult):
         crosshair where the user put it)."""
         if isinstance(handle, dict) and handle.get("maps_left") and not handle.get("first"):
             raise PreventUpdate
+        if isinstance(handle, dict) and handle.get("refused") is not None:
+            raise PreventUpdate  # another class was refused: the crosshair stays
         result = self._result_for(handle, record, model, session)
         if result is None:
             raise PreventUpdate

@@ -1,6 +1,7 @@
 """The volume panel's kept result: which one the panel shows (only beside what it
-explains: webapp.runs.provenance), another class, its summary, its Compare rows and its
-downloads; and the panel's controls as a run request."""
+explains: webapp.runs.provenance), its summary, its Compare rows and its downloads; and
+the panel's controls as a run request. Another class is both panels' one switch
+(webapp.panels.kept_result)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from ..helpers import InputError
 from ..runs import volumes
 from ..services import Services
 from .compare import volume_compare_view
-from .run_strip import result_handle
 
 __all__ = ["VolumeResult", "volume_request", "whole_voxels"]
 
@@ -59,17 +59,6 @@ class VolumeResult:
             return None, "The last heatmap is hidden: the settings are incomplete."
         view = runs.shown_view(result, asked, weights)
         return (result, "") if view.show else (None, view.reason)
-
-    def switch_class(self, label, handle, session):
-        """Another class: the kept result re-coloured from every class's probabilities."""
-        key = runs.results_key(str(session or ""), 3)
-        try:
-            relabelled = runs.switch_class(self.services.results, key, handle, label)
-        except InputError as exc:
-            return no_update, str(exc)
-        if relabelled is None:
-            raise PreventUpdate
-        return result_handle(relabelled), ""
 
     def summary(self, handle, record, model, region, patch, stride, mode, label, session):
         """What the shown result is, and its downloads, only beside what it explains."""

@@ -22,7 +22,7 @@ from ..jobs import JobCancelled
 from ..result_schema import ResultRecord
 from . import records, timing
 from .cells import KnownCells, count_known, run_cells, snap_bounds
-from .regions import Bounds, whole
+from .regions import Bounds, check_bounds, whole
 from .request import Partial, Reporter, RunRequest
 from .subjects import Services, Subject, cell_key, results_key, subject_for
 
@@ -66,7 +66,7 @@ def _grid(services: Services, subject: Subject, peek: bool = False) -> _Grid:
     ``peek``: look without keeping an entry (None where there is none)."""
     request = subject.request
     bounds = subject.bounds()
-    subject.check(bounds)
+    check_bounds(bounds, subject.size, request.patch, request.stride)
     known, note = None, ""
     if request.mode in ("exact", "naive"):
         weights = services.weights_checksum(request.model)
@@ -79,7 +79,7 @@ def _grid(services: Services, subject: Subject, peek: bool = False) -> _Grid:
             if snapped != bounds:
                 note = subject.snapped_note(bounds, snapped)
                 bounds = snapped
-                subject.check(bounds)
+                check_bounds(bounds, subject.size, request.patch, request.stride)
         elif any(offset):
             note = subject.offset_note(offset)
     axes = grid(subject.size, request.patch, request.stride, bounds)

@@ -43,8 +43,8 @@ __all__ = [
     "refuse_partial",
 ]
 
-# the fields that name the server's stored files: a file that leaves the server names none
-PRIVATE_FIELDS = ("image_key", "source_key")
+# the field that names the server's stored file: a file that leaves the server names none
+PRIVATE_FIELDS = ("source_key",)
 
 
 def provenance(request: RunRequest, weights: str, label: int | None) -> Provenance:
@@ -89,6 +89,7 @@ def result_record(
     approximate = request.mode == "approximate"
     record: ResultRecord = {
         "id": uuid.uuid4().hex,
+        "source_key": request.key,
         "provenance": provenance(request, weights, label).as_dict(),
         "mode": request.mode,
         "model": request.model,

@@ -19,7 +19,7 @@ from ..helpers import InputError
 from ..image_store import ImageStore
 from ..result_schema import ImageFields, VolumeFields
 from .cells import CellCache
-from .regions import Bounds, check_region, check_volume_bounds, whole
+from .regions import Bounds, whole
 from .request import RunRequest
 
 __all__ = ["Services", "Subject", "ImageSubject", "VolumeSubject", "subject_for", "results_key"]
@@ -55,7 +55,6 @@ class Subject(Protocol):
     size: tuple[int, ...]  # the model input's spatial size, tensor order
 
     def bounds(self) -> Bounds: ...
-    def check(self, bounds: Bounds) -> None: ...
     def flat(self, bounds: Bounds) -> tuple[int, ...]: ...
     def tensor(self) -> torch.Tensor: ...
     def predict(self, tensor: torch.Tensor) -> krypton.Prediction: ...
@@ -104,11 +103,6 @@ class ImageSubject:
         x0, y0, x1, y1 = (int(v) for v in self.request.region)
         return (y0, x0), (y1, x1)
 
-    def check(self, bounds: Bounds) -> None:
-        height, width = self.size
-        check_region(list(self.flat(bounds)), (height, width), self.request.patch,
-                             self.request.stride)  # fmt: skip
-
     def flat(self, bounds: Bounds) -> tuple[int, ...]:
         (y0, x0), (y1, x1) = bounds
         return (x0, y0, x1, y1)
@@ -148,7 +142,6 @@ class ImageSubject:
 
     def record(self) -> ImageFields:
         return {
-            "image_key": self.request.key,
             "fill_rgb": list(self.request.fill_rgb or ()),
             "dicom": self.request.dicom,
         }
@@ -169,9 +162,6 @@ class VolumeSubject:
             return whole(self.size)
         region = tuple(int(v) for v in self.request.region)
         return region[:3], region[3:]
-
-    def check(self, bounds: Bounds) -> None:
-        check_volume_bounds(bounds, self.size, self.request.patch, self.request.stride)
 
     def flat(self, bounds: Bounds) -> tuple[int, ...]:
         return (*bounds[0], *bounds[1])
@@ -203,7 +193,6 @@ class VolumeSubject:
         affine = self.prepared.model_input.affine
         return {
             "kind": "volume",
-            "source_key": self.request.key,
             "dicom_source": self.prepared.source.series_uid is not None,
             "affine": None if affine is None else np.asarray(affine).tolist(),
         }

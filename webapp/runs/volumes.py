@@ -28,7 +28,7 @@ from ..helpers import InputError
 from ..model_card import ood_text
 from ..result_schema import ResultRecord
 from .records import result_heatmap
-from .regions import check_volume_bounds, whole
+from .regions import check_bounds, whole
 from .timing import counts_estimate, estimate_text, host_load
 
 __all__ = [
@@ -182,7 +182,7 @@ def volume_estimate_found(
     size = tuple(int(s) for s in size)
     bounds = (tuple(region[:3]), tuple(region[3:])) if region else whole(size)
     try:
-        check_volume_bounds(bounds, size, patch, stride)
+        check_bounds(bounds, size, patch, stride)
         axes = grid(size, patch, stride, bounds)
     except (InputError, ValueError) as exc:
         return str(exc), None, 0
