@@ -685,7 +685,6 @@ def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
     """Team mode with Redis gone: the image panel said so; the volume panel's summary,
     class switch and downloads raised inside their callbacks (one reader of the kept
     result for every panel now: webapp.runs.kept_result)."""
-    from webapp.panels.kept_result import KeptResultPanel
     from webapp.panels.volume import VolumePanel
     from webapp.team import RedisResultStore, redis_client
 
@@ -698,7 +697,7 @@ def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
     record = {"key": key, "name": "chest.nii.gz"}
     summary = panel.summary(handle, record, "ct-test", None, 8, 8, "exact", None, "tab-1")
     assert "Redis" in str(summary[0]) and summary[1:] == (True, True, True, True)
-    _, said = KeptResultPanel(services).switch_class(3, 1 - result["label"], handle, "tab-1")
+    _, said = panel.switch_class(1 - result["label"], handle, "tab-1")
     assert "Redis" in said
 
 
@@ -760,21 +759,61 @@ def test_a_volume_run_hands_the_page_the_image_panels_handle_and_send_reads_it(
 def test_both_panels_refuse_a_class_their_run_did_not_keep_the_same_way(services, nifti_bytes):
     """The class switch was two callbacks: the image panel handed back its handle marked
     refused, so its heatmap hid; the volume panel only said why, and left the handle as
-    it was. One switch for both scopes now (webapp.panels.kept_result): both mark it."""
+    it was. One switch for both now (webapp.panels.subject_panel): both mark it."""
     from PIL import Image
 
-    from webapp.panels.kept_result import KeptResultPanel
+    from webapp.panels.run import RunPanel
+    from webapp.panels.volume import VolumePanel
 
     picture = services.images.put(Image.new("RGB", (64, 64), (90, 40, 20)))
     image = runs.RunRequest(key=picture, name="p.png", model="fundus-demo", patch=32,
                             stride=32, mode="approximate", fill_rgb=(0.5, 0.5, 0.5))  # fmt: skip
     volume = request(stored(services, nifti_bytes), mode="approximate")
-    switch = KeptResultPanel(services).switch_class
-    for rank, asked in ((2, image), (3, volume)):
+    for panel, asked in ((RunPanel(services, None), image), (VolumePanel(services, None), volume)):
         result = runs.execute(services, "tab-1", asked, lambda *a: None)
         assert result["class_values"] is None  # approximate mode keeps its own class only
         handle = {"id": result["id"], "provenance": result["provenance"]}
         other = 1 - result["label"]
-        marked, said = switch(rank, other, handle, "tab-1")
-        assert marked == dict(handle, refused=other), rank
+        marked, said = panel.switch_class(other, handle, "tab-1")
+        assert marked == dict(handle, refused=other), panel.rank
         assert "one class only" in said
+
+
+def test_a_volume_file_is_written_only_of_the_result_the_screen_shows(services, nifti_bytes):
+    """The image panel's downloads checked that the screen shows what the result explains;
+    the volume panel's wrote the kept result whatever the panel showed (a click landing
+    after a change of stride, before the summary had disabled the buttons, downloaded the
+    old run). One download callback for both now (webapp.panels.subject_panel), each kind
+    saying when it refuses."""
+    import json
+
+    from dash import no_update
+    from dash._callback_context import context_value
+    from dash._utils import AttributeDict
+    from dash.exceptions import PreventUpdate
+
+    from webapp.panels.volume import VolumePanel
+
+    key = stored(services, nifti_bytes)
+    result = runs.execute(services, "tab-1", request(key), lambda *a: None)
+    handle = {"id": result["id"], "provenance": result["provenance"]}
+    record = {"key": key, "name": "chest.nii.gz"}
+    panel = VolumePanel(services, None)
+    button = json.dumps({"format": "json", "type": VOLUME_PANEL.strip.export})
+    token = context_value.set(
+        AttributeDict(headers={}, triggered_inputs=[{"prop_id": f"{button}.n_clicks", "value": 1}])
+    )
+    try:
+        shown = ("ct-test", None, 8, 8, "exact", result["label"])
+        sent, said = panel.export([1], handle, "tab-1", record, *shown)
+        assert said == "" and sent["filename"].endswith(".json")
+        other_stride = ("ct-test", None, 8, 4, "exact", result["label"])
+        sent, said = panel.export([1], handle, "tab-1", record, *other_stride)
+        assert sent is no_update and "stride" in said.lower()
+        another = {"key": "another", "name": "other.nii.gz"}
+        sent, said = panel.export([1], handle, "tab-1", another, *shown)
+        assert sent is no_update and "another volume" in said
+        with pytest.raises(PreventUpdate):  # a handle naming no run of this tab
+            panel.export([1], {"id": "forged"}, "tab-1", record, *shown)
+    finally:
+        context_value.reset(token)

@@ -592,18 +592,19 @@ def test_an_image_run_from_the_click_enters_the_explainer_three_times(services):
     assert not estimating & functions, sorted(functions)
 
 
-def test_the_road_from_the_click_to_the_kept_result_is_at_most_51_functions(services):
+def test_the_road_from_the_click_to_the_kept_result_is_at_most_50_functions(services):
     """Counted with every module apart (bench.run_path, following calls through a
     library's frames), an image run entered 53 functions of 21 modules, then 52: the
     guard had read the run package's ten modules as one body (30), which hid the steps
     between them. The run body no longer marks where the next region snaps: the reuse
-    loop that owns the cells does (51). Before the run package: provenance lived with the phase
+    loop that owns the cells does (51); the region is checked once for any rank, not by
+    each subject, and the panel hands the run strip its request's maker itself (50). Before the run package: provenance lived with the phase
     machine, the app set torch's threads in two calls, each panel built its own handle
     and the first live picture was built anew for each run."""
     from bench.run_path import image_run_functions
 
     functions = image_run_functions(services)
-    assert len(functions) <= 51, sorted(functions)
+    assert len(functions) <= 50, sorted(functions)
     assert ("krypton/host.py", "share_host") in functions  # followed
     assert ("webapp/runs/execute.py", "is_light") in functions
     gone = {  # each within its own module now, so no entry of the road

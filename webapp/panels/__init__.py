@@ -1,9 +1,11 @@
-"""The page's callbacks, one module per panel: image (loading, DICOM window, region),
-settings (prediction, controls, estimate), run (Run/Cancel, progress, live picture),
-result (heatmap, summary, downloads), kept_result (another class, once for both
-panels), compare (three methods side by side), models (adding your own), volume (a CT
-or MR volume in three linked views, its run and exports) and pacs (the PACS search,
-and Send for both panels). Each panel is a class handed the server's Services; its
+"""The page's callbacks. subject_panel holds what every panel does with a run, once for
+both: the Run strip, another class, the downloads. Its two kinds: run (the image
+panel's request, live picture and files) and volume (a CT or MR volume: its request,
+three linked views and files; volume_intake reads it, volume_result keeps its result).
+Beside them: image (loading, DICOM window, region), settings (prediction, controls,
+estimate), result (the image's heatmap and summary), compare (three methods side by
+side, both panels), models (adding your own) and pacs (the PACS search, and Send for
+both panels). Each panel is a class handed the server's Services; its
 callbacks are its methods (testable without a browser), attached by ``register``. No
 tensor algebra and no run orchestration here: those are krypton and webapp.runs."""
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 from ..services import Services
 from .compare import ComparePanel
 from .image import ImagePanel
-from .kept_result import KeptResultPanel
 from .models import ModelsPanel, model_options
 from .pacs import PacsPanel
 from .result import ResultPanel
@@ -38,7 +39,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         SettingsPanel(services),
         RunPanel(services, manager),
         ResultPanel(services),
-        KeptResultPanel(services),
         ModelsPanel(services),
         VolumePanel(services, manager),
         ComparePanel(services),

@@ -1,22 +1,24 @@
-"""The image panel's run: its request from the page's controls and its live picture over
-the image; the strip around it (Run, Cancel, the queue place, the progress bar with the
-time left) is the run strip's (webapp.panels.run_strip), shared with the volume panel.
-The run itself is webapp.runs.execute (no browser needed); its states are
-webapp.jobs.RunLifecycle."""
+"""The image panel as a :class:`webapp.panels.subject_panel.SubjectPanel`: its request from
+the page's controls, its live picture over the image, its downloads and the rule that
+shows a result only beside what it explains. The strip around a run (Run, Cancel, the
+queue place, the progress bar with the time left), another class and the download
+callback are the subject panel's, one for both panels. The run itself is
+webapp.runs.execute (no browser needed); its states are webapp.jobs.RunLifecycle."""
 
 from __future__ import annotations
 
 import re
 
-from dash import Input, Output, State
-from dash.exceptions import PreventUpdate
+from dash import Input, Output, State, dcc
 
-from .. import figures, helpers, ids, runs
+from .. import comparison, exports, figures, helpers, ids, model_card, runs
 from ..layout import placeholder_figure
 from ..panel_scope import IMAGE_PANEL
 from ..path_budget import chosen_budget
 from ..services import Services
-from .run_strip import Prepared, register_strip, run_job, values
+from .common import SCREEN_INPUTS
+from .run_strip import Prepared, values
+from .subject_panel import SubjectPanel
 
 # The Run callback's outputs: the result's handle and the message (team mode's manager
 # answers with a message alone when the queue or the workers are gone). The result panel
@@ -31,40 +33,26 @@ def waiting_progress(text: str) -> list:
     return ["0", "1", placeholder_figure(text), text]
 
 
-class RunPanel:
-    """The image panel's Run callback (a background job on ``manager``) and its
-    companions."""
+class RunPanel(SubjectPanel):
+    """The image panel as a :class:`SubjectPanel`: its request from the page's controls,
+    its live picture over the image, and its downloads (each only while the screen shows
+    what the result explains)."""
 
-    def __init__(self, services: Services, manager):
-        self.services = services
-        self.manager = manager
-        self.result = IMAGE_PANEL.result  # the store a Compare run's early handles go to
+    scope, rank = IMAGE_PANEL, 2
+    hidden_while_running = (ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel)
 
-    def register(self, app) -> None:
-        """Attach the panel's callbacks to ``app``."""
-        register_strip(
-            IMAGE_PANEL,
-            app,
-            self.run,
-            manager=self.manager,
-            services=self.services,
-            rank=2,
-            settings=[
-                *values(
-                    IMAGE_PANEL.patch,
-                    IMAGE_PANEL.stride,
-                    IMAGE_PANEL.mode,
-                    ids.COLOUR,
-                    ids.CUSTOM_COLOUR,
-                ),
-                State(IMAGE_PANEL.label, "value"),
-                State(IMAGE_PANEL.region, "data"),
-                *values(ids.TARGET_SSIM, ids.DRILL_DOWN, ids.TARGET_SPEEDUP, ids.SNAP),
-                State(ids.OVERLAY_STORE, "data"),
-                *values(IMAGE_PANEL.compare, IMAGE_PANEL.compare_layer, IMAGE_PANEL.compare_steps),
-            ],
-            hidden_while_running=(ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel),
-        )
+    def run_settings(self) -> list[State]:
+        return [
+            *values(IMAGE_PANEL.patch, IMAGE_PANEL.stride, IMAGE_PANEL.mode, ids.COLOUR,
+                    ids.CUSTOM_COLOUR),
+            State(IMAGE_PANEL.label, "value"),
+            State(IMAGE_PANEL.region, "data"),
+            *values(ids.TARGET_SSIM, ids.DRILL_DOWN, ids.TARGET_SPEEDUP, ids.SNAP),
+            State(ids.OVERLAY_STORE, "data"),
+            *values(IMAGE_PANEL.compare, IMAGE_PANEL.compare_layer, IMAGE_PANEL.compare_steps),
+        ]  # fmt: skip
+
+    def register_own(self, app) -> None:
         # A new image or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server.
         # The Compare view of the old image goes with it.
@@ -80,27 +68,75 @@ class RunPanel:
             prevent_initial_call=True,
         )
 
-    def run(self, set_progress, n_clicks, session, image_data, model_name, *settings):
-        """Queue, run and keep one run; the page gets its handle {id, provenance}.
-        ``settings``: the page's controls (:func:`run_request`), then the estimate the
-        page showed for them (the run keeps it where its plan is the same).
+    def prepare(self, session: str, image_data, model_name: str, *settings) -> Prepared:
+        if not image_data:
+            raise helpers.InputError("load an image first")
+        loaded = self.services.model(model_name)
+        request, overlay = run_request(image_data, model_name, *settings)
+        picture = self.services.images.get(request.key)
+        draw = figures.live_heatmap(picture, loaded.input_size, overlay)
+        return Prepared(request, draw, list(loaded.classes))
 
-        ``session`` keys this tab's queue place and its results on the server; as a
-        callback argument it is also part of the background job's cache key, so two tabs
-        with identical settings never share a job's progress or result."""
-        if not n_clicks:
-            raise PreventUpdate
+    def export_states(self) -> list[State]:
+        return [
+            State(ids.OVERLAY_STORE, "data"),
+            State(ids.DICOM_IDENTITY, "value"),
+            *[State(i.component_id, i.component_property) for i in SCREEN_INPUTS],
+            State(IMAGE_PANEL.label, "value"),
+        ]
 
-        def prepare() -> Prepared:
-            if not image_data:
-                raise helpers.InputError("load an image first")
-            loaded = self.services.model(model_name)
-            request, overlay = run_request(image_data, model_name, *settings)
-            picture = self.services.images.get(request.key)
-            draw = figures.live_heatmap(picture, loaded.input_size, overlay)
-            return Prepared(request, draw, list(loaded.classes))
+    def export_refusal(self, result: runs.ResultRecord, _overlay, _identity, *screen):
+        view = shown_view(self.services, result, *screen)
+        return None if view.show else view.reason
 
-        return run_job(self.services, set_progress, str(session or ""), prepare, self.result)
+    def write_export(self, result: runs.ResultRecord, fmt: str, session: str, overlay,
+                     identity, *_screen) -> dict:  # fmt: skip
+        """The file for one export button (webapp.exports' writers)."""
+        stem = exports.export_stem(result)
+        style = figures.overlay_style(overlay)
+        if fmt == "png":
+            original = self.services.images.get(result["source_key"])
+            return dcc.send_bytes(exports.export_png(original, result, style), f"{stem}.png")
+        if fmt == "dcm":
+            runs.refuse_partial(result, "a DICOM file")
+            source = self.services.images.source((result.get("dicom") or {}).get("source", ""),
+                                                 session)  # fmt: skip
+            data = exports.export_dicom(source, result, style, "identity" in (identity or []))
+            return dcc.send_bytes(data, f"{stem}.dcm")
+        if fmt == "npy":  # one array and nothing else: a flagged image's name says so
+            flagged = "-out-of-distribution" if model_card.ood_text(result.get("ood")) else ""
+            return dcc.send_bytes(exports.export_npy(result), f"{stem}{flagged}.npy")
+        if fmt == "npz":
+            return dcc.send_bytes(exports.export_all_classes(result), f"{stem}-all.npz")
+        if fmt == "csv":
+            return dcc.send_string(exports.export_csv(result), f"{stem}.csv")
+        if fmt == "compare":  # the three methods side by side
+            data = comparison.comparison_png(result, model_picture(self.services, result))
+            return dcc.send_bytes(data, f"{stem}-compare.png")
+        return dcc.send_string(runs.export_json(result), f"{stem}.json")
+
+
+def shown_view(services: Services, result: runs.ResultRecord, *screen) -> runs.ResultView:
+    """Whether ``result`` may be shown beside what the page shows now (``screen``: the
+    image, model, region, patch, stride, mode, colour, custom colour, quality target,
+    drill-down, speed-up and class): webapp.runs.shown_view, the volume panel's rule too."""
+    image_data, model_name, region, patch, stride, mode, colour, custom, *rest = screen
+    target_ssim, drill_down, speedup, label = rest
+    try:
+        asked, _ = run_request(
+            image_data, model_name, patch, stride, mode, colour, custom, label, region,
+            target_ssim, drill_down, speedup, snap=True, overlay=None,
+        )  # fmt: skip
+        weights = services.weights_checksum(model_name)
+    except (helpers.InputError, KeyError, TypeError, ValueError):
+        asked, weights = None, None  # nothing runnable on screen
+    return runs.shown_view(result, asked, weights)
+
+
+def model_picture(services: Services, result: runs.ResultRecord):
+    """The picture the model saw for ``result`` (its input size)."""
+    loaded = services.model(result["model"])
+    return figures.model_view(services.images.get(result["source_key"]), loaded.input_size)
 
 
 def run_request(

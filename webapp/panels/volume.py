@@ -1,7 +1,7 @@
-"""The volume panel: a CT or MR volume in three linked views, a 3-D region, its run (a
-background job with progress, live picture and cancel), its estimate. How a volume is
-read is webapp.panels.volume_intake's; the kept result (another class, the summary,
-Compare, the exports) webapp.panels.volume_result's. The run and everything it decides
+"""The volume panel: a CT or MR volume in three linked views, a 3-D region, its run (the
+subject panel's strip: a background job with progress, live picture and cancel), its
+estimate. How a volume is read is webapp.panels.volume_intake's; its kept result (the
+summary, Compare, its files) webapp.panels.volume_result's. The run and everything it decides
 is webapp.runs, as an image's; the figures webapp.volume_views."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from ..layout import placeholder_figure
 from ..panel_scope import VOLUME_PANEL
 from ..path_budget import chosen_budget
 from ..runs import volumes
-from ..services import Services
 from .common import hide_at_click, register_intake
-from .run_strip import Prepared, register_estimate, register_strip, run_job, values
+from .run_strip import Prepared, register_estimate, values
+from .subject_panel import SubjectPanel
 from .volume_intake import VolumeIntake
 from .volume_result import VolumeResult, volume_request, whole_voxels
 
@@ -61,16 +61,15 @@ VOLUME_SETTINGS = [
 ]
 
 
-class VolumePanel(VolumeIntake, VolumeResult):
-    """Callbacks of the volume panel; runs are background jobs on ``manager``."""
+class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
+    """The volume panel as a :class:`SubjectPanel`: its request from the cube, stride,
+    mode, class, region and crosshair, its live views, its files; and its own callbacks:
+    the intake, the three linked views, the region, the estimate and the summary."""
 
-    def __init__(self, services: Services, manager):
-        self.services = services
-        self.manager = manager
-        self.result = VOLUME_PANEL.result  # the store a Compare run's early handles go to
+    scope, rank = VOLUME_PANEL, 3
 
-    def register(self, app) -> None:
-        """Attach the panel's callbacks to ``app``."""
+    def register_own(self, app) -> None:
+        """Attach the panel's own callbacks to ``app``."""
         register_intake(app, VOLUME_PANEL, "volume", self.load_volume)
         app.callback(
             *[Output(s, "max") for s in SLIDERS],
@@ -128,7 +127,6 @@ class VolumePanel(VolumeIntake, VolumeResult):
             State(ids.SESSION, "data"),
             Input(VOLUME_PANEL.compare_steps, "value"),
         )  # fmt: skip
-        self._register_run(app)
         self._register_binding(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server (as the image panels' does).
@@ -177,14 +175,6 @@ class VolumePanel(VolumeIntake, VolumeResult):
             *VOLUME_SETTINGS,
             State(ids.SESSION, "data"),
         )(self.compare_rows)
-        app.callback(
-            Output(VOLUME_PANEL.strip.download, "data"),
-            Output(VOLUME_PANEL.strip.message, "children", allow_duplicate=True),
-            Input({"type": VOLUME_PANEL.strip.export, "format": ALL}, "n_clicks"),
-            State(VOLUME_PANEL.result, "data"),
-            State(ids.SESSION, "data"),
-            prevent_initial_call=True,
-        )(self.download)
 
     def _register_binding(self, app) -> None:
         """The image panel's binding for volumes (assets/binding.js): a sample's button, a
@@ -210,27 +200,22 @@ class VolumePanel(VolumeIntake, VolumeResult):
             Input(VOLUME_PANEL.summary, "children"),
         )
 
-    def _register_run(self, app) -> None:
-        register_strip(
-            VOLUME_PANEL,
-            app,
-            self.run,
-            manager=self.manager,
-            services=self.services,
-            rank=3,
-            settings=[
-                *values(
-                    VOLUME_PANEL.patch, VOLUME_PANEL.stride, VOLUME_PANEL.mode, VOLUME_PANEL.label
-                ),
-                State(VOLUME_PANEL.region, "data"),
-                *values(
-                    *SLIDERS,
-                    VOLUME_PANEL.compare,
-                    VOLUME_PANEL.compare_layer,
-                    VOLUME_PANEL.compare_steps,
-                ),
-            ],
-        )
+    def run_settings(self) -> list[State]:
+        return [
+            *values(VOLUME_PANEL.patch, VOLUME_PANEL.stride, VOLUME_PANEL.mode, VOLUME_PANEL.label),
+            State(VOLUME_PANEL.region, "data"),
+            *values(*SLIDERS, VOLUME_PANEL.compare, VOLUME_PANEL.compare_layer,
+                    VOLUME_PANEL.compare_steps),
+        ]  # fmt: skip
+
+    def export_states(self) -> list[State]:
+        # the volume, model and settings on screen: a file only of the result they show
+        return [
+            State(VOLUME_PANEL.store, "data"),
+            State(VOLUME_PANEL.model, "value"),
+            State(VOLUME_PANEL.region, "data"),
+            *[State(i.component_id, i.component_property) for i in VOLUME_SETTINGS],
+        ]
 
     # -- viewing ---------------------------------------------------------------------------
 
@@ -415,29 +400,18 @@ class VolumePanel(VolumeIntake, VolumeResult):
 
     # -- running ---------------------------------------------------------------------
 
-    def run(self, set_progress, n_clicks, session, record, model, patch, stride, mode, label,
-            region, z, y, x, compare=None, layer=None, steps=None, shown=None):  # fmt: skip
-        """Queue, run and keep one volume run; the page gets its handle. ``shown``: the
-        estimate the panel showed (the run keeps it where its plan is the same)."""
-        if not n_clicks:
-            raise PreventUpdate
-        session = str(session or "")
-
-        def prepare() -> Prepared:
-            if not record:
-                raise InputError("load a volume first")
-            request = volume_request(
-                record, model, patch, stride, mode, label, region, compare, layer
-            )
-            request = dataclasses.replace(
-                request, estimate=shown, compare_steps=chosen_budget(steps)
-            )
-            prepared = self._prepared(record, model, session)
-            cursor = tuple(int(v) for v in (z, y, x))
-            classes = list(self.services.model(model, rank=3).classes)
-            return Prepared(request, live_views(prepared, cursor), classes)
-
-        return run_job(self.services, set_progress, session, prepare, self.result)
+    def prepare(self, session: str, record, model: str, patch, stride, mode, label, region,
+                z, y, x, compare=None, layer=None, steps=None, shown=None) -> Prepared:  # fmt: skip
+        """One volume run of the panel's controls, with its live views through the
+        crosshair; ``shown``: the estimate the panel showed."""
+        if not record:
+            raise InputError("load a volume first")
+        request = volume_request(record, model, patch, stride, mode, label, region, compare, layer)
+        request = dataclasses.replace(request, estimate=shown, compare_steps=chosen_budget(steps))
+        prepared = self._prepared(record, model, session)
+        cursor = tuple(int(v) for v in (z, y, x))
+        classes = list(self.services.model(model, rank=3).classes)
+        return Prepared(request, live_views(prepared, cursor), classes)
 
 
 def _view_of(trigger) -> str | None:

@@ -1,12 +1,12 @@
 """The volume panel's kept result: which one the panel shows (only beside what it
-explains: webapp.runs.provenance), its summary, its Compare rows and its downloads; and
-the panel's controls as a run request. Another class is both panels' one switch
-(webapp.panels.kept_result)."""
+explains: webapp.runs.provenance), its summary, its Compare rows and its files; and the
+panel's controls as a run request. The download callback and another class are the
+subject panel's (webapp.panels.subject_panel), one for both panels."""
 
 from __future__ import annotations
 
 import numpy as np
-from dash import ctx, dcc, html, no_update
+from dash import dcc, html
 from dash.exceptions import PreventUpdate
 
 from krypton.render.volumes import heatmap_nifti
@@ -47,18 +47,26 @@ class VolumeResult:
         result, why = runs.kept_result(self.services.results, key, handle)
         if result is None:
             return None, why
+        hidden = self._hidden(result, record, model, screen)
+        return (None, hidden) if hidden else (result, "")
+
+    def _hidden(self, result: runs.ResultRecord, record, model, screen=()) -> str:
+        """Why ``result`` may not be shown beside this volume and model and, given
+        ``screen`` (region, patch, stride, mode, class), these settings; "" where it may."""
+        if not record:
+            return "Load a volume first."
         if result.get("source_key") != record.get("key") or result.get("model") != model:
-            return None, "The last heatmap explains another volume or model."
+            return "The last heatmap explains another volume or model."
         if not screen or result.get("provenance") is None:
-            return result, ""
+            return ""
         region, patch, stride, mode, label = screen
         try:
             asked = volume_request(record, model, patch, stride, mode, label, region)
             weights = self.services.weights_checksum(model)
         except (TypeError, ValueError):  # InputError included: a blank cube or stride
-            return None, "The last heatmap is hidden: the settings are incomplete."
+            return "The last heatmap is hidden: the settings are incomplete."
         view = runs.shown_view(result, asked, weights)
-        return (result, "") if view.show else (None, view.reason)
+        return "" if view.show else view.reason
 
     def summary(self, handle, record, model, region, patch, stride, mode, label, session):
         """What the shown result is, and its downloads, only beside what it explains."""
@@ -89,42 +97,35 @@ class VolumeResult:
             return [html.P(str(exc), className="warning")]
         return volume_compare_view(result, shown, (int(z), int(y), int(x)))
 
-    def download(self, clicks, handle, session):
-        """One export of the kept result."""
-        if not any(clicks) or not isinstance(ctx.triggered_id, dict):
-            raise PreventUpdate
-        fmt = ctx.triggered_id["format"]
-        session = str(session or "")
-        result, why = runs.kept_result(self.services.results, runs.results_key(session, 3), handle)
-        if result is None:
-            return no_update, why or runs.NOT_KEPT
+    def export_refusal(self, result: runs.ResultRecord, record, model, *screen) -> str | None:
+        """Why ``result`` may not be downloaded beside the panel's volume, model and
+        settings (the rule its summary and views follow), or None."""
+        return self._hidden(result, record, model, tuple(screen)) or None
+
+    def write_export(self, result: runs.ResultRecord, fmt: str, session: str, *_screen) -> dict:
+        """The file for one export button: NIfTI, JSON, the Compare PNG or a DICOM
+        series."""
         stem = export_stem(result)
-        try:
-            if fmt == "nifti":
-                heatmap = runs.result_heatmap(result)
-                affine = None if result.get("affine") is None else np.asarray(result["affine"])
-                data = heatmap_nifti(heatmap, affine, f"krypton {result['model']} "
-                                     f"{result['label_name']}")  # fmt: skip
-                return dcc.send_bytes(data, f"{stem}.nii.gz"), ""
-            if fmt == "json":
-                return dcc.send_string(runs.export_json(result), f"{stem}.json"), ""
-            if fmt == "compare":  # each method in the three views through its strongest cell
-                prepared = self.services.prepared_volume(
-                    result["source_key"], session, result["model"], result["image"]
-                )
-                data = comparison.comparison_png(result, prepared.unit)
-                return dcc.send_bytes(data, f"{stem}-compare.png"), ""
-            if fmt == "dicom":
-                runs.refuse_partial(result, "a DICOM file")
-                source = self.services.images.source(result["source_key"], session)
-                prepared = self.services.prepared_volume(
-                    result["source_key"], session, result["model"], result["image"]
-                )
-                data = volumes.export_dicom_series(result, source, prepared)
-                return dcc.send_bytes(data, f"{stem}.dcm.zip"), ""
-        except InputError as exc:
-            return no_update, str(exc)
-        raise PreventUpdate
+        if fmt == "nifti":
+            heatmap = runs.result_heatmap(result)
+            affine = None if result.get("affine") is None else np.asarray(result["affine"])
+            data = heatmap_nifti(heatmap, affine, f"krypton {result['model']} "
+                                 f"{result['label_name']}")  # fmt: skip
+            return dcc.send_bytes(data, f"{stem}.nii.gz")
+        if fmt == "json":
+            return dcc.send_string(runs.export_json(result), f"{stem}.json")
+        if fmt not in ("compare", "dicom"):
+            raise PreventUpdate
+        prepared = self.services.prepared_volume(
+            result["source_key"], session, result["model"], result["image"]
+        )
+        if fmt == "compare":  # each method in the three views through its strongest cell
+            return dcc.send_bytes(comparison.comparison_png(result, prepared.unit),
+                                  f"{stem}-compare.png")  # fmt: skip
+        runs.refuse_partial(result, "a DICOM file")
+        source = self.services.images.source(result["source_key"], session)
+        data = volumes.export_dicom_series(result, source, prepared)
+        return dcc.send_bytes(data, f"{stem}.dcm.zip")
 
 
 def volume_request(record, model, patch, stride, mode, label, region, compare=None, layer=None):
