@@ -136,7 +136,7 @@ def load_demo_photographs(root: str, user: str = DEMO_USER, password: str = DEMO
     from pydicom.data import get_testdata_file
 
     from krypton.pacs.dicomweb import PacsSettings, connect, store
-    from webapp.layout import SAMPLES_DIR
+    from webapp.panel_scope import SAMPLES_DIR
 
     pacs = connect(PacsSettings(root, user, password))
     datasets = [

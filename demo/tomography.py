@@ -23,7 +23,7 @@ from PIL import Image
 
 __all__ = ["APP_SAMPLES", "drawn_slices", "real_slices"]
 
-# the CT and MR samples the app's gallery offers (webapp/layout.py DICOM_SAMPLES)
+# the CT and MR samples the app's gallery offers (webapp/samples.py DICOM_SAMPLES)
 APP_SAMPLES = ("CT_small.dcm", "MR_small.dcm", "examples_overlay.dcm")
 # pydicom's other distinct CT and MR images (MR_small's re-encodings are the same pixels)
 _PYDICOM_HELD_OUT = ("693_J2KI.dcm", "J2K_pixelrep_mismatch.dcm")
