@@ -39,7 +39,7 @@ def test_the_page_shows_the_pacs_only_when_the_server_has_one():
     without = _ids(build_layout([], None))
     assert ids.PACS_SEARCH not in without and IMAGE_PANEL.pacs_send not in without
     with_pacs = _ids(build_layout([], None, pacs=True))
-    assert {ids.PACS_SEARCH, ids.PACS_OPEN, IMAGE_PANEL.pacs_send} <= with_pacs
+    assert {ids.PACS_SEARCH, VOLUME_PANEL.pacs_open, IMAGE_PANEL.pacs_send} <= with_pacs
     assert VOLUME_PANEL.pacs_send in with_pacs  # one Send per panel, one component
 
 

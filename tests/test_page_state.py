@@ -213,6 +213,7 @@ STRIPS = tuple(panel.strip for panel in PANELS)
 PANEL_PARTS = ("upload", "ticket", "store", "wanted", "answered", "region", "region_text",
                "reset_region", "compare_pending", "model", "mode", "patch", "stride", "label",
                "compare", "compare_layer", "result", "summary", "compare_panel")  # fmt: skip
+PACS_PARTS = ("pacs_open", "pacs_send", "pacs_sent")  # only where the server has a PACS
 PATTERN_TYPES = ("sample", "compare_sample")
 STRIP_PARTS = ("run", "cancel", "progress", "live_panel", "live_graph", "live_status",
                "message", "busy", "download", "estimate", "estimate_store")  # fmt: skip
@@ -257,6 +258,7 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path, monkeypatch, pacs):
     }
     # the panels' and their run strips' ids are their component's, one set per panel
     declared |= {getattr(panel, part) for panel in PANELS for part in PANEL_PARTS}
+    declared |= {getattr(panel, part) for panel in PANELS for part in PACS_PARTS if pacs}
     declared |= {getattr(strip, part) for strip in STRIPS for part in STRIP_PARTS}
     assert declared <= on_page, declared - on_page
     assert pacs or not {i for i in on_page if i.startswith("pacs-")}  # no PACS: no search
@@ -272,18 +274,41 @@ def test_every_id_a_callback_uses_is_on_the_page(tmp_path, monkeypatch, pacs):
     assert used <= on_page, used - on_page
 
 
+KIND_WORDS = {"image", "volume", "images", "volumes"}
+
+
+def kind_twins(names) -> list[set[str]]:
+    """Groups of ids (or names) that differ only by a kind word ("pacs-send" and
+    "pacs-image-send", "MODEL" and "VOLUME_MODEL"): the words of each, split on "-" or
+    "_", with the kind words left out, are the same."""
+    groups: dict[tuple[str, ...], set[str]] = {}
+    for name in names:
+        words = tuple(w for w in name.lower().replace("_", "-").split("-") if w not in KIND_WORDS)
+        groups.setdefault(words, set()).add(name)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def test_the_twin_finder_finds_ids_that_differ_only_by_a_kind_word():
+    """The twin check looked only for a volume- prefix, so "pacs-send" beside
+    "pacs-image-send" (and "pacs-open" beside "pacs-open-image") passed it."""
+    assert kind_twins(["pacs-send", "pacs-image-send", "pacs-sent"]) == [
+        {"pacs-send", "pacs-image-send"}
+    ]
+    assert kind_twins(["MODEL", "VOLUME_MODEL", "MODEL_CARD"]) == [{"MODEL", "VOLUME_MODEL"}]
+    assert kind_twins(["image-graph", "volume-graph-axial", "dicom-info"]) == []
+
+
 def test_what_both_panels_have_is_one_component_and_ids_holds_one_panels_own():
     """A widget both panels have is the panel component's (webapp.panel_scope), one
     instance per panel: webapp.ids keeps no twin pair (once 37 VOLUME_* ids, 27 of them
-    twins of image ids: "model" and "volume-model", ...), and the two instances' ids
+    twins of image ids: "model" and "volume-model", ...; then "pacs-open" and
+    "pacs-open-image", each panel's Open from the PACS), and the two instances' ids
     never meet."""
     constants = {name: value for name, value in vars(ids).items()
                  if name.isupper() and isinstance(value, str)}  # fmt: skip
-    image_ids = {v for n, v in constants.items() if not n.startswith("VOLUME_")}
-    volume_ids = {v for n, v in constants.items() if n.startswith("VOLUME_")}
-    twins = {v for v in volume_ids if v.removeprefix("volume-") in image_ids}
-    assert not twins, twins
-    parts = (*PANEL_PARTS, *PATTERN_TYPES, "compare_pending")
+    assert kind_twins(constants.values()) == [], kind_twins(constants.values())
+    assert kind_twins(constants) == [], kind_twins(constants)  # and by the names
+    parts = (*PANEL_PARTS, *PACS_PARTS, *PATTERN_TYPES, "compare_pending")
     image = {getattr(IMAGE_PANEL, part) for part in parts}
     volume = {getattr(VOLUME_PANEL, part) for part in parts}
     assert len(image) == len(volume) == len(set(parts)) and not image & volume

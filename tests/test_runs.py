@@ -598,9 +598,10 @@ def test_the_road_from_the_click_to_the_kept_result_is_at_most_50_functions(serv
     guard had read the run package's ten modules as one body (30), which hid the steps
     between them. The run body no longer marks where the next region snaps: the reuse
     loop that owns the cells does (51); the region is checked once for any rank, not by
-    each subject, and the panel hands the run strip its request's maker itself (50). Before the run package: provenance lived with the phase
-    machine, the app set torch's threads in two calls, each panel built its own handle
-    and the first live picture was built anew for each run."""
+    each subject, and the panel hands the run strip its request's maker itself (50).
+    Before the run package: provenance lived with the phase machine, the app set torch's
+    threads in two calls, each panel built its own handle and the first live picture was
+    built anew for each run."""
     from bench.run_path import image_run_functions
 
     functions = image_run_functions(services)

@@ -82,9 +82,7 @@ PACS_ACCESSION = "pacs-accession"
 PACS_SEARCH = "pacs-search"
 PACS_STUDY = "pacs-study"
 PACS_SERIES = "pacs-series"
-PACS_OPEN = "pacs-open"
 PACS_IMAGE_NUMBER = "pacs-image-number"
-PACS_OPEN_IMAGE = "pacs-open-image"
 PACS_MESSAGE = "pacs-message"
 
 # view -> its graph and its slider

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from . import ids
+from .panel_scope import IMAGE_PANEL, VOLUME_PANEL
 
 __all__ = ["pacs_search", "pacs_send"]
 
@@ -45,7 +46,7 @@ def pacs_search() -> html.Section:
                         ),
                         html.Button(
                             "Open series",
-                            id=ids.PACS_OPEN,
+                            id=VOLUME_PANEL.pacs_open,
                             n_clicks=0,
                             disabled=True,
                             title="the whole series as a volume, in the volume panel",
@@ -59,7 +60,7 @@ def pacs_search() -> html.Section:
                         ),
                         html.Button(
                             "Open image",
-                            id=ids.PACS_OPEN_IMAGE,
+                            id=IMAGE_PANEL.pacs_open,
                             n_clicks=0,
                             disabled=True,
                             title="one image of the series (its instance number; none for a "

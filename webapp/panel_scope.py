@@ -129,7 +129,12 @@ class PanelScope:
         """A sample loaded by its Compare button: Run is pressed once it is shown."""
         return self.id("compare-pending")
 
-    # Send to PACS (only with a configured PACS)
+    # The PACS (only with a configured PACS): open what the search found into this panel,
+    # and send this panel's result back to its study
+    @property
+    def pacs_open(self) -> str:
+        return self.id("pacs-open")
+
     @property
     def pacs_send(self) -> str:
         return self.id("pacs-send")
@@ -242,6 +247,6 @@ IMAGE_PANEL = PanelScope(
     "",
     named=(("store", "image-store"), ("wanted", "image-wanted"), ("answered", "image-answered"),
            ("ticket", "upload-ticket"), ("region", "region-store"), ("result", "result-store"),
-           ("summary", "result-summary")),
+           ("summary", "result-summary"), ("pacs-open", "pacs-open-image")),
 )  # fmt: skip
-VOLUME_PANEL = PanelScope("volume")
+VOLUME_PANEL = PanelScope("volume", named=(("pacs-open", "pacs-open"),))

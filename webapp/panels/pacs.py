@@ -49,27 +49,25 @@ class PacsPanel:
             prevent_initial_call=True,
         )(self.list_series)
         app.callback(
-            Output(ids.PACS_OPEN, "disabled"),
-            Output(ids.PACS_OPEN_IMAGE, "disabled"),
+            Output(VOLUME_PANEL.pacs_open, "disabled"),
+            Output(IMAGE_PANEL.pacs_open, "disabled"),
             Input(ids.PACS_SERIES, "value"),
         )(lambda series: (not series, not series))
-        app.callback(
-            Output(VOLUME_PANEL.ticket, "data", allow_duplicate=True),
-            Input(ids.PACS_OPEN, "n_clicks"),
-            State(ids.PACS_STUDY, "value"),
-            State(ids.PACS_SERIES, "value"),
-            State(ids.PACS_SERIES, "options"),
-            prevent_initial_call=True,
-        )(self.open_series)
-        app.callback(
-            Output(IMAGE_PANEL.ticket, "data", allow_duplicate=True),
-            Input(ids.PACS_OPEN_IMAGE, "n_clicks"),
-            State(ids.PACS_STUDY, "value"),
-            State(ids.PACS_SERIES, "value"),
-            State(ids.PACS_SERIES, "options"),
-            State(ids.PACS_IMAGE_NUMBER, "value"),
-            prevent_initial_call=True,
-        )(self.open_image)
+        # Open, once per panel: the whole series into the volume panel, one image of it
+        # (its number) into the image panel; each loads through its panel's ticket
+        for scope, opened, number in (
+            (VOLUME_PANEL, self.open_series, []),
+            (IMAGE_PANEL, self.open_image, [State(ids.PACS_IMAGE_NUMBER, "value")]),
+        ):
+            app.callback(
+                Output(scope.ticket, "data", allow_duplicate=True),
+                Input(scope.pacs_open, "n_clicks"),
+                State(ids.PACS_STUDY, "value"),
+                State(ids.PACS_SERIES, "value"),
+                State(ids.PACS_SERIES, "options"),
+                *number,
+                prevent_initial_call=True,
+            )(opened)
         for scope, rank in ((IMAGE_PANEL, 2), (VOLUME_PANEL, 3)):  # one Send, two scopes
             app.callback(
                 Output(scope.pacs_send, "disabled"),
