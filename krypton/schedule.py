@@ -21,7 +21,6 @@ twice to decide. On a card there is one schedule (intra-op: the card's own strea
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -156,20 +155,6 @@ def shards(start: int, stop: int, length: int) -> list[slice]:
     return [slice(first, min(first + length, stop)) for first in range(start, stop, length)]
 
 
-_POOL: list[ThreadPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The process's inter-position workers (one per core), started on first use."""
-    with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(
-                ThreadPoolExecutor(os.cpu_count() or 2, thread_name_prefix="krypton-shard")
-            )
-        return _POOL[0]
-
-
 def _in_worker(
     compute: Callable[[slice], torch.Tensor], piece: slice, autocast: tuple | None
 ) -> torch.Tensor:
@@ -215,10 +200,18 @@ def run_scheduled(
     if prepare is not None:
         for piece in pieces:
             prepare(piece)
+    # The batch's own workers, ended with it: a process-wide pool kept its threads between
+    # runs, and a host that stops every thread it did not start (Dash's test server does,
+    # by raising SystemExit in each) left it with dead workers whose shards waited forever.
     with CAPTURE_LOCK.shared():  # the workers compute under this thread's hold
-        pending = [_pool().submit(_in_worker, compute, piece, autocast) for piece in pieces[1:]]
-        first = compute(pieces[0])
-        return torch.cat([first, *(future.result() for future in pending)])
+        workers = ThreadPoolExecutor(len(pieces) - 1, thread_name_prefix="krypton-shard")
+        try:
+            pending = [workers.submit(_in_worker, compute, piece, autocast)
+                       for piece in pieces[1:]]  # fmt: skip
+            first = compute(pieces[0])
+            return torch.cat([first, *(future.result() for future in pending)])
+        finally:  # within the hold the workers borrow
+            workers.shutdown(wait=True, cancel_futures=True)
 
 
 class Schedules:

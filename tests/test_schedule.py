@@ -149,6 +149,23 @@ def test_shards_run_while_a_capture_waits():
     assert captured.wait(5)  # and the capture ran after
 
 
+def test_no_worker_outlives_its_batch():
+    """The inter-position workers were a process-wide pool whose threads lived between
+    runs. Dash's test server stops by raising SystemExit in every thread it did not start
+    with: the pool's workers died at their next wake-up, each with a shard it had taken,
+    and the next run waited for them forever (a PACS browser test's second run hung for
+    240 s). A batch's workers now end with it, so no run depends on a thread another
+    host's habits may have stopped."""
+
+    def compute(piece: slice) -> torch.Tensor:
+        return torch.full((piece.stop - piece.start, 1), float(piece.start))
+
+    for _ in range(3):
+        done = schedule.run_scheduled(WORKERS, slice(0, 8), 8, compute)
+        assert done[:, 0].tolist() == [0.0] * 4 + [4.0] * 4
+        assert not [t for t in threading.enumerate() if t.name.startswith("krypton-shard")]
+
+
 def test_shards_line_up_with_compiled_batches_or_split_evenly():
     """Incremental shards keep the run's layout (their indices are compiled once); a
     naive batch is split evenly: MONAI's 81 positions in a batch of 128 went as 64 and
