@@ -233,10 +233,11 @@ class Tab:
         outputs: list = []
         for part in spec["output"].strip(".").split("..."):
             ident, prop = part.rsplit(".", 1)
-            if ident.startswith("{"):  # a wildcard output: this client matches no component
-                outputs.append([])
+            identity = json.loads(ident) if ident.startswith("{") else ident
+            if isinstance(identity, dict) and any(isinstance(v, list) for v in identity.values()):
+                outputs.append([])  # a wildcard output: this client matches no component
                 continue
-            outputs.append({"id": ident, "property": prop.split("@")[0]})
+            outputs.append({"id": identity, "property": prop.split("@")[0]})
         inputs = [fill(d) for d in spec["inputs"]]
         changed = [
             k for k in values if any(f"{d['id']}.{d['property']}" == k for d in spec["inputs"])

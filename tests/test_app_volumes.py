@@ -322,7 +322,7 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
         return [len(f.data) for f in drawn[:3]]
 
     def summary(record, region, settings, session="tab-1"):
-        return panel.summary(handle, record, "ct-test", region, *settings, session)
+        return panel.show_result(handle, record, "ct-test", region, *settings, session)
 
     assert drawn_layers(record, region, settings) == [2, 2, 2]  # gray block + heatmap
     # no DICOM source; no Compare (the run was not asked to compare)
@@ -362,11 +362,11 @@ def test_a_volume_heatmap_of_weights_no_longer_loaded_is_hidden_as_an_images_is(
     panel = VolumePanel(services, None)
     record, handle = {"key": key, "name": "chest.nii.gz"}, {"id": result["id"]}
     settings = (None, 8, 8, "exact", None)  # region, patch, stride, mode, class
-    assert panel.summary(handle, record, "ct-test", *settings, "tab-1")[1:] == (
+    assert panel.show_result(handle, record, "ct-test", *settings, "tab-1")[1:] == (
         False, False, True, True
     )  # fmt: skip
     monkeypatch.setattr(services, "weights_checksum", lambda name: "other weights")
-    text, *disabled = panel.summary(handle, record, "ct-test", *settings, "tab-1")
+    text, *disabled = panel.show_result(handle, record, "ct-test", *settings, "tab-1")
     assert disabled == [True] * 4 and "the model's weights" in str(text), text
     drawn = panel.draw_views(record, "ct-test", 24, 24, 24, None, handle, "model",
                              *settings[1:], "tab-1")  # fmt: skip
@@ -390,7 +390,7 @@ def test_a_volume_result_the_server_let_go_says_so(services, nifti_bytes):
     services.results.put("another tab", {"id": "x"})  # the tab's result goes
     panel = VolumePanel(services, None)
     settings = ([16, 16, 16, 32, 32, 32], result["patch"], result["stride"], "exact", None)
-    text, *disabled = panel.summary(
+    text, *disabled = panel.show_result(
         {"id": result["id"]}, {"key": key}, "ct-test", *settings, "tab-1"
     )
     assert DROPPED_RESULT in str(text) and disabled == [True] * 4
@@ -695,7 +695,7 @@ def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
     services.results = RedisResultStore(redis_client(away), away)
     panel = VolumePanel(services, None)
     record = {"key": key, "name": "chest.nii.gz"}
-    summary = panel.summary(handle, record, "ct-test", None, 8, 8, "exact", None, "tab-1")
+    summary = panel.show_result(handle, record, "ct-test", None, 8, 8, "exact", None, "tab-1")
     assert "Redis" in str(summary[0]) and summary[1:] == (True, True, True, True)
     _, said = panel.switch_class(1 - result["label"], handle, "tab-1")
     assert "Redis" in said
@@ -817,3 +817,47 @@ def test_a_volume_file_is_written_only_of_the_result_the_screen_shows(services, 
             panel.export([1], {"id": "forged"}, "tab-1", record, *shown)
     finally:
         context_value.reset(token)
+
+
+def test_both_panels_show_their_result_through_one_rule_in_the_same_words(services, nifti_bytes):
+    """The summary was registered per kind: the image panel's callback drew the heatmap,
+    the summary and the downloads together and left the summary blank when the result
+    store had let the result go (the reason only inside the picture); the volume panel's
+    said why. One callback for both now (SubjectPanel.show_result): the same summary,
+    the same words for a result let go, the same downloads offered."""
+    from PIL import Image
+
+    from webapp.helpers import ResultStore
+    from webapp.panels.run import RunPanel
+    from webapp.panels.volume import VolumePanel
+    from webapp.runs import DROPPED_RESULT
+
+    picture = services.images.put(Image.new("RGB", (64, 64), (90, 40, 20)))
+    image = runs.RunRequest(key=picture, name="p.png", model="fundus-demo", patch=32,
+                            stride=32, mode="exact", fill_rgb=(0.5, 0.5, 0.5))  # fmt: skip
+    volume_key = stored(services, nifti_bytes)
+    volume = request(volume_key)
+    screens = {  # what each panel shows: its screen, then (for the image) the overlay
+        2: ({"key": picture, "name": "p.png"}, "fundus-demo", None, 32, 32, "exact", "gray",
+            None, 0.9, 0.25, 2.0, None),
+        3: ({"key": volume_key, "name": "chest.nii.gz"}, "ct-test", None, 8, 8, "exact"),
+    }  # fmt: skip
+    panels = ((RunPanel(services, None), image), (VolumePanel(services, None), volume))
+    for panel, asked in panels:
+        result = runs.execute(services, "tab-1", asked, lambda *a: None)
+        handle = {"id": result["id"], "provenance": result["provenance"]}
+        shown = panel.show_result(handle, *screens[panel.rank], result["label"], "tab-1")
+        formats = len(panel.export_formats)
+        summary, offered = shown[0], shown[1 : 1 + formats]
+        assert "p = " in str(summary), (panel.rank, summary)
+        disabled = dict(zip(panel.export_formats, offered))
+        dicom = "dcm" if panel.rank == 2 else "dicom"
+        assert disabled[dicom] and disabled["compare"] and not disabled["json"], disabled
+        kept = services.results
+        services.results = ResultStore(max_sessions=1)
+        services.results.put(runs.results_key("tab-1", panel.rank), result)
+        services.results.put("another tab", {"id": "x"})  # the tab's result goes
+        gone = panel.show_result(handle, *screens[panel.rank], result["label"], "tab-1")
+        assert DROPPED_RESULT in str(gone[0]), (panel.rank, gone[0])
+        assert list(gone[1 : 1 + formats]) == [True] * formats
+        services.results = kept

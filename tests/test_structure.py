@@ -6,6 +6,7 @@ app, the registry or the tuning files."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -234,6 +235,23 @@ def test_no_module_of_the_page_over_500_lines():
         str(path.relative_to(ROOT)): path.read_text().count("\n") for path in python_files("webapp")
     }
     assert {path: lines for path, lines in long.items() if lines > 500} == {}
+
+
+def test_each_panel_callback_a_run_needs_is_registered_once_for_both_kinds():
+    """The summary was registered per kind (the image's in panels/result.py with its
+    heatmap, the volume's in panels/volume.py), so the two drifted: the image's said
+    nothing where the volume's said why. What every panel does with its result — the
+    summary, the downloads offered and written, another class — is written once, in
+    webapp/panels/subject_panel.py; a kind adds only writes that follow it
+    (allow_duplicate)."""
+    shared = re.compile(r'Output\((?:\w+\.)*(summary|download)\b, "(children|data)"\)')
+    owners = {
+        str(path.relative_to(ROOT)): sorted({m.group(1) for m in shared.finditer(path.read_text())})
+        for path in python_files("webapp")
+    }
+    assert {path: parts for path, parts in owners.items() if parts} == {
+        "webapp/panels/subject_panel.py": ["download", "summary"]
+    }
 
 
 def test_every_package_says_its_job():

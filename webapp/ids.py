@@ -59,9 +59,8 @@ MODEL_REGISTER = "model-register"
 MODEL_REGISTER_MESSAGE = "model-register-message"
 MODEL_REMOVE = "model-remove"
 
-# Inside callback answers (the settings and result panels build these)
+# Inside callback answers (the settings panel builds it)
 OOD_WARNING = "ood-warning"
-REUSE_INFO = "reuse-info"
 
 # Volume panel (CT, MR): three linked views with a slider each, the display window
 VOLUME_WINDOW = "volume-window"

@@ -1,13 +1,14 @@
 """The page's callbacks. subject_panel holds what every panel does with a run, once for
-both: the Run strip, another class, the downloads. Its two kinds: run (the image
-panel's request, live picture and files) and volume (a CT or MR volume: its request,
-three linked views and files; volume_intake reads it, volume_result keeps its result).
-Beside them: image (loading, DICOM window, region), settings (prediction, controls,
-estimate), result (the image's heatmap and summary), compare (three methods side by
-side, both panels), models (adding your own) and pacs (the PACS search, and Send for
-both panels). Each panel is a class handed the server's Services; its
-callbacks are its methods (testable without a browser), attached by ``register``. No
-tensor algebra and no run orchestration here: those are krypton and webapp.runs."""
+both: the Run strip, the kept result shown beside what it explains (its summary and
+downloads offered), another class, the downloads. Its two kinds: run (the image panel's
+request, live picture, heatmap, Compare view and files) and volume (a CT or MR volume:
+its request, three linked views and files; volume_intake reads it, volume_result keeps
+its result). Beside them: image (loading, DICOM window, region), settings (prediction,
+controls, estimate), compare (the Compare settings and estimate, both panels), models
+(adding your own) and pacs (the PACS search, and Send for both panels). Each panel is
+a class handed the server's Services; its callbacks are its methods (testable without a
+browser), attached by ``register``. No tensor algebra and no run orchestration here:
+those are krypton and webapp.runs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from .compare import ComparePanel
 from .image import ImagePanel
 from .models import ModelsPanel, model_options
 from .pacs import PacsPanel
-from .result import ResultPanel
 from .run import RUN_MESSAGE_OUTPUT, RUN_OUTPUTS, RunPanel, waiting_progress
 from .settings import SettingsPanel
 from .volume import VolumePanel, default_volume_model, volume_model_options
@@ -38,7 +38,6 @@ def register_callbacks(app, manager, services: Services) -> None:
         ImagePanel(services),
         SettingsPanel(services),
         RunPanel(services, manager),
-        ResultPanel(services),
         ModelsPanel(services),
         VolumePanel(services, manager),
         ComparePanel(services),

@@ -1,9 +1,10 @@
 """The image panel as a :class:`webapp.panels.subject_panel.SubjectPanel`: its request from
-the page's controls, its live picture over the image, its downloads and the rule that
-shows a result only beside what it explains. The strip around a run (Run, Cancel, the
-queue place, the progress bar with the time left), another class and the download
-callback are the subject panel's, one for both panels. The run itself is
-webapp.runs.execute (no browser needed); its states are webapp.jobs.RunLifecycle."""
+the page's controls, its live picture over the image, its heatmap and Compare view of a
+kept result, its downloads and the rule that shows a result only beside what it explains.
+The strip around a run (Run, Cancel, the queue place, the progress bar with the time
+left), the summary, another class and the download callback are the subject panel's, one
+for both panels. The run itself is webapp.runs.execute (no browser needed); its states
+are webapp.jobs.RunLifecycle."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ import re
 from dash import Input, Output, State, dcc
 
 from .. import comparison, exports, figures, helpers, ids, model_card, runs
-from ..layout import placeholder_figure
+from ..layout import EXPORTS, placeholder_figure
 from ..panel_scope import IMAGE_PANEL
 from ..path_budget import chosen_budget
 from ..services import Services
 from .common import SCREEN_INPUTS
+from .compare import image_compare_view
 from .run_strip import Prepared, values
 from .subject_panel import SubjectPanel
 
 # The Run callback's outputs: the result's handle and the message (team mode's manager
-# answers with a message alone when the queue or the workers are gone). The result panel
-# draws a handle only beside what it explains (panels.result).
+# answers with a message alone when the queue or the workers are gone). The panel shows
+# a handle only beside what it explains (SubjectPanel.show_result).
 RUN_OUTPUTS, RUN_MESSAGE_OUTPUT = 2, 1
+NO_RESULT = "Press Run to compute the heatmap"
 HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 
 
@@ -39,6 +42,7 @@ class RunPanel(SubjectPanel):
     what the result explains)."""
 
     scope, rank = IMAGE_PANEL, 2
+    export_formats = tuple(fmt for _, fmt, _ in EXPORTS)
     hidden_while_running = (ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel)
 
     def run_settings(self) -> list[State]:
@@ -77,21 +81,48 @@ class RunPanel(SubjectPanel):
         draw = figures.live_heatmap(picture, loaded.input_size, overlay)
         return Prepared(request, draw, list(loaded.classes))
 
-    def export_states(self) -> list[State]:
+    def screen(self) -> list[tuple[str, str]]:
+        return [(str(i.component_id), i.component_property) for i in SCREEN_INPUTS]
+
+    def hidden(self, result: runs.ResultRecord, *screen) -> str:
+        view = shown_view(self.services, result, *screen)
+        return "" if view.show else view.reason
+
+    def unavailable(self, result: runs.ResultRecord) -> set[str]:
+        no_source = set() if result.get("dicom") else {"dcm"}
+        return no_source | (set() if comparison.available(result) else {"compare"})
+
+    def picture_outputs(self) -> list[Output]:
         return [
-            State(ids.OVERLAY_STORE, "data"),
-            State(ids.DICOM_IDENTITY, "value"),
-            *[State(i.component_id, i.component_property) for i in SCREEN_INPUTS],
-            State(IMAGE_PANEL.label, "value"),
+            Output(ids.HEATMAP_GRAPH, "figure"),
+            Output(ids.DICOM_IDENTITY, "style"),
+            Output(IMAGE_PANEL.compare_panel, "children"),
         ]
 
-    def export_refusal(self, result: runs.ResultRecord, _overlay, _identity, *screen):
-        view = shown_view(self.services, result, *screen)
-        return None if view.show else view.reason
+    def picture_inputs(self) -> list[Input]:
+        return [Input(ids.OVERLAY_STORE, "data")]
 
-    def write_export(self, result: runs.ResultRecord, fmt: str, session: str, overlay,
-                     identity, *_screen) -> dict:  # fmt: skip
-        """The file for one export button (webapp.exports' writers)."""
+    def picture(self, result: runs.ResultRecord | None, why: str, overlay=None) -> tuple:
+        """The heatmap over the picture the model saw (drawn with the overlay settings),
+        the DICOM identity choice where the result has a DICOM source, the Compare view."""
+        if result is None:
+            return placeholder_figure(why or NO_RESULT), {"display": "none"}, []
+        picture = model_picture(self.services, result)
+        figure = figures.heatmap_figure(
+            picture, result["values"], result["xs"], result["ys"], result["patch"],
+            result["prob"], runs.picture_title(result), figures.overlay_style(overlay),
+            (overlay or {}).get("view") == "side",
+        )  # fmt: skip
+        dicom = {"display": "block" if result.get("dicom") else "none"}
+        return figure, dicom, image_compare_view(result, picture)
+
+    def file_states(self) -> list[State]:
+        return [State(ids.OVERLAY_STORE, "data"), State(ids.DICOM_IDENTITY, "value")]
+
+    def write_export(self, result: runs.ResultRecord, fmt: str, session: str, *page) -> dict:
+        """The file for one export button (webapp.exports' writers), drawn with the
+        overlay settings (the last but one of ``page``)."""
+        overlay, identity = page[-2:]
         stem = exports.export_stem(result)
         style = figures.overlay_style(overlay)
         if fmt == "png":

@@ -1,22 +1,24 @@
 """One panel class for any rank (MONAI's way: rank is the input's shape; Dash's All-in-One:
 a component owns its ids and its callbacks). :class:`SubjectPanel` registers, once for
 both panels, what every panel does with a run: its Run strip (queue, progress, live
-picture, Cancel), another class of its kept result, and its downloads. A panel kind —
-the image panel (:class:`webapp.panels.run.RunPanel`) or the volume panel
-(:class:`webapp.panels.volume.VolumePanel`) — supplies only what differs: its scope and
-rank, the controls its request is read from and the request with its live picture
-(:meth:`SubjectPanel.prepare`), what its downloads read of the screen and when they are
-refused, and its files. The run itself is webapp.runs, the Compare view and Send are
-registered once for both (webapp.panels.compare, webapp.panels.pacs)."""
+picture, Cancel), its kept result shown only beside what it explains (the summary, which
+downloads are offered, and the kind's picture of it), another class of it, and its
+downloads. A panel kind — the image panel (:class:`webapp.panels.run.RunPanel`) or the
+volume panel (:class:`webapp.panels.volume.VolumePanel`) — supplies only what differs:
+its scope and rank, the controls its request is read from and the request with its live
+picture (:meth:`SubjectPanel.prepare`), what on screen a result must match
+(:meth:`SubjectPanel.screen`, :meth:`SubjectPanel.hidden`), its picture of a result and
+its files. The run itself is webapp.runs; the Compare settings and Send are registered
+once for both (webapp.panels.compare, webapp.panels.pacs)."""
 
 from __future__ import annotations
 
 from functools import partial
 
-from dash import ALL, Input, Output, State, ctx, no_update
+from dash import ALL, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import ids, runs
+from .. import ids, runs, wording
 from ..helpers import InputError
 from ..panel_scope import PanelScope
 from ..services import Services
@@ -32,6 +34,7 @@ class SubjectPanel:
 
     scope: PanelScope
     rank: int
+    export_formats: tuple[str, ...]  # the download buttons' formats, in the page's order
     hidden_while_running: tuple[str, ...] = ()  # what goes while a run runs
 
     def __init__(self, services: Services, manager):
@@ -49,16 +52,41 @@ class SubjectPanel:
         """The run of these controls, ready to queue (InputError in the page's words)."""
         raise NotImplementedError
 
-    def export_states(self) -> list[State]:
-        """What a download reads of the screen beside the result's handle."""
+    def screen(self) -> list[tuple[str, str]]:
+        """What a kept result is compared with before it is shown or written, beside the
+        class: (id, property) of the subject, the model and the settings on screen."""
+        raise NotImplementedError
+
+    def hidden(self, result: runs.ResultRecord, *screen) -> str:
+        """Why ``result`` may not be shown or written beside ``screen`` (the values of
+        :meth:`screen`, then the class), in the page's words; "" where it may."""
+        raise NotImplementedError
+
+    def unavailable(self, result: runs.ResultRecord) -> set[str]:
+        """The formats ``result`` has no file of (DICOM without a DICOM source, Compare
+        without its maps)."""
+        return set()
+
+    def picture_outputs(self) -> list[Output]:
+        """What the kind draws of the result shown, with its summary."""
         return []
 
-    def export_refusal(self, result: runs.ResultRecord, *screen) -> str | None:
-        """Why ``result`` may not be downloaded beside the screen, or None."""
-        return None
+    def picture_inputs(self) -> list[Input]:
+        """What the kind's picture is drawn with beyond the result (the overlay)."""
+        return []
+
+    def picture(self, result: runs.ResultRecord | None, why: str, *drawn_with) -> tuple:
+        """The values of :meth:`picture_outputs`: ``result`` drawn, or, where it is None,
+        nothing and ``why`` not; InputError where it cannot be drawn."""
+        return ()
+
+    def file_states(self) -> list[State]:
+        """What a download reads beyond the screen (the image's overlay and identity)."""
+        return []
 
     def write_export(self, result: runs.ResultRecord, fmt: str, session: str, *screen) -> dict:
-        """The file of format ``fmt`` (a ``dcc.send_*`` answer); InputError to refuse."""
+        """The file of format ``fmt`` (a ``dcc.send_*`` answer); ``screen``: the values
+        of :meth:`screen`, the class, then :meth:`file_states`. InputError to refuse."""
         raise NotImplementedError
 
     def register_own(self, app) -> None:
@@ -67,14 +95,27 @@ class SubjectPanel:
     # -- what every panel does ----------------------------------------------------------------
 
     def register(self, app) -> None:
-        """Attach the panel's callbacks to ``app``: the Run strip, another class, the
-        downloads, then the kind's own."""
+        """Attach the panel's callbacks to ``app``: the Run strip, the result shown,
+        another class, the downloads, then the kind's own."""
         scope = self.scope
         register_strip(
             scope, app, self.run, manager=self.manager, services=self.services,
             rank=self.rank, settings=self.run_settings(),
             hidden_while_running=self.hidden_while_running,
         )  # fmt: skip
+        app.callback(
+            Output(scope.summary, "children"),
+            *[Output({"type": scope.strip.export, "format": fmt}, "disabled")
+              for fmt in self.export_formats],
+            *self.picture_outputs(),
+            Input(scope.result, "data"),
+            *[Input(*part) for part in self.screen()],
+            *self.picture_inputs(),
+            # the class is read, not listened to: another class is a new handle, from
+            # switch_class, and listening would hide the result for a moment in between
+            State(scope.label, "value"),
+            State(ids.SESSION, "data"),
+        )(self.show_result)  # fmt: skip
         app.callback(
             Output(scope.result, "data", allow_duplicate=True),
             Output(scope.strip.message, "children", allow_duplicate=True),
@@ -108,6 +149,54 @@ class SubjectPanel:
         prepare = partial(self.prepare, session, record, model, *settings)
         return run_job(self.services, set_progress, session, prepare, self.result)
 
+    def export_states(self) -> list[State]:
+        """What a download reads of the page beside the result's handle: the screen, the
+        class, then the kind's :meth:`file_states`."""
+        screen = [State(*part) for part in self.screen()]
+        return [*screen, State(self.scope.label, "value"), *self.file_states()]
+
+    def shown(self, handle, session: str, *screen) -> tuple[runs.ResultRecord | None, str]:
+        """The kept result ``handle`` names, where it explains ``screen`` (the values of
+        :meth:`screen`, then the class); else None and why not, in the page's words."""
+        key = runs.results_key(str(session or ""), self.rank)
+        result, why = runs.kept_result(self.services.results, key, handle)
+        if result is None:
+            return None, why
+        hidden = self.hidden(result, *screen)
+        return (None, hidden) if hidden else (result, "")
+
+    def show_result(self, handle, *page):
+        """The kept result's summary, which downloads it has and the kind's picture of it,
+        only beside what it explains; otherwise why not. ``page``: the values of
+        :meth:`screen`, of :meth:`picture_inputs`, the class and the session."""
+        count = len(self.screen())
+        screen, drawn_with = page[:count], page[count:-2]
+        label, session = page[-2:]
+        result, why = self.shown(handle, session, *screen, label)
+        picture: tuple = ()
+        if result is not None:
+            try:
+                picture = self.picture(result, "", *drawn_with)
+            except InputError as exc:
+                result, why = None, str(exc)
+        off = [True] * len(self.export_formats)
+        if result is None:
+            said = html.P(why, className="warning") if why else ""
+            return said, *off, *self.picture(None, why, *drawn_with)
+        unavailable = self.unavailable(result)
+        offered = [fmt in unavailable for fmt in self.export_formats]
+        return self.summary(result), *offered, *picture
+
+    def summary(self, result: runs.ResultRecord) -> html.Div:
+        """The result's lines in the page's plain words (webapp.runs.summary_lines; the
+        planner's and the detector's terms behind "details": webapp.wording), with the
+        reuse line under the panel's own id."""
+        reuse = self.scope.id("reuse-info")
+        children = wording.summary_children(runs.summary_lines(result), ids={"Reused": reuse})
+        if not result["reused"]:
+            children.append(html.Div("", id=reuse, style={"display": "none"}))
+        return html.Div(children)
+
     def switch_class(self, label, handle, session):
         """Another class of the kept run, re-coloured at once (nothing recomputed): the
         new handle and no message; a class the run did not keep leaves the handle marked
@@ -138,7 +227,7 @@ class SubjectPanel:
             return no_update, why
         if result is None:
             raise PreventUpdate  # not this tab's current result
-        refusal = self.export_refusal(result, *screen)
+        refusal = self.hidden(result, *screen[: len(self.screen()) + 1])
         if refusal:
             return no_update, refusal
         try:

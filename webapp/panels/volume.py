@@ -1,7 +1,8 @@
 """The volume panel: a CT or MR volume in three linked views, a 3-D region, its run (the
 subject panel's strip: a background job with progress, live picture and cancel), its
-estimate. How a volume is read is webapp.panels.volume_intake's; its kept result (the
-summary, Compare, its files) webapp.panels.volume_result's. The run and everything it decides
+estimate. How a volume is read is webapp.panels.volume_intake's; its kept result (which
+one is shown, Compare, its files) webapp.panels.volume_result's; the summary is the
+subject panel's. The run and everything it decides
 is webapp.runs, as an image's; the figures webapp.volume_views."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..layout import placeholder_figure
 from ..panel_scope import VOLUME_PANEL
 from ..path_budget import chosen_budget
 from ..runs import volumes
+from ..volume_layout import VOLUME_EXPORTS
 from .common import hide_at_click, register_intake
 from .run_strip import Prepared, register_estimate, values
 from .subject_panel import SubjectPanel
@@ -64,9 +66,10 @@ VOLUME_SETTINGS = [
 class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
     """The volume panel as a :class:`SubjectPanel`: its request from the cube, stride,
     mode, class, region and crosshair, its live views, its files; and its own callbacks:
-    the intake, the three linked views, the region, the estimate and the summary."""
+    the intake, the three linked views, the region, the estimate and the Compare rows."""
 
     scope, rank = VOLUME_PANEL, 3
+    export_formats = tuple(fmt for _, fmt, _ in VOLUME_EXPORTS)
 
     def register_own(self, app) -> None:
         """Attach the panel's own callbacks to ``app``."""
@@ -154,17 +157,6 @@ class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
             prevent_initial_call=True,
         )
         app.callback(
-            Output(VOLUME_PANEL.summary, "children"),
-            *[Output({"type": VOLUME_PANEL.strip.export, "format": f}, "disabled")
-              for f in ("nifti", "json", "dicom", "compare")],
-            Input(VOLUME_PANEL.result, "data"),
-            Input(VOLUME_PANEL.store, "data"),
-            Input(VOLUME_PANEL.model, "value"),
-            Input(VOLUME_PANEL.region, "data"),
-            *VOLUME_SETTINGS,
-            State(ids.SESSION, "data"),
-        )(self.summary)  # fmt: skip
-        app.callback(
             Output(VOLUME_PANEL.compare_panel, "children"),
             Input(VOLUME_PANEL.result, "data"),
             Input(VOLUME_PANEL.store, "data"),
@@ -207,15 +199,6 @@ class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
             *values(*SLIDERS, VOLUME_PANEL.compare, VOLUME_PANEL.compare_layer,
                     VOLUME_PANEL.compare_steps),
         ]  # fmt: skip
-
-    def export_states(self) -> list[State]:
-        # the volume, model and settings on screen: a file only of the result they show
-        return [
-            State(VOLUME_PANEL.store, "data"),
-            State(VOLUME_PANEL.model, "value"),
-            State(VOLUME_PANEL.region, "data"),
-            *[State(i.component_id, i.component_property) for i in VOLUME_SETTINGS],
-        ]
 
     # -- viewing ---------------------------------------------------------------------------
 

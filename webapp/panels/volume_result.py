@@ -1,6 +1,6 @@
 """The volume panel's kept result: which one the panel shows (only beside what it
-explains: webapp.runs.provenance), its summary, its Compare rows and its files; and the
-panel's controls as a run request. The download callback and another class are the
+explains: webapp.runs.provenance), its Compare rows and its files; and the panel's
+controls as a run request. The summary, the download callback and another class are the
 subject panel's (webapp.panels.subject_panel), one for both panels."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from dash.exceptions import PreventUpdate
 
 from krypton.render.volumes import heatmap_nifti
 
-from .. import comparison, runs, volume_views, wording
+from .. import comparison, runs, volume_views
 from ..exports import export_stem
 from ..helpers import InputError
+from ..panel_scope import VOLUME_PANEL
 from ..runs import volumes
 from ..services import Services
 from .compare import volume_compare_view
@@ -31,35 +32,28 @@ class VolumeResult:
             str(record["key"]), str(session or ""), model, str(record.get("name"))
         )
 
-    def _result_for(self, handle, record, model, session, screen=()) -> runs.ResultRecord | None:
+    def _result_for(self, handle, record, model, session, settings=()):
         """The kept volume result the handle names, when it explains what the panel shows:
-        this volume and model and, given ``screen`` (region, patch, stride, mode, class),
-        these settings — the image panel's provenance rule (webapp.runs.provenance)."""
-        return self._shown(handle, record, model, session, screen)[0]
+        this volume and model and, given ``settings`` (region, patch, stride, mode,
+        class), these settings — the image panel's provenance rule (webapp.runs.provenance)."""
+        return self.shown(handle, session, record, model, *settings)[0]
 
-    def _shown(
-        self, handle, record, model, session, screen=()
-    ) -> tuple[runs.ResultRecord | None, str]:
-        """(the result to show, or None; why not, in the page's words)."""
-        if not record:
-            return None, ""
-        key = runs.results_key(str(session or ""), 3)
-        result, why = runs.kept_result(self.services.results, key, handle)
-        if result is None:
-            return None, why
-        hidden = self._hidden(result, record, model, screen)
-        return (None, hidden) if hidden else (result, "")
+    def screen(self) -> list[tuple[str, str]]:
+        return [(VOLUME_PANEL.store, "data"), (VOLUME_PANEL.model, "value"),
+                (VOLUME_PANEL.region, "data"), (VOLUME_PANEL.patch, "value"),
+                (VOLUME_PANEL.stride, "value"), (VOLUME_PANEL.mode, "value")]  # fmt: skip
 
-    def _hidden(self, result: runs.ResultRecord, record, model, screen=()) -> str:
+    def hidden(self, result: runs.ResultRecord, record=None, model=None, *settings) -> str:
         """Why ``result`` may not be shown beside this volume and model and, given
-        ``screen`` (region, patch, stride, mode, class), these settings; "" where it may."""
+        ``settings`` (region, patch, stride, mode, class), these settings; "" where it
+        may."""
         if not record:
             return "Load a volume first."
         if result.get("source_key") != record.get("key") or result.get("model") != model:
             return "The last heatmap explains another volume or model."
-        if not screen or result.get("provenance") is None:
+        if not settings or result.get("provenance") is None:
             return ""
-        region, patch, stride, mode, label = screen
+        region, patch, stride, mode, label = settings
         try:
             asked = volume_request(record, model, patch, stride, mode, label, region)
             weights = self.services.weights_checksum(model)
@@ -68,23 +62,15 @@ class VolumeResult:
         view = runs.shown_view(result, asked, weights)
         return "" if view.show else view.reason
 
-    def summary(self, handle, record, model, region, patch, stride, mode, label, session):
-        """What the shown result is, and its downloads, only beside what it explains."""
-        result, why = self._shown(
-            handle, record, model, session, (region, patch, stride, mode, label)
-        )
-        if result is None:
-            return (html.P(why, className="warning") if why else ""), True, True, True, True
-        lines = runs.summary_lines(result)
-        dicom = bool(result.get("dicom_source"))
-        children = wording.summary_children(lines, strong_first=False)
-        return children, False, False, not dicom, not comparison.available(result)
+    def unavailable(self, result: runs.ResultRecord) -> set[str]:
+        no_source = set() if result.get("dicom_source") else {"dicom"}
+        return no_source | (set() if comparison.available(result) else {"compare"})
 
     def compare_rows(self, handle, record, model, region, z, y, x, window, patch, stride,
                      mode, label, session):  # fmt: skip
         """The Compare view: a row of the three views per method through the crosshair,
         only beside what the kept result explains (as the summary)."""
-        result, _ = self._shown(
+        result = self._result_for(
             handle, record, model, session, (region, patch, stride, mode, label)
         )
         compared = result is not None and (result.get("methods") or result.get("methods_pending"))
@@ -96,11 +82,6 @@ class VolumeResult:
         except (InputError, ValueError) as exc:
             return [html.P(str(exc), className="warning")]
         return volume_compare_view(result, shown, (int(z), int(y), int(x)))
-
-    def export_refusal(self, result: runs.ResultRecord, record, model, *screen) -> str | None:
-        """Why ``result`` may not be downloaded beside the panel's volume, model and
-        settings (the rule its summary and views follow), or None."""
-        return self._hidden(result, record, model, tuple(screen)) or None
 
     def write_export(self, result: runs.ResultRecord, fmt: str, session: str, *_screen) -> dict:
         """The file for one export button: NIfTI, JSON, the Compare PNG or a DICOM
