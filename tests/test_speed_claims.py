@@ -110,3 +110,41 @@ def test_the_clis_speed_line_never_takes_a_slow_probe_over_the_models_own_naive_
     )
     assert bounded_speed(probed, None, 12) is probed  # no model to ask: as probed
     assert bounded_speed(probed, "no-such-model", 12)["naive_basis"] == "probed in this run"
+
+
+def test_the_naive_figure_before_a_run_learns_what_the_runs_speed_lines_said(
+    tmp_path, krypton_home
+):
+    """The page gave two naive figures for one run: 7.3 min before it (the estimate) and
+    4.8 min in its speed line (timed beside the run). Each exact run's stated naive figure
+    is now logged (NAIVE_TIMED), and the naive figure the page shows before the next run
+    learns from them; the speed line's own bound still reads real naive runs only."""
+    from krypton.estimator import NAIVE_TIMED, estimate_for_counts, logged_runs
+    from krypton.host import max_threads
+
+    services = Services(tmp_path / "cache")
+    key = services.images.put(IMAGE)
+    request = runs.RunRequest(
+        key=key, name="fundus.png", model="fundus-demo", patch=16, stride=8, mode="exact",
+        fill_rgb=(0.5,) * 3, region=REGION,
+    )  # fmt: skip
+    result = runs.execute(services, "tab", request, lambda *a: None)
+    (row,) = logged_runs("fundus-demo", NAIVE_TIMED, 16)
+    whole = result["speed"]["whole"]
+    assert row["seconds"] == pytest.approx(whole["naive_seconds"], abs=1e-4)
+    assert row["stage_one"] == whole["positions"]
+
+    before = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0).seconds
+    said = 0.6 * before  # three runs' speed lines said less than the calibration
+    for positions in (361, 169, 49):
+        seconds = said * positions / 361  # on an idle host, at all its threads
+        record_run("fundus-demo", NAIVE_TIMED, 12, (positions, 0), seconds, load=0.0,
+                   threads=max_threads())  # fmt: skip
+    shown = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0, timed=True)
+    assert shown.seconds == pytest.approx(said, rel=0.05) and "this host's" in shown.source
+    found = runs.find_estimate("fundus-demo", 12, 8, "naive", None, 0.25, 2.0, load=0.0)
+    per_position = said / 361  # the page's line, for its 27 x 27 positions at stride 8
+    assert found is not None and found.seconds == pytest.approx(729 * per_position, rel=0.05)
+    # the speed line's bound: real naive runs or the calibration, never what lines said
+    bound = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0)
+    assert bound.seconds == pytest.approx(before)
