@@ -77,10 +77,12 @@ def ct_series(
     origin: tuple[float, float, float] = (0.0, 0.0, 0.0),
     study_uid: str | None = None,
     description: str = "chest CT sample",
+    window: tuple[float, float] = (-600.0, 1500.0),
 ) -> list:
     """A (z, y, x) volume in Hounsfield units as a CT series (one file per axial slice,
-    identity orientation, the first slice's corner at ``origin`` in LPS mm): pydicom
-    datasets with new series and frame UIDs, in ``study_uid`` or a new study."""
+    identity orientation, the first slice's corner at ``origin`` in LPS mm, the reading
+    ``window`` (centre, width; the lung window) in its header as a scanner writes it):
+    pydicom datasets with new series and frame UIDs, in ``study_uid`` or a new study."""
     import pydicom
     from pydicom.data import get_testdata_file
     from pydicom.uid import generate_uid
@@ -101,6 +103,7 @@ def ct_series(
         dataset.SliceThickness = spacing[0]
         dataset.PixelSpacing = [spacing[1], spacing[2]]
         dataset.RescaleSlope, dataset.RescaleIntercept = 1, -1024
+        dataset.WindowCenter, dataset.WindowWidth = window
         dataset.PixelData = np.round(plane + 1024).astype(np.int16).tobytes()  # signed
         dataset.file_meta.MediaStorageSOPInstanceUID = dataset.SOPInstanceUID
         datasets.append(dataset)

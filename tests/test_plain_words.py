@@ -96,11 +96,12 @@ def _PlotlyEncoder():
     return PlotlyJSONEncoder
 
 
-def test_the_model_card_says_each_thing_once_in_plain_words():
+@pytest.mark.parametrize("name", ["fundus-demo", "chestct-slice-demo"])
+def test_the_model_card_says_each_thing_once_in_plain_words(name):
     import krypton
     from webapp.panels.settings import model_card
 
-    card = model_card(krypton.load_model("fundus-demo"))
+    card = model_card(krypton.load_model(name))
     card = json.loads(json.dumps(card, cls=_PlotlyEncoder()))
     text = " ".join(_strings(card))
     assert text.count("not a medical device") == 1, text

@@ -80,7 +80,9 @@ def model_card_lines(loaded) -> list[str]:
             )
             + ", and by design about 1% of genuine images)"
         )
-        if rates:
+        if rates and "natural_flagged" not in rates:  # another demo's sets: named as they are
+            text += f"; flags {_rates_text(rates)}"
+        elif rates:
             whole = (
                 f"{rates['natural_whole_flagged']} of {rates['natural_whole_images']} natural "
                 f"photographs as shipped and "
@@ -128,6 +130,25 @@ def model_card_lines(loaded) -> list[str]:
         else f"Approximate mode: τ {choose_tau(None).source}"
     )
     return lines
+
+
+RATE_WORDS = {
+    "in_distribution": "fresh in-distribution images",
+    "independent": "images of an independently written generator",
+}
+
+
+def _rates_text(rates: dict) -> str:
+    """'100% of 40 head ct, ..., 0.3% of 300 fresh in-distribution images': each set a
+    card measured its check on (``NAME_flagged`` beside ``NAME_images``)."""
+    parts = []
+    for key, share in rates.items():
+        name = key.removesuffix("_flagged")
+        count = rates.get(f"{name}_images")
+        if key.endswith("_flagged") and isinstance(share, (int, float)) and count:
+            words = RATE_WORDS.get(name, name.replace("_", " "))
+            parts.append(f"{share:.1%} of {count} {words}")
+    return ", ".join(parts) or "nothing measured yet"
 
 
 def ood_text(ood: dict | None) -> str:
