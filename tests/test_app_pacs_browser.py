@@ -118,8 +118,9 @@ def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
     orthanc,  # noqa: F811
     tmp_path,
 ):
-    """One slice of a CT series in the image panel (fundus-demo, a 2-D model): the map
-    stored over the source slice's own pixels holds the page's drops."""
+    """One slice of a CT series in the image panel: the page's default model (fundus-demo,
+    made for photographs) gives way to the CT slice model, and says so; the map stored
+    over the source slice's own pixels holds the page's drops."""
     import highdicom as hd
     from test_app_browser import choose, wait_for_result
 
@@ -145,7 +146,9 @@ def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
     dash_duo.find_element("#pacs-image-number").send_keys("24")
     dash_duo.find_element("#pacs-open-image").click()
     dash_duo.wait_for_contains_text("#dicom-info", "48x48 px", timeout=60)
-    dash_duo.wait_for_contains_text("#top5", "%", timeout=60)
+    switched = "model changed to chestct-slice-demo"
+    dash_duo.wait_for_contains_text("#dicom-info", switched, timeout=60)
+    dash_duo.wait_for_contains_text("#top5", "NODULE", timeout=60)
     assert dash_duo.find_element("#pacs-send").get_attribute("disabled")
 
     choose(dash_duo, "stride", "16")

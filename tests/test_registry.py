@@ -309,3 +309,36 @@ def test_the_writer_refuses_a_record_its_readers_cannot_read(tmp_path, record, r
     with pytest.raises(RegistryError, match=refused):
         update_entry(path, **record)
     assert json.loads(path.read_text()) == entry  # nothing written
+
+
+def test_a_shipped_model_made_for_other_images_gives_way_to_one_made_for_the_files(
+    tmp_path, monkeypatch
+):
+    """A CT slice opened into the image panel met the fundus model, the page's default,
+    whatever the file was. A shipped model that says which DICOM modalities it is made
+    for now gives way to an available one made for the file's; a model that says
+    nothing, or one a user registered, is kept."""
+    from krypton.registry import model_for_modality
+
+    shipped, home = tmp_path / "shipped", tmp_path / "home"
+    shipped.mkdir()
+    (home / "models").mkdir(parents=True)
+    monkeypatch.setenv("KRYPTON_MODELS_DIR", str(shipped))
+    monkeypatch.setenv("KRYPTON_HOME", str(home))
+    made = {"photos": ["OP", "XC"], "slices": ["CT"], "plain": None, "mri": ["MR"]}
+    for name, modalities in made.items():
+        fields = {"modalities": modalities} if modalities else {}
+        write_entry(shipped, name, **fields)
+        if name != "mri":  # its weights are missing: not available
+            (shipped / f"{name}.pt").write_bytes(b"weights")
+    write_entry(home / "models", "mine", modalities=["OP"])
+    (home / "models" / "mine.pt").write_bytes(b"weights")
+    assert model_for_modality("CT", "photos") == "slices"
+    assert model_for_modality("OP", "slices") == "photos"
+    assert model_for_modality("CT", "slices") is None  # made for it
+    assert model_for_modality("MR", "photos") is None  # the only one made for MR is missing
+    assert model_for_modality("CT", "plain") is None  # says nothing: kept
+    assert model_for_modality("CT", "mine") is None  # the user's own: kept
+    assert model_for_modality("", "photos") is None  # no modality in the file
+    with pytest.raises(RegistryError, match="'modalities' must be a list of DICOM"):
+        read_entry(write_entry(tmp_path, "broken", modalities=["ct scan"]))

@@ -200,6 +200,8 @@ def save(
             "std": list(IMAGENET_STD),
             "classes": list(CLASSES),
             "default": True,
+            # photographs: ophthalmic, external camera, or kept as a Secondary Capture (OT)
+            "modalities": ["OP", "XC", "OT"],
             "training": record,
         }
     )

@@ -55,6 +55,7 @@ __all__ = [
     "read_entry",
     "validate_entry",
     "default_model_name",
+    "model_for_modality",
     "MAX_INPUT_SIDE",
     "MAX_CLASSES",
 ]
@@ -91,6 +92,7 @@ class ModelInfo:
     default: bool
     path: Path
     user: bool = False  # registered by a user (removable), not shipped
+    modalities: tuple[str, ...] = ()  # the DICOM modalities it is made for, if it says
 
     @property
     def is_volume(self) -> bool:
@@ -216,7 +218,19 @@ def validate_entry(entry: dict[str, Any], path: str) -> RegistryEntry:
             f"from 1 to {min(size)}"
         )
     entry["patch"] = patch
+    modalities = entry.get("modalities", [])
+    if not (isinstance(modalities, list) and all(_modality(m) for m in modalities)):
+        raise RegistryError(
+            f"{path}: 'modalities' must be a list of DICOM modality codes such as \"CT\""
+        )
     return cast(RegistryEntry, entry)  # every field the schema requires, checked above
+
+
+def _modality(code: object) -> bool:
+    """A DICOM modality code (PS3.3 C.7.3.1.1.1): up to 16 capitals, digits or _."""
+    if not isinstance(code, str) or not 0 < len(code) <= 16:
+        return False
+    return code.replace("_", "").isalnum() and code == code.upper()
 
 
 def _number(value: object) -> bool:
@@ -340,9 +354,26 @@ def available_models(directory: Path | None = None) -> list[ModelInfo]:
                 bool(entry.get("default", False)),
                 path,
                 user,
+                tuple(entry.get("modalities", ())),
             )
         )
     return infos
+
+
+def model_for_modality(modality: str, current: str, directory: Path | None = None) -> str | None:
+    """The image model to explain a DICOM image of ``modality`` with instead of
+    ``current``, or None to keep it: only a shipped model that is made for other
+    modalities gives way (a demo for fundus photographs meeting a CT slice), and only to
+    an available image model made for this one. A model a user registered is never
+    swapped: it is theirs, whatever it declares."""
+    infos = [info for info in available_models(directory) if not info.is_volume]
+    chosen = next((info for info in infos if info.name == current), None)
+    if chosen is None or chosen.user or not modality or modality in chosen.modalities:
+        return None
+    if not chosen.modalities:
+        return None
+    made_for = [info.name for info in infos if info.available and modality in info.modalities]
+    return made_for[0] if made_for else None
 
 
 def default_model_name(directory: Path | None = None) -> str | None:

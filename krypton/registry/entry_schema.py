@@ -188,6 +188,9 @@ class RegistryEntry(TypedDict):
     architecture: NotRequired[str]  # a torchvision or Krypton architecture's name
     description: NotRequired[str]
     default: NotRequired[bool]  # the app's and the CLI's default model
+    # the DICOM modalities it is made for (CT, MR, OP...): a shipped model that lacks a
+    # file's modality gives way to one that has it (krypton.registry.model_for_modality)
+    modalities: NotRequired[list[str]]
     volume: NotRequired[VolumeSettings]
     ood: NotRequired[OodRecord]
     training: NotRequired[TrainingRecord]

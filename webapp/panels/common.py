@@ -49,12 +49,14 @@ def upload_ticket(app, kind: str, upload: str, ticket: str) -> None:
     )
 
 
-def register_intake(app, panel: PanelScope, kind: str, load, extra: tuple = ()) -> None:
+def register_intake(
+    app, panel: PanelScope, kind: str, load, extra: tuple = (), states: tuple = ()
+) -> None:
     """A panel's subject arrives: the upload posts its bytes in the browser
     (assets/uploads.js, ``kind``: "image" or "volume") and names them in the panel's
-    ticket; ``load(ticket, sample clicks, Compare clicks, session)`` answers the ticket or
-    a sample's button with the panel's store, region and message, the ``extra`` outputs,
-    the Compare mark and the request answered (:func:`origin`)."""
+    ticket; ``load(ticket, sample clicks, Compare clicks, session, *states)`` answers the
+    ticket or a sample's button with the panel's store, region and message, the ``extra``
+    outputs, the Compare mark and the request answered (:func:`origin`)."""
     upload_ticket(app, kind, panel.upload, panel.ticket)
     app.callback(
         Output(panel.store, "data"),
@@ -67,6 +69,7 @@ def register_intake(app, panel: PanelScope, kind: str, load, extra: tuple = ()) 
         Input({"type": panel.sample, "name": ALL}, "n_clicks"),
         Input({"type": panel.compare_sample, "name": ALL}, "n_clicks"),
         State(ids.SESSION, "data"),
+        *states,
         prevent_initial_call=True,
     )(load)
 

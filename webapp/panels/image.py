@@ -6,6 +6,8 @@ from __future__ import annotations
 from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
+from krypton.registry import model_for_modality
+
 from .. import figures, helpers, ids, pacs
 from ..client import request_client
 from ..helpers import InputError
@@ -25,8 +27,10 @@ class ImagePanel:
     def register(self, app) -> None:
         """Attach the panel's callbacks to ``app``."""
         dicom = (Output(ids.WINDOW_PRESET, "value"), Output(ids.DICOM_FRAME, "max"),
-                 Output(ids.DICOM_FRAME, "value"))  # fmt: skip
-        register_intake(app, IMAGE_PANEL, "image", self.load_image, dicom)
+                 Output(ids.DICOM_FRAME, "value"),
+                 Output(IMAGE_PANEL.model, "value", allow_duplicate=True))  # fmt: skip
+        register_intake(app, IMAGE_PANEL, "image", self.load_image, dicom,
+                        (State(IMAGE_PANEL.model, "value"),))  # fmt: skip
         # a click hides the prediction, class list and estimate and disables Run; the
         # settings panel's rule shows them again once what arrived is for the picture
         hide_at_click(app, IMAGE_PANEL, [ids.TOP5, IMAGE_PANEL.label, IMAGE_PANEL.strip.estimate])
@@ -70,9 +74,11 @@ class ImagePanel:
             Input(IMAGE_PANEL.model, "value"),
         )(self.draw_image)
 
-    def load_image(self, ticket, sample_clicks, compare_clicks, session):
+    def load_image(self, ticket, sample_clicks, compare_clicks, session, model=None):
         """An uploaded file or a sample becomes the page's image (a DICOM file: its
-        windowed frame, with the file kept for this tab). A sample's Compare button also
+        windowed frame, with the file kept for this tab; where the chosen shipped model
+        is made for other modalities and another for this file's, that one, said in the
+        DICOM panel: krypton.registry.model_for_modality). A sample's Compare button also
         marks the image for Compare: Run is pressed once its prediction shows
         (panels.compare). The last output names the request answered (:func:`origin`),
         loaded or refused, so the page knows the picture it waits for has come."""
@@ -80,10 +86,14 @@ class ImagePanel:
         answered = origin(trigger, ticket)
         if answered is None:
             raise PreventUpdate
-        return (
-            *self._load_image(trigger, ticket, sample_clicks, compare_clicks, session),
-            answered,
-        )
+        *loaded, pending = self._load_image(trigger, ticket, sample_clicks, compare_clicks, session)
+        image_data = loaded[0]
+        record = image_data.get("dicom") if isinstance(image_data, dict) else None
+        modality = str(((record or {}).get("info") or {}).get("modality") or "")
+        chosen = model_for_modality(modality, str(model or "")) if record else None
+        if chosen:  # the DICOM panel says so while this model explains this file
+            image_data["chosen_model"] = dict(model=chosen, instead_of=model, modality=modality)
+        return (*loaded, chosen or no_update, pending, answered)
 
     def _load_image(self, trigger, ticket, sample_clicks, compare_clicks, session):
         compare = isinstance(trigger, dict) and trigger.get("type") == IMAGE_PANEL.compare_sample
@@ -198,6 +208,12 @@ class ImagePanel:
         except InputError:
             size = tuple(reversed(image_data["size"]))
         text = helpers.dicom_description(record, size, patch)
+        chosen = image_data.get("chosen_model") or {}
+        if chosen.get("model") == model_name:
+            text += (
+                f" The model changed to {model_name}, made for {chosen['modality']} images, "
+                f"for this file ({chosen['instead_of']} is made for other images)."
+            )
         centre, width = record["window"] or (None, None)
         frames = {"display": "block"} if record["frames"] > 1 else {"display": "none"}
         return {"display": "block"}, text, frames, centre, width
