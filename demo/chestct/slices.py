@@ -30,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from krypton.io.dicom import WINDOW_PRESETS, linear_window
 from krypton.registry.architectures import build
 from krypton.synthetic.chestct import CLASSES, ChestCTGenerator, VolumeSample
 
-from .train import ROOT, nodule_target
+from .train import ROOT, nodule_target, train_step
 
 WORK_DIR = ROOT / "out" / "chestct-slices"
 MODEL_DIR = ROOT / "krypton" / "shipped_models"
@@ -201,18 +200,12 @@ def train(schedule: dict = SCHEDULE, seed: int = TRAIN_SEED, log=print, occluded
     trained = None
     for step in range(1, steps + 1):
         inputs, targets = batch(pool, schedule["batch"], rng, occluded)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits, targets)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        lr_schedule.step()
-        correct += int((logits.argmax(1) == targets.argmax(1)).sum())
+        loss, matched = train_step(model, optimizer, lr_schedule, inputs, targets)
+        correct += matched
         seen += len(targets)
         if step % 200 == 0:
             trained = correct / seen
-            loss_now = float(loss.detach())
-            log(f"step {step}/{steps}: loss {loss_now:.4f}, train accuracy {trained:.3f}, "
+            log(f"step {step}/{steps}: loss {loss:.4f}, train accuracy {trained:.3f}, "
                 f"{time.perf_counter() - started:.0f} s")  # fmt: skip
             correct = seen = 0
     record = {
