@@ -76,6 +76,15 @@ def test_ct_slice_window_run_overlay_and_dicom_export(dash_duo, krypton_app, tmp
     dash_duo.wait_for_contains_text("#dicom-info", "CT", timeout=60)
     info = dash_duo.find_element("#dicom-info").text
     assert "128x128 px" in info and "mm" in info and "Doe" not in info
+    # a CT file takes the page from its photograph model to the CT slice model, and says
+    # so; this flow is fundus-demo's 224 px grid, so the user chooses it again, and keeps it
+    changed = "model changed to chestct-slice-demo"
+    dash_duo.wait_for_contains_text("#dicom-info", changed, timeout=60)
+    choose(dash_duo, "model", "fundus-demo", prefix=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and changed in dash_duo.find_element("#dicom-info").text:
+        time.sleep(0.2)
+    assert changed not in dash_duo.find_element("#dicom-info").text
     dash_duo.wait_for_contains_text("#top5", "%", timeout=60)
 
     choose(dash_duo, "window-preset", "Lung", prefix=True)

@@ -76,8 +76,8 @@ class SubjectPanel:
         return []
 
     def picture(self, result: runs.ResultRecord | None, why: str, *drawn_with) -> tuple:
-        """The values of :meth:`picture_outputs`: ``result`` drawn, or, where it is None,
-        nothing and ``why`` not; InputError where it cannot be drawn."""
+        """The values of :meth:`picture_outputs`: ``result`` drawn or, where it is None,
+        the kind's empty picture saying ``why``; InputError where it cannot be drawn."""
         return ()
 
     def file_states(self) -> list[State]:
@@ -184,8 +184,8 @@ class SubjectPanel:
             said = html.P(why, className="warning") if why else ""
             return said, *off, *self.picture(None, why, *drawn_with)
         unavailable = self.unavailable(result)
-        offered = [fmt in unavailable for fmt in self.export_formats]
-        return self.summary(result), *offered, *picture
+        disabled = [fmt in unavailable for fmt in self.export_formats]
+        return self.summary(result), *disabled, *picture
 
     def summary(self, result: runs.ResultRecord) -> html.Div:
         """The result's lines in the page's plain words (webapp.runs.summary_lines; the
