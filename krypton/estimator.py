@@ -47,7 +47,6 @@ __all__ = [
     "Estimate",
     "estimate",
     "record_run",
-    "NAIVE_TIMED",
     "naive_equivalent",
     "RunComparison",
     "compare_with_naive",
@@ -177,11 +176,6 @@ def _calibrated_seconds(
 # ---------------------------------------------------------------------------------------
 
 RECENT_RUNS = 40  # the estimate follows this host's recent load, not last month's
-# An exact run's naive figure, as its speed line states it (a naive run of its positions,
-# timed beside it): logged so the naive figure shown before the next run learns what the
-# runs said after them (7.3 min before a run, 4.8 min in its speed line, was two figures
-# for one run). Never a naive run: the speed line's bound reads real naive runs only.
-NAIVE_TIMED = "naive-timed"
 MIN_LOGGED_RUNS = 3
 _log_lock = threading.Lock()
 
@@ -425,14 +419,13 @@ def record_run(
 
 def logged_runs(
     model_name: str,
-    mode: str | tuple[str, ...] | None,
+    mode: str | None,
     patch: int | None,
     path: Path | None = None,
     limit: int = RECENT_RUNS,
 ) -> list[dict]:
     """The most recent logged runs of (model, mode, patch), oldest first (``mode`` or
-    ``patch`` None: every one; ``mode`` may name several)."""
-    modes = (mode,) if isinstance(mode, str) else mode
+    ``patch`` None: every one)."""
     path = path or runtime_log_path()
     if not path.exists():
         return []
@@ -445,7 +438,7 @@ def logged_runs(
                 continue  # a line cut short by a crash
             if (
                 row.get("model") == model_name
-                and (modes is None or row.get("mode") in modes)
+                and (mode is None or row.get("mode") == mode)
                 and (patch is None or row.get("patch") == patch)
             ):
                 rows.append(row)
@@ -614,14 +607,13 @@ def estimate(
     log_path: Path | None = None,
     cached: int = 0,
     load: float | None = None,
-    timed: bool = False,
 ) -> Estimate:
     """Estimated run time with a range: refit from this host's logged runs when there are
     enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
     when neither exists. ``cached``: positions of the grid already computed, which exact
     and naive runs reuse (time = fixed + positions left x per-position cost: a run with
     every cell cached costs its fixed part). ``load``: cores other work keeps busy now
-    (None: as over the logged runs). ``timed``: :func:`estimate_for_counts`."""
+    (None: as over the logged runs)."""
     from .registry.entries import find_entry
 
     path, entry = find_entry(model_name, directory)
@@ -631,7 +623,7 @@ def estimate(
     )
     if mode != "approximate":
         counts = (max(counts[0] - int(cached), 0), counts[1])
-    return estimate_for_counts(model_name, mode, patch, counts, directory, log_path, load, timed)
+    return estimate_for_counts(model_name, mode, patch, counts, directory, log_path, load)
 
 
 PROPORTIONAL_SPREAD = 2.0  # the range of an estimate from one or two runs: 2x either way
@@ -750,14 +742,11 @@ def estimate_for_counts(
     directory: Path | None = None,
     log_path: Path | None = None,
     load: float | None = None,
-    timed: bool = False,
 ) -> Estimate:
     """:func:`estimate` for given (stage-one, stage-two) position counts: the point
     estimate (:func:`_point_estimate`) with, once this host has logged enough runs with
-    their estimates, the range their errors give (:func:`conformal_ratios`). ``timed``:
-    a naive estimate also learns from the naive figures exact runs stated
-    (:data:`NAIVE_TIMED`)."""
-    found = _point_estimate(model_name, mode, patch, counts, directory, log_path, load, timed)
+    their estimates, the range their errors give (:func:`conformal_ratios`)."""
+    found = _point_estimate(model_name, mode, patch, counts, directory, log_path, load)
     bounds = conformal_ratios(model_name, log_path, mode=mode)
     if bounds is None:  # the fit's own range, said to rest on few runs
         return dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
@@ -778,14 +767,12 @@ def _point_estimate(
     directory: Path | None,
     log_path: Path | None,
     load: float | None,
-    timed: bool = False,
 ) -> Estimate:
     """The estimate from the log's refit or the calibration, at ``load`` (None: the
-    logged runs' own), with the fit's own range; ``timed``: :func:`estimate_for_counts`."""
+    logged runs' own), with the fit's own range."""
     from .registry.entries import RegistryError, find_entry
 
-    modes = (mode, NAIVE_TIMED) if timed and mode == "naive" else mode
-    rows = logged_runs(model_name, modes, patch, log_path)
+    rows = logged_runs(model_name, mode, patch, log_path)
     now = _now_factor(rows, load)
     learned = _fit_log(rows, mode, counts, now)
     if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
@@ -809,7 +796,7 @@ def _point_estimate(
     calibration = entry.get("calibration", {})
     error = ((fit or {}).get("held_out_median_abs_error_percent") or 25.0) / 100
     source = f"calibration ({calibration.get('date', 'undated')})"
-    pairs = _host_pairs(entry, model_name, patch, log_path, timed)
+    pairs = _host_pairs(entry, model_name, patch, log_path)
     if not pairs:
         low, high = _ratio_range(seconds, max(1 + 2 * error, MIN_SPREAD))
         return Estimate(seconds, low, high, source)
@@ -820,20 +807,17 @@ def _point_estimate(
 
 
 def _host_pairs(
-    entry: RegistryEntry, model_name: str, patch: int, log_path: Path | None, timed: bool = False
+    entry: RegistryEntry, model_name: str, patch: int, log_path: Path | None
 ) -> list[tuple[float, float]]:
     """(calibration's prediction, actual seconds at an idle host's pace) of this host's
     recent runs of the model and patch, every mode each against its own calibration: the
     load they met is this one's too, and a mode's first run here was otherwise estimated
     at the calibration's idle pace (beside a 2-core burner: 1.4 s shown, 3.5 s taken)."""
     pairs = []
-    rows = logged_runs(model_name, None, patch, log_path)
-    rows = [r for r in rows if timed or r.get("mode") != NAIVE_TIMED][-HOST_RUNS:]
-    for row in rows:
-        mode = "naive" if row["mode"] == NAIVE_TIMED else row["mode"]
+    for row in logged_runs(model_name, None, patch, log_path)[-HOST_RUNS:]:
         try:
             predicted = _calibrated_seconds(
-                entry, model_name, mode, patch, (row["stage_one"], row["stage_two"])
+                entry, model_name, row["mode"], patch, (row["stage_one"], row["stage_two"])
             )
         except NotCalibratedError:
             continue

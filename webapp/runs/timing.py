@@ -10,7 +10,6 @@ import re
 from krypton.estimator import (
     ABSOLUTE_SLACK,
     MIN_SPREAD,
-    NAIVE_TIMED,
     Estimate,
     NotCalibratedError,
     bounded_speed,
@@ -72,9 +71,7 @@ def counts_estimate(
     if cached >= positions:
         return cached_estimate(model, load)
     try:
-        return estimate_for_counts(
-            model, mode, patch, (positions - cached, 0), load=load, timed=mode == "naive"
-        )
+        return estimate_for_counts(model, mode, patch, (positions - cached, 0), load=load)
     except (NotCalibratedError, ValueError, RegistryError):
         return None
 
@@ -110,7 +107,6 @@ def find_estimate(
             target_speedup=target_speedup,
             cached=cached,
             load=host_load() if load is None else load,
-            timed=mode == "naive",  # naive figures learn what exact runs' speed lines said
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
@@ -168,19 +164,13 @@ def finished_run(
     benches state (krypton.estimator.stated_speed: the whole run against a naive one),
     bounded by this host's logged naive runs at this load alone (:func:`measured_speed`:
     never by a calibration from another day); the log row keeps the estimate shown and
-    the load met, which the next estimates learn from. The naive figure the speed line
-    states is logged too (NAIVE_TIMED), so the naive figure shown before the next run is
-    learnt from what the runs said after them: one figure for a run, not two."""
+    the load met, which the next estimates learn from."""
     speed = stated_speed(heatmap, request.model, load, calibrated=False)
     estimated = (planned or {}).get("seconds")
     seconds = heatmap.seconds
     if heatmap.positions_evaluated:
         record_run(request.model, request.mode, request.patch, counts, seconds,
                    estimated=estimated, load=load)  # fmt: skip
-        whole = (speed or {}).get("whole")
-        if whole and whole.get("naive_seconds"):
-            record_run(request.model, NAIVE_TIMED, request.patch, (int(whole["positions"]), 0),
-                       float(whole["naive_seconds"]), load=load)  # fmt: skip
     else:  # every cell was known: a run of its own kind (cached_estimate)
         record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
     return speed
