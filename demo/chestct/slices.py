@@ -2,11 +2,11 @@
 classes, 64 x 64): the image panel's model for one axial CT slice, as a slice of a CT
 series opened from the PACS arrives there.
 
-    python -m demo.chestct.slices train      # ~10 min on 2 cores; writes out/chestct-slices/
+    python -m demo.chestct.slices train      # ~6 min on 2 cores; writes out/chestct-slices/
     python -m demo.chestct.slices evaluate   # every number of the model card, and the OOD check
     python -m demo.chestct.slices tune       # approximate mode's tau (SSIM over slices)
     python -m demo.chestct.slices save       # weights + registry entry into krypton/shipped_models/
-    python -m demo.chestct.slices gallery    # the image panel's sample slice (assets/samples/)
+    python -m demo.chestct.slices all        # the four in turn
 
 A slice is an axial plane of a generated chest CT (krypton.synthetic.chestct, 48 x 48 at a
 nominal 5 mm: the volume sample and the PACS demo series have that geometry), windowed as
@@ -34,6 +34,7 @@ from PIL import Image
 
 from krypton.io.dicom import WINDOW_PRESETS, linear_window
 from krypton.registry.architectures import build
+from krypton.registry.models import preprocess_picture
 from krypton.synthetic.chestct import CLASSES, ChestCTGenerator, VolumeSample
 
 from .train import ROOT, nodule_target, train_step
@@ -63,12 +64,9 @@ def window_slice(plane: np.ndarray, window: tuple[float, float] | None) -> np.nd
 
 
 def to_input(gray: np.ndarray) -> torch.Tensor:
-    """An 8-bit gray slice as the model's (3, 64, 64) input (LoadedModel.preprocess)."""
-    picture = (
-        Image.fromarray(gray, "L").convert("RGB").resize((SIDE, SIDE), Image.Resampling.BILINEAR)
-    )
-    array = np.asarray(picture, np.float32) / 255.0
-    return (torch.from_numpy(array).permute(2, 0, 1) - MEAN) / STD
+    """An 8-bit gray slice as the model's (3, 64, 64) input: the registered model's own
+    preprocessing (krypton.registry.models.preprocess_picture)."""
+    return preprocess_picture(Image.fromarray(gray, "L"), (SIDE, SIDE), [MEAN] * 3, [STD] * 3)
 
 
 def fill_value() -> float:

@@ -8,7 +8,7 @@ random weights are asked for explicitly (benchmarks), and then the result says s
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_STRIDE",
     "DEFAULT_VOLUME_STRIDE",
     "CALIBRATION_PATCHES",
+    "preprocess_picture",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -63,6 +64,21 @@ TORCHVISION_MODELS = (
 
 class WeightsUnavailableError(RuntimeError):
     """Trained weights for a model cannot be had on this machine."""
+
+
+def preprocess_picture(
+    image: Image.Image, input_size: Sequence[int], mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """A picture as an image model takes it: RGB, resized bilinearly to ``input_size``
+    (height, width), scaled to [0, 1] and normalised per channel: (3, H, W). One rule for
+    a registered model's inputs and a demo's training inputs alike."""
+    height, width = input_size
+    resized = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
+    array = np.asarray(resized, dtype=np.float32) / 255.0
+    tensor = torch.from_numpy(array).permute(2, 0, 1)
+    mean_ = torch.tensor(list(mean), dtype=torch.float32).view(-1, 1, 1)
+    std_ = torch.tensor(list(std), dtype=torch.float32).view(-1, 1, 1)
+    return (tensor - mean_) / std_
 
 
 @dataclass
@@ -164,14 +180,9 @@ class LoadedModel:
         )
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:
-        """Resize to the input size and normalise: (3, H, W) float tensor."""
-        height, width = self.input_size
-        resized = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
-        array = np.asarray(resized, dtype=np.float32) / 255.0
-        tensor = torch.from_numpy(array).permute(2, 0, 1)
-        mean = torch.tensor(self.mean).view(-1, 1, 1)
-        std = torch.tensor(self.std).view(-1, 1, 1)
-        return (tensor - mean) / std
+        """Resize to the input size and normalise: (3, H, W) float tensor
+        (:func:`preprocess_picture` with this model's size and normalisation)."""
+        return preprocess_picture(image, self.input_size, self.mean, self.std)
 
     def gray_fill(self) -> tuple[float, ...]:
         """Occluding value of mid-gray (0.5) in this model's input space; for a volume
