@@ -43,6 +43,7 @@ class RunPanel(SubjectPanel):
 
     scope, rank = IMAGE_PANEL, 2
     export_formats = tuple(fmt for _, fmt, _ in EXPORTS)
+    dicom_format, dicom_field = "dcm", "dicom"
     hidden_while_running = (ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel)
 
     def run_settings(self) -> list[State]:
@@ -87,10 +88,6 @@ class RunPanel(SubjectPanel):
     def hidden(self, result: runs.ResultRecord, *screen) -> str:
         view = shown_view(self.services, result, *screen)
         return "" if view.show else view.reason
-
-    def unavailable(self, result: runs.ResultRecord) -> set[str]:
-        no_source = set() if result.get("dicom") else {"dcm"}
-        return no_source | (set() if comparison.available(result) else {"compare"})
 
     def picture_outputs(self) -> list[Output]:
         return [

@@ -18,7 +18,7 @@ from functools import partial
 from dash import ALL, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import ids, runs, wording
+from .. import comparison, ids, runs, wording
 from ..helpers import InputError
 from ..panel_scope import PanelScope
 from ..services import Services
@@ -35,6 +35,8 @@ class SubjectPanel:
     scope: PanelScope
     rank: int
     export_formats: tuple[str, ...]  # the download buttons' formats, in the page's order
+    dicom_format: str  # the DICOM download's format, offered only beside a DICOM source
+    dicom_field: str  # the result record's field naming its DICOM source
     hidden_while_running: tuple[str, ...] = ()  # what goes while a run runs
 
     def __init__(self, services: Services, manager):
@@ -63,9 +65,10 @@ class SubjectPanel:
         raise NotImplementedError
 
     def unavailable(self, result: runs.ResultRecord) -> set[str]:
-        """The formats ``result`` has no file of (DICOM without a DICOM source, Compare
-        without its maps)."""
-        return set()
+        """The formats ``result`` has no file of: DICOM without a DICOM source (the
+        record's :attr:`dicom_field`), Compare without its maps."""
+        missing = set() if result.get(self.dicom_field) else {self.dicom_format}
+        return missing | (set() if comparison.available(result) else {"compare"})
 
     def picture_outputs(self) -> list[Output]:
         """What the kind draws of the result shown, with its summary."""

@@ -62,10 +62,6 @@ class VolumeResult:
         view = runs.shown_view(result, asked, weights)
         return "" if view.show else view.reason
 
-    def unavailable(self, result: runs.ResultRecord) -> set[str]:
-        no_source = set() if result.get("dicom_source") else {"dicom"}
-        return no_source | (set() if comparison.available(result) else {"compare"})
-
     def compare_rows(self, handle, record, model, region, z, y, x, window, patch, stride,
                      mode, label, session):  # fmt: skip
         """The Compare view: a row of the three views per method through the crosshair,
