@@ -537,6 +537,7 @@ def test_a_compare_run_on_a_worker_keeps_the_gradient_maps_the_app_reads(team):
     picture = _image(27)
     image = tab.upload_image(picture, "compare.png")
     answer = tab.run(image, stride=16, region=[0, 0, 96, 96], compare=True)
+    assert "run-outcome" in (answer["response"] or {}), answer  # else the page's message
     assert answer["response"]["run-outcome"]["data"]["id"]
     result = team.result(tab.session)
     maps = comparison.method_maps(result)
@@ -549,6 +550,31 @@ def test_a_compare_run_on_a_worker_keeps_the_gradient_maps_the_app_reads(team):
     here = attribution_maps(loaded, tensor, axes, (16, 16), [result["label"]], fill=fill)
     for method, (values, _, _) in here.items():
         np.testing.assert_allclose(maps[method].importance, values[..., 0], atol=1e-5)
+
+
+def test_a_result_stored_between_a_polls_two_reads_reaches_the_page(team):
+    """Dash reads a poll's result, then asks whether the job still runs, and takes a job
+    that no longer runs with no result for a cancelled one: the page gets no output. A
+    run that stored its result and ended between the two reads was lost so (a Compare
+    run on a worker, beside other tests: the page's answer had no run-outcome). A job
+    whose result waits to be fetched now counts as running, as in embedded mode."""
+    import uuid
+
+    from webapp.team import TeamManager, make_celery
+
+    celery_app = make_celery(team.cluster.url)
+    manager = TeamManager(celery_app, team.cluster.url, message_output=1, outputs=2)
+    job, key = str(uuid.uuid4()), "result-" + uuid.uuid4().hex
+    assert manager.get_result(key, job) is manager.UNDEFINED  # the poll's first read
+    # the run ends here: Dash's job function stores the result, then the task succeeds
+    celery_app.backend.set(key, json.dumps([{"id": "the-handle"}, ""]))
+    celery_app.backend.store_result(job, None, "SUCCESS")
+    assert manager.job_running(job)  # the poll's second read: not taken for cancelled
+    assert manager.get_result(key, job) == [{"id": "the-handle"}, ""]  # the next poll
+    assert not manager.job_running(job)  # fetched: done
+    celery_app.backend.store_result(other := str(uuid.uuid4()), None, "REVOKED")
+    assert manager.get_result("result-" + other, other) is manager.UNDEFINED
+    assert not manager.job_running(other)  # cancelled, with no result: nothing waits
 
 
 def test_redis_going_away_is_a_message_and_pages_still_load(team):

@@ -220,6 +220,7 @@ class TeamManager(CeleryManager):
         self.waiting_progress = waiting_progress  # the progress outputs showing a text
         self._failed: dict[str, str] = {}  # job key -> why it could not be sent
         self._waiting_since: dict[str, float] = {}  # job key -> when no worker was seen
+        self._polled: dict[str, str] = {}  # job -> the key its page polls, until fetched
 
     def _message_result(self, text: str) -> list:
         result: list = [{"_dash_no_update": "_dash_no_update"}] * self.outputs
@@ -243,12 +244,22 @@ class TeamManager(CeleryManager):
             pass
 
     def job_running(self, job):
+        """Whether the job is still under way. Dash reads a poll's result first and asks
+        this after: a run that stored its result and ended between the two would look
+        cancelled and its result be lost, so a job whose result waits to be fetched counts
+        (as webapp.jobs.ThreadedDiskcacheManager.job_running does)."""
         if job is None or str(job).startswith("unsent-"):
             return False
         try:
-            return super().job_running(job)
+            if super().job_running(job):
+                return True
+            key = self._polled.get(str(job))
+            if key is not None and self.handle.backend.get(key) is not None:
+                return True
         except Exception:
             return False
+        self._polled.pop(str(job), None)
+        return False
 
     def get_progress(self, key):
         if key in self._failed:
@@ -272,6 +283,16 @@ class TeamManager(CeleryManager):
         return self.waiting_progress(f"{text} Waiting {waited:.0f} s.")
 
     def get_result(self, key, job):
+        """The job's result, or UNDEFINED while it runs; remembers which key ``job``'s page
+        polls until the result is fetched (:meth:`job_running`)."""
+        if job is not None:
+            self._polled[str(job)] = key
+        result = self._result(key, job)
+        if result is not self.UNDEFINED and job is not None:
+            self._polled.pop(str(job), None)
+        return result
+
+    def _result(self, key, job):
         if key in self._failed:
             return self._message_result(self._failed.pop(key))
         try:
