@@ -152,3 +152,33 @@ def test_after_a_sample_click_the_picture_and_its_prediction_are_both_on_screen(
     assert boxes["top5_bottom"] <= boxes["height"], boxes
     visible = min(boxes["plot_bottom"], boxes["height"]) - boxes["plot_top"]
     assert visible >= 0.5 * (boxes["plot_bottom"] - boxes["plot_top"]), boxes
+
+
+def test_a_photograph_after_a_ct_slice_is_explained_by_the_photograph_model(
+    dash_duo, krypton_app
+):
+    """The CT sample takes the page to the CT slice model (the file says CT). A fundus
+    sample clicked after it stayed on the slice model: a fundus photograph explained as
+    NORMAL or NODULE. The picture samples now say what they are, so the page goes back
+    to the fundus model, and its card says why."""
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    show(dash_duo, "CT_small.dcm")
+    dash_duo.wait_for_contains_text("#dicom-info", "model changed to chestct-slice-demo", 60)
+    dash_duo.wait_for_contains_text("#model", "chestct-slice-demo", timeout=30)
+    assert "NODULE" in settled(dash_duo)["top5"]
+    show(dash_duo, "fundus-exudates.png")
+    dash_duo.wait_for_contains_text("#model", "fundus-demo", timeout=60)
+    said = "The model changed to fundus-demo for this picture"
+    dash_duo.wait_for_contains_text("#model-card", said, timeout=30)
+    deadline = time.time() + 60
+    while time.time() < deadline and "EXUDATE" not in page(dash_duo)["top5"]:
+        time.sleep(0.2)
+    state = settled(dash_duo)
+    assert "EXUDATE" in state["top5"] and "NODULE" not in state["top5"], state
+    show(dash_duo, "fundus-normal-disc.png")  # the same model: kept, nothing said
+    deadline = time.time() + 30
+    while time.time() < deadline and said in dash_duo.find_element("#model-card").text:
+        time.sleep(0.2)
+    assert said not in dash_duo.find_element("#model-card").text
+    assert "fundus-demo" in dash_duo.find_element("#model").text

@@ -11,7 +11,14 @@ from dash import html
 
 from .panel_scope import IMAGE_PANEL, SAMPLES_DIR
 
-__all__ = ["DICOM_SAMPLES", "SAMPLE_NAMES", "dicom_samples_dir", "gallery", "sample_path"]
+__all__ = [
+    "DICOM_SAMPLES",
+    "SAMPLE_MODALITIES",
+    "SAMPLE_NAMES",
+    "dicom_samples_dir",
+    "gallery",
+    "sample_path",
+]
 
 # title, caption (what the sample is: the page shows it on hover)
 SAMPLE_NAMES = {
@@ -40,6 +47,18 @@ SAMPLE_NAMES = {
     ),
     "chelsea.png": ("Cat", "Real: scikit-image's cat photograph — not a fundus image"),
     "coffee.png": ("Coffee", "Real: scikit-image's coffee photograph — not a fundus image"),
+}
+# What each picture sample is, as a DICOM modality code (a DICOM sample's file says its
+# own): the page explains it with a model made for it (krypton.registry.model_for_modality)
+# after a CT slice had switched the model to the slice model.
+SAMPLE_MODALITIES = {
+    "fundus-microaneurysms.png": "OP",  # ophthalmic photography
+    "fundus-exudates.png": "OP",
+    "fundus-normal-disc.png": "OP",
+    "retina.jpg": "OP",
+    "microaneurysms.png": "OP",
+    "chelsea.png": "XC",  # external-camera photography
+    "coffee.png": "XC",
 }
 # DICOM samples: files pydicom ships in pydicom/data/test_files (its README gives their
 # sources and licences), read from the installed package rather than copied here.

@@ -13,7 +13,7 @@ from ..client import request_client
 from ..helpers import InputError
 from ..layout import placeholder_figure
 from ..panel_scope import IMAGE_PANEL
-from ..samples import DICOM_SAMPLES, sample_path
+from ..samples import DICOM_SAMPLES, SAMPLE_MODALITIES, sample_path
 from ..services import Services
 from .common import hide_at_click, origin, register_intake
 
@@ -76,9 +76,10 @@ class ImagePanel:
 
     def load_image(self, ticket, sample_clicks, compare_clicks, session, model=None):
         """An uploaded file or a sample becomes the page's image (a DICOM file: its
-        windowed frame, with the file kept for this tab; where the chosen shipped model
-        is made for other modalities and another for this file's, that one, said in the
-        DICOM panel: krypton.registry.model_for_modality). A sample's Compare button also
+        windowed frame, with the file kept for this tab). Where the chosen shipped model
+        is made for other images and another for this file's modality or this sample's
+        kind, that one (:meth:`model_for`), said in the DICOM panel or the model card. A
+        sample's Compare button also
         marks the image for Compare: Run is pressed once its prediction shows
         (panels.compare). The last output names the request answered (:func:`origin`),
         loaded or refused, so the page knows the picture it waits for has come."""
@@ -87,13 +88,29 @@ class ImagePanel:
         if answered is None:
             raise PreventUpdate
         *loaded, pending = self._load_image(trigger, ticket, sample_clicks, compare_clicks, session)
-        image_data = loaded[0]
-        record = image_data.get("dicom") if isinstance(image_data, dict) else None
-        modality = str(((record or {}).get("info") or {}).get("modality") or "")
-        chosen = model_for_modality(modality, str(model or "")) if record else None
-        if chosen:  # the DICOM panel says so while this model explains this file
-            image_data["chosen_model"] = dict(model=chosen, instead_of=model, modality=modality)
+        chosen = self.model_for(trigger, loaded[0], str(model or ""))
         return (*loaded, chosen or no_update, pending, answered)
+
+    @staticmethod
+    def model_for(trigger, image_data, model: str) -> str | None:
+        """The model to explain what arrived with instead of ``model`` (None: keep it): a
+        DICOM file's modality, or what a picture sample is
+        (webapp.samples.SAMPLE_MODALITIES), decides (krypton.registry.model_for_modality);
+        an uploaded picture says nothing of itself and keeps the model. The choice is
+        kept in ``image_data`` for the page to say (the DICOM panel, or the model card
+        beside a picture: panels.settings)."""
+        if not isinstance(image_data, dict):  # refused: the message says why
+            return None
+        record = image_data.get("dicom")
+        if record:
+            modality = str((record.get("info") or {}).get("modality") or "")
+        else:
+            sample = trigger.get("name") if isinstance(trigger, dict) else None
+            modality = SAMPLE_MODALITIES.get(str(sample), "")
+        chosen = model_for_modality(modality, model) if modality else None
+        if chosen:
+            image_data["chosen_model"] = dict(model=chosen, instead_of=model, modality=modality)
+        return chosen
 
     def _load_image(self, trigger, ticket, sample_clicks, compare_clicks, session):
         compare = isinstance(trigger, dict) and trigger.get("type") == IMAGE_PANEL.compare_sample

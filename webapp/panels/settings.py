@@ -115,6 +115,7 @@ class SettingsPanel:
         card = model_card(loaded)
         if not image_data:
             return None, [], None, "", card, no_update, no_update, no_update
+        card = with_model_choice(card, image_data, model_name)
         try:
             image = self.services.images.get(image_data["key"])
         except InputError as exc:
@@ -308,6 +309,18 @@ def overlay_settings(show, view, scale, opacity, threshold):
         "opacity": opacity,
         "threshold": threshold or 0.0,
     }
+
+
+def with_model_choice(card: html.Div, image_data: dict, model_name: str) -> html.Div:
+    """The model card, led by why the model changed where the page chose it for this
+    picture sample (panels.image's model_for; a DICOM file's choice is said in the DICOM
+    panel, beside its modality)."""
+    chosen = image_data.get("chosen_model") or {}
+    if chosen.get("model") != model_name or image_data.get("dicom"):
+        return card
+    said = f"The model changed to {model_name} for this picture"
+    why = f"({chosen['instead_of']} is made for other images)."
+    return html.Div([html.P(f"{said} {why}", className="model-choice"), card])
 
 
 def clear_stale_message(*_):
