@@ -154,9 +154,7 @@ def test_after_a_sample_click_the_picture_and_its_prediction_are_both_on_screen(
     assert visible >= 0.5 * (boxes["plot_bottom"] - boxes["plot_top"]), boxes
 
 
-def test_a_photograph_after_a_ct_slice_is_explained_by_the_photograph_model(
-    dash_duo, krypton_app
-):
+def test_a_photograph_after_a_ct_slice_is_explained_by_the_photograph_model(dash_duo, krypton_app):
     """The CT sample takes the page to the CT slice model (the file says CT). A fundus
     sample clicked after it stayed on the slice model: a fundus photograph explained as
     NORMAL or NODULE. The picture samples now say what they are, so the page goes back
