@@ -69,6 +69,7 @@ __all__ = [
     "forward_seconds",
     "max_threads",
     "conformal_ratios",
+    "with_host_range",
     "calibrated_step",
     "fit_seconds",
 ]
@@ -747,8 +748,18 @@ def estimate_for_counts(
     estimate (:func:`_point_estimate`) with, once this host has logged enough runs with
     their estimates, the range their errors give (:func:`conformal_ratios`)."""
     found = _point_estimate(model_name, mode, patch, counts, directory, log_path, load)
+    return with_host_range(found, model_name, mode, log_path)
+
+
+def with_host_range(
+    found: Estimate, model_name: str, mode: str, log_path: Path | None = None
+) -> Estimate:
+    """``found`` with the 80% range its point estimate gets from the errors of this
+    host's logged runs of ``mode`` (:func:`conformal_ratios`), at least MIN_SPREAD either
+    way; before MIN_CONFORMAL_RUNS of them, its own range, said to rest on the first
+    runs on this machine."""
     bounds = conformal_ratios(model_name, log_path, mode=mode)
-    if bounds is None:  # the fit's own range, said to rest on few runs
+    if bounds is None:
         return dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
     low, high, runs = bounds
     return Estimate(

@@ -255,3 +255,35 @@ def test_the_range_comes_from_runs_of_the_same_mode_and_says_when_there_are_few(
     naive = estimate_for_counts("fundus-demo", "naive", 16, (300, 0), log_path=log, load=0.0)
     assert plain_basis(naive.source).endswith("(first runs on this machine)")
     assert plain_basis(naive.source).count("first runs on this machine") == 1
+
+
+def test_the_compare_steps_range_comes_from_whole_steps_against_their_estimates(
+    tmp_path, monkeypatch
+):
+    """The Compare step's range spanned its maps one by one: the fastest map to the
+    slowest, each widened, times the maps left (an Integrated Gradients path needs more
+    evaluations on one class than another), 2.6-14x wide in bench.estimates. A whole
+    step now logs its time against the estimate it was given, and once five are logged
+    the range comes from their errors, as an occlusion run's does; before that the line
+    says it rests on the first runs on this machine."""
+    import krypton
+    from krypton.estimator import plain_basis
+    from webapp import comparison
+
+    monkeypatch.setenv("KRYPTON_HOME", str(tmp_path))
+    model = krypton.load_model("fundus-demo")
+    steps = comparison.compare_steps(model, 0)  # 6 maps: both methods, three classes
+    for seconds in (2.0, 9.0, 3.5, 12.0, 5.0):  # paths that need few or many evaluations
+        record_run("fundus-demo", "compare-integrated_gradients", 0, (1, 0), seconds, load=0.0)
+        record_run("fundus-demo", "compare-gradcam", 0, (1, 0), 0.2, load=0.0)
+    first = comparison.step_estimate(model, 0.0, steps)
+    assert first is not None and first.high > 4 * first.low  # the maps' own spread
+    assert plain_basis(first.source).endswith("(first runs on this machine)")
+    for ratio in (0.9, 1.05, 1.2, 0.95, 1.1):  # whole steps near their estimates
+        record_run("fundus-demo", "compare", 0, (6, 0), first.seconds * ratio,
+                   estimated=first.seconds, load=0.0)  # fmt: skip
+    found = comparison.step_estimate(model, 0.0, steps)
+    assert found is not None and found.seconds == pytest.approx(first.seconds)
+    assert found.low <= 0.9 * found.seconds and found.high >= 1.2 * found.seconds
+    assert found.high <= 2 * found.low, found
+    assert "first runs" not in plain_basis(found.source)
