@@ -287,3 +287,27 @@ def test_the_compare_steps_range_comes_from_whole_steps_against_their_estimates(
     assert found.low <= 0.9 * found.seconds and found.high >= 1.2 * found.seconds
     assert found.high <= 2 * found.low, found
     assert "first runs" not in plain_basis(found.source)
+
+
+def test_a_run_with_every_cell_known_says_first_runs_until_five_met_their_estimates(
+    tmp_path, monkeypatch
+):
+    """A re-run with every cell known took its range from its last runs' span after
+    three, whatever their estimates had said (bench.estimates: a 1.1 s re-run shown a
+    range over 1 s and 2x wide). It now rests on the first runs until five such runs
+    are logged with their estimates, and then takes its range from their errors."""
+    from krypton.estimator import plain_basis
+    from webapp import runs
+
+    monkeypatch.setenv("KRYPTON_HOME", str(tmp_path))
+    for seconds in (0.4, 0.9, 0.5, 0.8):
+        record_run("fundus-demo", runs.CACHED_MODE, 0, (0, 0), seconds, load=0.0)
+    few = runs.cached_estimate("fundus-demo", 0.0)
+    assert few is not None
+    assert plain_basis(few.source).endswith("(first runs on this machine)")
+    for ratio in (0.95, 1.0, 1.05, 1.1, 0.9):
+        record_run("fundus-demo", runs.CACHED_MODE, 0, (0, 0), few.seconds * ratio,
+                   estimated=few.seconds, load=0.0)  # fmt: skip
+    found = runs.cached_estimate("fundus-demo", 0.0)
+    assert found is not None and "first runs" not in plain_basis(found.source)
+    assert found.high <= 2 * found.low or found.high - found.low <= 1.0, found

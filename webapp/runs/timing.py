@@ -23,6 +23,7 @@ from krypton.estimator import (
     record_run,
     speed_claim,
     stated_speed,
+    with_host_range,
 )
 from krypton.host import share_host
 from krypton.registry import RegistryError
@@ -51,14 +52,16 @@ def cached_estimate(model: str, load: float | None) -> Estimate | None:
     found = recent_estimate(
         model, CACHED_MODE, 0, load, ("run with every cell known", "runs with every cell known")
     )
+    if found is not None:  # its range from their errors once five are logged, as any run's
+        return with_host_range(found, model, CACHED_MODE)
     forward = forward_seconds(model)
-    if found is not None or forward is None:
-        return found
+    if forward is None:
+        return None
     # none logged yet: its two forward passes (the prediction and the OOD check) at the
     # calibration's naive pace, at this load
     seconds = 2 * forward * load_factor(load)
     return Estimate(
-        seconds, 0.0, seconds * MIN_SPREAD + ABSOLUTE_SLACK, "two forward passes (calibration)"
+        seconds, 0.0, seconds * MIN_SPREAD + ABSOLUTE_SLACK, "calibration: two forward passes"
     )
 
 
