@@ -9,7 +9,8 @@ twice in one benchmark run, with a fresh runtime log each time: on an idle host,
 with a neighbour process burning every core. Prints each run and the share of runs whose
 actual time fell inside the shown range. First, the page's own mix (page_mix): 49, 400
 and 2,916 positions, exact and naive, a cached re-run and a volume run, idle and then
-beside a burner per core, on one runtime log.
+beside a burner per core, on one runtime log, then Compare runs until the step's range
+rests on five logged steps.
 """
 
 from __future__ import annotations
@@ -103,8 +104,7 @@ def mix_pass(services: Services, label: str, seed: int) -> tuple[int, int]:
     will use, cells known, the load now) and then run: (ranges that held, runs)."""
     from webapp.volume_layout import volume_sample_path
 
-    image = Image.fromarray(FundusGenerator(seed=seed).sample(label=1, lesions=2).image)
-    key = services.images.put(image)
+    key = _new_image(services, seed)
     print(f"\n{label}")
     held = total = 0
     for mode, region in MIX:
@@ -172,7 +172,7 @@ def _compare_run(services: Services, key: str) -> int:
 # say it rests on the first runs on this machine), (low, high): the page promises one no
 # wider than 2x (high / low) there; a run of a second or two is held to 1 s either way
 # instead (its fixed costs jitter by tenths of a second)
-WIDTHS: list[tuple[float, float]] = []
+WIDTHS: list[tuple[str, float, float]] = []  # (what ran, low, high)
 FIRST_SHOWN = [0]  # estimates shown that said they rest on the first runs
 
 
@@ -187,7 +187,7 @@ def _tally(held: int, total: int, what: str, shown, began: float) -> tuple[int, 
     text = "none" if shown is None else runs.estimate_text(shown.__dict__)
     width = "" if shown is None else f"{shown.high / max(shown.low, 1e-3):5.1f}x wide"
     if shown is not None and not _first_runs(shown):
-        WIDTHS.append((shown.low, shown.high))
+        WIDTHS.append((what.split()[0], shown.low, shown.high))
     elif shown is not None:
         FIRST_SHOWN[0] += 1
     print(f"  {what:<16} shown {text:<28} {width:>11}  actual {actual:6.1f} s  "
@@ -195,9 +195,17 @@ def _tally(held: int, total: int, what: str, shown, began: float) -> tuple[int, 
     return held + hit, total + 1
 
 
-def page_mix(passes: int) -> None:
+def _new_image(services: Services, seed: int) -> str:
+    """A new generated fundus image in the store: no cells or maps known for it."""
+    image = Image.fromarray(FundusGenerator(seed=seed).sample(label=1, lesions=2).image)
+    return services.images.put(image)
+
+
+def page_mix(passes: int, compare_runs: int = 0) -> None:
     """The page's mix, ``passes`` times idle, then as often beside a CPU burner per core,
-    on one runtime log (a host's history holds both): the share of ranges that held."""
+    on one runtime log (a host's history holds both): the share of ranges that held.
+    Then ``compare_runs`` more Compare runs, idle, on new images: the mix's own Compare
+    runs are too few for the step's range to rest on more than its first runs."""
     with tempfile.TemporaryDirectory() as home:
         os.environ["KRYPTON_HOME"] = home
         services = Services(Path(home) / "cache")
@@ -214,23 +222,33 @@ def page_mix(passes: int) -> None:
         finally:
             for burner in burners:
                 burner.kill()
+        print("\nCompare runs after the mix, idle (their step's range once five are logged)")
+        more = [_compare_run(services, _new_image(services, 40 + n)) for n in range(compare_runs)]
+        print(f"compare after the mix: the range held in {sum(more)} of {len(more)} runs")
     for label, passes_done in (("idle", idle), ("beside the burners", busy)):
         held = sum(h for h, _ in passes_done)
         total = sum(t for _, t in passes_done)
         print(f"page mix {label}: the range held in {held} of {total} runs")
-    narrow = sum(high <= 2 * low or high - low <= 1.0 for low, high in WIDTHS)
-    print(f"page mix: ranges at most 2x wide (high / low; or at most 1 s) in {narrow} of "
-          f"{len(WIDTHS)} runs with five comparable runs logged before them; "
-          f"{FIRST_SHOWN[0]} said they rest on the first runs")  # fmt: skip
+    print(
+        f"ranges at most 2x wide (high / low; or at most 1 s) where five comparable runs "
+        f"were logged before them ({FIRST_SHOWN[0]} others said they rest on the first runs):"
+    )
+    for kind in ("occlusion", "compare"):
+        widths = [
+            (low, high) for what, low, high in WIDTHS if (what == "compare") == (kind == "compare")
+        ]
+        narrow = sum(high <= 2 * low or high - low <= 1.0 for low, high in widths)
+        print(f"  {kind}: {narrow} of {len(widths)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--mix-passes", type=int, default=2, help="passes of the page's mix")
+    parser.add_argument("--compare-runs", type=int, default=4, help="Compare runs after it")
     args = parser.parse_args()
     if args.mix_passes:
-        page_mix(args.mix_passes)
+        page_mix(args.mix_passes, args.compare_runs)
     if not args.runs:
         return
     idle = one_pass(args.runs, "idle host")

@@ -457,6 +457,7 @@ def conformal_ratios(
     path: Path | None = None,
     coverage: float = COVERAGE,
     mode: str | None = None,
+    shift: float = 0.0,
 ) -> tuple[float, float, int] | None:
     """Split-conformal bounds on actual ÷ estimate from this host's recent runs of the
     model (of ``mode``, any patch; None: any mode) that logged the estimate they were
@@ -464,7 +465,8 @@ def conformal_ratios(
     run falls inside [low, high] × its estimate with probability at least ``coverage``
     while the host keeps behaving as over those runs. (low, high, n), or None with too
     few. Per mode: a re-run with every cell known or a naive run misses its estimate by
-    other ratios than an exact run, and mixing them made every range 3.5-8x wide."""
+    other ratios than an exact run, and mixing them made every range 3.5-8x wide.
+    ``shift``: the ratios are of (actual + shift) ÷ (estimate + shift)."""
     rows = [
         row
         for row in logged_runs(model_name, mode, None, path, CONFORMAL_RUNS * 4)
@@ -472,7 +474,7 @@ def conformal_ratios(
     ][-CONFORMAL_RUNS:]
     if len(rows) < MIN_CONFORMAL_RUNS:
         return None
-    ratios = np.sort([row["seconds"] / row["estimated"] for row in rows])
+    ratios = np.sort([(row["seconds"] + shift) / (row["estimated"] + shift) for row in rows])
     n = len(ratios)
     upper = min(math.ceil((n + 1) * (1 + coverage) / 2), n)
     lower = max(math.floor((n + 1) * (1 - coverage) / 2), 1)
@@ -480,6 +482,11 @@ def conformal_ratios(
 
 
 MIN_SPREAD = 1.15  # the narrowest range: ± 15 % (timing noise on an idle host)
+# A run's range comes from the errors of (actual + this) ÷ (estimate + this) seconds: a
+# run's fixed costs jitter by tenths of a second whatever its length, so a short run's
+# plain ratio says little of a long one's (a 0.7 s estimate met in 1.3 s, ratio 1.9, made
+# the next 25 s exact run's range 21-48 s); shifted, the short run counts as 1.35
+CONFORMAL_SHIFT = 1.0
 # seconds either way on top: a run's fixed costs (loading, preprocessing, the picture)
 # jitter by a few tenths of a second on a shared host, which dominates short runs
 ABSOLUTE_SLACK = 0.3
@@ -755,17 +762,18 @@ def with_host_range(
     found: Estimate, model_name: str, mode: str, log_path: Path | None = None
 ) -> Estimate:
     """``found`` with the 80% range its point estimate gets from the errors of this
-    host's logged runs of ``mode`` (:func:`conformal_ratios`), at least MIN_SPREAD either
-    way; before MIN_CONFORMAL_RUNS of them, its own range, said to rest on the first
-    runs on this machine."""
-    bounds = conformal_ratios(model_name, log_path, mode=mode)
+    host's logged runs of ``mode`` (:func:`conformal_ratios` of times shifted by
+    CONFORMAL_SHIFT), at least MIN_SPREAD either way; before MIN_CONFORMAL_RUNS of them,
+    its own range, said to rest on the first runs on this machine."""
+    bounds = conformal_ratios(model_name, log_path, mode=mode, shift=CONFORMAL_SHIFT)
     if bounds is None:
         return dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
     low, high, runs = bounds
+    shifted = found.seconds + CONFORMAL_SHIFT
     return Estimate(
         found.seconds,
-        max(found.seconds * min(low, 1 / MIN_SPREAD) - ABSOLUTE_SLACK, 0.0),
-        found.seconds * max(high, MIN_SPREAD) + ABSOLUTE_SLACK,
+        max(shifted * min(low, 1 / MIN_SPREAD) - CONFORMAL_SHIFT, 0.0),
+        shifted * max(high, MIN_SPREAD) - CONFORMAL_SHIFT,
         f"{found.source}; range from the errors of this host's last {runs} {mode} estimates",
     )
 

@@ -9,11 +9,13 @@ import pytest
 from test_volume_cli import volume_model  # noqa: F401
 
 from krypton.estimator import (
+    Estimate,
     NotCalibratedError,
     conformal_ratios,
     estimate_for_counts,
     load_factor,
     record_run,
+    with_host_range,
 )
 
 
@@ -95,8 +97,10 @@ def test_the_range_comes_from_this_hosts_logged_errors(tmp_path):
     assert count == 19
     assert low <= np.quantile(ratios, 0.10) + 1e-9 and high >= np.quantile(ratios, 0.90) - 1e-9
     found = estimate_for_counts("fundus-demo", "exact", 16, (200, 0), log_path=log, load=0.0)
-    assert found.high >= found.seconds * high
     assert "errors of this host's last 19 exact estimates" in found.source
+    # an estimate of the logged runs' own length gets the plain ratios' range
+    tenth = with_host_range(Estimate(10.0, 0.0, 0.0, "fit"), "fundus-demo", "exact", log)
+    assert tenth.high == pytest.approx(10.0 * high) and tenth.low == pytest.approx(10.0 * low)
     # fewer than five runs with their estimates: the fit's own range
     assert conformal_ratios("fundus-demo", tmp_path / "none.jsonl") is None
 
@@ -311,3 +315,18 @@ def test_a_run_with_every_cell_known_says_first_runs_until_five_met_their_estima
     found = runs.cached_estimate("fundus-demo", 0.0)
     assert found is not None and "first runs" not in plain_basis(found.source)
     assert found.high <= 2 * found.low or found.high - found.low <= 1.0, found
+
+
+def test_a_short_runs_jitter_does_not_widen_a_long_runs_range(tmp_path):
+    """A 0.7 s estimate met in 1.3 s is a ratio of 1.9, from fixed costs that jitter by
+    tenths of a second; taken as it was, it made the next 25 s exact run's range 21-48 s
+    (bench.estimates). The errors are now of times shifted by CONFORMAL_SHIFT seconds, so
+    the short run counts as 1.35 and long runs keep their own errors' range."""
+    log = tmp_path / "log.jsonl"
+    for actual in (20.0, 21.0, 22.0, 19.5):
+        record_run("fundus-demo", "exact", 16, (400, 0), actual, log, estimated=20.0)
+    record_run("fundus-demo", "exact", 16, (49, 0), 1.3, log, estimated=0.7)
+    long = with_host_range(Estimate(25.0, 0.0, 0.0, "fit"), "fundus-demo", "exact", log)
+    assert 25.0 * 1.1 <= long.high <= 25.0 * 1.4 and long.high <= 2 * long.low, long
+    short = with_host_range(Estimate(0.7, 0.0, 0.0, "fit"), "fundus-demo", "exact", log)
+    assert short.low <= 0.7 and short.high >= 1.3 - 1e-9 and short.high - short.low <= 1.0
