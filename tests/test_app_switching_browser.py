@@ -154,11 +154,14 @@ def test_after_a_sample_click_the_picture_and_its_prediction_are_both_on_screen(
     assert visible >= 0.5 * (boxes["plot_bottom"] - boxes["plot_top"]), boxes
 
 
-def test_a_photograph_after_a_ct_slice_is_explained_by_the_photograph_model(dash_duo, krypton_app):
+def test_a_photograph_after_a_ct_slice_is_explained_by_the_photograph_model(
+    dash_duo, krypton_app, busy_host
+):
     """The CT sample takes the page to the CT slice model (the file says CT). A fundus
     sample clicked after it stayed on the slice model: a fundus photograph explained as
     NORMAL or NODULE. The picture samples now say what they are, so the page goes back
-    to the fundus model, and its card says why."""
+    to the fundus model, and its card says why. `make test-load` runs it beside two CPU
+    burners, where the model's change and the prediction race the most."""
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)
     show(dash_duo, "CT_small.dcm")

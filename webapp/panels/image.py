@@ -79,10 +79,10 @@ class ImagePanel:
         windowed frame, with the file kept for this tab). Where the chosen shipped model
         is made for other images and another for this file's modality or this sample's
         kind, that one (:meth:`model_for`), said in the DICOM panel or the model card. A
-        sample's Compare button also
-        marks the image for Compare: Run is pressed once its prediction shows
-        (panels.compare). The last output names the request answered (:func:`origin`),
-        loaded or refused, so the page knows the picture it waits for has come."""
+        sample's Compare button also marks the image for Compare: Run is pressed once its
+        prediction shows (panels.compare). The last output names the request answered
+        (:func:`origin`), loaded or refused, so the page knows the picture it waits for
+        has come."""
         trigger = ctx.triggered_id
         answered = origin(trigger, ticket)
         if answered is None:
