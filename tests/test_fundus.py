@@ -1,12 +1,16 @@
 """The demo task's generators: classes by appearance not size, the label rule, hard
 negatives, whole views and gray renderings; the independent generator keeps the spec."""
 
+import hashlib
+
 import numpy as np
 import pytest
 
 from demo.fundus.independent import IndependentFundusGenerator
 from krypton.synthetic.fundus import (
     CLASSES,
+    DISTRACTOR_CLEARANCE,
+    DISTRACTORS,
     EXUDATE_RADIUS,
     MICROANEURYSM_RADIUS,
     FundusGenerator,
@@ -94,6 +98,56 @@ def test_the_independent_generator_keeps_the_spec():
             low, high = MICROANEURYSM_RADIUS if lesion.kind == "MICROANEURYSM" else EXUDATE_RADIUS
             assert low <= lesion.radius <= high
     assert {s.label for s in samples} == {0, 1, 2}
+
+
+def _digest(generator) -> str:
+    found = hashlib.sha256()
+    for number in range(6):
+        sample = generator.sample(label=number % 3)
+        found.update(sample.image.tobytes())
+        lesions = [
+            (k.kind, round(k.x, 3), round(k.y, 3), round(k.radius, 3)) for k in sample.lesions
+        ]
+        found.update(repr(lesions).encode())
+    return found.hexdigest()[:16]
+
+
+def test_todays_generators_draw_what_they_drew_before_the_harder_ones():
+    """The shipped model, its tables and its tests rest on these draws: the harder
+    generators' option must not move a seed's stream (digests of the code before it)."""
+    assert _digest(FundusGenerator(seed=11)) == "816b7ef9e64f5e10"
+    assert _digest(IndependentFundusGenerator(seed=11)) == "910d8c28758c7cf8"
+
+
+@pytest.mark.parametrize("make", [FundusGenerator, IndependentFundusGenerator])
+def test_the_harder_generators_put_look_alikes_on_every_eye_away_from_the_lesions(make):
+    generator = make(seed=4, distractors=True)
+    samples = [generator.sample(label=number % 3) for number in range(18)]
+    assert {s.label for s in samples} == {0, 1, 2}
+    for sample in samples:
+        kinds = {d.kind for d in sample.distractors}
+        assert {"GLARE", "REFLEX", "PIGMENT"} <= kinds <= set(DISTRACTORS)  # normal eyes too
+        assert sample.label == label_for(sample.lesions)  # look-alikes never decide it
+        for look_alike in sample.distractors:
+            for lesion in sample.lesions:
+                gap = np.hypot(look_alike.x - lesion.x, look_alike.y - lesion.y)
+                assert gap > look_alike.radius + lesion.radius + DISTRACTOR_CLEARANCE
+    assert all(not s.distractors for s in (make(seed=4).sample() for _ in range(3)))
+
+
+def test_on_the_harder_generators_conspicuity_is_no_evidence():
+    """Model-free maps (edges, local contrast) point at a lesion of the class far above
+    chance on today's held-out generator, and within 10 points of chance on the harder
+    ones (bench.conspicuity on 60 images; 20 show today's gap)."""
+    from bench.conspicuity import WITHIN, pointing
+    from krypton.registry import load_model
+
+    preprocess = load_model("fundus-demo").preprocess
+    today = pointing(IndependentFundusGenerator(seed=77), 20, preprocess)
+    assert min(today["edges"], today["contrast"]) > today["chance"] + 0.4
+    for make in (FundusGenerator, IndependentFundusGenerator):
+        harder = pointing(make(seed=77, distractors=True), 60, preprocess)
+        assert max(harder["edges"], harder["contrast"]) <= harder["chance"] + WITHIN, harder
 
 
 def test_lowest_region_is_the_centre_of_tied_minima():

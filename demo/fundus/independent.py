@@ -7,6 +7,11 @@ exudate: EXUDATE), different code: backgrounds cut with scikit-image's geometric
 transforms instead of PIL affine maps, lesions painted with PIL's ImageDraw on a 4x
 supersampled layer and blurred, instead of analytic profiles; its own colour ranges,
 illumination model and placement. Nothing here is used for training.
+
+``distractors=True`` is the harder generator: every eye, normal ones too, also carries
+look-alikes as conspicuous as the lesions that never decide the class
+(:data:`krypton.synthetic.fundus.DISTRACTORS`: drusen, light reflexes, pigment), drawn
+here with PIL polygons and lines, not the training generator's profiles.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from krypton.synthetic.fundus import CLASSES, Lesion, Sample
+from krypton.synthetic.fundus import CLASSES, DISTRACTOR_CLEARANCE, Lesion, Sample
 
 __all__ = ["IndependentFundusGenerator"]
 
@@ -24,11 +29,12 @@ SUPERSAMPLE = 4
 class IndependentFundusGenerator:
     """Seeded; ``sample()`` returns the same :class:`krypton.synthetic.fundus.Sample` records."""
 
-    def __init__(self, seed: int = 0, size: int = 224):
+    def __init__(self, seed: int = 0, size: int = 224, distractors: bool = False):
         from skimage import data
 
         self.rng = np.random.default_rng(seed + 10_000)
         self.size = size
+        self.distractors = distractors
         self.photo = data.retina().astype(np.float64) / 255.0
         gray = self.photo.mean(axis=2)
         self.retina = gray > 0.1
@@ -75,11 +81,23 @@ class IndependentFundusGenerator:
                     return float(x), float(y)
         return None
 
-    def _paint(self, kind: str, radius: float, x: float, y: float):
-        """An RGBA layer (float) with one lesion painted on it."""
+    def _layer(self) -> tuple[Image.Image, ImageDraw.ImageDraw]:
+        """An empty supersampled alpha layer and a pen on it."""
         big = self.size * SUPERSAMPLE
         layer = Image.new("L", (big, big), 0)
-        draw = ImageDraw.Draw(layer)
+        return layer, ImageDraw.Draw(layer)
+
+    def _alpha(self, layer: Image.Image, blur: float, strength: float) -> np.ndarray:
+        """The layer blurred (``blur`` supersampled pixels), brought to the image's size and
+        scaled to ``strength``: (H, W, 1) in [0, 1]."""
+        layer = layer.filter(ImageFilter.GaussianBlur(blur)).resize(
+            (self.size, self.size), Image.BOX
+        )
+        return (np.asarray(layer, dtype=np.float64) / 255.0 * strength)[..., None]
+
+    def _paint(self, kind: str, radius: float, x: float, y: float):
+        """An RGBA layer (float) with one lesion painted on it."""
+        layer, draw = self._layer()
         s = SUPERSAMPLE
         if kind == "MICROANEURYSM":
             rx, ry = radius * self.rng.uniform(0.9, 1.1), radius * self.rng.uniform(0.9, 1.1)
@@ -108,11 +126,115 @@ class IndependentFundusGenerator:
                 self.rng.uniform(0.4, 0.75),
             )
             strength = self.rng.uniform(0.6, 0.95)
-        layer = layer.filter(ImageFilter.GaussianBlur(blur)).resize(
-            (self.size, self.size), Image.BOX
+        return self._alpha(layer, blur, strength), np.array(colour)
+
+    # -- the harder generator's look-alikes ------------------------------------------------
+
+    def _free(self, reach: float, lesions: list[Lesion], others: list[Lesion], retina):
+        """A place for a look-alike of ``reach`` px on the retina, DISTRACTOR_CLEARANCE px
+        beyond every lesion and 3 px beyond the other look-alikes; None if none fits."""
+        for _ in range(300):
+            x, y = self.rng.uniform(reach + 3, self.size - reach - 3, 2)
+            r = int(reach) + 1
+            patch = retina[int(y) - r : int(y) + r + 1, int(x) - r : int(x) + r + 1]
+            if not (patch.size and patch.all()):
+                continue
+            if all(
+                np.hypot(x - o.x, y - o.y) > reach + o.radius + DISTRACTOR_CLEARANCE
+                for o in lesions
+            ) and all(np.hypot(x - o.x, y - o.y) > reach + o.radius + 3 for o in others):
+                return float(x), float(y)
+        return None
+
+    def _reflex(self, x: float, y: float, length: float):
+        """A thin bluish-white streak, straight or a shallow arc, centred on (x, y)."""
+        layer, draw = self._layer()
+        s = SUPERSAMPLE
+        angle = self.rng.uniform(0, np.pi)
+        along, across = (
+            np.array([np.cos(angle), np.sin(angle)]),
+            np.array([-np.sin(angle), np.cos(angle)]),
         )
-        alpha = np.asarray(layer, dtype=np.float64) / 255.0 * strength
-        return alpha[..., None], np.array(colour)
+        bend = self.rng.uniform(-0.3, 0.3) * length
+        centre = np.array([x, y])
+        t = np.linspace(-0.5, 0.5, 9)[:, None]  # a parabola through the centre's offset
+        points = centre + t * length * along + (1 - 4 * t**2) * bend * across
+        width = self.rng.uniform(1.5, 4.0)
+        draw.line([tuple(p * s) for p in points], fill=255, width=int(width * s), joint="curve")
+        colour = (self.rng.uniform(0.88, 0.97), self.rng.uniform(0.94, 1.0), 1.0)
+        return self._alpha(layer, 0.4 * width * s, self.rng.uniform(0.7, 0.95)), np.array(colour)
+
+    def _pigment(self, x: float, y: float, radius: float):
+        """A near-black irregular clump with sharp edges."""
+        layer, draw = self._layer()
+        s = SUPERSAMPLE
+        count = int(self.rng.integers(5, 9))
+        points = []
+        for k in range(count):
+            angle = 2 * np.pi * k / count + self.rng.normal(0, 0.2)
+            reach = radius * self.rng.uniform(0.5, 1.0)
+            points.append(((x + reach * np.cos(angle)) * s, (y + reach * np.sin(angle)) * s))
+        draw.polygon(points, fill=255)
+        colour = (
+            self.rng.uniform(0.06, 0.16),
+            self.rng.uniform(0.05, 0.11),
+            self.rng.uniform(0.03, 0.08),
+        )
+        return self._alpha(layer, 0.06 * radius * s, self.rng.uniform(0.8, 0.97)), np.array(colour)
+
+    def _drusen(self, x: float, y: float, radius: float):
+        """One pale yellow soft round spot."""
+        layer, draw = self._layer()
+        s = SUPERSAMPLE
+        draw.ellipse(((x - radius) * s, (y - radius) * s, (x + radius) * s, (y + radius) * s), 255)
+        colour = (
+            self.rng.uniform(0.8, 0.9),
+            self.rng.uniform(0.68, 0.8),
+            self.rng.uniform(0.3, 0.45),
+        )
+        return self._alpha(layer, 0.45 * radius * s, self.rng.uniform(0.6, 0.9)), np.array(colour)
+
+    def _glare(self, x: float, y: float, radius: float):
+        """A large soft bluish-white glare: a reflection off the lens or the cornea."""
+        layer, draw = self._layer()
+        s = SUPERSAMPLE
+        rx, ry = radius * self.rng.uniform(0.8, 1.0), radius * self.rng.uniform(0.8, 1.0)
+        draw.ellipse(((x - rx) * s, (y - ry) * s, (x + rx) * s, (y + ry) * s), 255)
+        colour = (self.rng.uniform(0.9, 0.98), self.rng.uniform(0.94, 1.0), 1.0)
+        return self._alpha(layer, 0.35 * radius * s, self.rng.uniform(0.65, 0.9)), np.array(colour)
+
+    def _look_alikes(self, image, retina, lesions: list[Lesion]):
+        """The image with 1-3 glares, 1-3 reflexes, 1-3 pigment clumps and 0-2 drusen
+        clusters painted away from the ``lesions``, and the look-alikes as Lesion records."""
+        kinds = (
+            ["GLARE"] * int(self.rng.integers(1, 4))
+            + ["REFLEX"] * int(self.rng.integers(1, 4))
+            + ["PIGMENT"] * int(self.rng.integers(1, 4))
+            + ["DRUSEN"] * int(self.rng.integers(0, 3))
+        )
+        found: list[Lesion] = []
+        for kind in kinds:
+            if kind == "REFLEX":
+                length = self.rng.uniform(12, 40)
+                spots = [(length / 2, lambda x, y, r: self._reflex(x, y, 2 * r))]
+            elif kind == "GLARE":
+                spots = [(float(np.exp(self.rng.uniform(np.log(6.0), np.log(14.0)))), self._glare)]
+            elif kind == "PIGMENT":
+                radius = float(np.exp(self.rng.uniform(np.log(1.5), np.log(5.0))))
+                spots = [(radius, self._pigment)]
+            else:
+                spots = [
+                    (float(np.exp(self.rng.uniform(np.log(2.0), np.log(7.0)))), self._drusen)
+                    for _ in range(int(self.rng.integers(2, 6)))
+                ]
+            for reach, paint in spots:
+                spot = self._free(reach, lesions, found, retina)
+                if spot is None:
+                    continue
+                alpha, colour = paint(spot[0], spot[1], reach)
+                image = image * (1 - alpha) + colour * alpha
+                found.append(Lesion(kind, spot[0], spot[1], reach))
+        return image, found
 
     def sample(self, label: int | None = None) -> Sample:
         """One image; ``label`` chooses the class (random if None)."""
@@ -138,6 +260,9 @@ class IndependentFundusGenerator:
             alpha, colour = self._paint(kind, radius, *spot)
             image = image * (1 - alpha) + colour * alpha
             placed.append(Lesion(kind, spot[0], spot[1], radius))
+        look_alikes: list[Lesion] = []
+        if self.distractors:
+            image, look_alikes = self._look_alikes(image, retina, placed)
         # illumination: a radial falloff, exposure and white balance
         yy, xx = np.mgrid[0 : self.size, 0 : self.size] / self.size - 0.5
         falloff = 1 - self.rng.uniform(0, 0.3) * (xx**2 + yy**2) * 2
@@ -156,4 +281,5 @@ class IndependentFundusGenerator:
         image = image + self.rng.normal(0, 0.01, image.shape)
         label_now = 2 if any(p.kind == "EXUDATE" for p in placed) else 1 if placed else 0
         pixels = np.round(np.clip(image, 0, 1) * 255).astype(np.uint8)
-        return Sample(pixels, label_now, placed, "whole" if whole else "crop", rendering)
+        view = "whole" if whole else "crop"
+        return Sample(pixels, label_now, placed, view, rendering, look_alikes)

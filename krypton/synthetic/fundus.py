@@ -27,7 +27,7 @@ Everything is seeded: the same seed gives the same images, lesions and labels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -39,6 +39,7 @@ __all__ = [
     "LABEL_RULE",
     "VIEWS",
     "RENDERINGS",
+    "DISTRACTORS",
     "Lesion",
     "Sample",
     "FundusGenerator",
@@ -53,6 +54,20 @@ VIEWS = {"crop": 0.6, "anatomy": 0.25, "whole": 0.15}
 RENDERINGS = {"colour": 0.7, "gray": 0.15, "green": 0.15}
 MICROANEURYSM_RADIUS = (1.2, 6.0)  # px at IMAGE_SIZE
 EXUDATE_RADIUS = (1.5, 12.0)
+# The harder generators' look-alikes (``distractors=True``): structures as conspicuous as
+# the lesions, or more, on every eye, that never decide the class. A map that follows
+# brightness, edges or contrast finds them first; a model has to tell them apart by
+# colour, shape and edge (drusen are paler and rounder than exudates, a reflex is a thin
+# streak, pigment is black and sharp where a microaneurysm is red and soft).
+DISTRACTORS = {
+    "GLARE": "a large soft bluish-white reflection of the lens or cornea, radius 6-14 px",
+    "DRUSEN": "pale yellow round spots with soft edges, in clusters of two to five",
+    "REFLEX": "a thin bluish-white light reflex: a streak or a shallow arc, 12-36 px long",
+    "PIGMENT": "a near-black irregular clump with sharp edges, radius 1.5-5 px",
+}
+# distractors keep at least this many pixels (beyond both radii) from every lesion, so a
+# 12-px patch on one does not also touch a lesion
+DISTRACTOR_CLEARANCE = 14
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,9 @@ class Sample:
     lesions: list[Lesion]
     view: str = "crop"
     rendering: str = "colour"
+    # the harder generators' look-alikes, as conspicuous as the lesions and never part of
+    # the label (:data:`DISTRACTORS`); empty on today's generators
+    distractors: list[Lesion] = field(default_factory=list)
 
     @property
     def class_name(self) -> str:
@@ -137,11 +155,14 @@ class FundusGenerator:
     Args:
         seed: random seed; each call to :meth:`sample` advances the same stream.
         size: output side in pixels.
+        distractors: the harder generator: every eye also carries :data:`DISTRACTORS`
+            (the same seed then draws other images than without them).
     """
 
-    def __init__(self, seed: int = 0, size: int = IMAGE_SIZE):
+    def __init__(self, seed: int = 0, size: int = IMAGE_SIZE, distractors: bool = False):
         self.rng = np.random.default_rng(seed)
         self.size = size
+        self.distractors = distractors  # the harder generator: look-alikes on every eye
         photo, mask = _retina()
         self._photo = Image.fromarray(photo)
         self._mask = Image.fromarray(mask.astype(np.uint8) * 255)
@@ -280,6 +301,108 @@ class FundusGenerator:
         image[window] = image[window] * (1 - alpha) + colour * alpha
         return Lesion("EXUDATE", x, y, radius)
 
+    # -- the harder generator's look-alikes ----------------------------------------------
+
+    def _clear_spot(self, reach: float, lesions: list[Lesion], others: list[Lesion], retina):
+        """(x, y) on the retina DISTRACTOR_CLEARANCE px beyond every lesion and 3 px beyond
+        the other look-alikes, for one of ``reach`` px; None when none fits."""
+        margin = reach + 3
+        for _ in range(200):
+            x = float(self.rng.uniform(margin, self.size - margin))
+            y = float(self.rng.uniform(margin, self.size - margin))
+            inner = int(max(reach, 2))
+            box = retina[
+                max(int(y) - inner, 0) : int(y) + inner + 1,
+                max(int(x) - inner, 0) : int(x) + inner + 1,
+            ]
+            if not (retina[int(y), int(x)] and box.all()):
+                continue
+            gaps = [(o, DISTRACTOR_CLEARANCE) for o in lesions] + [(o, 3) for o in others]
+            if all((x - o.x) ** 2 + (y - o.y) ** 2 > (reach + o.radius + g) ** 2 for o, g in gaps):
+                return x, y
+        return None
+
+    def _blend(self, image, window, alpha: np.ndarray, colour: np.ndarray) -> None:
+        alpha = alpha[..., None]
+        image[window] = image[window] * (1 - alpha) + colour * alpha
+
+    def _glare_profile(self, xx, yy, x: float, y: float, radius: float) -> np.ndarray:
+        distance = np.hypot(xx - x, yy - y)
+        return 1.0 / (1.0 + np.exp((distance - 0.8 * radius) / (0.3 * radius)))
+
+    def _reflex_profile(self, xx, yy, x: float, y: float, reach: float) -> np.ndarray:
+        """A thin streak or shallow arc of length 2 * ``reach`` through the window."""
+        angle = self.rng.uniform(0, np.pi)
+        along = np.array([np.cos(angle), np.sin(angle)])
+        across = np.array([-np.sin(angle), np.cos(angle)])
+        bend = self.rng.uniform(-0.3, 0.3) * 2 * reach
+        t = np.linspace(-0.5, 0.5, 41)[:, None]
+        curve = np.array([x, y]) + t * 2 * reach * along + (1 - 4 * t**2) * bend * across
+        distance = np.min(
+            np.hypot(xx[..., None] - curve[:, 0], yy[..., None] - curve[:, 1]), axis=-1
+        )
+        half = self.rng.uniform(0.75, 2.0)
+        return 1.0 / (1.0 + np.exp((distance - half) / 0.6))
+
+    def _pigment_profile(self, xx, yy, x: float, y: float, radius: float) -> np.ndarray:
+        """Two to four overlapping sharp discs: an irregular clump."""
+        clump = np.zeros(xx.shape, dtype=np.float32)
+        for _ in range(int(self.rng.integers(2, 5))):
+            bx, by = x + self.rng.normal(0, radius * 0.3), y + self.rng.normal(0, radius * 0.3)
+            br = radius * self.rng.uniform(0.45, 0.8)
+            clump = np.maximum(clump, 1.0 / (1.0 + np.exp((np.hypot(xx - bx, yy - by) - br) / 0.3)))
+        return clump
+
+    def _drusen_profile(self, xx, yy, x: float, y: float, radius: float) -> np.ndarray:
+        return np.exp(-(((xx - x) ** 2 + (yy - y) ** 2) / radius**2) * 1.2)
+
+    def _look_alike_colour(self, kind: str) -> np.ndarray:
+        uniform = self.rng.uniform
+        return {
+            "GLARE": lambda: np.array([uniform(0.9, 0.98), uniform(0.94, 1.0), 1.0]),
+            "REFLEX": lambda: np.array([uniform(0.88, 0.97), uniform(0.94, 1.0), 1.0]),
+            "PIGMENT": lambda: np.array(
+                [uniform(0.05, 0.15), uniform(0.04, 0.1), uniform(0.03, 0.08)]
+            ),
+            "DRUSEN": lambda: np.array([uniform(0.8, 0.9), uniform(0.68, 0.8), uniform(0.3, 0.45)]),
+        }[kind]()
+
+    def _look_alikes(self, image, lesions: list[Lesion], retina) -> list[Lesion]:
+        """Paint 1-3 glares, 1-3 reflexes, 1-3 pigment clumps and 0-2 clusters of 2-5
+        drusen onto ``image`` away from the ``lesions``; the look-alikes painted."""
+        log_uniform = lambda low, high: float(np.exp(self.rng.uniform(np.log(low), np.log(high))))  # noqa: E731
+        kinds = (
+            ["GLARE"] * int(self.rng.integers(1, 4))
+            + ["REFLEX"] * int(self.rng.integers(1, 4))
+            + ["PIGMENT"] * int(self.rng.integers(1, 4))
+            + ["DRUSEN"] * int(self.rng.integers(0, 3))
+        )
+        profiles = {"GLARE": self._glare_profile, "REFLEX": self._reflex_profile,
+                    "PIGMENT": self._pigment_profile, "DRUSEN": self._drusen_profile}  # fmt: skip
+        strengths = {"GLARE": (0.65, 0.9), "REFLEX": (0.7, 0.95), "PIGMENT": (0.8, 0.97),
+                     "DRUSEN": (0.6, 0.9)}  # fmt: skip
+        painted: list[Lesion] = []
+        for kind in kinds:
+            if kind == "DRUSEN":
+                reaches = [log_uniform(2.0, 7.0) for _ in range(int(self.rng.integers(2, 6)))]
+            else:
+                low, high = {"GLARE": (6.0, 14.0), "REFLEX": (6.0, 20.0), "PIGMENT": (1.5, 5.0)}[
+                    kind
+                ]
+                reaches = [
+                    log_uniform(low, high) if kind != "REFLEX" else self.rng.uniform(low, high)
+                ]
+            for reach in reaches:
+                spot = self._clear_spot(reach, lesions, painted, retina)
+                if spot is None:
+                    continue
+                window, xx, yy = self._window_grid(*spot, reach * 1.6 + 3)
+                profile = profiles[kind](xx, yy, *spot, reach)
+                alpha = np.clip(profile, 0, 1) * self.rng.uniform(*strengths[kind])
+                self._blend(image, window, alpha, self._look_alike_colour(kind))
+                painted.append(Lesion(kind, spot[0], spot[1], float(reach)))
+        return painted
+
     def _kinds(self, label: int, count: int) -> list[str]:
         """Lesion kinds for a label: MICROANEURYSM images have only microaneurysms; an
         EXUDATE image has at least one exudate and, 30% of the time, microaneurysms too."""
@@ -344,9 +467,10 @@ class FundusGenerator:
             lesion = plant(image, planted, retina)
             if lesion is not None:
                 planted.append(lesion)
+        look_alikes = self._look_alikes(image, planted, retina) if self.distractors else []
         image = self._render(image, retina, rendering)
         pixels = np.round(image * 255).astype(np.uint8)
-        return Sample(pixels, label_for(planted), planted, view, rendering)
+        return Sample(pixels, label_for(planted), planted, view, rendering, look_alikes)
 
     def _pick_lesion(self, sample: Sample) -> tuple[int, Lesion, list[Lesion]]:
         """One of the sample's lesions at random: its index, itself and the others."""
