@@ -110,11 +110,13 @@ bench: $(STAMP)
 
 # The method comparison's no-fill controls (demo/controls.py; out/controls/, kept once
 # trained), then the comparison on the shipped models and the controls, with the model's
-# fill and the input's mean; the tables go into docs/models.md and README.md.
+# fill and the input's mean; the tables go into docs/models.md and README.md. First the
+# model-free maps against chance on today's generators and the harder ones (no model).
 controls: $(STAMP)
 	$(PY) -m demo.controls
 
 bench-methods: controls
+	$(PY) -m bench.conspicuity
 	$(PY) -W ignore -m bench.methods --controls out/controls --doc docs/models.md --readme README.md
 
 # On a CUDA host: the GPU matrix (fp32 and bf16; bench/gpu.py, under 6 minutes on one
