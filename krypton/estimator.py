@@ -644,24 +644,27 @@ def recent_estimate(
     load: float | None,
     what: tuple[str, str],
     path: Path | None = None,
+    *,
+    limit: int = 5,
+    mean: bool = False,
 ) -> Estimate | None:
     """Seconds of a step whose time does not grow with positions (the gradient step after
-    the occlusion, a run with every cell known), from this host's last five logged ones
-    of (model, mode, patch): their median, each at an idle host's pace and scaled to
-    ``load``; the range spans them, widened as the narrowest range is, or as an estimate
-    from one or two runs is while fewer than MIN_LOGGED_RUNS are logged (one gradient step
-    does not know how many Integrated Gradients steps the next image needs: beside two
-    burners a Compare step took 55 s where one logged step scaled to the load said
-    37-50 s). None before the first is logged. ``what`` names one and several of them in
-    the source."""
-    rows = logged_runs(model_name, mode, patch, path, limit=5)
+    the occlusion, a run with every cell known), from this host's last ``limit`` logged
+    ones of (model, mode, patch): their median (``mean``: their mean, the estimate of a sum
+    of several), each at an idle host's pace and scaled to ``load``; the range spans
+    them, widened as the narrowest range is, or as an estimate from one or two runs is
+    while fewer than MIN_LOGGED_RUNS are logged (one gradient step does not know how many
+    Integrated Gradients steps the next image needs: beside two burners a Compare step
+    took 55 s where one logged step scaled to the load said 37-50 s). None before the
+    first is logged. ``what`` names one and several of them in the source."""
+    rows = logged_runs(model_name, mode, patch, path, limit=limit)
     if not rows:
         return None
     now = load_factor(load)
     idle = np.array([r["seconds"] / row_load_factor(r) for r in rows])
     spread = MIN_SPREAD if len(rows) >= MIN_LOGGED_RUNS else PROPORTIONAL_SPREAD
     return Estimate(
-        float(np.median(idle)) * now,
+        float(np.mean(idle) if mean else np.median(idle)) * now,
         max(float(idle.min()) * now / spread - ABSOLUTE_SLACK, 0.0),
         float(idle.max()) * now * spread + ABSOLUTE_SLACK,
         f"this host's last {len(rows)} {what[len(rows) > 1]}",

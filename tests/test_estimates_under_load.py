@@ -293,6 +293,46 @@ def test_the_compare_steps_range_comes_from_whole_steps_against_their_estimates(
     assert "first runs" not in plain_basis(found.source)
 
 
+def test_a_step_estimated_from_the_calibration_never_sets_the_next_steps_range(
+    tmp_path, monkeypatch
+):
+    """The first Compare step on a host is estimated from the model's calibration (no map
+    logged yet); its error is of another kind than the logged steps' and, logged against
+    its estimate, it bounded every range for the next twenty steps (the Compare step's
+    range read 2.7-2.8x wide after five steps in bench.estimates). It is timed, not
+    judged: only steps estimated from this host's own maps are logged with their
+    estimates. The maps' pace is their mean over the last five steps, not the median of
+    the last five maps (under two images)."""
+    import torch
+
+    import krypton
+    from krypton.estimator import logged_runs
+    from krypton.methods import PixelAttribution
+    from webapp import comparison
+
+    monkeypatch.setenv("KRYPTON_HOME", str(tmp_path))
+    model = krypton.load_model("fundus-demo")
+    evaluations = iter([16, 48, 32, 160, 160, 224] * 3)
+
+    def attribution(model, tensor, method, label, **options):  # a path of n evaluations
+        seconds = 0.3 if method == "gradcam" else 0.05 * next(evaluations)
+        return PixelAttribution(method, label, np.zeros((224, 224), np.float32), seconds)
+
+    monkeypatch.setattr(comparison, "pixel_attribution", attribution)
+    tensor = torch.zeros(3, 224, 224)
+    axes = (np.arange(0, 200, 8), np.arange(0, 200, 8))
+    assert comparison.step_estimate(model, 0.0).source.startswith("calibration")
+    comparison.compute_methods(model, tensor, axes, 12, (0.5, 0.5, 0.5), 1, load=0.0)
+    assert [r for r in logged_runs("fundus-demo", "compare", 0) if "estimated" in r] == []
+    comparison.compute_methods(model, tensor, axes, 12, (0.5, 0.5, 0.5), 1, load=0.0)
+    judged = [r for r in logged_runs("fundus-demo", "compare", 0) if "estimated" in r]
+    assert len(judged) == 1  # the second step rested on the first step's maps
+    # six paths of 16-224 evaluations: their mean, not the median of the last five
+    found = comparison.step_estimate(model, 0.0)
+    mean_path = 0.05 * np.mean([16, 48, 32, 160, 160, 224])
+    assert found.seconds == pytest.approx(3 * mean_path + 3 * 0.3, rel=0.01)
+
+
 def test_a_run_with_every_cell_known_says_first_runs_until_five_met_their_estimates(
     tmp_path, monkeypatch
 ):
