@@ -2,7 +2,10 @@
 run of the same positions are timed whole, side by side in one process (the app's own
 run path, webapp.runs.execute, or krypton.explain for a volume), and the exact run's
 claimed ratio (krypton.estimator.speed_claim: the whole run against a naive run of its
-positions, fixed costs counted) is printed beside the ratio the stopwatch gives.
+positions, fixed costs counted) is printed beside the ratio the stopwatch gives. For the
+image runs also the naive figure the page showed before the run (its estimate line's
+"naive: about") beside the one the speed line states after it, and the naive run's
+stopwatch.
 
     python -m bench.speed_claims            (also part of make bench)
     python -m bench.speed_claims --burners 2   beside two CPU-burning processes
@@ -23,8 +26,11 @@ from krypton.synthetic.chestct import ChestCTGenerator
 from krypton.synthetic.fundus import FundusGenerator
 
 
-def page_case(services, key: str, stride: int, region, grey: float) -> tuple[float, float, str]:
-    """(claimed ratio, stopwatch ratio, the claim) for one image on the app's run path."""
+def page_case(
+    services, key: str, stride: int, region, grey: float
+) -> tuple[float, float, str, tuple[float, float, float]]:
+    """(claimed ratio, stopwatch ratio, the claim, (naive seconds shown before the run,
+    stated after it, the naive run's stopwatch)) for one image on the app's run path."""
     from webapp import runs
 
     def run(mode: str, colour: float) -> dict:  # a colour each: no cells to reuse
@@ -34,12 +40,18 @@ def page_case(services, key: str, stride: int, region, grey: float) -> tuple[flo
         )  # fmt: skip
         return runs.execute(services, "bench", request, lambda *a: None)
 
+    shown = runs.find_estimate("fundus-demo", 16, stride, "naive", region, 0.25, 2.0)
     exact = run("exact", grey)
     naive = run("naive", grey + 0.01)
     whole = (exact.get("speed") or {}).get("whole")
     claimed = whole["naive_seconds"] / whole["seconds"] if whole else float("nan")
     claim = runs.speed_text(exact.get("speed"), "exact")
-    return claimed, naive["seconds"] / exact["seconds"], claim
+    figures = (
+        shown.seconds if shown else float("nan"),
+        whole["naive_seconds"] if whole else float("nan"),
+        naive["seconds"],
+    )
+    return claimed, naive["seconds"] / exact["seconds"], claim, figures
 
 
 def volume_case() -> tuple[float, float, str]:
@@ -135,10 +147,17 @@ def cases() -> None:
         ("fundus 224², stride 16, whole image", 16, None, 0.3),
     ]
     print("| case | claimed | stopwatch | claim / stopwatch |\n|---|---|---|---|")
+    naive_figures = []
     for name, stride, region, grey in runs_:
-        claimed, measured, claim = page_case(services, key, stride, region, grey)
+        claimed, measured, claim, figures = page_case(services, key, stride, region, grey)
+        naive_figures.append((name, *figures))
         print(f"| {name} | {claimed:.2f}× | {measured:.2f}× | {claimed / measured:.2f} |")
         print(f"|   ↳ {claim} ||||", flush=True)
+    print("\n| case | naive shown before | stated after | before / after | naive stopwatch |")
+    print("|---|---|---|---|---|")
+    for name, before, after, stopwatch in naive_figures:
+        print(f"| {name} | {before:.1f} s | {after:.1f} s | {before / after:.2f} | "
+              f"{stopwatch:.1f} s |")  # fmt: skip
     try:
         claimed, measured, claim = volume_case()
         print(f"| chest CT volume, stride 6 | {claimed:.2f}× | {measured:.2f}× | "

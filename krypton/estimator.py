@@ -10,18 +10,14 @@ estimate needs nothing that only running would reveal).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from sklearn.linear_model import LinearRegression
 
 from .approximate import drilldown
@@ -34,11 +30,12 @@ from .host import (
     threads_for_load,
 )
 from .registry.models import CALIBRATION_PATCHES
+from .runtime_log import RECENT_RUNS, as_naive, logged_runs, record_run, runtime_log_path
 
 if TYPE_CHECKING:
     from .registry.entries import RegistryEntry
 
-__all__ = [
+__all__ = [  # the runtime log's functions too (krypton.runtime_log), as before it moved
     "NotCalibratedError",
     "planned_positions",
     "positions_grid",
@@ -176,9 +173,7 @@ def _calibrated_seconds(
 # Learning on the host: every finished run is logged, and the estimate refits from the log
 # ---------------------------------------------------------------------------------------
 
-RECENT_RUNS = 40  # the estimate follows this host's recent load, not last month's
 MIN_LOGGED_RUNS = 3
-_log_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -372,80 +367,6 @@ class Estimate:
     source: str  # "this host's last N runs" or "calibration (DATE)"
 
 
-def runtime_log_path() -> Path:
-    """The per-host log of finished runs: $KRYPTON_HOME/runtime-log.jsonl."""
-    from .registry.entries import krypton_home
-
-    return krypton_home() / "runtime-log.jsonl"
-
-
-def record_run(
-    model_name: str,
-    mode: str,
-    patch: int,
-    counts: tuple[int, int],
-    seconds: float,
-    path: Path | None = None,
-    *,
-    estimated: float | None = None,
-    load: float | None = None,
-    threads: int | None = None,
-) -> None:
-    """Append one finished run (positions as planned: stage one, stage two) to the log,
-    with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
-    these errors, :func:`conformal_ratios`), the cores other work kept busy as it started
-    and the torch ``threads`` it ran with (default: this process's now; the fit compares
-    runs at one load, :func:`row_load_factor`)."""
-    path = path or runtime_log_path()
-    row = {
-        "model": model_name,
-        "mode": mode,
-        "patch": int(patch),
-        "stage_one": int(counts[0]),
-        "stage_two": int(counts[1]),
-        "seconds": round(float(seconds), 4),
-        "when": time.time(),
-    }
-    if estimated is not None and math.isfinite(estimated) and estimated > 0:
-        row["estimated"] = round(float(estimated), 4)
-    if load is not None and math.isfinite(load) and load >= 0:
-        row["load"] = round(float(load), 3)
-        row["threads"] = int(threads or torch.get_num_threads())
-    line = json.dumps(row)
-    with _log_lock:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as handle:
-            handle.write(line + "\n")
-
-
-def logged_runs(
-    model_name: str,
-    mode: str | None,
-    patch: int | None,
-    path: Path | None = None,
-    limit: int = RECENT_RUNS,
-) -> list[dict]:
-    """The most recent logged runs of (model, mode, patch), oldest first (``mode`` or
-    ``patch`` None: every one)."""
-    path = path or runtime_log_path()
-    if not path.exists():
-        return []
-    rows = []
-    with _log_lock, open(path) as handle:
-        for line in handle:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
-            if (
-                row.get("model") == model_name
-                and (mode is None or row.get("mode") == mode)
-                and (patch is None or row.get("patch") == patch)
-            ):
-                rows.append(row)
-    return rows[-limit:]
-
-
 CONFORMAL_RUNS = 20  # this host's recent runs whose errors set the range
 MIN_CONFORMAL_RUNS = 5  # fewer: the range is the fit's own (below)
 COVERAGE = 0.8  # the share of runs the range is meant to hold
@@ -615,13 +536,14 @@ def estimate(
     log_path: Path | None = None,
     cached: int = 0,
     load: float | None = None,
+    stated: bool = False,
 ) -> Estimate:
     """Estimated run time with a range: refit from this host's logged runs when there are
     enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
     when neither exists. ``cached``: positions of the grid already computed, which exact
     and naive runs reuse (time = fixed + positions left x per-position cost: a run with
     every cell cached costs its fixed part). ``load``: cores other work keeps busy now
-    (None: as over the logged runs)."""
+    (None: as over the logged runs). ``stated``: :func:`estimate_for_counts`."""
     from .registry.entries import find_entry
 
     path, entry = find_entry(model_name, directory)
@@ -631,7 +553,9 @@ def estimate(
     )
     if mode != "approximate":
         counts = (max(counts[0] - int(cached), 0), counts[1])
-    return estimate_for_counts(model_name, mode, patch, counts, directory, log_path, load)
+    return estimate_for_counts(
+        model_name, mode, patch, counts, directory, log_path, load, stated=stated
+    )
 
 
 PROPORTIONAL_SPREAD = 2.0  # the range of an estimate from one or two runs: 2x either way
@@ -753,11 +677,19 @@ def estimate_for_counts(
     directory: Path | None = None,
     log_path: Path | None = None,
     load: float | None = None,
+    *,
+    stated: bool = False,
 ) -> Estimate:
     """:func:`estimate` for given (stage-one, stage-two) position counts: the point
     estimate (:func:`_point_estimate`) with, once this host has logged enough runs with
-    their estimates, the range their errors give (:func:`conformal_ratios`)."""
-    found = _point_estimate(model_name, mode, patch, counts, directory, log_path, load)
+    their estimates, the range their errors give (:func:`conformal_ratios`). ``stated``
+    (naive only): the naive figures exact runs' speed lines stated count as naive runs
+    (:func:`record_run`' ``stated_naive``), so the page says one naive figure for a run
+    before and after it (7.3 min shown before a run, 4.8 min in its speed line); the
+    speed line's own bound (:func:`bounded_speed`) never reads them."""
+    found = _point_estimate(
+        model_name, mode, patch, counts, directory, log_path, load, stated and mode == "naive"
+    )
     return with_host_range(found, model_name, mode, log_path)
 
 
@@ -789,12 +721,18 @@ def _point_estimate(
     directory: Path | None,
     log_path: Path | None,
     load: float | None,
+    stated: bool = False,
 ) -> Estimate:
     """The estimate from the log's refit or the calibration, at ``load`` (None: the
-    logged runs' own), with the fit's own range."""
+    logged runs' own), with the fit's own range; ``stated``: a naive estimate that also
+    learns from the naive figures exact runs stated (:func:`estimate_for_counts`)."""
     from .registry.entries import RegistryError, find_entry
 
     rows = logged_runs(model_name, mode, patch, log_path)
+    if stated:
+        exact = logged_runs(model_name, "exact", patch, log_path)
+        said = [as_naive(row) for row in exact if row.get("naive_seconds")]
+        rows = sorted(rows + said, key=lambda row: row.get("when", 0.0))[-RECENT_RUNS:]
     now = _now_factor(rows, load)
     learned = _fit_log(rows, mode, counts, now)
     if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
@@ -818,7 +756,7 @@ def _point_estimate(
     calibration = entry.get("calibration", {})
     error = ((fit or {}).get("held_out_median_abs_error_percent") or 25.0) / 100
     source = f"calibration ({calibration.get('date', 'undated')})"
-    pairs = _host_pairs(entry, model_name, patch, log_path)
+    pairs = _host_pairs(entry, model_name, patch, log_path, stated)
     if not pairs:
         low, high = _ratio_range(seconds, max(1 + 2 * error, MIN_SPREAD))
         return Estimate(seconds, low, high, source)
@@ -829,14 +767,21 @@ def _point_estimate(
 
 
 def _host_pairs(
-    entry: RegistryEntry, model_name: str, patch: int, log_path: Path | None
+    entry: RegistryEntry,
+    model_name: str,
+    patch: int,
+    log_path: Path | None,
+    stated: bool = False,
 ) -> list[tuple[float, float]]:
     """(calibration's prediction, actual seconds at an idle host's pace) of this host's
     recent runs of the model and patch, every mode each against its own calibration: the
     load they met is this one's too, and a mode's first run here was otherwise estimated
-    at the calibration's idle pace (beside a 2-core burner: 1.4 s shown, 3.5 s taken)."""
+    at the calibration's idle pace (beside a 2-core burner: 1.4 s shown, 3.5 s taken).
+    ``stated``: an exact run that stated a naive figure counts as that naive run."""
     pairs = []
     for row in logged_runs(model_name, None, patch, log_path)[-HOST_RUNS:]:
+        if stated and row.get("mode") == "exact" and row.get("naive_seconds"):
+            row = as_naive(row)
         try:
             predicted = _calibrated_seconds(
                 entry, model_name, row["mode"], patch, (row["stage_one"], row["stage_two"])

@@ -110,3 +110,50 @@ def test_the_clis_speed_line_never_takes_a_slow_probe_over_the_models_own_naive_
     )
     assert bounded_speed(probed, None, 12) is probed  # no model to ask: as probed
     assert bounded_speed(probed, "no-such-model", 12)["naive_basis"] == "probed in this run"
+
+
+def test_the_naive_figure_before_a_run_learns_what_the_runs_speed_lines_said(
+    tmp_path, krypton_home
+):
+    """The page gave two naive figures for one run: 7.3 min before it (the estimate) and
+    4.8 min in its speed line (timed beside the run). Each exact run's log row now keeps
+    the naive run its speed line stated, and the naive figure the page shows before the
+    next run learns from them; the speed line's own bound, and every exact estimate,
+    read real runs only."""
+    from krypton.estimator import estimate_for_counts, logged_runs
+    from krypton.host import max_threads
+
+    services = Services(tmp_path / "cache")
+    key = services.images.put(IMAGE)
+    request = runs.RunRequest(
+        key=key, name="fundus.png", model="fundus-demo", patch=16, stride=8, mode="exact",
+        fill_rgb=(0.5,) * 3, region=REGION,
+    )  # fmt: skip
+    result = runs.execute(services, "tab", request, lambda *a: None)
+    (row,) = logged_runs("fundus-demo", "exact", 16)
+    whole = result["speed"]["whole"]
+    assert row["naive_seconds"] == pytest.approx(whole["naive_seconds"], abs=1e-4)
+    assert row["naive_positions"] == whole["positions"]
+    assert logged_runs("fundus-demo", "naive", 16) == []  # no naive run was made up
+
+    from krypton.estimator import runtime_log_path
+
+    before = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0).seconds
+    said = 0.6 * before  # three runs' speed lines said less than the calibration
+    plain = tmp_path / "the same runs, no figures kept.jsonl"
+    for positions in (361, 169, 49):
+        seconds = said * positions / 361  # on an idle host, at all its threads
+        for log, figure in ((runtime_log_path(), (positions, seconds)), (plain, None)):
+            record_run("fundus-demo", "exact", 12, (positions, 0), seconds / 4, log,
+                       load=0.0, threads=max_threads(), stated_naive=figure)  # fmt: skip
+    shown = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0, stated=True)
+    assert shown.seconds == pytest.approx(said, rel=0.05) and "this host's" in shown.source
+    found = runs.find_estimate("fundus-demo", 12, 8, "naive", None, 0.25, 2.0, load=0.0)
+    per_position = said / 361  # the page's line, for its 27 x 27 positions at stride 8
+    assert found is not None and found.seconds == pytest.approx(729 * per_position, rel=0.05)
+    # the speed line's bound and every exact estimate read the runs themselves: the same
+    # as on a log without the figures
+    for mode in ("naive", "exact"):
+        kept = estimate_for_counts("fundus-demo", mode, 12, (361, 0), load=0.0)
+        without = estimate_for_counts("fundus-demo", mode, 12, (361, 0), log_path=plain, load=0.0)
+        assert kept == without

@@ -74,7 +74,9 @@ def counts_estimate(
     if cached >= positions:
         return cached_estimate(model, load)
     try:
-        return estimate_for_counts(model, mode, patch, (positions - cached, 0), load=load)
+        return estimate_for_counts(
+            model, mode, patch, (positions - cached, 0), load=load, stated=mode == "naive"
+        )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
 
@@ -110,6 +112,7 @@ def find_estimate(
             target_speedup=target_speedup,
             cached=cached,
             load=host_load() if load is None else load,
+            stated=mode == "naive",  # one naive figure: what exact runs' speed lines said
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
@@ -167,13 +170,17 @@ def finished_run(
     benches state (krypton.estimator.stated_speed: the whole run against a naive one),
     bounded by this host's logged naive runs at this load alone (:func:`measured_speed`:
     never by a calibration from another day); the log row keeps the estimate shown and
-    the load met, which the next estimates learn from."""
+    the load met, which the next estimates learn from, and the naive run the speed line
+    states, which the naive figure shown before the next run learns from (one naive
+    figure for a run: the page said 7.3 min before a run and 4.8 min in its speed line)."""
     speed = stated_speed(heatmap, request.model, load, calibrated=False)
     estimated = (planned or {}).get("seconds")
     seconds = heatmap.seconds
+    whole = (speed or {}).get("whole") or {}
+    said = (int(whole["positions"]), float(whole["naive_seconds"])) if whole else None
     if heatmap.positions_evaluated:
         record_run(request.model, request.mode, request.patch, counts, seconds,
-                   estimated=estimated, load=load)  # fmt: skip
+                   estimated=estimated, load=load, stated_naive=said)  # fmt: skip
     else:  # every cell was known: a run of its own kind (cached_estimate)
         record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
     return speed
