@@ -60,6 +60,7 @@ written drawing code, seeds no training or tuning used.
 from __future__ import annotations
 
 import argparse
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -411,6 +412,33 @@ def _models(shipped: str, controls: Path | None) -> tuple[list, object | None]:
     return models, shuffled
 
 
+def accuracy_note(shipped: str, controls: Path | None) -> str:
+    """Whether the no-fill control's held-out accuracy is within ACCURACY_MATCH of the
+    shipped model's (the same test set: each card's ``held_out``); "" without a control.
+    Where it is not, a drop from shipped to control is not the occluder's alone."""
+    from demo.controls import ACCURACY_MATCH, CONTROLS
+    from krypton.registry.entries import find_entry
+
+    path = None if controls is None else controls / f"{CONTROLS[shipped]}.json"
+    if path is None or not path.exists():
+        return ""
+    control = json.loads(path.read_text())["training"].get("held_out_accuracy")
+    mine = find_entry(shipped)[1].get("evaluation", {}).get("held_out", {}).get("accuracy")
+    if control is None or mine is None:
+        return f"{CONTROLS[shipped]}: no held-out accuracy to compare with {shipped}'s."
+    within = abs(control - mine) <= ACCURACY_MATCH
+    verdict = (
+        f"within {ACCURACY_MATCH * 100:.0f} point"
+        if within
+        else f"NOT within {ACCURACY_MATCH * 100:.0f} point: a drop from {shipped} to its "
+        f"control is partly the accuracy's, not the occluder's alone"
+    )
+    return (
+        f"{CONTROLS[shipped]} (no occluder) holds out {control:.1%} against {shipped}'s "
+        f"{mine:.1%}: {verdict}."
+    )
+
+
 def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tuple[str, str]]:
     """Every (model, fill) of ``kind`` on ``count`` inputs (with ``args.tables``), and
     with ``args.checks`` the Grad-CAM blocks, cascading and data randomisation: per
@@ -419,6 +447,8 @@ def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tupl
     shipped, subject, stride, what = KINDS[kind]
     title = f"{count} held-out {what}, seed {SEED}"
     models, shuffled = _models(shipped, args.controls)
+    if note := accuracy_note(shipped, args.controls):
+        title = f"{title}. {note}"
     sections: dict[str, tuple[str, str]] = {}
     for fill in fills if args.tables else []:
         rows, compact, paired = [], [], []

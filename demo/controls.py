@@ -6,10 +6,13 @@ Both demo models saw occlusion's own fill while they learnt (gray boxes over fun
 images, parenchyma cubes in chest-CT crops), and that fill is also Integrated Gradients'
 baseline and the deletion curves' fill, so a comparison on them favours occlusion and IG
 by construction. A control is the same architecture trained from scratch on the same
-generator with the same targets and optimiser but no occluder in any training input, on a
-shorter schedule than the shipped models' (the fundus model's first stage: about 35 min
-on 2 idle cores, 95.2% held out against the shipped 98.2%; the chest model in 5 min,
-96.3% against 98.0%). Its entry
+generator with the same targets and optimiser but no occluder in any training input. The
+fundus control follows the shipped model's whole schedule (four stages, their seeds,
+epochs and learning rates) and its very draws, each gray box drawn and left off, so it
+differs from the shipped model in the occluder alone (about 90 min on 2 idle cores; the
+first-stage control it replaces read 95.2% held out against the shipped 98.2%, so the
+drop from shipped to control could not be put on the occluder). The chest control is on
+a shorter schedule (5 min, 96.3% against 98.0%). Its entry
 (``fundus-control``, ``chestct-control``) sits in ``--dir``, outside the shipped models,
 with its training record and its accuracy on the held-out sets the shipped cards use.
 ``bench.methods --controls DIR`` runs the whole comparison on it beside the shipped model.
@@ -39,25 +42,29 @@ CONTROLS = {"fundus-demo": "fundus-control", "chestct-demo": "chestct-control"}
 # shipped model: its data-randomisation control (its control's architecture fitted to
 # shuffled labels, SHUFFLED_SCHEDULE); the chest model only, where it takes minutes
 SHUFFLED = {"chestct-demo": "chestct-shuffled"}
-# The controls' schedules: the shipped fundus model's first stage (10 epochs of 3,200
-# images, 1,000 steps of 32; about 200 s an epoch on 2 idle cores), and the chest
-# trainer's two-stage shape at a third of its first stage.
-FUNDUS_SCHEDULE = {"epochs": 10, "images_per_epoch": 3200}
+# The controls' schedules: the shipped fundus model's four stages (10, 10, 8 and 5 epochs
+# of 3,200 images; about 200 s an epoch on 2 idle cores), and the chest trainer's
+# two-stage shape at a third of its first stage.
+FUNDUS_SCHEDULE = {"epochs": 10, "images_per_epoch": 3200, "later_epochs": (8, 5)}
+# a control's held-out accuracy within this of the shipped model's: the tables say so
+# where it is not (the drop from shipped to control is then partly the accuracy's)
+ACCURACY_MATCH = 0.01
 CHEST_SCHEDULE = (
     {"crop": 32, "steps": 600, "batch": 32},
     {"crop": 48, "steps": 60, "batch": 16},
 )
 
 
-def train_fundus_control(log=print, **schedule: int) -> tuple[torch.nn.Module, dict]:
-    """ResNet18 from scratch on FundusGenerator(seed=1), class targets with label
-    smoothing, no gray box in any image (``schedule``: train's epochs and
-    images_per_epoch, default :data:`FUNDUS_SCHEDULE`); its held-out accuracy (seed 3,
-    600 images)."""
+def train_fundus_control(log=print, **schedule) -> tuple[torch.nn.Module, dict]:
+    """ResNet18 on the shipped fundus model's schedule and draws with every gray box left
+    off (demo.fundus.train.train_stages without the occluder; ``schedule``: its epochs,
+    images_per_epoch and later_epochs, default :data:`FUNDUS_SCHEDULE`); its held-out
+    accuracy (seed 3, 600 images)."""
     from demo.fundus import train as fundus
     from demo.fundus.evaluate import accuracy
 
-    model, record = fundus.train(**{**FUNDUS_SCHEDULE, **schedule}, log=log, occluded=False)
+    model, record = fundus.train_stages(**{**FUNDUS_SCHEDULE, **schedule}, log=log,
+                                        occluder=False)  # fmt: skip
     with torch.inference_mode():
         record["held_out_accuracy"] = accuracy(model)
     return model, record
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         "--fundus-epochs",
         type=int,
         default=FUNDUS_SCHEDULE["epochs"],
-        help="epochs of 3,200 images for the fundus control (10: the shipped first stage)",
+        help="epochs of 3,200 images in the fundus control's first two stages (10: shipped)",
     )
     args = parser.parse_args(argv)
     chosen = [t for t in TRAINERS if not args.only or t[1].startswith(args.only)]

@@ -27,6 +27,44 @@ def test_a_fundus_control_never_sees_a_gray_box_while_it_learns(monkeypatch):
     assert boxes
 
 
+def test_the_fundus_control_sees_the_shipped_draws_with_the_occluder_alone_left_off():
+    """The control was the shipped model's first stage only (95.2% held out against
+    98.2%), so a drop from shipped to control could not be put on the occluder. It now
+    takes the shipped recipe's draws, boxes drawn and left off: every image is the
+    shipped batch's own where that carried no occluder, and its clean self where it
+    did; the targets are those of every lesion."""
+    from demo.fundus.data import _batch, evidence_target, to_tensor
+    from krypton.synthetic.fundus import FundusGenerator
+
+    for graded, partial in ((False, False), (True, False), (True, True)):
+        shipped = _batch(FundusGenerator(seed=5), 24, True, graded, partial)
+        control = _batch(FundusGenerator(seed=5), 24, True, graded, partial, occluder=False)
+        clean = FundusGenerator(seed=5)  # the same samples, drawn without the boxes'
+        samples = [clean.sample(label=i % 3) for i in range(24)]
+        assert torch.equal(control[0], to_tensor(np.stack([s.image for s in samples])))
+        occluded = [not torch.equal(a, b) for a, b in zip(shipped[0], control[0])]
+        assert 0 < sum(occluded) < 24  # some shipped images carried one, not all
+        for number, sample in enumerate(samples):
+            if not occluded[number]:  # no occluder drawn: the shipped target too
+                assert torch.equal(shipped[1][number], control[1][number])
+            if graded:
+                expected = torch.tensor(evidence_target(sample.lesions), dtype=torch.float32)
+                assert torch.allclose(control[1][number], expected)
+
+
+def test_the_tables_say_whether_the_control_holds_out_as_well_as_the_shipped_model(tmp_path):
+    from bench.methods import accuracy_note
+    from demo.controls import write_control
+    from demo.fundus.train import build_model
+
+    assert accuracy_note("fundus-demo", tmp_path) == ""  # no control trained there
+    write_control("fundus-demo", build_model(), {"held_out_accuracy": 0.952}, tmp_path)
+    note = accuracy_note("fundus-demo", tmp_path)
+    assert "95.2% against fundus-demo's 98.2%: NOT within 1 point" in note
+    write_control("fundus-demo", build_model(), {"held_out_accuracy": 0.978}, tmp_path)
+    assert accuracy_note("fundus-demo", tmp_path).endswith("98.2%: within 1 point.")
+
+
 def test_a_chest_control_never_sees_a_parenchyma_cube_while_it_learns():
     from demo.chestct.train import _batch
     from krypton.synthetic.chestct import VolumeSample

@@ -78,12 +78,16 @@ def _batch(
     gray_boxes: bool,
     graded: bool = False,
     partial: bool = False,
+    occluder: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A balanced batch: images and class indices, or with ``graded`` soft targets by
     evidence, where a quarter of the lesion images have one lesion hidden under a gray
     box (their target follows the lesions left). With ``partial`` (graded only) a fifth
     have one lesion wholly hidden and a fifth one lesion partly hidden, whose target
-    mixes the targets with and without it by the share of it still visible."""
+    mixes the targets with and without it by the share of it still visible. Without
+    ``occluder`` every draw is made as with it (the same images, the same boxes drawn)
+    and each image goes in clean, with the target of all its lesions: the control that
+    differs from the shipped recipe in the occluder alone."""
     samples = [generator.sample(label=i % len(CLASSES)) for i in range(size)]
     images, targets = [], []
     for sample in samples:
@@ -92,12 +96,15 @@ def _batch(
         draw = generator.rng.random() if gray_boxes or graded else 1.0
         hide_below, box_from = (0.2, 0.55) if partial else (0.25, 0.5)
         if graded and draw < hide_below and (hidden := generator.hide_lesion(sample)):
-            image, visible = hidden
+            if occluder:
+                image, visible = hidden
         elif partial and draw < 0.4 and (part := generator.partly_hide_lesion(sample)):
-            image, index, share = part
-            target = partly_hidden_target(visible, index, share)
+            if occluder:
+                image, index, share = part
+                target = partly_hidden_target(visible, index, share)
         elif gray_boxes and (draw >= box_from if graded else draw < 0.5):
-            image = generator.gray_box(sample)
+            boxed = generator.gray_box(sample)
+            image = boxed if occluder else image
         images.append(image)
         if target is None:
             target = evidence_target(visible) if graded else label_for(visible)

@@ -62,9 +62,13 @@ def train(
     graded: bool = False,
     partial: bool = False,
     occluded: bool = True,
+    occluder: bool = True,
 ) -> tuple[torch.nn.Module, dict]:
     """Train from scratch; returns the eval-mode model and a training record. Without
-    ``occluded`` no training image carries a gray box (the method comparison's control).
+    ``occluded`` no training image carries a gray box and none is drawn (the method
+    comparison's first-stage control); without ``occluder`` the boxes are drawn as the
+    shipped recipe draws them and left off (:func:`demo.fundus.data._batch`): the same
+    images, the occluder alone removed.
 
     Label smoothing keeps the softmax off its saturated ends, so occluding one of several
     lesions still lowers the probability measurably (a saturated model's heatmap of a
@@ -93,8 +97,9 @@ def train(
         loss_sum = 0.0
         for _ in range(steps_per_epoch):
             images, labels = _batch(
-                generator, batch_size, gray_boxes=occluded, graded=graded, partial=partial
-            )
+                generator, batch_size, gray_boxes=occluded, graded=graded, partial=partial,
+                occluder=occluder,
+            )  # fmt: skip
             logits = model(images)
             loss = (
                 F.cross_entropy(logits, labels)  # soft targets carry their own smoothing
@@ -120,15 +125,18 @@ def train(
         "batch_size": batch_size,
         "seed": seed,
         "label_smoothing": None if graded else label_smoothing,
-        "gray_boxes": occluded,
+        "gray_boxes": occluded and occluder,
         "targets": (
-            "graded by evidence, a fifth with one lesion hidden, a fifth with one partly "
+            "graded by evidence, every lesion visible (the shipped draws, no occluder)"
+            if graded and not occluder
+            else "graded by evidence, a fifth with one lesion hidden, a fifth with one partly "
             "hidden (target mixed by the share visible)"
             if partial
             else "graded by evidence, a quarter with one lesion hidden"
             if graded
             else "class"
         ),
+        "occluder": occluded and occluder,
         "learning_rate": learning_rate,
         "initial_weights": (
             None
@@ -270,21 +278,32 @@ THIRD_STAGE_SEED = 11
 
 
 def train_third_stage(
-    model: torch.nn.Module, epochs: int = 8, images_per_epoch: int = 3200, log=print
+    model: torch.nn.Module,
+    epochs: int = 8,
+    images_per_epoch: int = 3200,
+    log=print,
+    occluder: bool = True,
 ):
     """Stage 3, from the two-stage model's float16 weights on a fresh stream (seed 11,
     learning rate 5e-4): targets graded by evidence (:func:`evidence_target`), a quarter of
     the lesion images with one lesion hidden under a gray box. After stages 1-2 the model
     gave one lesion and four the same probability, so occluding one of several changed
     nothing (multi-lesion coverage 55%)."""
-    return _train_on(model, epochs, images_per_epoch, THIRD_STAGE_SEED, 5e-4, log, graded=True)
+    return _train_on(
+        model, epochs, images_per_epoch, THIRD_STAGE_SEED, 5e-4, log, graded=True,
+        occluder=occluder,
+    )  # fmt: skip
 
 
 FOURTH_STAGE_SEED = 13
 
 
 def train_fourth_stage(
-    model: torch.nn.Module, epochs: int = 5, images_per_epoch: int = 3200, log=print
+    model: torch.nn.Module,
+    epochs: int = 5,
+    images_per_epoch: int = 3200,
+    log=print,
+    occluder: bool = True,
 ):
     """Stage 4, from the three-stage model's float16 weights on a fresh stream (seed 13,
     learning rate 3e-4): graded targets with lesions partly hidden as well as wholly
@@ -292,22 +311,39 @@ def train_fourth_stage(
     took the probability to its floor, so the lowest heatmap cell fell anywhere on a
     plateau up to 13 px from the lesion (strict pointing game 74%)."""
     return _train_on(
-        model, epochs, images_per_epoch, FOURTH_STAGE_SEED, 3e-4, log, graded=True, partial=True
-    )
+        model, epochs, images_per_epoch, FOURTH_STAGE_SEED, 3e-4, log, graded=True, partial=True,
+        occluder=occluder,
+    )  # fmt: skip
 
 
-def train_stages(epochs: int = 10, images_per_epoch: int = 3200, log=print):
+def train_stages(
+    epochs: int = 10,
+    images_per_epoch: int = 3200,
+    log=print,
+    occluder: bool = True,
+    later_epochs: tuple[int, int] = (8, 5),
+):
     """How the shipped fundus-demo was trained: stage 1 from scratch (seed 1, learning
     rate 2e-3), stage 2 from stage 1's float16 weights on a fresh image stream (seed 7,
     1e-3), each a one-cycle schedule (the training accuracy was still rising steeply at
     the end of stage 1, 93%, and 97% after stage 2), then :func:`train_third_stage` and
-    :func:`train_fourth_stage`."""
-    first, first_record = train(epochs, images_per_epoch, seed=TRAIN_SEED, log=log)
-    second, second_record = _train_on(first, epochs, images_per_epoch, SECOND_STAGE_SEED, 1e-3, log)
+    :func:`train_fourth_stage` (``later_epochs``). Without ``occluder``: the same
+    schedule, seeds and draws with every gray box left off (the method comparison's
+    control, demo.controls)."""
+    first, first_record = train(
+        epochs, images_per_epoch, seed=TRAIN_SEED, log=log, occluder=occluder
+    )
+    second, second_record = _train_on(
+        first, epochs, images_per_epoch, SECOND_STAGE_SEED, 1e-3, log, occluder=occluder
+    )
     second_record["initial_weights"] = "stage 1 (float16 weights)"
-    third, third_record = train_third_stage(second, log=log)
+    third, third_record = train_third_stage(
+        second, later_epochs[0], images_per_epoch, log=log, occluder=occluder
+    )
     third_record["initial_weights"] = "stage 2 (float16 weights)"
-    model, fourth_record = train_fourth_stage(third, log=log)
+    model, fourth_record = train_fourth_stage(
+        third, later_epochs[1], images_per_epoch, log=log, occluder=occluder
+    )
     fourth_record["initial_weights"] = "stage 3 (float16 weights)"
     return model, stages_record([first_record, second_record, third_record, fourth_record])
 
