@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-load test-busy test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs viewer ohif
+.PHONY: setup test test-load test-busy test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs viewer ohif harder
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -115,7 +115,12 @@ bench: $(STAMP)
 controls: $(STAMP)
 	$(PY) -m demo.controls
 
-bench-methods: controls
+# The demo recipe on the harder generator (look-alikes on every eye): fundus-hard-demo,
+# into out/harder (kept once trained; about 90 min on 2 idle cores).
+harder: $(STAMP)
+	test -f out/harder/fundus-hard-demo.json || $(PY) -m demo.fundus.train train --task fundus-hard-demo
+
+bench-methods: controls harder
 	$(PY) -m bench.conspicuity
 	$(PY) -W ignore -m bench.methods --controls out/controls --doc docs/models.md --readme README.md
 

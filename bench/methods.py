@@ -226,12 +226,13 @@ def cascade(model, cases, stride: int, count: int) -> list[str]:
     return lines
 
 
-def _fundus(model, count: int):
-    """(the held-out images as (tensor, label, lesions), the pointing rule, coverage)."""
+def _fundus(model, count: int, distractors: bool = False):
+    """(the held-out images as (tensor, label, lesions), the pointing rule, coverage);
+    ``distractors``: the harder generator's, look-alikes on every eye."""
     from demo.fundus.independent import IndependentFundusGenerator
 
     def cases():
-        generator = IndependentFundusGenerator(seed=SEED)
+        generator = IndependentFundusGenerator(seed=SEED, distractors=distractors)
         for number in range(count):
             sample = generator.sample(label=1 + number % 2)
             yield model.preprocess(Image.fromarray(sample.image)), sample.label, sample.lesions
@@ -389,17 +390,37 @@ def data_randomisation(control, shuffled, cases, stride: int, count: int, fill: 
     return lines
 
 
+def _fundus_harder(model, count: int):
+    return _fundus(model, count, distractors=True)
+
+
 KINDS = {  # kind: (shipped model, its held-out subject, stride, what is counted)
     "fundus": ("fundus-demo", _fundus, 8, "images (demo.fundus.independent), patch 12, stride 8"),
+    "fundus-harder": ("fundus-hard-demo", _fundus_harder, 8, "images with look-alikes "
+                      "(demo.fundus.independent, distractors=True), patch 12, stride 8"),
     "chestct": ("chestct-demo", _chest, 5, "volumes with one nodule (demo.chestct.independent), "
                 "cube 8, stride 5"),
 }  # fmt: skip
 
 
+def _home(model: str) -> Path | None:
+    """Where ``model`` is written when it is not shipped (the harder generator's model:
+    demo.fundus.data.TASKS); None: the registry's own search."""
+    from demo.fundus.data import TASKS, TODAY
+
+    task = TASKS.get(model)
+    return None if task is None or task == TODAY else task.directory
+
+
 def _models(shipped: str, controls: Path | None) -> tuple[list, object | None]:
-    """The shipped model and, where ``controls`` holds it, its no-fill control; and its
-    data-randomisation control where ``controls`` holds that."""
-    models, shuffled = [load_model(shipped)], None
+    """The shipped model (or the harder generator's, where trained) and, where
+    ``controls`` holds it, its no-fill control; and its data-randomisation control where
+    ``controls`` holds that. No models where the first is not trained."""
+    home = _home(shipped)
+    if home is not None and not (home / f"{shipped}.json").exists():
+        print(f"no {shipped} in {home}: `make harder` trains it")
+        return [], None
+    models, shuffled = [load_model(shipped, home)], None
     if controls is not None:
         from demo.controls import CONTROLS, SHUFFLED
 
@@ -423,7 +444,8 @@ def accuracy_note(shipped: str, controls: Path | None) -> str:
     if path is None or not path.exists():
         return ""
     control = json.loads(path.read_text())["training"].get("held_out_accuracy")
-    mine = find_entry(shipped)[1].get("evaluation", {}).get("held_out", {}).get("accuracy")
+    card = find_entry(shipped, _home(shipped))[1].get("evaluation", {})
+    mine = card.get("held_out", {}).get("accuracy")
     if control is None or mine is None:
         return f"{CONTROLS[shipped]}: no held-out accuracy to compare with {shipped}'s."
     within = abs(control - mine) <= ACCURACY_MATCH
@@ -447,6 +469,8 @@ def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tupl
     shipped, subject, stride, what = KINDS[kind]
     title = f"{count} held-out {what}, seed {SEED}"
     models, shuffled = _models(shipped, args.controls)
+    if not models:
+        return {}
     if note := accuracy_note(shipped, args.controls):
         title = f"{title}. {note}"
     sections: dict[str, tuple[str, str]] = {}
@@ -503,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown fill or kind: {', '.join(sorted(unknown))}")
     torch.manual_seed(0)
     print(f"{torch.get_num_threads()} threads")
-    counts = {"fundus": args.images, "chestct": args.volumes}
+    counts = {"fundus": args.images, "fundus-harder": args.images, "chestct": args.volumes}
     for kind in kinds:
         if not counts[kind]:
             continue

@@ -38,7 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTROL_DIR = ROOT / "out" / "controls"
 SHIPPED_DIR = ROOT / "krypton" / "shipped_models"
 # shipped model: its control
-CONTROLS = {"fundus-demo": "fundus-control", "chestct-demo": "chestct-control"}
+CONTROLS = {
+    "fundus-demo": "fundus-control",
+    "fundus-hard-demo": "fundus-hard-control",  # the harder generator's (demo.fundus.data)
+    "chestct-demo": "chestct-control",
+}
 # shipped model: its data-randomisation control (its control's architecture fitted to
 # shuffled labels, SHUFFLED_SCHEDULE); the chest model only, where it takes minutes
 SHUFFLED = {"chestct-demo": "chestct-shuffled"}
@@ -55,19 +59,29 @@ CHEST_SCHEDULE = (
 )
 
 
-def train_fundus_control(log=print, **schedule) -> tuple[torch.nn.Module, dict]:
+def train_fundus_control(log=print, task=None, **schedule) -> tuple[torch.nn.Module, dict]:
     """ResNet18 on the shipped fundus model's schedule and draws with every gray box left
     off (demo.fundus.train.train_stages without the occluder; ``schedule``: its epochs,
-    images_per_epoch and later_epochs, default :data:`FUNDUS_SCHEDULE`); its held-out
-    accuracy (seed 3, 600 images)."""
+    images_per_epoch and later_epochs, default :data:`FUNDUS_SCHEDULE`), on ``task``'s
+    generator (default today's); its held-out accuracy (seed 3, 600 images)."""
     from demo.fundus import train as fundus
+    from demo.fundus.data import TODAY
     from demo.fundus.evaluate import accuracy
 
+    task = task or TODAY
     model, record = fundus.train_stages(**{**FUNDUS_SCHEDULE, **schedule}, log=log,
-                                        occluder=False)  # fmt: skip
+                                        occluder=False, task=task)  # fmt: skip
     with torch.inference_mode():
-        record["held_out_accuracy"] = accuracy(model)
+        record["held_out_accuracy"] = accuracy(model, task=task)
     return model, record
+
+
+def train_harder_control(log=print, **schedule) -> tuple[torch.nn.Module, dict]:
+    """:func:`train_fundus_control` on the harder generator (look-alikes on every eye):
+    the control of fundus-hard-demo."""
+    from demo.fundus.data import HARDER
+
+    return train_fundus_control(log, HARDER, **schedule)
 
 
 def train_chest_control(log=print) -> tuple[torch.nn.Module, dict]:
@@ -119,7 +133,9 @@ def write_control(
     directory.mkdir(parents=True, exist_ok=True)
     name = name or CONTROLS[shipped]
     shuffled = name == SHUFFLED.get(shipped)
-    entry = json.loads((SHIPPED_DIR / f"{shipped}.json").read_text())
+    # the harder generator's model is not shipped; it preprocesses as fundus-demo does
+    base = {"fundus-hard-demo": "fundus-demo"}.get(shipped, shipped)
+    entry = json.loads((SHIPPED_DIR / f"{base}.json").read_text())
     for kept_apart in ("evaluation", "ood", "tuning", "calibration", "default"):
         entry.pop(kept_apart, None)
     state = {k: v.half() if v.is_floating_point() else v for k, v in module.state_dict().items()}
@@ -146,6 +162,7 @@ def write_control(
 # (shipped model, control, trainer)
 TRAINERS = (
     ("fundus-demo", CONTROLS["fundus-demo"], train_fundus_control),
+    ("fundus-hard-demo", CONTROLS["fundus-hard-demo"], train_harder_control),
     ("chestct-demo", CONTROLS["chestct-demo"], train_chest_control),
     ("chestct-demo", SHUFFLED["chestct-demo"], train_chest_shuffled),
 )
@@ -173,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: already in {args.dir} (--force retrains it)")
             continue
         started = time.perf_counter()
-        schedule = {"epochs": args.fundus_epochs} if trainer is train_fundus_control else {}
+        fundus = trainer in (train_fundus_control, train_harder_control)
+        schedule = {"epochs": args.fundus_epochs} if fundus else {}
         module, record = trainer(**schedule)
         path = write_control(shipped, module, record, args.dir, name)
         print(

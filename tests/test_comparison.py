@@ -17,7 +17,7 @@ from test_runs import IMAGE, request
 from test_volume_cli import hu_volume, volume_model  # noqa: F401
 
 from krypton.methods import compare
-from webapp import comparison, runs
+from webapp import comparison, gradient_steps, runs
 from webapp.helpers import InputError
 from webapp.services import Services
 
@@ -83,7 +83,7 @@ def test_a_run_without_compare_has_no_maps_and_no_compare_export(services):
 
 
 def test_past_few_classes_only_the_runs_class_and_another_asks_for_a_run(services, monkeypatch):
-    monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 2)
+    monkeypatch.setattr(gradient_steps, "EVERY_CLASS_UP_TO", 2)
     result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
     assert result["methods"]["integrated_gradients"]["labels"] == [result["label"]]
     other = runs.relabel(result, (result["label"] + 1) % 3)
@@ -269,7 +269,7 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
     odd = volume.estimate("ct-test", 8, 8, "exact", None, None, ["compare"], record, "tab-1", "999")
     assert odd.startswith(plain.split(".")[0]) and "for all 2 classes" in odd
     assert "for all 3 classes" in panel.estimate(*settings, ["compare"], "999")
-    monkeypatch.setattr(comparison, "EVERY_CLASS_UP_TO", 1)
+    monkeypatch.setattr(gradient_steps, "EVERY_CLASS_UP_TO", 1)
     assert "for the explained class" in panel.estimate(*settings, ["compare"])
 
 

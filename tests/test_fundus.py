@@ -245,7 +245,8 @@ def test_a_later_stage_refuses_a_model_with_too_few_stages(tmp_path, capsys):
     before loading or training anything."""
     import json
 
-    from demo.fundus.train import REGISTRY_FILE, main
+    from demo.fundus.data import REGISTRY_FILE
+    from demo.fundus.train import main
 
     (tmp_path / REGISTRY_FILE).write_text(json.dumps({"training": {"stages": [{}, {}]}}))
     with pytest.raises(SystemExit):
@@ -304,3 +305,35 @@ def test_the_default_patch_keeps_the_lowest_cell_on_the_lesion():
     loaded = krypton.load_model("fundus-demo")
     hits = _local_pointing_hits(loaded.module, patch=loaded.patch)
     assert hits >= 27, f"{hits} of 30 at patch {loaded.patch}"
+
+
+def test_a_model_of_the_harder_task_learns_from_it_and_is_written_beside_not_over_the_shipped(
+    tmp_path, monkeypatch
+):
+    """The harder generator's model (fundus-hard-demo) trains on the generators with
+    look-alikes, under its own name and files; it is not the app's default and claims no
+    modality, so the shipped fundus-demo stays the one a photograph meets."""
+    import json
+
+    from demo.fundus import data
+    from demo.fundus.train import save, train
+    from krypton.registry import load_model
+
+    drawn = []
+    real = FundusGenerator.__init__
+
+    def spy(self, seed=0, size=224, distractors=False):
+        drawn.append(distractors)
+        real(self, seed=seed, size=size, distractors=distractors)
+
+    monkeypatch.setattr(FundusGenerator, "__init__", spy)
+    options = dict(epochs=1, images_per_epoch=8, batch_size=8, log=lambda *_: None)
+    model, record = train(**options, task=data.HARDER)
+    assert drawn == [True] and "look-alikes" in record["generator"]
+    path = save(model, record, tmp_path, task=data.HARDER)
+    entry = json.loads(path.read_text())
+    assert path.name == "fundus-hard-demo.json" and entry["name"] == "fundus-hard-demo"
+    assert "default" not in entry and "modalities" not in entry
+    assert not (tmp_path / "fundus-demo.json").exists()
+    assert load_model("fundus-hard-demo", tmp_path).classes == list(CLASSES)
+    assert data.TASKS["fundus-hard-demo"].independent(1).distractors

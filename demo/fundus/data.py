@@ -5,6 +5,7 @@ FundusGenerator, with the soft targets that make occlusion's evidence graded."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,47 @@ TRAIN_SEED, TEST_SEED, POINTING_SEED = 1, 3, 4
 REFERENCE_SEED, THRESHOLD_SEED, OOD_TEST_SEED, MULTI_SEED = 5, 6, 9, 8
 SECOND_STAGE_SEED = 7
 OOD_FILE = "fundus-demo.ood.npz"
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a fundus model learns and is measured on: today's generators, or the harder
+    ones (``distractors``: look-alikes on every eye,
+    :data:`krypton.synthetic.fundus.DISTRACTORS`). ``name`` is the model's registry name;
+    its files are named after it, and ``directory`` is where it is written by default."""
+
+    name: str
+    distractors: bool = False
+    directory: Path = MODEL_DIR
+
+    def generator(self, seed: int) -> FundusGenerator:
+        """The training generator of this task, seeded."""
+        return FundusGenerator(seed=seed, distractors=self.distractors)
+
+    def independent(self, seed: int):
+        """The separately written held-out generator of this task, seeded."""
+        from .independent import IndependentFundusGenerator
+
+        return IndependentFundusGenerator(seed=seed, distractors=self.distractors)
+
+    @property
+    def weights_file(self) -> str:
+        return f"{self.name}.pt"
+
+    @property
+    def registry_file(self) -> str:
+        return f"{self.name}.json"
+
+    @property
+    def ood_file(self) -> str:
+        return f"{self.name}.ood.npz"
+
+
+TODAY = Task("fundus-demo")  # the shipped model's task
+# the harder generators' model: trained and measured here, not shipped (out/, as the
+# method comparison's controls are)
+HARDER = Task("fundus-hard-demo", distractors=True, directory=ROOT / "out" / "harder")
+TASKS = {task.name: task for task in (TODAY, HARDER)}
 
 
 # fundus-demo's default patch (its registry entry's "patch"), and the one its heatmaps are

@@ -25,11 +25,13 @@ from demo.fundus.data import (
     REFERENCE_SEED,
     TEST_SEED,
     THRESHOLD_SEED,
+    TODAY,
+    Task,
     _batch,
     to_tensor,
 )  # fmt: skip
 from krypton.registry.models import IMAGENET_MEAN, IMAGENET_STD
-from krypton.synthetic.fundus import CLASSES, IMAGE_SIZE, FundusGenerator, Sample
+from krypton.synthetic.fundus import CLASSES, IMAGE_SIZE, Sample
 
 # The two microaneurysms visible in scikit-image's Microaneurysms sample, (x, y) in its
 # 102 x 102 pixels: read off the picture, and the two strongest dark blobs a
@@ -45,9 +47,11 @@ NATURAL_PHOTOS = (
 
 
 @torch.inference_mode()
-def accuracy(model: torch.nn.Module, count: int = 600, seed: int = TEST_SEED) -> float:
-    """Accuracy on held-out generated images (balanced over the classes)."""
-    generator = FundusGenerator(seed=seed)
+def accuracy(
+    model: torch.nn.Module, count: int = 600, seed: int = TEST_SEED, task: Task = TODAY
+) -> float:
+    """Accuracy on held-out generated images of ``task`` (balanced over the classes)."""
+    generator = task.generator(seed)
     correct = 0
     for begin in range(0, count, 50):
         images, labels = _batch(generator, min(50, count - begin), gray_boxes=False)
@@ -55,9 +59,9 @@ def accuracy(model: torch.nn.Module, count: int = 600, seed: int = TEST_SEED) ->
     return correct / count
 
 
-def pointing_set(count: int, seed: int = POINTING_SEED) -> list[Sample]:
+def pointing_set(count: int, seed: int = POINTING_SEED, task: Task = TODAY) -> list[Sample]:
     """Held-out images with exactly one planted lesion, alternating the lesion classes."""
-    generator = FundusGenerator(seed=seed)
+    generator = task.generator(seed)
     return [generator.sample(label=1 + i % 2, lesions=1) for i in range(count)]
 
 
@@ -96,11 +100,11 @@ def _picture_tensor(picture, size: int = IMAGE_SIZE) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def independent_accuracy(model: torch.nn.Module, count: int = 600, seed: int = TEST_SEED) -> float:
+def independent_accuracy(
+    model: torch.nn.Module, count: int = 600, seed: int = TEST_SEED, task: Task = TODAY
+) -> float:
     """Accuracy on the independently written generator (demo.fundus.independent)."""
-    from .independent import IndependentFundusGenerator
-
-    generator = IndependentFundusGenerator(seed=seed)
+    generator = task.independent(seed)
     correct = 0
     for begin in range(0, count, 50):
         samples = [generator.sample(label=(begin + i) % 3) for i in range(min(50, count - begin))]
@@ -218,9 +222,9 @@ def strict_pointing_game(
     return {"hit_rate": by_cell / len(samples), "hit_rate_region": by_region / len(samples)}
 
 
-def multi_lesion_set(count: int, seed: int = MULTI_SEED) -> list[Sample]:
+def multi_lesion_set(count: int, seed: int = MULTI_SEED, task: Task = TODAY) -> list[Sample]:
     """Images with 2-4 lesions of one class, alternating the classes."""
-    generator = FundusGenerator(seed=seed)
+    generator = task.generator(seed)
     samples = []
     while len(samples) < count:
         kind = CLASSES[1 + len(samples) % 2]
@@ -314,10 +318,12 @@ def document_pages(count: int = 30, seed: int = DOCUMENT_SEED) -> list:
     return pages
 
 
-def _generated_features(model, seed: int, count: int, generator_class=None):
+def _generated_features(model, seed: int, count: int, make=None):
+    """The model's feature statistics of ``count`` images of ``make(seed)`` (default:
+    today's training generator)."""
     from krypton.registry.ood import feature_statistics
 
-    generator = (generator_class or FundusGenerator)(seed=seed)
+    generator = (make or TODAY.generator)(seed)
     images = (
         to_tensor(generator.sample(label=i % len(CLASSES)).image[None])[0] for i in range(count)
     )
@@ -330,7 +336,9 @@ def _generated_features(model, seed: int, count: int, generator_class=None):
 TOMOGRAPHY_OUTLIERS, TOMOGRAPHY_SEED = 1200, 24
 
 
-def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000):
+def fit_ood(
+    model: torch.nn.Module, reference: int = 2000, held_out: int = 1000, task: Task = TODAY
+):
     """The out-of-distribution reference of the demo model: generated training-like
     images (every view and rendering) fit the densities and, against synthetic outliers
     (dead leaves, 1/f noise, and CT/MR slices drawn from this project's own phantoms),
@@ -339,8 +347,8 @@ def fit_ood(model: torch.nn.Module, reference: int = 2000, held_out: int = 1000)
 
     from ..tomography import drawn_slices
 
-    names, fit = _generated_features(model, REFERENCE_SEED, reference)
-    _, calibrate = _generated_features(model, THRESHOLD_SEED, held_out)
+    names, fit = _generated_features(model, REFERENCE_SEED, reference, task.generator)
+    _, calibrate = _generated_features(model, THRESHOLD_SEED, held_out, task.generator)
     outliers = outlier_features(model, (IMAGE_SIZE, IMAGE_SIZE), lambda p: to_tensor(p[None])[0])
     slices = drawn_slices(TOMOGRAPHY_OUTLIERS, IMAGE_SIZE, seed=TOMOGRAPHY_SEED)
     _, tomography = feature_statistics(model, (to_tensor(p[None])[0] for p in slices))
@@ -373,7 +381,7 @@ def tomography_rates(model: torch.nn.Module, density) -> dict:
     }
 
 
-def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
+def ood_rates(model: torch.nn.Module, density, count: int = 600, task: Task = TODAY) -> dict:
     """Flag rates: fresh in-distribution images (target <= 2%), the independent
     generator's, scikit-image's natural photographs, whole and as 4 corner crops
     (target >= 95%), typeset text pages (:func:`document_pages`), and whether the real
@@ -381,11 +389,11 @@ def ood_rates(model: torch.nn.Module, density, count: int = 600) -> dict:
     are flagged."""
     from krypton.registry.ood import feature_statistics
 
-    from .independent import IndependentFundusGenerator
-
-    in_distribution = density.score(_generated_features(model, OOD_TEST_SEED, count)[1])
+    in_distribution = density.score(
+        _generated_features(model, OOD_TEST_SEED, count, task.generator)[1]
+    )
     independent = density.score(
-        _generated_features(model, OOD_TEST_SEED, count // 2, IndependentFundusGenerator)[1]
+        _generated_features(model, OOD_TEST_SEED, count // 2, task.independent)[1]
     )
     names, pictures = natural_photo_set()
     natural = density.score(feature_statistics(model, (_picture_tensor(p) for p in pictures))[1])
@@ -436,6 +444,7 @@ def evaluate(
     log=print,
     pointing_stride: int = 4,
     parts: tuple[str, ...] = EVALUATION_PARTS,
+    task: Task = TODAY,
 ) -> dict:
     """Every number the model card states, each with its test set (issue: a default
     model that deserves trust); ``parts`` (of :data:`EVALUATION_PARTS`) picks which are
@@ -454,7 +463,7 @@ def evaluate(
 
     def accuracy_part(key: str, measure_accuracy, test_set: str) -> None:
         evaluation[key] = {
-            "accuracy": round(measure_accuracy(model, held_out), 4),
+            "accuracy": round(measure_accuracy(model, held_out, task=task), 4),
             "images": held_out,
             "test_set": test_set,
         }
@@ -465,7 +474,8 @@ def evaluate(
         log(f"real samples {evaluation['real_samples']}")
 
     def pointing_part() -> None:
-        rates = strict_pointing_game(model, pointing_set(pointing_images), stride=pointing_stride)
+        samples = pointing_set(pointing_images, task=task)
+        rates = strict_pointing_game(model, samples, stride=pointing_stride)
         evaluation["pointing_game_strict"] = {
             "hit_rate": round(rates["hit_rate"], 4),
             "hit_rate_region": round(rates["hit_rate_region"], 4),
@@ -481,7 +491,7 @@ def evaluate(
         log(f"strict pointing game {rates}")
 
     def multi_part() -> None:
-        multi = multi_lesion_set(multi_images)
+        multi = multi_lesion_set(multi_images, task=task)
         evaluation["multi_lesion_coverage"] = {
             "share": round(multi_lesion_coverage(model, multi), 4),
             "images": multi_images,
@@ -494,7 +504,7 @@ def evaluate(
         log(f"multi-lesion coverage {evaluation['multi_lesion_coverage']['share']:.3f}")
 
     def ood_part() -> None:
-        evaluation["ood"] = ood_rates(model, density, held_out)
+        evaluation["ood"] = ood_rates(model, density, held_out, task)
         log(f"out-of-distribution {evaluation['ood']}")
 
     measure(

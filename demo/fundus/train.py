@@ -4,6 +4,9 @@
     python -m demo.fundus.train third-stage  # stage 3 only, from the two-stage model
     python -m demo.fundus.train fourth-stage # stage 4 only, from the three-stage model
     python -m demo.fundus.train evaluate     # every number of the model card
+    python -m demo.fundus.train train --task fundus-hard-demo   # the same recipe on the
+                                             # harder generator (look-alikes on every eye),
+                                             # into out/harder: make harder
 
 Seeded and reproducible: training images come from FundusGenerator(seed=1), in the
 second stage seed 7, in the third seed 11 and in the fourth seed 13 — fresh streams (the
@@ -29,12 +32,12 @@ import torch.nn.functional as F
 from demo.fundus.data import (
     HEATMAP_PATCH,
     MODEL_DIR,
-    OOD_FILE,
-    REGISTRY_FILE,
     ROOT,
     SECOND_STAGE_SEED,
+    TASKS,
+    TODAY,
     TRAIN_SEED,
-    WEIGHTS_FILE,
+    Task,
     _batch,
     build_model,
 )  # fmt: skip
@@ -63,18 +66,19 @@ def train(
     partial: bool = False,
     occluded: bool = True,
     occluder: bool = True,
+    task: Task = TODAY,
 ) -> tuple[torch.nn.Module, dict]:
     """Train from scratch; returns the eval-mode model and a training record. Without
     ``occluded`` no training image carries a gray box and none is drawn (the method
     comparison's first-stage control); without ``occluder`` the boxes are drawn as the
     shipped recipe draws them and left off (:func:`demo.fundus.data._batch`): the same
-    images, the occluder alone removed.
+    images, the occluder alone removed. ``task``: today's generator or the harder one.
 
     Label smoothing keeps the softmax off its saturated ends, so occluding one of several
     lesions still lowers the probability measurably (a saturated model's heatmap of a
     multi-lesion image is flat: p stays 1.0 in float32 whatever one patch hides)."""
     torch.manual_seed(seed)
-    generator = FundusGenerator(seed=seed)
+    generator = task.generator(seed)
     model = build_model(architecture)
     if initial_weights is not None:  # warm start: float16 weights load as float32
         state = (
@@ -124,6 +128,7 @@ def train(
         "images_per_epoch": images_per_epoch,
         "batch_size": batch_size,
         "seed": seed,
+        "generator": "with look-alikes (distractors=True)" if task.distractors else "today's",
         "label_smoothing": None if graded else label_smoothing,
         "gray_boxes": occluded and occluder,
         "targets": (
@@ -181,6 +186,14 @@ DESCRIPTION = (
     "it favours occlusion and IG over Grad-CAM; docs/models.md compares it with a control "
     "trained without any box. A demonstration model, not a medical device."
 )
+HARDER_DESCRIPTION = (
+    "The fundus-demo recipe (ResNet18, four stages, lesions hidden under gray boxes) on "
+    "the harder generator: every eye, normal ones too, also carries glares, light "
+    "reflexes, pigment clumps and drusen as conspicuous as the lesions, which never "
+    "decide the class, so a map that follows brightness or edges points at them and "
+    "only one that follows the model points at the lesions. For the method comparison; "
+    "not shipped. A demonstration model, not a medical device."
+)
 
 
 def save(
@@ -189,36 +202,38 @@ def save(
     directory: Path = MODEL_DIR,
     evaluation: dict | None = None,
     density=None,
+    task: Task = TODAY,
 ) -> Path:
-    """Write float16 weights, the out-of-distribution reference and the registry file;
-    returns the registry file's path."""
+    """Write float16 weights, the out-of-distribution reference and the registry file of
+    ``task``'s model; returns the registry file's path. Only today's task's model is the
+    app's default and is chosen for photographs by modality."""
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save(half_state(model), directory / WEIGHTS_FILE)
-    path = directory / REGISTRY_FILE
+    torch.save(half_state(model), directory / task.weights_file)
+    path = directory / task.registry_file
     entry = json.loads(path.read_text()) if path.exists() else {}
+    shipped = task == TODAY
     entry.update(
         {
-            "name": "fundus-demo",
-            "description": DESCRIPTION,
+            "name": task.name,
+            "description": DESCRIPTION if shipped else HARDER_DESCRIPTION,
             "architecture": record.get("architecture", "resnet18"),
-            "weights": {"source": "file", "path": WEIGHTS_FILE, "format": "state_dict"},
+            "weights": {"source": "file", "path": task.weights_file, "format": "state_dict"},
             "input_size": [IMAGE_SIZE, IMAGE_SIZE],
             "patch": HEATMAP_PATCH,
             "mean": list(IMAGENET_MEAN),
             "std": list(IMAGENET_STD),
             "classes": list(CLASSES),
-            "default": True,
-            # photographs: ophthalmic, external camera, or kept as a Secondary Capture (OT)
-            "modalities": ["OP", "XC", "OT"],
             "training": record,
         }
     )
+    if shipped:  # photographs: ophthalmic, external camera, or a Secondary Capture (OT)
+        entry.update({"default": True, "modalities": ["OP", "XC", "OT"]})
     if evaluation is not None:
         entry["evaluation"] = evaluation
     if density is not None:
-        density.save(directory / OOD_FILE)
+        density.save(directory / task.ood_file)
         entry["ood"] = {
-            "path": OOD_FILE,
+            "path": task.ood_file,
             "threshold": density.threshold,
             "reference": density.reference,
         }
@@ -283,6 +298,7 @@ def train_third_stage(
     images_per_epoch: int = 3200,
     log=print,
     occluder: bool = True,
+    task: Task = TODAY,
 ):
     """Stage 3, from the two-stage model's float16 weights on a fresh stream (seed 11,
     learning rate 5e-4): targets graded by evidence (:func:`evidence_target`), a quarter of
@@ -291,7 +307,7 @@ def train_third_stage(
     nothing (multi-lesion coverage 55%)."""
     return _train_on(
         model, epochs, images_per_epoch, THIRD_STAGE_SEED, 5e-4, log, graded=True,
-        occluder=occluder,
+        occluder=occluder, task=task,
     )  # fmt: skip
 
 
@@ -304,6 +320,7 @@ def train_fourth_stage(
     images_per_epoch: int = 3200,
     log=print,
     occluder: bool = True,
+    task: Task = TODAY,
 ):
     """Stage 4, from the three-stage model's float16 weights on a fresh stream (seed 13,
     learning rate 3e-4): graded targets with lesions partly hidden as well as wholly
@@ -312,7 +329,7 @@ def train_fourth_stage(
     plateau up to 13 px from the lesion (strict pointing game 74%)."""
     return _train_on(
         model, epochs, images_per_epoch, FOURTH_STAGE_SEED, 3e-4, log, graded=True, partial=True,
-        occluder=occluder,
+        occluder=occluder, task=task,
     )  # fmt: skip
 
 
@@ -322,6 +339,7 @@ def train_stages(
     log=print,
     occluder: bool = True,
     later_epochs: tuple[int, int] = (8, 5),
+    task: Task = TODAY,
 ):
     """How the shipped fundus-demo was trained: stage 1 from scratch (seed 1, learning
     rate 2e-3), stage 2 from stage 1's float16 weights on a fresh image stream (seed 7,
@@ -329,20 +347,21 @@ def train_stages(
     the end of stage 1, 93%, and 97% after stage 2), then :func:`train_third_stage` and
     :func:`train_fourth_stage` (``later_epochs``). Without ``occluder``: the same
     schedule, seeds and draws with every gray box left off (the method comparison's
-    control, demo.controls)."""
+    control, demo.controls). ``task``: the generator every stage draws from."""
     first, first_record = train(
-        epochs, images_per_epoch, seed=TRAIN_SEED, log=log, occluder=occluder
+        epochs, images_per_epoch, seed=TRAIN_SEED, log=log, occluder=occluder, task=task
     )
     second, second_record = _train_on(
-        first, epochs, images_per_epoch, SECOND_STAGE_SEED, 1e-3, log, occluder=occluder
-    )
+        first, epochs, images_per_epoch, SECOND_STAGE_SEED, 1e-3, log, occluder=occluder,
+        task=task,
+    )  # fmt: skip
     second_record["initial_weights"] = "stage 1 (float16 weights)"
     third, third_record = train_third_stage(
-        second, later_epochs[0], images_per_epoch, log=log, occluder=occluder
+        second, later_epochs[0], images_per_epoch, log=log, occluder=occluder, task=task
     )
     third_record["initial_weights"] = "stage 2 (float16 weights)"
     model, fourth_record = train_fourth_stage(
-        third, later_epochs[1], images_per_epoch, log=log, occluder=occluder
+        third, later_epochs[1], images_per_epoch, log=log, occluder=occluder, task=task
     )
     fourth_record["initial_weights"] = "stage 3 (float16 weights)"
     return model, stages_record([first_record, second_record, third_record, fourth_record])
@@ -378,45 +397,27 @@ def main(argv: list[str] | None = None) -> None:
         f"{', '.join(EVALUATION_PARTS)}); the record keeps the others",
     )
     parser.add_argument(
-        "--dir", type=Path, default=MODEL_DIR, help="where the model is written / read"
-    )
+        "--task", choices=list(TASKS), default=TODAY.name,
+        help="fundus-demo (shipped) or fundus-hard-demo (the harder generator, into out/harder)",
+    )  # fmt: skip
+    parser.add_argument("--dir", type=Path, help="where the model is written / read")
     parser.add_argument("--refit-ood", action="store_true", help="evaluate: refit the OOD check")
     parser.add_argument(
-        "--from-dir",
-        type=Path,
-        default=MODEL_DIR,
-        help="third-stage / fourth-stage: the model of the stages before it",
+        "--from-dir", type=Path, help="third-stage / fourth-stage: the earlier stages' model"
     )
     args = parser.parse_args(argv)
+    task = TASKS[args.task]
+    directory = args.dir or task.directory
     if args.command == "gallery":
         print("wrote", ", ".join(str(p) for p in write_gallery()))
         return
-    if args.command == "train":
-        model, record = train_stages(args.epochs, args.images_per_epoch)
-        density = fit_ood(model)
-    elif args.command in LATER_STAGES:
-        from krypton.registry import load_model
-
-        kept, train_stage = LATER_STAGES[args.command]
-        earlier = json.loads((args.from_dir / REGISTRY_FILE).read_text())["training"]
-        if len(earlier["stages"]) < kept:
-            parser.error(
-                f"{args.command} needs a model of at least {kept} stages in {args.from_dir}"
-            )
-        model, stage = train_stage(load_model("fundus-demo", args.from_dir).module)
-        stage["initial_weights"] = f"stage {kept} (float16 weights)"
-        record = stages_record(earlier["stages"][:kept] + [stage])
-        density = fit_ood(model)
-    else:
-        from krypton.registry import load_model
-
-        loaded = load_model("fundus-demo", args.dir)
-        model = loaded.module
-        record = json.loads((args.dir / REGISTRY_FILE).read_text())["training"]
-        density = loaded.ood if loaded.ood is not None and not args.refit_ood else fit_ood(model)
     parts = tuple(part.strip() for part in args.parts.split(",") if part.strip())
     if args.command != "evaluate" and set(parts) != set(EVALUATION_PARTS):
         parser.error("--parts applies to evaluate: new weights are measured in full")
+    try:
+        model, record, density = _weights(args, task, directory)
+    except ValueError as error:
+        parser.error(str(error))
     evaluation = evaluate(
         model,
         density,
@@ -424,11 +425,36 @@ def main(argv: list[str] | None = None) -> None:
         multi_images=args.multi_images,
         pointing_stride=args.pointing_stride,
         parts=parts,
+        task=task,
     )
     if args.command == "evaluate":
-        earlier = json.loads((args.dir / REGISTRY_FILE).read_text()).get("evaluation")
+        earlier = json.loads((directory / task.registry_file).read_text()).get("evaluation")
         evaluation = merge_evaluation(earlier, evaluation)
-    print(f"wrote {save(model, record, args.dir, evaluation, density)}")
+    print(f"wrote {save(model, record, directory, evaluation, density, task)}")
+
+
+def _weights(args, task: Task, directory: Path):
+    """(model, training record, out-of-distribution reference) for ``args.command``:
+    trained afresh, a later stage on the earlier stages' model, or read to evaluate."""
+    from krypton.registry import load_model
+
+    if args.command == "train":
+        model, record = train_stages(args.epochs, args.images_per_epoch, task=task)
+        return model, record, fit_ood(model, task=task)
+    if args.command in LATER_STAGES:
+        source = args.from_dir or task.directory
+        kept, train_stage = LATER_STAGES[args.command]
+        earlier = json.loads((source / task.registry_file).read_text())["training"]
+        if len(earlier["stages"]) < kept:
+            raise ValueError(f"{args.command} needs a model of at least {kept} stages in {source}")
+        model, stage = train_stage(load_model(task.name, source).module, task=task)
+        stage["initial_weights"] = f"stage {kept} (float16 weights)"
+        record = stages_record(earlier["stages"][:kept] + [stage])
+        return model, record, fit_ood(model, task=task)
+    loaded = load_model(task.name, directory)
+    record = json.loads((directory / task.registry_file).read_text())["training"]
+    reuse = loaded.ood is not None and not args.refit_ood
+    return loaded.module, record, loaded.ood if reuse else fit_ood(loaded.module, task=task)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import krypton
 from krypton.estimator import Estimate
 from krypton.explainer import grid
 
-from .. import comparison
+from .. import comparison, gradient_steps
 from ..helpers import InputError
 from ..jobs import JobCancelled
 from ..result_schema import ResultRecord
@@ -117,7 +117,7 @@ def compare_left(
         subject = subject_for(services, session, request)
         weights = services.weights_checksum(request.model)
         label = request.label
-        if label is None and len(subject.loaded.classes) > comparison.EVERY_CLASS_UP_TO:
+        if label is None and len(subject.loaded.classes) > gradient_steps.EVERY_CLASS_UP_TO:
             label = int(np.argmax(subject.predict(subject.tensor()).probabilities))
         source = cell_key(request, weights, subject.loaded.preprocessing)[:4]
         return comparison.maps_left(
