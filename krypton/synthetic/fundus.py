@@ -68,6 +68,18 @@ DISTRACTORS = {
 # distractors keep at least this many pixels (beyond both radii) from every lesion, so a
 # 12-px patch on one does not also touch a lesion
 DISTRACTOR_CLEARANCE = 14
+# the training generator's look-alikes: radius range in px (a reflex: half its length),
+# opacity range, and RGB colour ranges (low, high)
+LOOK_ALIKE_REACH = {"GLARE": (6.0, 14.0), "REFLEX": (6.0, 20.0), "PIGMENT": (1.5, 5.0),
+                    "DRUSEN": (2.0, 7.0)}  # fmt: skip
+LOOK_ALIKE_STRENGTH = {"GLARE": (0.65, 0.9), "REFLEX": (0.7, 0.95), "PIGMENT": (0.8, 0.97),
+                       "DRUSEN": (0.6, 0.9)}  # fmt: skip
+LOOK_ALIKE_COLOURS = {
+    "GLARE": ((0.9, 0.94, 1.0), (0.98, 1.0, 1.0)),
+    "REFLEX": ((0.88, 0.94, 1.0), (0.97, 1.0, 1.0)),
+    "PIGMENT": ((0.05, 0.04, 0.03), (0.15, 0.1, 0.08)),
+    "DRUSEN": ((0.8, 0.68, 0.3), (0.9, 0.8, 0.45)),
+}
 
 
 @dataclass(frozen=True)
@@ -357,20 +369,22 @@ class FundusGenerator:
         return np.exp(-(((xx - x) ** 2 + (yy - y) ** 2) / radius**2) * 1.2)
 
     def _look_alike_colour(self, kind: str) -> np.ndarray:
-        uniform = self.rng.uniform
-        return {
-            "GLARE": lambda: np.array([uniform(0.9, 0.98), uniform(0.94, 1.0), 1.0]),
-            "REFLEX": lambda: np.array([uniform(0.88, 0.97), uniform(0.94, 1.0), 1.0]),
-            "PIGMENT": lambda: np.array(
-                [uniform(0.05, 0.15), uniform(0.04, 0.1), uniform(0.03, 0.08)]
-            ),
-            "DRUSEN": lambda: np.array([uniform(0.8, 0.9), uniform(0.68, 0.8), uniform(0.3, 0.45)]),
-        }[kind]()
+        """One look-alike's RGB colour in [0, 1], drawn from its kind's ranges."""
+        low, high = LOOK_ALIKE_COLOURS[kind]
+        return np.array([self.rng.uniform(a, b) if a != b else a for a, b in zip(low, high)])
+
+    def _look_alike_reaches(self, kind: str) -> list[float]:
+        """Radii (a reflex: half its length) of one look-alike, or of a drusen cluster's
+        2-5 spots; log-uniform in the kind's range (a reflex's length uniform)."""
+        low, high = LOOK_ALIKE_REACH[kind]
+        if kind == "REFLEX":
+            return [float(self.rng.uniform(low, high))]
+        count = int(self.rng.integers(2, 6)) if kind == "DRUSEN" else 1
+        return [float(np.exp(self.rng.uniform(np.log(low), np.log(high)))) for _ in range(count)]
 
     def _look_alikes(self, image, lesions: list[Lesion], retina) -> list[Lesion]:
         """Paint 1-3 glares, 1-3 reflexes, 1-3 pigment clumps and 0-2 clusters of 2-5
         drusen onto ``image`` away from the ``lesions``; the look-alikes painted."""
-        log_uniform = lambda low, high: float(np.exp(self.rng.uniform(np.log(low), np.log(high))))  # noqa: E731
         kinds = (
             ["GLARE"] * int(self.rng.integers(1, 4))
             + ["REFLEX"] * int(self.rng.integers(1, 4))
@@ -379,28 +393,17 @@ class FundusGenerator:
         )
         profiles = {"GLARE": self._glare_profile, "REFLEX": self._reflex_profile,
                     "PIGMENT": self._pigment_profile, "DRUSEN": self._drusen_profile}  # fmt: skip
-        strengths = {"GLARE": (0.65, 0.9), "REFLEX": (0.7, 0.95), "PIGMENT": (0.8, 0.97),
-                     "DRUSEN": (0.6, 0.9)}  # fmt: skip
         painted: list[Lesion] = []
         for kind in kinds:
-            if kind == "DRUSEN":
-                reaches = [log_uniform(2.0, 7.0) for _ in range(int(self.rng.integers(2, 6)))]
-            else:
-                low, high = {"GLARE": (6.0, 14.0), "REFLEX": (6.0, 20.0), "PIGMENT": (1.5, 5.0)}[
-                    kind
-                ]
-                reaches = [
-                    log_uniform(low, high) if kind != "REFLEX" else self.rng.uniform(low, high)
-                ]
-            for reach in reaches:
+            for reach in self._look_alike_reaches(kind):
                 spot = self._clear_spot(reach, lesions, painted, retina)
                 if spot is None:
                     continue
                 window, xx, yy = self._window_grid(*spot, reach * 1.6 + 3)
                 profile = profiles[kind](xx, yy, *spot, reach)
-                alpha = np.clip(profile, 0, 1) * self.rng.uniform(*strengths[kind])
+                alpha = np.clip(profile, 0, 1) * self.rng.uniform(*LOOK_ALIKE_STRENGTH[kind])
                 self._blend(image, window, alpha, self._look_alike_colour(kind))
-                painted.append(Lesion(kind, spot[0], spot[1], float(reach)))
+                painted.append(Lesion(kind, spot[0], spot[1], reach))
         return painted
 
     def _kinds(self, label: int, count: int) -> list[str]:
