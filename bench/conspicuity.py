@@ -19,15 +19,16 @@ and the vessel tree outshine a nodule already, so today's generator is the harde
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import numpy as np
 import torch
-from PIL import Image
 
+from bench.methods import _chest, _fundus
 from krypton.baselines import MODEL_FREE, model_free_maps
 from krypton.methods import MethodMap
 from krypton.registry import load_model
-from krypton.synthetic.fundus import CLASSES, FundusGenerator
+from krypton.synthetic.fundus import FundusGenerator
 
 SEED = 77  # bench.methods' held-out draws
 PATCH, STRIDE = 12, 8  # bench.methods' fundus grid
@@ -43,67 +44,52 @@ def _generators() -> dict:
     }
 
 
-def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
-    axis = np.arange(0, size - PATCH + 1, STRIDE)
-    return axis, axis
+def _scores(cases, hit, grid) -> dict[str, float]:
+    """Per model-free map, the share of ``cases`` whose strongest cell the pointing rule
+    ``hit`` (bench.methods' own) counts; ``chance``: a uniform random map's exact
+    expectation, the mean over the grid's cells of the same rule."""
+    hits: dict[str, list[bool]] = {name: [] for name in MODEL_FREE if name != "random"}
+    chance = []
+    for tensor, label, lesions in cases():
+        like = grid(tensor, label)
+        cells = np.ndindex(*like.importance.shape)
+        chance.append(float(np.mean([hit(like, lesions, c)[0] for c in cells])))
+        for name, found in model_free_maps(tensor, like).items():
+            if name in hits:
+                hits[name].append(hit(found, lesions)[0])
+    return {"chance": float(np.mean(chance)), **{k: float(np.mean(v)) for k, v in hits.items()}}
 
 
-def _hit(found: MethodMap, lesions, cell) -> bool:
-    y, x = (int(a[i]) for a, i in zip(found.axes, cell))
-    kind = CLASSES[found.label]
-    return any(k.kind == kind and k.covered_by(x, y, PATCH) for k in lesions)
+def _like(patch: int, stride: int, rank: int):
+    """A blank map on the grid of ``patch`` and ``stride`` over a square input of ``rank``
+    spatial dimensions: the model-free maps are made on its cells."""
+
+    def grid(tensor: torch.Tensor, label: int) -> MethodMap:
+        axis = np.arange(0, tensor.shape[-1] - patch + 1, stride)
+        blank = np.zeros((len(axis),) * rank)
+        return MethodMap("grid", blank, (axis,) * rank, (patch,) * rank, label, 1.0, 0.0, "")
+
+    return grid
 
 
 def pointing(generator, count: int, preprocess) -> dict[str, float]:
-    """Per model-free map, the share of ``count`` lesion images (MICROANEURYSM and EXUDATE
-    alternately, as bench.methods draws them) whose strongest cell's patch touches a
-    lesion of the image's class; ``chance``: a uniform random map's exact expectation."""
-    hits: dict[str, list[bool]] = {name: [] for name in MODEL_FREE if name != "random"}
-    chance = []
-    for number in range(count):
-        sample = generator.sample(label=1 + number % 2)
-        tensor = preprocess(Image.fromarray(sample.image))
-        axes = _grid(tensor.shape[-1])
-        blank = np.zeros((len(axes[0]), len(axes[1])))
-        like = MethodMap("grid", blank, axes, (PATCH, PATCH), sample.label, 1.0, 0.0, "")
-        cells = list(np.ndindex(*blank.shape))
-        chance.append(float(np.mean([_hit(like, sample.lesions, c) for c in cells])))
-        for name, found in model_free_maps(tensor, like).items():
-            if name in hits:
-                strongest = np.unravel_index(int(found.top_cells(0.0)[0]), blank.shape)
-                hits[name].append(_hit(found, sample.lesions, strongest))
-    return {"chance": float(np.mean(chance)), **{k: float(np.mean(v)) for k, v in hits.items()}}
+    """Per model-free map, the share of ``count`` lesion images from ``generator``
+    (MICROANEURYSM and EXUDATE alternately, as bench.methods draws them) whose strongest
+    cell's patch touches a lesion of the image's class; ``chance``: a uniform random map's
+    exact expectation."""
+    subject = SimpleNamespace(patch=PATCH, preprocess=preprocess)
+    cases, hit, _ = _fundus(subject, count, generator=generator)
+    return _scores(cases, hit, _like(PATCH, STRIDE, 2))
 
 
 CUBE, CUBE_STRIDE = 8, 5  # bench.methods' chest-CT grid
 
 
 def chest_pointing(count: int) -> dict[str, float]:
-    """:func:`pointing` for ``count`` held-out chest-CT volumes with one nodule each."""
-    from demo.chestct.independent import IndependentChestCT
-    from demo.chestct.train import to_tensor
-
-    generator = IndependentChestCT(seed=SEED)
-    hits: dict[str, list[bool]] = {name: [] for name in MODEL_FREE if name != "random"}
-    chance = []
-    for _ in range(count):
-        sample = generator.sample(label=1, nodules=1)
-        tensor = to_tensor([sample.volume])[0]
-        axis = np.arange(0, tensor.shape[-1] - CUBE + 1, CUBE_STRIDE)
-        blank = np.zeros((len(axis),) * 3)
-        like = MethodMap("grid", blank, (axis,) * 3, (CUBE,) * 3, 1, 1.0, 0.0, "")
-        centre = (sample.nodules[0].z, sample.nodules[0].y, sample.nodules[0].x)
-
-        def holds(cell, centre=centre, axis=axis) -> bool:
-            return all(axis[i] <= v < axis[i] + CUBE for i, v in zip(cell, centre))
-
-        chance.append(float(np.mean([holds(c) for c in np.ndindex(*blank.shape)])))
-        for name, found in model_free_maps(tensor, like).items():
-            if name in hits:
-                hits[name].append(
-                    holds(np.unravel_index(int(found.top_cells(0.0)[0]), blank.shape))
-                )
-    return {"chance": float(np.mean(chance)), **{k: float(np.mean(v)) for k, v in hits.items()}}
+    """:func:`pointing` for ``count`` held-out chest-CT volumes with one nodule each (the
+    strongest cube holds the nodule's centre)."""
+    cases, hit, _ = _chest(SimpleNamespace(patch=CUBE), count)
+    return _scores(cases, hit, _like(CUBE, CUBE_STRIDE, 3))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -226,15 +226,16 @@ def cascade(model, cases, stride: int, count: int) -> list[str]:
     return lines
 
 
-def _fundus(model, count: int, distractors: bool = False):
+def _fundus(model, count: int, distractors: bool = False, generator=None):
     """(the held-out images as (tensor, label, lesions), the pointing rule, coverage);
-    ``distractors``: the harder generator's, look-alikes on every eye."""
+    ``distractors``: the harder generator's, look-alikes on every eye; ``generator``:
+    draw from this one instead (bench.conspicuity scores the training generator too)."""
     from demo.fundus.independent import IndependentFundusGenerator
 
-    def cases():
-        generator = IndependentFundusGenerator(seed=SEED, distractors=distractors)
+    def cases():  # the same draws each call, unless ``generator`` was given
+        drawn = generator or IndependentFundusGenerator(seed=SEED, distractors=distractors)
         for number in range(count):
-            sample = generator.sample(label=1 + number % 2)
+            sample = drawn.sample(label=1 + number % 2)
             yield model.preprocess(Image.fromarray(sample.image)), sample.label, sample.lesions
 
     def hit(found, lesions, cell=None) -> tuple[bool, bool]:  # the strongest cell's (or
