@@ -127,15 +127,21 @@ def write_control(
     name: str | None = None,
 ) -> Path:
     """The control's float16 weights and registry entry in ``directory`` (``name``:
-    default the shipped model's no-fill control's): the shipped entry's preprocessing,
-    classes and patch, with its own name, weights and training record (no evaluation,
+    default the shipped model's no-fill control's): the model's preprocessing, classes and
+    patch (a fundus task's :func:`demo.fundus.train.registry_fields`, else the shipped
+    entry's), with its own name, weights and training record (no evaluation,
     out-of-distribution check or tuning: it is not for use)."""
     directory.mkdir(parents=True, exist_ok=True)
     name = name or CONTROLS[shipped]
     shuffled = name == SHUFFLED.get(shipped)
-    # the harder generator's model is not shipped; it preprocesses as fundus-demo does
-    base = {"fundus-hard-demo": "fundus-demo"}.get(shipped, shipped)
-    entry = json.loads((SHIPPED_DIR / f"{base}.json").read_text())
+    from demo.fundus.data import TASKS
+    from demo.fundus.train import registry_fields
+
+    task = TASKS.get(shipped)  # a fundus task's fields, shipped or not; else the shipped entry
+    if task is not None:
+        entry = registry_fields(task, record)
+    else:
+        entry = json.loads((SHIPPED_DIR / f"{shipped}.json").read_text())
     for kept_apart in ("evaluation", "ood", "tuning", "calibration", "default"):
         entry.pop(kept_apart, None)
     state = {k: v.half() if v.is_floating_point() else v for k, v in module.state_dict().items()}

@@ -98,6 +98,11 @@ def test_a_control_loads_under_its_own_name_with_the_shipped_preprocessing(tmp_p
     first = next(iter(module.state_dict()))
     stored = control.module.state_dict()[first]
     torch.testing.assert_close(stored, module.state_dict()[first].half().float())
+    # the harder generator's model is not shipped; its control is written all the same
+    write_control("fundus-hard-demo", module, {"held_out_accuracy": 0.5}, tmp_path)
+    harder = load_model("fundus-hard-control", tmp_path)
+    assert harder.classes == shipped.classes and harder.gray_fill() == shipped.gray_fill()
+    assert model_card_lines(harder)[0].startswith("Control for fundus-hard-demo")
 
 
 def test_the_method_tables_carry_the_model_the_fill_and_igs_completeness(tmp_path):

@@ -196,6 +196,24 @@ HARDER_DESCRIPTION = (
 )
 
 
+def registry_fields(task: Task, record: dict) -> dict:
+    """The registry entry's fields every model of a fundus ``task`` carries (a control of
+    it too, demo.controls): its name, weights file, preprocessing, classes, patch and the
+    training ``record``."""
+    return {
+        "name": task.name,
+        "description": DESCRIPTION if task == TODAY else HARDER_DESCRIPTION,
+        "architecture": record.get("architecture", "resnet18"),
+        "weights": {"source": "file", "path": task.weights_file, "format": "state_dict"},
+        "input_size": [IMAGE_SIZE, IMAGE_SIZE],
+        "patch": HEATMAP_PATCH,
+        "mean": list(IMAGENET_MEAN),
+        "std": list(IMAGENET_STD),
+        "classes": list(CLASSES),
+        "training": record,
+    }
+
+
 def save(
     model: torch.nn.Module,
     record: dict,
@@ -211,22 +229,8 @@ def save(
     torch.save(half_state(model), directory / task.weights_file)
     path = directory / task.registry_file
     entry = json.loads(path.read_text()) if path.exists() else {}
-    shipped = task == TODAY
-    entry.update(
-        {
-            "name": task.name,
-            "description": DESCRIPTION if shipped else HARDER_DESCRIPTION,
-            "architecture": record.get("architecture", "resnet18"),
-            "weights": {"source": "file", "path": task.weights_file, "format": "state_dict"},
-            "input_size": [IMAGE_SIZE, IMAGE_SIZE],
-            "patch": HEATMAP_PATCH,
-            "mean": list(IMAGENET_MEAN),
-            "std": list(IMAGENET_STD),
-            "classes": list(CLASSES),
-            "training": record,
-        }
-    )
-    if shipped:  # photographs: ophthalmic, external camera, or a Secondary Capture (OT)
+    entry.update(registry_fields(task, record))
+    if task == TODAY:  # photographs: ophthalmic, external camera, or a Secondary Capture (OT)
         entry.update({"default": True, "modalities": ["OP", "XC", "OT"]})
     if evaluation is not None:
         entry["evaluation"] = evaluation
