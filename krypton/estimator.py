@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,7 @@ __all__ = [  # the runtime log's functions too (krypton.runtime_log), as before 
     "max_threads",
     "conformal_ratios",
     "with_host_range",
+    "at_similar_load",
     "calibrated_step",
     "fit_seconds",
 ]
@@ -379,6 +381,7 @@ def conformal_ratios(
     coverage: float = COVERAGE,
     mode: str | None = None,
     shift: float = 0.0,
+    load: float | None = None,
 ) -> tuple[float, float, int] | None:
     """Split-conformal bounds on actual ÷ estimate from this host's recent runs of the
     model (of ``mode``, any patch; None: any mode) that logged the estimate they were
@@ -387,12 +390,14 @@ def conformal_ratios(
     while the host keeps behaving as over those runs. (low, high, n), or None with too
     few. Per mode: a re-run with every cell known or a naive run misses its estimate by
     other ratios than an exact run, and mixing them made every range 3.5-8x wide.
-    ``shift``: the ratios are of (actual + shift) ÷ (estimate + shift)."""
+    ``shift``: the ratios are of (actual + shift) ÷ (estimate + shift). ``load``: the
+    runs met at a load like it, where MIN_CONFORMAL_RUNS were (:func:`at_similar_load`)."""
     rows = [
         row
         for row in logged_runs(model_name, mode, None, path, CONFORMAL_RUNS * 4)
         if row.get("estimated", 0) > 0 and row.get("seconds", 0) > 0
-    ][-CONFORMAL_RUNS:]
+    ]
+    rows = at_similar_load(rows, load, MIN_CONFORMAL_RUNS)[-CONFORMAL_RUNS:]
     if len(rows) < MIN_CONFORMAL_RUNS:
         return None
     ratios = np.sort([(row["seconds"] + shift) / (row["estimated"] + shift) for row in rows])
@@ -400,6 +405,28 @@ def conformal_ratios(
     upper = min(math.ceil((n + 1) * (1 + coverage) / 2), n)
     lower = max(math.floor((n + 1) * (1 - coverage) / 2), 1)
     return float(ratios[lower - 1]), float(ratios[upper - 1]), n
+
+
+# Runs whose load factors (krypton.host.load_factor) are within this ratio of each other
+# met a similar load. Beside two burners a Compare step took 3-4x its idle time, more than
+# the load factor says, so the errors of busy steps made the next idle step's range
+# 3.1-3.2x wide: where enough were logged, an estimate learns from the runs at its load.
+SIMILAR_LOAD = 1.5
+
+
+def at_similar_load(rows: list[dict], load: float | None, minimum: int) -> list[dict]:
+    """The logged ``rows`` (oldest first) that met a load like ``load``'s (their
+    :func:`row_load_factor` within SIMILAR_LOAD of its own), where at least ``minimum``
+    did; else every row (and with ``load`` None)."""
+    if load is None:
+        return rows
+    now = load_factor(load)
+    similar = [
+        row
+        for row in rows
+        if max(now, factor := row_load_factor(row)) / min(now, factor) <= SIMILAR_LOAD
+    ]
+    return similar if len(similar) >= minimum else rows
 
 
 MIN_SPREAD = 1.15  # the narrowest range: ± 15 % (timing noise on an idle host)
@@ -579,9 +606,11 @@ def recent_estimate(
     them, widened as the narrowest range is, or as an estimate from one or two runs is
     while fewer than MIN_LOGGED_RUNS are logged (one gradient step does not know how many
     Integrated Gradients steps the next image needs: beside two burners a Compare step
-    took 55 s where one logged step scaled to the load said 37-50 s). None before the
+    took 55 s where one logged step scaled to the load said 37-50 s). Where ``limit`` of
+    them met a load like ``load``'s, those (:func:`at_similar_load`). None before the
     first is logged. ``what`` names one and several of them in the source."""
-    rows = logged_runs(model_name, mode, patch, path, limit=limit)
+    rows = logged_runs(model_name, mode, patch, path, limit=limit * 4)
+    rows = at_similar_load(rows, load, limit)[-limit:]
     if not rows:
         return None
     now = load_factor(load)
@@ -690,17 +719,22 @@ def estimate_for_counts(
     found = _point_estimate(
         model_name, mode, patch, counts, directory, log_path, load, stated and mode == "naive"
     )
-    return with_host_range(found, model_name, mode, log_path)
+    return with_host_range(found, model_name, mode, log_path, load)
 
 
 def with_host_range(
-    found: Estimate, model_name: str, mode: str, log_path: Path | None = None
+    found: Estimate,
+    model_name: str,
+    mode: str,
+    log_path: Path | None = None,
+    load: float | None = None,
 ) -> Estimate:
     """``found`` with the 80% range its point estimate gets from the errors of this
     host's logged runs of ``mode`` (:func:`conformal_ratios` of times shifted by
     CONFORMAL_SHIFT), at least MIN_SPREAD either way; before MIN_CONFORMAL_RUNS of them,
-    its own range, said to rest on the first runs on this machine."""
-    bounds = conformal_ratios(model_name, log_path, mode=mode, shift=CONFORMAL_SHIFT)
+    its own range, said to rest on the first runs on this machine. ``load``: from the runs
+    met at a load like it, where enough were (:func:`at_similar_load`)."""
+    bounds = conformal_ratios(model_name, log_path, mode=mode, shift=CONFORMAL_SHIFT, load=load)
     if bounds is None:
         return dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
     low, high, runs = bounds
@@ -728,9 +762,10 @@ def _point_estimate(
     learns from the naive figures exact runs stated (:func:`estimate_for_counts`)."""
     from .registry.entries import RegistryError, find_entry
 
-    rows = logged_runs(model_name, mode, patch, log_path)
+    history = logged_runs(model_name, None, patch, log_path, limit=sys.maxsize)  # one read
+    rows = [row for row in history if row.get("mode") == mode][-RECENT_RUNS:]
     if stated:
-        exact = logged_runs(model_name, "exact", patch, log_path)
+        exact = [row for row in history if row.get("mode") == "exact"][-RECENT_RUNS:]
         said = [as_naive(row) for row in exact if row.get("naive_seconds")]
         rows = sorted(rows + said, key=lambda row: row.get("when", 0.0))[-RECENT_RUNS:]
     now = _now_factor(rows, load)
@@ -756,7 +791,7 @@ def _point_estimate(
     calibration = entry.get("calibration", {})
     error = ((fit or {}).get("held_out_median_abs_error_percent") or 25.0) / 100
     source = f"calibration ({calibration.get('date', 'undated')})"
-    pairs = _host_pairs(entry, model_name, patch, log_path, stated)
+    pairs = _host_pairs(entry, model_name, patch, history[-HOST_RUNS:], stated)
     if not pairs:
         low, high = _ratio_range(seconds, max(1 + 2 * error, MIN_SPREAD))
         return Estimate(seconds, low, high, source)
@@ -770,16 +805,17 @@ def _host_pairs(
     entry: RegistryEntry,
     model_name: str,
     patch: int,
-    log_path: Path | None,
+    recent: list[dict],
     stated: bool = False,
 ) -> list[tuple[float, float]]:
     """(calibration's prediction, actual seconds at an idle host's pace) of this host's
-    recent runs of the model and patch, every mode each against its own calibration: the
-    load they met is this one's too, and a mode's first run here was otherwise estimated
-    at the calibration's idle pace (beside a 2-core burner: 1.4 s shown, 3.5 s taken).
+    ``recent`` runs of the model and patch (its log's rows), every mode each against its
+    own calibration: the load they met is this one's too, and a mode's first run here was
+    otherwise estimated at the calibration's idle pace (beside a 2-core burner: 1.4 s
+    shown, 3.5 s taken).
     ``stated``: an exact run that stated a naive figure counts as that naive run."""
     pairs = []
-    for row in logged_runs(model_name, None, patch, log_path)[-HOST_RUNS:]:
+    for row in recent:
         if stated and row.get("mode") == "exact" and row.get("naive_seconds"):
             row = as_naive(row)
         try:

@@ -370,3 +370,48 @@ def test_a_short_runs_jitter_does_not_widen_a_long_runs_range(tmp_path):
     assert 25.0 * 1.1 <= long.high <= 25.0 * 1.4 and long.high <= 2 * long.low, long
     short = with_host_range(Estimate(0.7, 0.0, 0.0, "fit"), "fundus-demo", "exact", log)
     assert short.low <= 0.7 and short.high >= 1.3 - 1e-9 and short.high - short.low <= 1.0
+
+
+def test_an_estimate_learns_from_the_steps_logged_at_its_own_load(tmp_path):
+    """Beside two burners a Compare step took 3-4x its idle time, more than the load
+    factor says, and the busy steps' errors made the next idle step's range 3.1-3.2x wide
+    (bench.estimates). Where enough were logged at a like load, the map time and the
+    range come from those; where too few were, from every logged one, as before."""
+    import os
+
+    from krypton.estimator import SIMILAR_LOAD, recent_estimate, threads_for_load
+
+    busy = float(os.cpu_count() or 1)  # every core kept busy by other work
+    assert load_factor(busy) / load_factor(0.0) > SIMILAR_LOAD  # not a like load
+    log = tmp_path / "runtime-log.jsonl"
+
+    def logged(count: int, load: float, seconds: float, estimated: float) -> None:
+        threads = threads_for_load(load)  # what a run starting at that load takes
+        for n in range(count):  # three maps of a step, then the whole step
+            for _ in range(3):
+                record_run("m", "compare-map", 0, (1, 0), seconds / 3, log, load=load,
+                           threads=threads)  # fmt: skip
+            record_run("m", "compare", 0, (3, 0), seconds * (0.97 + 0.02 * n), log,
+                       estimated=estimated, load=load, threads=threads)  # fmt: skip
+
+    logged(5, 0.0, 30.0, 30.0)  # idle steps near their estimates, then busy ones at 3.5x
+    logged(5, busy, 30.0 * load_factor(busy) * 2.3, 30.0 * load_factor(busy))
+
+    def step(load: float | None) -> Estimate:
+        maps = recent_estimate("m", "compare-map", 0, load, ("map", "maps"), log, limit=15,
+                               mean=True)  # fmt: skip
+        assert maps is not None
+        return with_host_range(Estimate(3 * maps.seconds, 0.0, 0.0, "maps"), "m", "compare",
+                               log, load)  # fmt: skip
+
+    idle = step(0.0)
+    assert idle.seconds == pytest.approx(30.0) and idle.high <= 2 * idle.low
+    assert "last 5 compare estimates" in idle.source
+    loaded = step(busy)  # the busy steps' own pace
+    assert loaded.seconds == pytest.approx(30.0 * load_factor(busy) * 2.3)
+    unknown = step(None)  # no load to match: every logged step, as before
+    assert unknown.high > 2 * unknown.low and "last 10 compare estimates" in unknown.source
+    logged(1, busy, 60.0, 60.0)  # six busy ones now, four idle ones among the last ten
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[4:]) + "\n")  # the oldest idle step gone: four left
+    assert step(0.0).high > 2 * step(0.0).low  # too few at its load: every logged one

@@ -109,7 +109,7 @@ def step_estimate(
     # spread one by one (a path that needs more evaluations on one class than another)
     # made the range 2.6-14x wide, where whole steps vary less
     summed = Estimate(seconds, low, high, parts[-1][1].source)
-    return with_host_range(summed, model.name, STEP_MODE)
+    return with_host_range(summed, model.name, STEP_MODE, load=load)
 
 
 def estimate_note(

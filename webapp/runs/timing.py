@@ -53,7 +53,7 @@ def cached_estimate(model: str, load: float | None) -> Estimate | None:
         model, CACHED_MODE, 0, load, ("run with every cell known", "runs with every cell known")
     )
     if found is not None:  # its range from their errors once five are logged, as any run's
-        return with_host_range(found, model, CACHED_MODE)
+        return with_host_range(found, model, CACHED_MODE, load=load)
     forward = forward_seconds(model)
     if forward is None:
         return None
