@@ -165,7 +165,11 @@ def _compare_run(services: Services, key: str) -> int:
         )  # fmt: skip
     began = time.perf_counter()
     runs.execute(services, "bench", request, lambda *a: None)
-    return _tally(0, 0, "compare 49", shown, began)[0]
+    like = step is not None and step.source.endswith(LIKE_LOAD)
+    return _tally(0, 0, f"compare 49{' ' + LIKE_LOAD if like else ''}", shown, began)[0]
+
+
+LIKE_LOAD = "at a like load"  # a range from the errors of steps logged at the load now
 
 
 # the ranges shown where the host's log held five comparable runs (the estimate does not
@@ -188,6 +192,8 @@ def _tally(held: int, total: int, what: str, shown, began: float) -> tuple[int, 
     width = "" if shown is None else f"{shown.high / max(shown.low, 1e-3):5.1f}x wide"
     if shown is not None and not _first_runs(shown):
         WIDTHS.append((what.split()[0], shown.low, shown.high))
+        if what.endswith(LIKE_LOAD):
+            WIDTHS.append(("compare-like", shown.low, shown.high))
     elif shown is not None:
         FIRST_SHOWN[0] += 1
     print(f"  {what:<16} shown {text:<28} {width:>11}  actual {actual:6.1f} s  "
@@ -235,17 +241,25 @@ def page_mix(passes: int, compare_runs: int = 0) -> None:
     )
     for kind in ("occlusion", "compare"):
         widths = [
-            (low, high) for what, low, high in WIDTHS if (what == "compare") == (kind == "compare")
+            (low, high)
+            for what, low, high in WIDTHS
+            if what != "compare-like" and (what == "compare") == (kind == "compare")
         ]
         narrow = sum(high <= 2 * low or high - low <= 1.0 for low, high in widths)
         print(f"  {kind}: {narrow} of {len(widths)}")
+    like = [(low, high) for what, low, high in WIDTHS if what == "compare-like"]
+    narrow = sum(high <= 2 * low or high - low <= 1.0 for low, high in like)
+    print(f"  compare, its range from five or more steps at a like load: {narrow} of {len(like)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--mix-passes", type=int, default=2, help="passes of the page's mix")
-    parser.add_argument("--compare-runs", type=int, default=4, help="Compare runs after it")
+    parser.add_argument(
+        "--compare-runs", type=int, default=8,
+        help="Compare runs after it (from the fifth on, five idle steps are logged before each)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.mix_passes:
         page_mix(args.mix_passes, args.compare_runs)

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from sklearn.linear_model import LinearRegression
@@ -382,29 +382,41 @@ def conformal_ratios(
     mode: str | None = None,
     shift: float = 0.0,
     load: float | None = None,
-) -> tuple[float, float, int] | None:
+) -> ErrorBounds | None:
     """Split-conformal bounds on actual ÷ estimate from this host's recent runs of the
     model (of ``mode``, any patch; None: any mode) that logged the estimate they were
     given: the ⌈(n+1)(1±c)/2⌉-th smallest of the n ratios (c = ``coverage``), so a new
     run falls inside [low, high] × its estimate with probability at least ``coverage``
-    while the host keeps behaving as over those runs. (low, high, n), or None with too
-    few. Per mode: a re-run with every cell known or a naive run misses its estimate by
-    other ratios than an exact run, and mixing them made every range 3.5-8x wide.
+    while the host keeps behaving as over those runs; None with too few. Per mode: a
+    re-run with every cell known or a naive run misses its estimate by other ratios than
+    an exact run, and mixing them made every range 3.5-8x wide.
     ``shift``: the ratios are of (actual + shift) ÷ (estimate + shift). ``load``: the
     runs met at a load like it, where MIN_CONFORMAL_RUNS were (:func:`at_similar_load`)."""
-    rows = [
+    judged = [
         row
         for row in logged_runs(model_name, mode, None, path, CONFORMAL_RUNS * 4)
         if row.get("estimated", 0) > 0 and row.get("seconds", 0) > 0
     ]
-    rows = at_similar_load(rows, load, MIN_CONFORMAL_RUNS)[-CONFORMAL_RUNS:]
+    similar = at_similar_load(judged, load, MIN_CONFORMAL_RUNS)
+    rows = similar[-CONFORMAL_RUNS:]
     if len(rows) < MIN_CONFORMAL_RUNS:
         return None
     ratios = np.sort([(row["seconds"] + shift) / (row["estimated"] + shift) for row in rows])
     n = len(ratios)
     upper = min(math.ceil((n + 1) * (1 + coverage) / 2), n)
     lower = max(math.floor((n + 1) * (1 - coverage) / 2), 1)
-    return float(ratios[lower - 1]), float(ratios[upper - 1]), n
+    return ErrorBounds(float(ratios[lower - 1]), float(ratios[upper - 1]), n, similar is not judged)
+
+
+class ErrorBounds(NamedTuple):
+    """:func:`conformal_ratios`' answer: actual ÷ estimate is within [low, high] for the
+    share of runs aimed at, from the errors of ``runs`` logged runs; ``like_load``: all of
+    them met a load like the one asked about (:func:`at_similar_load`)."""
+
+    low: float
+    high: float
+    runs: int
+    like_load: bool = False
 
 
 # Runs whose load factors (krypton.host.load_factor) are within this ratio of each other
@@ -737,13 +749,14 @@ def with_host_range(
     bounds = conformal_ratios(model_name, log_path, mode=mode, shift=CONFORMAL_SHIFT, load=load)
     if bounds is None:
         return dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
-    low, high, runs = bounds
+    low, high, runs, like_load = bounds
     shifted = found.seconds + CONFORMAL_SHIFT
     return Estimate(
         found.seconds,
         max(shifted * min(low, 1 / MIN_SPREAD) - CONFORMAL_SHIFT, 0.0),
         shifted * max(high, MIN_SPREAD) - CONFORMAL_SHIFT,
-        f"{found.source}; range from the errors of this host's last {runs} {mode} estimates",
+        f"{found.source}; range from the errors of this host's last {runs} {mode} estimates"
+        + (" at a like load" if like_load else ""),
     )
 
 

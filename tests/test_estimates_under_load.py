@@ -93,7 +93,7 @@ def test_the_range_comes_from_this_hosts_logged_errors(tmp_path):
         positions = 50 + 10 * n
         record_run("fundus-demo", "exact", 16, (positions, 0), 10.0 * ratio, log,
                    estimated=10.0)  # fmt: skip
-    low, high, count = conformal_ratios("fundus-demo", log)
+    low, high, count, _ = conformal_ratios("fundus-demo", log)
     assert count == 19
     assert low <= np.quantile(ratios, 0.10) + 1e-9 and high >= np.quantile(ratios, 0.90) - 1e-9
     found = estimate_for_counts("fundus-demo", "exact", 16, (200, 0), log_path=log, load=0.0)
@@ -247,7 +247,7 @@ def test_the_range_comes_from_runs_of_the_same_mode_and_says_when_there_are_few(
                    log, estimated=10.0)  # fmt: skip
     for n in range(6):  # re-runs with every cell known: 0.3-6x their estimates
         record_run("fundus-demo", "cached", 0, (0, 0), 0.03 * (1 + n * 2), log, estimated=0.1)
-    low, high, count = conformal_ratios("fundus-demo", log, mode="exact")
+    low, high, count, _ = conformal_ratios("fundus-demo", log, mode="exact")
     assert count == 6 and 0.9 < low <= high < 1.1
     mixed = conformal_ratios("fundus-demo", log)  # every mode: what the range used to be
     assert mixed is not None and mixed[1] / mixed[0] > 10
@@ -406,11 +406,12 @@ def test_an_estimate_learns_from_the_steps_logged_at_its_own_load(tmp_path):
 
     idle = step(0.0)
     assert idle.seconds == pytest.approx(30.0) and idle.high <= 2 * idle.low
-    assert "last 5 compare estimates" in idle.source
+    assert idle.source.endswith("last 5 compare estimates at a like load")
     loaded = step(busy)  # the busy steps' own pace
     assert loaded.seconds == pytest.approx(30.0 * load_factor(busy) * 2.3)
     unknown = step(None)  # no load to match: every logged step, as before
-    assert unknown.high > 2 * unknown.low and "last 10 compare estimates" in unknown.source
+    assert unknown.high > 2 * unknown.low
+    assert unknown.source.endswith("last 10 compare estimates")
     logged(1, busy, 60.0, 60.0)  # six busy ones now, four idle ones among the last ten
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines[4:]) + "\n")  # the oldest idle step gone: four left
