@@ -87,6 +87,7 @@ class HostilePacs:
     ):
         self.mode, self.drip, self.stow_mb, self.redirect_to = mode, drip, stow_mb, redirect_to
         self.requests: list[str] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each request's arrival
         # seconds from each request's arrival to the end of its answer (the client hung
         # up or the answer was sent): what the client's own deadline cut, measured here,
         # not the client process's start-up
@@ -102,11 +103,11 @@ class HostilePacs:
                 pass
 
             def do_GET(self):  # type: ignore[no-untyped-def]
-                owner.requests.append(self.path)
+                owner.arrived(self.path)
                 owner.answer(self)
 
             def do_POST(self):  # type: ignore[no-untyped-def]
-                owner.requests.append(self.path)
+                owner.arrived(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
@@ -129,6 +130,15 @@ class HostilePacs:
         if not self._datasets:
             self._datasets = ct_datasets()
         return self._datasets
+
+    def arrived(self, path: str) -> None:
+        """Keep a request's path and the moment it arrived."""
+        self.arrivals.append(time.monotonic())
+        self.requests.append(path)
+
+    def forget(self) -> None:
+        """Forget the requests so far: a test that follows counts its own."""
+        self.requests[:], self.arrivals[:] = [], []
 
     def close(self) -> None:
         self._stop.set()
@@ -213,7 +223,7 @@ class HostilePacs:
             handler.wfile.flush()
 
     def _stall(self, handler) -> None:  # type: ignore[no-untyped-def]
-        self._stop.wait(600)
+        self._hung_up(handler, 600)  # nothing is ever answered; timed until the hang-up
 
     def _rows(self, handler) -> None:  # type: ignore[no-untyped-def]
         self._many_rows(handler, 100_000)

@@ -46,6 +46,7 @@ class Ran:
     err: str
     seconds: float
     peak_mb: float
+    ended: float = 0.0  # time.monotonic() when the process was seen to end
 
 
 def run_cli(args: list[str], url: str, timeout: float = 60.0, **env: str) -> Ran:
@@ -70,16 +71,23 @@ def run_cli(args: list[str], url: str, timeout: float = 60.0, **env: str) -> Ran
         time.sleep(0.02)
     if process.poll() is None:
         process.kill()
+    ended = time.monotonic()
     out, err = process.communicate(timeout=30)
     return Ran(process.returncode if process.returncode is not None else None,
-               out, err, time.monotonic() - started, peak)  # fmt: skip
+               out, err, ended - started, peak, ended)  # fmt: skip
 
 
-def assert_one_line(ran: Ran, expected: str, within: float | None = ENDS_WITHIN_S) -> None:
-    """Ended in time (``within`` seconds of the process's start, where given) with exit 1
-    or 2 and one ``error:`` line naming ``expected``."""
+def assert_one_line(
+    ran: Ran, expected: str, within: float | None = ENDS_WITHIN_S, since: float | None = None
+) -> None:
+    """Ended in time (``within`` seconds, where given, of ``since``: the first request's
+    arrival at the PACS, else the process's start) with exit 1 or 2 and one ``error:``
+    line naming ``expected``. Timed from the PACS's side where it was asked: beside four
+    CPU burners the process's own start-up took 16 s, and a stalled listing ended 20 s
+    after its request (the deadline) but 31 s after the start."""
     if within is not None:
-        assert ran.seconds < within, f"ran {ran.seconds:.1f} s: {ran.err[-300:]}"
+        took = ran.seconds if since is None else ran.ended - since
+        assert took < within, f"ran {took:.1f} s: {ran.err[-300:]}"
     assert ran.code in (1, 2), (ran.code, ran.err[-500:])
     lines = [line for line in ran.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), ran.err[-800:]
@@ -129,13 +137,15 @@ def test_the_command_line_ends_each_hostile_answer_with_one_line(
 ):
     """Before: endless pages grew the CLI to 3,001 MB in 47.5 s; a stalled or string
     listing and bad numbers ended in tracebacks; a redirect was followed."""
-    hostile.mode, hostile.requests[:] = mode, []
+    hostile.mode = mode
+    hostile.forget()
     args = args or [
         "explain", f"dicomweb:{STUDY}/{SERIES}", "--model", "chestct-demo", "--out",
         str(tmp_path / "heatmap"),
     ]  # fmt: skip
     ran = run_cli(args, hostile.url)
-    assert_one_line(ran, expected)
+    assert hostile.arrivals, "the PACS was never asked"
+    assert_one_line(ran, expected, since=hostile.arrivals[0])
     assert ran.peak_mb - refused_at_once[kind] < GROWTH_LIMIT_MB, ran.peak_mb
     assert all(path.startswith("/dicom-web/") for path in hostile.requests), hostile.requests
 
