@@ -381,7 +381,7 @@ def test_an_estimate_learns_from_the_steps_logged_at_its_own_load(tmp_path):
 
     from krypton.estimator import SIMILAR_LOAD, recent_estimate, threads_for_load
 
-    busy = float(os.cpu_count() or 1)  # every core kept busy by other work
+    busy = 3.0 * (os.cpu_count() or 1)  # three runnable threads of other work per core
     assert load_factor(busy) / load_factor(0.0) > SIMILAR_LOAD  # not a like load
     log = tmp_path / "runtime-log.jsonl"
 
