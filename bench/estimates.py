@@ -176,7 +176,7 @@ LIKE_LOAD = "at a like load"  # a range from the errors of steps logged at the l
 # say it rests on the first runs on this machine), (low, high): the page promises one no
 # wider than 2x (high / low) there; a run of a second or two is held to 1 s either way
 # instead (its fixed costs jitter by tenths of a second)
-WIDTHS: list[tuple[str, float, float]] = []  # (what ran, low, high)
+WIDTHS: list[tuple[str, bool, float, float]] = []  # (what ran, at a like load, low, high)
 FIRST_SHOWN = [0]  # estimates shown that said they rest on the first runs
 
 
@@ -191,9 +191,7 @@ def _tally(held: int, total: int, what: str, shown, began: float) -> tuple[int, 
     text = "none" if shown is None else runs.estimate_text(shown.__dict__)
     width = "" if shown is None else f"{shown.high / max(shown.low, 1e-3):5.1f}x wide"
     if shown is not None and not _first_runs(shown):
-        WIDTHS.append((what.split()[0], shown.low, shown.high))
-        if what.endswith(LIKE_LOAD):
-            WIDTHS.append(("compare-like", shown.low, shown.high))
+        WIDTHS.append((what.split()[0], what.endswith(LIKE_LOAD), shown.low, shown.high))
     elif shown is not None:
         FIRST_SHOWN[0] += 1
     print(f"  {what:<16} shown {text:<28} {width:>11}  actual {actual:6.1f} s  "
@@ -242,12 +240,12 @@ def page_mix(passes: int, compare_runs: int = 0) -> None:
     for kind in ("occlusion", "compare"):
         widths = [
             (low, high)
-            for what, low, high in WIDTHS
-            if what != "compare-like" and (what == "compare") == (kind == "compare")
+            for what, _, low, high in WIDTHS
+            if (what == "compare") == (kind == "compare")
         ]
         narrow = sum(high <= 2 * low or high - low <= 1.0 for low, high in widths)
         print(f"  {kind}: {narrow} of {len(widths)}")
-    like = [(low, high) for what, low, high in WIDTHS if what == "compare-like"]
+    like = [(low, high) for _, at_like_load, low, high in WIDTHS if at_like_load]
     narrow = sum(high <= 2 * low or high - low <= 1.0 for low, high in like)
     print(f"  compare, its range from five or more steps at a like load: {narrow} of {len(like)}")
 
