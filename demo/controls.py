@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from demo.fundus.progress import PROGRESS_ROOT
+from demo.fundus.progress import discard as discard_progress
 from krypton.registry.entries import write_entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,29 +61,34 @@ CHEST_SCHEDULE = (
 )
 
 
-def train_fundus_control(log=print, task=None, **schedule) -> tuple[torch.nn.Module, dict]:
+def train_fundus_control(
+    log=print, task=None, progress: Path | None = None, **schedule
+) -> tuple[torch.nn.Module, dict]:
     """ResNet18 on the shipped fundus model's schedule and draws with every gray box left
     off (demo.fundus.train.train_stages without the occluder; ``schedule``: its epochs,
     images_per_epoch and later_epochs, default :data:`FUNDUS_SCHEDULE`), on ``task``'s
-    generator (default today's); its held-out accuracy (seed 3, 600 images)."""
+    generator (default today's); its held-out accuracy (seed 3, 600 images). With
+    ``progress`` a stopped run resumes from that folder (demo.fundus.progress)."""
     from demo.fundus import train as fundus
     from demo.fundus.data import TODAY
     from demo.fundus.evaluate import accuracy
 
     task = task or TODAY
     model, record = fundus.train_stages(**{**FUNDUS_SCHEDULE, **schedule}, log=log,
-                                        occluder=False, task=task)  # fmt: skip
+                                        occluder=False, task=task, progress=progress)  # fmt: skip
     with torch.inference_mode():
         record["held_out_accuracy"] = accuracy(model, task=task)
     return model, record
 
 
-def train_harder_control(log=print, **schedule) -> tuple[torch.nn.Module, dict]:
+def train_harder_control(
+    log=print, progress: Path | None = None, **schedule
+) -> tuple[torch.nn.Module, dict]:
     """:func:`train_fundus_control` on the harder generator (look-alikes on every eye):
     the control of fundus-hard-demo."""
     from demo.fundus.data import HARDER
 
-    return train_fundus_control(log, HARDER, **schedule)
+    return train_fundus_control(log, HARDER, progress, **schedule)
 
 
 def train_chest_control(log=print) -> tuple[torch.nn.Module, dict]:
@@ -197,9 +204,11 @@ def main(argv: list[str] | None = None) -> None:
             continue
         started = time.perf_counter()
         fundus = trainer in (train_fundus_control, train_harder_control)
-        schedule = {"epochs": args.fundus_epochs} if fundus else {}
+        progress = PROGRESS_ROOT / name  # the fundus controls' 90 min survive a stop
+        schedule = {"epochs": args.fundus_epochs, "progress": progress} if fundus else {}
         module, record = trainer(**schedule)
         path = write_control(shipped, module, record, args.dir, name)
+        discard_progress(progress)
         print(
             f"wrote {path}: held-out accuracy {record['held_out_accuracy']:.3f}, "
             f"{time.perf_counter() - started:.0f} s"

@@ -25,6 +25,7 @@ import json
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,8 @@ from demo.fundus.evaluate import (
     fit_ood,
     merge_evaluation,
 )  # fmt: skip
+from demo.fundus.progress import PROGRESS_ROOT, EpochCheckpoint, TrainingProgress
+from demo.fundus.progress import discard as discard_progress
 from krypton.registry.entries import write_entry
 from krypton.registry.models import IMAGENET_MEAN, IMAGENET_STD
 from krypton.synthetic.fundus import CLASSES, IMAGE_SIZE, FundusGenerator
@@ -67,6 +70,7 @@ def train(
     occluded: bool = True,
     occluder: bool = True,
     task: Task = TODAY,
+    checkpoint: EpochCheckpoint | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """Train from scratch; returns the eval-mode model and a training record. Without
     ``occluded`` no training image carries a gray box and none is drawn (the method
@@ -76,7 +80,10 @@ def train(
 
     Label smoothing keeps the softmax off its saturated ends, so occluding one of several
     lesions still lowers the probability measurably (a saturated model's heatmap of a
-    multi-lesion image is flat: p stays 1.0 in float32 whatever one patch hides)."""
+    multi-lesion image is flat: p stays 1.0 in float32 whatever one patch hides).
+
+    With ``checkpoint`` the state after each whole epoch is kept there, and a run that
+    finds one saved by the same configuration continues after it (demo.fundus.progress)."""
     torch.manual_seed(seed)
     generator = task.generator(seed)
     model = build_model(architecture)
@@ -94,8 +101,24 @@ def train(
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=learning_rate, total_steps=epochs * steps_per_epoch
     )
-    started = time.perf_counter()
-    for epoch in range(epochs):
+    config = {
+        "epochs": epochs, "images_per_epoch": images_per_epoch, "batch_size": batch_size,
+        "seed": seed, "architecture": architecture, "label_smoothing": label_smoothing,
+        "learning_rate": learning_rate, "graded": graded, "partial": partial,
+        "occluded": occluded, "occluder": occluder, "task": task.name,
+    }  # fmt: skip
+    saved = checkpoint.load(config) if checkpoint is not None else None
+    first_epoch, earlier_seconds = 0, 0.0
+    if saved is not None:  # continue after the last whole epoch, exactly as if never stopped
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        torch.set_rng_state(saved["torch_rng"])
+        generator.rng.bit_generator.state = saved["generator_rng"]
+        first_epoch, earlier_seconds = saved["epoch"] + 1, saved["seconds"]
+        log(f"resuming after epoch {first_epoch}/{epochs} (saved {saved['saved_at']})")
+    started = time.perf_counter() - earlier_seconds
+    for epoch in range(first_epoch, epochs):
         model.train()
         correct = seen = 0
         loss_sum = 0.0
@@ -118,6 +141,11 @@ def train(
             classes = labels.argmax(1) if graded else labels
             correct += int((logits.argmax(1) == classes).sum())
             seen += len(labels)
+        if checkpoint is not None:
+            checkpoint.keep(
+                config, epoch, epochs, model, optimizer, schedule,
+                generator.rng.bit_generator.state, time.perf_counter() - started,
+            )  # fmt: skip
         log(
             f"epoch {epoch + 1}/{epochs}: loss {loss_sum / seen:.4f}, train accuracy "
             f"{correct / seen:.3f}, {time.perf_counter() - started:.0f} s"
@@ -278,10 +306,11 @@ def _train_on(
     seed: int,
     learning_rate: float,
     log,
-    **targets: bool,
+    **options: Any,
 ):
     """A later stage: :func:`train` from ``model``'s weights as stored (float16) on the
-    fresh image stream ``seed``; ``targets`` are train's ``graded`` / ``partial``."""
+    fresh image stream ``seed``; ``options`` are train's (``graded``, ``partial``,
+    ``occluder``, ``task``, ``checkpoint``)."""
     return train(
         epochs,
         images_per_epoch,
@@ -289,7 +318,7 @@ def _train_on(
         log=log,
         initial_weights=half_state(model),
         learning_rate=learning_rate,
-        **targets,
+        **options,
     )
 
 
@@ -303,6 +332,7 @@ def train_third_stage(
     log=print,
     occluder: bool = True,
     task: Task = TODAY,
+    checkpoint: EpochCheckpoint | None = None,
 ):
     """Stage 3, from the two-stage model's float16 weights on a fresh stream (seed 11,
     learning rate 5e-4): targets graded by evidence (:func:`evidence_target`), a quarter of
@@ -311,7 +341,7 @@ def train_third_stage(
     nothing (multi-lesion coverage 55%)."""
     return _train_on(
         model, epochs, images_per_epoch, THIRD_STAGE_SEED, 5e-4, log, graded=True,
-        occluder=occluder, task=task,
+        occluder=occluder, task=task, checkpoint=checkpoint,
     )  # fmt: skip
 
 
@@ -325,6 +355,7 @@ def train_fourth_stage(
     log=print,
     occluder: bool = True,
     task: Task = TODAY,
+    checkpoint: EpochCheckpoint | None = None,
 ):
     """Stage 4, from the three-stage model's float16 weights on a fresh stream (seed 13,
     learning rate 3e-4): graded targets with lesions partly hidden as well as wholly
@@ -333,7 +364,7 @@ def train_fourth_stage(
     plateau up to 13 px from the lesion (strict pointing game 74%)."""
     return _train_on(
         model, epochs, images_per_epoch, FOURTH_STAGE_SEED, 3e-4, log, graded=True, partial=True,
-        occluder=occluder, task=task,
+        occluder=occluder, task=task, checkpoint=checkpoint,
     )  # fmt: skip
 
 
@@ -344,6 +375,7 @@ def train_stages(
     occluder: bool = True,
     later_epochs: tuple[int, int] = (8, 5),
     task: Task = TODAY,
+    progress: Path | None = None,
 ):
     """How the shipped fundus-demo was trained: stage 1 from scratch (seed 1, learning
     rate 2e-3), stage 2 from stage 1's float16 weights on a fresh image stream (seed 7,
@@ -351,24 +383,53 @@ def train_stages(
     the end of stage 1, 93%, and 97% after stage 2), then :func:`train_third_stage` and
     :func:`train_fourth_stage` (``later_epochs``). Without ``occluder``: the same
     schedule, seeds and draws with every gray box left off (the method comparison's
-    control, demo.controls). ``task``: the generator every stage draws from."""
-    first, first_record = train(
-        epochs, images_per_epoch, seed=TRAIN_SEED, log=log, occluder=occluder, task=task
-    )
-    second, second_record = _train_on(
-        first, epochs, images_per_epoch, SECOND_STAGE_SEED, 1e-3, log, occluder=occluder,
-        task=task,
+    control, demo.controls). ``task``: the generator every stage draws from.
+
+    ``progress``: a folder where finished stages and each stage's last whole epoch are
+    kept (:class:`demo.fundus.progress.TrainingProgress`); a run stopped part way picks
+    up there and ends with the weights an unbroken run ends with."""
+    schedule = {
+        "epochs": epochs, "images_per_epoch": images_per_epoch,
+        "later_epochs": list(later_epochs), "occluder": occluder, "task": task.name,
+    }  # fmt: skip
+    kept = TrainingProgress(progress, schedule) if progress is not None else None
+    if kept is not None and (where := kept.describe()):
+        log(f"resuming from {progress}: {where}")
+    stages = (
+        lambda model, **more: train(
+            epochs, images_per_epoch, seed=TRAIN_SEED, log=log, occluder=occluder, task=task,
+            **more,
+        ),
+        lambda model, **more: _train_on(
+            model, epochs, images_per_epoch, SECOND_STAGE_SEED, 1e-3, log, occluder=occluder,
+            task=task, **more,
+        ),
+        lambda model, **more: train_third_stage(
+            model, later_epochs[0], images_per_epoch, log=log, occluder=occluder, task=task,
+            **more,
+        ),
+        lambda model, **more: train_fourth_stage(
+            model, later_epochs[1], images_per_epoch, log=log, occluder=occluder, task=task,
+            **more,
+        ),
     )  # fmt: skip
-    second_record["initial_weights"] = "stage 1 (float16 weights)"
-    third, third_record = train_third_stage(
-        second, later_epochs[0], images_per_epoch, log=log, occluder=occluder, task=task
-    )
-    third_record["initial_weights"] = "stage 2 (float16 weights)"
-    model, fourth_record = train_fourth_stage(
-        third, later_epochs[1], images_per_epoch, log=log, occluder=occluder, task=task
-    )
-    fourth_record["initial_weights"] = "stage 3 (float16 weights)"
-    return model, stages_record([first_record, second_record, third_record, fourth_record])
+    model, records = None, []
+    for index, stage in enumerate(stages):
+        finished = kept.finished_stage(index) if kept is not None else None
+        if finished is not None:
+            model = build_model()
+            model.load_state_dict(finished[0])
+            model.eval()
+            record = finished[1]
+        else:
+            more = {"checkpoint": kept.epochs(index)} if kept is not None else {}
+            model, record = stage(model, **more)
+            if index:
+                record["initial_weights"] = f"stage {index} (float16 weights)"
+            if kept is not None:
+                kept.keep_stage(index, model.state_dict(), record)
+        records.append(record)
+    return model, stages_record(records)
 
 
 def stages_record(stages: list[dict]) -> dict:
@@ -435,6 +496,8 @@ def main(argv: list[str] | None = None) -> None:
         earlier = json.loads((directory / task.registry_file).read_text()).get("evaluation")
         evaluation = merge_evaluation(earlier, evaluation)
     print(f"wrote {save(model, record, directory, evaluation, density, task)}")
+    if args.command == "train":
+        discard_progress(PROGRESS_ROOT / task.name)
 
 
 def _weights(args, task: Task, directory: Path):
@@ -442,8 +505,11 @@ def _weights(args, task: Task, directory: Path):
     trained afresh, a later stage on the earlier stages' model, or read to evaluate."""
     from krypton.registry import load_model
 
-    if args.command == "train":
-        model, record = train_stages(args.epochs, args.images_per_epoch, task=task)
+    if args.command == "train":  # resumable: out/progress/<name> until the model is written
+        progress = PROGRESS_ROOT / task.name
+        model, record = train_stages(
+            args.epochs, args.images_per_epoch, task=task, progress=progress
+        )
         return model, record, fit_ood(model, task=task)
     if args.command in LATER_STAGES:
         source = args.from_dir or task.directory
