@@ -9,7 +9,8 @@ by construction. A control is the same architecture trained from scratch on the 
 generator with the same targets and optimiser but no occluder in any training input. The
 fundus control follows the shipped model's whole schedule (four stages, their seeds,
 epochs and learning rates) and its very draws, each gray box drawn and left off, so it
-differs from the shipped model in the occluder alone (about 90 min on 2 idle cores; the
+differs from the shipped model in the occluder alone (about 90 min on 2 idle cores, kept
+in out/progress/ after every epoch so that a stopped run resumes; the
 first-stage control it replaces read 95.2% held out against the shipped 98.2%, so the
 drop from shipped to control could not be put on the occluder). The chest control is on
 a shorter schedule (5 min, 96.3% against 98.0%). Its entry
