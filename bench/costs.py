@@ -4,6 +4,7 @@ security tests and ``make bench-hostile``."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -15,7 +16,22 @@ import psutil
 
 from bench.dash_client import Server, Tab, light_callback
 
-__all__ = ["Cost", "light_callback", "measured", "slow_sockets", "trickle", "closed_by_peer"]
+__all__ = [
+    "Cost", "closed_by_peer", "light_callback", "light_limit", "measured", "slow_sockets",
+    "trickle",
+]  # fmt: skip
+
+
+def light_limit(idle_seconds: float) -> float:
+    """The bar for a light callback's answer while a hostile request runs: ``idle_seconds``
+    on a host with a core free, times the runnable processes per core over the last minute
+    where there are more (each answer then waits its turn for a core: beside four burners
+    and a test suite, load 6-7 on 2 cores, one answer in eleven took 1.09 s while the
+    export it ran beside never held the interpreter lock over 17 ms). A request that
+    stalls the server stalls it at any load and still shows; on an idle host the bar is
+    ``idle_seconds`` itself."""
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return idle_seconds * max(1.0, per_core)
 
 
 @dataclass

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.costs import Cost, light_callback, measured
+from bench.costs import Cost, light_callback, light_limit, measured
 from webapp.front import find_nginx
 from webapp.settings import SettingsError
 
-__all__ = ["Cost", "light_callback", "measured", "needs_nginx"]
+__all__ = ["Cost", "light_callback", "light_limit", "measured", "needs_nginx"]
 
 
 def _nginx_installed() -> bool:
