@@ -2,7 +2,8 @@
 
 The four-stage recipe takes about 90 minutes on two cores, and a laptop that sleeps or a
 session that ends would otherwise throw it all away. A :class:`TrainingProgress` folder
-keeps each finished stage (its float16 weights and record) and, inside a stage, the state
+keeps each finished stage (its float32 weights, from which the next stage takes its
+float16 start as an unbroken run does, and its record) and, inside a stage, the state
 after its last whole epoch: the weights, the optimiser's and the learning-rate schedule's
 state, torch's and the image generator's random states and the seconds spent. A run
 started again with the same schedule picks up after that epoch and ends with the same
@@ -71,7 +72,8 @@ class TrainingProgress:
         (self.folder / SCHEDULE_FILE).write_text(json.dumps(self.schedule, sort_keys=True))
 
     def finished_stage(self, index: int) -> tuple[dict, dict] | None:
-        """Stage ``index``'s stored (float16) weights and training record, if it finished."""
+        """Stage ``index``'s weights (float32, as it ended) and training record, if it
+        finished."""
         path = self.folder / STAGE_FILE.format(index=index)
         if not path.exists():
             return None
@@ -89,10 +91,6 @@ class TrainingProgress:
     def epochs(self, index: int) -> EpochCheckpoint:
         """Where stage ``index`` keeps its state after each whole epoch."""
         return EpochCheckpoint(self, self.folder / EPOCH_FILE.format(index=index))
-
-    def discard(self) -> None:
-        """The run's model is written: its progress is no longer needed."""
-        discard(self.folder)
 
     def describe(self) -> str | None:
         """Where a resumed run stands, in words; None when nothing is saved."""
