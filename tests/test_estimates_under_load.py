@@ -416,3 +416,22 @@ def test_an_estimate_learns_from_the_steps_logged_at_its_own_load(tmp_path):
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines[4:]) + "\n")  # the oldest idle step gone: four left
     assert step(0.0).high > 2 * step(0.0).low  # too few at its load: every logged one
+
+
+def test_a_predictor_that_fixes_each_paths_evaluations_leaves_no_spread():
+    """bench.integrated_gradients' held-out check of a Compare step's evaluations: where
+    a feature decides them (a power law), each image's step is predicted exactly; where
+    it says nothing, the steps' own spread is left."""
+    from bench.integrated_gradients import held_out_ratios
+
+    rng = np.random.default_rng(0)
+    rows = [
+        {"image": image, "evaluations": int(16 * feature**1.5), "feature": feature,
+         "noise": float(rng.uniform(1, 9))}
+        for image in range(8)
+        for feature in rng.uniform(1, 9, size=3)
+    ]  # fmt: skip
+    exact = held_out_ratios(rows, lambda row: row["feature"])
+    assert np.allclose(exact, 1.0, atol=0.05)
+    blind = held_out_ratios(rows, lambda row: row["noise"])
+    assert blind.max() / blind.min() > 1.5
