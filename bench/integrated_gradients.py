@@ -121,7 +121,7 @@ def held_out_ratios(rows: list[dict], feature: Callable[[dict], float]) -> np.nd
 def spread(count: int) -> None:
     """Print how a Compare step's evaluations vary over ``count`` images, and the width
     of the 80% range (10th to 90th percentile of actual over predicted) each predictor
-    leaves: the width an estimate made before the step could not beat."""
+    leaves: how narrow an estimate made before the step from that predictor could be."""
     rows = spread_rows(count)
     steps: dict[int, list[dict]] = {}
     for row in rows:
