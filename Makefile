@@ -116,8 +116,8 @@ controls: $(STAMP)
 	$(PY) -m demo.controls
 
 # The demo recipe on the harder generator (look-alikes on every eye): fundus-hard-demo,
-# into out/harder (kept once trained; about 90 min on 2 idle cores; a stopped run resumes
-# from out/progress/).
+# into out/harder (kept once trained; 1.5-5 h on 2 idle cores, by the host; a stopped run
+# resumes from out/progress/).
 harder: $(STAMP)
 	test -f out/harder/fundus-hard-demo.json || $(PY) -m demo.fundus.train train --task fundus-hard-demo
 

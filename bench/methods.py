@@ -437,13 +437,19 @@ def _models(shipped: str, controls: Path | None) -> tuple[list, object | None]:
 def accuracy_note(shipped: str, controls: Path | None) -> str:
     """Whether the no-fill control's held-out accuracy is within ACCURACY_MATCH of the
     shipped model's (the same test set: each card's ``held_out``); "" without a control.
-    Where it is not, a drop from shipped to control is not the occluder's alone."""
+    Where it is not, a drop from shipped to control is not the occluder's alone; where
+    ``controls`` lacks it, the table says it has no control rows."""
     from demo.controls import ACCURACY_MATCH, CONTROLS
     from krypton.registry.entries import find_entry
 
-    path = None if controls is None else controls / f"{CONTROLS[shipped]}.json"
-    if path is None or not path.exists():
+    if controls is None:
         return ""
+    path = controls / f"{CONTROLS[shipped]}.json"
+    if not path.exists():
+        return (
+            f"No {CONTROLS[shipped]} (the same training without the occluder) was trained "
+            f"for this run, so no control rows (`make controls` trains it)."
+        )
     control = json.loads(path.read_text())["training"].get("held_out_accuracy")
     card = find_entry(shipped, _home(shipped))[1].get("evaluation", {})
     mine = card.get("held_out", {}).get("accuracy")

@@ -1,7 +1,7 @@
 """Do the speed lines hold against a stopwatch? For each case, an exact run and a naive
 run of the same positions are timed whole, side by side in one process (the app's own
 run path, webapp.runs.execute, or krypton.explain for a volume), and the exact run's
-claimed ratio (krypton.estimator.speed_claim: the whole run against a naive run of its
+claimed ratio (krypton.speed_line.speed_claim: the whole run against a naive run of its
 positions, fixed costs counted) is printed beside the ratio the stopwatch gives. For the
 image runs also the naive figure the page showed before the run (its estimate line's
 "naive: about") beside the one the speed line states after it, and the naive run's
@@ -57,8 +57,8 @@ def page_case(
 def volume_case() -> tuple[float, float, str]:
     """The same for a generated chest-CT volume through krypton.explain and the speed line
     the CLI prints (krypton.cli.volumes.print_speed: stated_speed at the load now)."""
-    from krypton.estimator import speed_claim
     from krypton.io.volumes import Volume
+    from krypton.speed_line import speed_claim
 
     model = load_model("chestct-demo")
     sample = ChestCTGenerator(seed=3).sample(label=1)
@@ -70,7 +70,8 @@ def volume_case() -> tuple[float, float, str]:
     started = time.perf_counter()
     krypton.explain(model, tensor, patch=model.patch, stride=6, mode="naive", fill=0.01)
     naive_seconds = time.perf_counter() - started
-    from krypton.estimator import host_load, stated_speed
+    from krypton.estimator import host_load
+    from krypton.speed_line import stated_speed
 
     # as the CLI prints it: the probe's naive figure bounded by the model's own pace here
     speed = stated_speed(exact, model.name, host_load())

@@ -57,7 +57,9 @@ def test_the_tables_say_whether_the_control_holds_out_as_well_as_the_shipped_mod
     from demo.controls import write_control
     from demo.fundus.train import build_model
 
-    assert accuracy_note("fundus-demo", tmp_path) == ""  # no control trained there
+    assert accuracy_note("fundus-demo", None) == ""  # no controls asked for
+    missing = accuracy_note("fundus-demo", tmp_path)  # asked for, not trained: said so
+    assert missing.startswith("No fundus-control") and "no control rows" in missing
     write_control("fundus-demo", build_model(), {"held_out_accuracy": 0.952}, tmp_path)
     note = accuracy_note("fundus-demo", tmp_path)
     assert "95.2% against fundus-demo's 98.2%: NOT within 1 point" in note

@@ -130,7 +130,8 @@ def test_the_speed_line_says_less_where_this_hosts_naive_runs_say_less(krypton_h
     """The speed line took naive's rate from one early batch of the run (533 ms/position)
     while a naive run right after took 350: it claimed 2.1x for 1.3x. Where this host's
     logged naive runs at this load give a shorter naive run, that is the one compared."""
-    from krypton.estimator import runtime_log_path, speed_claim
+    from krypton.estimator import runtime_log_path
+    from krypton.speed_line import speed_claim
     from webapp import runs
 
     for positions in (49, 100, 196, 400):  # naive here: 0.35 s a position, 0.2 s fixed

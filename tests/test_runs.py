@@ -12,12 +12,12 @@ from PIL import Image
 import krypton
 from krypton.estimator import (
     NotCalibratedError,
-    compare_with_naive,
     estimate,
     estimate_for_counts,
     naive_equivalent,
     record_run,
 )
+from krypton.speed_line import compare_with_naive
 from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
 from webapp.helpers import InputError

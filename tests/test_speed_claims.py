@@ -15,7 +15,8 @@ import sys
 import pytest
 from PIL import Image
 
-from krypton.estimator import SAME_SPEED, record_run
+from krypton.estimator import record_run
+from krypton.speed_line import SAME_SPEED
 from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
 from webapp.services import Services
@@ -91,25 +92,41 @@ def test_the_clis_speed_line_never_takes_a_slow_probe_over_the_models_own_naive_
     krypton_home,
 ):
     """Beside two burners the CLI's volume line said 11.3x where a stopwatch gave 8.4x:
-    its one naive probe caught a slow moment. The line now takes the lower of that figure
-    and a naive run as the model's calibration (or this host's naive runs) estimates it."""
-    from krypton.estimator import bounded_speed, estimate_for_counts
+    its one naive probe caught a slow moment. The line now states no more than the model's
+    calibration: on a host whose runs adjusted it, its naive seconds; on a fresh host, the
+    speed-up it timed for these positions (its seconds are another machine's)."""
+    from krypton.estimator import estimate_for_counts, record_run
+    from krypton.speed_line import bounded_speed, calibrated_speedup
 
     naive = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0).seconds
+    exact = estimate_for_counts("fundus-demo", "exact", 12, (361, 0), load=0.0).seconds
+    speedup = calibrated_speedup("fundus-demo", 12, (361, 0))
+    assert speedup == pytest.approx(naive / exact)
     probed = {
         "incremental_ms_per_position": 9.0, "naive_ms_per_position": 60.0,
-        "whole": {"seconds": 4.0, "naive_seconds": 3 * naive, "positions": 361},
+        "whole": {"seconds": exact, "naive_seconds": 3 * naive, "positions": 361},
     }  # fmt: skip
-    bounded = bounded_speed(probed, "fundus-demo", 12, 0.0)
-    assert bounded["whole"]["naive_seconds"] == pytest.approx(naive)
+    bounded = bounded_speed(probed, "fundus-demo", 12, 0.0)  # a fresh host: the speed-up
+    assert bounded["whole"]["naive_seconds"] == pytest.approx(exact * speedup)
     assert bounded["whole"]["probed_naive_seconds"] == 3 * naive
-    assert bounded["naive_basis"].startswith("calibration (")
+    assert bounded["naive_basis"].startswith("the speed-up of the model's calibration (")
     modest = dict(probed, whole=dict(probed["whole"], naive_seconds=naive / 2))
     assert (
         bounded_speed(modest, "fundus-demo", (12, 12), 0.0)["whole"]["naive_seconds"] == naive / 2
     )
     assert bounded_speed(probed, None, 12) is probed  # no model to ask: as probed
     assert bounded_speed(probed, "no-such-model", 12)["naive_basis"] == "probed in this run"
+    # this host runs a third as fast as the calibration's machine: a probe at about the
+    # calibration's speed-up keeps its figure (the calibration's seconds said 3.3x where
+    # the stopwatch gave 5.5x)
+    slow = {**probed, "whole": {"seconds": 3 * exact, "naive_seconds": 2.9 * naive,
+                                "positions": 361}}  # fmt: skip
+    assert bounded_speed(slow, "fundus-demo", 12, 0.0)["naive_basis"] == "probed in this run"
+    # once this host's runs adjust the calibration, its seconds bound the figure again
+    record_run("fundus-demo", "exact", 12, (361, 0), 3 * exact, load=0.0)
+    adjusted = bounded_speed(probed, "fundus-demo", 12, 0.0)
+    assert "this host's" in adjusted["naive_basis"]
+    assert adjusted["whole"]["naive_seconds"] < 3 * naive
 
 
 def test_the_naive_figure_before_a_run_learns_what_the_runs_speed_lines_said(

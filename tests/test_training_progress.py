@@ -1,5 +1,5 @@
 """Fundus training survives a stop (demo.fundus.progress): the four-stage recipe takes
-about 90 minutes on two cores, and a stopped run used to start again from nothing."""
+1.5 to 5 hours on two cores, and a stopped run used to start again from nothing."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fundus training that survives an interruption.
 
-The four-stage recipe takes about 90 minutes on two cores, and a laptop that sleeps or a
+The four-stage recipe takes 1.5 to 5 hours on two cores, and a laptop that sleeps or a
 session that ends would otherwise throw it all away. A :class:`TrainingProgress` folder
 keeps each finished stage (its float32 weights, from which the next stage takes its
 float16 start as an unbroken run does, and its record) and, inside a stage, the state

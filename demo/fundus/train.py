@@ -1,6 +1,6 @@
 """Train and evaluate the fundus-lesion demo model (torchvision ResNet18, 3 classes).
 
-    python -m demo.fundus.train train        # ~90 min on 2 cores; writes shipped_models/
+    python -m demo.fundus.train train        # 1.5-5 h on 2 cores; writes shipped_models/
     python -m demo.fundus.train third-stage  # stage 3 only, from the two-stage model
     python -m demo.fundus.train fourth-stage # stage 4 only, from the three-stage model
     python -m demo.fundus.train evaluate     # every number of the model card

@@ -160,10 +160,11 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict, after=Non
 
 
 def print_speed(heatmap, model_name: str | None = None) -> None:
-    """The exact run's speed line, worded as the page's (krypton.estimator.speed_claim),
+    """The exact run's speed line, worded as the page's (krypton.speed_line.speed_claim),
     its naive figure bounded by the model's logged or calibrated naive pace at the load
-    now (:func:`krypton.estimator.stated_speed`)."""
-    from ..estimator import host_load, speed_claim, stated_speed
+    now (:func:`krypton.speed_line.stated_speed`)."""
+    from ..estimator import host_load
+    from ..speed_line import speed_claim, stated_speed
 
     speed = stated_speed(heatmap, model_name, host_load())
     if speed is not None:

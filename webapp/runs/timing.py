@@ -12,7 +12,6 @@ from krypton.estimator import (
     MIN_SPREAD,
     Estimate,
     NotCalibratedError,
-    bounded_speed,
     estimate,
     estimate_for_counts,
     format_duration,
@@ -21,12 +20,11 @@ from krypton.estimator import (
     load_factor,
     recent_estimate,
     record_run,
-    speed_claim,
-    stated_speed,
     with_host_range,
 )
 from krypton.host import share_host
 from krypton.registry import RegistryError
+from krypton.speed_line import bounded_speed, speed_claim, stated_speed
 
 __all__ = [
     "CACHED_MODE",
@@ -167,7 +165,7 @@ def finished_run(
     """A finished run's speed line and its row in the runtime log. ``heatmap``: the run
     as the library's (its seconds the whole run's, as the user waited); ``counts``: its
     positions as planned (stage one, stage two). The speed is the one the CLI and the
-    benches state (krypton.estimator.stated_speed: the whole run against a naive one),
+    benches state (krypton.speed_line.stated_speed: the whole run against a naive one),
     bounded by this host's logged naive runs at this load alone (:func:`measured_speed`:
     never by a calibration from another day); the log row keeps the estimate shown and
     the load met, which the next estimates learn from, and the naive run the speed line
@@ -187,8 +185,8 @@ def finished_run(
 
 
 def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> dict | None:
-    """A run's speed against naive (krypton.estimator.heatmap_speed), saying less
+    """A run's speed against naive (krypton.speed_line.heatmap_speed), saying less
     where this host's own naive runs of the model and patch at this load say less
-    (krypton.estimator.bounded_speed on logged runs alone: the page's figure is never
+    (krypton.speed_line.bounded_speed on logged runs alone: the page's figure is never
     bounded by a calibration from another day)."""
     return bounded_speed(speed, model, patch, load, calibrated=False)

@@ -1,0 +1,203 @@
+"""The speed line of an exact run: the whole run against a naive run of its positions,
+as the page, the CLI, the exports and the benches state it (thesis §7.1.3's estimator
+supplies the naive pace where this run's own probe may overstate it)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .estimator import (
+    NotCalibratedError,
+    _calibrated_seconds,
+    estimate_for_counts,
+    format_duration,
+)
+
+__all__ = [
+    "SAME_SPEED",
+    "RunComparison",
+    "bounded_speed",
+    "calibrated_speedup",
+    "compare_with_naive",
+    "heatmap_speed",
+    "speed_claim",
+    "stated_speed",
+    "whole_run_speed",
+]
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """A finished run against a naive run of the same positions, both from what this run
+    measured: the speed claim the page, the CLI and the exports state."""
+
+    seconds: float  # the whole run, every fixed cost included
+    naive_seconds: float  # a naive run of the same positions, estimated
+    positions: int
+    incremental_ms: float  # per position, timed side by side in this run
+    naive_ms: float
+
+    @property
+    def ratio(self) -> float:
+        """Naive's whole-run time over this run's (above 1: this run was faster)."""
+        return self.naive_seconds / self.seconds if self.seconds > 0 else float("inf")
+
+
+def compare_with_naive(
+    seconds: float, positions: int, timing: dict, incremental_only: float = 0.0
+) -> RunComparison | None:
+    """This run (``seconds`` from start to end) against a naive run of its ``positions``:
+    the costs both pay (loading, preprocessing, the out-of-distribution check, per-call
+    overheads: what is left of ``seconds`` after the positions at the rate that ran and
+    the ``incremental_only`` seconds — views, timing the other strategy) plus the positions
+    at the naive rate this run measured (``timing``: its ms per position both ways, as
+    ``heatmap.extra["plan_timing"]``). None without a timing."""
+    if not timing or positions <= 0:
+        return None
+    incremental_ms = float(timing["incremental_ms_per_position"])
+    naive_ms = float(timing["naive_ms_per_position"])
+    ran_ms = naive_ms if timing.get("strategy") == "naive" else incremental_ms
+    common = max(seconds - incremental_only - positions * ran_ms / 1e3, 0.0)
+    return RunComparison(
+        seconds, common + positions * naive_ms / 1e3, positions, incremental_ms, naive_ms
+    )
+
+
+SAME_SPEED = 1.1  # within this factor either way, a run says neither faster nor slower
+
+
+def whole_run_speed(
+    timing: dict | None, seconds: float, positions: int, incremental_only: float | None = None
+) -> dict | None:
+    """What a run timed side by side (``timing``: ``heatmap.extra["plan_timing"]``) with
+    the whole run against a naive one (``whole``: :func:`compare_with_naive`), for
+    :func:`speed_claim`; None where the run timed nothing. ``incremental_only``: default
+    the timing's own ``incremental_only_seconds``. The page's image and volume runs and
+    :func:`heatmap_speed` all state it this way."""
+    if not timing:
+        return None
+    if incremental_only is None:
+        incremental_only = timing.get("incremental_only_seconds", 0.0)
+    compared = compare_with_naive(seconds, positions, timing, incremental_only)
+    return dict(timing) if compared is None else dict(timing, whole=asdict(compared))
+
+
+def heatmap_speed(heatmap) -> dict | None:
+    """:func:`whole_run_speed` of one exact ``heatmap``'s call."""
+    return whole_run_speed(
+        heatmap.extra.get("plan_timing"),
+        heatmap.seconds,
+        heatmap.positions_evaluated,
+        heatmap.extra.get("incremental_only_seconds", 0.0),
+    )
+
+
+def bounded_speed(
+    speed: dict | None,
+    model_name: str | None,
+    patch,
+    load: float | None = None,
+    calibrated: bool = True,
+) -> dict | None:
+    """``speed`` (:func:`heatmap_speed`) with its whole-run naive figure no higher than a
+    second one: a naive run of its positions as this host's logged naive runs (or, with
+    ``calibrated``, the model's calibration) estimate it at ``load`` (cores other work
+    keeps busy). The run's own figure comes from one early naive probe, often colder and
+    smaller than a naive run's (533 ms/position probed, 350 measured right after), which
+    a busy neighbour can also catch at a slow moment: beside two burners the CLI's
+    volume line once said 11.3x where the stopwatch gave 8.4x. The speed dict keeps the
+    probed figure and says which basis was used (``naive_basis``).
+
+    A calibration that no run on this host has adjusted was timed on another machine:
+    it bounds the speed-up it measured for these positions (:func:`calibrated_speedup`),
+    not its seconds. On a host slower than the calibration's its seconds cut a naive
+    figure to what that machine would take: a fresh 2-core host's CLI said 3.3x beside
+    two burners where the stopwatch gave 5.5x."""
+    if not speed or not speed.get("whole") or model_name is None:
+        return speed
+    whole = dict(speed["whole"])
+    side = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
+    probed = dict(speed, naive_basis="probed in this run")
+    counts = (int(whole["positions"]), 0)
+    try:
+        other = estimate_for_counts(model_name, "naive", side, counts, load=load)
+        logged = other.source.startswith("this host's")
+        bound, basis = other.seconds, "this host's naive runs at this load"
+        if not logged and "this host's" not in other.source:  # another machine's timing
+            bound = whole["seconds"] * calibrated_speedup(model_name, side, counts)
+            basis = f"the speed-up of the model's {other.source.split(';')[0]}"
+        elif not logged:
+            basis = other.source
+    except (NotCalibratedError, ValueError):  # RegistryError is a ValueError
+        return probed
+    if not (logged or calibrated) or bound >= whole["naive_seconds"]:
+        return probed
+    whole["probed_naive_seconds"] = whole["naive_seconds"]
+    whole["naive_seconds"] = bound
+    return dict(speed, whole=whole, naive_basis=basis)
+
+
+def calibrated_speedup(model_name: str, patch: int, counts: tuple[int, int]) -> float:
+    """A naive run of ``counts`` positions against an exact one, both as the model's
+    calibration timed them (one machine, so its speed-up holds where its seconds do not)."""
+    from .registry.entries import find_entry
+
+    _, entry = find_entry(model_name, None)
+    exact = _calibrated_seconds(entry, model_name, "exact", patch, counts)
+    naive = _calibrated_seconds(entry, model_name, "naive", patch, counts)
+    if exact <= 0:
+        raise NotCalibratedError(f"model '{model_name}' has no exact calibration to divide by")
+    return naive / exact
+
+
+def stated_speed(
+    heatmap, model_name: str | None, load: float | None = None, calibrated: bool = True
+) -> dict | None:
+    """The speed a run states (the page, the CLI and the benches alike): its whole run
+    against a naive one (:func:`heatmap_speed`: ``heatmap.seconds`` is what the user
+    waited), no higher than a naive run as this host's logged runs (with
+    ``calibrated``, or the calibration) say at ``load`` (:func:`bounded_speed`)."""
+    return bounded_speed(heatmap_speed(heatmap), model_name, heatmap.patch, load, calibrated)
+
+
+def speed_claim(speed: dict) -> str:
+    """The speed line of an exact run (the page, the CLI, the exports and team mode all
+    say this): the whole run against a naive run of its positions where ``speed`` has it
+    (``whole``: :func:`compare_with_naive` as a dict), per position otherwise, saying which.
+    ``speed``: ``heatmap.extra["plan_timing"]``, what this run timed side by side."""
+    incremental = speed["incremental_ms_per_position"]
+    naive = speed["naive_ms_per_position"]
+    per_ratio = naive / incremental if incremental > 0 else float("inf")
+    per_position = (
+        f"measured in this run on the same positions: {incremental:.1f} ms/position "
+        f"incremental vs {naive:.1f} ms naive"
+    )
+    if speed.get("switched"):
+        # the run changed strategy when the other measured faster: the latest timing
+        return (
+            f"Switched to {speed.get('strategy')} during the run, when it measured faster: "
+            f"incremental at {per_ratio:.2f}× naive's speed per position, {per_position}."
+        )
+    if speed.get("strategy") == "naive":
+        return (
+            f"Ran naive: incremental was {per_ratio:.2f}× naive's speed per position, "
+            f"{per_position}."
+        )
+    whole = speed.get("whole")
+    if not whole:
+        return _claim(per_ratio, f"per position, {per_position}")
+    ratio = whole["naive_seconds"] / whole["seconds"] if whole["seconds"] > 0 else 1.0
+    return _claim(
+        ratio,
+        f"the whole run: {format_duration(whole['seconds'])} here, about "
+        f"{format_duration(whole['naive_seconds'])} for a naive run of its "
+        f"{whole['positions']} positions, every fixed cost counted ({per_position})",
+    )
+
+
+def _claim(ratio: float, basis: str) -> str:
+    if ratio >= SAME_SPEED:
+        return f"{ratio:.1f}× faster than naive, {basis}."
+    if ratio <= 1 / SAME_SPEED:
+        return f"{1 / ratio:.1f}× slower than naive, {basis}."
+    return f"About as fast as naive (within 10%), {basis}."
