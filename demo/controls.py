@@ -14,7 +14,7 @@ where the shipped model was trained, 1.2 s a step, and 4.9 h on a 2-core host th
 5.3 s a step; kept in out/progress/ after every epoch so that a stopped run resumes; the
 first-stage control it replaces read 95.2% held out against the shipped 98.2%, so the
 drop from shipped to control could not be put on the occluder). The chest control is on
-a shorter schedule (5 min, 96.3% against 98.0%). Its entry
+a shorter schedule (5-13 min; 93.5-96.3% held out, by the host, against 98.0%). Its entry
 (``fundus-control``, ``chestct-control``) sits in ``--dir``, outside the shipped models,
 with its training record and its accuracy on the held-out sets the shipped cards use.
 ``bench.methods --controls DIR`` runs the whole comparison on it beside the shipped model.
