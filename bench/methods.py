@@ -478,8 +478,8 @@ def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tupl
     models, shuffled = _models(shipped, args.controls)
     if not models:
         return {}
-    if note := accuracy_note(shipped, args.controls):
-        title = f"{title}. {note}"
+    note = accuracy_note(shipped, args.controls)  # after the fill: "..., trained fill. Note."
+    said = f" {note}" if note else ""
     sections: dict[str, tuple[str, str]] = {}
     for fill in fills if args.tables else []:
         rows, compact, paired = [], [], []
@@ -491,10 +491,11 @@ def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tupl
             paired += ["", *paired_rows(model.name, fill, scores)]
             compact.append(compact_rows(model.name, fill, scores))
             print("\n".join(rows[-len(ROWS) :] + paired), flush=True)
-        whole = [f"{title}, {fill} fill:", "", HEADER, "|---" * HEADER.count(" |") + "|", *rows,
-                 *paired]  # fmt: skip
+        heading = f"{title}, {fill} fill.{said}"
+        whole = [heading, "", HEADER, "|---" * HEADER.count(" |") + "|", *rows, *paired]
         sections[f"{kind} {fill}"] = (
-            "\n".join(whole), "\n".join([f"{title}, {fill} fill:", "", COMPACT_HEADER, *compact])
+            "\n".join(whole),
+            "\n".join([heading, "", COMPACT_HEADER, *compact]),
         )  # fmt: skip
     if args.checks:
         checks: list[str] = []
@@ -507,7 +508,7 @@ def _comparison(kind: str, count: int, fills: list[str], args) -> dict[str, tupl
             cases = subject(models[1], count)[0]()
             checks += ["", *data_randomisation(models[1], shuffled, cases, stride,
                                                args.randomisation, fills[0])]  # fmt: skip
-        sections[f"{kind} checks"] = ("\n".join([f"{title}:", *checks]), "")
+        sections[f"{kind} checks"] = ("\n".join([f"{title}.{said}", *checks]), "")
     return sections
 
 
