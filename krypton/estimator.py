@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [  # the runtime log's functions too (krypton.runtime_log), as before it moved
     "NotCalibratedError",
+    "calibrated_speedup",
     "planned_positions",
     "positions_grid",
     "estimate_seconds",
@@ -161,6 +162,19 @@ def _calibrated_seconds(
     # shown for 49 naive positions that took 1.6 s
     intercept = max(float(model["intercept"]), 0.0)
     return max(intercept + float(np.dot(model["coefficients"], _features(mode, counts))), 0.0)
+
+
+def calibrated_speedup(model_name: str, patch: int, counts: tuple[int, int]) -> float:
+    """A naive run of ``counts`` positions against an exact one, both as the model's
+    calibration timed them (one machine, so its speed-up holds where its seconds do not)."""
+    from .registry.entries import find_entry
+
+    _, entry = find_entry(model_name, None)
+    exact = _calibrated_seconds(entry, model_name, "exact", patch, counts)
+    naive = _calibrated_seconds(entry, model_name, "naive", patch, counts)
+    if exact <= 0:
+        raise NotCalibratedError(f"model '{model_name}' has no exact calibration to divide by")
+    return naive / exact
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from .estimator import (
     NotCalibratedError,
-    _calibrated_seconds,
+    calibrated_speedup,
     estimate_for_counts,
     format_duration,
 )
@@ -17,7 +17,6 @@ __all__ = [
     "SAME_SPEED",
     "RunComparison",
     "bounded_speed",
-    "calibrated_speedup",
     "compare_with_naive",
     "heatmap_speed",
     "speed_claim",
@@ -123,9 +122,12 @@ def bounded_speed(
         other = estimate_for_counts(model_name, "naive", side, counts, load=load)
         logged = other.source.startswith("this host's")
         bound, basis = other.seconds, "this host's naive runs at this load"
-        if not logged and "this host's" not in other.source:  # another machine's timing
+        # the point estimate's own words (after ";" the range may cite this host's runs
+        # of another patch, which leave this patch's calibration unadjusted)
+        point = other.source.split(";")[0]
+        if not logged and "this host's" not in point:  # another machine's timing
             bound = whole["seconds"] * calibrated_speedup(model_name, side, counts)
-            basis = f"the speed-up of the model's {other.source.split(';')[0]}"
+            basis = f"the speed-up of the model's {point}"
         elif not logged:
             basis = other.source
     except (NotCalibratedError, ValueError):  # RegistryError is a ValueError
@@ -135,19 +137,6 @@ def bounded_speed(
     whole["probed_naive_seconds"] = whole["naive_seconds"]
     whole["naive_seconds"] = bound
     return dict(speed, whole=whole, naive_basis=basis)
-
-
-def calibrated_speedup(model_name: str, patch: int, counts: tuple[int, int]) -> float:
-    """A naive run of ``counts`` positions against an exact one, both as the model's
-    calibration timed them (one machine, so its speed-up holds where its seconds do not)."""
-    from .registry.entries import find_entry
-
-    _, entry = find_entry(model_name, None)
-    exact = _calibrated_seconds(entry, model_name, "exact", patch, counts)
-    naive = _calibrated_seconds(entry, model_name, "naive", patch, counts)
-    if exact <= 0:
-        raise NotCalibratedError(f"model '{model_name}' has no exact calibration to divide by")
-    return naive / exact
 
 
 def stated_speed(

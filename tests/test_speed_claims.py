@@ -95,8 +95,8 @@ def test_the_clis_speed_line_never_takes_a_slow_probe_over_the_models_own_naive_
     its one naive probe caught a slow moment. The line now states no more than the model's
     calibration: on a host whose runs adjusted it, its naive seconds; on a fresh host, the
     speed-up it timed for these positions (its seconds are another machine's)."""
-    from krypton.estimator import estimate_for_counts, record_run
-    from krypton.speed_line import bounded_speed, calibrated_speedup
+    from krypton.estimator import calibrated_speedup, estimate_for_counts, record_run
+    from krypton.speed_line import bounded_speed
 
     naive = estimate_for_counts("fundus-demo", "naive", 12, (361, 0), load=0.0).seconds
     exact = estimate_for_counts("fundus-demo", "exact", 12, (361, 0), load=0.0).seconds
@@ -121,6 +121,12 @@ def test_the_clis_speed_line_never_takes_a_slow_probe_over_the_models_own_naive_
     # the stopwatch gave 5.5x)
     slow = {**probed, "whole": {"seconds": 3 * exact, "naive_seconds": 2.9 * naive,
                                 "positions": 361}}  # fmt: skip
+    assert bounded_speed(slow, "fundus-demo", 12, 0.0)["naive_basis"] == "probed in this run"
+    # naive runs of another patch give the estimate a range from this host's errors, but
+    # leave this patch's calibration another machine's: still the speed-up bounds it
+    for _ in range(5):
+        record_run("fundus-demo", "naive", 16, (196, 0), 30.0, estimated=14.0, load=0.0)
+    assert "this host's" in estimate_for_counts("fundus-demo", "naive", 12, (361, 0)).source
     assert bounded_speed(slow, "fundus-demo", 12, 0.0)["naive_basis"] == "probed in this run"
     # once this host's runs adjust the calibration, its seconds bound the figure again
     record_run("fundus-demo", "exact", 12, (361, 0), 3 * exact, load=0.0)
