@@ -66,6 +66,9 @@ class _Run:
         # seconds spent only to choose the strategy (timing the other one on positions
         # already computed): work a naive run does not do, for the whole-run comparison
         self.deciding_seconds = 0.0
+        # seconds the batches of positions took, by whichever strategy ran them: what is
+        # left of a run's time beyond these and ``deciding_seconds`` a naive run pays too
+        self.computing_seconds = 0.0
 
     def timing(self) -> dict | None:
         """Both strategies' ms per position, when this call timed them on the same
@@ -341,6 +344,7 @@ class _Run:
         clock = self.explainer.clock
         batch, size = queued.batch, queued.batch.stop - queued.batch.start
         seconds = clock.between(queued.began, queued.ended)
+        self.computing_seconds += seconds
         if timings is not None:
             timings.append((size, seconds))
         probed = False

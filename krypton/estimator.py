@@ -62,6 +62,8 @@ __all__ = [  # the runtime log's functions too (krypton.runtime_log), as before 
     "conformal_ratios",
     "with_host_range",
     "at_similar_load",
+    "runs_at_like_load",
+    "like_load_estimate",
     "calibrated_step",
     "fit_seconds",
 ]
@@ -284,13 +286,19 @@ def at_similar_load(rows: list[dict], load: float | None, minimum: int) -> list[
     did; else every row (and with ``load`` None)."""
     if load is None:
         return rows
+    similar = runs_at_like_load(rows, load)
+    return similar if len(similar) >= minimum else rows
+
+
+def runs_at_like_load(rows: list[dict], load: float) -> list[dict]:
+    """The logged ``rows`` whose :func:`row_load_factor` is within SIMILAR_LOAD of
+    ``load``'s."""
     now = load_factor(load)
-    similar = [
+    return [
         row
         for row in rows
         if max(now, factor := row_load_factor(row)) / min(now, factor) <= SIMILAR_LOAD
     ]
-    return similar if len(similar) >= minimum else rows
 
 
 MIN_SPREAD = 1.15  # the narrowest range: ± 15 % (timing noise on an idle host)
@@ -545,6 +553,28 @@ def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: flo
     low, high = _ratio_range(seconds, PROPORTIONAL_SPREAD)
     runs = f"{len(rows)} run{'s' * (len(rows) > 1)}"
     return Estimate(seconds, low, high, f"this host's last {runs}, in proportion")
+
+
+def like_load_estimate(
+    model_name: str,
+    mode: str,
+    patch: int,
+    counts: tuple[int, int],
+    load: float,
+    log_path: Path | None = None,
+) -> Estimate | None:
+    """A run of ``counts`` at ``load`` as this host's logged runs of (model, mode, patch)
+    that met a load like it took (:func:`runs_at_like_load`): refitted where their
+    positions differ, in proportion where they do not (a volume run again and again at
+    one stride); None with fewer than MIN_LOGGED_RUNS of them."""
+    rows = runs_at_like_load(logged_runs(model_name, mode, patch, log_path), load)
+    if len(rows) < MIN_LOGGED_RUNS:
+        return None
+    now = load_factor(load)
+    learned = _fit_log(rows, mode, counts, now)
+    if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
+        return learned[0]
+    return _proportional(rows, mode, counts, now)
 
 
 def row_load_factor(row: dict) -> float:

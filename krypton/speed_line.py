@@ -11,6 +11,7 @@ from .estimator import (
     calibrated_speedup,
     estimate_for_counts,
     format_duration,
+    like_load_estimate,
 )
 
 __all__ = [
@@ -47,22 +48,33 @@ def compare_with_naive(
 ) -> RunComparison | None:
     """This run (``seconds`` from start to end) against a naive run of its ``positions``:
     the costs both pay (loading, preprocessing, the out-of-distribution check, per-call
-    overheads: what is left of ``seconds`` after the positions at the rate that ran and
-    the ``incremental_only`` seconds — views, timing the other strategy) plus the positions
+    overheads: what is left of ``seconds`` after the batches of positions and the
+    ``incremental_only`` seconds — views, timing the other strategy) plus the positions
     at the naive rate this run measured (``timing``: its ms per position both ways, as
-    ``heatmap.extra["plan_timing"]``). None without a timing."""
+    ``heatmap.extra["plan_timing"]``). The batches' time is the run's own sum
+    (``computing_seconds``) where the timing has it, else the positions at the rate that
+    ran: one batch's rate, which beside two burners read 38 ms/position in a run whose
+    batches averaged 50 and made its naive figure 5 s long. None without a timing."""
     if not timing or positions <= 0:
         return None
     incremental_ms = float(timing["incremental_ms_per_position"])
     naive_ms = float(timing["naive_ms_per_position"])
     ran_ms = naive_ms if timing.get("strategy") == "naive" else incremental_ms
-    common = max(seconds - incremental_only - positions * ran_ms / 1e3, 0.0)
+    computing = timing.get("computing_seconds")
+    if computing is None:
+        computing = positions * ran_ms / 1e3
+    common = max(seconds - incremental_only - computing, 0.0)
     return RunComparison(
         seconds, common + positions * naive_ms / 1e3, positions, incremental_ms, naive_ms
     )
 
 
 SAME_SPEED = 1.1  # within this factor either way, a run says neither faster nor slower
+
+# the bases of a naive figure taken from this host's logged naive runs (bounded_speed):
+# runs that met a load like this one's, or runs at any load scaled to it
+LOGGED_BASIS = "this host's naive runs at this load"
+SCALED_BASIS = "this host's naive runs, scaled to this load"
 
 
 def whole_run_speed(
@@ -83,8 +95,11 @@ def whole_run_speed(
 
 def heatmap_speed(heatmap) -> dict | None:
     """:func:`whole_run_speed` of one exact ``heatmap``'s call."""
+    timing = heatmap.extra.get("plan_timing")
+    if timing and "computing_seconds" in heatmap.extra:
+        timing = dict(timing, computing_seconds=heatmap.extra["computing_seconds"])
     return whole_run_speed(
-        heatmap.extra.get("plan_timing"),
+        timing,
         heatmap.seconds,
         heatmap.positions_evaluated,
         heatmap.extra.get("incremental_only_seconds", 0.0),
@@ -98,14 +113,20 @@ def bounded_speed(
     load: float | None = None,
     calibrated: bool = True,
 ) -> dict | None:
-    """``speed`` (:func:`heatmap_speed`) with its whole-run naive figure no higher than a
-    second one: a naive run of its positions as this host's logged naive runs (or, with
-    ``calibrated``, the model's calibration) estimate it at ``load`` (cores other work
-    keeps busy). The run's own figure comes from one early naive probe, often colder and
-    smaller than a naive run's (533 ms/position probed, 350 measured right after), which
-    a busy neighbour can also catch at a slow moment: beside two burners the CLI's
-    volume line once said 11.3x where the stopwatch gave 8.4x. The speed dict keeps the
-    probed figure and says which basis was used (``naive_basis``).
+    """``speed`` (:func:`heatmap_speed`) with its whole-run naive figure from what has
+    timed whole naive runs where there is such a thing. The run's own figure comes from
+    one early naive probe of a few positions, which a busy neighbour catches at a fast or
+    a slow moment: 533 ms/position probed where a naive run right after took 350, and
+    beside two burners 121 probed where the naive run took 148 (the line said 2.1x, the
+    stopwatch 2.5x). So where three or more of this host's logged naive runs of the
+    model and patch met a load like ``load`` (cores other work keeps busy), what they
+    give for these positions is the figure, above or below the probe
+    (:func:`krypton.estimator.like_load_estimate`): they timed what the line states.
+    With fewer at a like load, this host's naive runs at any load, scaled to this one,
+    only lower the probe's figure; without them the probe stands, no higher than the
+    model's calibration says (with ``calibrated``): beside two burners the CLI's volume
+    line once said 11.3x where the stopwatch gave 8.4x. The speed dict keeps the probed
+    figure and says which basis was used (``naive_basis``).
 
     A calibration that no run on this host has adjusted was timed on another machine:
     it bounds the speed-up it measured for these positions (:func:`calibrated_speedup`),
@@ -118,24 +139,31 @@ def bounded_speed(
     side = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
     probed = dict(speed, naive_basis="probed in this run")
     counts = (int(whole["positions"]), 0)
+    timed = None if load is None else like_load_estimate(model_name, "naive", side, counts, load)
+    if timed is not None:  # whole naive runs, timed at a load like this one: either way
+        if timed.seconds == whole["naive_seconds"]:
+            return probed
+        whole["probed_naive_seconds"] = whole["naive_seconds"]
+        whole["naive_seconds"] = timed.seconds
+        return dict(speed, whole=whole, naive_basis=LOGGED_BASIS)
     try:
         other = estimate_for_counts(model_name, "naive", side, counts, load=load)
         logged = other.source.startswith("this host's")
-        bound, basis = other.seconds, "this host's naive runs at this load"
+        figure, basis = other.seconds, SCALED_BASIS
         # the point estimate's own words (after ";" the range may cite this host's runs
         # of another patch, which leave this patch's calibration unadjusted)
         point = other.source.split(";")[0]
         if not logged and "this host's" not in point:  # another machine's timing
-            bound = whole["seconds"] * calibrated_speedup(model_name, side, counts)
+            figure = whole["seconds"] * calibrated_speedup(model_name, side, counts)
             basis = f"the speed-up of the model's {point}"
         elif not logged:
             basis = other.source
     except (NotCalibratedError, ValueError):  # RegistryError is a ValueError
         return probed
-    if not (logged or calibrated) or bound >= whole["naive_seconds"]:
+    if not (logged or calibrated) or figure >= whole["naive_seconds"]:  # a bound only
         return probed
     whole["probed_naive_seconds"] = whole["naive_seconds"]
-    whole["naive_seconds"] = bound
+    whole["naive_seconds"] = figure
     return dict(speed, whole=whole, naive_basis=basis)
 
 
@@ -180,8 +208,20 @@ def speed_claim(speed: dict) -> str:
         ratio,
         f"the whole run: {format_duration(whole['seconds'])} here, about "
         f"{format_duration(whole['naive_seconds'])} for a naive run of its "
-        f"{whole['positions']} positions, every fixed cost counted ({per_position})",
+        f"{whole['positions']} positions{_naive_source(speed)}, every fixed cost counted "
+        f"({per_position})",
     )
+
+
+def _naive_source(speed: dict) -> str:
+    """Where a naive figure not this run's probe came from, in the speed line's words:
+    the per-position figures after it are the probe's, and may not add up to it."""
+    basis = speed.get("naive_basis")
+    if basis == LOGGED_BASIS:
+        return " (going by naive runs on this machine at a like load)"
+    if basis == SCALED_BASIS:
+        return " (going by naive runs on this machine)"
+    return ""
 
 
 def _claim(ratio: float, basis: str) -> str:

@@ -180,3 +180,59 @@ def test_the_naive_figure_before_a_run_learns_what_the_runs_speed_lines_said(
         kept = estimate_for_counts("fundus-demo", mode, 12, (361, 0), load=0.0)
         without = estimate_for_counts("fundus-demo", mode, 12, (361, 0), log_path=plain, load=0.0)
         assert kept == without
+
+
+def test_the_whole_run_counts_what_its_batches_took_not_one_batchs_rate():
+    """Beside two burners a run's batches averaged 50 ms/position where the timing it kept
+    read 38: its positions at that rate left 5.9 s of "costs a naive run pays too" where
+    0.7 s were, and the naive figure came out 5 s long. The batches' own sum is used."""
+    from krypton.speed_line import compare_with_naive
+
+    timing = {"incremental_ms_per_position": 38.3, "naive_ms_per_position": 125.2,
+              "strategy": "incremental", "computing_seconds": 22.1}  # fmt: skip
+    compared = compare_with_naive(23.8, 441, timing, incremental_only=1.0)
+    assert compared is not None
+    assert compared.naive_seconds == pytest.approx(0.7 + 441 * 0.1252)
+    # a timing without the sum (an older export): the positions at the rate that ran
+    older = {key: value for key, value in timing.items() if key != "computing_seconds"}
+    assert compare_with_naive(23.8, 441, older, 1.0).naive_seconds == pytest.approx(
+        23.8 - 1.0 - 441 * 0.0383 + 441 * 0.1252
+    )
+
+
+def test_a_page_run_keeps_the_time_its_batches_took_across_its_chunks(tmp_path):
+    """The page's run is several explain() calls (chunks); the sum of every chunk's
+    batches goes with its timing, and the speed line's costs outside them are the rest."""
+    services = Services(tmp_path / "cache")
+    key = services.images.put(IMAGE)
+    request = runs.RunRequest(
+        key=key, name="fundus.png", model="fundus-demo", patch=16, stride=8, mode="exact",
+        fill_rgb=(0.5, 0.5, 0.5), region=REGION,
+    )  # fmt: skip
+    result = runs.execute(services, "tab", request, lambda *a: None)
+    speed = result["speed"]
+    assert 0.0 < speed["computing_seconds"] < result["seconds"]
+    whole = speed["whole"]
+    rest = result["seconds"] - speed["incremental_only_seconds"] - speed["computing_seconds"]
+    probed = whole.get("probed_naive_seconds", whole["naive_seconds"])
+    assert probed == pytest.approx(
+        max(rest, 0.0) + whole["positions"] * speed["naive_ms_per_position"] / 1e3, rel=1e-6
+    )
+
+
+def test_the_librarys_speed_line_takes_the_calls_batch_time():
+    """The CLI and the drop-ins state :func:`heatmap_speed` of one explain() call: its
+    ``computing_seconds`` (beside the timing, in ``extra``) is what the batches took."""
+    from types import SimpleNamespace
+
+    from krypton.speed_line import heatmap_speed
+
+    timing = {"incremental_ms_per_position": 38.3, "naive_ms_per_position": 125.2,
+              "strategy": "incremental"}  # fmt: skip
+    heatmap = SimpleNamespace(
+        seconds=23.8, positions_evaluated=441,
+        extra={"plan_timing": timing, "incremental_only_seconds": 1.0,
+               "computing_seconds": 22.1},
+    )  # fmt: skip
+    whole = heatmap_speed(heatmap)["whole"]
+    assert whole["naive_seconds"] == pytest.approx(0.7 + 441 * 0.1252)

@@ -179,6 +179,7 @@ def run_cells(
     chunk, begin = FIRST_CHUNK, 0
     plan_line = speed = None
     incremental_only = 0.0  # seconds a naive run would not have spent (views, probes)
+    computing = 0.0  # seconds the batches of positions took
 
     def heatmap_so_far(extra: dict) -> krypton.Heatmap:
         return _grid_heatmap(values, class_values, axes, label, mode, patch, begin, extra)
@@ -201,6 +202,7 @@ def run_cells(
             )
             plan_line, speed = _chunk_plan(heatmap.extra, plan_line, speed)
             incremental_only += heatmap.extra.get("incremental_only_seconds", 0.0)
+            computing += heatmap.extra.get("computing_seconds", 0.0)
             found = tuple(
                 np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap.axes)
             )
@@ -223,7 +225,9 @@ def run_cells(
     known.set_origin(tuple(int(axis[0]) for axis in axes))  # where a next region snaps to
     extra: dict = {"plan": plan_line, "incremental_only_seconds": incremental_only}
     if speed is not None:
-        extra["plan_timing"] = dict(speed, incremental_only_seconds=incremental_only)
+        extra["plan_timing"] = dict(
+            speed, incremental_only_seconds=incremental_only, computing_seconds=computing
+        )
     return heatmap_so_far(extra), reused
 
 
