@@ -63,7 +63,7 @@ __all__ = [  # the runtime log's functions too (krypton.runtime_log), as before 
     "with_host_range",
     "at_similar_load",
     "runs_at_like_load",
-    "like_load_estimate",
+    "naive_pace",
     "calibrated_step",
     "fit_seconds",
 ]
@@ -555,26 +555,27 @@ def _proportional(rows: list[dict], mode: str, counts: tuple[int, int], now: flo
     return Estimate(seconds, low, high, f"this host's last {runs}, in proportion")
 
 
-def like_load_estimate(
-    model_name: str,
-    mode: str,
-    patch: int,
-    counts: tuple[int, int],
-    load: float,
-    log_path: Path | None = None,
-) -> Estimate | None:
-    """A run of ``counts`` at ``load`` as this host's logged runs of (model, mode, patch)
-    that met a load like it took (:func:`runs_at_like_load`): refitted where their
-    positions differ, in proportion where they do not (a volume run again and again at
-    one stride); None with fewer than MIN_LOGGED_RUNS of them."""
-    rows = runs_at_like_load(logged_runs(model_name, mode, patch, log_path), load)
+def naive_pace(
+    model_name: str, patch: int, load: float, log_path: Path | None = None
+) -> float | None:
+    """Seconds per position of a naive run of (model, patch) at ``load``, as the batches
+    of this host's logged naive runs that met a load like it took (their median, each
+    brought to this load: :func:`runs_at_like_load`); None with fewer than
+    MIN_LOGGED_RUNS of them. The batches alone: what a surface pays around them (the
+    page's decoding, the CLI's) is each run's own."""
+    rows = [
+        row
+        for row in runs_at_like_load(logged_runs(model_name, "naive", patch, log_path), load)
+        if row.get("computed_positions") and row.get("computing_seconds")
+    ]
     if len(rows) < MIN_LOGGED_RUNS:
         return None
     now = load_factor(load)
-    learned = _fit_log(rows, mode, counts, now)
-    if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
-        return learned[0]
-    return _proportional(rows, mode, counts, now)
+    paces = [
+        row["computing_seconds"] / row["computed_positions"] / row_load_factor(row) * now
+        for row in rows
+    ]
+    return float(np.median(paces))
 
 
 def row_load_factor(row: dict) -> float:

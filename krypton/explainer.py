@@ -471,7 +471,7 @@ class OcclusionExplainer:
         extra.update(device=str(self.device), precision=precision)
         if mode == "exact":  # what a naive run of these positions would not have spent
             extra["incremental_only_seconds"] = views_seconds + run.deciding_seconds
-            extra["computing_seconds"] = run.computing_seconds
+        extra["computing_seconds"] = run.computing_seconds  # the batches of positions
         if "plan" in extra:  # the line the page, the CLI and the exports show
             extra["plan"] = f"{extra['plan']} (on {describe(self.device, precision)})"
         return Heatmap(

@@ -39,6 +39,7 @@ def record_run(
     load: float | None = None,
     threads: int | None = None,
     stated_naive: tuple[int, float] | None = None,
+    computed: tuple[int, float] | None = None,
 ) -> None:
     """Append one finished run (positions as planned: stage one, stage two) to the log,
     with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
@@ -46,7 +47,9 @@ def record_run(
     and the torch ``threads`` it ran with (default: this process's now; the fit compares
     runs at one load, :func:`row_load_factor`). ``stated_naive``: an exact run's (positions,
     seconds) of the naive run its speed line stated, which the naive figure shown before
-    the next run learns from (krypton.estimator.estimate_for_counts' ``stated``)."""
+    the next run learns from (krypton.estimator.estimate_for_counts' ``stated``).
+    ``computed``: (positions, seconds) its batches of positions took, without the costs
+    around them (a naive run's pace per position, krypton.estimator.naive_pace)."""
     path = path or runtime_log_path()
     row = {
         "model": model_name,
@@ -65,6 +68,9 @@ def record_run(
     if stated_naive is not None and stated_naive[0] > 0 and stated_naive[1] > 0:
         row["naive_positions"] = int(stated_naive[0])
         row["naive_seconds"] = round(float(stated_naive[1]), 4)
+    if computed is not None and computed[0] > 0 and computed[1] > 0:
+        row["computed_positions"] = int(computed[0])
+        row["computing_seconds"] = round(float(computed[1]), 4)
     line = json.dumps(row)
     with _log_lock:
         path.parent.mkdir(parents=True, exist_ok=True)

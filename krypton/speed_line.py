@@ -11,7 +11,7 @@ from .estimator import (
     calibrated_speedup,
     estimate_for_counts,
     format_duration,
-    like_load_estimate,
+    naive_pace,
 )
 
 __all__ = [
@@ -119,9 +119,12 @@ def bounded_speed(
     a slow moment: 533 ms/position probed where a naive run right after took 350, and
     beside two burners 121 probed where the naive run took 148 (the line said 2.1x, the
     stopwatch 2.5x). So where three or more of this host's logged naive runs of the
-    model and patch met a load like ``load`` (cores other work keeps busy), what they
-    give for these positions is the figure, above or below the probe
-    (:func:`krypton.estimator.like_load_estimate`): they timed what the line states.
+    model and patch met a load like ``load`` (cores other work keeps busy), the figure
+    is this run's costs around its batches and the positions at the pace of those runs'
+    batches (:func:`krypton.estimator.naive_pace`), above or below the probe's: they
+    timed whole naive runs. (Their own costs around the batches are not this run's: the
+    page decodes and checks a volume the CLI's explain() was handed ready, and the CLI's
+    line said 8.0x where its stopwatch gave 7.2x when it took the page's whole runs.)
     With fewer at a like load, this host's naive runs at any load, scaled to this one,
     only lower the probe's figure; without them the probe stands, no higher than the
     model's calibration says (with ``calibrated``): beside two burners the CLI's volume
@@ -139,12 +142,12 @@ def bounded_speed(
     side = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
     probed = dict(speed, naive_basis="probed in this run")
     counts = (int(whole["positions"]), 0)
-    timed = None if load is None else like_load_estimate(model_name, "naive", side, counts, load)
-    if timed is not None:  # whole naive runs, timed at a load like this one: either way
-        if timed.seconds == whole["naive_seconds"]:
-            return probed
+    pace = None if load is None else naive_pace(model_name, side, load)
+    if pace is not None:  # whole naive runs, timed at a load like this one: either way
+        positions = int(whole["positions"])
+        common = max(whole["naive_seconds"] - positions * float(whole["naive_ms"]) / 1e3, 0.0)
         whole["probed_naive_seconds"] = whole["naive_seconds"]
-        whole["naive_seconds"] = timed.seconds
+        whole["naive_seconds"] = common + positions * pace
         return dict(speed, whole=whole, naive_basis=LOGGED_BASIS)
     try:
         other = estimate_for_counts(model_name, "naive", side, counts, load=load)

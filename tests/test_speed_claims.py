@@ -8,6 +8,7 @@ lines must state only what the same run timed side by side."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import sys
 import pytest
 from PIL import Image
 
-from krypton.estimator import record_run
+from krypton.estimator import logged_runs, record_run
 from krypton.speed_line import SAME_SPEED
 from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
@@ -218,6 +219,12 @@ def test_a_page_run_keeps_the_time_its_batches_took_across_its_chunks(tmp_path):
     assert probed == pytest.approx(
         max(rest, 0.0) + whole["positions"] * speed["naive_ms_per_position"] / 1e3, rel=1e-6
     )
+    # a naive run logs the time its batches took: a naive pace for later speed lines
+    naive = runs.execute(services, "tab", dataclasses.replace(request, mode="naive"),
+                         lambda *a: None)  # fmt: skip
+    row = logged_runs("fundus-demo", "naive", 16)[-1]
+    assert row["computed_positions"] == 121
+    assert 0.0 < row["computing_seconds"] < naive["seconds"]
 
 
 def test_the_librarys_speed_line_takes_the_calls_batch_time():

@@ -223,7 +223,11 @@ def run_cells(
             stopped(heatmap_so_far({"plan": plan_line}), reused, exc)
         raise
     known.set_origin(tuple(int(axis[0]) for axis in axes))  # where a next region snaps to
-    extra: dict = {"plan": plan_line, "incremental_only_seconds": incremental_only}
+    extra: dict = {
+        "plan": plan_line,
+        "incremental_only_seconds": incremental_only,
+        "computing_seconds": computing,
+    }
     if speed is not None:
         extra["plan_timing"] = dict(
             speed, incremental_only_seconds=incremental_only, computing_seconds=computing

@@ -166,27 +166,31 @@ def finished_run(
     as the library's (its seconds the whole run's, as the user waited); ``counts``: its
     positions as planned (stage one, stage two). The speed is the one the CLI and the
     benches state (krypton.speed_line.stated_speed: the whole run against a naive one),
-    bounded by this host's logged naive runs at this load alone (:func:`measured_speed`:
-    never by a calibration from another day); the log row keeps the estimate shown and
-    the load met, which the next estimates learn from, and the naive run the speed line
+    its naive figure from this host's logged naive runs alone (:func:`measured_speed`:
+    never from a calibration from another day); the log row keeps the estimate shown and
+    the load met, which the next estimates learn from, the naive run the speed line
     states, which the naive figure shown before the next run learns from (one naive
-    figure for a run: the page said 7.3 min before a run and 4.8 min in its speed line)."""
+    figure for a run: the page said 7.3 min before a run and 4.8 min in its speed line),
+    and the time its batches took, a naive run's pace for later speed lines."""
     speed = stated_speed(heatmap, request.model, load, calibrated=False)
     estimated = (planned or {}).get("seconds")
     seconds = heatmap.seconds
     whole = (speed or {}).get("whole") or {}
     said = (int(whole["positions"]), float(whole["naive_seconds"])) if whole else None
     if heatmap.positions_evaluated:
+        computed = (heatmap.positions_evaluated, heatmap.extra.get("computing_seconds", 0.0))
         record_run(request.model, request.mode, request.patch, counts, seconds,
-                   estimated=estimated, load=load, stated_naive=said)  # fmt: skip
+                   estimated=estimated, load=load, stated_naive=said,
+                   computed=computed)  # fmt: skip
     else:  # every cell was known: a run of its own kind (cached_estimate)
         record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
     return speed
 
 
 def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> dict | None:
-    """A run's speed against naive (krypton.speed_line.heatmap_speed), saying less
-    where this host's own naive runs of the model and patch at this load say less
-    (krypton.speed_line.bounded_speed on logged runs alone: the page's figure is never
-    bounded by a calibration from another day)."""
+    """A run's speed against naive (krypton.speed_line.heatmap_speed), its naive pace
+    from this host's own naive runs of the model and patch at a like load where there
+    are three, else lowered where its naive runs at other loads say less
+    (krypton.speed_line.bounded_speed on logged runs alone: the page's figure never
+    rests on a calibration from another day)."""
     return bounded_speed(speed, model, patch, load, calibrated=False)
