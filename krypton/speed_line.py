@@ -148,6 +148,7 @@ def bounded_speed(
         common = max(whole["naive_seconds"] - positions * float(whole["naive_ms"]) / 1e3, 0.0)
         whole["probed_naive_seconds"] = whole["naive_seconds"]
         whole["naive_seconds"] = common + positions * pace
+        whole["naive_pace_ms"] = pace * 1e3
         return dict(speed, whole=whole, naive_basis=LOGGED_BASIS)
     try:
         other = estimate_for_counts(model_name, "naive", side, counts, load=load)
@@ -221,7 +222,9 @@ def _naive_source(speed: dict) -> str:
     the per-position figures after it are the probe's, and may not add up to it."""
     basis = speed.get("naive_basis")
     if basis == LOGGED_BASIS:
-        return " (going by naive runs on this machine at a like load)"
+        pace = speed["whole"].get("naive_pace_ms")
+        at = f": {pace:.1f} ms/position" if pace else ""
+        return f" (going by naive runs on this machine at a like load{at})"
     if basis == SCALED_BASIS:
         return " (going by naive runs on this machine)"
     return ""

@@ -153,7 +153,9 @@ def test_the_speed_line_states_this_hosts_naive_runs_at_this_load_either_way(kry
     assert told["naive_basis"] == "this host's naive runs at this load"
     assert told["whole"]["naive_seconds"] == pytest.approx(0.5 + 0.35 * 355)
     assert "1.6× faster than naive" in speed_claim(told)  # not the probe's 2.4x
-    assert "(going by naive runs on this machine at a like load)" in speed_claim(told)
+    assert "(going by naive runs on this machine at a like load: 350.0 ms/position)" in (
+        speed_claim(told)
+    )
     # a probe below what the log says: the log's pace (the probe's stood before)
     told = runs.measured_speed(probe(150.0), "fundus-demo", 16, load=0.0)
     assert told["naive_basis"] == "this host's naive runs at this load"
