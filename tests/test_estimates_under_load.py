@@ -204,6 +204,13 @@ def test_a_volume_run_again_at_one_stride_states_its_naive_runs_at_this_load(kry
     assert told["naive_basis"] == "this host's naive runs at this load"
     assert told["whole"]["naive_seconds"] == pytest.approx(0.2 + 31.0)
     assert "6.4× faster than naive" in speed_claim(told)
+    # the log holds the page's runs: the CLI's explain() keeps its own probe (the page's
+    # pace made its volume line say 8.3x where its stopwatch gave 7.2x)
+    from krypton.speed_line import bounded_speed
+
+    cli = bounded_speed(probed, "chestct-demo", 8, 2.0)
+    assert cli["naive_basis"] != "this host's naive runs at this load"
+    assert cli["whole"]["naive_seconds"] <= probed["whole"]["naive_seconds"]
 
 
 def test_a_calibration_with_a_negative_fixed_term_never_estimates_nothing(tmp_path):

@@ -172,7 +172,7 @@ def finished_run(
     states, which the naive figure shown before the next run learns from (one naive
     figure for a run: the page said 7.3 min before a run and 4.8 min in its speed line),
     and the time its batches took, a naive run's pace for later speed lines."""
-    speed = stated_speed(heatmap, request.model, load, calibrated=False)
+    speed = stated_speed(heatmap, request.model, load, calibrated=False, paced=True)
     estimated = (planned or {}).get("seconds")
     seconds = heatmap.seconds
     whole = (speed or {}).get("whole") or {}
@@ -193,4 +193,4 @@ def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> d
     are three, else lowered where its naive runs at other loads say less
     (krypton.speed_line.bounded_speed on logged runs alone: the page's figure never
     rests on a calibration from another day)."""
-    return bounded_speed(speed, model, patch, load, calibrated=False)
+    return bounded_speed(speed, model, patch, load, calibrated=False, paced=True)
