@@ -188,9 +188,7 @@ def stated_speed(
     waited), its naive figure as :func:`bounded_speed` takes it at ``load``: from this
     host's logged naive runs (``paced``: the page's own runs), or no higher than they
     (with ``calibrated``, or the calibration) say."""
-    return bounded_speed(
-        heatmap_speed(heatmap), model_name, heatmap.patch, load, calibrated, paced
-    )
+    return bounded_speed(heatmap_speed(heatmap), model_name, heatmap.patch, load, calibrated, paced)
 
 
 def speed_claim(speed: dict) -> str:
