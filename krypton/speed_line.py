@@ -149,10 +149,9 @@ def bounded_speed(
     counts = (int(whole["positions"]), 0)
     pace = naive_pace(model_name, side, load) if paced and load is not None else None
     if pace is not None:  # whole naive runs, timed at a load like this one: either way
-        positions = int(whole["positions"])
-        common = max(whole["naive_seconds"] - positions * float(whole["naive_ms"]) / 1e3, 0.0)
+        common = max(whole["naive_seconds"] - counts[0] * float(whole["naive_ms"]) / 1e3, 0.0)
         whole["probed_naive_seconds"] = whole["naive_seconds"]
-        whole["naive_seconds"] = common + positions * pace
+        whole["naive_seconds"] = common + counts[0] * pace
         whole["naive_pace_ms"] = pace * 1e3
         return dict(speed, whole=whole, naive_basis=LOGGED_BASIS)
     try:
