@@ -64,6 +64,7 @@ __all__ = [  # the runtime log's functions too (krypton.runtime_log), as before 
     "at_similar_load",
     "runs_at_like_load",
     "naive_pace",
+    "probed_naive_pace",
     "calibrated_step",
     "fit_seconds",
 ]
@@ -576,6 +577,34 @@ def naive_pace(
         for row in rows
     ]
     return float(np.median(paces))
+
+
+# An exact run times naive on a few positions (4-8) beside its first batch. Beside two
+# burners such a probe of the chest-CT model read 52, 93 and 102 ms/position in three
+# runs where naive runs took 97: one probe can be half the pace, the median of a few
+# holds. PROBED_RUNS: the most recent exact runs' probes the median takes.
+PROBED_RUNS = 8
+
+
+def probed_naive_pace(
+    model_name: str, patch: int, load: float, probe_ms: float, log_path: Path | None = None
+) -> tuple[float, int] | None:
+    """Seconds per position of naive inference of (model, patch) at ``load`` as the
+    naive probes of this host's exact runs read it: the median of this run's
+    (``probe_ms``, ms per position) and those logged by its last PROBED_RUNS - 1 exact
+    runs at a like load (:func:`runs_at_like_load`; each brought to this load), with how
+    many it took; None with fewer than MIN_LOGGED_RUNS. For a host that has timed no
+    naive runs (:func:`naive_pace` is the better figure: whole runs)."""
+    rows = [
+        row
+        for row in runs_at_like_load(logged_runs(model_name, "exact", patch, log_path), load)
+        if row.get("naive_probe_ms")
+    ][-(PROBED_RUNS - 1) :]
+    if not (probe_ms > 0 and math.isfinite(probe_ms)) or len(rows) + 1 < MIN_LOGGED_RUNS:
+        return None
+    now = load_factor(load)
+    paces = [row["naive_probe_ms"] / 1e3 / row_load_factor(row) * now for row in rows]
+    return float(np.median(paces + [probe_ms / 1e3])), len(paces) + 1
 
 
 def row_load_factor(row: dict) -> float:

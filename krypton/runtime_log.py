@@ -40,6 +40,7 @@ def record_run(
     threads: int | None = None,
     stated_naive: tuple[int, float] | None = None,
     computed: tuple[int, float] | None = None,
+    naive_probe_ms: float | None = None,
 ) -> None:
     """Append one finished run (positions as planned: stage one, stage two) to the log,
     with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
@@ -49,7 +50,10 @@ def record_run(
     seconds) of the naive run its speed line stated, which the naive figure shown before
     the next run learns from (krypton.estimator.estimate_for_counts' ``stated``).
     ``computed``: (positions, seconds) its batches of positions took, without the costs
-    around them (a naive run's pace per position, krypton.estimator.naive_pace)."""
+    around them (a naive run's pace per position, krypton.estimator.naive_pace).
+    ``naive_probe_ms``: an exact run's naive timing of a few of its positions, per
+    position (later speed lines take the median of several:
+    krypton.estimator.probed_naive_pace)."""
     path = path or runtime_log_path()
     row = {
         "model": model_name,
@@ -71,6 +75,8 @@ def record_run(
     if computed is not None and computed[0] > 0 and computed[1] > 0:
         row["computed_positions"] = int(computed[0])
         row["computing_seconds"] = round(float(computed[1]), 4)
+    if naive_probe_ms is not None and math.isfinite(naive_probe_ms) and naive_probe_ms > 0:
+        row["naive_probe_ms"] = round(float(naive_probe_ms), 3)
     line = json.dumps(row)
     with _log_lock:
         path.parent.mkdir(parents=True, exist_ok=True)

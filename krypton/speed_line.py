@@ -12,6 +12,7 @@ from .estimator import (
     estimate_for_counts,
     format_duration,
     naive_pace,
+    probed_naive_pace,
 )
 
 __all__ = [
@@ -72,9 +73,11 @@ def compare_with_naive(
 SAME_SPEED = 1.1  # within this factor either way, a run says neither faster nor slower
 
 # the bases of a naive figure taken from this host's logged naive runs (bounded_speed):
-# runs that met a load like this one's, or runs at any load scaled to it
+# runs that met a load like this one's, or runs at any load scaled to it; and from the
+# naive probes of this host's exact runs at a like load, where it has timed no naive runs
 LOGGED_BASIS = "this host's naive runs at this load"
 SCALED_BASIS = "this host's naive runs, scaled to this load"
+PROBES_BASIS = "this host's naive probes at this load"
 
 
 def whole_run_speed(
@@ -129,8 +132,12 @@ def bounded_speed(
     line said 8.0x where its stopwatch gave 7.2x when it took the page's whole runs. Nor
     is their pace: the page's naive volume batches took 98 ms/position beside two
     burners, explain()'s in the CLI 84, and the line said 8.3x for 7.2x; so only
-    ``paced`` runs take it.)
-    With fewer at a like load, this host's naive runs at any load, scaled to this one,
+    ``paced`` runs take it.) Where it has timed none there but three or more exact runs
+    of the model and patch at a like load, this one among them, the positions take the
+    median of those runs' naive probes the same way
+    (:func:`krypton.estimator.probed_naive_pace`): beside two burners three runs' probes
+    of the chest-CT model read 52, 93 and 102 ms/position where naive runs took 97.
+    With neither at a like load, this host's naive runs at any load, scaled to this one,
     only lower the probe's figure; without them the probe stands, no higher than the
     model's calibration says (with ``calibrated``): beside two burners the CLI's volume
     line once said 11.3x where the stopwatch gave 8.4x. The speed dict keeps the probed
@@ -147,13 +154,10 @@ def bounded_speed(
     side = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
     probed = dict(speed, naive_basis="probed in this run")
     counts = (int(whole["positions"]), 0)
-    pace = naive_pace(model_name, side, load) if paced and load is not None else None
-    if pace is not None:  # whole naive runs, timed at a load like this one: either way
-        common = max(whole["naive_seconds"] - counts[0] * float(whole["naive_ms"]) / 1e3, 0.0)
-        whole["probed_naive_seconds"] = whole["naive_seconds"]
-        whole["naive_seconds"] = common + counts[0] * pace
-        whole["naive_pace_ms"] = pace * 1e3
-        return dict(speed, whole=whole, naive_basis=LOGGED_BASIS)
+    if paced and load is not None:
+        found = _paced(whole, model_name, side, load)
+        if found is not None:
+            return dict(speed, whole=found[0], naive_basis=found[1])
     try:
         other = estimate_for_counts(model_name, "naive", side, counts, load=load)
         logged = other.source.startswith("this host's")
@@ -173,6 +177,29 @@ def bounded_speed(
     whole["probed_naive_seconds"] = whole["naive_seconds"]
     whole["naive_seconds"] = figure
     return dict(speed, whole=whole, naive_basis=basis)
+
+
+def _paced(whole: dict, model_name: str, side: int, load: float) -> tuple[dict, str] | None:
+    """``whole`` (a run's :func:`compare_with_naive` as a dict) with its positions at the
+    naive pace of this host's logged naive runs at a like load
+    (:func:`krypton.estimator.naive_pace`), else at the median of its exact runs' naive
+    probes there, this run's among them (:func:`krypton.estimator.probed_naive_pace`),
+    above or below this run's own probe; its costs around the batches stay its own. With
+    the basis taken; None where the log has neither."""
+    probe_ms = float(whole["naive_ms"])
+    pace, basis, probes = naive_pace(model_name, side, load), LOGGED_BASIS, None
+    if pace is None:
+        found = probed_naive_pace(model_name, side, load, probe_ms)
+        if found is None:
+            return None
+        (pace, probes), basis = found, PROBES_BASIS
+    positions = int(whole["positions"])
+    common = max(whole["naive_seconds"] - positions * probe_ms / 1e3, 0.0)
+    paced = dict(whole, probed_naive_seconds=whole["naive_seconds"])
+    paced.update(naive_seconds=common + positions * pace, naive_pace_ms=pace * 1e3)
+    if probes is not None:
+        paced["naive_probes"] = probes
+    return paced, basis
 
 
 def stated_speed(
@@ -234,6 +261,13 @@ def _naive_source(speed: dict) -> str:
         pace = speed["whole"].get("naive_pace_ms")
         at = f": {pace:.1f} ms/position" if pace else ""
         return f" (going by naive runs on this machine at a like load{at})"
+    if basis == PROBES_BASIS:
+        whole = speed["whole"]
+        earlier = int(whole.get("naive_probes", 1)) - 1
+        return (
+            f" (going by the naive timings of this and {earlier} earlier runs on this "
+            f"machine at a like load: {whole['naive_pace_ms']:.1f} ms/position)"
+        )
     if basis == SCALED_BASIS:
         return " (going by naive runs on this machine)"
     return ""

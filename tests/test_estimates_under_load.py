@@ -215,6 +215,69 @@ def test_a_volume_run_again_at_one_stride_states_its_naive_runs_at_this_load(kry
     assert cli["whole"]["naive_seconds"] <= probed["whole"]["naive_seconds"]
 
 
+def test_a_host_that_timed_no_naive_runs_states_the_median_of_its_exact_runs_probes(
+    krypton_home,
+):
+    """Where the user never runs naive mode, each speed line stood on its own probe of
+    4-8 positions: beside two burners the chest-CT model's probes read 52, 93 and 102
+    ms/position in three runs where naive runs took 97, so one line would have said 2.4x
+    for 4.5x. From the third exact run at a like load on, the line takes the median of
+    the runs' probes, this run's among them, either way; runs at another load are not
+    taken, and naive runs timed at this load still come first."""
+    from krypton.estimator import SIMILAR_LOAD, probed_naive_pace, threads_for_load
+    from krypton.speed_line import speed_claim
+    from webapp import runs
+
+    busy = 3.0 * (os.cpu_count() or 1)  # three runnable threads of other work per core
+    assert load_factor(busy) / load_factor(0.0) > SIMILAR_LOAD
+    threads = threads_for_load(busy)
+
+    def exact_run(probe_ms: float) -> dict:  # 343 positions, 0.2 s around the batches
+        return {
+            "strategy": "incremental", "incremental_ms_per_position": 14.0,
+            "naive_ms_per_position": probe_ms,
+            "whole": {"seconds": 5.0, "naive_seconds": 0.2 + 343 * probe_ms / 1e3,
+                      "positions": 343, "incremental_ms": 14.0, "naive_ms": probe_ms},
+        }  # fmt: skip
+
+    def log(probe_ms: float, load: float, threads: int) -> None:
+        record_run("chestct-demo", "exact", 8, (343, 0), 5.0, load=load, threads=threads,
+                   naive_probe_ms=probe_ms)  # fmt: skip
+
+    log(102.0, busy, threads)
+    # one earlier probe at this load: this run's own probe stands
+    alone = runs.measured_speed(exact_run(52.0), "chestct-demo", 8, load=busy)
+    assert alone["naive_basis"] == "probed in this run"
+    assert alone["whole"]["naive_seconds"] == pytest.approx(0.2 + 343 * 0.052)
+    log(93.0, busy, threads)
+    log(40.0, 0.0, threads_for_load(0.0))  # idle: another load, not taken
+    assert probed_naive_pace("chestct-demo", 8, busy, 52.0) == (pytest.approx(0.093), 3)
+    told = runs.measured_speed(exact_run(52.0), "chestct-demo", 8, load=busy)
+    assert told["naive_basis"] == "this host's naive probes at this load"
+    assert told["whole"]["naive_seconds"] == pytest.approx(0.2 + 343 * 0.093)
+    assert told["whole"]["probed_naive_seconds"] == pytest.approx(0.2 + 343 * 0.052)
+    claim = speed_claim(told)
+    assert "6.4× faster than naive" in claim  # not the lone probe's 3.6x
+    assert "(going by the naive timings of this and 2 earlier runs on this machine at a " \
+        "like load: 93.0 ms/position)" in claim  # fmt: skip
+    # a high probe is brought down the same way
+    high = runs.measured_speed(exact_run(180.0), "chestct-demo", 8, load=busy)
+    assert high["whole"]["naive_seconds"] == pytest.approx(0.2 + 343 * 0.102)
+    # the CLI's explain() keeps its own probe (the log holds the page's runs)
+    from krypton.speed_line import bounded_speed
+
+    assert bounded_speed(exact_run(52.0), "chestct-demo", 8, busy)["naive_basis"] != (
+        "this host's naive probes at this load"
+    )
+    # naive runs timed at this load come first: whole runs, not probes
+    for batches in (30.1, 31.0, 34.6):
+        record_run("chestct-demo", "naive", 8, (343, 0), batches + 9.0, load=busy,
+                   threads=threads, computed=(343, batches))  # fmt: skip
+    paced = runs.measured_speed(exact_run(52.0), "chestct-demo", 8, load=busy)
+    assert paced["naive_basis"] == "this host's naive runs at this load"
+    assert paced["whole"]["naive_seconds"] == pytest.approx(0.2 + 31.0)
+
+
 def test_a_calibration_with_a_negative_fixed_term_never_estimates_nothing(tmp_path):
     """fundus-demo's naive fit at patch 12 had a fixed term of -3.8 s (2026-11-24): 49
     naive positions were estimated at 0.0 s (0.0-0.3 s) and took 1.6 s."""

@@ -213,6 +213,9 @@ def test_a_page_run_keeps_the_time_its_batches_took_across_its_chunks(tmp_path):
     result = runs.execute(services, "tab", request, lambda *a: None)
     speed = result["speed"]
     assert 0.0 < speed["computing_seconds"] < result["seconds"]
+    # an exact run logs its naive probe: a few runs' probes state later lines
+    exact_row = logged_runs("fundus-demo", "exact", 16)[-1]
+    assert exact_row["naive_probe_ms"] == pytest.approx(speed["naive_ms_per_position"], abs=1e-3)
     whole = speed["whole"]
     rest = result["seconds"] - speed["incremental_only_seconds"] - speed["computing_seconds"]
     probed = whole.get("probed_naive_seconds", whole["naive_seconds"])

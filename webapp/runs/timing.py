@@ -171,7 +171,9 @@ def finished_run(
     the load met, which the next estimates learn from, the naive run the speed line
     states, which the naive figure shown before the next run learns from (one naive
     figure for a run: the page said 7.3 min before a run and 4.8 min in its speed line),
-    and the time its batches took, a naive run's pace for later speed lines."""
+    the time its batches took, a naive run's pace for later speed lines, and an exact
+    run's naive probe, whose median over a few runs later lines take where no naive run
+    was timed (krypton.estimator.probed_naive_pace)."""
     speed = stated_speed(heatmap, request.model, load, calibrated=False, paced=True)
     estimated = (planned or {}).get("seconds")
     seconds = heatmap.seconds
@@ -180,8 +182,8 @@ def finished_run(
     if heatmap.positions_evaluated:
         computed = (heatmap.positions_evaluated, heatmap.extra.get("computing_seconds", 0.0))
         record_run(request.model, request.mode, request.patch, counts, seconds,
-                   estimated=estimated, load=load, stated_naive=said,
-                   computed=computed)  # fmt: skip
+                   estimated=estimated, load=load, stated_naive=said, computed=computed,
+                   naive_probe_ms=whole.get("naive_ms"))  # fmt: skip
     else:  # every cell was known: a run of its own kind (cached_estimate)
         record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
     return speed
