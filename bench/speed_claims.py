@@ -9,10 +9,18 @@ stopwatch.
 
     python -m bench.speed_claims            (also part of make bench)
     python -m bench.speed_claims --burners 2   beside two CPU-burning processes
+    python -m bench.speed_claims --burners 2 --exact-only 6
+
+``--exact-only N``: a machine that never runs naive mode, so no line can take a naive
+run's pace: on a fresh runtime log, N exact runs of new chest-CT volumes on the volume
+panel's path and N of the fundus image at stride 16, each against a naive run of the
+same positions whose own log row goes to another folder (exact_only_cases).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -123,13 +131,20 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--burners", type=int, default=0, help="CPU burners beside the runs")
+    parser.add_argument(
+        "--exact-only", type=int, default=0, metavar="N",
+        help="instead: N exact runs per case on a log that never learns a naive run",
+    )  # fmt: skip
     args = parser.parse_args()
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)
     ]
     try:
         print(f"beside {args.burners} CPU burners" if burners else "idle host")
-        cases()
+        if args.exact_only:
+            exact_only_cases(args.exact_only)
+        else:
+            cases()
     finally:
         for burner in burners:
             burner.kill()
@@ -171,6 +186,72 @@ def cases() -> None:
     print(f"| chest CT volume, stride 6, the volume panel's path | {claimed:.2f}× | "
           f"{measured:.2f}× | {claimed / measured:.2f} |")  # fmt: skip
     print(f"|   ↳ {claim} ||||", flush=True)
+
+
+def exact_only_cases(count: int) -> None:
+    """``count`` exact runs per case on a fresh runtime log, each against a naive run of
+    its positions logged elsewhere: the speed lines of a machine whose log has exact runs
+    only (their naive probes: krypton.estimator.probed_naive_pace), with the basis each
+    took."""
+    import gzip
+
+    import nibabel
+    import numpy as np
+
+    from webapp import runs
+    from webapp.services import Services
+
+    kept = os.environ.get("KRYPTON_HOME")
+    logged, elsewhere = tempfile.mkdtemp(), tempfile.mkdtemp()
+    services = Services(Path(tempfile.mkdtemp()) / "cache")
+
+    def pair(request) -> float:
+        os.environ["KRYPTON_HOME"] = logged
+        exact = runs.execute(services, "bench", request, lambda *a: None)
+        os.environ["KRYPTON_HOME"] = elsewhere
+        naive = runs.execute(services, "bench", dataclasses.replace(request, mode="naive"),
+                             lambda *a: None)  # fmt: skip
+        speed = exact["speed"]
+        whole = speed["whole"]
+        claimed = whole["naive_seconds"] / whole["seconds"]
+        measured = naive["seconds"] / exact["seconds"]
+        pace = whole.get("naive_pace_ms", whole["naive_ms"])
+        print(
+            f"| {whole['naive_ms']:.0f} | {pace:.0f} | {speed.get('naive_basis')} | "
+            f"{claimed:.2f}× | {measured:.2f}× | {claimed / measured:.2f} |",
+            flush=True,
+        )
+        return claimed / measured
+
+    try:
+        print("| probe ms/position | pace stated | basis | claimed | stopwatch | ratio |")
+        print("|---|---|---|---|---|---|")
+        print("| chest CT volumes, stride 6, the volume panel's path ||||||")
+        ratios = []
+        for number in range(count):
+            sample = ChestCTGenerator(seed=10 + number).sample(label=1)
+            volume = np.transpose(sample.volume, (2, 1, 0)).astype(np.int16)
+            image = nibabel.Nifti1Image(volume, np.diag([5.0, 5.0, 5.0, 1.0]))
+            key = services.images.put_source(gzip.compress(image.to_bytes(), 1), "bench")
+            ratios.append(pair(runs.RunRequest(
+                key=key, name="chest.nii.gz", model="chestct-demo", patch=8, stride=6,
+                mode="exact", rank=3,
+            )))  # fmt: skip
+        print("| fundus 224², stride 16, whole image, a fill each ||||||")
+        image = Image.fromarray(FundusGenerator(seed=5).sample(label=1, lesions=1).image)
+        key = services.images.put(image)
+        for number in range(count):
+            ratios.append(pair(runs.RunRequest(
+                key=key, name="fundus.png", model="fundus-demo", patch=16, stride=16,
+                mode="exact", fill_rgb=(0.2 + number / 40,) * 3,
+            )))  # fmt: skip
+        within = sum(abs(ratio - 1) <= 0.15 for ratio in ratios)
+        print(f"claim / stopwatch within 15%: {within} of {len(ratios)}")
+    finally:
+        if kept is None:
+            os.environ.pop("KRYPTON_HOME", None)
+        else:
+            os.environ["KRYPTON_HOME"] = kept
 
 
 if __name__ == "__main__":
