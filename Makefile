@@ -105,6 +105,7 @@ bench: $(STAMP)
 	$(PY) -m bench.run_path
 	$(PY) -m bench.speed_claims
 	$(PY) -m bench.speed_claims --burners 2
+	$(PY) -m bench.speed_claims --burners 2 --exact-only 6
 	$(PY) -W ignore -m bench.busy_host
 	$(MAKE) bench-methods
 
