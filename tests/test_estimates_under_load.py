@@ -125,6 +125,21 @@ def test_a_run_records_its_estimate_and_the_load_it_met(tmp_path, krypton_home):
         assert row["estimated"] == pytest.approx(result["estimate"]["seconds"], rel=1e-3)
 
 
+def probed_speed(
+    naive_ms: float, *, positions: int, seconds: float, around: float, incremental_ms: float
+) -> dict:
+    """An exact run's speed as the page has it before the log is read: ``seconds`` for
+    ``positions``, its naive figure the ``around`` seconds outside its batches plus the
+    positions at its probe's ``naive_ms``."""
+    return {
+        "strategy": "incremental", "incremental_ms_per_position": incremental_ms,
+        "naive_ms_per_position": naive_ms,
+        "whole": {"seconds": seconds, "naive_seconds": around + positions * naive_ms / 1e3,
+                  "positions": positions, "incremental_ms": incremental_ms,
+                  "naive_ms": naive_ms},
+    }  # fmt: skip
+
+
 def test_the_speed_line_states_this_hosts_naive_runs_at_this_load_either_way(krypton_home):
     """The speed line took naive's rate from one early batch of the run (533 ms/position)
     while a naive run right after took 350: it claimed 2.1x for 1.3x. Beside two burners
@@ -141,12 +156,8 @@ def test_the_speed_line_states_this_hosts_naive_runs_at_this_load_either_way(kry
                    computed=(positions, 0.35 * positions))  # fmt: skip
 
     def probe(naive_ms: float) -> dict:  # this run: 0.5 s around its batches
-        return {
-            "strategy": "incremental", "incremental_ms_per_position": 222.7,
-            "naive_ms_per_position": naive_ms,
-            "whole": {"seconds": 80.0, "naive_seconds": 0.5 + 355 * naive_ms / 1e3,
-                      "positions": 355, "incremental_ms": 222.7, "naive_ms": naive_ms},
-        }  # fmt: skip
+        return probed_speed(naive_ms, positions=355, seconds=80.0, around=0.5,
+                            incremental_ms=222.7)  # fmt: skip
 
     told = runs.measured_speed(probe(533.0), "fundus-demo", 16, load=0.0)
     assert told["naive_basis"] == "this host's naive runs at this load"
@@ -196,12 +207,7 @@ def test_a_volume_run_again_at_one_stride_states_its_naive_runs_at_this_load(kry
     assert naive_pace("chestct-demo", 8, busy) == pytest.approx(31.0 / 343)
     assert naive_pace("chestct-demo", 8, 0.0) is None
     assert naive_pace("chestct-demo", 12, busy) is None
-    probed = {
-        "strategy": "incremental", "incremental_ms_per_position": 14.0,
-        "naive_ms_per_position": 82.0,
-        "whole": {"seconds": 4.9, "naive_seconds": 0.2 + 343 * 0.082, "positions": 343,
-                  "incremental_ms": 14.0, "naive_ms": 82.0},
-    }  # fmt: skip
+    probed = probed_speed(82.0, positions=343, seconds=4.9, around=0.2, incremental_ms=14.0)
     told = runs.measured_speed(probed, "chestct-demo", 8, load=busy)
     assert told["naive_basis"] == "this host's naive runs at this load"
     assert told["whole"]["naive_seconds"] == pytest.approx(0.2 + 31.0)
@@ -233,12 +239,8 @@ def test_a_host_that_timed_no_naive_runs_states_the_median_of_its_exact_runs_pro
     threads = threads_for_load(busy)
 
     def exact_run(probe_ms: float) -> dict:  # 343 positions, 0.2 s around the batches
-        return {
-            "strategy": "incremental", "incremental_ms_per_position": 14.0,
-            "naive_ms_per_position": probe_ms,
-            "whole": {"seconds": 5.0, "naive_seconds": 0.2 + 343 * probe_ms / 1e3,
-                      "positions": 343, "incremental_ms": 14.0, "naive_ms": probe_ms},
-        }  # fmt: skip
+        return probed_speed(probe_ms, positions=343, seconds=5.0, around=0.2,
+                            incremental_ms=14.0)  # fmt: skip
 
     def log(probe_ms: float, load: float, threads: int) -> None:
         record_run("chestct-demo", "exact", 8, (343, 0), 5.0, load=load, threads=threads,
