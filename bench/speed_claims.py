@@ -93,21 +93,27 @@ def volume_case() -> tuple[float, float, str]:
     )
 
 
-def volume_panel_case(services, stride: int) -> tuple[float, float, str]:
-    """The same for a generated chest-CT volume on the volume panel's run path
-    (webapp.runs.execute at rank 3: a NIfTI upload)."""
+def chest_upload(services, seed: int) -> str:
+    """A generated chest-CT volume (``seed``) put in the store as the volume panel's
+    upload of a .nii.gz is: its key."""
     import gzip
 
     import nibabel
     import numpy as np
 
-    from webapp import runs
-
-    sample = ChestCTGenerator(seed=4).sample(label=1)
+    sample = ChestCTGenerator(seed=seed).sample(label=1)
     affine = np.diag([5.0, 5.0, 5.0, 1.0])
     image = nibabel.Nifti1Image(np.transpose(sample.volume, (2, 1, 0)).astype(np.int16), affine)
     data = gzip.compress(image.to_bytes(), compresslevel=1)  # a .nii.gz, as uploaded
-    key = services.images.put_source(data, "bench")
+    return services.images.put_source(data, "bench")
+
+
+def volume_panel_case(services, stride: int) -> tuple[float, float, str]:
+    """The same for a generated chest-CT volume on the volume panel's run path
+    (webapp.runs.execute at rank 3: a NIfTI upload)."""
+    from webapp import runs
+
+    key = chest_upload(services, seed=4)
 
     def run(mode: str) -> dict:
         request = runs.RunRequest(
@@ -193,11 +199,6 @@ def exact_only_cases(count: int) -> None:
     its positions logged elsewhere: the speed lines of a machine whose log has exact runs
     only (their naive probes: krypton.estimator.probed_naive_pace), with the basis each
     took."""
-    import gzip
-
-    import nibabel
-    import numpy as np
-
     from webapp import runs
     from webapp.services import Services
 
@@ -229,13 +230,9 @@ def exact_only_cases(count: int) -> None:
         print("| chest CT volumes, stride 6, the volume panel's path ||||||")
         ratios = []
         for number in range(count):
-            sample = ChestCTGenerator(seed=10 + number).sample(label=1)
-            volume = np.transpose(sample.volume, (2, 1, 0)).astype(np.int16)
-            image = nibabel.Nifti1Image(volume, np.diag([5.0, 5.0, 5.0, 1.0]))
-            key = services.images.put_source(gzip.compress(image.to_bytes(), 1), "bench")
             ratios.append(pair(runs.RunRequest(
-                key=key, name="chest.nii.gz", model="chestct-demo", patch=8, stride=6,
-                mode="exact", rank=3,
+                key=chest_upload(services, seed=10 + number), name="chest.nii.gz",
+                model="chestct-demo", patch=8, stride=6, mode="exact", rank=3,
             )))  # fmt: skip
         print("| fundus 224², stride 16, whole image, a fill each ||||||")
         image = Image.fromarray(FundusGenerator(seed=5).sample(label=1, lesions=1).image)
