@@ -19,16 +19,20 @@ setup: $(STAMP)
 
 # Two pytest-xdist workers, one torch thread each (tests/conftest.py): the team tests
 # share one Redis-and-Celery cluster and run in one group on one worker; everything else
-# spreads over both. --durations: the slowest tests, to keep the suite short.
+# spreads over both. The tests marked underload (what the page shows: prediction and
+# picture bound at the click, cached re-runs, Compare streaming, the team cluster) run
+# beside TEST_BURNERS CPU-burning processes (default 2, one per core; tests/conftest.py's
+# busy_host), as a user's browser, video call or test suite would be: they assert what is
+# visible, never how fast this host is, so one pass beside the burners covers them.
+# --durations: the slowest tests, to keep the suite short.
+TEST_BURNERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+	KRYPTON_TEST_BURNERS=$(TEST_BURNERS) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
-# What the page shows beside other work: the tests marked underload (prediction and
-# picture bound at the click, the volume panel's binding) beside two CPU-burning processes
-# (tests/conftest.py's busy_host), as a user's browser, video call or test suite would be.
-# They assert what is visible, never how fast this host is. .ci/run calls it after make test.
+# Only the underload tests, beside two burners (the part of make test that checks what
+# the page shows on a busy machine).
 test-load: $(STAMP)
-	KRYPTON_TEST_BURNERS=2 $(PY) -m pytest -q -m underload --durations=5
+	KRYPTON_TEST_BURNERS=$(TEST_BURNERS) $(PY) -m pytest -q -m underload --durations=5
 
 # make test's whole suite beside BURNERS CPU burners (default 4: load ~6 on 2 cores),
 # ROUNDS times (default 1); each round's status, minutes and load average are printed.

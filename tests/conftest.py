@@ -67,10 +67,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# `make test-load` sets this: the tests marked "underload" then run beside this many
-# CPU-burning processes (one per core on the 2-core machines this project runs on), as a
-# user's page runs beside a browser, a video call or a test suite. They assert what the
-# page shows, never how fast this host is, so they pass idle and busy alike.
+# `make test` (and `make test-load`) sets this: the tests marked "underload" then run
+# beside this many CPU-burning processes (one per core on the 2-core machines this project
+# runs on), as a user's page runs beside a browser, a video call or a test suite. They
+# assert what the page shows, never how fast this host is, so they pass idle and busy
+# alike.
 BURNERS_VARIABLE = "KRYPTON_TEST_BURNERS"
 BURN_SECONDS = 1200  # bounded: a burner left behind by a killed run ends by itself
 _BURN = "import time\nend = time.time() + {}\nwhile time.time() < end:\n    pass\n"

@@ -2,7 +2,7 @@
 Chromium: the volume sample re-run in a new tab with every cell cached showed 60 s after
 Run on a busy host (its JSON said 1.98 s) — it waited for a running place. Here the
 server has one running place, another tab holds it with a long run, and this tab's
-re-run of a computed image must show while that run still goes. `make test-load` runs it
+re-run of a computed image must show while that run still goes. `make test` runs it
 beside two CPU burners; it asserts what the page shows, not a time."""
 
 import time

@@ -7,7 +7,7 @@ times at random moments — idle, mid-run, right after a run — and is sampled 
 from each click until the new image's prediction has settled: a top 5, class list or
 estimate on screen is the shown image's (beside the previous picture for at most one
 redraw of the plot, 0.3 s), and Run is enabled only once the shown image's own
-prediction is there. `make test-load` runs it beside two CPU burners (busy_host)."""
+prediction is there. `make test` runs it beside two CPU burners (busy_host)."""
 
 import random
 import time
@@ -160,7 +160,7 @@ def test_a_photograph_after_a_ct_slice_is_explained_by_the_photograph_model(
     """The CT sample takes the page to the CT slice model (the file says CT). A fundus
     sample clicked after it stayed on the slice model: a fundus photograph explained as
     NORMAL or NODULE. The picture samples now say what they are, so the page goes back
-    to the fundus model, and its card says why. `make test-load` runs it beside two CPU
+    to the fundus model, and its card says why. `make test` runs it beside two CPU
     burners, where the model's change and the prediction race the most."""
     dash_duo.start_server(krypton_app)
     dash_duo.wait_for_element("#upload", timeout=20)

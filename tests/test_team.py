@@ -33,7 +33,7 @@ from webapp.team import PREFIX, RedisImageStore, RedisResultStore
 
 pytestmark = [
     pytest.mark.team,
-    pytest.mark.underload,  # make test-load: each beside two CPU burners (busy_host)
+    pytest.mark.underload,  # make test: each beside two CPU burners (busy_host)
     pytest.mark.skipif(
         shutil.which("redis-server") is None,
         reason="redis-server not installed (apt-get install redis-server)",
@@ -43,7 +43,7 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def beside_busy_cores(busy_host):
-    """Under make test-load the team tests run beside CPU burners (a fresh clone's make
+    """Under make test the team tests run beside CPU burners (a fresh clone's make
     test beside other work once failed two of them: "the run did not finish", 3 == 2)."""
     return busy_host
 
