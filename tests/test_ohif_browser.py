@@ -155,7 +155,10 @@ def _fused_map(browser, viewer_url: str, study: str) -> dict:  # noqa: F811
     """Open ``study`` in OHIF, double-click its map, and OHIF's volume of it once
     loaded: dimensions, spacing, origin, direction, the slices holding its maximum, and
     the viewport's coloured pixels before (the CT alone: gray)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import (
+        ElementNotInteractableException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
@@ -174,7 +177,15 @@ def _fused_map(browser, viewer_url: str, study: str) -> dict:  # noqa: F811
         time.sleep(0.5)
     assert entry() is not None, "OHIF lists no PMAP entry for the study"
     for skip in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Skip all']"):
-        skip.click()  # the first-visit tour covers the page
+        # the first-visit tour covers the page; while it animates in, its button is not
+        # yet interactable to WebDriver (a fresh run failed so), and a script click
+        # closes it all the same
+        try:
+            skip.click()
+        except ElementNotInteractableException:
+            browser.execute_script("arguments[0].click()", skip)
+        except StaleElementReferenceException:
+            pass  # the tour re-rendered or closed itself
     before = int(browser.execute_script(COLOURED_PIXELS, FAINT))  # the CT alone
     for _attempt in range(5):  # the study browser re-renders as the series load
         try:
