@@ -1,6 +1,7 @@
 """Estimates that hold on a busy host (krypton.estimator): runs are compared at one load,
 the estimate is scaled to the load now, and its range comes from this host's own logged
-errors (split-conformal), without a browser."""
+errors (split-conformal; from five to eight runs a log-normal prediction interval),
+without a browser."""
 
 import json
 import os
