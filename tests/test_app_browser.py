@@ -250,7 +250,7 @@ def test_refinement_reuses_cells(dash_duo, krypton_app, fundus_png):
     dash_duo.find_element("#run").click()
     first = wait_for_result(dash_duo)
     drag_region(dash_duo, (0.3, 0.3), (0.95, 0.95))
-    dash_duo.find_element("#run").click()
+    press_run(dash_duo)
     dash_duo.wait_for_contains_text("#reuse-info", "Reused", timeout=120)
     reused = int(dash_duo.find_element("#reuse-info").text.split()[1])
     second = wait_for_result(dash_duo)
