@@ -42,8 +42,13 @@ def wait_for_maps(dash_duo, heading: str, panel="#compare-panel", count=3, timeo
 
 
 def agreement_rows(dash_duo, panel="#compare-panel") -> list[str]:
-    rows = dash_duo.find_elements(f"{panel} table tr")
-    return [r.text for r in rows[1:]]
+    """The agreement table's rows below its header, read in one script: the panel is drawn
+    again as each of the other classes' maps arrives, and rows found first and read one
+    by one went stale in between (StaleElementReferenceException, a volume run)."""
+    return dash_duo.driver.execute_script(
+        f"return Array.from(document.querySelectorAll('{panel} table tr')).slice(1)"
+        ".map(r => r.innerText);"
+    )
 
 
 def test_a_samples_compare_button_runs_all_three_and_the_class_switch_and_downloads(
