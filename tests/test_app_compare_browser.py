@@ -196,8 +196,11 @@ def test_the_heatmap_shows_while_the_gradient_maps_come_and_a_rerun_shows_all_at
     assert len(computed) == 6
 
     computed.clear()  # Run again: every cell and every map is known
+    # Run comes back a moment after the last map shows (later on a busy host), and a
+    # click on the disabled button starts nothing: the time is from the press it allows
+    run = dash_duo.wait_for_element("#run:not([disabled])", timeout=60)
     began = time.time()
-    dash_duo.find_element("#run").click()
+    run.click()
     _until(
         lambda: (
             "nothing computed" in dash_duo.find_element("#result-summary").text

@@ -13,7 +13,7 @@ import pydicom
 import pytest
 from pydicom.data import get_testdata_file
 from selenium.webdriver.common.keys import Keys
-from test_app_browser import choose, upload, wait_for_result
+from test_app_browser import choose, press_run, upload, wait_for_result
 
 pytestmark = pytest.mark.browser
 
@@ -90,7 +90,7 @@ def test_ct_slice_window_run_overlay_and_dicom_export(dash_duo, krypton_app, tmp
     choose(dash_duo, "window-preset", "Lung", prefix=True)
     dash_duo.wait_for_contains_text("#dicom-info", "C -600 / W 1500 (preset lung)", timeout=30)
     choose(dash_duo, "stride", "16")
-    dash_duo.find_element("#run").click()
+    press_run(dash_duo)
     summary = wait_for_result(dash_duo)
     assert "exact" in summary and "196 positions computed" in summary  # 14 x 14 at 224 px
     before = heatmap_trace(dash_duo)
