@@ -2,7 +2,10 @@
 reads: OHIF v3 (npm ``@ohif/app``'s prebuilt ``dist/``, with its Parametric Map
 extension) served by Debian's nginx on one origin with the PACS: nginx serves the viewer
 and proxies ``/dicom-web/`` to Orthanc, adding the basic-auth header, so the browser
-never holds the PACS's password.
+never holds the PACS's password. The proxy passes reads only (GET and HEAD: QIDO and
+WADO); a store (STOW-RS POST) or a DELETE through it is refused with HTTP 403, and it
+listens on loopback unless ``--host`` names another address: whoever reaches its port
+reads the PACS as its user.
 
     make pacs      # Orthanc with the chest-CT sample, on 127.0.0.1:8042
     make viewer    # OHIF on 127.0.0.1:8043 (python -m demo.viewer)
@@ -90,6 +93,9 @@ http {{
         add_header Cross-Origin-Resource-Policy same-origin always;
         location = /app-config.js {{ alias {prefix}/app-config.js; }}
         location /dicom-web/ {{
+            # reads only (QIDO and WADO): a store (STOW) or a delete through the viewer
+            # would be signed in as the PACS's user for whoever reaches this port
+            limit_except GET {{ deny all; }}
             proxy_pass {pacs}/;
             proxy_set_header Authorization "Basic {credentials}";
             proxy_buffering off;
@@ -164,12 +170,17 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description="OHIF beside the demo PACS (make viewer)")
     parser.add_argument("--port", type=int, default=8043)
+    parser.add_argument(
+        "--host", default="127.0.0.1",
+        help="the address to listen on (loopback by default: whoever reaches the port reads "
+        "the PACS as its user)",
+    )  # fmt: skip
     parser.add_argument("--pacs", default="http://127.0.0.1:8042/dicom-web")
     parser.add_argument("--folder", default=str(ROOT / "cache" / "viewer"))
     args = parser.parse_args()
     dist = fetch_ohif()
     process, url = start_viewer(
-        dist, Path(args.folder), args.port, args.pacs, DEMO_USER, DEMO_PASSWORD
+        dist, Path(args.folder), args.port, args.pacs, DEMO_USER, DEMO_PASSWORD, args.host
     )
     print(f"OHIF {OHIF_VERSION} at {url} over the PACS at {args.pacs}; Ctrl-C stops it")
     try:

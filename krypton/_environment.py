@@ -65,6 +65,12 @@ LIBRARY_SETTINGS: dict[str, tuple[float, float, float, bool]] = {
     "KRYPTON_DICOMWEB_ANSWER_MB": (4.0, 0.01, 1024.0, False),
     # the pages one listing may take (each at most 500 rows; a series at most 2,048)
     "KRYPTON_DICOMWEB_PAGES": (20, 1, 10_000, True),
+    # every PACS action a user asks for (a search, a listing, an open, a send) ends within
+    # this many seconds across all the requests it makes; a series' download gets a
+    # second more per 4 MB its listing declares: krypton.pacs.transport
+    "KRYPTON_DICOMWEB_ACTION_SECONDS": (45.0, 1.0, 3600.0, False),
+    # the bytes of all the answers one action reads, beyond a series' declared pixels
+    "KRYPTON_DICOMWEB_ACTION_MB": (16.0, 0.01, 4096.0, False),
 }
 
 

@@ -5,8 +5,13 @@ headers cannot outlive, answers held to their budget and listings to their caps.
 
 from __future__ import annotations
 
+import re
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import psutil
 import pytest
 from security.hostile_pacs import HostilePacs
 
@@ -162,3 +167,125 @@ def test_malformed_rows_are_read_or_refused_with_a_sentence(hostile):
     hostile.mode = "strings"
     with pytest.raises(dicomweb.PacsError, match="is not a list of DICOM JSON objects"):
         dicomweb.find_series(_connect(hostile), "1.2.3")
+
+
+# -- below the byte count: the HTTP layer ---------------------------------------------------
+
+
+@contextmanager
+def peak_growth() -> Iterator[list[float]]:
+    """This process's RSS sampled every 10 ms while the block runs: [growth in MB] at the
+    end (the peak over the baseline, not the end's size)."""
+    process, stop, peak = psutil.Process(), threading.Event(), [0]
+    baseline = process.memory_info().rss
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss)
+            stop.wait(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    growth: list[float] = []
+    try:
+        yield growth
+    finally:
+        stop.set()
+        sampler.join()
+        growth.append(max(0, peak[0] - baseline) / 2**20)
+
+
+HTTP_LAYER_CASES = [
+    # mode, what the sentence says
+    ("gzip-stack", r"compressed 2 times over \(gzip, gzip\): Krypton reads one gzip or deflate"),
+    ("deflate-stack", r"compressed 2 times over \(deflate, deflate\)"),
+    ("gzip-bomb", r"more than 1 MB \(KRYPTON_DICOMWEB_ANSWER_MB\) for the study search"),
+    ("brotli", r"in an encoding Krypton does not read \(br\)"),
+    ("chunk-line", r"with a protocol line \(a status, header or chunk-size line\) over 8 KB"),
+    ("long-header", r"with a protocol line \(a status, header or chunk-size line\) over 8 KB"),
+    ("header-flood", "with more than 64 header lines"),
+    ("trailers", "with more than 16 trailer lines"),
+]
+
+
+@pytest.mark.parametrize("mode, expected", HTTP_LAYER_CASES, ids=[c[0] for c in HTTP_LAYER_CASES])
+def test_the_http_layer_is_bounded_below_the_byte_count(hostile, mode, expected):
+    """Before: ``gzip, gzip`` of 12 kB inflated to 1 GB inside one read (+1.7 GB at the
+    peak), an endless chunk-size line was read whole (+4.6 GB) and endless trailers held
+    the request to its 20 s deadline. Now each is refused at once, in one sentence that
+    names the study search, within a few MB."""
+    from security.hostile_pacs import bomb
+
+    if "stack" in mode or "bomb" in mode:
+        bomb(("gzip",) if mode == "gzip-bomb" else (mode.split("-")[0],) * 2)  # made before
+    hostile.mode = mode
+    started = time.monotonic()
+    with peak_growth() as growth, pytest.raises(dicomweb.PacsError) as refused:
+        dicomweb.find_studies(_connect(hostile))
+    took = time.monotonic() - started
+    assert re.search(f"^the PACS (answered|sent) .*{expected}", str(refused.value)), refused.value
+    assert "study search" in str(refused.value)
+    assert growth[0] < 100, f"{mode}: +{growth[0]:.0f} MB"
+    assert took < 10, f"{mode}: {took:.1f} s"  # at once, not at the 20 s deadline
+
+
+def test_krypton_asks_for_identity_and_reads_one_gzip_layer(hostile):
+    """A PACS that compresses its answer once is read (within the budget), and the
+    request says it wants none."""
+    seen: list[str] = []
+    hostile.mode = "rows-over"
+    import gzip as gzip_module
+
+    original = HostilePacs._send
+
+    def send_gzipped(handler, status, body, content_type, **headers):  # type: ignore[no-untyped-def]
+        seen.append(handler.headers.get("Accept-Encoding", ""))
+        original(handler, status, gzip_module.compress(body), content_type,
+                 Content_Encoding="gzip", **headers)  # fmt: skip
+
+    hostile._send = send_gzipped  # type: ignore[method-assign]
+    hostile.mode = "strings"
+    with pytest.raises(dicomweb.PacsError, match="is not a list of DICOM JSON objects"):
+        dicomweb.find_studies(_connect(hostile))  # decoded: the JSON was read
+    assert seen == ["identity"]
+
+
+def test_slow_pages_end_at_the_actions_deadline_not_after_every_page(hostile):
+    """Before: each page just inside the request's deadline, a listing took every page
+    (20 x 19 s: 379.6 s in the CLI). Now the listing is one action with one deadline:
+    here pages of 1.5 s against a 3 s request deadline end at the 5 s action deadline."""
+    hostile.mode, hostile.drip = "slow-pages", 1.5
+    budgets = PacsBudgets(deadline=3.0, answer_bytes=2**20, pages=20, action_seconds=5.0)
+    started = time.monotonic()
+    with pytest.raises(dicomweb.PacsError) as refused:
+        dicomweb.find_series(_connect(hostile, budgets), "1.2.3")
+    took = time.monotonic() - started
+    assert str(refused.value) == (
+        "the PACS did not finish the series listing of study 1.2.3 within 5 s "
+        "(KRYPTON_DICOMWEB_ACTION_SECONDS)"
+    )
+    assert 4.5 < took < 7 and len(hostile.requests) <= 4
+
+
+def test_a_slow_series_download_ends_at_its_actions_deadline(hostile, tmp_path):
+    """Before: one request per instance, each with its own deadline (12 instances in
+    240 s). Now the download is one action: its deadline, plus a second per 4 MB its
+    listing declares (48 instances of 48 x 48: 0.2 MB), ends it."""
+    hostile.mode, hostile.drip = "slow-instances", 1.0
+    first = hostile.datasets[0]
+    budgets = PacsBudgets(deadline=3.0, answer_bytes=2**20, pages=20, action_seconds=4.0)
+    started = time.monotonic()
+    with pytest.raises(dicomweb.PacsError, match="did not finish the download of series .* 4 s"):
+        dicomweb.fetch_series(_connect(hostile, budgets), str(first.StudyInstanceUID),
+                              str(first.SeriesInstanceUID), tmp_path)  # fmt: skip
+    assert 3.5 < time.monotonic() - started < 6
+    assert 2 <= sum("/instances/" in path for path in hostile.requests) <= 5
+
+
+def test_an_action_shares_one_byte_budget_across_its_pages(hostile):
+    """Each page within its own 1 MB: the action's bytes (here 128 kB, a page of 500
+    series rows is about 80 kB) end the listing at its second page."""
+    hostile.mode = "endless"
+    budgets = PacsBudgets(answer_bytes=2**20, pages=20, action_bytes=2**17)
+    with pytest.raises(dicomweb.PacsError, match=r"sent more than 0.125 MB for the series listing"):
+        dicomweb.find_series(_connect(hostile, budgets), "1.2.3")

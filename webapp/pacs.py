@@ -21,6 +21,7 @@ from krypton.pacs.dicomweb import (
     ImageNotChosen,
     PacsError,
     PacsSettings,
+    action,
     connect,
     fetch_instance,
     fetch_series_zip,
@@ -42,6 +43,11 @@ __all__ = [
 STUDIES_LISTED = 50  # a search lists at most this many studies
 # what a client is told when it asks the PACS while its previous PACS request is running
 PACS_BUSY = "your other PACS request is still running; try again when it has answered"
+# what a client is told when the server's PACS requests are all in flight (a slow PACS)
+PACS_FULL = (
+    "the PACS is slow to answer: this server has {count} PACS requests in flight already; "
+    "try again in a minute"
+)
 SENDING = (
     "This result is being sent to the PACS right now (from this or another page); "
     "press Send again in a moment to see it there."
@@ -130,9 +136,10 @@ def study_options(
     }
     try:
         pacs = _pacs(settings)
-        rows = find_studies(pacs, patient_id=patient, **filters)
-        if not rows and patient:
-            rows = find_studies(pacs, patient_name=f"*{patient}*", **filters)
+        with action(pacs, "the study search"):  # by ID, then by name: one deadline
+            rows = find_studies(pacs, patient_id=patient, **filters)
+            if not rows and patient:
+                rows = find_studies(pacs, patient_name=f"*{patient}*", **filters)
     except PacsError as exc:
         raise InputError(str(exc)) from None
     return [

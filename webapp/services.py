@@ -81,6 +81,7 @@ class Services:
         self.pacs_sources = PacsSources()  # stored series opened from the PACS: their study
         self._intakes: dict[str, list] = {}  # client -> [its lock, requests holding or waiting]
         self._intakes_lock = threading.Lock()  # not self._lock: that one is held while loading
+        self._pacs_slots = threading.BoundedSemaphore(self.settings.pacs_actions)
 
     @contextmanager
     def intake(self, busy: str = "") -> Iterator[str]:
@@ -113,6 +114,22 @@ class Services:
                 entry[1] -= 1
                 if entry[1] == 0:
                     self._intakes.pop(client, None)
+
+    @contextmanager
+    def pacs_call(self) -> Iterator[str]:
+        """Around one PACS action a request asks for (a search, a listing, an open, a
+        send): one at a time per client (:meth:`intake`, refused in the PACS's words) and
+        :attr:`ServerSettings.pacs_actions` at a time for the server (past it: refused at
+        once), so a slow PACS holds at most half the threads. Yields the client."""
+        from .pacs import PACS_BUSY, PACS_FULL
+
+        with self.intake(PACS_BUSY) as client:
+            if not self._pacs_slots.acquire(blocking=False):
+                raise InputError(PACS_FULL.format(count=self.settings.pacs_actions))
+            try:
+                yield client
+            finally:
+                self._pacs_slots.release()
 
     @contextmanager
     def job(self) -> Iterator[OnceJob | None]:

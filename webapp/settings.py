@@ -147,6 +147,13 @@ class ServerSettings:
     # volume panel searches and opens its series and sends results back. None: no PACS.
     pacs: PacsSettings | None = field(default=None, repr=False)
 
+    @property
+    def pacs_actions(self) -> int:
+        """PACS actions (a search, a listing, an open, a send) in flight at once, all
+        clients together: half the server's threads, so however slow the PACS, the
+        other half answers pages (each client has one at a time: Services.pacs_call)."""
+        return max(1, self.server_threads // 2)
+
     @classmethod
     def from_environment(cls, bind_host: str | None = None) -> ServerSettings:
         """Settings from KRYPTON_* variables; ``bind_host`` joins the allowed hosts. The

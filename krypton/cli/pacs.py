@@ -28,6 +28,7 @@ from pathlib import Path
 from ..pacs.dicomweb import (
     PacsError,
     PacsSettings,
+    action,
     connect,
     fetch_series,
     find_series,
@@ -214,12 +215,14 @@ def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, optio
             "instance": str(header.SOPInstanceUID), "frame": frame, "window": window,
         }  # fmt: skip
         key = result_key(series, model, settings)
-        if in_study(pacs, study, key):
-            print(ALREADY.format(study=study, key=key))
-            return
-        sent = send_image_result(
-            pacs, study, model, heatmap, Path(args.image), key, window=window, frame=args.frame
-        )
+        with action(pacs, f"sending the result to study {study}"):  # one deadline for both
+            if in_study(pacs, study, key):
+                print(ALREADY.format(study=study, key=key))
+                return
+            sent = send_image_result(
+                pacs, study, model, heatmap, Path(args.image), key, window=window,
+                frame=args.frame,
+            )  # fmt: skip
         placed = (
             f"a Parametric Map (series {sent.map_series}) and "
             if sent.map_series
@@ -245,11 +248,12 @@ def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list
         from ..pacs.results import in_study, result_key, send_volume_result
 
         key = result_key(series, model, {**options_of(args, model), "label": heatmap.label})
-        if in_study(pacs, study, key):
-            print(ALREADY.format(study=study, key=key))
-            return
-        sources = fetched_headers(files)
-        sent = send_volume_result(pacs, study, model, prepared, heatmap, sources, key)
+        with action(pacs, f"sending the result to study {study}"):  # one deadline for both
+            if in_study(pacs, study, key):
+                print(ALREADY.format(study=study, key=key))
+                return
+            sources = fetched_headers(files)
+            sent = send_volume_result(pacs, study, model, prepared, heatmap, sources, key)
         print(
             f"sent       a Parametric Map (series {sent.map_series}) and {sent.captures} "
             f"Secondary Captures (series {sent.capture_series}) to study {study}"

@@ -45,15 +45,20 @@ import requests
 from ..io._decoding import ImageLoadError
 from ..io.volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
 from .transport import (
-    STORE_BYTES_PER_SECOND,
+    PACE_BYTES_PER_SECOND,
+    ActionBudget,
     BoundedAdapter,
     PacsBudgets,
     PacsError,
     RequestBudget,
     bounded,
 )
+from .transport import action as _action
 
 logger = logging.getLogger("krypton.pacs.results")
+# dicomweb-client logs a QIDO answer's Warning header, the PACS's own text: without a
+# handler Python's last resort printed it on the command line's terminal, a line per page
+logging.getLogger("dicomweb_client").addHandler(logging.NullHandler())
 
 __all__ = [
     "PacsError",
@@ -62,6 +67,7 @@ __all__ = [
     "ImageNotChosen",
     "PacsSettings",
     "StudyRow",
+    "action",
     "SeriesRow",
     "connect",
     "find_studies",
@@ -211,6 +217,7 @@ def connect(settings: PacsSettings) -> Pacs:
     budgets = settings.budgets or PacsBudgets.from_environment()
     session = requests.Session()
     session.max_redirects = 0  # the adapter refuses a 3xx answer before requests sees it
+    session.headers["Accept-Encoding"] = "identity"  # one gzip/deflate layer at most is read
     adapter = BoundedAdapter(settings.url, settings.timeout)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
@@ -223,6 +230,16 @@ def connect(settings: PacsSettings) -> Pacs:
     # five times with growing waits, 30 s before the user hears of it
     client.set_http_retry_params(retry=False)
     return Pacs(settings, client, budgets, session)
+
+
+@contextmanager
+def action(pacs: Pacs, what: str, *, extra_seconds: float = 0.0) -> Iterator[ActionBudget]:
+    """Around one user action on ``pacs`` (a search, a listing, an open, a send; ``what``
+    names it in messages): one deadline and one byte budget for all the requests it
+    makes (:func:`krypton.pacs.transport.action`). Each function here is one action
+    unless it runs inside another, which it then joins."""
+    with _action(pacs.budgets, what, extra_seconds=extra_seconds) as budget:
+        yield budget
 
 
 @contextmanager
@@ -244,12 +261,36 @@ def _answers(pacs: Pacs, what: str, **limits) -> Iterator[RequestBudget]:
             f"the PACS did not answer {what} in time (nothing for {pacs.settings.timeout:g} s, "
             "KRYPTON_DICOMWEB_TIMEOUT_SECONDS)"
         ) from None
-    except requests.ConnectionError:
-        raise PacsError(f"the PACS cannot be reached for {what}") from None
+    except requests.ConnectionError as exc:
+        if _never_connected(exc):
+            raise PacsError(f"the PACS cannot be reached for {what}") from None
+        raise PacsError(
+            f"the PACS closed the connection before it finished answering {what}"
+        ) from None
     except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
         media = re.search(r'media type: "([\w.+/-]{1,64})"', str(exc))
         reason = f"it sent {media.group(1)}, not DICOM" if media else "it is not a DICOMweb answer"
         raise PacsError(f"the PACS's answer to {what} cannot be read ({reason})") from None
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """Whether a connection error came before any connection (a refused or unknown
+    address), not from a PACS that hung up mid-answer."""
+    from urllib3.exceptions import NewConnectionError
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, NewConnectionError):
+            return True
+        reason = getattr(seen, "reason", None)
+        seen = (
+            reason
+            if isinstance(reason, BaseException)
+            else (seen.args[0] if seen.args and isinstance(seen.args[0], BaseException) else None)
+        )
+    return False
 
 
 def _rows(answer: object, what: str) -> list[dict]:
@@ -356,7 +397,7 @@ def find_studies(
             filters[keyword] = value
     if dates:
         filters["StudyDate"] = f"{dates[0]}-{dates[1]}"
-    with _answers(pacs, "the study search"):
+    with action(pacs, "the study search"), _answers(pacs, "the study search"):
         answer = pacs.client.search_for_studies(  # type: ignore[attr-defined]
             limit=limit, search_filters=filters, fields=["ModalitiesInStudy", "StudyDescription"]
         )
@@ -396,7 +437,8 @@ def find_series(pacs: Pacs, study_uid: str) -> list[SeriesRow]:
         )  # fmt: skip
 
     over = f"study {study_uid} lists more than {MAX_SERIES} series"
-    rows = _pages(pacs, what, search, MAX_SERIES, over)
+    with action(pacs, what):
+        rows = _pages(pacs, what, search, MAX_SERIES, over)
     found = []
     for row in _valid(rows, "0020000E", "series"):
         uid = str(_value(row, "0020000E"))
@@ -438,7 +480,9 @@ def _listing(pacs: Pacs, study_uid: str, series_uid: str) -> dict[str, dict]:
         )
 
     over = f"series {series_uid} lists more than {MAX_SLICES} instances, over the slice limit"
-    listing = _pages(pacs, f"the instance listing of series {series_uid}", search, MAX_SLICES, over)
+    what = f"the instance listing of series {series_uid}"
+    with action(pacs, what):
+        listing = _pages(pacs, what, search, MAX_SLICES, over)
     if not listing:
         raise PacsError(f"the PACS lists no instances in series {series_uid}")
     declared: dict[str, dict] = {}
@@ -518,6 +562,17 @@ def _fetch(
             f"{sum(sizes.values()) / 2**20:.3g} MB of pixels, over "
             f"the {max_bytes / 2**20:.3g} MB {what} may have here"
         )
+    total = sum(sizes.values())  # the action's time and bytes grow with what is declared
+    with action(pacs, f"the download of series {series_uid}") as bounds:
+        bounds.extend(total / PACE_BYTES_PER_SECOND, total + len(sizes) * HEADER_SLACK)
+        return _retrieve_all(pacs, study_uid, series_uid, sizes, folder)
+
+
+def _retrieve_all(
+    pacs: Pacs, study_uid: str, series_uid: str, sizes: dict[str, int], folder: Path
+) -> list[Path]:
+    """Each instance of ``sizes`` (UID -> declared pixel bytes) into ``folder``, in
+    order, each download held to its declared size."""
     written = []
     for number, (uid, size) in enumerate(sizes.items()):
         dataset = _retrieve(pacs, study_uid, series_uid, uid, size)
@@ -538,8 +593,9 @@ def fetch_series(
     """Fetch one series' instances into ``folder``, within the limits in the module
     docstring and, where given, ``max_bytes`` of declared pixels (the app's volume
     limit); the files written."""
-    declared = _listing(pacs, study_uid, series_uid)
-    return _fetch(pacs, study_uid, series_uid, declared, folder, max_bytes)
+    with action(pacs, f"the download of series {series_uid}"):
+        declared = _listing(pacs, study_uid, series_uid)
+        return _fetch(pacs, study_uid, series_uid, declared, folder, max_bytes)
 
 
 def fetch_instance(
@@ -550,6 +606,15 @@ def fetch_instance(
     same limits and, where given, ``max_bytes`` of declared pixels (the app's image
     limit): ``which`` is its SOP Instance UID or its instance number; None takes a
     series' only image."""
+    with action(pacs, f"the image of series {series_uid}"):
+        return _fetch_one(pacs, study_uid, series_uid, which, folder, max_bytes)
+
+
+def _fetch_one(
+    pacs: Pacs, study_uid: str, series_uid: str, which: str | None, folder: Path,
+    max_bytes: int | None,
+) -> Path:  # fmt: skip
+    """:func:`fetch_instance` inside its action."""
     declared = _listing(pacs, study_uid, series_uid)
     if which:
         chosen = {
@@ -610,12 +675,16 @@ def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
     """Store ``datasets`` in the study ``study_uid`` (STOW-RS). A PACS that takes some
     and refuses others (HTTP 409, or 202 with failures) raises PacsError saying how many
     of each, why, and which series now hold part of the result. The request's deadline
-    grows by a second per 10 MB sent; its answer is held to the answer budget."""
+    (and its action's) grows by a second per 4 MB sent; its answer is held to the answer
+    budget."""
     study_uid = check_uid(study_uid, "the study")
     sent = sum(len(getattr(dataset, "PixelData", b"") or b"") for dataset in datasets)
     what = f"storing the result in study {study_uid}"
     try:
-        with _answers(pacs, what, extra_seconds=sent / STORE_BYTES_PER_SECOND):
+        with (
+            action(pacs, what) as bounds,
+            _answers(pacs, what, extra_seconds=_extend(bounds, sent / PACE_BYTES_PER_SECOND)),
+        ):
             try:
                 answer = pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
             except requests.HTTPError as exc:
@@ -625,13 +694,20 @@ def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
                     raise PacsError(partly) from None
                 raise
     except PacsError as exc:
-        if "sent more than" in str(exc) or "did not finish" in str(exc):
+        if any(words in str(exc) for words in ("sent more than", "did not finish", "closed the")):
             raise PacsError(
                 f"{exc}; it may have stored the result: look in the study before sending again"
             ) from None
         raise
     if answer is not None and answer.get("FailedSOPSequence"):  # 202: some were refused
         raise PacsError(_partly_stored(answer.to_json_dict(), len(datasets)))
+
+
+def _extend(bounds: ActionBudget, seconds: float) -> float:
+    """``seconds`` more for the action ``bounds`` (a store's body being sent), returned
+    for its request too."""
+    bounds.extend(seconds, 0)
+    return seconds
 
 
 def _stow_answer(body: str) -> dict:
@@ -685,5 +761,7 @@ def content_labels(pacs: Pacs, study_uid: str, sop_class_uid: str) -> set[str]:
         )  # fmt: skip
 
     over = f"study {study_uid} holds more than {MAX_RESULTS} results"
-    rows = _pages(pacs, f"the result search of study {study_uid}", search, MAX_RESULTS, over)
+    what = f"the result search of study {study_uid}"
+    with action(pacs, what):
+        rows = _pages(pacs, what, search, MAX_RESULTS, over)
     return {str(_value(row, "00700080")) for row in rows if _value(row, "00700080")}

@@ -11,6 +11,14 @@ requests session mounted with :class:`BoundedAdapter`, and every call is made in
   ``KRYPTON_DICOMWEB_ANSWER_MB`` (4 MB), an instance its declared pixels and a header.
 - **no redirects** and **no address outside the configured root**: a 3xx answer is
   refused, and a URL that is not under the root is never sent.
+- **the HTTP layer bounded too** (:mod:`krypton.pacs.wire`): each protocol line at most
+  8 KB, every byte off the socket counted against the request's wire budget, and the
+  body decoded (identity, or one gzip or deflate layer) a piece at a time inside the byte
+  budget; stacked and unknown codings refused. Krypton asks for ``identity``.
+- **one deadline and one byte budget per user action** (:func:`action`: a search, a
+  listing, an open, a send), across all the requests it makes
+  (``KRYPTON_DICOMWEB_ACTION_SECONDS``, 45 s, and ``KRYPTON_DICOMWEB_ACTION_MB``, 16 MB;
+  a series' download gets a second more per 4 MB and the bytes its listing declares).
 
 Past any of them the request ends with :class:`PacsError`, one line naming the PACS step
 and the limit. The watchdog is one daemon thread for the process, asleep while no
@@ -19,6 +27,7 @@ request is in flight.
 
 from __future__ import annotations
 
+import http.client
 import socket
 import threading
 import time
@@ -32,10 +41,22 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .._environment import SettingError, library_setting
 from ..io._decoding import ImageLoadError
+from .wire import WireReader, decoder_for
 
-__all__ = ["PacsError", "PacsBudgets", "RequestBudget", "BoundedAdapter", "bounded"]
+__all__ = [
+    "PacsError",
+    "PacsBudgets",
+    "ActionBudget",
+    "RequestBudget",
+    "BoundedAdapter",
+    "action",
+    "bounded",
+]
 
-STORE_BYTES_PER_SECOND = 10 * 2**20  # a store's deadline grows by a second per 10 MB sent
+# the slowest pace a PACS may keep: a store's deadline, and a series download's action,
+# grow by a second per this many bytes sent or declared
+PACE_BYTES_PER_SECOND = 4 * 2**20
+WIRE_SLACK = 64 * 1024  # bytes on the wire beyond the body: status, headers, chunk framing
 
 
 class PacsError(ImageLoadError):
@@ -51,6 +72,8 @@ class PacsBudgets:
     deadline: float = 20.0  # seconds for a whole request: KRYPTON_DICOMWEB_DEADLINE_SECONDS
     answer_bytes: int = 4 * 2**20  # a search's or store's answer: KRYPTON_DICOMWEB_ANSWER_MB
     pages: int = 20  # pages of one listing: KRYPTON_DICOMWEB_PAGES
+    action_seconds: float = 45.0  # one user action: KRYPTON_DICOMWEB_ACTION_SECONDS
+    action_bytes: int = 16 * 2**20  # its answers: KRYPTON_DICOMWEB_ACTION_MB
 
     @classmethod
     def from_environment(cls) -> PacsBudgets:
@@ -61,15 +84,60 @@ class PacsBudgets:
                 library_setting("KRYPTON_DICOMWEB_DEADLINE_SECONDS"),
                 int(library_setting("KRYPTON_DICOMWEB_ANSWER_MB") * 2**20),
                 int(library_setting("KRYPTON_DICOMWEB_PAGES")),
+                library_setting("KRYPTON_DICOMWEB_ACTION_SECONDS"),
+                int(library_setting("KRYPTON_DICOMWEB_ACTION_MB") * 2**20),
             )
         except SettingError as exc:
             raise PacsError(str(exc)) from None
 
 
+def _round(seconds: float) -> str:
+    """Seconds as a message says them: 20 s, 4 s, 0.5 s (never 20.0316 s)."""
+    return f"{seconds:.0f}" if seconds >= 1 else f"{seconds:.1g}"
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 2**20:.3g}"
+
+
+@dataclass
+class ActionBudget:
+    """One user action's limits across all its requests (:func:`action`): its deadline
+    (monotonic), the answer bytes it may read in all, and what it is (for the message)."""
+
+    what: str
+    deadline: float
+    seconds: float
+    max_bytes: int
+    received: int = 0
+    setting: str = "KRYPTON_DICOMWEB_ACTION_SECONDS"
+
+    def extend(self, seconds: float, max_bytes: int) -> None:
+        """More time and bytes for what the action now knows it must fetch (a series'
+        declared pixels)."""
+        self.deadline += seconds
+        self.seconds += seconds
+        self.max_bytes += max_bytes
+
+    def take(self, count: int) -> None:
+        self.received += count
+        if self.received > self.max_bytes:
+            raise PacsError(
+                f"the PACS sent more than {_megabytes(self.max_bytes)} MB for {self.what} "
+                "(KRYPTON_DICOMWEB_ACTION_MB)"
+            )
+
+    def late(self) -> str:
+        return (
+            f"the PACS did not finish {self.what} within {_round(self.seconds)} s ({self.setting})"
+        )
+
+
 @dataclass
 class RequestBudget:
-    """One request's limits while it is in flight: its deadline (monotonic), the bytes
-    its answer may hold, and what it is (for the message)."""
+    """One request's limits while it is in flight: its deadline (monotonic; the
+    action's where that comes first), the decoded bytes its answer may hold, and what it
+    is (for the message)."""
 
     what: str
     deadline: float
@@ -79,6 +147,9 @@ class RequestBudget:
     expired: bool = False
     warning: str = ""  # the answer's Warning header (a QIDO server that cut its page)
     connections: list = field(default_factory=list)
+    action: ActionBudget | None = None
+    received: int = 0  # decoded bytes of the answer
+    on_wire: int = 0  # bytes read off the socket, head and framing included
 
     def check(self) -> None:
         if self.expired or time.monotonic() > self.deadline:
@@ -86,10 +157,39 @@ class RequestBudget:
             raise PacsError(self.late())
 
     def late(self) -> str:
+        if self.action is not None and self.action.deadline <= self.deadline:
+            return self.action.late()
         return (
-            f"the PACS did not finish {self.what} within {self.seconds:g} s "
+            f"the PACS did not finish {self.what} within {_round(self.seconds)} s "
             "(KRYPTON_DICOMWEB_DEADLINE_SECONDS)"
         )
+
+    def left(self) -> int:
+        """The decoded bytes the answer may still hold (the action's, where fewer)."""
+        left = self.max_bytes - self.received
+        if self.action is not None:
+            left = min(left, self.action.max_bytes - self.action.received)
+        return left
+
+    def take(self, count: int) -> None:
+        """Count ``count`` decoded bytes of the answer (past the budget: PacsError)."""
+        self.received += count
+        if self.received > self.max_bytes:
+            raise PacsError(f"the PACS sent more than {self.bytes_reason}")
+        if self.action is not None:
+            self.action.take(count)
+
+    def refuse(self, words: str) -> PacsError:
+        """The error for an answer refused in the HTTP layer (``words`` say how)."""
+        return PacsError(f"the PACS answered {self.what} {words}")
+
+    def spend(self, count: int) -> None:
+        """Count ``count`` bytes off the socket and check the deadline: the wire may carry
+        the budget, a quarter more for framing, and the head."""
+        self.on_wire += count
+        if self.on_wire > self.max_bytes + self.max_bytes // 4 + WIRE_SLACK:
+            raise PacsError(f"the PACS sent more than {self.bytes_reason}")
+        self.check()
 
 
 class _Watchdog:
@@ -152,6 +252,30 @@ def _current() -> RequestBudget | None:
     return getattr(_CURRENT, "budget", None)
 
 
+def _current_action() -> ActionBudget | None:
+    return getattr(_CURRENT, "action", None)
+
+
+@contextmanager
+def action(
+    budgets: PacsBudgets, what: str, *, extra_seconds: float = 0.0
+) -> Iterator[ActionBudget]:
+    """Around one user action (``what``: a search, a listing, an open, a send): every
+    request inside it ends by the action's deadline and its answers share the action's
+    bytes. An action inside another (a series download's listing) is part of it."""
+    outer = _current_action()
+    if outer is not None:
+        yield outer
+        return
+    seconds = budgets.action_seconds + extra_seconds
+    budget = ActionBudget(what, time.monotonic() + seconds, seconds, budgets.action_bytes)
+    _CURRENT.action = budget
+    try:
+        yield budget
+    finally:
+        _CURRENT.action = None
+
+
 @contextmanager
 def bounded(
     budgets: PacsBudgets,
@@ -161,12 +285,18 @@ def bounded(
     bytes_reason: str = "",
     extra_seconds: float = 0.0,
 ) -> Iterator[RequestBudget]:
-    """Around one PACS request (``what``: the step, for messages): its deadline is
-    watched and its answer counted against ``max_bytes`` (default: the answer budget)."""
+    """Around one PACS request (``what``: the step, for messages): its deadline (and its
+    action's, :func:`action`) is watched and its answer counted against ``max_bytes``
+    (default: the answer budget)."""
     seconds = budgets.deadline + extra_seconds
     limit = budgets.answer_bytes if max_bytes is None else max_bytes
-    reason = bytes_reason or f"{limit / 2**20:.3g} MB (KRYPTON_DICOMWEB_ANSWER_MB) for {what}"
-    budget = RequestBudget(what, time.monotonic() + seconds, seconds, limit, reason)
+    reason = bytes_reason or f"{_megabytes(limit)} MB (KRYPTON_DICOMWEB_ANSWER_MB) for {what}"
+    owner = _current_action()
+    deadline = time.monotonic() + seconds
+    if owner is not None:
+        deadline = min(deadline, owner.deadline)
+    budget = RequestBudget(what, deadline, seconds, limit, reason, action=owner)
+    budget.check()  # an action past its deadline starts no request
     outer, _CURRENT.budget = _current(), budget
     _WATCHDOG.watch(budget)
     try:
@@ -183,6 +313,17 @@ def bounded(
         _CURRENT.budget = outer
 
 
+class _BoundedResponse(http.client.HTTPResponse):
+    """http.client's response over :class:`krypton.pacs.wire.WireReader`: the status
+    line, the headers and everything after them read within the limits of the request in
+    flight on this thread."""
+
+    def __init__(self, sock, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(sock, *args, **kwargs)
+        budget = _current() or RequestBudget("a request", float("inf"), 0.0, 4 * 2**20, "4 MB")
+        self.fp = WireReader(self.fp, budget.spend, budget.refuse)  # type: ignore[assignment]
+
+
 class _Watched:
     """A connection that tells the request in flight on this thread about itself as it
     starts a request, so the watchdog can shut it."""
@@ -196,11 +337,11 @@ class _Watched:
 
 
 class _WatchedHTTPConnection(_Watched, HTTPConnection):
-    pass
+    response_class = _BoundedResponse
 
 
 class _WatchedHTTPSConnection(_Watched, HTTPSConnection):
-    pass
+    response_class = _BoundedResponse
 
 
 class _WatchedHTTPPool(HTTPConnectionPool):
@@ -246,31 +387,10 @@ class BoundedAdapter(HTTPAdapter):
             )
         if budget is not None:
             budget.warning = response.headers.get("Warning", "")
-            _count_reads(response, budget)
+            coding = response.headers.get("Content-Encoding", "")
+            decoder = decoder_for(coding, budget.take, budget.left)
+            if isinstance(decoder, str):
+                response.close()
+                raise budget.refuse(decoder)
+            resp._decoder = decoder  # urllib3 inflates through it, never past the budget
         return response
-
-
-def _count_reads(response, budget: RequestBudget) -> None:  # type: ignore[no-untyped-def]
-    """Wrap the raw reads of ``response`` (plain and chunked): past the budget's bytes,
-    or its deadline, the download stops."""
-    raw, counted = response.raw, [0]
-
-    def count(chunk):  # type: ignore[no-untyped-def]
-        counted[0] += len(chunk)
-        if counted[0] > budget.max_bytes:
-            response.close()
-            raise PacsError(f"the PACS sent more than {budget.bytes_reason}")
-        budget.check()
-        return chunk
-
-    def counting(read):  # type: ignore[no-untyped-def]
-        def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
-            result = read(*args, **kwargs)
-            if isinstance(result, (bytes, bytearray)):
-                return count(result)
-            return (count(chunk) for chunk in result)  # read_chunked yields chunks
-
-        return wrapped
-
-    raw.read = counting(raw.read)
-    raw.read_chunked = counting(raw.read_chunked)

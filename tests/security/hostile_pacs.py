@@ -19,16 +19,34 @@ Modes:
   preamble or file meta), as a dataset stored from memory becomes; a store is taken.
 - ``big-stow``: like ``no-preamble``, but a store is answered with ``stow_mb`` MB.
 - ``redirect``: every request is redirected to another host (``redirect_to``).
+
+Below the byte count, in the HTTP layer:
+
+- ``gzip-stack`` / ``deflate-stack``: every answer a 1 GB run of spaces compressed twice
+  (``Content-Encoding: gzip, gzip``: under 2 kB on the wire).
+- ``gzip-bomb``: the same 1 GB in one gzip layer (about 1 MB on the wire).
+- ``brotli``: an answer labelled with a coding Krypton does not read.
+- ``chunk-line``: a chunked answer whose chunk-size line is ``0`` for ever (until 1.5 GB
+  or the client hangs up), with no line end.
+- ``trailers``: a chunked answer of an empty list followed by trailer lines for ever.
+- ``header-flood``: header lines for ever; ``long-header``: one header line for ever.
+- ``slow-pages``: every listing page answered after ``drip`` seconds with one new row and
+  a Warning that the page was cut (so a client asks for the next), for ever.
+- ``slow-instances``: the ``no-preamble`` series, each instance answered after ``drip``
+  seconds.
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import http.server
 import json
 import select
 import socket
 import threading
 import time
+import zlib
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -49,6 +67,28 @@ def _instance_row(uid: str, number: int, side: int = 16) -> dict:
         "00280011": {"vr": "US", "Value": [side]},
         "00280100": {"vr": "US", "Value": [16]},
     }
+
+
+BOMB_BYTES = 2**30  # what a compressed bomb inflates to
+
+
+@functools.cache
+def _spaces(coding: str) -> bytes:
+    """:data:`BOMB_BYTES` of spaces in one gzip or deflate layer (about 1 MB)."""
+    block = b" " * 2**20
+    packer = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS if coding == "gzip" else 15)
+    body = b"".join(packer.compress(block) for _ in range(BOMB_BYTES // len(block)))
+    return body + packer.flush()
+
+
+@functools.cache
+def bomb(layers: tuple[str, ...]) -> bytes:
+    """:data:`BOMB_BYTES` of spaces compressed by each coding of ``layers`` in turn (made
+    once per process)."""
+    body = _spaces(layers[0])
+    for layer in layers[1:]:
+        body = gzip.compress(body, 9) if layer == "gzip" else zlib.compress(body, 9)
+    return body
 
 
 def ct_datasets(slices: int = 48, side: int = 48) -> list:
@@ -121,6 +161,7 @@ class HostilePacs:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda request, address: None  # a client that hung up
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}{ROOT}"
 
@@ -325,6 +366,65 @@ class HostilePacs:
             if self._stop.is_set():
                 return
             handler.wfile.write(chunk)
+
+    # -- below the byte count ------------------------------------------------------------
+
+    def _coded(self, handler, layers: tuple[str, ...], label: str) -> None:  # type: ignore[no-untyped-def]
+        self._send(handler, 200, bomb(layers), "application/dicom+json", Content_Encoding=label)
+
+    def _gzip_stack(self, handler) -> None:  # type: ignore[no-untyped-def]
+        self._coded(handler, ("gzip", "gzip"), "gzip, gzip")
+
+    def _deflate_stack(self, handler) -> None:  # type: ignore[no-untyped-def]
+        self._coded(handler, ("deflate", "deflate"), "deflate, deflate")
+
+    def _gzip_bomb(self, handler) -> None:  # type: ignore[no-untyped-def]
+        self._coded(handler, ("gzip",), "gzip")
+
+    def _brotli(self, handler) -> None:  # type: ignore[no-untyped-def]
+        self._send(handler, 200, b"[]", "application/dicom+json", Content_Encoding="br")
+
+    def _forever(self, handler, head: bytes, unit: bytes) -> None:  # type: ignore[no-untyped-def]
+        """``head``, then ``unit`` repeated (64 kB a write) until 1.5 GB are sent or the
+        client hangs up."""
+        handler.close_connection = True
+        handler.wfile.write(head)
+        block = unit * max(1, 2**16 // len(unit))
+        for _ in range(int(1.5 * 2**30) // len(block)):
+            if self._stop.is_set():
+                return
+            handler.wfile.write(block)
+
+    def _chunk_line(self, handler) -> None:  # type: ignore[no-untyped-def]
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/dicom+json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+        self._forever(handler, head, b"0")
+
+    def _trailers(self, handler) -> None:  # type: ignore[no-untyped-def]
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/dicom+json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n2\r\n[]\r\n0\r\n")  # fmt: skip
+        self._forever(handler, head, b"X-Trailer: endless\r\n")
+
+    def _header_flood(self, handler) -> None:  # type: ignore[no-untyped-def]
+        self._forever(handler, b"HTTP/1.1 200 OK\r\n", b"X-Flood: a\r\n")
+
+    def _long_header(self, handler) -> None:  # type: ignore[no-untyped-def]
+        self._forever(handler, b"HTTP/1.1 200 OK\r\nX-Long: ", b"a")
+
+    def _slow_pages(self, handler) -> None:  # type: ignore[no-untyped-def]
+        if self._hung_up(handler, self.drip):
+            return
+        offset, _ = self._paging(handler.path)
+        row = _instance_row(_uid(offset), offset)
+        row["0020000E"] = {"vr": "UI", "Value": [_uid(10**6 + offset)]}
+        row["00080060"] = {"vr": "CS", "Value": ["CT"]}
+        self._send(handler, 200, json.dumps([row]).encode(), "application/dicom+json",
+                   Warning='299 hostile "The results are truncated"')  # fmt: skip
+
+    def _slow_instances(self, handler) -> None:  # type: ignore[no-untyped-def]
+        listing = urlsplit(handler.path).path.endswith(("/instances", "/series"))
+        if listing or not self._hung_up(handler, self.drip):
+            self._no_preamble(handler)
 
     def _redirect(self, handler) -> None:  # type: ignore[no-untyped-def]
         self._send(handler, 302, b"", "text/plain", Location=self.redirect_to + "system")

@@ -11,6 +11,7 @@ throughout."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -535,3 +536,105 @@ def test_one_result_is_one_map_whichever_entry_point_sends_it(orthanc_app, tmp_p
     )  # fmt: skip
     strides = [r for r in rows if "stride 8" in str(r.get("0008103E", {}).get("Value", [""])[0])]
     assert len(strides) == 1, [r.get("0008103E") for r in rows]
+
+
+# -- below the byte count: the HTTP layer, and one deadline per action ---------------------
+
+# The HTTP layer's modes (tests/security/hostile_pacs.py): each ends at once in one
+# sentence, the process grows under HTTP_GROWTH_MB. Before: stacked gzip +2,063 MB in the
+# app's Search, an endless chunk-size line had the server killed at 4,000 MB.
+HTTP_GROWTH_MB = 100.0
+HTTP_CASES = [
+    ("gzip-stack", "compressed 2 times over (gzip, gzip)"),
+    ("deflate-stack", "compressed 2 times over (deflate, deflate)"),
+    ("chunk-line", "with a protocol line (a status, header or chunk-size line) over 8 KB"),
+    ("trailers", "with more than 16 trailer lines"),
+]
+
+
+@pytest.mark.underload
+@pytest.mark.parametrize("mode, expected", HTTP_CASES, ids=[c[0] for c in HTTP_CASES])
+def test_the_command_line_reads_no_answer_past_its_http_limits(
+    hostile, refused_at_once, busy_host, mode, expected
+):
+    from .hostile_pacs import bomb
+
+    if "stack" in mode:
+        bomb((mode.split("-")[0],) * 2)  # made before the command starts
+    hostile.mode = mode
+    ran = run_cli(["pacs", "studies"], hostile.url)
+    assert_one_line(ran, expected, within=None)
+    assert ran.peak_mb - refused_at_once["pacs"] < HTTP_GROWTH_MB, ran.peak_mb
+
+
+@pytest.mark.underload
+def test_a_listing_of_slow_pages_ends_at_the_actions_deadline_in_the_command_line(
+    hostile, busy_host
+):
+    """Before: one row a page, each just inside the request's deadline, made one listing
+    take 20 pages (379.6 s). Here each page takes 3 s against a 4 s request deadline:
+    the listing ends at the action's 10 s, not after 20 pages (60 s)."""
+    hostile.mode, hostile.drip = "slow-pages", 3.0
+    hostile.forget()
+    ran = run_cli(
+        ["pacs", "series", STUDY], hostile.url, KRYPTON_DICOMWEB_DEADLINE_SECONDS="4",
+        KRYPTON_DICOMWEB_ACTION_SECONDS="10",
+    )  # fmt: skip
+    assert_one_line(ran, f"did not finish the series listing of study {STUDY} within 10 s",
+                    within=15, since=hostile.arrivals[0])  # fmt: skip
+    assert len(hostile.requests) <= 4
+
+
+@needs_nginx
+@pytest.mark.underload
+@pytest.mark.parametrize("mode, expected", HTTP_CASES, ids=[c[0] for c in HTTP_CASES])
+def test_the_app_reads_no_answer_past_its_http_limits(served, busy_host, mode, expected):
+    from .hostile_pacs import bomb
+
+    server, pacs = served
+    if "stack" in mode:
+        bomb((mode.split("-")[0],) * 2)
+    pacs.mode = mode
+    attacker = Tab.at(server.url, loopback(1, 46))
+    with watched(server, loopback(2, 46)) as watch:
+        message = _message(_search(attacker))
+        opened = _message(_open(attacker))
+    assert expected in message and expected in opened, (message[:300], opened[:300])
+    assert "Error" not in message + opened and "Traceback" not in message + opened
+    assert not watch.failures, watch.failures[:3]
+    assert watch.peak_mb - watch.baseline_mb < HTTP_GROWTH_MB, watch.peak_mb - watch.baseline_mb
+    assert watch.slowest < page_limit(), watch.slowest
+
+
+@needs_nginx
+@pytest.mark.underload
+def test_sixteen_addresses_listing_a_slow_pacs_hold_half_the_threads_at_most(served, busy_host):
+    """Before: 16 addresses pressing "series" once against a PACS that answers each page
+    with one row just inside the deadline held all 16 server threads for 360 s, and
+    another user's page timed out at 30 s throughout. Now a listing is one action (45 s
+    by default) and the server runs half its threads' worth of PACS actions at once (the
+    rest are told the PACS is slow); another address's page answers throughout."""
+    server, pacs = served
+    pacs.mode, pacs.drip = "slow-pages", 9.0  # each page inside the 10 s silence limit
+    tabs = [Tab.at(server.url, loopback(index, 47)) for index in range(1, 17)]
+    answers: list[str] = []
+
+    def press(tab: Tab) -> None:
+        answers.append(_message(_series(tab)))
+
+    with watched(server, loopback(100, 47)) as watch:
+        started = time.monotonic()
+        presses = [threading.Thread(target=press, args=(tab,)) for tab in tabs]
+        for thread in presses:
+            thread.start()
+        for thread in presses:
+            thread.join(90)
+        took = time.monotonic() - started
+    late = [a for a in answers if "did not finish the series listing" in a]
+    full = [a for a in answers if "this server has 8 PACS requests in flight already" in a]
+    said = sorted({json.loads(a)["response"]["pacs-message"]["children"] for a in answers})
+    assert len(answers) == 16 and len(late) + len(full) == 16, said
+    assert len(late) == 8 and all("within 45 s (KRYPTON_DICOMWEB_ACTION_SECONDS)" in a
+                                  for a in late), late  # fmt: skip
+    assert took < 60, took
+    assert_page_held(watch, "16 listings of a slow PACS")

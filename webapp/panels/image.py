@@ -156,10 +156,11 @@ class ImagePanel:
         study, series = str(chosen.get("study", "")), str(chosen.get("series", ""))
         number = str(chosen.get("image") or "").strip() or None
         with self.services.intake():
-            data = pacs.fetch_image_bytes(
-                self.services.settings.pacs, study, series, number,
-                self.services.settings.max_image_bytes,
-            )  # fmt: skip
+            with self.services.pacs_call():
+                data = pacs.fetch_image_bytes(
+                    self.services.settings.pacs, study, series, number,
+                    self.services.settings.max_image_bytes,
+                )  # fmt: skip
             image_data = self.dicom_image_data(data, name, session)
         record = image_data["dicom"]
         self.services.pacs_sources.remember(record["source"], session, study, series)

@@ -88,7 +88,7 @@ class PacsPanel:
         if not clicks:
             raise PreventUpdate
         try:
-            with self.services.intake(pacs.PACS_BUSY):
+            with self.services.pacs_call():
                 options = pacs.study_options(
                     self.services.settings.pacs, patient, dates, modality, accession
                 )
@@ -104,7 +104,7 @@ class PacsPanel:
         if not study:
             return [], None, no_update
         try:
-            with self.services.intake(pacs.PACS_BUSY):
+            with self.services.pacs_call():
                 options = pacs.series_options(self.services.settings.pacs, str(study))
         except InputError as exc:
             return [], None, str(exc)

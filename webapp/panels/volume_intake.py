@@ -60,7 +60,7 @@ class VolumeIntake:
         server remembers its study, where Send stores the result."""
         study, series = str(chosen.get("study", "")), str(chosen.get("series", ""))
         try:
-            with self.services.intake():
+            with self.services.pacs_call():
                 data = pacs.fetch_series_bytes(
                     self.services.settings.pacs, study, series,
                     self.services.settings.max_volume_bytes,

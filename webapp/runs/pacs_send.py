@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from krypton.pacs.dicomweb import PacsError, connect
+from krypton.pacs.dicomweb import PacsError, action, connect
 from krypton.pacs.results import (
     SentResult,
     in_study,
@@ -62,7 +62,7 @@ def send_result(services, rank: int, handle, session: str) -> str:
     study, series = opened
     try:
         refuse_partial(result, "the PACS")
-        with services.intake():
+        with services.pacs_call():
             model = services.model(result["model"], rank=rank)
             subject = (_volume_send if rank == 3 else _image_send)(services, result, session, model)
             settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
@@ -70,9 +70,10 @@ def send_result(services, rank: int, handle, session: str) -> str:
                                              **subject.key_settings})  # fmt: skip
             with services.pacs_sources.sending(key):
                 client = connect(services.settings.pacs)
-                if services.pacs_sources.was_sent(key, session) or in_study(client, study, key):
-                    return ALREADY_SENT.format(key=key)
-                sent = subject.store(client, study, key)
+                with action(client, f"sending the result to study {study}"):
+                    if services.pacs_sources.was_sent(key, session) or in_study(client, study, key):
+                        return ALREADY_SENT.format(key=key)
+                    sent = subject.store(client, study, key)
     except (InputError, PacsError, ValueError) as exc:
         return f"Not sent: {exc}"
     services.pacs_sources.sent(key, session)
