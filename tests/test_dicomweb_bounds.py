@@ -289,3 +289,22 @@ def test_an_action_shares_one_byte_budget_across_its_pages(hostile):
     budgets = PacsBudgets(answer_bytes=2**20, pages=20, action_bytes=2**17)
     with pytest.raises(dicomweb.PacsError, match=r"sent more than 0.125 MB for the series listing"):
         dicomweb.find_series(_connect(hostile, budgets), "1.2.3")
+
+
+def test_a_deadline_is_said_in_whole_seconds():
+    """Before: a store's deadline grew by its bytes and the message said "within
+    20.0316 s"."""
+    from krypton.pacs.transport import RequestBudget
+
+    late = RequestBudget("storing the result", 0.0, 20.0316, 1, "").late()
+    assert late == (
+        "the PACS did not finish storing the result within 20 s (KRYPTON_DICOMWEB_DEADLINE_SECONDS)"
+    )
+
+
+def test_a_pacs_that_hangs_up_is_not_called_unreachable(hostile):
+    """Before: a PACS that took the request and closed the connection without answering
+    "cannot be reached"; it was reached."""
+    hostile.mode = "hang-up"
+    with pytest.raises(dicomweb.PacsError, match="closed the connection before it finished"):
+        dicomweb.find_studies(_connect(hostile))

@@ -30,6 +30,7 @@ Below the byte count, in the HTTP layer:
   or the client hangs up), with no line end.
 - ``trailers``: a chunked answer of an empty list followed by trailer lines for ever.
 - ``header-flood``: header lines for ever; ``long-header``: one header line for ever.
+- ``hang-up``: the request is read and the connection closed without an answer.
 - ``slow-pages``: every listing page answered after ``drip`` seconds with one new row and
   a Warning that the page was cut (so a client asks for the next), for ever.
 - ``slow-instances``: the ``no-preamble`` series, each instance answered after ``drip``
@@ -410,6 +411,9 @@ class HostilePacs:
 
     def _long_header(self, handler) -> None:  # type: ignore[no-untyped-def]
         self._forever(handler, b"HTTP/1.1 200 OK\r\nX-Long: ", b"a")
+
+    def _hang_up(self, handler) -> None:  # type: ignore[no-untyped-def]
+        handler.close_connection = True  # the request is read; nothing is answered
 
     def _slow_pages(self, handler) -> None:  # type: ignore[no-untyped-def]
         if self._hung_up(handler, self.drip):
