@@ -233,12 +233,12 @@ def connect(settings: PacsSettings) -> Pacs:
 
 
 @contextmanager
-def action(pacs: Pacs, what: str, *, extra_seconds: float = 0.0) -> Iterator[ActionBudget]:
+def action(pacs: Pacs, what: str) -> Iterator[ActionBudget]:
     """Around one user action on ``pacs`` (a search, a listing, an open, a send; ``what``
     names it in messages): one deadline and one byte budget for all the requests it
     makes (:func:`krypton.pacs.transport.action`). Each function here is one action
     unless it runs inside another, which it then joins."""
-    with _action(pacs.budgets, what, extra_seconds=extra_seconds) as budget:
+    with _action(pacs.budgets, what) as budget:
         yield budget
 
 
@@ -273,24 +273,14 @@ def _answers(pacs: Pacs, what: str, **limits) -> Iterator[RequestBudget]:
         raise PacsError(f"the PACS's answer to {what} cannot be read ({reason})") from None
 
 
-def _never_connected(exc: BaseException) -> bool:
+def _never_connected(exc: requests.ConnectionError) -> bool:
     """Whether a connection error came before any connection (a refused or unknown
-    address), not from a PACS that hung up mid-answer."""
+    address: urllib3's NewConnectionError behind its retry error), not from a PACS that
+    hung up mid-answer."""
     from urllib3.exceptions import NewConnectionError
 
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, NewConnectionError):
-            return True
-        reason = getattr(seen, "reason", None)
-        seen = (
-            reason
-            if isinstance(reason, BaseException)
-            else (seen.args[0] if seen.args and isinstance(seen.args[0], BaseException) else None)
-        )
-    return False
+    cause = exc.args[0] if exc.args else None
+    return isinstance(getattr(cause, "reason", None), NewConnectionError)
 
 
 def _rows(answer: object, what: str) -> list[dict]:
@@ -550,19 +540,20 @@ def _fetch(
     the decode budget and ``max_bytes`` (the limit on ``what``: a volume, an image), each
     download held to its declared size."""
     sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
+    total = sum(sizes.values())
     try:  # the series reader's own budget, asked of the PACS's listing
-        check_files_size(f"series {series_uid}", len(sizes), sum(sizes.values()))
+        check_files_size(f"series {series_uid}", len(sizes), total)
     except PacsError:
         raise
     except ImageLoadError as exc:
         raise PacsError(str(exc)) from None
-    if max_bytes is not None and sum(sizes.values()) > max_bytes:
+    if max_bytes is not None and total > max_bytes:
         raise PacsError(
             f"{'the image of ' if what == 'an image' else ''}series {series_uid} holds "
-            f"{sum(sizes.values()) / 2**20:.3g} MB of pixels, over "
+            f"{total / 2**20:.3g} MB of pixels, over "
             f"the {max_bytes / 2**20:.3g} MB {what} may have here"
         )
-    total = sum(sizes.values())  # the action's time and bytes grow with what is declared
+    # the action's time and bytes grow with what the listing declares
     with action(pacs, f"the download of series {series_uid}") as bounds:
         bounds.extend(total / PACE_BYTES_PER_SECOND, total + len(sizes) * HEADER_SLACK)
         return _retrieve_all(pacs, study_uid, series_uid, sizes, folder)
@@ -679,20 +670,20 @@ def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
     budget."""
     study_uid = check_uid(study_uid, "the study")
     sent = sum(len(getattr(dataset, "PixelData", b"") or b"") for dataset in datasets)
+    sending = sent / PACE_BYTES_PER_SECOND  # seconds more, for the request and its action
     what = f"storing the result in study {study_uid}"
     try:
-        with (
-            action(pacs, what) as bounds,
-            _answers(pacs, what, extra_seconds=_extend(bounds, sent / PACE_BYTES_PER_SECOND)),
-        ):
-            try:
-                answer = pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
-            except requests.HTTPError as exc:
-                body = exc.response.text if exc.response is not None else ""
-                partly = _partly_stored(_stow_answer(body), len(datasets))
-                if partly:
-                    raise PacsError(partly) from None
-                raise
+        with action(pacs, what) as bounds:
+            bounds.extend(sending, 0)  # before the request: its deadline is held to the action's
+            with _answers(pacs, what, extra_seconds=sending):
+                try:
+                    answer = pacs.client.store_instances(datasets, study_uid)  # type: ignore[attr-defined]
+                except requests.HTTPError as exc:
+                    body = exc.response.text if exc.response is not None else ""
+                    partly = _partly_stored(_stow_answer(body), len(datasets))
+                    if partly:
+                        raise PacsError(partly) from None
+                    raise
     except PacsError as exc:
         if any(words in str(exc) for words in ("sent more than", "did not finish", "closed the")):
             raise PacsError(
@@ -701,13 +692,6 @@ def store(pacs: Pacs, datasets: list, study_uid: str) -> None:
         raise
     if answer is not None and answer.get("FailedSOPSequence"):  # 202: some were refused
         raise PacsError(_partly_stored(answer.to_json_dict(), len(datasets)))
-
-
-def _extend(bounds: ActionBudget, seconds: float) -> float:
-    """``seconds`` more for the action ``bounds`` (a store's body being sent), returned
-    for its request too."""
-    bounds.extend(seconds, 0)
-    return seconds
 
 
 def _stow_answer(body: str) -> dict:

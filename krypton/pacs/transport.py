@@ -110,7 +110,6 @@ class ActionBudget:
     seconds: float
     max_bytes: int
     received: int = 0
-    setting: str = "KRYPTON_DICOMWEB_ACTION_SECONDS"
 
     def extend(self, seconds: float, max_bytes: int) -> None:
         """More time and bytes for what the action now knows it must fetch (a series'
@@ -129,7 +128,8 @@ class ActionBudget:
 
     def late(self) -> str:
         return (
-            f"the PACS did not finish {self.what} within {_round(self.seconds)} s ({self.setting})"
+            f"the PACS did not finish {self.what} within {_round(self.seconds)} s "
+            "(KRYPTON_DICOMWEB_ACTION_SECONDS)"
         )
 
 
@@ -257,9 +257,7 @@ def _current_action() -> ActionBudget | None:
 
 
 @contextmanager
-def action(
-    budgets: PacsBudgets, what: str, *, extra_seconds: float = 0.0
-) -> Iterator[ActionBudget]:
+def action(budgets: PacsBudgets, what: str) -> Iterator[ActionBudget]:
     """Around one user action (``what``: a search, a listing, an open, a send): every
     request inside it ends by the action's deadline and its answers share the action's
     bytes. An action inside another (a series download's listing) is part of it."""
@@ -267,7 +265,7 @@ def action(
     if outer is not None:
         yield outer
         return
-    seconds = budgets.action_seconds + extra_seconds
+    seconds = budgets.action_seconds
     budget = ActionBudget(what, time.monotonic() + seconds, seconds, budgets.action_bytes)
     _CURRENT.action = budget
     try:
@@ -320,7 +318,9 @@ class _BoundedResponse(http.client.HTTPResponse):
 
     def __init__(self, sock, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(sock, *args, **kwargs)
-        budget = _current() or RequestBudget("a request", float("inf"), 0.0, 4 * 2**20, "4 MB")
+        budget = _current() or RequestBudget(  # outside bounded() (no PACS call is)
+            "a request", float("inf"), 0.0, PacsBudgets.answer_bytes, "the answer budget"
+        )
         self.fp = WireReader(self.fp, budget.spend, budget.refuse)  # type: ignore[assignment]
 
 

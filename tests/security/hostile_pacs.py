@@ -92,6 +92,17 @@ def bomb(layers: tuple[str, ...]) -> bytes:
     return body
 
 
+BOMBS = {"gzip-stack": ("gzip", "gzip"), "deflate-stack": ("deflate", "deflate"),
+         "gzip-bomb": ("gzip",)}  # fmt: skip
+
+
+def ready(mode: str) -> None:
+    """Make ``mode``'s bomb now, if it has one (a test's own clock and memory then start
+    after it)."""
+    if mode in BOMBS:
+        bomb(BOMBS[mode])
+
+
 def ct_datasets(slices: int = 48, side: int = 48) -> list:
     """A small CT series (the project's own writer, demo.pacs.ct_series) the ``no-preamble``
     and ``big-stow`` modes serve."""
@@ -374,13 +385,13 @@ class HostilePacs:
         self._send(handler, 200, bomb(layers), "application/dicom+json", Content_Encoding=label)
 
     def _gzip_stack(self, handler) -> None:  # type: ignore[no-untyped-def]
-        self._coded(handler, ("gzip", "gzip"), "gzip, gzip")
+        self._coded(handler, BOMBS["gzip-stack"], "gzip, gzip")
 
     def _deflate_stack(self, handler) -> None:  # type: ignore[no-untyped-def]
-        self._coded(handler, ("deflate", "deflate"), "deflate, deflate")
+        self._coded(handler, BOMBS["deflate-stack"], "deflate, deflate")
 
     def _gzip_bomb(self, handler) -> None:  # type: ignore[no-untyped-def]
-        self._coded(handler, ("gzip",), "gzip")
+        self._coded(handler, BOMBS["gzip-bomb"], "gzip")
 
     def _brotli(self, handler) -> None:  # type: ignore[no-untyped-def]
         self._send(handler, 200, b"[]", "application/dicom+json", Content_Encoding="br")
