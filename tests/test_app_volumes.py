@@ -466,8 +466,8 @@ def test_a_loaded_volume_is_read_once_and_its_source_voxels_are_not_kept_per_mod
     from webapp.panels.volume import VolumePanel
 
     reads = []
-    real = volumes.read_uploaded_volume
-    monkeypatch.setattr(volumes, "read_uploaded_volume", lambda *a: reads.append(a) or real(*a))
+    real = volumes.read_uploaded_source
+    monkeypatch.setattr(volumes, "read_uploaded_source", lambda *a: reads.append(a) or real(*a))
     token = services.uploads.save(
         io.BytesIO(nifti_bytes), len(nifti_bytes), "volume", "tab-1", "chest.nii.gz", 1 << 30
     )

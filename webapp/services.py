@@ -16,7 +16,6 @@ import torch
 import krypton
 from krypton.devices import resolve_device
 from krypton.explainer import model_fingerprint
-from krypton.io.volumes import Volume
 from krypton.registry import CheckpointError, RegistryError, load_model
 
 from . import helpers
@@ -208,19 +207,13 @@ class Services:
         takes it: from memory when recently used, else read again from the stored file."""
         loaded = self.model(model, rank=3)
 
-        def read() -> Volume:
-            return volumes.read_uploaded_volume(self.images.source(key, session), name)
-
         def build() -> volumes.PreparedVolume:
             with self.intake():
-                source = self.volume_sources.get((key, helpers.owner_tag(session)), read)
-                try:
-                    model_input = loaded.prepare_volume(source)
-                except ValueError as exc:
-                    raise InputError(str(exc)) from None
+                kept = self.volume_sources.peek((key, helpers.owner_tag(session)))
+                data = self.images.source(key, session)
+                model_input, geometry = volumes.prepare_uploaded_volume(data, name, loaded, kept)
             unit = loaded.windowed(model_input)
-            info = volumes.SourceInfo.of(source)
-            return volumes.PreparedVolume(info, model_input, unit)
+            return volumes.PreparedVolume(volumes.SourceInfo.of(geometry), model_input, unit)
 
         return self.volumes.get((key, helpers.owner_tag(session), model), build)
 

@@ -369,7 +369,6 @@ def _explain_volume_item(
     """:func:`explain_item` for a volume model: a DICOM series (folder or zip), a
     multi-frame DICOM or a NIfTI file; its files as ``krypton explain`` writes them
     (:func:`krypton.render.volumes.volume_files`)."""
-    from ..io.volumes import read_volume
     from ..render.volumes import volume_files
 
     started = time.perf_counter()
@@ -377,7 +376,7 @@ def _explain_volume_item(
         row.error = "a volume is read from its path (a series folder, zip, NIfTI or .dcm)"
         return row, {}
     try:
-        prepared = model.prepare_volume(read_volume(source))
+        prepared, _ = model.read_volume(source)
         tensor = prepared.tensor
         heatmap = explain(model, tensor, label=_label_index(label, model), **options)
         files = volume_files(heatmap, prepared, model, warning=caveat(heatmap.extra.get("ood")))

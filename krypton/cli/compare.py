@@ -65,10 +65,8 @@ def run_compare(args: argparse.Namespace, load) -> int:
         return 2
     try:
         if wants_volume(args.image, args.model):
-            from ..io.volumes import read_volume
-
             model = load(args.model or default_volume_model())
-            prepared = model.prepare_volume(read_volume(args.image))
+            prepared, _ = model.read_volume(args.image)
             tensor, background = prepared.tensor, prepared.tensor[0].numpy()
         else:
             model = load(args.model)

@@ -102,7 +102,6 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict, after=Non
     heatmap)``, if
     given, runs once the files are written (a PACS source stores its result); its
     ImageLoadError is the command's error."""
-    from ..io.volumes import read_volume
     from ..render.volumes import view_centre, volume_files
 
     if not model.is_volume:
@@ -121,8 +120,7 @@ def run_explain_volume(args: argparse.Namespace, model, options: dict, after=Non
         )
         return 2
     try:
-        volume = read_volume(args.image)
-        prepared = model.prepare_volume(volume)
+        prepared, volume = model.read_volume(args.image)
     except (ImageLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -204,6 +202,7 @@ def _report(model, volume, prepared, heatmap, at, slices: str, written: list[Pat
         f"{'x'.join(f'{s:g}' for s in model.volume['spacing_mm'])} mm, its centred "
         f"{'x'.join(map(str, model.input_size))} block explained (corner {prepared.corner})"
     )
+    print(f"orientation {prepared.orientation}")
     print(f"label      {heatmap.label} {model.class_name(heatmap.label)}")
     print(f"probability {heatmap.prob:.4f} (lowest with occlusion {lowest:.4f})")
     print(

@@ -39,6 +39,7 @@ from ._decoding import (
     megabytes,
     plain_reason,
 )
+from .model_grid import BlockBuilder, ModelGrid, plan_grid
 
 __all__ = [
     "Volume",
@@ -598,17 +599,22 @@ def _trilinear(
 
 @dataclass(frozen=True)
 class ModelVolume:
-    """A volume as a model takes it: ``tensor`` (1, D, H, W), normalised; ``affine``: the
-    tensor's voxel index (z, y, x, 1) to scanner mm (RAS+), None when the source had none;
-    ``corner``: where the tensor's first voxel lies in the resampled volume (negative
-    where it was padded); ``values``: the same block in modality units (CT: HU), before
-    the model's window, for display in another window (padding: the window's low end)."""
+    """A volume as a model takes it: ``tensor`` (1, D, H, W), normalised, in the model's
+    orientation; ``affine``: the tensor's voxel index (i, j, k, 1) to scanner mm (RAS+),
+    None when the source had none; ``corner``: where the tensor's first voxel lies in the
+    resampled volume (negative where it was padded); ``values``: the same block in
+    modality units (CT: HU), before the model's window, for display in another window
+    (padding: the window's low end); ``orientation``: how the source was turned to the
+    model's axes (:meth:`krypton.io.model_grid.ModelGrid.orientation_text`) and
+    ``off_axis_degrees`` how oblique it is."""
 
     tensor: torch.Tensor
     affine: np.ndarray | None
     corner: tuple[int, int, int]
     resampled_shape: tuple[int, int, int]
     values: np.ndarray | None = None
+    orientation: str = "as stored"
+    off_axis_degrees: float = 0.0
 
 
 def prepare_for_model(
@@ -618,31 +624,29 @@ def prepare_for_model(
     size: tuple[int, int, int],
     mean: float,
     std: float,
+    orientation: str | None = None,
 ) -> ModelVolume:
-    """Resample to the model's ``spacing``, take the centred block of ``size`` (padding
-    with the window's low end, air in CT, where the volume is smaller), scale the modality
-    ``window`` to [0, 1] (clipped) and normalise with ``mean`` and ``std``. Only the
-    block is computed: its cost follows ``size``, never the source's spacing."""
-    shape = resampled_shape(volume.shape, volume.spacing, spacing)
+    """Turn to the model's ``orientation`` (axis codes; None: as stored), resample to its
+    ``spacing``, take the centred block of ``size`` (padding with the window's low end,
+    air in CT, where the volume is smaller), scale the modality ``window`` to [0, 1]
+    (clipped) and normalise with ``mean`` and ``std``: the convention of
+    :mod:`krypton.io.model_grid`. Only the block is computed: its cost follows ``size``,
+    never the source's spacing."""
+    grid = plan_grid(volume.shape, volume.spacing, volume.affine, spacing, size, orientation)
+    builder = BlockBuilder(grid, window[0])
+    for index in grid.slices_needed():
+        builder.add(int(index), volume.voxels[index])
+    return model_volume(grid, builder.block(), window, mean, std)
+
+
+def model_volume(
+    grid: ModelGrid, block: np.ndarray, window: tuple[float, float], mean: float, std: float
+) -> ModelVolume:
+    """The model's input from its ``block`` of modality values over ``grid``."""
     low, high = window
-    corner = tuple((have - want) // 2 for have, want in zip(shape, size))
-    block = np.full(size, low, np.float32)
-    source = tuple(
-        slice(max(c, 0), max(c, 0) + min(w, h - max(c, 0))) for c, w, h in zip(corner, size, shape)
-    )
-    target = tuple(
-        slice(max(-c, 0), max(-c, 0) + (s.stop - s.start)) for c, s in zip(corner, source)
-    )
-    spans = [(s.start, s.stop) for s in source]
-    if shape == volume.shape:
-        block[target] = volume.voxels[source]
-    else:  # only the voxels that land in the block, however fine the source's grid
-        block[target] = _trilinear(volume.voxels, shape, spans)
     unit = np.clip((block - low) / (high - low), 0.0, 1.0).astype(np.float32)
-    affine = _resampled_affine(volume, shape) if shape != volume.shape else volume.affine
-    if affine is not None:
-        shift = np.eye(4)
-        shift[:3, 3] = corner
-        affine = affine @ shift
     tensor = (torch.from_numpy(unit)[None] - mean) / std
-    return ModelVolume(tensor, affine, corner, shape, block)  # type: ignore[arg-type]
+    return ModelVolume(
+        tensor, grid.affine, grid.corner, grid.resampled_shape, block,
+        grid.orientation_text(), grid.off_axis_degrees,
+    )  # fmt: skip

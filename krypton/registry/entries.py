@@ -291,6 +291,13 @@ def _validate_volume(entry: dict[str, Any], path: str) -> None:
             f"{path}: a volume model needs 'volume': {{'spacing_mm': [slice, row, column] > 0, "
             f"'window_hu': [low, high], 'fill_hu': the occluder's value}}"
         )
+    if "orientation" in volume:
+        from ..io.model_grid import check_axis_codes
+
+        try:
+            check_axis_codes(volume["orientation"])
+        except ValueError as exc:
+            raise RegistryError(f"{path}: the volume's {exc}") from None
 
 
 def _weights_file(entry: RegistryEntry, directory: Path) -> Path:

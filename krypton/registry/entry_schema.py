@@ -40,6 +40,10 @@ class VolumeSettings(TypedDict):
     spacing_mm: list[float]
     window_hu: list[float]
     fill_hu: float
+    # axis codes of the input's (D, H, W) axes as nibabel writes them ("SPL": slices
+    # toward the head, rows toward the back, columns toward the patient's left); volumes
+    # are turned to them (krypton.io.model_grid); absent: volumes reach it as stored
+    orientation: NotRequired[str]
 
 
 class OodRecord(TypedDict):

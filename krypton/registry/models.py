@@ -134,7 +134,33 @@ class LoadedModel:
             self.input_size,  # type: ignore[arg-type]
             self.mean[0],
             self.std[0],
+            self.volume.get("orientation"),
         )
+
+    def volume_target(self):
+        """What this volume model takes (:class:`~krypton.io.series_intake.ModelTarget`):
+        its spacing, window, input size, normalisation and orientation."""
+        from ..io.series_intake import ModelTarget
+
+        if not self.is_volume or self.volume is None:
+            raise ValueError(f"{self.name} is a 2-D model; it explains images, not volumes")
+        return ModelTarget(
+            tuple(self.volume["spacing_mm"]),  # type: ignore[arg-type]
+            tuple(self.volume["window_hu"]),  # type: ignore[arg-type]
+            tuple(self.input_size),  # type: ignore[arg-type]
+            self.mean[0],
+            self.std[0],
+            self.volume.get("orientation"),
+        )
+
+    def read_volume(self, source, progress=None):
+        """The volume at ``source`` (a series folder or zip, a multi-frame DICOM or a
+        NIfTI file) as this model takes it, a series streamed slice by slice into its
+        block: (:class:`~krypton.io.volumes.ModelVolume`, what was read)
+        (:func:`~krypton.io.series_intake.read_for_model`)."""
+        from ..io.series_intake import read_for_model
+
+        return read_for_model(source, self.volume_target(), progress)
 
     def windowed(self, model_input) -> np.ndarray:
         """A prepared volume (:meth:`prepare_volume`) back in its window's units, [0, 1]

@@ -90,7 +90,7 @@ class VolumeIntake:
         nothing pending)."""
         try:
             with self.services.intake() as client:
-                volume = volumes.read_uploaded_volume(data, name)
+                volume = volumes.read_uploaded_source(data, name)
                 key = self.services.images.put_source(data, session, client)
             owner = (key, owner_tag(session))
             self.services.volume_sources.get(owner, lambda: volume)  # read once, not twice
@@ -100,8 +100,8 @@ class VolumeIntake:
             "key": key,
             "name": name,
             "shape": list(volume.shape),
-            "spacing": list(volume.spacing),
-            "modality": volume.modality,
-            "frame": volume.affine is not None,
+            "spacing": list(volume.geometry.spacing),
+            "modality": volume.geometry.modality,
+            "frame": volume.geometry.affine is not None,
         }
         return record, None, "", None

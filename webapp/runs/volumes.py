@@ -11,7 +11,8 @@ import tempfile
 import threading
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import krypton
 from krypton.estimator import MIN_LOGGED_RUNS, Estimate, plain_basis
 from krypton.explainer import grid
 from krypton.io.images import ImageLoadError
+from krypton.io.series_intake import VolumeGeometry, read_source
 from krypton.io.volumes import ModelVolume, Volume, read_volume
 
 from ..helpers import InputError
@@ -34,6 +36,9 @@ from .timing import counts_estimate, estimate_text, host_load
 __all__ = [
     "volume_suffix",
     "read_uploaded_volume",
+    "read_uploaded_source",
+    "prepare_uploaded_volume",
+    "UploadedVolume",
     "SourceInfo",
     "PreparedVolume",
     "VolumeCache",
@@ -66,9 +71,10 @@ def volume_suffix(data: bytes, filename: str | None) -> str:
     )
 
 
-def read_uploaded_volume(data: bytes, filename: str | None) -> Volume:
-    """An uploaded volume's bytes as a :class:`~krypton.io.volumes.Volume` (the decode
-    budget and the series checks of krypton.io.volumes apply); bad files raise InputError."""
+@contextmanager
+def _uploaded_file(data: bytes, filename: str | None) -> Iterator[Path]:
+    """The upload's bytes as a file a reader takes (its kind by :func:`volume_suffix`);
+    a reader's refusal names the upload, not the temporary file."""
     suffix = volume_suffix(data, filename)
     if suffix == ".zip" and not zipfile.is_zipfile(io.BytesIO(data)):
         raise InputError(f"{filename or 'the file'} is not a readable zip archive")
@@ -76,12 +82,60 @@ def read_uploaded_volume(data: bytes, filename: str | None) -> Volume:
         path = Path(folder) / f"volume{suffix}"
         path.write_bytes(data)
         try:
-            volume = read_volume(path)
+            yield path
         except (ImageLoadError, ValueError, OSError) as exc:
             text = str(exc).replace(str(path), filename or "the file")
             raise InputError(text.replace(path.name, filename or "the file")) from None
-    name = filename or "volume"
-    return dataclasses.replace(volume, source=f"{name} ({volume.source.split(' ')[0]})")
+
+
+def _named(source: str, filename: str | None) -> str:
+    return f"{filename or 'volume'} ({source.split(' ')[0]})"
+
+
+def read_uploaded_volume(data: bytes, filename: str | None) -> Volume:
+    """An uploaded volume's bytes as a whole :class:`~krypton.io.volumes.Volume` (the
+    decode budget and the series checks of krypton.io.volumes apply); bad files raise
+    InputError. The page itself streams a series (:func:`prepare_uploaded_volume`)."""
+    with _uploaded_file(data, filename) as path:
+        volume = read_volume(path)
+    return dataclasses.replace(volume, source=_named(volume.source, filename))
+
+
+def read_uploaded_source(data: bytes, filename: str | None) -> UploadedVolume:
+    """What an upload is, read once at upload (a bad file is refused here): a series'
+    headers checked, a NIfTI or multi-frame file read whole within the decode budget."""
+    with _uploaded_file(data, filename) as path:
+        geometry, volume = read_source(path)
+    geometry = dataclasses.replace(geometry, source=_named(geometry.source, filename))
+    return UploadedVolume(geometry, volume)
+
+
+def prepare_uploaded_volume(
+    data: bytes, filename: str | None, loaded, kept: UploadedVolume | None = None
+) -> tuple[ModelVolume, VolumeGeometry]:
+    """The upload as the volume model ``loaded`` takes it: from ``kept`` voxels where
+    the upload was read whole, else streamed slice by slice from its bytes."""
+    try:
+        if kept is not None and kept.volume is not None:
+            return loaded.prepare_volume(kept.volume), kept.geometry
+        with _uploaded_file(data, filename) as path:
+            prepared, geometry = loaded.read_volume(path)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return prepared, dataclasses.replace(geometry, source=_named(geometry.source, filename))
+
+
+@dataclass(frozen=True)
+class UploadedVolume:
+    """An upload as read: what it is and, for a file read whole, its voxels (a series'
+    are streamed when a model needs them, never kept)."""
+
+    geometry: VolumeGeometry
+    volume: Volume | None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.geometry.shape
 
 
 @dataclass(frozen=True)
@@ -94,7 +148,7 @@ class SourceInfo:
     series_uid: str | None
 
     @classmethod
-    def of(cls, volume: Volume) -> SourceInfo:
+    def of(cls, volume: Volume | VolumeGeometry) -> SourceInfo:
         return cls(volume.shape, volume.spacing, volume.modality, volume.series_uid)
 
 
@@ -119,6 +173,11 @@ class VolumeCache:
         self.max_items = max_items
         self._items: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
+
+    def peek(self, key: tuple) -> Any:
+        """What is kept under ``key`` (None: nothing), nothing built."""
+        with self._lock:
+            return self._items.get(key)
 
     def get(self, key: tuple, build: Callable[[], Any]) -> Any:
         with self._lock:
