@@ -10,10 +10,12 @@ is). Along each model axis the source's ``N`` voxels, spanning ``N x s`` mm, bec
 model's spacing ``t``, stretched by at most half a voxel over the extent), and the
 model's ``M`` voxels are the centred run of them starting at ``c = (R - M) // 2``
 (counted in the model's orientation, so a flipped axis takes the same voxels). Model
-voxel ``n`` therefore covers source indices ``[(n + c) x k - 0.5, (n + c + 1) x k -
-0.5)`` with ``k = N / R`` (on a flipped axis counted from the other end), its centre in
-the middle: the source voxels whose centres lie in that half-open range are the ones it
-was made from, and the ones a map of it is written back onto. Values are linear along
+voxel ``n``'s centre lies at source index ``(n + c + 0.5) x k - 0.5`` with ``k = N /
+R`` (on a flipped axis counted from the other end), the middle of its extent of ``k``
+source voxels; a source voxel belongs to the model voxel whose index range ``[n - 0.5,
+n + 0.5)`` holds its centre (a centre on a boundary: the higher model index). Those are
+the voxels it was made from, and the ones a map of it is written back onto
+(:func:`krypton.render.parametric_map.drops_on_slices`). Values are linear along
 each axis between the two nearest source voxel centres (``F.interpolate(mode=
 "trilinear", align_corners=False)``'s weights), the ends held; model voxels beyond the
 source (``r`` outside ``[0, R)``) take the window's low end (air in CT).

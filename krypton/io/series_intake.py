@@ -182,9 +182,11 @@ def _header(data: bytes, name: str):  # type: ignore[no-untyped-def]
     from pydicom.errors import InvalidDicomError
 
     try:
-        return pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+        header = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
     except (InvalidDicomError, EOFError, OSError, ValueError, TypeError, KeyError):
         return None
+    header.buffer = None  # pydicom keeps the stream it read (the whole file) otherwise
+    return header
 
 
 def _stream_series(

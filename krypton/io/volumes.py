@@ -226,8 +226,17 @@ def _one_series(headers: list[tuple[str, object, bytes]], source: Path) -> str |
     return next(iter(series))
 
 
+def _slice_named(name: str, header, position: float | None = None) -> str:
+    """A slice as a user finds it in a viewer: its instance number and where it lies
+    along the normal (mm), its file name only where it has no instance number."""
+    number = getattr(header, "InstanceNumber", None)
+    said = f"instance {number}" if number not in (None, "") else name
+    return said if position is None else f"{said} (at {position:.5g} mm)"
+
+
 def _sorted_slices(headers, source: Path) -> tuple[list, float, tuple[float, float]]:
-    """The slices in order along the normal, the slice spacing and the pixel spacing."""
+    """The slices in order along the normal, the slice spacing and the pixel spacing;
+    a refusal names the slices by instance number and position."""
     first_name, first, _ = headers[0]
     orientation = _vector(first, "ImageOrientationPatient", 6, first_name)
     pixel_spacing = _vector(first, "PixelSpacing", 2, first_name)
@@ -235,19 +244,19 @@ def _sorted_slices(headers, source: Path) -> tuple[list, float, tuple[float, flo
     normal = np.cross(orientation[:3], orientation[3:])
     placed = []
     for name, header, nbytes in headers:
+        said, before = _slice_named(name, header), _slice_named(first_name, first)
         if not np.allclose(
             _vector(header, "ImageOrientationPatient", 6, name),
             orientation,
             atol=ORIENTATION_TOLERANCE,
         ):
             raise ImageLoadError(
-                f"{name} is oriented differently from {first_name}: a series must share "
-                f"one orientation"
+                f"{said} is oriented differently from {before}: a series must share one orientation"
             )
         if (getattr(header, "Rows", None), getattr(header, "Columns", None)) != size:
-            raise ImageLoadError(f"{name} has another size than {first_name}")
+            raise ImageLoadError(f"{said} has another size than {before}")
         if not np.allclose(_vector(header, "PixelSpacing", 2, name), pixel_spacing):
-            raise ImageLoadError(f"{name} has another pixel spacing than {first_name}")
+            raise ImageLoadError(f"{said} has another pixel spacing than {before}")
         position = _vector(header, "ImagePositionPatient", 3, name)
         placed.append((float(position @ normal), name, header, nbytes))
     placed.sort(key=lambda item: item[0])
@@ -259,11 +268,18 @@ def _sorted_slices(headers, source: Path) -> tuple[list, float, tuple[float, flo
         raise ImageLoadError(f"{source}: slices share one position; is a slice duplicated?")
     for index, gap in enumerate(gaps):
         if abs(gap - step) > SPACING_TOLERANCE * step:
-            before, after = placed[index][1], placed[index + 1][1]
+            (low, low_name, low_header, _), (high, high_name, high_header, _) = placed[
+                index : index + 2
+            ]
             what = "a gap" if gap > step else "slices closer than the rest (a duplicate?)"
+            missing = round(gap / step) - 1 if gap > step else 0
+            lost = (
+                f"; about {missing} slice{'s' if missing != 1 else ''} missing" if missing else ""
+            )
             raise ImageLoadError(
-                f"{source}: {what} between {before} and {after} ({gap:.3g} mm where the "
-                f"series steps {step:.3g} mm); a series must be evenly spaced"
+                f"{source}: {what} between {_slice_named(low_name, low_header, low)} and "
+                f"{_slice_named(high_name, high_header, high)}: {gap:.3g} mm where the "
+                f"series steps {step:.3g} mm{lost}; a series must be evenly spaced"
             )
     return placed, step, (float(pixel_spacing[0]), float(pixel_spacing[1]))
 

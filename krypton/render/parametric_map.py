@@ -129,8 +129,11 @@ def source_slices(sources: Sequence) -> list | None:
 def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence) -> np.ndarray:
     """``drops`` (the model's block, (D, H, W), placed by ``voxel_affine``, RAS+) on each
     of ``slices``' pixels: (slices, rows, columns), each pixel the value of the model
-    voxel its centre falls in (nearest), 0 outside the block. A slice at a time, so a
-    512 x 512 series costs one slice's indices at once."""
+    voxel its centre falls in, 0 outside the block. A model voxel ``n`` holds the
+    centres within ``[n - 0.5, n + 0.5)`` of its own index (a centre on a boundary goes
+    to the higher index): the convention of :mod:`krypton.io.model_grid`, the one that
+    made the block. A slice at a time, so a 512 x 512 series costs one slice's indices
+    at once."""
     to_voxel = np.linalg.inv(voxel_affine) @ RAS_TO_LPS  # LPS mm -> model voxel index
     linear, offset = to_voxel[:3, :3], to_voxel[:3, 3]
     rows, columns = int(slices[0].Rows), int(slices[0].Columns)
@@ -143,7 +146,8 @@ def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequenc
     j, k = np.arange(rows)[:, None, None], np.arange(columns)[None, :, None]
     for number, source in enumerate(slices):
         base = linear @ np.asarray(source.ImagePositionPatient, dtype=np.float64) + offset
-        index = np.rint(base + j * along_row + k * along_column).astype(np.int64)
+        where = base + j * along_row + k * along_column
+        index = np.floor(np.round(where, 9) + 0.5).astype(np.int64)  # half-open, not rint
         inside = np.all((index >= 0) & (index < shape), axis=-1)
         clipped = np.clip(index, 0, shape - 1)
         picked = drops[clipped[..., 0], clipped[..., 1], clipped[..., 2]]

@@ -71,8 +71,9 @@ def heatmap_nifti(heatmap, voxel_affine: np.ndarray | None, description: str = "
 def voxel_values(heatmap, shape: tuple[int, ...]) -> np.ndarray:
     """The heatmap at every voxel (or, for an image's heatmap, every pixel) of the model's
     input, ``shape`` (D, H, W) or (H, W): each takes the cell whose patch centre is
-    nearest along each axis; NaN beyond the cells' reach (half a stride past the
-    outermost centres)."""
+    nearest along each axis, a voxel midway between two centres the higher one's (each
+    cell holds ``[centre - stride / 2, centre + stride / 2)``); NaN beyond the cells'
+    reach (that range of the outermost cells)."""
     values = np.asarray(heatmap.values, dtype=np.float32)
     axes = tuple(np.asarray(a) for a in heatmap.axes)
     patch = _sides(heatmap.patch, len(axes))
@@ -81,9 +82,11 @@ def voxel_values(heatmap, shape: tuple[int, ...]) -> np.ndarray:
         centres = np.asarray(coordinates) + (side - 1) / 2
         step = float(np.min(np.diff(centres))) if len(centres) > 1 else float(side)
         voxel = np.arange(size)
-        nearest = np.abs(voxel[:, None] - centres[None, :]).argmin(axis=1)
+        offset = voxel[:, None] - centres[None, :]
+        nearest = (np.abs(offset) - 1e-6 * (offset < 0)).argmin(axis=1)  # midway: the higher
         picks.append(nearest)
-        inside.append(np.abs(voxel - centres[nearest]) <= step / 2)
+        away = voxel - centres[nearest]
+        inside.append((away >= -step / 2) & (away < step / 2))
     grid = values[np.ix_(*picks)]
     reach = np.ones(len(inside) * (1,), dtype=bool)
     for axis, axis_inside in enumerate(inside):  # inside along every axis, broadcast
