@@ -23,7 +23,7 @@ from krypton.io import _decoding
 from krypton.io.model_grid import plan_grid
 from krypton.io.series_intake import read_for_model, streamed_cost
 from krypton.io.volumes import ImageLoadError, read_dicom_series
-from krypton.render.parametric_map import drops_on_slices, parametric_map
+from krypton.render.parametric_map import drops_on_slices
 from krypton.synthetic.chestct import ChestCTGenerator
 
 SPACING = 2.5  # mm, every axis: the model's 5 mm is two source voxels
