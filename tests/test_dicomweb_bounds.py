@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psutil
+import pydicom
 import pytest
 from security.hostile_pacs import HostilePacs
 
+import krypton
 from krypton.pacs import dicomweb
 from krypton.pacs.transport import PacsBudgets
 
@@ -152,12 +154,13 @@ def test_a_redirect_is_refused_and_not_followed(hostile):
 def test_an_instance_without_its_preamble_is_read_as_a_volume(hostile):
     hostile.mode = "no-preamble"
     first = hostile.datasets[0]
-    volume, headers = dicomweb.load_series(
+    target = krypton.registry.load_model("chestct-demo").volume_target()
+    prepared, volume = dicomweb.load_series(
         _connect(hostile, PacsBudgets(answer_bytes=4 * 2**20, pages=20)),
-        str(first.StudyInstanceUID), str(first.SeriesInstanceUID),
+        str(first.StudyInstanceUID), str(first.SeriesInstanceUID), target,
     )  # fmt: skip
-    assert volume.shape == (48, 48, 48) and len(headers) == 48
-    assert volume.modality == "CT"
+    assert volume.shape == (48, 48, 48) and len(volume.headers) == 48
+    assert volume.modality == "CT" and prepared.tensor.shape == (1, 48, 48, 48)
 
 
 def test_malformed_rows_are_read_or_refused_with_a_sentence(hostile):
@@ -277,7 +280,8 @@ def test_a_slow_series_download_ends_at_its_actions_deadline(hostile, tmp_path):
         dicomweb.fetch_series(_connect(hostile, budgets), str(first.StudyInstanceUID),
                               str(first.SeriesInstanceUID), tmp_path)  # fmt: skip
     assert 3.5 < time.monotonic() - started < 6
-    assert 2 <= sum("/instances/" in path for path in hostile.requests) <= 5
+    asked = sum("/instances/" in path for path in hostile.requests)
+    assert dicomweb.IN_FLIGHT <= asked <= 5 * dicomweb.IN_FLIGHT  # at most four at once
 
 
 def test_an_action_shares_one_byte_budget_across_its_pages(hostile):
@@ -306,3 +310,33 @@ def test_a_pacs_that_hangs_up_is_not_called_unreachable(hostile):
     hostile.mode = "hang-up"
     with pytest.raises(dicomweb.PacsError, match="closed the connection before it finished"):
         dicomweb.find_studies(_connect(hostile))
+
+
+def test_a_series_over_the_budget_is_refused_from_its_listing_before_any_instance(
+    hostile, tmp_path, monkeypatch
+):
+    """Before: the budget was asked only after every instance was downloaded (84
+    instances, 68 s, then refused). Now the listing's rows x columns x bits decide
+    before the first WADO request."""
+    from krypton.io import _decoding
+
+    hostile.mode = "no-preamble"
+    first = hostile.datasets[0]
+    monkeypatch.setattr(_decoding.DECODE_BUDGET, "limit_bytes", 2**20)
+    with pytest.raises(dicomweb.PacsError, match="decode budget of 1 MB"):
+        dicomweb.fetch_series(_connect(hostile), str(first.StudyInstanceUID),
+                              str(first.SeriesInstanceUID), tmp_path)  # fmt: skip
+    assert sum("/instances/" in path for path in hostile.requests) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_series_is_fetched_four_at_a_time_in_instance_order_with_progress(hostile, tmp_path):
+    hostile.mode = "no-preamble"
+    first = hostile.datasets[0]
+    seen = []
+    files = dicomweb.fetch_series(_connect(hostile), str(first.StudyInstanceUID),
+                                  str(first.SeriesInstanceUID), tmp_path,
+                                  progress=lambda *n: seen.append(n))  # fmt: skip
+    assert seen == [(n, 48) for n in range(1, 49)]
+    numbers = [int(pydicom.dcmread(path, stop_before_pixels=True).InstanceNumber) for path in files]
+    assert numbers == sorted(numbers)

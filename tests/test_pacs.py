@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_volume_cli import SPACING, volume_model  # noqa: F401
 
+import krypton
 from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, start_orthanc
 from krypton.cli import main
 from krypton.pacs import dicomweb
@@ -369,7 +370,11 @@ def test_make_pacs_loads_the_chest_ct_sample_as_a_ct_series(orthanc):
 def test_a_series_loads_as_a_volume_with_its_headers(pacs_env, stored_series):
     study, series, datasets = stored_series
     pacs = dicomweb.connect(dicomweb.PacsSettings.from_environment())
-    volume, headers = dicomweb.load_series(pacs, study, series)
+    target = krypton.registry.load_model("chestct-demo").volume_target()
+    seen = []
+    _, volume = dicomweb.load_series(pacs, study, series, target, lambda *n: seen.append(n))
+    headers = volume.headers
+    assert seen[-1] == (len(datasets), len(datasets)) and len(seen) == len(datasets)
     assert volume.shape == (len(datasets), *datasets[0].pixel_array.shape)
     assert volume.series_uid == series and volume.modality == "CT"
     assert {h.SOPInstanceUID for h in headers} == {d.SOPInstanceUID for d in datasets}

@@ -179,7 +179,7 @@ def run_explain_pacs(
                 args.image = str(image)
                 sender = _image_sender(args, pacs, study, series, options_of)
                 return explain_image(args, sender)
-            files = fetch_series(pacs, study, series, Path(folder))
+            files = fetch_series(pacs, study, series, Path(folder), progress=_fetch_progress())
             args.image = folder
             sender = _sender(args, pacs, study, series, files, options_of)
             return explain_folder(args, sender)
@@ -189,6 +189,20 @@ def run_explain_pacs(
     except PacsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _fetch_progress() -> Callable[[int, int], None]:
+    """What a series download says on stderr: "fetched n of N instances" at every
+    quarter and at the end (a line each, so it reads the same in a log as on a terminal)."""
+    said = [0]
+
+    def progress(done: int, total: int) -> None:
+        quarter = 4 * done // max(total, 1)
+        if done == total or quarter > said[0]:
+            said[0] = quarter
+            print(f"fetched {done} of {total} instances", file=sys.stderr, flush=True)
+
+    return progress
 
 
 ALREADY = "already    study {study} holds this result ({key}): nothing new was stored"

@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,8 +43,9 @@ from urllib.parse import urlsplit
 
 import requests
 
-from ..io._decoding import ImageLoadError
-from ..io.volumes import MAX_SLICES, Volume, check_files_size, read_dicom_series
+from ..io._decoding import DECODE_BUDGET, ImageLoadError
+from ..io.series_intake import ModelTarget, VolumeGeometry, read_for_model, streamed_cost
+from ..io.volumes import MAX_SLICES, ModelVolume, check_files_size
 from .transport import (
     PACE_BYTES_PER_SECOND,
     ActionBudget,
@@ -52,6 +54,7 @@ from .transport import (
     PacsError,
     RequestBudget,
     bounded,
+    joined,
 )
 from .transport import action as _action
 
@@ -81,6 +84,7 @@ __all__ = [
     "store",
 ]
 
+IN_FLIGHT = 4  # instances of a series downloaded at once (and held before they are saved)
 HEADER_SLACK = 64 * 1024  # an instance's bytes beyond its pixels: its header, multipart framing
 LISTING_PAGE = 500  # rows asked of the PACS per listing page
 MAX_SERIES = 1000  # a study's series listed at most (more: refused, naming the cap)
@@ -532,19 +536,24 @@ def _add_file_meta(dataset) -> None:  # type: ignore[no-untyped-def]
     dataset.file_meta = meta
 
 
+# Progress of a download: (instances fetched, instances in all)
+Progress = Callable[[int, int], None]
+
+
 def _fetch(
     pacs: Pacs, study_uid: str, series_uid: str, declared: dict[str, dict], folder: Path,
-    max_bytes: int | None, what: str = "a volume",
+    max_bytes: int | None, what: str = "a volume", progress: Progress | None = None,
 ) -> list[Path]:  # fmt: skip
     """Fetch the ``declared`` instances into ``folder`` once their declared sizes pass
     the decode budget and ``max_bytes`` (the limit on ``what``: a volume, an image), each
     download held to its declared size."""
     sizes = {uid: _declared_bytes(row, uid) for uid, row in declared.items()}
     total = sum(sizes.values())
-    try:  # the series reader's own budget, asked of the PACS's listing
-        check_files_size(f"series {series_uid}", len(sizes), total)
-    except PacsError:
-        raise
+    try:  # the reader's own budget, asked of the PACS's listing before any fetch
+        if what == "a volume":
+            _check_streamed(series_uid, declared, sizes)
+        else:
+            check_files_size(f"series {series_uid}", len(sizes), total)
     except ImageLoadError as exc:
         raise PacsError(str(exc)) from None
     if max_bytes is not None and total > max_bytes:
@@ -556,17 +565,53 @@ def _fetch(
     # the action's time and bytes grow with what the listing declares
     with action(pacs, f"the download of series {series_uid}") as bounds:
         bounds.extend(total / PACE_BYTES_PER_SECOND, total + len(sizes) * HEADER_SLACK)
-        return _retrieve_all(pacs, study_uid, series_uid, sizes, folder)
+        order = sorted(sizes, key=lambda uid: _integer(declared[uid], "00200013") or 0)
+        in_order = {uid: sizes[uid] for uid in order}
+        return _retrieve_all(pacs, study_uid, series_uid, in_order, folder, bounds, progress)
+
+
+def _check_streamed(series_uid: str, declared: dict[str, dict], sizes: dict[str, int]) -> None:
+    """A series' listing against what reading it slice by slice holds (its largest
+    instance's rows, columns and bits, :data:`IN_FLIGHT` downloads of it and the
+    headers), before any instance is fetched; the model's block is checked by the
+    reader."""
+    largest = max(sizes, key=lambda uid: sizes[uid])
+    row = declared[largest]
+    rows, columns = _integer(row, "00280010") or 1, _integer(row, "00280011") or 1
+    bits = _integer(row, "00280100") or 16
+    frames = _integer(row, "00280008") or 1
+    if frames > 1 and len(sizes) > 1:
+        raise ImageLoadError(
+            f"series {series_uid} mixes {len(sizes)} instances with a {frames}-frame one: "
+            f"a volume is one series of slices or one multi-frame object"
+        )
+    held = sizes[largest] + HEADER_SLACK
+    cost = streamed_cost(len(sizes), rows, columns * frames, bits, (0,), held)
+    cost += IN_FLIGHT * held
+    DECODE_BUDGET.cost(
+        f"series {series_uid}", f"{len(sizes)} instance{'s' if len(sizes) != 1 else ''} of "
+        f"{rows}x{columns}{f'x{frames}' if frames > 1 else ''} {bits}-bit pixels as the PACS "
+        f"lists them", (max(cost, 1),), 1, 1,
+    )  # fmt: skip
 
 
 def _retrieve_all(
-    pacs: Pacs, study_uid: str, series_uid: str, sizes: dict[str, int], folder: Path
-) -> list[Path]:
-    """Each instance of ``sizes`` (UID -> declared pixel bytes) into ``folder``, in
-    order, each download held to its declared size."""
-    written = []
-    for number, (uid, size) in enumerate(sizes.items()):
-        dataset = _retrieve(pacs, study_uid, series_uid, uid, size)
+    pacs: Pacs, study_uid: str, series_uid: str, sizes: dict[str, int], folder: Path,
+    owner: ActionBudget, progress: Progress | None = None,
+) -> list[Path]:  # fmt: skip
+    """Each instance of ``sizes`` (UID -> declared pixel bytes) into ``folder``,
+    :data:`IN_FLIGHT` at a time in the order given, each download held to its declared
+    size, all within the action ``owner``; ``progress`` hears each one saved. The first
+    failure stops the rest (the downloads in flight end, none more starts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stop = threading.Event()
+
+    def one(number: int, uid: str) -> Path:
+        if stop.is_set():
+            raise PacsError(f"the download of series {series_uid} was stopped")
+        with joined(owner):
+            dataset = _retrieve(pacs, study_uid, series_uid, uid, sizes[uid])
         if str(getattr(dataset, "SOPInstanceUID", "")) != uid:
             raise PacsError(f"the PACS sent another instance than {uid}, which it listed")
         path = folder / f"{number:05d}.dcm"
@@ -574,19 +619,36 @@ def _retrieve_all(
             dataset.save_as(path, enforce_file_format=True)
         except (ValueError, TypeError, AttributeError, KeyError):
             raise PacsError(f"the PACS sent instance {uid} in a form that cannot be kept") from None
-        written.append(path)
+        return path
+
+    written: list[Path] = []
+    with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="krypton-pacs-fetch") as pool:
+        futures = [pool.submit(one, number, uid) for number, uid in enumerate(sizes)]
+        try:
+            for future in futures:
+                written.append(future.result())
+                if progress is not None:
+                    progress(len(written), len(futures))
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
     return written
 
 
 def fetch_series(
-    pacs: Pacs, study_uid: str, series_uid: str, folder: Path, max_bytes: int | None = None
-) -> list[Path]:
+    pacs: Pacs, study_uid: str, series_uid: str, folder: Path, max_bytes: int | None = None,
+    progress: Progress | None = None,
+) -> list[Path]:  # fmt: skip
     """Fetch one series' instances into ``folder``, within the limits in the module
     docstring and, where given, ``max_bytes`` of declared pixels (the app's volume
-    limit); the files written."""
+    limit); the files written, in instance-number order. ``progress(n, N)`` hears each
+    instance saved."""
     with action(pacs, f"the download of series {series_uid}"):
         declared = _listing(pacs, study_uid, series_uid)
-        return _fetch(pacs, study_uid, series_uid, declared, folder, max_bytes)
+        return _fetch(pacs, study_uid, series_uid, declared, folder, max_bytes,
+                      progress=progress)  # fmt: skip
 
 
 def fetch_instance(
@@ -628,8 +690,9 @@ def _fetch_one(
 
 
 def fetch_series_zip(
-    pacs: Pacs, study_uid: str, series_uid: str, max_bytes: int | None = None
-) -> bytes:
+    pacs: Pacs, study_uid: str, series_uid: str, max_bytes: int | None = None,
+    progress: Progress | None = None,
+) -> bytes:  # fmt: skip
     """One series' instances (:func:`fetch_series`, within its limits) as the bytes of a
     zip, as a user uploads a series: what the app keeps and reads."""
     import io
@@ -637,21 +700,23 @@ def fetch_series_zip(
 
     buffer = io.BytesIO()
     with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
-        files = fetch_series(pacs, study_uid, series_uid, Path(folder), max_bytes)
+        files = fetch_series(pacs, study_uid, series_uid, Path(folder), max_bytes, progress)
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
             for path in files:
                 archive.write(path, path.name)
     return buffer.getvalue()
 
 
-def load_series(pacs: Pacs, study_uid: str, series_uid: str) -> tuple[Volume, list]:
-    """One series as a volume (:func:`fetch_series`, then the series reader), and its
-    datasets without pixel data (what a result stored back references)."""
+def load_series(
+    pacs: Pacs, study_uid: str, series_uid: str, target: ModelTarget,
+    progress: Progress | None = None,
+) -> tuple[ModelVolume, VolumeGeometry]:  # fmt: skip
+    """One series as the model of ``target`` takes it (:func:`fetch_series`, then read
+    slice by slice), and what it was: its geometry with its slices' headers, without
+    pixel data (what a result stored back references)."""
     with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
-        files = fetch_series(pacs, study_uid, series_uid, Path(folder))
-        volume = read_dicom_series(folder)
-        headers = fetched_headers(files)
-    return volume, headers
+        fetch_series(pacs, study_uid, series_uid, Path(folder), progress=progress)
+        return read_for_model(folder, target)
 
 
 def fetched_headers(files: list[Path]) -> list:

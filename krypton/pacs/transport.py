@@ -50,6 +50,7 @@ __all__ = [
     "RequestBudget",
     "BoundedAdapter",
     "action",
+    "joined",
     "bounded",
 ]
 
@@ -110,6 +111,8 @@ class ActionBudget:
     seconds: float
     max_bytes: int
     received: int = 0
+    # its requests may run on several threads at once (a series' concurrent downloads)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def extend(self, seconds: float, max_bytes: int) -> None:
         """More time and bytes for what the action now knows it must fetch (a series'
@@ -119,8 +122,10 @@ class ActionBudget:
         self.max_bytes += max_bytes
 
     def take(self, count: int) -> None:
-        self.received += count
-        if self.received > self.max_bytes:
+        with self._lock:
+            self.received += count
+            received = self.received
+        if received > self.max_bytes:
             raise PacsError(
                 f"the PACS sent more than {_megabytes(self.max_bytes)} MB for {self.what} "
                 "(KRYPTON_DICOMWEB_ACTION_MB)"
@@ -272,6 +277,18 @@ def action(budgets: PacsBudgets, what: str) -> Iterator[ActionBudget]:
         yield budget
     finally:
         _CURRENT.action = None
+
+
+@contextmanager
+def joined(owner: ActionBudget) -> Iterator[ActionBudget]:
+    """This thread's requests inside the action ``owner`` that another thread started
+    (one of a series' concurrent downloads): its deadline and bytes, shared."""
+    outer = _current_action()
+    _CURRENT.action = owner
+    try:
+        yield owner
+    finally:
+        _CURRENT.action = outer
 
 
 @contextmanager
