@@ -7,11 +7,13 @@ value at the nearest cell, :func:`krypton.render.volumes.voxel_values`; 0 beyond
 cells' reach), stated by a real-world value mapping.
 
 The map lies on the **source's own grid** where the source is a stack of single-frame
-slices (every CT and MR series): one frame per source slice, with its rows, columns and
-pixel spacing and a per-frame derivation reference to that slice, each pixel the drop of
-the model voxel (so of the cell) it falls in, nearest, never interpolated, 0 where the
-explained block does not reach. Viewers overlay a map only on that grid (OHIF matches
-each frame to a source slice). A source of another form (one multi-frame object) keeps
+slices (every CT and MR series): one frame per source slice the map reaches, with its
+rows, columns and pixel spacing and a per-frame derivation reference to that slice, each
+pixel the drop of the model voxel (so of the cell) it falls in, never interpolated, 0
+where the explained block does not reach (slices it never reaches have no frame: OHIF
+fills each frame into its source slice and leaves the others at 0, so a 300-slice CT's
+map holds the 190 slices a 240 mm block covers, not 300). Viewers overlay a map only on
+that grid. A source of another form (one multi-frame object) keeps
 the model's resampled grid, placed by the same frame of reference. Either way the frames
 are stored in ascending order along the slice normal, the order OHIF fills a volume in
 (highdicom writes them in the opposite order, which OHIF drew mirrored head to foot).
@@ -80,9 +82,10 @@ def parametric_map(
     drops = drop_values(heatmap, shape)
     slices = source_slices(sources)
     if slices is not None:
-        pixels = drops_on_slices(drops, np.asarray(voxel_affine), slices)
-        created = _map(heatmap, pixels, drops, slices, model_name, class_name,
-                       series_number, content_label)  # fmt: skip
+        kept, pixels = _frames_reached(drops, np.asarray(voxel_affine), slices)
+        created = _map(heatmap, pixels, drops, [slices[i] for i in kept], model_name,
+                       class_name, series_number, content_label)  # fmt: skip
+        del pixels  # highdicom holds its own copy: a 512 x 512 x 300 map is not held twice
     else:
         volume = hd.Volume(drops, RAS_TO_LPS @ np.asarray(voxel_affine), "PATIENT", frame)
         created = _map(heatmap, volume, drops, list(sources), model_name, class_name,
@@ -126,6 +129,24 @@ def source_slices(sources: Sequence) -> list | None:
     return [sources[i] for i in order]
 
 
+def _frames_reached(
+    drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence
+) -> tuple[list[int], np.ndarray]:
+    """The slices the map reaches (any non-zero drop; the middle one where none does)
+    and their frames (:func:`drops_on_slices`), computed a slice at a time and only those
+    kept: a 512 x 512 x 300 CT whose block covers 190 slices holds 190 frames."""
+    kept, frames = [], []
+    for number, frame in enumerate(_slice_drops(drops, voxel_affine, slices)):
+        if frame.any():
+            kept.append(number)
+            frames.append(frame)
+    if not kept:
+        middle = len(slices) // 2
+        kept, frames = [middle], [np.zeros_like(next(_slice_drops(drops, voxel_affine,
+                                                                  slices[middle:])))]  # fmt: skip
+    return kept, np.stack(frames)
+
+
 def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence) -> np.ndarray:
     """``drops`` (the model's block, (D, H, W), placed by ``voxel_affine``, RAS+) on each
     of ``slices``' pixels: (slices, rows, columns), each pixel the value of the model
@@ -134,6 +155,11 @@ def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequenc
     to the higher index): the convention of :mod:`krypton.io.model_grid`, the one that
     made the block. A slice at a time, so a 512 x 512 series costs one slice's indices
     at once."""
+    return np.stack(list(_slice_drops(drops, voxel_affine, slices)))
+
+
+def _slice_drops(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence):
+    """:func:`drops_on_slices`, a slice at a time."""
     to_voxel = np.linalg.inv(voxel_affine) @ RAS_TO_LPS  # LPS mm -> model voxel index
     linear, offset = to_voxel[:3, :3], to_voxel[:3, 3]
     rows, columns = int(slices[0].Rows), int(slices[0].Columns)
@@ -142,17 +168,15 @@ def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequenc
     along_column = linear @ (cosines[:3] * column_spacing)  # one column to the right
     along_row = linear @ (cosines[3:] * row_spacing)  # one row down
     shape = np.asarray(drops.shape)
-    out = np.zeros((len(slices), rows, columns), dtype=np.float32)
     j, k = np.arange(rows)[:, None, None], np.arange(columns)[None, :, None]
-    for number, source in enumerate(slices):
+    for source in slices:
         base = linear @ np.asarray(source.ImagePositionPatient, dtype=np.float64) + offset
         where = base + j * along_row + k * along_column
         index = np.floor(np.round(where, 9) + 0.5).astype(np.int64)  # half-open, not rint
         inside = np.all((index >= 0) & (index < shape), axis=-1)
         clipped = np.clip(index, 0, shape - 1)
         picked = drops[clipped[..., 0], clipped[..., 1], clipped[..., 2]]
-        out[number] = np.where(inside, picked, 0.0)
-    return out
+        yield np.where(inside, picked, 0.0).astype(np.float32)
 
 
 def frames_ascending(created) -> None:
@@ -173,12 +197,15 @@ def frames_ascending(created) -> None:
     order = np.argsort(distance, kind="stable")
     if np.array_equal(order, np.arange(len(order))):
         return
-    frames = np.asarray(created.pixel_array)
-    frames = frames.reshape(len(groups), *frames.shape[-2:])[order]
-    created.PerFrameFunctionalGroupsSequence = [groups[i] for i in order]
     element = "FloatPixelData" if "FloatPixelData" in created else "DoubleFloatPixelData"
-    dtype = np.float32 if element == "FloatPixelData" else np.float64
-    setattr(created, element, np.ascontiguousarray(frames, dtype=dtype).tobytes())
+    stored = memoryview(created[element].value)  # the frames' bytes, reordered in one copy
+    size = len(stored) // len(groups)
+    reordered = bytearray(len(stored))
+    for place, frame in enumerate(order):
+        reordered[place * size : (place + 1) * size] = stored[frame * size : (frame + 1) * size]
+    created.PerFrameFunctionalGroupsSequence = [groups[i] for i in order]
+    del stored
+    setattr(created, element, bytes(reordered))
 
 
 def image_parametric_map(
