@@ -278,6 +278,52 @@ def test_ohif_draws_the_map_on_the_slices_of_kryptons_strongest_cell(
     assert _coloured_on(browser, fused, middle) > 1000  # and it is drawn there
 
 
+def test_ohif_draws_a_coronal_series_map_on_the_slices_of_kryptons_strongest_cell(
+    browser,
+    viewer,
+    orthanc,  # noqa: F811
+    model,
+):
+    """A coronal series (slices stacked front to back) reaches the model turned to its
+    axial axes; its map, written back onto the coronal slices, lies in OHIF on the
+    coronal slices that hold Krypton's strongest cell."""
+    from stored_ways import stored
+
+    phantom = zoom(ChestCTGenerator(seed=40).sample(label=1, nodules=1).volume, 2.0, order=1)
+    datasets = stored(phantom.astype(np.float32), 2.5, "coronal")
+    study, series = str(datasets[0].StudyInstanceUID), str(datasets[0].SeriesInstanceUID)
+    pacs = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD))
+    dicomweb.store(pacs, datasets, study)
+    prepared, geometry = dicomweb.load_series(pacs, study, series, model.volume_target())
+    assert prepared.orientation == "PIL to the model's SPL"
+    heatmap = krypton.explain(
+        model, prepared.tensor, patch=16, stride=8, mode="exact", fill=model.gray_fill()
+    )
+    settings = {"mode": "exact", "patch": 16, "stride": 8, "label": heatmap.label}
+    headers = list(geometry.headers)
+    send_volume_result(pacs, study, model, prepared, heatmap, headers,
+                       result_key(series, model, settings))  # fmt: skip
+    normal = np.array([0.0, 1.0, 0.0])  # the coronal slices' normal: toward the back (LPS)
+    centre = RAS_TO_LPS @ prepared.affine @ np.array([*lowest_voxel(heatmap), 1.0])
+    drops = drops_on_slices(drop_values(heatmap, tuple(model.input_size)), prepared.affine,
+                            headers)  # fmt: skip
+    top = drops.max() - 1e-6
+    holding = [float(np.asarray(h.ImagePositionPatient, float) @ normal)
+               for h, frame in zip(headers, drops, strict=True) if frame.max() >= top]  # fmt: skip
+    fused = _fused_map(browser, viewer, study)
+    assert fused["dimensions"] == [96, 96, 96]
+    direction = np.asarray(fused["direction"]).reshape(3, 3)
+    assert abs(abs(float(direction[2] @ normal)) - 1.0) < 1e-6  # OHIF stacks along it
+    along = [float(np.asarray(fused["origin"]) @ normal) + k * 2.5 * float(direction[2] @ normal)
+             for k in fused["slices"]]  # fmt: skip
+    print(f"OHIF coronal: the map's maximum {min(along):.1f}-{max(along):.1f} mm back; "
+          f"Krypton's cell centred {float(centre[:3] @ normal):.1f} mm, its drop on "
+          f"{min(holding):.1f}-{max(holding):.1f} mm")  # fmt: skip
+    assert abs(min(along) - min(holding)) <= 2.5 + 1e-6
+    assert abs(max(along) - max(holding)) <= 2.5 + 1e-6
+    assert min(along) - 2.5 <= float(centre[:3] @ normal) <= max(along) + 2.5
+
+
 def _one_frame_maps(orthanc_root: str, tmp_path, monkeypatch, capsys) -> tuple[str, str, float]:
     """One CT slice in two studies: in the first, Krypton's image map of it (the CLI's
     Send, fundus-demo: the 2-D model the page offers for a slice); in the second, a

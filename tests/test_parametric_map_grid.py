@@ -17,12 +17,7 @@ from test_pacs import dciodvfy_errors
 import krypton
 from demo.pacs import ct_series
 from krypton.io.volumes import Volume, _series_affine
-from krypton.render.parametric_map import (
-    RAS_TO_LPS,
-    drop_values,
-    drops_on_slices,
-    parametric_map,
-)
+from krypton.render.parametric_map import RAS_TO_LPS, drop_values, parametric_map
 from krypton.render.volumes import lowest_voxel
 from krypton.synthetic.chestct import ChestCTGenerator
 
@@ -78,17 +73,7 @@ def test_the_map_lies_on_the_source_grid_in_ascending_order(model, geometry, tmp
         heatmap, tuple(model.input_size), prepared.affine, shuffled, model_name=model.name,
         class_name="NODULE", content_label="KRYPTON_TEST", comments="",
     )  # fmt: skip
-    reached = [
-        i
-        for i, frame in enumerate(
-            drops_on_slices(
-                drop_values(heatmap, tuple(model.input_size)), prepared.affine, datasets
-            )
-        )
-        if frame.any()
-    ]
-    assert int(created.NumberOfFrames) == len(reached) >= 1  # a frame per slice it reaches
-    assert reached == list(range(reached[0], reached[-1] + 1))
+    assert int(created.NumberOfFrames) == shape[0]  # OHIF reads no map of fewer frames
     assert (created.Rows, created.Columns) == shape[1:]
     groups = created.PerFrameFunctionalGroupsSequence
     shared = created.SharedFunctionalGroupsSequence[0]

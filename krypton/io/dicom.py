@@ -185,9 +185,11 @@ def read_header(data: bytes, name: str):
 
     data = _inflated(data, name)
     try:
-        return pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+        header = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
     except Exception as exc:  # pydicom raises many kinds on malformed files
         raise ImageLoadError(f"{name} is not a readable DICOM file ({plain_reason(exc)})") from exc
+    header.buffer = None  # pydicom keeps the stream it read (the whole file) otherwise
+    return header
 
 
 def inflated_limit() -> int:

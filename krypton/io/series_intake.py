@@ -177,16 +177,14 @@ def _plain(data: bytes, name: str) -> bytes:
 
 
 def _header(data: bytes, name: str):  # type: ignore[no-untyped-def]
-    """The file's header without its pixels; None for a file that is not DICOM."""
-    import pydicom
-    from pydicom.errors import InvalidDicomError
+    """The file's header without its pixels (nor a copy of the file); None for a file
+    that is not DICOM."""
+    from .dicom import read_header
 
     try:
-        header = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
-    except (InvalidDicomError, EOFError, OSError, ValueError, TypeError, KeyError):
+        return read_header(data, name)
+    except ImageLoadError:
         return None
-    header.buffer = None  # pydicom keeps the stream it read (the whole file) otherwise
-    return header
 
 
 def _stream_series(

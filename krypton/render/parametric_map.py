@@ -7,13 +7,12 @@ value at the nearest cell, :func:`krypton.render.volumes.voxel_values`; 0 beyond
 cells' reach), stated by a real-world value mapping.
 
 The map lies on the **source's own grid** where the source is a stack of single-frame
-slices (every CT and MR series): one frame per source slice the map reaches, with its
-rows, columns and pixel spacing and a per-frame derivation reference to that slice, each
-pixel the drop of the model voxel (so of the cell) it falls in, never interpolated, 0
-where the explained block does not reach (slices it never reaches have no frame: OHIF
-fills each frame into its source slice and leaves the others at 0, so a 300-slice CT's
-map holds the 190 slices a 240 mm block covers, not 300). Viewers overlay a map only on
-that grid. A source of another form (one multi-frame object) keeps
+slices (every CT and MR series): one frame per source slice, with its rows, columns and
+pixel spacing and a per-frame derivation reference to that slice, each pixel the drop of
+the model voxel (so of the cell) it falls in, never interpolated, 0 where the explained
+block does not reach. Viewers overlay a map only on that grid, and OHIF 3.13 only on a
+map with a frame for every slice (one of fewer frames fails in its loader: "Invalid
+typed array length"). A source of another form (one multi-frame object) keeps
 the model's resampled grid, placed by the same frame of reference. Either way the frames
 are stored in ascending order along the slice normal, the order OHIF fills a volume in
 (highdicom writes them in the opposite order, which OHIF drew mirrored head to foot).
@@ -82,15 +81,18 @@ def parametric_map(
     drops = drop_values(heatmap, shape)
     slices = source_slices(sources)
     if slices is not None:
-        kept, pixels = _frames_reached(drops, np.asarray(voxel_affine), slices)
-        created = _map(heatmap, pixels, drops, [slices[i] for i in kept], model_name,
-                       class_name, series_number, content_label)  # fmt: skip
-        del pixels  # highdicom holds its own copy: a 512 x 512 x 300 map is not held twice
+        # highdicom lays out the frames' groups and references; the values are written
+        # after, once: its encoder holds a map three times over (1.2 GB for 512 x 512 x 300)
+        shape = (len(slices), int(slices[0].Rows), int(slices[0].Columns))
+        placeholder = np.broadcast_to(np.float32(0.0), shape)  # no memory behind it
+        created = _map(heatmap, placeholder, drops, slices, model_name, class_name,
+                       series_number, content_label)  # fmt: skip
+        _write_frames(created, drops, np.asarray(voxel_affine), slices)
     else:
         volume = hd.Volume(drops, RAS_TO_LPS @ np.asarray(voxel_affine), "PATIENT", frame)
         created = _map(heatmap, volume, drops, list(sources), model_name, class_name,
                        series_number, content_label)  # fmt: skip
-    frames_ascending(created)
+        frames_ascending(created)
     if comments:
         created.ImageComments = comments[:10240]
     return created
@@ -129,22 +131,20 @@ def source_slices(sources: Sequence) -> list | None:
     return [sources[i] for i in order]
 
 
-def _frames_reached(
-    drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence
-) -> tuple[list[int], np.ndarray]:
-    """The slices the map reaches (any non-zero drop; the middle one where none does)
-    and their frames (:func:`drops_on_slices`), computed a slice at a time and only those
-    kept: a 512 x 512 x 300 CT whose block covers 190 slices holds 190 frames."""
-    kept, frames = [], []
-    for number, frame in enumerate(_slice_drops(drops, voxel_affine, slices)):
-        if frame.any():
-            kept.append(number)
-            frames.append(frame)
-    if not kept:
-        middle = len(slices) // 2
-        kept, frames = [middle], [np.zeros_like(next(_slice_drops(drops, voxel_affine,
-                                                                  slices[middle:])))]  # fmt: skip
-    return kept, np.stack(frames)
+def _write_frames(created, drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence) -> None:
+    """The map's frames in the order of ``slices`` (ascending along the normal), each
+    frame's groups moved to its place by the slice it references, and their values
+    (:func:`drops_on_slices`) written once as the map's Float Pixel Data."""
+    del created.FloatPixelData  # the placeholder's zeros: not held beside the values
+    place = {str(source.SOPInstanceUID): number for number, source in enumerate(slices)}
+    groups = list(created.PerFrameFunctionalGroupsSequence)
+    referenced = [
+        place[str(g.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID)]
+        for g in groups
+    ]
+    created.PerFrameFunctionalGroupsSequence = [groups[i] for i in np.argsort(referenced)]
+    frames = drops_on_slices(drops, voxel_affine, slices)
+    created.FloatPixelData = frames.tobytes()
 
 
 def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence) -> np.ndarray:
@@ -155,7 +155,10 @@ def drops_on_slices(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequenc
     to the higher index): the convention of :mod:`krypton.io.model_grid`, the one that
     made the block. A slice at a time, so a 512 x 512 series costs one slice's indices
     at once."""
-    return np.stack(list(_slice_drops(drops, voxel_affine, slices)))
+    out = np.empty((len(slices), int(slices[0].Rows), int(slices[0].Columns)), np.float32)
+    for number, frame in enumerate(_slice_drops(drops, voxel_affine, slices)):
+        out[number] = frame
+    return out
 
 
 def _slice_drops(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence):
@@ -169,10 +172,17 @@ def _slice_drops(drops: np.ndarray, voxel_affine: np.ndarray, slices: Sequence):
     along_row = linear @ (cosines[3:] * row_spacing)  # one row down
     shape = np.asarray(drops.shape)
     j, k = np.arange(rows)[:, None, None], np.arange(columns)[None, :, None]
+    corners = np.array([[0, 0], [rows - 1, 0], [0, columns - 1], [rows - 1, columns - 1]])
+    span = corners[:, :1] * along_row + corners[:, 1:] * along_column  # 4 x 3
     for source in slices:
         base = linear @ np.asarray(source.ImagePositionPatient, dtype=np.float64) + offset
+        reach = base + span  # the slice's corners in model voxels
+        if np.any((reach.max(axis=0) < -0.5) | (reach.min(axis=0) >= shape - 0.5)):
+            yield np.zeros((rows, columns), np.float32)  # wholly beyond the block
+            continue
         where = base + j * along_row + k * along_column
-        index = np.floor(np.round(where, 9) + 0.5).astype(np.int64)  # half-open, not rint
+        # half-open [n - 0.5, n + 0.5), not rint's ties to even (1e-9: float error)
+        index = np.floor(where + (0.5 + 1e-9)).astype(np.int64)
         inside = np.all((index >= 0) & (index < shape), axis=-1)
         clipped = np.clip(index, 0, shape - 1)
         picked = drops[clipped[..., 0], clipped[..., 1], clipped[..., 2]]
