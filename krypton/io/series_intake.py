@@ -44,6 +44,7 @@ from .volumes import (
     model_volume,
     prepare_for_model,
     read_volume,
+    reader_errors,
 )
 
 __all__ = [
@@ -117,14 +118,8 @@ def read_for_model(
     if not _is_series(path):
         volume = read_volume(path)
         return prepare_for_model(volume, *_settings(target)), _geometry_of(volume)
-    try:
+    with reader_errors(path):
         return _stream_series(path, target, progress)
-    except ImageLoadError:
-        raise
-    except Exception as exc:  # a reader library's own error on a malformed file
-        raise ImageLoadError(
-            f"{path.name} could not be read as a volume ({plain_reason(exc)})"
-        ) from exc
 
 
 def _settings(target: ModelTarget) -> tuple:
@@ -206,17 +201,10 @@ def read_source(source: str | Path) -> tuple[VolumeGeometry, Volume | None]:
     if not _is_series(path):
         volume = read_volume(path)
         return _geometry_of(volume), volume
-    try:
-        with ExitStack() as stack:
-            entries = _entries(path, stack)
-            with DECODE_BUDGET.reserve(_header_cost(path, entries)):
-                return _series_headers(path, entries).geometry, None
-    except ImageLoadError:
-        raise
-    except Exception as exc:  # a reader library's own error on a malformed file
-        raise ImageLoadError(
-            f"{path.name} could not be read as a volume ({plain_reason(exc)})"
-        ) from exc
+    with reader_errors(path), ExitStack() as stack:
+        entries = _entries(path, stack)
+        with DECODE_BUDGET.reserve(_header_cost(path, entries)):
+            return _series_headers(path, entries).geometry, None
 
 
 @dataclass(frozen=True)

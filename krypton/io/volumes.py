@@ -26,6 +26,7 @@ import math
 import zipfile
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -538,11 +539,19 @@ def read_volume(source: str | Path) -> Volume:
         reader = read_multiframe_dicom
     else:
         reader = read_dicom_series
-    try:
+    with reader_errors(path):
         return reader(path)
+
+
+@contextmanager
+def reader_errors(path: Path) -> Iterator[None]:
+    """A reader library's own error on a malformed file, as an :class:`ImageLoadError`
+    naming the file (Krypton's own refusals pass unchanged)."""
+    try:
+        yield
     except ImageLoadError:
         raise
-    except Exception as exc:  # a reader library's own error on a malformed file
+    except Exception as exc:  # pydicom, nibabel and highdicom raise many kinds
         raise ImageLoadError(
             f"{path.name} could not be read as a volume ({plain_reason(exc)})"
         ) from exc
