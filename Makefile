@@ -99,6 +99,7 @@ bench: $(STAMP)
 	$(PY) -m bench.reuse
 	$(PY) -m bench.volumes
 	$(PY) -m bench.volume_demo
+	$(PY) -m bench.clinical_ct
 	$(PY) -m bench.approximate
 	$(PY) -m bench.gated
 	$(PY) -W ignore -m bench.dropin

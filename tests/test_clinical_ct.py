@@ -203,3 +203,17 @@ def test_a_series_larger_than_the_budget_as_floats_is_read_within_it(model, tmp_
     tracemalloc.stop()
     assert geometry.shape == (60, 512, 512) and prepared.tensor.shape == (1, 48, 48, 48)
     assert peak < 24 * 2**20, peak
+
+
+def test_batch_and_the_workers_read_every_way_as_the_axial_series(model, explained):
+    """krypton batch and the Celery workers explain a series through explain_item."""
+    from krypton.batch.folder import explain_item
+
+    options = {"patch": 16, "stride": 16, "mode": "exact", "fill": model.gray_fill()}
+    axial = explained["axial"][4]
+    for way in ("feet-first", "sagittal"):
+        row, files = explain_item(explained[way][1], None, model, options, image=way)
+        assert not row.error, row.error
+        heatmap = row.extra["heatmap"]
+        assert heatmap.label == axial.label and abs(heatmap.prob - axial.prob) <= 0.01, way
+        assert np.allclose(heatmap.values, axial.values, atol=1e-4), way
