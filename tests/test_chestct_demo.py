@@ -129,7 +129,10 @@ needs_demo = pytest.mark.skipif(
 
 
 def _nifti(path, volume):
-    affine = np.diag([5.0, 5.0, 5.0, 1.0])  # the model's own spacing: no resampling
+    # the model's own spacing (no resampling) and the generator's own axes, as the gallery
+    # sample declares them: (z, y, x) toward the head, the back and the patient's left
+    # (an identity affine would say right and front: the model turns such a file over)
+    affine = np.diag([-5.0, -5.0, 5.0, 1.0])
     nibabel.save(nibabel.Nifti1Image(np.transpose(volume, (2, 1, 0)), affine), str(path))
 
 
