@@ -204,7 +204,23 @@ def read_source(source: str | Path) -> tuple[VolumeGeometry, Volume | None]:
     with reader_errors(path), ExitStack() as stack:
         entries = _entries(path, stack)
         with DECODE_BUDGET.reserve(_header_cost(path, entries)):
-            return _series_headers(path, entries).geometry, None
+            found = _series_headers(path, entries)
+            _check_codestreams(found)
+            return found.geometry, None
+
+
+def _check_codestreams(found: _Headers) -> None:
+    """Each compressed slice's codestream against its header, nothing decoded: a series
+    whose 64 x 64 slices hide 16384 x 16384 codestreams is refused when it is opened, not
+    when a model first reads it."""
+    import pydicom
+
+    from .dicom import _frame_cost
+
+    for name, header in found.slices:
+        syntax = getattr(getattr(header, "file_meta", None), "TransferSyntaxUID", None)
+        if syntax is not None and syntax.is_encapsulated:
+            _frame_cost(pydicom.dcmread(io.BytesIO(_plain(found.readers[name](), name))), name, 0)
 
 
 @dataclass(frozen=True)
