@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import zipfile
-import zlib
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from ._decoding import (
 )
 from .model_grid import BlockBuilder, plan_grid
 from .volumes import (
-    MAX_SLICES,
     NIFTI_SUFFIXES,
     ModelVolume,
     Volume,
@@ -45,6 +43,7 @@ from .volumes import (
     prepare_for_model,
     read_volume,
     reader_errors,
+    series_files,
 )
 
 __all__ = [
@@ -127,37 +126,6 @@ def _settings(target: ModelTarget) -> tuple:
             target.orientation)  # fmt: skip
 
 
-def _entries(source: Path, stack: ExitStack) -> list[tuple[str, Callable[[], bytes], int]]:
-    """(name, read its bytes, its size) of every file in a folder (recursively) or a zip
-    (its size as the zip declares it inflated: zipfile inflates no more than that, then
-    checks its CRC); a zip stays open in ``stack``."""
-    if source.is_dir():
-        files = sorted(p for p in source.rglob("*") if p.is_file())
-        if len(files) > MAX_SLICES:
-            raise ImageLoadError(f"{source} holds {len(files)} files, over {MAX_SLICES}")
-        return [(str(p.relative_to(source)), p.read_bytes, p.stat().st_size) for p in files]
-    try:
-        archive = stack.enter_context(zipfile.ZipFile(source))
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ImageLoadError(f"{source} is neither a folder nor a zip archive") from exc
-    members = [e for e in archive.infolist() if not e.is_dir()]
-    if len(members) > MAX_SLICES:
-        raise ImageLoadError(f"{source} holds {len(members)} files, over {MAX_SLICES}")
-
-    def reader(entry: zipfile.ZipInfo) -> Callable[[], bytes]:
-        def read() -> bytes:
-            try:
-                return archive.read(entry)
-            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
-                raise ImageLoadError(
-                    f"{source}: {entry.filename} is damaged ({plain_reason(exc)})"
-                ) from exc
-
-        return read
-
-    return [(entry.filename, reader(entry), entry.file_size) for entry in members]
-
-
 def _file_limit() -> int:
     """The largest file a series may hold: one file and its inflation within a quarter
     of the decode budget each."""
@@ -186,7 +154,7 @@ def _stream_series(
     source: Path, target: ModelTarget, progress: Progress | None
 ) -> tuple[ModelVolume, VolumeGeometry]:
     with ExitStack() as stack:
-        entries = _entries(source, stack)
+        entries = series_files(source, stack)
         with DECODE_BUDGET.reserve(_header_cost(source, entries)) as held:
             found = _series_headers(source, entries)
             return _read_slices(found, target, progress, held)
@@ -202,7 +170,7 @@ def read_source(source: str | Path) -> tuple[VolumeGeometry, Volume | None]:
         volume = read_volume(path)
         return _geometry_of(volume), volume
     with reader_errors(path), ExitStack() as stack:
-        entries = _entries(path, stack)
+        entries = series_files(path, stack)
         with DECODE_BUDGET.reserve(_header_cost(path, entries)):
             found = _series_headers(path, entries)
             _check_codestreams(found)

@@ -25,8 +25,8 @@ import io
 import math
 import zipfile
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,35 +134,47 @@ def check_files_size(source: str | Path, count: int, total: int) -> None:
     )
 
 
-def _members(source: Path) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of every file in a folder (recursively) or a zip archive."""
+def series_files(source: Path, stack: ExitStack) -> list[tuple[str, Callable[[], bytes], int]]:
+    """(name, read its bytes, its size) of every file in a folder (recursively) or a zip
+    archive, at most :data:`MAX_SLICES` (a zip's sizes as it declares them inflated:
+    zipfile inflates no more than an entry declares, then checks its CRC, so they bound
+    what reading costs even in an archive that lies); a zip stays open in ``stack``. The
+    whole read and the streamed one (:mod:`krypton.io.series_intake`) both list so."""
     if source.is_dir():
         files = sorted(p for p in source.rglob("*") if p.is_file())
         if len(files) > MAX_SLICES:
             raise ImageLoadError(f"{source} holds {len(files)} files, over {MAX_SLICES}")
-        check_files_size(source, len(files), sum(p.stat().st_size for p in files))
-        for path in files:
-            yield str(path.relative_to(source)), path.read_bytes()
-        return
+        return [(str(p.relative_to(source)), p.read_bytes, p.stat().st_size) for p in files]
     try:
-        archive = zipfile.ZipFile(source)
+        archive = stack.enter_context(zipfile.ZipFile(source))
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise ImageLoadError(f"{source} is neither a folder nor a zip archive") from exc
-    with archive:
-        entries = [e for e in archive.infolist() if not e.is_dir()]
-        if len(entries) > MAX_SLICES:
-            raise ImageLoadError(f"{source} holds {len(entries)} files, over {MAX_SLICES}")
-        # zipfile inflates no more than an entry declares (then checks its CRC), so the
-        # declared sizes bound what reading costs, even in an archive that lies
-        check_files_size(source, len(entries), sum(e.file_size for e in entries))
-        for entry in entries:
+    members = [e for e in archive.infolist() if not e.is_dir()]
+    if len(members) > MAX_SLICES:
+        raise ImageLoadError(f"{source} holds {len(members)} files, over {MAX_SLICES}")
+
+    def reader(entry: zipfile.ZipInfo) -> Callable[[], bytes]:
+        def read() -> bytes:
             try:
-                data = archive.read(entry)
+                return archive.read(entry)
             except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
                 raise ImageLoadError(
                     f"{source}: {entry.filename} is damaged ({plain_reason(exc)})"
                 ) from exc
-            yield entry.filename, data
+
+        return read
+
+    return [(entry.filename, reader(entry), entry.file_size) for entry in members]
+
+
+def _members(source: Path) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of every file in a folder (recursively) or a zip archive, once their
+    sizes together pass the decode budget (a whole read holds them all)."""
+    with ExitStack() as stack:
+        files = series_files(source, stack)
+        check_files_size(source, len(files), sum(size for *_, size in files))
+        for name, read, _ in files:
+            yield name, read()
 
 
 def _headers(source: Path) -> list[tuple[str, object, int]]:
