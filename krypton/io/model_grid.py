@@ -106,7 +106,6 @@ class ModelGrid:
     the source had no frame); ``source_codes`` and ``model_codes`` the orientations
     (None: the model's is not recorded, and volumes reach it as stored)."""
 
-    source_shape: tuple[int, int, int]
     size: tuple[int, int, int]
     axes: tuple[_Axis, _Axis, _Axis]
     affine: np.ndarray | None
@@ -123,11 +122,6 @@ class ModelGrid:
     @property
     def resampled_shape(self) -> tuple[int, int, int]:
         return tuple(axis.resampled for axis in self.axes)  # type: ignore[return-value]
-
-    @property
-    def reoriented(self) -> bool:
-        """Whether the source's axes were permuted or flipped to reach the model's."""
-        return any(a.flipped or a.source_axis != m for m, a in enumerate(self.axes))
 
     def slices_needed(self) -> np.ndarray:
         """The source slices (first source axis) that any model voxel reads."""
@@ -208,7 +202,6 @@ def plan_grid(
             to_source[axis.source_axis, 3] = (axis.corner + 0.5) * axis.scale - 0.5
     placed = None if affine is None else np.asarray(affine, float) @ to_source
     return ModelGrid(
-        tuple(int(s) for s in source_shape),  # type: ignore[arg-type]
         tuple(int(s) for s in size),  # type: ignore[arg-type]
         tuple(axes),  # type: ignore[arg-type]
         placed,
@@ -234,14 +227,12 @@ class BlockBuilder:
             (sizes[self._slice_axis], sizes[self._row_axis], sizes[self._column_axis]),
             np.float32,
         )
-        self.added = 0
 
     def add(self, index: int, pixels: np.ndarray) -> None:
         """Source slice ``index`` (rows x columns, modality values) into the block."""
         axes = self.grid.axes
         column = axes[self._slice_axis].weights[:, index]
         rows = np.flatnonzero(column)
-        self.added += 1
         if rows.size == 0:
             return
         plane = np.asarray(pixels, np.float32)
