@@ -257,7 +257,7 @@ def test_a_dicom_series_exports_a_capture_series_in_its_study(tmp_path, services
 )
 def test_bad_volume_files_are_refused_by_name(data, name, message):
     with pytest.raises(InputError, match=message):
-        volumes.read_uploaded_volume(data, name)
+        volumes.read_uploaded_source(data, name)  # what the page reads an upload with
 
 
 def test_a_2d_model_is_refused_for_a_volume_and_a_volume_model_for_an_image(services):

@@ -126,7 +126,7 @@ def test_the_page_streams_a_series_upload_into_the_same_block(model, explained):
             archive.write(path, path.name)
     uploaded = read_uploaded_source(buffer.getvalue(), "sagittal.zip")
     assert uploaded.volume is None and uploaded.shape == (96, 96, 96)  # no voxels kept
-    block, geometry = prepare_uploaded_volume(buffer.getvalue(), "sagittal.zip", model, uploaded)
+    block, geometry = prepare_uploaded_volume(buffer.getvalue, "sagittal.zip", model, uploaded)
     assert geometry.source.startswith("sagittal.zip")
     assert np.array_equal(block.tensor.numpy(), prepared.tensor.numpy())
 

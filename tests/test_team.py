@@ -342,14 +342,14 @@ def _chest_nifti() -> tuple[bytes, object]:
     import nibabel
 
     from krypton.synthetic.chestct import ChestCTGenerator
-    from webapp.runs.volumes import read_uploaded_volume
+    from webapp.runs.volumes import read_uploaded_source
 
     volume = ChestCTGenerator(seed=41).sample(label=1, nodules=1).volume
     affine = np.diag([-5.0, -5.0, 5.0, 1.0])
     data = gzip.compress(
         nibabel.Nifti1Image(np.transpose(volume, (2, 1, 0)), affine).to_bytes(), mtime=0
     )
-    return data, read_uploaded_volume(data, "chest.nii.gz")
+    return data, read_uploaded_source(data, "chest.nii.gz").volume  # a NIfTI: read whole
 
 
 def test_a_volume_run_goes_through_a_worker_and_its_cells_serve_any_worker(team):

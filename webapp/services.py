@@ -210,8 +210,9 @@ class Services:
         def build() -> volumes.PreparedVolume:
             with self.intake():
                 kept = self.volume_sources.peek((key, helpers.owner_tag(session)))
-                data = self.images.source(key, session)
-                model_input, geometry = volumes.prepare_uploaded_volume(data, name, loaded, kept)
+                model_input, geometry = volumes.prepare_uploaded_volume(
+                    lambda: self.images.source(key, session), name, loaded, kept
+                )
             unit = loaded.windowed(model_input)
             return volumes.PreparedVolume(volumes.SourceInfo.of(geometry), model_input, unit)
 

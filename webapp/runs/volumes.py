@@ -24,7 +24,7 @@ from krypton.estimator import MIN_LOGGED_RUNS, Estimate, plain_basis
 from krypton.explainer import grid
 from krypton.io.images import ImageLoadError
 from krypton.io.series_intake import VolumeGeometry, read_source
-from krypton.io.volumes import ModelVolume, Volume, read_volume
+from krypton.io.volumes import ModelVolume, Volume
 
 from ..helpers import InputError
 from ..model_card import ood_text
@@ -35,7 +35,6 @@ from .timing import counts_estimate, estimate_text, host_load
 
 __all__ = [
     "volume_suffix",
-    "read_uploaded_volume",
     "read_uploaded_source",
     "prepare_uploaded_volume",
     "UploadedVolume",
@@ -92,15 +91,6 @@ def _named(source: str, filename: str | None) -> str:
     return f"{filename or 'volume'} ({source.split(' ')[0]})"
 
 
-def read_uploaded_volume(data: bytes, filename: str | None) -> Volume:
-    """An uploaded volume's bytes as a whole :class:`~krypton.io.volumes.Volume` (the
-    decode budget and the series checks of krypton.io.volumes apply); bad files raise
-    InputError. The page itself streams a series (:func:`prepare_uploaded_volume`)."""
-    with _uploaded_file(data, filename) as path:
-        volume = read_volume(path)
-    return dataclasses.replace(volume, source=_named(volume.source, filename))
-
-
 def read_uploaded_source(data: bytes, filename: str | None) -> UploadedVolume:
     """What an upload is, read once at upload (a bad file is refused here): a series'
     headers checked, a NIfTI or multi-frame file read whole within the decode budget."""
@@ -111,14 +101,15 @@ def read_uploaded_source(data: bytes, filename: str | None) -> UploadedVolume:
 
 
 def prepare_uploaded_volume(
-    data: bytes, filename: str | None, loaded, kept: UploadedVolume | None = None
+    stored: Callable[[], bytes], filename: str | None, loaded, kept: UploadedVolume | None = None
 ) -> tuple[ModelVolume, VolumeGeometry]:
     """The upload as the volume model ``loaded`` takes it: from ``kept`` voxels where
-    the upload was read whole, else streamed slice by slice from its bytes."""
+    the upload was read whole, else streamed slice by slice from its bytes (``stored()``
+    reads them, only then)."""
     try:
         if kept is not None and kept.volume is not None:
             return loaded.prepare_volume(kept.volume), kept.geometry
-        with _uploaded_file(data, filename) as path:
+        with _uploaded_file(stored(), filename) as path:
             prepared, geometry = loaded.read_volume(path)
     except ValueError as exc:
         raise InputError(str(exc)) from None
