@@ -74,9 +74,10 @@ def explain_series(
         except PacsError as exc:
             return BatchRow(image=series_uid, given_label=label or "", error=str(exc)), {}, None
         row, outputs = explain_item(Path(folder), label, model, options, image=series_uid)
-        sources = fetched_headers(files)
+        sending = send and not row.error
+        sources = fetched_headers(files) if sending else []  # what a stored map references
     sent = None
-    if send and not row.error:
+    if sending:
         extra = row.extra
         heatmap = extra["heatmap"]
         key = key or result_key(series_uid, model, {**options, "label": heatmap.label})
