@@ -17,7 +17,15 @@ from .engine import ExecutionPlan
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.monitor import StrategyMonitor
 from .engine.plan import PatchGeometry, measured_plan, naive_probe_size, reused_plan
-from .schedule import Schedules
+from .host import current_share
+from .schedule import Schedules, measuring_seconds
+
+
+# Where incremental can gain less than this (FLOPs), the first naive timing is a whole
+# batch when naive's schedule is not decided yet, so that it is decided (measured) there:
+# timed on the schedule expected fastest instead, mnasnet0_5's naive read 4.0 ms a
+# position where naive runs took 2.9, and exact ran incrementally at naive's speed.
+FAIR_PROBE_BELOW = 4.0
 
 
 class Explaining(Protocol):
@@ -69,6 +77,10 @@ class _Run:
         # seconds the batches of positions took, by whichever strategy ran them: what is
         # left of a run's time beyond these and ``deciding_seconds`` a naive run pays too
         self.computing_seconds = 0.0
+        # seconds spent measuring batch schedules (krypton.schedule), once per decision:
+        # kept out of the batches' times (``pending``: not yet taken off a batch's)
+        self.scheduling_seconds = 0.0
+        self._pending_scheduling = 0.0
 
     def timing(self) -> dict | None:
         """Both strategies' ms per position, when this call timed them on the same
@@ -183,28 +195,32 @@ class _Run:
         began = clock.now()
         self.deciding_seconds += began - deciding
         first = self.evaluate(corners[:lead], patch, geometry=geometry, timings=timings)
-        deciding = clock.now()
-        incremental_seconds = (deciding - began) / batch
-        if clock.queued:
-            size, seconds = timings[-1]
-            incremental_seconds = seconds / size
+        deciding, scheduling = clock.now(), self.scheduling_seconds
+        size, seconds = timings[-1]  # a schedule's measurement taken off (krypton.schedule)
+        incremental_seconds = seconds / size
         # a card's time per position depends on the batch (a part-batch leaves it partly
         # idle, so naive would read slower than it runs): there the probe is a whole batch
         probe = batch if clock.queued else naive_probe_size(batch, static.theoretical_speedup)
+        schedules, device = self.explainer.schedules, self.image.device
+        if static.theoretical_speedup < FAIR_PROBE_BELOW and schedules.undecided(
+            self._kind(True), batch, device
+        ):  # naive timed on its own schedule, decided on this whole batch
+            probe = batch
         naive_seconds, check = self._time_naive(corners[:probe])
         self.plan = measured_plan(static, incremental_seconds, naive_seconds)
         if not self.plan.incremental:
             # Overturning the static plan: one stall in the first timing (a page
             # rendering, a collector) must not decide it. Time both once more and keep
             # the faster of each.
-            began = clock.now()  # as the first timing
-            self.graph.run_batch(self.views, geometry, slice(0, batch), self.occluder)
-            incremental_seconds = min(incremental_seconds, (clock.now() - began) / batch)
+            began = clock.now()  # as the first timing, on the schedule decided for it
+            self._logits(corners[:batch], slice(0, batch), geometry, naive=False)
+            again = clock.now() - began - self._scheduling_taken()
+            incremental_seconds = min(incremental_seconds, again / batch)
             naive_again, check = self._time_naive(corners[:batch])  # the whole batch
             naive_seconds = min(naive_seconds, naive_again)
             self.plan = measured_plan(static, incremental_seconds, naive_seconds, repeats=2)
         self.timed_in_this_call = True
-        self.deciding_seconds += clock.now() - deciding
+        self.deciding_seconds += clock.now() - deciding - (self.scheduling_seconds - scheduling)
         if not self.plan.incremental:  # the leading values by the chosen strategy too
             if lead > batch:
                 check = torch.cat([check, self._naive_logits(corners[batch:lead])])
@@ -251,7 +267,8 @@ class _Run:
             self._naive_logits(corners)
         began = clock.now()
         logits = self._logits(corners, slice(0, len(corners)), None, naive=True)
-        return (clock.now() - began) / len(corners), logits
+        seconds = clock.now() - began - self._scheduling_taken()
+        return seconds / len(corners), logits
 
     def evaluate(
         self,
@@ -343,7 +360,7 @@ class _Run:
         Whether it was probed (the other strategy ran on its positions)."""
         clock = self.explainer.clock
         batch, size = queued.batch, queued.batch.stop - queued.batch.start
-        seconds = clock.between(queued.began, queued.ended)
+        seconds = clock.between(queued.began, queued.ended) - self._scheduling_taken()
         self.computing_seconds += seconds
         if timings is not None:
             timings.append((size, seconds))
@@ -358,7 +375,7 @@ class _Run:
                     self._logits(*other)
                 began = clock.mark()
                 self._logits(*other)
-                other_seconds = clock.between(began, clock.mark())
+                other_seconds = clock.between(began, clock.mark()) - self._scheduling_taken()
                 self.deciding_seconds += other_seconds
                 monitor.probe(seconds / size, other_seconds / size, self.evaluated + size)
         incremental_macs, full_macs = macs
@@ -378,12 +395,18 @@ class _Run:
             on_batch(batch.stop, out.probabilities)
         return probed
 
+    def _kind(self, naive: bool) -> tuple:
+        """The kind of batch this run computes, as its schedule decision is kept."""
+        return ("naive" if naive else "incremental", tuple(self.image.shape), self.batch_size)
+
     def _logits(self, corners: np.ndarray, placed: slice, geometry, naive: bool) -> torch.Tensor:
         """Logits of one batch of positions (``corners``; ``placed`` in ``geometry``), by
         naive or incremental inference, on the schedule the explainer's timings of this
         kind of batch choose (:mod:`krypton.schedule`)."""
-        key = ("naive" if naive else "incremental", tuple(self.image.shape), self.batch_size)
+        key = self._kind(naive)
         device = self.image.device
+        share = current_share()
+        before = measuring_seconds(share)
         if naive:
 
             def compute(piece: slice) -> torch.Tensor:
@@ -391,17 +414,26 @@ class _Run:
                     corners[piece.start - placed.start : piece.stop - placed.start]
                 )
 
-            return self.explainer.schedules.run(key, device, placed, self.batch_size, compute)
+            logits = self.explainer.schedules.run(key, device, placed, self.batch_size, compute)
+        else:
 
-        def incremental(piece: slice) -> torch.Tensor:
-            return self.graph.run_batch(self.views, geometry, piece, self.occluder)
+            def incremental(piece: slice) -> torch.Tensor:
+                return self.graph.run_batch(self.views, geometry, piece, self.occluder)
 
-        def prepare(piece: slice) -> None:
-            self.graph.prepare_batch(self.views, geometry, piece, device)
+            def prepare(piece: slice) -> None:
+                self.graph.prepare_batch(self.views, geometry, piece, device)
 
-        return self.explainer.schedules.run(
-            key, device, placed, self.batch_size, incremental, prepare
-        )
+            logits = self.explainer.schedules.run(
+                key, device, placed, self.batch_size, incremental, prepare
+            )
+        self._pending_scheduling += measuring_seconds(share) - before
+        return logits
+
+    def _scheduling_taken(self) -> float:
+        """Seconds of schedule measurement since last asked: to take off a batch's time."""
+        taken, self._pending_scheduling = self._pending_scheduling, 0.0
+        self.scheduling_seconds += taken
+        return taken
 
 
 @dataclass

@@ -228,11 +228,12 @@ class OcclusionExplainer:
 
     def forget_plans(self) -> None:
         """Time incremental against naive again on the next call long enough to time
-        both (a caller that states speed from its own run, under today's load)."""
+        both (a caller that states speed from its own run, under today's load). The batch
+        schedules stay decided (:mod:`krypton.schedule`: per load band, measured again
+        when the load moves to another); ``self.schedules.clear()`` forgets them too."""
         with self._lock:
             self.measured_plans.clear()
             self.monitors.clear()
-            self.schedules.clear()
 
     def forget_grids(self) -> None:
         """Drop the kept grids' geometries and compiled indices (memory; or to measure a
@@ -314,7 +315,8 @@ class OcclusionExplainer:
             self.measured_plans.clear()
             self._position_plans.clear()
             self.monitors.clear()
-            self.schedules.clear()
+            if self._fingerprint is not None:  # a naive run's decisions hold for its model
+                self.schedules.clear()
             self._views = {}
             self._fingerprint = fingerprint
         shape = tuple(image.shape)
@@ -472,6 +474,8 @@ class OcclusionExplainer:
         if mode == "exact":  # what a naive run of these positions would not have spent
             extra["incremental_only_seconds"] = views_seconds + run.deciding_seconds
         extra["computing_seconds"] = run.computing_seconds  # the batches of positions
+        if run.scheduling_seconds:  # measuring the batch schedules, once per decision
+            extra["scheduling_seconds"] = run.scheduling_seconds
         if "plan" in extra:  # the line the page, the CLI and the exports show
             extra["plan"] = f"{extra['plan']} (on {describe(self.device, precision)})"
         return Heatmap(
@@ -625,7 +629,8 @@ class OcclusionExplainer:
             batch_size, largest, reserved, strict=image.dim() == 4, device=self.device
         )
         outputs = []
-        key = (mode, "own patches", tuple(image.shape), batch_size)
+        kind = "incremental" if mode == "exact" else "naive"
+        key = (kind, "own patches", tuple(image.shape), batch_size)
 
         def naive(piece: slice) -> torch.Tensor:
             occluded = self._occluded_batch(image, patches[piece], corners[piece])

@@ -21,7 +21,9 @@ import torch
 
 __all__ = [
     "LOAD_SAMPLE_SECONDS",
+    "BAND_HYSTERESIS",
     "host_load",
+    "load_band",
     "max_threads",
     "threads_for_load",
     "load_factor",
@@ -48,6 +50,11 @@ def host_load(interval: float | None = LOAD_SAMPLE_SECONDS) -> float | None:
 
 
 _MAX_THREADS: list[int] = []  # the process's torch threads when first asked
+_BAND: list[int] = []  # the host's load band as runs last met it (load_band)
+_BAND_LOCK = threading.Lock()
+# a load this far from its band's centre moves the band: 0.75 busy cores, so a load that
+# hovers near a half core (a browser, a call) does not flip it, and one burner does
+BAND_HYSTERESIS = 0.75
 _LAST_LOAD: list[tuple[float, float | None]] = []  # (when, load): reused for 2 s
 # torch's own default for this process, read when Krypton is imported: a count other than
 # this one at a run's start was set by the caller (torch.set_num_threads), and is kept
@@ -70,6 +77,23 @@ def threads_for_load(load: float | None, cores: int | None = None) -> int:
     cores = cores or os.cpu_count() or 1
     busy = 0 if load is None or not math.isfinite(load) else max(0, round(load))
     return max(1, min(max_threads(), cores - busy))
+
+
+def load_band(load: float | None) -> int | None:
+    """The host's load band for a run starting beside ``load`` busy cores: the whole
+    number of cores its other work keeps busy (0 .. this host's cores), kept while the
+    load stays within :data:`BAND_HYSTERESIS` of it. The threads a run takes and the
+    batch schedule it keeps (:mod:`krypton.schedule`) are decided per band: measured
+    once, and again only when the load moves to another band, not on every wobble of
+    the 0.1 s sample. None where nothing was sampled."""
+    if load is None or not math.isfinite(load):
+        return None
+    cores = os.cpu_count() or 1
+    nearest = max(0, min(cores, round(load)))
+    with _BAND_LOCK:
+        if not _BAND or abs(load - _BAND[0]) >= BAND_HYSTERESIS:
+            _BAND[:] = [nearest]
+        return _BAND[0]
 
 
 def _throughput(threads: int, load: float, cores: int) -> float:
@@ -124,16 +148,22 @@ class HostShare:
     by: str
     load: float | None
     budget: int = 1
+    band: int | None = None  # load_band(load) where the load decided, else None
     # positions the run computed per schedule (krypton.schedule counts them as they run)
     schedules: Counter = field(default_factory=Counter, compare=False)
+    # per kind of batch ("naive", "incremental"): the schedule decision it ran on, when
+    # and on what timings it was taken (krypton.schedule.ScheduleDecision.record)
+    decisions: dict = field(default_factory=dict, compare=False)
 
     def as_dict(self) -> dict:
         return {
             "threads": self.threads,
             "by": self.by,
             "load": self.load,
+            "band": self.band,
             "budget": self.budget,
             "schedules": dict(self.schedules),
+            "decisions": {kind: dict(record) for kind, record in self.decisions.items()},
         }
 
 
@@ -168,7 +198,22 @@ def describe_share(share: dict | None) -> str:
         total = sum(ran.values())
         parts = [f"{name} {count} of {total}" for name, count in ran.items()]
         line += "; positions on " + ", ".join(parts)
+    for kind, record in (share.get("decisions") or {}).items():
+        line += f"; {kind} batches on {_decision_text(record)}"
     return line
+
+
+def _decision_text(record: dict) -> str:
+    """One schedule decision in words: the schedule, its margin, when it was measured."""
+    text = str(record.get("schedule"))
+    margin = record.get("margin")
+    if margin is not None:
+        text += (
+            f" ({margin:.2f}x faster than the next" if margin >= 1.0
+            else f" (kept at {margin:.2f}x the next: a near tie"
+        )  # fmt: skip
+        text += f", measured {record.get('measured')})"
+    return text
 
 
 _SELF: list = []  # psutil's handle on this process, kept so its samples run on
@@ -252,7 +297,9 @@ def host_share(threads: int | None = None) -> Iterator[HostShare]:
         share = HostShare(chosen[0], chosen[1], None, chosen[0])
     else:
         load = _recent_load()
-        share = HostShare(threads_for_load(load), "load", load, max(1, max_threads()))
+        band = load_band(load)
+        threads = threads_for_load(load if band is None else band)
+        share = HostShare(threads, "load", load, max(1, max_threads()), band)
     if share.threads != before:
         torch.set_num_threads(share.threads)
     token = _CURRENT.set(share)

@@ -41,6 +41,7 @@ def record_run(
     stated_naive: tuple[int, float] | None = None,
     computed: tuple[int, float] | None = None,
     naive_probe_ms: float | None = None,
+    schedules: dict | None = None,
 ) -> None:
     """Append one finished run (positions as planned: stage one, stage two) to the log,
     with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
@@ -53,7 +54,9 @@ def record_run(
     around them (a naive run's pace per position, krypton.estimator.naive_pace).
     ``naive_probe_ms``: an exact run's naive timing of a few of its positions, per
     position (later speed lines take the median of several:
-    krypton.estimator.probed_naive_pace)."""
+    krypton.estimator.probed_naive_pace). ``schedules``: the batch schedule each kind of
+    batch ran on (``heatmap.extra["host"]["decisions"]``, krypton.schedule): the row keeps
+    the schedule, its margin, its load band and whether this run measured it."""
     path = path or runtime_log_path()
     row = {
         "model": model_name,
@@ -77,6 +80,11 @@ def record_run(
         row["computing_seconds"] = round(float(computed[1]), 4)
     if naive_probe_ms is not None and math.isfinite(naive_probe_ms) and naive_probe_ms > 0:
         row["naive_probe_ms"] = round(float(naive_probe_ms), 3)
+    if schedules:
+        row["schedules"] = {
+            kind: {key: record.get(key) for key in ("schedule", "margin", "band", "measured")}
+            for kind, record in schedules.items()
+        }
     line = json.dumps(row)
     with _log_lock:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,19 +13,26 @@ Three schedules compute the same values:
 Which is fastest depends on the model, the batch and what else the host runs: beside six
 CPU burners on two cores, ResNet18's exact run over 169 positions took 14.1 s intra-op on
 two threads, 9.3 s on one and 5.8 s inter-position on two; idle, 1.4 s intra-op and 1.4 s
-inter-position. So a :class:`ScheduleChooser` times the batches it runs anyway: each
-schedule once at the start, then the fastest, trying another every
-:data:`EXPLORE_EVERY` batches in case the load has changed. No position is computed
-twice to decide. On a card there is one schedule (intra-op: the card's own streams).
+inter-position; torchvision's mnasnet0_5 ran naive batches in 9.1 s intra-op and 5.0 s
+inter-position on an idle host. So the choice is measured, once: the first full batch of a
+kind (naive or incremental, an input shape, a batch size) on a thread budget and load band
+(:func:`krypton.host.load_band`) runs on every option, alternated, :data:`MEASURE_ROUNDS`
+times each, and the fastest (best of its rounds) is kept for the process: a
+:class:`ScheduleDecision`. It is measured again only when the load moves to another band.
+Choosing batch by batch from the batches a run computed anyway made one call vary by a
+third from run to run (mnasnet0_5's naive 3.5 s then 4.7 s: its batches split between
+the schedules differently each time, on noise). On a card there is one schedule
+(intra-op: the card's own streams).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -35,10 +42,12 @@ from .host import HostShare, current_share
 __all__ = [
     "INTRA",
     "INTER",
-    "EXPLORE_EVERY",
+    "MEASURE_ROUNDS",
     "Schedule",
     "schedule_options",
-    "ScheduleChooser",
+    "ScheduleDecision",
+    "decide",
+    "measuring_seconds",
     "shard_length",
     "shards",
     "run_scheduled",
@@ -47,15 +56,12 @@ __all__ = [
 
 INTRA, INTER = "intra-op", "inter-position"
 
-# every this many batches a run tries the schedule it has not timed for longest, among
-# those within CLOSE of the fastest; one further behind only every SLOW_EVERY such turns
-# (one thread ran 2x slower than two idle: tried as often, it cost 5% of a run)
-EXPLORE_EVERY = 6
-CLOSE = 1.25
-SLOW_EVERY = 4
-# another schedule replaces the expected fastest (the first option) only when it is at
-# least this much faster: r3d_18's five batches flipped to the slower one on noise
-LEAD_MARGIN = 0.9
+# each option runs this many times on the measured batch, alternated (A B A B): the best
+# of two keeps a first run's warm-up (its buffers, oneDNN's kernels for a thread count) out
+MEASURE_ROUNDS = 2
+# another option replaces the expected fastest (the first) only when it is at least this
+# much faster: a near tie keeps the expectation, so two processes choose alike
+LEAD_MARGIN = 0.92
 
 
 @dataclass(frozen=True)
@@ -90,54 +96,57 @@ def schedule_options(share: HostShare, batch_size: int, device: torch.device) ->
     return [inter, intra] if share.threads < workers else [intra, inter]
 
 
-@dataclass
-class ScheduleChooser:
-    """The seconds per position each schedule took on one kind of batch (a model, an
-    input shape, a batch size, incremental or naive), kept from call to call, and the
-    choice they make."""
+@dataclass(frozen=True)
+class ScheduleDecision:
+    """The schedule one kind of batch runs on, for the process, at one thread budget and
+    load band: ``chosen``, and the seconds per position each option took when measured
+    (the best of :data:`MEASURE_ROUNDS`), ``at`` (time.time()) and ``extra_seconds``: what
+    the measurement cost beyond computing the batch once."""
 
-    pace: dict[Schedule, float] = field(default_factory=dict)
-    last_run: dict[Schedule, int] = field(default_factory=dict)
-    batches: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    chosen: Schedule
+    paces: dict
+    band: int | None
+    at: float
+    extra_seconds: float
 
-    def pick(self, options: list[Schedule]) -> Schedule:
-        """The schedule for the next batch: any option not timed yet, in order; else the
-        fastest, except every :data:`EXPLORE_EVERY` batches another (the one timed
-        longest ago among those close to the fastest, or any left untimed for long)."""
-        with self.lock:
-            self.batches += 1
-            untimed = [option for option in options if option not in self.pace]
-            if untimed:
-                return untimed[0]
-            fastest = min(options, key=lambda option: self.pace[option])
-            if self.pace[fastest] > LEAD_MARGIN * self.pace[options[0]]:
-                fastest = options[0]  # the expected fastest keeps a near tie (noise)
-            if self.batches % EXPLORE_EVERY:
-                return fastest
-            others = [
-                option
-                for option in options
-                if option != fastest
-                and (
-                    self.pace[option] <= CLOSE * self.pace[fastest]
-                    or self.batches - self.last_run.get(option, 0) >= SLOW_EVERY * EXPLORE_EVERY
-                )
-            ]
-            if not others:
-                return fastest
-            return min(others, key=lambda option: self.last_run.get(option, -1))
+    @property
+    def margin(self) -> float:
+        """The next option's time over the chosen one's (under 1.0: a near tie kept)."""
+        others = [pace for option, pace in self.paces.items() if option != self.chosen]
+        mine = self.paces[self.chosen]
+        return min(others) / mine if others and mine > 0 else 1.0
 
-    def ran(self, schedule: Schedule, positions: int, seconds: float) -> None:
-        """Record one batch: its pace is averaged with the schedule's earlier one (half
-        each), so a change of load shows within a few batches."""
-        if positions <= 0:
-            return
-        pace = seconds / positions
-        with self.lock:
-            before = self.pace.get(schedule)
-            self.pace[schedule] = pace if before is None else (before + pace) / 2
-            self.last_run[schedule] = self.batches
+    def record(self, measured_now: bool) -> dict:
+        """The decision as a run's ``heatmap.extra["host"]["decisions"]`` states it."""
+        when = "in this run" if measured_now else time.strftime(
+            "at %H:%M:%S", time.localtime(self.at)
+        )  # fmt: skip
+        record = {
+            "schedule": str(self.chosen),
+            "margin": round(self.margin, 3),
+            "ms_per_position": {str(o): round(p * 1e3, 3) for o, p in self.paces.items()},
+            "band": self.band,
+            "measured": when,
+        }
+        if measured_now:
+            record["measuring_seconds"] = self.extra_seconds
+        return record
+
+
+def decide(paces: dict[Schedule, float], options: list[Schedule]) -> Schedule:
+    """The fastest option by its measured pace; the expected fastest (the first) keeps a
+    near tie (within :data:`LEAD_MARGIN`)."""
+    fastest = min(options, key=lambda option: paces[option])
+    if paces[fastest] > LEAD_MARGIN * paces[options[0]]:
+        return options[0]
+    return fastest
+
+
+def measuring_seconds(share: HostShare) -> float:
+    """Seconds the run of ``share`` has spent measuring schedules (beyond computing each
+    measured batch once): work a run pays once per decision, kept apart from the pace of
+    its batches."""
+    return sum(record.get("measuring_seconds", 0.0) for record in share.decisions.values())
 
 
 def shard_length(threads: int, count: int, batch_size: int, aligned: bool) -> int:
@@ -175,18 +184,20 @@ def run_scheduled(
     batch_size: int,
     compute: Callable[[slice], torch.Tensor],
     prepare: Callable[[slice], None] | None = None,
+    counted: bool = True,
 ) -> torch.Tensor:
     """``compute(positions)`` for the positions of ``batch`` on ``schedule``: intra-op
     in this thread on its threads, or inter-position as shards (:func:`shard_length`)
     over the workers (the first shard in this thread, the others on the pool's workers),
     concatenated in order. ``prepare(shard)`` runs for every shard in this thread first
     (compiling its indices: the workers only read them). The run's host share counts the
-    positions per schedule."""
+    positions per schedule (``counted``; a measurement's repeats are not)."""
     count = batch.stop - batch.start
     length = shard_length(schedule.threads, count, batch_size, prepare is not None)
     if schedule.kind == INTER and count <= length:  # one shard: one thread
         schedule = Schedule(INTRA, 1)
-    current_share().schedules[str(schedule)] += count
+    if counted:
+        current_share().schedules[str(schedule)] += count
     if schedule.kind == INTRA:
         if torch.get_num_threads() != schedule.threads:
             torch.set_num_threads(schedule.threads)
@@ -215,21 +226,37 @@ def run_scheduled(
 
 
 class Schedules:
-    """One explainer's :class:`ScheduleChooser` per kind of batch, and the one way its
-    runs compute a batch of positions (:meth:`run`)."""
+    """One explainer's schedule decisions (:class:`ScheduleDecision`), per kind of batch,
+    thread budget and load band, and the one way its runs compute a batch of positions
+    (:meth:`run`)."""
 
     def __init__(self) -> None:
-        self._choosers: dict[tuple, ScheduleChooser] = {}
+        self._decisions: dict[tuple, ScheduleDecision] = {}
+        self._measuring: dict[tuple, threading.Lock] = {}
         self._lock = threading.Lock()
+        self.measurements = 0  # how many decisions were measured (tests, the bench)
 
     def clear(self) -> None:
-        """Forget every timing (the model changed, or the caller asks to measure again)."""
+        """Forget every decision (the model changed, or the caller asks to measure again)."""
         with self._lock:
-            self._choosers.clear()
+            self._decisions.clear()
 
-    def chooser(self, key: tuple) -> ScheduleChooser:
+    def decision(
+        self, key: tuple, batch_size: int, device: torch.device
+    ) -> ScheduleDecision | None:
+        """The decision a batch of kind ``key`` runs on now (this run's share), if taken."""
+        options = schedule_options(current_share(), batch_size, device)
         with self._lock:
-            return self._choosers.setdefault(key, ScheduleChooser())
+            return self._decisions.get(self._where(key, options))
+
+    def undecided(self, key: tuple, batch_size: int, device: torch.device) -> bool:
+        """Whether the next full batch of kind ``key`` would be measured first."""
+        options = schedule_options(current_share(), batch_size, device)
+        return len(options) > 1 and self.decision(key, batch_size, device) is None
+
+    @staticmethod
+    def _where(key: tuple, options: list[Schedule]) -> tuple:
+        return (key, tuple(options), current_share().band)
 
     def run(
         self,
@@ -240,21 +267,66 @@ class Schedules:
         compute: Callable[[slice], torch.Tensor],
         prepare: Callable[[slice], None] | None = None,
     ) -> torch.Tensor:
-        """One batch of the kind ``key`` (e.g. incremental, an input shape, a batch size)
-        on the schedule its chooser picks from the run's options, timed for the next."""
-        options = schedule_options(current_share(), batch_size, device)
+        """One batch of the kind ``key`` (its first item names it: "naive", "incremental";
+        then an input shape, a batch size) on the schedule decided for it, measured on
+        this batch first if undecided and whole (a short batch runs on the expected
+        fastest: a part-batch's pace is not a whole one's)."""
+        share = current_share()
+        options = schedule_options(share, batch_size, device)
         if len(options) == 1:
             return run_scheduled(options[0], batch, batch_size, compute, prepare)
-        chooser = self.chooser(key)
-        schedule = chooser.pick(options)
+        where = self._where(key, options)
+        with self._lock:
+            decision = self._decisions.get(where)
+            measuring = self._measuring.setdefault(where, threading.Lock())
+        if decision is None and batch.stop - batch.start == batch_size:
+            with measuring:  # one measurement per decision; a second run waits for it
+                with self._lock:
+                    decision = self._decisions.get(where)
+                if decision is None:
+                    values, decision = self._measure(options, batch, batch_size, compute, prepare)
+                    with self._lock:
+                        self._decisions[where] = decision
+                        self.measurements += 1
+                    share.decisions[str(key[0])] = decision.record(measured_now=True)
+                    return values
+        if decision is None:
+            return run_scheduled(options[0], batch, batch_size, compute, prepare)
+        share.decisions.setdefault(str(key[0]), decision.record(measured_now=False))
+        return run_scheduled(decision.chosen, batch, batch_size, compute, prepare)
+
+    @staticmethod
+    def _measure(
+        options: list[Schedule],
+        batch: slice,
+        batch_size: int,
+        compute: Callable[[slice], torch.Tensor],
+        prepare: Callable[[slice], None] | None,
+    ) -> tuple[torch.Tensor, ScheduleDecision]:
+        """Time ``batch`` on every option, alternated, :data:`MEASURE_ROUNDS` times each
+        (compiling a shard's indices is not timed); the chosen option's values and the
+        decision. Only the chosen option's values are returned, so a run never mixes
+        schedules (they may round differently in the last bit)."""
+        paces: dict[Schedule, float] = {}
+        values: dict[Schedule, torch.Tensor] = {}
         count = batch.stop - batch.start
-        length = shard_length(schedule.threads, count, batch_size, prepare is not None)
-        if prepare is not None:  # compiling indices is not the schedule's pace
-            inter = schedule.kind == INTER
-            for piece in shards(batch.start, batch.stop, length) if inter else [batch]:
-                prepare(piece)
-        began = time.perf_counter()
-        values = run_scheduled(schedule, batch, batch_size, compute, prepare)
-        if schedule.kind == INTRA or count > length:
-            chooser.ran(schedule, count, time.perf_counter() - began)  # else it ran as one
-        return values
+        began_all = time.perf_counter()
+        for _ in range(MEASURE_ROUNDS):
+            for option in options:
+                if prepare is not None:
+                    length = shard_length(option.threads, count, batch_size, True)
+                    inter = option.kind == INTER
+                    for piece in shards(batch.start, batch.stop, length) if inter else [batch]:
+                        prepare(piece)
+                began = time.perf_counter()
+                values[option] = run_scheduled(
+                    option, batch, batch_size, compute, prepare, counted=False
+                )
+                seconds = time.perf_counter() - began
+                paces[option] = min(paces.get(option, math.inf), seconds / count)
+        chosen = decide(paces, options)
+        current_share().schedules[str(chosen)] += count
+        spent = time.perf_counter() - began_all
+        extra = spent - paces[chosen] * count
+        band = current_share().band
+        return values[chosen], ScheduleDecision(chosen, paces, band, time.time(), extra)

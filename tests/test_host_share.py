@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import krypton
-from krypton import host
+from krypton import host, schedule
+from krypton.schedule import INTRA
 
 
 @pytest.fixture
@@ -34,8 +35,15 @@ def untouched(monkeypatch):
     monkeypatch.setattr(host, "_TORCH_DEFAULT", 2)
     monkeypatch.setattr(host, "_MAX_THREADS", [2])
     monkeypatch.setattr(host, "_LAST_LOAD", [])
+    monkeypatch.setattr(host, "_BAND", [])
     monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(host, "_own_cores", lambda: 0.0)  # the load is other processes'
+    # the threads a run takes, seen in its own thread: held to the intra-op schedule (the
+    # inter-position one runs its shards on one thread each; tests/test_schedule.py)
+    offered = schedule.schedule_options
+    monkeypatch.setattr(
+        schedule, "schedule_options", lambda *args: [o for o in offered(*args) if o.kind == INTRA]
+    )
     yield
     torch.set_num_threads(before)
 

@@ -152,11 +152,15 @@ def test_the_timed_first_run_gives_the_same_bytes_as_later_runs(monkeypatch, bus
     shards, and a convolution over two positions rounds differently from one over four
     (exact too, within 1e-5 of naive: tests/test_schedule.py)."""
     from krypton.engine.monitor import StrategyMonitor
-    from krypton.schedule import INTRA, ScheduleChooser
+    from krypton import schedule
+    from krypton.schedule import INTRA
 
     monkeypatch.setattr(StrategyMonitor, "probe_due", lambda self: False)
+    offered = schedule.schedule_options
     monkeypatch.setattr(
-        ScheduleChooser, "pick", lambda self, options: next(o for o in options if o.kind == INTRA)
+        schedule,
+        "schedule_options",
+        lambda *args: [o for o in offered(*args) if o.kind == INTRA],
     )
     torch.manual_seed(0)
     model = vgg()
@@ -279,6 +283,27 @@ def test_the_monitor_switches_only_on_repeated_or_decisive_evidence():
     wide.probe(current_seconds=0.040, other_seconds=0.010, done=16)  # 4x: at once
     assert wide.strategy == "incremental" and "wide margin" in wide.switches[0]
     assert wide.last_pair == (0.010, 0.040) and wide.ratio == 4.0
+
+
+def test_a_confirmed_verdict_is_probed_again_only_when_the_pace_moves():
+    """A verdict carried from call to call was probed on schedule in every call: an exact
+    run whose plan is naive paid up to 5% of each call to confirm the same verdict. Once a
+    probe has confirmed it, later calls probe only when the pace changes."""
+    from krypton.engine.monitor import PACE_BATCHES, StrategyMonitor
+
+    monitor = StrategyMonitor("naive", ratio=1.2, pace=0.010)
+    monitor.until_probe = 0
+    monitor.probe(current_seconds=0.010, other_seconds=0.012, done=16)  # confirmed
+    monitor.next_call()
+    for _ in range(500):  # steady pace: never due again
+        monitor.ran(16, 16 * 0.010)
+        assert not monitor.probe_due()
+    for _ in range(PACE_BATCHES):  # a neighbour takes the cores
+        monitor.ran(16, 16 * 0.030)
+    assert monitor.probe_due()
+    fresh = StrategyMonitor("naive", ratio=1.2)  # measured, never probed: checked once
+    fresh.next_call()
+    assert fresh.until_probe == StrategyMonitor.interval(1.2)
 
 
 def test_a_wrong_first_choice_is_corrected_during_the_run(monkeypatch):

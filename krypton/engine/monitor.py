@@ -41,6 +41,7 @@ EARLY_PROBE = 2  # batches until the first probe of a plan measured by an earlie
 EARLY_PROBE_MIN_BATCHES = round(2 / PROBE_BUDGET)
 PACE_CHANGE = 1.5  # a batch this much slower (or faster) per position than last timed ...
 PACE_BATCHES = 2  # ... this many full batches in a row: the load changed, probe now
+CONFIRMED = 10**9  # batches until the next scheduled probe of a verdict a probe confirmed
 
 
 def other(strategy: str) -> str:
@@ -117,7 +118,12 @@ class StrategyMonitor:
 
     def next_call(self) -> None:
         """Carried into a later call on the same model and shape (a run in chunks, or
-        images one after another): probes keep their spacing across calls."""
+        images one after another): probes keep their spacing across calls until one has
+        confirmed the verdict; after that only a change of pace probes (the load moved).
+        Probing on schedule in every call cost an exact run whose plan is naive up to
+        PROBE_BUDGET of each call, for the same verdict each time."""
+        if self.probes and not self.pace_changed:
+            self.until_probe = CONFIRMED
         self.batches, self.ran_batches, self.switches = None, 0, []
         self.positions = {"incremental": 0, "naive": 0}
         self.off_pace = 0

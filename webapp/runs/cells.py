@@ -180,6 +180,7 @@ def run_cells(
     plan_line = speed = None
     incremental_only = 0.0  # seconds a naive run would not have spent (views, probes)
     computing = 0.0  # seconds the batches of positions took
+    decisions: dict = {}  # the batch schedules the chunks ran on (krypton.schedule)
 
     def heatmap_so_far(extra: dict) -> krypton.Heatmap:
         return _grid_heatmap(values, class_values, axes, label, mode, patch, begin, extra)
@@ -203,6 +204,8 @@ def run_cells(
             plan_line, speed = _chunk_plan(heatmap.extra, plan_line, speed)
             incremental_only += heatmap.extra.get("incremental_only_seconds", 0.0)
             computing += heatmap.extra.get("computing_seconds", 0.0)
+            for kind, record in heatmap.extra.get("host", {}).get("decisions", {}).items():
+                decisions.setdefault(kind, record)  # the first says if this run measured it
             found = tuple(
                 np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap.axes)
             )
@@ -227,6 +230,7 @@ def run_cells(
         "plan": plan_line,
         "incremental_only_seconds": incremental_only,
         "computing_seconds": computing,
+        "schedule_decisions": decisions,
     }
     if speed is not None:
         extra["plan_timing"] = dict(

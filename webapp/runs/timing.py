@@ -183,7 +183,8 @@ def finished_run(
         computed = (heatmap.positions_evaluated, heatmap.extra.get("computing_seconds", 0.0))
         record_run(request.model, request.mode, request.patch, counts, seconds,
                    estimated=estimated, load=load, stated_naive=said, computed=computed,
-                   naive_probe_ms=whole.get("naive_ms"))  # fmt: skip
+                   naive_probe_ms=whole.get("naive_ms"),
+                   schedules=heatmap.extra.get("schedule_decisions"))  # fmt: skip
     else:  # every cell was known: a run of its own kind (cached_estimate)
         record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
     return speed
