@@ -20,7 +20,6 @@ from .engine.plan import PatchGeometry, measured_plan, naive_probe_size, reused_
 from .host import current_share
 from .schedule import Schedules, measuring_seconds
 
-
 # Where incremental can gain less than this (FLOPs), the first naive timing is a whole
 # batch when naive's schedule is not decided yet, so that it is decided (measured) there:
 # timed on the schedule expected fastest instead, mnasnet0_5's naive read 4.0 ms a

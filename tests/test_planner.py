@@ -151,8 +151,8 @@ def test_the_timed_first_run_gives_the_same_bytes_as_later_runs(monkeypatch, bus
     the batch schedule is held to intra-op: the inter-position schedule cuts a batch into
     shards, and a convolution over two positions rounds differently from one over four
     (exact too, within 1e-5 of naive: tests/test_schedule.py)."""
-    from krypton.engine.monitor import StrategyMonitor
     from krypton import schedule
+    from krypton.engine.monitor import StrategyMonitor
     from krypton.schedule import INTRA
 
     monkeypatch.setattr(StrategyMonitor, "probe_due", lambda self: False)

@@ -119,8 +119,9 @@ def test_exact_on_a_naive_plan_runs_naives_schedule(two_cores):
     naive = explainer.explain(image, mode="naive", **settings)
     exact = explainer.explain(image, mode="exact", strategy="naive", **settings)
     assert explainer.schedules.measurements == 1
-    assert exact.extra["host"]["decisions"]["naive"]["schedule"] == (
-        naive.extra["host"]["decisions"]["naive"]["schedule"]
+    assert (
+        exact.extra["host"]["decisions"]["naive"]["schedule"]
+        == (naive.extra["host"]["decisions"]["naive"]["schedule"])
     )
     assert exact.extra["host"]["schedules"] == naive.extra["host"]["schedules"]
     np.testing.assert_array_equal(exact.values, naive.values)
