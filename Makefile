@@ -112,6 +112,7 @@ bench: $(STAMP)
 	$(PY) -m bench.speed_claims --burners 2
 	$(PY) -m bench.speed_claims --burners 2 --exact-only 6
 	$(PY) -W ignore -m bench.busy_host
+	$(PY) -W ignore -m bench.schedule_matrix
 	$(MAKE) bench-methods
 
 # The method comparison's no-fill controls (demo/controls.py; out/controls/, kept once

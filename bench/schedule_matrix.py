@@ -12,7 +12,8 @@ label and grid (patch 16, stride 8: 225 positions at 128²). A repeat's ratio is
 naive seconds over its exact seconds; the table prints the median ratio, the worst
 repeat's, and each mode's median absolute deviation over its median (``MAD``: how much
 one call varies). ``plan`` is what exact ran (naive where incremental cannot pay),
-``schedules`` the batch schedule decided for each kind of batch (krypton.schedule). A
+``schedules`` the batch schedule decided for each kind of batch (krypton.schedule) and
+``re`` how many were measured again during the repeats (0 unless the load changed band). A
 row passes (``ok``) at a median of at least 0.95x and a worst repeat of at least 0.9x;
 where the plan is naive, at a median within 0.95-1.05x. The ``control`` row times one
 naive call against the same call, alternated the same way: the spread this host gives
@@ -110,6 +111,7 @@ def network_row(name: str, size: int, repeats: int) -> dict:
 
     first_exact, _ = call("exact")
     first_naive, _ = call("naive")
+    measured_before = explainer.schedules.measurements
     seconds: dict[str, list[float]] = {"naive": [], "exact": []}
     last: dict[str, krypton.Heatmap] = {}
     for repeat in range(repeats):  # alternated, in turns (n e, e n, ...): drift cancels
@@ -131,6 +133,8 @@ def network_row(name: str, size: int, repeats: int) -> dict:
         "worst": min(ratios),
         "schedules": {kind: record["schedule"] for kind, record in decisions.items()},
         "positions": last["exact"].positions_evaluated,
+        # schedules measured during the repeats: 0 unless the load changed band
+        "remeasured": explainer.schedules.measurements - measured_before,
     }
 
 
@@ -168,7 +172,8 @@ def print_row(row: dict) -> None:
         f"{row['network']:<20} {row['family']:<18} {row['plan']:<11} "
         f"{row['first'][0]:6.2f} {row['first'][1]:6.2f} {row['naive']:7.2f} {row['exact']:7.2f} "
         f"{row['mad'][0] * 100:5.1f}% {row['mad'][1] * 100:5.1f}% {row['ratio']:5.2f}x "
-        f"{row['worst']:5.2f}x {'ok' if passes(row) else 'MISS':>4}  {schedules}",
+        f"{row['worst']:5.2f}x {'ok' if passes(row) else 'MISS':>4} {row['remeasured']:>3}  "
+        f"{schedules}",
         flush=True,
     )
 
@@ -188,7 +193,7 @@ def main() -> int:
             print(
                 f"{'network':<20} {'family':<18} {'plan':<11} {'first e':>6} {'first n':>6} "
                 f"{'naive s':>7} {'exact s':>7} {'MAD n':>6} {'MAD e':>6} {'ratio':>6} "
-                f"{'worst':>6} {'':>4}  schedules"
+                f"{'worst':>6} {'':>4} {'re':>3}  schedules"
             )
             for name in args.networks:
                 row = network_row(name, args.size, args.repeats)
