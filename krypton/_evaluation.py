@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import host
 from .engine import ExecutionPlan
 from .engine.capture_lock import CAPTURE_LOCK
 from .engine.monitor import StrategyMonitor
@@ -128,7 +129,9 @@ class _Run:
                 static, strategy=forced, reason=f"forced (strategy='{strategy}'); {static.reason}"
             )
             return self.evaluate(corners, patch, naive=forced == "naive", geometry=geometry)
-        key = (tuple(self.image.shape), patch, self.batch_size)
+        # a verdict holds in the load band it was measured in (krypton.host.load_band): a
+        # run in another band times both strategies again, as it measures schedules again
+        key = (tuple(self.image.shape), patch, self.batch_size, current_share().band)
         known = self.explainer.measured_plans.get(key)
         count, batch = len(corners), self.batch_size
         if not static.incremental or count < 2 * batch:
@@ -366,6 +369,8 @@ class _Run:
         probed = False
         if monitor is not None:
             monitor.ran(size, seconds)
+            if monitor.probe_due() and monitor.pace_changed and not _load_moved():
+                monitor.pace_held()  # the pace moved, the host's load band did not
             if monitor.probe_due():  # the other strategy on the same positions
                 probed = True
                 kind = "naive" if not queued.naive else "incremental"
@@ -433,6 +438,16 @@ class _Run:
         taken, self._pending_scheduling = self._pending_scheduling, 0.0
         self.scheduling_seconds += taken
         return taken
+
+
+def _load_moved() -> bool:
+    """Whether the host's load has left the band this run started in (krypton.host
+    .load_band): a pace that moves with it is a change of load worth a probe. A run whose
+    threads the caller set has no band: there every change of pace counts, as before."""
+    share = current_share()
+    if share.band is None:
+        return True
+    return host.load_band(host.others_load_now()) != share.band
 
 
 @dataclass

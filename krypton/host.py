@@ -24,6 +24,7 @@ __all__ = [
     "BAND_HYSTERESIS",
     "host_load",
     "load_band",
+    "others_load_now",
     "max_threads",
     "threads_for_load",
     "load_factor",
@@ -249,6 +250,15 @@ def _others_load(interval: float | None) -> float | None:
     if load is None or not alone:
         return load
     return max(0.0, load - own)
+
+
+def others_load_now() -> float | None:
+    """The cores other processes kept busy since the last sample (psutil's counters, no
+    wait), this process's own work taken off even while its runs are in flight: what a
+    running run asks when its pace moves, to tell a change of load from noise."""
+    load = host_load(interval=None)
+    own = _own_cores()
+    return None if load is None else max(0.0, load - own)
 
 
 def _recent_load() -> float | None:

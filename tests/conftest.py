@@ -180,3 +180,24 @@ def cli_here(capsys):
         return subprocess.CompletedProcess(list(args), code, captured.out, captured.err + message)
 
     return run
+
+
+@pytest.fixture
+def two_cores(monkeypatch) -> list[float]:
+    """A caller who set no threads on a two-core host whose load the test sets (the one
+    item of the list returned: the other processes' busy cores, as the engine samples
+    them at a run's start and while it runs)."""
+    import torch
+
+    from krypton import host
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("KRYPTON_TORCH_THREADS", raising=False)
+    monkeypatch.setattr(host, "_MAX_THREADS", [2])
+    monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host, "_TORCH_DEFAULT", torch.get_num_threads())
+    monkeypatch.setattr(host, "_BAND", [])
+    load = [0.0]
+    monkeypatch.setattr(host, "_recent_load", lambda: load[0])
+    monkeypatch.setattr(host, "others_load_now", lambda: load[0])
+    return load

@@ -315,14 +315,16 @@ def test_a_wrong_first_choice_is_corrected_during_the_run(monkeypatch):
     model = vgg()
     image = torch.randn(3, 224, 224)  # a small patch on a large image: incremental ~4x faster
     explainer = krypton.OcclusionExplainer(model)
-    explainer.explain(image, patch=8, positions=[(0, 0)], batch_size=4)  # capture, no timing
-    key = (tuple(image.shape), (8, 8), 4)  # (shape, patch per axis, batch size)
+    explainer.explain(
+        image, patch=8, positions=[(0, 0)], batch_size=4, threads=1
+    )  # capture, no timing
+    key = (tuple(image.shape), (8, 8), 4, None)  # shape, patch, batch size, load band
     wrong = ExecutionPlan(
         "naive", "measured in this call 90.0 ms/position incremental vs 10.0 naive", 5.0, None, 0
     )
     explainer.measured_plans[key] = wrong
     # 196 positions in 49 batches: long enough to check an earlier verdict early
-    heatmap = explainer.explain(image, patch=8, stride=16, batch_size=4)
+    heatmap = explainer.explain(image, patch=8, stride=16, batch_size=4, threads=1)
     plan = heatmap.extra["plan"]
     # The first probe comes after 8 positions; one batch timed beside the other xdist
     # worker can be noisy (CI once saw no margin there and switched after 104 positions),
@@ -339,13 +341,13 @@ def test_a_wrong_first_choice_is_corrected_during_the_run(monkeypatch):
     )
     np.testing.assert_allclose(heatmap.values[:2], naive.values, atol=1e-4)
     short = krypton.OcclusionExplainer(model)
-    short.explain(image, patch=8, positions=[(0, 0)], batch_size=4)
+    short.explain(image, patch=8, positions=[(0, 0)], batch_size=4, threads=1)
     short.measured_plans[key] = wrong
     # 13 batches: too short for the early probe. A change of pace would still probe (the
     # other xdist worker's load once did, and the probe rightly switched), so pace
     # probes are off here: this checks the early probe's rule alone.
     monkeypatch.setattr(monitor, "PACE_CHANGE", math.inf)
-    brief = short.explain(image, patch=8, stride=32, batch_size=4)
+    brief = short.explain(image, patch=8, stride=32, batch_size=4, threads=1)
     assert brief.extra["plan"].startswith("naive:") and "switched" not in brief.extra["plan"]
 
 
@@ -360,7 +362,9 @@ def test_a_verdict_carried_into_short_calls_is_probed_when_the_pace_changes(monk
     model = vgg()
     image = torch.randn(3, 224, 224)
     explainer = krypton.OcclusionExplainer(model)
-    settings = dict(patch=8, stride=32, region=(0, 0, 224, 104), batch_size=4)  # 7 batches
+    settings = dict(
+        patch=8, stride=32, region=(0, 0, 224, 104), batch_size=4, threads=1
+    )  # 7 batches
     quiet = explainer.explain(image, **settings)
     assert quiet.extra["plan"].startswith("incremental:"), quiet.extra["plan"]
     naive_batch = 4 * quiet.extra["plan_timing"]["naive_ms_per_position"] / 1e3
@@ -377,8 +381,58 @@ def test_a_verdict_carried_into_short_calls_is_probed_when_the_pace_changes(monk
     counts = re.search(r"positions computed: (\d+) incremental, (\d+) naive", plan)
     assert counts and int(counts[1]) <= 12 and int(counts[2]) >= 16, plan
     np.testing.assert_allclose(busy.values, quiet.values, atol=1e-5)
-    key = (tuple(image.shape), (8, 8), 4)  # (shape, patch per axis, batch size)
+    key = (tuple(image.shape), (8, 8), 4, None)  # shape, patch, batch size, load band
     assert explainer.measured_plans[key].strategy == "naive"  # the next call starts right
+
+
+def test_a_change_of_pace_is_probed_only_when_the_load_left_its_band(two_cores, monkeypatch):
+    """Beside two burners, the pace of an exact run on a naive plan moves with the
+    burners' noise: each move probed incremental inference mid-run, and
+    shufflenet_v2_x0_5 read 0.87x naive. A moved pace is probed now only when the host's
+    load has left the band the run started in; a neighbour that starts does move it."""
+    from krypton.engine import graph as graph_module
+
+    load = two_cores
+    model = vgg()
+    image = torch.randn(3, 224, 224)
+    explainer = krypton.OcclusionExplainer(model)
+    settings = dict(patch=8, stride=32, region=(0, 0, 224, 104), batch_size=4)  # 7 batches
+    quiet = explainer.explain(image, **settings)
+    assert quiet.extra["plan"].startswith("incremental:"), quiet.extra["plan"]
+    naive_batch = 4 * quiet.extra["plan_timing"]["naive_ms_per_position"] / 1e3
+    original = graph_module.IncrementalGraph.run_batch
+
+    def stalled(self, *args, **kwargs):
+        time.sleep(2 * naive_batch)  # incremental now takes over twice naive's time
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(graph_module.IncrementalGraph, "run_batch", stalled)
+    noise = explainer.explain(image, **settings)  # the load stays at 0: noise, no probe
+    assert noise.extra["plan"].startswith("incremental:"), noise.extra["plan"]
+    assert "probed when its pace changed" not in noise.extra["plan"]
+    load[0] = 0.5  # within the band still: explained by nothing the host did
+    again = explainer.explain(image, **settings)
+    assert "switched" not in again.extra["plan"], again.extra["plan"]
+    load[0] = 2.0  # a neighbour takes both cores: another band, timed again there
+    busy = explainer.explain(image, **settings)
+    assert busy.extra["host"]["band"] == 2
+    assert busy.extra["plan"].startswith("naive:"), busy.extra["plan"]
+    assert "measured in this call" in busy.extra["plan"]
+    np.testing.assert_allclose(busy.values, quiet.values, atol=1e-5)
+
+
+def test_a_pace_held_resumes_the_scheduled_countdown_and_backs_off():
+    from krypton.engine.monitor import PACE_BATCHES, StrategyMonitor
+
+    monitor = StrategyMonitor("naive", ratio=1.2, pace=0.010)
+    scheduled = monitor.until_probe
+    for _ in range(PACE_BATCHES):
+        monitor.ran(16, 16 * 0.020)
+    assert monitor.probe_due() and monitor.pace_changed
+    monitor.pace_held()
+    assert not monitor.probe_due() and not monitor.pace_changed
+    assert monitor.until_probe == scheduled - PACE_BATCHES and monitor.pace == 0.020
+    assert monitor.pace_spacing == 2 * PACE_BATCHES
 
 
 def test_pace_probes_back_off_when_they_find_nothing():

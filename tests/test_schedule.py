@@ -60,20 +60,6 @@ def _counting_model() -> nn.Module:
     ).eval()  # fmt: skip
 
 
-@pytest.fixture
-def two_cores(monkeypatch) -> list[float]:
-    """A caller who set no threads on a two-core host whose load the test sets."""
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("KRYPTON_TORCH_THREADS", raising=False)
-    monkeypatch.setattr(host, "_MAX_THREADS", [2])
-    monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(host, "_TORCH_DEFAULT", torch.get_num_threads())
-    monkeypatch.setattr(host, "_BAND", [])
-    load = [0.0]
-    monkeypatch.setattr(host, "_recent_load", lambda: load[0])
-    return load
-
-
 def test_the_schedule_is_measured_once_and_again_only_in_another_load_band(two_cores):
     """Each run split its batches between the schedules on the noise of the batches it
     timed (mnasnet0_5's naive 3.5 s then 4.7 s for the same call). The decision is now
@@ -90,7 +76,8 @@ def test_the_schedule_is_measured_once_and_again_only_in_another_load_band(two_c
     assert first.extra["scheduling_seconds"] > 0  # shown, and kept out of the batches' time
     ran = first.extra["host"]["schedules"]
     # never mixed (a last batch of one position is one shard: on one thread)
-    assert set(ran) <= {decided["schedule"], "one thread"} and ran[decided["schedule"]] == 48
+    assert set(ran) <= {decided["schedule"], "one thread"} and ran[decided["schedule"]] >= 48
+    assert sum(ran.values()) == 49
     again = explainer.explain(image, **settings)
     assert explainer.schedules.measurements == 1  # no measurement the second time
     kept = again.extra["host"]["decisions"]["naive"]
