@@ -16,7 +16,7 @@ from torch import nn
 from . import host
 from .engine import ExecutionPlan
 from .engine.capture_lock import CAPTURE_LOCK
-from .engine.monitor import StrategyMonitor
+from .engine.monitor import PACE_BATCHES, StrategyMonitor
 from .engine.plan import PatchGeometry, measured_plan, naive_probe_size, reused_plan
 from .host import current_share
 from .schedule import Schedules, measuring_seconds
@@ -81,6 +81,7 @@ class _Run:
         # kept out of the batches' times (``pending``: not yet taken off a batch's)
         self.scheduling_seconds = 0.0
         self._pending_scheduling = 0.0
+        self._loads: list[float | None] = []  # others' load per settled batch (exact)
 
     def timing(self) -> dict | None:
         """Both strategies' ms per position, when this call timed them on the same
@@ -369,8 +370,9 @@ class _Run:
         probed = False
         if monitor is not None:
             monitor.ran(size, seconds)
-            if monitor.probe_due() and monitor.pace_changed and not _load_moved():
-                monitor.pace_held()  # the pace moved, the host's load band did not
+            self._note_load()
+            if monitor.probe_due() and monitor.pace_changed and not self._load_moved():
+                monitor.pace_held()  # the pace moved, the host's load did not
             if monitor.probe_due():  # the other strategy on the same positions
                 probed = True
                 kind = "naive" if not queued.naive else "incremental"
@@ -433,21 +435,35 @@ class _Run:
         self._pending_scheduling += measuring_seconds(share) - before
         return logits
 
+    def _note_load(self) -> None:
+        """The other processes' load over the batch just settled (krypton.host
+        .others_load_now), kept for :meth:`_load_moved`; only where the load chose the
+        run's threads (its band is known)."""
+        if current_share().band is not None:
+            self._loads.append(host.others_load_now())
+
+    def _load_moved(self) -> bool:
+        """Whether the other processes' load over the last PACE_BATCHES batches is
+        BAND_HYSTERESIS or more away from what it was earlier in this run: a moved pace
+        then is a change of load worth a probe. Both are read while this run computes (on
+        a saturated host the others' share reads low while it does, the same way each
+        time). A run whose threads the caller set, or a host without psutil, has no
+        reading: there every change of pace counts, as before."""
+        if current_share().band is None:
+            return True
+        if any(load is None for load in self._loads):
+            return True
+        recent, earlier = self._loads[-PACE_BATCHES:], self._loads[:-PACE_BATCHES]
+        if not earlier:  # nothing to compare with: a stall at the start, not a new load
+            return False
+        now = sum(recent) / len(recent)
+        return abs(now - float(np.median(earlier))) >= host.BAND_HYSTERESIS
+
     def _scheduling_taken(self) -> float:
         """Seconds of schedule measurement since last asked: to take off a batch's time."""
         taken, self._pending_scheduling = self._pending_scheduling, 0.0
         self.scheduling_seconds += taken
         return taken
-
-
-def _load_moved() -> bool:
-    """Whether the host's load has left the band this run started in (krypton.host
-    .load_band): a pace that moves with it is a change of load worth a probe. A run whose
-    threads the caller set has no band: there every change of pace counts, as before."""
-    share = current_share()
-    if share.band is None:
-        return True
-    return host.load_band(host.others_load_now()) != share.band
 
 
 @dataclass

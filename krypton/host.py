@@ -254,8 +254,9 @@ def _others_load(interval: float | None) -> float | None:
 
 def others_load_now() -> float | None:
     """The cores other processes kept busy since the last sample (psutil's counters, no
-    wait), this process's own work taken off even while its runs are in flight: what a
-    running run asks when its pace moves, to tell a change of load from noise."""
+    wait), this process's own work taken off even while its runs are in flight: what an
+    exact run reads after each batch, to tell a change of load from noise when its pace
+    moves."""
     load = host_load(interval=None)
     own = _own_cores()
     return None if load is None else max(0.0, load - own)

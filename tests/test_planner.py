@@ -413,12 +413,27 @@ def test_a_change_of_pace_is_probed_only_when_the_load_left_its_band(two_cores, 
     load[0] = 0.5  # within the band still: explained by nothing the host did
     again = explainer.explain(image, **settings)
     assert "switched" not in again.extra["plan"], again.extra["plan"]
-    load[0] = 2.0  # a neighbour takes both cores: another band, timed again there
+    settled = [0]
+
+    def neighbour_starts(self, *args, **kwargs):  # in the run's fourth batch
+        settled[0] += 1
+        if settled[0] >= 4:
+            load[0] = 1.5  # what a neighbour's share reads while this run computes
+            time.sleep(2 * naive_batch)
+        return original(self, *args, **kwargs)
+
+    load[0] = 0.5
+    monkeypatch.setattr(graph_module.IncrementalGraph, "run_batch", neighbour_starts)
+    explainer.monitors.clear()  # the back-off of the noise above starts afresh
+    moved = explainer.explain(image, **settings)
+    plan = moved.extra["plan"]
+    assert "probed when its pace changed" in plan and "switched to naive" in plan, plan
+    np.testing.assert_allclose(moved.values, quiet.values, atol=1e-5)
+    load[0] = 2.0  # the next call starts in another band: timed again there
     busy = explainer.explain(image, **settings)
     assert busy.extra["host"]["band"] == 2
     assert busy.extra["plan"].startswith("naive:"), busy.extra["plan"]
     assert "measured in this call" in busy.extra["plan"]
-    np.testing.assert_allclose(busy.values, quiet.values, atol=1e-5)
 
 
 def test_a_pace_held_resumes_the_scheduled_countdown_and_backs_off():
