@@ -81,7 +81,8 @@ class _Run:
         # kept out of the batches' times (``pending``: not yet taken off a batch's)
         self.scheduling_seconds = 0.0
         self._pending_scheduling = 0.0
-        self._loads: list[float | None] = []  # others' load per settled batch (exact)
+        self._loads: list[float] = []  # others' load per settled batch (exact)
+        self._others = host.OthersLoad()
 
     def timing(self) -> dict | None:
         """Both strategies' ms per position, when this call timed them on the same
@@ -437,21 +438,21 @@ class _Run:
 
     def _note_load(self) -> None:
         """The other processes' load over the batch just settled (krypton.host
-        .others_load_now), kept for :meth:`_load_moved`; only where the load chose the
+        .OthersLoad), kept for :meth:`_load_moved`; only where the load chose the
         run's threads (its band is known)."""
         if current_share().band is not None:
-            self._loads.append(host.others_load_now())
+            load = self._others.read()
+            if load is not None:
+                self._loads.append(load)
 
     def _load_moved(self) -> bool:
         """Whether the other processes' load over the last PACE_BATCHES batches is
         BAND_HYSTERESIS or more away from what it was earlier in this run: a moved pace
         then is a change of load worth a probe. Both are read while this run computes (on
         a saturated host the others' share reads low while it does, the same way each
-        time). A run whose threads the caller set, or a host without psutil, has no
-        reading: there every change of pace counts, as before."""
+        time). A run whose threads the caller set has no band: there every change of
+        pace counts, as before; without readings (no psutil) none does."""
         if current_share().band is None:
-            return True
-        if any(load is None for load in self._loads):
             return True
         recent, earlier = self._loads[-PACE_BATCHES:], self._loads[:-PACE_BATCHES]
         if not earlier:  # nothing to compare with: a stall at the start, not a new load

@@ -24,7 +24,7 @@ __all__ = [
     "BAND_HYSTERESIS",
     "host_load",
     "load_band",
-    "others_load_now",
+    "OthersLoad",
     "max_threads",
     "threads_for_load",
     "load_factor",
@@ -252,14 +252,43 @@ def _others_load(interval: float | None) -> float | None:
     return max(0.0, load - own)
 
 
-def others_load_now() -> float | None:
-    """The cores other processes kept busy since the last sample (psutil's counters, no
-    wait), this process's own work taken off even while its runs are in flight: what an
+class OthersLoad:
+    """The cores other processes keep busy between successive :meth:`read` calls, from
+    psutil's cumulative counters (host and this process): its ``cpu_percent`` state,
+    which the caller's own readings and :func:`host_load` use, is left alone. What an
     exact run reads after each batch, to tell a change of load from noise when its pace
-    moves."""
-    load = host_load(interval=None)
-    own = _own_cores()
-    return None if load is None else max(0.0, load - own)
+    moves. On a saturated host the others' share reads low while a run computes (beside
+    two burners on two cores: about half their demand), the same way at each read."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float, float] | None = None
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float] | None:
+        try:
+            import psutil
+        except ImportError:
+            return None
+        times = psutil.cpu_times()
+        total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+        busy = total - times.idle - getattr(times, "iowait", 0.0)
+        own = psutil.Process().cpu_times()
+        return total, busy, own.user + own.system
+
+    def read(self) -> float | None:
+        """Other processes' busy cores since the last read; None on the first read, for
+        a window too short to say, or without psutil."""
+        now = self._snapshot()
+        last, self._last = self._last, now
+        if now is None or last is None or now[0] - last[0] <= 0:
+            return None
+        cores = os.cpu_count() or 1
+        wall = (now[0] - last[0]) / cores  # seconds of wall time the window spans
+        if wall < 0.02:
+            return None
+        busy = (now[1] - last[1]) / wall
+        own = (now[2] - last[2]) / wall
+        return max(0.0, busy - own)
 
 
 def _recent_load() -> float | None:

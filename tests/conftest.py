@@ -199,5 +199,5 @@ def two_cores(monkeypatch) -> list[float]:
     monkeypatch.setattr(host, "_BAND", [])
     load = [0.0]
     monkeypatch.setattr(host, "_recent_load", lambda: load[0])
-    monkeypatch.setattr(host, "others_load_now", lambda: load[0])
+    monkeypatch.setattr(host.OthersLoad, "read", lambda self: load[0])
     return load

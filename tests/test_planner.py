@@ -408,23 +408,22 @@ def test_a_change_of_pace_is_probed_only_when_the_load_left_its_band(two_cores, 
 
     monkeypatch.setattr(graph_module.IncrementalGraph, "run_batch", stalled)
     noise = explainer.explain(image, **settings)  # the load stays at 0: noise, no probe
-    assert noise.extra["plan"].startswith("incremental:"), noise.extra["plan"]
-    assert "probed when its pace changed" not in noise.extra["plan"]
+    assert "probed when its pace changed" not in noise.extra["plan"], noise.extra["plan"]
     load[0] = 0.5  # within the band still: explained by nothing the host did
     again = explainer.explain(image, **settings)
-    assert "switched" not in again.extra["plan"], again.extra["plan"]
-    settled = [0]
+    # (a probe on schedule may still come, and find naive faster: the stall is real)
+    assert "probed when its pace changed" not in again.extra["plan"], again.extra["plan"]
 
-    def neighbour_starts(self, *args, **kwargs):  # in the run's fourth batch
-        settled[0] += 1
-        if settled[0] >= 4:
+    def neighbour_starts(self, views, geometry, batch, *args, **kwargs):
+        if load[0] < 2.0 and batch.start >= 12:  # from the run's fourth batch (or shard)
             load[0] = 1.5  # what a neighbour's share reads while this run computes
+        if load[0] > 1.0:
             time.sleep(2 * naive_batch)
-        return original(self, *args, **kwargs)
+        return original(self, views, geometry, batch, *args, **kwargs)
 
     load[0] = 0.5
     monkeypatch.setattr(graph_module.IncrementalGraph, "run_batch", neighbour_starts)
-    explainer.monitors.clear()  # the back-off of the noise above starts afresh
+    explainer.forget_plans()  # timed again on a quiet first batch: incremental, no back-off
     moved = explainer.explain(image, **settings)
     plan = moved.extra["plan"]
     assert "probed when its pace changed" in plan and "switched to naive" in plan, plan
