@@ -351,6 +351,17 @@ def test_a_wrong_first_choice_is_corrected_during_the_run(monkeypatch):
     assert brief.extra["plan"].startswith("naive:") and "switched" not in brief.extra["plan"]
 
 
+def _quiet_vgg_run(settings: dict):
+    """VGG's exact run on a quiet host, 224² (incremental by far): the explainer, the
+    image, the heatmap and one naive batch's seconds as it timed them."""
+    image = torch.randn(3, 224, 224)
+    explainer = krypton.OcclusionExplainer(vgg())
+    quiet = explainer.explain(image, **settings)
+    assert quiet.extra["plan"].startswith("incremental:"), quiet.extra["plan"]
+    naive_batch = 4 * quiet.extra["plan_timing"]["naive_ms_per_position"] / 1e3
+    return explainer, image, quiet, naive_batch
+
+
 def test_a_verdict_carried_into_short_calls_is_probed_when_the_pace_changes(monkeypatch):
     """A plan timed while the host was quiet was carried into later calls too short for
     the monitor's spaced probes: when a neighbour started burning the cores, DenseNet121's
@@ -359,15 +370,8 @@ def test_a_verdict_carried_into_short_calls_is_probed_when_the_pace_changes(monk
     call. (The neighbour here slows only incremental inference, by a sleep per batch.)"""
     from krypton.engine import graph as graph_module
 
-    model = vgg()
-    image = torch.randn(3, 224, 224)
-    explainer = krypton.OcclusionExplainer(model)
-    settings = dict(
-        patch=8, stride=32, region=(0, 0, 224, 104), batch_size=4, threads=1
-    )  # 7 batches
-    quiet = explainer.explain(image, **settings)
-    assert quiet.extra["plan"].startswith("incremental:"), quiet.extra["plan"]
-    naive_batch = 4 * quiet.extra["plan_timing"]["naive_ms_per_position"] / 1e3
+    settings = dict(patch=8, stride=32, region=(0, 0, 224, 104), batch_size=4, threads=1)
+    explainer, image, quiet, naive_batch = _quiet_vgg_run(settings)  # 7 batches
     original = graph_module.IncrementalGraph.run_batch
 
     def under_load(self, *args, **kwargs):
@@ -393,13 +397,8 @@ def test_a_change_of_pace_is_probed_only_when_the_load_left_its_band(two_cores, 
     from krypton.engine import graph as graph_module
 
     load = two_cores
-    model = vgg()
-    image = torch.randn(3, 224, 224)
-    explainer = krypton.OcclusionExplainer(model)
     settings = dict(patch=8, stride=32, region=(0, 0, 224, 104), batch_size=4)  # 7 batches
-    quiet = explainer.explain(image, **settings)
-    assert quiet.extra["plan"].startswith("incremental:"), quiet.extra["plan"]
-    naive_batch = 4 * quiet.extra["plan_timing"]["naive_ms_per_position"] / 1e3
+    explainer, image, quiet, naive_batch = _quiet_vgg_run(settings)
     original = graph_module.IncrementalGraph.run_batch
 
     def stalled(self, *args, **kwargs):
