@@ -131,9 +131,10 @@ class _Run:
                 static, strategy=forced, reason=f"forced (strategy='{strategy}'); {static.reason}"
             )
             return self.evaluate(corners, patch, naive=forced == "naive", geometry=geometry)
-        # a verdict holds in the load band it was measured in (krypton.host.load_band): a
-        # run in another band times both strategies again, as it measures schedules again
-        key = (tuple(self.image.shape), patch, self.batch_size, current_share().band)
+        # a verdict holds at the threads it was measured with, which the load band sets
+        # (krypton.host.load_band): a run given other threads times both strategies again,
+        # as it measures schedules again
+        key = (tuple(self.image.shape), patch, self.batch_size, current_share().threads)
         known = self.explainer.measured_plans.get(key)
         count, batch = len(corners), self.batch_size
         if not static.incremental or count < 2 * batch:

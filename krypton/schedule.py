@@ -256,7 +256,11 @@ class Schedules:
 
     @staticmethod
     def _where(key: tuple, options: list[Schedule]) -> tuple:
-        return (key, tuple(options), current_share().band)
+        """Where a decision holds: a kind of batch and the options the run's threads
+        give. The load band sets those threads, so a band that changes them measures
+        again; the top bands of a host (one thread left, beside one or two burners on
+        two cores) share one: a saturated host's load reading flips between them."""
+        return (key, tuple(options))
 
     def run(
         self,

@@ -318,7 +318,7 @@ def test_a_wrong_first_choice_is_corrected_during_the_run(monkeypatch):
     explainer.explain(
         image, patch=8, positions=[(0, 0)], batch_size=4, threads=1
     )  # capture, no timing
-    key = (tuple(image.shape), (8, 8), 4, None)  # shape, patch, batch size, load band
+    key = (tuple(image.shape), (8, 8), 4, 1)  # shape, patch, batch size, threads
     wrong = ExecutionPlan(
         "naive", "measured in this call 90.0 ms/position incremental vs 10.0 naive", 5.0, None, 0
     )
@@ -385,7 +385,7 @@ def test_a_verdict_carried_into_short_calls_is_probed_when_the_pace_changes(monk
     counts = re.search(r"positions computed: (\d+) incremental, (\d+) naive", plan)
     assert counts and int(counts[1]) <= 12 and int(counts[2]) >= 16, plan
     np.testing.assert_allclose(busy.values, quiet.values, atol=1e-5)
-    key = (tuple(image.shape), (8, 8), 4, None)  # shape, patch, batch size, load band
+    key = (tuple(image.shape), (8, 8), 4, 1)  # shape, patch, batch size, threads
     assert explainer.measured_plans[key].strategy == "naive"  # the next call starts right
 
 
