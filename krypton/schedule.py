@@ -15,10 +15,11 @@ CPU burners on two cores, ResNet18's exact run over 169 positions took 14.1 s in
 two threads, 9.3 s on one and 5.8 s inter-position on two; idle, 1.4 s intra-op and 1.4 s
 inter-position; torchvision's mnasnet0_5 ran naive batches in 9.1 s intra-op and 5.0 s
 inter-position on an idle host. So the choice is measured, once: the first full batch of a
-kind (naive or incremental, an input shape, a batch size) on a thread budget and load band
-(:func:`krypton.host.load_band`) runs on every option, alternated, :data:`MEASURE_ROUNDS`
-times each, and the fastest (best of its rounds) is kept for the process: a
-:class:`ScheduleDecision`. It is measured again only when the load moves to another band.
+kind (naive or incremental, an input shape, a batch size) on a thread budget (which the
+load band sets, :func:`krypton.host.load_band`) runs on every option, alternated,
+:data:`MEASURE_ROUNDS` times each, and the fastest (best of its rounds) is kept for the
+process: a :class:`ScheduleDecision`. It is measured again only when the load moves to a
+band that gives the run other threads.
 Choosing batch by batch from the batches a run computed anyway made one call vary by a
 third from run to run (mnasnet0_5's naive 3.5 s then 4.7 s: its batches split between
 the schedules differently each time, on noise). On a card there is one schedule
@@ -98,10 +99,10 @@ def schedule_options(share: HostShare, batch_size: int, device: torch.device) ->
 
 @dataclass(frozen=True)
 class ScheduleDecision:
-    """The schedule one kind of batch runs on, for the process, at one thread budget and
-    load band: ``chosen``, and the seconds per position each option took when measured
-    (the best of :data:`MEASURE_ROUNDS`), ``at`` (time.time()) and ``extra_seconds``: what
-    the measurement cost beyond computing the batch once."""
+    """The schedule one kind of batch runs on, for the process, at one thread budget (the
+    ``band`` it was measured in gave it): ``chosen``, and the seconds per position each
+    option took when measured (the best of :data:`MEASURE_ROUNDS`), ``at`` (time.time())
+    and ``extra_seconds``: what the measurement cost beyond computing the batch once."""
 
     chosen: Schedule
     paces: dict
@@ -226,8 +227,8 @@ def run_scheduled(
 
 
 class Schedules:
-    """One explainer's schedule decisions (:class:`ScheduleDecision`), per kind of batch,
-    thread budget and load band, and the one way its runs compute a batch of positions
+    """One explainer's schedule decisions (:class:`ScheduleDecision`), per kind of batch
+    and thread budget, and the one way its runs compute a batch of positions
     (:meth:`run`)."""
 
     def __init__(self) -> None:
