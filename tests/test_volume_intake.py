@@ -77,6 +77,21 @@ def test_a_hostile_volume_is_refused_cheaply_with_what_was_found(tmp_path, name)
     assert rss.growth_mb < LIMIT_MB and seconds < LIMIT_S
 
 
+@pytest.mark.parametrize("name", ["JPEG 2000 series hiding 16384²", "JPEG-LS series hiding 16384²"])
+def test_a_series_hiding_large_codestreams_is_refused_when_it_is_opened(tmp_path, name):
+    """The page opens an upload with read_source (headers only, pixels streamed later):
+    its codestreams are checked against their headers there, from the same read of each
+    file, so the series is refused at upload, not at the model's first read."""
+    from krypton.io.series_intake import read_source
+
+    filename, data, expected = hostile_volumes.for_tests(name)
+    path = tmp_path / filename
+    path.write_bytes(data)
+    with PeakRss() as rss, pytest.raises(ImageLoadError, match=expected):
+        read_source(path)
+    assert rss.growth_mb < LIMIT_MB
+
+
 def test_an_analyze_pair_is_read_through_the_same_checks(tmp_path):
     for filename, data in hostile_volumes.analyze_pair().items():
         (tmp_path / filename).write_bytes(data)

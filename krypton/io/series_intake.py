@@ -172,23 +172,26 @@ def read_source(source: str | Path) -> tuple[VolumeGeometry, Volume | None]:
     with reader_errors(path), ExitStack() as stack:
         entries = series_files(path, stack)
         with DECODE_BUDGET.reserve(_header_cost(path, entries)):
-            found = _series_headers(path, entries)
-            _check_codestreams(found)
-            return found.geometry, None
+            return _series_headers(path, entries, codestreams=True).geometry, None
 
 
-def _check_codestreams(found: _Headers) -> None:
-    """Each compressed slice's codestream against its header, nothing decoded: a series
+def _codestream_error(data: bytes, name: str, header) -> ImageLoadError | None:  # type: ignore[no-untyped-def]
+    """A compressed slice's codestream checked against its header from the bytes the
+    header was read from, nothing decoded (None where it is native or passes): a series
     whose 64 x 64 slices hide 16384 x 16384 codestreams is refused when it is opened, not
     when a model first reads it."""
     import pydicom
 
     from .dicom import _frame_cost
 
-    for name, header in found.slices:
-        syntax = getattr(getattr(header, "file_meta", None), "TransferSyntaxUID", None)
-        if syntax is not None and syntax.is_encapsulated:
-            _frame_cost(pydicom.dcmread(io.BytesIO(_plain(found.readers[name](), name))), name, 0)
+    syntax = getattr(getattr(header, "file_meta", None), "TransferSyntaxUID", None)
+    if syntax is None or not syntax.is_encapsulated:
+        return None
+    try:
+        _frame_cost(pydicom.dcmread(io.BytesIO(data)), name, 0)
+    except ImageLoadError as exc:
+        return exc
+    return None
 
 
 @dataclass(frozen=True)
@@ -217,20 +220,28 @@ def _header_cost(source: Path, entries: list) -> int:
     return len(entries) * HEADER_BYTES + 2 * largest
 
 
-def _series_headers(source: Path, entries: list) -> _Headers:
-    """Every DICOM file's header (others skipped), checked as one evenly spaced series."""
+def _series_headers(source: Path, entries: list, codestreams: bool = False) -> _Headers:
+    """Every DICOM file's header (others skipped), checked as one evenly spaced series;
+    with ``codestreams``, each compressed slice's codestream too (:func:`_codestream_error`,
+    from the same read of the file; reported after the series' own checks)."""
     readers: dict[str, Callable[[], bytes]] = {}
     headers = []
+    hidden: ImageLoadError | None = None  # the first codestream a header understates
     for name, read, size in entries:
-        header = _header(_plain(read(), name), name)
+        data = _plain(read(), name)
+        header = _header(data, name)
         if header is None:
             continue  # not DICOM: skipped, as a folder's other files are
+        if codestreams and hidden is None:
+            hidden = _codestream_error(data, name, header)
         readers[name] = read
         headers.append((name, header, size))
     if not headers:
         raise ImageLoadError(f"{source} holds no DICOM files")
     uid = _one_series(headers, source)
     placed, step, pixel_spacing = _sorted_slices(headers, source)
+    if hidden is not None:
+        raise hidden
     first = placed[0][2]
     geometry = VolumeGeometry(
         (len(placed), int(first.Rows), int(first.Columns)), (step, *pixel_spacing),
