@@ -226,12 +226,18 @@ def _own_cores() -> float:
     """Cores this process kept busy since the last call (0.0 on the first, or without
     psutil)."""
     try:
-        import psutil
+        return _process().cpu_percent(interval=None) / 100
     except ImportError:
         return 0.0
+
+
+def _process():  # type: ignore[no-untyped-def]
+    """psutil's handle on this process, made once (its cpu_percent samples run on)."""
+    import psutil
+
     if not _SELF:
         _SELF.append(psutil.Process())
-    return _SELF[0].cpu_percent(interval=None) / 100
+    return _SELF[0]
 
 
 def _others_load(interval: float | None) -> float | None:
@@ -272,7 +278,7 @@ class OthersLoad:
         times = psutil.cpu_times()
         total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
         busy = total - times.idle - getattr(times, "iowait", 0.0)
-        own = psutil.Process().cpu_times()
+        own = _process().cpu_times()
         return total, busy, own.user + own.system
 
     def read(self) -> float | None:

@@ -242,18 +242,11 @@ class Schedules:
         with self._lock:
             self._decisions.clear()
 
-    def decision(
-        self, key: tuple, batch_size: int, device: torch.device
-    ) -> ScheduleDecision | None:
-        """The decision a batch of kind ``key`` runs on now (this run's share), if taken."""
-        options = schedule_options(current_share(), batch_size, device)
-        with self._lock:
-            return self._decisions.get(self._where(key, options))
-
     def undecided(self, key: tuple, batch_size: int, device: torch.device) -> bool:
         """Whether the next full batch of kind ``key`` would be measured first."""
         options = schedule_options(current_share(), batch_size, device)
-        return len(options) > 1 and self.decision(key, batch_size, device) is None
+        with self._lock:
+            return len(options) > 1 and self._where(key, options) not in self._decisions
 
     @staticmethod
     def _where(key: tuple, options: list[Schedule]) -> tuple:
@@ -283,7 +276,8 @@ class Schedules:
         where = self._where(key, options)
         with self._lock:
             decision = self._decisions.get(where)
-            measuring = self._measuring.setdefault(where, threading.Lock())
+            if decision is None:
+                measuring = self._measuring.setdefault(where, threading.Lock())
         if decision is None and batch.stop - batch.start == batch_size:
             with measuring:  # one measurement per decision; a second run waits for it
                 with self._lock:
