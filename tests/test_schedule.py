@@ -154,15 +154,9 @@ def test_every_schedule_gives_naives_values(only, rank):
             assert torch.allclose(own, plain, atol=1e-5), chosen
 
 
-def test_the_record_says_which_schedule_ran_and_the_callers_threads_come_back(monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("KRYPTON_TORCH_THREADS", raising=False)
-    monkeypatch.setattr(host, "_recent_load", lambda: 2.0)  # a busy host
-    monkeypatch.setattr(host, "_BAND", [])
-    monkeypatch.setattr(host, "_MAX_THREADS", [2])
-    monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
+def test_the_record_says_which_schedule_ran_and_the_callers_threads_come_back(two_cores):
+    two_cores[0] = 2.0  # a busy host
     before = torch.get_num_threads()
-    monkeypatch.setattr(host, "_TORCH_DEFAULT", before)
     model = krypton.registry.load_model("fundus-demo")
     image = torch.zeros(3, *model.input_size)
     heatmap = krypton.OcclusionExplainer(model).explain(
