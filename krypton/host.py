@@ -1,9 +1,12 @@
 """This host as a run meets it: the cores its other work keeps busy now
 (:func:`host_load`), the torch threads a run starting beside that work gets
-(:func:`threads_for_load`, set by :func:`share_host`) and how much longer the run takes
-there than on an idle host (:func:`load_factor`). The estimator scales its estimates by
-these. Every run of the engine takes its share through :func:`host_share` (the caller's own
-thread setting wins and is restored); the app's runs also through :func:`share_host`."""
+(:func:`threads_for_load`) and how much longer the run takes there than on an idle host
+(:func:`load_factor`). The estimator scales its estimates by these. Every run of the
+engine takes its share through :func:`host_share`: the caller's own thread setting wins;
+else the load decides, for the run's own thread and its duration only
+(:mod:`krypton.torch_threads`). The app samples the load first (:func:`share_host`).
+Krypton's load samples leave psutil's ``cpu_percent`` state, which a caller may read
+too, alone."""
 
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
+
+from . import torch_threads
+from ._environment import library_setting
 
 __all__ = [
     "LOAD_SAMPLE_SECONDS",
@@ -38,16 +44,47 @@ __all__ = [
 LOAD_SAMPLE_SECONDS = 0.1
 
 
-def host_load(interval: float | None = LOAD_SAMPLE_SECONDS) -> float | None:
-    """Cores this host's work keeps busy now (every process, this one's other runs
-    included), sampled over ``interval`` seconds (None: since psutil's previous sample,
-    without waiting): what a run starting now competes with (None without psutil).
-    Estimates scale to it and each logged run records it."""
+def _cpu_times() -> tuple[float, float] | None:
+    """The host's CPU seconds so far, all cores: (total, busy), counted as psutil's
+    ``cpu_percent`` counts them (guest time is in user time; idle and I/O wait are not
+    busy); None without psutil."""
     try:
         import psutil
     except ImportError:
         return None
-    return psutil.cpu_percent(interval=interval) / 100 * (psutil.cpu_count() or 1)
+    times = psutil.cpu_times()
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total, total - times.idle - getattr(times, "iowait", 0.0)
+
+
+_HOST_TIMES: list[tuple[float, float]] = []  # the counters at Krypton's last host_load
+
+
+def _busy_cores(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """Cores kept busy between two :func:`_cpu_times` readings (None: too short to say)."""
+    total = after[0] - before[0]
+    if total <= 0:
+        return None
+    return (after[1] - before[1]) / total * (os.cpu_count() or 1)
+
+
+def host_load(interval: float | None = LOAD_SAMPLE_SECONDS) -> float | None:
+    """Cores this host's work keeps busy now (every process, this one's other runs
+    included), sampled over ``interval`` seconds (None: since Krypton's previous sample,
+    without waiting): what a run starting now competes with (None without psutil).
+    Estimates scale to it and each logged run records it. Read from psutil's cumulative
+    counters: the caller's own ``psutil.cpu_percent(interval=None)`` runs on undisturbed."""
+    first = _cpu_times()
+    if first is None:
+        return None
+    if interval is None and _HOST_TIMES:
+        before, after = _HOST_TIMES[0], first
+    else:
+        time.sleep(interval or LOAD_SAMPLE_SECONDS)
+        before, after = first, _cpu_times() or first
+    _HOST_TIMES[:] = [after]
+    busy = _busy_cores(before, after)
+    return 0.0 if busy is None else max(0.0, busy)
 
 
 _MAX_THREADS: list[int] = []  # the process's torch threads when first asked
@@ -57,16 +94,17 @@ _BAND_LOCK = threading.Lock()
 # hovers near a half core (a browser, a call) does not flip it, and one burner does
 BAND_HYSTERESIS = 0.75
 _LAST_LOAD: list[tuple[float, float | None]] = []  # (when, load): reused for 2 s
-# torch's own default for this process, read when Krypton is imported: a count other than
-# this one at a run's start was set by the caller (torch.set_num_threads), and is kept
+# torch's count when Krypton was imported: on a torch build that cannot say whether the
+# caller set a count (krypton.torch_threads), another count at a run's start was set
 _TORCH_DEFAULT = torch.get_num_threads()
 
 
 def max_threads() -> int:
-    """The torch threads this process was set up with (OMP_NUM_THREADS, a worker's
-    KRYPTON_TORCH_THREADS, else every core), read once, before any run lowers them."""
+    """The torch threads this process's threads start with (OMP_NUM_THREADS, a worker's
+    KRYPTON_TORCH_THREADS, else every core), read once: a run changes only its own
+    thread's count, never this one."""
     if not _MAX_THREADS:
-        _MAX_THREADS.append(torch.get_num_threads())
+        _MAX_THREADS.append(torch_threads.process_count()[0])
     return _MAX_THREADS[0]
 
 
@@ -122,16 +160,14 @@ def load_factor(
 
 
 def share_host(load: float | None = None) -> float | None:
-    """Take this host's share for a run starting now: sample the cores its other work
-    keeps busy (:func:`host_load`, unless ``load`` is given) and set this process's torch
-    threads to the cores left (:func:`threads_for_load`). Returns the load, which the
-    run's estimate scales to and its log row records."""
+    """The load a run starting now competes with: the cores this host's other work keeps
+    busy (:func:`host_load`, unless ``load`` is given), which the run's estimate scales
+    to and its log row records; the run's :func:`host_share` takes its threads from the
+    same sample (reused for 2 s). Nothing else changes: the threads are set for the run's
+    own thread when it runs, never for the process."""
     if load is None:
         load = host_load()
         _LAST_LOAD[:] = [(time.monotonic(), load)]  # the engine's host_share reuses it
-    threads = threads_for_load(load)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
     return load
 
 
@@ -155,10 +191,23 @@ class HostShare:
     # per kind of batch ("naive", "incremental"): the schedule decision it ran on, when
     # and on what timings it was taken (krypton.schedule.ScheduleDecision.record)
     decisions: dict = field(default_factory=dict, compare=False)
+    # the most threads its batches kept busy at once: intra-op threads, or inter-position
+    # workers of one thread each (krypton.schedule.run_scheduled raises it)
+    peak: list = field(default_factory=lambda: [0], compare=False)
+    # where the threads were set: krypton.torch_threads.THIS_THREAD, or PROCESS on a torch
+    # build without per-thread setters (host_share fills it)
+    scope: list = field(default_factory=list, compare=False)
+
+    def ran(self, schedule: str, threads: int, positions: int) -> None:
+        """Count ``positions`` computed on ``schedule``, which kept ``threads`` busy."""
+        self.schedules[schedule] += positions
+        self.peak[0] = max(self.peak[0], threads)
 
     def as_dict(self) -> dict:
         return {
             "threads": self.threads,
+            "peak_threads": self.peak[0] or self.threads,
+            "scope": self.scope[0] if self.scope else torch_threads.THIS_THREAD,
             "by": self.by,
             "load": self.load,
             "band": self.band,
@@ -188,6 +237,11 @@ def describe_share(share: dict | None) -> str:
     if not share:
         return ""
     threads = f"{share['threads']} torch thread{'s' if share['threads'] != 1 else ''}"
+    peak = share.get("peak_threads") or share["threads"]
+    if peak > share["threads"]:
+        threads += f" ({peak} at once as inter-position workers of one thread each)"
+    if share.get("scope") == torch_threads.PROCESS:
+        threads += " (set process-wide: this torch build has no per-thread setting)"
     if share.get("by") == "load":
         load = share.get("load")
         beside = "" if load is None else f" beside a load of {load:.1f}"
@@ -271,15 +325,11 @@ class OthersLoad:
 
     @staticmethod
     def _snapshot() -> tuple[float, float, float] | None:
-        try:
-            import psutil
-        except ImportError:
+        host = _cpu_times()
+        if host is None:
             return None
-        times = psutil.cpu_times()
-        total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
-        busy = total - times.idle - getattr(times, "iowait", 0.0)
         own = _process().cpu_times()
-        return total, busy, own.user + own.system
+        return host[0], host[1], own.user + own.system
 
     def read(self) -> float | None:
         """Other processes' busy cores since the last read; None on the first read, for
@@ -315,29 +365,40 @@ def _recent_load() -> float | None:
 
 
 def _callers_threads(threads: int | None) -> tuple[int, str] | None:
-    """The thread count the caller chose, and how; None where it chose none."""
+    """The thread count the caller chose, and how, the most specific first: the
+    ``threads`` argument, ``KRYPTON_TORCH_THREADS``, a count set with
+    ``torch.set_num_threads`` (any time before the call, equal to torch's default or not:
+    :func:`krypton.torch_threads.callers_count`), ``OMP_NUM_THREADS``; None where it chose
+    none (the load decides)."""
     if threads is not None:
         if int(threads) < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         return int(threads), "threads="
-    for name in ("KRYPTON_TORCH_THREADS", "OMP_NUM_THREADS"):
-        text = os.environ.get(name, "").strip()
-        if text.isdigit() and int(text) > 0:
-            return torch.get_num_threads(), name
-    if torch.get_num_threads() != _TORCH_DEFAULT:
-        return torch.get_num_threads(), "torch.set_num_threads"
+    krypton_threads = int(library_setting("KRYPTON_TORCH_THREADS"))  # 0: not set
+    if krypton_threads > 0:
+        return krypton_threads, "KRYPTON_TORCH_THREADS"
+    if torch_threads.scope() == torch_threads.THIS_THREAD:
+        counted = torch_threads.callers_count()
+    else:  # this build cannot tell a set count from the default: another count was set
+        counted = torch.get_num_threads()
+        counted = counted if counted != _TORCH_DEFAULT else None
+    if counted is not None:
+        return counted, "torch.set_num_threads"
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text), "OMP_NUM_THREADS"
     return None
 
 
 @contextmanager
 def host_share(threads: int | None = None) -> Iterator[HostShare]:
-    """Around one run: torch's threads are the caller's choice where it made one (a
-    ``threads`` argument, ``KRYPTON_TORCH_THREADS``, ``OMP_NUM_THREADS``, or a count set
-    with ``torch.set_num_threads``), else the cores this host's other work leaves free
+    """Around one run: torch's threads are the caller's choice where it made one
+    (:func:`_callers_threads`), else the cores this host's other work leaves free
     (:func:`threads_for_load`). Beside two busy cores on two, exact mode with two threads
     took 62.1 s where one took 17.3 s (each small op waits at a barrier for a thread the
-    scheduler put aside). The count the caller had is restored when the run ends."""
-    before = torch.get_num_threads()
+    scheduler put aside). The count is set for this thread only and restored when the
+    run ends (:func:`krypton.torch_threads.threads_for_this_thread`): other threads, and
+    the count new threads start with, are never touched."""
     chosen = _callers_threads(threads)
     if chosen is not None:
         share = HostShare(chosen[0], chosen[1], None, chosen[0])
@@ -346,16 +407,14 @@ def host_share(threads: int | None = None) -> Iterator[HostShare]:
         band = load_band(load)
         threads = threads_for_load(load if band is None else band)
         share = HostShare(threads, "load", load, max(1, max_threads()), band)
-    if share.threads != before:
-        torch.set_num_threads(share.threads)
-    token = _CURRENT.set(share)
-    with _IN_FLIGHT_LOCK:
-        _IN_FLIGHT[0] += 1
-    try:
-        yield share
-    finally:
+    with torch_threads.threads_for_this_thread(share.threads) as scope:
+        share.scope[:] = [scope]
+        token = _CURRENT.set(share)
         with _IN_FLIGHT_LOCK:
-            _IN_FLIGHT[0] -= 1
-        _CURRENT.reset(token)
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+            _IN_FLIGHT[0] += 1
+        try:
+            yield share
+        finally:
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT[0] -= 1
+            _CURRENT.reset(token)

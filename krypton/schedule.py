@@ -39,6 +39,7 @@ import torch
 
 from .engine.capture_lock import CAPTURE_LOCK
 from .host import HostShare, current_share
+from .torch_threads import set_for_this_thread
 
 __all__ = [
     "INTRA",
@@ -169,9 +170,9 @@ def _in_worker(
     compute: Callable[[slice], torch.Tensor], piece: slice, autocast: tuple | None
 ) -> torch.Tensor:
     """One shard on a worker thread, in the caller's numerics: inference mode, its
-    autocast, one torch thread, and the shared capture lock its caller holds."""
-    if torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
+    autocast, one torch thread (this worker's own: the count new threads start with is
+    left alone), and the shared capture lock its caller holds."""
+    set_for_this_thread(1)
     with torch.inference_mode(), CAPTURE_LOCK.lent():
         if autocast is None:
             return compute(piece)
@@ -198,13 +199,11 @@ def run_scheduled(
     if schedule.kind == INTER and count <= length:  # one shard: one thread
         schedule = Schedule(INTRA, 1)
     if counted:
-        current_share().schedules[str(schedule)] += count
-    if schedule.kind == INTRA:
-        if torch.get_num_threads() != schedule.threads:
-            torch.set_num_threads(schedule.threads)
+        current_share().ran(str(schedule), schedule.threads, count)
+    if schedule.kind == INTRA:  # this thread's count only; its run's host_share restores it
+        set_for_this_thread(schedule.threads)
         return compute(batch)
-    if torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
+    set_for_this_thread(1)
     autocast = (
         ("cpu", torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu") else None
     )
@@ -324,7 +323,7 @@ class Schedules:
                 seconds = time.perf_counter() - began
                 paces[option] = min(paces.get(option, math.inf), seconds / count)
         chosen = decide(paces, options)
-        current_share().schedules[str(chosen)] += count
+        current_share().ran(str(chosen), chosen.threads, count)
         spent = time.perf_counter() - began_all
         extra = spent - paces[chosen] * count
         band = current_share().band

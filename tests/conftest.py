@@ -97,9 +97,9 @@ def busy_host() -> int:
 
 @pytest.fixture(autouse=True)
 def torch_threads_kept():
-    """Each test ends with the torch threads it began with: an app run beside busy cores
-    takes the cores left (krypton.host.share_host, process-wide by design), which must
-    not carry into the next test's timings or logged runs."""
+    """Each test ends with the torch threads it began with: a test that sets a count as a
+    caller would (torch.set_num_threads) must not carry it into the next test's timings
+    or logged runs. Krypton itself changes only a run's own thread, for the run."""
     import torch
 
     threads = torch.get_num_threads()
@@ -196,6 +196,7 @@ def two_cores(monkeypatch) -> list[float]:
     monkeypatch.setattr(host, "_MAX_THREADS", [2])
     monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(host, "_TORCH_DEFAULT", torch.get_num_threads())
+    monkeypatch.setattr(host.torch_threads, "callers_count", lambda: None)  # set by no one
     monkeypatch.setattr(host, "_BAND", [])
     load = [0.0]
     monkeypatch.setattr(host, "_recent_load", lambda: load[0])

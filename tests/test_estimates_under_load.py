@@ -43,23 +43,29 @@ def test_a_run_beside_busy_cores_takes_the_cores_left():
     assert threads_for_load(float("nan"), cores=2) == min(2, max_threads())
 
 
-def test_a_run_shares_the_host_by_setting_torch_threads_to_the_cores_left():
-    """krypton.host.share_host, as the app's and the workers' runs call it: the load it
-    is given (or samples) comes back for the estimate and the log, and torch's threads
-    are the cores that load leaves."""
+def test_sampling_the_host_returns_its_load_and_changes_no_threads():
+    """krypton.host.share_host, as the app's runs call it: the load it is given (or
+    samples) comes back for the estimate and the log, and nothing else changes. It set
+    the process's torch threads to the cores left, which every thread started during the
+    run then copied for life (a server's request threads ran on one thread, idle)."""
+    import threading
+
     import torch
 
-    from krypton.host import share_host, threads_for_load
+    from krypton.host import share_host
 
+    torch.set_num_threads(2)  # the caller's two (the autouse fixture restores its own)
     before = torch.get_num_threads()
-    try:
-        busy = float(os.cpu_count() or 1)  # every core busy: one thread left
-        assert share_host(busy) == busy and torch.get_num_threads() == 1
-        assert share_host(0.0) == 0.0 and torch.get_num_threads() == threads_for_load(0.0)
-        sampled = share_host()
-        assert torch.get_num_threads() == threads_for_load(sampled)
-    finally:
-        torch.set_num_threads(before)
+    busy = float(os.cpu_count() or 1) + 1  # every core busy: one thread left for a run
+    assert share_host(busy) == busy and torch.get_num_threads() == before
+    assert share_host(0.0) == 0.0 and torch.get_num_threads() == before
+    sampled = share_host()
+    assert sampled is not None and sampled >= 0.0 and torch.get_num_threads() == before
+    seen: list[int] = []
+    started = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    started.start()
+    started.join()
+    assert seen == [before]
 
 
 def test_runs_logged_while_busy_do_not_keep_the_estimate_high_once_idle(tmp_path):

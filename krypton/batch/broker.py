@@ -12,7 +12,6 @@ through the Redis result backend as the same bytes a local run would write.
 from __future__ import annotations
 
 import base64
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -382,6 +381,7 @@ def broker_series(url: str, wait_for_worker: float = 30.0):
     return make
 
 
-def worker_threads() -> int:
-    """Torch threads for a worker: KRYPTON_TORCH_THREADS, else every core."""
-    return int(library_setting("KRYPTON_TORCH_THREADS")) or (os.cpu_count() or 1)
+def worker_threads() -> int | None:
+    """Torch threads for a worker: KRYPTON_TORCH_THREADS; None where unset (each run then
+    takes the cores the host's load leaves, krypton.host.host_share)."""
+    return int(library_setting("KRYPTON_TORCH_THREADS")) or None

@@ -22,8 +22,8 @@ of windows at a time (so the progress bar follows the real work), with one of:
   (or, where static analysis says that cannot pay, whole images batched).
 - ``batched``: any other input form (1-D features, tuples of inputs, extra arguments,
   integer inputs, plain callables): the occluded inputs Captum would build, evaluated in
-  batches sized from the engine's memory budget rather than ``perturbations_per_eval``
-  at a time.
+  batches sized from the engine's memory budget (``perturbations_per_eval``, where the
+  caller passes it, caps the windows per forward; left out, the engine asks for 128).
 
 The model runs in eval mode for the computation and goes back to the mode it was in.
 A model whose training mode changes its numbers (dropout, batch norm in training), a
@@ -57,6 +57,7 @@ from ..explainer import DEFAULT_BATCH
 from ..host import host_share
 from .shared import (
     ENGINE_BATCH,
+    LibraryDefault,
     evaluated,
     explainer_for,
     mode_dependent_modules,
@@ -126,6 +127,13 @@ class Occlusion(CaptumOcclusion):
         """The engine's strategy in this thread's last call: "incremental" or "batched"."""
         return getattr(self._local, "strategy", None)
 
+    @property
+    def last_host(self) -> dict | None:
+        """The host share of this thread's last call the engine ran (its torch threads,
+        who chose them, the load: krypton.host.HostShare.as_dict); None where Captum ran
+        it itself."""
+        return getattr(self._local, "host", None)
+
     @log_usage(part_of_slo=True)
     def attribute(  # type: ignore[override]
         self,
@@ -135,7 +143,7 @@ class Occlusion(CaptumOcclusion):
         baselines: Any = None,
         target: Any = None,
         additional_forward_args: Any = None,
-        perturbations_per_eval: int = 1,
+        perturbations_per_eval: int = LibraryDefault(1),
         show_progress: bool = False,
     ) -> Any:
         """Captum's ``Occlusion.attribute``: the same arguments, checks and result."""
@@ -248,8 +256,8 @@ class _Session:
         self.real = real
         self.additional = _format_additional_forward_args(additional_forward_args)
         self.per_eval = per_eval if isinstance(per_eval, int) and per_eval > 0 else 1
-        # Captum's default is 1; any other count below the engine's batch is a cap
-        self.engine_batch = windows_per_forward(self.per_eval, 1)
+        # Captum's default 1 (not passed): the engine's batch; a count passed is a cap
+        self.engine_batch = windows_per_forward(self.per_eval)
         self.strategy: str | None = None  # decided at the first ablation
         self.reasons: list[str] = []
         self.initial: Any = None  # Captum's unablated forward, as the model returned it

@@ -13,7 +13,8 @@ that blends overlapping windows, and the kernels of ``gaussian_occlusion`` and
 ``constant_occlusion``. Krypton replaces only the predictor: where MONAI runs the whole
 network on each occluded copy, the engine recomputes what each window changes, on 2-D
 images and 3-D volumes alike, in batches sized from its memory budget (an ``n_batch``
-other than MONAI's default 16 and below the engine's batch caps the windows per forward).
+the caller passes, 16 included, caps the windows per forward; left out, the engine's
+batch is 128).
 A subclass that overrides MONAI's ``predictor`` is run by MONAI's code, with a warning.
 The model runs in eval mode and goes back to its own mode,
 as MONAI does. Extra forward arguments, callable modes, inputs whose dtype or device is
@@ -25,6 +26,7 @@ MONAI is optional: Krypton imports without it; this class needs ``pip install mo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +37,7 @@ from ..engine import UnsupportedModelError
 from ..engine.capture_lock import CAPTURE_LOCK
 from ..engine.kernels import window_index
 from ..host import host_share
-from .shared import explainer_for, warn_once, windows_per_forward
+from .shared import LibraryDefault, explainer_for, warn_once, windows_per_forward
 
 __all__ = ["OcclusionSensitivity"]
 
@@ -67,8 +69,8 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
     Args:
         nn_module: the classifier (an ``nn.Module``).
         mask_size: side of the occluded box, one number or one per spatial dimension.
-        n_batch: windows per forward in MONAI's own runs; the engine sizes its batches
-            from its memory budget.
+        n_batch: windows per forward in MONAI's own runs; in the engine's, a cap where
+            passed (left out: 128 a forward, within its memory budget).
         verbose: MONAI's progress bar, moving as the engine computes.
         mode: "gaussian" (multiply by 1 - a Gaussian), "mean_patch", "mean_img", a float,
             or a callable (MONAI's own code runs it).
@@ -81,7 +83,7 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
         self,
         nn_module: nn.Module,
         mask_size: int | Sequence[int] = 16,
-        n_batch: int = 16,
+        n_batch: int = LibraryDefault(MONAI_N_BATCH),
         verbose: bool = True,
         mode: str | float | Callable = "gaussian",
         overlap: float = 0.6,
@@ -96,9 +98,21 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
             overlap=overlap,
             activate=activate,
         )
-        self.last_engine: str | None = None  # "krypton" or "monai": what ran last
-        self.last_host: dict | None = None  # the engine's threads and why (krypton.host)
+        # per thread: one instance may serve several threads at once
+        self._local = threading.local()
         self._warned: set[str] = set()
+
+    @property
+    def last_engine(self) -> str | None:
+        """Who computed this thread's last call: "krypton" or "monai"."""
+        return getattr(self._local, "engine", None)
+
+    @property
+    def last_host(self) -> dict | None:
+        """The host share of this thread's last call the engine ran (its torch threads,
+        who chose them, the load: krypton.host.HostShare.as_dict); None where MONAI ran
+        it itself."""
+        return getattr(self._local, "host", None)
 
     def __call__(
         self, x: torch.Tensor, b_box: Sequence[int] | None = None, **kwargs: Any
@@ -109,11 +123,11 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
             try:  # the host's share as krypton.explain takes it (the caller's threads win)
                 with host_share() as share:
                     result = self._incremental(x, b_box)
-                self.last_host = share.as_dict()
+                self._local.host = share.as_dict()
             except UnsupportedModelError as exc:
                 reason = f"the model cannot be captured as a graph ({exc})"
             else:
-                self.last_engine = "krypton"
+                self._local.engine = "krypton"
                 return result
         if reason:
             warn_once(
@@ -121,7 +135,7 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
                 f"krypton.monai.OcclusionSensitivity: {reason}; MONAI's own code runs it "
                 f"(same results, no incremental speedup)",
             )
-        self.last_engine = "monai"
+        self._local.engine, self._local.host = "monai", None
         return super().__call__(x, b_box, **kwargs)
 
     def _why_not_incremental(self, x: Any, kwargs: dict) -> str | None:
@@ -239,8 +253,8 @@ class _Windows:
         plan = self.explainer.position_plan(self.image, list(self.starts.T), mask_size, graph)
         self.mode = "exact" if plan.incremental else "naive"
         count = len(self.starts)
-        # MONAI's default is 16; any other count below the engine's batch is a cap
-        self.batch = windows_per_forward(owner.n_batch, MONAI_N_BATCH)
+        # MONAI's default 16 (not passed): the engine's batch; a count passed is a cap
+        self.batch = windows_per_forward(owner.n_batch)
         self.chunk = max(owner.n_batch, self.batch, -(-count // PROGRESS_STEPS))
         self.done: list[torch.Tensor] = []
         self.computed = 0

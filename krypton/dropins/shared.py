@@ -16,7 +16,14 @@ from torch import nn
 from .._inputs import _model_device
 from ..explainer import OcclusionExplainer
 
-__all__ = ["ENGINE_BATCH", "explainer_for", "evaluated", "mode_dependent_modules", "warn_once"]
+__all__ = [
+    "ENGINE_BATCH",
+    "LibraryDefault",
+    "explainer_for",
+    "evaluated",
+    "mode_dependent_modules",
+    "warn_once",
+]
 
 # Occluded positions the drop-ins ask the engine for per batch, whatever the
 # caller's perturbations_per_eval or n_batch: the engine's memory budget caps it
@@ -38,14 +45,24 @@ _MODE_DEPENDENT = (
 )
 
 
-def windows_per_forward(requested: int, library_default: int) -> int:
-    """Occluded windows per engine forward: ENGINE_BATCH, or fewer where the caller chose
-    fewer (``requested``, Captum's ``perturbations_per_eval`` or MONAI's ``n_batch``, set
-    to something other than its ``library_default`` and below ENGINE_BATCH: a caller who
-    lowered it to fit a card's memory is heard)."""
-    if requested != library_default and 0 < requested < ENGINE_BATCH:
-        return int(requested)
-    return ENGINE_BATCH
+class LibraryDefault(int):
+    """A library's default count of windows per forward as a drop-in's signature carries
+    it (Captum's ``perturbations_per_eval=1``, MONAI's ``n_batch=16``): the same number,
+    told apart from the same number passed by the caller, which is heard."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+def windows_per_forward(requested: int) -> int:
+    """Occluded windows per engine forward: ENGINE_BATCH where the caller left the
+    library's default (:class:`LibraryDefault`); else the count the caller passed
+    (Captum's ``perturbations_per_eval`` or MONAI's ``n_batch``, 1 included: a caller
+    who bounds a forward to fit a card's memory is heard), at most ENGINE_BATCH. The
+    engine's memory budget may lower either (capped_batch_size)."""
+    if isinstance(requested, LibraryDefault) or requested < 1:
+        return ENGINE_BATCH
+    return min(int(requested), ENGINE_BATCH)
 
 
 def explainer_for(model: nn.Module) -> OcclusionExplainer:
