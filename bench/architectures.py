@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from bench.zoo import build
+from krypton.torch_threads import threads_for_this_thread
 
 MATRIX = [
     "tv:resnet18",
@@ -204,13 +205,11 @@ def paired(explainer, image: torch.Tensor, settings: dict, name: str, pairs: int
 
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
-    """Torch's intra-op threads set to ``count`` for the block, then restored."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
+    """Torch's intra-op threads set to ``count`` for the block, in this thread only, then
+    restored (torch.set_num_threads would make the count the caller's for every later
+    run of the process: krypton.torch_threads)."""
+    with threads_for_this_thread(count):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ import torchvision
 import krypton
 import krypton.schedule
 from bench.dropin import captum_row, monai_row
+from krypton.torch_threads import threads_for_this_thread
 
 # naive runs are timed on this many of a case's positions (two batches) and scaled: a
 # naive position costs the same wherever the patch is, and VGG16's 169 naive positions
@@ -153,12 +154,10 @@ def model_row(name: str, rounds: int) -> dict:
             )
             gap = np.abs(_values_at(reference, sample) - _values_at(heatmap, sample))
             difference = max(difference, float(gap.max()))
-            before = torch.get_num_threads()
-            torch.set_num_threads(threads)
-            try:
+            # this thread's count only: torch.set_num_threads would make every later
+            # run's count the caller's (krypton.torch_threads), not the load's
+            with threads_for_this_thread(threads):
                 seconds = _plain_torch(model, image, sample, settings["patch"]) * scale
-            finally:
-                torch.set_num_threads(before)
             naive.setdefault(f"plain torch, {threads} thread(s)", []).append(seconds)
     best_name, best = min(((k, min(v)) for k, v in naive.items()), key=lambda item: item[1])
     return {
