@@ -69,6 +69,25 @@
                 const visible = bound ? {} : HIDDEN;
                 return [visible, visible, visible, visible, !(bound && !busy)];
             },
+            // Either panel's result (webapp.panels.subject_panel): its summary, picture,
+            // Compare view and downloads only beside the subject it explains (``shown``: its key and model,
+            // from the server's show_result), once the request answered is the one wanted
+            // and, for the image panel, the picture drawn (``onScreen``) is that subject;
+            // else hidden, downloads off. No result (a placeholder, a reason) always shows.
+            showResult: function (shown, subject, model, want, answered, onScreen) {
+                const outputs = window.dash_clientside.callback_context.outputs_list;
+                const off = outputs[2].map(() => true);
+                if (!shown) {
+                    return [{}, {}, off];
+                }
+                const settled = (want || null) === (answered || null);
+                const drawn = onScreen === undefined
+                    ? Boolean(subject) && {key: subject.key, model: model} : onScreen;
+                const bound = settled && Boolean(subject) && Boolean(drawn)
+                    && shown.key === subject.key && shown.model === model
+                    && shown.key === drawn.key && shown.model === drawn.model;
+                return bound ? [{}, {}, shown.disabled] : [HIDDEN, HIDDEN, off];
+            },
             // The image panel's show rule: the top 5 and class list only beside the picture
             // they are for, the estimate and Run only once nothing is pending.
             showImage: function (prediction, image, model, busy, shown, want, answered, estimate) {

@@ -183,3 +183,73 @@ def test_a_photograph_after_a_ct_slice_is_explained_by_the_photograph_model(
         time.sleep(0.2)
     assert said not in dash_duo.find_element("#model-card").text
     assert "fundus-demo" in dash_duo.find_element("#model").text
+
+
+RESULT = """
+const visible = e => Boolean(e) && e.offsetParent !== null;
+const picture = document.querySelector('#image-graph .js-plotly-plot');
+const source = picture && picture.data && picture.data[0] ? String(picture.data[0].source) : '';
+const plot = document.querySelector('#heatmap-graph .js-plotly-plot');
+const heat = visible(plot) && plot.data ? plot.data.some(t => t.type === 'heatmap') : false;
+const summary = document.querySelector('#result-summary');
+const buttons = [...document.querySelectorAll('button[id*=\\'"type":"export"\\']')];
+return {
+  image: source.length + ':' + source.slice(-40),
+  heatmap: heat,
+  summary: visible(summary) ? summary.innerText.trim() : '',
+  downloads: buttons.filter(b => visible(b) && !b.disabled).length,
+};
+"""
+
+
+def test_switching_images_right_after_runs_never_shows_the_old_result(
+    dash_duo, krypton_app, busy_host
+):
+    """After an image switch made just after a run, the old image's heatmap, its
+    "p = …" summary and enabled downloads stayed beside the new picture for up to ~1 s
+    (4 of 10 switches beside two burners); a download then saved the old image's result
+    under the new one. Sampled every 50 ms from each of 20 such clicks until the new
+    image's prediction has settled (and a second more): none of them is ever on screen
+    beside a picture other than the one the run explained. `make test` runs it beside
+    two CPU burners (busy_host)."""
+    dash_duo.start_server(krypton_app)
+    dash_duo.wait_for_element("#upload", timeout=20)
+    choose(dash_duo, "stride", "16")  # short runs: a few seconds each
+    rng = random.Random(11)
+    current = SAMPLES[0]
+    show(dash_duo, current)
+    settled(dash_duo)
+    stale_seen: list[dict] = []
+    for _ in range(20):
+        explained = settled(dash_duo)["image"]
+        dash_duo.find_element("#run").click()
+        deadline = time.time() + 240
+        while time.time() < deadline:  # the run's result, beside its own picture
+            state = dash_duo.driver.execute_script(RESULT)
+            if "p = " in state["summary"] and state["heatmap"] and state["downloads"]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"no result within 240 s: {state}")
+        current = rng.choice([name for name in SAMPLES if name != current])
+        show(dash_duo, current)
+        stale_seen += _result_watch(dash_duo, explained)
+    assert not stale_seen, stale_seen[:5]
+
+
+def _result_watch(dash_duo, explained: str, timeout: float = 120) -> list[dict]:
+    """Sample from the click until another picture's prediction has settled, and a
+    second more: each state with a heatmap, a "p = " summary or an enabled download
+    beside a picture other than ``explained``."""
+    stale, began, quiet_from = [], time.time(), None
+    while time.time() - began < timeout:
+        state = dash_duo.driver.execute_script(RESULT)
+        moved = state["image"] != explained
+        if moved and (state["heatmap"] or "p = " in state["summary"] or state["downloads"]):
+            stale.append(dict(state, at=round(time.time() - began, 2)))
+        ready = moved and not page(dash_duo)["run_disabled"]
+        quiet_from = (quiet_from or time.time()) if ready else None
+        if quiet_from and time.time() - quiet_from > 1.0:
+            return stale
+        time.sleep(0.05)
+    raise AssertionError(f"the new picture's prediction did not settle: {state}")

@@ -321,8 +321,8 @@ def test_the_panel_draws_a_heatmap_only_beside_the_volume_and_model_it_explains(
         )
         return [len(f.data) for f in drawn[:3]]
 
-    def summary(record, region, settings, session="tab-1"):
-        return panel.show_result(handle, record, "ct-test", region, *settings, session)
+    def summary(record, region, settings, session="tab-1"):  # the marker for the page's rule
+        return panel.show_result(handle, record, "ct-test", region, *settings, session)[:-1]
 
     assert drawn_layers(record, region, settings) == [2, 2, 2]  # gray block + heatmap
     # no DICOM source; no Compare (the run was not asked to compare)
@@ -362,12 +362,14 @@ def test_a_volume_heatmap_of_weights_no_longer_loaded_is_hidden_as_an_images_is(
     panel = VolumePanel(services, None)
     record, handle = {"key": key, "name": "chest.nii.gz"}, {"id": result["id"]}
     settings = (None, 8, 8, "exact", None)  # region, patch, stride, mode, class
-    assert panel.show_result(handle, record, "ct-test", *settings, "tab-1")[1:] == (
-        False, False, True, True
-    )  # fmt: skip
+    shown = panel.show_result(handle, record, "ct-test", *settings, "tab-1")
+    assert shown[1:-1] == (False, False, True, True)
+    # what it explains, for the browser's rule that keeps it beside that volume alone
+    assert shown[-1] == {"key": key, "model": "ct-test", "disabled": [False, False, True, True]}
     monkeypatch.setattr(services, "weights_checksum", lambda name: "other weights")
-    text, *disabled = panel.show_result(handle, record, "ct-test", *settings, "tab-1")
+    text, *disabled, shown = panel.show_result(handle, record, "ct-test", *settings, "tab-1")
     assert disabled == [True] * 4 and "the model's weights" in str(text), text
+    assert shown is None
     drawn = panel.draw_views(record, "ct-test", 24, 24, 24, None, handle, "model",
                              *settings[1:], "tab-1")  # fmt: skip
     assert [len(f.data) for f in drawn[:3]] == [1, 1, 1]  # the block, no heatmap
@@ -390,7 +392,7 @@ def test_a_volume_result_the_server_let_go_says_so(services, nifti_bytes):
     services.results.put("another tab", {"id": "x"})  # the tab's result goes
     panel = VolumePanel(services, None)
     settings = ([16, 16, 16, 32, 32, 32], result["patch"], result["stride"], "exact", None)
-    text, *disabled = panel.show_result(
+    text, *disabled, _ = panel.show_result(
         {"id": result["id"]}, {"key": key}, "ct-test", *settings, "tab-1"
     )
     assert DROPPED_RESULT in str(text) and disabled == [True] * 4
@@ -696,7 +698,7 @@ def test_the_volume_panel_says_the_shared_store_is_away_as_the_image_panel_does(
     panel = VolumePanel(services, None)
     record = {"key": key, "name": "chest.nii.gz"}
     summary = panel.show_result(handle, record, "ct-test", None, 8, 8, "exact", None, "tab-1")
-    assert "Redis" in str(summary[0]) and summary[1:] == (True, True, True, True)
+    assert "Redis" in str(summary[0]) and summary[1:] == (True, True, True, True, None)
     _, said = panel.switch_class(1 - result["label"], handle, "tab-1")
     assert "Redis" in said
 

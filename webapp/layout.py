@@ -392,32 +392,35 @@ def _result_section(pacs: bool = False) -> html.Section:
             _overlay_controls(),
             IMAGE_PANEL.strip.live(),
             html.Div(
-                [
-                    # the summary's first lines above the picture: on a 1366x768 laptop
-                    # they show without scrolling
-                    IMAGE_PANEL.summary_box(),
-                    dcc.Graph(
-                        id=ids.HEATMAP_GRAPH,
-                        config={"displaylogo": False},
-                        figure=placeholder_figure("Press Run to compute the heatmap"),
-                    ),
-                    *IMAGE_PANEL.strip.downloads(EXPORTS),
-                    dcc.Checklist(
-                        id=ids.DICOM_IDENTITY,
-                        options=[
-                            {
-                                "label": " copy the patient's identity (name, "
-                                "ID, birth date, sex, accession number) into "
-                                "the DICOM export",
-                                "value": "identity",
-                            }
-                        ],
-                        value=[],
-                        className="help",
-                        style={"display": "none"},
-                    ),
-                    *([pacs_send(IMAGE_PANEL)] if pacs else []),
-                ],
+                html.Div(
+                    [
+                        # the summary's first lines above the picture: on a 1366x768 laptop
+                        # they show without scrolling
+                        IMAGE_PANEL.summary_box(),
+                        dcc.Graph(
+                            id=ids.HEATMAP_GRAPH,
+                            config={"displaylogo": False},
+                            figure=placeholder_figure("Press Run to compute the heatmap"),
+                        ),
+                        *IMAGE_PANEL.strip.downloads(EXPORTS),
+                        dcc.Checklist(
+                            id=ids.DICOM_IDENTITY,
+                            options=[
+                                {
+                                    "label": " copy the patient's identity (name, "
+                                    "ID, birth date, sex, accession number) into "
+                                    "the DICOM export",
+                                    "value": "identity",
+                                }
+                            ],
+                            value=[],
+                            className="help",
+                            style={"display": "none"},
+                        ),
+                        *([pacs_send(IMAGE_PANEL)] if pacs else []),
+                    ],
+                    id=IMAGE_PANEL.result_area,  # hidden at the click that changes the image
+                ),
                 id=ids.RESULT_PANEL_BODY,
             ),
         ],

@@ -191,6 +191,20 @@ class PanelScope:
         return self.id("summary")
 
     @property
+    def result_shown(self) -> str:
+        """What the result on screen explains: its subject's key and model, and which of
+        its downloads are off (None: no result on screen). assets/binding.js's showResult
+        shows the result only beside that subject."""
+        return self.id("result-shown")
+
+    @property
+    def result_area(self) -> str:
+        """The result's summary, picture and downloads: hidden at the click that changes
+        the subject or the model, in the same update, and shown again only beside the
+        subject it explains."""
+        return self.id("result-area")
+
+    @property
     def compare_panel(self) -> str:
         """The three methods side by side."""
         return self.id("compare-panel")
@@ -198,7 +212,7 @@ class PanelScope:
     def stores(self) -> list[dcc.Store]:
         """The subject's stores, the result's and the run strip's."""
         parts = (self.ticket, self.store, self.wanted, self.answered, self.region,
-                 self.result, self.compare_pending)  # fmt: skip
+                 self.result, self.result_shown, self.compare_pending)  # fmt: skip
         return [*(dcc.Store(id=part) for part in parts), *self.strip.stores()]
 
     def upload_zone(self, what: str, formats: str, max_bytes: int) -> html.Div:

@@ -109,10 +109,15 @@ def volume_section(
                 [*VOLUME_PANEL.strip.buttons(), VOLUME_PANEL.strip.progress_bar()], className="row"
             ),
             VOLUME_PANEL.strip.live(),
-            VOLUME_PANEL.summary_box(),
-            html.Div(id=VOLUME_PANEL.compare_panel, className="compare"),
-            *VOLUME_PANEL.strip.downloads(VOLUME_EXPORTS),
-            *([pacs_send(VOLUME_PANEL)] if pacs else []),
+            html.Div(
+                [
+                    VOLUME_PANEL.summary_box(),
+                    html.Div(id=VOLUME_PANEL.compare_panel, className="compare"),
+                    *VOLUME_PANEL.strip.downloads(VOLUME_EXPORTS),
+                    *([pacs_send(VOLUME_PANEL)] if pacs else []),
+                ],
+                id=VOLUME_PANEL.result_area,  # hidden at the click that changes the volume
+            ),
         ],
         className="panel volume-panel",
     )

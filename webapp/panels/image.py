@@ -33,7 +33,10 @@ class ImagePanel:
                         (State(IMAGE_PANEL.model, "value"),))  # fmt: skip
         # a click hides the prediction, class list and estimate and disables Run; the
         # settings panel's rule shows them again once what arrived is for the picture
-        hide_at_click(app, IMAGE_PANEL, [ids.TOP5, IMAGE_PANEL.label, IMAGE_PANEL.strip.estimate])
+        # (and the result: its heatmap, summary, downloads and Compare, in the same update)
+        hidden = [ids.TOP5, IMAGE_PANEL.label, IMAGE_PANEL.strip.estimate,
+                  IMAGE_PANEL.result_area, IMAGE_PANEL.compare_panel]  # fmt: skip
+        hide_at_click(app, IMAGE_PANEL, hidden)
         app.callback(
             Output(IMAGE_PANEL.store, "data", allow_duplicate=True),
             Output(IMAGE_PANEL.strip.message, "children", allow_duplicate=True),

@@ -99,6 +99,9 @@ class RunPanel(SubjectPanel):
     def picture_inputs(self) -> list[Input]:
         return [Input(ids.OVERLAY_STORE, "data")]
 
+    def on_screen_inputs(self) -> list[Input]:
+        return [Input(ids.IMAGE_SHOWN, "data")]
+
     def picture(self, result: runs.ResultRecord | None, why: str, overlay=None) -> tuple:
         """The heatmap over the picture the model saw (drawn with the overlay settings),
         the DICOM identity choice where the result has a DICOM source, the Compare view."""

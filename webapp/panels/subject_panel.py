@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from dash import ALL, Input, Output, State, ctx, html, no_update
+from dash import ALL, ClientsideFunction, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 from .. import comparison, ids, runs, wording
@@ -95,6 +95,12 @@ class SubjectPanel:
     def register_own(self, app) -> None:
         """The kind's own callbacks (its picture, its intake)."""
 
+    def on_screen_inputs(self) -> list[Input]:
+        """What the page draws the subject from, where it is not the subject's store
+        itself (the image panel's picture: ids.IMAGE_SHOWN): a result is shown only once
+        that is its subject too."""
+        return []
+
     # -- what every panel does ----------------------------------------------------------------
 
     def register(self, app) -> None:
@@ -111,6 +117,7 @@ class SubjectPanel:
             *[Output({"type": scope.strip.export, "format": fmt}, "disabled")
               for fmt in self.export_formats],
             *self.picture_outputs(),
+            Output(scope.result_shown, "data"),
             Input(scope.result, "data"),
             *[Input(*part) for part in self.screen()],
             *self.picture_inputs(),
@@ -119,6 +126,25 @@ class SubjectPanel:
             State(scope.label, "value"),
             State(ids.SESSION, "data"),
         )(self.show_result)  # fmt: skip
+        # The result beside its own subject only, decided in the browser
+        # (assets/binding.js): the click that changes the subject or the model hid it in
+        # the same update as the prediction (panels.common.hide_at_click); an answer of
+        # show_result computed for the subject before (a run that ended just before the
+        # click) shows nothing beside the new one. Measured before: the old heatmap,
+        # its "p = " and enabled downloads beside the new picture for up to ~1 s.
+        app.clientside_callback(
+            ClientsideFunction("krypton_binding", "showResult"),
+            Output(scope.result_area, "style"),
+            Output(scope.compare_panel, "style"),
+            Output({"type": scope.strip.export, "format": ALL}, "disabled", allow_duplicate=True),
+            Input(scope.result_shown, "data"),
+            Input(scope.store, "data"),
+            Input(scope.model, "value"),
+            Input(scope.wanted, "data"),
+            Input(scope.answered, "data"),
+            *self.on_screen_inputs(),
+            prevent_initial_call=True,
+        )
         app.callback(
             Output(scope.result, "data", allow_duplicate=True),
             Output(scope.strip.message, "children", allow_duplicate=True),
@@ -169,8 +195,9 @@ class SubjectPanel:
         return (None, hidden) if hidden else (result, "")
 
     def show_result(self, handle, *page):
-        """The kept result's summary, which downloads it has and the kind's picture of it,
-        only beside what it explains; otherwise why not. ``page``: the values of
+        """The kept result's summary, which downloads it has, the kind's picture of it and
+        what it explains (:attr:`PanelScope.result_shown`), only beside what it explains;
+        otherwise why not, and None. ``page``: the values of
         :meth:`screen`, of :meth:`picture_inputs`, the class and the session."""
         count = len(self.screen())
         screen, drawn_with = page[:count], page[count:-2]
@@ -185,10 +212,12 @@ class SubjectPanel:
         off = [True] * len(self.export_formats)
         if result is None:
             said = html.P(why, className="warning") if why else ""
-            return said, *off, *self.picture(None, why, *drawn_with)
+            return said, *off, *self.picture(None, why, *drawn_with), None
         unavailable = self.unavailable(result)
         disabled = [fmt in unavailable for fmt in self.export_formats]
-        return self.summary(result), *disabled, *picture
+        # what this result explains, for the browser's rule (and its downloads' state)
+        shown = {"key": result["source_key"], "model": result["model"], "disabled": disabled}
+        return self.summary(result), *disabled, *picture, shown
 
     def summary(self, result: runs.ResultRecord) -> html.Div:
         """The result's lines in the page's plain words (webapp.runs.summary_lines; the

@@ -175,7 +175,7 @@ class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
         summary and disables Run at the click; they come back once the volume answered is
         the one wanted and the panel has described it."""
         hidden = [ids.VOLUME_INFO, VOLUME_PANEL.label, VOLUME_PANEL.strip.estimate,
-                  VOLUME_PANEL.summary]  # fmt: skip
+                  VOLUME_PANEL.summary, VOLUME_PANEL.result_area]  # fmt: skip
         hide_at_click(app, VOLUME_PANEL, hidden)
         app.clientside_callback(
             ClientsideFunction("krypton_binding", "showVolume"),
