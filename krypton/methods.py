@@ -462,8 +462,8 @@ def path_detail(paths: list[tuple[int, float]]) -> str:
     gap = max(gap for _, gap in paths)
     reached = "" if gap <= IG_GAP else f" (over the {IG_GAP:.0%} aimed at: more steps needed)"
     return (
-        f"{steps} steps from the fill; the attributions sum to f(input) - f(fill) within "
-        f"{gap:.1%}{reached}"
+        f"{steps} steps from the fill; the map adds up to the class score's change from the "
+        f"fill to the image (f(input) - f(fill)) within {gap:.1%}{reached}"
     )
 
 

@@ -424,3 +424,22 @@ def test_a_path_short_of_completeness_says_by_how_much_and_more_steps_compute_on
         else:
             assert budget == 8  # reached 1% at 8: kept, not computed again
     assert runs.compare_left(services, more) == []
+
+
+def test_compare_titles_name_the_method_and_the_path_is_said_in_words(services):
+    """The maps' titles carried how each ran, wrapped into the plot title with <br>: read
+    out or copied it ran words together ("attributionssum"), and "f(input) − f(fill)"
+    alone meant nothing to a radiologist. A title names the method and its seconds; how
+    it ran is a line of words below the map."""
+    from webapp.panels.compare import image_compare_view
+
+    result = runs.execute(services, "s", request(services, compare=True), lambda *a: None)
+    view = image_compare_view(result, IMAGE.resize((224, 224)))
+    maps = next(part for part in view if getattr(part, "className", "") == "compare-maps")
+    for cell in maps.children:
+        graph, said = cell.children
+        title = graph.figure.layout.title.text
+        assert "steps" not in title and "layer" not in title and "<br>" not in title, title
+        assert said.children
+    gradients = [cell.children[1].children for cell in maps.children]
+    assert any("the class score's change from the fill to the image" in s for s in gradients)

@@ -53,7 +53,8 @@ def more_steps_note(result: ResultRecord) -> str:
         return ""
     head = (
         f"Integrated Gradients for {result['label_name']} stopped {gap:.1%} from completeness "
-        f"(its attributions should sum to f(input) - f(fill); {IG_GAP:.0%} is aimed at) after "
+        f"(its map should add up to the class score's change from the fill to the image; "
+        f"{IG_GAP:.0%} is aimed at) after "
         f"{used:,} gradient evaluations."
     )
     larger = [steps for steps in IG_STEP_CHOICES if steps > max(budget, used)]

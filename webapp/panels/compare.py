@@ -87,15 +87,20 @@ def image_compare_view(result: runs.ResultRecord, shown: Image.Image) -> list:
         return [html.P(maps, className="warning")]
     if not maps:
         return []
+    # the title names the method and its time; how it ran goes below in a line of words
+    # (wrapped into the plot's title, it read "attributionssum" when copied or read out)
     graphs = [
         html.Div(
-            dcc.Graph(
-                figure=figures.importance_figure(
-                    shown, found, f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
+            [
+                dcc.Graph(
+                    figure=figures.importance_figure(
+                        shown, found, f"{TITLES[method]} · {found.seconds:.2f} s"
+                    ),
+                    config={"displaylogo": False},
+                    className="compare-map",
                 ),
-                config={"displaylogo": False},
-                className="compare-map",
-            )
+                html.Small(found.detail, className="help"),
+            ]
         )
         for method, found in maps.items()
     ]
@@ -123,13 +128,14 @@ def volume_compare_view(result: runs.ResultRecord, unit: np.ndarray, cursor) -> 
         per_voxel = voxel_values(grid, unit.shape)
         low, high = found.value_range()
         high = low + 1.0 if found.flat() else high + 1e-9  # a flat map: one colour, said so
-        title = f"{TITLES[method]} · {found.seconds:.2f} s · {found.detail}"
+        title = f"{TITLES[method]} · {found.seconds:.2f} s"
         figure = volume_views.views_live_figure(
             unit, cursor, per_voxel, (low, high), title, importance=True
         )
         rows.append(
             dcc.Graph(figure=figure, config={"displaylogo": False}, className="compare-map")
         )
+        rows.append(html.Small(found.detail, className="help"))
     return [
         *_heading(result, maps),
         *_flat(result, maps),
