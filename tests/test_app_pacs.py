@@ -205,3 +205,28 @@ def test_one_send_of_a_result_at_a_time_whoever_presses_it():
     with sources.sending("KRYPTON_abc"):  # released when the first ended
         pass
     assert "press Send again" in SENDING
+
+
+def test_the_study_list_is_newest_first_and_a_name_finds_its_studies(
+    orthanc,  # noqa: F811
+    hu_volume,  # noqa: F811
+):
+    """Orthanc lists studies in its own order; the page's study list was unsorted. Three
+    studies stored middle, oldest, newest are listed newest first. And a part of the
+    patient's name finds them: the search's ``*`` went out as ``%2A``, which Orthanc
+    matched literally, so no name search found anything."""
+    from demo.pacs import ct_series
+    from krypton.pacs import dicomweb
+    from test_pacs import SPACING
+    from webapp.pacs import study_options
+
+    settings = PacsSettings(orthanc, USER, PASSWORD)
+    client = dicomweb.connect(settings)
+    for date in ("20250601", "20240101", "20261130"):
+        datasets = ct_series(hu_volume[:1], (SPACING,) * 3, "Sorted^Patient")
+        for dataset in datasets:
+            dataset.StudyDate = date
+        dicomweb.store(client, datasets, datasets[0].StudyInstanceUID)
+    options = study_options(settings, "Sorted", None, None, None)
+    dates = [option["label"].split()[0] for option in options]
+    assert dates == ["20261130", "20250601", "20240101"], dates

@@ -120,8 +120,8 @@ def study_options(
     modality: str | None,
     accession: str | None,
 ) -> list[dict]:
-    """The studies a search finds, as dropdown options (value: the study UID). The
-    patient field is tried as a patient ID, then as part of a name."""
+    """The studies a search finds, as dropdown options (value: the study UID), newest
+    first. The patient field is tried as a patient ID, then as part of a name."""
     low = high = None
     if dates and dates.strip():
         low, _, high = dates.strip().partition("-")
@@ -142,6 +142,9 @@ def study_options(
                 rows = find_studies(pacs, patient_name=f"*{patient}*", **filters)
     except PacsError as exc:
         raise InputError(str(exc)) from None
+    # newest first, undated last, then by patient: a PACS answers in its own order
+    rows = sorted(rows, key=lambda r: (r.patient_name or "", r.patient_id or ""))
+    rows = sorted(rows, key=lambda r: r.date or "", reverse=True)
     return [
         {
             "label": f"{row.date or '-'}  {row.patient_name or '-'} ({row.patient_id or '-'})  "

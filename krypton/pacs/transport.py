@@ -49,6 +49,7 @@ __all__ = [
     "ActionBudget",
     "RequestBudget",
     "BoundedAdapter",
+    "literal_wildcards",
     "action",
     "joined",
     "bounded",
@@ -369,6 +370,17 @@ class _WatchedHTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _WatchedHTTPSConnection
 
 
+def literal_wildcards(url: str) -> str:
+    """``url`` with a QIDO search's wildcards (``*``, ``?``) in its query sent as
+    themselves: dicomweb-client percent-encodes them (``%2A``), which RFC 3986 allows
+    unencoded there, and Orthanc (1.10.1 with its DICOMweb plugin 1.7, Debian 12's)
+    matched ``%2A`` literally: a patient name search, ``*name*``, found nothing."""
+    head, mark, query = url.partition("?")
+    if not mark:
+        return url
+    return head + mark + query.replace("%2A", "*").replace("%2a", "*").replace("%3F", "?")
+
+
 class BoundedAdapter(HTTPAdapter):
     """requests' adapter for the PACS: only URLs under ``root``, the read timeout on
     every request, watched connections, no redirects, and each answer counted against
@@ -389,6 +401,7 @@ class BoundedAdapter(HTTPAdapter):
     def send(self, request, **kwargs):  # type: ignore[no-untyped-def,override]
         if not str(request.url).startswith(self.root):
             raise PacsError("Krypton asks the PACS only for addresses under its DICOMweb root")
+        request.url = literal_wildcards(str(request.url))
         kwargs["timeout"] = self.read_timeout
         return super().send(request, **kwargs)
 
