@@ -215,9 +215,10 @@ def test_the_study_list_is_newest_first_and_a_name_finds_its_studies(
     studies stored middle, oldest, newest are listed newest first. And a part of the
     patient's name finds them: the search's ``*`` went out as ``%2A``, which Orthanc
     matched literally, so no name search found anything."""
+    from test_pacs import SPACING
+
     from demo.pacs import ct_series
     from krypton.pacs import dicomweb
-    from test_pacs import SPACING
     from webapp.pacs import study_options
 
     settings = PacsSettings(orthanc, USER, PASSWORD)
