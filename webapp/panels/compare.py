@@ -121,7 +121,7 @@ def volume_compare_view(result: runs.ResultRecord, unit: np.ndarray, cursor) -> 
         return [html.P(maps, className="warning")]
     if not maps:
         return []
-    rows = []
+    rows: list = []
     for method, found in maps.items():
         # painted as the panel's own views paint a heatmap (nearest cell per voxel)
         grid = runs.grid_heatmap(found.importance, found.axes, found.patch[0])
