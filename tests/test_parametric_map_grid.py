@@ -128,3 +128,20 @@ def test_a_long_model_and_class_keep_the_stride_in_the_description():
     assert len(described) <= 64
     assert described.startswith("approximate, chest-ct") and ", GROUND_GLA" in described
     assert described.endswith("patch 8x16x16, stride 4")
+
+
+def test_a_shipped_model_and_class_are_never_cut_in_the_description():
+    """"Krypton exact, " and ", class " left 16 characters for the model: the stored map's
+    series read "chestct-slice-d~". The words give way before a name is cut."""
+    from krypton.render.parametric_map import series_description
+
+    shipped = (("chestct-slice-demo", (16, 8)), ("chestct-slice-demo", (32, 16)),
+               ("chestct-demo", ((4, 16, 16), (2, 8, 8))), ("chestct-demo", (12, 6)))  # fmt: skip
+    for mode in ("exact", "naive", "approximate"):
+        for model, (patch, stride) in shipped:
+            described = series_description(mode, model, "NODULE", patch, stride)
+            assert len(described) <= 64 and "~" not in described, described
+            assert model in described and "NODULE" in described, described
+    assert series_description("exact", "fundus-demo", "EXUDATE", 16, 8) == (
+        "Krypton exact, fundus-demo, class EXUDATE, patch 16, stride 8"
+    )

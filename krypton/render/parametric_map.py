@@ -318,11 +318,12 @@ def series_description(mode: str, model_name: str, class_name: str, patch, strid
     stride within DICOM's 64 characters; long model and class names are shortened, the
     numbers never."""
     tail = f", patch {_side(patch)}, stride {_side(stride)}"
-    head, joint = f"Krypton {mode}, ", ", class "
-    room = 64 - len(head) - len(joint) - len(tail)
-    if room < 20:  # long modes and anisotropic patches: the words give way, never the numbers
-        head, joint = f"{mode}, ", ", "
+    # the words give way before a name is cut, and the numbers never: "Krypton exact, " and
+    # ", class " left 16 characters for chestct-slice-demo ("chestct-slice-d~")
+    for head, joint in ((f"Krypton {mode}, ", ", class "), (f"{mode}, ", ", ")):
         room = 64 - len(head) - len(joint) - len(tail)
+        if len(model_name) + len(class_name) <= room:
+            return f"{head}{model_name}{joint}{class_name}{tail}"
     class_room = min(len(class_name), max(room // 2, room - len(model_name)))
     model_room = room - class_room
     return f"{head}{_cut(model_name, model_room)}{joint}{_cut(class_name, class_room)}{tail}"
