@@ -307,3 +307,24 @@ def test_cli_explain_writes_a_secondary_capture_without_identity(tmp_path, cli_h
     named = cli_here("explain", str(path), "--stride", "16", "--out", str(out), "--dicom-identity")
     assert named.returncode == 0, named.stderr
     assert pydicom.dcmread(out.with_suffix(".dcm")).PatientID == "ID-12345"
+
+
+@pytest.mark.parametrize("model", ["chestct-slice-demo", "fundus-demo"])
+def test_an_mr_slice_says_no_model_is_made_for_it(tmp_path, model):
+    """No shipped model is made for MR: an MR file kept whichever model was chosen last
+    (the CT slice model after a CT, the fundus model after a photograph), without a word.
+    The DICOM panel now says which model explains it and that none is made for MR."""
+    from pathlib import Path
+
+    from webapp.panels.image import ImagePanel
+    from webapp.services import Services
+
+    panel = ImagePanel(Services(tmp_path / "cache"))
+    data = Path(get_testdata_file("MR_small.dcm")).read_bytes()
+    image_data = panel.dicom_image_data(data, "MR (DICOM)", "tab-1")
+    assert ImagePanel.model_for("file", image_data, model) is None  # kept, and said
+    _, text, *_ = panel.show_dicom(image_data, model, 16)
+    assert f"No model here is made for MR images: {model} (made for " in text, text
+    ct = panel.dicom_image_data(Path(get_testdata_file("CT_small.dcm")).read_bytes(), "CT", "t")
+    ImagePanel.model_for("file", ct, "chestct-slice-demo")
+    assert "No model here" not in panel.show_dicom(ct, "chestct-slice-demo", 16)[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from krypton.registry import model_for_modality
+from krypton.registry import available_models, model_for_modality
 
 from .. import figures, helpers, ids, pacs
 from ..client import request_client
@@ -113,7 +113,13 @@ class ImagePanel:
         chosen = model_for_modality(modality, model) if modality else None
         if chosen:
             image_data["chosen_model"] = dict(model=chosen, instead_of=model, modality=modality)
-        return chosen
+            return chosen
+        made_for = next((i.modalities for i in available_models() if i.name == model), ())
+        if modality and made_for and modality not in made_for:  # none here is made for it
+            image_data["unmatched_model"] = dict(
+                model=model, modality=modality, made_for="/".join(made_for)
+            )
+        return None
 
     def _load_image(self, trigger, ticket, sample_clicks, compare_clicks, session):
         compare = isinstance(trigger, dict) and trigger.get("type") == IMAGE_PANEL.compare_sample
@@ -234,6 +240,13 @@ class ImagePanel:
             text += (
                 f" The model changed to {model_name}, made for {chosen['modality']} images, "
                 f"for this file ({chosen['instead_of']} is made for other images)."
+            )
+        unmatched = image_data.get("unmatched_model") or {}
+        if unmatched.get("model") == model_name:  # the model the page had: say so
+            text += (
+                f" No model here is made for {unmatched['modality']} images: {model_name} "
+                f"(made for {unmatched['made_for']}) explains it, as the model chosen last; "
+                "its answer may mean nothing for this file. Choose the model in Model."
             )
         centre, width = record["window"] or (None, None)
         frames = {"display": "block"} if record["frames"] > 1 else {"display": "none"}
