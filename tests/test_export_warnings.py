@@ -139,3 +139,17 @@ def test_the_cli_writes_the_warning_beside_a_flagged_photographs_npy(cli_here, t
     sidecar = tmp_path / "coffee.warning.txt"
     assert sidecar.exists() and "does not look like" in sidecar.read_text()
     assert (tmp_path / "coffee.npy").exists()
+
+
+def test_the_image_panel_says_the_warning_once_on_screen(dicom_result):
+    """The image panel's top 5 carries the warning beside the picture; its result summary
+    repeated it (2-3 warnings on one screen). The page summary leaves it to the top 5; the
+    volume panel, whose summary is the one place its page says it, and every export, keep
+    it."""
+    from webapp.panels.run import RunPanel
+    from webapp.panels.volume import VolumePanel
+
+    services, result, _ = dicom_result
+    image_summary = str(RunPanel(services, None).summary(result))
+    assert "p = " in image_summary and "not meaningful" not in image_summary
+    assert "not meaningful" in str(VolumePanel(services, None).summary(result))

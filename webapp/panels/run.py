@@ -45,6 +45,7 @@ class RunPanel(SubjectPanel):
     export_formats = tuple(fmt for _, fmt, _ in EXPORTS)
     dicom_format, dicom_field = "dcm", "dicom"
     hidden_while_running = (ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel)
+    summary_warns = False  # the top 5 beside the picture carries the warning, once
 
     def run_settings(self) -> list[State]:
         return [

@@ -38,6 +38,9 @@ class SubjectPanel:
     dicom_format: str  # the DICOM download's format, offered only beside a DICOM source
     dicom_field: str  # the result record's field naming its DICOM source
     hidden_while_running: tuple[str, ...] = ()  # what goes while a run runs
+    # whether the summary repeats the out-of-distribution warning: not where the panel's
+    # prediction beside the picture says it (the image panel's top 5)
+    summary_warns: bool = True
 
     def __init__(self, services: Services, manager):
         self.services = services
@@ -224,7 +227,8 @@ class SubjectPanel:
         planner's and the detector's terms behind "details": webapp.wording), with the
         reuse line under the panel's own id."""
         reuse = self.scope.id("reuse-info")
-        children = wording.summary_children(runs.summary_lines(result), ids={"Reused": reuse})
+        lines = runs.summary_lines(result, ood=self.summary_warns)
+        children = wording.summary_children(lines, ids={"Reused": reuse})
         if not result["reused"]:
             children.append(html.Div("", id=reuse, style={"display": "none"}))
         return html.Div(children)

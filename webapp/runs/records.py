@@ -273,12 +273,14 @@ def refuse_partial(result: ResultRecord, what: str) -> None:
         )
 
 
-def summary_lines(result: ResultRecord) -> list[str]:
-    """The result as the page states it: label, what ran and how long, against what."""
+def summary_lines(result: ResultRecord, ood: bool = True) -> list[str]:
+    """The result as the page states it: label, what ran and how long, against what; with
+    the out-of-distribution warning unless ``ood`` is False (a panel whose prediction
+    beside the picture says it already: one warning per screen)."""
     lines = [f"{result['label_name']}: p = {result['prob']:.3f}"]
     if result.get("partial"):
         lines.append(partial_text(result))
-    warning = model_card.ood_text(result.get("ood"))
+    warning = model_card.ood_text(result.get("ood")) if ood else ""
     if warning:
         lines.append(warning)
     before, after = _grid_words(result)
