@@ -2,12 +2,13 @@
 
     python -m bench.estimates [--runs 20]          (part of make bench)
 
-Twenty runs of mixed settings (mode, stride, region) on the default model, each as the
+Ten runs of mixed settings (mode, stride, region) on the default model, each as the
 page does it: the estimate shown before Run (webapp.runs.find_estimate, which learns
 from this host's runtime log), then the run (webapp.runs.execute, which logs it). Done
-twice in one benchmark run, with a fresh runtime log each time: on an idle host, and
-with a neighbour process burning every core. Prints each run and the share of runs whose
-actual time fell inside the shown range. First, the page's own mix (page_mix): 49, 400
+beside 0, 2 and 6 CPU burners (``--burners``), each with a fresh runtime log: the shipped
+calibration on a fresh host. Prints each run, its range's width and whether it said it
+is uncertain, the share of runs whose actual time fell inside the shown range, and the
+widths once five runs were logged. First, the page's own mix (page_mix): 49, 400
 and 2,916 positions, exact and naive, a cached re-run and a volume run, idle and then
 beside a burner per core, on one runtime log, then Compare runs until the step's range
 rests on five logged steps.
@@ -49,15 +50,18 @@ def settings(count: int, seed: int = 0) -> list[dict]:
     ]
 
 
-def one_pass(count: int, label: str) -> float:
-    """Run the settings in a fresh KRYPTON_HOME (an empty runtime log); the coverage."""
-    inside = 0
+def one_pass(count: int, label: str) -> tuple[int, int, list[tuple[float, bool]]]:
+    """Run the settings in a fresh KRYPTON_HOME (an empty runtime log: the shipped
+    calibration on a fresh host): (ranges that held, runs, each range's (width, whether
+    five runs were logged before it))."""
+    inside, widths = 0, []
     with tempfile.TemporaryDirectory() as home:
         os.environ["KRYPTON_HOME"] = home
         services = Services(Path(home) / "cache")
         generator = FundusGenerator(seed=3)
         print(f"\n{label}")
-        print(f"{'run':>3}  {'mode':<11} {'stride':>6} {'region':<20} {'shown':<26} actual  inside")
+        print(f"{'run':>3}  {'mode':<11} {'stride':>6} {'region':<20} {'shown':<26} "
+              f"{'width':>6} actual  inside  said")  # fmt: skip
         for number, chosen in enumerate(settings(count), 1):
             # a new image per run: no cells to reuse (they are kept per image, not per tab)
             image = Image.fromarray(generator.sample(label=1, lesions=2).image)
@@ -76,15 +80,18 @@ def one_pass(count: int, label: str) -> float:
             hit = shown is not None and shown.low <= actual <= shown.high
             inside += hit
             text = "none" if shown is None else runs.estimate_text(shown.__dict__)
+            width = 0.0 if shown is None else shown.high / max(shown.low, 1e-3)
+            said = "" if shown is None else plain_basis(shown.source)
+            widths.append((width, number > 5))
             print(
                 f"{number:>3}  {request.mode:<11} {request.stride:>6} "
-                f"{str(request.region or 'whole'):<20} {text:<26} {actual:6.1f}  "
-                f"{'yes' if hit else 'NO'}"
+                f"{str(request.region or 'whole'):<20} {text:<26} {width:5.1f}x "
+                f"{actual:6.1f}  {'yes' if hit else 'NO':<6}  "
+                f"{'uncertain' if 'uncertain' in said else ''}"
             )
-    share = inside / count
     print(f"{label}: the shown range contained the actual time in {inside} of {count} runs "
-          f"({share:.0%})")  # fmt: skip
-    return share
+          f"({inside / count:.0%})")  # fmt: skip
+    return inside, count, widths
 
 
 # The page's own mix (patch 12, stride 4 on the fundus model): 49, 400 and 2,916 positions,
@@ -252,7 +259,10 @@ def page_mix(passes: int, compare_runs: int = 0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=10, help="runs per burner count")
+    parser.add_argument(
+        "--burners", default="0,2,6", help="CPU burners beside each pass, comma-separated"
+    )
     parser.add_argument("--mix-passes", type=int, default=2, help="passes of the page's mix")
     parser.add_argument(
         "--compare-runs", type=int, default=8,
@@ -263,20 +273,26 @@ def main() -> None:
         page_mix(args.mix_passes, args.compare_runs)
     if not args.runs:
         return
-    idle = one_pass(args.runs, "idle host")
-    burners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(os.cpu_count() or 2)
-    ]
-    try:
-        busy = one_pass(args.runs, f"with a neighbour burning {len(burners)} cores")
-    finally:
-        for burner in burners:
-            burner.kill()
-    print(
-        f"\nestimate coverage: idle {idle:.0%}, under a CPU-burning neighbour {busy:.0%} "
-        f"(targets: idle >= 80%, beside the neighbour >= 60%)"
-    )
+    summary = []
+    for count in (int(n) for n in args.burners.split(",")):
+        burners = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
+        ]
+        try:
+            held, total, widths = one_pass(args.runs, f"beside {count} CPU burners, fresh host")
+        finally:
+            for burner in burners:
+                burner.kill()
+        later = sorted(width for width, after_five in widths if after_five)
+        median = later[len(later) // 2] if later else float("nan")
+        summary.append((count, held, total, median, max(later, default=float("nan"))))
+    print("\nburners  inside  (share)  width after five runs: median, widest")
+    for count, held, total, median, widest in summary:
+        print(
+            f"{count:>7}  {held:>2}/{total:<3} ({held / total:4.0%})  "
+            f"{median:5.1f}x  {widest:5.1f}x"
+        )
+    print("targets: >= 80% inside; ranges <= 3x wide once five like-load runs are logged")
 
 
 if __name__ == "__main__":

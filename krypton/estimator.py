@@ -31,6 +31,7 @@ from .host import (
     max_threads,
     threads_for_load,
 )
+from .load_range import UNCERTAIN, widened_for_load
 from .registry.models import CALIBRATION_PATCHES
 from .runtime_log import RECENT_RUNS, as_naive, logged_runs, record_run, runtime_log_path
 
@@ -208,12 +209,17 @@ def plain_basis(source: str) -> str:
     if source.startswith("calibration"):
         if recent:
             count = recent.group(1)
-            return (f"from the model's calibration, adjusted to this machine's {count} "
+            said = (f"from the model's calibration, adjusted to this machine's {count} "
                     f"recent run{'s' * (count != '1')}{first}")  # fmt: skip
-        return f"from the model's calibration ({FIRST_RUNS})"
-    if runs:  # what was logged: 'runs', 'run with every cell known', 'gradient steps'
-        return f"from this machine's last {runs.group(1)} {runs.group(2).strip()}{first}"
-    return f"from this machine's earlier runs{first}"
+        else:
+            said = f"from the model's calibration ({FIRST_RUNS})"
+    elif runs:  # what was logged: 'runs', 'run with every cell known', 'gradient steps'
+        said = f"from this machine's last {runs.group(1)} {runs.group(2).strip()}{first}"
+    else:
+        said = f"from this machine's earlier runs{first}"
+    if UNCERTAIN in source:  # krypton.load_range: the range reaches for an unmet load
+        said += "; uncertain: no run it learned from met a load like this one"
+    return said
 
 
 @dataclass(frozen=True)
@@ -457,13 +463,14 @@ def estimate(
     cached: int = 0,
     load: float | None = None,
     stated: bool = False,
+    loads: Sequence[float] | None = None,
 ) -> Estimate:
     """Estimated run time with a range: refit from this host's logged runs when there are
     enough, else the model's calibration (``make calibrate``). Raises NotCalibratedError
     when neither exists. ``cached``: positions of the grid already computed, which exact
     and naive runs reuse (time = fixed + positions left x per-position cost: a run with
     every cell cached costs its fixed part). ``load``: cores other work keeps busy now
-    (None: as over the logged runs). ``stated``: :func:`estimate_for_counts`."""
+    (None: as over the logged runs). ``stated``, ``loads``: :func:`estimate_for_counts`."""
     from .registry.entries import find_entry
 
     path, entry = find_entry(model_name, directory)
@@ -474,7 +481,7 @@ def estimate(
     if mode != "approximate":
         counts = (max(counts[0] - int(cached), 0), counts[1])
     return estimate_for_counts(
-        model_name, mode, patch, counts, directory, log_path, load, stated=stated
+        model_name, mode, patch, counts, directory, log_path, load, stated=stated, loads=loads
     )
 
 
@@ -652,6 +659,7 @@ def estimate_for_counts(
     load: float | None = None,
     *,
     stated: bool = False,
+    loads: Sequence[float] | None = None,
 ) -> Estimate:
     """:func:`estimate` for given (stage-one, stage-two) position counts: the point
     estimate (:func:`_point_estimate`) with, once this host has logged enough runs with
@@ -659,11 +667,12 @@ def estimate_for_counts(
     (naive only): the naive figures exact runs' speed lines stated count as naive runs
     (:func:`record_run`' ``stated_naive``), so the page says one naive figure for a run
     before and after it (7.3 min shown before a run, 4.8 min in its speed line); the
-    speed line's own bound (:func:`bounded_speed`) never reads them."""
+    speed line's own bound (:func:`bounded_speed`) never reads them. ``loads``: the host's
+    recent load samples, whose spread widens the range (:func:`with_host_range`)."""
     found = _point_estimate(
         model_name, mode, patch, counts, directory, log_path, load, stated and mode == "naive"
     )
-    return with_host_range(found, model_name, mode, log_path, load)
+    return with_host_range(found, model_name, mode, log_path, load, loads)
 
 
 def with_host_range(
@@ -672,24 +681,30 @@ def with_host_range(
     mode: str,
     log_path: Path | None = None,
     load: float | None = None,
+    loads: Sequence[float] | None = None,
 ) -> Estimate:
     """``found`` with the 80% range its point estimate gets from the errors of this
     host's logged runs of ``mode`` (:func:`conformal_ratios` of times shifted by
     CONFORMAL_SHIFT), at least MIN_SPREAD either way; before MIN_CONFORMAL_RUNS of them,
     its own range, said to rest on the first runs on this machine. ``load``: from the runs
-    met at a load like it, where enough were (:func:`at_similar_load`)."""
+    met at a load like it, where enough were (:func:`at_similar_load`); where they were
+    not, the range reaches as far as ``load`` is from the loads the estimate rests on,
+    and as far as the host's recent ``loads`` spread (krypton.load_range)."""
     bounds = conformal_ratios(model_name, log_path, mode=mode, shift=CONFORMAL_SHIFT, load=load)
+    logged = logged_runs(model_name, None, None, log_path, CONFORMAL_RUNS * 4)
     if bounds is None:
-        return dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
+        found = dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
+        return widened_for_load(found, load, logged, False, loads)
     low, high, runs, like_load = bounds
     shifted = found.seconds + CONFORMAL_SHIFT
-    return Estimate(
+    ranged = Estimate(
         found.seconds,
         max(shifted * min(low, 1 / MIN_SPREAD) - CONFORMAL_SHIFT, 0.0),
         shifted * max(high, MIN_SPREAD) - CONFORMAL_SHIFT,
         f"{found.source}; range from the errors of this host's last {runs} {mode} estimates"
         + (" at a like load" if like_load else ""),
     )
+    return widened_for_load(ranged, load, logged, like_load, loads)
 
 
 def _point_estimate(

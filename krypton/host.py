@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -29,6 +29,7 @@ __all__ = [
     "LOAD_SAMPLE_SECONDS",
     "BAND_HYSTERESIS",
     "host_load",
+    "recent_loads",
     "load_band",
     "OthersLoad",
     "max_threads",
@@ -84,7 +85,22 @@ def host_load(interval: float | None = LOAD_SAMPLE_SECONDS) -> float | None:
         before, after = first, _cpu_times() or first
     _HOST_TIMES[:] = [after]
     busy = _busy_cores(before, after)
-    return 0.0 if busy is None else max(0.0, busy)
+    load = 0.0 if busy is None else max(0.0, busy)
+    with _BAND_LOCK:
+        _LOAD_SAMPLES.append((time.monotonic(), load))
+    return load
+
+
+_LOAD_SAMPLES: deque[tuple[float, float]] = deque(maxlen=256)  # (when, load) of host_load
+LOAD_MEMORY_SECONDS = 120.0
+
+
+def recent_loads(seconds: float = LOAD_MEMORY_SECONDS) -> list[float]:
+    """The loads :func:`host_load` read over the last ``seconds``, oldest first: how far
+    the host's load moves, which an estimate's range reaches for (krypton.load_range)."""
+    since = time.monotonic() - seconds
+    with _BAND_LOCK:
+        return [load for when, load in _LOAD_SAMPLES if when >= since]
 
 
 _MAX_THREADS: list[int] = []  # the process's torch threads when first asked

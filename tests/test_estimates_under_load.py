@@ -606,3 +606,53 @@ def test_a_predictor_that_fixes_each_paths_evaluations_leaves_no_spread():
     assert np.allclose(exact, 1.0, atol=0.05)
     blind = held_out_ratios(rows, lambda row: row["noise"])
     assert blind.max() / blind.min() > 1.5
+
+
+def test_a_calibration_at_a_load_it_never_met_says_it_is_uncertain(tmp_path):
+    """With the shipped calibration (measured idle) on a host at load 12-35, 1 of 7 runs
+    ended inside the range shown (a CT slice "0.0-0.8 s" took 2.7 s): the load model's
+    extrapolation was given the calibration's ±15-25%. The range now reaches by the
+    square root of how far the load is from what it learned, and says it is uncertain;
+    once five runs at this load are logged, their errors set it, as tight as they are."""
+    from krypton.estimator import plain_basis, threads_for_load
+    from krypton.load_range import UNCERTAIN
+
+    log = tmp_path / "log.jsonl"
+    busy = 6.0 * (os.cpu_count() or 1)
+    idle = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=0.0)
+    loaded = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=busy)
+    assert UNCERTAIN not in idle.source
+    assert UNCERTAIN in loaded.source and "uncertain" in plain_basis(loaded.source)
+    reach = (load_factor(busy) / load_factor(0.0)) ** 0.5
+    assert loaded.seconds == pytest.approx(idle.seconds * load_factor(busy), rel=1e-6)
+    # the calibration's own spread, reaching the square root of the load's distance
+    assert loaded.high / loaded.seconds >= reach * (idle.high - 0.3) / idle.seconds
+    assert loaded.seconds / loaded.low >= reach
+    for n in range(6):  # runs at this load, near their estimates
+        seconds = loaded.seconds * (0.95 + 0.02 * n)
+        record_run("fundus-demo", "exact", 16, (169, 0), seconds, log, estimated=loaded.seconds,
+                   load=busy, threads=threads_for_load(busy))  # fmt: skip
+    learned = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=busy)
+    assert UNCERTAIN not in learned.source and "at a like load" in learned.source
+    assert learned.high <= 3 * learned.low
+
+
+def test_a_range_reaches_as_far_as_the_hosts_load_moves(tmp_path):
+    """An estimate is scaled to the load of a 0.1 s sample; a run meets the load that
+    comes while it runs. The host's recent samples between 0.2 and 2.5 busy cores widen
+    the range to the load factors at both ends."""
+    from krypton.estimator import threads_for_load
+
+    log = tmp_path / "log.jsonl"
+    for n in range(6):  # learned at this load: no distance to reach for
+        record_run("fundus-demo", "exact", 16, (169, 0), 5.0 * (0.97 + 0.01 * n), log,
+                   estimated=5.0, load=0.2, threads=threads_for_load(0.2))  # fmt: skip
+    steady = estimate_for_counts("fundus-demo", "exact", 16, (169, 0), log_path=log, load=0.2)
+    moving = estimate_for_counts(
+        "fundus-demo", "exact", 16, (169, 0), log_path=log, load=0.2, loads=[0.2, 2.5, 0.4]
+    )
+    up = load_factor(2.5) / load_factor(0.2)
+    assert moving.seconds == steady.seconds and moving.low == pytest.approx(steady.low)
+    assert moving.high == pytest.approx(steady.high * up)
+    assert "moving between 0.2 and 2.5 busy cores" in moving.source
+    assert steady.high <= 2 * steady.low  # a steady load: at most 2x wide

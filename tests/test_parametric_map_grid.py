@@ -131,7 +131,7 @@ def test_a_long_model_and_class_keep_the_stride_in_the_description():
 
 
 def test_a_shipped_model_and_class_are_never_cut_in_the_description():
-    """"Krypton exact, " and ", class " left 16 characters for the model: the stored map's
+    """The words "Krypton exact, " and ", class " left 16 characters for the model: the map's
     series read "chestct-slice-d~". The words give way before a name is cut."""
     from krypton.render.parametric_map import series_description
 

@@ -22,7 +22,8 @@ from krypton.estimator import (
     record_run,
     with_host_range,
 )
-from krypton.host import share_host
+from krypton.host import recent_loads, share_host
+from krypton.load_range import widened_for_load
 from krypton.registry import RegistryError
 from krypton.speed_line import bounded_speed, speed_claim, stated_speed
 
@@ -51,16 +52,17 @@ def cached_estimate(model: str, load: float | None) -> Estimate | None:
         model, CACHED_MODE, 0, load, ("run with every cell known", "runs with every cell known")
     )
     if found is not None:  # its range from their errors once five are logged, as any run's
-        return with_host_range(found, model, CACHED_MODE, load=load)
+        return with_host_range(found, model, CACHED_MODE, load=load, loads=recent_loads())
     forward = forward_seconds(model)
     if forward is None:
         return None
     # none logged yet: its two forward passes (the prediction and the OOD check) at the
-    # calibration's naive pace, at this load
+    # calibration's naive pace, at this load, reaching for a load the calibration never met
     seconds = 2 * forward * load_factor(load)
-    return Estimate(
+    first = Estimate(
         seconds, 0.0, seconds * MIN_SPREAD + ABSOLUTE_SLACK, "calibration: two forward passes"
     )
+    return widened_for_load(first, load, [], False, recent_loads())
 
 
 def counts_estimate(
@@ -73,8 +75,9 @@ def counts_estimate(
         return cached_estimate(model, load)
     try:
         return estimate_for_counts(
-            model, mode, patch, (positions - cached, 0), load=load, stated=mode == "naive"
-        )
+            model, mode, patch, (positions - cached, 0), load=load, stated=mode == "naive",
+            loads=recent_loads(),
+        )  # fmt: skip
     except (NotCalibratedError, ValueError, RegistryError):
         return None
 
@@ -111,6 +114,7 @@ def find_estimate(
             cached=cached,
             load=host_load() if load is None else load,
             stated=mode == "naive",  # one naive figure: what exact runs' speed lines said
+            loads=recent_loads(),  # how far the host's load moves: the range reaches for it
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
