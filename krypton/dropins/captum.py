@@ -57,6 +57,7 @@ from ..explainer import DEFAULT_BATCH
 from ..host import host_share
 from .shared import (
     ENGINE_BATCH,
+    LastCall,
     LibraryDefault,
     evaluated,
     explainer_for,
@@ -88,7 +89,7 @@ def seam_available() -> bool:
     return callable(getattr(CaptumOcclusion, SEAM, None))
 
 
-class Occlusion(CaptumOcclusion):
+class Occlusion(LastCall, CaptumOcclusion):
     """``captum.attr.Occlusion`` whose occluded forwards the engine computes.
 
     Args:
@@ -118,21 +119,9 @@ class Occlusion(CaptumOcclusion):
         return getattr(self._local, "session", None)
 
     @property
-    def last_engine(self) -> str | None:
-        """Who evaluated this thread's last call: "krypton" or "captum"."""
-        return getattr(self._local, "engine", None)
-
-    @property
     def last_strategy(self) -> str | None:
         """The engine's strategy in this thread's last call: "incremental" or "batched"."""
         return getattr(self._local, "strategy", None)
-
-    @property
-    def last_host(self) -> dict | None:
-        """The host share of this thread's last call the engine ran (its torch threads,
-        who chose them, the load: krypton.host.HostShare.as_dict); None where Captum ran
-        it itself."""
-        return getattr(self._local, "host", None)
 
     @log_usage(part_of_slo=True)
     def attribute(  # type: ignore[override]

@@ -37,7 +37,7 @@ from ..engine import UnsupportedModelError
 from ..engine.capture_lock import CAPTURE_LOCK
 from ..engine.kernels import window_index
 from ..host import host_share
-from .shared import LibraryDefault, explainer_for, warn_once, windows_per_forward
+from .shared import LastCall, LibraryDefault, explainer_for, warn_once, windows_per_forward
 
 __all__ = ["OcclusionSensitivity"]
 
@@ -62,7 +62,7 @@ class _MissingMonai:
         raise ImportError("krypton.monai needs MONAI: pip install monai")
 
 
-class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type: ignore[misc]
+class OcclusionSensitivity(LastCall, _MonaiOcclusionSensitivity or _MissingMonai):  # type: ignore[misc]
     """``monai.visualize.OcclusionSensitivity`` whose occluded forwards the engine
     computes: the same constructor, ``__call__``, checks and results.
 
@@ -101,18 +101,6 @@ class OcclusionSensitivity(_MonaiOcclusionSensitivity or _MissingMonai):  # type
         # per thread: one instance may serve several threads at once
         self._local = threading.local()
         self._warned: set[str] = set()
-
-    @property
-    def last_engine(self) -> str | None:
-        """Who computed this thread's last call: "krypton" or "monai"."""
-        return getattr(self._local, "engine", None)
-
-    @property
-    def last_host(self) -> dict | None:
-        """The host share of this thread's last call the engine ran (its torch threads,
-        who chose them, the load: krypton.host.HostShare.as_dict); None where MONAI ran
-        it itself."""
-        return getattr(self._local, "host", None)
 
     def __call__(
         self, x: torch.Tensor, b_box: Sequence[int] | None = None, **kwargs: Any

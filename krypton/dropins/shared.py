@@ -18,6 +18,7 @@ from ..explainer import OcclusionExplainer
 
 __all__ = [
     "ENGINE_BATCH",
+    "LastCall",
     "LibraryDefault",
     "explainer_for",
     "evaluated",
@@ -43,6 +44,26 @@ _MODE_DEPENDENT = (
     nn.RNNBase,
     nn.MultiheadAttention,
 )
+
+
+class LastCall:
+    """What a drop-in's last call in this thread ran (one instance may serve a server's
+    threads at once): ``last_engine`` — "krypton", or the library whose own code ran it —
+    and ``last_host``, the host share the engine took (its torch threads, who chose them,
+    the load: krypton.host.HostShare.as_dict; None where the library ran it). The
+    drop-in keeps them in ``self._local`` (a threading.local)."""
+
+    _local: threading.local
+
+    @property
+    def last_engine(self) -> str | None:
+        """Who evaluated this thread's last call."""
+        return getattr(self._local, "engine", None)
+
+    @property
+    def last_host(self) -> dict | None:
+        """The engine's host share in this thread's last call (None: the library ran it)."""
+        return getattr(self._local, "host", None)
 
 
 class LibraryDefault(int):
