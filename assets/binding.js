@@ -73,14 +73,16 @@
             // Compare view and downloads only beside the subject it explains (``shown``: its key and model,
             // from the server's show_result), once the request answered is the one wanted
             // and, for the image panel, the picture drawn (``onScreen``) is that subject;
-            // else hidden, downloads off. No result (a placeholder, a reason) always shows.
+            // else hidden, downloads off. No result (a placeholder, a reason) shows once
+            // the request answered is the one wanted: a reason computed in between ("the
+            // class changed", while a sample's Compare reloads it) flashed before.
             showResult: function (shown, subject, model, want, answered, onScreen) {
                 const outputs = window.dash_clientside.callback_context.outputs_list;
                 const off = outputs[2].map(() => true);
-                if (!shown) {
-                    return [{}, {}, off];
-                }
                 const settled = (want || null) === (answered || null);
+                if (!shown) {  // a reason, once the request answered is the one wanted
+                    return settled ? [{}, {}, off] : [HIDDEN, HIDDEN, off];
+                }
                 const drawn = onScreen === undefined
                     ? Boolean(subject) && {key: subject.key, model: model} : onScreen;
                 const bound = settled && Boolean(subject) && Boolean(drawn)
