@@ -422,7 +422,9 @@ class _Run:
                     corners[piece.start - placed.start : piece.stop - placed.start]
                 )
 
-            logits = self.explainer.schedules.run(key, device, placed, self.batch_size, compute)
+            logits = self.explainer.schedules.run(
+                key, device, placed, self.batch_size, compute, between=self._still_wanted
+            )
         else:
 
             def incremental(piece: slice) -> torch.Tensor:
@@ -432,10 +434,17 @@ class _Run:
                 self.graph.prepare_batch(self.views, geometry, piece, device)
 
             logits = self.explainer.schedules.run(
-                key, device, placed, self.batch_size, incremental, prepare
+                key, device, placed, self.batch_size, incremental, prepare, self._still_wanted
             )
         self._pending_scheduling += measuring_seconds(share) - before
         return logits
+
+    def _still_wanted(self) -> None:
+        """Between a schedule measurement's runs of one batch: progress, unchanged, so a
+        caller whose callback stops the run (the app's Cancel) need not wait for all of
+        them."""
+        if self.progress is not None:
+            self.progress(self.evaluated, max(self.total, self.evaluated))
 
     def _note_load(self) -> None:
         """The other processes' load over the batch just settled (krypton.host

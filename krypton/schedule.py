@@ -263,11 +263,13 @@ class Schedules:
         batch_size: int,
         compute: Callable[[slice], torch.Tensor],
         prepare: Callable[[slice], None] | None = None,
+        between: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """One batch of the kind ``key`` (its first item names it: "naive", "incremental";
         then an input shape, a batch size) on the schedule decided for it, measured on
         this batch first if undecided and whole (a short batch runs on the expected
-        fastest: a part-batch's pace is not a whole one's)."""
+        fastest: a part-batch's pace is not a whole one's). ``between``: called between
+        a measurement's runs of the batch, where the caller may stop (its Cancel)."""
         share = current_share()
         options = schedule_options(share, batch_size, device)
         if len(options) == 1:
@@ -282,7 +284,9 @@ class Schedules:
                 with self._lock:
                     decision = self._decisions.get(where)
                 if decision is None:
-                    values, decision = self._measure(options, batch, batch_size, compute, prepare)
+                    values, decision = self._measure(
+                        options, batch, batch_size, compute, prepare, between
+                    )
                     with self._lock:
                         self._decisions[where] = decision
                         self.measurements += 1
@@ -300,15 +304,18 @@ class Schedules:
         batch_size: int,
         compute: Callable[[slice], torch.Tensor],
         prepare: Callable[[slice], None] | None,
+        between: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, ScheduleDecision]:
         """Time ``batch`` on every option, alternated, :data:`MEASURE_ROUNDS` times each
         (compiling a shard's indices is not timed); the chosen option's values and the
         decision. Only the chosen option's values are returned, so a run never mixes
-        schedules (they may round differently in the last bit)."""
+        schedules (they may round differently in the last bit). ``between`` runs after
+        each run but the last: a Cancel waited for all of them (5.8 s beside burners)."""
         paces: dict[Schedule, float] = {}
         values: dict[Schedule, torch.Tensor] = {}
         count = batch.stop - batch.start
         began_all = time.perf_counter()
+        runs_left = MEASURE_ROUNDS * len(options)
         for _ in range(MEASURE_ROUNDS):
             for option in options:
                 if prepare is not None:
@@ -322,6 +329,9 @@ class Schedules:
                 )
                 seconds = time.perf_counter() - began
                 paces[option] = min(paces.get(option, math.inf), seconds / count)
+                runs_left -= 1
+                if between is not None and runs_left:
+                    between()
         chosen = decide(paces, options)
         current_share().ran(str(chosen), chosen.threads, count)
         spent = time.perf_counter() - began_all

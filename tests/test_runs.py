@@ -217,7 +217,8 @@ def test_the_estimate_learns_from_this_hosts_runs(services, krypton_home):
     assert learned.seconds == pytest.approx(729 * 0.01, rel=0.15)  # 27 x 27 positions
     assert (krypton_home / "runtime-log.jsonl").exists()
     result = runs.execute(services, "s", request(services), lambda *a: None)
-    assert result["estimate"]["source"] == learned.source
+    # the same runs; on a host busier than when they were logged, widened for that load
+    assert result["estimate"]["source"].startswith(learned.source)
     assert len((krypton_home / "runtime-log.jsonl").read_text().splitlines()) == 5
 
 
