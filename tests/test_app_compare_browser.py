@@ -21,11 +21,15 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def compare_state(dash_duo, panel: str = "#compare-panel") -> list[dict]:
-    """Each Compare map's title and heatmap count, from Plotly's own data."""
+    """Each Compare map's title and heatmap count, from Plotly's own data, and the line
+    of words below it (how it ran)."""
     return dash_duo.driver.execute_script(
         f"return Array.from(document.querySelectorAll('{panel} .js-plotly-plot'))"
-        ".map(p => ({title: (p._fullLayout && p._fullLayout.title.text) || '',"
-        "  heatmaps: (p._fullData || []).filter(t => t.type === 'heatmap').length}));"
+        ".map(p => { const g = p.closest('.compare-map');"
+        "  const s = g && g.nextElementSibling;"
+        "  return {title: (p._fullLayout && p._fullLayout.title.text) || '',"
+        "  said: s && s.tagName === 'SMALL' ? s.innerText : '',"
+        "  heatmaps: (p._fullData || []).filter(t => t.type === 'heatmap').length}; });"
     )
 
 
@@ -64,7 +68,8 @@ def test_a_samples_compare_button_runs_all_three_and_the_class_switch_and_downlo
     state = wait_for_maps(dash_duo, "Compare methods: EXUDATE")
     titles = [s["title"] for s in state]
     assert [t.split(" ·")[0] for t in titles] == ["Occlusion", "Grad-CAM", "Integrated Gradients"]
-    assert titles[1].endswith("layer layer3"), titles[1]  # the layer read, beside its map
+    said = state[1]["said"]
+    assert said.endswith("layer layer3"), state[1]  # the layer read, below its map
     rows = agreement_rows(dash_duo)
     assert len(rows) == 3 and rows[0].startswith("Occlusion vs Grad-CAM")
     # README's picture of the view (out/ is ignored by git; copy it to docs/compare.png)
