@@ -86,8 +86,9 @@ def host_load(interval: float | None = LOAD_SAMPLE_SECONDS) -> float | None:
     _HOST_TIMES[:] = [after]
     busy = _busy_cores(before, after)
     load = 0.0 if busy is None else max(0.0, busy)
-    with _BAND_LOCK:
-        _LOAD_SAMPLES.append((time.monotonic(), load))
+    if interval is not None:  # a sample of now, not a window over this process's own run
+        with _BAND_LOCK:
+            _LOAD_SAMPLES.append((time.monotonic(), load))
     return load
 
 
@@ -96,8 +97,10 @@ LOAD_MEMORY_SECONDS = 120.0
 
 
 def recent_loads(seconds: float = LOAD_MEMORY_SECONDS) -> list[float]:
-    """The loads :func:`host_load` read over the last ``seconds``, oldest first: how far
-    the host's load moves, which an estimate's range reaches for (krypton.load_range)."""
+    """The loads :func:`host_load` sampled (over its 0.1 s, not since its last read: that
+    window may span this process's own run) in the last ``seconds``, oldest first: how
+    far the host's load moves, which an estimate's range reaches for (krypton.load_range).
+    Counting the reads that spanned its own runs made idle ranges 6-11x wide."""
     since = time.monotonic() - seconds
     with _BAND_LOCK:
         return [load for when, load in _LOAD_SAMPLES if when >= since]

@@ -656,3 +656,15 @@ def test_a_range_reaches_as_far_as_the_hosts_load_moves(tmp_path):
     assert moving.high == pytest.approx(steady.high * up)
     assert "moving between 0.2 and 2.5 busy cores" in moving.source
     assert steady.high <= 2 * steady.low  # a steady load: at most 2x wide
+
+
+def test_the_load_spread_leaves_out_reads_that_span_this_processs_own_runs(monkeypatch):
+    """A read "since the last sample" spans the run that came between: this process's
+    own work, two busy cores on an idle host. Counted as a sample of the host's load, it
+    widened every idle range 3x (bench.estimates: 6-11x wide where 2x had been)."""
+    from krypton import host
+
+    monkeypatch.setattr(host, "_LOAD_SAMPLES", host.deque(maxlen=256))
+    sampled = host.host_load()  # a 0.1 s sample of now
+    host.host_load(interval=None)  # since then: not a sample of the host's load
+    assert host.recent_loads() == [sampled]
