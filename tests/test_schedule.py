@@ -270,9 +270,12 @@ def test_a_progress_callback_may_stop_a_run_between_a_measurements_runs(two_core
 
     runs: list[Schedule] = []
     real = schedule.run_scheduled
-    monkeypatch.setattr(
-        schedule, "run_scheduled", lambda option, *a, **k: runs.append(option) or real(option, *a, **k)
-    )  # fmt: skip
+
+    def counted(option: Schedule, *args, **kwargs):  # type: ignore[no-untyped-def]
+        runs.append(option)
+        return real(option, *args, **kwargs)
+
+    monkeypatch.setattr(schedule, "run_scheduled", counted)
     reports: list[int] = []
 
     def cancel_at_the_first_report(done: int, total: int) -> None:
