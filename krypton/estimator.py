@@ -691,11 +691,17 @@ def with_host_range(
     not, the range reaches as far as ``load`` is from the loads the estimate rests on,
     and as far as the host's recent ``loads`` spread (krypton.load_range)."""
     bounds = conformal_ratios(model_name, log_path, mode=mode, shift=CONFORMAL_SHIFT, load=load)
-    logged = logged_runs(model_name, None, None, log_path, CONFORMAL_RUNS * 4)
+    like_load = bounds is not None and bounds.like_load
+    # the runs whose loads the estimate rests on: read only where the distance counts
+    logged = (
+        []
+        if load is None or like_load
+        else logged_runs(model_name, None, None, log_path, CONFORMAL_RUNS * 4)
+    )
     if bounds is None:
         found = dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
         return widened_for_load(found, load, logged, False, loads)
-    low, high, runs, like_load = bounds
+    low, high, runs, _ = bounds
     shifted = found.seconds + CONFORMAL_SHIFT
     ranged = Estimate(
         found.seconds,

@@ -74,9 +74,9 @@ def widened_for_load(
         return found
     distance = 1.0 if like_load else load_distance(load, logged)
     now = load_factor(load)
-    factors = [load_factor(x) for x in (loads or ()) if x is not None and math.isfinite(x)]
-    up = max([now, *factors]) / now
-    down = now / min([now, *factors])
+    samples = [x for x in loads or () if x is not None and math.isfinite(x)]
+    factors = [now, *(load_factor(x) for x in samples)]
+    up, down = max(factors) / now, now / min(factors)
     reach = math.sqrt(distance)
     if reach * up <= 1.0001 and reach * down <= 1.0001:
         return found
@@ -84,7 +84,7 @@ def widened_for_load(
     if distance > 1.0001:
         notes.append(f"widened {reach:.1f}x for a load {distance:.1f}x from the runs it rests on")
     if up > 1.0001 or down > 1.0001:
-        seen = [load, *(x for x in loads or () if x is not None and math.isfinite(x))]
+        seen = [load, *samples]
         notes.append(
             f"widened for the host's load moving between {min(seen):.1f} and {max(seen):.1f}"
             f" busy cores of {os.cpu_count() or 1}"
