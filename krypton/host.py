@@ -355,15 +355,13 @@ class OthersLoad:
         a window too short to say, or without psutil."""
         now = self._snapshot()
         last, self._last = self._last, now
-        if now is None or last is None or now[0] - last[0] <= 0:
+        if now is None or last is None:
             return None
-        cores = os.cpu_count() or 1
-        wall = (now[0] - last[0]) / cores  # seconds of wall time the window spans
-        if wall < 0.02:
+        wall = (now[0] - last[0]) / (os.cpu_count() or 1)  # seconds the window spans
+        busy = _busy_cores(last[:2], now[:2])
+        if busy is None or wall < 0.02:
             return None
-        busy = (now[1] - last[1]) / wall
-        own = (now[2] - last[2]) / wall
-        return max(0.0, busy - own)
+        return max(0.0, busy - (now[2] - last[2]) / wall)
 
 
 def _recent_load() -> float | None:
