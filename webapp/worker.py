@@ -24,8 +24,9 @@ from krypton.batch.broker import register_batch_task, worker_threads
 from webapp.settings import BROKER_ENV
 from webapp.team import WorkerBeacon, redis_client
 
-if worker_threads() is not None:  # the operator's count, for every torch op of the worker
-    torch.set_num_threads(worker_threads())
+THREADS = worker_threads()
+if THREADS is not None:  # the operator's count, for every torch op of the worker
+    torch.set_num_threads(THREADS)
 
 if not os.environ.get(BROKER_ENV):
     sys.exit(f"error: set {BROKER_ENV}=redis://HOST:PORT/DB for a worker (README: Team mode)")
