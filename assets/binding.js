@@ -70,10 +70,10 @@
                 return [visible, visible, visible, visible, !(bound && !busy)];
             },
             // Either panel's result (webapp.panels.subject_panel): its summary, picture,
-            // Compare view and downloads only beside the subject it explains (``shown``: its key and model,
-            // from the server's show_result), once the request answered is the one wanted
-            // and, for the image panel, the picture drawn (``onScreen``) is that subject;
-            // else hidden, downloads off. No result (a placeholder, a reason) shows once
+            // Compare view and downloads only beside the subject it explains (``shown``:
+            // its key and model, from the server's show_result), once the request answered
+            // is the one wanted and, for the image panel, the picture drawn (``onScreen``)
+            // is that subject; else hidden, downloads off. No result (a placeholder, a reason) shows once
             // the request answered is the one wanted: a reason computed in between ("the
             // class changed", while a sample's Compare reloads it) flashed before.
             showResult: function (shown, subject, model, want, answered, onScreen) {
