@@ -13,7 +13,7 @@ from ._version import __version__
 from .approximate import ApproximateSettings
 from .engine import UnsupportedModelError
 from .engine.analysis import LayerCost, SpeedupReport, analyze, theoretical_speedup
-from .explain_settings import ExplainSettings
+from .explain_settings import ExplainSettings, StopRun
 from .explainer import MODES, Heatmap, OcclusionExplainer, Prediction, explain, grid
 from .registry import (
     CheckpointError,
@@ -43,6 +43,7 @@ __all__ = [
     "OcclusionExplainer",
     "Prediction",
     "SpeedupReport",
+    "StopRun",
     "UnsupportedModelError",
     "analyze",
     "explain",

@@ -83,6 +83,20 @@ class _Run:
         self._pending_scheduling = 0.0
         self._loads: list[float] = []  # others' load per settled batch (exact)
         self._others = host.OthersLoad()
+        # one pass's values by position as its batches settle (keep_settled): what a
+        # run stopped part-way (krypton.StopRun) computed
+        self.settled: _Values | None = None
+
+    def keep_settled(self, count: int) -> None:
+        """Keep each settled batch's values at its place among the pass's ``count``
+        positions (NaN until computed), for :meth:`settled_so_far`."""
+        self.settled = _Values(np.full(count, np.nan, dtype=np.float32), None)
+
+    def settled_so_far(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The kept values (:meth:`keep_settled`): the label's and, where kept, every
+        class's, NaN at positions no settled batch computed."""
+        assert self.settled is not None, "keep_settled() was not called"
+        return self.settled.probabilities, self.settled.every
 
     def timing(self) -> dict | None:
         """Both strategies' ms per position, when this call timed them on the same
@@ -396,12 +410,27 @@ class _Run:
                 large = count * classes > 1_000_000
                 out.every = np.empty((count, classes), dtype=np.float16 if large else np.float32)
             out.every[batch] = queued.every.cpu().numpy()
+        if self.settled is not None:
+            self._keep(queued.placed, out.probabilities[batch], out.every, batch)
         self.evaluated += size
         if self.progress is not None:
             self.progress(self.evaluated, max(self.total, self.evaluated))
         if on_batch is not None:
             on_batch(batch.stop, out.probabilities)
         return probed
+
+    def _keep(
+        self, placed: slice, label: np.ndarray, every: np.ndarray | None, batch: slice
+    ) -> None:
+        """One settled batch's values at its place in the pass (``placed``: its positions
+        among the pass's; ``batch``: among this evaluate call's)."""
+        kept = self.settled
+        assert kept is not None
+        kept.probabilities[placed] = label
+        if every is not None:
+            if kept.every is None:
+                kept.every = np.full((len(kept.probabilities), every.shape[1]), np.nan, every.dtype)
+            kept.every[placed] = every[batch]
 
     def _kind(self, naive: bool) -> tuple:
         """The kind of batch this run computes, as its schedule decision is kept."""

@@ -20,10 +20,21 @@ import numpy as np
 from ._inputs import Region
 from .approximate.settings import DEFAULTS, ApproximateSettings
 
-__all__ = ["ExplainSettings", "ProgressCallback", "PartialCallback"]
+__all__ = ["ExplainSettings", "ProgressCallback", "PartialCallback", "StopRun"]
 
 ProgressCallback = Callable[[int, int], None]
 PartialCallback = Callable[[np.ndarray], None]
+
+
+class StopRun(Exception):
+    """Raised by a ``progress`` callback to end a run early and keep what it computed:
+    a one-pass run (exact, naive, approximate without drill-down) returns its heatmap so
+    far, NaN at the positions not computed, ``extra["stopped"]`` saying how many were and
+    why (this exception's text). Any other exception from ``progress`` ends the run and
+    goes on to the caller, as does this one in drill-down (whose ``partial`` has shown the
+    stage-one values so far). A caller that counts positions from ``progress`` then keeps
+    every position it counted: the app's Cancel kept 16 of the 32 cells it had shown as
+    done, the rest lost with the batch values inside the call."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class ExplainSettings:
             thresholding only: drill-down needs a grid).
         batch_size: occluded images per batch; default 16 on CPU, 128 on CUDA.
         progress: called as progress(done, total) after each batch; raising stops the run.
+            Raising :class:`StopRun` returns the positions computed so far (one pass).
             In drill-down the total is an estimate until stage one has finished.
         tau: projective-field threshold in (0, 1] (eqs 21-27); 1 changes nothing.
         target_ssim: pick τ from the model's tuned SSIM(τ) curve instead. With neither, τ

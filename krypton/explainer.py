@@ -59,7 +59,7 @@ from .engine.clock import DeviceClock
 from .engine.monitor import StrategyMonitor
 from .engine.plan import static_plan
 from .explain_settings import ExplainSettings as ExplainSettings
-from .explain_settings import PartialCallback, ProgressCallback, settings_signature
+from .explain_settings import PartialCallback, ProgressCallback, StopRun, settings_signature
 from .host import host_share
 from .registry.models import LoadedModel
 from .schedule import Schedules
@@ -513,13 +513,20 @@ class OcclusionExplainer:
         kept, and those coordinates ((ys, xs), or (zs, ys, xs) for a volume). Exact runs
         note their plan in ``extra``."""
         run.expect(len(corners))
+        run.keep_settled(len(corners))
+        try:
+            if mode == "exact":
+                probabilities, every = run.evaluate_exact(corners, patch, strategy)
+            else:
+                probabilities, every = run.evaluate(corners, patch, tau, naive=mode == "naive")
+        except StopRun as stop:  # the caller's progress ended it: what was computed
+            probabilities, every = run.settled_so_far()
+            computed = int(np.isfinite(probabilities).sum())
+            extra["stopped"] = {"computed": computed, "of": len(corners), "why": str(stop)}
         if mode == "exact":
-            probabilities, every = run.evaluate_exact(corners, patch, strategy)
-            extra["plan"] = str(run.plan)
+            extra["plan"] = str(run.plan or "stopped before a plan was measured")
             if run.timing() is not None:
                 extra["plan_timing"] = run.timing()
-        else:
-            probabilities, every = run.evaluate(corners, patch, tau, naive=mode == "naive")
         axes, cells = zip(*(np.unique(column, return_inverse=True) for column in corners.T))
         shape = tuple(len(axis) for axis in axes)
         values = np.full(shape, np.nan, dtype=np.float32)

@@ -181,9 +181,19 @@ def run_cells(
     incremental_only = 0.0  # seconds a naive run would not have spent (views, probes)
     computing = 0.0  # seconds the batches of positions took
     decisions: dict = {}  # the batch schedules the chunks ran on (krypton.schedule)
+    host: dict = {}  # the threads the last chunk ran with, who chose them (krypton.host)
 
     def heatmap_so_far(extra: dict) -> krypton.Heatmap:
         return _grid_heatmap(values, class_values, axes, label, mode, patch, begin, extra)
+
+    stops: list[Exception] = []  # what ended a chunk part-way (a Cancel), once kept
+
+    def counted(done_in_chunk: int, _: int, offset: int) -> None:
+        try:
+            report(offset + done_in_chunk, total)
+        except Exception as why:  # the chunk returns what it computed, then this goes on
+            stops.append(why)
+            raise krypton.StopRun(str(why)) from why
 
     try:
         while begin < len(todo_cells):
@@ -199,12 +209,13 @@ def run_cells(
                 # an exact run times incremental against naive itself (from its first chunk
                 # on): its speed claim and its plan rest on this run's load, not a past one
                 strategy="measure" if mode == "exact" and begin == 0 else "auto",
-                progress=lambda d, t, offset=offset: report(offset + d, total),
+                progress=lambda d, t, offset=offset: counted(d, t, offset),
             )
             plan_line, speed = _chunk_plan(heatmap.extra, plan_line, speed)
             incremental_only += heatmap.extra.get("incremental_only_seconds", 0.0)
             computing += heatmap.extra.get("computing_seconds", 0.0)
-            for kind, record in heatmap.extra.get("host", {}).get("decisions", {}).items():
+            host = heatmap.extra.get("host") or host
+            for kind, record in host.get("decisions", {}).items():
                 decisions.setdefault(kind, record)  # the first says if this run measured it
             found = tuple(
                 np.searchsorted(axis, corners[part, k]) for k, axis in enumerate(heatmap.axes)
@@ -216,7 +227,11 @@ def run_cells(
                 if class_values is None:
                     class_values = np.full(shape + (every.shape[1],), np.nan, dtype=np.float32)
                 class_values[cells] = every
-                known.add(dict(zip((keys[n] for n in part), every)))
+                computed = np.isfinite(every).all(axis=1)  # all, unless the chunk stopped
+                known.add({keys[n]: row for n, row, ok in zip(part, every, computed) if ok})
+            if stops:  # a Cancel inside the chunk: its computed cells are kept above
+                begin += int(np.isfinite(heatmap.values[found]).sum())  # as evaluated
+                raise stops[0]
             done += len(part)
             begin += len(part)
             chunk = min(chunk * 2, LARGEST_CHUNK)
@@ -231,6 +246,7 @@ def run_cells(
         "incremental_only_seconds": incremental_only,
         "computing_seconds": computing,
         "schedule_decisions": decisions,
+        "host": dict(host, decisions=decisions) if host else None,
     }
     if speed is not None:
         extra["plan_timing"] = dict(
