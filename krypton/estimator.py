@@ -16,11 +16,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import t as student_t
-from sklearn.linear_model import LinearRegression
 
 from .approximate import drilldown
 from .approximate.settings import DEFAULTS
@@ -33,6 +31,21 @@ from .host import (
 )
 from .load_range import UNCERTAIN, widened_for_load
 from .registry.models import CALIBRATION_PATCHES
+from .run_errors import (  # the ranges' parts, as before they moved
+    CONFORMAL_RUNS,
+    COVERAGE,
+    MIN_SPREAD,
+    SIMILAR_LOAD,
+    at_similar_load,
+    conformal_ratios,
+    fit_seconds,
+    fitted_to_runs,
+    grows_with_positions,
+    offset_or_pace,
+    ratio_bounds,
+    row_load_factor,
+    runs_at_like_load,
+)
 from .runtime_log import RECENT_RUNS, as_naive, logged_runs, record_run, runtime_log_path
 
 if TYPE_CHECKING:
@@ -40,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [  # the runtime log's functions too (krypton.runtime_log), as before it moved
     "NotCalibratedError",
+    "for_a_first_run",
     "calibrated_speedup",
     "planned_positions",
     "positions_grid",
@@ -70,6 +84,9 @@ __all__ = [  # the runtime log's functions too (krypton.runtime_log), as before 
     "probed_naive_pace",
     "calibrated_step",
     "fit_seconds",
+    "COVERAGE",
+    "SIMILAR_LOAD",
+    "MIN_SPREAD",
 ]
 
 
@@ -209,14 +226,17 @@ def plain_basis(source: str) -> str:
     if source.startswith("calibration"):
         if recent:
             count = recent.group(1)
+            like = f" {AT_LIKE_LOAD}" if AT_LIKE_LOAD in source else ""
             said = (f"from the model's calibration, adjusted to this machine's {count} "
-                    f"recent run{'s' * (count != '1')}{first}")  # fmt: skip
+                    f"recent run{'s' * (count != '1')}{like}{first}")  # fmt: skip
         else:
             said = f"from the model's calibration ({FIRST_RUNS})"
     elif runs:  # what was logged: 'runs', 'run with every cell known', 'gradient steps'
         said = f"from this machine's last {runs.group(1)} {runs.group(2).strip()}{first}"
     else:
         said = f"from this machine's earlier runs{first}"
+    if FIRST_IN_PROCESS in source:
+        said += f"; {FIRST_IN_PROCESS}"
     if UNCERTAIN in source:  # krypton.load_range: the range reaches for an unmet load
         said += "; uncertain: no run it learned from met a load like this one"
     return said
@@ -232,103 +252,9 @@ class Estimate:
     source: str  # "this host's last N runs" or "calibration (DATE)"
 
 
-CONFORMAL_RUNS = 20  # this host's recent runs whose errors set the range
-MIN_CONFORMAL_RUNS = 5  # fewer: the range is the fit's own (below)
-COVERAGE = 0.8  # the share of runs the range is meant to hold
 FIRST_RUNS = "first runs on this machine"  # an estimate's words before MIN_CONFORMAL_RUNS
 
 
-def conformal_ratios(
-    model_name: str,
-    path: Path | None = None,
-    coverage: float = COVERAGE,
-    mode: str | None = None,
-    shift: float = 0.0,
-    load: float | None = None,
-) -> ErrorBounds | None:
-    """Bounds on actual ÷ estimate from this host's recent runs of the model (of
-    ``mode``, any patch; None: any mode) that logged the estimate they were given
-    (:func:`ratio_bounds` of their ratios, c = ``coverage``), so a new run falls inside
-    [low, high] × its estimate with probability ``coverage`` while the host keeps
-    behaving as over those runs; None with too few. Per mode: a
-    re-run with every cell known or a naive run misses its estimate by other ratios than
-    an exact run, and mixing them made every range 3.5-8x wide.
-    ``shift``: the ratios are of (actual + shift) ÷ (estimate + shift). ``load``: the
-    runs met at a load like it, where MIN_CONFORMAL_RUNS were (:func:`at_similar_load`)."""
-    judged = [
-        row
-        for row in logged_runs(model_name, mode, None, path, CONFORMAL_RUNS * 4)
-        if row.get("estimated", 0) > 0 and row.get("seconds", 0) > 0
-    ]
-    similar = at_similar_load(judged, load, MIN_CONFORMAL_RUNS)
-    rows = similar[-CONFORMAL_RUNS:]
-    if len(rows) < MIN_CONFORMAL_RUNS:
-        return None
-    ratios = [(row["seconds"] + shift) / (row["estimated"] + shift) for row in rows]
-    low, high = ratio_bounds(ratios, coverage)
-    return ErrorBounds(low, high, len(ratios), similar is not judged)
-
-
-def ratio_bounds(ratios: Sequence[float], coverage: float = COVERAGE) -> tuple[float, float]:
-    """(low, high) that hold a new run's actual ÷ estimate with probability ``coverage``,
-    from the ``ratios`` (all > 0, at least two) of earlier runs. Where there are enough,
-    the split-conformal order statistics, the ⌈(n+1)(1±c)/2⌉-th smallest (no assumption
-    on the errors' shape). With fewer (n < 9 at 80%) no order statistic reaches that
-    share: [min, max] of n ratios holds only (n−1)/(n+1) of new runs, 67% with five, and a
-    Compare step's range held 5 of 8 (bench.estimates). There it is the prediction
-    interval of log-normal errors: exp(m ± t · s · √(1 + 1/n)), m and s the log ratios'
-    mean and standard deviation, t Student's (1+c)/2 quantile on n−1 degrees of freedom."""
-    ordered = np.sort(np.asarray(ratios, dtype=float))
-    n = len(ordered)
-    upper = math.ceil((n + 1) * (1 + coverage) / 2)
-    if upper <= n:
-        lower = max(math.floor((n + 1) * (1 - coverage) / 2), 1)
-        return float(ordered[lower - 1]), float(ordered[upper - 1])
-    logs = np.log(ordered)
-    half = student_t.ppf((1 + coverage) / 2, n - 1) * logs.std(ddof=1) * math.sqrt(1 + 1 / n)
-    return math.exp(logs.mean() - half), math.exp(logs.mean() + half)
-
-
-class ErrorBounds(NamedTuple):
-    """:func:`conformal_ratios`' answer: actual ÷ estimate is within [low, high] for the
-    share of runs aimed at, from the errors of ``runs`` logged runs; ``like_load``: all of
-    them met a load like the one asked about (:func:`at_similar_load`)."""
-
-    low: float
-    high: float
-    runs: int
-    like_load: bool = False
-
-
-# Runs whose load factors (krypton.host.load_factor) are within this ratio of each other
-# met a similar load. Beside two burners a Compare step took 3-4x its idle time, more than
-# the load factor says, so the errors of busy steps made the next idle step's range
-# 3.1-3.2x wide: where enough were logged, an estimate learns from the runs at its load.
-SIMILAR_LOAD = 1.5
-
-
-def at_similar_load(rows: list[dict], load: float | None, minimum: int) -> list[dict]:
-    """The logged ``rows`` (oldest first) that met a load like ``load``'s (their
-    :func:`row_load_factor` within SIMILAR_LOAD of its own), where at least ``minimum``
-    did; else every row (and with ``load`` None)."""
-    if load is None:
-        return rows
-    similar = runs_at_like_load(rows, load)
-    return similar if len(similar) >= minimum else rows
-
-
-def runs_at_like_load(rows: list[dict], load: float) -> list[dict]:
-    """The logged ``rows`` whose :func:`row_load_factor` is within SIMILAR_LOAD of
-    ``load``'s."""
-    now = load_factor(load)
-    return [
-        row
-        for row in rows
-        if max(now, factor := row_load_factor(row)) / min(now, factor) <= SIMILAR_LOAD
-    ]
-
-
-MIN_SPREAD = 1.15  # the narrowest range: ± 15 % (timing noise on an idle host)
 # A run's range comes from the errors of (actual + this) ÷ (estimate + this) seconds: a
 # run's fixed costs jitter by tenths of a second whatever its length, so a short run's
 # plain ratio says little of a long one's (a 0.7 s estimate met in 1.3 s, ratio 1.9, made
@@ -353,40 +279,6 @@ def _ratio_range(
     if len(ratios):
         low, high = min(low, seconds * min(ratios)), max(high, seconds * max(ratios))
     return max(low - ABSOLUTE_SLACK, 0.0), high + ABSOLUTE_SLACK
-
-
-def fit_seconds(
-    features: np.ndarray, seconds: np.ndarray, relative: bool = False
-) -> LinearRegression:
-    """Seconds as a linear function of position counts: coefficients and the fixed
-    per-run term never negative (a negative intercept predicted ~0 s for small runs).
-    ``relative``: least squares of the errors as a share of each run's time, so one
-    slow large run does not set the fixed term for the small ones."""
-    weights = 1.0 / np.square(np.maximum(seconds, 1e-3)) if relative else None
-    regression = LinearRegression(positive=True).fit(features, seconds, sample_weight=weights)
-    if regression.intercept_ < 0:
-        regression = LinearRegression(positive=True, fit_intercept=False).fit(
-            features, seconds, sample_weight=weights
-        )
-    return regression
-
-
-# A fit from the log is used only where positions explain its runs: at the largest run
-# logged, the positions' share of the predicted time is at least this. Runs whose time
-# did not grow with their positions (a load that came and went, fixed costs that
-# dominated) fitted ~0 s per position, and the page then gave 2,916 positions the
-# estimate of 49 (45.6 s against 314.5 s measured).
-MIN_POSITION_SHARE = 0.5
-
-
-def _per_position(fit: LinearRegression, features: np.ndarray) -> bool:
-    """Whether ``fit`` (seconds = fixed + positions x cost, eq. thesis §7.1.3) has time
-    that grows with the positions: its position term is at least MIN_POSITION_SHARE of
-    its prediction for the largest logged run."""
-    largest = features[int(np.argmax(features.sum(axis=1)))]
-    position_seconds = float(np.dot(fit.coef_, largest))
-    total = position_seconds + max(float(fit.intercept_), 0.0)
-    return total > 0 and position_seconds >= MIN_POSITION_SHARE * total
 
 
 def naive_equivalent(
@@ -428,7 +320,7 @@ def _fit_log(
     if len(rows) < MIN_LOGGED_RUNS or len({tuple(f) for f in features}) < 2:
         return None
     fit = fit_seconds(features, seconds)
-    if not _per_position(fit, features):
+    if not grows_with_positions(fit, features):
         return None
     predicted = float(fit.predict([_features(mode, counts)])[0])
     predicted = max(predicted, 1e-3)
@@ -509,7 +401,7 @@ def recent_estimate(
     took 55 s where one logged step scaled to the load said 37-50 s). Where ``limit`` of
     them met a load like ``load``'s, those (:func:`at_similar_load`). None before the
     first is logged. ``what`` names one and several of them in the source."""
-    rows = logged_runs(model_name, mode, patch, path, limit=limit * 4)
+    rows = logged_runs(model_name, mode, patch, path, limit=limit * 4, warm=True)
     rows = at_similar_load(rows, load, limit)[-limit:]
     if not rows:
         return None
@@ -634,12 +526,6 @@ def probed_naive_pace(
     return float(np.median(paces + [probe_ms / 1e3])), len(paces) + 1
 
 
-def row_load_factor(row: dict) -> float:
-    """A logged run's :func:`load_factor`: at the load it met, with the threads it ran
-    (rows logged before either was recorded: idle, at this process's threads)."""
-    return load_factor(row.get("load"), threads=row.get("threads"))
-
-
 def _now_factor(rows: list[dict], load: float | None) -> float:
     """The :func:`load_factor` to predict with: at ``load``, or where it is not known,
     the mean of the logged runs' (the estimate then speaks of the load they met)."""
@@ -691,7 +577,8 @@ def with_host_range(
     not, the range reaches as far as ``load`` is from the loads the estimate rests on,
     and as far as the host's recent ``loads`` spread (krypton.load_range)."""
     bounds = conformal_ratios(model_name, log_path, mode=mode, shift=CONFORMAL_SHIFT, load=load)
-    like_load = bounds is not None and bounds.like_load
+    # runs at a like load set the range, or the point rests on them alone: no distance
+    like_load = (bounds is not None and bounds.like_load) or found.source.endswith(AT_LIKE_LOAD)
     # the runs whose loads the estimate rests on: read only where the distance counts
     logged = (
         []
@@ -700,7 +587,7 @@ def with_host_range(
     )
     if bounds is None:
         found = dataclasses.replace(found, source=f"{found.source}; {FIRST_RUNS}")
-        return widened_for_load(found, load, logged, False, loads)
+        return widened_for_load(found, load, logged, like_load, loads)
     low, high, runs, _ = bounds
     shifted = found.seconds + CONFORMAL_SHIFT
     ranged = Estimate(
@@ -708,7 +595,7 @@ def with_host_range(
         max(shifted * min(low, 1 / MIN_SPREAD) - CONFORMAL_SHIFT, 0.0),
         shifted * max(high, MIN_SPREAD) - CONFORMAL_SHIFT,
         f"{found.source}; range from the errors of this host's last {runs} {mode} estimates"
-        + (" at a like load" if like_load else ""),
+        + (f" {AT_LIKE_LOAD}" if bounds.like_load else ""),
     )
     return widened_for_load(ranged, load, logged, like_load, loads)
 
@@ -728,12 +615,15 @@ def _point_estimate(
     learns from the naive figures exact runs stated (:func:`estimate_for_counts`)."""
     from .registry.entries import RegistryError, find_entry
 
-    history = logged_runs(model_name, None, patch, log_path, limit=sys.maxsize)  # one read
+    history = logged_runs(model_name, None, patch, log_path, sys.maxsize, warm=True)
     rows = [row for row in history if row.get("mode") == mode][-RECENT_RUNS:]
     if stated:
         exact = [row for row in history if row.get("mode") == "exact"][-RECENT_RUNS:]
         said = [as_naive(row) for row in exact if row.get("naive_seconds")]
         rows = sorted(rows + said, key=lambda row: row.get("when", 0.0))[-RECENT_RUNS:]
+    like = _like_load_estimate(model_name, mode, patch, counts, directory, history, load, stated)
+    if like is not None:
+        return like
     now = _now_factor(rows, load)
     learned = _fit_log(rows, mode, counts, now)
     if learned is not None and learned[1] <= LEARNED_SPREAD_LIMIT:
@@ -763,8 +653,90 @@ def _point_estimate(
         return Estimate(seconds, low, high, source)
     corrected, spread, how = _host_correction(pairs, seconds, now)
     runs = f"{len(pairs)} recent run{'s' * (len(pairs) > 1)}"
-    low, high = _ratio_range(corrected, max(1 + 2 * error, MIN_SPREAD), spread)
+    # one or two runs, most of other modes, say little of this one: modes differ from
+    # their calibrations by up to 2x here (approximate runs 2.5-3x, naive 1.5x)
+    factor = max(1 + 2 * error, MIN_SPREAD, PROPORTIONAL_SPREAD * (len(pairs) < MIN_LOGGED_RUNS))
+    low, high = _ratio_range(corrected, factor, spread)
     return Estimate(corrected, low, high, f"{source}, {how} and widened by this host's {runs}")
+
+
+# Warm runs at a like load (any mode) that an estimate rests on alone, without the load
+# model: the calibration times how much longer those runs took than it said.
+LIKE_LOAD_RUNS = MIN_LOGGED_RUNS
+AT_LIKE_LOAD = "at a like load"  # an estimate's source, where it rests on such runs alone
+
+
+def _like_load_estimate(
+    model_name: str,
+    mode: str,
+    patch: int,
+    counts: tuple[int, int],
+    directory: Path | None,
+    history: list[dict],
+    load: float | None,
+    stated: bool,
+) -> Estimate | None:
+    """The estimate from this host's last warm runs at a load like ``load``'s alone,
+    where LIKE_LOAD_RUNS of them were logged (of ``mode`` where that many were, else of
+    every mode, each against its own calibration): the calibration's idle seconds for
+    ``counts``, fitted to what those runs took over theirs (:func:`fitted_to_runs`, each
+    at an idle host's pace and the fit brought to the load now: a short step, as they
+    met a like load), its range from their errors. Beside two burners the estimates ran
+    twice the time the runs took (22.4 s shown, 11.3 s taken): the load model carried
+    runs from every load, each logged with the process's threads instead of its own.
+    None without a calibration or with fewer such runs."""
+    from .registry.entries import RegistryError, find_entry
+
+    if load is None or not math.isfinite(load):
+        return None
+    like = runs_at_like_load(history[-CONFORMAL_RUNS:], load)
+    same = [row for row in like if row.get("mode") == mode]
+    try:
+        _, entry = find_entry(model_name, directory)
+        seconds = _calibrated_seconds(entry, model_name, mode, patch, counts)
+    except (RegistryError, NotCalibratedError):
+        return None
+    rows = same if len(same) >= LIKE_LOAD_RUNS else like
+    pairs = _host_pairs(entry, model_name, patch, rows, stated)  # at an idle host's pace
+    if len(pairs) < LIKE_LOAD_RUNS:
+        return None
+    point, low, high, how = fitted_to_runs(pairs, seconds)
+    now = load_factor(load)  # within SIMILAR_LOAD of each run's: a short step back
+    corrected, low, high = point * now, low * now, high * now
+    date = entry.get("calibration", {}).get("date", "undated")
+    which = f" of {mode}" if rows is same else ""
+    return Estimate(
+        corrected, low, high,
+        f"calibration ({date}), {how} by this host's {len(pairs)} recent runs{which} "
+        f"{AT_LIKE_LOAD}",
+    )  # fmt: skip
+
+
+# How many times its estimate the first run of a mode in a process may take: it also
+# loads the model, captures its graph and measures its batch schedule. On a fresh 2-core
+# host such runs took up to 3.8x their estimates (bench.estimates: 3.3 s against 1.1 s,
+# 9.9 s against 2.6 s); a logged first run that took more here reaches further.
+FIRST_RUN_FACTOR = 4.0
+FIRST_IN_PROCESS = "the first run of its mode in this process: it also loads and measures"
+COLD_RUNS = 5  # this host's logged first runs whose ratios say how far one may reach
+
+
+def for_a_first_run(found: Estimate, model_name: str, log_path: Path | None = None) -> Estimate:
+    """``found`` for a run that will be its process's first of its mode (one-off costs:
+    :func:`krypton.runtime_log.record_run`'s ``cold``): its high end reaching
+    FIRST_RUN_FACTOR times its estimate, or as many times as the last COLD_RUNS such runs
+    logged here took where one took more; the source says so."""
+    cold = [
+        row["seconds"] / row["estimated"]
+        for row in logged_runs(model_name, None, None, log_path, CONFORMAL_RUNS * 4)
+        if row.get("cold") and row.get("estimated", 0) > 0
+    ][-COLD_RUNS:]
+    factor = max([FIRST_RUN_FACTOR, *cold])
+    return dataclasses.replace(
+        found,
+        high=max(found.high, found.seconds * factor),
+        source=f"{found.source}; {FIRST_IN_PROCESS}",
+    )
 
 
 def _host_pairs(
@@ -795,44 +767,17 @@ def _host_pairs(
     return pairs
 
 
-# The most a run's own costs beyond explain() add at an idle host's pace (the prediction,
-# the out-of-distribution check, decoding): tenths of a second to 1.5 s on 2 cores. Runs
-# further off the calibration than this by a fixed amount are a pace, not a fixed cost
-# (runs that took 44-47 s whatever their positions while a load came and went).
-FIXED_OFFSET_LIMIT = 2.0
-
-
 def _host_correction(
     pairs: list[tuple[float, float]], seconds: float, now: float
 ) -> tuple[float, list[float], str]:
     """The calibration's ``seconds`` (at the load now, × ``now``) corrected by this
-    host's recent runs (``pairs``: predicted, actual): in proportion (the machine or its
-    pace changed since) or by a fixed amount (the page's run pays costs explain() alone
-    does not: the prediction, the out-of-distribution check), whichever leaves the
-    runs' own leave-one-out errors smaller. (corrected, the ratios of the runs' actual
-    to corrected time that widen its range, what was done)."""
+    host's recent runs (``pairs``: predicted, actual at an idle host's pace): in
+    proportion (the machine or its pace changed since) or by a fixed amount (the page's
+    run pays costs explain() alone does not), as :func:`offset_or_pace` chooses.
+    (corrected, the ratios of the runs' actual to corrected time that widen its range,
+    what was done)."""
     predicted, actual = (np.array(side) for side in zip(*pairs))
-    ratios, offsets = actual / predicted, actual - predicted
-    offset = float(np.median(offsets))
-    if (
-        len(pairs) >= 2
-        and abs(offset) <= FIXED_OFFSET_LIMIT
-        and np.median(_loo_errors(predicted, actual, lambda p, keep: p + np.median(offsets[keep])))
-        < np.median(_loo_errors(predicted, actual, lambda p, keep: p * np.median(ratios[keep])))
-    ):
-        corrected = max(seconds + offset * now, 1e-3)
-        spread = [a / max(p + offset, 1e-3) for p, a in pairs]
-        return corrected, spread, f"{offset:+.1f} s"
-    host = float(np.median(ratios))
-    return seconds * host, list(ratios / host), f"scaled by {host:.2f}"
-
-
-def _loo_errors(predicted: np.ndarray, actual: np.ndarray, correct) -> np.ndarray:
-    """Each run's |log(actual / corrected)|, its correction learnt from the other runs
-    (``correct(predicted, others)``; two runs at least)."""
-    errors = []
-    for index in range(len(actual)):
-        keep = np.arange(len(actual)) != index
-        guess = max(float(correct(predicted[index], keep)), 1e-3)
-        errors.append(abs(math.log(actual[index] / guess)))
-    return np.array(errors)
+    guess, how = offset_or_pace(predicted, actual)
+    every = np.ones(len(actual), dtype=bool)
+    corrected = max(guess(every, seconds / now) * now, 1e-3)  # a fixed amount x the load
+    return corrected, [a / max(guess(every, p), 1e-3) for p, a in pairs], how

@@ -59,6 +59,44 @@ def _cpu_times() -> tuple[float, float] | None:
 
 
 _HOST_TIMES: list[tuple[float, float]] = []  # the counters at Krypton's last host_load
+RUN_QUEUE_READS = 5  # reads of the run queue over a load sample, whose median counts
+
+
+def _others_runnable() -> int | None:
+    """Threads of other processes that are running or waiting for a core now: Linux's
+    ``procs_running`` (/proc/stat) less this process's own running threads; None where
+    the kernel does not say. Busy cores stop at the host's cores; this does not, so a
+    host with six burners on two cores reads 6, not 2 (beside six burners the estimates
+    were those of two, and 4 of 10 ranges held)."""
+    try:
+        with open("/proc/stat", "rb") as handle:
+            running = next(
+                int(line.split()[1]) for line in handle if line.startswith(b"procs_running")
+            )
+        own = 0
+        for task in os.scandir("/proc/self/task"):
+            try:
+                with open(f"{task.path}/stat", "rb") as handle:
+                    own += handle.read().rpartition(b")")[2].split()[0] == b"R"
+            except OSError:  # a thread that ended meanwhile
+                continue
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return max(0, running - own)
+
+
+def _queued_beyond_cores(interval: float) -> float | None:
+    """Over ``interval`` seconds (slept in RUN_QUEUE_READS steps): the median of the
+    other processes' runnable threads where it exceeds this host's cores; else None (the
+    busy cores say as much)."""
+    reads = []
+    for _ in range(RUN_QUEUE_READS):
+        time.sleep(interval / RUN_QUEUE_READS)
+        read = _others_runnable()
+        if read is not None:
+            reads.append(read)
+    queued = float(sorted(reads)[len(reads) // 2]) if reads else 0.0
+    return queued if queued > (os.cpu_count() or 1) else None
 
 
 def _busy_cores(before: tuple[float, float], after: tuple[float, float]) -> float | None:
@@ -72,20 +110,25 @@ def _busy_cores(before: tuple[float, float], after: tuple[float, float]) -> floa
 def host_load(interval: float | None = LOAD_SAMPLE_SECONDS) -> float | None:
     """Cores this host's work keeps busy now (every process, this one's other runs
     included), sampled over ``interval`` seconds (None: since Krypton's previous sample,
-    without waiting): what a run starting now competes with (None without psutil).
+    without waiting): what a run starting now competes with (None without psutil). Where
+    other processes have more threads runnable than the host has cores, that count
+    (:func:`_others_runnable`): the demand beyond the cores, which busy cores cannot show.
     Estimates scale to it and each logged run records it. Read from psutil's cumulative
     counters: the caller's own ``psutil.cpu_percent(interval=None)`` runs on undisturbed."""
     first = _cpu_times()
     if first is None:
         return None
+    queued = None
     if interval is None and _HOST_TIMES:
         before, after = _HOST_TIMES[0], first
     else:
-        time.sleep(interval or LOAD_SAMPLE_SECONDS)
+        queued = _queued_beyond_cores(interval or LOAD_SAMPLE_SECONDS)
         before, after = first, _cpu_times() or first
     _HOST_TIMES[:] = [after]
     busy = _busy_cores(before, after)
     load = 0.0 if busy is None else max(0.0, busy)
+    if queued is not None:  # more work than cores: the run queue says how much more
+        load = max(load, queued)
     if interval is not None:  # a sample of now, not a window over this process's own run
         with _BAND_LOCK:
             _LOAD_SAMPLES.append((time.monotonic(), load))

@@ -42,6 +42,7 @@ def record_run(
     computed: tuple[int, float] | None = None,
     naive_probe_ms: float | None = None,
     schedules: dict | None = None,
+    cold: bool = False,
 ) -> None:
     """Append one finished run (positions as planned: stage one, stage two) to the log,
     with the estimate it was given (``estimated`` seconds: the ranges are calibrated on
@@ -56,7 +57,11 @@ def record_run(
     position (later speed lines take the median of several:
     krypton.estimator.probed_naive_pace). ``schedules``: the batch schedule each kind of
     batch ran on (``heatmap.extra["host"]["decisions"]``, krypton.schedule): the row keeps
-    the schedule, its margin, its load band and whether this run measured it."""
+    the schedule, its margin, its load band and whether this run measured it. ``cold``:
+    the run paid costs its process pays once (loading the model, capturing its graph,
+    measuring a batch schedule): a fresh process's first run took 4.0 s against the 1.1 s
+    its like took after, and learning from it kept the next estimates 2x too high; the
+    estimates leave such rows out (:func:`logged_runs`' ``warm``)."""
     path = path or runtime_log_path()
     row = {
         "model": model_name,
@@ -80,6 +85,8 @@ def record_run(
         row["computing_seconds"] = round(float(computed[1]), 4)
     if naive_probe_ms is not None and math.isfinite(naive_probe_ms) and naive_probe_ms > 0:
         row["naive_probe_ms"] = round(float(naive_probe_ms), 3)
+    if cold:
+        row["cold"] = True
     if schedules:
         row["schedules"] = {
             kind: {key: record.get(key) for key in ("schedule", "margin", "band", "measured")}
@@ -98,9 +105,11 @@ def logged_runs(
     patch: int | None,
     path: Path | None = None,
     limit: int = RECENT_RUNS,
+    warm: bool = False,
 ) -> list[dict]:
     """The most recent logged runs of (model, mode, patch), oldest first (``mode`` or
-    ``patch`` None: every one)."""
+    ``patch`` None: every one); ``warm``: only runs that paid no one-off cost of their
+    process (:func:`record_run`'s ``cold``), the ones whose times say how fast runs go."""
     path = path or runtime_log_path()
     if not path.exists():
         return []
@@ -115,6 +124,7 @@ def logged_runs(
                 row.get("model") == model_name
                 and (mode is None or row.get("mode") == mode)
                 and (patch is None or row.get("patch") == patch)
+                and not (warm and row.get("cold"))
             ):
                 rows.append(row)
     return rows[-limit:]

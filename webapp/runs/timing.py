@@ -5,7 +5,9 @@ to, and the speed line (only what the run timed side by side)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import threading
 
 from krypton.estimator import (
     ABSOLUTE_SLACK,
@@ -14,6 +16,7 @@ from krypton.estimator import (
     NotCalibratedError,
     estimate,
     estimate_for_counts,
+    for_a_first_run,
     format_duration,
     forward_seconds,
     host_load,
@@ -26,6 +29,8 @@ from krypton.host import recent_loads, share_host
 from krypton.load_range import widened_for_load
 from krypton.registry import RegistryError
 from krypton.speed_line import bounded_speed, speed_claim, stated_speed
+
+from ..settings import BROKER_ENV
 
 __all__ = [
     "CACHED_MODE",
@@ -74,12 +79,13 @@ def counts_estimate(
     if cached >= positions:
         return cached_estimate(model, load)
     try:
-        return estimate_for_counts(
+        found = estimate_for_counts(
             model, mode, patch, (positions - cached, 0), load=load, stated=mode == "naive",
             loads=recent_loads(),
         )  # fmt: skip
     except (NotCalibratedError, ValueError, RegistryError):
         return None
+    return _as_first_run(found, model, mode)
 
 
 def find_estimate(
@@ -103,7 +109,7 @@ def find_estimate(
     if positions is not None and cached >= positions and mode in ("exact", "naive"):
         return cached_estimate(model, host_load() if load is None else load)  # nothing to do
     try:
-        return estimate(
+        found = estimate(
             model,
             patch=patch,
             stride=stride,
@@ -118,6 +124,7 @@ def find_estimate(
         )
     except (NotCalibratedError, ValueError, RegistryError):
         return None
+    return _as_first_run(found, model, mode)
 
 
 def as_record(found: Estimate | None) -> dict | None:
@@ -183,15 +190,49 @@ def finished_run(
     seconds = heatmap.seconds
     whole = (speed or {}).get("whole") or {}
     said = (int(whole["positions"]), float(whole["naive_seconds"])) if whole else None
+    schedules = heatmap.extra.get("schedule_decisions") or {}
+    # the torch threads the run computed with: the process's count says nothing of a run
+    # that set only its own thread's (krypton.torch_threads), and logged as the runs'
+    # threads it put every run beside two burners 1.5x off its own load factor
+    threads = ((heatmap.extra.get("host") or {}).get("threads")) or None
+    cold = _first_run(request.model, request.mode) or any(
+        record.get("measured") == "in this run" for record in schedules.values()
+    )
     if heatmap.positions_evaluated:
         computed = (heatmap.positions_evaluated, heatmap.extra.get("computing_seconds", 0.0))
         record_run(request.model, request.mode, request.patch, counts, seconds,
                    estimated=estimated, load=load, stated_naive=said, computed=computed,
-                   naive_probe_ms=whole.get("naive_ms"),
-                   schedules=heatmap.extra.get("schedule_decisions"))  # fmt: skip
+                   naive_probe_ms=whole.get("naive_ms"), schedules=schedules,
+                   cold=cold, threads=threads)  # fmt: skip
     else:  # every cell was known: a run of its own kind (cached_estimate)
-        record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated, load=load)
+        record_run(request.model, CACHED_MODE, 0, (0, 0), seconds, estimated=estimated,
+                   load=load, cold=cold, threads=threads)  # fmt: skip
     return speed
+
+
+_RAN: set[tuple[str, str]] = set()  # the (model, mode) this process has finished runs of
+_RAN_LOCK = threading.Lock()
+
+
+def _first_run(model: str, mode: str) -> bool:
+    """Whether this is the process's first finished run of ``model`` in ``mode``, and
+    mark it run: the one that loaded the model, captured its graph and measured its batch
+    schedule (krypton.runtime_log.record_run's ``cold``)."""
+    with _RAN_LOCK:
+        first = (model, mode) not in _RAN
+        _RAN.add((model, mode))
+    return first
+
+
+def _as_first_run(found: Estimate | None, model: str, mode: str) -> Estimate | None:
+    """``found``, reaching for a first run's one-off costs where this process has not
+    finished a run of ``model`` in ``mode`` and runs here (a team's workers run
+    elsewhere: whether theirs is a first run is not known here)."""
+    if found is None or os.environ.get(BROKER_ENV):
+        return found
+    with _RAN_LOCK:
+        ran = (model, mode) in _RAN
+    return found if ran else for_a_first_run(found, model)
 
 
 def measured_speed(speed: dict | None, model: str, patch: int, load: float) -> dict | None:
