@@ -799,4 +799,4 @@ def test_a_run_logs_the_threads_it_ran_with_and_a_first_run_says_it_is_one(
     assert [result["host"]["threads"] for result in results] == [1, 1]
     assert rows[0].get("cold") and not rows[1].get("cold")
     assert FIRST_IN_PROCESS in said[0].source and FIRST_IN_PROCESS not in said[1].source
-    assert said[0].high >= 4 * said[0].seconds
+    assert said[0].high >= max(4 * said[0].seconds, said[0].seconds + 5.0)
