@@ -195,7 +195,8 @@ def finished_run(
     # that set only its own thread's (krypton.torch_threads), and logged as the runs'
     # threads it put every run beside two burners 1.5x off its own load factor
     threads = ((heatmap.extra.get("host") or {}).get("threads")) or None
-    cold = _first_run(request.model, request.mode) or any(
+    kind = request.mode if heatmap.positions_evaluated else CACHED_MODE
+    cold = _first_run(request.model, kind) or any(
         record.get("measured") == "in this run" for record in schedules.values()
     )
     if heatmap.positions_evaluated:
