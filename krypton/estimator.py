@@ -660,10 +660,10 @@ def _point_estimate(
     return Estimate(corrected, low, high, f"{source}, {how} and widened by this host's {runs}")
 
 
-# Warm runs at a like load (any mode) that an estimate rests on alone, without the load
-# model: the calibration times how much longer those runs took than it said.
+# Warm runs at a like load (any mode) that an estimate rests on: the calibration fitted
+# to what those runs took, the load model only stepping from their loads to this one.
 LIKE_LOAD_RUNS = MIN_LOGGED_RUNS
-AT_LIKE_LOAD = "at a like load"  # an estimate's source, where it rests on such runs alone
+AT_LIKE_LOAD = "at a like load"  # an estimate's source, where it rests on such runs
 
 
 def _like_load_estimate(
@@ -690,6 +690,8 @@ def _like_load_estimate(
     if load is None or not math.isfinite(load):
         return None
     like = runs_at_like_load(history[-CONFORMAL_RUNS:], load)
+    if len(like) < LIKE_LOAD_RUNS:  # too few: the registry is not read for nothing
+        return None
     same = [row for row in like if row.get("mode") == mode]
     try:
         _, entry = find_entry(model_name, directory)

@@ -204,24 +204,25 @@ def fitted_to_runs(
     3.8 s for a run of 3.1 that took 5.2."""
     predicted, actual = (np.array(side) for side in zip(*pairs))
     features = predicted[:, None]
-    fit = fit_seconds(features, actual)
-    fitted = len(pairs) >= FIT_RUNS and predicted.max() >= LIKE_LOAD_SPAN * predicted.min()
-    if fitted and grows_with_positions(fit, features):
+    spans = len(pairs) >= FIT_RUNS and predicted.max() >= LIKE_LOAD_SPAN * predicted.min()
+    fit = fit_seconds(features, actual) if spans else None
+    fitted = fit is not None and grows_with_positions(fit, features)
+    if fit is not None and fitted:
 
         def guess(keep: np.ndarray, at: float) -> float:
             return float(fit_seconds(features[keep], actual[keep]).predict([[at]])[0])
 
+        point = float(fit.predict([[seconds]])[0])
         how = f"fitted as {max(float(fit.intercept_), 0.0):.1f} s + {float(fit.coef_[0]):.2f}x"
     else:
-        fitted = False
         guess, how = offset_or_pace(predicted, actual)
-    everything = np.ones(len(actual), dtype=bool)
+        point = guess(np.ones(len(actual), dtype=bool), seconds)
     held_out = [
         actual[n] / max(guess(np.arange(len(actual)) != n, float(predicted[n])), 1e-3)
         for n in range(len(actual))
     ]
     low, high = ratio_bounds(held_out, LIKE_LOAD_COVERAGE if fitted else COVERAGE)
-    point = max(guess(everything, seconds), 1e-3)
+    point = max(point, 1e-3)
     return point, point * min(low, 1 / MIN_SPREAD), point * max(high, MIN_SPREAD), how
 
 

@@ -60,8 +60,8 @@ def record_run(
     the schedule, its margin, its load band and whether this run measured it. ``cold``:
     the run paid costs its process pays once (loading the model, capturing its graph,
     measuring a batch schedule): a fresh process's first run took 4.0 s against the 1.1 s
-    its like took after, and learning from it kept the next estimates 2x too high; the
-    estimates leave such rows out (:func:`logged_runs`' ``warm``)."""
+    its like took after, and was learnt from as any run; the estimates leave such rows out
+    (:func:`logged_runs`' ``warm``)."""
     path = path or runtime_log_path()
     row = {
         "model": model_name,
