@@ -863,3 +863,38 @@ def test_both_panels_show_their_result_through_one_rule_in_the_same_words(servic
         assert DROPPED_RESULT in str(gone[0]), (panel.rank, gone[0])
         assert list(gone[1 : 1 + formats]) == [True] * formats
         services.results = kept
+
+
+def test_a_class_box_moved_to_a_kept_class_shows_that_class_not_press_run(services, nifti_bytes):
+    """Loading a sample again (its Compare button) sets the class box to the prediction's
+    class before the class switch's new handle arrives: both panels said "The last
+    heatmap is hidden: the class changed since it was computed. Press Run ..." for 1-2 s
+    (measured in Chromium), though the run kept every class and no run was needed. The
+    panel now shows the kept run for the class on screen at once."""
+    from PIL import Image
+
+    from webapp.panels.run import RunPanel
+    from webapp.panels.volume import VolumePanel
+
+    picture = services.images.put(Image.new("RGB", (64, 64), (90, 40, 20)))
+    image = runs.RunRequest(key=picture, name="p.png", model="fundus-demo", patch=32,
+                            stride=32, mode="exact", fill_rgb=(0.5, 0.5, 0.5))  # fmt: skip
+    volume_key = stored(services, nifti_bytes)
+    screens = {
+        2: ({"key": picture, "name": "p.png"}, "fundus-demo", None, 32, 32, "exact", "gray",
+            None, 0.9, 0.25, 2.0),
+        3: ({"key": volume_key, "name": "chest.nii.gz"}, "ct-test", None, 8, 8, "exact"),
+    }  # fmt: skip
+    panels = ((RunPanel(services, None), image), (VolumePanel(services, None), request(volume_key)))
+    for panel, asked in panels:
+        result = runs.execute(services, "tab-1", asked, lambda *a: None)
+        handle = {"id": result["id"], "provenance": result["provenance"]}
+        other = (int(result["label"]) + 1) % len(result["classes"])
+        summary = str(panel.show_result(handle, *screens[panel.rank], other, "tab-1")[0])
+        assert "hidden" not in summary, (panel.rank, summary)
+        assert f"{result['classes'][other]}: p = " in summary, (panel.rank, summary)
+        # a setting other than the class still hides it, and says which
+        changed = list(screens[panel.rank])
+        changed[4] = 16  # the stride
+        summary = str(panel.show_result(handle, *changed, other, "tab-1")[0])
+        assert "the stride changed" in summary and "p = " not in summary, summary

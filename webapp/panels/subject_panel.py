@@ -195,7 +195,25 @@ class SubjectPanel:
         if result is None:
             return None, why
         hidden = self.hidden(result, *screen)
+        if hidden and len(screen) == len(self.screen()) + 1:
+            # the class alone moved, to one the run kept: that class, not a warning
+            result = self.for_class(result, screen[-1])
+            hidden = hidden if result is None else self.hidden(result, *screen)
         return (None, hidden) if hidden else (result, "")
+
+    @staticmethod
+    def for_class(result: runs.ResultRecord, label) -> runs.ResultRecord | None:
+        """``result`` for the class ``label`` where the run kept every class's values (what
+        switch_class will answer with), else None. The class box moves on its own as a
+        sample is loaded again (its prediction's class): the panel showed "the class
+        changed ... press Run" for 1-2 s before the switch's new handle came, where no
+        run was needed."""
+        if label is None or int(label) == int(result["label"]):
+            return None
+        try:
+            return runs.relabel(result, int(label))
+        except (InputError, TypeError, ValueError):
+            return None
 
     def show_result(self, handle, *page):
         """The kept result's summary, which downloads it has, the kind's picture of it and
