@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 
 import pydicom
 import pytest
 from PIL import Image
 from pydicom.data import get_testdata_file
+from test_volume_cli import hu_volume, volume_model, write_series  # noqa: F401
 
 import krypton
 from krypton.batch.folder import heatmap_files
@@ -153,3 +155,79 @@ def test_the_image_panel_says_the_warning_once_on_screen(dicom_result):
     image_summary = str(RunPanel(services, None).summary(result))
     assert "p = " in image_summary and "not meaningful" not in image_summary
     assert "not meaningful" in str(VolumePanel(services, None).summary(result))
+
+
+def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
+    dicom_result,
+    volume_model,  # noqa: F811
+    hu_volume,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """Every DICOM Krypton writes for a flagged input (the app's image and volume
+    downloads, the library's Send of an image and of a volume: Parametric Maps and
+    Secondary Captures; the CLI writes through the app image's heatmap_capture) opens
+    its Image Comments with one sentence, "WARNING: <caveat>." Before: the volume
+    download said "WARNING: Warning: ...", the library's Send the caveat alone and the
+    image capture a third form."""
+    from krypton.io.volumes import read_dicom_series
+    from krypton.pacs import dicomweb, results
+    from webapp import runs
+
+    stored: list = []
+    monkeypatch.setattr(dicomweb, "store", lambda pacs, datasets, study: stored.extend(datasets))
+    expected = f"WARNING: {caveat(FLAGGED)}. "
+    written = {}  # what wrote it: its comments
+
+    services, result, data = dicom_result
+    written["app image download"] = pydicom.dcmread(
+        io.BytesIO(exports.export_dicom(data, result))
+    ).ImageComments
+    heatmap = runs.result_heatmap(result)
+    heatmap.extra["ood"] = FLAGGED
+    image_model = krypton.load_model("fundus-demo")
+    results.send_image_result(None, "1.2", image_model, heatmap, data, "KRYPTON_TEST")
+    for dataset in stored:
+        written[f"image send, {dataset.SOPClassUID.name}"] = dataset.ImageComments
+    stored.clear()
+
+    folder = tmp_path / "series"
+    write_series(folder, hu_volume)
+    volume = read_dicom_series(folder)
+    headers = [pydicom.dcmread(path) for path in sorted(folder.iterdir())]
+    prepared = volume_model.prepare_volume(volume)
+    heatmap = krypton.explain(volume_model, prepared.tensor, patch=16, stride=16, mode="exact",
+                              fill=volume_model.gray_fill())  # fmt: skip
+    heatmap.extra["ood"] = FLAGGED
+    results.send_volume_result(
+        None, "1.2", volume_model, prepared, heatmap, headers, "KRYPTON_TEST"
+    )
+    for dataset in stored:
+        written[f"volume send, {dataset.SOPClassUID.name}"] = dataset.ImageComments
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in sorted(folder.iterdir()):
+            archive.write(path, path.name)
+    key = services.images.put_source(buffer.getvalue(), "s")
+    asked = runs.RunRequest(key=key, name="series.zip", model="ct-test", patch=16, stride=16,
+                            mode="exact", rank=3)  # fmt: skip
+    record = runs.execute(services, "s", asked, lambda *a: None)
+    record["ood"] = FLAGGED
+    from webapp.runs import volumes
+
+    shown = services.prepared_volume(key, "s", "ct-test")
+    exported = volumes.export_dicom_series(record, buffer.getvalue(), shown)
+    with zipfile.ZipFile(io.BytesIO(exported)) as archive:
+        first = archive.namelist()[0]
+        written["app volume download"] = pydicom.dcmread(
+            io.BytesIO(archive.read(first))
+        ).ImageComments
+
+    assert sorted(written) == [
+        "app image download", "app volume download",
+        "image send, Parametric Map Storage", "image send, Secondary Capture Image Storage",
+        "volume send, Parametric Map Storage", "volume send, Secondary Capture Image Storage",
+    ]  # fmt: skip
+    for writer, comments in written.items():
+        assert str(comments).startswith(expected.strip()), (writer, str(comments)[:160])
+        assert "Warning:" not in str(comments), (writer, str(comments)[:160])

@@ -172,6 +172,7 @@ def send_volume_result(
 
     from ..registry.ood import caveat
     from ..render.dicom_series import capture_series, nearest_sources, slice_pictures
+    from ..render.exports import dicom_comments
     from ..render.parametric_map import parametric_map
     from .dicomweb import store
 
@@ -179,13 +180,13 @@ def send_volume_result(
     warning = caveat(heatmap.extra.get("ood"))
     created = parametric_map(
         heatmap, tuple(model.input_size), prepared.affine, sources, model_name=model.name,
-        class_name=class_name, content_label=key, comments=warning,
+        class_name=class_name, content_label=key, comments=dicom_comments(warning),
     )  # fmt: skip
     pictures = slice_pictures(model.windowed(prepared), heatmap)
     captures = capture_series(
         sources[0], pictures, description=f"Krypton heatmap {class_name}",
-        comments=(f"{warning} " if warning else "") + f"{created.SeriesDescription}. Not a "
-        "diagnosis: shows where occluding the volume changed the model's output.",
+        comments=dicom_comments(warning, f"{created.SeriesDescription}. Not a diagnosis: "
+                                "shows where occluding the volume changed the model's output."),
         include_identity=True,
         sources=nearest_sources(sources, prepared.affine, len(pictures)),
     )  # fmt: skip
@@ -210,6 +211,7 @@ def send_image_result(
 
     from ..registry.ood import caveat
     from ..render.dicom_capture import heatmap_capture
+    from ..render.exports import dicom_comments
     from ..render.parametric_map import image_parametric_map
     from .dicomweb import store
 
@@ -220,7 +222,8 @@ def send_image_result(
     try:
         datasets.append(image_parametric_map(
             heatmap, tuple(model.input_size), header, model_name=model.name,
-            class_name=class_name, content_label=key, comments=caveat(heatmap.extra.get("ood")),
+            class_name=class_name, content_label=key,
+            comments=dicom_comments(caveat(heatmap.extra.get("ood"))),
         ))  # fmt: skip
     except ValueError:
         pass  # no frame of reference or several frames: the capture alone

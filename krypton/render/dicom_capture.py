@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from ..io.dicom import _read, load_dicom
+from .exports import dicom_comments
 from .overlay import OverlayStyle, overlay, styled_heatmap
 
 __all__ = ["heatmap_capture", "heatmap_sc_image", "reference_source", "secondary_capture"]
@@ -208,7 +209,7 @@ def heatmap_capture(
         style=style,
     )
     shown = loaded.window_text()
-    comments = (f"WARNING: {warning}. " if warning else "") + (
+    settings = (
         f"Krypton {mode} occlusion heatmap. Model {model_name}"
         f"{f' (weights {weights})' if weights else ''}; class {label_name}, p = {prob:.4f}; "
         f"patch {patch} px, stride {stride} px (model input {input_size[1]}x"
@@ -216,6 +217,7 @@ def heatmap_capture(
         f" opacity {style.opacity:.2f}. Not a diagnosis: shows where occluding the image "
         f"changed the model's output."
     )
+    comments = dicom_comments(warning, settings)
     return secondary_capture(
         source,
         picture,

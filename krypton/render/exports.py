@@ -15,6 +15,7 @@ __all__ = [
     "NPZ_KEYS",
     "WARNING_KEY",
     "WARNING_SUFFIX",
+    "dicom_comments",
     "heatmap_title",
     "values_npy",
     "all_classes_npz",
@@ -29,6 +30,17 @@ WARNING_KEY = "warning"
 # Beside a .npy (which holds one array and nothing else), a flagged image's warning goes
 # to a text file of this suffix: STEM.npy and STEM.warning.txt.
 WARNING_SUFFIX = ".warning.txt"
+
+
+def dicom_comments(warning: str, text: str = "") -> str:
+    """The Image Comments of every DICOM Krypton writes (Secondary Captures and
+    Parametric Maps, downloaded, written by the CLI or sent to a PACS): a flagged
+    input's ``warning`` (krypton.registry.ood.caveat) first, in one wording,
+    "WARNING: <caveat>.", then ``text``. Before, the app's volume download said
+    "WARNING: Warning: ...", the library's Send the caveat alone, the image capture a
+    third form."""
+    said = f"WARNING: {warning.strip().rstrip('.')}." if warning.strip() else ""
+    return " ".join(part for part in (said, text.strip()) if part)
 
 
 def heatmap_title(

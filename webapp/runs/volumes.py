@@ -25,9 +25,10 @@ from krypton.explainer import grid
 from krypton.io.images import ImageLoadError
 from krypton.io.series_intake import VolumeGeometry, read_source
 from krypton.io.volumes import ModelVolume, Volume
+from krypton.registry.ood import caveat
+from krypton.render.exports import dicom_comments
 
 from ..helpers import InputError
-from ..model_card import ood_text
 from ..result_schema import ResultRecord
 from .records import result_heatmap
 from .regions import check_bounds, whole
@@ -276,14 +277,14 @@ def export_dicom_series(result: ResultRecord, source: bytes, prepared: PreparedV
     unit = prepared.unit
     pictures = slice_pictures(unit, result_heatmap(result))
 
-    warning = ood_text(result.get("ood"))
-    comments = (f"WARNING: {warning} " if warning else "") + (
+    settings = (
         f"Krypton {result['mode']} occlusion heatmap. Model {result['model']} (weights "
         f"{result['weights_checksum']}); class {result['label_name']}, p = {result['prob']:.4f};"
         f" cube {result['patch']} voxels, stride {result['stride']}; the model's "
         f"{'x'.join(map(str, unit.shape))} block, resampled from the source. Not a diagnosis: "
         f"shows where occluding the volume changed the model's output."
     )
+    comments = dicom_comments(caveat(result.get("ood")), settings)
     files = capture_series(
         header, pictures, description=f"Krypton heatmap {result['label_name']}",
         comments=comments,
