@@ -32,7 +32,7 @@ from scipy.ndimage import zoom
 import krypton
 from demo.pacs import DEMO_PASSWORD, DEMO_USER, ct_series, start_orthanc
 from krypton.pacs import dicomweb
-from krypton.pacs.results import result_key, send_volume_result
+from krypton.pacs.results import VolumeSource, result_key, send_result
 from krypton.synthetic.chestct import ChestCTGenerator
 
 ROWS, PIXEL_MM, SLICE_MM = 512, 0.7, 1.25
@@ -126,7 +126,7 @@ def open_to_heatmap(root: str, study: str, series: str, model) -> dict:
     times["run"] = time.perf_counter() - mark
     mark = time.perf_counter()
     key = result_key(series, model, {**options, "label": heatmap.label})
-    send_volume_result(pacs, study, model, prepared, heatmap, list(geometry.headers), key)
+    send_result(pacs, study, model, heatmap, VolumeSource(prepared, list(geometry.headers)), key)
     times["write-back"] = time.perf_counter() - mark
     times["total"] = time.perf_counter() - started
     return {

@@ -186,7 +186,9 @@ def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
     heatmap = runs.result_heatmap(result)
     heatmap.extra["ood"] = FLAGGED
     image_model = krypton.load_model("fundus-demo")
-    results.send_image_result(None, "1.2", image_model, heatmap, data, "KRYPTON_TEST")
+    results.send_result(
+        None, "1.2", image_model, heatmap, results.ImageSource(data), "KRYPTON_TEST"
+    )
     for dataset in stored:
         written[f"image send, {dataset.SOPClassUID.name}"] = dataset.ImageComments
     stored.clear()
@@ -199,9 +201,8 @@ def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
     heatmap = krypton.explain(volume_model, prepared.tensor, patch=16, stride=16, mode="exact",
                               fill=volume_model.gray_fill())  # fmt: skip
     heatmap.extra["ood"] = FLAGGED
-    results.send_volume_result(
-        None, "1.2", volume_model, prepared, heatmap, headers, "KRYPTON_TEST"
-    )
+    source = results.VolumeSource(prepared, headers)
+    results.send_result(None, "1.2", volume_model, heatmap, source, "KRYPTON_TEST")
     for dataset in stored:
         written[f"volume send, {dataset.SOPClassUID.name}"] = dataset.ImageComments
     buffer = io.BytesIO()

@@ -25,7 +25,7 @@ import krypton
 from demo.pacs import ct_series
 from demo.viewer import fetch_ohif, start_viewer
 from krypton.pacs import dicomweb
-from krypton.pacs.results import result_key, send_volume_result
+from krypton.pacs.results import VolumeSource, result_key, send_result
 from krypton.render.parametric_map import (
     RAS_TO_LPS,
     drop_values,
@@ -118,8 +118,8 @@ def _sent(orthanc_root: str, model, hu: np.ndarray, spacing) -> tuple[str, float
         model, prepared.tensor, patch=16, stride=8, mode="exact", fill=model.gray_fill()
     )
     settings = {"mode": "exact", "patch": 16, "stride": 8, "label": heatmap.label}
-    send_volume_result(pacs, study, model, prepared, heatmap, headers,
-                       result_key(series, model, settings))  # fmt: skip
+    send_result(pacs, study, model, heatmap, VolumeSource(prepared, headers),
+                result_key(series, model, settings))  # fmt: skip
     centre = np.array([*lowest_voxel(heatmap), 1.0])
     centre_z = float((RAS_TO_LPS @ prepared.affine @ centre)[2])
     slices = source_slices(headers)
@@ -301,8 +301,8 @@ def test_ohif_draws_a_coronal_series_map_on_the_slices_of_kryptons_strongest_cel
     )
     settings = {"mode": "exact", "patch": 16, "stride": 8, "label": heatmap.label}
     headers = list(geometry.headers)
-    send_volume_result(pacs, study, model, prepared, heatmap, headers,
-                       result_key(series, model, settings))  # fmt: skip
+    send_result(pacs, study, model, heatmap, VolumeSource(prepared, headers),
+                result_key(series, model, settings))  # fmt: skip
     normal = np.array([0.0, 1.0, 0.0])  # the coronal slices' normal: toward the back (LPS)
     centre = RAS_TO_LPS @ prepared.affine @ np.array([*lowest_voxel(heatmap), 1.0])
     drops = drops_on_slices(drop_values(heatmap, tuple(model.input_size)), prepared.affine,

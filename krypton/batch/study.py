@@ -22,10 +22,11 @@ from ..pacs.results import (
     ALREADY_THERE,
     PARAMETRIC_MAP_STORAGE,
     SentResult,
+    VolumeSource,
     explainable_series,
     in_study,
     result_key,
-    send_volume_result,
+    send_result,
 )
 from .folder import (
     BatchItem,
@@ -83,7 +84,8 @@ def explain_series(
         key = key or result_key(series_uid, model, {**options, "label": heatmap.label})
         if in_study(pacs, study_uid, key):
             return row, outputs, ALREADY_THERE
-        sent = send_volume_result(pacs, study_uid, model, extra["prepared"], heatmap, sources, key)
+        source = VolumeSource(extra["prepared"], sources)
+        sent = send_result(pacs, study_uid, model, heatmap, source, key)
     return row, outputs, sent
 
 

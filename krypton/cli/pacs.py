@@ -10,7 +10,7 @@ the environment):
 
 ``explain`` of a PACS series fetches it through the intake's limits and explains it as a
 volume (the files a folder's series gives). ``--send`` stores the heatmap in the source's
-study as two new series (:func:`krypton.pacs.results.send_volume_result`): a DICOM Parametric Map
+study as two new series (:func:`krypton.pacs.results.send_result`): a DICOM Parametric Map
 on the source's frame of reference and a Secondary Capture per axial slice of the block.
 ``batch`` does that for each image series of a study and skips the series whose result
 the study already holds (:func:`krypton.batch.study.run_study_batch`).
@@ -218,7 +218,7 @@ def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, optio
         import pydicom
 
         from ..io.dicom import parse_window
-        from ..pacs.results import in_study, result_key, send_image_result
+        from ..pacs.results import ImageSource, in_study, result_key, send_result
 
         window = None if args.window is None else parse_window(args.window)
         header = pydicom.dcmread(args.image, stop_before_pixels=True)
@@ -233,10 +233,8 @@ def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, optio
             if in_study(pacs, study, key):
                 print(ALREADY.format(study=study, key=key))
                 return
-            sent = send_image_result(
-                pacs, study, model, heatmap, Path(args.image), key, window=window,
-                frame=args.frame,
-            )  # fmt: skip
+            source = ImageSource(Path(args.image), window, args.frame)
+            sent = send_result(pacs, study, model, heatmap, source, key)
         placed = (
             f"a Parametric Map (series {sent.map_series}) and "
             if sent.map_series
@@ -259,7 +257,7 @@ def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list
 
     def send(model, prepared, heatmap) -> None:
         from ..pacs.dicomweb import fetched_headers
-        from ..pacs.results import in_study, result_key, send_volume_result
+        from ..pacs.results import VolumeSource, in_study, result_key, send_result
 
         key = result_key(series, model, {**options_of(args, model), "label": heatmap.label})
         with action(pacs, f"sending the result to study {study}"):  # one deadline for both
@@ -267,7 +265,7 @@ def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list
                 print(ALREADY.format(study=study, key=key))
                 return
             sources = fetched_headers(files)
-            sent = send_volume_result(pacs, study, model, prepared, heatmap, sources, key)
+            sent = send_result(pacs, study, model, heatmap, VolumeSource(prepared, sources), key)
         print(
             f"sent       a Parametric Map (series {sent.map_series}) and {sent.captures} "
             f"Secondary Captures (series {sent.capture_series}) to study {study}"

@@ -1,12 +1,13 @@
-"""Explanations of PACS series, sent back to their studies.
+"""Explanations of PACS series, sent back to their studies by one sender,
+:func:`send_result`, placed on their source.
 
-A volume's result goes into the source study as two new series
-(:func:`send_volume_result`): a DICOM Parametric Map of the drop in the class's
-probability on the source's frame of reference, and a Secondary Capture per axial slice
-of the explained block, each naming the source slice nearest it, for viewers without
-Parametric Maps. An image's result (:func:`send_image_result`) is a Parametric Map at
-the source image's pixels where the source can place one, and the heatmap over the frame
-as a Secondary Capture. All carry the study's patient modules, as DICOM requires.
+A volume's result (a :class:`VolumeSource`) goes into the source study as two new
+series: a DICOM Parametric Map of the drop in the class's probability on the source's
+frame of reference, and a Secondary Capture per axial slice of the explained block, each
+naming the source slice nearest it, for viewers without Parametric Maps. An image's
+result (an :class:`ImageSource`) is a Parametric Map at the source image's pixels where
+the source can place one, and the heatmap over the frame as a Secondary Capture. All
+carry the study's patient modules, as DICOM requires.
 
 Every map Krypton stores carries a result key as its Content Label: a digest of the
 source series, the model (name and weights) and the run's settings
@@ -39,8 +40,10 @@ __all__ = [
     "value_settings",
     "is_explainable",
     "result_key",
-    "send_image_result",
-    "send_volume_result",
+    "ImageSource",
+    "SentResult",
+    "VolumeSource",
+    "send_result",
 ]
 
 PARAMETRIC_MAP_STORAGE = "1.2.840.10008.5.1.4.1.1.30"
@@ -159,84 +162,108 @@ class SentResult:
 ALREADY_THERE = SentResult("", "", 0, already=True)
 
 
-def send_volume_result(
-    pacs: Pacs, study_uid: str, model, prepared, heatmap, sources: list, key: str
+@dataclass(frozen=True)
+class VolumeSource:
+    """A volume's source as a Send places its result: ``prepared``, the model's view of
+    the series (its affine from the model's voxels to the patient), and ``headers``, the
+    series' DICOM headers. Its result is the Parametric Map on the series' frame of
+    reference and a Secondary Capture per axial slice of the explained block."""
+
+    prepared: object
+    headers: list
+
+    def datasets(self, model, heatmap, key: str) -> tuple[list, SentResult]:
+        """The DICOM objects of ``heatmap``'s result, labelled ``key``, and what they are."""
+        import io
+
+        import pydicom
+
+        from ..registry.ood import caveat
+        from ..render.dicom_series import capture_series, nearest_sources, slice_pictures
+        from ..render.exports import dicom_comments
+        from ..render.parametric_map import parametric_map
+
+        class_name = model.class_name(heatmap.label)
+        warning = caveat(heatmap.extra.get("ood"))
+        affine = self.prepared.affine  # type: ignore[attr-defined]
+        created = parametric_map(
+            heatmap, tuple(model.input_size), affine, self.headers, model_name=model.name,
+            class_name=class_name, content_label=key, comments=dicom_comments(warning),
+        )  # fmt: skip
+        pictures = slice_pictures(model.windowed(self.prepared), heatmap)
+        captures = capture_series(
+            self.headers[0], pictures, description=f"Krypton heatmap {class_name}",
+            comments=dicom_comments(warning, f"{created.SeriesDescription}. Not a diagnosis: "
+                                    "shows where occluding the volume changed the model's output."),
+            include_identity=True,
+            sources=nearest_sources(self.headers, affine, len(pictures)),
+        )  # fmt: skip
+        datasets = [pydicom.dcmread(io.BytesIO(data)) for data in captures]
+        sent = SentResult(created.SeriesInstanceUID, datasets[0].SeriesInstanceUID, len(datasets))
+        return [created, *datasets], sent
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """An image's source as a Send places its result: the DICOM ``file`` (a path or its
+    bytes) in the ``window`` and ``frame`` it was read. Its result is a Parametric Map at
+    the file's pixels where it has a frame of reference to place one on (a CT or MR
+    slice; not a photograph), and always the heatmap over the frame as a Secondary
+    Capture."""
+
+    file: Path | bytes
+    window: object = None
+    frame: int | None = None
+
+    def datasets(self, model, heatmap, key: str) -> tuple[list, SentResult]:
+        """The DICOM objects of ``heatmap``'s result, labelled ``key``, and what they are
+        (``map_series`` empty where no map could be placed)."""
+        import io
+
+        import pydicom
+
+        from ..registry.ood import caveat
+        from ..render.dicom_capture import heatmap_capture
+        from ..render.exports import dicom_comments
+        from ..render.parametric_map import image_parametric_map
+
+        class_name = model.class_name(heatmap.label)
+        warning = caveat(heatmap.extra.get("ood"))
+        readable = io.BytesIO(self.file) if isinstance(self.file, bytes) else self.file
+        header = pydicom.dcmread(readable, stop_before_pixels=True)
+        datasets = []
+        try:
+            datasets.append(image_parametric_map(
+                heatmap, tuple(model.input_size), header, model_name=model.name,
+                class_name=class_name, content_label=key, comments=dicom_comments(warning),
+            ))  # fmt: skip
+        except ValueError:
+            pass  # no frame of reference or several frames: the capture alone
+        capture = heatmap_capture(
+            self.file, values=heatmap.values, xs=heatmap.xs, ys=heatmap.ys,
+            patch=heatmap.patch, stride=heatmap.stride, prob=heatmap.prob,
+            input_size=model.input_size, label_name=class_name, mode=heatmap.mode,
+            model_name=model.name, window=self.window, frame=self.frame,
+            include_identity=True, warning=warning,
+        )  # fmt: skip
+        datasets.append(pydicom.dcmread(io.BytesIO(capture)))
+        map_series = datasets[0].SeriesInstanceUID if len(datasets) == 2 else ""
+        return datasets, SentResult(map_series, datasets[-1].SeriesInstanceUID, 1)
+
+
+def send_result(
+    pacs: Pacs, study_uid: str, model, heatmap, source: ImageSource | VolumeSource, key: str
 ) -> SentResult:
-    """Store ``heatmap`` (a volume's, ``prepared`` the model's view of the source whose
-    headers are ``sources``) in the study: the Parametric Map labelled ``key`` and the
-    Secondary Capture series, in one STOW-RS request (the PACS takes both or says which
-    it refused)."""
-    import io
-
-    import pydicom
-
-    from ..registry.ood import caveat
-    from ..render.dicom_series import capture_series, nearest_sources, slice_pictures
-    from ..render.exports import dicom_comments
-    from ..render.parametric_map import parametric_map
+    """Store ``heatmap``'s result, labelled ``key``, in the study ``study_uid``, placed on
+    its ``source`` (an :class:`ImageSource` or a :class:`VolumeSource`: the source says
+    what the result is), in one STOW-RS request (the PACS takes all or says which it
+    refused). The one sender of the app's Send, the CLI's ``--send``, study batches and
+    the workers."""
     from .dicomweb import store
 
-    class_name = model.class_name(heatmap.label)
-    warning = caveat(heatmap.extra.get("ood"))
-    created = parametric_map(
-        heatmap, tuple(model.input_size), prepared.affine, sources, model_name=model.name,
-        class_name=class_name, content_label=key, comments=dicom_comments(warning),
-    )  # fmt: skip
-    pictures = slice_pictures(model.windowed(prepared), heatmap)
-    captures = capture_series(
-        sources[0], pictures, description=f"Krypton heatmap {class_name}",
-        comments=dicom_comments(warning, f"{created.SeriesDescription}. Not a diagnosis: "
-                                "shows where occluding the volume changed the model's output."),
-        include_identity=True,
-        sources=nearest_sources(sources, prepared.affine, len(pictures)),
-    )  # fmt: skip
-    datasets = [pydicom.dcmread(io.BytesIO(data)) for data in captures]
-    store(pacs, [created, *datasets], study_uid)
-    return SentResult(created.SeriesInstanceUID, datasets[0].SeriesInstanceUID, len(datasets))
-
-
-def send_image_result(
-    pacs: Pacs, study_uid: str, model, heatmap, source: Path | bytes, key: str, *,
-    window=None, frame: int | None = None,
-) -> SentResult:  # fmt: skip
-    """Store an image's ``heatmap`` (explained from the DICOM file ``source``, a path or
-    its bytes, in ``window``, ``frame``) in the study: a Parametric Map at the source's
-    pixels where the source has a frame of reference to place it on (a CT or MR slice;
-    not a photograph), and always the heatmap over the frame as a Secondary Capture, in
-    one STOW-RS request.
-    ``map_series`` is empty where no map could be placed."""
-    import io
-
-    import pydicom
-
-    from ..registry.ood import caveat
-    from ..render.dicom_capture import heatmap_capture
-    from ..render.exports import dicom_comments
-    from ..render.parametric_map import image_parametric_map
-    from .dicomweb import store
-
-    class_name = model.class_name(heatmap.label)
-    readable = io.BytesIO(source) if isinstance(source, bytes) else source
-    header = pydicom.dcmread(readable, stop_before_pixels=True)
-    datasets = []
-    try:
-        datasets.append(image_parametric_map(
-            heatmap, tuple(model.input_size), header, model_name=model.name,
-            class_name=class_name, content_label=key,
-            comments=dicom_comments(caveat(heatmap.extra.get("ood"))),
-        ))  # fmt: skip
-    except ValueError:
-        pass  # no frame of reference or several frames: the capture alone
-    capture = heatmap_capture(
-        source, values=heatmap.values, xs=heatmap.xs, ys=heatmap.ys, patch=heatmap.patch,
-        stride=heatmap.stride, prob=heatmap.prob, input_size=model.input_size,
-        label_name=class_name, mode=heatmap.mode, model_name=model.name, window=window,
-        frame=frame, include_identity=True, warning=caveat(heatmap.extra.get("ood")),
-    )  # fmt: skip
-    datasets.append(pydicom.dcmread(io.BytesIO(capture)))
+    datasets, sent = source.datasets(model, heatmap, key)
     store(pacs, datasets, study_uid)
-    map_series = datasets[0].SeriesInstanceUID if len(datasets) == 2 else ""
-    return SentResult(map_series, datasets[-1].SeriesInstanceUID, 1)
+    return sent
 
 
 def explainable_series(pacs: Pacs, study_uid: str, modality: str | None = None) -> list[SeriesRow]:
