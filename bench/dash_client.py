@@ -447,7 +447,7 @@ class Tab:
         return response.json()["response"]
 
     def export(self, fmt: str, handle: dict | None, identity: bool = False) -> requests.Response:
-        """Press the download button of ``fmt`` (png, npy, npz, csv, json, dcm)."""
+        """Press the download button of ``fmt`` (png, npy, npz, csv, json, dicom)."""
         button = json.dumps({"format": fmt, "type": "export"}, separators=(",", ":"))
         return self.call(
             "download.data",

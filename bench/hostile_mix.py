@@ -117,7 +117,7 @@ def _hostile_requests(url: str, image: Image.Image, folder: Path, sockets: list)
         owner, other = Tab.at(url, "127.0.3.9"), Tab.at(url, "127.0.3.10")
         data = owner.load_file(buffer.getvalue(), "x.dcm").json()["response"]["image-store"]
         done = other.run(data["data"], patch=32, stride=32, region=[0, 0, 64, 64])
-        answer = other.export("dcm", done["response"]["run-outcome"]["data"], identity=True)
+        answer = other.export("dicom", done["response"]["run-outcome"]["data"], identity=True)
         return "refused" if "another tab" in answer.text else "IDENTITY LEAKED"
 
     def look_alike():

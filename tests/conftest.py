@@ -110,9 +110,17 @@ def torch_threads_kept():
 
 @pytest.fixture(autouse=True)
 def krypton_home(tmp_path_factory, monkeypatch):
-    """Every test gets its own data folder: nothing is written under ~/.krypton."""
+    """Every test gets its own data folder: nothing is written under ~/.krypton. It is a
+    fresh host, and the app's runs in it a fresh process's: the first run of a model in
+    a mode is its first (webapp.runs.timing marks it cold), whichever tests ran before
+    it in this xdist worker (which decided it before, and two estimate tests failed or
+    passed by the order the workers took the tests in)."""
     home = tmp_path_factory.mktemp("krypton-home")
     monkeypatch.setenv("KRYPTON_HOME", str(home))
+    timing = sys.modules.get("webapp.runs.timing")
+    if timing is not None:
+        with timing._RAN_LOCK:
+            timing._RAN.clear()
     return home
 
 

@@ -118,7 +118,7 @@ def test_ct_slice_window_run_overlay_and_dicom_export(dash_duo, krypton_app, tmp
         time.sleep(0.2)
     assert panels(dash_duo) == 2  # the plain image beside the overlay
 
-    dash_duo.find_element("#result-panel-body button[id*='dcm']").click()
+    dash_duo.find_element("#result-panel-body button[id*='\"dicom\"']").click()
     dash_duo.driver.save_screenshot(str(Path(__file__).parents[1] / "out" / "dicom.png"))
     exported = downloaded(dash_duo, ".dcm")
     capture = pydicom.dcmread(exported)

@@ -283,7 +283,7 @@ def test_no_identifying_tag_in_any_app_export_or_log_line(tmp_path, caplog):
         "npz": exports.export_all_classes(result),
         "csv": exports.export_csv(result).encode(),
         "json": runs.export_json(result).encode(),
-        "dcm": exports.export_dicom(services.images.source(source, "s"), result),
+        "dicom": exports.export_dicom(services.images.source(source, "s"), result),
     }
     names = [exports.export_stem(result)] + [p.name for p in (tmp_path / "cache").rglob("*")]
     for secret in ("Doe", "Jane", "ID-12345", "19700101", "ACC-999"):

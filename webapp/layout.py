@@ -34,7 +34,7 @@ EXPORTS = (
     ),
     (
         "DICOM",
-        "dcm",
+        "dicom",
         "the overlay as a DICOM Secondary Capture in the source's study, referencing the "
         "source image (DICOM input only)",
     ),

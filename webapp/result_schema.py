@@ -18,14 +18,12 @@ class ImageFields(TypedDict, total=False):
     """What only an image's record holds (a volume's has none of it)."""
 
     fill_rgb: list[float]  # the occluder's colour in [0, 1]
-    dicom: dict | None  # the DICOM capture's headers, for a DICOM image
 
 
 class VolumeFields(TypedDict, total=False):
     """What only a volume's record holds (an image's has none of it)."""
 
     kind: str  # "volume"
-    dicom_source: bool  # whether it came from a DICOM series
     affine: list | None  # voxel to world, where the file had one
 
 
@@ -52,6 +50,10 @@ class ResultRecord(ImageFields, VolumeFields):
     stride: int
     input_size: list[int]
     region: list[int] | None  # the panel's flat form; None: the whole input
+    # the DICOM source, for either kind (None: the input was not DICOM): "source", the
+    # stored file's key (it never leaves the server); an image's also the window and
+    # frame it was read in, its headers; a volume's its series' UID
+    dicom: dict | None
     date: str
     zs: NotRequired[list[int]]
     ys: list[int]

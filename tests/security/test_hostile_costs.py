@@ -406,11 +406,11 @@ def test_another_tab_cannot_export_identity_from_shared_keys(server, tmp_path):
     other.predict(image)
     done = other.run(image, patch=32, stride=32, region=[0, 0, 64, 64])
     other_handle = done["response"]["run-outcome"]["data"]
-    mine = owner.export("dcm", handle, identity=True).json()["response"]["download"]["data"]
+    mine = owner.export("dicom", handle, identity=True).json()["response"]["download"]["data"]
     copied = pydicom.dcmread(io.BytesIO(base64.b64decode(mine["content"])))
     assert str(copied.PatientName) == "Doe^Jane"  # the uploading tab may copy identity
     with measured(server, Tab(server.url)) as cost:
-        answer = other.export("dcm", other_handle, identity=True)
+        answer = other.export("dicom", other_handle, identity=True)
     assert_cheap(cost, "another tab's DICOM key")
     assert "download" not in answer.json()["response"]
     assert "loaded in another tab" in message_of(answer)

@@ -43,7 +43,6 @@ class RunPanel(SubjectPanel):
 
     scope, rank = IMAGE_PANEL, 2
     export_formats = tuple(fmt for _, fmt, _ in EXPORTS)
-    dicom_format, dicom_field = "dcm", "dicom"
     hidden_while_running = (ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel)
     summary_warns = False  # the top 5 beside the picture carries the warning, once
 
@@ -129,7 +128,7 @@ class RunPanel(SubjectPanel):
         if fmt == "png":
             original = self.services.images.get(result["source_key"])
             return dcc.send_bytes(exports.export_png(original, result, style), f"{stem}.png")
-        if fmt == "dcm":
+        if fmt == "dicom":
             runs.refuse_partial(result, "a DICOM file")
             source = self.services.images.source((result.get("dicom") or {}).get("source", ""),
                                                  session)  # fmt: skip

@@ -35,8 +35,6 @@ class SubjectPanel:
     scope: PanelScope
     rank: int
     export_formats: tuple[str, ...]  # the download buttons' formats, in the page's order
-    dicom_format: str  # the DICOM download's format, offered only beside a DICOM source
-    dicom_field: str  # the result record's field naming its DICOM source
     hidden_while_running: tuple[str, ...] = ()  # what goes while a run runs
     # whether the summary repeats the out-of-distribution warning: not where the panel's
     # prediction beside the picture says it (the image panel's top 5)
@@ -69,8 +67,8 @@ class SubjectPanel:
 
     def unavailable(self, result: runs.ResultRecord) -> set[str]:
         """The formats ``result`` has no file of: DICOM without a DICOM source (the
-        record's :attr:`dicom_field`), Compare without its maps."""
-        missing = set() if result.get(self.dicom_field) else {self.dicom_format}
+        record's ``dicom``, either kind's), Compare without its maps."""
+        missing = set() if result.get("dicom") else {"dicom"}
         return missing | (set() if comparison.available(result) else {"compare"})
 
     def picture_outputs(self) -> list[Output]:

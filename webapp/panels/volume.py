@@ -70,7 +70,6 @@ class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
 
     scope, rank = VOLUME_PANEL, 3
     export_formats = tuple(fmt for _, fmt, _ in VOLUME_EXPORTS)
-    dicom_format, dicom_field = "dicom", "dicom_source"
 
     def register_own(self, app) -> None:
         """Attach the panel's own callbacks to ``app``."""

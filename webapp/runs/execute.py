@@ -297,7 +297,9 @@ def _record(
     (``planned``), the speed timed side by side in the run and the OOD verdict."""
     request = subject.request
     weights = services.weights_checksum(request.model)
-    result = records.result_record(request, subject.loaded, weights, heatmap, found.region(subject))
+    result = records.result_record(
+        request, subject.loaded, weights, heatmap, found.region(subject), subject.dicom
+    )
     result.update(subject.record())
     result.update(
         {

@@ -2,12 +2,12 @@
 it was opened from (krypton.pacs.results), once per result key whoever presses it.
 
 What an image and a volume do differently is one :class:`SendKind` each, chosen by the
-panel's rank (:data:`KINDS`): which stored file the result was opened from, what it is
-called, and the source the library places the result on (the prepared block and the
-series' headers; the DICOM file, its window and frame). Everything else — which result,
-whether the panel's input came from the PACS, the key, the study asked first, one Send
-of a key at a time, the words — is :func:`send_result`, and the one sender of the
-library (krypton.pacs.results.send_result) stores it.
+panel's rank (:data:`KINDS`): what it is called and the source the library places the
+result on (the prepared block and the series' headers; the DICOM file, its window and
+frame). Everything else — which result, whether the panel's input came from the PACS
+(the record's DICOM source, either kind's), the key, the study asked first, one Send of
+a key at a time, the words — is :func:`send_result`, and the one sender of the library
+(krypton.pacs.results.send_result) stores it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from krypton.pacs.results import source_instance as pacs_source_instance
 from krypton.render.dicom_series import dicom_headers
 
 from ..helpers import InputError
-from ..result_schema import ResultRecord
 from .records import NOT_KEPT, kept_result, refuse_partial, result_heatmap
 from .subjects import results_key
 
@@ -39,13 +38,11 @@ NOT_FROM_PACS = "This {what} was not opened from the PACS; only those are sent b
 
 @dataclass(frozen=True)
 class SendKind:
-    """What a subject's Send needs of its kind: ``what`` the panel's input is called,
-    ``opened_from(result)`` the stored file it was opened from, and
+    """What a subject's Send needs of its kind: ``what`` the panel's input is called and
     ``source(services, result, session)`` the settings that name its result beyond the
     run's with the source the library places the result on."""
 
     what: str
-    opened_from: Callable[[ResultRecord], str]
     source: Callable[..., tuple[dict, ImageSource | VolumeSource]]
 
 
@@ -57,7 +54,7 @@ def send_result(services, rank: int, handle, session: str) -> str:
     result, why = kept_result(services.results, results_key(session, rank), handle)
     if result is None:
         return why or NOT_KEPT
-    opened = services.pacs_sources.origin(kind.opened_from(result), session)
+    opened = services.pacs_sources.origin(str((result.get("dicom") or {}).get("source")), session)
     if opened is None:
         return NOT_FROM_PACS.format(what=kind.what)
     study, series = opened
@@ -113,7 +110,6 @@ def _image_source(services, result, session: str) -> tuple[dict, ImageSource]:
 
 # the panel's rank: its kind
 KINDS: dict[int, SendKind] = {
-    2: SendKind("image", lambda result: str((result.get("dicom") or {}).get("source") or ""),
-                _image_source),
-    3: SendKind("volume", lambda result: str(result["source_key"]), _volume_source),
+    2: SendKind("image", _image_source),
+    3: SendKind("volume", _volume_source),
 }  # fmt: skip

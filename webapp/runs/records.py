@@ -79,11 +79,13 @@ def result_record(
     weights: str,
     heatmap: krypton.Heatmap,
     region: tuple[int, ...] | None,
+    dicom: dict | None = None,
 ) -> ResultRecord:
     """The result record of the run ``heatmap`` (the library's, its seconds the whole
     run's) of ``request``, an image's and a volume's alike: the settings, the prediction,
-    the grid and its values, the plan; the run adds how it reused cells and what it
-    claims, the subject its own fields. :func:`result_heatmap` reads it back."""
+    the grid and its values, the plan, the ``dicom`` source (the subject's, either
+    kind's); the run adds how it reused cells and what it claims, the subject its own
+    fields. :func:`result_heatmap` reads it back."""
     label = int(heatmap.label)
     base_probs = np.asarray(heatmap.base_probs)
     approximate = request.mode == "approximate"
@@ -104,6 +106,7 @@ def result_record(
         "stride": request.stride,
         "input_size": list(loaded.input_size),
         "region": None if region is None else list(region),
+        "dicom": dicom,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "ys": np.asarray(heatmap.ys).tolist(),
         "xs": np.asarray(heatmap.xs).tolist(),

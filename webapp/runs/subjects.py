@@ -53,6 +53,7 @@ class Subject(Protocol):
     request: RunRequest
     loaded: krypton.LoadedModel
     size: tuple[int, ...]  # the model input's spatial size, tensor order
+    dicom: dict | None  # its DICOM source (the result record's ``dicom``), None if not DICOM
 
     def bounds(self) -> Bounds: ...
     def flat(self, bounds: Bounds) -> tuple[int, ...]: ...
@@ -96,6 +97,7 @@ class ImageSubject:
         self.services, self.request = services, request
         self.loaded = services.model(request.model)
         self.size = tuple(int(s) for s in self.loaded.input_size)
+        self.dicom = request.dicom  # its stored file, window, frame and headers
 
     def bounds(self) -> Bounds:
         if not self.request.region:
@@ -141,10 +143,7 @@ class ImageSubject:
         )
 
     def record(self) -> ImageFields:
-        return {
-            "fill_rgb": list(self.request.fill_rgb or ()),
-            "dicom": self.request.dicom,
-        }
+        return {"fill_rgb": list(self.request.fill_rgb or ())}
 
 
 class VolumeSubject:
@@ -156,6 +155,8 @@ class VolumeSubject:
         self.loaded = services.model(request.model, rank=3)
         self.size = tuple(int(s) for s in self.loaded.input_size)
         self.prepared = services.prepared_volume(request.key, session, request.model)
+        series = self.prepared.source.series_uid  # the series it was read from, if DICOM
+        self.dicom = None if series is None else {"source": request.key, "series": series}
 
     def bounds(self) -> Bounds:
         if not self.request.region:
@@ -193,6 +194,5 @@ class VolumeSubject:
         affine = self.prepared.model_input.affine
         return {
             "kind": "volume",
-            "dicom_source": self.prepared.source.series_uid is not None,
             "affine": None if affine is None else np.asarray(affine).tolist(),
         }
