@@ -3,7 +3,7 @@ one refusal of a region the occluder cannot be placed in, in its panel's words."
 
 from __future__ import annotations
 
-from krypton.explainer import grid_positions
+from krypton.explainer import grid
 
 from ..helpers import InputError
 
@@ -54,10 +54,10 @@ def check_grid(size: tuple[int, int], patch: int, stride: int, region) -> None:
     """Refuse, in the image panel's words, settings whose grid explain() would refuse
     (``region``: the panel's (x0, y0, x1, y1), or None)."""
     check_region(region, size, patch, stride)
-    grid_positions(size, patch, stride, region)
+    grid(size, patch, stride, region)
 
 
 def grid_count(size: tuple[int, int], patch: int, stride: int, region) -> int:
     """Positions on the grid these image settings make, as drawn (before any snapping)."""
-    ys, xs = grid_positions(size, patch, stride, region)
+    ys, xs = grid(size, patch, stride, region)
     return len(ys) * len(xs)
