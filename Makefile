@@ -24,10 +24,10 @@ setup: $(STAMP)
 # beside TEST_BURNERS CPU-burning processes (default 2, one per core; tests/conftest.py's
 # busy_host), as a user's browser, video call or test suite would be: they assert what is
 # visible, never how fast this host is, so one pass beside the burners covers them.
-# --durations: the slowest tests, to keep the suite short.
+# --durations: the ten slowest tests (pytest prints the wall time), to keep the suite short.
 TEST_BURNERS ?= 2
 test: $(STAMP)
-	KRYPTON_TEST_BURNERS=$(TEST_BURNERS) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+	KRYPTON_TEST_BURNERS=$(TEST_BURNERS) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=10
 
 # Only the underload tests, beside two burners (the part of make test that checks what
 # the page shows on a busy machine).
@@ -38,7 +38,7 @@ test-load: $(STAMP)
 # ROUNDS times (default 1); each round's status, minutes and load average are printed.
 test-busy: $(STAMP)
 	$(PY) -m bench.beside --burners $(or $(BURNERS),4) --rounds $(or $(ROUNDS),1) -- \
-		$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+		$(PY) -m pytest -q -n 2 --dist loadgroup --durations=10
 
 # The quick loop: everything but the browser, security and team suites (real servers).
 test-quick: $(STAMP)

@@ -55,6 +55,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "team" in item.keywords:
             item.add_marker(pytest.mark.xdist_group(TEAM_GROUP))
+    # the group is one unit of 15-20 minutes on one worker: handed out first, the other
+    # worker takes the rest meanwhile; collected where its file falls (test_team.py, near
+    # the end), it ran on one worker while the other had little or nothing left
+    items.sort(key=lambda item: "team" not in item.keywords)  # stable: else as collected
     if shutil.which("chromedriver") and (
         shutil.which("chromium") or shutil.which("chromium-browser")
     ):

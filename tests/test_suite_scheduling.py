@@ -23,6 +23,19 @@ def test_team_tests_join_one_xdist_group(request: pytest.FixtureRequest) -> None
     assert not strays, f"{len(strays)} team tests outside their group, e.g. {strays[:3]}"
 
 
+def test_the_team_group_is_handed_out_first(request: pytest.FixtureRequest) -> None:
+    """The team group is the suite's longest unit (one worker, 15-20 minutes): xdist hands
+    units out in collection order, and where test_team.py falls (near the end) one worker
+    ran the group alone at the end of `make test`. It is collected first now."""
+    kinds = ["team" in item.keywords for item in request.session.items]
+    if not any(kinds):
+        pytest.skip("no team test was collected in this run")
+    first_other = kinds.index(False) if False in kinds else len(kinds)
+    assert all(kinds[:first_other]) and not any(kinds[first_other:]), (
+        f"team tests after others: {sum(kinds[first_other:])}"
+    )
+
+
 def test_make_test_gpu_collects_on_a_host_without_dash_testing() -> None:
     """`make test-gpu` runs on a card's own Python, which has no dash[testing]: pytest
     refused this suite's conftest there ("unknown hook 'pytest_setup_options'"), so no
