@@ -824,6 +824,11 @@ def test_a_volume_file_is_written_only_of_the_result_the_screen_shows(services, 
         another = {"key": "another", "name": "other.nii.gz"}
         sent, said = panel.export([1], handle, "tab-1", another, *shown)
         assert sent is no_update and "another volume" in said
+        # the class box moved to another class the run kept (its switch still on the
+        # way): that class's file, as the summary beside it shows
+        other = 1 - result["label"]
+        sent, said = panel.export([1], handle, "tab-1", record, *shown[:-1], other)
+        assert said == "" and json.loads(sent["content"])["label_name"] == result["classes"][other]
         with pytest.raises(PreventUpdate):  # a handle naming no run of this tab
             panel.export([1], {"id": "forged"}, "tab-1", record, *shown)
     finally:

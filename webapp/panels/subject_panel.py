@@ -192,11 +192,17 @@ class SubjectPanel:
         result, why = runs.kept_result(self.services.results, key, handle)
         if result is None:
             return None, why
+        return self.beside(result, *screen)
+
+    def beside(self, result: runs.ResultRecord, *screen) -> tuple[runs.ResultRecord | None, str]:
+        """``result`` as it may be shown or written beside ``screen`` (the values of
+        :meth:`screen`, then the class): itself, or re-coloured for the class on screen
+        where the class alone moved to one the run kept; else None and why not."""
         hidden = self.hidden(result, *screen)
         if hidden and len(screen) == len(self.screen()) + 1:
-            # the class alone moved, to one the run kept: that class, not a warning
-            result = self.for_class(result, screen[-1])
-            hidden = hidden if result is None else self.hidden(result, *screen)
+            kept = self.for_class(result, screen[-1])
+            hidden = hidden if kept is None else self.hidden(kept, *screen)
+            result = result if kept is None else kept
         return (None, hidden) if hidden else (result, "")
 
     @staticmethod
@@ -279,8 +285,8 @@ class SubjectPanel:
             return no_update, why
         if result is None:
             raise PreventUpdate  # not this tab's current result
-        refusal = self.hidden(result, *screen[: len(self.screen()) + 1])
-        if refusal:
+        result, refusal = self.beside(result, *screen[: len(self.screen()) + 1])
+        if result is None:
             return no_update, refusal
         try:
             return self.write_export(result, ctx.triggered_id["format"], session, *screen), ""
