@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io.volumes import ModelVolume
 from .dicomweb import (
     Pacs,
     SeriesRow,
@@ -169,7 +170,7 @@ class VolumeSource:
     series' DICOM headers. Its result is the Parametric Map on the series' frame of
     reference and a Secondary Capture per axial slice of the explained block."""
 
-    prepared: object
+    prepared: ModelVolume
     headers: list
 
     def datasets(self, model, heatmap, key: str) -> tuple[list, SentResult]:
@@ -185,7 +186,7 @@ class VolumeSource:
 
         class_name = model.class_name(heatmap.label)
         warning = caveat(heatmap.extra.get("ood"))
-        affine = self.prepared.affine  # type: ignore[attr-defined]
+        affine = self.prepared.affine
         created = parametric_map(
             heatmap, tuple(model.input_size), affine, self.headers, model_name=model.name,
             class_name=class_name, content_label=key, comments=dicom_comments(warning),

@@ -199,10 +199,10 @@ class SubjectPanel:
         :meth:`screen`, then the class): itself, or re-coloured for the class on screen
         where the class alone moved to one the run kept; else None and why not."""
         hidden = self.hidden(result, *screen)
-        if hidden and len(screen) == len(self.screen()) + 1:
-            kept = self.for_class(result, screen[-1])
-            hidden = hidden if kept is None else self.hidden(kept, *screen)
-            result = result if kept is None else kept
+        with_class = len(screen) == len(self.screen()) + 1
+        kept = self.for_class(result, screen[-1]) if hidden and with_class else None
+        if kept is not None:  # the class alone may have moved, to one the run kept
+            result, hidden = kept, self.hidden(kept, *screen)
         return (None, hidden) if hidden else (result, "")
 
     @staticmethod

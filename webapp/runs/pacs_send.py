@@ -54,7 +54,8 @@ def send_result(services, rank: int, handle, session: str) -> str:
     result, why = kept_result(services.results, results_key(session, rank), handle)
     if result is None:
         return why or NOT_KEPT
-    opened = services.pacs_sources.origin(str((result.get("dicom") or {}).get("source")), session)
+    source_key = (result.get("dicom") or {}).get("source") or ""  # no DICOM source: none
+    opened = services.pacs_sources.origin(str(source_key), session)
     if opened is None:
         return NOT_FROM_PACS.format(what=kind.what)
     study, series = opened

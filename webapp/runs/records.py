@@ -79,7 +79,7 @@ def result_record(
     weights: str,
     heatmap: krypton.Heatmap,
     region: tuple[int, ...] | None,
-    dicom: dict | None = None,
+    dicom: dict | None,
 ) -> ResultRecord:
     """The result record of the run ``heatmap`` (the library's, its seconds the whole
     run's) of ``request``, an image's and a volume's alike: the settings, the prediction,
