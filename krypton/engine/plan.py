@@ -328,11 +328,11 @@ def measured_plan(
     plan: ExecutionPlan, incremental_seconds: float, naive_seconds: float, repeats: int = 1
 ) -> ExecutionPlan:
     """Confirm or overturn a static plan with per-position timings of both plans (each
-    the best of ``repeats``)."""
+    the median of ``repeats``, alternated)."""
     ratio = naive_seconds / incremental_seconds if incremental_seconds > 0 else float("inf")
     timing = (
         f"measured in this call {incremental_seconds * 1e3:.1f} ms/position incremental vs "
-        f"{naive_seconds * 1e3:.1f} naive" + (f", best of {repeats}" if repeats > 1 else "")
+        f"{naive_seconds * 1e3:.1f} naive" + (f", median of {repeats}" if repeats > 1 else "")
     )
     where = plan.reason.split(";")[0]
     if ratio >= MEASURED_MARGIN:
