@@ -217,3 +217,43 @@ def test_batch_and_the_workers_read_every_way_as_the_axial_series(model, explain
         heatmap = row.extra["heatmap"]
         assert heatmap.label == axial.label and abs(heatmap.prob - axial.prob) <= 0.01, way
         assert np.allclose(heatmap.values, axial.values, atol=1e-4), way
+
+
+def test_every_way_s_report_draws_the_strongest_cell_where_its_map_holds_it(
+    model, explained, monkeypatch
+):
+    """The finding's Structured Report, for each way a scanner stores the phantom
+    (feet-first, coronal, sagittal, tilted 10°): its rectangle lies on a source slice
+    whose map frame holds the strongest cell's drop at the rectangle's centre, and every
+    way reports the same class and drop."""
+    import highdicom as hd
+
+    from krypton.pacs import dicomweb, results
+
+    said = set()
+    stored_now: list = []
+    monkeypatch.setattr(dicomweb, "store", lambda p, found, s: stored_now.extend(found))
+    for way in WAYS:
+        datasets, _, prepared, _, heatmap = explained[way]
+        stored_now.clear()
+        source = results.VolumeSource(prepared, datasets)
+        settings = {"patch": 16, "stride": 16, "label": heatmap.label}
+        results.send_result(None, "1.2", model, heatmap, source, "KRYPTON_TEST", settings)
+        (pmap,) = [d for d in stored_now if d.SOPClassUID == results.PARAMETRIC_MAP_STORAGE]
+        (report,) = [d for d in stored_now if d.SOPClassUID == "1.2.840.10008.5.1.4.1.1.88.34"]
+        parsed = hd.sr.Comprehensive3DSR.from_dataset(report)
+        (group,) = parsed.content.get_planar_roi_measurement_groups()
+        region = group.roi
+        image = region.ContentSequence[0].ReferencedSOPSequence[0].ReferencedSOPInstanceUID
+        frame = next(
+            number for number, g in enumerate(pmap.PerFrameFunctionalGroupsSequence)
+            if g.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID
+            == image
+        )  # fmt: skip
+        corners = np.asarray(region.GraphicData, dtype=np.float64).reshape(-1, 2)[:4]
+        column, row = (corners.min(axis=0) + corners.max(axis=0)) / 2
+        drop = {m.name.value: m.value for m in group.get_measurements()}["DROP"]
+        on_map = np.asarray(pmap.pixel_array, dtype=np.float32)[frame][int(row), int(column)]
+        assert on_map == pytest.approx(drop, abs=1e-5), way
+        said.add((group.finding_type.meaning, round(float(drop), 2)))
+    assert len(said) == 1, said

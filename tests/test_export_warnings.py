@@ -157,6 +157,16 @@ def test_the_image_panel_says_the_warning_once_on_screen(dicom_result):
     assert "not meaningful" in str(VolumePanel(services, None).summary(result))
 
 
+def _caveat_of(dataset) -> str:
+    """An image's Image Comments; a Structured Report's out-of-distribution evaluation,
+    in the same words ("WARNING: <caveat>. ")."""
+    if "ImageComments" in dataset:
+        return str(dataset.ImageComments)
+    from krypton.render.structured_report import ood_words
+
+    return ood_words(dataset)
+
+
 def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
     dicom_result,
     volume_model,  # noqa: F811
@@ -166,8 +176,9 @@ def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
 ):
     """Every DICOM Krypton writes for a flagged input (the app's image and volume
     downloads, the library's Send of an image and of a volume: Parametric Maps and
-    Secondary Captures; the CLI writes through the app image's heatmap_capture) opens
-    its Image Comments with one sentence, "WARNING: <caveat>." Before: the volume
+    Secondary Captures, and the Structured Report's report-level evaluation; the CLI
+    writes through the app image's heatmap_capture) opens its Image Comments with one
+    sentence, "WARNING: <caveat>." Before: the volume
     download said "WARNING: Warning: ...", the library's Send the caveat alone and the
     image capture a third form."""
     from krypton.io.volumes import read_dicom_series
@@ -186,11 +197,12 @@ def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
     heatmap = runs.result_heatmap(result)
     heatmap.extra["ood"] = FLAGGED
     image_model = krypton.load_model("fundus-demo")
+    settings = {"patch": 32, "stride": 32, "label": heatmap.label}
     results.send_result(
-        None, "1.2", image_model, heatmap, results.ImageSource(data), "KRYPTON_TEST"
+        None, "1.2", image_model, heatmap, results.ImageSource(data), "KRYPTON_TEST", settings
     )
     for dataset in stored:
-        written[f"image send, {dataset.SOPClassUID.name}"] = dataset.ImageComments
+        written[f"image send, {dataset.SOPClassUID.name}"] = _caveat_of(dataset)
     stored.clear()
 
     folder = tmp_path / "series"
@@ -202,9 +214,10 @@ def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
                               fill=volume_model.gray_fill())  # fmt: skip
     heatmap.extra["ood"] = FLAGGED
     source = results.VolumeSource(prepared, headers)
-    results.send_result(None, "1.2", volume_model, heatmap, source, "KRYPTON_TEST")
+    settings = {"patch": 16, "stride": 16, "label": heatmap.label}
+    results.send_result(None, "1.2", volume_model, heatmap, source, "KRYPTON_TEST", settings)
     for dataset in stored:
-        written[f"volume send, {dataset.SOPClassUID.name}"] = dataset.ImageComments
+        written[f"volume send, {dataset.SOPClassUID.name}"] = _caveat_of(dataset)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for path in sorted(folder.iterdir()):
@@ -226,8 +239,10 @@ def test_every_dicom_the_project_writes_says_the_caveat_in_one_wording(
 
     assert sorted(written) == [
         "app image download", "app volume download",
-        "image send, Parametric Map Storage", "image send, Secondary Capture Image Storage",
-        "volume send, Parametric Map Storage", "volume send, Secondary Capture Image Storage",
+        "image send, Comprehensive 3D SR Storage", "image send, Parametric Map Storage",
+        "image send, Secondary Capture Image Storage",
+        "volume send, Comprehensive 3D SR Storage", "volume send, Parametric Map Storage",
+        "volume send, Secondary Capture Image Storage",
     ]  # fmt: skip
     for writer, comments in written.items():
         assert str(comments).startswith(expected.strip()), (writer, str(comments)[:160])

@@ -119,7 +119,7 @@ def _sent(orthanc_root: str, model, hu: np.ndarray, spacing) -> tuple[str, float
     )
     settings = {"mode": "exact", "patch": 16, "stride": 8, "label": heatmap.label}
     send_result(pacs, study, model, heatmap, VolumeSource(prepared, headers),
-                result_key(series, model, settings))  # fmt: skip
+                result_key(series, model, settings), settings)  # fmt: skip
     centre = np.array([*lowest_voxel(heatmap), 1.0])
     centre_z = float((RAS_TO_LPS @ prepared.affine @ centre)[2])
     slices = source_slices(headers)
@@ -151,48 +151,30 @@ return JSON.stringify(out);
 """
 
 
+# the study browser's entry of a series without a thumbnail whose text holds arguments[0]
+ENTRY = """
+return Array.from(document.querySelectorAll('[data-cy="study-browser-thumbnail-no-image"]'))
+  .find(e => e.textContent.includes(arguments[0])) || null;
+"""
+
+
 def _fused_map(browser, viewer_url: str, study: str) -> dict:  # noqa: F811
     """Open ``study`` in OHIF, double-click its map, and OHIF's volume of it once
     loaded: dimensions, spacing, origin, direction, the slices holding its maximum, and
     the viewport's coloured pixels before (the CT alone: gray)."""
-    from selenium.common.exceptions import (
-        ElementNotInteractableException,
-        StaleElementReferenceException,
-    )
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
-
     browser.get(f"{viewer_url}/viewer?StudyInstanceUIDs={study}")
     deadline = time.monotonic() + MAP_TIMEOUT_S
 
     def entry():
-        return browser.execute_script(
-            "return Array.from(document.querySelectorAll("
-            "'[data-cy=\"study-browser-thumbnail-no-image\"]'))"
-            ".find(e => e.textContent.includes('PMAP')) || null"
-        )
+        return browser.execute_script(ENTRY, "PMAP")
 
     shown = "return (window.cornerstone?.getEnabledElements?.() || []).length"
     while not (entry() and browser.execute_script(shown)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert entry() is not None, "OHIF lists no PMAP entry for the study"
-    for skip in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Skip all']"):
-        # the first-visit tour covers the page; while it animates in, its button is not
-        # yet interactable to WebDriver (a fresh run failed so), and a script click
-        # closes it all the same
-        try:
-            skip.click()
-        except ElementNotInteractableException:
-            browser.execute_script("arguments[0].click()", skip)
-        except StaleElementReferenceException:
-            pass  # the tour re-rendered or closed itself
+    _skip_tour(browser)
     before = int(browser.execute_script(COLOURED_PIXELS, FAINT))  # the CT alone
-    for _attempt in range(5):  # the study browser re-renders as the series load
-        try:
-            ActionChains(browser).double_click(entry()).perform()
-            break
-        except StaleElementReferenceException:
-            time.sleep(0.5)
+    _double_click(browser, entry)
     while time.monotonic() < deadline:
         volumes = json.loads(browser.execute_script(READ_VOLUMES))
         maps = [v for v in volumes if v["id"].startswith("pmap")]
@@ -302,7 +284,7 @@ def test_ohif_draws_a_coronal_series_map_on_the_slices_of_kryptons_strongest_cel
     settings = {"mode": "exact", "patch": 16, "stride": 8, "label": heatmap.label}
     headers = list(geometry.headers)
     send_result(pacs, study, model, heatmap, VolumeSource(prepared, headers),
-                result_key(series, model, settings))  # fmt: skip
+                result_key(series, model, settings), settings)  # fmt: skip
     normal = np.array([0.0, 1.0, 0.0])  # the coronal slices' normal: toward the back (LPS)
     centre = RAS_TO_LPS @ prepared.affine @ np.array([*lowest_voxel(heatmap), 1.0])
     drops = drops_on_slices(drop_values(heatmap, tuple(model.input_size)), prepared.affine,
@@ -392,3 +374,113 @@ def test_ohif_draws_a_one_frame_map_over_its_slice_krypton_s_and_highdicom_s(
     fused = _fused_map(browser, viewer, control)
     assert fused["max"] == pytest.approx(90.0, abs=0.01)
     assert _coloured_on(browser, fused, 0, reset=True) > 1000
+
+
+READ_REPORT = """
+const sets = (window.services?.displaySetService?.getActiveDisplaySets() || [])
+  .filter(d => d.Modality === 'SR');
+if (!sets.length || !sets[0].isLoaded) return null;
+const found = (sets[0].measurements || []).map(m => ({
+  identifier: m.TrackingIdentifier,
+  labels: (m.labels || []).map(l => `${l.label}: ${l.value}`),
+  images: (m.coords || []).map(c => c.ReferencedSOPSequence?.ReferencedSOPInstanceUID
+                                   || c.ReferencedSOPSequence?.[0]?.ReferencedSOPInstanceUID),
+  points: (m.coords || []).map(c => Array.from(c.GraphicData || [])),
+}));
+const shown = [];
+for (const e of (window.cornerstone?.getEnabledElements?.() || [])) {
+  const id = e.viewport.getCurrentImageId?.();
+  if (!id) continue;
+  const plane = window.cornerstone.metaData.get('imagePlaneModule', id) || {};
+  const instance = window.cornerstone.metaData.get('instance', id) || {};
+  shown.push({z: (plane.imagePositionPatient || [])[2], sop: instance.SOPInstanceUID || null});
+}
+const drawn = (window.cornerstoneTools?.annotation?.state?.getAllAnnotations?.() || [])
+  .map(a => a.metadata?.referencedImageId || '');
+return JSON.stringify({found, shown, drawn: drawn.length});
+"""
+
+
+def _opened_report(browser, viewer_url: str, study: str) -> dict:
+    """Open ``study`` in OHIF, double-click Krypton's finding (the SR entry), and what
+    OHIF read of it and shows: its measurements (labels, the image each is drawn on),
+    the image each viewport shows (its z), and how many annotations are drawn."""
+    browser.get(f"{viewer_url}/viewer?StudyInstanceUIDs={study}")
+    deadline = time.monotonic() + MAP_TIMEOUT_S
+
+    def entry():
+        return browser.execute_script(ENTRY, "Krypton finding")
+
+    while entry() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert entry() is not None, "OHIF lists no entry for Krypton's finding"
+    _skip_tour(browser)
+    _double_click(browser, entry)
+    read = None
+    while time.monotonic() < deadline:
+        answer = browser.execute_script(READ_REPORT)
+        read = None if answer is None else json.loads(answer)
+        if read and read["found"] and any(v["sop"] for v in read["shown"]):
+            return read
+        time.sleep(1.0)
+    errors = [e["message"][:300] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    raise AssertionError(f"OHIF showed no finding in {MAP_TIMEOUT_S} s: {read} {errors[-5:]}")
+
+
+def _skip_tour(browser) -> None:
+    """Close OHIF's first-visit tour, which covers the page: while it animates in, its
+    button is not yet interactable to WebDriver (a fresh run failed so), and a script
+    click closes it all the same."""
+    from selenium.common.exceptions import (
+        ElementNotInteractableException,
+        StaleElementReferenceException,
+    )
+    from selenium.webdriver.common.by import By
+
+    for skip in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Skip all']"):
+        try:
+            skip.click()
+        except ElementNotInteractableException:
+            browser.execute_script("arguments[0].click()", skip)
+        except StaleElementReferenceException:
+            pass  # the tour re-rendered or closed itself
+
+
+def _double_click(browser, entry) -> None:
+    """Double-click the study browser's ``entry()``, found again while it re-renders as
+    the series load."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    for _attempt in range(5):
+        try:
+            ActionChains(browser).double_click(entry()).perform()
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.5)
+
+
+def test_ohif_opens_kryptons_finding_on_the_slice_of_its_strongest_cell(
+    browser,
+    viewer,
+    orthanc,  # noqa: F811
+    model,
+):
+    """The Structured Report Send stores with the map, opened in OHIF 3.13: its one
+    measurement is drawn on a slice that holds Krypton's strongest cell (the slices the
+    map's largest drop lies on), and its text carries the class, the probability and the
+    out-of-distribution verdict."""
+    shape, spacing = GEOMETRIES["40x128x128-3mm"]
+    study, centre_z, holding = _sent(orthanc, model, _ct(shape, spacing), spacing)
+    read = _opened_report(browser, viewer, study)
+    (finding,) = read["found"]
+    text = " | ".join(finding["labels"])
+    print(f"OHIF's finding: {finding['identifier']}: {text}; shown {read['shown']}; "
+          f"Krypton's cell centred at z {centre_z:.1f} mm, its drop on "
+          f"{min(holding):.1f}-{max(holding):.1f} mm")  # fmt: skip
+    assert "probability of NODULE" in text or "probability of NORMAL" in text, text
+    assert "unusualness" in text and "the training data (threshold" in text, text
+    assert "drop in P(" in text, text
+    (shown,) = [view for view in read["shown"] if view["sop"] in finding["images"]]
+    assert min(holding) - spacing[0] - 1e-6 <= float(shown["z"]) <= max(holding) + spacing[0] + 1e-6
+    assert read["drawn"] >= 1  # the rectangle is an annotation on the page

@@ -28,6 +28,8 @@ pytestmark = pytest.mark.skipif(
     reason="Debian's orthanc and orthanc-dicomweb are not installed (.ci/run installs them)",
 )
 
+STRUCTURED_REPORT = "1.2.840.10008.5.1.4.1.1.88.34"  # Comprehensive 3D SR
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -104,6 +106,7 @@ def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
     printed = capsys.readouterr()
     assert code == 0, printed.err
     assert "sent       a Parametric Map" in printed.out and "48 Secondary Captures" in printed.out
+    assert "a Structured Report of the finding" in printed.out
     values = np.load(out.with_suffix(".npy"))
     client = dicomweb.connect(dicomweb.PacsSettings(pacs_env, USER, PASSWORD)).client
     added = {}  # SOP class -> (series, its instances)
@@ -113,7 +116,7 @@ def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
             instances = client.search_for_instances(study, uid, fields=["SOPClassUID"])
             added[instances[0]["00080016"]["Value"][0]] = (uid, instances)
     parametric_map, secondary_capture = "1.2.840.10008.5.1.4.1.1.30", "1.2.840.10008.5.1.4.1.1.7"
-    assert set(added) == {parametric_map, secondary_capture}
+    assert set(added) == {parametric_map, secondary_capture, STRUCTURED_REPORT}
     assert len(added[secondary_capture][1]) == 48  # one per axial slice of the block
     map_uid = added[parametric_map][0]
     (instance,) = client.search_for_instances(study, map_uid)
@@ -140,6 +143,20 @@ def test_a_series_from_the_pacs_is_explained_and_sent_back_as_a_parametric_map(
     assert capture.PatientID == source.PatientID  # the study's patient module, as DICOM asks
     assert dciodvfy_errors(stored, tmp_path) == []
     assert dciodvfy_errors(capture, tmp_path) == []
+    # the finding, as the PACS holds it: its region on a slice of the source series
+    (report,) = _stored_in_study(pacs_env, study, STRUCTURED_REPORT)
+    assert report.ContentTemplateSequence[0].TemplateIdentifier == "1500"
+    drawn = [item for item in _content_items(report) if item.ValueType == "SCOORD"]
+    (image,) = drawn[0].ContentSequence
+    assert image.ReferencedSOPSequence[0].ReferencedSOPInstanceUID in source_uids
+    assert dciodvfy_errors(report, tmp_path) == []
+
+
+def _content_items(node):
+    """Every content item of a Structured Report, depth first."""
+    for item in node.get("ContentSequence", []):
+        yield item
+        yield from _content_items(item)
 
 
 def dciodvfy_errors(dataset, folder: Path) -> list[str]:
@@ -422,6 +439,7 @@ def test_a_study_batch_sends_one_map_per_series_and_nothing_when_run_again(
     assert "5 series explained" in printed and "sent       5 Parametric Maps" in printed
     labels = _parametric_maps(pacs_env, study)
     assert len(labels) == 5  # one key per series: the same model and settings, five sources
+    assert _count(pacs_env, study, STRUCTURED_REPORT) == 5  # one finding per result
     summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
     assert len(summary) == 6 and all(",exact," in line for line in summary[1:])
 
@@ -432,7 +450,7 @@ def test_a_study_batch_sends_one_map_per_series_and_nothing_when_run_again(
     printed = capsys.readouterr().out
     assert "sent       0 Parametric Maps" in printed and "5 series had theirs already" in printed
     assert _parametric_maps(pacs_env, study) == labels
-    assert _parametric_maps(pacs_env, study) == labels
+    assert _count(pacs_env, study, STRUCTURED_REPORT) == 5  # re-sent: no second report
     # nothing lost locally: the summary still lists the five
     assert len((tmp_path / "out" / "summary.csv").read_text().splitlines()) == 6
 
@@ -537,6 +555,12 @@ def test_explain_names_a_pacs_study_with_flags(
     assert "has 5 image series: name one with --series" in capsys.readouterr().err
 
 
+def _count(root: str, study: str, sop_class: str) -> int:
+    """How many instances of one SOP class the study holds."""
+    client = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD)).client
+    return len(client.search_for_instances(study, search_filters={"SOPClassUID": sop_class}))
+
+
 def _stored_in_study(root: str, study: str, sop_class: str):
     """The instances of one SOP class in the study, read back (WADO-RS)."""
     client = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD)).client
@@ -562,6 +586,8 @@ def test_a_slice_explained_by_a_2d_model_is_sent_as_a_map_over_its_own_pixels(
     assert code == 0, printed.err
     assert "sent       a Parametric Map" in printed.out and "a Secondary Capture" in printed.out
     (stored,) = _stored_in_study(pacs_env, study, "1.2.840.10008.5.1.4.1.1.30")
+    (report,) = _stored_in_study(pacs_env, study, STRUCTURED_REPORT)
+    assert dciodvfy_errors(report, tmp_path) == []
     assert stored.FrameOfReferenceUID == source.FrameOfReferenceUID
     assert (stored.Rows, stored.Columns) == (source.Rows, source.Columns)  # the source's pixels
     position = stored.PerFrameFunctionalGroupsSequence[0].PlanePositionSequence[0]

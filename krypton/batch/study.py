@@ -81,11 +81,12 @@ def explain_series(
     if sending:
         extra = row.extra
         heatmap = extra["heatmap"]
-        key = key or result_key(series_uid, model, {**options, "label": heatmap.label})
+        settings = {**options, "label": heatmap.label}
+        key = key or result_key(series_uid, model, settings)
         if in_study(pacs, study_uid, key):
             return row, outputs, ALREADY_THERE
         source = VolumeSource(extra["prepared"], sources)
-        sent = send_result(pacs, study_uid, model, heatmap, source, key)
+        sent = send_result(pacs, study_uid, model, heatmap, source, key, settings)
     return row, outputs, sent
 
 

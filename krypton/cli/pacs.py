@@ -234,16 +234,8 @@ def _image_sender(args: argparse.Namespace, pacs, study: str, series: str, optio
                 print(ALREADY.format(study=study, key=key))
                 return
             source = ImageSource(Path(args.image), window, args.frame)
-            sent = send_result(pacs, study, model, heatmap, source, key)
-        placed = (
-            f"a Parametric Map (series {sent.map_series}) and "
-            if sent.map_series
-            else "no Parametric Map (the image has no frame of reference to place one on), "
-        )
-        print(
-            f"sent       {placed}a Secondary Capture (series {sent.capture_series}) "
-            f"to study {study}"
-        )
+            sent = send_result(pacs, study, model, heatmap, source, key, settings)
+        print(f"sent       {sent.words()} to study {study}")
 
     return send
 
@@ -259,17 +251,15 @@ def _sender(args: argparse.Namespace, pacs, study: str, series: str, files: list
         from ..pacs.dicomweb import fetched_headers
         from ..pacs.results import VolumeSource, in_study, result_key, send_result
 
-        key = result_key(series, model, {**options_of(args, model), "label": heatmap.label})
+        settings = {**options_of(args, model), "label": heatmap.label}
+        key = result_key(series, model, settings)
         with action(pacs, f"sending the result to study {study}"):  # one deadline for both
             if in_study(pacs, study, key):
                 print(ALREADY.format(study=study, key=key))
                 return
-            sources = fetched_headers(files)
-            sent = send_result(pacs, study, model, heatmap, VolumeSource(prepared, sources), key)
-        print(
-            f"sent       a Parametric Map (series {sent.map_series}) and {sent.captures} "
-            f"Secondary Captures (series {sent.capture_series}) to study {study}"
-        )
+            source = VolumeSource(prepared, fetched_headers(files))
+            sent = send_result(pacs, study, model, heatmap, source, key, settings)
+        print(f"sent       {sent.words()} to study {study}")
 
     return send
 

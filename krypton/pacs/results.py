@@ -151,13 +151,32 @@ def in_study(pacs: Pacs, study_uid: str, key: str) -> bool:
 
 @dataclass(frozen=True)
 class SentResult:
-    """What one send stored: the map's series and the captures' series; ``already``: the
-    study held the result, and nothing was stored."""
+    """What one send stored: the map's series, the captures' series and the report's;
+    ``already``: the study held the result, and nothing was stored."""
 
     map_series: str
     capture_series: str
     captures: int
     already: bool = False
+    report_series: str = ""  # the finding's Structured Report (krypton.render.structured_report)
+
+    def words(self, class_name: str | None = None) -> str:
+        """What was stored, in one wording for the page and the CLI: "a Parametric Map
+        of NODULE (series …), 48 Secondary Captures (series …) and a Structured Report
+        of the finding (series …)"."""
+        of = f" of {class_name}" if class_name else ""
+        captures = (
+            "a Secondary Capture" if self.captures == 1 else f"{self.captures} Secondary Captures"
+        )
+        placed = (
+            f"a Parametric Map{of} (series {self.map_series}), "
+            if self.map_series
+            else "no Parametric Map (the image has no frame of reference to place one on), "
+        )
+        stored = f"{placed}{captures} (series {self.capture_series})"
+        if not self.report_series:
+            return stored
+        return f"{stored} and a Structured Report of the finding (series {self.report_series})"
 
 
 ALREADY_THERE = SentResult("", "", 0, already=True)
@@ -173,8 +192,9 @@ class VolumeSource:
     prepared: ModelVolume
     headers: list
 
-    def datasets(self, model, heatmap, key: str) -> tuple[list, SentResult]:
-        """The DICOM objects of ``heatmap``'s result, labelled ``key``, and what they are."""
+    def datasets(self, model, heatmap, key: str, settings: Mapping) -> tuple[list, SentResult]:
+        """The DICOM objects of ``heatmap``'s result, labelled ``key``, made with
+        ``settings`` (its :func:`value_settings`), and what they are."""
         import io
 
         import pydicom
@@ -182,7 +202,8 @@ class VolumeSource:
         from ..registry.ood import caveat
         from ..render.dicom_series import capture_series, nearest_sources, slice_pictures
         from ..render.exports import dicom_comments
-        from ..render.parametric_map import parametric_map
+        from ..render.parametric_map import parametric_map, source_slices
+        from ..render.structured_report import finding_report, volume_region
 
         class_name = model.class_name(heatmap.label)
         warning = caveat(heatmap.extra.get("ood"))
@@ -200,8 +221,15 @@ class VolumeSource:
             sources=nearest_sources(self.headers, affine, len(pictures)),
         )  # fmt: skip
         datasets = [pydicom.dcmread(io.BytesIO(data)) for data in captures]
-        sent = SentResult(created.SeriesInstanceUID, datasets[0].SeriesInstanceUID, len(datasets))
-        return [created, *datasets], sent
+        slices = source_slices(self.headers)
+        region = None if slices is None else volume_region(heatmap, affine, slices)
+        report = finding_report(
+            heatmap, model, region, [*self.headers, created, *datasets], created,
+            settings=value_settings(model, settings), warning=warning,
+        )  # fmt: skip
+        sent = SentResult(created.SeriesInstanceUID, datasets[0].SeriesInstanceUID, len(datasets),
+                          report_series=report.SeriesInstanceUID)  # fmt: skip
+        return [created, *datasets, report], sent
 
 
 @dataclass(frozen=True)
@@ -216,9 +244,10 @@ class ImageSource:
     window: object = None
     frame: int | None = None
 
-    def datasets(self, model, heatmap, key: str) -> tuple[list, SentResult]:
-        """The DICOM objects of ``heatmap``'s result, labelled ``key``, and what they are
-        (``map_series`` empty where no map could be placed)."""
+    def datasets(self, model, heatmap, key: str, settings: Mapping) -> tuple[list, SentResult]:
+        """The DICOM objects of ``heatmap``'s result, labelled ``key``, made with
+        ``settings`` (its :func:`value_settings`), and what they are (``map_series``
+        empty where no map could be placed)."""
         import io
 
         import pydicom
@@ -227,6 +256,7 @@ class ImageSource:
         from ..render.dicom_capture import heatmap_capture
         from ..render.exports import dicom_comments
         from ..render.parametric_map import image_parametric_map
+        from ..render.structured_report import finding_report, image_region
 
         class_name = model.class_name(heatmap.label)
         warning = caveat(heatmap.extra.get("ood"))
@@ -248,21 +278,36 @@ class ImageSource:
             include_identity=True, warning=warning,
         )  # fmt: skip
         datasets.append(pydicom.dcmread(io.BytesIO(capture)))
-        map_series = datasets[0].SeriesInstanceUID if len(datasets) == 2 else ""
-        return datasets, SentResult(map_series, datasets[-1].SeriesInstanceUID, 1)
+        placed = datasets[0] if len(datasets) == 2 else None
+        report = finding_report(
+            heatmap, model, image_region(heatmap, model.input_size, header),
+            [header, *datasets], placed, settings=value_settings(model, settings),
+            warning=warning,
+        )  # fmt: skip
+        sent = SentResult("" if placed is None else placed.SeriesInstanceUID,
+                          datasets[-1].SeriesInstanceUID, 1,
+                          report_series=report.SeriesInstanceUID)  # fmt: skip
+        return [*datasets, report], sent
 
 
 def send_result(
-    pacs: Pacs, study_uid: str, model, heatmap, source: ImageSource | VolumeSource, key: str
+    pacs: Pacs,
+    study_uid: str,
+    model,
+    heatmap,
+    source: ImageSource | VolumeSource,
+    key: str,
+    settings: Mapping,
 ) -> SentResult:
-    """Store ``heatmap``'s result, labelled ``key``, in the study ``study_uid``, placed on
-    its ``source`` (an :class:`ImageSource` or a :class:`VolumeSource`: the source says
-    what the result is), in one STOW-RS request (the PACS takes all or says which it
-    refused). The one sender of the app's Send, the CLI's ``--send``, study batches and
-    the workers."""
+    """Store ``heatmap``'s result, labelled ``key`` (:func:`result_key` of ``settings``,
+    the run's), in the study ``study_uid``, placed on its ``source`` (an
+    :class:`ImageSource` or a :class:`VolumeSource`: the source says what the result
+    is), with the finding's Structured Report, in one STOW-RS request (the PACS takes
+    all or says which it refused). The one sender of the app's Send, the CLI's
+    ``--send``, study batches and the workers."""
     from .dicomweb import store
 
-    datasets, sent = source.datasets(model, heatmap, key)
+    datasets, sent = source.datasets(model, heatmap, key, settings)
     store(pacs, datasets, study_uid)
     return sent
 

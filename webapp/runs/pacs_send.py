@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from krypton.pacs.dicomweb import PacsError, action, connect
-from krypton.pacs.results import ImageSource, SentResult, VolumeSource, in_study, result_key
+from krypton.pacs.results import ImageSource, VolumeSource, in_study, result_key
 from krypton.pacs.results import send_result as store_result
 from krypton.pacs.results import source_instance as pacs_source_instance
 from krypton.render.dicom_series import dicom_headers
@@ -26,7 +26,7 @@ from ..helpers import InputError
 from .records import NOT_KEPT, kept_result, refuse_partial, result_heatmap
 from .subjects import results_key
 
-__all__ = ["ALREADY_SENT", "KINDS", "SendKind", "send_result", "sent_words"]
+__all__ = ["ALREADY_SENT", "KINDS", "SendKind", "send_result"]
 
 logger = logging.getLogger("krypton.app")
 
@@ -65,29 +65,20 @@ def send_result(services, rank: int, handle, session: str) -> str:
             model = services.model(result["model"], rank=rank)
             key_settings, source = kind.source(services, result, session)
             settings = {key: result.get(key) for key in ("mode", "patch", "stride", "region")}
-            key = result_key(series, model, {**settings, "label": result["label"],
-                                             **key_settings})  # fmt: skip
+            settings.update(label=result["label"], **key_settings)
+            key = result_key(series, model, settings)
             with services.pacs_sources.sending(key):
                 client = connect(services.settings.pacs)
                 with action(client, f"sending the result to study {study}"):
                     if services.pacs_sources.was_sent(key, session) or in_study(client, study, key):
                         return ALREADY_SENT.format(key=key)
-                    sent = store_result(client, study, model, result_heatmap(result), source, key)
+                    heatmap = result_heatmap(result)
+                    sent = store_result(client, study, model, heatmap, source, key, settings)
     except (InputError, PacsError, ValueError) as exc:
         return f"Not sent: {exc}"
     services.pacs_sources.sent(key, session)
     logger.info("sent a result to a PACS study (%d captures)", sent.captures)
-    return f"Sent to the PACS: {sent_words(sent, result['label_name'])}, in the source's study."
-
-
-def sent_words(sent: SentResult, class_name: str) -> str:
-    """What one Send stored, in the page's words, for either kind."""
-    captures = (
-        "a Secondary Capture" if sent.captures == 1 else f"{sent.captures} Secondary Captures"
-    )
-    if not sent.map_series:
-        return f"{captures} of {class_name} (no frame of reference to place a map on)"
-    return f"a Parametric Map of {class_name} (series {sent.map_series}) and {captures}"
+    return f"Sent to the PACS: {sent.words(result['label_name'])}, in the source's study."
 
 
 def _volume_source(services, result, session: str) -> tuple[dict, VolumeSource]:
