@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.requirements-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 
-.PHONY: setup test test-load test-busy test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs viewer ohif harder
+.PHONY: node setup test test-load test-busy test-quick test-gpu gpu-wheels lint run serve worker cluster bench bench-load bench-dropin bench-serve bench-hostile bench-gpu bench-methods controls analyze models tune calibrate clean pacs viewer ohif harder
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,17 @@ cluster: $(STAMP)
 # DICOMweb plugin on a local port, its storage in cache/pacs, the chest-CT sample stored
 pacs: $(STAMP)
 	$(PY) -m demo.pacs --folder cache/pacs --port $(PACS_PORT)
+
+# Krypton as an AI node beside `make pacs`: a DICOM Storage SCP (AE KRYPTON, port
+# NODE_PORT) that explains each series routed to it and stores the result in its study.
+# The PACS sends with its AE title in NODE_CALLERS; see docs/usage.md (AI node).
+NODE_PORT ?= 11112
+NODE_CALLERS ?= ORTHANC
+node: $(STAMP)
+	KRYPTON_DICOMWEB_URL=$${KRYPTON_DICOMWEB_URL:-http://$(HOST):$(PACS_PORT)/dicom-web} \
+	KRYPTON_DICOMWEB_USER=$${KRYPTON_DICOMWEB_USER:-krypton} \
+	KRYPTON_DICOMWEB_PASSWORD=$${KRYPTON_DICOMWEB_PASSWORD:-krypton-demo} \
+	$(PY) -m krypton node --port $(NODE_PORT) --allow $(NODE_CALLERS)
 
 # The viewer sites put beside Orthanc: OHIF v3 (npm @ohif/app's prebuilt dist/, fetched
 # once into cache/ohif by `make ohif`) served by Debian's nginx on one origin with the

@@ -26,10 +26,15 @@ DEMO_USER, DEMO_PASSWORD = "krypton", "krypton-demo"
 
 
 def start_orthanc(
-    folder: Path, port: int, user: str = DEMO_USER, password: str = DEMO_PASSWORD
+    folder: Path,
+    port: int,
+    user: str = DEMO_USER,
+    password: str = DEMO_PASSWORD,
+    extra: dict | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Orthanc serving ``folder``'s storage on 127.0.0.1:``port`` with basic
-    authentication; (its process, its DICOMweb root) once it answers."""
+    authentication; (its process, its DICOMweb root) once it answers. ``extra``: more of
+    Orthanc's configuration (a modality to route series to, a Lua script)."""
 
     if not Path(ORTHANC).exists() or not Path(DICOMWEB_PLUGIN).exists():
         raise SystemExit("Orthanc is not installed: apt-get install orthanc orthanc-dicomweb")
@@ -40,6 +45,7 @@ def start_orthanc(
         "DicomServerEnabled": False, "RemoteAccessAllowed": False,
         "AuthenticationEnabled": True, "RegisteredUsers": {user: password},
         "Plugins": [DICOMWEB_PLUGIN], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
+        **(extra or {}),
     }  # fmt: skip
     (folder / "orthanc.json").write_text(json.dumps(config, indent=2))
     log = open(folder / "orthanc.log", "w")

@@ -38,6 +38,7 @@ from ..registry.models import (
     load_torchvision_model,
 )
 from .compare import add_compare_parser, parse_methods, run_compare
+from .node import add_node_parser, run_node
 from .pacs import (
     PACS_PREFIX,
     add_pacs_parser,
@@ -338,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--patch", type=int, default=16)
     analyze.add_argument("--tau", type=float, default=1.0)
     add_compare_parser(commands)
+    add_node_parser(commands)
     return parser
 
 
@@ -835,6 +837,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_calibrate(args)
     if args.command == "pacs":
         return run_pacs(args)
+    if args.command == "node":
+        return run_node(args)
     if args.command == "compare":
         return run_compare(args, lambda name: _load(name, False))
     return run_analyze(args)
