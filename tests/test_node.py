@@ -15,7 +15,7 @@ import pytest
 from test_pacs import PASSWORD, USER, _free_port
 
 from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, start_orthanc
-from krypton.node import Node, NodeSettings
+from krypton.node import Node, NodeSettings, Spool
 from krypton.pacs import dicomweb
 
 pytestmark = [
@@ -61,6 +61,9 @@ def routed(tmp_path_factory):
     process.wait(timeout=30)
 
 
+ROUTED: dict = {}  # the first test's series, for the restart test after it
+
+
 def _count(root: str, study: str, sop_class: str) -> int:
     client = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD)).client
     return len(client.search_for_instances(study, search_filters={"SOPClassUID": sop_class}))
@@ -75,6 +78,7 @@ def test_a_series_stored_in_the_pacs_comes_back_explained_without_a_click(routed
     study, series = str(datasets[0].StudyInstanceUID), str(datasets[0].SeriesInstanceUID)
     pacs = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD))
     dicomweb.store(pacs, datasets, study)
+    ROUTED["datasets"] = datasets
     stored_at = time.monotonic()
     while time.monotonic() - stored_at < 120 and _count(root, study, STRUCTURED_REPORT) == 0:
         time.sleep(1.0)
@@ -90,6 +94,39 @@ def test_a_series_stored_in_the_pacs_comes_back_explained_without_a_click(routed
     time.sleep(6.0)
     assert _count(root, study, STRUCTURED_REPORT) == 1
     assert took <= 60.0
+
+
+def test_a_node_stopped_mid_run_explains_again_on_restart_and_stores_nothing_twice(
+    routed, tmp_path
+):
+    """A node killed while a series was queued or running finds it again in its spool
+    on restart and explains it; the study holds its result already (the same key), so
+    nothing is stored twice."""
+    import io
+    import json
+
+    root, node = routed
+    if "datasets" not in ROUTED:
+        pytest.skip("the routed series did not come back")
+    datasets = ROUTED["datasets"]
+    study, series = str(datasets[0].StudyInstanceUID), str(datasets[0].SeriesInstanceUID)
+    spool = Spool(tmp_path / "spool", 2**30, 0.0)
+    for dataset in datasets:
+        buffer = io.BytesIO()
+        dataset.save_as(buffer, enforce_file_format=True)
+        spool.receive(buffer.getvalue(), series, study, str(dataset.SOPInstanceUID), "CT",
+                      PACS_AE)  # fmt: skip
+    spool.take_stable()  # queued, and then the node died
+    state = json.loads((tmp_path / "spool" / "state.json").read_text())
+    assert [row["state"] for row in state] == ["queued"]
+    restarted = Node(NodeSettings(port=_free_port(), callers=(PACS_AE,),
+                                  spool=tmp_path / "spool", stable_seconds=0.0), node.pacs)  # fmt: skip
+    (again,) = restarted.spool.take_stable()
+    restarted.explain(again)
+    (row,) = restarted.spool.rows()
+    assert row.state == "done" and "holds its result already" in row.reason, row
+    assert _count(root, study, STRUCTURED_REPORT) == 1
+    assert _count(root, study, PARAMETRIC_MAP) == 1
 
 
 def _association(port: int, caller: str, contexts: list[str]):
