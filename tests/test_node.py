@@ -119,8 +119,9 @@ def test_a_node_stopped_mid_run_explains_again_on_restart_and_stores_nothing_twi
     spool.take_stable()  # queued, and then the node died
     state = json.loads((tmp_path / "spool" / "state.json").read_text())
     assert [row["state"] for row in state] == ["queued"]
-    restarted = Node(NodeSettings(port=_free_port(), callers=(PACS_AE,),
-                                  spool=tmp_path / "spool", stable_seconds=0.0), node.pacs)  # fmt: skip
+    settings = NodeSettings(port=_free_port(), callers=(PACS_AE,), spool=tmp_path / "spool",
+                            stable_seconds=0.0)  # fmt: skip
+    restarted = Node(settings, node.pacs)
     (again,) = restarted.spool.take_stable()
     restarted.explain(again)
     (row,) = restarted.spool.rows()
