@@ -125,8 +125,10 @@ def open_to_heatmap(root: str, study: str, series: str, model) -> dict:
     heatmap = krypton.explain(model, prepared.tensor, fill=model.gray_fill(), **options)
     times["run"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    key = result_key(series, model, {**options, "label": heatmap.label})
-    send_result(pacs, study, model, heatmap, VolumeSource(prepared, list(geometry.headers)), key)
+    settings = {**options, "label": heatmap.label}
+    key = result_key(series, model, settings)
+    source = VolumeSource(prepared, list(geometry.headers))
+    send_result(pacs, study, model, heatmap, source, key, settings)
     times["write-back"] = time.perf_counter() - mark
     times["total"] = time.perf_counter() - started
     return {
