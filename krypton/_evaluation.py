@@ -241,8 +241,9 @@ class _Run:
             # are timed again on whole batches, alternated, and the verdict rests on the
             # median of VERDICT_ROUNDS each: a run's pace is its typical batch's.
             # The first batch is the grid's top edge, where an occlusion's update region
-            # is clipped: the readings again are of a middle batch, as most of a run is.
-            start = max(0, min(len(corners) // 2, len(corners) - batch))
+            # is clipped: the readings again are of a middle batch, as most of a run is,
+            # on the run's batch boundaries (a grid's indices are compiled for those once)
+            start = min(len(corners) // 2, len(corners) - batch) // batch * batch
             middle = slice(start, start + batch)
             incremental_readings, naive_readings = [incremental_seconds], [naive_seconds]
             for _ in range(VERDICT_ROUNDS - 1):

@@ -1,13 +1,14 @@
 """Explanations of PACS series, sent back to their studies by one sender,
 :func:`send_result`, placed on their source.
 
-A volume's result (a :class:`VolumeSource`) goes into the source study as two new
-series: a DICOM Parametric Map of the drop in the class's probability on the source's
-frame of reference, and a Secondary Capture per axial slice of the explained block, each
-naming the source slice nearest it, for viewers without Parametric Maps. An image's
-result (an :class:`ImageSource`) is a Parametric Map at the source image's pixels where
-the source can place one, and the heatmap over the frame as a Secondary Capture. All
-carry the study's patient modules, as DICOM requires.
+A volume's result (a :class:`VolumeSource`) goes into the source study as new series: a
+DICOM Parametric Map of the drop in the class's probability on the source's frame of
+reference, and a Secondary Capture per axial slice of the explained block, each naming
+the source slice nearest it, for viewers without Parametric Maps. An image's result (an
+:class:`ImageSource`) is a Parametric Map at the source image's pixels where the source
+can place one, and the heatmap over the frame as a Secondary Capture. Either kind's
+finding comes with it as a Structured Report (:mod:`krypton.render.structured_report`).
+All carry the study's patient modules, as DICOM requires.
 
 Every map Krypton stores carries a result key as its Content Label: a digest of the
 source series, the model (name and weights) and the run's settings
