@@ -70,6 +70,7 @@ worker: $(STAMP)
 
 # The whole team deployment on this machine: redis-server, 2 workers and the app.
 PACS_PORT ?= 8042
+NODE_PORT ?= 11112
 REDIS_PORT ?= 6390
 cluster: $(STAMP)
 	$(PY) -m webapp.cluster --host $(HOST) --port $(PORT) --redis-port $(REDIS_PORT) --workers 2
@@ -77,12 +78,11 @@ cluster: $(STAMP)
 # A PACS to try Krypton with (docs/usage.md, "From a PACS"): Debian's Orthanc with its
 # DICOMweb plugin on a local port, its storage in cache/pacs, the chest-CT sample stored
 pacs: $(STAMP)
-	$(PY) -m demo.pacs --folder cache/pacs --port $(PACS_PORT)
+	$(PY) -m demo.pacs --folder cache/pacs --port $(PACS_PORT) --route-to $(NODE_PORT)
 
 # Krypton as an AI node beside `make pacs`: a DICOM Storage SCP (AE KRYPTON, port
 # NODE_PORT) that explains each series routed to it and stores the result in its study.
 # The PACS sends with its AE title in NODE_CALLERS; see docs/usage.md (AI node).
-NODE_PORT ?= 11112
 NODE_CALLERS ?= ORTHANC
 node: $(STAMP)
 	KRYPTON_DICOMWEB_URL=$${KRYPTON_DICOMWEB_URL:-http://$(HOST):$(PACS_PORT)/dicom-web} \

@@ -25,6 +25,35 @@ DICOMWEB_PLUGIN = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"
 DEMO_USER, DEMO_PASSWORD = "krypton", "krypton-demo"
 
 
+# A site's routing rule for an AI node: each stable CT or MR series goes to the modality
+# "krypton" (Orthanc 1.10's Lua SendToModality could not read its own attachment here;
+# its REST store route, called from Lua, sends the same series)
+NODE_ROUTE = """
+function OnStableSeries(seriesId, tags, metadata)
+  if tags['Modality'] == 'CT' or tags['Modality'] == 'MR' then
+    RestApiPost('/modalities/krypton/store',
+                '{"Resources": ["' .. seriesId .. '"], "Asynchronous": true}')
+  end
+end
+"""
+
+
+def node_routing(
+    folder: Path, node_port: int, pacs_ae: str = "ORTHANC", stable_seconds: int = 5
+) -> dict:
+    """Orthanc's configuration routing each stable CT or MR series to Krypton's node (AE
+    KRYPTON on 127.0.0.1:``node_port``) as a site configures it: a modality entry and a
+    Lua ``OnStableSeries`` rule (:data:`NODE_ROUTE`, written into ``folder``); Orthanc
+    calls itself ``pacs_ae``, the title the node must allow."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "route-to-krypton.lua"
+    script.write_text(NODE_ROUTE)
+    return {
+        "DicomAet": pacs_ae, "StableAge": stable_seconds, "LuaScripts": [str(script)],
+        "DicomModalities": {"krypton": ["KRYPTON", "127.0.0.1", node_port]},
+    }  # fmt: skip
+
+
 def start_orthanc(
     folder: Path,
     port: int,
@@ -174,8 +203,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--folder", type=Path, default=Path("cache/pacs"))
     parser.add_argument("--port", type=int, default=8042)
+    parser.add_argument(
+        "--route-to", type=int, default=None, metavar="PORT",
+        help="route each stable CT or MR series to Krypton's node on this port (make node)",
+    )  # fmt: skip
     args = parser.parse_args()
-    process, root = start_orthanc(args.folder, args.port)
+    extra = None if args.route_to is None else node_routing(args.folder, args.route_to)
+    process, root = start_orthanc(args.folder, args.port, extra=extra)
     try:
         study = load_demo_study(root)
         others = load_demo_photographs(root)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_pacs import PASSWORD, USER, _free_port
 
-from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, start_orthanc
+from demo.pacs import DICOMWEB_PLUGIN, ORTHANC, ct_series, node_routing, start_orthanc
 from krypton.node import Node, NodeSettings, Spool
 from krypton.pacs import dicomweb
 
@@ -28,14 +28,6 @@ pytestmark = [
 STRUCTURED_REPORT = "1.2.840.10008.5.1.4.1.1.88.34"
 PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
 PACS_AE = "SITEPACS"
-ROUTE = """
-function OnStableSeries(seriesId, tags, metadata)
-  if tags['Modality'] == 'CT' or tags['Modality'] == 'MR' then
-    RestApiPost('/modalities/krypton/store',
-                '{"Resources": ["' .. seriesId .. '"], "Asynchronous": true}')
-  end
-end
-"""
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +36,7 @@ def routed(tmp_path_factory):
     root, the node)."""
     folder = tmp_path_factory.mktemp("routed")
     node_port = _free_port()
-    (folder / "route.lua").write_text(ROUTE)
-    extra = {
-        "DicomAet": PACS_AE, "StableAge": 2, "LuaScripts": [str(folder / "route.lua")],
-        "DicomModalities": {"krypton": ["KRYPTON", "127.0.0.1", node_port]},
-    }  # fmt: skip
+    extra = node_routing(folder, node_port, PACS_AE, stable_seconds=2)  # what make pacs does
     process, root = start_orthanc(folder / "pacs", _free_port(), USER, PASSWORD, extra)
     pacs = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD))
     settings = NodeSettings(port=node_port, callers=(PACS_AE,), spool=folder / "spool",
