@@ -118,6 +118,27 @@ def test_a_node_stopped_mid_run_explains_again_on_restart_and_stores_nothing_twi
     assert _count(root, study, PARAMETRIC_MAP) == 1
 
 
+def test_a_one_image_series_is_explained_by_the_2d_model_made_for_it(routed):
+    """A CT series of one slice goes to the 2-D model whose card names CT
+    (chestct-slice-demo): a one-frame map at the slice's pixels and the finding, keyed
+    as `krypton explain --send` keys an image."""
+    from krypton.synthetic.chestct import ChestCTGenerator
+
+    root, node = routed
+    hu = ChestCTGenerator(seed=21).sample(label=1).volume[20:21]
+    datasets = ct_series(hu, (5.0, 5.0, 5.0), "Slice^Routed", origin=(5, 6, 7))
+    study, series = str(datasets[0].StudyInstanceUID), str(datasets[0].SeriesInstanceUID)
+    pacs = dicomweb.connect(dicomweb.PacsSettings(root, USER, PASSWORD))
+    dicomweb.store(pacs, datasets, study)
+    stored_at = time.monotonic()
+    while time.monotonic() - stored_at < 120 and _count(root, study, STRUCTURED_REPORT) == 0:
+        time.sleep(1.0)
+    assert _count(root, study, STRUCTURED_REPORT) == 1, "no finding came back in 120 s"
+    assert _count(root, study, PARAMETRIC_MAP) == 1
+    (row,) = [r for r in node.spool.rows() if r.series == series]
+    assert row.state == "done" and "chestct-slice-demo" in row.reason, row
+
+
 def _association(port: int, caller: str, contexts: list[str]):
     from pynetdicom import AE
 

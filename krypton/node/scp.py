@@ -164,49 +164,91 @@ class Node:
         header = pydicom.dcmread(files[0], stop_before_pixels=True)
         if header.get("Manufacturer") == MANUFACTURER:
             return "skipped", "one of Krypton's own results"
-        if len(files) < 2 and not self.settings.model:
-            return "skipped", "a series of one image: the node explains series of slices"
-        model = self._model(series.modality)
+        volume = len(files) > 1
+        what = "series of slices" if volume else "images"
+        model = self._model(series.modality, volume)
         if model is None:
-            return "skipped", f"no model here is made for {series.modality or 'this'} series"
-        return self._explain_volume(series, model, folder, files)
+            return "skipped", f"no model here is made for {series.modality or 'these'} {what}"
+        if model.is_volume != volume:
+            return "skipped", f"the node's model {model.name} does not take {what}"
+        if volume:
+            return self._explain_volume(series, model, folder, files)
+        return self._explain_image(series, model, files[0])
 
-    def _model(self, modality: str):
-        """The node's model, else the first available volume model made for ``modality``."""
+    def _model(self, modality: str, volume: bool):
+        """The node's model, else the first available model made for ``modality`` that
+        takes volumes (a series of slices) or images (a series of one)."""
         from ..registry import available_models, load_model
 
         if self.settings.model:
             return load_model(self.settings.model)
         made_for = [
             info.name for info in available_models()
-            if info.available and info.is_volume and modality in info.modalities
+            if info.available and info.is_volume == volume and modality in info.modalities
         ]  # fmt: skip
         return load_model(made_for[0]) if made_for else None
 
-    def _explain_volume(self, series: SeriesState, model, folder: Path, files: list[Path]):
-        import pydicom
+    @staticmethod
+    def _options(model) -> dict:
+        """The settings the node explains with: exact, the model's patch, stride and gray."""
+        return {"mode": "exact", "patch": model.patch, "stride": model.default_stride,
+                "fill": model.gray_fill()}  # fmt: skip
 
-        from ..batch.folder import explain_item
+    def _store(self, series: SeriesState, model, heatmap, source, settings: dict, began: float):
+        """Store the result in the series' study unless it holds it already: the state
+        and reason the series ends with."""
         from ..pacs.dicomweb import action
-        from ..pacs.results import VolumeSource, in_study, result_key, send_result
+        from ..pacs.results import in_study, result_key, send_result
 
-        options = {"mode": "exact", "patch": model.patch, "stride": model.default_stride,
-                   "fill": model.gray_fill()}  # fmt: skip
-        began = time.perf_counter()
-        row, _ = explain_item(folder, None, model, options, image=series.series)
-        if row.error:
-            return "failed", row.error
-        heatmap, prepared = row.extra["heatmap"], row.extra["prepared"]
-        settings = {**options, "label": heatmap.label}
         key = result_key(series.series, model, settings)
         with action(self.pacs, f"sending the result to study {series.study}"):
             if in_study(self.pacs, series.study, key):
                 return "done", f"the study holds its result already ({key})"
-            headers = [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
-            source = VolumeSource(prepared, headers)
-            sent = send_result(self.pacs, series.study, model, heatmap, source, key, settings)
+            sent = send_result(self.pacs, series.study, model, heatmap, source(), key, settings)
         took = time.perf_counter() - began
         return "done", (
             f"{model.name}: {model.class_name(heatmap.label)} p={heatmap.prob:.3f}, "
             f"stored {sent.words()} in {took:.1f} s"
         )
+
+    def _explain_image(self, series: SeriesState, model, path: Path):
+        """One image (its middle frame, in the file's own window) by a 2-D model, keyed
+        as ``krypton explain --send`` and the app key it."""
+        import pydicom
+
+        from ..explainer import explain
+        from ..io.images import ImageLoadError, load_image
+        from ..pacs.results import ImageSource
+
+        began = time.perf_counter()
+        options = self._options(model)
+        try:
+            picture = load_image(path)
+        except ImageLoadError as exc:
+            return "failed", str(exc)
+        heatmap = explain(model, model.preprocess(picture), **options)
+        header = pydicom.dcmread(path, stop_before_pixels=True)
+        frame = int(header.get("NumberOfFrames", 1) or 1) // 2
+        settings = {**options, "label": heatmap.label, "instance": str(header.SOPInstanceUID),
+                    "frame": frame, "window": None}  # fmt: skip
+        return self._store(series, model, heatmap, lambda: ImageSource(path), settings, began)
+
+    def _explain_volume(self, series: SeriesState, model, folder: Path, files: list[Path]):
+        import pydicom
+
+        from ..batch.folder import explain_item
+        from ..pacs.results import VolumeSource
+
+        began = time.perf_counter()
+        options = self._options(model)
+        row, _ = explain_item(folder, None, model, options, image=series.series)
+        if row.error:
+            return "failed", row.error
+        heatmap, prepared = row.extra["heatmap"], row.extra["prepared"]
+
+        def source() -> VolumeSource:  # the headers read only when the study lacks it
+            headers = [pydicom.dcmread(path, stop_before_pixels=True) for path in files]
+            return VolumeSource(prepared, headers)
+
+        settings = {**options, "label": heatmap.label}
+        return self._store(series, model, heatmap, source, settings, began)
