@@ -81,7 +81,6 @@ def test_a_series_stored_in_the_pacs_comes_back_explained_without_a_click(routed
     # and the study holds one result
     time.sleep(6.0)
     assert _count(root, study, STRUCTURED_REPORT) == 1
-    assert took <= 60.0
 
 
 def test_a_node_stopped_mid_run_explains_again_on_restart_and_stores_nothing_twice(
