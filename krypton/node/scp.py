@@ -10,8 +10,9 @@ captures and the finding's Structured Report) back in its study over DICOMweb.
   the node goes on serving.
 - **When it explains**: a series no instance has reached for the stable time
   (:class:`~krypton.node.spool.Spool`), one at a time, in the node's process.
-- **With what**: the model given, else the first available volume model whose card names
-  the series' modality (the registry's ``modalities``); else it is skipped, with why.
+- **With what**: the model given, else the first available model whose card names the
+  series' modality (the registry's ``modalities``): a volume model for a series of
+  slices, an image model for a series of one; else it is skipped, with why.
 - **Once**: the result key of the series, model and settings
   (:func:`krypton.pacs.results.result_key`) is asked of the study first, so a series
   re-sent or re-delivered, or a node restarted mid-run, stores nothing twice.
@@ -234,6 +235,8 @@ class Node:
         return self._store(series, model, heatmap, lambda: ImageSource(path), settings, began)
 
     def _explain_volume(self, series: SeriesState, model, folder: Path, files: list[Path]):
+        """A series of slices by a volume model, read as ``krypton batch`` reads a
+        series folder (the series streamed into the model's block)."""
         import pydicom
 
         from ..batch.folder import explain_item
