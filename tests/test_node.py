@@ -193,6 +193,20 @@ def test_node_status_lists_each_series_with_its_state(routed, capsys):
     assert "done" in printed and "instances" in printed, printed
 
 
+def test_krypton_node_without_a_pacs_or_a_caller_says_so(tmp_path, monkeypatch, capsys):
+    from krypton.cli import main
+
+    monkeypatch.delenv("KRYPTON_DICOMWEB_URL", raising=False)
+    spool = str(tmp_path / "spool")
+    assert main(["node", "--allow", PACS_AE, "--spool", spool]) == 2
+    assert "no PACS is configured" in capsys.readouterr().err
+    monkeypatch.setenv("KRYPTON_DICOMWEB_URL", "http://127.0.0.1:9/dicom-web")
+    assert main(["node", "--spool", spool, "--port", str(_free_port())]) == 2
+    assert "accepts no caller" in capsys.readouterr().err
+    assert main(["node", "status", "--spool", str(tmp_path / "empty")]) == 0
+    assert "no series received yet" in capsys.readouterr().out
+
+
 def test_the_node_refuses_to_start_without_an_allow_list(tmp_path):
     node = Node(NodeSettings(port=_free_port(), spool=tmp_path / "spool"), None)
     with pytest.raises(ValueError, match="accepts no caller"):

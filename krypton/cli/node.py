@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def run_node(args: argparse.Namespace) -> int:
     import logging
 
     from ..node import Node, NodeSettings, Spool
-    from ..pacs.dicomweb import PacsError, PacsSettings, connect
+    from ..pacs.dicomweb import PacsError
+    from .pacs import _pacs
 
     spool = Path(args.spool or _spool_default())
     if args.action == "status":
@@ -66,9 +68,9 @@ def run_node(args: argparse.Namespace) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        pacs = connect(PacsSettings.from_environment())
+        pacs = _pacs()  # where results go: KRYPTON_DICOMWEB_URL and its sign-in
     except PacsError as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     settings = NodeSettings(
         ae_title=args.ae_title, host=args.host, port=args.port, callers=tuple(args.allow),
@@ -79,7 +81,7 @@ def run_node(args: argparse.Namespace) -> int:
     try:
         node.start()
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"node {args.ae_title} on {args.host}:{args.port}, accepting {', '.join(args.allow)}; "
           f"spool {spool}", flush=True)  # fmt: skip
