@@ -19,6 +19,7 @@ from krypton.synthetic.chestct import ChestCTGenerator
 
 pytestmark = pytest.mark.browser
 PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
+REPORT = "1.2.840.10008.5.1.4.1.1.88.34"  # the finding, a Comprehensive 3D SR
 
 
 @pytest.fixture
@@ -78,10 +79,12 @@ def test_search_open_run_and_send_a_series_from_the_pacs(
 
     dash_duo.wait_for_element("#volume-pacs-send:not([disabled])", timeout=30).click()
     dash_duo.wait_for_contains_text("#volume-pacs-sent", "Sent to the PACS", timeout=60)
+    assert "a Structured Report of the finding" in dash_duo.find_element("#volume-pacs-sent").text
     dash_duo.find_element("#volume-pacs-send").click()  # again: the study has it, nothing is stored
     dash_duo.wait_for_contains_text("#volume-pacs-sent", "Already in the PACS", timeout=60)
 
     client = dicomweb.connect(dicomweb.PacsSettings(orthanc, USER, PASSWORD)).client
+    (report,) = client.search_for_instances(study, search_filters={"SOPClassUID": REPORT})
     (found,) = client.search_for_instances(study, search_filters={"SOPClassUID": PARAMETRIC_MAP})
     stored = client.retrieve_instance(
         study, found["0020000E"]["Value"][0], found["00080018"]["Value"][0]
@@ -162,6 +165,7 @@ def test_open_run_and_send_one_image_of_a_series_for_a_2d_model(
     dash_duo.wait_for_element("#pacs-send:not([disabled])", timeout=30).click()
     sent = "Sent to the PACS: a Parametric"
     dash_duo.wait_for_contains_text("#pacs-sent", sent, timeout=60)
+    assert "a Structured Report of the finding" in dash_duo.find_element("#pacs-sent").text
     # README's picture of the flow: the search, the slice, its heatmap and what was sent
     # (out/ is ignored by git; copy it to docs/pacs.png)
     dash_duo.driver.execute_script("window.scrollTo(0, 0)")
