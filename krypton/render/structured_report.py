@@ -70,15 +70,12 @@ def strongest_cell(heatmap) -> tuple[tuple[int, ...], float]:
     return tuple(int(i) for i in index), float(drops[index])
 
 
-def _sides(value, rank: int) -> tuple[int, ...]:
-    sides = tuple(int(v) for v in value) if isinstance(value, (tuple, list)) else (int(value),)
-    return sides * rank if len(sides) == 1 else sides
-
-
 def image_region(heatmap, input_size: Sequence[int], source) -> Region:
     """The strongest cell of an image's ``heatmap`` on its DICOM ``source`` (a header
     suffices): the model saw the whole image resized to ``input_size`` (H, W), so the
     cell's corners scale by the source's rows and columns over it."""
+    from .volumes import _sides
+
     (i, j), drop = strongest_cell(heatmap)
     height, width = (int(v) for v in input_size)
     patch_h, patch_w = _sides(heatmap.patch, 2)
@@ -96,7 +93,8 @@ def volume_region(heatmap, voxel_affine: np.ndarray, slices: Sequence) -> Region
     placed in the patient by ``voxel_affine`` (the prepared volume's, RAS+), projected
     onto that slice and bounded by its pixels. ``slices``: the source's slices in
     ascending order along their normal (:func:`krypton.render.parametric_map.source_slices`)."""
-    from .parametric_map import RAS_TO_LPS
+    from .parametric_map import RAS_TO_LPS, _normal
+    from .volumes import _sides
 
     (k, i, j), drop = strongest_cell(heatmap)
     sides = _sides(heatmap.patch, 3)
@@ -108,7 +106,7 @@ def volume_region(heatmap, voxel_affine: np.ndarray, slices: Sequence) -> Region
     points = (to_patient[:3, :3] @ box.T).T + to_patient[:3, 3]  # LPS mm, 8 x 3
     centre = points.mean(axis=0)
     cosines = np.asarray(slices[0].ImageOrientationPatient, dtype=np.float64)
-    normal = np.cross(cosines[:3], cosines[3:])
+    normal = _normal(cosines)
     depth = [float(normal @ np.asarray(s.ImagePositionPatient, float)) for s in slices]
     nearest = int(np.argmin(np.abs(np.asarray(depth) - float(normal @ centre))))
     reach = normal @ points.T
