@@ -76,6 +76,7 @@ def test_a_series_stored_in_the_pacs_comes_back_explained_without_a_click(routed
     assert _count(root, study, PARAMETRIC_MAP) == 1
     (row,) = [r for r in node.spool.rows() if r.series == series]
     assert row.state == "done" and "chestct-demo" in row.reason, row
+    assert row.instances == len(datasets)  # counted as they came, each once
     assert not node.spool.series_folder(series).exists()  # cleared once stored
     # Orthanc routes Krypton's own new series too (its rule sees CT): they are skipped,
     # and the study holds one result

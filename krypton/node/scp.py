@@ -20,7 +20,6 @@ captures and the finding's Structured Report) back in its study over DICOMweb.
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
@@ -121,16 +120,14 @@ class Node:
                            "node explains", caller, sop_class)  # fmt: skip
             return REFUSED_CLASS
         try:
-            dataset = event.dataset
-            dataset.file_meta = event.file_meta
+            dataset = event.dataset  # decoded for its UIDs; the bytes kept are those sent
             series, study = str(dataset.SeriesInstanceUID), str(dataset.StudyInstanceUID)
             sop, modality = str(dataset.SOPInstanceUID), str(dataset.get("Modality", ""))
-            buffer = io.BytesIO()
-            dataset.save_as(buffer, enforce_file_format=True)
         except Exception as exc:  # a malformed instance: its reason, and serve on
             logger.warning("refused a malformed instance from %s: %s", caller, exc)
             return CANNOT_UNDERSTAND
-        refused = self.spool.receive(buffer.getvalue(), series, study, sop, modality, caller)
+        sent = event.encoded_dataset()  # the file as sent: preamble, meta, data set
+        refused = self.spool.receive(sent, series, study, sop, modality, caller)
         if refused:
             logger.warning("refused an instance of series %s from %s: %s", series, caller, refused)
             return OUT_OF_RESOURCES

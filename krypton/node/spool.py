@@ -95,17 +95,20 @@ class Spool:
                     f"the spool is full: {self.used_bytes() / 2**20:.0f} MB of its "
                     f"{self.quota_bytes / 2**20:.0f} MB quota held"
                 )
+            folder = self.series_folder(series)
             if state is None or state.state in ("failed", "skipped"):  # delivered again
                 state = SeriesState(series, study, modality, caller)
+                held = list(folder.glob("*.dcm"))  # a failed series' files stay: counted once
+                state.instances, state.size = len(held), sum(p.stat().st_size for p in held)
                 self._series[series] = state
-            folder = self.series_folder(series)
             folder.mkdir(parents=True, exist_ok=True)
             target = folder / f"{sop}.dcm"
+            replaced = target.stat().st_size if target.exists() else None  # sent again
             temporary = folder / f".{sop}.part"
             temporary.write_bytes(dataset_bytes)
             os.replace(temporary, target)  # never half an instance under its name
-            state.instances = len(list(folder.glob("*.dcm")))
-            state.size = sum(p.stat().st_size for p in folder.glob("*.dcm"))
+            state.instances += replaced is None
+            state.size += len(dataset_bytes) - (replaced or 0)
             state.last_received, state.state, state.updated = time.time(), "receiving", time.time()
             self._write()
             return ""
