@@ -159,20 +159,28 @@ return Array.from(document.querySelectorAll('[data-cy="study-browser-thumbnail-n
 """
 
 
-def _fused_map(browser, viewer_url: str, study: str) -> dict:  # noqa: F811
-    """Open ``study`` in OHIF, double-click its map, and OHIF's volume of it once
-    loaded: dimensions, spacing, origin, direction, the slices holding its maximum, and
-    the viewport's coloured pixels before (the CT alone: gray)."""
+def _opened_study(browser, viewer_url: str, study: str, label: str):
+    """Open ``study`` in OHIF and wait until its viewport is up and the study browser
+    lists an entry whose text holds ``label``: (what finds that entry again, the
+    deadline of the whole wait, :data:`MAP_TIMEOUT_S` from now)."""
     browser.get(f"{viewer_url}/viewer?StudyInstanceUIDs={study}")
     deadline = time.monotonic() + MAP_TIMEOUT_S
 
     def entry():
-        return browser.execute_script(ENTRY, "PMAP")
+        return browser.execute_script(ENTRY, label)
 
     shown = "return (window.cornerstone?.getEnabledElements?.() || []).length"
     while not (entry() and browser.execute_script(shown)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert entry() is not None, "OHIF lists no PMAP entry for the study"
+    assert entry() is not None, f"OHIF lists no {label} entry for the study"
+    return entry, deadline
+
+
+def _fused_map(browser, viewer_url: str, study: str) -> dict:  # noqa: F811
+    """Open ``study`` in OHIF, double-click its map, and OHIF's volume of it once
+    loaded: dimensions, spacing, origin, direction, the slices holding its maximum, and
+    the viewport's coloured pixels before (the CT alone: gray)."""
+    entry, deadline = _opened_study(browser, viewer_url, study, "PMAP")
     _skip_tour(browser)
     before = int(browser.execute_script(COLOURED_PIXELS, FAINT))  # the CT alone
     _double_click(browser, entry)
@@ -406,16 +414,7 @@ def _opened_report(browser, viewer_url: str, study: str) -> dict:
     """Open ``study`` in OHIF, double-click Krypton's finding (the SR entry), and what
     OHIF read of it and shows: its measurements (labels, the image each is drawn on),
     the image each viewport shows (its z), and how many annotations are drawn."""
-    browser.get(f"{viewer_url}/viewer?StudyInstanceUIDs={study}")
-    deadline = time.monotonic() + MAP_TIMEOUT_S
-
-    def entry():
-        return browser.execute_script(ENTRY, "Krypton finding")
-
-    shown = "return (window.cornerstone?.getEnabledElements?.() || []).length"
-    while not (entry() and browser.execute_script(shown)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert entry() is not None, "OHIF lists no entry for Krypton's finding"
+    entry, deadline = _opened_study(browser, viewer_url, study, "Krypton finding")
     read, clicked = None, -math.inf
     while time.monotonic() < deadline:
         if time.monotonic() - clicked > 10.0:  # the first-visit tour, once the viewport
