@@ -54,7 +54,7 @@ def run_node(args: argparse.Namespace) -> int:
 
     from ..node import Node, NodeSettings, Spool
     from ..pacs.dicomweb import PacsError
-    from .pacs import _pacs
+    from .pacs import configured_pacs
 
     spool = Path(args.spool or _spool_default())
     if args.action == "status":
@@ -68,7 +68,7 @@ def run_node(args: argparse.Namespace) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        pacs = _pacs()  # where results go: KRYPTON_DICOMWEB_URL and its sign-in
+        pacs = configured_pacs()  # where results go: KRYPTON_DICOMWEB_URL and its sign-in
     except PacsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ __all__ = [
     "add_pacs_parser",
     "add_pacs_source_options",
     "run_pacs",
+    "configured_pacs",
     "run_explain_pacs",
     "run_batch_pacs",
 ]
@@ -92,7 +93,9 @@ def add_pacs_source_options(parser: argparse.ArgumentParser, *, batch: bool) -> 
     )  # fmt: skip
 
 
-def _pacs(url: str | None = None):
+def configured_pacs(url: str | None = None):
+    """The PACS the environment names (``url`` in its place where given), connected;
+    PacsError naming the setting where none is configured."""
     environ = dict(os.environ)
     if url:
         environ["KRYPTON_DICOMWEB_URL"] = url
@@ -105,7 +108,7 @@ def _pacs(url: str | None = None):
 def run_pacs(args: argparse.Namespace) -> int:
     """List studies or series, one per line."""
     try:
-        pacs = _pacs()
+        pacs = configured_pacs()
         if args.pacs_command == "studies":
             dates = None
             if args.dates:
@@ -171,7 +174,7 @@ def run_explain_pacs(
     from .volumes import is_volume_model
 
     try:
-        pacs = _pacs(args.dicomweb)
+        pacs = configured_pacs(args.dicomweb)
         study, series = _source(args, pacs)
         with tempfile.TemporaryDirectory(prefix="krypton-pacs-") as folder:
             if args.model and not is_volume_model(args.model):
@@ -285,7 +288,7 @@ def run_batch_pacs(
         print("error: --dicomweb needs --study STUDY_UID", file=sys.stderr)
         return 2
     try:
-        pacs = _pacs(args.dicomweb)
+        pacs = configured_pacs(args.dicomweb)
         model = load()
         options = options_of(args, model)
         bar = tqdm(total=0, unit="series", file=sys.stderr, disable=None)
