@@ -7,7 +7,7 @@
    once the data for the picture on screen has arrived and the request the server
    answered last (IMAGE_ANSWERED, VOLUME_ANSWERED) is the one wanted here.
 
-   A request is named as webapp.panels.image.origin names it: "sample:NAME" or
+   A request is named as webapp.panels.common.origin names it: "sample:NAME" or
    "upload:FILENAME". */
 (function () {
     const HIDDEN = {"display": "none"};

@@ -91,17 +91,16 @@ def image_run_functions(services, session: str = "bench") -> set[tuple[str, str]
     from PIL import Image
 
     from krypton.synthetic.fundus import FundusGenerator
-    from webapp.panels.run import RunPanel
-    from webapp.panels.settings import SettingsPanel
+    from webapp.panels.image import ImagePanel
 
     image = Image.fromarray(FundusGenerator(seed=3).sample(label=1, lesions=1).image)
     record = {"key": services.images.put(image), "name": "fundus.png"}
-    panel = RunPanel(services, None)
+    panel = ImagePanel(services, None)
     settings = ("fundus-demo", 16, 16, "exact", "gray", None, None, (64, 64, 160, 160),
                 0.9, 0.25, 3.0, True, None)  # fmt: skip
 
     def shown(region) -> dict | None:  # what the page's estimate line keeps for Run
-        return SettingsPanel(services).estimate_shown(
+        return ImagePanel(services).estimate_shown(
             "fundus-demo", 16, 16, "exact", region, 0.25, 3.0, None, record, "gray", None
         )[1]
 

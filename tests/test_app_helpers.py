@@ -14,7 +14,7 @@ from webapp import exports, figures, helpers, image_store
 from webapp.helpers import InputError
 from webapp.image_store import ImageStore
 from webapp.jobs import JobCancelled, ThreadedDiskcacheManager, check_cancelled
-from webapp.panels.run import parse_colour
+from webapp.panels.image import parse_colour
 from webapp.runs.cells import order_coarse_to_fine
 from webapp.runs.regions import check_region
 from webapp.runs.request import fill_for_display

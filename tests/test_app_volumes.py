@@ -773,14 +773,17 @@ def test_both_panels_refuse_a_class_their_run_did_not_keep_the_same_way(services
     it was. One switch for both now (webapp.panels.subject_panel): both mark it."""
     from PIL import Image
 
-    from webapp.panels.run import RunPanel
+    from webapp.panels.image import ImagePanel
     from webapp.panels.volume import VolumePanel
 
     picture = services.images.put(Image.new("RGB", (64, 64), (90, 40, 20)))
     image = runs.RunRequest(key=picture, name="p.png", model="fundus-demo", patch=32,
                             stride=32, mode="approximate", fill_rgb=(0.5, 0.5, 0.5))  # fmt: skip
     volume = request(stored(services, nifti_bytes), mode="approximate")
-    for panel, asked in ((RunPanel(services, None), image), (VolumePanel(services, None), volume)):
+    for panel, asked in (
+        (ImagePanel(services, None), image),
+        (VolumePanel(services, None), volume),
+    ):
         result = runs.execute(services, "tab-1", asked, lambda *a: None)
         assert result["class_values"] is None  # approximate mode keeps its own class only
         handle = {"id": result["id"], "provenance": result["provenance"]}
@@ -844,7 +847,7 @@ def test_both_panels_show_their_result_through_one_rule_in_the_same_words(servic
     from PIL import Image
 
     from webapp.helpers import ResultStore
-    from webapp.panels.run import RunPanel
+    from webapp.panels.image import ImagePanel
     from webapp.panels.volume import VolumePanel
     from webapp.runs import DROPPED_RESULT
 
@@ -858,7 +861,7 @@ def test_both_panels_show_their_result_through_one_rule_in_the_same_words(servic
             None, 0.9, 0.25, 2.0, None),
         3: ({"key": volume_key, "name": "chest.nii.gz"}, "ct-test", None, 8, 8, "exact"),
     }  # fmt: skip
-    panels = ((RunPanel(services, None), image), (VolumePanel(services, None), volume))
+    panels = ((ImagePanel(services, None), image), (VolumePanel(services, None), volume))
     for panel, asked in panels:
         result = runs.execute(services, "tab-1", asked, lambda *a: None)
         handle = {"id": result["id"], "provenance": result["provenance"]}
@@ -886,7 +889,7 @@ def test_a_class_box_moved_to_a_kept_class_shows_that_class_not_press_run(servic
     panel now shows the kept run for the class on screen at once."""
     from PIL import Image
 
-    from webapp.panels.run import RunPanel
+    from webapp.panels.image import ImagePanel
     from webapp.panels.volume import VolumePanel
 
     picture = services.images.put(Image.new("RGB", (64, 64), (90, 40, 20)))
@@ -898,7 +901,10 @@ def test_a_class_box_moved_to_a_kept_class_shows_that_class_not_press_run(servic
             None, 0.9, 0.25, 2.0),
         3: ({"key": volume_key, "name": "chest.nii.gz"}, "ct-test", None, 8, 8, "exact"),
     }  # fmt: skip
-    panels = ((RunPanel(services, None), image), (VolumePanel(services, None), request(volume_key)))
+    panels = (
+        (ImagePanel(services, None), image),
+        (VolumePanel(services, None), request(volume_key)),
+    )
     for panel, asked in panels:
         result = runs.execute(services, "tab-1", asked, lambda *a: None)
         handle = {"id": result["id"], "provenance": result["provenance"]}

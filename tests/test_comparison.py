@@ -227,13 +227,13 @@ def test_the_estimate_says_the_gradient_step_comes_on_top_while_compare_is_ticke
     gradient step follows and is not in it (the page did not say, and the run took ~5 s
     more than the line beside Run), for both panels."""
     from webapp import runs
-    from webapp.panels.settings import SettingsPanel
+    from webapp.panels.image import ImagePanel
     from webapp.panels.volume import VolumePanel
 
     monkeypatch.setattr(runs, "host_load", lambda: 0.0)  # one load for both texts
     image = {"key": services.images.put(IMAGE)}
     settings = ("fundus-demo", 16, 8, "exact", None, 0.25, 3.0, None, image, "gray", None)
-    panel = SettingsPanel(services)
+    panel = ImagePanel(services)
     plain, ticked = panel.estimate(*settings), panel.estimate(*settings, ["compare"])
     note = "Grad-CAM and Integrated Gradients for all 3 classes follow"
     assert "The heatmap shows when it is done" in ticked and "6 gradient maps" in ticked

@@ -148,11 +148,11 @@ def test_the_image_panel_says_the_warning_once_on_screen(dicom_result):
     repeated it (2-3 warnings on one screen). The page summary leaves it to the top 5; the
     volume panel, whose summary is the one place its page says it, and every export, keep
     it."""
-    from webapp.panels.run import RunPanel
+    from webapp.panels.image import ImagePanel
     from webapp.panels.volume import VolumePanel
 
     services, result, _ = dicom_result
-    image_summary = str(RunPanel(services, None).summary(result))
+    image_summary = str(ImagePanel(services, None).summary(result))
     assert "p = " in image_summary and "not meaningful" not in image_summary
     assert "not meaningful" in str(VolumePanel(services, None).summary(result))
 

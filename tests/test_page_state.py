@@ -406,7 +406,7 @@ def test_the_model_card_keeps_run_in_view():
 
     from krypton.registry import load_model
     from webapp.model_card import model_card_lines
-    from webapp.panels.settings import model_card
+    from webapp.panels.image.estimate import model_card
 
     loaded = load_model("fundus-demo")
     card = model_card(loaded)

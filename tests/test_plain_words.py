@@ -99,7 +99,7 @@ def _PlotlyEncoder():
 @pytest.mark.parametrize("name", ["fundus-demo", "chestct-slice-demo"])
 def test_the_model_card_says_each_thing_once_in_plain_words(name):
     import krypton
-    from webapp.panels.settings import model_card
+    from webapp.panels.image.estimate import model_card
 
     card = model_card(krypton.load_model(name))
     card = json.loads(json.dumps(card, cls=_PlotlyEncoder()))

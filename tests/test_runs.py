@@ -379,7 +379,7 @@ def test_estimates_follow_the_positions_when_logged_runs_did_not(krypton_home):
 def test_a_run_with_every_cell_cached_is_estimated_at_its_fixed_cost(services, krypton_home):
     """The estimate counted the planned positions, cached or not (51.8 s shown for a run
     that computed nothing); the page now counts the positions left."""
-    from webapp.panels.settings import SettingsPanel
+    from webapp.panels.image import ImagePanel
 
     first = runs.execute(services, "s", request(services), lambda *a: None)
     assert first["evaluated"] == 25
@@ -389,7 +389,7 @@ def test_a_run_with_every_cell_cached_is_estimated_at_its_fixed_cost(services, k
         "fundus-demo", patch=16, stride=8, mode="exact", region=(16, 16, 64, 64), cached=25
     )
     assert cached.seconds == pytest.approx(fixed) and cached.seconds < everything.seconds
-    panel = SettingsPanel(services)
+    panel = ImagePanel(services)
     image = {"key": first["source_key"]}
     text = panel.estimate(
         "fundus-demo", 16, 8, "exact", [16, 16, 64, 64], 0.25, 3.0, None, image, "gray", None
@@ -404,13 +404,13 @@ def test_a_run_with_every_cell_cached_is_estimated_at_its_fixed_cost(services, k
 def test_the_estimate_counts_the_grid_the_run_will_snap_to(services, krypton_home):
     """The estimate counted the region as drawn (49 positions) while the run computed the
     grid snapped onto the last run's (36): it now counts what the run will compute."""
-    from webapp.panels.settings import SettingsPanel
+    from webapp.panels.image import ImagePanel
 
     first = runs.execute(services, "s", request(services), lambda *a: None)
     image = {"key": first["source_key"]}
     moved = request(services, region=(19, 21, 83, 85))  # 3 px and 5 px off the grid
     planned = runs.plan_run(services, moved)
-    text = SettingsPanel(services).estimate(
+    text = ImagePanel(services).estimate(
         "fundus-demo", 16, 8, "exact", [19, 21, 83, 85], 0.25, 3.0, None, image, "gray", None
     )
     second = runs.execute(services, "s", moved, lambda *a: None)
@@ -423,12 +423,12 @@ def test_the_estimate_counts_the_grid_the_run_will_snap_to(services, krypton_hom
 def test_the_naive_figure_is_naives_own_estimate_of_its_own_positions(services, krypton_home):
     """'(naive ≈ 0.0 s)' beside a run whose exact cells were all known: naive keeps cells
     of its own, so its figure is naive's estimate for every position it would compute."""
-    from webapp.panels.settings import SettingsPanel
+    from webapp.panels.image import ImagePanel
 
     first = runs.execute(services, "s", request(services), lambda *a: None)
     for positions, seconds in ((25, 5.0), (49, 9.0), (100, 18.0)):
         record_run("fundus-demo", "naive", 16, (positions, 0), seconds)
-    panel = SettingsPanel(services)
+    panel = ImagePanel(services)
     image = {"key": first["source_key"]}
     text = panel.estimate(
         "fundus-demo", 16, 8, "exact", [0, 0, 64, 64], 0.25, 3.0, None, image, "gray", None
@@ -534,13 +534,13 @@ def test_a_run_keeps_the_estimate_the_page_showed_and_does_not_estimate_again(
     runtime log could differ from what the user saw. It keeps the page's estimate where
     its plan is the same, and estimates itself only where it is not (settings changed
     since, or a caller that showed none)."""
-    from webapp.panels.settings import SettingsPanel
+    from webapp.panels.image import ImagePanel
 
     run = request(services, region=(16, 16, 80, 80))
     image = {"key": run.key}
     settings = ("fundus-demo", 16, 8, "exact", [16, 16, 80, 80], 0.25, 3.0, None, image,
                 "gray", None)  # fmt: skip
-    text, shown = SettingsPanel(services).estimate_shown(*settings)
+    text, shown = ImagePanel(services).estimate_shown(*settings)
     assert shown["for"][-2:] == [49, 0] and "for 49 positions" in text
 
     def estimated_again(*args, **kwargs):
@@ -617,7 +617,7 @@ def test_the_road_from_the_click_to_the_kept_result_is_at_most_50_functions(serv
         ("webapp/jobs.py", "RunLifecycle.start"),
         ("webapp/image_store.py", "check_stored_key"),  # the image store's own
         ("webapp/layout.py", "placeholder_figure"),  # the first live picture: built once
-        ("webapp/panels/run.py", "parse_colour"),  # beside the request it is parsed for
+        ("webapp/panels/image/result.py", "parse_colour"),  # beside the request it is parsed for
     }
     assert not gone & functions, sorted(functions)
 

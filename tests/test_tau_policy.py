@@ -77,7 +77,7 @@ def test_localisation_metric():
 
 def test_model_card_states_the_tuned_tau_and_its_localisation():
     import krypton
-    from webapp.panels.settings import model_card as _model_card
+    from webapp.panels.image.estimate import model_card as _model_card
 
     loaded = krypton.load_model("fundus-demo")
     card = str(_model_card(loaded))

@@ -26,7 +26,7 @@ from krypton.cli import build_parser, explain_options
 from krypton.synthetic.fundus import FundusGenerator
 from webapp import helpers, runs
 from webapp.cluster import Cluster
-from webapp.panels.run import parse_colour
+from webapp.panels.image import parse_colour
 from webapp.runs.subjects import normalised_fill
 from webapp.services import Services
 from webapp.team import PREFIX, RedisImageStore, RedisResultStore

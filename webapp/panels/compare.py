@@ -2,7 +2,7 @@
 class on screen (three maps over an image, or a row of three linked views per method for
 a volume), each on its own colour scale, with how alike they rank the cells and the time
 each took. It draws what a run with Compare ticked kept (webapp.comparison); the run
-itself is the page's one Run (panels.run, panels.volume). A sample's Compare button loads
+itself is the page's one Run (panels.image, panels.volume). A sample's Compare button loads
 the sample and presses Run once the page shows its prediction."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ a component owns its ids and its callbacks). :class:`SubjectPanel` registers, on
 both panels, what every panel does with a run: its Run strip (queue, progress, live
 picture, Cancel), its kept result shown only beside what it explains (the summary, which
 downloads are offered, and the kind's picture of it), another class of it, and its
-downloads. A panel kind — the image panel (:class:`webapp.panels.run.RunPanel`) or the
+downloads. A panel kind — the image panel (:class:`webapp.panels.image.ImagePanel`) or the
 volume panel (:class:`webapp.panels.volume.VolumePanel`) — supplies only what differs:
 its scope and rank, the controls its request is read from and the request with its live
 picture (:meth:`SubjectPanel.prepare`), what on screen a result must match
@@ -40,7 +40,7 @@ class SubjectPanel:
     # prediction beside the picture says it (the image panel's top 5)
     summary_warns: bool = True
 
-    def __init__(self, services: Services, manager):
+    def __init__(self, services: Services, manager=None):
         self.services = services
         self.manager = manager
         self.result = self.scope.result  # the store a Compare run's early handles go to

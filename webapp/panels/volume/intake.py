@@ -4,25 +4,55 @@ client's intake (webapp.services.Services.intake) and kept for the tab."""
 
 from __future__ import annotations
 
-from dash import ctx, no_update
+from dash import ClientsideFunction, Input, Output, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from .. import pacs
-from ..helpers import InputError, owner_tag
-from ..panel_scope import VOLUME_PANEL
-from ..runs import volumes
-from ..services import Services
-from ..volume_layout import volume_sample_path
-from .common import origin
+from ... import ids, pacs
+from ...helpers import InputError, owner_tag
+from ...panel_scope import VOLUME_PANEL
+from ...runs import volumes
+from ...services import Services
+from ...volume_layout import volume_sample_path
+from ..common import hide_at_click, origin, register_intake
 
 __all__ = ["VolumeIntake"]
 
 
 class VolumeIntake:
-    """The volume panel's reading of a volume (webapp.panels.volume.VolumePanel is one):
+    """The volume panel's reading of a volume (a part of :class:`webapp.panels.volume.VolumePanel`):
     each returns (the page's record, no region, a message, what is pending)."""
 
     services: Services
+
+    def register_intake_callbacks(self, app) -> None:
+        """Attach the intake's callbacks to ``app``: an upload or a sample read, and the
+        panel's binding to what was read."""
+        register_intake(app, VOLUME_PANEL, "volume", self.load_volume)
+        self._register_binding(app)
+
+    def _register_binding(self, app) -> None:
+        """The image panel's binding for volumes (assets/binding.js): a sample's button, a
+        file or another model hides the description, the class box, the estimate and the
+        summary and disables Run at the click; they come back once the volume answered is
+        the one wanted and the panel has described it."""
+        hidden = [ids.VOLUME_INFO, VOLUME_PANEL.label, VOLUME_PANEL.strip.estimate,
+                  VOLUME_PANEL.summary, VOLUME_PANEL.result_area]  # fmt: skip
+        hide_at_click(app, VOLUME_PANEL, hidden)
+        app.clientside_callback(
+            ClientsideFunction("krypton_binding", "showVolume"),
+            Output(ids.VOLUME_INFO, "style"),
+            Output(VOLUME_PANEL.label, "style"),
+            Output(VOLUME_PANEL.strip.estimate, "style"),
+            Output(VOLUME_PANEL.summary, "style"),
+            Output(VOLUME_PANEL.strip.run, "disabled"),
+            Input(ids.VOLUME_INFO, "children"),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.strip.busy, "data"),
+            Input(VOLUME_PANEL.wanted, "data"),
+            Input(VOLUME_PANEL.answered, "data"),
+            Input(VOLUME_PANEL.strip.estimate, "children"),
+            Input(VOLUME_PANEL.summary, "children"),
+        )
 
     def load_volume(self, ticket, sample_clicks, compare_clicks, session):
         """An uploaded volume or a sample (:meth:`upload_volume`, :meth:`sample_volume`)."""

@@ -1,58 +1,27 @@
-"""The volume panel: a CT or MR volume in three linked views, a 3-D region, its run (the
-subject panel's strip: a background job with progress, live picture and cancel), its
-estimate. How a volume is read is webapp.panels.volume_intake's; its kept result (which
-one is shown, Compare, its files) webapp.panels.volume_result's; the summary is the
-subject panel's. The run and everything it decides
-is webapp.runs, as an image's; the figures webapp.volume_views."""
+"""The volume kind's views: three linked views of a CT or MR volume through one crosshair,
+the region boxed on them, the crosshair moved to a result's strongest cell, and the live
+picture of a run (the image kind has one picture: webapp.panels.image.intake draws it).
+The figures are webapp.volume_views'."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-
 import numpy as np
-from dash import ALL, ClientsideFunction, Input, Output, State, ctx, no_update
+from dash import ALL, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from krypton.registry import available_models
 from krypton.render.volumes import VIEWS, voxel_values
 
-from .. import comparison, ids, runs, volume_views
-from ..helpers import InputError
-from ..layout import placeholder_figure
-from ..panel_scope import VOLUME_PANEL
-from ..path_budget import chosen_budget
-from ..runs import volumes
-from ..volume_layout import VOLUME_EXPORTS
-from .common import hide_at_click, register_intake
-from .run_strip import Prepared, register_estimate, values
-from .subject_panel import SubjectPanel
-from .volume_intake import VolumeIntake
-from .volume_result import VolumeResult, volume_request, whole_voxels
+from ... import ids, runs, volume_views
+from ...helpers import InputError
+from ...layout import placeholder_figure
+from ...panel_scope import VOLUME_PANEL
+from ...runs import volumes
+from ...services import Services
 
-logger = logging.getLogger("krypton.app")
+__all__ = ["VolumeViews", "live_views", "GRAPHS", "SLIDERS", "VOLUME_SETTINGS"]
+
 GRAPHS = [graph for _, graph, _ in ids.VOLUME_GRAPHS]  # in VIEWS' order
 SLIDERS = [slider for _, _, slider in ids.VOLUME_GRAPHS]
-
-
-def volume_model_options() -> list[dict]:
-    """The volume models (unavailable ones disabled, with why)."""
-    return [
-        {
-            "label": info.name if info.available else f"{info.name} (unavailable)",
-            "value": info.name,
-            "disabled": not info.available,
-            "title": info.description if info.available else f"{info.reason}; fix: {info.fix}",
-        }
-        for info in available_models()
-        if info.is_volume
-    ]
-
-
-def default_volume_model() -> str | None:
-    options = [o for o in volume_model_options() if not o["disabled"]]
-    return options[0]["value"] if options else None
-
 
 # The panel's run settings a shown result must match (with the volume, model and region).
 VOLUME_SETTINGS = [
@@ -63,17 +32,13 @@ VOLUME_SETTINGS = [
 ]
 
 
-class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
-    """The volume panel as a :class:`SubjectPanel`: its request from the cube, stride,
-    mode, class, region and crosshair, its live views, its files; and its own callbacks:
-    the intake, the three linked views, the region, the estimate and the Compare rows."""
+class VolumeViews:
+    """The volume panel's views (a part of :class:`webapp.panels.volume.VolumePanel`)."""
 
-    scope, rank = VOLUME_PANEL, 3
-    export_formats = tuple(fmt for _, fmt, _ in VOLUME_EXPORTS)
+    services: Services
 
-    def register_own(self, app) -> None:
-        """Attach the panel's own callbacks to ``app``."""
-        register_intake(app, VOLUME_PANEL, "volume", self.load_volume)
+    def register_views_callbacks(self, app) -> None:
+        """Attach the views' callbacks to ``app``."""
         app.callback(
             *[Output(s, "max") for s in SLIDERS],
             *[Output(s, "value", allow_duplicate=True) for s in SLIDERS],
@@ -122,15 +87,6 @@ class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
             State(ids.SESSION, "data"),
             prevent_initial_call=True,
         )(self.draw_views)
-        register_estimate(
-            app, VOLUME_PANEL, self.estimate_shown,
-            Input(VOLUME_PANEL.result, "data"),  # a finished run is one more to learn from
-            Input(VOLUME_PANEL.compare, "value"),
-            State(VOLUME_PANEL.store, "data"),
-            State(ids.SESSION, "data"),
-            Input(VOLUME_PANEL.compare_steps, "value"),
-        )  # fmt: skip
-        self._register_binding(app)
         # A new volume or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server (as the image panels' does).
         # The views, the summary and the downloads go at once too: until the server has
@@ -156,51 +112,6 @@ class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
             Input(VOLUME_PANEL.model, "value"),
             prevent_initial_call=True,
         )
-        app.callback(
-            Output(VOLUME_PANEL.compare_panel, "children"),
-            Input(VOLUME_PANEL.result, "data"),
-            Input(VOLUME_PANEL.store, "data"),
-            Input(VOLUME_PANEL.model, "value"),
-            Input(VOLUME_PANEL.region, "data"),
-            *[Input(s, "value") for s in SLIDERS],
-            Input(ids.VOLUME_WINDOW, "value"),
-            *VOLUME_SETTINGS,
-            State(ids.SESSION, "data"),
-        )(self.compare_rows)
-
-    def _register_binding(self, app) -> None:
-        """The image panel's binding for volumes (assets/binding.js): a sample's button, a
-        file or another model hides the description, the class box, the estimate and the
-        summary and disables Run at the click; they come back once the volume answered is
-        the one wanted and the panel has described it."""
-        hidden = [ids.VOLUME_INFO, VOLUME_PANEL.label, VOLUME_PANEL.strip.estimate,
-                  VOLUME_PANEL.summary, VOLUME_PANEL.result_area]  # fmt: skip
-        hide_at_click(app, VOLUME_PANEL, hidden)
-        app.clientside_callback(
-            ClientsideFunction("krypton_binding", "showVolume"),
-            Output(ids.VOLUME_INFO, "style"),
-            Output(VOLUME_PANEL.label, "style"),
-            Output(VOLUME_PANEL.strip.estimate, "style"),
-            Output(VOLUME_PANEL.summary, "style"),
-            Output(VOLUME_PANEL.strip.run, "disabled"),
-            Input(ids.VOLUME_INFO, "children"),
-            Input(VOLUME_PANEL.store, "data"),
-            Input(VOLUME_PANEL.strip.busy, "data"),
-            Input(VOLUME_PANEL.wanted, "data"),
-            Input(VOLUME_PANEL.answered, "data"),
-            Input(VOLUME_PANEL.strip.estimate, "children"),
-            Input(VOLUME_PANEL.summary, "children"),
-        )
-
-    def run_settings(self) -> list[State]:
-        return [
-            *values(VOLUME_PANEL.patch, VOLUME_PANEL.stride, VOLUME_PANEL.mode, VOLUME_PANEL.label),
-            State(VOLUME_PANEL.region, "data"),
-            *values(*SLIDERS, VOLUME_PANEL.compare, VOLUME_PANEL.compare_layer,
-                    VOLUME_PANEL.compare_steps),
-        ]  # fmt: skip
-
-    # -- viewing ---------------------------------------------------------------------------
 
     def show_volume(self, record, model, session):
         """A new volume or model: the sliders' range and the crosshair at the centre, what
@@ -331,72 +242,6 @@ class VolumePanel(VolumeIntake, VolumeResult, SubjectPanel):
         )
         return (*figures, text)
 
-    def estimate(self, model, patch, stride, mode, region, _handle, compare=None,
-                 record=None, session=None, steps=None):  # fmt: skip
-        """The positions the settings make, how many of them are known already (the run
-        reuses them: webapp.runs.plan_run, as the run plans itself), and how long the
-        rest should take here (with Compare ticked, that its gradient step comes on
-        top)."""
-        return self.estimate_shown(
-            model, patch, stride, mode, region, _handle, compare, record, session, steps
-        )[0]
-
-    def estimate_shown(self, model, patch, stride, mode, region, _handle, compare=None,
-                       record=None, session=None, steps=None):  # fmt: skip
-        """(:meth:`estimate`'s line, the estimate as the run strip keeps it for Run:
-        webapp.runs.shown_estimate, or None)."""
-        if not model:
-            return "", None
-        try:
-            loaded = self.services.model(model, rank=3)
-            patch, stride = whole_voxels(patch, "cube"), whole_voxels(stride, "stride")
-        except InputError as exc:
-            return str(exc), None
-        asked, known = None, 0
-        if record:
-            try:
-                asked = volume_request(record, model, patch, stride, mode, None, region)
-                if mode in ("exact", "naive"):
-                    planned = runs.plan_run(self.services, asked, str(session or ""))
-                    region, known = planned.region, planned.known  # the run's own grid
-            except (InputError, ValueError, KeyError):
-                asked, known = None, 0  # the line below says what is wrong
-        load = runs.host_load()  # sampled once for the line
-        text, found, positions = volumes.volume_estimate_found(
-            model, loaded.input_size, patch, stride, mode, region, load, known
-        )
-        shown = None
-        if asked is not None and positions:
-            region = tuple(region) if region else None
-            planned = runs.PlannedRun(region, positions, min(known, positions))
-            shown = runs.shown_estimate(asked, planned, found)
-        if compare:
-            session = str(session or "")
-            try:  # the image panel's rule (webapp.panels.settings): a value not offered
-                if asked is not None:  # leaves the maps left untold, the line standing
-                    asked = dataclasses.replace(asked, compare_steps=chosen_budget(steps))
-            except ValueError:
-                asked = None
-            left = None if asked is None else runs.compare_left(self.services, asked, session)
-            budget = None if asked is None else asked.compare_steps
-            text = f"{text}. {comparison.estimate_note(loaded, load, left, budget)}"
-        return text, shown
-
-    # -- running ---------------------------------------------------------------------
-
-    def prepare(self, session: str, record, model: str, patch, stride, mode, label, region,
-                z, y, x, compare=None, layer=None, steps=None, shown=None) -> Prepared:  # fmt: skip
-        """One volume run of the panel's controls, with its live views through the
-        crosshair; ``shown``: the estimate the panel showed."""
-        if not record:
-            raise InputError("load a volume first")
-        request = volume_request(record, model, patch, stride, mode, label, region, compare, layer)
-        request = dataclasses.replace(request, estimate=shown, compare_steps=chosen_budget(steps))
-        prepared = self._prepared(record, model, session)
-        cursor = tuple(int(v) for v in (z, y, x))
-        classes = list(self.services.model(model, rank=3).classes)
-        return Prepared(request, live_views(prepared, cursor), classes)
-
 
 def _view_of(trigger) -> str | None:
     for view, graph, _ in ids.VOLUME_GRAPHS:
@@ -422,6 +267,3 @@ def live_views(prepared, cursor):
         )
 
     return draw
-
-
-__all__ = ["VolumePanel", "volume_model_options", "default_volume_model"]

@@ -5,27 +5,60 @@ subject panel's (webapp.panels.subject_panel), one for both panels."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-from dash import dcc, html
+from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from krypton.render.volumes import heatmap_nifti
 
-from .. import comparison, runs, volume_views
-from ..exports import export_stem
-from ..helpers import InputError
-from ..panel_scope import VOLUME_PANEL
-from ..runs import volumes
-from ..services import Services
-from .compare import volume_compare_view
+from ... import comparison, ids, runs, volume_views
+from ...exports import export_stem
+from ...helpers import InputError
+from ...panel_scope import VOLUME_PANEL
+from ...path_budget import chosen_budget
+from ...runs import volumes
+from ...services import Services
+from ..compare import volume_compare_view
+from ..run_strip import Prepared
+from .views import SLIDERS, VOLUME_SETTINGS, live_views
 
 __all__ = ["VolumeResult", "volume_request", "whole_voxels"]
 
 
 class VolumeResult:
-    """The volume panel's result callbacks (webapp.panels.volume.VolumePanel is one)."""
+    """The volume panel's result callbacks (a part of :class:`webapp.panels.volume.VolumePanel`)."""
 
     services: Services
+
+    def register_result_callbacks(self, app) -> None:
+        """Attach the result's own callbacks to ``app`` (beside the subject panel's): the
+        Compare rows through the crosshair."""
+        app.callback(
+            Output(VOLUME_PANEL.compare_panel, "children"),
+            Input(VOLUME_PANEL.result, "data"),
+            Input(VOLUME_PANEL.store, "data"),
+            Input(VOLUME_PANEL.model, "value"),
+            Input(VOLUME_PANEL.region, "data"),
+            *[Input(s, "value") for s in SLIDERS],
+            Input(ids.VOLUME_WINDOW, "value"),
+            *VOLUME_SETTINGS,
+            State(ids.SESSION, "data"),
+        )(self.compare_rows)
+
+    def prepare(self, session: str, record, model: str, patch, stride, mode, label, region,
+                z, y, x, compare=None, layer=None, steps=None, shown=None) -> Prepared:  # fmt: skip
+        """One volume run of the panel's controls, with its live views through the
+        crosshair; ``shown``: the estimate the panel showed."""
+        if not record:
+            raise InputError("load a volume first")
+        request = volume_request(record, model, patch, stride, mode, label, region, compare, layer)
+        request = dataclasses.replace(request, estimate=shown, compare_steps=chosen_budget(steps))
+        prepared = self._prepared(record, model, session)
+        cursor = tuple(int(v) for v in (z, y, x))
+        classes = list(self.services.model(model, rank=3).classes)
+        return Prepared(request, live_views(prepared, cursor), classes)
 
     def _prepared(self, record: dict, model: str, session: str):
         return self.services.prepared_volume(

@@ -1,10 +1,10 @@
-"""The image panel as a :class:`webapp.panels.subject_panel.SubjectPanel`: its request from
-the page's controls, its live picture over the image, its heatmap and Compare view of a
-kept result, its downloads and the rule that shows a result only beside what it explains.
-The strip around a run (Run, Cancel, the queue place, the progress bar with the time
-left), the summary, another class and the download callback are the subject panel's, one
-for both panels. The run itself is webapp.runs.execute (no browser needed); its states
-are webapp.jobs.RunLifecycle."""
+"""The image kind's result: its request from the page's controls, its live picture over
+the image, its heatmap and Compare view of a kept result, its downloads and the rule that
+shows a result only beside what it explains (the volume kind's:
+webapp.panels.volume.result). The strip around a run (Run, Cancel, the queue place, the
+progress bar with the time left), the summary, another class and the download callback
+are webapp.panels.subject_panel's, one for both kinds. The run itself is
+webapp.runs.execute (no browser needed); its states are webapp.jobs.RunLifecycle."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ import re
 
 from dash import Input, Output, State, dcc
 
-from .. import comparison, exports, figures, helpers, ids, model_card, runs
-from ..layout import EXPORTS, placeholder_figure
-from ..panel_scope import IMAGE_PANEL
-from ..path_budget import chosen_budget
-from ..services import Services
-from .common import SCREEN_INPUTS
-from .compare import image_compare_view
-from .run_strip import Prepared, values
-from .subject_panel import SubjectPanel
+from ... import comparison, exports, figures, helpers, ids, model_card, runs
+from ...layout import placeholder_figure
+from ...panel_scope import IMAGE_PANEL
+from ...path_budget import chosen_budget
+from ...services import Services
+from ..common import SCREEN_INPUTS
+from ..compare import image_compare_view
+from ..run_strip import Prepared, values
 
 # The Run callback's outputs: the result's handle and the message (team mode's manager
 # answers with a message alone when the queue or the workers are gone). The panel shows
@@ -36,15 +35,12 @@ def waiting_progress(text: str) -> list:
     return ["0", "1", placeholder_figure(text), text]
 
 
-class RunPanel(SubjectPanel):
-    """The image panel as a :class:`SubjectPanel`: its request from the page's controls,
-    its live picture over the image, and its downloads (each only while the screen shows
-    what the result explains)."""
+class ImageResult:
+    """The image panel's run and result (a part of :class:`webapp.panels.image.ImagePanel`):
+    its request from the page's controls, its live picture over the image, and its
+    downloads (each only while the screen shows what the result explains)."""
 
-    scope, rank = IMAGE_PANEL, 2
-    export_formats = tuple(fmt for _, fmt, _ in EXPORTS)
-    hidden_while_running = (ids.RESULT_PANEL_BODY, IMAGE_PANEL.compare_panel)
-    summary_warns = False  # the top 5 beside the picture carries the warning, once
+    services: Services
 
     def run_settings(self) -> list[State]:
         return [
@@ -57,7 +53,8 @@ class RunPanel(SubjectPanel):
             *values(IMAGE_PANEL.compare, IMAGE_PANEL.compare_layer, IMAGE_PANEL.compare_steps),
         ]  # fmt: skip
 
-    def register_own(self, app) -> None:
+    def register_result_callbacks(self, app) -> None:
+        """Attach the result's own callbacks to ``app`` (beside the subject panel's)."""
         # A new image or model: the live picture of the run it stops goes at once, in the
         # browser, before any answer from the server.
         # The Compare view of the old image goes with it.

@@ -1,5 +1,6 @@
-"""The image panel: loading an image (upload or sample), a DICOM file's window and frame,
-the picture the model sees and the region the user selects on it."""
+"""The image kind's intake: loading an image (upload, sample or PACS), a DICOM file's window
+and frame, the picture the model sees and the region the user selects on it (the volume
+kind's: webapp.panels.volume.intake)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,24 @@ from dash.exceptions import PreventUpdate
 
 from krypton.registry import available_models, model_for_modality
 
-from .. import figures, helpers, ids, pacs
-from ..client import request_client
-from ..helpers import InputError
-from ..layout import placeholder_figure
-from ..panel_scope import IMAGE_PANEL
-from ..samples import DICOM_SAMPLES, SAMPLE_MODALITIES, sample_path
-from ..services import Services
-from .common import hide_at_click, origin, register_intake
+from ... import figures, helpers, ids, pacs
+from ...client import request_client
+from ...helpers import InputError
+from ...layout import placeholder_figure
+from ...panel_scope import IMAGE_PANEL
+from ...samples import DICOM_SAMPLES, SAMPLE_MODALITIES, sample_path
+from ...services import Services
+from ..common import hide_at_click, origin, register_intake
 
 
-class ImagePanel:
-    """Callbacks of the image panel; ``services`` holds the stored images and models."""
+class ImageIntake:
+    """The image panel's intake callbacks (a part of :class:`webapp.panels.image.ImagePanel`);
+    ``services`` holds the stored images and models."""
 
-    def __init__(self, services: Services):
-        self.services = services
+    services: Services
 
-    def register(self, app) -> None:
-        """Attach the panel's callbacks to ``app``."""
+    def register_intake_callbacks(self, app) -> None:
+        """Attach the intake's callbacks to ``app``."""
         dicom = (Output(ids.WINDOW_PRESET, "value"), Output(ids.DICOM_FRAME, "max"),
                  Output(ids.DICOM_FRAME, "value"),
                  Output(IMAGE_PANEL.model, "value", allow_duplicate=True))  # fmt: skip
@@ -101,7 +102,7 @@ class ImagePanel:
         (webapp.samples.SAMPLE_MODALITIES), decides (krypton.registry.model_for_modality);
         an uploaded picture says nothing of itself and keeps the model. The choice is
         kept in ``image_data`` for the page to say (the DICOM panel, or the model card
-        beside a picture: panels.settings)."""
+        beside a picture: panels.image.estimate)."""
         if not isinstance(image_data, dict):  # refused: the message says why
             return None
         record = image_data.get("dicom")

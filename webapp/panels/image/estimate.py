@@ -1,5 +1,6 @@
-"""The settings panel: the model's card and prediction (top 5, the class to explain), the
-patch, stride, mode and colour controls, the overlay controls and the runtime estimate."""
+"""The image kind's settings and estimate: the model's card and prediction (top 5, the
+class to explain), the patch, stride, mode and colour controls, the overlay controls and
+the runtime estimate (the volume kind's: webapp.panels.volume.estimate)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,25 @@ from dash.exceptions import PreventUpdate
 import krypton
 from krypton.io.images import plain_reason
 
-from .. import comparison, ids, runs, wording
-from ..helpers import InputError
-from ..layout import patch_options
-from ..model_card import model_card_lines, ood_text
-from ..panel_scope import IMAGE_PANEL, mode_options
-from ..path_budget import chosen_budget
-from ..services import Services
-from .run import parse_colour
-from .run_strip import register_estimate
+from ... import comparison, ids, runs, wording
+from ...helpers import InputError
+from ...layout import patch_options
+from ...model_card import model_card_lines, ood_text
+from ...panel_scope import IMAGE_PANEL, mode_options
+from ...path_budget import chosen_budget
+from ...services import Services
+from ..run_strip import register_estimate
+from .result import parse_colour
 
 
-class SettingsPanel:
-    """Callbacks of the settings panel; ``services`` holds models and stored images."""
+class ImageEstimate:
+    """The image panel's settings callbacks (a part of :class:`webapp.panels.image.ImagePanel`);
+    ``services`` holds models and stored images."""
 
-    def __init__(self, services: Services):
-        self.services = services
+    services: Services
 
-    def register(self, app) -> None:
-        """Attach the panel's callbacks to ``app``."""
+    def register_settings_callbacks(self, app) -> None:
+        """Attach the settings' and the estimate's callbacks to ``app``."""
         app.callback(
             Output(ids.PREDICTION_STORE, "data"),
             Output(IMAGE_PANEL.label, "options"),
@@ -48,7 +49,7 @@ class SettingsPanel:
         # The prediction, the class list and Run belong to one image and model: shown (and
         # Run enabled, no run of this tab under way) only while the prediction on the page
         # is the one for what is on screen, and the estimate only once the image it counts
-        # is the one on screen. The click hid them all (panels.image, assets/binding.js);
+        # is the one on screen. The click hid them all (panels.image.intake, assets/binding.js);
         # this rule shows them again once the picture, the image it would explain, the
         # prediction and the request last answered all agree.
         app.clientside_callback(
@@ -313,7 +314,7 @@ def overlay_settings(show, view, scale, opacity, threshold):
 
 def with_model_choice(card: html.Div, image_data: dict, model_name: str) -> html.Div:
     """The model card, led by why the model changed where the page chose it for this
-    picture sample (panels.image's model_for; a DICOM file's choice is said in the DICOM
+    picture sample (panels.image.intake's model_for; a DICOM file's choice is said in the DICOM
     panel, beside its modality)."""
     chosen = image_data.get("chosen_model") or {}
     if chosen.get("model") != model_name or image_data.get("dicom"):
