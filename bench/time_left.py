@@ -29,7 +29,7 @@ from PIL import Image
 from krypton.synthetic.fundus import FundusGenerator
 from webapp import runs
 from webapp.jobs import RunLifecycle
-from webapp.panels.run_strip import LIVE_UPDATE_SECONDS
+from webapp.run_strip import LIVE_UPDATE_SECONDS
 from webapp.services import Services
 
 # (mode, stride, region): 100-850 positions each, ~5-60 s beside two burners on 2 cores

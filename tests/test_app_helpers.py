@@ -336,7 +336,7 @@ def helpers_key(data: bytes) -> str:
 
 def test_a_message_in_place_of_a_figure_is_wrapped_inside_the_plot_and_escaped():
     """A long message over a hidden result ran past the plot's edges in one line."""
-    from webapp.layout import PLACEHOLDER_LINE, placeholder_figure
+    from webapp.figures import PLACEHOLDER_LINE, placeholder_figure
 
     message = (
         "This heatmap was computed for another volume, model or setting; press Run to "

@@ -558,7 +558,7 @@ def test_a_run_in_many_calls_checks_out_of_distribution_once(tmp_path, nifti_byt
 def test_cancel_in_the_volume_panel_says_what_it_did(tmp_path):
     """Cancel in the volume panel said nothing (the image panel's said what it did)."""
     from app import create_app
-    from webapp.panels.run_strip import cancelled
+    from webapp.run_strip import cancelled
 
     app = create_app(tmp_path / "cache")
     wired = [
@@ -622,8 +622,8 @@ def test_the_panel_names_the_predicted_class_and_a_run_moves_the_views_to_its_st
 def test_the_volume_run_callback_ends_its_lifecycle_as_the_image_one(monkeypatch, services):
     """The volume panel's Run never called lifecycle.fail or cancel (the image panel's
     does): a refused run left its lifecycle queued or running."""
+    from webapp import run_strip
     from webapp.jobs import Phase, RunLifecycle
-    from webapp.panels import run_strip
     from webapp.panels import volume as volume_panel
 
     made: list[RunLifecycle] = []
@@ -747,7 +747,7 @@ def test_a_volume_run_hands_the_page_the_image_panels_handle_and_send_reads_it(
 ):
     """The volume panel's handle named its source and model, the image panel's its
     provenance, and the PACS Send had a rule for each. Both panels' Run callbacks hand
-    the page one handle now (webapp.panels.run_strip.result_handle), and one Send rule
+    the page one handle now (webapp.run_strip.result_handle), and one Send rule
     reads it: offered for the series the result explains, not for another."""
     from bench.run_path import callback_context
     from webapp.panels.pacs import PacsPanel

@@ -182,10 +182,10 @@ def test_every_name_the_architecture_cites_exists_where_it_says(code):
 
 def test_the_check_finds_a_name_that_drifted(code):
     drifted = (
-        "`export_refusal`, `run_strip.result_handle`, `shown_view`, `webapp/nowhere.py`, "
+        "`export_refusal`, `panel_scope.result_handle`, `shown_view`, `webapp/nowhere.py`, "
         "`records.relabel`, `SubjectPanel.show_result`, `make bench`, `runs.execute`"
     )
     found = problems(drifted, code)
     assert [line.split(":")[0] for line in found] == [
-        "export_refusal", "run_strip.result_handle", "shown_view", "webapp/nowhere.py",
+        "export_refusal", "panel_scope.result_handle", "shown_view", "webapp/nowhere.py",
     ]  # fmt: skip

@@ -616,7 +616,7 @@ def test_the_road_from_the_click_to_the_kept_result_is_at_most_50_functions(serv
         ("webapp/jobs.py", "RunLifecycle.queue"),  # the queue moves the lifecycle
         ("webapp/jobs.py", "RunLifecycle.start"),
         ("webapp/image_store.py", "check_stored_key"),  # the image store's own
-        ("webapp/layout.py", "placeholder_figure"),  # the first live picture: built once
+        ("webapp/figures.py", "placeholder_figure"),  # the first live picture: built once
         ("webapp/panels/image/result.py", "parse_colour"),  # beside the request it is parsed for
     }
     assert not gone & functions, sorted(functions)

@@ -12,6 +12,7 @@ from krypton.io.dicom import WINDOW_PRESETS
 from krypton.registry.models import CALIBRATION_PATCHES, DEFAULT_PATCH, DEFAULT_STRIDE
 
 from . import ids
+from .figures import placeholder_figure
 from .glossary import term_label
 from .model_upload_layout import model_upload
 from .pacs_layout import pacs_search, pacs_send
@@ -193,39 +194,6 @@ def _overlay_controls() -> html.Div:
         ],
         className="overlay-controls",
     )
-
-
-PLACEHOLDER_LINE = 40  # characters: Plotly does not wrap an annotation, so it is wrapped here
-
-
-def placeholder_figure(text: str) -> dict:
-    """An empty panel with a message, instead of bare axes: wrapped into short lines (a long
-    one ran past the edges of the plot, the volume views' narrower still), and escaped, as
-    it may name the user's files."""
-    import html as markup
-    import textwrap
-
-    lines = textwrap.wrap(text, PLACEHOLDER_LINE) or [""]
-    return {
-        "data": [],
-        "layout": {
-            "xaxis": {"visible": False},
-            "yaxis": {"visible": False},
-            "height": 420,
-            "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
-            "annotations": [
-                {
-                    "text": "<br>".join(markup.escape(line) for line in lines),
-                    "showarrow": False,
-                    "xref": "paper",
-                    "yref": "paper",
-                    "x": 0.5,
-                    "y": 0.5,
-                    "font": {"size": 14, "color": "#777"},
-                }
-            ],
-        },
-    }
 
 
 def _image_section(max_image_bytes: int) -> html.Section:

@@ -107,17 +107,3 @@ def hide_at_click(app, panel: PanelScope, hidden: list[str]) -> None:
         Input(panel.ticket, "data"),
         prevent_initial_call=True,
     )
-
-
-def off_while_running(app, busy: str, run: str) -> None:
-    """``run`` goes off as soon as the panel's ``busy`` flag (its Run callback's running
-    output) is set, by a rule of its own: the panel's show rule also listens to the
-    estimate, which the run's result feeds, so Dash holds that rule until the run ends,
-    and with busy alone there Run stayed enabled through every run (pressed, it queued a
-    second run that replaced the first's summary). The show rule turns Run on again."""
-    app.clientside_callback(
-        ClientsideFunction("krypton_binding", "offWhileRunning"),
-        Output(run, "disabled", allow_duplicate=True),
-        Input(busy, "data"),
-        prevent_initial_call=True,
-    )

@@ -135,7 +135,7 @@ class PacsPanel:
     def sendable(self, handle, record):
         """Send is offered for a result on what a panel opened from the PACS (an image or
         a series): the result's provenance names the input the panel holds (either
-        panel's handle: webapp.panels.run_strip.result_handle). (disabled, message)."""
+        panel's handle: webapp.run_strip.result_handle). (disabled, message)."""
         if not (isinstance(handle, dict) and isinstance(record, dict)):
             return True, ""
         made_from = handle.get("provenance") or {}

@@ -21,8 +21,8 @@ from dash.exceptions import PreventUpdate
 from .. import comparison, ids, runs, wording
 from ..helpers import InputError
 from ..panel_scope import PanelScope
+from ..run_strip import Prepared, register_strip, result_handle, run_job
 from ..services import Services
-from .run_strip import Prepared, register_strip, result_handle, run_job
 
 __all__ = ["SubjectPanel"]
 

@@ -240,7 +240,7 @@ def execute(
 
         def stopped(so_far: krypton.Heatmap, reused: int, why: BaseException) -> None:
             # a cancelled run's cells so far, kept for the page's Cancel to show
-            # (webapp.panels.run_strip.partial_after_cancel)
+            # (webapp.run_strip.partial_after_cancel)
             known = int(np.isfinite(so_far.values).sum())
             if isinstance(why, JobCancelled) and known:
                 kept = _record(services, subject, found, as_run(so_far), prediction, reused)

@@ -249,7 +249,7 @@ def _grid_words(result: ResultRecord) -> tuple[str, str]:
 def partial_fields(known: int, positions: int) -> dict:
     """What a cancelled run's record says of itself: the grid's cells known when it
     stopped, of how many, and when it stopped (the page's Cancel waits for a record
-    stopped after its click: webapp.panels.run_strip)."""
+    stopped after its click: webapp.run_strip)."""
     return {"known": int(known), "positions": int(positions), "stopped_at": time.time()}
 
 

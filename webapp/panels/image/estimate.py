@@ -18,8 +18,8 @@ from ...layout import patch_options
 from ...model_card import model_card_lines, ood_text
 from ...panel_scope import IMAGE_PANEL, mode_options
 from ...path_budget import chosen_budget
+from ...run_strip import register_estimate
 from ...services import Services
-from ..run_strip import register_estimate
 from .result import parse_colour
 
 

@@ -11,8 +11,8 @@ from krypton.registry import available_models, model_for_modality
 
 from ... import figures, helpers, ids, pacs
 from ...client import request_client
+from ...figures import placeholder_figure
 from ...helpers import InputError
-from ...layout import placeholder_figure
 from ...panel_scope import IMAGE_PANEL
 from ...samples import DICOM_SAMPLES, SAMPLE_MODALITIES, sample_path
 from ...services import Services

@@ -13,13 +13,13 @@ import re
 from dash import Input, Output, State, dcc
 
 from ... import comparison, exports, figures, helpers, ids, model_card, runs
-from ...layout import placeholder_figure
+from ...figures import placeholder_figure
 from ...panel_scope import IMAGE_PANEL
 from ...path_budget import chosen_budget
+from ...run_strip import Prepared, values
 from ...services import Services
 from ..common import SCREEN_INPUTS
 from ..compare import image_compare_view
-from ..run_strip import Prepared, values
 
 # The Run callback's outputs: the result's handle and the message (team mode's manager
 # answers with a message alone when the queue or the workers are gone). The panel shows

@@ -14,9 +14,9 @@ from ... import comparison, ids, runs
 from ...helpers import InputError
 from ...panel_scope import VOLUME_PANEL
 from ...path_budget import chosen_budget
+from ...run_strip import register_estimate
 from ...runs import volumes
 from ...services import Services
-from ..run_strip import register_estimate
 from .result import volume_request, whole_voxels
 
 __all__ = ["VolumeEstimate", "volume_model_options", "default_volume_model"]

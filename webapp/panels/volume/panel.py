@@ -8,8 +8,8 @@ from __future__ import annotations
 from dash import State
 
 from ...panel_scope import VOLUME_PANEL
+from ...run_strip import values
 from ...volume_layout import VOLUME_EXPORTS
-from ..run_strip import values
 from ..subject_panel import SubjectPanel
 from .estimate import VolumeEstimate
 from .intake import VolumeIntake

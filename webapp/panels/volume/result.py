@@ -18,10 +18,10 @@ from ...exports import export_stem
 from ...helpers import InputError
 from ...panel_scope import VOLUME_PANEL
 from ...path_budget import chosen_budget
+from ...run_strip import Prepared
 from ...runs import volumes
 from ...services import Services
 from ..compare import volume_compare_view
-from ..run_strip import Prepared
 from .views import SLIDERS, VOLUME_SETTINGS, live_views
 
 __all__ = ["VolumeResult", "volume_request", "whole_voxels"]

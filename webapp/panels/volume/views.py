@@ -12,8 +12,8 @@ from dash.exceptions import PreventUpdate
 from krypton.render.volumes import VIEWS, voxel_values
 
 from ... import ids, runs, volume_views
+from ...figures import placeholder_figure
 from ...helpers import InputError
-from ...layout import placeholder_figure
 from ...panel_scope import VOLUME_PANEL
 from ...runs import volumes
 from ...services import Services
